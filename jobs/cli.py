@@ -1,0 +1,149 @@
+"""``lakescore`` command line: ``score``, ``demo`` and ``fetch-jars``.
+
+Exit codes: 0 success; 1 the output failed validation; 2 a configuration,
+input or model problem found before any compute; 3 any other failure.
+Failures print one line, ``lakescore: error: <reason>``, on stderr
+(``--verbose`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from jobs.config import TASKS, ConfigError, JobConfig, load_config
+
+__all__ = ["main"]
+
+log = logging.getLogger("lakescore")
+
+EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
+
+# Flag -> dotted config key. Every flag has a config-file twin; flags win.
+_SCORE_FLAGS = {
+    "input": "input",
+    "output": "output",
+    "input_format": "input_format",
+    "task": "task",
+    "model": "model.source",
+    "revision": "model.revision",
+    "id_col": "id_col",
+    "text_col": "text_col",
+    "report": "report",
+    "run_id": "run_id",
+    "master": "spark.master",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lakescore", description="Batch model scoring of warehouse tables into Delta.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--conf", metavar="YAML", help="config file (see conf/local.yaml); flags override it")
+    common.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key, e.g. --set scoring.batch_size=32 (repeatable)",
+    )
+
+    score = commands.add_parser("score", parents=[common], help="score a table into Delta")
+    score.add_argument("--input", help="metastore table (db.table) or Parquet/Delta path")
+    score.add_argument("--output", help="Delta path or metastore table (db.table); overwritten")
+    score.add_argument("--input-format", choices=["auto", "delta", "parquet"], help="how to read a path input")
+    score.add_argument("--task", choices=TASKS, help="what the model computes (default: embed)")
+    score.add_argument("--model", help="model directory or Hugging Face hub id")
+    score.add_argument("--revision", help="hub revision (branch, tag or commit)")
+    score.add_argument("--id-col", help="input column copied to the output to identify each row")
+    score.add_argument("--text-col", help="input column with the text to score")
+    score.add_argument("--report", metavar="JSON", help="write the run report here")
+    score.add_argument("--run-id", help="id written into every row (default: timestamp + random)")
+    score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
+
+    demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
+    demo.add_argument("--rows", type=int, default=3000, help="sample reviews to generate (default: 3000)")
+    demo.add_argument("--report", metavar="JSON", help="run report path (default: .lakescore/demo/report.json)")
+
+    commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
+    return parser
+
+
+def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
+    return load_config(args.conf, args.overrides, flags)
+
+
+def _score(args: argparse.Namespace) -> int:
+    from jobs.report import write_report
+    from jobs.score_job import run_scoring
+
+    cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
+    cfg.require_for_scoring()
+    report = run_scoring(cfg)
+    if cfg.report:
+        write_report(report, cfg.report)
+    print(report.summary())
+    if cfg.report:
+        print(f"  report: {Path(cfg.report).resolve()}")
+    return EXIT_OK if report.status == "succeeded" else EXIT_VALIDATION_FAILED
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from jobs.demo import run_demo
+
+    cfg = _config(args)
+    report = run_demo(cfg, rows=args.rows, report_path=args.report)
+    return EXIT_OK if report.status == "succeeded" else EXIT_VALIDATION_FAILED
+
+
+def _fetch_jars(args: argparse.Namespace) -> int:
+    from jobs.delta_jars import fetch_delta_jars
+
+    cfg = _config(args)
+    jars = fetch_delta_jars(Path(cfg.spark.jars_dir))
+    print(f"Delta jars ready in {jars[0].parent}: {', '.join(j.name for j in jars)}")
+    return EXIT_OK
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("py4j", "great_expectations", "sentence_transformers", "urllib3", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    handlers = {"score": _score, "demo": _demo, "fetch-jars": _fetch_jars}
+    try:
+        return handlers[args.command](args)
+    except Exception as exc:  # one line for the operator; --verbose keeps the traceback
+        code = EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED
+        if args.verbose:
+            log.exception("failed")
+        print(f"lakescore: error: {_one_line(exc)}", file=sys.stderr)
+        return code
+
+
+def _is_before_compute(exc: BaseException) -> bool:
+    from jobs.tables import TableError
+    from schemas.contracts import InputContractError
+    from udfs.model_source import ModelSourceError
+
+    return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
+        return f"{type(exc).__name__}: {text[:500]}"
+    return text[:500]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

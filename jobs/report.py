@@ -1,0 +1,74 @@
+"""The JSON run report: what a scheduler, an auditor or the next job reads after a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["RunReport", "write_report"]
+
+
+@dataclass
+class RunReport:
+    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``failed``."""
+
+    run_id: str
+    status: str
+    task: str
+    input: str
+    output: str
+    model_id: str
+    model_revision: Optional[str]
+    model_sha256: str
+    input_rows: Optional[int] = None
+    output_rows: Optional[int] = None
+    seconds: Optional[float] = None
+    rows_per_second: Optional[float] = None
+    delta_version: Optional[int] = None
+    previous_delta_version: Optional[int] = None
+    validation: Optional[dict[str, Any]] = None
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    workers: dict[str, int] = field(default_factory=dict)
+    spark: dict[str, str] = field(default_factory=dict)
+    started_at: Optional[str] = None
+    finished_at: Optional[str] = None
+    error: Optional[str] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One human line per fact that matters, for the end of a log."""
+        lines = [f"run {self.run_id}: {self.status}"]
+        if self.output_rows is not None:
+            lines.append(
+                f"  {self.input_rows} input rows -> {self.output_rows} rows in {self.output} "
+                f"(Delta version {self.delta_version})"
+            )
+        if self.seconds is not None:
+            rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second else ""
+            lines.append(f"  {self.seconds:.1f} s{rate}")
+        lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
+        if self.validation is not None:
+            failed = self.validation.get("failed", [])
+            lines.append(f"  validation: {'passed' if self.validation['success'] else f'{len(failed)} check(s) failed'}")
+            for check in failed:
+                lines.append(f"    failed: {check['expectation']} {check.get('column') or ''} {check.get('observed', '')}")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)
+
+
+def write_report(report: RunReport, path: os.PathLike | str) -> Path:
+    """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a report)."""
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as handle:
+        json.dump(report.as_dict(), handle, indent=2, sort_keys=False, default=str)
+        handle.write("\n")
+    os.replace(handle.name, target)
+    return target

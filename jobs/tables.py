@@ -1,0 +1,143 @@
+"""Reading inputs and writing Delta outputs by reference: a metastore table name or a path.
+
+A reference containing ``/``, ``\\`` or ``:`` is a path (``/data/x``, ``./x``,
+``s3a://bucket/x``, ``dbfs:/x``); anything else is a table identifier
+(``table``, ``db.table`` or ``catalog.db.table``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from schemas.output import column_types
+
+__all__ = [
+    "TableError",
+    "is_path",
+    "read_input",
+    "check_output_target",
+    "DeltaCommit",
+    "write_delta_overwrite",
+    "read_delta_version",
+]
+
+
+class TableError(ValueError):
+    """An input or output reference cannot be read or written as asked."""
+
+
+def is_path(ref: str) -> bool:
+    """True when ``ref`` names a filesystem path rather than a metastore table."""
+    return any(ch in ref for ch in "/\\:")
+
+
+def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
+    """A DataFrame over ``ref``: a metastore table, or a Delta / Parquet path.
+
+    ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet.
+    Raises :class:`TableError` naming the reference when it does not exist or cannot be read.
+    """
+    try:
+        if not is_path(ref):
+            return spark.table(ref)
+        if fmt == "auto":
+            fmt = "delta" if _is_delta_path(spark, ref) else "parquet"
+        return spark.read.format(fmt).load(ref)
+    except AnalysisException as exc:
+        raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
+
+
+def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Optional[int]:
+    """Fail before any compute if ``ref`` cannot take an overwrite with ``schema``.
+
+    Returns the current Delta version of the target, or ``None`` if it does not exist yet.
+    Raises :class:`TableError` if the table's database is missing, the target exists but
+    is not Delta, or its columns differ from ``schema`` (names and types).
+    """
+    from delta.tables import DeltaTable
+
+    if is_path(ref):
+        if not _path_exists(spark, ref):
+            return None
+        if not DeltaTable.isDeltaTable(spark, ref):
+            raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
+        table = DeltaTable.forPath(spark, ref)
+    else:
+        parts = ref.split(".")
+        if len(parts) > 1 and not spark.catalog.databaseExists(".".join(parts[:-1])):
+            raise TableError(f"output database {'.'.join(parts[:-1])!r} does not exist (output {ref!r})")
+        if not spark.catalog.tableExists(ref):
+            return None
+        try:
+            table = DeltaTable.forName(spark, ref)
+        except AnalysisException as exc:
+            raise TableError(f"output table {ref!r} exists and is not a Delta table: {_first_line(exc)}") from exc
+    existing = table.toDF().schema
+    if column_types(existing) != column_types(schema):
+        raise TableError(
+            f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
+            "write to a new output or drop the old one"
+        )
+    return _latest_version(table)
+
+
+@dataclass(frozen=True)
+class DeltaCommit:
+    """The commit a write made: table version and the rows it wrote (Delta's own metric)."""
+
+    version: int
+    rows: Optional[int]
+
+
+def write_delta_overwrite(df: DataFrame, ref: str) -> DeltaCommit:
+    """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
+
+    Overwrite makes a rerun replace the previous rows instead of adding to them; readers
+    see either the old or the new snapshot, never a mix.
+    """
+    from delta.tables import DeltaTable
+
+    writer = df.write.format("delta").mode("overwrite")
+    if is_path(ref):
+        writer.save(ref)
+        table = DeltaTable.forPath(df.sparkSession, ref)
+    else:
+        writer.saveAsTable(ref)
+        table = DeltaTable.forName(df.sparkSession, ref)
+    last = table.history(1).select("version", "operationMetrics").first()
+    rows = (last["operationMetrics"] or {}).get("numOutputRows")
+    return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
+
+
+def read_delta_version(spark: SparkSession, ref: str, version: int) -> DataFrame:
+    """The Delta table at ``ref`` as of ``version`` (what this run wrote, whatever came after)."""
+    reader = spark.read.format("delta").option("versionAsOf", version)
+    if is_path(ref):
+        return reader.load(ref)
+    return reader.table(ref)
+
+
+def _latest_version(table) -> int:
+    return int(table.history(1).select("version").first()[0])
+
+
+def _is_delta_path(spark: SparkSession, ref: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, ref))
+
+
+def _path_exists(spark: SparkSession, ref: str) -> bool:
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(ref)
+    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,1 @@
+"""Input contracts, output schemas and expectation suites. Knows nothing about models."""

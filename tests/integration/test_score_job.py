@@ -1,0 +1,168 @@
+"""End-to-end scoring on real Spark + Delta + metastore with the real all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jobs.demo import generate_reviews
+from jobs.score_job import run_scoring
+from jobs.tables import TableError
+from schemas.contracts import InputContractError
+
+EDGE_TEXTS = [
+    "",
+    "Ünïcödé, 日本語のレビュー, مراجعة عربية, and emoji 🙂🔥",
+    "great " * 1500,
+    "'; DROP TABLE reviews; --",
+]
+
+
+def reviews_frame(rows: int, seed: int = 11) -> pd.DataFrame:
+    data = list(generate_reviews(rows - len(EDGE_TEXTS), seed=seed))
+    data += [(rows - len(EDGE_TEXTS) + i + 1, text, 3) for i, text in enumerate(EDGE_TEXTS)]
+    return pd.DataFrame(data, columns=["review_id", "body", "stars"])
+
+
+@pytest.fixture(scope="module")
+def reviews_table(spark):
+    """A real metastore Delta table ``it.reviews`` of 240 reviews (long tail + edge cases)."""
+    spark.sql("CREATE DATABASE IF NOT EXISTS it")
+    frame = reviews_frame(240)
+    spark.createDataFrame(frame).write.format("delta").mode("overwrite").saveAsTable("it.reviews")
+    return frame
+
+
+def read_output(spark, ref):
+    rows = spark.table(ref).toPandas() if "/" not in ref else spark.read.format("delta").load(ref).toPandas()
+    return rows.sort_values("review_id").reset_index(drop=True)
+
+
+def test_metastore_in_and_out_rerun_is_idempotent(spark, reviews_table, job_config, sentence_transformer, minilm_dir):
+    cfg = job_config(
+        input="it.reviews", output="it.review_embeddings", **{"scoring.arrow_max_records_per_batch": 40}
+    )
+    first = run_scoring(cfg, spark)
+    assert first.status == "succeeded", first.validation
+    assert (first.input_rows, first.output_rows, first.delta_version) == (240, 240, 0)
+    assert first.validation["success"] and not first.validation["failed"]
+    expected_sha = hashlib.sha256((minilm_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert first.model_sha256 == expected_sha
+    # Loaded once per Python worker (local[2]: at most 2), reused across many Arrow batches.
+    assert 1 <= first.workers["model_loads"] <= 2
+    assert first.workers["arrow_batches"] >= 6 and first.workers["rows_scored"] == 240
+
+    out = read_output(spark, "it.review_embeddings")
+    assert list(out.columns) == ["review_id", "embedding", "model_id", "model_sha256", "run_id"]
+    assert out["review_id"].tolist() == reviews_table["review_id"].sort_values().tolist()
+    assert set(out["model_sha256"]) == {expected_sha} and set(out["run_id"]) == {first.run_id}
+
+    # Same vectors as sentence-transformers for every row, edge cases included.
+    texts = reviews_table.set_index("review_id").loc[out["review_id"], "body"].tolist()
+    peer = sentence_transformer.encode(texts, normalize_embeddings=True, batch_size=64)
+    ours = np.stack(out["embedding"].to_list())
+    assert ours.shape == (240, 384)
+    assert ((ours * peer).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(peer, axis=1)).min() >= 0.999
+
+    second = run_scoring(cfg, spark)
+    assert second.status == "succeeded"
+    assert (second.delta_version, second.previous_delta_version) == (1, 0)
+    again = read_output(spark, "it.review_embeddings")
+    assert len(again) == 240 and again["review_id"].is_unique  # replaced, not appended
+    assert set(again["run_id"]) == {second.run_id}
+    np.testing.assert_allclose(np.stack(again["embedding"].to_list()), ours, atol=1e-6)
+    history = spark.sql("DESCRIBE HISTORY it.review_embeddings").toPandas()
+    assert sorted(history["version"].tolist()) == [0, 1]
+
+
+def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(120, seed=3).to_parquet(source)
+    output, report = tmp_path / "out" / "embeddings", tmp_path / "report.json"
+    cli = Path(sys.executable).with_name("lakescore")
+    result = subprocess.run(
+        [str(cli), "score", "--input", str(source), "--output", str(output), "--task", "embed",
+         "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body", "--report", str(report),
+         "--conf", str(Path(__file__).resolve().parents[2] / "conf" / "local.yaml"),
+         "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}", "--set", "spark.master=local[2]",
+         "--set", "spark.conf.spark.ui.enabled=false", "--run-id", "cli-run-1"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "run cli-run-1: succeeded" in result.stdout
+    data = json.loads(report.read_text())
+    assert data["status"] == "succeeded" and data["run_id"] == "cli-run-1"
+    assert data["input_rows"] == data["output_rows"] == 120
+    assert data["delta_version"] == 0 and data["validation"]["success"] is True
+    assert data["rows_per_second"] > 0 and data["seconds"] > 0
+    out = read_output(spark, str(output))
+    assert len(out) == 120 and out["review_id"].is_unique and set(out["run_id"]) == {"cli-run-1"}
+
+
+def test_missing_column_fails_before_any_compute(tmp_path, spark, job_config):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(20).rename(columns={"body": "text"}).to_parquet(source)
+    output = tmp_path / "never-written"
+    cfg = job_config(input=str(source), output=str(output))
+    spark.sparkContext.setJobGroup("contract-check", "missing column")
+    try:
+        with pytest.raises(InputContractError, match=r"text column 'body' not found .* available columns: review_id, text, stars"):
+            run_scoring(cfg, spark)
+        tracker = spark.sparkContext.statusTracker()
+        stages = [
+            tracker.getStageInfo(stage).name
+            for job in tracker.getJobIdsForGroup("contract-check")
+            for stage in tracker.getJobInfo(job).stageIds
+        ]
+        # Only Parquet schema inference ("load at ...") may run; no count, no scoring, no write.
+        assert all(name.startswith("load at") for name in stages), stages
+    finally:
+        spark.sparkContext.setJobGroup(None, None)
+    assert not output.exists()
+
+
+def test_cli_reports_bad_input_in_one_line_with_exit_2(tmp_path, spark, minilm_dir, capsys):
+    from jobs.cli import main
+
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(20).to_parquet(source)
+    code = main(["score", "--input", str(source), "--output", str(tmp_path / "o"), "--model", str(minilm_dir),
+                 "--id-col", "review_id", "--text-col", "stars"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1] == f"lakescore: error: text column 'stars' in input {str(source)!r} has type bigint; expected string"
+
+
+def test_unknown_table_and_foreign_output_fail_before_compute(tmp_path, spark, job_config, reviews_table):
+    with pytest.raises(TableError, match=r"cannot read input 'it.no_such_table'"):
+        run_scoring(job_config(input="it.no_such_table", output=str(tmp_path / "o")), spark)
+    with pytest.raises(TableError, match=r"output database 'no_such_db' does not exist"):
+        run_scoring(job_config(input="it.reviews", output="no_such_db.out"), spark)
+    parquet_dir = tmp_path / "plain-parquet"
+    reviews_frame(10).to_parquet(parquet_dir.with_suffix(".tmp"))
+    parquet_dir.mkdir()
+    (parquet_dir / "part-0.parquet").write_bytes(parquet_dir.with_suffix(".tmp").read_bytes())
+    with pytest.raises(TableError, match="exists and is not a Delta table; refusing to overwrite"):
+        run_scoring(job_config(input="it.reviews", output=str(parquet_dir)), spark)
+    assert [p.name for p in parquet_dir.iterdir()] == ["part-0.parquet"]
+
+
+def test_null_text_fails_validation_and_says_why(tmp_path, spark, job_config):
+    frame = reviews_frame(30)
+    frame.loc[5, "body"] = None
+    source = tmp_path / "with-null.parquet"
+    frame.to_parquet(source)
+    report = run_scoring(job_config(input=str(source), output=str(tmp_path / "out")), spark)
+    assert report.status == "validation_failed"
+    failed = report.validation["failed"]
+    assert [(c["expectation"], c["column"]) for c in failed] == [("expect_column_values_to_not_be_null", "embedding")]
+    assert failed[0]["unexpected_count"] == 1

