@@ -134,6 +134,8 @@ class JobConfig:
     text_col: Optional[str] = None
     report: Optional[str] = None
     run_id: Optional[str] = None
+    progress_seconds: int = 15
+    """Seconds between progress lines while scoring; 0 turns them off."""
     model: ModelConfig = field(default_factory=ModelConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
@@ -142,6 +144,8 @@ class JobConfig:
     def _validate(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.progress_seconds < 0:
+            raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
         if self.input_format not in ("auto", "delta", "parquet"):
             raise ConfigError(f"input_format must be auto, delta or parquet, got {self.input_format!r}")
 

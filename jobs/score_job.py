@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.config import JobConfig
+from jobs.progress import ProgressReporter
 from jobs.session import get_or_create_session
 from jobs.tables import check_output_target, read_delta_version, read_input, write_delta_overwrite
 from schemas.contracts import TextInputContract
@@ -91,14 +92,19 @@ def score_dataframe(
     if cfg.scoring.partitions or df.rdd.getNumPartitions() < target:
         df = df.repartition(target)
     udf = make_scoring_udf(spec, batch_size=cfg.scoring.batch_size, counters=counters)
-    scored = df.select(F.col(cfg.id_col), udf(F.col(cfg.text_col)).alias("_scored"))
+    scored = df.select(_column(cfg.id_col), udf(_column(cfg.text_col)).alias("_scored"))
     return scored.select(
-        F.col(cfg.id_col),
+        _column(cfg.id_col),
         *[F.col(f"_scored.{name}").alias(name) for name in prediction_columns(cfg.task)],
         F.lit(identity.model_id).alias("model_id"),
         F.col("_scored.model_sha256").alias("model_sha256"),
         F.lit(run_id).alias("run_id"),
     )
+
+
+def _column(name: str):
+    """A column by its exact name, even one with dots or backticks in it."""
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
@@ -143,7 +149,8 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
     try:
         t = time.perf_counter()
         scored = score_dataframe(source, cfg, spec, identity, run_id, counters)
-        commit = write_delta_overwrite(scored, cfg.output)
+        with ProgressReporter(spark.sparkContext, counters.rows, input_rows, cfg.progress_seconds):
+            commit = write_delta_overwrite(scored, cfg.output)
         steps["score_write"] = time.perf_counter() - t
     finally:
         if previous_arrow_batch is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pyspark.sql.types import ArrayType, FloatType, StringType, StructField, StructType
 
+from schemas.contracts import InputContractError
+
 __all__ = ["scored_struct", "output_schema", "prediction_columns", "column_types", "IDENTITY_COLUMNS"]
 
 IDENTITY_COLUMNS = ("model_id", "model_sha256", "run_id")
@@ -33,7 +35,14 @@ def prediction_columns(task: str) -> list[str]:
 
 
 def output_schema(task: str, id_field: StructField) -> StructType:
-    """The Delta table's schema: the id column as it was in the input, predictions, identity columns."""
+    """The Delta table's schema: the id column as it was in the input, predictions, identity columns.
+
+    Raises :class:`~schemas.contracts.InputContractError` when the id column's name collides
+    with an output column.
+    """
+    taken = prediction_columns(task) + list(IDENTITY_COLUMNS)
+    if id_field.name in taken:
+        raise InputContractError(f"id column {id_field.name!r} collides with an output column ({', '.join(taken)}); rename it")
     predictions = [f for f in scored_struct(task).fields if f.name in prediction_columns(task)]
     return StructType(
         [StructField(id_field.name, id_field.dataType, nullable=True)]

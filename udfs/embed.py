@@ -49,6 +49,9 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
 
     model_kwargs = {"use_safetensors": True}
     if (model_dir / "modules.json").is_file():

@@ -166,3 +166,21 @@ def test_null_text_fails_validation_and_says_why(tmp_path, spark, job_config):
     failed = report.validation["failed"]
     assert [(c["expectation"], c["column"]) for c in failed] == [("expect_column_values_to_not_be_null", "embedding")]
     assert failed[0]["unexpected_count"] == 1
+
+
+def test_progress_line_reports_rows_rate_and_eta(spark):
+    import time
+
+    from jobs.progress import ProgressReporter
+
+    rows = spark.sparkContext.accumulator(0)
+    spark.sparkContext.parallelize(range(250), 2).foreach(lambda _: rows.add(1))  # workers add, as in scoring
+    reporter = ProgressReporter(spark.sparkContext, rows, total_rows=1000, interval=0)
+    with reporter:
+        reporter._started = time.monotonic() - 10  # pretend the 250 rows took 10 s
+        line = reporter.line()
+    import re
+
+    assert line.startswith("scoring: 250/1000 rows (25%)"), line
+    rate, eta = re.search(r"([\d.]+) rows/s, elapsed \d+ s, ETA (\d+) s", line).groups()
+    assert 23.0 <= float(rate) <= 25.0 and 30 <= int(eta) <= 33, line

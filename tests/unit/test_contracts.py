@@ -32,3 +32,12 @@ def test_wrong_types_are_named():
         TextInputContract("body", "review_id").check(SCHEMA, "input 't'")
     with pytest.raises(InputContractError, match=r"id column 'score' in input 't' has type double"):
         TextInputContract("score", "body").check(SCHEMA, "input 't'")
+
+
+def test_id_column_may_not_collide_with_output_columns():
+    from schemas.output import output_schema
+
+    with pytest.raises(InputContractError, match=r"id column 'run_id' collides with an output column"):
+        output_schema("embed", StructField("run_id", StringType()))
+    schema = output_schema("embed", StructField("review.id", LongType()))
+    assert [f.name for f in schema.fields] == ["review.id", "embedding", "model_id", "model_sha256", "run_id"]

@@ -22,3 +22,4 @@ def test_generated_reviews_are_deterministic_and_long_tailed():
     assert words[0] >= 3 and words[-1] <= 1500
     assert words[len(words) // 2] < 80 < words[-1] / 3  # many short reviews, a long tail
     assert {stars for *_, stars in first} == {1, 2, 3, 4, 5}
+
