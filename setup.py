@@ -16,7 +16,6 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10,<3.14",
     packages=["jobs", "udfs", "schemas"],
-    package_data={"jobs": ["*.yaml"]},
     install_requires=[
         # pandas 3 is warned against by PySpark (SPARK-55965) and capped by Databricks Connect.
         "pandas>=2.2,<3",

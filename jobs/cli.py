@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--conf", metavar="YAML", help="config file (see conf/local.yaml); flags override it")
     common.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override one config key, e.g. --set scoring.batch_size=32 (repeatable)",
+        help="override one config key, e.g. --set scoring.max_batch_tokens=4096 (repeatable)",
     )
 
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
@@ -80,7 +80,6 @@ def _score(args: argparse.Namespace) -> int:
     from jobs.score_job import run_scoring
 
     cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
-    cfg.require_for_scoring()
     report = run_scoring(cfg)
     if cfg.report:
         write_report(report, cfg.report)

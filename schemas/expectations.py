@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
@@ -131,6 +131,15 @@ def _describe(result) -> dict[str, Any]:
     unexpected = (result.result or {}).get("unexpected_count")
     if unexpected:
         check["unexpected_count"] = unexpected
-    if result.exception_info and result.exception_info.get("raised_exception"):
-        check["error"] = result.exception_info.get("exception_message")
+    error = _exception_message(result.exception_info or {})
+    if error:
+        check["error"] = error
     return check
+
+
+def _exception_message(info: dict) -> Optional[str]:
+    """GX puts one exception record per result, or one per metric keyed by metric id."""
+    if info.get("raised_exception"):
+        return info.get("exception_message")
+    nested = [v for v in info.values() if isinstance(v, dict) and v.get("raised_exception")]
+    return "; ".join(str(v.get("exception_message")) for v in nested) or None
