@@ -17,7 +17,7 @@ Layout of a config file (all keys optional except where the job needs them)::
     spark:
       master: local[*]
     scoring:
-      batch_size: 64
+      max_batch_tokens: 8192
 
 Errors: :class:`ConfigError` (a :class:`ValueError`) naming the dotted key.
 """
@@ -92,23 +92,37 @@ class SparkConfig:
             raise ConfigError(f"spark.log_level must be one of {', '.join(levels)}, got {self.log_level!r}")
 
 
+DEFAULT_MAX_BATCH_TOKENS = {"cpu": 8192, "cuda": 65536}
+"""Padded tokens per forward batch when ``scoring.max_batch_tokens`` is unset, per device."""
+
+
 @dataclass(frozen=True)
 class ScoringConfig:
     """How rows are cut into model batches and spread over tasks."""
 
-    batch_size: int = 64
-    """Rows per forward pass (after length-sorting within each Arrow batch)."""
+    max_batch_tokens: Optional[int] = None
+    """Padded tokens per forward batch (rows x longest row); default per device (cpu 8192)."""
+    max_batch_rows: int = 256
+    """Rows per forward batch at most, however short they are."""
     arrow_max_records_per_batch: int = 4096
-    """Rows per Arrow batch handed to the UDF; sorting by length works within one."""
+    """Rows per Arrow batch handed to the UDF; rows are length-sorted within one."""
+    arrow_max_bytes_per_batch: int = 64 << 20
+    """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = None
     """Scoring tasks; default: the cluster's default parallelism when the input has fewer."""
 
     def _validate(self) -> None:
-        for key in ("batch_size", "arrow_max_records_per_batch"):
+        for key in ("max_batch_rows", "arrow_max_records_per_batch", "arrow_max_bytes_per_batch"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scoring.{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ConfigError(f"scoring.max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
         if self.partitions is not None and self.partitions < 1:
             raise ConfigError(f"scoring.partitions must be >= 1, got {self.partitions}")
+
+    def max_tokens_for(self, device: str) -> int:
+        """The token budget for ``device``: the configured one, else the device default."""
+        return self.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device.split(":")[0], DEFAULT_MAX_BATCH_TOKENS["cpu"])
 
 
 @dataclass(frozen=True)

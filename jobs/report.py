@@ -32,7 +32,7 @@ class RunReport:
     previous_delta_version: Optional[int] = None
     validation: Optional[dict[str, Any]] = None
     step_seconds: dict[str, float] = field(default_factory=dict)
-    workers: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, float] = field(default_factory=dict)
     spark: dict[str, str] = field(default_factory=dict)
     started_at: Optional[str] = None
     finished_at: Optional[str] = None

@@ -26,6 +26,7 @@ from jobs.tables import check_output_target, read_delta_version, read_input, wri
 from schemas.contracts import TextInputContract
 from schemas.expectations import OutputFacts, validate_output
 from schemas.output import output_schema, prediction_columns
+from udfs.batching import BatchPolicy
 from udfs.model_cache import get_model
 from udfs.model_source import ModelSpec
 from udfs.scoring_udf import WorkerCounters, make_scoring_udf
@@ -34,7 +35,8 @@ __all__ = ["run_scoring", "ModelIdentity", "new_run_id"]
 
 log = logging.getLogger(__name__)
 
-_ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_ARROW_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_ARROW_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ def score_dataframe(
     target = cfg.scoring.partitions or df.sparkSession.sparkContext.defaultParallelism
     if cfg.scoring.partitions or df.rdd.getNumPartitions() < target:
         df = df.repartition(target)
-    udf = make_scoring_udf(spec, batch_size=cfg.scoring.batch_size, counters=counters)
+    policy = BatchPolicy(max_tokens=cfg.scoring.max_tokens_for(spec.device), max_rows=cfg.scoring.max_batch_rows)
+    udf = make_scoring_udf(spec, policy=policy, counters=counters)
     scored = df.select(_column(cfg.id_col), udf(_column(cfg.text_col)).alias("_scored"))
     return scored.select(
         _column(cfg.id_col),
@@ -144,19 +147,25 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
     log.info("scoring %d rows of %s into %s (run %s)", input_rows, cfg.input, cfg.output, run_id)
 
     counters = WorkerCounters(spark.sparkContext)
-    previous_arrow_batch = spark.conf.get(_ARROW_BATCH_CONF, None)
-    spark.conf.set(_ARROW_BATCH_CONF, str(cfg.scoring.arrow_max_records_per_batch))
+    arrow_confs = {
+        _ARROW_RECORDS_CONF: str(cfg.scoring.arrow_max_records_per_batch),
+        _ARROW_BYTES_CONF: str(cfg.scoring.arrow_max_bytes_per_batch),
+    }
+    previous_confs = {key: spark.conf.get(key, None) for key in arrow_confs}
+    for key, value in arrow_confs.items():
+        spark.conf.set(key, value)
     try:
         t = time.perf_counter()
         scored = score_dataframe(source, cfg, spec, identity, run_id, counters)
         with ProgressReporter(spark.sparkContext, counters.rows, input_rows, cfg.progress_seconds):
             commit = write_delta_overwrite(scored, cfg.output)
         steps["score_write"] = time.perf_counter() - t
-    finally:
-        if previous_arrow_batch is None:
-            spark.conf.unset(_ARROW_BATCH_CONF)
-        else:
-            spark.conf.set(_ARROW_BATCH_CONF, previous_arrow_batch)
+    finally:  # a taken session (Databricks, notebooks) gets its own settings back
+        for key, value in previous_confs.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     log.info("wrote %s rows to %s as Delta version %d", commit.rows, cfg.output, commit.version)
 
     report = RunReport(
@@ -178,6 +187,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
             "model_loads": counters.model_loads.value,
             "arrow_batches": counters.arrow_batches.value,
             "rows_scored": counters.rows.value,
+            "model_seconds": round(counters.model_seconds.value, 3),
         },
     )
 

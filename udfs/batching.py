@@ -1,62 +1,174 @@
-"""Length-ordered batching: the shared core every task head scores through.
+"""Length-bucketed, token-budget batching: the core every text task head scores through.
 
-Rows arrive in table order, where a long review sits next to a one-liner and a
-fixed-size batch is padded to its longest row. Scoring rows in length order
-(as ``SentenceTransformer.encode`` does) keeps batches of similar length, and
-the results are scattered back so output row *i* always belongs to input row *i*.
+Rows arrive in table order, where a 1,500-word review sits next to a one-liner
+and a fixed-size batch is padded to its longest row. This module
 
-Pure Python and numpy: unit-tested without Spark.
+1. tokenizes each incoming Arrow batch once (the head's tokenizer, padded to
+   that batch's longest row, truncated at the model's limit),
+2. orders rows by token length, longest first (as ``SentenceTransformer.encode``
+   orders by characters),
+3. cuts consecutive runs into forward batches bounded by a **token budget**
+   (rows x longest row, i.e. the padded tokens the model computes on) and a row
+   cap, trimming each batch's padding to its own longest row,
+4. scatters the outputs back, so output row *i* always belongs to input row *i*.
+
+Short rows therefore go through in large batches and long rows in small ones,
+with almost no padding either way. Pure Python / numpy / torch tensors:
+unit-tested without Spark.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-__all__ = ["length_order", "score_in_length_order"]
+__all__ = ["BatchPolicy", "TextHead", "plan_batches", "take_rows", "score_texts", "prefetch"]
+
+Features = Mapping[str, Any]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
-def length_order(texts: Sequence[str]) -> np.ndarray:
-    """Indices that visit ``texts`` longest first (stable for equal lengths)."""
-    lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    return np.argsort(-lengths, kind="stable")
+@dataclass(frozen=True)
+class BatchPolicy:
+    """Bounds of one forward batch: padded tokens (rows x longest row) and rows."""
+
+    max_tokens: int
+    max_rows: int
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.max_rows < 1:
+            raise ValueError(f"max_tokens and max_rows must be >= 1, got {self.max_tokens} and {self.max_rows}")
 
 
-def score_in_length_order(
-    texts: Sequence[Optional[str]],
-    score_batch: Callable[[list[str]], np.ndarray],
-    *,
-    batch_size: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Score non-null ``texts`` in length-sorted batches of at most ``batch_size``.
+class TextHead(Protocol):
+    """What a task head provides to the core: tokenization and a forward pass."""
 
-    ``score_batch`` takes a list of strings and returns an array whose first
-    dimension equals the list's length (one row of outputs per text).
+    padding_side: str
+    """``right`` (BERT-like) or ``left`` (many decoder models): where padding sits in a row."""
 
-    Returns ``(outputs, valid)``: ``outputs[i]`` belongs to ``texts[i]``;
-    ``valid`` is a boolean mask, False where the text was null (``None`` or NaN),
-    whose output row is left as zeros and must not be used.
+    def tokenize(self, texts: list[str]) -> Features:
+        """Tokenize ``texts`` padded to their longest row; must include ``attention_mask`` of shape (n, L)."""
 
-    Raises ``ValueError`` if ``batch_size`` < 1 or ``score_batch`` returns the
-    wrong number of rows.
+    def forward(self, features: Features) -> np.ndarray:
+        """Outputs for a batch of tokenized rows, one row of outputs per input row."""
+
+
+def plan_batches(lengths: Sequence[int] | np.ndarray, policy: BatchPolicy) -> list[np.ndarray]:
+    """Split row indices into forward batches, longest rows first.
+
+    Each batch holds consecutive rows of the length order, as many as fit
+    ``rows * longest <= max_tokens`` and ``rows <= max_rows`` (at least one
+    row, so a row longer than the budget still runs, alone).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    batches: list[np.ndarray] = []
+    start = 0
+    while start < len(order):
+        longest = max(1, int(lengths[order[start]]))
+        rows = max(1, min(policy.max_rows, policy.max_tokens // longest))
+        batches.append(order[start : start + rows])
+        start += rows
+    return batches
+
+
+def take_rows(features: Features, rows: np.ndarray, width: int, padding_side: str = "right") -> dict[str, Any]:
+    """The ``rows`` of padded ``features``, padding trimmed to ``width`` tokens.
+
+    Tensors shaped (n, L, ...) are cut to (len(rows), width, ...) on the side the
+    padding is on; tensors shaped (n, ...) are cut to their rows; anything else
+    (scalars, per-call settings) passes through unchanged.
+    """
+    mask = features["attention_mask"]
+    n, padded = int(mask.shape[0]), int(mask.shape[1])
+    index = _as_index(rows, mask)
+    out: dict[str, Any] = {}
+    for key, value in features.items():
+        shape = getattr(value, "shape", None)
+        if shape is None or len(shape) == 0 or int(shape[0]) != n:
+            out[key] = value
+            continue
+        value = value[index]
+        if len(shape) >= 2 and int(shape[1]) == padded:
+            value = value[:, :width] if padding_side == "right" else value[:, padded - width :]
+        out[key] = value
+    return out
+
+
+def score_texts(
+    texts: Sequence[Optional[str]], head: TextHead, policy: BatchPolicy, features: Optional[Features] = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Score ``texts`` through ``head`` in token-budget batches; return ``(outputs, valid)``.
+
+    ``outputs[i]`` belongs to ``texts[i]``. ``valid`` is False where the text was null
+    (``None`` or NaN); such rows are never tokenized and their output row is zeros.
+    ``features`` may hold the head's tokenization of the non-null texts, done
+    ahead of time (see :func:`prefetch`).
+
+    Raises ``ValueError`` if the head returns the wrong number of rows.
+    """
     valid = np.fromiter((isinstance(t, str) for t in texts), dtype=bool, count=len(texts))
     present = np.flatnonzero(valid)
-    present_texts = [texts[i] for i in present]
-    order = length_order(present_texts)
+    if len(present) == 0:
+        return np.zeros((len(texts), 0), dtype=np.float32), valid
+    if features is None:
+        features = head.tokenize([texts[i] for i in present])
+    lengths = _row_lengths(features["attention_mask"])
 
     outputs: Optional[np.ndarray] = None
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        scored = np.asarray(score_batch([present_texts[i] for i in rows]))
+    for rows in plan_batches(lengths, policy):
+        batch = take_rows(features, rows, max(1, int(lengths[rows[0]])), head.padding_side)
+        scored = np.asarray(head.forward(batch))
         if scored.shape[0] != len(rows):
-            raise ValueError(f"score_batch returned {scored.shape[0]} rows for a batch of {len(rows)} texts")
+            raise ValueError(f"head returned {scored.shape[0]} rows for a batch of {len(rows)} texts")
         if outputs is None:
             outputs = np.zeros((len(texts),) + scored.shape[1:], dtype=scored.dtype)
         outputs[present[rows]] = scored
-    if outputs is None:  # no non-null text in this batch: shape is unknown, nothing to keep
-        outputs = np.zeros((len(texts), 0), dtype=np.float32)
     return outputs, valid
+
+
+def prefetch(items: Iterable[T], work: Callable[[T], R]) -> Iterator[tuple[T, R]]:
+    """Yield ``(item, work(item))``, computing the next item's ``work`` in a thread meanwhile.
+
+    Used to tokenize the next Arrow batch while the model runs on the current one:
+    fast tokenizers and torch both release the GIL, so the two overlap when the
+    task has more than one CPU (and always on GPU). Exceptions surface in order.
+    """
+    iterator = iter(items)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-prefetch") as pool:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        pending = pool.submit(work, item)
+        while True:
+            try:
+                following = next(iterator)
+            except StopIteration:
+                yield item, pending.result()
+                return
+            result = pending.result()
+            pending = pool.submit(work, following)
+            yield item, result
+            item = following
+
+
+def _row_lengths(mask) -> np.ndarray:
+    sums = mask.sum(1)
+    return np.asarray(sums.numpy() if hasattr(sums, "numpy") else sums, dtype=np.int64)
+
+
+def _as_index(rows: np.ndarray, like):
+    """Row indices in the array library of ``like`` (torch tensors index best with a tensor)."""
+    try:
+        import torch
+
+        if isinstance(like, torch.Tensor):
+            return torch.as_tensor(rows, dtype=torch.long)
+    except ImportError:  # numpy-only heads
+        pass
+    return rows

@@ -7,9 +7,9 @@ vectors are the ones ``SentenceTransformer(dir).encode(texts)`` returns. A
 plain Hugging Face directory without that configuration gets Transformer ->
 Pooling (``mean`` unless configured ``cls``) -> Normalize (unless configured off).
 
-We call the model's own ``preprocess`` and forward pass per batch instead of
-``encode`` because batching is ours (:mod:`udfs.batching`): ``encode`` would
-sort and batch again and cannot see across our batches.
+We call the model's own ``preprocess`` and forward pass instead of ``encode``
+because batching is ours (:mod:`udfs.batching`): ``encode`` sorts by characters
+and cuts fixed row counts; we tokenize once, sort by tokens and cut by a token budget.
 """
 
 from __future__ import annotations
@@ -25,19 +25,27 @@ __all__ = ["SentenceEmbedder", "load_embedder"]
 
 
 class SentenceEmbedder:
-    """Scores a list of texts into a float32 array of shape ``(n, dimension)``."""
+    """The embed head (:class:`~udfs.batching.TextHead`): texts -> float32 ``(n, dimension)``."""
 
     def __init__(self, model) -> None:
         self._model = model.eval()
         self.dimension = int(model.get_embedding_dimension())
         self.max_seq_length = model.max_seq_length
+        self.padding_side = getattr(model.tokenizer, "padding_side", "right")
+
+    def tokenize(self, texts: list[str]):
+        """The model's own preprocessing: tokenized, truncated at ``max_seq_length``, padded to the longest."""
+        return self._model.preprocess(texts)
 
     @torch.inference_mode()
+    def forward(self, features) -> np.ndarray:
+        device = self._model.device
+        features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        return self._model(features)["sentence_embedding"].float().cpu().numpy()
+
     def score(self, texts: list[str]) -> np.ndarray:
-        features = self._model.preprocess(texts)
-        features = {k: v.to(self._model.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-        embeddings = self._model(features)["sentence_embedding"]
-        return embeddings.float().cpu().numpy()
+        """Convenience for small lists: one padded batch, no budget (the job uses :func:`~udfs.batching.score_texts`)."""
+        return self.forward(self.tokenize(texts))
 
 
 def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:

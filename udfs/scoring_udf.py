@@ -8,6 +8,8 @@ every later batch and task that process runs.
 
 from __future__ import annotations
 
+import itertools
+import time
 from typing import Iterator, Optional
 
 import pandas as pd
@@ -15,7 +17,7 @@ from pyspark import Accumulator, TaskContext
 from pyspark.sql.functions import pandas_udf
 
 from schemas.output import scored_struct
-from udfs.batching import score_in_length_order
+from udfs.batching import BatchPolicy, prefetch, score_texts
 from udfs.model_cache import get_model
 from udfs.model_source import ModelSpec
 
@@ -29,9 +31,11 @@ class WorkerCounters:
         self.model_loads: Accumulator = spark_context.accumulator(0)
         self.arrow_batches: Accumulator = spark_context.accumulator(0)
         self.rows: Accumulator = spark_context.accumulator(0)
+        self.model_seconds: Accumulator = spark_context.accumulator(0.0)
+        """Seconds the workers spent scoring tokenized Arrow batches (tokenization runs ahead in a thread)."""
 
 
-def make_scoring_udf(spec: ModelSpec, *, batch_size: int, counters: Optional[WorkerCounters] = None):
+def make_scoring_udf(spec: ModelSpec, *, policy: BatchPolicy, counters: Optional[WorkerCounters] = None):
     """Build the scoring UDF for ``spec.task`` over one string column.
 
     Input: a string column (nulls allowed). Output: a struct of
@@ -39,24 +43,34 @@ def make_scoring_udf(spec: ModelSpec, *, batch_size: int, counters: Optional[Wor
     ``embedding`` (array<float>, null where the text was null) and
     ``model_sha256`` (digest of the weights this worker actually loaded).
 
-    Rows are scored in length-sorted batches of at most ``batch_size`` within
-    each Arrow batch and returned in input order. Errors while loading or
+    Each Arrow batch is tokenized once (the next one in a background thread while
+    the model runs), scored in token-budget batches bounded by ``policy``
+    (:mod:`udfs.batching`) and returned in input order. Errors while loading or
     scoring fail the task (Spark retries it, then fails the job).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
     def score(texts: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        model = None
-        for batch in texts:
-            if model is None:
-                model = _model_for_this_worker(spec, counters)
-            outputs, valid = score_in_length_order(batch.tolist(), model.scorer.score, batch_size=batch_size)
+        texts = iter(texts)
+        first = next(texts, None)
+        if first is None:  # empty partition: no model load
+            return
+        model = _model_for_this_worker(spec, counters)
+        head = model.scorer
+
+        def tokenize(batch: pd.Series):
+            present = [t for t in batch.tolist() if isinstance(t, str)]
+            return head.tokenize(present) if present else None
+
+        for batch, features in prefetch(itertools.chain([first], texts), tokenize):
+            started = time.perf_counter()
+            outputs, valid = score_texts(batch.tolist(), head, policy, features)
+            elapsed = time.perf_counter() - started
             embeddings = pd.Series([row if ok else None for row, ok in zip(outputs, valid)], dtype=object)
             yield pd.DataFrame({"embedding": embeddings, "model_sha256": model.sha256})
             if counters is not None:
                 counters.arrow_batches.add(1)
                 counters.rows.add(len(batch))
+                counters.model_seconds.add(elapsed)
 
     return pandas_udf(score, returnType=scored_struct(spec.task))
 

@@ -1,64 +1,153 @@
+"""The batching core on a transparent numpy head (its contract), then on the real embed head."""
+
+import threading
+import time
+
 import numpy as np
 import pytest
 
-from udfs.batching import length_order, score_in_length_order
+from udfs.batching import BatchPolicy, plan_batches, prefetch, score_texts, take_rows
 
 
-class RecordingScorer:
-    """Scores a text as (its length, a per-text hash) and records every batch it saw."""
+class CharHead:
+    """Tokenizes a text as one token per character (right-padded); outputs (length, first char code).
+
+    Records the shape of every forward batch so tests can see the budget at work.
+    """
+
+    padding_side = "right"
 
     def __init__(self):
-        self.batches: list[list[str]] = []
+        self.batches: list[tuple[int, int]] = []
 
-    def __call__(self, texts):
-        self.batches.append(list(texts))
-        return np.array([[len(t), hash(t) % 1000] for t in texts], dtype=np.int64)
+    def tokenize(self, texts):
+        width = max(1, max(len(t) for t in texts))
+        ids = np.zeros((len(texts), width), dtype=np.int64)
+        mask = np.zeros((len(texts), width), dtype=np.int64)
+        for i, t in enumerate(texts):
+            ids[i, : len(t)] = [ord(c) for c in t]
+            mask[i, : len(t)] = 1
+        return {"input_ids": ids, "attention_mask": mask, "modality": "text"}
+
+    def forward(self, features):
+        ids, mask = features["input_ids"], features["attention_mask"]
+        assert features["modality"] == "text"  # non-row entries pass through
+        self.batches.append(ids.shape)
+        return np.stack([mask.sum(1), ids[:, 0]], axis=1)
 
 
 def test_outputs_come_back_in_input_order():
     texts = ["ccc", "a", "", "bbbbbb", "dd", "eeeee", "a"]
-    scorer = RecordingScorer()
-    outputs, valid = score_in_length_order(texts, scorer, batch_size=2)
+    outputs, valid = score_texts(texts, CharHead(), BatchPolicy(max_tokens=8, max_rows=2))
     assert valid.all()
-    expected = np.array([[len(t), hash(t) % 1000] for t in texts])
-    np.testing.assert_array_equal(outputs, expected)
+    expected = [[len(t), ord(t[0]) if t else 0] for t in texts]
+    assert outputs.tolist() == expected
 
 
-def test_batches_are_capped_and_length_sorted():
+def test_batches_respect_token_budget_and_row_cap_with_padding_trimmed():
     rng = np.random.default_rng(0)
-    texts = ["x" * int(n) for n in rng.integers(0, 300, size=101)]
-    scorer = RecordingScorer()
-    score_in_length_order(texts, scorer, batch_size=16)
-    assert [len(b) for b in scorer.batches] == [16] * 6 + [5]
-    seen = [len(t) for batch in scorer.batches for t in batch]
-    assert seen == sorted(seen, reverse=True)  # longest first, so each batch pads to similar lengths
-    assert sorted(seen) == sorted(len(t) for t in texts)  # every text scored exactly once
+    texts = ["x" * int(n) for n in rng.lognormal(3, 1, size=300).clip(1, 400)]
+    head = CharHead()
+    outputs, _ = score_texts(texts, head, BatchPolicy(max_tokens=512, max_rows=32))
+    assert outputs[:, 0].tolist() == [len(t) for t in texts]
+    for rows, width in head.batches:
+        assert rows <= 32
+        assert rows * width <= 512 or rows == 1  # a row longer than the budget runs alone
+    widths = [w for _, w in head.batches]
+    assert widths == sorted(widths, reverse=True)  # longest first, each batch padded only to its own longest
+    assert sum(r for r, _ in head.batches) == len(texts)
+    padded = sum(r * w for r, w in head.batches)
+    assert padded <= 1.1 * sum(len(t) for t in texts)  # sorted batches waste little on padding
 
 
-def test_null_texts_are_masked_and_never_scored():
-    texts = ["abc", None, "de", float("nan")]
-    scorer = RecordingScorer()
-    outputs, valid = score_in_length_order(texts, scorer, batch_size=8)
+def test_plan_batches_short_rows_get_big_batches():
+    lengths = [10] * 100 + [200] * 4
+    batches = plan_batches(lengths, BatchPolicy(max_tokens=400, max_rows=64))
+    assert [len(b) for b in batches] == [2, 2, 40, 40, 20]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(104))
+
+
+def test_null_texts_are_masked_and_never_tokenized():
+    head = CharHead()
+    outputs, valid = score_texts(["abc", None, "de", float("nan")], head, BatchPolicy(64, 8))
     assert valid.tolist() == [True, False, True, False]
-    assert scorer.batches == [["abc", "de"]]
-    assert outputs[0, 0] == 3 and outputs[2, 0] == 2
+    assert head.batches == [(2, 3)]
+    assert outputs[0].tolist() == [3, ord("a")] and outputs[2].tolist() == [2, ord("d")]
 
 
 def test_all_null_batch_scores_nothing():
-    scorer = RecordingScorer()
-    outputs, valid = score_in_length_order([None, None], scorer, batch_size=4)
-    assert not valid.any() and scorer.batches == [] and len(outputs) == 2
+    head = CharHead()
+    outputs, valid = score_texts([None, None], head, BatchPolicy(64, 8))
+    assert not valid.any() and head.batches == [] and len(outputs) == 2
 
 
-def test_scorer_returning_wrong_row_count_is_an_error():
-    with pytest.raises(ValueError, match="returned 1 rows for a batch of 2"):
-        score_in_length_order(["a", "b"], lambda texts: np.zeros((1, 3)), batch_size=4)
+def test_head_returning_wrong_row_count_is_an_error():
+    class Short(CharHead):
+        def forward(self, features):
+            return np.zeros((1, 2))
+
+    with pytest.raises(ValueError, match="head returned 1 rows for a batch of 2"):
+        score_texts(["a", "b"], Short(), BatchPolicy(64, 8))
 
 
-def test_batch_size_must_be_positive():
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        score_in_length_order(["a"], RecordingScorer(), batch_size=0)
+def test_policy_bounds_must_be_positive():
+    with pytest.raises(ValueError, match="must be >= 1"):
+        BatchPolicy(max_tokens=0, max_rows=4)
 
 
-def test_length_order_is_stable_for_ties():
-    assert length_order(["aa", "b", "cc", "d"]).tolist() == [0, 2, 1, 3]
+def test_take_rows_trims_on_the_padding_side():
+    ids = np.array([[1, 2, 0, 0], [3, 4, 5, 0], [6, 0, 0, 0]])
+    feats = {"input_ids": ids, "attention_mask": (ids > 0).astype(int), "lengths": np.array([2, 3, 1])}
+    right = take_rows(feats, np.array([1, 0]), 3, "right")
+    assert right["input_ids"].tolist() == [[3, 4, 5], [1, 2, 0]] and right["lengths"].tolist() == [3, 2]
+    left_ids = np.array([[0, 0, 1, 2], [0, 3, 4, 5]])
+    left = take_rows({"input_ids": left_ids, "attention_mask": (left_ids > 0).astype(int)}, np.array([1, 0]), 3, "left")
+    assert left["input_ids"].tolist() == [[3, 4, 5], [0, 1, 2]]
+
+
+def test_prefetch_overlaps_work_and_keeps_order():
+    started = []
+
+    def work(item):
+        started.append((item, threading.current_thread().name))
+        time.sleep(0.05)
+        return item * 10
+
+    seen = []
+    for item, result in prefetch(range(4), work):
+        seen.append((item, result))
+        if item == 0:
+            time.sleep(0.1)  # while the consumer is busy, item 1's work is already running
+            assert [i for i, _ in started] == [0, 1]
+    assert seen == [(0, 0), (1, 10), (2, 20), (3, 30)]
+    assert all(name.startswith("lakescore-prefetch") for _, name in started)
+    assert list(prefetch([], work)) == []
+
+
+def test_prefetch_surfaces_errors():
+    def work(item):
+        if item == 2:
+            raise RuntimeError("bad batch 2")
+        return item
+
+    got = []
+    with pytest.raises(RuntimeError, match="bad batch 2"):
+        for item, _ in prefetch(range(4), work):
+            got.append(item)
+    assert got == [0, 1]  # items before the failing one are all delivered, in order
+
+
+def test_real_embed_head_in_token_budget_batches_matches_sentence_transformers(minilm_dir, sentence_transformer):
+    from udfs.embed import load_embedder
+    from udfs.model_source import ModelSpec
+
+    head = load_embedder(ModelSpec("embed", str(minilm_dir)), minilm_dir)
+    rng = np.random.default_rng(1)
+    words = "the kettle is quiet and the lid fits well but shipping took ten days".split()
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.lognormal(3, 1.2, size=120).clip(0, 900)]
+    texts[7] = ""
+    ours, valid = score_texts(texts, head, BatchPolicy(max_tokens=1024, max_rows=16))
+    peer = sentence_transformer.encode(texts, normalize_embeddings=True)
+    assert valid.all()
+    cosine = (ours * peer).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(peer, axis=1)
+    assert cosine.min() >= 0.9999

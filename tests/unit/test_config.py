@@ -13,26 +13,27 @@ def test_defaults_without_file():
     cfg = load_config()
     assert cfg.task == "embed"
     assert cfg.spark.master == "local[*]"
-    assert cfg.scoring.batch_size == 64
+    assert cfg.scoring.max_batch_rows == 256
+    assert cfg.scoring.max_tokens_for("cpu") == 8192 and cfg.scoring.max_tokens_for("cuda:1") == 65536
     assert cfg.validation.enabled is True
 
 
 def test_file_then_set_then_flags(tmp_path):
     path = write(
         tmp_path,
-        "input: db.raw\nid_col: id\nscoring:\n  batch_size: 8\nspark:\n  conf:\n    spark.sql.shuffle.partitions: 4\n",
+        "input: db.raw\nid_col: id\nscoring:\n  max_batch_rows: 8\nspark:\n  conf:\n    spark.sql.shuffle.partitions: 4\n",
     )
-    cfg = load_config(path, ["scoring.batch_size=16", "input=db.other"], {"input": "db.flag", "text_col": None})
+    cfg = load_config(path, ["scoring.max_batch_rows=16", "input=db.other"], {"input": "db.flag", "text_col": None})
     assert cfg.input == "db.flag"  # flag beats --set beats file
-    assert cfg.scoring.batch_size == 16
+    assert cfg.scoring.max_batch_rows == 16
     assert cfg.id_col == "id"
     assert cfg.text_col is None  # a None flag means "not given"
     assert cfg.spark.conf == {"spark.sql.shuffle.partitions": "4"}  # Spark confs become strings
 
 
 def test_unknown_key_names_it_and_suggests(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown config key 'scoring.batch_sise'; did you mean 'scoring.batch_size'"):
-        load_config(write(tmp_path, "scoring:\n  batch_sise: 3\n"))
+    with pytest.raises(ConfigError, match=r"unknown config key 'scoring.max_batch_tokenz'; did you mean 'scoring.max_batch_tokens'"):
+        load_config(write(tmp_path, "scoring:\n  max_batch_tokenz: 3\n"))
 
 
 def test_unknown_top_level_key_from_set():
@@ -43,8 +44,8 @@ def test_unknown_top_level_key_from_set():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("scoring.batch_size=many", r"scoring.batch_size must be an integer, got 'many'"),
-        ("scoring.batch_size=0", r"scoring.batch_size must be >= 1, got 0"),
+        ("scoring.max_batch_rows=many", r"scoring.max_batch_rows must be an integer, got 'many'"),
+        ("scoring.max_batch_tokens=0", r"scoring.max_batch_tokens must be >= 1, got 0"),
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
         ("task=summarize", r"task must be one of embed, got 'summarize'"),
         ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),

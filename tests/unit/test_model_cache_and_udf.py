@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from udfs import model_cache
+from udfs.batching import BatchPolicy
 from udfs.model_source import ModelSpec
 from udfs.scoring_udf import make_scoring_udf
 
@@ -37,7 +38,7 @@ def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
 
 
 def test_udf_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_transformer, load_counter):
-    udf = make_scoring_udf(ModelSpec("embed", str(minilm_dir)), batch_size=3)
+    udf = make_scoring_udf(ModelSpec("embed", str(minilm_dir)), policy=BatchPolicy(max_tokens=512, max_rows=3))
     texts = ["a long review " * 40, "short", None, "", "mid length review text", "x " * 300, "last one"]
     batches = [pd.Series(texts[:4]), pd.Series(texts[4:])]
     frames = list(udf.func(iter(batches)))  # the function Spark runs inside the worker
@@ -52,12 +53,7 @@ def test_udf_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_t
     assert out["model_sha256"].nunique() == 1 and len(out["model_sha256"][0]) == 64
 
 
-def test_udf_rejects_bad_batch_size(minilm_dir):
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        make_scoring_udf(ModelSpec("embed", str(minilm_dir)), batch_size=0)
-
-
 def test_empty_partition_loads_nothing(minilm_dir, load_counter):
-    udf = make_scoring_udf(ModelSpec("embed", str(minilm_dir)), batch_size=4)
+    udf = make_scoring_udf(ModelSpec("embed", str(minilm_dir)), policy=BatchPolicy(max_tokens=512, max_rows=4))
     assert list(udf.func(iter([]))) == []
     assert load_counter == []
