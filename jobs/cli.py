@@ -1,4 +1,4 @@
-"""``lakescore`` command line: ``score``, ``demo`` and ``fetch-jars``.
+"""``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars``.
 
 Exit codes: 0 success; 1 the output failed validation; 2 a configuration,
 input or model problem found before any compute; 3 any other failure.
@@ -67,6 +67,20 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rows", type=int, default=3000, help="sample reviews to generate (default: 3000)")
     demo.add_argument("--report", metavar="JSON", help="run report path (default: .lakescore/demo/report.json)")
 
+    sweep = commands.add_parser(
+        "sweep", parents=[common], help="time the real model on a sample of the input over a range of token budgets"
+    )
+    sweep.add_argument("--input", help="metastore table or Parquet/Delta path to sample")
+    sweep.add_argument("--input-format", choices=["auto", "delta", "parquet"])
+    sweep.add_argument("--task", choices=TASKS)
+    sweep.add_argument("--model", help="model directory or Hugging Face hub id")
+    sweep.add_argument("--revision", help="hub revision")
+    sweep.add_argument("--text-col", help="input column with the text to score")
+    sweep.add_argument("--master", help="Spark master when lakescore builds the session")
+    sweep.add_argument("--sample-rows", type=int, default=1000, help="rows to sample (default: 1000)")
+    sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
+    sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
+
     commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
     return parser
 
@@ -97,6 +111,24 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report.status == "succeeded" else EXIT_VALIDATION_FAILED
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    import json
+
+    from jobs.sweep import format_sweep, run_sweep, sweep_report
+
+    flags = {key: getattr(args, name, None) for name, key in _SCORE_FLAGS.items() if hasattr(args, name)}
+    cfg = _config(args, flags)
+    try:
+        budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else None
+    except ValueError as exc:
+        raise ConfigError(f"--budgets must be comma-separated integers, got {args.budgets!r}") from exc
+    points = run_sweep(cfg, sample_rows=args.sample_rows, budgets=budgets)
+    print(format_sweep(points))
+    if args.report:
+        Path(args.report).write_text(json.dumps(sweep_report(points), indent=2) + "\n", encoding="utf-8")
+    return EXIT_OK
+
+
 def _fetch_jars(args: argparse.Namespace) -> int:
     from jobs.delta_jars import fetch_delta_jars
 
@@ -116,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     for noisy in ("py4j", "great_expectations", "sentence_transformers", "urllib3", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    handlers = {"score": _score, "demo": _demo, "fetch-jars": _fetch_jars}
+    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "fetch-jars": _fetch_jars}
     try:
         return handlers[args.command](args)
     except Exception as exc:  # one line for the operator; --verbose keeps the traceback

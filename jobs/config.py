@@ -17,7 +17,7 @@ Layout of a config file (all keys optional except where the job needs them)::
     spark:
       master: local[*]
     scoring:
-      max_batch_tokens: 8192
+      max_batch_tokens: 1024
 
 Errors: :class:`ConfigError` (a :class:`ValueError`) naming the dotted key.
 """
@@ -92,8 +92,13 @@ class SparkConfig:
             raise ConfigError(f"spark.log_level must be one of {', '.join(levels)}, got {self.log_level!r}")
 
 
-DEFAULT_MAX_BATCH_TOKENS = {"cpu": 8192, "cuda": 65536}
-"""Padded tokens per forward batch when ``scoring.max_batch_tokens`` is unset, per device."""
+DEFAULT_MAX_BATCH_TOKENS = {"cpu": 1024, "cuda": 65536}
+"""Padded tokens per forward batch when ``scoring.max_batch_tokens`` is unset, per device.
+
+CPU: measured with ``lakescore sweep`` (all-MiniLM-L6-v2, one torch thread per task, 300
+long-tailed reviews): 1024 -> 42.9 rows/s, 4096 -> 33.4, 8192 -> 28.3, 32768 -> 16.2.
+Small batches of equal length keep the activations in cache; run the sweep for other
+models and hardware."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class ScoringConfig:
     """How rows are cut into model batches and spread over tasks."""
 
     max_batch_tokens: Optional[int] = None
-    """Padded tokens per forward batch (rows x longest row); default per device (cpu 8192)."""
+    """Padded tokens per forward batch (rows x longest row); default per device (cpu 1024)."""
     max_batch_rows: int = 256
     """Rows per forward batch at most, however short they are."""
     arrow_max_records_per_batch: int = 4096

@@ -184,3 +184,11 @@ def test_progress_line_reports_rows_rate_and_eta(spark):
     assert line.startswith("scoring: 250/1000 rows (25%)"), line
     rate, eta = re.search(r"([\d.]+) rows/s, elapsed \d+ s, ETA (\d+) s", line).groups()
     assert 23.0 <= float(rate) <= 25.0 and 30 <= int(eta) <= 33, line
+
+
+def test_sweep_times_the_real_model_on_a_sample(spark, reviews_table, job_config, capsys):
+    from jobs.sweep import run_sweep
+
+    points = run_sweep(job_config(input="it.reviews"), sample_rows=60, budgets=[2048, 512], spark=spark)
+    assert [p.max_batch_tokens for p in points] == [512, 2048]  # ascending, as an OOM stop needs
+    assert all(p.rows == 60 and p.rows_per_second > 0 and p.peak_memory_mib > 100 and p.error is None for p in points)

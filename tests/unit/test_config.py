@@ -14,7 +14,7 @@ def test_defaults_without_file():
     assert cfg.task == "embed"
     assert cfg.spark.master == "local[*]"
     assert cfg.scoring.max_batch_rows == 256
-    assert cfg.scoring.max_tokens_for("cpu") == 8192 and cfg.scoring.max_tokens_for("cuda:1") == 65536
+    assert cfg.scoring.max_tokens_for("cpu") == 1024 and cfg.scoring.max_tokens_for("cuda:1") == 65536
     assert cfg.validation.enabled is True
 
 
