@@ -22,7 +22,8 @@ from pyspark.sql import functions as F
 from jobs.config import JobConfig
 from jobs.progress import ProgressReporter
 from jobs.session import get_or_create_session
-from jobs.tables import check_output_target, read_delta_version, read_input, write_delta_overwrite
+from jobs.report import RunReport
+from jobs.tables import check_output_target, column, read_delta_version, read_input, write_delta_overwrite
 from schemas.contracts import TextInputContract
 from schemas.expectations import OutputFacts, validate_output
 from schemas.output import output_schema, prediction_columns
@@ -95,19 +96,14 @@ def score_dataframe(
         df = df.repartition(target)
     policy = BatchPolicy(max_tokens=cfg.scoring.max_tokens_for(spec.device), max_rows=cfg.scoring.max_batch_rows)
     udf = make_scoring_udf(spec, policy=policy, counters=counters)
-    scored = df.select(_column(cfg.id_col), udf(_column(cfg.text_col)).alias("_scored"))
+    scored = df.select(column(cfg.id_col), udf(column(cfg.text_col)).alias("_scored"))
     return scored.select(
-        _column(cfg.id_col),
+        column(cfg.id_col),
         *[F.col(f"_scored.{name}").alias(name) for name in prediction_columns(cfg.task)],
         F.lit(identity.model_id).alias("model_id"),
         F.col("_scored.model_sha256").alias("model_sha256"),
         F.lit(run_id).alias("run_id"),
     )
-
-
-def _column(name: str):
-    """A column by its exact name, even one with dots or backticks in it."""
-    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
@@ -118,8 +114,6 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
     compute when the run cannot succeed. A failed validation does not raise: the report's
     ``status`` is ``validation_failed``.
     """
-    from jobs.report import RunReport
-
     cfg.require_for_scoring()
     started = time.perf_counter()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -114,10 +114,10 @@ def run_sweep(
 
 
 def _sample_texts(df, text_col: str, rows: int) -> list[str]:
-    from pyspark.sql import functions as F
+    from jobs.tables import column
 
-    column = F.col("`" + text_col.replace("`", "``") + "`")
-    present = df.select(column.alias("text")).where(column.isNotNull())
+    text = column(text_col)
+    present = df.select(text.alias("text")).where(text.isNotNull())
     total = present.count()
     if total > rows:
         present = present.sample(fraction=min(1.0, 1.5 * rows / total), seed=7)

@@ -18,6 +18,7 @@ from schemas.output import column_types
 
 __all__ = [
     "TableError",
+    "column",
     "is_path",
     "read_input",
     "check_output_target",
@@ -29,6 +30,13 @@ __all__ = [
 
 class TableError(ValueError):
     """An input or output reference cannot be read or written as asked."""
+
+
+def column(name: str):
+    """A column by its exact name, even one with dots or backticks in it."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def is_path(ref: str) -> bool:
