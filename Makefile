@@ -27,3 +27,10 @@ demo:
 
 clean:
 	rm -rf .lakescore spark-warehouse metastore_db derby.log .pytest_cache
+
+# Benchmark lakescore against a plain loop, a naive pandas UDF and predict_batch_udf; writes BENCHMARKS.md.
+# Knobs (env or make variables): ROWS NAIVE_ROWS W2_ROWS REPEATS W2_REPEATS PEERS WORKLOADS BENCH_MD,
+# e.g. a smoke run: make bench REPEATS=1 W2_REPEATS=1 ROWS=2000 NAIVE_ROWS=500 W2_ROWS=1000 BENCH_MD=-
+.PHONY: bench
+bench:
+	$(PY) -m bench

@@ -1,0 +1,217 @@
+"""Summaries of the runs: the rows/s table, the ratios against the spec's targets, the machine header.
+
+Nothing here asserts a target: each is printed with ``met`` / ``NOT met`` and the
+bench's exit status depends only on whether every peer process succeeded.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Optional, Sequence
+
+from bench.proctree import Measurement
+from bench.suite import Job
+
+__all__ = ["RunResult", "JobSummary", "summarise", "render", "machine_facts", "TARGETS"]
+
+_MIB = 1024 * 1024
+
+TARGETS = (
+    ("W1", "d/a", 1.0),
+    ("W1", "d/b", 4.0),
+    ("W1", "d/c", 3.0),
+    ("W2", "d/c", 1.0),
+)
+"""(workload, ratio of median rows/s, minimum) from the spec."""
+SHARE_TARGET = 0.10
+"""validate + Delta write <= 10% of lakescore's wall time at 12,000 rows (W1)."""
+COSINE_TARGET = 0.9999
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One finished run: its job, which repeat, what the process measured, lakescore's report if any."""
+
+    job: Job
+    repeat: int
+    measurement: Measurement
+    log: Path
+    report: Optional[dict] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.measurement.returncode == 0
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.job.rows / self.measurement.wall_seconds
+
+
+@dataclass
+class JobSummary:
+    """Everything the table says about one job, over its successful repeats."""
+
+    job: Job
+    rates: list[float]
+    failures: int
+    peak_rss_mib: Optional[float]
+    step_shares: dict[str, float] = field(default_factory=dict)
+    """lakescore only: median of ``step_seconds[k] / process wall`` per step, plus ``in_job`` (report seconds)."""
+
+    @property
+    def median(self) -> Optional[float]:
+        return statistics.median(self.rates) if self.rates else None
+
+
+def summarise(job: Job, results: Sequence[RunResult]) -> JobSummary:
+    """Fold the runs of ``job`` into a :class:`JobSummary`."""
+    mine = [r for r in results if r.job is job]
+    good = [r for r in mine if r.ok]
+    shares: dict[str, list[float]] = {}
+    for r in good:
+        if r.report:
+            steps = dict(r.report.get("step_seconds") or {})
+            steps["in_job"] = r.report.get("seconds") or 0.0
+            for key, seconds in steps.items():
+                shares.setdefault(key, []).append(seconds / r.measurement.wall_seconds)
+    return JobSummary(
+        job=job,
+        rates=[r.rows_per_second for r in good],
+        failures=len(mine) - len(good),
+        peak_rss_mib=max((r.measurement.peak_rss_bytes for r in mine), default=0) / _MIB if mine else None,
+        step_shares={k: statistics.median(v) for k, v in shares.items()},
+    )
+
+
+def _fmt(value: Optional[float], spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _table(summaries: Sequence[JobSummary]) -> tuple[list[str], list[list[str]]]:
+    header = ["workload", "peer", "rows", "repeats", "rows/s min", "median", "max", "peak RSS MiB", "note"]
+    rows = []
+    for s in summaries:
+        note = s.job.note + (f"; {s.failures} run(s) FAILED" if s.failures else "")
+        rows.append([
+            s.job.workload, f"({s.job.peer.key}) {s.job.peer.label}", f"{s.job.rows:,}", str(len(s.rates)),
+            _fmt(min(s.rates, default=None)), _fmt(s.median), _fmt(max(s.rates, default=None)),
+            _fmt(s.peak_rss_mib, ".0f"), note.strip("; "),
+        ])
+    return header, rows
+
+
+def _ratio_lines(summaries: Sequence[JobSummary]) -> list[str]:
+    """``d/x`` from medians per workload, with the spec's target where it has one."""
+    lines = []
+    by = {(s.job.workload, s.job.peer.key): s for s in summaries}
+    for (workload, key), lakescore in by.items():
+        if key != "d":
+            continue
+        for other in ("a", "b", "c"):
+            peer = by.get((workload, other))
+            if peer is None:
+                continue
+            ratio = lakescore.median / peer.median if lakescore.median and peer.median else None
+            line = f"{workload} d/{other} = {_fmt(ratio, '.2f')}"
+            target = next((t for w, name, t in TARGETS if w == workload and name == f"d/{other}"), None)
+            if target is not None:
+                line += f"   target >= {target:g}: " + ("-" if ratio is None else "met" if ratio >= target else "NOT met")
+            if peer.job.rows < lakescore.job.rows:
+                line += (f"   (caution: ({other}) ran {peer.job.rows:,} rows, (d) {lakescore.job.rows:,}; fixed "
+                         "start-up weighs more on fewer rows, so this overstates lakescore's advantage)")
+            lines.append(line)
+    return lines
+
+
+def _share_lines(summaries: Sequence[JobSummary]) -> list[str]:
+    lines = []
+    for s in summaries:
+        if s.job.peer.key != "d" or not s.step_shares:
+            continue
+        parts = ", ".join(f"{k} {100 * v:.1f}%" for k, v in s.step_shares.items() if k != "in_job")
+        lines.append(f"{s.job.workload} lakescore, median share of process wall time: {parts}; "
+                     f"the report's `seconds` {100 * s.step_shares.get('in_job', 0):.1f}% "
+                     f"(the rest: Python imports before the job, shutdown after)")
+        validate = s.step_shares.get("validate")
+        if validate is not None:
+            verdict = "within" if validate <= SHARE_TARGET else "over"
+            lines.append(f"  validate alone: {100 * validate:.1f}% of process wall time ({verdict} the spec's "
+                         f"{100 * SHARE_TARGET:.0f}% for validate + Delta write at 12,000 rows, this run: "
+                         f"{s.job.rows:,}). The write share is not measurable: the report's `score_write` "
+                         f"covers scoring and the Delta write in one Spark job, and no step times the write alone.")
+    return lines
+
+
+def _cosine_lines(equivalence: Optional[dict]) -> list[str]:
+    if not equivalence:
+        return ["equivalence: not checked (needs one successful W1 run of (a) and of (d))"]
+    cosine = equivalence.get("min_cosine")
+    verdict = "-" if cosine is None else "met" if cosine >= COSINE_TARGET else "NOT met"
+    return [f"equivalence (W1, lakescore Delta vs plain loop, per review_id): min cosine {_fmt(cosine, '.7f')} "
+            f"over {equivalence.get('matched')} matched rows; missing in lakescore output "
+            f"{equivalence.get('missing_in_b')}, extra {equivalence.get('missing_in_a')}   "
+            f"target >= {COSINE_TARGET}: {verdict}"]
+
+
+def render(summaries: Sequence[JobSummary], equivalence: Optional[dict], markdown: bool) -> str:
+    """The result table and the ratio / share / equivalence lines, as plain text or Markdown."""
+    header, rows = _table(summaries)
+    if markdown:
+        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        table += ["| " + " | ".join(cells) + " |" for cells in rows]
+        bullets = lambda lines: ["- " + line.strip() for line in lines]  # noqa: E731
+    else:
+        widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+        table = ["  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in [header, *rows]]
+        bullets = list
+    out = table + [""] + bullets(_ratio_lines(summaries)) + bullets(_share_lines(summaries))
+    out += bullets(_cosine_lines(equivalence))
+    return "\n".join(out)
+
+
+def _first_line(path: str, prefix: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith(prefix)), None)
+    except OSError:
+        return None
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_facts(repo: Path) -> dict[str, str]:
+    """Machine, software and code version the numbers were taken on."""
+    mem_kib = _first_line("/proc/meminfo", "MemTotal")
+    mem = f"{int(mem_kib.split()[0]) / 1024 / 1024:.1f} GiB" if mem_kib else "unknown"
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "jobs", "udfs", "schemas"], cwd=repo,
+                               capture_output=True, text=True).stdout.strip()
+        code = f"git {sha}" + (" + uncommitted changes in jobs/ udfs/ schemas/" if dirty else "")
+    except OSError:
+        code = "unknown"
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _first_line("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+        "cores": str(os.cpu_count()),
+        "memory": mem,
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "pyspark": _version("pyspark"),
+        "delta-spark": _version("delta-spark"),
+        "sentence-transformers": _version("sentence-transformers"),
+        "lakescore code": code,
+    }
