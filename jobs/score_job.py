@@ -9,9 +9,12 @@ take an overwrite with this run's schema.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Optional
@@ -29,7 +32,7 @@ from schemas.expectations import OutputFacts, validate_output
 from schemas.output import output_schema, prediction_columns
 from udfs.batching import BatchPolicy
 from udfs.model_cache import get_model
-from udfs.model_source import ModelSpec
+from udfs.model_source import ModelSpec, resolve_model_dir
 from udfs.scoring_udf import WorkerCounters, make_scoring_udf
 
 __all__ = ["run_scoring", "ModelIdentity", "new_run_id"]
@@ -122,12 +125,18 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
 
     spec = model_spec(cfg)
     t = time.perf_counter()
-    identity = preflight_model(spec)
-    steps["model_preflight"] = time.perf_counter() - t
+    resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight") as pool:
+        # Loading torch and the model (seconds) overlaps the JVM start (seconds more).
+        preflight = pool.submit(preflight_model, spec)
+        if spark is None:
+            spark, _ = get_or_create_session(cfg.spark)
+        identity = preflight.result()
+    steps["startup"] = time.perf_counter() - t
     log.info("model %s ready on the driver (weights sha256 %s)", identity.model_id, identity.sha256)
+    if cfg.validation.enabled:  # GX takes seconds to import: do it while Spark scores
+        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
 
-    if spark is None:
-        spark, _ = get_or_create_session(cfg.spark)
     t = time.perf_counter()
     source = read_input(spark, cfg.input, cfg.input_format)
     TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, f"input {cfg.input!r}")
