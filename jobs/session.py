@@ -79,4 +79,21 @@ def get_or_create_session(cfg: SparkConfig) -> tuple[SparkSession, bool]:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
+    _quiet_hive_schema_warning(spark)
     return spark, True
+
+
+def _quiet_hive_schema_warning(spark: SparkSession) -> None:
+    """Silence the stack trace Hive's catalog logs on every overwrite of a Delta table.
+
+    "Could not alter schema of table ... in a Hive compatible way" is expected for Delta
+    tables (Hive has no SerDe for them; Spark stores them in its own format) and harmless,
+    but it prints ~100 lines of Java stack per run into local logs.
+    """
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.hive.HiveExternalCatalog", jvm.org.apache.logging.log4j.Level.ERROR
+        )
+    except Exception:  # logging cosmetics must never fail a job
+        log.debug("could not lower HiveExternalCatalog's log level", exc_info=True)
