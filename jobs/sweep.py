@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from jobs.config import ConfigError, JobConfig
 
-__all__ = ["SweepPoint", "run_sweep", "recommend", "format_sweep", "DEFAULT_BUDGETS"]
+__all__ = ["SweepPoint", "run_sweep", "recommend", "format_sweep", "sweep_report", "DEFAULT_BUDGETS"]
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
+import torch
 
-__all__ = ["BatchPolicy", "TextHead", "plan_batches", "take_rows", "score_texts", "prefetch"]
+__all__ = ["BatchPolicy", "TextHead", "plan_batches", "take_rows", "tokenize_present", "score_texts", "prefetch"]
 
 Features = Mapping[str, Any]
 T = TypeVar("T")
@@ -99,6 +100,15 @@ def take_rows(features: Features, rows: np.ndarray, width: int, padding_side: st
     return out
 
 
+def tokenize_present(texts: Sequence[Optional[str]], head: TextHead) -> Optional[Features]:
+    """The head's tokenization of the non-null ``texts``, in order; ``None`` when all are null.
+
+    What :func:`score_texts` accepts as ``features``, so tokenization can run ahead.
+    """
+    present = [texts[i] for i in np.flatnonzero(_valid_mask(texts))]
+    return head.tokenize(present) if present else None
+
+
 def score_texts(
     texts: Sequence[Optional[str]], head: TextHead, policy: BatchPolicy, features: Optional[Features] = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -111,12 +121,12 @@ def score_texts(
 
     Raises ``ValueError`` if the head returns the wrong number of rows.
     """
-    valid = np.fromiter((isinstance(t, str) for t in texts), dtype=bool, count=len(texts))
+    valid = _valid_mask(texts)
     present = np.flatnonzero(valid)
     if len(present) == 0:
         return np.zeros((len(texts), 0), dtype=np.float32), valid
     if features is None:
-        features = head.tokenize([texts[i] for i in present])
+        features = tokenize_present(texts, head)
     lengths = _row_lengths(features["attention_mask"])
 
     outputs: Optional[np.ndarray] = None
@@ -157,6 +167,11 @@ def prefetch(items: Iterable[T], work: Callable[[T], R]) -> Iterator[tuple[T, R]
             item = following
 
 
+def _valid_mask(texts: Sequence[Optional[str]]) -> np.ndarray:
+    """True where a text can be scored: a string (null arrives as ``None`` or NaN)."""
+    return np.fromiter((isinstance(t, str) for t in texts), dtype=bool, count=len(texts))
+
+
 def _row_lengths(mask) -> np.ndarray:
     sums = mask.sum(1)
     return np.asarray(sums.numpy() if hasattr(sums, "numpy") else sums, dtype=np.int64)
@@ -164,11 +179,4 @@ def _row_lengths(mask) -> np.ndarray:
 
 def _as_index(rows: np.ndarray, like):
     """Row indices in the array library of ``like`` (torch tensors index best with a tensor)."""
-    try:
-        import torch
-
-        if isinstance(like, torch.Tensor):
-            return torch.as_tensor(rows, dtype=torch.long)
-    except ImportError:  # numpy-only heads
-        pass
-    return rows
+    return torch.as_tensor(rows, dtype=torch.long) if isinstance(like, torch.Tensor) else rows

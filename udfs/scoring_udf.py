@@ -17,7 +17,7 @@ from pyspark import Accumulator, TaskContext
 from pyspark.sql.functions import pandas_udf
 
 from schemas.output import scored_struct
-from udfs.batching import BatchPolicy, prefetch, score_texts
+from udfs.batching import BatchPolicy, prefetch, score_texts, tokenize_present
 from udfs.model_cache import get_model
 from udfs.model_source import ModelSpec
 
@@ -58,12 +58,12 @@ def make_scoring_udf(spec: ModelSpec, *, policy: BatchPolicy, counters: Optional
         head = model.scorer
 
         def tokenize(batch: pd.Series):
-            present = [t for t in batch.tolist() if isinstance(t, str)]
-            return head.tokenize(present) if present else None
+            values = batch.tolist()
+            return values, tokenize_present(values, head)
 
-        for batch, features in prefetch(itertools.chain([first], texts), tokenize):
+        for batch, (values, features) in prefetch(itertools.chain([first], texts), tokenize):
             started = time.perf_counter()
-            outputs, valid = score_texts(batch.tolist(), head, policy, features)
+            outputs, valid = score_texts(values, head, policy, features)
             elapsed = time.perf_counter() - started
             embeddings = pd.Series([row if ok else None for row, ok in zip(outputs, valid)], dtype=object)
             yield pd.DataFrame({"embedding": embeddings, "model_sha256": model.sha256})
