@@ -1,7 +1,8 @@
 """``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars``.
 
-Exit codes: 0 success; 1 the output failed validation; 2 a configuration,
-input or model problem found before any compute; 3 any other failure.
+Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
+published nothing; 2 a configuration, input or model problem found before any
+compute; 3 any other failure.
 Failures print one line, ``lakescore: error: <reason>``, on stderr
 (``--verbose`` adds the traceback).
 """
@@ -21,6 +22,7 @@ __all__ = ["main"]
 log = logging.getLogger("lakescore")
 
 EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
+"""``EXIT_VALIDATION_FAILED`` covers every "ran, but published nothing" outcome: validation, error rate."""
 
 # Flag -> dotted config key. Every flag has a config-file twin; flags win.
 _SCORE_FLAGS = {
@@ -32,7 +34,17 @@ _SCORE_FLAGS = {
     "revision": "model.revision",
     "id_col": "id_col",
     "text_col": "text_col",
+    "feature_cols": "feature_cols",
+    "feature_prefix": "feature_prefix",
+    "device": "model.device",
+    "dtype": "model.dtype",
+    "expect_sha256": "model.expect_sha256",
+    "allow_pickle": "model.allow_pickle",
+    "trust_remote_code": "model.trust_remote_code",
+    "errors": "errors",
+    "write_mode": "write.mode",
     "report": "report",
+    "run_date": "run_date",
     "run_id": "run_id",
     "master": "spark.master",
 }
@@ -58,9 +70,25 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--model", help="model directory or Hugging Face hub id")
     score.add_argument("--revision", help="hub revision (branch, tag or commit)")
     score.add_argument("--id-col", help="input column copied to the output to identify each row")
-    score.add_argument("--text-col", help="input column with the text to score")
+    score.add_argument("--text-col", help="input column with the text to score (classify, embed)")
+    score.add_argument("--feature-cols", help="tabular: comma-separated numeric feature columns, in model order")
+    score.add_argument("--feature-prefix", help="tabular: use every column starting with this prefix")
+    score.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where workers run the model (default: cpu)")
+    score.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="model precision (default: float32)")
+    score.add_argument("--expect-sha256", metavar="HEX", help="refuse to score unless the weights digest equals this")
+    score.add_argument(
+        "--allow-pickle", action="store_true", default=None, help="allow pickle-based weights (can run arbitrary code)"
+    )
+    score.add_argument(
+        "--trust-remote-code", action="store_true", default=None, help="run model code shipped with the model"
+    )
+    score.add_argument("--errors", help="dead-letter table or path (default: <output>_errors)")
+    score.add_argument(
+        "--write-mode", choices=["overwrite", "replace_run"], help="overwrite the table, or replace only this run's rows"
+    )
     score.add_argument("--report", metavar="JSON", help="write the run report here")
-    score.add_argument("--run-id", help="id written into every row (default: timestamp + random)")
+    score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")
+    score.add_argument("--run-id", help="id written into every row (default: --run-date, else timestamp + random)")
     score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
@@ -100,7 +128,10 @@ def _score(args: argparse.Namespace) -> int:
     print(report.summary())
     if cfg.report:
         print(f"  report: {Path(cfg.report).resolve()}")
-    return EXIT_OK if report.status == "succeeded" else EXIT_VALIDATION_FAILED
+    if report.status != "succeeded":
+        print(f"lakescore: error: {report.error}", file=sys.stderr)
+        return EXIT_VALIDATION_FAILED
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from datetime import date
 import os
 import types
 import typing
@@ -35,10 +36,15 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-__all__ = ["ConfigError", "JobConfig", "load_config", "TASKS"]
+from udfs.batching import default_max_tokens
+from udfs.model_source import DEVICES, DTYPES
 
-TASKS = ("embed",)
+__all__ = ["ConfigError", "JobConfig", "load_config", "TASKS", "TEXT_TASKS", "WRITE_MODES"]
+
+TASKS = ("classify", "embed", "tabular")
 """Scoring tasks this version can run."""
+TEXT_TASKS = ("classify", "embed")
+WRITE_MODES = ("overwrite", "replace_run")
 
 
 class ConfigError(ValueError):
@@ -50,10 +56,19 @@ class ModelConfig:
     """Where the model comes from and how its outputs are shaped."""
 
     source: Optional[str] = None
-    """A local model directory or a Hugging Face hub id."""
+    """A local model directory (tabular: a ``.pt``/``.pt2`` file), a Hadoop URI (``s3a://``, ``dbfs:/``), or a hub id."""
     revision: Optional[str] = None
-    """Hub revision (branch, tag or commit); ignored for local directories."""
+    """Hub revision (branch, tag or commit); for other sources recorded as given."""
     device: str = "cpu"
+    """``auto`` (CUDA when the worker sees a GPU), ``cpu`` or ``cuda``."""
+    dtype: str = "float32"
+    """``float32``, ``bfloat16`` or ``float16`` (CUDA only)."""
+    expect_sha256: Optional[str] = None
+    """Refuse to score unless the weights digest equals this hex (``--expect-sha256``)."""
+    allow_pickle: bool = False
+    """Allow pickle-based weights (``pytorch_model.bin``): loading them can run arbitrary code."""
+    trust_remote_code: bool = False
+    """Run model code shipped with the model (transformers ``trust_remote_code``)."""
     max_seq_length: Optional[int] = None
     """Token limit per text; default: the model's own sentence-transformers setting."""
     pooling: Optional[str] = None
@@ -62,8 +77,16 @@ class ModelConfig:
     """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
 
     def _validate(self) -> None:
-        if self.device != "cpu":
-            raise ConfigError(f"model.device: only 'cpu' is supported in this version, got {self.device!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"model.device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "float16" and self.device == "cpu":
+            raise ConfigError("model.dtype float16 needs a GPU (device cuda or auto); use bfloat16 on CPU")
+        if self.expect_sha256 is not None:
+            digest = self.expect_sha256.strip().lower()
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ConfigError(f"model.expect_sha256 must be 64 hex digits, got {self.expect_sha256!r}")
         if self.max_seq_length is not None and self.max_seq_length < 1:
             raise ConfigError(f"model.max_seq_length must be >= 1, got {self.max_seq_length}")
         if self.pooling not in (None, "mean", "cls"):
@@ -92,15 +115,6 @@ class SparkConfig:
             raise ConfigError(f"spark.log_level must be one of {', '.join(levels)}, got {self.log_level!r}")
 
 
-DEFAULT_MAX_BATCH_TOKENS = {"cpu": 1024, "cuda": 65536}
-"""Padded tokens per forward batch when ``scoring.max_batch_tokens`` is unset, per device.
-
-CPU: measured with ``lakescore sweep`` (all-MiniLM-L6-v2, one torch thread per task, 300
-long-tailed reviews): 1024 -> 42.9 rows/s, 4096 -> 33.4, 8192 -> 28.3, 32768 -> 16.2.
-Small batches of equal length keep the activations in cache; run the sweep for other
-models and hardware."""
-
-
 @dataclass(frozen=True)
 class ScoringConfig:
     """How rows are cut into model batches and spread over tasks."""
@@ -127,17 +141,54 @@ class ScoringConfig:
 
     def max_tokens_for(self, device: str) -> int:
         """The token budget for ``device``: the configured one, else the device default."""
-        return self.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS.get(device.split(":")[0], DEFAULT_MAX_BATCH_TOKENS["cpu"])
+        return self.max_batch_tokens or default_max_tokens(device)
 
 
 @dataclass(frozen=True)
 class ValidationConfig:
-    """The Great Expectations suite run on what was written."""
+    """The Great Expectations suite every run must pass before its output is published.
+
+    Built in: row count, columns, types, no nulls in predictions and identity columns,
+    one weights digest, this run's id. Added here by users: a minimum row count,
+    value ranges and null fractions per column.
+    """
 
     enabled: bool = True
+    min_rows: Optional[int] = None
+    """Fail when fewer rows were scored (e.g. an upstream table that arrived half empty)."""
+    value_ranges: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Column -> ``[min, max]`` every value must lie in, e.g. ``{score: [0, 1]}``."""
+    max_null_fraction: Mapping[str, float] = field(default_factory=dict)
+    """Column -> the largest fraction of nulls allowed (for columns the suite does not require non-null)."""
 
     def _validate(self) -> None:
-        pass
+        if self.min_rows is not None and self.min_rows < 0:
+            raise ConfigError(f"validation.min_rows must be >= 0, got {self.min_rows}")
+        for column, bounds in self.value_ranges.items():
+            if len(bounds) != 2 or bounds[0] > bounds[1]:
+                raise ConfigError(f"validation.value_ranges.{column} must be [min, max] with min <= max, got {list(bounds)}")
+        for column, fraction in self.max_null_fraction.items():
+            if not 0 <= fraction <= 1:
+                raise ConfigError(f"validation.max_null_fraction.{column} must be between 0 and 1, got {fraction}")
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    """How a run's rows reach the output table."""
+
+    mode: str = "overwrite"
+    """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced."""
+    chunk_rows: int = 2_000_000
+    """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
+    scores only the chunks not yet committed."""
+    staging: Optional[str] = None
+    """Where chunks are staged before publishing; default: ``<output>__lakescore_staging`` beside the output."""
+
+    def _validate(self) -> None:
+        if self.mode not in WRITE_MODES:
+            raise ConfigError(f"write.mode must be one of {', '.join(WRITE_MODES)}, got {self.mode!r}")
+        if self.chunk_rows < 1:
+            raise ConfigError(f"write.chunk_rows must be >= 1, got {self.chunk_rows}")
 
 
 @dataclass(frozen=True)
@@ -151,16 +202,37 @@ class JobConfig:
     task: str = "embed"
     id_col: Optional[str] = None
     text_col: Optional[str] = None
+    """The text column (``classify``, ``embed``)."""
+    feature_cols: tuple[str, ...] = ()
+    """The numeric feature columns of a ``tabular`` model, in the order the program takes them."""
+    feature_prefix: Optional[str] = None
+    """``tabular``: use every input column starting with this prefix, in input order (when feature_cols is empty)."""
+    errors: Optional[str] = None
+    """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
+    max_error_rate: float = 0.001
+    """Fail the run (after writing the errors table, publishing nothing) when more rows than this fraction fail."""
     report: Optional[str] = None
+    run_date: Optional[str] = None
+    """``YYYY-MM-DD`` the run is for; the run id defaults to it (so reruns of one date replace each other)."""
     run_id: Optional[str] = None
     progress_seconds: int = 15
     """Seconds between progress lines while scoring; 0 turns them off."""
     model: ModelConfig = field(default_factory=ModelConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    write: WriteConfig = field(default_factory=WriteConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
 
     def _validate(self) -> None:
+        if not 0 <= self.max_error_rate <= 1:
+            raise ConfigError(f"max_error_rate must be between 0 and 1, got {self.max_error_rate}")
+        if self.run_date is not None:
+            try:
+                date.fromisoformat(self.run_date)
+            except ValueError:
+                raise ConfigError(f"run_date must be YYYY-MM-DD, got {self.run_date!r}") from None
+        if self.run_id is not None and (not self.run_id.strip() or "'" in self.run_id):
+            raise ConfigError(f"run_id must be non-empty and contain no quote, got {self.run_id!r}")
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.progress_seconds < 0:
@@ -170,21 +242,33 @@ class JobConfig:
 
     def require_for_scoring(self) -> None:
         """Raise :class:`ConfigError` naming every setting a scoring run still lacks."""
-        missing = [
-            flag
-            for flag, value in (
-                ("input", self.input),
-                ("output", self.output),
-                ("model.source (--model)", self.model.source),
-                ("id_col (--id-col)", self.id_col),
-                ("text_col (--text-col)", self.text_col),
-            )
-            if not value
+        required = [
+            ("input", self.input),
+            ("output", self.output),
+            ("model.source (--model)", self.model.source),
+            ("id_col (--id-col)", self.id_col),
         ]
+        if self.task in TEXT_TASKS:
+            required.append(("text_col (--text-col)", self.text_col))
+        else:
+            required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
+        missing = [flag for flag, value in required if not value]
         if missing:
             raise ConfigError("missing required setting(s): " + ", ".join(missing))
-        if self.id_col == self.text_col:
+        if self.task in TEXT_TASKS and self.id_col == self.text_col:
             raise ConfigError(f"id_col and text_col must differ, both are {self.id_col!r}")
+        if self.task not in TEXT_TASKS and self.text_col:
+            raise ConfigError(f"text_col is for text tasks; task {self.task!r} reads feature_cols / feature_prefix")
+        if self.errors and self.errors == self.output:
+            raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
+
+    def resolved_run_id(self) -> Optional[str]:
+        """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""
+        return self.run_id or self.run_date
+
+    def errors_ref(self) -> str:
+        """The dead-letter table: configured, else ``<output>_errors`` beside the output."""
+        return self.errors or f"{(self.output or '').rstrip('/')}_errors"
 
 
 def load_config(
@@ -222,7 +306,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None:
         return {}
@@ -234,7 +318,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _parse_scalar(raw: str) -> Any:
     try:
         return yaml.safe_load(raw)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: YAML timestamps that are not dates (2026-13-01)
         return raw
 
 
@@ -283,8 +367,19 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if origin is not None and issubclass(origin, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
-        # Spark confs are strings on the JVM side; YAML may have parsed 8 or true.
-        return {str(k): _spark_conf_value(v) for k, v in value.items()}
+        if args[1] is str:  # Spark confs are strings on the JVM side; YAML may have parsed 8 or true.
+            return {str(k): _spark_conf_value(v) for k, v in value.items()}
+        return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        if isinstance(value, str):  # --feature-cols a,b,c
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key} must be a number, got {value!r}")
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -294,6 +389,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
             return value
         raise ConfigError(f"{key} must be an integer, got {value!r}")
     if hint is str:
+        if isinstance(value, date):  # YAML reads 2026-11-20 as a date
+            return value.isoformat()
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key} must be a string, got {value!r}")

@@ -14,7 +14,11 @@ __all__ = ["RunReport", "write_report"]
 
 @dataclass
 class RunReport:
-    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``failed``."""
+    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded``.
+
+    ``input_rows == output_rows + error_rows`` for every finished run: each input row is
+    in the output or, with its reason (``error_reasons`` counts them), in ``errors_table``.
+    """
 
     run_id: str
     status: str
@@ -26,6 +30,11 @@ class RunReport:
     model_sha256: str
     input_rows: Optional[int] = None
     output_rows: Optional[int] = None
+    error_rows: Optional[int] = None
+    errors_table: Optional[str] = None
+    error_reasons: Optional[dict[str, int]] = None
+    errors_delta_version: Optional[int] = None
+    chunks: Optional[dict[str, Any]] = None
     seconds: Optional[float] = None
     rows_per_second: Optional[float] = None
     delta_version: Optional[int] = None
@@ -45,10 +54,13 @@ class RunReport:
         """One human line per fact that matters, for the end of a log."""
         lines = [f"run {self.run_id}: {self.status}"]
         if self.output_rows is not None:
-            lines.append(
-                f"  {self.input_rows} input rows -> {self.output_rows} rows in {self.output} "
-                f"(Delta version {self.delta_version})"
-            )
+            where = f"Delta version {self.delta_version}" if self.delta_version is not None else "not published"
+            lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})")
+        if self.error_rows:
+            reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
+            lines.append(f"  {self.error_rows} rows in {self.errors_table} ({reasons})")
+        if self.chunks and self.chunks.get("skipped"):
+            lines.append(f"  resumed: {self.chunks['skipped']} of {self.chunks['total']} chunks were already staged")
         if self.seconds is not None:
             rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")

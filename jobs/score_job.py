@@ -1,14 +1,23 @@
-"""The scoring job: read -> check -> score -> write -> validate -> report.
+"""The scoring job: read -> check -> score -> stage -> validate -> publish -> report.
 
-Everything that can be wrong about the configuration, the model or the input
-is checked before Spark computes anything: the model directory resolves and
-its weights hash, the model loads and scores one sample on the driver, the
-input exists and has the columns and types the task needs, and the output can
-take an overwrite with this run's schema.
+Before any compute: the model resolves, its weights hash (and match
+``--expect-sha256``), it loads and scores one sample on the driver; the input
+exists and has the columns and types the task needs; the output and errors
+targets can take this run's schema.
+
+Then the rows are checked for null and duplicated ids, scored chunk by chunk
+into a private staging table (:mod:`jobs.staging`; a rerun resumes), the staged
+rows are accounted for (every input row in exactly one of output and errors),
+the error rate is checked, the Great Expectations suite runs on the staged
+output, and only then is the output published in one Delta commit
+(``overwrite``, or ``replaceWhere run_id = ...`` for ``write.mode: replace_run``).
+A run that fails a check publishes nothing to the output: readers keep the
+previous version.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import threading
@@ -19,23 +28,25 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Optional
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import JobConfig
+from jobs.config import TEXT_TASKS, JobConfig
+from jobs.dead_letter import check_ids, refused_rows, split_by_id, unscored_rows
+from jobs.model_staging import stage_remote_model
 from jobs.progress import ProgressReporter
-from jobs.session import get_or_create_session
 from jobs.report import RunReport
-from jobs.tables import check_output_target, column, read_delta_version, read_input, write_delta_overwrite
-from schemas.contracts import TextInputContract
-from schemas.expectations import OutputFacts, validate_output
-from schemas.output import output_schema, prediction_columns
-from udfs.batching import BatchPolicy
+from jobs.session import get_or_create_session
+from jobs.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
+from jobs.tables import check_output_target, column, last_commit, read_input, write_delta_overwrite
+from schemas.contracts import FeatureInputContract, InputContractError, TextInputContract, resolve_feature_cols
+from schemas.expectations import OutputFacts, UserExpectations, validate_output
+from schemas.output import ERROR_COLUMNS, errors_schema, output_schema, prediction_columns, scored_schema
 from udfs.model_cache import get_model
-from udfs.model_source import ModelSpec, resolve_model_dir
-from udfs.scoring_udf import WorkerCounters, make_scoring_udf
+from udfs.model_source import ModelSpec, is_remote, resolve_model_dir
+from udfs.scoring_udf import WorkerCounters, make_scoring_function
 
-__all__ = ["run_scoring", "ModelIdentity", "new_run_id"]
+__all__ = ["run_scoring", "ModelIdentity", "new_run_id", "model_spec", "score_dataframe", "ErrorRateExceeded"]
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +63,16 @@ class ModelIdentity:
     sha256: str
 
 
+class ErrorRateExceeded(RuntimeError):
+    """More rows than ``max_error_rate`` allows could not be scored; the output was not published."""
+
+
 def new_run_id() -> str:
     """A sortable, unique run id: UTC timestamp plus 8 random hex digits."""
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
 
 
-def model_spec(cfg: JobConfig) -> ModelSpec:
+def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     """The worker-side model key for ``cfg``."""
     m = cfg.model
     return ModelSpec(
@@ -65,30 +80,41 @@ def model_spec(cfg: JobConfig) -> ModelSpec:
         source=m.source,
         revision=m.revision,
         device=m.device,
+        dtype=m.dtype,
         max_seq_length=m.max_seq_length,
         pooling=m.pooling,
         normalize=m.normalize,
+        allow_pickle=m.allow_pickle,
+        trust_remote_code=m.trust_remote_code,
+        expect_sha256=m.expect_sha256.lower() if m.expect_sha256 else None,
+        feature_cols=feature_cols,
     )
 
 
 def preflight_model(spec: ModelSpec) -> ModelIdentity:
-    """Load the model on the driver and score one text, so a broken model fails before any compute."""
-    loaded, _ = get_model(spec)
-    sample = loaded.scorer.score(["lakescore preflight"])
+    """Load the model on the driver (CPU) and score one sample, so a broken model fails before any compute."""
+    loaded, _ = get_model(dataclasses.replace(spec, device="cpu", dtype="float32" if spec.dtype == "float16" else spec.dtype))
+    if spec.task == "tabular":
+        import numpy as np
+
+        sample = loaded.scorer.score(np.zeros((1, len(spec.feature_cols))))
+    else:
+        sample = loaded.scorer.score(["lakescore preflight"])
     if sample.shape[0] != 1:
-        raise RuntimeError(f"model {spec.source!r} returned {sample.shape[0]} rows for one text")
-    return ModelIdentity(model_id=spec.source, revision=spec.revision, sha256=loaded.sha256)
+        raise RuntimeError(f"model {spec.source!r} returned {sample.shape[0]} rows for one input")
+    return ModelIdentity(model_id=spec.source, revision=loaded.revision, sha256=loaded.sha256)
 
 
 def score_dataframe(
     df: DataFrame,
     cfg: JobConfig,
     spec: ModelSpec,
-    identity: ModelIdentity,
-    run_id: str,
+    id_col: str,
+    input_cols: tuple[str, ...],
     counters: Optional[WorkerCounters] = None,
 ) -> DataFrame:
-    """Lazily add the task's predictions and identity columns to ``df`` (columns per :func:`output_schema`).
+    """Lazily score ``df``: columns per :func:`schemas.output.scored_schema` (id, predictions,
+    ``model_sha256``, ``_reason``/``_error``/``_input`` for unscored rows).
 
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
     parallelism when the input has fewer partitions), so a one-file input still
@@ -97,80 +123,137 @@ def score_dataframe(
     target = cfg.scoring.partitions or df.sparkSession.sparkContext.defaultParallelism
     if cfg.scoring.partitions or df.rdd.getNumPartitions() < target:
         df = df.repartition(target)
-    policy = BatchPolicy(max_tokens=cfg.scoring.max_tokens_for(spec.device), max_rows=cfg.scoring.max_batch_rows)
-    udf = make_scoring_udf(spec, policy=policy, counters=counters)
-    scored = df.select(column(cfg.id_col), udf(column(cfg.text_col)).alias("_scored"))
-    return scored.select(
-        column(cfg.id_col),
-        *[F.col(f"_scored.{name}").alias(name) for name in prediction_columns(cfg.task)],
-        F.lit(identity.model_id).alias("model_id"),
-        F.col("_scored.model_sha256").alias("model_sha256"),
-        F.lit(run_id).alias("run_id"),
+    schema = scored_schema(cfg.task, df.schema[id_col])
+    scorer = make_scoring_function(
+        spec,
+        id_col=id_col,
+        input_cols=input_cols,
+        schema=schema,
+        max_tokens=cfg.scoring.max_batch_tokens,
+        max_rows=cfg.scoring.max_batch_rows,
+        counters=counters,
     )
+    return df.select(column(id_col), *[column(c) for c in input_cols]).mapInArrow(scorer, schema)
 
 
-def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
+def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
     """Run one scoring job described by ``cfg`` and return its :class:`~jobs.report.RunReport`.
 
     Raises :class:`~jobs.config.ConfigError`, :class:`~schemas.contracts.InputContractError`,
     :class:`~jobs.tables.TableError` or :class:`~udfs.model_source.ModelSourceError` before any
-    compute when the run cannot succeed. A failed validation does not raise: the report's
-    ``status`` is ``validation_failed``.
+    compute when the run cannot succeed, :class:`~jobs.tables.WriteConflictError` when a
+    concurrent run won the publish. A failed validation or an exceeded error rate does not
+    raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` and
+    the output is untouched.
     """
     cfg.require_for_scoring()
     started = time.perf_counter()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    run_id = cfg.run_id or new_run_id()
     steps: dict[str, float] = {}
 
-    spec = model_spec(cfg)
     t = time.perf_counter()
+    spec = model_spec(cfg)
+    if is_remote(spec.source):
+        spark = spark or get_or_create_session(cfg.spark)[0]
+        stage_remote_model(spark, spec.source)
     resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight") as pool:
-        # Loading torch and the model (seconds) overlaps the JVM start (seconds more).
-        preflight = pool.submit(preflight_model, spec)
-        if spark is None:
-            spark, _ = get_or_create_session(cfg.spark)
+        source_spark = spark
+        # Tabular needs the feature columns (from the input's schema) before the preflight.
+        preflight = None if cfg.task == "tabular" else pool.submit(preflight_model, spec)  # overlaps the JVM start
+        spark = source_spark or get_or_create_session(cfg.spark)[0]
+        source = read_input(spark, cfg.input, cfg.input_format)
+        input_cols = _input_columns(cfg, source)
+        if preflight is None:
+            spec = dataclasses.replace(spec, feature_cols=input_cols)
+            preflight = pool.submit(preflight_model, spec)
         identity = preflight.result()
+    # Workers must load exactly the weights the driver hashed, or fail their task.
+    spec = dataclasses.replace(spec, expect_sha256=identity.sha256)
     steps["startup"] = time.perf_counter() - t
     log.info("model %s ready on the driver (weights sha256 %s)", identity.model_id, identity.sha256)
     if cfg.validation.enabled:  # GX takes seconds to import: do it while Spark scores
         threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
 
     t = time.perf_counter()
-    source = read_input(spark, cfg.input, cfg.input_format)
-    TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, f"input {cfg.input!r}")
-    planned = output_schema(cfg.task, source.schema[cfg.id_col])
+    id_field = source.schema[cfg.id_col]
+    planned = output_schema(cfg.task, id_field)
+    planned_errors = errors_schema(id_field)
     previous_version = check_output_target(spark, cfg.output, planned)
+    errors_ref = cfg.errors_ref()
+    check_output_target(spark, errors_ref, planned_errors)
     steps["read_check"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    input_rows = source.count()
+    ids = check_ids(source, cfg.id_col)
+    if ids.rows == 0:
+        raise InputContractError(f"input {cfg.input!r} has no rows; nothing to score (nothing was written)")
+    scorable, refused = split_by_id(source, cfg.id_col, ids)
+    scorable_rows = ids.rows - ids.refused_rows
+    chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
+    run_id = cfg.resolved_run_id() or new_run_id()
+    key = run_key(
+        {
+            "input": input_fingerprint(source),
+            "output": cfg.output,
+            "task": cfg.task,
+            "model_sha256": identity.sha256,
+            "spec": dataclasses.asdict(dataclasses.replace(spec, device="", expect_sha256=None)),
+            "id_col": cfg.id_col,
+            "inputs": input_cols,
+            "chunks": chunks,
+            "run_id": cfg.resolved_run_id(),
+        }
+    )
+    staging = Staging.for_output(spark, cfg.output, cfg.write.staging, key, chunks)
+    done = staging.committed_chunks()
     steps["count_input"] = time.perf_counter() - t
-    log.info("scoring %d rows of %s into %s (run %s)", input_rows, cfg.input, cfg.output, run_id)
+    log.info(
+        "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
+        ids.rows, cfg.input, cfg.output, run_id, chunks, len(done),
+    )
+    if ids.refused_rows:
+        log.warning("%d row(s) with a null or duplicated id go to %s", ids.refused_rows, errors_ref)
 
     counters = WorkerCounters(spark.sparkContext)
-    arrow_confs = {
-        _ARROW_RECORDS_CONF: str(cfg.scoring.arrow_max_records_per_batch),
-        _ARROW_BYTES_CONF: str(cfg.scoring.arrow_max_bytes_per_batch),
-    }
-    previous_confs = {key: spark.conf.get(key, None) for key in arrow_confs}
-    for key, value in arrow_confs.items():
-        spark.conf.set(key, value)
-    try:
-        t = time.perf_counter()
-        scored = score_dataframe(source, cfg, spec, identity, run_id, counters)
-        with ProgressReporter(spark.sparkContext, counters.rows, input_rows, cfg.progress_seconds):
-            commit = write_delta_overwrite(scored, cfg.output)
-        steps["score_write"] = time.perf_counter() - t
-    finally:  # a taken session (Databricks, notebooks) gets its own settings back
-        for key, value in previous_confs.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
-    log.info("wrote %s rows to %s as Delta version %d", commit.rows, cfg.output, commit.version)
+    t = time.perf_counter()
+    todo = [c for c in range(chunks) if c not in done]
+    with _arrow_settings(spark, cfg), ProgressReporter(
+        spark.sparkContext, counters.rows, _rows_todo(scorable_rows, chunks, len(todo)), cfg.progress_seconds
+    ):
+        for chunk in todo:
+            part = scorable if chunks == 1 else scorable.where(chunk_column(cfg.id_col, chunks) == chunk)
+            staging.commit_chunk(score_dataframe(part, cfg, spec, cfg.id_col, input_cols, counters), chunk)
+            log.info("chunk %d/%d staged", chunk + 1, chunks)
+    steps["score_stage"] = time.perf_counter() - t
 
+    t = time.perf_counter()
+    staged = staging.rows()
+    reason_col = ERROR_COLUMNS[0]
+    by_reason = {r[0]: int(r[1]) for r in staged.groupBy(reason_col).count().collect()}
+    staged_rows = sum(by_reason.values())
+    unscored = staged_rows - by_reason.get(None, 0)
+    reasons = {k: v for k, v in by_reason.items() if k is not None}
+    if ids.null_id_rows:
+        reasons["null_id"] = ids.null_id_rows
+    if ids.refused_rows - ids.null_id_rows:
+        reasons["duplicate_id"] = ids.refused_rows - ids.null_id_rows
+    if staged_rows != scorable_rows:
+        raise RuntimeError(
+            f"staging {staging.location} holds {staged_rows} rows for {scorable_rows} scorable input rows; "
+            "another run of the same input is probably writing it at the same time. Nothing was published; rerun."
+        )
+    output_rows = staged_rows - unscored
+    error_rows = ids.refused_rows + unscored
+    error_rate = error_rows / ids.rows
+    published = staged.where(F.col(reason_col).isNull()).select(
+        column(cfg.id_col),
+        *[F.col(name) for name in prediction_columns(cfg.task)],
+        F.lit(identity.model_id).alias("model_id"),
+        F.lit(identity.revision).cast("string").alias("model_revision"),
+        F.col("model_sha256"),
+        F.lit(run_id).alias("run_id"),
+    )
     report = RunReport(
         run_id=run_id,
         status="running",
@@ -180,40 +263,114 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
         model_id=identity.model_id,
         model_revision=identity.revision,
         model_sha256=identity.sha256,
-        input_rows=input_rows,
-        output_rows=commit.rows,
-        delta_version=commit.version,
+        input_rows=ids.rows,
+        output_rows=output_rows,
+        error_rows=error_rows,
+        errors_table=errors_ref,
+        error_reasons=dict(sorted(reasons.items())),
         previous_delta_version=previous_version,
         started_at=started_at,
+        chunks={"total": chunks, "skipped": len(done), "staging": staging.location},
         spark={"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId},
         workers={
             "model_loads": counters.model_loads.value,
             "arrow_batches": counters.arrow_batches.value,
             "rows_scored": counters.rows.value,
             "model_seconds": round(counters.model_seconds.value, 3),
+            "budget_halvings": counters.budget_halvings.value,
         },
     )
 
-    t = time.perf_counter()
-    written = read_delta_version(spark, cfg.output, commit.version)
-    if cfg.validation.enabled:
+    if cfg.validation.enabled and error_rate <= cfg.max_error_rate:
         facts = OutputFacts(
             schema=planned,
-            expected_rows=input_rows,
+            expected_rows=output_rows,
             prediction_columns=tuple(prediction_columns(cfg.task)),
             model_sha256=identity.sha256,
             run_id=run_id,
+            user=UserExpectations(
+                min_rows=cfg.validation.min_rows,
+                value_ranges=dict(cfg.validation.value_ranges),
+                max_null_fraction=dict(cfg.validation.max_null_fraction),
+            ),
         )
-        outcome = validate_output(written, facts)
-        report.validation = outcome.as_dict()
-    if report.output_rows is None:
-        report.output_rows = written.count()
+        report.validation = validate_output(published, facts).as_dict()
     steps["validate"] = time.perf_counter() - t
 
+    t = time.perf_counter()
+    replace_where = f"run_id = '{run_id}'" if cfg.write.mode == "replace_run" else None
+    partition_by = "run_id" if cfg.write.mode == "replace_run" else None
+    errors = unscored_rows(staged, cfg.id_col, run_id)
+    if ids.refused_rows:
+        errors = refused_rows(refused, cfg.id_col, _raw_input(cfg, input_cols), run_id).unionByName(errors)
+    report.errors_delta_version = write_delta_overwrite(errors, errors_ref, replace_where, partition_by).version
+    if error_rate > cfg.max_error_rate:
+        report.status = "error_rate_exceeded"
+        report.error = (
+            f"{error_rows} of {ids.rows} rows ({error_rate:.4%}) could not be scored, above max_error_rate "
+            f"{cfg.max_error_rate:.4%}; see {errors_ref}. The output was not published."
+        )
+    elif report.validation is not None and not report.validation["success"]:
+        report.status = "validation_failed"
+        report.error = "the output failed validation and was not published"
+    else:
+        commit = write_delta_overwrite(published, cfg.output, replace_where, partition_by)
+        if commit.rows is not None and commit.rows != output_rows:
+            raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {output_rows}")
+        report.delta_version = commit.version
+        report.status = "succeeded"
+        staging.drop()
+    steps["publish"] = time.perf_counter() - t
+    if report.input_rows != report.output_rows + report.error_rows:  # accounting, checked every run
+        raise RuntimeError(f"row accounting broken: {report.input_rows} in, {report.output_rows} out, {report.error_rows} errors")
+
     report.seconds = round(time.perf_counter() - started, 3)
-    report.rows_per_second = round(input_rows / report.seconds, 2) if report.seconds else None
+    report.rows_per_second = round(ids.rows / report.seconds, 2) if report.seconds else None
     report.step_seconds = {k: round(v, 3) for k, v in steps.items()}
-    report.status = "succeeded" if report.validation is None or report.validation["success"] else "validation_failed"
     report.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return report
 
+
+def _input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:
+    """The model's input columns, after checking the input contract on the schema (no compute)."""
+    where = f"input {cfg.input!r}"
+    if cfg.task in TEXT_TASKS:
+        TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, where)
+        return (cfg.text_col,)
+    features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
+    FeatureInputContract(cfg.id_col, features).check(source.schema, where)
+    return features
+
+
+def _raw_input(cfg: JobConfig, input_cols: tuple[str, ...]) -> Column:
+    if cfg.task in TEXT_TASKS:
+        return column(input_cols[0])
+    return F.to_json(F.struct(*[column(c) for c in input_cols]))
+
+
+def _rows_todo(rows: int, chunks: int, todo: int) -> int:
+    return rows if todo == chunks else round(rows * todo / chunks)
+
+
+class _arrow_settings:
+    """Set the Arrow batch bounds for the scoring stage; a taken session (Databricks) gets its own back."""
+
+    def __init__(self, spark: SparkSession, cfg: JobConfig) -> None:
+        self._spark = spark
+        self._confs = {
+            _ARROW_RECORDS_CONF: str(cfg.scoring.arrow_max_records_per_batch),
+            _ARROW_BYTES_CONF: str(cfg.scoring.arrow_max_bytes_per_batch),
+        }
+
+    def __enter__(self):
+        self._previous = {key: self._spark.conf.get(key, None) for key in self._confs}
+        for key, value in self._confs.items():
+            self._spark.conf.set(key, value)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, value in self._previous.items():
+            if value is None:
+                self._spark.conf.unset(key)
+            else:
+                self._spark.conf.set(key, value)

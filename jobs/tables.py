@@ -23,7 +23,12 @@ __all__ = [
     "read_input",
     "check_output_target",
     "DeltaCommit",
+    "WriteConflictError",
     "write_delta_overwrite",
+    "append_delta",
+    "last_commit",
+    "delete_path",
+    "table_location_root",
     "read_delta_version",
 ]
 
@@ -102,24 +107,87 @@ class DeltaCommit:
     rows: Optional[int]
 
 
-def write_delta_overwrite(df: DataFrame, ref: str) -> DeltaCommit:
+class WriteConflictError(RuntimeError):
+    """Another writer committed to the same table at the same time; this run's commit was refused."""
+
+
+def write_delta_overwrite(
+    df: DataFrame, ref: str, replace_where: Optional[str] = None, partition_by: Optional[str] = None
+) -> DeltaCommit:
     """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
 
     Overwrite makes a rerun replace the previous rows instead of adding to them; readers
-    see either the old or the new snapshot, never a mix.
+    see either the old or the new snapshot, never a mix. With ``replace_where`` (a SQL
+    predicate) only the rows matching it are replaced, atomically; Delta refuses the
+    write if ``df`` holds a row outside the predicate. ``partition_by`` applies when the
+    write creates the table. A concurrent commit that Delta refuses raises
+    :class:`WriteConflictError`.
     """
+    writer = df.write.format("delta").mode("overwrite")
+    if replace_where is not None:
+        writer = writer.option("replaceWhere", replace_where)
+    if partition_by is not None and not _target_exists(df.sparkSession, ref):
+        writer = writer.partitionBy(partition_by)
+    try:
+        _save(writer, ref)
+    except Exception as exc:
+        if "Concurrent" in type(exc).__name__ or "DELTA_CONCURRENT" in str(exc) or "ConcurrentModification" in str(exc):
+            raise WriteConflictError(
+                f"another run committed to {ref!r} at the same time and Delta refused this run's commit "
+                f"({_first_line(exc)}); the table holds the other run's complete result. Rerun to replace it."
+            ) from exc
+        raise
+    return last_commit(df.sparkSession, ref)
+
+
+def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_version: Optional[int] = None) -> None:
+    """Append ``df`` to the Delta table at ``ref`` in one commit.
+
+    With ``txn_app_id``/``txn_version`` the commit is idempotent: Delta skips it when
+    a commit with that app id and this version or a later one already exists.
+    """
+    writer = df.write.format("delta").mode("append")
+    if txn_app_id is not None:
+        writer = writer.option("txnAppId", txn_app_id).option("txnVersion", int(txn_version))
+    _save(writer, ref)
+
+
+def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
+    """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
     from delta.tables import DeltaTable
 
-    writer = df.write.format("delta").mode("overwrite")
-    if is_path(ref):
-        writer.save(ref)
-        table = DeltaTable.forPath(df.sparkSession, ref)
-    else:
-        writer.saveAsTable(ref)
-        table = DeltaTable.forName(df.sparkSession, ref)
+    table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
     last = table.history(1).select("version", "operationMetrics").first()
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
     return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
+
+
+def delete_path(spark: SparkSession, ref: str) -> bool:
+    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(ref)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return bool(fs.exists(path) and fs.delete(path, True))
+
+
+def table_location_root(spark: SparkSession, ref: str) -> str:
+    """A directory beside the output ``ref`` for lakescore's own files: the path's parent, or the database location."""
+    if is_path(ref):
+        return ref.rstrip("/").rsplit("/", 1)[0] if "/" in ref.rstrip("/") else "."
+    parts = ref.split(".")
+    database = ".".join(parts[:-1]) or spark.catalog.currentDatabase()
+    return spark.catalog.getDatabase(database).locationUri
+
+
+def _target_exists(spark: SparkSession, ref: str) -> bool:
+    return _path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(ref)
+
+
+def _save(writer, ref: str) -> None:
+    if is_path(ref):
+        writer.save(ref)
+    else:
+        writer.saveAsTable(ref)
 
 
 def read_delta_version(spark: SparkSession, ref: str, version: int) -> DataFrame:

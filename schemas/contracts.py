@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Optional, Sequence
+
 from pyspark.sql.types import (
     ByteType,
     DataType,
     DecimalType,
+    DoubleType,
+    FloatType,
     IntegerType,
     LongType,
     ShortType,
@@ -15,9 +19,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-__all__ = ["InputContractError", "TextInputContract"]
+__all__ = ["InputContractError", "TextInputContract", "FeatureInputContract", "resolve_feature_cols"]
 
 _ID_TYPES = (StringType, LongType, IntegerType, ShortType, ByteType, DecimalType)
+_NUMERIC_TYPES = (DoubleType, FloatType, LongType, IntegerType, ShortType, ByteType, DecimalType)
 
 
 class InputContractError(ValueError):
@@ -44,6 +49,44 @@ class TextInputContract:
                 )
         _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
+
+
+def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Optional[str], source: str) -> tuple[str, ...]:
+    """The feature columns of a tabular task: ``cols`` as named, else every column starting with ``prefix``
+    (in the input's column order). Raises :class:`InputContractError` when none is named or found."""
+    if cols:
+        return tuple(cols)
+    if prefix:
+        found = tuple(f.name for f in schema.fields if f.name.startswith(prefix))
+        if not found:
+            raise InputContractError(
+                f"no column of {source} starts with feature prefix {prefix!r}; "
+                f"available columns: {', '.join(schema.names) or '(none)'}"
+            )
+        return found
+    raise InputContractError("the tabular task needs feature_cols (--feature-cols) or feature_prefix (--feature-prefix)")
+
+
+@dataclass(frozen=True)
+class FeatureInputContract:
+    """A tabular task's input: an id column and numeric feature columns."""
+
+    id_col: str
+    feature_cols: tuple[str, ...]
+
+    def check(self, schema: StructType, source: str) -> None:
+        """Raise :class:`InputContractError` naming the first missing or non-numeric column."""
+        fields = {f.name: f.dataType for f in schema.fields}
+        for role, name in [("id column", self.id_col)] + [("feature column", c) for c in self.feature_cols]:
+            if name not in fields:
+                raise InputContractError(
+                    f"{role} {name!r} not found in {source}; available columns: {', '.join(fields) or '(none)'}"
+                )
+        _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        for name in self.feature_cols:
+            _require(fields[name], _NUMERIC_TYPES, f"feature column {name!r} in {source}", "a number (double, float, integer or decimal)")
+        if self.id_col in self.feature_cols:
+            raise InputContractError(f"id column {self.id_col!r} is also listed as a feature column")
 
 
 def _require(found: DataType, allowed: tuple[type, ...], what: str, expected: str) -> None:

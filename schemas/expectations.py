@@ -1,8 +1,9 @@
 """The Great Expectations suite that proves a written output before anyone reads it.
 
-The suite is built per run from the declared output schema (:mod:`schemas.output`)
-and the run's facts (input row count, the weights digest the driver resolved,
-the run id), and runs on the Delta version the job just wrote.
+The suite is built per run from the declared output schema (:mod:`schemas.output`),
+the run's facts (rows to publish, the weights digest the driver resolved, the run
+id) and the checks users add in config, and runs on the staged output before it
+is published.
 
 GX reports a failing or erroring expectation as ``success=False`` (it does not
 raise), so :func:`validate_output` returns a :class:`ValidationOutcome` that the
@@ -27,20 +28,33 @@ from pyspark.sql.types import StructType
 
 from schemas.output import IDENTITY_COLUMNS, column_types
 
-__all__ = ["OutputFacts", "ValidationOutcome", "validate_output", "build_expectations"]
+__all__ = ["OutputFacts", "UserExpectations", "ValidationOutcome", "validate_output", "build_expectations"]
+
+NULLABLE_IDENTITY = ("model_revision",)
+"""Identity columns that may be null (a local model directory has no revision)."""
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class UserExpectations:
+    """Checks users add in config (``validation:``) on top of the built-in suite."""
+
+    min_rows: Optional[int] = None
+    value_ranges: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    max_null_fraction: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class OutputFacts:
-    """What the written output must agree with."""
+    """What the output must agree with."""
 
     schema: StructType
     expected_rows: int
     prediction_columns: tuple[str, ...]
     model_sha256: str
     run_id: str
+    user: UserExpectations = field(default_factory=UserExpectations)
 
 
 @dataclass
@@ -69,9 +83,17 @@ def build_expectations(facts: OutputFacts) -> list:
     for f in facts.schema.fields:
         expectations.append(gxe.ExpectColumnValuesToBeOfType(column=f.name, type_=type(f.dataType).__name__))
     for name in (*facts.prediction_columns, *IDENTITY_COLUMNS):
-        expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=name))
+        if name not in NULLABLE_IDENTITY:
+            expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=name))
     expectations.append(gxe.ExpectColumnValuesToBeInSet(column="model_sha256", value_set=[facts.model_sha256]))
     expectations.append(gxe.ExpectColumnValuesToBeInSet(column="run_id", value_set=[facts.run_id]))
+    user = facts.user
+    if user.min_rows is not None:
+        expectations.append(gxe.ExpectTableRowCountToBeBetween(min_value=user.min_rows))
+    for name, (low, high) in user.value_ranges.items():
+        expectations.append(gxe.ExpectColumnValuesToBeBetween(column=name, min_value=low, max_value=high))
+    for name, fraction in user.max_null_fraction.items():
+        expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=name, mostly=1.0 - fraction))
     return expectations
 
 

@@ -1,37 +1,66 @@
-"""Output schemas per task: what the scoring UDF returns and what lands in Delta."""
+"""Output schemas per task: what the scoring function returns, what lands in Delta, what is dead-lettered."""
 
 from __future__ import annotations
 
-from pyspark.sql.types import ArrayType, FloatType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
 from schemas.contracts import InputContractError
 
-__all__ = ["scored_struct", "output_schema", "prediction_columns", "column_types", "IDENTITY_COLUMNS"]
+__all__ = [
+    "PREDICTIONS",
+    "IDENTITY_COLUMNS",
+    "ERROR_COLUMNS",
+    "REASONS",
+    "prediction_fields",
+    "prediction_columns",
+    "scored_schema",
+    "output_schema",
+    "errors_schema",
+    "column_types",
+]
 
-IDENTITY_COLUMNS = ("model_id", "model_sha256", "run_id")
+PREDICTIONS: dict[str, list[StructField]] = {
+    "embed": [StructField("embedding", ArrayType(FloatType(), containsNull=False), nullable=True)],
+    "classify": [
+        StructField("label", StringType(), nullable=True),
+        StructField("score", DoubleType(), nullable=True),
+        StructField("probs", ArrayType(DoubleType(), containsNull=False), nullable=True),
+    ],
+    "tabular": [
+        StructField("prediction", DoubleType(), nullable=True),
+        StructField("scores", ArrayType(DoubleType(), containsNull=False), nullable=True),
+    ],
+}
+"""The model's output columns per task, in output order."""
+
+IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 """Columns every output row carries so anyone can tell which model and run produced it."""
 
-_SCORED = {
-    "embed": StructType(
-        [
-            StructField("embedding", ArrayType(FloatType(), containsNull=False), nullable=True),
-            StructField("model_sha256", StringType(), nullable=False),
-        ]
-    ),
-}
+ERROR_COLUMNS = ("_reason", "_error", "_input")
+"""What the scoring function adds for rows it could not score: reason code, error text, raw input."""
+
+REASONS = ("null_id", "duplicate_id", "null_input", "bad_feature_value", "scoring_error")
+"""Reason codes of dead-lettered rows."""
 
 
-def scored_struct(task: str) -> StructType:
-    """The struct the scoring UDF returns for ``task`` (prediction columns + ``model_sha256``).
-
-    Raises ``KeyError`` for an unknown task.
-    """
-    return _SCORED[task]
+def prediction_fields(task: str) -> list[StructField]:
+    """The prediction fields of ``task``; ``KeyError`` for an unknown task."""
+    return PREDICTIONS[task]
 
 
 def prediction_columns(task: str) -> list[str]:
     """Names of the columns holding the model's output for ``task``."""
-    return [f.name for f in scored_struct(task).fields if f.name not in IDENTITY_COLUMNS]
+    return [f.name for f in prediction_fields(task)]
+
+
+def scored_schema(task: str, id_field: StructField) -> StructType:
+    """What the scoring function returns: id, predictions, ``model_sha256``, then :data:`ERROR_COLUMNS`."""
+    return StructType(
+        [StructField(id_field.name, id_field.dataType, nullable=True)]
+        + prediction_fields(task)
+        + [StructField("model_sha256", StringType(), nullable=False)]
+        + [StructField(name, StringType(), nullable=True) for name in ERROR_COLUMNS]
+    )
 
 
 def output_schema(task: str, id_field: StructField) -> StructType:
@@ -40,14 +69,26 @@ def output_schema(task: str, id_field: StructField) -> StructType:
     Raises :class:`~schemas.contracts.InputContractError` when the id column's name collides
     with an output column.
     """
-    taken = prediction_columns(task) + list(IDENTITY_COLUMNS)
+    taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(ERROR_COLUMNS)
     if id_field.name in taken:
         raise InputContractError(f"id column {id_field.name!r} collides with an output column ({', '.join(taken)}); rename it")
-    predictions = [f for f in scored_struct(task).fields if f.name in prediction_columns(task)]
     return StructType(
         [StructField(id_field.name, id_field.dataType, nullable=True)]
-        + predictions
+        + prediction_fields(task)
         + [StructField(name, StringType(), nullable=True) for name in IDENTITY_COLUMNS]
+    )
+
+
+def errors_schema(id_field: StructField) -> StructType:
+    """The dead-letter table: id, raw input (text, or the features as JSON), reason code, error text, run id."""
+    return StructType(
+        [
+            StructField(id_field.name, id_field.dataType, nullable=True),
+            StructField("input", StringType(), nullable=True),
+            StructField("reason", StringType(), nullable=True),
+            StructField("error", StringType(), nullable=True),
+            StructField("run_id", StringType(), nullable=True),
+        ]
     )
 
 

@@ -17,15 +17,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 
-from udfs.model_source import ModelSpec
+from udfs.arrow_columns import list_column
+from udfs.devices import torch_dtype
+from udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["SentenceEmbedder", "load_embedder"]
 
 
 class SentenceEmbedder:
-    """The embed head (:class:`~udfs.batching.TextHead`): texts -> float32 ``(n, dimension)``."""
+    """The embed head (:class:`~udfs.batching.TextHead`): texts -> float32 ``(n, dimension)``.
+
+    Output columns: ``embedding`` (``array<float>``).
+    """
+
+    task = "embed"
 
     def __init__(self, model) -> None:
         self._model = model.eval()
@@ -43,6 +51,10 @@ class SentenceEmbedder:
         features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
         return self._model(features)["sentence_embedding"].float().cpu().numpy()
 
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
+        """The prediction columns for scored ``outputs`` (rows not ``ok`` become null)."""
+        return {"embedding": list_column(outputs.astype(np.float32, copy=False), ok, pa.float32())}
+
     def score(self, texts: list[str]) -> np.ndarray:
         """Convenience for small lists: one padded batch, no budget (the job uses :func:`~udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
@@ -51,17 +63,20 @@ class SentenceEmbedder:
 def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     """Load the embedding model in ``model_dir`` as ``spec`` configures it.
 
-    Only safetensors weights load and ``trust_remote_code`` stays off.
-    Raises ``ValueError`` for a pooling override on a model whose
-    sentence-transformers config already fixes its pooling.
+    Only safetensors weights load unless ``spec.allow_pickle``; remote code runs
+    only with ``spec.trust_remote_code``. Raises ``ValueError`` for a pooling
+    override on a model whose sentence-transformers config already fixes its
+    pooling, :class:`~udfs.model_source.ModelSourceError` for refused weights.
     """
+    require_directory(model_dir, "embed")
+    refuse_pickle_weights(model_dir, spec.allow_pickle)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
 
-    model_kwargs = {"use_safetensors": True}
+    model_kwargs = {"use_safetensors": True} if not spec.allow_pickle else {}
     if (model_dir / "modules.json").is_file():
         if spec.pooling is not None:
             raise ValueError(
@@ -72,11 +87,14 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
             str(model_dir),
             device=spec.device,
             local_files_only=True,
-            trust_remote_code=False,
+            trust_remote_code=spec.trust_remote_code,
             model_kwargs=model_kwargs,
         )
     else:
-        transformer = Transformer(str(model_dir), model_kwargs=model_kwargs)
+        remote = {"trust_remote_code": spec.trust_remote_code}
+        transformer = Transformer(
+            str(model_dir), model_kwargs={**model_kwargs, **remote}, config_kwargs=remote, processor_kwargs=remote
+        )
         pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=spec.pooling or "mean")
         model = SentenceTransformer(modules=[transformer, pooling, Normalize()], device=spec.device)
 
@@ -88,4 +106,4 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
             model = SentenceTransformer(modules=[m for m in model if not isinstance(m, Normalize)], device=spec.device)
     if spec.max_seq_length is not None:
         model.max_seq_length = spec.max_seq_length
-    return SentenceEmbedder(model)
+    return SentenceEmbedder(model.to(torch_dtype(spec.dtype)))

@@ -17,9 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from udfs.model_source import ModelSpec, resolve_model_dir, weights_sha256
+from udfs.model_source import ModelSpec, hub_revision, resolve_model_dir, verify_sha256, weights_sha256
 
 __all__ = ["LoadedModel", "get_model", "clear", "HEAD_LOADERS"]
 
@@ -29,9 +29,11 @@ class LoadedModel:
     """A ready scorer plus the identity of the weights it runs."""
 
     scorer: Any
-    """Has ``score(texts: list[str]) -> np.ndarray`` (one output row per text)."""
+    """The task head: ``forward``, ``columns(outputs, ok)``, ``score(inputs)`` (and ``tokenize`` for text heads)."""
     model_dir: Path
     sha256: str
+    revision: Optional[str]
+    """The hub commit the files came from, when known."""
     load_seconds: float
 
 
@@ -41,8 +43,24 @@ def _load_embed(spec: ModelSpec, model_dir: Path) -> Any:
     return load_embedder(spec, model_dir)
 
 
-HEAD_LOADERS: dict[str, Callable[[ModelSpec, Path], Any]] = {"embed": _load_embed}
-"""Task name -> ``loader(spec, model_dir) -> scorer``. The only per-task part of loading."""
+def _load_classify(spec: ModelSpec, model_dir: Path) -> Any:
+    from udfs.classify import load_classifier
+
+    return load_classifier(spec, model_dir)
+
+
+def _load_tabular(spec: ModelSpec, model_dir: Path) -> Any:
+    from udfs.tabular import load_tabular
+
+    return load_tabular(spec, model_dir)
+
+
+HEAD_LOADERS: dict[str, Callable[[ModelSpec, Path], Any]] = {
+    "classify": _load_classify,
+    "embed": _load_embed,
+    "tabular": _load_tabular,
+}
+"""Task name -> ``loader(spec, model_dir) -> head``. The only per-task part of loading."""
 
 _cache: dict[ModelSpec, LoadedModel] = {}
 _lock = threading.Lock()
@@ -51,6 +69,8 @@ _lock = threading.Lock()
 def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
     """Return ``(model, loaded_now)``: the cached model for ``spec``, loading it on first use.
 
+    The weights are hashed once per process and checked against ``spec.expect_sha256``
+    *before* loading (:class:`~udfs.model_source.ModelIntegrityError` names both digests).
     Raises ``KeyError`` for a task without a loader; loader and source errors propagate.
     """
     with _lock:
@@ -60,8 +80,10 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
         start = time.perf_counter()
         model_dir = resolve_model_dir(spec.source, spec.revision)
         sha256 = weights_sha256(model_dir)
+        verify_sha256(sha256, spec.expect_sha256, spec.source)
         scorer = HEAD_LOADERS[spec.task](spec, model_dir)
-        loaded = LoadedModel(scorer, model_dir, sha256, time.perf_counter() - start)
+        revision = hub_revision(model_dir) or spec.revision
+        loaded = LoadedModel(scorer, model_dir, sha256, revision, time.perf_counter() - start)
         _cache[spec] = loaded
         return loaded, True
 

@@ -1,8 +1,16 @@
 """Model sources: where a model's files are, and which weights they hold.
 
-A source is a local directory or a Hugging Face hub id (with an optional
-revision). Hub ids resolve through ``huggingface_hub``'s own cache, so users
-with a hub keep working; nothing here reaches the network for a local path.
+A source is one of
+
+* a local directory or file (``/models/x``, ``./model.pt2``);
+* a Hadoop filesystem URI (``s3a://``, ``dbfs:/``, ``abfss://``, ``file:/``, ...):
+  the job stages it to local disk with Spark (driver: Hadoop ``FileSystem``;
+  executors: ``SparkContext.addFile``, whose fetch cache copies once per host
+  under a file lock) and workers load the staged copy (:func:`staged_copy`);
+* a Hugging Face hub id with an optional revision, resolved through
+  ``huggingface_hub``'s own cache, so users with a hub keep working.
+
+Nothing here reaches the network for a local path.
 
 The weights digest is what every output row carries as ``model_sha256``:
 
@@ -17,18 +25,45 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
-__all__ = ["ModelSourceError", "ModelSpec", "resolve_model_dir", "weights_sha256", "WEIGHT_SUFFIXES"]
+__all__ = [
+    "ModelSourceError",
+    "ModelIntegrityError",
+    "ModelSpec",
+    "is_remote",
+    "resolve_model_dir",
+    "hub_revision",
+    "staged_copy",
+    "stage_once",
+    "register_staged",
+    "refuse_pickle_weights",
+    "require_directory",
+    "verify_sha256",
+    "weights_sha256",
+    "WEIGHT_SUFFIXES",
+    "DEVICES",
+    "DTYPES",
+]
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pt2", ".ckpt")
 """File suffixes counted as weights in the digest."""
+
+PICKLE_SUFFIXES = (".bin", ".pth", ".ckpt")
+"""Weight files that are Python pickles: loading one can run arbitrary code."""
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
 
 _CHUNK = 8 << 20
 
 
 class ModelSourceError(RuntimeError):
-    """The model source cannot be found, fetched or read."""
+    """The model source cannot be found, fetched or read, or holds weights we refuse to load."""
+
+
+class ModelIntegrityError(ModelSourceError):
+    """The weights found are not the weights the run was pinned to (``--expect-sha256``)."""
 
 
 @dataclass(frozen=True)
@@ -43,26 +78,45 @@ class ModelSpec:
     source: str
     revision: Optional[str] = None
     device: str = "cpu"
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (workers resolve ``auto``/``cuda`` per task)."""
+    dtype: str = "float32"
     max_seq_length: Optional[int] = None
     pooling: Optional[str] = None
     normalize: Optional[bool] = None
+    allow_pickle: bool = False
+    """Load pickle-based weights (``pytorch_model.bin``); off: only safetensors / TorchScript / torch.export."""
+    trust_remote_code: bool = False
+    expect_sha256: Optional[str] = None
+    """When set, a process whose weights hash differently refuses to score (:class:`ModelIntegrityError`)."""
+    feature_cols: tuple[str, ...] = ()
+    """Input columns of a tabular model, in the order the program takes them."""
+
+
+def is_remote(source: str) -> bool:
+    """True for a Hadoop filesystem URI (``scheme:/...``) that must be staged to local disk first."""
+    scheme, sep, _ = source.partition(":")
+    return bool(sep) and len(scheme) > 1 and scheme.replace("+", "").replace("-", "").isalnum()
 
 
 def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
-    """Return a local directory holding the model files for ``source``.
+    """Return a local directory (or, for tabular programs, a file) holding the model for ``source``.
 
-    A path that exists is used as is. Anything else is treated as a hub id and
-    fetched (or found in the local hub cache) with ``huggingface_hub``.
+    A path that exists is used as is. A remote URI resolves to its staged copy
+    (:func:`staged_copy`). Anything else is treated as a hub id and fetched (or
+    found in the local hub cache) with ``huggingface_hub``.
 
-    Raises :class:`ModelSourceError` naming the source when neither works.
+    Raises :class:`ModelSourceError` naming the source when none of these works.
     """
+    if is_remote(source):
+        staged = staged_copy(source)
+        if staged is None:
+            raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see jobs.model_staging)")
+        return staged
     path = Path(source).expanduser()
-    if path.is_dir():
-        return path.resolve()
     if path.exists():
-        raise ModelSourceError(f"model source {source!r} is a file; expected a model directory or a hub id")
-    if source.startswith((".", "/", "~")) or "://" in source:
-        raise ModelSourceError(f"model directory {source!r} does not exist")
+        return path.resolve()
+    if source.startswith((".", "/", "~")):
+        raise ModelSourceError(f"model path {source!r} does not exist")
     try:
         from huggingface_hub import snapshot_download
 
@@ -74,8 +128,93 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
         ) from exc
 
 
+def hub_revision(model_dir: Path) -> Optional[str]:
+    """The commit a hub snapshot directory holds (``.../snapshots/<commit>``), else ``None``."""
+    if model_dir.parent.name == "snapshots" and len(model_dir.name) == 40:
+        return model_dir.name
+    return None
+
+
+_staged: dict[str, Path] = {}
+"""Remote source -> local copy, registered by whoever staged it in this process."""
+
+
+def staged_copy(source: str) -> Optional[Path]:
+    """The local copy of remote ``source`` in this process: registered, or fetched by Spark (``SparkFiles``)."""
+    if source in _staged:
+        return _staged[source]
+    try:
+        from pyspark import SparkFiles
+
+        candidate = Path(SparkFiles.get(_remote_basename(source)))
+    except Exception:  # no SparkContext / SparkFiles root in this process
+        return None
+    return candidate if candidate.exists() else None
+
+
+def register_staged(source: str, local: Path) -> None:
+    """Record that ``source`` is available at ``local`` in this process."""
+    _staged[source] = local
+
+
+def stage_once(key: str, cache_root: Path, copy: Callable[[Path], None]) -> Path:
+    """Return ``cache_root/<key>``, running ``copy(tmp_dir)`` to fill it only if no process has yet.
+
+    Processes of one host share ``cache_root``: an exclusive ``fcntl`` lock on
+    ``<key>.lock`` makes concurrent callers wait for the first copy instead of
+    copying again, and the copy lands under a temporary name, renamed into place
+    only when complete, so a crashed copy is never mistaken for a finished one.
+    ``copy`` receives an empty directory and must put the model files in it.
+    """
+    import fcntl
+    import shutil
+    import tempfile
+
+    cache_root.mkdir(parents=True, exist_ok=True)
+    target = cache_root / key
+    with open(cache_root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if target.exists():
+                return target
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root))
+            try:
+                copy(tmp)
+                tmp.rename(target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return target
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _remote_basename(source: str) -> str:
+    return source.rstrip("/").rsplit("/", 1)[-1]
+
+
+def require_directory(model_path: Path, task: str) -> None:
+    """Raise :class:`ModelSourceError` when a ``task`` model that needs a directory was given as a file."""
+    if not model_path.is_dir():
+        raise ModelSourceError(f"model source {str(model_path)!r} is a file; a {task} model is a directory (config, weights, tokenizer)")
+
+
+def refuse_pickle_weights(model_path: Path, allow_pickle: bool) -> None:
+    """Raise :class:`ModelSourceError` when ``model_path`` holds only pickle weights and pickle is not allowed."""
+    if allow_pickle:
+        return
+    files = weight_files(model_path)
+    if files and all(f.suffix in PICKLE_SUFFIXES for f in files):
+        raise ModelSourceError(
+            f"{model_path} holds only pickle-based weights ({', '.join(f.name for f in files)}); loading them can run "
+            "arbitrary code. Convert them to safetensors, or opt in with model.allow_pickle: true (--allow-pickle)"
+        )
+
+
 def weight_files(model_dir: Path) -> list[Path]:
-    """Weight files under ``model_dir`` (recursively, hidden folders skipped), sorted."""
+    """Weight files under ``model_dir`` (recursively, hidden folders skipped), sorted; a file is its own list."""
+    if model_dir.is_file():
+        return [model_dir]
     files = [
         p
         for p in model_dir.rglob("*")
@@ -84,6 +223,14 @@ def weight_files(model_dir: Path) -> list[Path]:
         and not any(part.startswith(".") for part in p.relative_to(model_dir).parts)
     ]
     return sorted(files, key=lambda p: p.relative_to(model_dir).as_posix())
+
+
+def verify_sha256(found: str, expected: Optional[str], source: str) -> None:
+    """Raise :class:`ModelIntegrityError` naming both digests when ``expected`` is set and differs."""
+    if expected is not None and found.lower() != expected.lower():
+        raise ModelIntegrityError(
+            f"model {source!r} has weights sha256 {found}, but the run expects {expected.lower()}; refusing to score"
+        )
 
 
 def weights_sha256(model_dir: Path) -> str:
@@ -96,7 +243,8 @@ def weights_sha256(model_dir: Path) -> str:
         raise ModelSourceError(
             f"no weight files ({', '.join(WEIGHT_SUFFIXES)}) found under model directory {model_dir}"
         )
-    digests = [(_file_sha256(p), p.relative_to(model_dir).as_posix()) for p in files]
+    root = model_dir.parent if model_dir.is_file() else model_dir
+    digests = [(_file_sha256(p), p.relative_to(root).as_posix()) for p in files]
     if len(digests) == 1:
         return digests[0][0]
     manifest = "".join(f"{hexdigest}  {name}\n" for hexdigest, name in digests)

@@ -1,27 +1,49 @@
-"""The iterator pandas UDF that scores a text column on the executors.
+"""The iterator-style Arrow function that scores rows on the executors (``mapInArrow``).
 
 What crosses from the driver is a :class:`~udfs.model_source.ModelSpec` and a
-few numbers, never a model. Inside each Python worker the model comes from
-:mod:`udfs.model_cache` on the first non-empty Arrow batch and is reused for
-every later batch and task that process runs.
+few names and numbers, never a model. Inside each Python worker the model
+comes from :mod:`udfs.model_cache` on the first non-empty Arrow batch and is
+reused for every later batch and task that process runs.
+
+Why ``mapInArrow`` rather than a pandas UDF in a ``select``: results go back as
+Arrow arrays built from numpy buffers (a pandas UDF converts every array cell
+to a Python list), the id column passes through as the Arrow array it arrived
+as (no int64 -> float64 detour for nullable ids), and the same function runs in
+a stage with its own resource profile (``mapInArrow(..., profile=...)``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import time
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
-import pandas as pd
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import Accumulator, TaskContext
-from pyspark.sql.functions import pandas_udf
+from pyspark.sql.types import StructType
 
-from schemas.output import scored_struct
-from udfs.batching import BatchPolicy, prefetch, score_texts, tokenize_present
-from udfs.model_cache import get_model
+from schemas.output import ERROR_COLUMNS
+from udfs.batching import (
+    AdaptiveBudget,
+    BatchPolicy,
+    Scored,
+    default_max_tokens,
+    prefetch,
+    score_matrix,
+    score_texts,
+    tokenize_present,
+)
+from udfs.devices import effective_dtype, resolve_device
+from udfs.model_cache import LoadedModel, get_model
 from udfs.model_source import ModelSpec
 
-__all__ = ["WorkerCounters", "make_scoring_udf"]
+__all__ = ["WorkerCounters", "make_scoring_function"]
+
+ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
 class WorkerCounters:
@@ -32,55 +54,140 @@ class WorkerCounters:
         self.arrow_batches: Accumulator = spark_context.accumulator(0)
         self.rows: Accumulator = spark_context.accumulator(0)
         self.model_seconds: Accumulator = spark_context.accumulator(0.0)
-        """Seconds the workers spent scoring tokenized Arrow batches (tokenization runs ahead in a thread)."""
+        """Seconds the workers spent scoring prepared Arrow batches (preparation runs ahead in a thread)."""
+        self.budget_halvings: Accumulator = spark_context.accumulator(0)
+        """Times a task halved its token budget after a CUDA out-of-memory error."""
 
 
-def make_scoring_udf(spec: ModelSpec, *, policy: BatchPolicy, counters: Optional[WorkerCounters] = None):
-    """Build the scoring UDF for ``spec.task`` over one string column.
+def make_scoring_function(
+    spec: ModelSpec,
+    *,
+    id_col: str,
+    input_cols: Sequence[str],
+    schema: StructType,
+    max_tokens: Optional[int],
+    max_rows: int,
+    counters: Optional[WorkerCounters] = None,
+) -> ArrowScorer:
+    """Build the function ``mapInArrow`` runs for ``spec.task``.
 
-    Input: a string column (nulls allowed). Output: a struct of
-    :func:`schemas.output.scored_struct` for ``spec.task``; for ``embed`` that is
-    ``embedding`` (array<float>, null where the text was null) and
-    ``model_sha256`` (digest of the weights this worker actually loaded).
+    Input batches hold ``id_col`` and ``input_cols`` (one text column for text
+    tasks; the numeric feature columns, in the program's order, for ``tabular``).
+    Output batches follow ``schema`` (:func:`schemas.output.scored_schema`): the id
+    as it came, the head's prediction columns (null for unscored rows),
+    ``model_sha256`` of the weights this worker loaded, and ``_reason`` /
+    ``_error`` / ``_input`` for rows that could not be scored (null input, bad
+    feature value, a forward pass that failed even for the row alone).
 
-    Each Arrow batch is tokenized once (the next one in a background thread while
-    the model runs), scored in token-budget batches bounded by ``policy``
-    (:mod:`udfs.batching`) and returned in input order. Errors while loading or
-    scoring fail the task (Spark retries it, then fails the job).
+    Each batch is prepared (tokenized, or converted to a float matrix) in a
+    background thread while the model runs on the previous one, scored in
+    batches of at most ``max_tokens`` padded tokens (default: per the device the
+    worker resolved, :func:`~udfs.batching.default_max_tokens`) and ``max_rows``
+    rows (:mod:`udfs.batching`), and returned in input order.
+    A model that fails to load, or loads with other weights than
+    ``spec.expect_sha256``, fails the task.
     """
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    def score(texts: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-        texts = iter(texts)
-        first = next(texts, None)
+    arrow_schema = to_arrow_schema(schema)
+    input_cols = tuple(input_cols)
+
+    def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = iter(batches)
+        first = next((b for b in batches if b.num_rows), None)
         if first is None:  # empty partition: no model load
             return
-        model = _model_for_this_worker(spec, counters)
-        head = model.scorer
-
-        def tokenize(batch: pd.Series):
-            values = batch.tolist()
-            return values, tokenize_present(values, head)
-
-        for batch, (values, features) in prefetch(itertools.chain([first], texts), tokenize):
+        model, device = _model_for_this_worker(spec, counters)
+        runner = _MatrixRunner(model.scorer, input_cols) if spec.task == "tabular" else _TextRunner(model.scorer, input_cols[0])
+        budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
+        for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
+            if batch.num_rows == 0:
+                continue
             started = time.perf_counter()
-            outputs, valid = score_texts(values, head, policy, features)
+            halvings = budget.halvings
+            scored = runner.score(prepared, budget)
             elapsed = time.perf_counter() - started
-            embeddings = pd.Series([row if ok else None for row, ok in zip(outputs, valid)], dtype=object)
-            yield pd.DataFrame({"embedding": embeddings, "model_sha256": model.sha256})
+            yield _result_batch(batch.column(id_col), model, scored, runner.raw_inputs(prepared, scored), arrow_schema)
             if counters is not None:
                 counters.arrow_batches.add(1)
-                counters.rows.add(len(batch))
+                counters.rows.add(batch.num_rows)
                 counters.model_seconds.add(elapsed)
+                if budget.halvings != halvings:
+                    counters.budget_halvings.add(budget.halvings - halvings)
 
-    return pandas_udf(score, returnType=scored_struct(spec.task))
+    return score
 
 
-def _model_for_this_worker(spec: ModelSpec, counters: Optional[WorkerCounters]):
+class _TextRunner:
+    """Text heads: one string column, tokenized once per Arrow batch."""
+
+    def __init__(self, head, text_col: str) -> None:
+        self.head, self.text_col = head, text_col
+
+    def prepare(self, batch: pa.RecordBatch):
+        values = batch.column(self.text_col).to_pylist()
+        return values, tokenize_present(values, self.head)
+
+    def score(self, prepared, budget: AdaptiveBudget) -> Scored:
+        values, features = prepared
+        return score_texts(values, self.head, budget, features)
+
+    def raw_inputs(self, prepared, scored: Scored) -> list[Optional[str]]:
+        values, _ = prepared
+        return [None if reason is None else values[i] for i, reason in enumerate(scored.reasons)]
+
+
+class _MatrixRunner:
+    """Tabular heads: numeric feature columns as one float64 matrix (nulls become NaN)."""
+
+    def __init__(self, head, feature_cols: tuple[str, ...]) -> None:
+        self.head, self.feature_cols = head, feature_cols
+
+    def prepare(self, batch: pa.RecordBatch) -> np.ndarray:
+        columns = [
+            pc.cast(batch.column(name), pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
+            for name in self.feature_cols
+        ]
+        return np.column_stack(columns) if columns else np.zeros((batch.num_rows, 0))
+
+    def score(self, matrix: np.ndarray, budget: AdaptiveBudget) -> Scored:
+        return score_matrix(matrix, self.head, budget)
+
+    def raw_inputs(self, matrix: np.ndarray, scored: Scored) -> list[Optional[str]]:
+        return [
+            None if reason is None else json.dumps(dict(zip(self.feature_cols, (_json_number(v) for v in matrix[i]))))
+            for i, reason in enumerate(scored.reasons)
+        ]
+
+
+def _json_number(value: float) -> Any:
+    return value if np.isfinite(value) else str(value)  # JSON has no NaN / Infinity
+
+
+def _result_batch(
+    ids: pa.Array, model: LoadedModel, scored: Scored, raw: list[Optional[str]], schema: pa.Schema
+) -> pa.RecordBatch:
+    ok = scored.ok
+    columns = dict(model.scorer.columns(scored.outputs, ok))
+    columns["model_sha256"] = pa.array([model.sha256] * len(ok), type=pa.string())
+    reason_col, error_col, input_col = ERROR_COLUMNS
+    columns[reason_col] = pa.array(scored.reasons, type=pa.string())
+    columns[error_col] = pa.array(scored.errors, type=pa.string())
+    columns[input_col] = pa.array(raw, type=pa.string())
+    arrays = [ids] + [columns[field.name] for field in list(schema)[1:]]
+    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _model_for_this_worker(spec: ModelSpec, counters: Optional[WorkerCounters]) -> tuple[LoadedModel, str]:
+    """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), and that device."""
     _limit_torch_threads_to_task_cpus()
+    device = resolve_device(spec.device)
+    spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
     model, loaded_now = get_model(spec)
     if loaded_now and counters is not None:
         counters.model_loads.add(1)
-    return model
+    return model, device
 
 
 def _limit_torch_threads_to_task_cpus() -> None:

@@ -61,7 +61,8 @@ def test_metastore_in_and_out_rerun_is_idempotent(spark, reviews_table, job_conf
     assert first.workers["arrow_batches"] >= 6 and first.workers["rows_scored"] == 240
 
     out = read_output(spark, "it.review_embeddings")
-    assert list(out.columns) == ["review_id", "embedding", "model_id", "model_sha256", "run_id"]
+    assert list(out.columns) == ["review_id", "embedding", "model_id", "model_revision", "model_sha256", "run_id"]
+    assert first.error_rows == 0 and first.chunks["total"] == 1 and first.chunks["skipped"] == 0
     assert out["review_id"].tolist() == reviews_table["review_id"].sort_values().tolist()
     assert set(out["model_sha256"]) == {expected_sha} and set(out["run_id"]) == {first.run_id}
 
@@ -156,16 +157,41 @@ def test_unknown_table_and_foreign_output_fail_before_compute(tmp_path, spark, j
     assert [p.name for p in parquet_dir.iterdir()] == ["part-0.parquet"]
 
 
-def test_null_text_fails_validation_and_says_why(tmp_path, spark, job_config):
+def test_null_text_is_dead_lettered_and_the_error_rate_gates_publishing(tmp_path, spark, job_config):
     frame = reviews_frame(30)
     frame.loc[5, "body"] = None
     source = tmp_path / "with-null.parquet"
     frame.to_parquet(source)
-    report = run_scoring(job_config(input=str(source), output=str(tmp_path / "out")), spark)
-    assert report.status == "validation_failed"
+    output, errors = tmp_path / "out", tmp_path / "out_errors"
+    report = run_scoring(job_config(input=str(source), output=str(output)), spark)
+    # 1 of 30 rows (3.3%) is above the default max_error_rate of 0.1%: errors written, output not published.
+    assert report.status == "error_rate_exceeded" and "1 of 30 rows (3.3333%)" in report.error
+    assert str(errors) in report.error and not output.exists()
+    dead = spark.read.format("delta").load(str(errors)).toPandas()
+    assert dead[["review_id", "reason"]].values.tolist() == [[frame.loc[5, "review_id"], "null_input"]]
+
+    report = run_scoring(job_config(input=str(source), output=str(output), max_error_rate=0.05), spark)
+    assert report.status == "succeeded" and (report.output_rows, report.error_rows) == (29, 1)
+    assert report.error_reasons == {"null_input": 1}
+    out = read_output(spark, str(output))
+    assert frame.loc[5, "review_id"] not in set(out["review_id"]) and len(out) == 29
+
+
+def test_failed_validation_publishes_nothing(tmp_path, spark, job_config):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(20).to_parquet(source)
+    output = tmp_path / "out"
+    assert run_scoring(job_config(input=str(source), output=str(output), run_id="good"), spark).status == "succeeded"
+    report = run_scoring(
+        job_config(input=str(source), output=str(output), run_id="bad", **{"validation.min_rows": 1000}), spark
+    )
+    assert report.status == "validation_failed" and report.delta_version is None
     failed = report.validation["failed"]
-    assert [(c["expectation"], c["column"]) for c in failed] == [("expect_column_values_to_not_be_null", "embedding")]
-    assert failed[0]["unexpected_count"] == 1
+    assert [c["expectation"] for c in failed] == ["expect_table_row_count_to_be_between"]
+    out = read_output(spark, str(output))
+    assert set(out["run_id"]) == {"good"} and len(out) == 20  # the previous run's rows, untouched
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{output}`").toPandas()
+    assert history["version"].tolist() == [0]  # not even a commit that was rolled back
 
 
 def test_progress_line_reports_rows_rate_and_eta(spark):

@@ -6,7 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from udfs.batching import BatchPolicy, plan_batches, prefetch, score_texts, take_rows
+import torch
+
+from udfs.batching import AdaptiveBudget, BatchPolicy, plan_batches, prefetch, score_matrix, score_texts, take_rows
 
 
 class CharHead:
@@ -38,7 +40,8 @@ class CharHead:
 
 def test_outputs_come_back_in_input_order():
     texts = ["ccc", "a", "", "bbbbbb", "dd", "eeeee", "a"]
-    outputs, valid = score_texts(texts, CharHead(), BatchPolicy(max_tokens=8, max_rows=2))
+    scored = score_texts(texts, CharHead(), BatchPolicy(max_tokens=8, max_rows=2))
+    outputs, valid = scored.outputs, scored.ok
     assert valid.all()
     expected = [[len(t), ord(t[0]) if t else 0] for t in texts]
     assert outputs.tolist() == expected
@@ -48,7 +51,7 @@ def test_batches_respect_token_budget_and_row_cap_with_padding_trimmed():
     rng = np.random.default_rng(0)
     texts = ["x" * int(n) for n in rng.lognormal(3, 1, size=300).clip(1, 400)]
     head = CharHead()
-    outputs, _ = score_texts(texts, head, BatchPolicy(max_tokens=512, max_rows=32))
+    outputs = score_texts(texts, head, BatchPolicy(max_tokens=512, max_rows=32)).outputs
     assert outputs[:, 0].tolist() == [len(t) for t in texts]
     for rows, width in head.batches:
         assert rows <= 32
@@ -69,16 +72,18 @@ def test_plan_batches_short_rows_get_big_batches():
 
 def test_null_texts_are_masked_and_never_tokenized():
     head = CharHead()
-    outputs, valid = score_texts(["abc", None, "de", float("nan")], head, BatchPolicy(64, 8))
+    scored = score_texts(["abc", None, "de", float("nan")], head, BatchPolicy(64, 8))
+    outputs, valid = scored.outputs, scored.ok
     assert valid.tolist() == [True, False, True, False]
+    assert scored.reasons == [None, "null_input", None, "null_input"]
     assert head.batches == [(2, 3)]
     assert outputs[0].tolist() == [3, ord("a")] and outputs[2].tolist() == [2, ord("d")]
 
 
 def test_all_null_batch_scores_nothing():
     head = CharHead()
-    outputs, valid = score_texts([None, None], head, BatchPolicy(64, 8))
-    assert not valid.any() and head.batches == [] and len(outputs) == 2
+    scored = score_texts([None, None], head, BatchPolicy(64, 8))
+    assert not scored.ok.any() and head.batches == [] and len(scored.outputs) == 2
 
 
 def test_head_returning_wrong_row_count_is_an_error():
@@ -88,6 +93,52 @@ def test_head_returning_wrong_row_count_is_an_error():
 
     with pytest.raises(ValueError, match="head returned 1 rows for a batch of 2"):
         score_texts(["a", "b"], Short(), BatchPolicy(64, 8))
+
+
+def test_a_poisoned_row_is_retried_alone_and_does_not_take_its_batch_down():
+    class Poisoned(CharHead):
+        def forward(self, features):
+            if (features["input_ids"] == ord("!")).any():
+                raise RuntimeError("cannot score '!'")
+            return super().forward(features)
+
+    head = Poisoned()
+    texts = ["abc", "x!y", "de", "fgh", "ij"]
+    scored = score_texts(texts, head, BatchPolicy(max_tokens=64, max_rows=8))
+    assert scored.reasons == [None, "scoring_error", None, None, None]
+    assert scored.errors[1] == "RuntimeError: cannot score '!'"
+    assert scored.outputs[[0, 2, 3, 4], 0].tolist() == [3, 2, 3, 2]
+    assert (scored.outputs[1] == 0).all()
+
+
+def test_cuda_out_of_memory_halves_the_budget_for_the_rest_of_the_task():
+    class SmallGpu(CharHead):
+        def forward(self, features):
+            rows, width = features["input_ids"].shape
+            if rows * width > 8:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return super().forward(features)
+
+    head = SmallGpu()
+    budget = AdaptiveBudget(BatchPolicy(max_tokens=32, max_rows=16))
+    texts = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
+    scored = score_texts(texts, head, budget)
+    assert scored.ok.all() and scored.outputs[:, 0].tolist() == [2] * 8
+    assert budget.policy.max_tokens == 8 and budget.halvings == 1
+    head.batches.clear()
+    assert score_texts(texts, head, budget).ok.all()  # the next Arrow batch plans with the lower budget
+    assert all(rows * width <= 8 for rows, width in head.batches) and len(head.batches) == 2
+
+
+def test_matrix_rows_with_nan_or_inf_are_bad_feature_values():
+    class Sum:
+        def forward(self, matrix):
+            return matrix.sum(axis=1, keepdims=True)
+
+    matrix = np.array([[1.0, 2.0], [np.nan, 1.0], [3.0, 4.0], [np.inf, 0.0], [0.5, 0.5]])
+    scored = score_matrix(matrix, Sum(), BatchPolicy(max_tokens=1024, max_rows=2))
+    assert scored.reasons == [None, "bad_feature_value", None, "bad_feature_value", None]
+    assert scored.outputs[:, 0].tolist() == [3.0, 0.0, 7.0, 0.0, 1.0]
 
 
 def test_policy_bounds_must_be_positive():
@@ -146,7 +197,8 @@ def test_real_embed_head_in_token_budget_batches_matches_sentence_transformers(m
     words = "the kettle is quiet and the lid fits well but shipping took ten days".split()
     texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.lognormal(3, 1.2, size=120).clip(0, 900)]
     texts[7] = ""
-    ours, valid = score_texts(texts, head, BatchPolicy(max_tokens=1024, max_rows=16))
+    scored = score_texts(texts, head, BatchPolicy(max_tokens=1024, max_rows=16))
+    ours, valid = scored.outputs, scored.ok
     peer = sentence_transformer.encode(texts, normalize_embeddings=True)
     assert valid.all()
     cosine = (ours * peer).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(peer, axis=1)

@@ -47,7 +47,17 @@ def test_unknown_top_level_key_from_set():
         ("scoring.max_batch_rows=many", r"scoring.max_batch_rows must be an integer, got 'many'"),
         ("scoring.max_batch_tokens=0", r"scoring.max_batch_tokens must be >= 1, got 0"),
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
-        ("task=summarize", r"task must be one of embed, got 'summarize'"),
+        ("task=summarize", r"task must be one of classify, embed, tabular, got 'summarize'"),
+        ("model.device=tpu", r"model.device must be one of auto, cpu, cuda, got 'tpu'"),
+        ("model.dtype=int8", r"model.dtype must be one of float32, bfloat16, float16"),
+        ("model.dtype=float16", r"float16 needs a GPU"),
+        ("model.expect_sha256=abc", r"model.expect_sha256 must be 64 hex digits"),
+        ("max_error_rate=2", r"max_error_rate must be between 0 and 1, got 2.0"),
+        ("max_error_rate=lots", r"max_error_rate must be a number"),
+        ("run_date=2026-13-01", r"run_date must be YYYY-MM-DD"),
+        ("write.mode=append", r"write.mode must be one of overwrite, replace_run"),
+        ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
+        ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
         ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
@@ -82,6 +92,30 @@ def test_same_id_and_text_column_is_refused():
     cfg = load_config(flags={"input": "a", "output": "b", "model.source": "m", "id_col": "x", "text_col": "x"})
     with pytest.raises(ConfigError, match="id_col and text_col must differ"):
         cfg.require_for_scoring()
+
+
+def test_tabular_needs_features_not_text():
+    base = {"input": "a", "output": "b", "model.source": "m", "id_col": "id", "task": "tabular"}
+    with pytest.raises(ConfigError, match="feature_cols .* or feature_prefix"):
+        load_config(flags=base).require_for_scoring()
+    cfg = load_config(flags={**base, "feature_cols": "f1, f2,f3"})
+    cfg.require_for_scoring()
+    assert cfg.feature_cols == ("f1", "f2", "f3")
+    with pytest.raises(ConfigError, match="text_col is for text tasks"):
+        load_config(flags={**base, "feature_prefix": "f", "text_col": "t"}).require_for_scoring()
+
+
+def test_run_id_comes_from_run_date_and_errors_default_beside_output():
+    cfg = load_config(flags={"output": "db.scores", "run_date": "2026-11-20"})
+    assert cfg.resolved_run_id() == "2026-11-20" and cfg.errors_ref() == "db.scores_errors"
+    assert load_config(flags={"run_date": "2026-11-20", "run_id": "nightly-7"}).resolved_run_id() == "nightly-7"
+    assert load_config(flags={"output": "/data/scores/"}).errors_ref() == "/data/scores_errors"
+
+
+def test_user_expectations_parse():
+    cfg = load_config(overrides=["validation.value_ranges.score=[0, 1]", "validation.max_null_fraction.label=0.1", "validation.min_rows=5"])
+    assert cfg.validation.value_ranges == {"score": (0.0, 1.0)} and cfg.validation.max_null_fraction == {"label": 0.1}
+    assert cfg.validation.min_rows == 5
 
 
 def test_shipped_conf_files_load():

@@ -40,4 +40,26 @@ def test_id_column_may_not_collide_with_output_columns():
     with pytest.raises(InputContractError, match=r"id column 'run_id' collides with an output column"):
         output_schema("embed", StructField("run_id", StringType()))
     schema = output_schema("embed", StructField("review.id", LongType()))
-    assert [f.name for f in schema.fields] == ["review.id", "embedding", "model_id", "model_sha256", "run_id"]
+    assert [f.name for f in schema.fields] == ["review.id", "embedding", "model_id", "model_revision", "model_sha256", "run_id"]
+    with pytest.raises(InputContractError, match=r"id column 'label' collides"):
+        output_schema("classify", StructField("label", StringType()))
+
+
+def test_feature_columns_by_name_or_prefix_must_be_numeric():
+    from pyspark.sql.types import DoubleType, IntegerType, StructType
+
+    from schemas.contracts import FeatureInputContract, resolve_feature_cols
+
+    schema = StructType(
+        [StructField("id", LongType()), StructField("feature_x", DoubleType()), StructField("feature_n", IntegerType()),
+         StructField("feature_note", StringType()), StructField("other", DoubleType())]
+    )
+    assert resolve_feature_cols(schema, (), "feature_", "t") == ("feature_x", "feature_n", "feature_note")
+    assert resolve_feature_cols(schema, ("other", "feature_x"), "ignored", "t") == ("other", "feature_x")
+    FeatureInputContract("id", ("feature_x", "feature_n", "other")).check(schema, "input 't'")
+    with pytest.raises(InputContractError, match=r"feature column 'feature_note' in input 't' has type string; expected a number"):
+        FeatureInputContract("id", ("feature_x", "feature_note")).check(schema, "input 't'")
+    with pytest.raises(InputContractError, match=r"feature column 'feature_y' not found in input 't'"):
+        FeatureInputContract("id", ("feature_y",)).check(schema, "input 't'")
+    with pytest.raises(InputContractError, match=r"no column of t starts with feature prefix 'f_'"):
+        resolve_feature_cols(schema, (), "f_", "t")

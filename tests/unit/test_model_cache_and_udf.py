@@ -1,13 +1,14 @@
-"""The per-process cache and the UDF's worker function, run in this process without Spark."""
+"""The per-process cache and the scoring function Spark runs in each worker, run here without Spark."""
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 import pytest
+from pyspark.sql.types import LongType, StructField
 
+from schemas.output import scored_schema
 from udfs import model_cache
-from udfs.batching import BatchPolicy
-from udfs.model_source import ModelSpec
-from udfs.scoring_udf import make_scoring_udf
+from udfs.model_source import ModelIntegrityError, ModelSpec
+from udfs.scoring_udf import make_scoring_function
 
 
 @pytest.fixture
@@ -26,6 +27,12 @@ def load_counter(monkeypatch):
     model_cache.clear()
 
 
+def _embed_function(minilm_dir, **spec_options):
+    schema = scored_schema("embed", StructField("id", LongType()))
+    spec = ModelSpec("embed", str(minilm_dir), **spec_options)
+    return make_scoring_function(spec, id_col="id", input_cols=["text"], schema=schema, max_tokens=512, max_rows=3)
+
+
 def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
     spec = ModelSpec("embed", str(minilm_dir))
     first, loaded_first = model_cache.get_model(spec)
@@ -37,23 +44,60 @@ def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
     assert first.sha256 == other.sha256  # same weights, different head settings
 
 
-def test_udf_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_transformer, load_counter):
-    udf = make_scoring_udf(ModelSpec("embed", str(minilm_dir)), policy=BatchPolicy(max_tokens=512, max_rows=3))
+def test_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_transformer, load_counter):
+    score = _embed_function(minilm_dir)
     texts = ["a long review " * 40, "short", None, "", "mid length review text", "x " * 300, "last one"]
-    batches = [pd.Series(texts[:4]), pd.Series(texts[4:])]
-    frames = list(udf.func(iter(batches)))  # the function Spark runs inside the worker
+    ids = [10, 11, 12, 13, 14, 15, 16]
+    batches = [
+        pa.record_batch({"id": pa.array(ids[:4], pa.int64()), "text": pa.array(texts[:4])}),
+        pa.record_batch({"id": pa.array(ids[4:], pa.int64()), "text": pa.array(texts[4:])}),
+    ]
+    out = pa.Table.from_batches(list(score(iter(batches))))
     assert len(load_counter) == 1  # one load for every batch of the task
-    out = pd.concat(frames, ignore_index=True)
-    assert list(out.columns) == ["embedding", "model_sha256"]
-    assert out["embedding"][2] is None  # a null text gets a null embedding, never a made-up one
+    assert out.column_names == ["id", "embedding", "model_sha256", "_reason", "_error", "_input"]
+    assert out.column("id").to_pylist() == ids  # ids pass through as they came
+    rows = out.to_pylist()
+    assert rows[2]["embedding"] is None and rows[2]["_reason"] == "null_input"  # never a made-up vector
     present = [i for i, t in enumerate(texts) if t is not None]
-    ours = np.stack(out["embedding"][present].to_list())
+    assert all(rows[i]["_reason"] is None and rows[i]["_input"] is None for i in present)
+    ours = np.array([rows[i]["embedding"] for i in present])
     peer = sentence_transformer.encode([texts[i] for i in present], normalize_embeddings=True)
     assert ((ours * peer).sum(1) >= 0.9999).all()
-    assert out["model_sha256"].nunique() == 1 and len(out["model_sha256"][0]) == 64
+    assert set(out.column("model_sha256").to_pylist()) == {model_cache.get_model(ModelSpec("embed", str(minilm_dir)))[0].sha256}
 
 
 def test_empty_partition_loads_nothing(minilm_dir, load_counter):
-    udf = make_scoring_udf(ModelSpec("embed", str(minilm_dir)), policy=BatchPolicy(max_tokens=512, max_rows=4))
-    assert list(udf.func(iter([]))) == []
+    assert list(_embed_function(minilm_dir)(iter([]))) == []
     assert load_counter == []
+
+
+def test_worker_refuses_weights_other_than_the_drivers(minilm_dir, load_counter):
+    score = _embed_function(minilm_dir, expect_sha256="0" * 64)
+    batch = pa.record_batch({"id": pa.array([1], pa.int64()), "text": pa.array(["hello"])})
+    with pytest.raises(ModelIntegrityError, match="expects 0000"):
+        list(score(iter([batch])))
+    assert load_counter == []  # refused before loading
+
+
+def test_tabular_worker_dead_letters_bad_feature_rows_with_their_values(tiny_tabular):
+    import torch
+
+    from tests.conftest import TinyTabular
+
+    module, script, _ = tiny_tabular
+    features = TinyTabular.FEATURES
+    schema = scored_schema("tabular", StructField("id", LongType()))
+    spec = ModelSpec("tabular", str(script), feature_cols=features)
+    score = make_scoring_function(spec, id_col="id", input_cols=features, schema=schema, max_tokens=None, max_rows=2)
+    values = {name: [0.5, None, 1.0, float("nan"), -2.0] for name in features}
+    values["feature_b"] = [1, 2, 3, 4, 5]  # an integer column is a feature too
+    batch = pa.record_batch({"id": pa.array([1, 2, 3, 4, 5], pa.int64()), **{k: pa.array(v) for k, v in values.items()}})
+    rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
+    assert [r["_reason"] for r in rows] == [None, "bad_feature_value", None, "bad_feature_value", None]
+    assert rows[1]["_input"] == '{"feature_a": "nan", "feature_b": 2.0, "feature_c": "nan", "feature_d": "nan"}'
+    good = [0, 2, 4]
+    matrix = np.array([[values[f][i] for f in features] for i in good], dtype=np.float32)
+    with torch.no_grad():
+        peer = module(torch.from_numpy(matrix)).double().numpy()
+    assert np.allclose([rows[i]["scores"] for i in good], peer, atol=1e-6)
+    assert [rows[i]["prediction"] for i in good] == peer.argmax(1).astype(float).tolist()

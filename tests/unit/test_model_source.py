@@ -36,18 +36,102 @@ def test_directory_without_weights_is_an_error(tmp_path):
 
 
 def test_missing_local_directory_is_named(tmp_path):
-    with pytest.raises(ModelSourceError, match=r"model directory '.*/absent' does not exist"):
+    with pytest.raises(ModelSourceError, match=r"model path '.*/absent' does not exist"):
         resolve_model_dir(str(tmp_path / "absent"))
 
 
-def test_a_file_is_not_a_model_directory(tmp_path):
+@pytest.mark.parametrize("task", ["embed", "classify"])
+def test_a_file_is_not_a_text_model(tmp_path, task):
+    from udfs.model_cache import HEAD_LOADERS
+    from udfs.model_source import ModelSpec
+
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"x")
-    with pytest.raises(ModelSourceError, match="is a file"):
-        resolve_model_dir(str(path))
+    assert resolve_model_dir(str(path)) == path  # files are fine as sources (tabular programs) ...
+    with pytest.raises(ModelSourceError, match="is a file"):  # ... but a text model is a directory
+        HEAD_LOADERS[task](ModelSpec(task, str(path)), path)
 
 
 def test_unreachable_hub_id_fails_with_the_id():
     # HF_HUB_OFFLINE=1 (conftest): the hub path runs for real and refuses at once.
     with pytest.raises(ModelSourceError, match=r"'no-such-org/no-such-model' is not a local directory and could not be fetched"):
         resolve_model_dir("no-such-org/no-such-model")
+
+
+def test_expect_sha256_match_loads_and_mismatch_refuses_naming_both(minilm_dir):
+    from udfs import model_cache
+    from udfs.model_source import ModelIntegrityError, ModelSpec
+
+    digest = weights_sha256(minilm_dir)
+    model_cache.clear()
+    loaded, _ = model_cache.get_model(ModelSpec("embed", str(minilm_dir), expect_sha256=digest))
+    assert loaded.sha256 == digest
+    wrong = "ab" * 32
+    with pytest.raises(ModelIntegrityError) as info:
+        model_cache.get_model(ModelSpec("embed", str(minilm_dir), expect_sha256=wrong))
+    assert digest in str(info.value) and wrong in str(info.value)
+    model_cache.clear()
+
+
+def test_remote_uris_are_told_from_paths_and_hub_ids():
+    from udfs.model_source import is_remote
+
+    assert is_remote("s3a://bucket/models/x") and is_remote("dbfs:/models/x") and is_remote("file:/tmp/x")
+    assert not is_remote("/models/x") and not is_remote("org/model") and not is_remote("C:\\models")
+
+
+_COPIER = """
+import sys, time, shutil
+from pathlib import Path
+from udfs.model_source import stage_once
+source, cache, log = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+def copy(tmp):
+    with log.open("a") as handle:
+        handle.write("copy\\n")
+    time.sleep(1.0)  # a slow remote: the second process arrives while the first copies
+    shutil.copytree(source, tmp / "model")
+print(stage_once("k1", cache, copy))
+"""
+
+
+def test_stage_once_copies_once_when_two_processes_ask_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    source = tmp_path / "remote"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"w" * 1000)
+    cache, log = tmp_path / "cache", tmp_path / "copies.log"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _COPIER, str(source), str(cache), str(log)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert log.read_text().count("copy") == 1  # the second process waited and reused the first copy
+    assert outputs[0] == outputs[1] == str(cache / "k1")
+    assert (cache / "k1" / "model" / "model.safetensors").read_bytes() == b"w" * 1000
+    assert not [p for p in cache.iterdir() if p.name.startswith(".k1.")]  # no half-copied leftovers
+
+
+def test_a_failed_copy_leaves_nothing_that_looks_complete(tmp_path):
+    from udfs.model_source import stage_once
+
+    def broken(tmp):
+        (tmp / "partial").write_text("half")
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError, match="connection reset"):
+        stage_once("k2", tmp_path, broken)
+    assert not (tmp_path / "k2").exists()
+    assert stage_once("k2", tmp_path, lambda tmp: (tmp / "ok").write_text("done")) == tmp_path / "k2"
+
+
+def test_devices_resolve_per_task_gpu_and_fall_back_for_auto():
+    from udfs.devices import resolve_device
+
+    assert resolve_device("auto", cuda_available=False) == "cpu"
+    assert resolve_device("auto", cuda_available=True, gpu_address="3") == "cuda:3"
+    assert resolve_device("cuda", cuda_available=True, gpu_address="1") == "cuda:1"
+    with pytest.raises(RuntimeError, match="sees no CUDA device"):
+        resolve_device("cuda", cuda_available=False)

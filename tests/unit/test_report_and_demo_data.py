@@ -6,12 +6,14 @@ from jobs.report import RunReport, write_report
 
 def test_report_is_written_as_json_atomically(tmp_path):
     report = RunReport(run_id="r1", status="succeeded", task="embed", input="db.in", output="db.out",
-                       model_id="m", model_revision=None, model_sha256="ab" * 32, input_rows=3, output_rows=3)
+                       model_id="m", model_revision=None, model_sha256="ab" * 32, input_rows=4, output_rows=3,
+                       error_rows=1, errors_table="db.out_errors", error_reasons={"null_input": 1}, delta_version=2)
     target = write_report(report, tmp_path / "nested" / "report.json")
     data = json.loads(target.read_text())
     assert data["run_id"] == "r1" and data["output_rows"] == 3 and data["model_sha256"] == "ab" * 32
     assert [p.name for p in target.parent.iterdir()] == ["report.json"]  # no temp file left behind
-    assert "3 input rows -> 3 rows in db.out" in report.summary()
+    assert "4 input rows -> 3 rows for db.out (Delta version 2)" in report.summary()
+    assert "1 rows in db.out_errors (null_input 1)" in report.summary()
 
 
 def test_generated_reviews_are_deterministic_and_long_tailed():

@@ -1,0 +1,162 @@
+"""Every task end to end into Delta, hostile input, run partitions, resume after a killed driver, the sha256 pin."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jobs.config import load_config
+from jobs.score_job import run_scoring
+from tests.integration.test_score_job import read_output, reviews_frame
+
+
+def test_classify_into_the_metastore_equals_the_pipeline(spark, tiny_classifier_dir):
+    from transformers import pipeline
+
+    spark.sql("CREATE DATABASE IF NOT EXISTS it")
+    frame = reviews_frame(60, seed=21)
+    spark.createDataFrame(frame).write.format("delta").mode("overwrite").saveAsTable("it.reviews_for_labels")
+    cfg = load_config(flags={
+        "input": "it.reviews_for_labels", "output": "it.review_labels", "task": "classify",
+        "model.source": str(tiny_classifier_dir), "id_col": "review_id", "text_col": "body",
+    })
+    report = run_scoring(cfg, spark)
+    assert report.status == "succeeded", report.validation
+    out = read_output(spark, "it.review_labels")
+    assert list(out.columns) == ["review_id", "label", "score", "probs", "model_id", "model_revision", "model_sha256", "run_id"]
+    assert len(out) == 60
+    peer = pipeline("text-classification", model=str(tiny_classifier_dir), top_k=None, device="cpu")
+    texts = frame.set_index("review_id").loc[out["review_id"], "body"].tolist()
+    for i in range(0, 60, 7):  # the pipeline raises on texts over the model's limit; these are within it
+        if len(texts[i].split()) > 300:
+            continue
+        ranked = peer(texts[i])
+        ranked = ranked[0] if isinstance(ranked[0], list) else ranked
+        assert out["label"][i] == ranked[0]["label"] and abs(out["score"][i] - ranked[0]["score"]) < 1e-4
+
+
+def test_tabular_by_feature_prefix_into_a_delta_path(tmp_path, spark, tiny_tabular):
+    import torch
+
+    module, script, _ = tiny_tabular
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame(rng.normal(size=(50, 4)), columns=["feature_a", "feature_b", "feature_c", "feature_d"])
+    frame.insert(0, "account_id", np.arange(1000, 1050))
+    frame["note"] = "not a feature"
+    source = tmp_path / "accounts.parquet"
+    frame.to_parquet(source)
+    cfg = load_config(flags={
+        "input": str(source), "output": str(tmp_path / "risk"), "task": "tabular", "model.source": str(script),
+        "id_col": "account_id", "feature_prefix": "feature_",
+    })
+    report = run_scoring(cfg, spark)
+    assert report.status == "succeeded", report.validation
+    out = spark.read.format("delta").load(str(tmp_path / "risk")).toPandas().sort_values("account_id")
+    with torch.no_grad():
+        peer = module(torch.as_tensor(frame[list(frame.columns[1:5])].to_numpy(), dtype=torch.float32)).double().numpy()
+    assert np.allclose(np.stack(out["scores"].to_list()), peer, atol=1e-5)
+    assert out["prediction"].tolist() == peer.argmax(1).astype(float).tolist()
+
+
+def hostile_frame() -> pd.DataFrame:
+    texts = [
+        "fine", None, "", "x" * 20_000, "nul\x00byte\x00inside", "שלום עולם, مرحبا بالعالم", "日本語の文章と中文句子",
+        "emoji 🙂🔥👍🏽", "Robert'); DROP TABLE students;--", "1 OR 1=1; SELECT * FROM users", "Ελληνικά και русский",
+        "हिन्दी पाठ", "  leading and trailing spaces  ", "\n\t\r", None,
+    ]
+    ids = list(range(1, len(texts) + 1))
+    ids[14] = 1  # a duplicate id: both copies are dead-lettered
+    frame = pd.DataFrame({"review_id": pd.array(ids + [None], dtype="Int64"), "body": texts + ["orphan"]})
+    return frame
+
+
+def test_hostile_table_every_id_accounted_for_exactly_once(tmp_path, spark, job_config):
+    source = tmp_path / "hostile.parquet"
+    frame = hostile_frame()
+    frame.to_parquet(source)
+    output, errors = tmp_path / "out", tmp_path / "errs"
+    report = run_scoring(job_config(input=str(source), output=str(output), errors=str(errors), max_error_rate=0.3), spark)
+    assert report.status == "succeeded", (report.error, report.validation)
+    out = spark.read.format("delta").load(str(output)).toPandas()
+    dead = spark.read.format("delta").load(str(errors)).toPandas()
+    assert report.error_reasons == {"duplicate_id": 2, "null_id": 1, "null_input": 1}
+    assert report.input_rows == len(frame) == len(out) + len(dead)
+    assert sorted(dead["reason"]) == ["duplicate_id", "duplicate_id", "null_id", "null_input"]
+    assert out["review_id"].is_unique and not set(out["review_id"]) & set(dead["review_id"].dropna())
+    scored_texts = frame.set_index("review_id").loc[out["review_id"], "body"]
+    assert {"", "x" * 20_000, "nul\x00byte\x00inside", "\n\t\r"} <= set(scored_texts)  # scored, not dead-lettered
+    assert all(len(v) == 384 for v in out["embedding"])
+
+
+def test_replace_run_replaces_only_its_own_rows(tmp_path, spark, job_config):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(12).to_parquet(source)
+    output = tmp_path / "daily"
+
+    def run(date):
+        return run_scoring(job_config(input=str(source), output=str(output), run_date=date, **{"write.mode": "replace_run"}), spark)
+
+    assert run("2026-11-19").status == "succeeded"
+    assert run("2026-11-20").status == "succeeded"
+    again = run("2026-11-20")
+    assert again.status == "succeeded"
+    out = spark.read.format("delta").load(str(output)).toPandas()
+    assert out.groupby("run_id").size().to_dict() == {"2026-11-19": 12, "2026-11-20": 12}  # no duplicates
+    assert not out.duplicated(["run_id", "review_id"]).any()
+
+
+def test_wrong_expect_sha256_exits_2_naming_both_digests_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
+    from jobs.cli import main
+    from udfs.model_source import weights_sha256
+
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(10).to_parquet(source)
+    output = tmp_path / "never"
+    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
+                 "--id-col", "review_id", "--text-col", "body", "--expect-sha256", "f" * 64])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and weights_sha256(minilm_dir) in err and "f" * 64 in err and "refusing to score" in err
+    assert not output.exists() and not Path(f"{output}_errors").exists()
+
+
+def test_killed_driver_resumes_from_committed_chunks(tmp_path, minilm_dir, spark):
+    """Kill the job's driver (SIGKILL) after some chunks are staged; the rerun scores only the rest."""
+    source = tmp_path / "reviews.parquet"
+    frame = reviews_frame(160, seed=9)
+    frame.to_parquet(source)
+    output, report_path = tmp_path / "out", tmp_path / "report.json"
+    staging_root = tmp_path / "staging"
+    cmd = [str(Path(sys.executable).with_name("lakescore")), "score", "--input", str(source), "--output", str(output),
+           "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body", "--run-date", "2026-11-20",
+           "--report", str(report_path), "--set", "write.chunk_rows=40", "--set", f"write.staging={staging_root}",
+           "--set", f"spark.warehouse_dir={tmp_path / 'wh'}", "--set", "spark.master=local[2]",
+           "--set", "spark.conf.spark.ui.enabled=false"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(staging_root.glob("*/_delta_log/00000000000000000001.json")):
+        assert first.poll() is None, first.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver and its Python workers die mid-run
+    first.wait(timeout=60)
+    assert not output.exists()  # nothing was published
+
+    rerun = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    import json
+
+    report = json.loads(report_path.read_text())
+    assert report["chunks"]["total"] == 4 and report["chunks"]["skipped"] >= 2, report["chunks"]
+    assert "resumed:" in rerun.stdout
+    out = read_output(spark, str(output))
+    assert len(out) == 160 and out["review_id"].is_unique and set(out["review_id"]) == set(frame["review_id"])
+    assert not list(staging_root.iterdir()) or not any(p.is_dir() and any(p.iterdir()) for p in staging_root.iterdir())

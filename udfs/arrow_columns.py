@@ -1,0 +1,46 @@
+"""Arrow columns from numpy outputs, without a Python object per row.
+
+Scoring UDFs hand results back to the JVM as Arrow. Going through pandas costs
+a Python list per row for every array column (PySpark converts each cell);
+building the ``ListArray`` from the flat numpy buffer and an offsets vector
+does not. Rows that were not scored become nulls.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["list_column", "scalar_column", "string_column"]
+
+
+def list_column(matrix: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """``list<value_type>``: row *i* is ``matrix[i]`` where ``ok[i]``, else null.
+
+    ``matrix`` is ``(n, width)``; when no row is ok it may have any width (even 0).
+    """
+    n = len(ok)
+    ok = np.asarray(ok, dtype=bool)
+    width = matrix.shape[1] if matrix.ndim == 2 else 0
+    values = np.ascontiguousarray(matrix[ok].reshape(-1)) if ok.any() else np.zeros(0)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum(ok.astype(np.int32) * width)
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(values, type=value_type), type=pa.list_(pa.field("element", value_type, nullable=False)),
+        mask=pa.array(~ok),
+    )
+
+
+def scalar_column(values: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """One value per row, null where not ``ok``."""
+    ok = np.asarray(ok, dtype=bool)
+    if len(values) != len(ok):
+        values = np.zeros(len(ok))
+    return pa.array(np.asarray(values), type=value_type, mask=~ok)
+
+
+def string_column(values: Sequence[str], ok: np.ndarray) -> pa.Array:
+    """Strings per row, null where not ``ok``."""
+    return pa.array([v if good else None for v, good in zip(values, ok)], type=pa.string())

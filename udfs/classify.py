@@ -1,0 +1,96 @@
+"""The ``classify`` head: text -> label, its probability and every label's probability.
+
+The same computation as ``transformers.pipeline("text-classification", top_k=None)``:
+the model's own tokenizer and ``AutoModelForSequenceClassification``, then the
+pipeline's default activation (sigmoid for one label or multi-label models,
+softmax otherwise) over the logits. Labels come from the model's ``id2label``.
+Unlike the pipeline, texts longer than the model's limit are truncated (the
+pipeline raises on them) and batching is ours (:mod:`udfs.batching`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from udfs.arrow_columns import list_column, scalar_column, string_column
+from udfs.devices import torch_dtype
+from udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+
+__all__ = ["SequenceClassifier", "load_classifier"]
+
+
+class SequenceClassifier:
+    """The classify head (:class:`~udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)`` probabilities.
+
+    Output columns: ``label`` (string), ``score`` (double, probability of ``label``),
+    ``probs`` (``array<double>`` in label-id order).
+    """
+
+    task = "classify"
+
+    def __init__(self, model, tokenizer, max_length: int) -> None:
+        self._model = model.eval()
+        self._tokenizer = tokenizer
+        self.max_length = max_length
+        self.padding_side = getattr(tokenizer, "padding_side", "right")
+        config = model.config
+        self.labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+        self._sigmoid = config.num_labels == 1 or config.problem_type == "multi_label_classification"
+
+    def tokenize(self, texts: list[str]):
+        return self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+
+    @torch.inference_mode()
+    def forward(self, features) -> np.ndarray:
+        device = self._model.device
+        features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        logits = self._model(**features).logits.float()
+        probs = torch.sigmoid(logits) if self._sigmoid else torch.softmax(logits, dim=-1)
+        return probs.double().cpu().numpy()
+
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
+        ok = np.asarray(ok, dtype=bool)
+        if outputs.ndim != 2 or outputs.shape[1] == 0:
+            outputs = np.zeros((len(ok), len(self.labels)))
+        best = outputs.argmax(axis=1)
+        return {
+            "label": string_column([self.labels[i] for i in best], ok),
+            "score": scalar_column(outputs[np.arange(len(ok)), best], ok, pa.float64()),
+            "probs": list_column(outputs, ok, pa.float64()),
+        }
+
+    def score(self, texts: list[str]) -> np.ndarray:
+        """Convenience for small lists: one padded batch (the job uses :func:`~udfs.batching.score_texts`)."""
+        return self.forward(self.tokenize(texts))
+
+
+def load_classifier(spec: ModelSpec, model_dir: Path) -> SequenceClassifier:
+    """Load the sequence-classification model in ``model_dir`` as ``spec`` configures it.
+
+    Safetensors only unless ``spec.allow_pickle``; remote code only with
+    ``spec.trust_remote_code``. Raises :class:`~udfs.model_source.ModelSourceError`
+    for refused weights and ``ValueError`` for a model without labels.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    require_directory(model_dir, "classify")
+    refuse_pickle_weights(model_dir, spec.allow_pickle)
+    common = {"local_files_only": True, "trust_remote_code": spec.trust_remote_code}
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **common)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype), **common
+    ).to(spec.device)
+    if not getattr(model.config, "id2label", None):
+        raise ValueError(f"model {model_dir} has no id2label; it is not a sequence classifier")
+    limits = [
+        spec.max_seq_length,
+        getattr(model.config, "max_position_embeddings", None),
+        tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None,
+    ]
+    return SequenceClassifier(model, tokenizer, min(v for v in limits if v))

@@ -1,0 +1,69 @@
+"""Device and precision for a worker: which torch device a task scores on, at which dtype.
+
+``auto`` means CUDA when this process sees a GPU, else CPU. On CUDA the device
+index comes from the GPU Spark assigned to the running task
+(``TaskContext.get().resources()["gpu"].addresses``), so two tasks on one
+executor never share a GPU by accident; outside a task (the driver) it is the
+current CUDA device.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+__all__ = ["resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address"]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def task_gpu_address(context=None) -> Optional[str]:
+    """The first GPU address Spark gave the running task, or ``None`` (no task, or no GPU resource)."""
+    if context is None:
+        try:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+        except ImportError:
+            return None
+    if context is None:
+        return None
+    gpu = context.resources().get("gpu")
+    return gpu.addresses[0] if gpu is not None and gpu.addresses else None
+
+
+def resolve_device(device: str, *, cuda_available: Optional[bool] = None, gpu_address: Optional[str] = None) -> str:
+    """A concrete torch device string for the configured ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+
+    ``cuda_available`` and ``gpu_address`` default to this process's view
+    (``torch.cuda.is_available()`` and :func:`task_gpu_address`).
+    Raises ``RuntimeError`` when ``cuda`` is asked for and this process sees no GPU.
+    """
+    if device == "cpu" or device.startswith("cuda:"):
+        return device
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if not cuda_available:
+        if device == "cuda":
+            raise RuntimeError("model.device is 'cuda' but this process sees no CUDA device")
+        return "cpu"
+    if gpu_address is None:
+        gpu_address = task_gpu_address()
+    return f"cuda:{gpu_address}" if gpu_address is not None else "cuda"
+
+
+def effective_dtype(dtype: str, device: str) -> str:
+    """The dtype actually used on ``device``: float16 has no fast CPU kernels, so CPU runs it as float32."""
+    if dtype == "float16" and device == "cpu":
+        log.warning("model.dtype float16 on CPU runs as float32 (use bfloat16 for reduced precision on CPU)")
+        return "float32"
+    return dtype
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """``float32`` / ``bfloat16`` / ``float16`` as a torch dtype; ``KeyError`` for anything else."""
+    return _DTYPES[dtype]
