@@ -69,6 +69,8 @@ class ModelConfig:
     """Allow pickle-based weights (``pytorch_model.bin``): loading them can run arbitrary code."""
     trust_remote_code: bool = False
     """Run model code shipped with the model (transformers ``trust_remote_code``)."""
+    cache_dir: str = "~/.cache/lakescore/models"
+    """Where the driver's host keeps its copy of a remote (``s3a://``, ``dbfs:/``...) model."""
     max_seq_length: Optional[int] = None
     """Token limit per text; default: the model's own sentence-transformers setting."""
     pooling: Optional[str] = None

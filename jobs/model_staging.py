@@ -2,7 +2,7 @@
 
 Models load from local files. For a source on any filesystem Spark can read:
 
-* the driver copies it once per host into ``~/.cache/lakescore/models/<key>``
+* the driver copies it once per host into ``<model.cache_dir>/<key>``
   with the Hadoop ``FileSystem`` API (so Spark's own credentials and connectors
   apply), under a host-wide file lock (:func:`udfs.model_source.stage_once`):
   concurrent jobs on one host wait for the first copy instead of copying again;
@@ -24,14 +24,11 @@ from pyspark.sql import SparkSession
 
 from udfs.model_source import ModelSourceError, register_staged, stage_once
 
-__all__ = ["stage_remote_model", "DEFAULT_MODEL_CACHE"]
+__all__ = ["stage_remote_model"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_CACHE = Path("~/.cache/lakescore/models")
-
-
-def stage_remote_model(spark: SparkSession, source: str, cache_root: Path = DEFAULT_MODEL_CACHE) -> Path:
+def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Path:
     """Copy remote ``source`` to this host (once) and ship it to the executors; return the local copy.
 
     Raises :class:`~udfs.model_source.ModelSourceError` when the source does not exist or cannot be read.

@@ -26,6 +26,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Optional
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -155,7 +156,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     spec = model_spec(cfg)
     if is_remote(spec.source):
         spark = spark or get_or_create_session(cfg.spark)[0]
-        stage_remote_model(spark, spec.source)
+        stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
     resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight") as pool:
         source_spark = spark

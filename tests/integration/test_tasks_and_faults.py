@@ -160,3 +160,43 @@ def test_killed_driver_resumes_from_committed_chunks(tmp_path, minilm_dir, spark
     out = read_output(spark, str(output))
     assert len(out) == 160 and out["review_id"].is_unique and set(out["review_id"]) == set(frame["review_id"])
     assert not list(staging_root.iterdir()) or not any(p.is_dir() and any(p.iterdir()) for p in staging_root.iterdir())
+
+
+def test_model_on_a_hadoop_filesystem_is_staged_once_per_host(tmp_path, spark, minilm_dir):
+    """A ``file:`` URI goes through the remote path: Hadoop FileSystem copy on the driver, addFile to executors."""
+    import shutil
+
+    from udfs import model_cache
+
+    remote = tmp_path / "bucket" / "minilm"
+    shutil.copytree(minilm_dir, remote)
+    cache = tmp_path / "model-cache"
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(16).to_parquet(source)
+    uri = f"file://{remote}"
+    report = run_scoring(load_config(flags={
+        "input": str(source), "output": str(tmp_path / "out"), "model.source": uri,
+        "id_col": "review_id", "text_col": "body", "model.cache_dir": str(cache),
+    }), spark)
+    assert report.status == "succeeded" and report.model_id == uri
+    assert report.model_sha256 == model_cache.get_model(model_cache.ModelSpec("embed", str(minilm_dir)))[0].sha256
+    copies = [p for p in cache.iterdir() if p.is_dir()]
+    assert len(copies) == 1 and (copies[0] / "minilm" / "model.safetensors").exists()
+    run_scoring(load_config(flags={  # a second run reuses the host's copy
+        "input": str(source), "output": str(tmp_path / "out"), "model.source": uri, "id_col": "review_id", "text_col": "body",
+        "model.cache_dir": str(cache),
+    }), spark)
+    assert [p for p in cache.iterdir() if p.is_dir()] == copies
+
+
+def test_empty_input_fails_with_one_line_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
+    from jobs.cli import main
+
+    source = tmp_path / "empty.parquet"
+    reviews_frame(10).iloc[:0].to_parquet(source)
+    output = tmp_path / "out"
+    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
+                 "--id-col", "review_id", "--text-col", "body"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err == f"lakescore: error: input {str(source)!r} has no rows; nothing to score (nothing was written)"
+    assert not output.exists() and not Path(f"{output}_errors").exists()
