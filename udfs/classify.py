@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 
 from udfs.arrow_columns import list_column, scalar_column, string_column
-from udfs.devices import torch_dtype
+from udfs.devices import to_device, torch_dtype
 from udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["SequenceClassifier", "load_classifier"]
@@ -47,7 +47,7 @@ class SequenceClassifier:
     @torch.inference_mode()
     def forward(self, features) -> np.ndarray:
         device = self._model.device
-        features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        features = {k: to_device(v, device) for k, v in features.items()}
         logits = self._model(**features).logits.float()
         probs = torch.sigmoid(logits) if self._sigmoid else torch.softmax(logits, dim=-1)
         return probs.double().cpu().numpy()

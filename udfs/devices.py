@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address"]
+__all__ = ["resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address", "to_device"]
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +67,14 @@ def effective_dtype(dtype: str, device: str) -> str:
 def torch_dtype(dtype: str) -> torch.dtype:
     """``float32`` / ``bfloat16`` / ``float16`` as a torch dtype; ``KeyError`` for anything else."""
     return _DTYPES[dtype]
+
+
+def to_device(value, device):
+    """``value`` on ``device``; CPU tensors headed for CUDA go through pinned memory with a non-blocking copy,
+    so the host-to-GPU transfer overlaps the work already queued on the GPU."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    target = torch.device(device)
+    if target.type == "cuda" and value.device.type == "cpu":
+        return value.pin_memory().to(target, non_blocking=True)
+    return value.to(target)

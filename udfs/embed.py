@@ -21,7 +21,7 @@ import pyarrow as pa
 import torch
 
 from udfs.arrow_columns import list_column
-from udfs.devices import torch_dtype
+from udfs.devices import to_device, torch_dtype
 from udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["SentenceEmbedder", "load_embedder"]
@@ -48,7 +48,7 @@ class SentenceEmbedder:
     @torch.inference_mode()
     def forward(self, features) -> np.ndarray:
         device = self._model.device
-        features = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        features = {k: to_device(v, device) for k, v in features.items()}
         return self._model(features)["sentence_embedding"].float().cpu().numpy()
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:

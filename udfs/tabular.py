@@ -19,7 +19,7 @@ import pyarrow as pa
 import torch
 
 from udfs.arrow_columns import list_column, scalar_column
-from udfs.devices import torch_dtype
+from udfs.devices import to_device, torch_dtype
 from udfs.model_source import ModelSourceError, ModelSpec
 
 __all__ = ["TabularModel", "load_tabular", "PROGRAM_SUFFIXES"]
@@ -43,7 +43,7 @@ class TabularModel:
 
     @torch.inference_mode()
     def forward(self, matrix: np.ndarray) -> np.ndarray:
-        inputs = torch.as_tensor(np.asarray(matrix), dtype=self._dtype, device=self._device)
+        inputs = to_device(torch.as_tensor(np.asarray(matrix), dtype=self._dtype), self._device)
         out = self._program(inputs)
         if isinstance(out, (tuple, list)):
             out = out[0]
