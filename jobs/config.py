@@ -239,7 +239,7 @@ def _parse_scalar(raw: str) -> Any:
 
 
 def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
+    parts = _split_key(dotted)
     node = tree
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -247,6 +247,35 @@ def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
             raise ConfigError(f"cannot set {dotted!r}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _split_key(dotted: str) -> list[str]:
+    """``dotted`` cut along the config's sections; below a mapping field the rest is one key.
+
+    ``spark.conf.spark.hadoop.fs.s3a.endpoint`` -> ``["spark", "conf", "spark.hadoop.fs.s3a.endpoint"]``.
+    """
+    parts = dotted.split(".")
+    cls: Any = JobConfig
+    for i, part in enumerate(parts[:-1]):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if part not in fields:
+            break  # _build names the unknown key
+        hint = _without_none(typing.get_type_hints(cls)[part])
+        origin = typing.get_origin(hint)
+        if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+            return parts[: i + 1] + [".".join(parts[i + 1 :])]
+        if not dataclasses.is_dataclass(hint):
+            break
+        cls = hint
+    return parts
+
+
+def _without_none(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -284,7 +313,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
         # Spark confs are strings on the JVM side; YAML may have parsed 8 or true.
-        return {str(k): _spark_conf_value(v) for k, v in value.items()}
+        return {str(k): _spark_conf_value(v, f"{key}.{k}") for k, v in value.items()}
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -300,7 +329,9 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {hint!r} for {key}")  # a bug in this module, not user input
 
 
-def _spark_conf_value(value: Any) -> str:
+def _spark_conf_value(value: Any, key: str) -> str:
+    if isinstance(value, (Mapping, list)) or value is None:
+        raise ConfigError(f"{key} must be a single value (Spark conf keys are written whole), got {value!r}")
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

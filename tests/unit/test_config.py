@@ -31,6 +31,22 @@ def test_file_then_set_then_flags(tmp_path):
     assert cfg.spark.conf == {"spark.sql.shuffle.partitions": "4"}  # Spark confs become strings
 
 
+def test_set_spark_conf_keeps_the_dotted_spark_key_whole():
+    cfg = load_config(overrides=[
+        "spark.conf.spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000",
+        "spark.conf.spark.hadoop.fs.s3a.path.style.access=true",
+    ])
+    assert cfg.spark.conf == {
+        "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+    }
+
+
+def test_nested_spark_conf_value_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"spark.conf.spark must be a single value"):
+        load_config(write(tmp_path, "spark:\n  conf:\n    spark:\n      ui: {enabled: false}\n"))
+
+
 def test_unknown_key_names_it_and_suggests(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'scoring.max_batch_tokenz'; did you mean 'scoring.max_batch_tokens'"):
         load_config(write(tmp_path, "scoring:\n  max_batch_tokenz: 3\n"))
