@@ -81,7 +81,12 @@ class SparkConfig:
     metastore_dir: Optional[str] = None
     """Directory of the embedded Derby metastore; default: ``<warehouse_dir>/../metastore_db``."""
     jars_dir: str = "~/.cache/lakescore/jars"
-    """Where ``lakescore fetch-jars`` puts the Delta jars, so sessions start without Maven."""
+    """Where ``lakescore fetch-jars`` puts the Delta (and S3A) jars, so sessions start without Maven."""
+    s3a: Optional[bool] = None
+    """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output
+    is an ``s3a://`` path, ``true`` always (e.g. metastore tables stored on S3), ``false`` never
+    (the platform's Spark already has it). The endpoint goes in ``conf`` (``spark.hadoop.fs.s3a.*``);
+    credentials come from the environment (``AWS_ACCESS_KEY_ID``, ...), never from config files."""
     log_level: str = "WARN"
     conf: Mapping[str, str] = field(default_factory=dict)
     """Extra ``spark.*`` settings, passed through verbatim."""

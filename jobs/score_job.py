@@ -130,7 +130,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None):
         # Loading torch and the model (seconds) overlaps the JVM start (seconds more).
         preflight = pool.submit(preflight_model, spec)
         if spark is None:
-            spark, _ = get_or_create_session(cfg.spark)
+            spark, _ = get_or_create_session(cfg.spark, (cfg.input, cfg.output))
         identity = preflight.result()
     steps["startup"] = time.perf_counter() - t
     log.info("model %s ready on the driver (weights sha256 %s)", identity.model_id, identity.sha256)

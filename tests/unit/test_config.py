@@ -47,6 +47,11 @@ def test_nested_spark_conf_value_is_refused(tmp_path):
         load_config(write(tmp_path, "spark:\n  conf:\n    spark:\n      ui: {enabled: false}\n"))
 
 
+@pytest.mark.parametrize("raw, expected", [("true", True), ("false", False), ("null", None)])
+def test_spark_s3a_is_a_tri_state(raw, expected):
+    assert load_config(overrides=[f"spark.s3a={raw}"]).spark.s3a is expected
+
+
 def test_unknown_key_names_it_and_suggests(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'scoring.max_batch_tokenz'; did you mean 'scoring.max_batch_tokens'"):
         load_config(write(tmp_path, "scoring:\n  max_batch_tokenz: 3\n"))
@@ -67,6 +72,7 @@ def test_unknown_top_level_key_from_set():
         ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
+        ("spark.s3a=auto", r"spark.s3a must be true or false"),
         ("batch_size", r"--set expects dotted.key=value"),
     ],
 )
