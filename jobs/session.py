@@ -5,6 +5,9 @@ is used as is: no jars added, nothing reconfigured, never stopped by us. Built
 locally, the session has the Delta extension and catalog, a Hive metastore in
 an embedded Derby database under ``spark.metastore_dir`` and managed tables
 under ``spark.warehouse_dir``, so ``db.table`` names are real metastore tables.
+It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
+``spark.s3a`` says so): its ~620 MiB of jars add seconds to every start and, in
+local mode, are copied into each session's scratch directory.
 
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
@@ -16,13 +19,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Iterable, Mapping, Optional
 
 from pyspark.sql import SparkSession
 
 from jobs.config import SparkConfig
-from jobs.delta_jars import cached_delta_jars, delta_maven_coordinate
+from jobs.jars import cached_jars, delta_coordinate, s3a_coordinate
 
-__all__ = ["get_or_create_session", "LOCAL_MODE_DEFAULTS"]
+__all__ = ["get_or_create_session", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +42,21 @@ LOCAL_MODE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 (measured here), while the heavy lifting happens in Python workers. Clusters keep full JIT."""
 
 
-def get_or_create_session(cfg: SparkConfig) -> tuple[SparkSession, bool]:
-    """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session."""
+def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
+    """Whether a session built from ``cfg`` gets the S3A connector: ``spark.s3a`` if set,
+    else whether any of ``refs`` (the job's input and output) is an ``s3a://`` path."""
+    if cfg.s3a is not None:
+        return cfg.s3a
+    return any(ref and ref.lower().startswith("s3a://") for ref in refs)
+
+
+def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> tuple[SparkSession, bool]:
+    """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
+
+    ``refs`` are the tables / paths the job reads and writes; a built session gets the
+    S3A connector jars when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir``
+    when fetched, else Spark resolves them from Maven at start-up (with a warning).
+    """
     active = SparkSession.getActiveSession()
     if active is not None:
         log.info("using the existing SparkSession (master %s)", active.sparkContext.master)
@@ -56,14 +73,7 @@ def get_or_create_session(cfg: SparkConfig) -> tuple[SparkSession, bool]:
     java_options = [f"-Dderby.system.home={metastore.parent}"] + ([LOCAL_MODE_JAVA_OPTIONS] if local else [])
     confs["spark.driver.extraJavaOptions"] = " ".join(java_options + [confs.get("spark.driver.extraJavaOptions", "")]).strip()
 
-    coordinate = delta_maven_coordinate()
-    jars = cached_delta_jars(Path(cfg.jars_dir), coordinate)
-    if jars:
-        confs["spark.jars"] = ",".join([str(j) for j in jars] + ([confs["spark.jars"]] if confs.get("spark.jars") else []))
-    else:
-        log.warning("Delta jars not fetched yet (run `lakescore fetch-jars`); resolving %s from Maven", coordinate)
-        packages = confs.get("spark.jars.packages")
-        confs["spark.jars.packages"] = coordinate + ("," + packages if packages else "")
+    confs = jar_confs(cfg, refs, confs)
 
     builder = (
         SparkSession.builder.master(cfg.master)
@@ -81,6 +91,28 @@ def get_or_create_session(cfg: SparkConfig) -> tuple[SparkSession, bool]:
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
     _quiet_hive_schema_warning(spark)
     return spark, True
+
+
+def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[str, str]) -> dict[str, str]:
+    """``confs`` with the Delta (and, per :func:`needs_s3a`, S3A) jars put first on ``spark.jars``,
+    or on ``spark.jars.packages`` for a coordinate not fetched into ``cfg.jars_dir`` yet."""
+    wanted = [("Delta", delta_coordinate(), "lakescore fetch-jars")]
+    if needs_s3a(cfg, refs):
+        wanted.append(("S3A connector", s3a_coordinate(), "lakescore fetch-jars --s3a"))
+    jars: list[str] = []
+    packages: list[str] = []
+    for name, coordinate, fetch in wanted:
+        cached = cached_jars(cfg.jars_dir, coordinate)
+        if cached:
+            jars += [str(j) for j in cached]
+        else:
+            log.warning("%s jars not fetched yet (run `%s`); resolving %s from Maven", name, fetch, coordinate)
+            packages.append(coordinate)
+    out = dict(confs)
+    for key, values in (("spark.jars", jars), ("spark.jars.packages", packages)):
+        if values:
+            out[key] = ",".join(values + ([out[key]] if out.get(key) else []))
+    return out
 
 
 def _quiet_hive_schema_warning(spark: SparkSession) -> None:

@@ -84,7 +84,7 @@ def run_sweep(
     spec = model_spec(cfg)
     model, _ = get_model(spec)
     if spark is None:
-        spark, _ = get_or_create_session(cfg.spark)
+        spark, _ = get_or_create_session(cfg.spark, (cfg.input,))
     texts = _sample_texts(read_input(spark, cfg.input, cfg.input_format), cfg.text_col, sample_rows)
     if not texts:
         raise ConfigError(f"input {cfg.input!r} has no non-null {cfg.text_col!r} values to sweep over")

@@ -31,6 +31,27 @@ def test_file_then_set_then_flags(tmp_path):
     assert cfg.spark.conf == {"spark.sql.shuffle.partitions": "4"}  # Spark confs become strings
 
 
+def test_set_spark_conf_keeps_the_dotted_spark_key_whole():
+    cfg = load_config(overrides=[
+        "spark.conf.spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000",
+        "spark.conf.spark.hadoop.fs.s3a.path.style.access=true",
+    ])
+    assert cfg.spark.conf == {
+        "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+    }
+
+
+def test_nested_spark_conf_value_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"spark.conf.spark must be a single value"):
+        load_config(write(tmp_path, "spark:\n  conf:\n    spark:\n      ui: {enabled: false}\n"))
+
+
+@pytest.mark.parametrize("raw, expected", [("true", True), ("false", False), ("null", None)])
+def test_spark_s3a_is_a_tri_state(raw, expected):
+    assert load_config(overrides=[f"spark.s3a={raw}"]).spark.s3a is expected
+
+
 def test_unknown_key_names_it_and_suggests(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'scoring.max_batch_tokenz'; did you mean 'scoring.max_batch_tokens'"):
         load_config(write(tmp_path, "scoring:\n  max_batch_tokenz: 3\n"))
@@ -61,6 +82,7 @@ def test_unknown_top_level_key_from_set():
         ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
+        ("spark.s3a=auto", r"spark.s3a must be true or false"),
         ("batch_size", r"--set expects dotted.key=value"),
     ],
 )
