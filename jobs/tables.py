@@ -24,6 +24,7 @@ __all__ = [
     "check_output_target",
     "DeltaCommit",
     "WriteConflictError",
+    "is_commit_conflict",
     "write_delta_overwrite",
     "append_delta",
     "last_commit",
@@ -131,13 +132,30 @@ def write_delta_overwrite(
     try:
         _save(writer, ref)
     except Exception as exc:
-        if "Concurrent" in type(exc).__name__ or "DELTA_CONCURRENT" in str(exc) or "ConcurrentModification" in str(exc):
+        if is_commit_conflict(exc):
             raise WriteConflictError(
                 f"another run committed to {ref!r} at the same time and Delta refused this run's commit "
                 f"({_first_line(exc)}); the table holds the other run's complete result. Rerun to replace it."
             ) from exc
         raise
     return last_commit(df.sparkSession, ref)
+
+
+_CONFLICT_MARKERS = ("DELTA_CONCURRENT", "ConcurrentModification", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """True when ``exc`` is Delta refusing a commit because another writer committed first.
+
+    Every one of Delta's conflict exceptions counts, not only the ``Concurrent*`` ones: two runs
+    creating the same new table lose with ``ProtocolChangedException`` / ``MetadataChangedException``
+    (``DELTA_PROTOCOL_CHANGED`` / ``DELTA_METADATA_CHANGED``), whose names say nothing of concurrency.
+    """
+    kind = type(exc)
+    if kind.__module__.startswith("delta.exceptions") or "Concurrent" in kind.__name__:
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _CONFLICT_MARKERS)
 
 
 def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_version: Optional[int] = None) -> None:

