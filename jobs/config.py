@@ -18,6 +18,8 @@ Layout of a config file (all keys optional except where the job needs them)::
       master: local[*]
     scoring:
       max_batch_tokens: 1024
+    resources:
+      scoring: {task_cpus: 4, task_gpus: 1}
 
 Errors: :class:`ConfigError` (a :class:`ValueError`) naming the dotted key.
 """
@@ -28,6 +30,7 @@ import dataclasses
 import difflib
 from datetime import date
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -151,6 +154,82 @@ class ScoringConfig:
         return self.max_batch_tokens or default_max_tokens(device)
 
 
+_SIZE = re.compile(r"^\d+[kmgtp]?b?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ScoringResources:
+    """The Spark resource profile of the scoring stage (stage-level scheduling).
+
+    Set any of ``task_cpus``, ``task_gpus``, ``executor_gpus`` or
+    ``executor_memory_overhead`` and the scoring stage (after a repartition, so
+    reading keeps the cluster's CPU parallelism) runs with its own profile. A
+    master that cannot honour profiles (``local[...]``) runs without one and logs
+    a warning; see :mod:`jobs.profiles` for what each cluster manager gets.
+    """
+
+    task_cpus: Optional[int] = None
+    """CPUs per scoring task (and torch threads per task); default: ``spark.task.cpus``."""
+    task_gpus: Optional[float] = None
+    """GPUs per scoring task: at most 0.5 (tasks share a GPU) or a whole number."""
+    executor_gpus: Optional[int] = None
+    """GPUs per executor of the profile; needs ``task_gpus`` and dynamic allocation to take effect."""
+    executor_memory_overhead: Optional[str] = None
+    """Off-heap memory per executor of the profile (torch lives here), a Spark size such as ``2g``."""
+    partitions: Optional[int] = None
+    """Scoring tasks when the profile applies; default: ``scoring.partitions``, else the default parallelism."""
+    discovery_script: Optional[str] = None
+    """Executor-side path of the GPU discovery script for the profile's executors;
+    default: the cluster's ``spark.executor.resource.gpu.discoveryScript``."""
+
+    def _validate(self) -> None:
+        where = "resources.scoring"
+        if self.task_cpus is not None and self.task_cpus < 1:
+            raise ConfigError(f"{where}.task_cpus must be >= 1, got {self.task_cpus}")
+        if self.task_gpus is not None:
+            if self.task_gpus <= 0:
+                raise ConfigError(f"{where}.task_gpus must be > 0, got {self.task_gpus}")
+            if self.task_gpus > 0.5 and not self.task_gpus.is_integer():
+                raise ConfigError(f"{where}.task_gpus must be at most 0.5 or a whole number, got {self.task_gpus}")
+        if self.executor_gpus is not None:
+            if self.executor_gpus < 1:
+                raise ConfigError(f"{where}.executor_gpus must be >= 1, got {self.executor_gpus}")
+            if self.task_gpus is None:
+                raise ConfigError(f"{where}.executor_gpus needs {where}.task_gpus (the GPUs each scoring task takes)")
+            if self.task_gpus > self.executor_gpus:
+                raise ConfigError(
+                    f"{where}.task_gpus ({self.task_gpus:g}) exceeds {where}.executor_gpus ({self.executor_gpus}): "
+                    "no executor could run a scoring task"
+                )
+        if self.executor_memory_overhead is not None and not _SIZE.match(self.executor_memory_overhead.strip()):
+            raise ConfigError(
+                f"{where}.executor_memory_overhead must be a Spark size such as 512m or 2g, got {self.executor_memory_overhead!r}"
+            )
+        if self.partitions is not None and self.partitions < 1:
+            raise ConfigError(f"{where}.partitions must be >= 1, got {self.partitions}")
+        if self.discovery_script is not None and not self.discovery_script.strip():
+            raise ConfigError(f"{where}.discovery_script must be a path, got an empty string")
+        if self.discovery_script is not None and self.executor_gpus is None:
+            raise ConfigError(f"{where}.discovery_script is for the profile's executor GPUs; set {where}.executor_gpus too")
+
+    @property
+    def requested(self) -> bool:
+        """Whether any task or executor resource is asked for (else the stage keeps the default profile)."""
+        return any(
+            v is not None for v in (self.task_cpus, self.task_gpus, self.executor_gpus, self.executor_memory_overhead)
+        )
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    """Per-stage resources (Spark resource profiles)."""
+
+    scoring: ScoringResources = field(default_factory=ScoringResources)
+
+    def _validate(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class ValidationConfig:
     """The Great Expectations suite every run must pass before its output is published.
@@ -227,6 +306,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
 

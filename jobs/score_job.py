@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from jobs.config import TEXT_TASKS, JobConfig
 from jobs.dead_letter import check_ids, refused_rows, split_by_id, unscored_rows
 from jobs.model_staging import stage_remote_model
+from jobs.profiles import scoring_profile
 from jobs.progress import ProgressReporter
 from jobs.report import RunReport
 from jobs.session import get_or_create_session
@@ -120,9 +121,18 @@ def score_dataframe(
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
     parallelism when the input has fewer partitions), so a one-file input still
     uses every core.
+
+    With ``resources.scoring`` set and a master that honours resource profiles, the
+    scoring stage runs with that profile (:mod:`jobs.profiles`) on
+    ``resources.scoring.partitions`` (else as above) tasks, always behind a
+    repartition: a profile covers a whole stage, and reading and preprocessing
+    must keep the default, full-CPU parallelism. Elsewhere (``local[...]``) a
+    warning is logged and the stage runs without the profile.
     """
-    target = cfg.scoring.partitions or df.sparkSession.sparkContext.defaultParallelism
-    if cfg.scoring.partitions or df.rdd.getNumPartitions() < target:
+    profile = scoring_profile(df.sparkSession, cfg.resources.scoring) if cfg.resources.scoring.requested else None
+    partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
+    target = partitions or df.sparkSession.sparkContext.defaultParallelism
+    if partitions or profile is not None or df.rdd.getNumPartitions() < target:
         df = df.repartition(target)
     schema = scored_schema(cfg.task, df.schema[id_col])
     scorer = make_scoring_function(
@@ -134,7 +144,7 @@ def score_dataframe(
         max_rows=cfg.scoring.max_batch_rows,
         counters=counters,
     )
-    return df.select(column(id_col), *[column(c) for c in input_cols]).mapInArrow(scorer, schema)
+    return df.select(column(id_col), *[column(c) for c in input_cols]).mapInArrow(scorer, schema, profile=profile)
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
