@@ -1,10 +1,13 @@
 """The SparkSession a job runs in: taken when one exists, built from ``spark:`` config otherwise.
 
-On Databricks (or any host that already made a session) the existing session
-is used as is: no jars added, nothing reconfigured, never stopped by us. Built
-locally, the session has the Delta extension and catalog, a Hive metastore in
-an embedded Derby database under ``spark.metastore_dir`` and managed tables
-under ``spark.warehouse_dir``, so ``db.table`` names are real metastore tables.
+:func:`session_source` decides, from the process environment alone, who owns the
+session. On Databricks, under ``spark-submit`` (EMR, ``make submit-local``) or
+where a session is already active (a notebook, a test), the platform's session
+is used as is: no jars added, no master or metastore set, nothing reconfigured,
+never stopped by us. Built locally, the session has the Delta extension and
+catalog, a Hive metastore in an embedded Derby database under
+``spark.metastore_dir`` and managed tables under ``spark.warehouse_dir``, so
+``db.table`` names are real metastore tables.
 
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
@@ -16,13 +19,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from pyspark.sql import SparkSession
 
 from jobs.config import SparkConfig
 from jobs.delta_jars import cached_delta_jars, delta_maven_coordinate
 
-__all__ = ["get_or_create_session", "LOCAL_MODE_DEFAULTS"]
+__all__ = ["get_or_create_session", "session_source", "LOCAL_MODE_DEFAULTS"]
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +42,41 @@ LOCAL_MODE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 (measured here), while the heavy lifting happens in Python workers. Clusters keep full JIT."""
 
 
+def session_source(environ: Mapping[str, str], has_active_session: bool) -> str:
+    """Who owns the SparkSession, decided without touching Spark.
+
+    - ``"active"``: a session is already active in this Python process: use it.
+    - ``"databricks"``: ``DATABRICKS_RUNTIME_VERSION`` is set. The runtime's JVM holds
+      the session even when Python has no *active* one yet (a ``python_wheel_task``):
+      ``SparkSession.builder.getOrCreate()`` with no added config.
+    - ``"spark-submit"``: ``PYSPARK_GATEWAY_PORT`` is set, so a JVM started this Python
+      (``spark-submit``, EMR steps): master, jars, Delta and metastore settings come
+      from the submit command and the cluster; ``getOrCreate()`` with no added config.
+    - ``"build"``: nobody made one; lakescore builds a local session from ``spark:``.
+    """
+    if has_active_session:
+        return "active"
+    if environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return "databricks"
+    if environ.get("PYSPARK_GATEWAY_PORT"):
+        return "spark-submit"
+    return "build"
+
+
 def get_or_create_session(cfg: SparkConfig) -> tuple[SparkSession, bool]:
-    """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session."""
+    """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
+
+    ``cfg`` is used only when :func:`session_source` says ``"build"``.
+    """
     active = SparkSession.getActiveSession()
-    if active is not None:
+    source = session_source(os.environ, active is not None)
+    if source == "active":
         log.info("using the existing SparkSession (master %s)", active.sparkContext.master)
         return active, False
+    if source in ("databricks", "spark-submit"):
+        spark = SparkSession.builder.getOrCreate()
+        log.info("using the %s SparkSession (master %s)", source, spark.sparkContext.master)
+        return spark, False
 
     # Python workers must start this interpreter, or pandas UDFs fail with ModuleNotFoundError.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
