@@ -21,6 +21,12 @@ test-unit:
 test-integration:
 	$(PY) -m pytest tests/integration
 
+.PHONY: test-cluster
+
+# make submit-local end to end (minutes; the first run builds build/env).
+test-cluster:
+	$(PY) -m pytest tests/cluster
+
 # Score a generated review table with the bundled all-MiniLM-L6-v2 into the local metastore.
 demo:
 	$(LAKESCORE) demo --conf conf/local.yaml
@@ -29,7 +35,7 @@ clean:
 	rm -rf .lakescore spark-warehouse metastore_db derby.log .pytest_cache
 
 # --- Packaging for clusters (README.md "Running on a cluster") ---
-.PHONY: package wheel env env-archive clean-package
+.PHONY: package wheel env env-archive clean-package submit-local
 VERSION := $(shell sed -n 's/^ *version="\([^"]*\)",.*/\1/p' setup.py)
 WHEEL := dist/lakescore-$(VERSION)-py3-none-any.whl
 LAUNCHER := dist/launcher.py
@@ -43,6 +49,9 @@ ENV_PYTHON ?= $(PYTHON)
 ENV_PIP_ARGS ?=
 ENV_PACK_ARGS ?=
 VENV_PACK ?= $(VENV)/bin/venv-pack
+SUBMIT_DIR ?= .lakescore/submit-local
+SUBMIT_ROWS ?= 200
+SUBMIT_ARGS ?=
 
 .PHONY: FORCE
 FORCE:
@@ -97,6 +106,11 @@ $(ENV_ARCHIVE): $(ENV).installed
 # The build outputs, build/env included (its rebuild takes minutes).
 clean-package:
 	rm -rf build dist
+
+# The demo through spark-submit on local-cluster[2,1,2048] from the package artifacts only: the
+# launcher and build/env (deploy/local/submit_local.py says why not the archive on one machine).
+submit-local: wheel env
+	$(PY) deploy/local/submit_local.py --work-dir $(SUBMIT_DIR) --rows $(SUBMIT_ROWS) $(SUBMIT_ARGS)
 
 # Benchmark lakescore against a plain loop, a naive pandas UDF and predict_batch_udf; writes BENCHMARKS.md.
 # Knobs (env or make variables): ROWS NAIVE_ROWS W2_ROWS REPEATS W2_REPEATS PEERS WORKLOADS BENCH_MD,

@@ -4,10 +4,11 @@
 session. On Databricks, under ``spark-submit`` (EMR, ``make submit-local``) or
 where a session is already active (a notebook, a test), the platform's session
 is used as is: no jars added, no master or metastore set, nothing reconfigured,
-never stopped by us. Built locally, the session has the Delta extension and
-catalog, a Hive metastore in an embedded Derby database under
-``spark.metastore_dir`` and managed tables under ``spark.warehouse_dir``, so
-``db.table`` names are real metastore tables.
+never stopped here (``jobs/launcher.py`` stops a spark-submit application's own
+at exit). Built locally, the session has the Delta extension and catalog, a Hive
+metastore in an embedded Derby database under ``spark.metastore_dir`` and
+managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
+metastore tables.
 
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
