@@ -21,7 +21,11 @@ test-unit:
 test-integration:
 	$(PY) -m pytest tests/integration
 
-.PHONY: test-cluster
+.PHONY: test-deploy test-cluster
+
+# The Databricks and EMR examples against the real CLI parser and config loader (seconds).
+test-deploy:
+	$(PY) -m pytest tests/deploy
 
 # make submit-local end to end (minutes; the first run builds build/env).
 test-cluster:
