@@ -25,12 +25,101 @@ test-unit:
 test-integration:
 	$(PY) -m pytest tests/integration
 
+.PHONY: test-deploy test-cluster
+
+# The Databricks and EMR examples against the real CLI parser and config loader (seconds).
+test-deploy:
+	$(PY) -m pytest tests/deploy
+
+# Multi-JVM local-cluster: fault tests, resource profiles, make submit-local end to end (minutes;
+# the first run builds build/env).
+test-cluster:
+	$(PY) -m pytest tests/cluster
+
 # Score a generated review table with the bundled all-MiniLM-L6-v2 into the local metastore.
 demo:
 	$(LAKESCORE) demo --conf conf/local.yaml
 
 clean:
 	rm -rf .lakescore spark-warehouse metastore_db derby.log .pytest_cache
+
+# --- Packaging for clusters (README.md "Running on a cluster") ---
+.PHONY: package wheel env env-archive clean-package submit-local
+VERSION := $(shell sed -n 's/^ *version="\([^"]*\)",.*/\1/p' setup.py)
+WHEEL := dist/lakescore-$(VERSION)-py3-none-any.whl
+LAUNCHER := dist/launcher.py
+# build/env: a venv made from the wheel alone (no spark extra: a cluster's own Spark and Delta stay in
+# charge). make env-archive packs it; make submit-local runs it.
+ENV := build/env
+ENV_ARCHIVE := dist/lakescore-env.tar.gz
+# The interpreter build/env links to: cluster nodes need the same Python at the same path, or say
+# where theirs is with ENV_PACK_ARGS="--python-prefix /usr" (deploy/emr/README.md).
+ENV_PYTHON ?= $(PYTHON)
+ENV_PIP_ARGS ?=
+ENV_PACK_ARGS ?=
+VENV_PACK ?= $(VENV)/bin/venv-pack
+SUBMIT_DIR ?= .lakescore/submit-local
+SUBMIT_ROWS ?= 200
+SUBMIT_ARGS ?=
+
+.PHONY: FORCE
+FORCE:
+
+# Wheel + launcher (seconds), then the env archive (minutes; rebuilt only when its inputs change).
+package: wheel env-archive
+
+wheel: $(WHEEL) $(LAUNCHER)
+
+$(WHEEL): setup.py README.md $(wildcard jobs/*.py udfs/*.py schemas/*.py)
+	rm -rf build/lib build/bdist.* $(WHEEL)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
+$(LAUNCHER): jobs/launcher.py
+	mkdir -p dist
+	cp jobs/launcher.py $@
+
+env: $(ENV).installed
+
+# What build/env is made from: the wheel's runtime requirements, the pins, the interpreter and
+# ENV_PIP_ARGS. Checked on every run, rewritten only when that text changes, so editing code
+# (or setup.py's other fields) never rebuilds the env.
+$(ENV).inputs: $(WHEEL) FORCE
+	mkdir -p build
+	{ unzip -p $(WHEEL) '*.dist-info/METADATA' | grep '^Requires-Dist:' | grep -v 'extra =='; \
+	  $(ENV_PYTHON) -c 'import sys; print(sys.executable, sys.version)'; \
+	  echo 'pip args: $(ENV_PIP_ARGS)'; cat constraints.txt; } > $@.new
+	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+# The dependencies, resolved from the wheel's metadata under constraints.txt into a fresh venv:
+# minutes (torch and its CUDA libraries, about 7.7 GB), so only when the inputs above change.
+$(ENV).deps: $(ENV).inputs
+	rm -rf $(ENV) $(ENV).installed
+	$(ENV_PYTHON) -m venv $(ENV)
+	$(ENV)/bin/python -m pip install --quiet -c constraints.txt $(ENV_PIP_ARGS) $(WHEEL)
+	touch $@
+
+# lakescore itself: seconds, whenever the wheel changes.
+$(ENV).installed: $(ENV).deps $(WHEEL)
+	$(ENV)/bin/python -m pip install --quiet --no-deps --force-reinstall $(WHEEL)
+	touch $@
+
+env-archive: $(ENV_ARCHIVE)
+
+# venv-pack writes a temporary name first: an interrupted pack never passes for a finished one.
+$(ENV_ARCHIVE): $(ENV).installed
+	@echo "packing $(ENV) into $@ (minutes: several GB of torch and CUDA libraries)"
+	$(VENV_PACK) --quiet --prefix $(ENV) --output $@.part --format tar.gz --force $(ENV_PACK_ARGS)
+	mv $@.part $@
+	@ls -l $@
+
+# The build outputs, build/env included (its rebuild takes minutes).
+clean-package:
+	rm -rf build dist
+
+# The demo through spark-submit on local-cluster[2,1,2048] from the package artifacts only: the
+# launcher and build/env (deploy/local/submit_local.py says why not the archive on one machine).
+submit-local: wheel env
+	$(PY) deploy/local/submit_local.py --work-dir $(SUBMIT_DIR) --rows $(SUBMIT_ROWS) $(SUBMIT_ARGS)
 
 # Benchmark lakescore against a plain loop, a naive pandas UDF and predict_batch_udf; writes BENCHMARKS.md.
 # Knobs (env or make variables): ROWS NAIVE_ROWS W2_ROWS REPEATS W2_REPEATS PEERS WORKLOADS BENCH_MD,

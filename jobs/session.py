@@ -1,10 +1,14 @@
 """The SparkSession a job runs in: taken when one exists, built from ``spark:`` config otherwise.
 
-On Databricks (or any host that already made a session) the existing session
-is used as is: no jars added, nothing reconfigured, never stopped by us. Built
-locally, the session has the Delta extension and catalog, a Hive metastore in
-an embedded Derby database under ``spark.metastore_dir`` and managed tables
-under ``spark.warehouse_dir``, so ``db.table`` names are real metastore tables.
+:func:`session_source` decides, from the process environment alone, who owns the
+session. On Databricks, under ``spark-submit`` (EMR, ``make submit-local``) or
+where a session is already active (a notebook, a test), the platform's session
+is used as is: no jars added, no master or metastore set, nothing reconfigured,
+never stopped here (``jobs/launcher.py`` stops a spark-submit application's own
+at exit). Built locally, the session has the Delta extension and catalog, a Hive
+metastore in an embedded Derby database under ``spark.metastore_dir`` and
+managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
+metastore tables.
 It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
 ``spark.s3a`` says so): its ~620 MiB of jars add seconds to every start and, in
 local mode, are copied into each session's scratch directory.
@@ -26,7 +30,7 @@ from pyspark.sql import SparkSession
 from jobs.config import SparkConfig
 from jobs.jars import cached_jars, delta_coordinate, s3a_coordinate
 
-__all__ = ["get_or_create_session", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
+__all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +54,44 @@ def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
     return any(ref and ref.lower().startswith("s3a://") for ref in refs)
 
 
+def session_source(environ: Mapping[str, str], has_active_session: bool) -> str:
+    """Who owns the SparkSession, decided without touching Spark.
+
+    - ``"active"``: a session is already active in this Python process: use it.
+    - ``"databricks"``: ``DATABRICKS_RUNTIME_VERSION`` is set. The runtime's JVM holds
+      the session even when Python has no *active* one yet (a ``python_wheel_task``):
+      ``SparkSession.builder.getOrCreate()`` with no added config.
+    - ``"spark-submit"``: ``PYSPARK_GATEWAY_PORT`` is set, so a JVM started this Python
+      (``spark-submit``, EMR steps): master, jars, Delta and metastore settings come
+      from the submit command and the cluster; ``getOrCreate()`` with no added config.
+    - ``"build"``: nobody made one; lakescore builds a local session from ``spark:``.
+    """
+    if has_active_session:
+        return "active"
+    if environ.get("DATABRICKS_RUNTIME_VERSION"):
+        return "databricks"
+    if environ.get("PYSPARK_GATEWAY_PORT"):
+        return "spark-submit"
+    return "build"
+
+
 def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
-    ``refs`` are the tables / paths the job reads and writes; a built session gets the
-    S3A connector jars when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir``
-    when fetched, else Spark resolves them from Maven at start-up (with a warning).
+    ``cfg`` is used only when :func:`session_source` says ``"build"``. ``refs`` are the
+    tables / paths the job reads and writes; a built session gets the S3A connector jars
+    when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
+    Spark resolves them from Maven at start-up (with a warning).
     """
     active = SparkSession.getActiveSession()
-    if active is not None:
+    source = session_source(os.environ, active is not None)
+    if source == "active":
         log.info("using the existing SparkSession (master %s)", active.sparkContext.master)
         return active, False
+    if source in ("databricks", "spark-submit"):
+        spark = SparkSession.builder.getOrCreate()
+        log.info("using the %s SparkSession (master %s)", source, spark.sparkContext.master)
+        return spark, False
 
     # Python workers must start this interpreter, or pandas UDFs fail with ModuleNotFoundError.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
