@@ -140,7 +140,15 @@ def _share_lines(summaries: Sequence[JobSummary]) -> list[str]:
                      f"the report's `seconds` {100 * s.step_shares.get('in_job', 0):.1f}% "
                      f"(the rest: Python imports before the job, shutdown after)")
         validate = s.step_shares.get("validate")
-        if validate is not None:
+        publish = s.step_shares.get("publish")
+        if validate is not None and publish is not None:
+            share = validate + publish
+            verdict = "within" if share <= SHARE_TARGET else "over"
+            lines.append(f"  validate + publish (the Delta write of the output and errors): {100 * share:.1f}% of "
+                         f"process wall time ({verdict} the spec's {100 * SHARE_TARGET:.0f}% at 12,000 rows, this run: "
+                         f"{s.job.rows:,}); validate alone {100 * validate:.1f}%. Staging the scored chunks is a "
+                         f"write too, inside `score_stage`.")
+        elif validate is not None:  # reports from before write-audit-publish
             verdict = "within" if validate <= SHARE_TARGET else "over"
             lines.append(f"  validate alone: {100 * validate:.1f}% of process wall time ({verdict} the spec's "
                          f"{100 * SHARE_TARGET:.0f}% for validate + Delta write at 12,000 rows, this run: "
