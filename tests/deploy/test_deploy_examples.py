@@ -170,7 +170,7 @@ def test_wheel_task_parameters_are_a_valid_lakescore_command(bundle, job, task):
     cfg = _score_config(argv, conf_file)
     assert (cfg.input, cfg.output, cfg.model.source) == (
         defaults["input_table"], defaults["output_table"], defaults["model_path"])
-    assert cfg.run_id.startswith(RUN_DATE) and cfg.report == f"{defaults['report_dir']}/{RUN_DATE}.json"
+    assert cfg.resolved_run_id() == RUN_DATE and cfg.report == f"{defaults['report_dir']}/{RUN_DATE}.json"
 
 
 # --- EMR --------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_emr_step_is_a_spark_submit_of_the_launcher_with_valid_lakescore_args():
         conf_name = _parser().parse_args(app_args).conf
         assert conf_name in {Path(f).name for f in ",".join(options["--files"]).split(",")}
         cfg = _score_config(app_args, REPO / "conf" / conf_name)
-        assert cfg.run_id and cfg.model.source.startswith("/")
+        assert cfg.resolved_run_id() and cfg.model.source.startswith("/")
 
 
 def test_emr_serverless_job_run_is_a_valid_lakescore_submission():
