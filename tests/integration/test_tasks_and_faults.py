@@ -192,8 +192,12 @@ def test_model_on_a_hadoop_filesystem_is_staged_once_per_host(tmp_path, spark, m
 def test_empty_input_fails_with_one_line_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
     from jobs.cli import main
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     source = tmp_path / "empty.parquet"
-    reviews_frame(10).iloc[:0].to_parquet(source)
+    schema = pa.schema([("review_id", pa.int64()), ("body", pa.string()), ("stars", pa.int64())])
+    pq.write_table(schema.empty_table(), source)  # typed columns, zero rows (pandas would write body as null type)
     output = tmp_path / "out"
     code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
                  "--id-col", "review_id", "--text-col", "body"])
