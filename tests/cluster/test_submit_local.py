@@ -78,7 +78,7 @@ def test_delta_table_holds_every_generated_row_with_the_declared_schema(submitte
     report = json.loads((work / "report.json").read_text())
     schema, files = _delta_snapshot(work / "warehouse" / "lakescore_demo.db" / "review_embeddings")
     fields = {f["name"]: f["type"] for f in schema["fields"]}
-    assert list(fields) == ["review_id", "embedding", "model_id", "model_sha256", "run_id"]
+    assert list(fields) == ["review_id", "embedding", "model_id", "model_revision", "model_sha256", "run_id"]
     assert fields["review_id"] == "long"
     assert fields["embedding"] == {"type": "array", "elementType": "float", "containsNull": True}
     assert fields["model_id"] == fields["model_sha256"] == fields["run_id"] == "string"
@@ -98,12 +98,12 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     removed = {e["Executor ID"] for e in events if e["Event"] == "SparkListenerExecutorRemoved"}
     assert len(added) == 2 and not removed, (added, removed)
 
-    # The scoring stage (the pandas UDF runs as ArrowEvalPython) ran tasks on both executors.
+    # The scoring stage (the Arrow function runs as PythonMapInArrow) ran tasks on both executors.
     scoring = {
         e["Stage Info"]["Stage ID"]
         for e in events
         if e["Event"] == "SparkListenerStageSubmitted"
-        and any("ArrowEvalPython" in (rdd.get("Scope") or "") for rdd in e["Stage Info"]["RDD Info"])
+        and any("MapInArrow" in (rdd.get("Scope") or "") for rdd in e["Stage Info"]["RDD Info"])
     }
     assert scoring, "no stage ran the scoring UDF"
     executors = {e["Task Info"]["Executor ID"] for e in events
