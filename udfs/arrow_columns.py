@@ -34,10 +34,8 @@ def list_column(matrix: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> 
 
 
 def scalar_column(values: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> pa.Array:
-    """One value per row, null where not ``ok``."""
+    """One value per row (``len(values) == len(ok)``), null where not ``ok``."""
     ok = np.asarray(ok, dtype=bool)
-    if len(values) != len(ok):
-        values = np.zeros(len(ok))
     return pa.array(np.asarray(values), type=value_type, mask=~ok)
 
 
