@@ -1,11 +1,12 @@
 """The scoring job: read -> check -> score -> stage -> validate -> publish -> report.
 
-Before any compute: the model resolves, its weights hash (and match
-``--expect-sha256``), it loads and scores one sample on the driver; the input
-exists and has the columns and types the task needs; the output and errors
-targets can take this run's schema.
+Before anything is written: the model resolves; the input exists and has the
+columns and types the task needs; the output and errors targets can take this
+run's schema; the executors' Python workers load the model, hash its weights
+(which must match ``--expect-sha256``) and score one sample, while the driver
+checks the rows for null and duplicated ids. The driver never loads the model.
 
-Then the rows are checked for null and duplicated ids, scored chunk by chunk
+Then the rows are scored chunk by chunk
 into a private staging table (:mod:`jobs.staging`; a rerun resumes), the staged
 rows are accounted for (every input row in exactly one of output and errors),
 the error rate is checked, the Great Expectations suite runs on the staged
@@ -29,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from pyspark.resource import ResourceProfile
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -44,11 +46,13 @@ from jobs.tables import check_output_target, column, last_commit, read_input, wr
 from schemas.contracts import FeatureInputContract, InputContractError, TextInputContract, resolve_feature_cols
 from schemas.expectations import OutputFacts, UserExpectations, validate_output
 from schemas.output import ERROR_COLUMNS, errors_schema, output_schema, prediction_columns, scored_schema
-from udfs.model_cache import get_model
-from udfs.model_source import ModelSpec, is_remote, resolve_model_dir
-from udfs.scoring_udf import WorkerCounters, make_scoring_function
+from udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, is_remote, resolve_model_dir
+from udfs.scoring_udf import PREFLIGHT_SCHEMA, WorkerCounters, make_preflight_function, make_scoring_function
 
-__all__ = ["run_scoring", "ModelIdentity", "new_run_id", "model_spec", "score_dataframe", "ErrorRateExceeded"]
+__all__ = [
+    "run_scoring", "ModelIdentity", "new_run_id", "model_spec", "preflight_model", "ScoringLayout", "scoring_layout",
+    "score_dataframe", "ErrorRateExceeded",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +97,65 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     )
 
 
-def preflight_model(spec: ModelSpec) -> ModelIdentity:
-    """Load the model on the driver (CPU) and score one sample, so a broken model fails before any compute."""
-    loaded, _ = get_model(dataclasses.replace(spec, device="cpu", dtype="float32" if spec.dtype == "float16" else spec.dtype))
-    if spec.task == "tabular":
-        import numpy as np
+def preflight_model(
+    spark: SparkSession,
+    spec: ModelSpec,
+    layout: "ScoringLayout",
+    counters: Optional[WorkerCounters] = None,
+    job_group: Optional[str] = None,
+) -> ModelIdentity:
+    """Load the model where it will score, in the executors' Python workers, and score one sample there.
 
-        sample = loaded.scorer.score(np.zeros((1, len(spec.feature_cols))))
-    else:
-        sample = loaded.scorer.score(["lakescore preflight"])
-    if sample.shape[0] != 1:
-        raise RuntimeError(f"model {spec.source!r} returned {sample.shape[0]} rows for one input")
-    return ModelIdentity(model_id=spec.source, revision=loaded.revision, sha256=loaded.sha256)
+    Runs one small task per scoring slot (``layout.partitions``, else the cluster's
+    parallelism) under the scoring stage's resource profile, before any input row
+    is scored: a model that cannot load fails the run here, and the workers that
+    score next find it in their cache. The driver itself never imports torch.
+
+    Raises :class:`~udfs.model_source.ModelIntegrityError` when a worker's weights
+    differ from ``spec.expect_sha256`` or two workers hashed different weights, and
+    :class:`~udfs.model_source.ModelSourceError` naming the host when a worker could
+    not load the model or score the sample. Returns the identity every worker agreed on.
+    """
+    sc = spark.sparkContext
+    if job_group:
+        sc.setJobGroup(job_group, "lakescore: load the model on the executors", interruptOnCancel=True)
+    tasks = layout.partitions or sc.defaultParallelism
+    probe = make_preflight_function(spec, counters)
+    rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
+    failed = [r for r in rows if r.error_type]
+    if failed:
+        r = failed[0]
+        if r.error_type == ModelIntegrityError.__name__:
+            raise ModelIntegrityError(r.error)
+        raise ModelSourceError(
+            f"model {spec.source!r} failed to load or score a sample on executor {r.host} (pid {r.pid}): "
+            f"{r.error_type}: {r.error}"
+        )
+    digests = sorted({r.sha256 for r in rows})
+    if len(digests) != 1:
+        hosts = ", ".join(sorted({f"{r.host}: {r.sha256}" for r in rows}))
+        raise ModelIntegrityError(f"executors found different weights for model {spec.source!r} ({hosts}); refusing to score")
+    loads = sorted(r.seconds for r in rows)
+    log.info(
+        "model ready in %d executor task(s) on %s (slowest %.1f s; weights sha256 %s)",
+        len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1], digests[0],
+    )
+    return ModelIdentity(model_id=spec.source, revision=rows[0].revision, sha256=digests[0])
+
+
+@dataclass(frozen=True)
+class ScoringLayout:
+    """Where the scoring stage runs: its resource profile (``None``: the default) and task count (``None``: as read)."""
+
+    profile: Optional[ResourceProfile]
+    partitions: Optional[int]
+
+
+def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
+    """The scoring stage's layout for ``cfg`` on this session (:mod:`jobs.profiles` decides the profile, once)."""
+    profile = scoring_profile(spark, cfg.resources.scoring) if cfg.resources.scoring.requested else None
+    partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
+    return ScoringLayout(profile, partitions)
 
 
 def score_dataframe(
@@ -114,6 +165,7 @@ def score_dataframe(
     id_col: str,
     input_cols: tuple[str, ...],
     counters: Optional[WorkerCounters] = None,
+    layout: Optional[ScoringLayout] = None,
 ) -> DataFrame:
     """Lazily score ``df``: columns per :func:`schemas.output.scored_schema` (id, predictions,
     ``model_sha256``, ``_reason``/``_error``/``_input`` for unscored rows).
@@ -129,8 +181,8 @@ def score_dataframe(
     must keep the default, full-CPU parallelism. Elsewhere (``local[...]``) a
     warning is logged and the stage runs without the profile.
     """
-    profile = scoring_profile(df.sparkSession, cfg.resources.scoring) if cfg.resources.scoring.requested else None
-    partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
+    layout = layout or scoring_layout(df.sparkSession, cfg)
+    profile, partitions = layout.profile, layout.partitions
     target = partitions or df.sparkSession.sparkContext.defaultParallelism
     if partitions or profile is not None or df.rdd.getNumPartitions() < target:
         df = df.repartition(target)
@@ -168,38 +220,46 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         spark = spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
         stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
     resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight") as pool:
-        source_spark = spark
-        # Tabular needs the feature columns (from the input's schema) before the preflight.
-        preflight = None if cfg.task == "tabular" else pool.submit(preflight_model, spec)  # overlaps the JVM start
-        spark = source_spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
-        source = read_input(spark, cfg.input, cfg.input_format)
-        input_cols = _input_columns(cfg, source)
-        if preflight is None:
-            spec = dataclasses.replace(spec, feature_cols=input_cols)
-            preflight = pool.submit(preflight_model, spec)
-        identity = preflight.result()
-    # Workers must load exactly the weights the driver hashed, or fail their task.
-    spec = dataclasses.replace(spec, expect_sha256=identity.sha256)
+    spark = spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
+    source = read_input(spark, cfg.input, cfg.input_format)
+    input_cols = _input_columns(cfg, source)
+    if cfg.task == "tabular":
+        spec = dataclasses.replace(spec, feature_cols=input_cols)
+    layout = scoring_layout(spark, cfg)
+    counters = WorkerCounters(spark.sparkContext)
     steps["startup"] = time.perf_counter() - t
-    log.info("model %s ready on the driver (weights sha256 %s)", identity.model_id, identity.sha256)
-    if cfg.validation.enabled:  # GX takes seconds to import: do it while Spark scores
-        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
+
+    # The executors load the model (their Python workers import torch, hash the weights,
+    # score a sample) while the driver checks the targets and the ids below.
+    preflight_group = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight") as pool:
+        preflight = pool.submit(preflight_model, spark, spec, layout, counters, preflight_group)
+        try:
+            t = time.perf_counter()
+            id_field = source.schema[cfg.id_col]
+            planned = output_schema(cfg.task, id_field)
+            planned_errors = errors_schema(id_field)
+            previous_version = check_output_target(spark, cfg.output, planned)
+            errors_ref = cfg.errors_ref()
+            check_output_target(spark, errors_ref, planned_errors)
+            steps["read_check"] = time.perf_counter() - t
+
+            t = time.perf_counter()
+            ids = check_ids(source, cfg.id_col)
+            if ids.rows == 0:
+                raise InputContractError(f"input {cfg.input!r} has no rows; nothing to score (nothing was written)")
+            scorable, refused = split_by_id(source, cfg.id_col, ids)
+            steps["count_input"] = time.perf_counter() - t
+        except BaseException:
+            spark.sparkContext.cancelJobGroup(preflight_group)
+            raise
+        t = time.perf_counter()
+        identity = preflight.result()
+        steps["model_wait"] = time.perf_counter() - t
+    # Workers must load exactly the weights the preflight hashed, or fail their task.
+    spec = dataclasses.replace(spec, expect_sha256=identity.sha256)
 
     t = time.perf_counter()
-    id_field = source.schema[cfg.id_col]
-    planned = output_schema(cfg.task, id_field)
-    planned_errors = errors_schema(id_field)
-    previous_version = check_output_target(spark, cfg.output, planned)
-    errors_ref = cfg.errors_ref()
-    check_output_target(spark, errors_ref, planned_errors)
-    steps["read_check"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    ids = check_ids(source, cfg.id_col)
-    if ids.rows == 0:
-        raise InputContractError(f"input {cfg.input!r} has no rows; nothing to score (nothing was written)")
-    scorable, refused = split_by_id(source, cfg.id_col, ids)
     scorable_rows = ids.rows - ids.refused_rows
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     run_id = cfg.resolved_run_id() or new_run_id()
@@ -218,7 +278,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     )
     staging = Staging.for_output(spark, cfg.output, cfg.write.staging, key, chunks)
     done = staging.committed_chunks()
-    steps["count_input"] = time.perf_counter() - t
+    steps["count_input"] += time.perf_counter() - t
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
         ids.rows, cfg.input, cfg.output, run_id, chunks, len(done),
@@ -226,7 +286,6 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     if ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", ids.refused_rows, errors_ref)
 
-    counters = WorkerCounters(spark.sparkContext)
     t = time.perf_counter()
     todo = [c for c in range(chunks) if c not in done]
     with _arrow_settings(spark, cfg), ProgressReporter(
@@ -234,9 +293,13 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     ):
         for chunk in todo:
             part = scorable if chunks == 1 else scorable.where(chunk_column(cfg.id_col, chunks) == chunk)
-            staging.commit_chunk(score_dataframe(part, cfg, spec, cfg.id_col, input_cols, counters), chunk)
+            staging.commit_chunk(score_dataframe(part, cfg, spec, cfg.id_col, input_cols, counters, layout), chunk)
             log.info("chunk %d/%d staged", chunk + 1, chunks)
     steps["score_stage"] = time.perf_counter() - t
+    if cfg.validation.enabled:
+        # GX takes seconds of CPU to import. Now, not earlier: the scoring workers used every core,
+        # while the staged-row count below mostly waits on Delta and the JVM.
+        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
 
     t = time.perf_counter()
     staged = staging.rows()

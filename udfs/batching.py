@@ -14,17 +14,19 @@ and a fixed-size batch is padded to its longest row. This module
 
 Short rows therefore go through in large batches and long rows in small ones,
 with almost no padding either way. Pure Python / numpy / torch tensors:
-unit-tested without Spark.
+unit-tested without Spark. This module never imports torch itself (a tensor or
+a CUDA error means the head loaded it already), so the driver, which imports it
+for the budget defaults, does not pay torch's two-second import.
 """
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
-import torch
 
 __all__ = [
     "DEFAULT_MAX_BATCH_TOKENS",
@@ -279,12 +281,14 @@ def _unscored(n: int, valid: np.ndarray, reason: str) -> Scored:
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
-    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    torch = sys.modules.get("torch")
+    oom = getattr(torch.cuda, "OutOfMemoryError", None) if torch is not None else None
     return (oom is not None and isinstance(exc, oom)) or "CUDA out of memory" in str(exc)
 
 
 def _release_cuda_cache() -> None:
-    if torch.cuda.is_available():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
@@ -326,4 +330,5 @@ def _row_lengths(mask) -> np.ndarray:
 
 def _as_index(rows: np.ndarray, like):
     """Row indices in the array library of ``like`` (torch tensors index best with a tensor)."""
-    return torch.as_tensor(rows, dtype=torch.long) if isinstance(like, torch.Tensor) else rows
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported already
+    return torch.as_tensor(rows, dtype=torch.long) if torch is not None and isinstance(like, torch.Tensor) else rows

@@ -3,8 +3,10 @@
 Spark reuses Python workers across tasks (``spark.python.worker.reuse``, on by
 default), so a module-level cache turns "load per batch" or "load per task"
 into "load per process". The key is the whole :class:`~udfs.model_source.ModelSpec`
-(task, source, revision, device, head options): two UDFs over the same model
-share one copy; a different revision or device is a different entry.
+(task, source, revision, device, head options) except ``expect_sha256``, which
+is checked on every lookup: two UDFs over the same model share one copy (the
+executor preflight's and the pinned scoring stage's included); a different
+revision or device is a different entry.
 
 Unlike ``pyspark.ml``'s ``ModelCache`` (LRU of 3 keyed by a per-UDF uuid), the
 key is the model's identity, so rebuilding the UDF on the driver does not
@@ -13,6 +15,7 @@ force a reload on the executors.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -73,18 +76,20 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
     *before* loading (:class:`~udfs.model_source.ModelIntegrityError` names both digests).
     Raises ``KeyError`` for a task without a loader; loader and source errors propagate.
     """
+    key = dataclasses.replace(spec, expect_sha256=None)  # a pin checks the weights; it is not another model
     with _lock:
-        cached = _cache.get(spec)
+        cached = _cache.get(key)
         if cached is not None:
+            verify_sha256(cached.sha256, spec.expect_sha256, spec.source)
             return cached, False
         start = time.perf_counter()
         model_dir = resolve_model_dir(spec.source, spec.revision)
         sha256 = weights_sha256(model_dir)
         verify_sha256(sha256, spec.expect_sha256, spec.source)
-        scorer = HEAD_LOADERS[spec.task](spec, model_dir)
+        scorer = HEAD_LOADERS[spec.task](key, model_dir)
         revision = hub_revision(model_dir) or spec.revision
         loaded = LoadedModel(scorer, model_dir, sha256, revision, time.perf_counter() - start)
-        _cache[spec] = loaded
+        _cache[key] = loaded
         return loaded, True
 
 

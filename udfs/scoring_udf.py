@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
+import socket
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -37,11 +39,10 @@ from udfs.batching import (
     score_texts,
     tokenize_present,
 )
-from udfs.devices import effective_dtype, resolve_device
 from udfs.model_cache import LoadedModel, get_model
 from udfs.model_source import ModelSpec
 
-__all__ = ["WorkerCounters", "make_scoring_function"]
+__all__ = ["WorkerCounters", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA"]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -118,6 +119,55 @@ def make_scoring_function(
     return score
 
 
+PREFLIGHT_SCHEMA = (
+    "host string, pid int, device string, sha256 string, revision string, seconds double, "
+    "error_type string, error string"
+)
+"""One row per preflight task: which worker loaded what, or why it could not."""
+
+
+def make_preflight_function(spec: ModelSpec, counters: Optional[WorkerCounters] = None) -> ArrowScorer:
+    """Build the function a preflight ``mapInArrow`` runs: load ``spec`` in this worker and score one sample.
+
+    Input rows are ignored (one small partition per task). Each task yields one
+    row of :data:`PREFLIGHT_SCHEMA`: host, pid, the device it resolved, the
+    weights' sha256 and revision, the seconds it took, and, when loading or the
+    sample failed, the exception's type and text. Failures are returned, not
+    raised, so the driver fails the run once with the worker's own message
+    instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
+
+    The model stays in this worker's cache (:mod:`udfs.model_cache`), where the
+    scoring tasks this worker runs next find it.
+    """
+    arrow_schema = _preflight_arrow_schema()
+
+    def preflight(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:
+            pass
+        started = time.perf_counter()
+        row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+        try:
+            model, device = _model_for_this_worker(spec, counters)
+            sample = np.zeros((1, len(spec.feature_cols))) if spec.task == "tabular" else ["lakescore preflight"]
+            rows = np.asarray(model.scorer.score(sample)).shape[0]
+            if rows != 1:
+                raise RuntimeError(f"the model returned {rows} rows for one input")
+            row.update(device=device, sha256=model.sha256, revision=model.revision)
+        except Exception as exc:  # reported to the driver, which fails the run before scoring
+            row.update(error_type=type(exc).__name__, error=str(exc)[:2000])
+        row["seconds"] = time.perf_counter() - started
+        yield pa.RecordBatch.from_pylist([row], schema=arrow_schema)
+
+    return preflight
+
+
+def _preflight_arrow_schema() -> pa.Schema:
+    """:data:`PREFLIGHT_SCHEMA` in Arrow terms (parsing the DDL would need a SparkContext, which workers lack)."""
+    types = {"string": pa.string(), "int": pa.int32(), "double": pa.float64()}
+    fields = [field.split() for field in PREFLIGHT_SCHEMA.split(",")]
+    return pa.schema([(name, types[kind]) for name, kind in fields])
+
+
 class _TextRunner:
     """Text heads: one string column, tokenized once per Arrow batch."""
 
@@ -181,6 +231,8 @@ def _result_batch(
 
 def _model_for_this_worker(spec: ModelSpec, counters: Optional[WorkerCounters]) -> tuple[LoadedModel, str]:
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), and that device."""
+    from udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
+
     _limit_torch_threads_to_task_cpus()
     device = resolve_device(spec.device)
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))

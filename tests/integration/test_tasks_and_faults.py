@@ -127,6 +127,23 @@ def test_wrong_expect_sha256_exits_2_naming_both_digests_and_writes_nothing(tmp_
     assert not output.exists() and not Path(f"{output}_errors").exists()
 
 
+def test_model_that_cannot_load_fails_on_the_executors_with_exit_2_and_writes_nothing(tmp_path, spark, capsys):
+    from jobs.cli import main
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(10).to_parquet(source)
+    output = tmp_path / "never"
+    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(broken),
+                 "--id-col", "review_id", "--text-col", "body"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "failed to load or score a sample on executor" in err and str(broken) in err
+    assert not output.exists() and not Path(f"{output}_errors").exists()
+
+
 def test_killed_driver_resumes_from_committed_chunks(tmp_path, minilm_dir, spark):
     """Kill the job's driver (SIGKILL) after some chunks are staged; the rerun scores only the rest."""
     source = tmp_path / "reviews.parquet"

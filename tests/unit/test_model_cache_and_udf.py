@@ -101,3 +101,33 @@ def test_tabular_worker_dead_letters_bad_feature_rows_with_their_values(tiny_tab
         peer = module(torch.from_numpy(matrix)).double().numpy()
     assert np.allclose([rows[i]["scores"] for i in good], peer, atol=1e-6)
     assert [rows[i]["prediction"] for i in good] == peer.argmax(1).astype(float).tolist()
+
+
+def test_a_pin_is_checked_on_the_cached_model_not_a_second_load(minilm_dir, load_counter):
+    unpinned, _ = model_cache.get_model(ModelSpec("embed", str(minilm_dir)))
+    pinned, loaded_now = model_cache.get_model(ModelSpec("embed", str(minilm_dir), expect_sha256=unpinned.sha256))
+    assert pinned is unpinned and not loaded_now and len(load_counter) == 1  # the scoring stage reuses the preflight's load
+    with pytest.raises(ModelIntegrityError, match="refusing to score"):
+        model_cache.get_model(ModelSpec("embed", str(minilm_dir), expect_sha256="0" * 64))
+
+
+def test_preflight_loads_into_the_worker_cache_and_reports_the_weights(minilm_dir, load_counter):
+    from udfs.scoring_udf import make_preflight_function
+
+    spec = ModelSpec("embed", str(minilm_dir))
+    (batch,) = list(make_preflight_function(spec)(iter([pa.record_batch({"id": pa.array([0], pa.int64())})])))
+    (row,) = batch.to_pylist()
+    assert row["error"] is None and row["device"] == "cpu" and row["seconds"] > 0
+    assert row["sha256"] == model_cache.get_model(spec)[0].sha256 and len(load_counter) == 1  # scoring finds it loaded
+    list(_embed_function(minilm_dir, expect_sha256=row["sha256"])(iter([pa.record_batch({"id": pa.array([1], pa.int64()), "text": pa.array(["hi"])})])))
+    assert len(load_counter) == 1
+
+
+def test_preflight_returns_a_load_failure_instead_of_raising(tmp_path, load_counter):
+    from udfs.scoring_udf import make_preflight_function
+
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "model.safetensors").write_bytes(b"not weights")
+    (batch,) = list(make_preflight_function(ModelSpec("embed", str(tmp_path)))(iter([])))
+    (row,) = batch.to_pylist()
+    assert row["sha256"] is None and row["error_type"] and row["error"]  # the driver turns this into one clear error
