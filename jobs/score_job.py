@@ -214,6 +214,9 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     steps: dict[str, float] = {}
 
+    if cfg.validation.enabled:
+        # GX takes ~5 s of CPU to import: meanwhile the JVM starts, which leaves a core mostly idle.
+        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
     t = time.perf_counter()
     spec = model_spec(cfg)
     if is_remote(spec.source):
@@ -244,22 +247,18 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             check_output_target(spark, errors_ref, planned_errors)
             steps["read_check"] = time.perf_counter() - t
 
-            t = time.perf_counter()
+            t = time.perf_counter()  # "prepare": the id check, the executors' model load (overlapped), the plan
             ids = check_ids(source, cfg.id_col)
             if ids.rows == 0:
                 raise InputContractError(f"input {cfg.input!r} has no rows; nothing to score (nothing was written)")
             scorable, refused = split_by_id(source, cfg.id_col, ids)
-            steps["count_input"] = time.perf_counter() - t
         except BaseException:
             spark.sparkContext.cancelJobGroup(preflight_group)
             raise
-        t = time.perf_counter()
         identity = preflight.result()
-        steps["model_wait"] = time.perf_counter() - t
     # Workers must load exactly the weights the preflight hashed, or fail their task.
     spec = dataclasses.replace(spec, expect_sha256=identity.sha256)
 
-    t = time.perf_counter()
     scorable_rows = ids.rows - ids.refused_rows
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     run_id = cfg.resolved_run_id() or new_run_id()
@@ -278,7 +277,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     )
     staging = Staging.for_output(spark, cfg.output, cfg.write.staging, key, chunks)
     done = staging.committed_chunks()
-    steps["count_input"] += time.perf_counter() - t
+    steps["prepare"] = time.perf_counter() - t
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
         ids.rows, cfg.input, cfg.output, run_id, chunks, len(done),
@@ -296,10 +295,6 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             staging.commit_chunk(score_dataframe(part, cfg, spec, cfg.id_col, input_cols, counters, layout), chunk)
             log.info("chunk %d/%d staged", chunk + 1, chunks)
     steps["score_stage"] = time.perf_counter() - t
-    if cfg.validation.enabled:
-        # GX takes seconds of CPU to import. Now, not earlier: the scoring workers used every core,
-        # while the staged-row count below mostly waits on Delta and the JVM.
-        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
 
     t = time.perf_counter()
     staged = staging.rows()
@@ -355,6 +350,17 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         },
     )
 
+    # The errors table is written whatever validation says (it explains a failed run), so its
+    # Delta write runs in a second thread while GX validates: both mostly wait on the JVM.
+    replace_where = f"run_id = '{run_id}'" if cfg.write.mode == "replace_run" else None
+    partition_by = "run_id" if cfg.write.mode == "replace_run" else None
+    errors = unscored_rows(staged, cfg.id_col, run_id)
+    if ids.refused_rows:
+        errors = refused_rows(refused, cfg.id_col, _raw_input(cfg, input_cols), run_id).unionByName(errors)
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-errors")
+    errors_written = writer.submit(write_delta_overwrite, errors, errors_ref, replace_where, partition_by)
+    writer.shutdown(wait=False)
+
     if cfg.validation.enabled and error_rate <= cfg.max_error_rate:
         facts = OutputFacts(
             schema=planned,
@@ -372,12 +378,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     steps["validate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    replace_where = f"run_id = '{run_id}'" if cfg.write.mode == "replace_run" else None
-    partition_by = "run_id" if cfg.write.mode == "replace_run" else None
-    errors = unscored_rows(staged, cfg.id_col, run_id)
-    if ids.refused_rows:
-        errors = refused_rows(refused, cfg.id_col, _raw_input(cfg, input_cols), run_id).unionByName(errors)
-    report.errors_delta_version = write_delta_overwrite(errors, errors_ref, replace_where, partition_by).version
+    report.errors_delta_version = errors_written.result().version
     if error_rate > cfg.max_error_rate:
         report.status = "error_rate_exceeded"
         report.error = (
