@@ -69,6 +69,10 @@ class JobSummary:
     peak_rss_mib: Optional[float]
     step_shares: dict[str, float] = field(default_factory=dict)
     """lakescore only: median of ``step_seconds[k] / process wall`` per step, plus ``in_job`` (report seconds)."""
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    """lakescore only: median seconds per step."""
+    wall_seconds: Optional[float] = None
+    """Median process wall time."""
 
     @property
     def median(self) -> Optional[float]:
@@ -80,18 +84,22 @@ def summarise(job: Job, results: Sequence[RunResult]) -> JobSummary:
     mine = [r for r in results if r.job is job]
     good = [r for r in mine if r.ok]
     shares: dict[str, list[float]] = {}
+    seconds_by_step: dict[str, list[float]] = {}
     for r in good:
         if r.report:
             steps = dict(r.report.get("step_seconds") or {})
             steps["in_job"] = r.report.get("seconds") or 0.0
             for key, seconds in steps.items():
                 shares.setdefault(key, []).append(seconds / r.measurement.wall_seconds)
+                seconds_by_step.setdefault(key, []).append(seconds)
     return JobSummary(
         job=job,
         rates=[r.rows_per_second for r in good],
         failures=len(mine) - len(good),
         peak_rss_mib=max((r.measurement.peak_rss_bytes for r in mine), default=0) / _MIB if mine else None,
         step_shares={k: statistics.median(v) for k, v in shares.items()},
+        step_seconds={k: statistics.median(v) for k, v in seconds_by_step.items()},
+        wall_seconds=statistics.median(r.measurement.wall_seconds for r in good) if good else None,
     )
 
 
@@ -159,6 +167,34 @@ def _share_lines(summaries: Sequence[JobSummary]) -> list[str]:
     return lines
 
 
+def _fixed_cost_lines(summaries: Sequence[JobSummary]) -> list[str]:
+    """Why d/a is what it is: (d)'s scoring-stage rate against (a), and (d)'s cost outside that stage.
+
+    The crossover is an estimate from these medians (fixed cost / difference of per-row times,
+    counting none of (a)'s own start-up, so it errs high), not a measurement.
+    """
+    lines = []
+    by = {(s.job.workload, s.job.peer.key): s for s in summaries}
+    for (workload, key), d in by.items():
+        a = by.get((workload, "a"))
+        score = d.step_seconds.get("score_stage")
+        if key != "d" or a is None or not a.median or not score or not d.wall_seconds:
+            continue
+        stage_rate = d.job.rows / score
+        fixed = d.wall_seconds - score
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in d.step_seconds.items() if k not in ("score_stage", "in_job"))
+        line = (f"{workload} where (d)'s time goes: its scoring stage alone (Python workers scoring, one torch thread "
+                f"per task, plus the staging write) ran {stage_rate:.0f} rows/s, {stage_rate / a.median:.2f}x (a)'s "
+                f"whole-process rate; the other {fixed:.1f} s of its {d.wall_seconds:.1f} s median wall are spent "
+                f"outside that stage: {parts}, the rest Python start-up and exit ((a)'s only fixed cost is one "
+                f"process's imports and model load).")
+        if stage_rate > a.median:
+            crossover = fixed / (1 / a.median - 1 / stage_rate)
+            line += f" Estimated from these medians, (d) would match (a) from about {crossover:,.0f} rows."
+        lines.append(line)
+    return lines
+
+
 def _cosine_lines(equivalence: Optional[dict]) -> list[str]:
     if not equivalence:
         return ["equivalence: not checked (needs one successful W1 run of (a) and of (d))"]
@@ -182,6 +218,7 @@ def render(summaries: Sequence[JobSummary], equivalence: Optional[dict], markdow
         table = ["  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in [header, *rows]]
         bullets = list
     out = table + [""] + bullets(_ratio_lines(summaries)) + bullets(_share_lines(summaries))
+    out += bullets(_fixed_cost_lines(summaries))
     out += bullets(_cosine_lines(equivalence))
     return "\n".join(out)
 
