@@ -130,29 +130,43 @@ def _executors(run: CliRun, procs) -> list[int]:
     return sorted(p for p in _descendants(run.proc.pid, procs) if "CoarseGrainedExecutorBackend" in procs[p][1])
 
 
-def _busy_python_workers(executor: int, procs, min_age: float) -> list[int]:
-    """Python workers under ``executor`` that have been running a task for ``min_age`` s: the
-    processes ``pyspark.daemon`` forked (not the daemon itself, which a kill during its own
-    start-up would hit before any row is read)."""
-    python = [p for p in _descendants(executor, procs) if "pyspark" in procs[p][1]]
-    return [p for p in python if procs[p][0] in python and procs[p][2] >= min_age]
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def kill_during_scoring(run: CliRun, target: str, min_age: float = 2.0, timeout: float = 600) -> str:
-    """Once scoring has started, SIGKILL a Python worker (``target="python"``) or a whole executor
+def _busy_python_workers(executors: list[int], procs, window: float = 0.4) -> list[tuple[int, int]]:
+    """``(executor, worker)`` for each Python worker running a task now: the processes ``pyspark.daemon``
+    forked (not the daemon itself) that used CPU during ``window`` seconds. Age is no sign of work:
+    the model preflight leaves each executor an idle, already warm worker before scoring starts."""
+    forked = []
+    for executor in executors:
+        python = [p for p in _descendants(executor, procs) if "pyspark" in procs[p][1]]
+        forked += [(executor, p) for p in python if procs[p][0] in python]
+    before = {p: _cpu_seconds(p) for _, p in forked}
+    time.sleep(window)
+    return [(e, p) for e, p in forked if _cpu_seconds(p) - before[p] >= 0.05]
+
+
+def kill_during_scoring(run: CliRun, target: str, timeout: float = 600) -> str:
+    """Once a scoring task runs, SIGKILL its Python worker (``target="python"``) or its whole executor
     JVM (``target="executor"``) of ``run``; returns what was killed."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert run.proc.poll() is None, f"the run ended before the fault was injected:\n{run.text()[-4000:]}"
         if "scoring " in run.text():  # jobs.score_job logs "scoring N rows ..." right before the first chunk
             procs = _procs()
-            for executor in _executors(run, procs):
-                workers = _busy_python_workers(executor, procs, min_age)
-                if workers:
-                    victim = workers[0] if target == "python" else executor
-                    os.kill(victim, signal.SIGKILL)
-                    return f"{target} pid {victim}: {procs[victim][1][:120]}"
-        time.sleep(0.2)
+            busy = _busy_python_workers(_executors(run, procs), procs)
+            if busy:
+                executor, worker = busy[0]
+                victim = worker if target == "python" else executor
+                os.kill(victim, signal.SIGKILL)
+                return f"{target} pid {victim}: {procs[victim][1][:120]}"
+        time.sleep(0.1)
     raise AssertionError(f"no busy Python worker appeared within {timeout} s:\n{run.text()[-4000:]}")
 
 

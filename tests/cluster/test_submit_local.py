@@ -98,14 +98,22 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     removed = {e["Executor ID"] for e in events if e["Event"] == "SparkListenerExecutorRemoved"}
     assert len(added) == 2 and not removed, (added, removed)
 
-    # The scoring stage (the Arrow function runs as PythonMapInArrow) ran tasks on both executors.
-    scoring = {
-        e["Stage Info"]["Stage ID"]
-        for e in events
+    # Two Arrow functions run as PythonMapInArrow: the model preflight (its own job group) and the
+    # scoring stage. The scoring stage ran tasks on both executors.
+    arrow_stages = [
+        e for e in events
         if e["Event"] == "SparkListenerStageSubmitted"
         and any("MapInArrow" in (rdd.get("Scope") or "") for rdd in e["Stage Info"]["RDD Info"])
-    }
+    ]
+
+    def is_preflight(stage_event) -> bool:
+        return (stage_event.get("Properties") or {}).get("spark.jobGroup.id", "").startswith("lakescore-preflight-")
+
+    preflight = {e["Stage Info"]["Stage ID"] for e in arrow_stages if is_preflight(e)}
+    scoring = {e["Stage Info"]["Stage ID"] for e in arrow_stages if not is_preflight(e)}
+    assert preflight, "the model was not loaded on the executors before scoring"
     assert scoring, "no stage ran the scoring UDF"
+    assert min(scoring) > max(preflight)
     executors = {e["Task Info"]["Executor ID"] for e in events
                  if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] in scoring}
     assert executors == added
