@@ -19,7 +19,7 @@ __all__ = ["list_column", "scalar_column", "string_column"]
 def list_column(matrix: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> pa.Array:
     """``list<value_type>``: row *i* is ``matrix[i]`` where ``ok[i]``, else null.
 
-    ``matrix`` is ``(n, width)``; when no row is ok it may have any width (even 0).
+    ``matrix`` is ``(n, width)``.
     """
     n = len(ok)
     ok = np.asarray(ok, dtype=bool)

@@ -54,8 +54,6 @@ class SequenceClassifier:
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
         ok = np.asarray(ok, dtype=bool)
-        if outputs.ndim != 2 or outputs.shape[1] == 0:
-            outputs = np.zeros((len(ok), len(self.labels)))
         best = outputs.argmax(axis=1)
         return {
             "label": string_column([self.labels[i] for i in best], ok),

@@ -218,7 +218,10 @@ def _result_batch(
     ids: pa.Array, model: LoadedModel, scored: Scored, raw: list[Optional[str]], schema: pa.Schema
 ) -> pa.RecordBatch:
     ok = scored.ok
-    columns = dict(model.scorer.columns(scored.outputs, ok))
+    if ok.any():
+        columns = dict(model.scorer.columns(scored.outputs, ok))
+    else:  # nothing scored, so no outputs to shape: every prediction column is null (heads never see this case)
+        columns = {field.name: pa.nulls(len(ok), field.type) for field in list(schema)[1:]}
     columns["model_sha256"] = pa.array([model.sha256] * len(ok), type=pa.string())
     reason_col, error_col, input_col = ERROR_COLUMNS
     columns[reason_col] = pa.array(scored.reasons, type=pa.string())

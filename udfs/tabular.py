@@ -52,8 +52,6 @@ class TabularModel:
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
         ok = np.asarray(ok, dtype=bool)
-        if outputs.ndim != 2 or outputs.shape[1] == 0:
-            outputs = np.zeros((len(ok), 1))
         prediction = outputs[:, 0] if outputs.shape[1] == 1 else outputs.argmax(axis=1).astype(np.float64)
         return {
             "prediction": scalar_column(prediction, ok, pa.float64()),

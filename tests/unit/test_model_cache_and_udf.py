@@ -131,3 +131,19 @@ def test_preflight_returns_a_load_failure_instead_of_raising(tmp_path, load_coun
     (batch,) = list(make_preflight_function(ModelSpec("embed", str(tmp_path)))(iter([])))
     (row,) = batch.to_pylist()
     assert row["sha256"] is None and row["error_type"] and row["error"]  # the driver turns this into one clear error
+
+
+def test_a_batch_with_no_scorable_row_comes_back_null_with_reasons(minilm_dir, tiny_tabular):
+    from tests.conftest import TinyTabular
+
+    texts = pa.record_batch({"id": pa.array([1, 2], pa.int64()), "text": pa.array([None, None], pa.string())})
+    rows = pa.Table.from_batches(list(_embed_function(minilm_dir)(iter([texts])))).to_pylist()
+    assert [(r["embedding"], r["_reason"]) for r in rows] == [(None, "null_input"), (None, "null_input")]
+
+    features = TinyTabular.FEATURES
+    schema = scored_schema("tabular", StructField("id", LongType()))
+    score = make_scoring_function(ModelSpec("tabular", str(tiny_tabular[1]), feature_cols=features), id_col="id",
+                                  input_cols=features, schema=schema, max_tokens=None, max_rows=2)
+    bad = pa.record_batch({"id": pa.array([7], pa.int64()), **{f: pa.array([float("nan")]) for f in features}})
+    (row,) = pa.Table.from_batches(list(score(iter([bad])))).to_pylist()
+    assert row["prediction"] is None and row["scores"] is None and row["_reason"] == "bad_feature_value"
