@@ -236,16 +236,20 @@ def _staging_left(output: Path) -> list[Path]:
 # ---------------------------------------------------------------- scenarios
 
 
+def run_with_kill(cluster_input, name: str, target: str, log: str):
+    """Run the CLI into ``<name>/embeddings`` (warehouse ``wh-<name>``), SIGKILL ``target`` during
+    scoring, wait. Returns ``(run, exit code, what was killed, output path, report path)``."""
+    root, source, _ = cluster_input
+    output, report = root / name / "embeddings", root / f"{name}-report.json"
+    run = CliRun(lakescore_cmd(source, output, root / f"wh-{name}", report, "--run-date", RUN_DATE), root, root / log)
+    killed = kill_during_scoring(run, target)
+    return run, run.wait(), killed, output, report
+
+
 @pytest.fixture(scope="module")
 def worker_killed_run(cluster_input):
     """Scenario 1's run, on the output the rerun and the failed-validation tests reuse."""
-    root, source, _ = cluster_input
-    output, report = root / "shared" / "embeddings", root / "shared-report.json"
-    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report, "--run-date", RUN_DATE), root,
-                 root / "worker-kill.log")
-    killed = kill_during_scoring(run, "python")
-    code = run.wait()
-    return run, code, killed, output, report
+    return run_with_kill(cluster_input, "shared", "python", "worker-kill.log")  # the rerun tests use wh-shared too
 
 
 def test_killed_python_worker_task_is_retried_and_output_is_exact(worker_killed_run, cluster_input):
@@ -258,12 +262,8 @@ def test_killed_python_worker_task_is_retried_and_output_is_exact(worker_killed_
 
 
 def test_killed_executor_jvm_is_replaced_and_output_is_exact(cluster_input):
-    root, source, frame = cluster_input
-    output, report_path = root / "executor-kill" / "embeddings", root / "executor-kill-report.json"
-    run = CliRun(lakescore_cmd(source, output, root / "wh-executor", report_path, "--run-date", RUN_DATE), root,
-                 root / "executor-kill.log")
-    killed = kill_during_scoring(run, "executor")
-    code = run.wait()
+    run, code, killed, output, report_path = run_with_kill(cluster_input, "executor-kill", "executor", "executor-kill.log")
+    frame = cluster_input[2]
     assert code == 0, f"{killed}\n{run.text()[-4000:]}"
     assert re.search(r"Lost executor|Lost task|ExecutorLostFailure|executor .* exited", run.text(), re.I), killed
     assert_exact_result(output, report_path, frame, RUN_DATE)
