@@ -45,7 +45,7 @@ clean:
 
 # --- Packaging for clusters (README.md "Running on a cluster") ---
 .PHONY: package wheel env env-archive clean-package submit-local
-VERSION := $(shell sed -n 's/^ *version="\([^"]*\)",.*/\1/p' setup.py)
+VERSION := $(shell sed -n 's/^version = "\([^"]*\)"/\1/p' pyproject.toml)
 WHEEL := dist/lakescore-$(VERSION)-py3-none-any.whl
 LAUNCHER := dist/launcher.py
 # build/env: a venv made from the wheel alone (no spark extra: a cluster's own Spark and Delta stay in
@@ -70,13 +70,13 @@ package: wheel env-archive
 
 wheel: $(WHEEL) $(LAUNCHER)
 
-$(WHEEL): setup.py README.md $(wildcard jobs/*.py udfs/*.py schemas/*.py)
-	rm -rf build/lib build/bdist.* $(WHEEL)
+$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py udfs/*.py schemas/*.py)
+	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
-$(LAUNCHER): jobs/launcher.py
+$(LAUNCHER): jobs/platform/launcher.py
 	mkdir -p dist
-	cp jobs/launcher.py $@
+	cp jobs/platform/launcher.py $@
 
 env: $(ENV).installed
 

@@ -33,7 +33,7 @@ SPARK_PEERS = ("naive_udf", "predict_batch")
 def _session(app_name: str):
     from pyspark.sql import SparkSession
 
-    from jobs.config import ScoringConfig
+    from lakescore.jobs.config import ScoringConfig
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (

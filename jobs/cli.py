@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from jobs.config import TASKS, ConfigError, JobConfig, load_config
+from lakescore.jobs.config import TASKS, ConfigError, JobConfig, load_config
 
 __all__ = ["main", "run"]
 
@@ -122,8 +122,8 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 
 
 def _score(args: argparse.Namespace) -> int:
-    from jobs.report import write_report
-    from jobs.score_job import run_scoring
+    from lakescore.jobs.report import write_report
+    from lakescore.jobs.score_job import run_scoring
 
     cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
     report = run_scoring(cfg)
@@ -139,7 +139,7 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from jobs.demo import run_demo
+    from lakescore.jobs.commands.demo import run_demo
 
     cfg = _config(args)
     report = run_demo(cfg, rows=args.rows, report_path=args.report)
@@ -149,7 +149,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     import json
 
-    from jobs.sweep import format_sweep, run_sweep, sweep_report
+    from lakescore.jobs.commands.sweep import format_sweep, run_sweep, sweep_report
 
     flags = {key: getattr(args, name, None) for name, key in _SCORE_FLAGS.items() if hasattr(args, name)}
     cfg = _config(args, flags)
@@ -165,7 +165,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _fetch_jars(args: argparse.Namespace) -> int:
-    from jobs.jars import delta_coordinate, fetch_jars, s3a_coordinate
+    from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
 
     cfg = _config(args)
     coordinates = [delta_coordinate()] + ([s3a_coordinate()] if args.s3a else [])
@@ -210,9 +210,9 @@ def run() -> None:
 
 
 def _is_before_compute(exc: BaseException) -> bool:
-    from jobs.tables import TableError
-    from schemas.contracts import InputContractError
-    from udfs.model_source import ModelSourceError
+    from lakescore.jobs.platform.tables import TableError
+    from lakescore.schemas.contracts import InputContractError
+    from lakescore.udfs.model_source import ModelSourceError
 
     return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
 

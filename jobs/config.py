@@ -39,8 +39,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from udfs.batching import default_max_tokens
-from udfs.model_source import DEVICES, DTYPES
+from lakescore.udfs.batching import default_max_tokens
+from lakescore.udfs.model_source import DEVICES, DTYPES
 
 __all__ = ["ConfigError", "JobConfig", "load_config", "TASKS", "TEXT_TASKS", "WRITE_MODES"]
 
@@ -165,7 +165,7 @@ class ScoringResources:
     ``executor_memory_overhead`` and the scoring stage (after a repartition, so
     reading keeps the cluster's CPU parallelism) runs with its own profile. A
     master that cannot honour profiles (``local[...]``) runs without one and logs
-    a warning; see :mod:`jobs.profiles` for what each cluster manager gets.
+    a warning; see :mod:`lakescore.jobs.platform.profiles` for what each cluster manager gets.
     """
 
     task_cpus: Optional[int] = None

@@ -7,7 +7,7 @@ run's schema; the executors' Python workers load the model, hash its weights
 checks the rows for null and duplicated ids. The driver never loads the model.
 
 Then the rows are scored chunk by chunk
-into a private staging table (:mod:`jobs.staging`; a rerun resumes), the staged
+into a private staging table (:mod:`lakescore.jobs.steps.staging`; a rerun resumes), the staged
 rows are accounted for (every input row in exactly one of output and errors),
 the error rate is checked, the Great Expectations suite runs on the staged
 output, and only then is the output published in one Delta commit
@@ -34,20 +34,20 @@ from pyspark.resource import ResourceProfile
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.config import TEXT_TASKS, JobConfig
-from jobs.dead_letter import check_ids, refused_rows, split_by_id, unscored_rows
-from jobs.model_staging import stage_remote_model
-from jobs.profiles import scoring_profile
-from jobs.progress import ProgressReporter
-from jobs.report import RunReport
-from jobs.session import get_or_create_session
-from jobs.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
-from jobs.tables import check_output_target, column, last_commit, read_input, write_delta_overwrite
-from schemas.contracts import FeatureInputContract, InputContractError, TextInputContract, resolve_feature_cols
-from schemas.expectations import OutputFacts, UserExpectations, validate_output
-from schemas.output import ERROR_COLUMNS, errors_schema, output_schema, prediction_columns, scored_schema
-from udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, is_remote, resolve_model_dir
-from udfs.scoring_udf import PREFLIGHT_SCHEMA, WorkerCounters, make_preflight_function, make_scoring_function
+from lakescore.jobs.config import TEXT_TASKS, JobConfig
+from lakescore.jobs.steps.dead_letter import check_ids, refused_rows, split_by_id, unscored_rows
+from lakescore.jobs.platform.model_staging import stage_remote_model
+from lakescore.jobs.platform.profiles import scoring_profile
+from lakescore.jobs.platform.progress import ProgressReporter
+from lakescore.jobs.report import RunReport
+from lakescore.jobs.platform.session import get_or_create_session
+from lakescore.jobs.steps.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
+from lakescore.jobs.platform.tables import check_output_target, column, last_commit, read_input, write_delta_overwrite
+from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract, resolve_feature_cols
+from lakescore.schemas.expectations import OutputFacts, UserExpectations, validate_output
+from lakescore.schemas.output import ERROR_COLUMNS, errors_schema, output_schema, prediction_columns, scored_schema
+from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, WorkerCounters, make_preflight_function, make_scoring_function
 
 __all__ = [
     "run_scoring", "ModelIdentity", "new_run_id", "model_spec", "preflight_model", "ScoringLayout", "scoring_layout",
@@ -111,9 +111,9 @@ def preflight_model(
     is scored: a model that cannot load fails the run here, and the workers that
     score next find it in their cache. The driver itself never imports torch.
 
-    Raises :class:`~udfs.model_source.ModelIntegrityError` when a worker's weights
+    Raises :class:`~lakescore.udfs.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and
-    :class:`~udfs.model_source.ModelSourceError` naming the host when a worker could
+    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the host when a worker could
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
     sc = spark.sparkContext
@@ -152,7 +152,7 @@ class ScoringLayout:
 
 
 def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
-    """The scoring stage's layout for ``cfg`` on this session (:mod:`jobs.profiles` decides the profile, once)."""
+    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.profiles` decides the profile, once)."""
     profile = scoring_profile(spark, cfg.resources.scoring) if cfg.resources.scoring.requested else None
     partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
     return ScoringLayout(profile, partitions)
@@ -167,7 +167,7 @@ def score_dataframe(
     counters: Optional[WorkerCounters] = None,
     layout: Optional[ScoringLayout] = None,
 ) -> DataFrame:
-    """Lazily score ``df``: columns per :func:`schemas.output.scored_schema` (id, predictions,
+    """Lazily score ``df``: columns per :func:`lakescore.schemas.output.scored_schema` (id, predictions,
     ``model_sha256``, ``_reason``/``_error``/``_input`` for unscored rows).
 
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
@@ -175,7 +175,7 @@ def score_dataframe(
     uses every core.
 
     With ``resources.scoring`` set and a master that honours resource profiles, the
-    scoring stage runs with that profile (:mod:`jobs.profiles`) on
+    scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
     ``resources.scoring.partitions`` (else as above) tasks, always behind a
     repartition: a profile covers a whole stage, and reading and preprocessing
     must keep the default, full-CPU parallelism. Elsewhere (``local[...]``) a
@@ -200,11 +200,11 @@ def score_dataframe(
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
-    """Run one scoring job described by ``cfg`` and return its :class:`~jobs.report.RunReport`.
+    """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.RunReport`.
 
-    Raises :class:`~jobs.config.ConfigError`, :class:`~schemas.contracts.InputContractError`,
-    :class:`~jobs.tables.TableError` or :class:`~udfs.model_source.ModelSourceError` before any
-    compute when the run cannot succeed, :class:`~jobs.tables.WriteConflictError` when a
+    Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
+    :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.model_source.ModelSourceError` before any
+    compute when the run cannot succeed, :class:`~lakescore.jobs.platform.tables.WriteConflictError` when a
     concurrent run won the publish. A failed validation or an exceeded error rate does not
     raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` and
     the output is untouched.

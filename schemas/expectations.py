@@ -1,6 +1,6 @@
 """The Great Expectations suite that proves a written output before anyone reads it.
 
-The suite is built per run from the declared output schema (:mod:`schemas.output`),
+The suite is built per run from the declared output schema (:mod:`lakescore.schemas.output`),
 the run's facts (rows to publish, the weights digest the driver resolved, the run
 id) and the checks users add in config, and runs on the staged output before it
 is published.
@@ -26,7 +26,7 @@ from typing import Any, Optional
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from schemas.output import IDENTITY_COLUMNS, column_types
+from lakescore.schemas.output import IDENTITY_COLUMNS, column_types
 
 __all__ = ["OutputFacts", "UserExpectations", "ValidationOutcome", "validate_output", "build_expectations"]
 

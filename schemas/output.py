@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
-from schemas.contracts import InputContractError
+from lakescore.schemas.contracts import InputContractError
 
 __all__ = [
     "PREDICTIONS",
@@ -66,7 +66,7 @@ def scored_schema(task: str, id_field: StructField) -> StructType:
 def output_schema(task: str, id_field: StructField) -> StructType:
     """The Delta table's schema: the id column as it was in the input, predictions, identity columns.
 
-    Raises :class:`~schemas.contracts.InputContractError` when the id column's name collides
+    Raises :class:`~lakescore.schemas.contracts.InputContractError` when the id column's name collides
     with an output column.
     """
     taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(ERROR_COLUMNS)

@@ -5,7 +5,7 @@ the model's own tokenizer and ``AutoModelForSequenceClassification``, then the
 pipeline's default activation (sigmoid for one label or multi-label models,
 softmax otherwise) over the logits. Labels come from the model's ``id2label``.
 Unlike the pipeline, texts longer than the model's limit are truncated (the
-pipeline raises on them) and batching is ours (:mod:`udfs.batching`).
+pipeline raises on them) and batching is ours (:mod:`lakescore.udfs.batching`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from udfs.arrow_columns import list_column, scalar_column, string_column
-from udfs.devices import to_device, torch_dtype
-from udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.arrow_columns import list_column, scalar_column, string_column
+from lakescore.udfs.devices import to_device, torch_dtype
+from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["SequenceClassifier", "load_classifier"]
 
 
 class SequenceClassifier:
-    """The classify head (:class:`~udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)`` probabilities.
+    """The classify head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)`` probabilities.
 
     Output columns: ``label`` (string), ``score`` (double, probability of ``label``),
     ``probs`` (``array<double>`` in label-id order).
@@ -62,7 +62,7 @@ class SequenceClassifier:
         }
 
     def score(self, texts: list[str]) -> np.ndarray:
-        """Convenience for small lists: one padded batch (the job uses :func:`~udfs.batching.score_texts`)."""
+        """Convenience for small lists: one padded batch (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
 
 
@@ -70,7 +70,7 @@ def load_classifier(spec: ModelSpec, model_dir: Path) -> SequenceClassifier:
     """Load the sequence-classification model in ``model_dir`` as ``spec`` configures it.
 
     Safetensors only unless ``spec.allow_pickle``; remote code only with
-    ``spec.trust_remote_code``. Raises :class:`~udfs.model_source.ModelSourceError`
+    ``spec.trust_remote_code``. Raises :class:`~lakescore.udfs.model_source.ModelSourceError`
     for refused weights and ``ValueError`` for a model without labels.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer

@@ -8,7 +8,7 @@ plain Hugging Face directory without that configuration gets Transformer ->
 Pooling (``mean`` unless configured ``cls``) -> Normalize (unless configured off).
 
 We call the model's own ``preprocess`` and forward pass instead of ``encode``
-because batching is ours (:mod:`udfs.batching`): ``encode`` sorts by characters
+because batching is ours (:mod:`lakescore.udfs.batching`): ``encode`` sorts by characters
 and cuts fixed row counts; we tokenize once, sort by tokens and cut by a token budget.
 """
 
@@ -20,15 +20,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from udfs.arrow_columns import list_column
-from udfs.devices import to_device, torch_dtype
-from udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.arrow_columns import list_column
+from lakescore.udfs.devices import to_device, torch_dtype
+from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["SentenceEmbedder", "load_embedder"]
 
 
 class SentenceEmbedder:
-    """The embed head (:class:`~udfs.batching.TextHead`): texts -> float32 ``(n, dimension)``.
+    """The embed head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float32 ``(n, dimension)``.
 
     Output columns: ``embedding`` (``array<float>``).
     """
@@ -56,7 +56,7 @@ class SentenceEmbedder:
         return {"embedding": list_column(outputs.astype(np.float32, copy=False), ok, pa.float32())}
 
     def score(self, texts: list[str]) -> np.ndarray:
-        """Convenience for small lists: one padded batch, no budget (the job uses :func:`~udfs.batching.score_texts`)."""
+        """Convenience for small lists: one padded batch, no budget (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
 
 
@@ -66,7 +66,7 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     Only safetensors weights load unless ``spec.allow_pickle``; remote code runs
     only with ``spec.trust_remote_code``. Raises ``ValueError`` for a pooling
     override on a model whose sentence-transformers config already fixes its
-    pooling, :class:`~udfs.model_source.ModelSourceError` for refused weights.
+    pooling, :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights.
     """
     require_directory(model_dir, "embed")
     refuse_pickle_weights(model_dir, spec.allow_pickle)

@@ -2,7 +2,7 @@
 
 Spark reuses Python workers across tasks (``spark.python.worker.reuse``, on by
 default), so a module-level cache turns "load per batch" or "load per task"
-into "load per process". The key is the whole :class:`~udfs.model_source.ModelSpec`
+into "load per process". The key is the whole :class:`~lakescore.udfs.model_source.ModelSpec`
 (task, source, revision, device, head options) except ``expect_sha256``, which
 is checked on every lookup: two UDFs over the same model share one copy (the
 executor preflight's and the pinned scoring stage's included); a different
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from udfs.model_source import ModelSpec, hub_revision, resolve_model_dir, verify_sha256, weights_sha256
+from lakescore.udfs.model_source import ModelSpec, hub_revision, resolve_model_dir, verify_sha256, weights_sha256
 
 __all__ = ["LoadedModel", "get_model", "clear", "HEAD_LOADERS"]
 
@@ -41,19 +41,19 @@ class LoadedModel:
 
 
 def _load_embed(spec: ModelSpec, model_dir: Path) -> Any:
-    from udfs.embed import load_embedder
+    from lakescore.udfs.embed import load_embedder
 
     return load_embedder(spec, model_dir)
 
 
 def _load_classify(spec: ModelSpec, model_dir: Path) -> Any:
-    from udfs.classify import load_classifier
+    from lakescore.udfs.classify import load_classifier
 
     return load_classifier(spec, model_dir)
 
 
 def _load_tabular(spec: ModelSpec, model_dir: Path) -> Any:
-    from udfs.tabular import load_tabular
+    from lakescore.udfs.tabular import load_tabular
 
     return load_tabular(spec, model_dir)
 
@@ -73,7 +73,7 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
     """Return ``(model, loaded_now)``: the cached model for ``spec``, loading it on first use.
 
     The weights are hashed once per process and checked against ``spec.expect_sha256``
-    *before* loading (:class:`~udfs.model_source.ModelIntegrityError` names both digests).
+    *before* loading (:class:`~lakescore.udfs.model_source.ModelIntegrityError` names both digests).
     Raises ``KeyError`` for a task without a loader; loader and source errors propagate.
     """
     key = dataclasses.replace(spec, expect_sha256=None)  # a pin checks the weights; it is not another model

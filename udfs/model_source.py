@@ -110,7 +110,7 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
     if is_remote(source):
         staged = staged_copy(source)
         if staged is None:
-            raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see jobs.model_staging)")
+            raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.model_staging)")
         return staged
     path = Path(source).expanduser()
     if path.exists():

@@ -1,8 +1,8 @@
 """The iterator-style Arrow function that scores rows on the executors (``mapInArrow``).
 
-What crosses from the driver is a :class:`~udfs.model_source.ModelSpec` and a
+What crosses from the driver is a :class:`~lakescore.udfs.model_source.ModelSpec` and a
 few names and numbers, never a model. Inside each Python worker the model
-comes from :mod:`udfs.model_cache` on the first non-empty Arrow batch and is
+comes from :mod:`lakescore.udfs.model_cache` on the first non-empty Arrow batch and is
 reused for every later batch and task that process runs.
 
 Why ``mapInArrow`` rather than a pandas UDF in a ``select``: results go back as
@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 from pyspark import Accumulator, TaskContext
 from pyspark.sql.types import StructType
 
-from schemas.output import ERROR_COLUMNS
-from udfs.batching import (
+from lakescore.schemas.output import ERROR_COLUMNS
+from lakescore.udfs.batching import (
     AdaptiveBudget,
     BatchPolicy,
     Scored,
@@ -39,8 +39,8 @@ from udfs.batching import (
     score_texts,
     tokenize_present,
 )
-from udfs.model_cache import LoadedModel, get_model
-from udfs.model_source import ModelSpec
+from lakescore.udfs.model_cache import LoadedModel, get_model
+from lakescore.udfs.model_source import ModelSpec
 
 __all__ = ["WorkerCounters", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA"]
 
@@ -74,7 +74,7 @@ def make_scoring_function(
 
     Input batches hold ``id_col`` and ``input_cols`` (one text column for text
     tasks; the numeric feature columns, in the program's order, for ``tabular``).
-    Output batches follow ``schema`` (:func:`schemas.output.scored_schema`): the id
+    Output batches follow ``schema`` (:func:`lakescore.schemas.output.scored_schema`): the id
     as it came, the head's prediction columns (null for unscored rows),
     ``model_sha256`` of the weights this worker loaded, and ``_reason`` /
     ``_error`` / ``_input`` for rows that could not be scored (null input, bad
@@ -83,8 +83,8 @@ def make_scoring_function(
     Each batch is prepared (tokenized, or converted to a float matrix) in a
     background thread while the model runs on the previous one, scored in
     batches of at most ``max_tokens`` padded tokens (default: per the device the
-    worker resolved, :func:`~udfs.batching.default_max_tokens`) and ``max_rows``
-    rows (:mod:`udfs.batching`), and returned in input order.
+    worker resolved, :func:`~lakescore.udfs.batching.default_max_tokens`) and ``max_rows``
+    rows (:mod:`lakescore.udfs.batching`), and returned in input order.
     A model that fails to load, or loads with other weights than
     ``spec.expect_sha256``, fails the task.
     """
@@ -136,7 +136,7 @@ def make_preflight_function(spec: ModelSpec, counters: Optional[WorkerCounters] 
     raised, so the driver fails the run once with the worker's own message
     instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
 
-    The model stays in this worker's cache (:mod:`udfs.model_cache`), where the
+    The model stays in this worker's cache (:mod:`lakescore.udfs.model_cache`), where the
     scoring tasks this worker runs next find it.
     """
     arrow_schema = _preflight_arrow_schema()
@@ -234,7 +234,7 @@ def _result_batch(
 
 def _model_for_this_worker(spec: ModelSpec, counters: Optional[WorkerCounters]) -> tuple[LoadedModel, str]:
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), and that device."""
-    from udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
+    from lakescore.udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
 
     _limit_torch_threads_to_task_cpus()
     device = resolve_device(spec.device)

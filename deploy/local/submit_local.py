@@ -52,8 +52,8 @@ def _pyspark_home() -> Path:
 def _delta_jars() -> list[Path]:
     sys.path.insert(0, str(REPO))  # the submit host's tooling, not the job: the job never sees this path
     try:
-        from jobs.config import SparkConfig
-        from jobs.jars import cached_jars, delta_coordinate
+        from lakescore.jobs.config import SparkConfig
+        from lakescore.jobs.platform.jars import cached_jars, delta_coordinate
     finally:
         sys.path.pop(0)
     jars = cached_jars(Path(SparkConfig().jars_dir).expanduser(), delta_coordinate())
@@ -104,7 +104,7 @@ def build_command(
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={work}",
         "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",  # as lakescore's own local sessions (jobs/session.py)
+        "spark.databricks.delta.snapshotPartitions": "2",  # as lakescore's own local sessions (jobs/platform/session.py)
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": (work / "spark-events").as_uri(),
         "spark.eventLog.compress": "false",  # plain JSON lines: the test reads which executors ran tasks

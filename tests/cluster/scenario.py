@@ -2,13 +2,13 @@
 
 Usage: ``python tests/cluster/scenario.py MASTER WORKDIR``. Scores a small table
 with the bundled all-MiniLM-L6-v2 through the job's scoring stage
-(:func:`jobs.score_job.score_dataframe`, what ``run_scoring`` runs per chunk; the
+(:func:`lakescore.jobs.score_job.score_dataframe`, what ``run_scoring`` runs per chunk; the
 whole job with Delta staging and the GX suite took 7 minutes on a 1-core-per-
 executor local-cluster on the shared test machine) on ``MASTER`` with a GPU task profile, then runs a probe ``mapInArrow`` with the
 same profile that reports each task's ``TaskContext`` resources. Executors get
 fake GPUs ``0`` and ``1`` from a discovery script (there is no real GPU; the
 model runs on CPU). Prints one JSON object on the last stdout line: the run
-report, the warnings :mod:`jobs.profiles` logged, the probe's per-task
+report, the warnings :mod:`lakescore.jobs.platform.profiles` logged, the probe's per-task
 resources, and every stage with its resource profile id (Spark's REST API).
 """
 
@@ -29,11 +29,11 @@ def main(master: str, workdir: Path) -> dict:
     import pyarrow as pa
     from pyspark import TaskContext
 
-    from jobs.config import load_config
-    from jobs.profiles import scoring_profile
-    from jobs.score_job import model_spec, score_dataframe
-    from udfs.scoring_udf import WorkerCounters
-    from jobs.session import get_or_create_session
+    from lakescore.jobs.config import load_config
+    from lakescore.jobs.platform.profiles import scoring_profile
+    from lakescore.jobs.score_job import model_spec, score_dataframe
+    from lakescore.udfs.scoring_udf import WorkerCounters
+    from lakescore.jobs.platform.session import get_or_create_session
 
     warnings: list[str] = []
 
@@ -41,7 +41,7 @@ def main(master: str, workdir: Path) -> dict:
         def emit(self, record):
             warnings.append(record.getMessage())
 
-    logging.getLogger("jobs.profiles").addHandler(Keep(logging.WARNING))
+    logging.getLogger("lakescore.jobs.platform.profiles").addHandler(Keep(logging.WARNING))
 
     script = workdir / "gpus.sh"
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')

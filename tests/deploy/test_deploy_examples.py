@@ -1,14 +1,13 @@
 """The Databricks and EMR examples under deploy/, checked against lakescore's real CLI and config.
 
 Fast and offline: no Spark, no cloud. Every argument list the examples hand to lakescore goes
-through ``jobs.cli._parser()``, and the config it names is loaded with ``load_config`` plus the
+through ``lakescore.jobs.cli._parser()``, and the config it names is loaded with ``load_config`` plus the
 flags, as ``lakescore score`` does, down to ``require_for_scoring()``. What cannot be shown here
 (that Databricks or EMR accept and run these files) is said in README.md and deploy/emr/README.md.
 """
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 import importlib
 import json
@@ -17,13 +16,14 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from jobs.cli import _SCORE_FLAGS, EXIT_BAD_INPUT, _parser
-from jobs.config import JobConfig, load_config
+from lakescore.jobs.cli import _SCORE_FLAGS, EXIT_BAD_INPUT, _parser
+from lakescore.jobs.config import JobConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "deploy" / "databricks"
@@ -35,17 +35,13 @@ WORKSPACE_FILE_PATH = "/Workspace/Users/someone@example.com/.bundle/lakescore/de
 RUN_DATE = "2026-11-20"
 
 
-def _setup_keyword(name: str):
-    """A keyword argument of setup.py's ``setup()`` call, read without running setup.py."""
-    for node in ast.walk(ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))):
-        if isinstance(node, ast.keyword) and node.arg == name:
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"setup.py passes no {name}= to setup()")
+def _project(name: str):
+    """A field of pyproject.toml's ``[project]`` table (the package's metadata)."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"][name]
 
 
 def _console_scripts() -> dict[str, str]:
-    scripts = _setup_keyword("entry_points")["console_scripts"]
-    return dict(s.replace(" ", "").split("=", 1) for s in scripts)
+    return dict(_project("scripts"))
 
 
 def _score_config(argv: list[str], conf_file: Path) -> JobConfig:
@@ -127,7 +123,7 @@ def test_bundle_includes_the_job_and_declares_every_variable_it_uses(bundle):
 
 def test_wheel_task_entry_point_is_the_wheels_console_script(task):
     wheel_task = task["python_wheel_task"]
-    assert wheel_task["package_name"] == _setup_keyword("name")
+    assert wheel_task["package_name"] == _project("name")
     target = _console_scripts()[wheel_task["entry_point"]]
     module, _, func = target.partition(":")
     assert callable(getattr(importlib.import_module(module), func))
@@ -137,7 +133,7 @@ def test_wheel_library_is_what_make_wheel_builds_and_lies_in_the_sync_root(bundl
     (library,) = task["libraries"]
     pattern = os.path.normpath(JOB_FILE.parent / library["whl"])
     assert Path(pattern).parent == REPO / "dist"
-    wheel = f"lakescore-{_setup_keyword('version')}-py3-none-any.whl"  # the Makefile's $(WHEEL)
+    wheel = f"lakescore-{_project('version')}-py3-none-any.whl"  # the Makefile's $(WHEEL)
     assert fnmatch.fnmatch(wheel, Path(pattern).name)
     # Local libraries must lie inside the sync root: the common parent of the bundle and sync paths.
     sync_root = os.path.commonpath([str(BUNDLE)] + [os.path.normpath(BUNDLE / p) for p in bundle["sync"]["paths"]])
@@ -185,7 +181,7 @@ def test_emr_step_is_a_spark_submit_of_the_launcher_with_valid_lakescore_args():
         assert step["Args"][0] == "spark-submit"
         options, primary, app_args = _split_spark_submit(step["Args"][1:])
 
-        assert Path(primary).name == "launcher.py" and (REPO / "jobs" / "launcher.py").is_file()
+        assert Path(primary).name == "launcher.py" and (REPO / "jobs" / "platform" / "launcher.py").is_file()
         # The env archive is unpacked as ./environment, and that is the Python Spark runs.
         assert any(a.endswith(".tar.gz#environment") for a in ",".join(options["--archives"]).split(","))
         assert _confs(options)["spark.pyspark.python"] == "./environment/bin/python"
@@ -224,7 +220,7 @@ def test_emr_serverless_job_run_is_a_valid_lakescore_submission():
 def test_launcher_runs_the_cli_and_exits_with_its_code(tmp_path):
     """spark-submit's primary resource, run as a script: a config error exits 2 before any Spark."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "launcher.py"), "score", "--set", "task=summarize"],
+        [sys.executable, str(REPO / "jobs" / "platform" / "launcher.py"), "score", "--set", "task=summarize"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.config import SparkConfig, load_config
+from lakescore.jobs.config import SparkConfig, load_config
 
 
 @pytest.fixture(scope="session")
@@ -14,7 +14,7 @@ def spark_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark(spark_dirs):
-    from jobs.session import get_or_create_session
+    from lakescore.jobs.platform.session import get_or_create_session
 
     session, created = get_or_create_session(
         SparkConfig(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jobs.demo import generate_reviews
+from lakescore.jobs.commands.demo import generate_reviews
 
 BUCKET = "lakescore-it"
 # moto accepts any key pair; these are placeholders, not secrets. No region: S3A needs none for an endpoint.

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jobs.demo import generate_reviews
-from jobs.score_job import run_scoring
-from jobs.tables import TableError
-from schemas.contracts import InputContractError
+from lakescore.jobs.commands.demo import generate_reviews
+from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.platform.tables import TableError
+from lakescore.schemas.contracts import InputContractError
 
 EDGE_TEXTS = [
     "",
@@ -132,7 +132,7 @@ def test_missing_column_fails_before_any_compute(tmp_path, spark, job_config):
 
 
 def test_cli_reports_bad_input_in_one_line_with_exit_2(tmp_path, spark, minilm_dir, capsys):
-    from jobs.cli import main
+    from lakescore.jobs.cli import main
 
     source = tmp_path / "reviews.parquet"
     reviews_frame(20).to_parquet(source)
@@ -197,7 +197,7 @@ def test_failed_validation_publishes_nothing(tmp_path, spark, job_config):
 def test_progress_line_reports_rows_rate_and_eta(spark):
     import time
 
-    from jobs.progress import ProgressReporter
+    from lakescore.jobs.platform.progress import ProgressReporter
 
     rows = spark.sparkContext.accumulator(0)
     spark.sparkContext.parallelize(range(250), 2).foreach(lambda _: rows.add(1))  # workers add, as in scoring
@@ -213,7 +213,7 @@ def test_progress_line_reports_rows_rate_and_eta(spark):
 
 
 def test_sweep_times_the_real_model_on_a_sample(spark, reviews_table, job_config, capsys):
-    from jobs.sweep import run_sweep
+    from lakescore.jobs.commands.sweep import run_sweep
 
     points = run_sweep(job_config(input="it.reviews"), sample_rows=60, budgets=[2048, 512], spark=spark)
     assert [p.max_batch_tokens for p in points] == [512, 2048]  # ascending, as an OOM stop needs

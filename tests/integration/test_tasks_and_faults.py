@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jobs.config import load_config
-from jobs.score_job import run_scoring
+from lakescore.jobs.config import load_config
+from lakescore.jobs.score_job import run_scoring
 from tests.integration.test_score_job import read_output, reviews_frame
 
 
@@ -114,8 +114,8 @@ def test_replace_run_replaces_only_its_own_rows(tmp_path, spark, job_config):
 
 
 def test_wrong_expect_sha256_exits_2_naming_both_digests_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
-    from jobs.cli import main
-    from udfs.model_source import weights_sha256
+    from lakescore.jobs.cli import main
+    from lakescore.udfs.model_source import weights_sha256
 
     source = tmp_path / "reviews.parquet"
     reviews_frame(10).to_parquet(source)
@@ -128,7 +128,7 @@ def test_wrong_expect_sha256_exits_2_naming_both_digests_and_writes_nothing(tmp_
 
 
 def test_model_that_cannot_load_fails_on_the_executors_with_exit_2_and_writes_nothing(tmp_path, spark, capsys):
-    from jobs.cli import main
+    from lakescore.jobs.cli import main
 
     broken = tmp_path / "broken-model"
     broken.mkdir()
@@ -183,7 +183,7 @@ def test_model_on_a_hadoop_filesystem_is_staged_once_per_host(tmp_path, spark, m
     """A ``file:`` URI goes through the remote path: Hadoop FileSystem copy on the driver, addFile to executors."""
     import shutil
 
-    from udfs import model_cache
+    from lakescore.udfs import model_cache
 
     remote = tmp_path / "bucket" / "minilm"
     shutil.copytree(minilm_dir, remote)
@@ -207,7 +207,7 @@ def test_model_on_a_hadoop_filesystem_is_staged_once_per_host(tmp_path, spark, m
 
 
 def test_empty_input_fails_with_one_line_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
-    from jobs.cli import main
+    from lakescore.jobs.cli import main
 
     import pyarrow as pa
     import pyarrow.parquet as pq

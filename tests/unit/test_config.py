@@ -1,6 +1,6 @@
 import pytest
 
-from jobs.config import ConfigError, load_config
+from lakescore.jobs.config import ConfigError, load_config
 
 
 def write(tmp_path, text):

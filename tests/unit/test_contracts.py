@@ -1,7 +1,7 @@
 import pytest
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-from schemas.contracts import InputContractError, TextInputContract
+from lakescore.schemas.contracts import InputContractError, TextInputContract
 
 SCHEMA = StructType(
     [StructField("review_id", LongType()), StructField("body", StringType()), StructField("score", DoubleType())]
@@ -35,7 +35,7 @@ def test_wrong_types_are_named():
 
 
 def test_id_column_may_not_collide_with_output_columns():
-    from schemas.output import output_schema
+    from lakescore.schemas.output import output_schema
 
     with pytest.raises(InputContractError, match=r"id column 'run_id' collides with an output column"):
         output_schema("embed", StructField("run_id", StringType()))
@@ -48,7 +48,7 @@ def test_id_column_may_not_collide_with_output_columns():
 def test_feature_columns_by_name_or_prefix_must_be_numeric():
     from pyspark.sql.types import DoubleType, IntegerType, StructType
 
-    from schemas.contracts import FeatureInputContract, resolve_feature_cols
+    from lakescore.schemas.contracts import FeatureInputContract, resolve_feature_cols
 
     schema = StructType(
         [StructField("id", LongType()), StructField("feature_x", DoubleType()), StructField("feature_n", IntegerType()),

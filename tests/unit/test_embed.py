@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from udfs.embed import load_embedder
-from udfs.model_source import ModelSpec
+from lakescore.udfs.embed import load_embedder
+from lakescore.udfs.model_source import ModelSpec
 
 TEXTS = [
     "The kettle boils fast and the lid closes firmly.",
@@ -49,7 +49,7 @@ def plain_bert_dir(tmp_path_factory):
     """A tiny BERT with random (seeded) weights saved the Hugging Face way, without any ST config."""
     from transformers import BertConfig, BertModel
 
-    from udfs.model_source import weights_sha256
+    from lakescore.udfs.model_source import weights_sha256
 
     path = tmp_path_factory.mktemp("plain-bert")
     torch.manual_seed(0)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from udfs.batching import BatchPolicy, score_matrix, score_texts
-from udfs.model_cache import HEAD_LOADERS
-from udfs.model_source import ModelSourceError, ModelSpec
+from lakescore.udfs.batching import BatchPolicy, score_matrix, score_texts
+from lakescore.udfs.model_cache import HEAD_LOADERS
+from lakescore.udfs.model_source import ModelSourceError, ModelSpec
 
 UNSEEN = [
     "The blender died after two weeks; support never answered.",

@@ -5,10 +5,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StructField
 
-from schemas.output import scored_schema
-from udfs import model_cache
-from udfs.model_source import ModelIntegrityError, ModelSpec
-from udfs.scoring_udf import make_scoring_function
+from lakescore.schemas.output import scored_schema
+from lakescore.udfs import model_cache
+from lakescore.udfs.model_source import ModelIntegrityError, ModelSpec
+from lakescore.udfs.scoring_udf import make_scoring_function
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_a_pin_is_checked_on_the_cached_model_not_a_second_load(minilm_dir, load
 
 
 def test_preflight_loads_into_the_worker_cache_and_reports_the_weights(minilm_dir, load_counter):
-    from udfs.scoring_udf import make_preflight_function
+    from lakescore.udfs.scoring_udf import make_preflight_function
 
     spec = ModelSpec("embed", str(minilm_dir))
     (batch,) = list(make_preflight_function(spec)(iter([pa.record_batch({"id": pa.array([0], pa.int64())})])))
@@ -124,7 +124,7 @@ def test_preflight_loads_into_the_worker_cache_and_reports_the_weights(minilm_di
 
 
 def test_preflight_returns_a_load_failure_instead_of_raising(tmp_path, load_counter):
-    from udfs.scoring_udf import make_preflight_function
+    from lakescore.udfs.scoring_udf import make_preflight_function
 
     (tmp_path / "config.json").write_text("{not json")
     (tmp_path / "model.safetensors").write_bytes(b"not weights")

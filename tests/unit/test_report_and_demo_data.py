@@ -1,7 +1,7 @@
 import json
 
-from jobs.demo import generate_reviews
-from jobs.report import RunReport, write_report
+from lakescore.jobs.commands.demo import generate_reviews
+from lakescore.jobs.report import RunReport, write_report
 
 
 def test_report_is_written_as_json_atomically(tmp_path):

@@ -1,4 +1,4 @@
-from jobs.sweep import SweepPoint, format_sweep, recommend
+from lakescore.jobs.commands.sweep import SweepPoint, format_sweep, recommend
 
 
 def point(tokens, rate, error=None):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.tables import is_commit_conflict
+from lakescore.jobs.platform.tables import is_commit_conflict
 
 
 def _delta_exception(name: str, message: str) -> Exception:

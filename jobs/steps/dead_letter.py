@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from jobs.tables import column
-from schemas.output import ERROR_COLUMNS
+from lakescore.jobs.platform.tables import column
+from lakescore.schemas.output import ERROR_COLUMNS
 
 __all__ = ["IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows"]
 

@@ -27,7 +27,7 @@ from typing import Mapping, Optional
 
 from pyspark.resource import ExecutorResourceRequests, ResourceProfile, ResourceProfileBuilder, TaskResourceRequests
 
-from jobs.config import ConfigError, ScoringResources
+from lakescore.jobs.config import ConfigError, ScoringResources
 
 __all__ = ["ProfilePlan", "ProfileError", "plan_profile", "build_profile", "scoring_profile", "supports_profiles"]
 

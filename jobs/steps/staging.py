@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.tables import append_delta, column, delete_path, is_path, table_location_root
+from lakescore.jobs.platform.tables import append_delta, column, delete_path, is_path, table_location_root
 
 __all__ = ["Staging", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 

@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 from typing import Iterator, Optional
 
-from jobs.config import JobConfig
+from lakescore.jobs.config import JobConfig
 
 __all__ = ["generate_reviews", "run_demo", "bundled_model_dir", "DEMO_DATABASE"]
 
@@ -82,9 +82,9 @@ def run_demo(cfg: JobConfig, rows: int = 3000, report_path: Optional[str] = None
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
     from dataclasses import replace
 
-    from jobs.report import write_report
-    from jobs.score_job import run_scoring
-    from jobs.session import get_or_create_session
+    from lakescore.jobs.report import write_report
+    from lakescore.jobs.score_job import run_scoring
+    from lakescore.jobs.platform.session import get_or_create_session
 
     spark, _ = get_or_create_session(cfg.spark)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DEMO_DATABASE}")

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
-from jobs.config import ConfigError, JobConfig
+from lakescore.jobs.config import ConfigError, JobConfig
 
 __all__ = ["SweepPoint", "run_sweep", "recommend", "format_sweep", "sweep_report", "DEFAULT_BUDGETS"]
 
@@ -67,11 +67,11 @@ def run_sweep(
     cfg: JobConfig, sample_rows: int = 1000, budgets: Optional[Sequence[int]] = None, spark=None
 ) -> list[SweepPoint]:
     """Sweep ``budgets`` over ``sample_rows`` rows of ``cfg.input``'s ``cfg.text_col``."""
-    from jobs.score_job import model_spec
-    from jobs.session import get_or_create_session
-    from jobs.tables import read_input
-    from udfs.batching import BatchPolicy, score_texts
-    from udfs.model_cache import get_model
+    from lakescore.jobs.score_job import model_spec
+    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.tables import read_input
+    from lakescore.udfs.batching import BatchPolicy, score_texts
+    from lakescore.udfs.model_cache import get_model
 
     missing = [k for k, v in (("input", cfg.input), ("model.source", cfg.model.source), ("text_col", cfg.text_col)) if not v]
     if missing:
@@ -114,7 +114,7 @@ def run_sweep(
 
 
 def _sample_texts(df, text_col: str, rows: int) -> list[str]:
-    from jobs.tables import column
+    from lakescore.jobs.platform.tables import column
 
     text = column(text_col)
     present = df.select(text.alias("text")).where(text.isNotNull())

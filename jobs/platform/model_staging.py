@@ -4,7 +4,7 @@ Models load from local files. For a source on any filesystem Spark can read:
 
 * the driver copies it once per host into ``<model.cache_dir>/<key>``
   with the Hadoop ``FileSystem`` API (so Spark's own credentials and connectors
-  apply), under a host-wide file lock (:func:`udfs.model_source.stage_once`):
+  apply), under a host-wide file lock (:func:`lakescore.udfs.model_source.stage_once`):
   concurrent jobs on one host wait for the first copy instead of copying again;
 * executors get it through ``SparkContext.addFile(..., recursive=True)``: Spark's
   fetch cache (``spark.files.useFetchCache``, on by default) copies it once per
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from udfs.model_source import ModelSourceError, register_staged, stage_once
+from lakescore.udfs.model_source import ModelSourceError, register_staged, stage_once
 
 __all__ = ["stage_remote_model"]
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Path:
     """Copy remote ``source`` to this host (once) and ship it to the executors; return the local copy.
 
-    Raises :class:`~udfs.model_source.ModelSourceError` when the source does not exist or cannot be read.
+    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` when the source does not exist or cannot be read.
     """
     sc = spark.sparkContext
     jvm = sc._jvm

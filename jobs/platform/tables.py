@@ -14,7 +14,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from schemas.output import column_types
+from lakescore.schemas.output import column_types
 
 __all__ = [
     "TableError",

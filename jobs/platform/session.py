@@ -4,7 +4,7 @@
 session. On Databricks, under ``spark-submit`` (EMR, ``make submit-local``) or
 where a session is already active (a notebook, a test), the platform's session
 is used as is: no jars added, no master or metastore set, nothing reconfigured,
-never stopped here (``jobs/launcher.py`` stops a spark-submit application's own
+never stopped here (``jobs/platform/launcher.py`` stops a spark-submit application's own
 at exit). Built locally, the session has the Delta extension and catalog, a Hive
 metastore in an embedded Derby database under ``spark.metastore_dir`` and
 managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
@@ -27,8 +27,8 @@ from typing import Iterable, Mapping, Optional
 
 from pyspark.sql import SparkSession
 
-from jobs.config import SparkConfig
-from jobs.jars import cached_jars, delta_coordinate, s3a_coordinate
+from lakescore.jobs.config import SparkConfig
+from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
 
 __all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
 

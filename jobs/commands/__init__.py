@@ -1,0 +1,1 @@
+"""Side commands beside scoring: ``demo`` and ``sweep``."""
