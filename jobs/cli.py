@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from lakescore.jobs.config import TASKS, ConfigError, JobConfig, load_config
+from lakescore.jobs.config import (
+    DEVICES, DTYPES, INPUT_FORMATS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig, load_config,
+)
 
 __all__ = ["main", "run"]
 
@@ -65,16 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
     score.add_argument("--input", help="metastore table (db.table) or Parquet/Delta path")
     score.add_argument("--output", help="Delta path or metastore table (db.table); overwritten")
-    score.add_argument("--input-format", choices=["auto", "delta", "parquet"], help="how to read a path input")
-    score.add_argument("--task", choices=TASKS, help="what the model computes (default: embed)")
+    score.add_argument("--input-format", choices=INPUT_FORMATS, help="how to read a path input")
+    score.add_argument("--task", choices=TASKS, help=f"what the model computes (default: {JobConfig.task})")
     score.add_argument("--model", help="model directory or Hugging Face hub id")
     score.add_argument("--revision", help="hub revision (branch, tag or commit)")
     score.add_argument("--id-col", help="input column copied to the output to identify each row")
     score.add_argument("--text-col", help="input column with the text to score (classify, embed)")
     score.add_argument("--feature-cols", help="tabular: comma-separated numeric feature columns, in model order")
     score.add_argument("--feature-prefix", help="tabular: use every column starting with this prefix")
-    score.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where workers run the model (default: cpu)")
-    score.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="model precision (default: float32)")
+    score.add_argument("--device", choices=DEVICES, help=f"where workers run the model (default: {ModelConfig.device})")
+    score.add_argument("--dtype", choices=DTYPES, help=f"model precision (default: {ModelConfig.dtype})")
     score.add_argument("--expect-sha256", metavar="HEX", help="refuse to score unless the weights digest equals this")
     score.add_argument(
         "--allow-pickle", action="store_true", default=None, help="allow pickle-based weights (can run arbitrary code)"
@@ -84,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     score.add_argument("--errors", help="dead-letter table or path (default: <output>_errors)")
     score.add_argument(
-        "--write-mode", choices=["overwrite", "replace_run"], help="overwrite the table, or replace only this run's rows"
+        "--write-mode", choices=WRITE_MODES, help="overwrite the table, or replace only this run's rows"
     )
     score.add_argument("--report", metavar="JSON", help="write the run report here")
     score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")
@@ -99,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
         "sweep", parents=[common], help="time the real model on a sample of the input over a range of token budgets"
     )
     sweep.add_argument("--input", help="metastore table or Parquet/Delta path to sample")
-    sweep.add_argument("--input-format", choices=["auto", "delta", "parquet"])
+    sweep.add_argument("--input-format", choices=INPUT_FORMATS)
     sweep.add_argument("--task", choices=TASKS)
     sweep.add_argument("--model", help="model directory or Hugging Face hub id")
     sweep.add_argument("--revision", help="hub revision")

@@ -41,13 +41,17 @@ import yaml
 
 from lakescore.udfs.batching import default_max_tokens
 from lakescore.udfs.model_source import DEVICES, DTYPES
+from lakescore.udfs.registry import TASK_NAMES, get_task
 
-__all__ = ["ConfigError", "JobConfig", "load_config", "TASKS", "TEXT_TASKS", "WRITE_MODES"]
+__all__ = [
+    "ConfigError", "JobConfig", "config_from_mapping", "load_config",
+    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEVICES", "DTYPES",
+]
 
-TASKS = ("classify", "embed", "tabular")
-"""Scoring tasks this version can run."""
-TEXT_TASKS = ("classify", "embed")
+TASKS = TASK_NAMES
+"""Scoring tasks this version can run (:mod:`lakescore.udfs.registry`)."""
 WRITE_MODES = ("overwrite", "replace_run")
+INPUT_FORMATS = ("auto", "delta", "parquet")
 
 
 class ConfigError(ValueError):
@@ -324,8 +328,8 @@ class JobConfig:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.progress_seconds < 0:
             raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
-        if self.input_format not in ("auto", "delta", "parquet"):
-            raise ConfigError(f"input_format must be auto, delta or parquet, got {self.input_format!r}")
+        if self.input_format not in INPUT_FORMATS:
+            raise ConfigError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
 
     def require_for_scoring(self) -> None:
         """Raise :class:`ConfigError` naming every setting a scoring run still lacks."""
@@ -335,19 +339,25 @@ class JobConfig:
             ("model.source (--model)", self.model.source),
             ("id_col (--id-col)", self.id_col),
         ]
-        if self.task in TEXT_TASKS:
+        reads_text = self.reads_text
+        if reads_text:
             required.append(("text_col (--text-col)", self.text_col))
         else:
             required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
         missing = [flag for flag, value in required if not value]
         if missing:
             raise ConfigError("missing required setting(s): " + ", ".join(missing))
-        if self.task in TEXT_TASKS and self.id_col == self.text_col:
+        if reads_text and self.id_col == self.text_col:
             raise ConfigError(f"id_col and text_col must differ, both are {self.id_col!r}")
-        if self.task not in TEXT_TASKS and self.text_col:
+        if not reads_text and self.text_col:
             raise ConfigError(f"text_col is for text tasks; task {self.task!r} reads feature_cols / feature_prefix")
         if self.errors and self.errors == self.output:
             raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
+
+    @property
+    def reads_text(self) -> bool:
+        """Whether the task reads one text column (else numeric feature columns), per the task registry."""
+        return get_task(self.task).input_kind.is_text
 
     def resolved_run_id(self) -> Optional[str]:
         """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""
@@ -384,6 +394,14 @@ def load_config(
         if value is not None:
             _assign(tree, key, value)
     return _build(JobConfig, tree, prefix="")
+
+
+def config_from_mapping(tree: Mapping[str, Any]) -> JobConfig:
+    """A validated :class:`JobConfig` from the same tree a YAML file holds (sections as nested mappings).
+
+    Raises :class:`ConfigError` exactly as :func:`load_config` does.
+    """
+    return _build(JobConfig, dict(tree), prefix="")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

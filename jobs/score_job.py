@@ -34,7 +34,7 @@ from pyspark.resource import ResourceProfile
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakescore.jobs.config import TEXT_TASKS, JobConfig
+from lakescore.jobs.config import JobConfig
 from lakescore.jobs.steps.dead_letter import check_ids, refused_rows, split_by_id, unscored_rows
 from lakescore.jobs.platform.model_staging import stage_remote_model
 from lakescore.jobs.platform.profiles import scoring_profile
@@ -189,7 +189,7 @@ def score_dataframe(
     schema = scored_schema(cfg.task, df.schema[id_col])
     scorer = make_scoring_function(
         spec,
-        id_col=id_col,
+        keep_cols=[id_col],
         input_cols=input_cols,
         schema=schema,
         max_tokens=cfg.scoring.max_batch_tokens,
@@ -226,7 +226,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     spark = spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
     source = read_input(spark, cfg.input, cfg.input_format)
     input_cols = _input_columns(cfg, source)
-    if cfg.task == "tabular":
+    if not cfg.reads_text:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     layout = scoring_layout(spark, cfg)
     counters = WorkerCounters(spark.sparkContext)
@@ -414,7 +414,7 @@ def _storage_refs(cfg: JobConfig) -> tuple[str, ...]:
 def _input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:
     """The model's input columns, after checking the input contract on the schema (no compute)."""
     where = f"input {cfg.input!r}"
-    if cfg.task in TEXT_TASKS:
+    if cfg.reads_text:
         TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, where)
         return (cfg.text_col,)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
@@ -423,7 +423,7 @@ def _input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:
 
 
 def _raw_input(cfg: JobConfig, input_cols: tuple[str, ...]) -> Column:
-    if cfg.task in TEXT_TASKS:
+    if cfg.reads_text:
         return column(input_cols[0])
     return F.to_json(F.struct(*[column(c) for c in input_cols]))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, IntegerType, StringType, StructField, StructType
 
 from lakescore.schemas.contracts import InputContractError
 
@@ -10,7 +10,6 @@ __all__ = [
     "PREDICTIONS",
     "IDENTITY_COLUMNS",
     "ERROR_COLUMNS",
-    "REASONS",
     "prediction_fields",
     "prediction_columns",
     "scored_schema",
@@ -26,22 +25,36 @@ PREDICTIONS: dict[str, list[StructField]] = {
         StructField("score", DoubleType(), nullable=True),
         StructField("probs", ArrayType(DoubleType(), containsNull=False), nullable=True),
     ],
+    "ner": [
+        StructField(
+            "entities",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("entity_group", StringType(), nullable=True),
+                        StructField("score", DoubleType(), nullable=True),
+                        StructField("word", StringType(), nullable=True),
+                        StructField("start", IntegerType(), nullable=True),
+                        StructField("end", IntegerType(), nullable=True),
+                    ]
+                ),
+                containsNull=False,
+            ),
+            nullable=True,
+        )
+    ],
     "tabular": [
         StructField("prediction", DoubleType(), nullable=True),
         StructField("scores", ArrayType(DoubleType(), containsNull=False), nullable=True),
     ],
 }
-"""The model's output columns per task, in output order."""
+"""The model's output columns per task, in output order: what a head's ``columns`` returns, one array each."""
 
 IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 """Columns every output row carries so anyone can tell which model and run produced it."""
 
 ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""
-
-REASONS = ("null_id", "duplicate_id", "null_input", "bad_feature_value", "scoring_error")
-"""Reason codes of dead-lettered rows."""
-
 
 def prediction_fields(task: str) -> list[StructField]:
     """The prediction fields of ``task``; ``KeyError`` for an unknown task."""
@@ -53,10 +66,11 @@ def prediction_columns(task: str) -> list[str]:
     return [f.name for f in prediction_fields(task)]
 
 
-def scored_schema(task: str, id_field: StructField) -> StructType:
-    """What the scoring function returns: id, predictions, ``model_sha256``, then :data:`ERROR_COLUMNS`."""
+def scored_schema(task: str, *kept: StructField) -> StructType:
+    """What the scoring function returns: the ``kept`` input columns (the job: the id), predictions,
+    ``model_sha256``, then :data:`ERROR_COLUMNS`."""
     return StructType(
-        [StructField(id_field.name, id_field.dataType, nullable=True)]
+        [StructField(f.name, f.dataType, nullable=True) for f in kept]
         + prediction_fields(task)
         + [StructField("model_sha256", StringType(), nullable=False)]
         + [StructField(name, StringType(), nullable=True) for name in ERROR_COLUMNS]

@@ -26,11 +26,9 @@ __all__ = ["SequenceClassifier", "load_classifier"]
 class SequenceClassifier:
     """The classify head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)`` probabilities.
 
-    Output columns: ``label`` (string), ``score`` (double, probability of ``label``),
-    ``probs`` (``array<double>`` in label-id order).
+    Outputs per row: the label (string), its probability (double) and every label's
+    probability (``array<double>`` in label-id order).
     """
-
-    task = "classify"
 
     def __init__(self, model, tokenizer, max_length: int) -> None:
         self._model = model.eval()
@@ -52,14 +50,15 @@ class SequenceClassifier:
         probs = torch.sigmoid(logits) if self._sigmoid else torch.softmax(logits, dim=-1)
         return probs.double().cpu().numpy()
 
-    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
+        """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""
         ok = np.asarray(ok, dtype=bool)
         best = outputs.argmax(axis=1)
-        return {
-            "label": string_column([self.labels[i] for i in best], ok),
-            "score": scalar_column(outputs[np.arange(len(ok)), best], ok, pa.float64()),
-            "probs": list_column(outputs, ok, pa.float64()),
-        }
+        return (
+            string_column([self.labels[i] for i in best], ok),
+            scalar_column(outputs[np.arange(len(ok)), best], ok, pa.float64()),
+            list_column(outputs, ok, pa.float64()),
+        )
 
     def score(self, texts: list[str]) -> np.ndarray:
         """Convenience for small lists: one padded batch (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""

@@ -30,10 +30,8 @@ __all__ = ["SentenceEmbedder", "load_embedder"]
 class SentenceEmbedder:
     """The embed head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float32 ``(n, dimension)``.
 
-    Output columns: ``embedding`` (``array<float>``).
+    Output: the embedding per row (``array<float>``).
     """
-
-    task = "embed"
 
     def __init__(self, model) -> None:
         self._model = model.eval()
@@ -51,9 +49,9 @@ class SentenceEmbedder:
         features = {k: to_device(v, device) for k, v in features.items()}
         return self._model(features)["sentence_embedding"].float().cpu().numpy()
 
-    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
-        """The prediction columns for scored ``outputs`` (rows not ``ok`` become null)."""
-        return {"embedding": list_column(outputs.astype(np.float32, copy=False), ok, pa.float32())}
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
+        """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""
+        return (list_column(outputs.astype(np.float32, copy=False), ok, pa.float32()),)
 
     def score(self, texts: list[str]) -> np.ndarray:
         """Convenience for small lists: one padded batch, no budget (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""

@@ -20,11 +20,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from lakescore.udfs.model_source import ModelSpec, hub_revision, resolve_model_dir, verify_sha256, weights_sha256
+from lakescore.udfs.registry import get_task
 
-__all__ = ["LoadedModel", "get_model", "clear", "HEAD_LOADERS"]
+__all__ = ["LoadedModel", "get_model", "clear"]
 
 
 @dataclass(frozen=True)
@@ -40,31 +41,6 @@ class LoadedModel:
     load_seconds: float
 
 
-def _load_embed(spec: ModelSpec, model_dir: Path) -> Any:
-    from lakescore.udfs.embed import load_embedder
-
-    return load_embedder(spec, model_dir)
-
-
-def _load_classify(spec: ModelSpec, model_dir: Path) -> Any:
-    from lakescore.udfs.classify import load_classifier
-
-    return load_classifier(spec, model_dir)
-
-
-def _load_tabular(spec: ModelSpec, model_dir: Path) -> Any:
-    from lakescore.udfs.tabular import load_tabular
-
-    return load_tabular(spec, model_dir)
-
-
-HEAD_LOADERS: dict[str, Callable[[ModelSpec, Path], Any]] = {
-    "classify": _load_classify,
-    "embed": _load_embed,
-    "tabular": _load_tabular,
-}
-"""Task name -> ``loader(spec, model_dir) -> head``. The only per-task part of loading."""
-
 _cache: dict[ModelSpec, LoadedModel] = {}
 _lock = threading.Lock()
 
@@ -74,7 +50,7 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
 
     The weights are hashed once per process and checked against ``spec.expect_sha256``
     *before* loading (:class:`~lakescore.udfs.model_source.ModelIntegrityError` names both digests).
-    Raises ``KeyError`` for a task without a loader; loader and source errors propagate.
+    Raises ``ValueError`` for an unknown task (:mod:`lakescore.udfs.registry`); loader and source errors propagate.
     """
     key = dataclasses.replace(spec, expect_sha256=None)  # a pin checks the weights; it is not another model
     with _lock:
@@ -86,7 +62,7 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
         model_dir = resolve_model_dir(spec.source, spec.revision)
         sha256 = weights_sha256(model_dir)
         verify_sha256(sha256, spec.expect_sha256, spec.source)
-        scorer = HEAD_LOADERS[spec.task](key, model_dir)
+        scorer = get_task(spec.task).load(key, model_dir)
         revision = hub_revision(model_dir) or spec.revision
         loaded = LoadedModel(scorer, model_dir, sha256, revision, time.perf_counter() - start)
         _cache[key] = loaded

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 import socket
 import time
@@ -24,23 +23,14 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import Accumulator, TaskContext
 from pyspark.sql.types import StructType
 
 from lakescore.schemas.output import ERROR_COLUMNS
-from lakescore.udfs.batching import (
-    AdaptiveBudget,
-    BatchPolicy,
-    Scored,
-    default_max_tokens,
-    prefetch,
-    score_matrix,
-    score_texts,
-    tokenize_present,
-)
+from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch
 from lakescore.udfs.model_cache import LoadedModel, get_model
 from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.registry import get_task
 
 __all__ = ["WorkerCounters", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA"]
 
@@ -63,7 +53,7 @@ class WorkerCounters:
 def make_scoring_function(
     spec: ModelSpec,
     *,
-    id_col: str,
+    keep_cols: Sequence[str],
     input_cols: Sequence[str],
     schema: StructType,
     max_tokens: Optional[int],
@@ -72,10 +62,10 @@ def make_scoring_function(
 ) -> ArrowScorer:
     """Build the function ``mapInArrow`` runs for ``spec.task``.
 
-    Input batches hold ``id_col`` and ``input_cols`` (one text column for text
-    tasks; the numeric feature columns, in the program's order, for ``tabular``).
-    Output batches follow ``schema`` (:func:`lakescore.schemas.output.scored_schema`): the id
-    as it came, the head's prediction columns (null for unscored rows),
+    Input batches hold ``keep_cols`` and ``input_cols`` (one text column for text
+    tasks; the numeric feature columns, in the program's order, for feature tasks).
+    Output batches follow ``schema`` (:func:`lakescore.schemas.output.scored_schema`): the
+    ``keep_cols`` as they came (the job keeps the id), the task's prediction columns (null for unscored rows),
     ``model_sha256`` of the weights this worker loaded, and ``_reason`` /
     ``_error`` / ``_input`` for rows that could not be scored (null input, bad
     feature value, a forward pass that failed even for the row alone).
@@ -91,7 +81,8 @@ def make_scoring_function(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema)
-    input_cols = tuple(input_cols)
+    input_cols, keep_cols = tuple(input_cols), tuple(keep_cols)
+    input_kind = get_task(spec.task).input_kind
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         batches = iter(batches)
@@ -99,7 +90,7 @@ def make_scoring_function(
         if first is None:  # empty partition: no model load
             return
         model, device = _model_for_this_worker(spec, counters)
-        runner = _MatrixRunner(model.scorer, input_cols) if spec.task == "tabular" else _TextRunner(model.scorer, input_cols[0])
+        runner = input_kind.runner(model.scorer, input_cols)
         budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
         for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
             if batch.num_rows == 0:
@@ -108,7 +99,8 @@ def make_scoring_function(
             halvings = budget.halvings
             scored = runner.score(prepared, budget)
             elapsed = time.perf_counter() - started
-            yield _result_batch(batch.column(id_col), model, scored, runner.raw_inputs(prepared, scored), arrow_schema)
+            kept = [batch.column(name) for name in keep_cols]
+            yield _result_batch(kept, model, scored, runner.raw_inputs(prepared, scored), arrow_schema)
             if counters is not None:
                 counters.arrow_batches.add(1)
                 counters.rows.add(batch.num_rows)
@@ -148,8 +140,7 @@ def make_preflight_function(spec: ModelSpec, counters: Optional[WorkerCounters] 
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
             model, device = _model_for_this_worker(spec, counters)
-            sample = np.zeros((1, len(spec.feature_cols))) if spec.task == "tabular" else ["lakescore preflight"]
-            rows = np.asarray(model.scorer.score(sample)).shape[0]
+            rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
             row.update(device=device, sha256=model.sha256, revision=model.revision)
@@ -168,66 +159,24 @@ def _preflight_arrow_schema() -> pa.Schema:
     return pa.schema([(name, types[kind]) for name, kind in fields])
 
 
-class _TextRunner:
-    """Text heads: one string column, tokenized once per Arrow batch."""
-
-    def __init__(self, head, text_col: str) -> None:
-        self.head, self.text_col = head, text_col
-
-    def prepare(self, batch: pa.RecordBatch):
-        values = batch.column(self.text_col).to_pylist()
-        return values, tokenize_present(values, self.head)
-
-    def score(self, prepared, budget: AdaptiveBudget) -> Scored:
-        values, features = prepared
-        return score_texts(values, self.head, budget, features)
-
-    def raw_inputs(self, prepared, scored: Scored) -> list[Optional[str]]:
-        values, _ = prepared
-        return [None if reason is None else values[i] for i, reason in enumerate(scored.reasons)]
-
-
-class _MatrixRunner:
-    """Tabular heads: numeric feature columns as one float64 matrix (nulls become NaN)."""
-
-    def __init__(self, head, feature_cols: tuple[str, ...]) -> None:
-        self.head, self.feature_cols = head, feature_cols
-
-    def prepare(self, batch: pa.RecordBatch) -> np.ndarray:
-        columns = [
-            pc.cast(batch.column(name), pa.float64()).fill_null(float("nan")).to_numpy(zero_copy_only=False)
-            for name in self.feature_cols
-        ]
-        return np.column_stack(columns) if columns else np.zeros((batch.num_rows, 0))
-
-    def score(self, matrix: np.ndarray, budget: AdaptiveBudget) -> Scored:
-        return score_matrix(matrix, self.head, budget)
-
-    def raw_inputs(self, matrix: np.ndarray, scored: Scored) -> list[Optional[str]]:
-        return [
-            None if reason is None else json.dumps(dict(zip(self.feature_cols, (_json_number(v) for v in matrix[i]))))
-            for i, reason in enumerate(scored.reasons)
-        ]
-
-
-def _json_number(value: float) -> Any:
-    return value if np.isfinite(value) else str(value)  # JSON has no NaN / Infinity
-
-
 def _result_batch(
-    ids: pa.Array, model: LoadedModel, scored: Scored, raw: list[Optional[str]], schema: pa.Schema
+    kept: list[pa.Array], model: LoadedModel, scored: Scored, raw: list[Optional[str]], schema: pa.Schema
 ) -> pa.RecordBatch:
+    """The output batch: ``kept`` columns, the head's prediction columns, ``model_sha256``, the error columns."""
     ok = scored.ok
+    prediction_fields = list(schema)[len(kept) : len(schema) - 1 - len(ERROR_COLUMNS)]
     if ok.any():
-        columns = dict(model.scorer.columns(scored.outputs, ok))
+        predictions = list(model.scorer.columns(scored.outputs, ok))
+        if len(predictions) != len(prediction_fields):
+            raise ValueError(f"the head returned {len(predictions)} columns for {len(prediction_fields)} output fields")
     else:  # nothing scored, so no outputs to shape: every prediction column is null (heads never see this case)
-        columns = {field.name: pa.nulls(len(ok), field.type) for field in list(schema)[1:]}
-    columns["model_sha256"] = pa.array([model.sha256] * len(ok), type=pa.string())
-    reason_col, error_col, input_col = ERROR_COLUMNS
-    columns[reason_col] = pa.array(scored.reasons, type=pa.string())
-    columns[error_col] = pa.array(scored.errors, type=pa.string())
-    columns[input_col] = pa.array(raw, type=pa.string())
-    arrays = [ids] + [columns[field.name] for field in list(schema)[1:]]
+        predictions = [pa.nulls(len(ok), field.type) for field in prediction_fields]
+    arrays = kept + predictions + [
+        pa.array([model.sha256] * len(ok), type=pa.string()),
+        pa.array(scored.reasons, type=pa.string()),
+        pa.array(scored.errors, type=pa.string()),
+        pa.array(raw, type=pa.string()),
+    ]
     arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 

@@ -30,10 +30,8 @@ PROGRAM_SUFFIXES = (".pt", ".pt2")
 class TabularModel:
     """The tabular head: ``(n, features)`` float matrix -> float64 ``(n, outputs)``.
 
-    Output columns: ``prediction`` (double), ``scores`` (``array<double>``).
+    Outputs per row: the prediction (double) and the program's raw outputs (``array<double>``).
     """
-
-    task = "tabular"
 
     def __init__(self, program, feature_cols: tuple[str, ...], device: str, dtype: torch.dtype) -> None:
         self._program = program
@@ -50,13 +48,11 @@ class TabularModel:
         out = out.float().cpu().numpy().astype(np.float64)
         return out.reshape(len(matrix), -1)
 
-    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> dict[str, pa.Array]:
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
+        """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""
         ok = np.asarray(ok, dtype=bool)
         prediction = outputs[:, 0] if outputs.shape[1] == 1 else outputs.argmax(axis=1).astype(np.float64)
-        return {
-            "prediction": scalar_column(prediction, ok, pa.float64()),
-            "scores": list_column(outputs, ok, pa.float64()),
-        }
+        return (scalar_column(prediction, ok, pa.float64()), list_column(outputs, ok, pa.float64()))
 
     def score(self, matrix: np.ndarray) -> np.ndarray:
         return self.forward(matrix)

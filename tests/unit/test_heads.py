@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from lakescore.udfs.batching import BatchPolicy, score_matrix, score_texts
-from lakescore.udfs.model_cache import HEAD_LOADERS
 from lakescore.udfs.model_source import ModelSourceError, ModelSpec
+from lakescore.udfs.registry import get_task, named_columns
 
 UNSEEN = [
     "The blender died after two weeks; support never answered.",
@@ -20,7 +20,7 @@ UNSEEN = [
 
 
 def _load(task, path, **options):
-    return HEAD_LOADERS[task](ModelSpec(task, str(path), **options), path)
+    return get_task(task).load(ModelSpec(task, str(path), **options), path)
 
 
 def test_classify_equals_the_transformers_pipeline(tiny_classifier_dir):
@@ -28,7 +28,7 @@ def test_classify_equals_the_transformers_pipeline(tiny_classifier_dir):
 
     head = _load("classify", tiny_classifier_dir)
     scored = score_texts(UNSEEN, head, BatchPolicy(max_tokens=256, max_rows=4))
-    columns = head.columns(scored.outputs, scored.ok)
+    columns = named_columns("classify", head.columns(scored.outputs, scored.ok))
     peer = pipeline("text-classification", model=str(tiny_classifier_dir), top_k=None, device="cpu")
     for i, text in enumerate(UNSEEN):
         ranked = peer(text)
@@ -81,7 +81,7 @@ def test_tabular_program_equals_the_module(tiny_tabular, fmt):
     with torch.no_grad():
         peer = module(torch.as_tensor(matrix, dtype=torch.float32)).double().numpy()
     assert np.allclose(scored.outputs, peer, atol=1e-6)
-    columns = head.columns(scored.outputs, scored.ok)
+    columns = named_columns("tabular", head.columns(scored.outputs, scored.ok))
     assert columns["prediction"].to_pylist() == peer.argmax(1).astype(float).tolist()
 
 
@@ -92,7 +92,7 @@ def test_tabular_regression_prediction_is_the_value(tmp_path):
     torch.jit.save(torch.jit.script(module), str(path))
     head = _load("tabular", path, feature_cols=("a", "b", "c"))
     matrix = np.arange(6, dtype=float).reshape(2, 3)
-    columns = head.columns(head.forward(matrix), np.array([True, True]))
+    columns = named_columns("tabular", head.columns(head.forward(matrix), np.array([True, True])))
     with torch.no_grad():
         expected = module(torch.as_tensor(matrix, dtype=torch.float32)).squeeze(1).tolist()
     assert np.allclose(columns["prediction"].to_pylist(), expected, atol=1e-6)

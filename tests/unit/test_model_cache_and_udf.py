@@ -1,12 +1,14 @@
 """The per-process cache and the scoring function Spark runs in each worker, run here without Spark."""
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import scored_schema
-from lakescore.udfs import model_cache
+from lakescore.udfs import model_cache, registry
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSpec
 from lakescore.udfs.scoring_udf import make_scoring_function
 
@@ -15,14 +17,14 @@ from lakescore.udfs.scoring_udf import make_scoring_function
 def load_counter(monkeypatch):
     """Counts real loads by wrapping the embed loader (the real loader still runs)."""
     calls = []
-    real = model_cache.HEAD_LOADERS["embed"]
+    real = registry.TASKS["embed"]
 
     def counting(spec, model_dir):
         calls.append(spec)
-        return real(spec, model_dir)
+        return real.load(spec, model_dir)
 
     model_cache.clear()
-    monkeypatch.setitem(model_cache.HEAD_LOADERS, "embed", counting)
+    monkeypatch.setitem(registry.TASKS, "embed", dataclasses.replace(real, loader=counting))
     yield calls
     model_cache.clear()
 
@@ -30,7 +32,7 @@ def load_counter(monkeypatch):
 def _embed_function(minilm_dir, **spec_options):
     schema = scored_schema("embed", StructField("id", LongType()))
     spec = ModelSpec("embed", str(minilm_dir), **spec_options)
-    return make_scoring_function(spec, id_col="id", input_cols=["text"], schema=schema, max_tokens=512, max_rows=3)
+    return make_scoring_function(spec, keep_cols=["id"], input_cols=["text"], schema=schema, max_tokens=512, max_rows=3)
 
 
 def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
@@ -88,7 +90,7 @@ def test_tabular_worker_dead_letters_bad_feature_rows_with_their_values(tiny_tab
     features = TinyTabular.FEATURES
     schema = scored_schema("tabular", StructField("id", LongType()))
     spec = ModelSpec("tabular", str(script), feature_cols=features)
-    score = make_scoring_function(spec, id_col="id", input_cols=features, schema=schema, max_tokens=None, max_rows=2)
+    score = make_scoring_function(spec, keep_cols=["id"], input_cols=features, schema=schema, max_tokens=None, max_rows=2)
     values = {name: [0.5, None, 1.0, float("nan"), -2.0] for name in features}
     values["feature_b"] = [1, 2, 3, 4, 5]  # an integer column is a feature too
     batch = pa.record_batch({"id": pa.array([1, 2, 3, 4, 5], pa.int64()), **{k: pa.array(v) for k, v in values.items()}})
@@ -142,7 +144,7 @@ def test_a_batch_with_no_scorable_row_comes_back_null_with_reasons(minilm_dir, t
 
     features = TinyTabular.FEATURES
     schema = scored_schema("tabular", StructField("id", LongType()))
-    score = make_scoring_function(ModelSpec("tabular", str(tiny_tabular[1]), feature_cols=features), id_col="id",
+    score = make_scoring_function(ModelSpec("tabular", str(tiny_tabular[1]), feature_cols=features), keep_cols=["id"],
                                   input_cols=features, schema=schema, max_tokens=None, max_rows=2)
     bad = pa.record_batch({"id": pa.array([7], pa.int64()), **{f: pa.array([float("nan")]) for f in features}})
     (row,) = pa.Table.from_batches(list(score(iter([bad])))).to_pylist()

@@ -42,14 +42,14 @@ def test_missing_local_directory_is_named(tmp_path):
 
 @pytest.mark.parametrize("task", ["embed", "classify"])
 def test_a_file_is_not_a_text_model(tmp_path, task):
-    from lakescore.udfs.model_cache import HEAD_LOADERS
     from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.registry import get_task
 
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"x")
     assert resolve_model_dir(str(path)) == path  # files are fine as sources (tabular programs) ...
     with pytest.raises(ModelSourceError, match="is a file"):  # ... but a text model is a directory
-        HEAD_LOADERS[task](ModelSpec(task, str(path)), path)
+        get_task(task).load(ModelSpec(task, str(path)), path)
 
 
 def test_unreachable_hub_id_fails_with_the_id():

@@ -1,0 +1,111 @@
+"""The task registry: every task lakescore runs, and everything that depends on its name.
+
+A task is a name, an input kind and a head loader. What the rest of lakescore
+needs to know about a task is derived here, so nothing else branches on the
+task name:
+
+* config validation and the CLI's choices (:data:`TASK_NAMES`);
+* the input contract and the errors table's raw-input column (:attr:`Task.input_kind`:
+  ``text`` reads one string column, ``features`` numeric columns);
+* the runner that turns Arrow batches into model input (:attr:`InputKind.runner`);
+* the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
+* the output columns, from :mod:`lakescore.schemas.output` (:attr:`Task.output_fields`);
+  a head returns one Arrow array per output field, in that order, and never names them.
+
+Adding a task: one head module in ``udfs/`` (``tokenize``/``forward``/``columns``/``score``
+and a ``load_<head>(spec, model_dir)`` function), one :class:`Task` entry in :data:`TASKS`,
+one entry in :data:`lakescore.schemas.output.PREDICTIONS`, tests against the reference
+library on a tiny seeded model. This module imports no model library: loaders import
+their head lazily, so the driver and the CLI stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.types import StructField
+
+from lakescore.schemas.output import prediction_fields
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.runners import MatrixRunner, TextRunner
+
+__all__ = ["InputKind", "Task", "TEXT", "FEATURES", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """What a task reads: ``text`` (one string column) or ``features`` (numeric columns)."""
+
+    name: str
+    runner: type
+    """``runner(head, input_cols)``: prepares Arrow batches for the head (:mod:`lakescore.udfs.runners`)."""
+
+    @property
+    def is_text(self) -> bool:
+        return self.name == "text"
+
+    def preflight_sample(self, spec: ModelSpec) -> Any:
+        """One input row, as the head's ``score`` takes it, for the executors' preflight."""
+        return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
+
+
+TEXT = InputKind("text", TextRunner)
+FEATURES = InputKind("features", MatrixRunner)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One scoring task: its name, input kind and the head loader ``"module:function"``."""
+
+    name: str
+    input_kind: InputKind
+    loader: str | Callable[[ModelSpec, Path], Any]
+    """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use)."""
+    summary: str = ""
+
+    def load(self, spec: ModelSpec, model_dir: Path) -> Any:
+        """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
+        loader = self.loader
+        if isinstance(loader, str):
+            module, _, function = loader.partition(":")
+            loader = getattr(importlib.import_module(module), function)
+        return loader(spec, model_dir)
+
+    @property
+    def output_fields(self) -> list[StructField]:
+        """The prediction columns this task writes, in output order (:mod:`lakescore.schemas.output`)."""
+        return prediction_fields(self.name)
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
+        Task("embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers"),
+        Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program"),
+    )
+}
+"""Task name -> :class:`Task`: the only place a task name means anything."""
+
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+
+
+def get_task(name: str) -> Task:
+    """The registered task ``name``; ``ValueError`` naming the known tasks otherwise."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}") from None
+
+
+def named_columns(task: str, arrays: Sequence[pa.Array]) -> Mapping[str, pa.Array]:
+    """A head's output arrays keyed by the task's output column names (``ValueError`` on a count mismatch)."""
+    names = [f.name for f in get_task(task).output_fields]
+    if len(arrays) != len(names):
+        raise ValueError(f"the {task} head returned {len(arrays)} columns for the {len(names)} outputs {names}")
+    return dict(zip(names, arrays))
