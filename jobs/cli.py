@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from lakescore.jobs.commands.demo import DEMO_ROWS
+from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.config import (
     DEVICES, DTYPES, INPUT_FORMATS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig, load_config,
 )
@@ -94,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
-    demo.add_argument("--rows", type=int, default=3000, help="sample reviews to generate (default: 3000)")
+    demo.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"sample reviews to generate (default: {DEMO_ROWS})")
     demo.add_argument("--report", metavar="JSON", help="run report path (default: .lakescore/demo/report.json)")
 
     sweep = commands.add_parser(
@@ -107,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--revision", help="hub revision")
     sweep.add_argument("--text-col", help="input column with the text to score")
     sweep.add_argument("--master", help="Spark master when lakescore builds the session")
-    sweep.add_argument("--sample-rows", type=int, default=1000, help="rows to sample (default: 1000)")
+    sweep.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, help=f"rows to sample (default: {SAMPLE_ROWS})")
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
 

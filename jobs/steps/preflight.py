@@ -1,0 +1,113 @@
+"""Step 3a, preflight: the executors' Python workers load the model and score a sample before any row.
+
+One small ``mapInArrow`` task per scoring slot, under the scoring stage's resource
+profile, loads the model where it will score, hashes its weights and scores one sample
+(:func:`lakescore.udfs.scoring_udf.make_preflight_function`). It runs in a background
+job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
+score next find the model in their cache. The driver itself never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from pyspark.sql import SparkSession
+
+from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec
+from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, WorkerCounters, make_preflight_function
+
+if TYPE_CHECKING:
+    from lakescore.jobs.steps.read import RunContext
+    from lakescore.jobs.steps.score import ScoringLayout
+
+__all__ = ["ModelIdentity", "preflight_model", "ExecutorPreflight"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Who scored: written into every row and into the report."""
+
+    model_id: str
+    revision: Optional[str]
+    sha256: str
+
+
+def preflight_model(
+    spark: SparkSession,
+    spec: ModelSpec,
+    layout: "ScoringLayout",
+    counters: Optional[WorkerCounters] = None,
+    job_group: Optional[str] = None,
+) -> ModelIdentity:
+    """Load the model where it will score, in the executors' Python workers, and score one sample there.
+
+    Runs one small task per scoring slot (``layout.partitions``, else the cluster's
+    parallelism) under the scoring stage's resource profile, before any input row
+    is scored: a model that cannot load fails the run here, and the workers that
+    score next find it in their cache.
+
+    Raises :class:`~lakescore.udfs.model_source.ModelIntegrityError` when a worker's weights
+    differ from ``spec.expect_sha256`` or two workers hashed different weights, and
+    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the host when a worker could
+    not load the model or score the sample. Returns the identity every worker agreed on.
+    """
+    sc = spark.sparkContext
+    if job_group:
+        sc.setJobGroup(job_group, "lakescore: load the model on the executors", interruptOnCancel=True)
+    tasks = layout.partitions or sc.defaultParallelism
+    probe = make_preflight_function(spec, counters)
+    rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
+    failed = [r for r in rows if r.error_type]
+    if failed:
+        r = failed[0]
+        if r.error_type == ModelIntegrityError.__name__:
+            raise ModelIntegrityError(r.error)
+        raise ModelSourceError(
+            f"model {spec.source!r} failed to load or score a sample on executor {r.host} (pid {r.pid}): "
+            f"{r.error_type}: {r.error}"
+        )
+    digests = sorted({r.sha256 for r in rows})
+    if len(digests) != 1:
+        hosts = ", ".join(sorted({f"{r.host}: {r.sha256}" for r in rows}))
+        raise ModelIntegrityError(f"executors found different weights for model {spec.source!r} ({hosts}); refusing to score")
+    loads = sorted(r.seconds for r in rows)
+    log.info(
+        "model ready in %d executor task(s) on %s (slowest %.1f s; weights sha256 %s)",
+        len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1], digests[0],
+    )
+    return ModelIdentity(model_id=spec.source, revision=rows[0].revision, sha256=digests[0])
+
+
+class ExecutorPreflight:
+    """Context manager: :func:`preflight_model` runs in a background Spark job while the block runs.
+
+    If the block raises, the preflight job is cancelled before the error propagates.
+    :meth:`identity` waits for the preflight and returns (or raises) its outcome.
+    """
+
+    def __init__(self, run: "RunContext") -> None:
+        self._run = run
+        self._group = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._future: Optional[Future] = None
+
+    def __enter__(self) -> "ExecutorPreflight":
+        run = self._run
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight")
+        self._future = self._pool.submit(preflight_model, run.spark, run.spec, run.layout, run.counters, self._group)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._run.spark.sparkContext.cancelJobGroup(self._group)
+        self._pool.shutdown(wait=True)
+
+    def identity(self) -> ModelIdentity:
+        """The identity every executor agreed on; the preflight's error if it failed."""
+        return self._future.result()

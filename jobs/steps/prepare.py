@@ -1,0 +1,115 @@
+"""Step 3b, prepare: the id check, then the run's plan (run id, chunks, staging, the pinned model spec).
+
+The id check counts the input and its null / duplicated ids in one aggregation while the
+executors load the model (:mod:`lakescore.jobs.steps.preflight`). The plan assigns rows to
+resumable chunks and finds the staging table of this run's key, with the chunks a crashed
+earlier attempt already committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import DataFrame
+
+from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
+from lakescore.jobs.steps.preflight import ModelIdentity
+from lakescore.jobs.steps.read import RunContext
+from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, run_key
+from lakescore.schemas.contracts import InputContractError
+from lakescore.udfs.model_source import ModelSpec
+
+__all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "plan_run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IdSplit:
+    """The id check's counts, the rows that can be scored and the rows refused for their id."""
+
+    ids: IdCheck
+    scorable: DataFrame
+    refused: DataFrame
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How this run scores: its id, the model pinned to the weights the executors hashed, the chunks."""
+
+    run_id: str
+    identity: ModelIdentity
+    spec: ModelSpec
+    """The model spec pinned to ``identity.sha256``: a worker with other weights fails its task."""
+    split: IdSplit
+    chunks: int
+    staging: Staging
+    done: frozenset[int]
+    """Chunks an earlier attempt of the same run already committed to staging."""
+
+    @property
+    def scorable(self) -> DataFrame:
+        return self.split.scorable
+
+    @property
+    def scorable_rows(self) -> int:
+        return self.split.ids.rows - self.split.ids.refused_rows
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC timestamp plus 8 random hex digits."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
+
+
+def check_input_ids(run: RunContext) -> IdSplit:
+    """Count the input and split off rows with a null or duplicated id.
+
+    Raises :class:`~lakescore.schemas.contracts.InputContractError` when the input has no rows.
+    """
+    ids = check_ids(run.source, run.cfg.id_col)
+    if ids.rows == 0:
+        raise InputContractError(f"input {run.cfg.input!r} has no rows; nothing to score (nothing was written)")
+    scorable, refused = split_by_id(run.source, run.cfg.id_col, ids)
+    return IdSplit(ids, scorable, refused)
+
+
+def plan_run(run: RunContext, split: IdSplit, identity: ModelIdentity) -> Plan:
+    """The run's plan: run id, pinned spec, chunk count and the staging table of this run's key."""
+    cfg = run.cfg
+    # Workers must load exactly the weights the preflight hashed, or fail their task.
+    spec = dataclasses.replace(run.spec, expect_sha256=identity.sha256)
+    chunks = chunk_count(split.ids.rows - split.ids.refused_rows, cfg.write.chunk_rows)
+    key = run_key(
+        {
+            "input": input_fingerprint(run.source),
+            "output": cfg.output,
+            "task": cfg.task,
+            "model_sha256": identity.sha256,
+            "spec": dataclasses.asdict(dataclasses.replace(spec, device="", expect_sha256=None)),
+            "id_col": cfg.id_col,
+            "inputs": run.input_cols,
+            "chunks": chunks,
+            "run_id": cfg.resolved_run_id(),
+        }
+    )
+    staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
+    plan = Plan(
+        run_id=cfg.resolved_run_id() or new_run_id(),
+        identity=identity,
+        spec=spec,
+        split=split,
+        chunks=chunks,
+        staging=staging,
+        done=frozenset(staging.committed_chunks()),
+    )
+    log.info(
+        "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
+        split.ids.rows, cfg.input, cfg.output, plan.run_id, chunks, len(plan.done),
+    )
+    if split.ids.refused_rows:
+        log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())
+    return plan

@@ -1,0 +1,94 @@
+"""Step 8, report: the :class:`~lakescore.jobs.report.RunReport` of a finished run, and the step clock.
+
+:class:`StepClock` times the named steps (``startup``, ``read_check``, ``prepare``,
+``score_stage``, ``validate``, ``publish``) for the report's ``step_seconds``.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any, Iterator, Optional
+
+from lakescore.jobs.platform.step_hooks import at_step
+from lakescore.jobs.report import RunReport
+from lakescore.jobs.steps.account import Accounting
+from lakescore.jobs.steps.prepare import Plan
+from lakescore.jobs.steps.publish import Outcome
+from lakescore.jobs.steps.read import RunContext, Targets
+
+__all__ = ["StepClock", "assemble_report"]
+
+
+class StepClock:
+    """Wall seconds per named step, and of the whole run since the clock was made."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time the block as step ``name`` (added to the step's earlier time, if any).
+
+        Test-only hooks (:mod:`lakescore.jobs.platform.step_hooks`) run first, outside the timing.
+        """
+        at_step(name)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def assemble_report(
+    run: RunContext,
+    targets: Targets,
+    plan: Plan,
+    accounting: Accounting,
+    validation: Optional[dict[str, Any]],
+    outcome: Outcome,
+    clock: StepClock,
+) -> RunReport:
+    """The report of a run that reached its publish decision (whatever the decision was)."""
+    cfg, sc, counters, identity = run.cfg, run.spark.sparkContext, run.counters, plan.identity
+    seconds = round(clock.elapsed(), 3)
+    return RunReport(
+        run_id=plan.run_id,
+        status=outcome.status,
+        task=cfg.task,
+        input=cfg.input,
+        output=cfg.output,
+        model_id=identity.model_id,
+        model_revision=identity.revision,
+        model_sha256=identity.sha256,
+        input_rows=accounting.input_rows,
+        output_rows=accounting.output_rows,
+        error_rows=accounting.error_rows,
+        errors_table=targets.errors_ref,
+        error_reasons=accounting.reasons,
+        errors_delta_version=outcome.errors_delta_version,
+        chunks={"total": plan.chunks, "skipped": len(plan.done), "staging": plan.staging.location},
+        seconds=seconds,
+        rows_per_second=round(accounting.input_rows / seconds, 2) if seconds else None,
+        delta_version=outcome.delta_version,
+        previous_delta_version=targets.previous_version,
+        validation=validation,
+        step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
+        workers={
+            "model_loads": counters.model_loads.value,
+            "arrow_batches": counters.arrow_batches.value,
+            "rows_scored": counters.rows.value,
+            "model_seconds": round(counters.model_seconds.value, 3),
+            "budget_halvings": counters.budget_halvings.value,
+        },
+        spark={"master": sc.master, "app_id": sc.applicationId},
+        started_at=clock.started_at,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        error=outcome.error,
+    )

@@ -1,0 +1,129 @@
+"""Step 4, score: the chunks not yet staged go through the model on the executors into staging.
+
+The scoring stage is a ``mapInArrow`` over the scorable rows (:mod:`lakescore.udfs.scoring_udf`),
+on its own resource profile when one is configured (:mod:`lakescore.jobs.platform.profiles`),
+one Delta commit per chunk (:mod:`lakescore.jobs.steps.staging`), so a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from pyspark.resource import ResourceProfile
+from pyspark.sql import DataFrame, SparkSession
+
+from lakescore.jobs.config import JobConfig
+from lakescore.jobs.platform.profiles import scoring_profile
+from lakescore.jobs.platform.progress import ProgressReporter
+from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.staging import chunk_column
+from lakescore.schemas.output import scored_schema
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.scoring_udf import WorkerCounters, make_scoring_function
+
+if TYPE_CHECKING:
+    from lakescore.jobs.steps.prepare import Plan
+    from lakescore.jobs.steps.read import RunContext
+
+__all__ = ["ScoringLayout", "scoring_layout", "score_dataframe", "score_into_staging"]
+
+log = logging.getLogger(__name__)
+
+_ARROW_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_ARROW_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+
+@dataclass(frozen=True)
+class ScoringLayout:
+    """Where the scoring stage runs: its resource profile (``None``: the default) and task count (``None``: as read)."""
+
+    profile: Optional[ResourceProfile]
+    partitions: Optional[int]
+
+
+def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
+    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.profiles` decides the profile, once)."""
+    profile = scoring_profile(spark, cfg.resources.scoring) if cfg.resources.scoring.requested else None
+    partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
+    return ScoringLayout(profile, partitions)
+
+
+def score_dataframe(
+    df: DataFrame,
+    cfg: JobConfig,
+    spec: ModelSpec,
+    keep_cols: Sequence[str],
+    input_cols: tuple[str, ...],
+    counters: Optional[WorkerCounters] = None,
+    layout: Optional[ScoringLayout] = None,
+) -> DataFrame:
+    """Lazily score ``df``: columns per :func:`lakescore.schemas.output.scored_schema` (``keep_cols`` as
+    they are, e.g. the id; predictions; ``model_sha256``; ``_reason``/``_error``/``_input`` for unscored rows).
+
+    The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
+    parallelism when the input has fewer partitions), so a one-file input still
+    uses every core.
+
+    With ``resources.scoring`` set and a master that honours resource profiles, the
+    scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
+    ``resources.scoring.partitions`` (else as above) tasks, always behind a
+    repartition: a profile covers a whole stage, and reading and preprocessing
+    must keep the default, full-CPU parallelism. Elsewhere (``local[...]``) a
+    warning is logged and the stage runs without the profile.
+    """
+    layout = layout or scoring_layout(df.sparkSession, cfg)
+    profile, partitions = layout.profile, layout.partitions
+    target = partitions or df.sparkSession.sparkContext.defaultParallelism
+    if partitions or profile is not None or df.rdd.getNumPartitions() < target:
+        df = df.repartition(target)
+    schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])
+    scorer = make_scoring_function(
+        spec,
+        keep_cols=keep_cols,
+        input_cols=input_cols,
+        schema=schema,
+        max_tokens=cfg.scoring.max_batch_tokens,
+        max_rows=cfg.scoring.max_batch_rows,
+        counters=counters,
+    )
+    read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
+    return df.select(*[column(c) for c in read]).mapInArrow(scorer, schema, profile=profile)
+
+
+def score_into_staging(run: "RunContext", plan: "Plan") -> None:
+    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk."""
+    cfg, spark = run.cfg, run.spark
+    todo = [c for c in range(plan.chunks) if c not in plan.done]
+    todo_rows = plan.scorable_rows if len(todo) == plan.chunks else round(plan.scorable_rows * len(todo) / plan.chunks)
+    with _arrow_settings(spark, cfg), ProgressReporter(spark.sparkContext, run.counters.rows, todo_rows, cfg.progress_seconds):
+        for chunk in todo:
+            part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
+            scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, run.counters, run.layout)
+            plan.staging.commit_chunk(scored, chunk)
+            log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+
+
+class _arrow_settings:
+    """Set the Arrow batch bounds for the scoring stage; a taken session (Databricks) gets its own back."""
+
+    def __init__(self, spark: SparkSession, cfg: JobConfig) -> None:
+        self._spark = spark
+        self._confs = {
+            _ARROW_RECORDS_CONF: str(cfg.scoring.arrow_max_records_per_batch),
+            _ARROW_BYTES_CONF: str(cfg.scoring.arrow_max_bytes_per_batch),
+        }
+
+    def __enter__(self):
+        self._previous = {key: self._spark.conf.get(key, None) for key in self._confs}
+        for key, value in self._confs.items():
+            self._spark.conf.set(key, value)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, value in self._previous.items():
+            if value is None:
+                self._spark.conf.unset(key)
+            else:
+                self._spark.conf.set(key, value)

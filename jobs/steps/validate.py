@@ -1,0 +1,41 @@
+"""Step 6, validate: the Great Expectations suite on the rows this run would publish.
+
+Skipped (``None``) when validation is off, or when the error rate already fails the run.
+GX reports a failed check as ``success: false``; the publish step gates on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pyspark.sql import DataFrame
+
+from lakescore.jobs.steps.account import Accounting
+from lakescore.jobs.steps.prepare import Plan
+from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.schemas.expectations import OutputFacts, UserExpectations, validate_output
+from lakescore.udfs.registry import get_task
+
+__all__ = ["validate_rows"]
+
+
+def validate_rows(
+    run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame
+) -> Optional[dict[str, Any]]:
+    """Run the suite on ``rows`` (the output rows with identity columns); its outcome as a dict, or ``None`` if skipped."""
+    cfg = run.cfg
+    if not cfg.validation.enabled or accounting.error_rate > cfg.max_error_rate:
+        return None
+    facts = OutputFacts(
+        schema=targets.output_schema,
+        expected_rows=accounting.output_rows,
+        prediction_columns=tuple(f.name for f in get_task(cfg.task).output_fields),
+        model_sha256=plan.identity.sha256,
+        run_id=plan.run_id,
+        user=UserExpectations(
+            min_rows=cfg.validation.min_rows,
+            value_ranges=dict(cfg.validation.value_ranges),
+            max_null_fraction=dict(cfg.validation.max_null_fraction),
+        ),
+    )
+    return validate_output(rows, facts).as_dict()

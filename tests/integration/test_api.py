@@ -1,0 +1,125 @@
+"""The public Python API (``lakescore.score``, ``transform``, ``pandas_udf``) on real local Spark + Delta,
+with the real all-MiniLM-L6-v2 against sentence-transformers and tiny seeded models against their peers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import lakescore
+from lakescore.jobs.config import ConfigError
+from lakescore.schemas.contracts import InputContractError
+from lakescore.udfs.model_source import ModelSourceError
+from tests.integration.test_score_job import read_output, reviews_frame
+
+
+def _cosines(got: list, expected: np.ndarray) -> np.ndarray:
+    got = np.asarray([np.asarray(v, dtype=np.float64) for v in got])
+    expected = np.asarray(expected, dtype=np.float64)
+    return (got * expected).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1))
+
+
+@pytest.fixture(scope="module")
+def reviews(spark):
+    frame = reviews_frame(60, seed=5)
+    frame.loc[7, "body"] = None  # a null text: null prediction, a reason, never a made-up vector
+    return frame, spark.createDataFrame(frame, "review_id long, body string, stars long")
+
+
+def test_score_runs_the_whole_job_and_writes_its_report(tmp_path, spark, minilm_dir, sentence_transformer):
+    source, output, report_path = tmp_path / "in.parquet", str(tmp_path / "out"), tmp_path / "report.json"
+    frame = reviews_frame(50, seed=9)
+    frame.to_parquet(source)
+    report = lakescore.score(
+        spark, input=str(source), output=output, task="embed", id_col="review_id", text_col="body",
+        model={"source": str(minilm_dir)}, write={"mode": "replace_run"}, run_date="2026-11-23",
+        report=str(report_path),
+    )
+    assert report.status == "succeeded" and report.run_id == "2026-11-23"
+    assert (report.input_rows, report.output_rows, report.error_rows) == (50, 50, 0)
+    assert json.loads(report_path.read_text())["run_id"] == "2026-11-23"
+    out = read_output(spark, output)
+    expected = sentence_transformer.encode(frame.sort_values("review_id")["body"].tolist())
+    assert _cosines(out["embedding"].tolist(), expected).min() >= 0.999
+    assert set(out["run_id"]) == {"2026-11-23"}
+
+
+def test_score_refuses_a_bad_setting_before_any_compute(spark, minilm_dir):
+    with pytest.raises(ConfigError, match="unknown config key 'write.mdoe'; did you mean 'write.mode'"):
+        lakescore.score(spark, input="x", output="y", model={"source": str(minilm_dir)}, write={"mdoe": "overwrite"})
+
+
+def test_transform_keeps_every_column_and_equals_sentence_transformers(spark, reviews, minilm_dir, sentence_transformer):
+    frame, df = reviews
+    scored = lakescore.transform(df, task="embed", model=minilm_dir, text_col="body", max_batch_tokens=512)
+    assert scored.columns == ["review_id", "body", "stars", "embedding", "model_sha256", "_reason", "_error"]
+    rows = scored.toPandas().sort_values("review_id").reset_index(drop=True)
+    assert rows["review_id"].tolist() == sorted(frame["review_id"]) and rows["stars"].tolist() == frame["stars"].tolist()
+    present = rows["body"].notna()
+    assert rows.loc[~present, "embedding"].isna().all() and set(rows.loc[~present, "_reason"]) == {"null_input"}
+    assert rows.loc[present, "_reason"].isna().all()
+    expected = sentence_transformer.encode(rows.loc[present, "body"].tolist())
+    assert _cosines(rows.loc[present, "embedding"].tolist(), expected).min() >= 0.999
+
+
+def test_transform_with_an_id_keeps_only_the_id(spark, reviews, minilm_dir):
+    _, df = reviews
+    scored = lakescore.transform(df.limit(5), task="embed", model=str(minilm_dir), text_col="body", id_col="review_id")
+    assert scored.columns == ["review_id", "embedding", "model_sha256", "_reason", "_error"]
+    assert scored.count() == 5
+
+
+def test_transform_checks_before_any_spark_job(spark, reviews, minilm_dir, tmp_path):
+    _, df = reviews
+    with pytest.raises(InputContractError, match="text column 'text' not found"):
+        lakescore.transform(df, task="embed", model=minilm_dir, text_col="text")
+    with pytest.raises(InputContractError, match=r"already has column\(s\) \['embedding'\]"):
+        lakescore.transform(df.withColumn("embedding", df.stars), task="embed", model=minilm_dir, text_col="body")
+    with pytest.raises(ConfigError, match="unknown option 'batch_size'"):
+        lakescore.transform(df, task="embed", model=minilm_dir, text_col="body", batch_size=8)
+    with pytest.raises(ConfigError, match="task must be one of"):
+        lakescore.transform(df, task="summarize", model=minilm_dir, text_col="body")
+    with pytest.raises(ModelSourceError, match="does not exist"):
+        lakescore.transform(df, task="embed", model=str(tmp_path / "absent"), text_col="body")
+
+
+def test_pandas_udf_embeds_in_a_select(spark, reviews, minilm_dir, sentence_transformer):
+    frame, df = reviews
+    embed = lakescore.pandas_udf(task="embed", model=minilm_dir, max_batch_tokens=512)
+    rows = df.select("review_id", "body", embed("body").alias("vector")).toPandas().sort_values("review_id")
+    present = rows["body"].notna()
+    assert rows.loc[~present, "vector"].isna().all()
+    expected = sentence_transformer.encode(rows.loc[present, "body"].tolist())
+    assert _cosines(rows.loc[present, "vector"].tolist(), expected).min() >= 0.999
+
+
+def test_pandas_udf_classifies_into_a_struct_equal_to_the_pipeline(spark, tiny_classifier_dir):
+    from transformers import pipeline
+
+    texts = ["great blender", "awful, broke in a week", "", "Das ist gut.", "ok " * 400]
+    df = spark.createDataFrame(pd.DataFrame({"id": range(len(texts)), "text": texts}))
+    classify = lakescore.pandas_udf(task="classify", model=tiny_classifier_dir)
+    rows = df.withColumn("p", classify("text")).select("id", "p.label", "p.score", "p.probs").toPandas().sort_values("id")
+    peer = pipeline("text-classification", model=str(tiny_classifier_dir), top_k=None, device="cpu")
+    for text, label, score in zip(texts, rows["label"], rows["score"]):
+        ranked = peer(text, truncation=True)
+        ranked = ranked[0] if ranked and isinstance(ranked[0], list) else ranked
+        assert label == ranked[0]["label"] and abs(score - ranked[0]["score"]) < 1e-4
+
+
+def test_pandas_udf_takes_one_column_per_feature(spark, tiny_tabular):
+    import torch
+
+    from tests.conftest import TinyTabular
+
+    module, script, _ = tiny_tabular
+    matrix = np.random.default_rng(4).normal(size=(20, 4))
+    df = spark.createDataFrame(pd.DataFrame(matrix, columns=list(TinyTabular.FEATURES)).assign(id=range(20)))
+    predict = lakescore.pandas_udf(task="tabular", model=script, feature_cols=TinyTabular.FEATURES)
+    rows = df.select("id", predict(*TinyTabular.FEATURES).alias("p")).select("id", "p.scores").toPandas().sort_values("id")
+    with torch.no_grad():
+        expected = module(torch.as_tensor(matrix, dtype=torch.float32)).double().numpy()
+    assert np.allclose(np.stack(rows["scores"].tolist()), expected, atol=1e-6)
