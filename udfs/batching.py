@@ -42,6 +42,7 @@ __all__ = [
     "score_matrix",
     "score_present",
     "prefetch",
+    "is_out_of_memory",
 ]
 
 Features = Mapping[str, Any]
@@ -171,9 +172,16 @@ class AdaptiveBudget:
         self.halvings = 0
 
     def halve(self, failed_tokens: int) -> None:
-        """Lower the budget to half the padded tokens of the batch that ran out of memory."""
-        self.policy = BatchPolicy(max(1, min(self.policy.max_tokens, failed_tokens) // 2), self.policy.max_rows)
-        self.halvings += 1
+        """Lower the budget to at most half the padded tokens of the batch that ran out of memory.
+
+        A batch planned before an earlier out-of-memory error may be larger than the budget
+        already is; its failure says nothing new, so the budget does not compound below half
+        of the smallest batch that failed. ``halvings`` counts the times the budget went down.
+        """
+        lowered = min(self.policy.max_tokens, max(1, failed_tokens // 2))
+        if lowered < self.policy.max_tokens:
+            self.policy = BatchPolicy(lowered, self.policy.max_rows)
+            self.halvings += 1
 
 
 def score_texts(
@@ -249,7 +257,7 @@ def score_present(
         try:
             scored = np.asarray(forward(take(rows, width)))
         except Exception as exc:
-            if _is_out_of_memory(exc) and len(rows) > 1:
+            if is_out_of_memory(exc) and len(rows) > 1:
                 _release_cuda_cache()
                 budget.halve(len(rows) * width)
                 half = len(rows) // 2
@@ -280,10 +288,11 @@ def _unscored(n: int, valid: np.ndarray, reason: str) -> Scored:
     return Scored(np.zeros((n, 0), dtype=np.float32), [None if ok else reason for ok in valid], [None] * n)
 
 
-def _is_out_of_memory(exc: BaseException) -> bool:
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for an out-of-memory error: torch's CUDA one, Python's ``MemoryError``, or an allocator's message."""
     torch = sys.modules.get("torch")
     oom = getattr(torch.cuda, "OutOfMemoryError", None) if torch is not None else None
-    return (oom is not None and isinstance(exc, oom)) or "CUDA out of memory" in str(exc)
+    return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
 def _release_cuda_cache() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -38,7 +37,6 @@ class LoadedModel:
     sha256: str
     revision: Optional[str]
     """The hub commit the files came from, when known."""
-    load_seconds: float
 
 
 _cache: dict[ModelSpec, LoadedModel] = {}
@@ -58,13 +56,12 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
         if cached is not None:
             verify_sha256(cached.sha256, spec.expect_sha256, spec.source)
             return cached, False
-        start = time.perf_counter()
         model_dir = resolve_model_dir(spec.source, spec.revision)
         sha256 = weights_sha256(model_dir)
         verify_sha256(sha256, spec.expect_sha256, spec.source)
         scorer = get_task(spec.task).load(key, model_dir)
         revision = hub_revision(model_dir) or spec.revision
-        loaded = LoadedModel(scorer, model_dir, sha256, revision, time.perf_counter() - start)
+        loaded = LoadedModel(scorer, model_dir, sha256, revision)
         _cache[key] = loaded
         return loaded, True
 

@@ -24,15 +24,13 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import numpy as np
-import pyarrow as pa
-from pyspark.sql.types import StructField
-
-from lakescore.schemas.output import prediction_fields
 from lakescore.udfs.model_source import ModelSpec
-from lakescore.udfs.runners import MatrixRunner, TextRunner
+
+if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before any Spark or model work
+    import pyarrow as pa
+    from pyspark.sql.types import StructField
 
 __all__ = ["InputKind", "Task", "TEXT", "FEATURES", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
@@ -42,20 +40,29 @@ class InputKind:
     """What a task reads: ``text`` (one string column) or ``features`` (numeric columns)."""
 
     name: str
-    runner: type
-    """``runner(head, input_cols)``: prepares Arrow batches for the head (:mod:`lakescore.udfs.runners`)."""
+    runner_name: str
+    """The class in :mod:`lakescore.udfs.runners` that prepares Arrow batches for the head."""
 
     @property
     def is_text(self) -> bool:
         return self.name == "text"
 
+    @property
+    def runner(self) -> type:
+        """``runner(head, input_cols)``: prepares Arrow batches for the head."""
+        from lakescore.udfs import runners
+
+        return getattr(runners, self.runner_name)
+
     def preflight_sample(self, spec: ModelSpec) -> Any:
         """One input row, as the head's ``score`` takes it, for the executors' preflight."""
+        import numpy as np
+
         return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
 
 
-TEXT = InputKind("text", TextRunner)
-FEATURES = InputKind("features", MatrixRunner)
+TEXT = InputKind("text", "TextRunner")
+FEATURES = InputKind("features", "MatrixRunner")
 
 
 @dataclass(frozen=True)
@@ -77,8 +84,10 @@ class Task:
         return loader(spec, model_dir)
 
     @property
-    def output_fields(self) -> list[StructField]:
+    def output_fields(self) -> list["StructField"]:
         """The prediction columns this task writes, in output order (:mod:`lakescore.schemas.output`)."""
+        from lakescore.schemas.output import prediction_fields
+
         return prediction_fields(self.name)
 
 
@@ -103,7 +112,7 @@ def get_task(name: str) -> Task:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}") from None
 
 
-def named_columns(task: str, arrays: Sequence[pa.Array]) -> Mapping[str, pa.Array]:
+def named_columns(task: str, arrays: Sequence["pa.Array"]) -> Mapping[str, "pa.Array"]:
     """A head's output arrays keyed by the task's output column names (``ValueError`` on a count mismatch)."""
     names = [f.name for f in get_task(task).output_fields]
     if len(arrays) != len(names):

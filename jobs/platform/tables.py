@@ -30,7 +30,6 @@ __all__ = [
     "last_commit",
     "delete_path",
     "table_location_root",
-    "read_delta_version",
 ]
 
 
@@ -206,14 +205,6 @@ def _save(writer, ref: str) -> None:
         writer.save(ref)
     else:
         writer.saveAsTable(ref)
-
-
-def read_delta_version(spark: SparkSession, ref: str, version: int) -> DataFrame:
-    """The Delta table at ``ref`` as of ``version`` (what this run wrote, whatever came after)."""
-    reader = spark.read.format("delta").option("versionAsOf", version)
-    if is_path(ref):
-        return reader.load(ref)
-    return reader.table(ref)
 
 
 def _latest_version(table) -> int:

@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import pytest
 
+from lakescore.jobs.platform.step_hooks import BARRIER_ENV
 from tests.integration.test_score_job import reviews_frame
 
 MASTER = "local-cluster[2,1,1024]"
@@ -64,9 +66,10 @@ def lakescore_cmd(source: Path, output: Path, warehouse: Path, report: Path, *ex
 class CliRun:
     """One ``lakescore score`` subprocess with its output in a log file (polled while it runs)."""
 
-    def __init__(self, cmd: list[str], cwd: Path, log: Path):
+    def __init__(self, cmd: list[str], cwd: Path, log: Path, env: Optional[dict[str, str]] = None):
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               **(env or {})}
         self.log = log
         self._out = open(log, "wb")
         self.started = time.time()
@@ -158,7 +161,7 @@ def kill_during_scoring(run: CliRun, target: str, timeout: float = 600) -> str:
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert run.proc.poll() is None, f"the run ended before the fault was injected:\n{run.text()[-4000:]}"
-        if "scoring " in run.text():  # jobs.score_job logs "scoring N rows ..." right before the first chunk
+        if "scoring " in run.text():  # the prepare step logs "scoring N rows ..." right before the first chunk
             procs = _procs()
             busy = _busy_python_workers(_executors(run, procs), procs)
             if busy:
@@ -308,12 +311,15 @@ def test_failed_validation_exits_1_and_leaves_the_output_untouched(worker_killed
 def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     root, source, frame = cluster_input
     output = root / "concurrent" / "embeddings"
+    barrier = root / "concurrent-barrier"  # each run waits at "publish" until both have staged and validated
     runs = {
         run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id),
-                       root, root / f"{run_id}.log")
+                       root, root / f"{run_id}.log", env={BARRIER_ENV: f"publish:2:{barrier}"})
         for run_id in ("concurrent-a", "concurrent-b")
     }
     codes = {run_id: run.wait() for run_id, run in runs.items()}
+    arrivals = sorted(float(p.read_text()) for p in barrier.glob("arrived-*"))
+    assert len(arrivals) == 2, "the runs did not both reach the publish step: they never overlapped"
     winners = [r for r, c in codes.items() if c == 0]
     assert winners, {r: run.text()[-3000:] for r, run in runs.items()}
     for run_id, code in codes.items():

@@ -111,15 +111,22 @@ def test_a_poisoned_row_is_retried_alone_and_does_not_take_its_batch_down():
     assert (scored.outputs[1] == 0).all()
 
 
-def test_cuda_out_of_memory_halves_the_budget_for_the_rest_of_the_task():
-    class SmallGpu(CharHead):
-        def forward(self, features):
-            rows, width = features["input_ids"].shape
-            if rows * width > 8:
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            return super().forward(features)
+class SmallGpu(CharHead):
+    """A head whose "GPU" holds ``capacity`` padded tokens: larger batches raise CUDA's out-of-memory error."""
 
-    head = SmallGpu()
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def forward(self, features):
+        rows, width = features["input_ids"].shape
+        if rows * width > self.capacity:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(features)
+
+
+def test_cuda_out_of_memory_halves_the_budget_for_the_rest_of_the_task():
+    head = SmallGpu(capacity=8)
     budget = AdaptiveBudget(BatchPolicy(max_tokens=32, max_rows=16))
     texts = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
     scored = score_texts(texts, head, budget)
@@ -128,6 +135,18 @@ def test_cuda_out_of_memory_halves_the_budget_for_the_rest_of_the_task():
     head.batches.clear()
     assert score_texts(texts, head, budget).ok.all()  # the next Arrow batch plans with the lower budget
     assert all(rows * width <= 8 for rows, width in head.batches) and len(head.batches) == 2
+
+
+def test_batches_planned_before_an_out_of_memory_do_not_compound_the_budget():
+    head = SmallGpu(capacity=4)
+    budget = AdaptiveBudget(BatchPolicy(max_tokens=32, max_rows=8))
+    texts = [chr(ord("a") + i % 26) for i in range(32)]  # 32 one-token rows: four planned batches of 8 tokens
+    scored = score_texts(texts, head, budget)
+    assert scored.ok.all() and scored.outputs[:, 0].tolist() == [1] * 32
+    # Every planned batch ran out of memory, but only the first one says something new: the budget
+    # ends at half of an 8-token batch, not halved again by each batch planned before it.
+    assert budget.policy.max_tokens == 4 and budget.halvings == 1
+    assert len(head.batches) == 8 and all(rows * width <= 4 for rows, width in head.batches)
 
 
 def test_matrix_rows_with_nan_or_inf_are_bad_feature_values():

@@ -33,6 +33,8 @@ def test_s3a_connector_matches_the_hadoop_that_pyspark_bundles():
     version = hadoop_version()
     assert (Path(pyspark.__file__).parent / "jars" / f"hadoop-client-api-{version}.jar").is_file()
     assert s3a_coordinate() == f"org.apache.hadoop:hadoop-aws:{version}"
+    # constraints.txt pins pyspark 4.1.1, which bundles Hadoop 3.4.2: a literal, so a wrong derivation cannot pass.
+    assert s3a_coordinate() == "org.apache.hadoop:hadoop-aws:3.4.2"
     assert s3a_coordinate("3.3.6") == "org.apache.hadoop:hadoop-aws:3.3.6"
 
 
