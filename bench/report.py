@@ -142,6 +142,11 @@ def _ratio_lines(summaries: Sequence[JobSummary]) -> list[str]:
                 line += (f"   (caution: ({other}) ran {peer.job.rows:,} rows, (d) {lakescore.job.rows:,}; fixed "
                          "start-up weighs more on fewer rows, so this overstates lakescore's advantage)")
             lines.append(line)
+    for (workload, key), transform in by.items():
+        udf = by.get((workload, "p"))
+        if key == "t" and udf is not None and transform.median and udf.median:
+            lines.append(f"{workload} p/t = {udf.median / transform.median:.2f}   (lakescore.pandas_udf vs lakescore.transform, "
+                         "same harness and rows: what the pandas round trip of a select costs against mapInArrow)")
     return lines
 
 

@@ -9,7 +9,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w2-rows`` [W2_ROWS], default rows/8: W2 rows (all peers);
 * ``--repeats`` [REPEATS], default 3: runs per peer on W1;
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
-* ``--peers`` [PEERS], default ``abcd``; ``--workloads`` [WORKLOADS], default ``W1,W2``;
+* ``--peers`` [PEERS], default ``abcdtp``; ``--workloads`` [WORKLOADS], default ``W1,W2``;
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults fit the spec's 15 minutes on a 2-core machine (11.9 minutes measured):
@@ -65,7 +65,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"runs per peer on W1 [REPEATS; default {_REPEATS}]")
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
-    parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcd", help="subset of abcd [PEERS]")
+    parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtp", help="subset of abcdtp [PEERS]")
     parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2", help="[WORKLOADS]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
@@ -118,7 +118,7 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                 continue
             if workload == "W1":
                 prefix = args.naive_rows < args.rows
-                if peer.key in "ad" or not prefix:
+                if peer.key in "adtp" or not prefix:
                     jobs.append(Job("W1", peer, paths["W1"], args.rows, args.repeats))
                 if peer.key in "bcd" and prefix:
                     # (b) and (c) are too slow for every W1 row; (d) runs the same prefix for equal-row ratios.

@@ -1,7 +1,8 @@
-"""The one Spark harness shared by the Spark UDF peers (b: naive pandas UDF, c: ``predict_batch_udf``).
+"""The one Spark harness shared by the Spark peers (b: naive pandas UDF, c: ``predict_batch_udf``,
+t: ``lakescore.transform``, p: ``lakescore.pandas_udf``).
 
-``python -m bench.spark_helper --peer naive_udf|predict_batch --input PARQUET``
-builds the session, embeds ``body`` with the peer module's ``make_udf()``,
+``python -m bench.spark_helper --peer MODULE --input PARQUET``
+builds the session, embeds ``body`` with the peer module's ``make_udf()`` (or ``score_frame``),
 keeps ``review_id`` beside the vector (as lakescore's output does) and writes
 with the ``noop`` sink, which computes every row and stores nothing (cheaper
 than lakescore's Delta write, so that choice favours the peers).
@@ -26,8 +27,8 @@ from typing import Optional, Sequence
 
 __all__ = ["SPARK_PEERS", "main"]
 
-SPARK_PEERS = ("naive_udf", "predict_batch")
-"""Modules under :mod:`bench.peers` that provide ``make_udf()``."""
+SPARK_PEERS = ("naive_udf", "predict_batch", "lakescore_transform", "lakescore_pandas_udf")
+"""Modules under :mod:`bench.peers` that provide ``make_udf()`` (a UDF over ``body``) or ``score_frame(frame)``."""
 
 
 def _session(app_name: str):
@@ -53,12 +54,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--input", required=True, help="Parquet file or directory with review_id, body")
     args = parser.parse_args(argv)
 
-    make_udf = importlib.import_module(f"bench.peers.{args.peer}").make_udf
+    peer = importlib.import_module(f"bench.peers.{args.peer}")
     spark = _session(f"bench-{args.peer}")
     try:
-        embed = make_udf()
         frame = spark.read.parquet(args.input)
-        frame.select("review_id", embed("body").alias("embedding")).write.format("noop").mode("overwrite").save()
+        if hasattr(peer, "score_frame"):
+            scored = peer.score_frame(frame)
+        else:
+            scored = frame.select("review_id", peer.make_udf()("body").alias("embedding"))
+        scored.write.format("noop").mode("overwrite").save()
     finally:
         spark.stop()
     return 0

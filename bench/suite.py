@@ -30,6 +30,8 @@ PEERS = (
     Peer("b", "naive Spark pandas UDF (64-row chunks, table order)"),
     Peer("c", "Spark predict_batch_udf (batch_size=64)"),
     Peer("d", "lakescore score (end to end, Delta + validation)"),
+    Peer("t", "lakescore.transform (mapInArrow, no write)"),
+    Peer("p", "lakescore.pandas_udf in a select (no write)"),
 )
 
 
@@ -55,6 +57,10 @@ def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
         return [python, "-m", "bench.spark_helper", "--peer", "naive_udf", "--input", str(input_path)]
     if peer.key == "c":
         return [python, "-m", "bench.spark_helper", "--peer", "predict_batch", "--input", str(input_path)]
+    if peer.key == "t":
+        return [python, "-m", "bench.spark_helper", "--peer", "lakescore_transform", "--input", str(input_path)]
+    if peer.key == "p":
+        return [python, "-m", "bench.spark_helper", "--peer", "lakescore_pandas_udf", "--input", str(input_path)]
     if peer.key == "d":
         # A fresh Delta path, warehouse and Derby metastore per run: embedded Derby is single-process.
         return [str(Path(sys.prefix) / "bin" / "lakescore"), "score",

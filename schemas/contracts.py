@@ -31,9 +31,9 @@ class InputContractError(ValueError):
 
 @dataclass(frozen=True)
 class TextInputContract:
-    """A text task's input: an id column (string, integer or decimal) and a string text column."""
+    """A text task's input: an id column (string, integer or decimal; ``None``: none needed) and a string text column."""
 
-    id_col: str
+    id_col: Optional[str]
     text_col: str
 
     def check(self, schema: StructType, source: str) -> None:
@@ -41,13 +41,9 @@ class TextInputContract:
 
         Column names match exactly (case-sensitive), as Delta writes them.
         """
-        fields = {f.name: f.dataType for f in schema.fields}
-        for role, name in (("id column", self.id_col), ("text column", self.text_col)):
-            if name not in fields:
-                raise InputContractError(
-                    f"{role} {name!r} not found in {source}; available columns: {', '.join(fields) or '(none)'}"
-                )
-        _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        fields = _fields_present(schema, source, [("id column", self.id_col), ("text column", self.text_col)])
+        if self.id_col is not None:
+            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
 
 
@@ -71,22 +67,27 @@ def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Option
 class FeatureInputContract:
     """A tabular task's input: an id column and numeric feature columns."""
 
-    id_col: str
+    id_col: Optional[str]
     feature_cols: tuple[str, ...]
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or non-numeric column."""
-        fields = {f.name: f.dataType for f in schema.fields}
-        for role, name in [("id column", self.id_col)] + [("feature column", c) for c in self.feature_cols]:
-            if name not in fields:
-                raise InputContractError(
-                    f"{role} {name!r} not found in {source}; available columns: {', '.join(fields) or '(none)'}"
-                )
-        _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        fields = _fields_present(schema, source, [("id column", self.id_col)] + [("feature column", c) for c in self.feature_cols])
+        if self.id_col is not None:
+            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
         for name in self.feature_cols:
             _require(fields[name], _NUMERIC_TYPES, f"feature column {name!r} in {source}", "a number (double, float, integer or decimal)")
         if self.id_col in self.feature_cols:
             raise InputContractError(f"id column {self.id_col!r} is also listed as a feature column")
+
+
+def _fields_present(schema: StructType, source: str, columns: list[tuple[str, Optional[str]]]) -> dict[str, DataType]:
+    """The schema's fields by name, after checking every named ``(role, column)`` is there (``None``: not needed)."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    for role, name in columns:
+        if name is not None and name not in fields:
+            raise InputContractError(f"{role} {name!r} not found in {source}; available columns: {', '.join(fields) or '(none)'}")
+    return fields
 
 
 def _require(found: DataType, allowed: tuple[type, ...], what: str, expected: str) -> None:

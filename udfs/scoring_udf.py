@@ -19,7 +19,8 @@ import itertools
 import os
 import socket
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,9 @@ from lakescore.udfs.model_cache import LoadedModel, get_model
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 
-__all__ = ["WorkerCounters", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA"]
+__all__ = [
+    "WorkerCounters", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
+]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -81,34 +84,85 @@ def make_scoring_function(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema)
-    input_cols, keep_cols = tuple(input_cols), tuple(keep_cols)
-    input_kind = get_task(spec.task).input_kind
+    keep_cols = tuple(keep_cols)
+    prediction_types = [f.type for f in list(arrow_schema)[len(keep_cols) : len(arrow_schema) - 1 - len(ERROR_COLUMNS)]]
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        batches = iter(batches)
-        first = next((b for b in batches if b.num_rows), None)
-        if first is None:  # empty partition: no model load
-            return
-        model, device = _model_for_this_worker(spec, counters)
-        runner = input_kind.runner(model.scorer, input_cols)
-        budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
-        for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
-            if batch.num_rows == 0:
-                continue
-            started = time.perf_counter()
-            halvings = budget.halvings
-            scored = runner.score(prepared, budget)
-            elapsed = time.perf_counter() - started
-            kept = [batch.column(name) for name in keep_cols]
-            yield _result_batch(kept, model, scored, runner.raw_inputs(prepared, scored), arrow_schema)
-            if counters is not None:
-                counters.arrow_batches.add(1)
-                counters.rows.add(batch.num_rows)
-                counters.model_seconds.add(elapsed)
-                if budget.halvings != halvings:
-                    counters.budget_halvings.add(budget.halvings - halvings)
+        for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows, counters):
+            if scored is not None:
+                yield scored.record_batch([batch.column(name) for name in keep_cols], arrow_schema)
 
     return score
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """One Arrow batch's outcome, row *i* for input row *i*: the task's prediction arrays (null where a
+    row was not scored), the weights digest, and per row the reason, error text and raw input of unscored rows."""
+
+    predictions: list[pa.Array]
+    sha256: str
+    reasons: list[Optional[str]]
+    errors: list[Optional[str]]
+    raw_inputs: list[Optional[str]]
+
+    def record_batch(self, kept: list[pa.Array], schema: pa.Schema) -> pa.RecordBatch:
+        """``kept`` columns, predictions, ``model_sha256``, then the error columns, as ``schema`` says."""
+        n = len(self.reasons)
+        arrays = kept + self.predictions + [
+            pa.array([self.sha256] * n, type=pa.string()),
+            pa.array(self.reasons, type=pa.string()),
+            pa.array(self.errors, type=pa.string()),
+            pa.array(self.raw_inputs, type=pa.string()),
+        ]
+        arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def score_batches(
+    spec: ModelSpec,
+    input_cols: Sequence[str],
+    batches: Iterable[pa.RecordBatch],
+    prediction_types: Sequence[pa.DataType],
+    max_tokens: Optional[int],
+    max_rows: int,
+    counters: Optional[WorkerCounters] = None,
+) -> Iterator[tuple[pa.RecordBatch, Optional[ScoredBatch]]]:
+    """Score each Arrow batch's ``input_cols`` with this worker's cached model: ``(batch, outcome)`` in order.
+
+    The one scoring loop behind both the ``mapInArrow`` function and the pandas UDF
+    (:mod:`lakescore.udfs.pandas_udf`). An empty batch yields ``None`` and, before the
+    first row, loads no model. ``prediction_types`` are the Arrow types of the task's output
+    columns (for batches in which no row could be scored). Preparation (tokenizing, or
+    converting features) of the next batch runs in a thread while the model scores this one.
+    """
+    batches = iter(batches)
+    for first in batches:  # empty batches before the first row need no model
+        if first.num_rows:
+            break
+        yield first, None
+    else:
+        return
+    model, device = _model_for_this_worker(spec, counters)
+    runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols))
+    budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
+    for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
+        if batch.num_rows == 0:
+            yield batch, None
+            continue
+        started, halvings = time.perf_counter(), budget.halvings
+        scored = runner.score(prepared, budget)
+        elapsed = time.perf_counter() - started
+        yield batch, ScoredBatch(
+            _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
+            runner.raw_inputs(prepared, scored),
+        )
+        if counters is not None:
+            counters.arrow_batches.add(1)
+            counters.rows.add(batch.num_rows)
+            counters.model_seconds.add(elapsed)
+            if budget.halvings != halvings:
+                counters.budget_halvings.add(budget.halvings - halvings)
 
 
 PREFLIGHT_SCHEMA = (
@@ -159,26 +213,15 @@ def _preflight_arrow_schema() -> pa.Schema:
     return pa.schema([(name, types[kind]) for name, kind in fields])
 
 
-def _result_batch(
-    kept: list[pa.Array], model: LoadedModel, scored: Scored, raw: list[Optional[str]], schema: pa.Schema
-) -> pa.RecordBatch:
-    """The output batch: ``kept`` columns, the head's prediction columns, ``model_sha256``, the error columns."""
+def _prediction_arrays(model: LoadedModel, scored: Scored, types: Sequence[pa.DataType]) -> list[pa.Array]:
+    """The head's output columns for ``scored`` (one per output field), or all-null columns when no row was scored."""
     ok = scored.ok
-    prediction_fields = list(schema)[len(kept) : len(schema) - 1 - len(ERROR_COLUMNS)]
-    if ok.any():
-        predictions = list(model.scorer.columns(scored.outputs, ok))
-        if len(predictions) != len(prediction_fields):
-            raise ValueError(f"the head returned {len(predictions)} columns for {len(prediction_fields)} output fields")
-    else:  # nothing scored, so no outputs to shape: every prediction column is null (heads never see this case)
-        predictions = [pa.nulls(len(ok), field.type) for field in prediction_fields]
-    arrays = kept + predictions + [
-        pa.array([model.sha256] * len(ok), type=pa.string()),
-        pa.array(scored.reasons, type=pa.string()),
-        pa.array(scored.errors, type=pa.string()),
-        pa.array(raw, type=pa.string()),
-    ]
-    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    if not ok.any():  # nothing scored, so no outputs to shape (heads never see this case)
+        return [pa.nulls(len(ok), t) for t in types]
+    arrays = list(model.scorer.columns(scored.outputs, ok))
+    if len(arrays) != len(types):
+        raise ValueError(f"the {model.scorer.__class__.__name__} head returned {len(arrays)} columns for {len(types)} outputs")
+    return arrays
 
 
 def _model_for_this_worker(spec: ModelSpec, counters: Optional[WorkerCounters]) -> tuple[LoadedModel, str]:

@@ -126,3 +126,25 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     assert ours, sites
     site_packages = str(REPO / "build" / "env" / "lib")
     assert all(site_packages in s and "/site-packages/" in s for s in ours), ours
+
+
+def test_the_wheel_installs_one_import_name(submitted, tmp_path):
+    """build/env holds the wheel alone: ``lakescore`` imports, the repo folders' own names do not."""
+    import zipfile
+
+    python = REPO / "build" / "env" / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for name in ("jobs", "udfs", "schemas"):
+        probe = subprocess.run([str(python), "-c", f"import {name}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert probe.returncode != 0 and f"No module named '{name}'" in probe.stderr, probe.stderr
+    api = subprocess.run(
+        [str(python), "-c", "import lakescore, lakescore.jobs.cli, lakescore.udfs.registry; "
+         "print(lakescore.__version__, callable(lakescore.score), callable(lakescore.transform), callable(lakescore.pandas_udf))"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )
+    assert api.returncode == 0, api.stderr
+    assert api.stdout.split()[1:] == ["True", "True", "True"]
+    (wheel,) = (REPO / "dist").glob(f"lakescore-{api.stdout.split()[0]}-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        top = {n.split("/", 1)[0] for n in archive.namelist() if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"lakescore"}, top
