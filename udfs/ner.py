@@ -70,7 +70,7 @@ class TokenClassifier:
                 return_special_tokens_mask=True, return_offsets_mapping=self._tokenizer.is_fast,
             )
         )
-        features[TEXTS] = np.array(texts, dtype=object).reshape(len(texts))
+        features[TEXTS] = np.array(texts, dtype=object)  # shape (n,): numpy does not split strings
         return features
 
     @torch.inference_mode()
