@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--model", help="model directory or Hugging Face hub id")
     score.add_argument("--revision", help="hub revision (branch, tag or commit)")
     score.add_argument("--id-col", help="input column copied to the output to identify each row")
-    score.add_argument("--text-col", help="input column with the text to score (classify, embed)")
+    score.add_argument("--text-col", help="input column with the text to score (classify, embed, ner)")
     score.add_argument("--feature-cols", help="tabular: comma-separated numeric feature columns, in model order")
     score.add_argument("--feature-prefix", help="tabular: use every column starting with this prefix")
     score.add_argument("--device", choices=DEVICES, help=f"where workers run the model (default: {ModelConfig.device})")

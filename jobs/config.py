@@ -292,7 +292,7 @@ class JobConfig:
     task: str = "embed"
     id_col: Optional[str] = None
     text_col: Optional[str] = None
-    """The text column (``classify``, ``embed``)."""
+    """The text column (text tasks: ``classify``, ``embed``, ``ner``)."""
     feature_cols: tuple[str, ...] = ()
     """The numeric feature columns of a ``tabular`` model, in the order the program takes them."""
     feature_prefix: Optional[str] = None

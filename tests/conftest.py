@@ -31,28 +31,59 @@ def sentence_transformer(minilm_dir):
 
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+NER_LABELS = dict(enumerate(["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]))
+
+
+def _tiny_bert(model_class, id2label: dict):
+    """A seeded 2-layer, 32-wide BERT of ``model_class`` (a ``BertFor...`` head) over the labels ``id2label``."""
+    import torch
+    from transformers import BertConfig
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=512, num_labels=len(id2label), id2label=id2label,
+        label2id={v: k for k, v in id2label.items()},
+    )
+    return model_class(config).eval()
+
+
+def _save_with_minilm_tokenizer(model, target: Path, minilm_dir) -> Path:
+    """``save_pretrained`` (safetensors) into ``target``, with the MiniLM tokenizer files beside the weights."""
+    import shutil
+
+    model.save_pretrained(target)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (Path(minilm_dir) / name).exists():
+            shutil.copy(Path(minilm_dir) / name, target / name)
+    return target
 
 
 @pytest.fixture(scope="session")
 def tiny_classifier_dir(tmp_path_factory, minilm_dir) -> Path:
     """A 3-label BERT sequence classifier built from a config with a fixed seed and saved with
     ``save_pretrained`` (safetensors), with the MiniLM tokenizer: the real loading code runs on it."""
-    import shutil
+    from transformers import BertForSequenceClassification
 
+    model = _tiny_bert(BertForSequenceClassification, LABELS)
+    return _save_with_minilm_tokenizer(model, tmp_path_factory.mktemp("tiny-classifier"), minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_ner_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A BIO token classifier (PER, ORG, LOC) like :func:`tiny_classifier_dir`, its head made opinionated:
+    classifier weights drawn at std 1 (not 0.02) and ``O``'s bias at -1, so that even a random model tags
+    many tokens, in runs of one tag and inside words. Its entities are many, multi-token and merged from
+    subwords, which is what makes a comparison with the pipeline able to fail (the tests assert it)."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForTokenClassification
 
-    target = tmp_path_factory.mktemp("tiny-classifier")
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=512, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
-    )
-    BertForSequenceClassification(config).eval().save_pretrained(target)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (Path(minilm_dir) / name).exists():
-            shutil.copy(Path(minilm_dir) / name, target / name)
-    return target
+    model = _tiny_bert(BertForTokenClassification, NER_LABELS)
+    with torch.no_grad():
+        model.classifier.weight.normal_(0.0, 1.0)
+        model.classifier.bias.zero_()
+        model.classifier.bias[0] = -1.0
+    return _save_with_minilm_tokenizer(model, tmp_path_factory.mktemp("tiny-ner"), minilm_dir)
 
 
 class TinyTabular:

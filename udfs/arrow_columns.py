@@ -3,17 +3,19 @@
 Scoring UDFs hand results back to the JVM as Arrow. Going through pandas costs
 a Python list per row for every array column (PySpark converts each cell);
 building the ``ListArray`` from the flat numpy buffer and an offsets vector
-does not. Rows that were not scored become nulls.
+does not. Rows that were not scored become nulls. Outputs whose rows differ in
+shape (a list of entity structs per row) have no flat buffer to start from:
+:func:`python_column` converts their Python values, once, straight to Arrow.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["list_column", "scalar_column", "string_column"]
+__all__ = ["list_column", "scalar_column", "string_column", "python_column"]
 
 
 def list_column(matrix: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> pa.Array:
@@ -41,4 +43,13 @@ def scalar_column(values: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -
 
 def string_column(values: Sequence[str], ok: np.ndarray) -> pa.Array:
     """Strings per row, null where not ``ok``."""
-    return pa.array([v if good else None for v, good in zip(values, ok)], type=pa.string())
+    return python_column(values, ok, pa.string())
+
+
+def python_column(values: Sequence[Any], ok: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    """Python values per row (strings, lists of dicts, ...) as ``value_type``, null where not ``ok``.
+
+    Dicts map to struct fields by key. Raises ``pyarrow.ArrowInvalid`` / ``ArrowTypeError``
+    for a value that does not fit ``value_type``.
+    """
+    return pa.array([v if good else None for v, good in zip(values, ok)], type=value_type)

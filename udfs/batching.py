@@ -114,18 +114,20 @@ def take_rows(features: Features, rows: np.ndarray, width: int, padding_side: st
 
     Tensors shaped (n, L, ...) are cut to (len(rows), width, ...) on the side the
     padding is on; tensors shaped (n, ...) are cut to their rows; anything else
-    (scalars, per-call settings) passes through unchanged.
+    (scalars, per-call settings) passes through unchanged. Values may mix array
+    libraries (torch tensors for the model, numpy arrays for what a head keeps
+    per row, e.g. an object array of the texts); each is indexed in its own, so
+    a one-row batch keeps its row axis in both.
     """
     mask = features["attention_mask"]
     n, padded = int(mask.shape[0]), int(mask.shape[1])
-    index = _as_index(rows, mask)
     out: dict[str, Any] = {}
     for key, value in features.items():
         shape = getattr(value, "shape", None)
         if shape is None or len(shape) == 0 or int(shape[0]) != n:
             out[key] = value
             continue
-        value = value[index]
+        value = value[_as_index(rows, value)]
         if len(shape) >= 2 and int(shape[1]) == padded:
             value = value[:, :width] if padding_side == "right" else value[:, padded - width :]
         out[key] = value
@@ -338,6 +340,7 @@ def _row_lengths(mask) -> np.ndarray:
 
 
 def _as_index(rows: np.ndarray, like):
-    """Row indices in the array library of ``like`` (torch tensors index best with a tensor)."""
+    """Row indices in the array library of ``like``: a tensor for a torch tensor (which indexes best with one),
+    the numpy array otherwise (numpy reads a one-element tensor as a scalar index and would drop the row axis)."""
     torch = sys.modules.get("torch")  # a tensor implies torch is imported already
     return torch.as_tensor(rows, dtype=torch.long) if torch is not None and isinstance(like, torch.Tensor) else rows

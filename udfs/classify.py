@@ -17,8 +17,9 @@ import pyarrow as pa
 import torch
 
 from lakescore.udfs.arrow_columns import list_column, scalar_column, string_column
-from lakescore.udfs.devices import to_device, torch_dtype
-from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.devices import to_device
+from lakescore.udfs.hf_models import load_labelled_model
+from lakescore.udfs.model_source import ModelSpec
 
 __all__ = ["SequenceClassifier", "load_classifier"]
 
@@ -69,25 +70,11 @@ def load_classifier(spec: ModelSpec, model_dir: Path) -> SequenceClassifier:
     """Load the sequence-classification model in ``model_dir`` as ``spec`` configures it.
 
     Safetensors only unless ``spec.allow_pickle``; remote code only with
-    ``spec.trust_remote_code``. Raises :class:`~lakescore.udfs.model_source.ModelSourceError`
-    for refused weights and ``ValueError`` for a model without labels.
+    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`.
+    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights and
+    ``ValueError`` for a model without labels (:func:`~lakescore.udfs.hf_models.load_labelled_model`).
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForSequenceClassification
 
-    hf_logging.disable_progress_bar()
-    require_directory(model_dir, "classify")
-    refuse_pickle_weights(model_dir, spec.allow_pickle)
-    common = {"local_files_only": True, "trust_remote_code": spec.trust_remote_code}
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **common)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype), **common
-    ).to(spec.device)
-    if not getattr(model.config, "id2label", None):
-        raise ValueError(f"model {model_dir} has no id2label; it is not a sequence classifier")
-    limits = [
-        spec.max_seq_length,
-        getattr(model.config, "max_position_embeddings", None),
-        tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None,
-    ]
-    return SequenceClassifier(model, tokenizer, min(v for v in limits if v))
+    loaded = load_labelled_model(spec, model_dir, AutoModelForSequenceClassification, "sequence classifier")
+    return SequenceClassifier(loaded.model, loaded.tokenizer, loaded.max_length)

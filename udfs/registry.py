@@ -90,12 +90,20 @@ class Task:
 
         return prediction_fields(self.name)
 
+    @property
+    def output_arrow_types(self) -> list[pa.DataType]:
+        """The Arrow types of :attr:`output_fields`, as the scoring function's batches carry them."""
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        return [to_arrow_type(field.dataType) for field in self.output_fields]
+
 
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
         Task("embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers"),
+        Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
         Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program"),
     )
 }

@@ -43,6 +43,29 @@ def test_classify_into_the_metastore_equals_the_pipeline(spark, tiny_classifier_
         assert out["label"][i] == ranked[0]["label"] and abs(out["score"][i] - ranked[0]["score"]) < 1e-4
 
 
+def test_ner_through_the_cli_into_a_delta_path_equals_the_pipeline(tmp_path, spark, tiny_ner_dir):
+    from transformers import pipeline
+
+    from lakescore.jobs.cli import main
+    from tests.unit.test_ner import NER_UNSEEN, assert_same_entities
+
+    frame = reviews_frame(24, seed=4)  # generated reviews and the edge cases (empty, 1,500 words, unicode)
+    frame = pd.concat([frame, pd.DataFrame({"review_id": range(100, 100 + len(NER_UNSEEN)), "body": NER_UNSEEN})])
+    source, output = tmp_path / "reviews.parquet", tmp_path / "entities"
+    frame.to_parquet(source)
+    code = main(["score", "--task", "ner", "--input", str(source), "--output", str(output), "--model", str(tiny_ner_dir),
+                 "--id-col", "review_id", "--text-col", "body", "--set", "scoring.max_batch_tokens=512"])
+    assert code == 0
+    out = read_output(spark, str(output))
+    assert list(out.columns) == ["review_id", "entities", "model_id", "model_revision", "model_sha256", "run_id"]
+    assert out["review_id"].tolist() == sorted(frame["review_id"])
+    peer = pipeline("token-classification", model=str(tiny_ner_dir), aggregation_strategy="simple", device="cpu")
+    texts = frame.set_index("review_id").loc[out["review_id"], "body"]
+    for text, entities in zip(texts, out["entities"]):
+        assert_same_entities([row.asDict() for row in entities], peer(text), text)
+    assert sum(len(e) for e in out["entities"]) >= 100
+
+
 def test_tabular_by_feature_prefix_into_a_delta_path(tmp_path, spark, tiny_tabular):
     import torch
 

@@ -175,6 +175,18 @@ def test_take_rows_trims_on_the_padding_side():
     assert left["input_ids"].tolist() == [[3, 4, 5], [0, 1, 2]]
 
 
+@pytest.mark.parametrize("rows", [[2, 0], [1]])
+def test_take_rows_keeps_numpy_values_beside_torch_tensors_row_shaped(rows):
+    # A head may carry per-row numpy values (here the texts, an object array) next to torch tensors; a
+    # one-row batch must still come back as one row, not as the bare element.
+    ids = torch.tensor([[1, 2, 0], [3, 0, 0], [4, 5, 6]])
+    texts = np.array(["ab", "c", "def"], dtype=object)
+    feats = {"input_ids": ids, "attention_mask": (ids > 0).long(), "texts": texts, "offsets": torch.zeros(3, 3, 2)}
+    out = take_rows(feats, np.array(rows), 2)
+    assert isinstance(out["texts"], np.ndarray) and out["texts"].tolist() == texts[rows].tolist()
+    assert out["input_ids"].tolist() == ids[rows, :2].tolist() and tuple(out["offsets"].shape) == (len(rows), 2, 2)
+
+
 def test_prefetch_overlaps_work_and_keeps_order():
     started = []
 
