@@ -18,7 +18,6 @@ from typing import Iterator, Optional, Tuple
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.functions import pandas_udf
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import DataType, StructType
 
 from lakescore.udfs.model_source import ModelSpec
@@ -43,7 +42,7 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
     task = get_task(spec.task)
     spark_type = return_type(spec.task)
     fields = task.output_fields
-    arrow_types = [to_arrow_type(f.dataType) for f in fields]
+    arrow_types = task.output_arrow_types
     names = [f"x{i}" for i in range(1 if task.input_kind.is_text else len(spec.feature_cols))]
 
     def outputs(columns: Iterator[Tuple[pd.Series, ...]]):

@@ -123,3 +123,21 @@ def test_pandas_udf_takes_one_column_per_feature(spark, tiny_tabular):
     with torch.no_grad():
         expected = module(torch.as_tensor(matrix, dtype=torch.float32)).double().numpy()
     assert np.allclose(np.stack(rows["scores"].tolist()), expected, atol=1e-6)
+
+
+def test_pandas_udf_returns_varying_length_entities_equal_to_the_pipeline(spark, tiny_ner_dir):
+    from transformers import pipeline
+
+    from tests.unit.test_ner import assert_same_entities
+
+    texts = ["Angela Merkel met Tim Cook in Berlin.", "", "ok", "Ünïcödé in 東京 🙂, said Jürgen Klopp."]
+    df = spark.createDataFrame(pd.DataFrame({"id": range(len(texts)), "text": texts}))
+    ner = lakescore.pandas_udf(task="ner", model=tiny_ner_dir)
+    rows = df.select("id", ner("text").alias("entities")).toPandas().sort_values("id")
+    peer = pipeline("token-classification", model=str(tiny_ner_dir), aggregation_strategy="simple", device="cpu")
+    found = 0
+    for text, entities in zip(texts, rows["entities"]):
+        ours = [e.asDict() for e in entities]
+        found += len(ours)
+        assert_same_entities(ours, peer(text), text)
+    assert found >= 3  # the tiny model tags many tokens: the comparison is not between empty lists
