@@ -1,10 +1,12 @@
 """``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
-published nothing; 2 a configuration, input or model problem found before any
-compute; 3 any other failure.
-Failures print one line, ``lakescore: error: <reason>``, on stderr
-(``--verbose`` adds the traceback).
+published nothing; 2 a configuration, input or model problem (found before any
+compute, or an input file Spark cannot read); 3 any other failure; 130 interrupted
+(SIGINT / SIGTERM: the chunks staged so far are kept, and rerunning the same
+command resumes). Failures print one line, ``lakescore: error: <reason>`` (or
+``lakescore: interrupted ...``), on stderr (``--verbose`` adds the traceback);
+with ``--report`` a failed run still writes its JSON report (``status: failed``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lakescore.jobs.commands.demo import DEMO_ROWS
+from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
+from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
+from lakescore.jobs.report import one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.config import (
     DEVICES, DTYPES, INPUT_FORMATS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig, load_config,
@@ -128,9 +133,15 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 def _score(args: argparse.Namespace) -> int:
     from lakescore.jobs.report import write_report
     from lakescore.jobs.score_job import run_scoring
+    from lakescore.jobs.steps.report import failure_report
 
     cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
-    report = run_scoring(cfg)
+    try:
+        report = run_scoring(cfg)
+    except BaseException as exc:  # a scheduler still finds a report saying where and why
+        if cfg.report:
+            write_report(failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed"), cfg.report)
+        raise
     if cfg.report:
         write_report(report, cfg.report)
     print(report.summary())
@@ -189,15 +200,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     for noisy in ("py4j", "great_expectations", "sentence_transformers", "urllib3", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args.verbose:  # py4j logs a lost JVM connection through the root logger, traceback and all
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_from_py4j)
     handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "fetch-jars": _fetch_jars}
+    install_interrupt_handlers()
     try:
         return handlers[args.command](args)
-    except Exception as exc:  # one line for the operator; --verbose keeps the traceback
-        code = EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED
+    except BaseException as exc:  # one line for the operator; --verbose keeps the traceback
+        if isinstance(exc, SystemExit):
+            raise
         if args.verbose:
             log.exception("failed")
-        print(f"lakescore: error: {_one_line(exc)}", file=sys.stderr)
+        code, line = _failure(exc)
+        print(line, file=sys.stderr)
         return code
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    return "py4j" not in record.pathname.replace("\\", "/").split("/")
+
+
+def _failure(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one line an operator reads for ``exc``."""
+    from lakescore.jobs.platform.tables import unreadable_input
+
+    if was_interrupted(exc):
+        staged = getattr(exc, "lakescore_chunks", None)
+        where = f"after {staged[0]} of {staged[1]} chunks were staged" if staged else f"during {getattr(exc, 'lakescore_step', 'start-up')}"
+        return EXIT_INTERRUPTED, f"lakescore: interrupted {where}; rerun the same command to resume"
+    unreadable = unreadable_input(exc)
+    if unreadable is not None:
+        return EXIT_BAD_INPUT, f"lakescore: error: {unreadable}"
+    return (EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}"
 
 
 def run() -> None:
@@ -219,15 +254,6 @@ def _is_before_compute(exc: BaseException) -> bool:
     from lakescore.udfs.model_source import ModelSourceError
 
     return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if not text:
-        return type(exc).__name__
-    if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
-        return f"{type(exc).__name__}: {text[:500]}"
-    return text[:500]
 
 
 if __name__ == "__main__":

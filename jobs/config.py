@@ -51,6 +51,9 @@ __all__ = [
 TASKS = TASK_NAMES
 """Scoring tasks this version can run (:mod:`lakescore.udfs.registry`)."""
 WRITE_MODES = ("overwrite", "replace_run")
+RUN_ID_MAX = 128
+RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
+"""What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
 INPUT_FORMATS = ("auto", "delta", "parquet")
 
 
@@ -273,6 +276,8 @@ class WriteConfig:
     scores only the chunks not yet committed."""
     staging: Optional[str] = None
     """Where chunks are staged before publishing; default: ``<output>__lakescore_staging`` beside the output."""
+    allow_output_in_input: bool = False
+    """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
 
     def _validate(self) -> None:
         if self.mode not in WRITE_MODES:
@@ -322,8 +327,11 @@ class JobConfig:
                 date.fromisoformat(self.run_date)
             except ValueError:
                 raise ConfigError(f"run_date must be YYYY-MM-DD, got {self.run_date!r}") from None
-        if self.run_id is not None and (not self.run_id.strip() or "'" in self.run_id):
-            raise ConfigError(f"run_id must be non-empty and contain no quote, got {self.run_id!r}")
+        if self.run_id is not None and not RUN_ID.fullmatch(self.run_id):
+            raise ConfigError(
+                f"run_id must be 1-{RUN_ID_MAX} characters of letters, digits, '.', '_' or '-', starting with a letter "
+                f"or digit (it names a partition directory and sits in the publish predicate), got {_shown(self.run_id)}"
+            )
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.progress_seconds < 0:
@@ -353,6 +361,21 @@ class JobConfig:
             raise ConfigError(f"text_col is for text tasks; task {self.task!r} reads feature_cols / feature_prefix")
         if self.errors and self.errors == self.output:
             raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
+        self._check_writes_apart_from_input()
+
+    def _check_writes_apart_from_input(self) -> None:
+        """Refuse an output or errors target that is the input, or (unless allowed) a path inside its directory."""
+        source = _location(self.input)
+        for key, ref in (("output", self.output), ("errors", self.errors_ref())):
+            target = _location(ref)
+            if target == source:
+                raise ConfigError(f"{key} {ref!r} is the input: the run would overwrite what it reads")
+            inside = _is_path(self.input) and target.startswith(source.rstrip("/") + "/")
+            if inside and not self.write.allow_output_in_input:
+                raise ConfigError(
+                    f"{key} {ref!r} is inside the input directory {self.input!r}, where the next read of the input "
+                    "would pick it up; write elsewhere, or set write.allow_output_in_input"
+                )
 
     @property
     def reads_text(self) -> bool:
@@ -394,6 +417,26 @@ def load_config(
         if value is not None:
             _assign(tree, key, value)
     return _build(JobConfig, tree, prefix="")
+
+
+def _is_path(ref: str) -> bool:
+    """A path, not a table name: :func:`lakescore.jobs.platform.tables.is_path`'s rule, without importing Spark."""
+    return any(ch in ref for ch in "/\\:")
+
+
+def _location(ref: str) -> str:
+    """``ref`` in a comparable form: a local path absolute, a URI as given, a table name lowercased."""
+    if not _is_path(ref):
+        return ref.lower()
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", ref) and not ref.startswith("file:"):
+        return ref.rstrip("/")
+    return os.path.abspath(ref.removeprefix("file:").removeprefix("//"))
+
+
+def _shown(value: str, limit: int = 60) -> str:
+    """``value`` for a one-line message: repr (control characters escaped), cut at ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} characters)"
 
 
 def config_from_mapping(tree: Mapping[str, Any]) -> JobConfig:

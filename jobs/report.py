@@ -9,12 +9,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["RunReport", "write_report"]
+__all__ = ["RunReport", "write_report", "one_line"]
 
 
 @dataclass
 class RunReport:
-    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded``.
+    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded`` for a run
+    that reached its publish decision, ``failed`` or ``interrupted`` for one that stopped before (then
+    ``failed_step`` and ``error`` say where and why, and the counts are unknown).
 
     ``input_rows == output_rows + error_rows`` for every finished run: each input row is
     in the output or, with its reason (``error_reasons`` counts them), in ``errors_table``.
@@ -27,7 +29,7 @@ class RunReport:
     output: str
     model_id: str
     model_revision: Optional[str]
-    model_sha256: str
+    model_sha256: Optional[str]
     input_rows: Optional[int] = None
     output_rows: Optional[int] = None
     error_rows: Optional[int] = None
@@ -46,6 +48,8 @@ class RunReport:
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
     error: Optional[str] = None
+    failed_step: Optional[str] = None
+    """For ``status`` ``failed`` / ``interrupted``: the step the run stopped in."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,7 +68,8 @@ class RunReport:
         if self.seconds is not None:
             rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")
-        lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
+        if self.model_sha256:
+            lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
         if self.validation is not None:
             failed = self.validation.get("failed", [])
             lines.append(f"  validation: {'passed' if self.validation['success'] else f'{len(failed)} check(s) failed'}")
@@ -84,3 +89,13 @@ def write_report(report: RunReport, path: os.PathLike | str) -> Path:
         handle.write("\n")
     os.replace(handle.name, target)
     return target
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name)."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
+        return f"{type(exc).__name__}: {text[:500]}"
+    return text[:500]

@@ -60,4 +60,7 @@ class ProgressReporter:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            log.info(self.line())
+            try:
+                log.info(self.line())
+            except Exception:  # the JVM went away (an interrupted run): the main thread reports that, once
+                return

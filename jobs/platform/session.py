@@ -27,6 +27,7 @@ from typing import Iterable, Mapping, Optional
 
 from pyspark.sql import SparkSession
 
+from lakescore.jobs.platform import interrupts
 from lakescore.jobs.config import SparkConfig
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
 
@@ -113,12 +114,15 @@ def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) 
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.warehouse.dir", str(warehouse))
         .config("spark.hadoop.javax.jdo.option.ConnectionURL", f"jdbc:derby:;databaseName={metastore};create=true")
+        # Hive's session state otherwise leaves a /tmp/<uuid>_resources directory behind for every run.
+        .config("spark.hadoop.hive.downloaded.resources.dir", str(metastore.parent / "hive_resources"))
         .config("spark.ui.showConsoleProgress", "false")
         .enableHiveSupport()
     )
     for key, value in confs.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    interrupts.reinstall()  # PySpark's SparkContext just replaced the CLI's SIGINT handler
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
     _quiet_hive_schema_warning(spark)
     return spark, True

@@ -7,6 +7,7 @@ A reference containing ``/``, ``\\`` or ``:`` is a path (``/data/x``, ``./x``,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,6 +19,7 @@ from lakescore.schemas.output import column_types
 
 __all__ = [
     "TableError",
+    "unreadable_input",
     "column",
     "is_path",
     "read_input",
@@ -29,12 +31,30 @@ __all__ = [
     "append_delta",
     "last_commit",
     "delete_path",
+    "delete_path_if_empty",
     "table_location_root",
 ]
 
 
 class TableError(ValueError):
     """An input or output reference cannot be read or written as asked."""
+
+
+_UNREADABLE_FILE = re.compile(
+    r"\[(?:FAILED_READ_FILE[A-Z_.]*|CANNOT_READ_FILE_FOOTER)\][^\n]*?(?:reading file|footer for file:?)\s+(\S+?)\.?(?:\s|$)"
+)
+
+
+def unreadable_input(exc: BaseException) -> Optional[str]:
+    """One line naming the input file Spark could not read (corrupt, truncated, not Parquet, no permission),
+    with the reader's own reason; ``None`` when ``exc`` is not such a failure."""
+    text = str(exc)
+    found = _UNREADABLE_FILE.search(text)
+    if found is None:
+        return None
+    causes = [line.strip()[len("Caused by:"):].strip() for line in text.splitlines() if line.strip().startswith("Caused by:")]
+    reason = causes[-1] if causes else text.split("]", 1)[-1].strip().splitlines()[0]
+    return f"cannot read input file {found.group(1)}: {reason[:300]}"
 
 
 def column(name: str):
@@ -75,7 +95,7 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
     from delta.tables import DeltaTable
 
     if is_path(ref):
-        if not _path_exists(spark, ref):
+        if not _path_exists(spark, ref) or _is_uncommitted_delta_dir(spark, ref):
             return None
         if not DeltaTable.isDeltaTable(spark, ref):
             raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
@@ -187,6 +207,14 @@ def delete_path(spark: SparkSession, ref: str) -> bool:
     return bool(fs.exists(path) and fs.delete(path, True))
 
 
+def delete_path_if_empty(spark: SparkSession, ref: str) -> bool:
+    """Delete the directory ``ref`` if it exists and is empty; True if it was deleted."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(ref)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return bool(fs.exists(path) and len(fs.listStatus(path)) == 0 and fs.delete(path, False))
+
+
 def table_location_root(spark: SparkSession, ref: str) -> str:
     """A directory beside the output ``ref`` for lakescore's own files: the path's parent, or the database location."""
     if is_path(ref):
@@ -221,6 +249,19 @@ def _path_exists(spark: SparkSession, ref: str) -> bool:
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(ref)
     return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+
+
+def _is_uncommitted_delta_dir(spark: SparkSession, ref: str) -> bool:
+    """True when ``ref`` holds nothing but a ``_delta_log`` without a single commit: what a first publish
+    that failed mid-commit leaves. Such a directory is an empty table to the next run, not a foreign one."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(ref)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if [status.getPath().getName() for status in fs.listStatus(root)] != ["_delta_log"]:
+        return False
+    log = jvm.org.apache.hadoop.fs.Path(root, "_delta_log")
+    commit = re.compile(r"\d{20}\.(json|checkpoint.*\.parquet)$")
+    return not any(commit.match(status.getPath().getName()) for status in fs.listStatus(log))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -97,12 +97,18 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> None:
     cfg, spark = run.cfg, run.spark
     todo = [c for c in range(plan.chunks) if c not in plan.done]
     todo_rows = plan.scorable_rows if len(todo) == plan.chunks else round(plan.scorable_rows * len(todo) / plan.chunks)
+    staged = len(plan.done)
     with _arrow_settings(spark, cfg), ProgressReporter(spark.sparkContext, run.counters.rows, todo_rows, cfg.progress_seconds):
-        for chunk in todo:
-            part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
-            scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, run.counters, run.layout)
-            plan.staging.commit_chunk(scored, chunk)
-            log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+        try:
+            for chunk in todo:
+                part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
+                scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, run.counters, run.layout)
+                plan.staging.commit_chunk(scored, chunk)
+                staged += 1
+                log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+        except BaseException as exc:
+            exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
+            raise
 
 
 class _arrow_settings:

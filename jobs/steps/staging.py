@@ -28,7 +28,9 @@ from typing import Any, Mapping
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.tables import append_delta, column, delete_path, is_path, table_location_root
+from lakescore.jobs.platform.tables import (
+    append_delta, column, delete_path, delete_path_if_empty, is_path, table_location_root,
+)
 
 __all__ = ["Staging", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 
@@ -64,16 +66,17 @@ class Staging:
     location: str
     key: str
     chunks: int
+    default_root: bool = False
+    """Whether ``location`` is under lakescore's own ``_lakescore_staging/<name>`` folder (not a configured root)."""
 
     @classmethod
     def for_output(cls, spark: SparkSession, output: str, configured_root: str | None, key: str, chunks: int) -> "Staging":
         """The staging table of ``key`` under ``configured_root``, default beside ``output``."""
         if configured_root:
-            root = configured_root.rstrip("/")
-        else:
-            name = output.rstrip("/").rsplit("/", 1)[-1] if is_path(output) else output.split(".")[-1]
-            root = f"{table_location_root(spark, output).rstrip('/')}/_lakescore_staging/{name}"
-        return cls(spark, f"{root}/{key}", key, chunks)
+            return cls(spark, f"{configured_root.rstrip('/')}/{key}", key, chunks)
+        name = output.rstrip("/").rsplit("/", 1)[-1] if is_path(output) else output.split(".")[-1]
+        root = f"{table_location_root(spark, output).rstrip('/')}/_lakescore_staging/{name}"
+        return cls(spark, f"{root}/{key}", key, chunks, default_root=True)
 
     def committed_chunks(self) -> set[int]:
         """Chunks already committed to this staging table (empty when it does not exist yet)."""
@@ -93,5 +96,9 @@ class Staging:
         return self.spark.read.format("delta").load(self.location).drop(CHUNK_COLUMN)
 
     def drop(self) -> None:
-        """Delete the staging table (after a successful publish)."""
+        """Delete the staging table (after a successful publish), and the default staging folders it leaves empty."""
         delete_path(self.spark, self.location)
+        if self.default_root:
+            name_dir = self.location.rsplit("/", 1)[0]
+            if delete_path_if_empty(self.spark, name_dir):
+                delete_path_if_empty(self.spark, name_dir.rsplit("/", 1)[0])
