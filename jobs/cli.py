@@ -118,7 +118,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
-    return load_config(args.conf, args.overrides, flags)
+    """The job config; a bare ``input`` / ``output`` name that exists locally becomes ``./name``
+    (:func:`~lakescore.jobs.platform.tables.local_ref`), so what is derived from it stays local too."""
+    from dataclasses import replace
+
+    from lakescore.jobs.platform.tables import local_ref
+
+    cfg = load_config(args.conf, args.overrides, flags)
+    return replace(cfg, input=local_ref(cfg.input), output=local_ref(cfg.output))
 
 
 def _score(args: argparse.Namespace) -> int:

@@ -1,12 +1,16 @@
 """Reading inputs and writing Delta outputs by reference: a metastore table name or a path.
 
 A reference containing ``/``, ``\\`` or ``:`` is a path (``/data/x``, ``./x``,
-``s3a://bucket/x``, ``dbfs:/x``); anything else is a table identifier
-(``table``, ``db.table`` or ``catalog.db.table``).
+``s3a://bucket/x``, ``dbfs:/x``). A bare name (``reviews``, ``reviews.parquet``,
+``db.table``) is a path when a local file or directory of that name exists in the
+working directory, and a table identifier (``table``, ``db.table`` or
+``catalog.db.table``) otherwise: the local path wins, so ``--input reviews.parquet``
+reads the file beside you rather than the table `reviews`.`parquet`.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,6 +24,7 @@ __all__ = [
     "TableError",
     "column",
     "is_path",
+    "local_ref",
     "read_input",
     "check_output_target",
     "DeltaCommit",
@@ -46,8 +51,31 @@ def column(name: str):
 
 
 def is_path(ref: str) -> bool:
-    """True when ``ref`` names a filesystem path rather than a metastore table."""
-    return any(ch in ref for ch in "/\\:")
+    """True when ``ref`` names a filesystem path rather than a metastore table.
+
+    A reference with ``/``, ``\\`` or ``:`` always is one; a bare name is one when it
+    exists locally (relative to the working directory).
+
+    >>> is_path("s3a://bucket/x"), is_path("sales.no_such_local_file")
+    (True, False)
+    """
+    return any(ch in ref for ch in "/\\:") or os.path.exists(ref)
+
+
+def local_ref(ref: Optional[str]) -> Optional[str]:
+    """``ref`` spelled unambiguously: the absolute path of a bare name that exists locally, else ``ref`` as given.
+
+    Absolute, because Spark resolves a relative path against the JVM's working directory,
+    which is not this process's once it has changed directory. References derived from
+    the result (``<output>_errors``, the staging directory) follow the same reading:
+    beside a local output, not in the metastore.
+
+    >>> local_ref("sales.no_such_local_file"), local_ref("/data/x"), local_ref(None)
+    ('sales.no_such_local_file', '/data/x', None)
+    """
+    if ref and not any(ch in ref for ch in "/\\:") and os.path.exists(ref):
+        return os.path.abspath(ref)
+    return ref
 
 
 def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
@@ -56,6 +84,7 @@ def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
     ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet.
     Raises :class:`TableError` naming the reference when it does not exist or cannot be read.
     """
+    ref = local_ref(ref)
     try:
         if not is_path(ref):
             return spark.table(ref)
@@ -63,6 +92,8 @@ def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
             fmt = "delta" if _is_delta_path(spark, ref) else "parquet"
         return spark.read.format(fmt).load(ref)
     except AnalysisException as exc:
+        if not is_path(ref) and _is_not_found(exc):
+            raise TableError(f"cannot read input {ref!r}: {_tried(ref)}") from exc
         raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
 
 
@@ -73,6 +104,7 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
     Raises :class:`TableError` if the table's database is missing, the target exists but
     is not Delta, or its columns differ from ``schema`` (names and types).
     """
+    ref = local_ref(ref)
     from delta.tables import DeltaTable
 
     if is_path(ref):
@@ -84,7 +116,10 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
     else:
         parts = ref.split(".")
         if len(parts) > 1 and not spark.catalog.databaseExists(".".join(parts[:-1])):
-            raise TableError(f"output database {'.'.join(parts[:-1])!r} does not exist (output {ref!r})")
+            raise TableError(
+                f"output database {'.'.join(parts[:-1])!r} does not exist (output {ref!r}: {_tried(ref)}; "
+                f"name a new local Delta path as ./{ref})"
+            )
         if not spark.catalog.tableExists(ref):
             return None
         try:
@@ -124,6 +159,7 @@ def write_delta_overwrite(
     write creates the table. A concurrent commit that Delta refuses raises
     :class:`WriteConflictError`.
     """
+    ref = local_ref(ref)
     writer = df.write.format("delta").mode("overwrite")
     if replace_where is not None:
         writer = writer.option("replaceWhere", replace_where)
@@ -172,6 +208,7 @@ def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_
 
 def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
     """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
+    ref = local_ref(ref)
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
@@ -210,6 +247,7 @@ def _save(writer, ref: str) -> None:
 
 def read_delta_version(spark: SparkSession, ref: str, version: int) -> DataFrame:
     """The Delta table at ``ref`` as of ``version`` (what this run wrote, whatever came after)."""
+    ref = local_ref(ref)
     reader = spark.read.format("delta").option("versionAsOf", version)
     if is_path(ref):
         return reader.load(ref)
@@ -230,6 +268,17 @@ def _path_exists(spark: SparkSession, ref: str) -> bool:
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(ref)
     return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+
+
+def _is_not_found(exc: AnalysisException) -> bool:
+    condition = exc.getCondition() if hasattr(exc, "getCondition") else exc.getErrorClass()
+    return (condition or "").startswith(("TABLE_OR_VIEW_NOT_FOUND", "SCHEMA_NOT_FOUND")) or "not found" in str(exc).lower()
+
+
+def _tried(ref: str) -> str:
+    """What a bare name was looked up as, for not-found messages."""
+    table = ".".join(f"`{part}`" for part in ref.split("."))
+    return f"no table {table}, and no file ./{ref}"
 
 
 def _first_line(exc: BaseException) -> str:
