@@ -70,7 +70,7 @@ package: wheel env-archive
 
 wheel: $(WHEEL) $(LAUNCHER)
 
-$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py udfs/*.py schemas/*.py)
+$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*.properties udfs/*.py schemas/*.py)
 	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lakescore.jobs.config import TASKS, ConfigError, JobConfig, load_config
+from lakescore.jobs.platform.console import configure_logging
 
 __all__ = ["main", "run"]
 
@@ -185,13 +186,7 @@ def _fetch_jars(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("py4j", "great_expectations", "sentence_transformers", "urllib3", "httpx", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "fetch-jars": _fetch_jars}
     try:
         return handlers[args.command](args)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ from lakescore.jobs.config import TEXT_TASKS, JobConfig
 from lakescore.jobs.steps.dead_letter import check_ids, refused_rows, split_by_id, unscored_rows
 from lakescore.jobs.platform.model_staging import stage_remote_model
 from lakescore.jobs.platform.profiles import scoring_profile
-from lakescore.jobs.platform.progress import ProgressReporter
+from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.steps.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
@@ -287,14 +288,23 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
 
     t = time.perf_counter()
     todo = [c for c in range(chunks) if c not in done]
+    # [issue 16: progress] a few tasks per slot unless configured, so progress moves before the first wave ends
+    if layout.partitions is None:
+        wanted = progress_partitions(math.ceil(scorable_rows / chunks), spark.sparkContext.defaultParallelism)
+        if scorable.rdd.getNumPartitions() < wanted:
+            layout = dataclasses.replace(layout, partitions=wanted)
+    # [/issue 16]
     with _arrow_settings(spark, cfg), ProgressReporter(
-        spark.sparkContext, counters.rows, _rows_todo(scorable_rows, chunks, len(todo)), cfg.progress_seconds
-    ):
+        spark.sparkContext, counters.rows, _rows_todo(scorable_rows, chunks, len(todo)), cfg.progress_seconds,
+        chunks=chunks,  # [issue 16: progress]
+    ) as progress:
         for chunk in todo:
+            progress.chunk(chunk)  # [issue 16: progress]
             part = scorable if chunks == 1 else scorable.where(chunk_column(cfg.id_col, chunks) == chunk)
             staging.commit_chunk(score_dataframe(part, cfg, spec, cfg.id_col, input_cols, counters, layout), chunk)
             log.info("chunk %d/%d staged", chunk + 1, chunks)
     steps["score_stage"] = time.perf_counter() - t
+    throughput = progress.samples()  # [issue 16: progress] (seconds, rows) for the HTML report
 
     t = time.perf_counter()
     staged = staging.rows()
