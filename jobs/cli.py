@@ -130,7 +130,7 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 
 
 def _score(args: argparse.Namespace) -> int:
-    from lakescore.jobs.report import write_report
+    from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
 
     cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
@@ -139,7 +139,7 @@ def _score(args: argparse.Namespace) -> int:
         write_report(report, cfg.report)
     print(report.summary())
     if cfg.report:
-        print(f"  report: {Path(cfg.report).resolve()}")
+        print(report_location(report, cfg.report))
     if report.status != "succeeded":
         print(f"lakescore: error: {report.error}", file=sys.stderr)
         return EXIT_VALIDATION_FAILED

@@ -40,8 +40,9 @@ from lakescore.jobs.steps.dead_letter import check_ids, refused_rows, split_by_i
 from lakescore.jobs.platform.model_staging import stage_remote_model
 from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
-from lakescore.jobs.report import RunReport
+from lakescore.jobs.report import RunReport, software_versions
 from lakescore.jobs.platform.session import get_or_create_session
+from lakescore.jobs.steps.report_data import collect_profile, run_errors
 from lakescore.jobs.steps.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
 from lakescore.jobs.platform.tables import check_output_target, column, last_commit, read_input, write_delta_overwrite
 from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract, resolve_feature_cols
@@ -223,7 +224,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     if is_remote(spec.source):
         spark = spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
         stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
-    resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
+    model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     spark = spark or get_or_create_session(cfg.spark, _storage_refs(cfg))[0]
     source = read_input(spark, cfg.input, cfg.input_format)
     input_cols = _input_columns(cfg, source)
@@ -386,6 +387,20 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         )
         report.validation = validate_output(published, facts).as_dict()
     steps["validate"] = time.perf_counter() - t
+
+    # [issue 16: report data] samples for the HTML report (limit reads; no full pass), read before publishing
+    # drops the staging table the predictions come from.
+    t = time.perf_counter()
+    report.versions = software_versions(spark.version)
+    report.profile = collect_profile(
+        inputs=source.select(*[column(c) for c in input_cols]),
+        predictions=published.select(*[F.col(name) for name in prediction_columns(cfg.task)]),
+        errors=run_errors(spark, errors_ref, errors_written.result().version, run_id) if error_rows else None,
+        throughput=throughput,
+        model_dir=model_dir,
+    )
+    steps["report_data"] = time.perf_counter() - t
+    # [/issue 16]
 
     t = time.perf_counter()
     report.errors_delta_version = errors_written.result().version
