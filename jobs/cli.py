@@ -1,4 +1,4 @@
-"""``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars [--s3a]``.
+"""``lakescore`` command line: ``score``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
 published nothing; 2 a configuration, input or model problem found before any
@@ -110,6 +110,14 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
 
+    history = commands.add_parser(
+        "history", parents=[common], help="list an output's past runs, or show one run's report (--run)"
+    )
+    history.add_argument("output", help="the output: Delta path or metastore table")
+    history.add_argument("--run", metavar="RUN_ID", help="show this run's report and where its HTML is")
+    history.add_argument("--errors", help="its dead-letter table (default: <output>_errors)")
+    history.add_argument("--limit", type=int, default=20, help="newest runs to list (default: 20)")
+
     fetch = commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
     fetch.add_argument(
         "--s3a", action="store_true",
@@ -172,6 +180,17 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _history(args: argparse.Namespace) -> int:
+    from lakescore.jobs.commands.history import find_run, format_history, format_run, run_history
+    from lakescore.jobs.platform.session import get_or_create_session
+
+    cfg = _config(args, {"output": args.output, "errors": args.errors})
+    spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
+    records = run_history(spark, cfg.output, cfg.errors_ref(), None if args.run else args.limit)
+    print(format_run(find_run(records, args.run)) if args.run else format_history(records))
+    return EXIT_OK
+
+
 def _fetch_jars(args: argparse.Namespace) -> int:
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
 
@@ -187,7 +206,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     args = _parser().parse_args(argv)
     configure_logging(args.verbose)
-    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "fetch-jars": _fetch_jars}
+    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
     try:
         return handlers[args.command](args)
     except Exception as exc:  # one line for the operator; --verbose keeps the traceback

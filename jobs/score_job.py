@@ -44,7 +44,9 @@ from lakescore.jobs.report import RunReport, software_versions
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.steps.report_data import collect_profile, run_errors
 from lakescore.jobs.steps.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
-from lakescore.jobs.platform.tables import check_output_target, column, last_commit, read_input, write_delta_overwrite
+from lakescore.jobs.platform.tables import (
+    check_output_target, column, last_commit, read_input, run_metadata, write_delta_overwrite,
+)
 from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract, resolve_feature_cols
 from lakescore.schemas.expectations import OutputFacts, UserExpectations, validate_output
 from lakescore.schemas.output import ERROR_COLUMNS, errors_schema, output_schema, prediction_columns, scored_schema
@@ -369,7 +371,8 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     if ids.refused_rows:
         errors = refused_rows(refused, cfg.id_col, _raw_input(cfg, input_cols), run_id).unionByName(errors)
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-errors")
-    errors_written = writer.submit(write_delta_overwrite, errors, errors_ref, replace_where, partition_by)
+    tag = run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None)  # [issue 16: history]
+    errors_written = writer.submit(write_delta_overwrite, errors, errors_ref, replace_where, partition_by, tag)
     writer.shutdown(wait=False)
 
     if cfg.validation.enabled and error_rate <= cfg.max_error_rate:
@@ -414,7 +417,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         report.status = "validation_failed"
         report.error = "the output failed validation and was not published"
     else:
-        commit = write_delta_overwrite(published, cfg.output, replace_where, partition_by)
+        commit = write_delta_overwrite(published, cfg.output, replace_where, partition_by, tag)  # [issue 16: tag]
         if commit.rows is not None and commit.rows != output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {output_rows}")
         report.delta_version = commit.version

@@ -11,8 +11,10 @@ reads the file beside you rather than the table `reviews`.`parquet`.
 from __future__ import annotations
 
 import os
+import json
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -36,6 +38,9 @@ __all__ = [
     "delete_path",
     "table_location_root",
     "read_delta_version",
+    "run_metadata",
+    "delta_history",
+    "HistoryEntry",
 ]
 
 
@@ -148,7 +153,11 @@ class WriteConflictError(RuntimeError):
 
 
 def write_delta_overwrite(
-    df: DataFrame, ref: str, replace_where: Optional[str] = None, partition_by: Optional[str] = None
+    df: DataFrame,
+    ref: str,
+    replace_where: Optional[str] = None,
+    partition_by: Optional[str] = None,
+    user_metadata: Optional[str] = None,
 ) -> DeltaCommit:
     """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
 
@@ -156,7 +165,10 @@ def write_delta_overwrite(
     see either the old or the new snapshot, never a mix. With ``replace_where`` (a SQL
     predicate) only the rows matching it are replaced, atomically; Delta refuses the
     write if ``df`` holds a row outside the predicate. ``partition_by`` applies when the
-    write creates the table. A concurrent commit that Delta refuses raises
+    write creates the table. ``user_metadata`` is stored in the commit's ``commitInfo.userMetadata``
+    (lakescore's is :func:`run_metadata`; :func:`delta_history` reads it back), and the commit
+    is recorded even when it changes no file (Delta skips such commits by default), so a run that
+    wrote no rows still leaves its tag. A concurrent commit that Delta refuses raises
     :class:`WriteConflictError`.
     """
     ref = local_ref(ref)
@@ -165,8 +177,11 @@ def write_delta_overwrite(
         writer = writer.option("replaceWhere", replace_where)
     if partition_by is not None and not _target_exists(df.sparkSession, ref):
         writer = writer.partitionBy(partition_by)
+    if user_metadata is not None:
+        writer = writer.option("userMetadata", user_metadata)
     try:
-        _save(writer, ref)
+        with _recording_empty_commits(df.sparkSession, user_metadata is not None):
+            _save(writer, ref)
     except Exception as exc:
         if is_commit_conflict(exc):
             raise WriteConflictError(
@@ -252,6 +267,88 @@ def read_delta_version(spark: SparkSession, ref: str, version: int) -> DataFrame
     if is_path(ref):
         return reader.load(ref)
     return reader.table(ref)
+
+
+_SKIP_EMPTY_COMMITS = "spark.databricks.delta.skipRecordingEmptyCommits"
+
+
+@contextmanager
+def _recording_empty_commits(spark: SparkSession, wanted: bool):
+    """While the block runs, Delta records a write that adds and removes no file (its default skips it).
+
+    A session setting, restored afterwards; only Delta writes read it, and lakescore makes its
+    tagged writes one at a time.
+    """
+    if not wanted:
+        yield
+        return
+    previous = spark.conf.get(_SKIP_EMPTY_COMMITS, None)
+    spark.conf.set(_SKIP_EMPTY_COMMITS, "false")
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(_SKIP_EMPTY_COMMITS)
+        else:
+            spark.conf.set(_SKIP_EMPTY_COMMITS, previous)
+
+
+_METADATA_KEY = "lakescore"
+
+
+def run_metadata(run_id: str, report: Optional[str]) -> str:
+    """The ``userMetadata`` lakescore tags its commits with: ``{"lakescore": {"run_id", "report"}}`` as JSON
+    (``report``: the JSON report's absolute path, or ``None``). A few dozen bytes in the commit info.
+
+    >>> run_metadata("2026-11-21", None)
+    '{"lakescore": {"run_id": "2026-11-21", "report": null}}'
+    """
+    return json.dumps({_METADATA_KEY: {"run_id": run_id, "report": report}})
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One commit of a Delta table's history, with lakescore's tag when it has one."""
+
+    version: int
+    timestamp: str
+    operation: str
+    rows: Optional[int]
+    run_id: Optional[str]
+    report: Optional[str]
+
+
+def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> list[HistoryEntry]:
+    """The commits of the Delta table ``ref``, newest first (at most ``limit``); ``[]`` when it does not exist.
+
+    ``run_id`` and ``report`` come from :func:`run_metadata` tags; other commits have ``None`` there.
+    """
+    from delta.tables import DeltaTable
+
+    ref = local_ref(ref)
+    if not _target_exists(spark, ref):
+        return []
+    table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
+    history = table.history(limit) if limit else table.history()
+    rows = history.select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
+    entries = []
+    for row in rows:
+        tag = _tag(row["userMetadata"])
+        output_rows = (row["operationMetrics"] or {}).get("numOutputRows")
+        entries.append(HistoryEntry(
+            version=int(row["version"]), timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
+            operation=row["operation"], rows=int(output_rows) if output_rows is not None else None,
+            run_id=tag.get("run_id"), report=tag.get("report"),
+        ))
+    return sorted(entries, key=lambda e: -e.version)
+
+
+def _tag(user_metadata: Optional[str]) -> dict[str, Any]:
+    try:
+        tag = json.loads(user_metadata or "{}").get(_METADATA_KEY)
+    except (ValueError, AttributeError):  # someone else's metadata: not JSON, or not an object
+        return {}
+    return tag if isinstance(tag, dict) else {}
 
 
 def _latest_version(table) -> int:
