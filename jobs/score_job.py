@@ -42,7 +42,7 @@ from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
 from lakescore.jobs.report import RunReport, software_versions
 from lakescore.jobs.platform.session import get_or_create_session
-from lakescore.jobs.steps.report_data import collect_profile, run_errors
+from lakescore.jobs.steps.report_data import finish_profile, run_errors, start_profile
 from lakescore.jobs.steps.staging import Staging, chunk_column, chunk_count, input_fingerprint, run_key
 from lakescore.jobs.platform.tables import (
     check_output_target, column, last_commit, read_input, run_metadata, write_delta_overwrite,
@@ -375,6 +375,17 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     errors_written = writer.submit(write_delta_overwrite, errors, errors_ref, replace_where, partition_by, tag)
     writer.shutdown(wait=False)
 
+    # [issue 16: report data] samples for the HTML report (limit reads, no full pass), read while GX validates
+    # and before publishing drops the staging table the predictions come from.
+    profiling = start_profile(
+        inputs=source.select(*[column(c) for c in input_cols]),
+        predictions=published.select(*[F.col(name) for name in prediction_columns(cfg.task)]),
+        errors=(lambda: run_errors(spark, errors_ref, errors_written.result().version, run_id)) if error_rows else None,
+        throughput=throughput,
+        model_dir=model_dir,
+    )
+    # [/issue 16]
+
     if cfg.validation.enabled and error_rate <= cfg.max_error_rate:
         facts = OutputFacts(
             schema=planned,
@@ -390,20 +401,10 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         )
         report.validation = validate_output(published, facts).as_dict()
     steps["validate"] = time.perf_counter() - t
-
-    # [issue 16: report data] samples for the HTML report (limit reads; no full pass), read before publishing
-    # drops the staging table the predictions come from.
-    t = time.perf_counter()
+    t = time.perf_counter()  # [issue 16: report data] what the samples add after validation
     report.versions = software_versions(spark.version)
-    report.profile = collect_profile(
-        inputs=source.select(*[column(c) for c in input_cols]),
-        predictions=published.select(*[F.col(name) for name in prediction_columns(cfg.task)]),
-        errors=run_errors(spark, errors_ref, errors_written.result().version, run_id) if error_rows else None,
-        throughput=throughput,
-        model_dir=model_dir,
-    )
-    steps["report_data"] = time.perf_counter() - t
-    # [/issue 16]
+    report.profile = finish_profile(profiling)
+    steps["report_data"] = time.perf_counter() - t  # [/issue 16]
 
     t = time.perf_counter()
     report.errors_delta_version = errors_written.result().version

@@ -26,8 +26,9 @@ as the report's ``profile`` and drawn by :mod:`lakescore.jobs.report_html`.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +40,7 @@ from lakescore.jobs.platform.tables import column, read_delta_version
 
 __all__ = [
     "SAMPLE_ROWS", "DEAD_LETTER_ROWS", "MAX_COLOURS", "collect_profile", "summarize_column", "summarize_input",
-    "histogram", "projection", "dead_letter_sample", "run_errors",
+    "histogram", "projection", "dead_letter_sample", "run_errors", "start_profile", "finish_profile",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,15 @@ def collect_profile(
     *,
     inputs: DataFrame,
     predictions: DataFrame,
-    errors: Optional[DataFrame],
+    errors: Optional[Callable[[], DataFrame]],
     throughput: Sequence[tuple[float, int]] = (),
     model_dir: Optional[Path] = None,
     sample_rows: int = SAMPLE_ROWS,
 ) -> dict[str, Any]:
     """The report's ``profile``: summaries of ``inputs`` (the model's input columns) and
-    ``predictions`` (the prediction columns), a sample of ``errors`` (this run's dead-lettered
-    rows, or ``None``), and the ``throughput`` samples (``(seconds, rows)``) as given.
+    ``predictions`` (the prediction columns), a sample of the rows ``errors()`` returns (this
+    run's dead-lettered rows; called last, so it may wait for their write; ``None``: no errors),
+    and the ``throughput`` samples (``(seconds, rows)``) as given.
 
     ``model_dir`` holding a ``tokenizer.json`` makes text lengths tokens, else characters.
     Reads at most ``sample_rows`` rows of each DataFrame.
@@ -80,9 +82,27 @@ def collect_profile(
         "inputs": [s for s in (summarize_input(f.name, f.dataType, input_sample.column(f.name), tokenizer)
                                for f in inputs.schema.fields) if s is not None],
         "predictions": summaries,
-        "dead_letters": dead_letter_sample(errors) if errors is not None else None,
+        "dead_letters": dead_letter_sample(errors()) if errors is not None else None,
         "throughput": [[round(float(t), 2), int(rows)] for t, rows in throughput],
     }
+
+
+def start_profile(**arguments) -> "Future[dict[str, Any]]":
+    """:func:`collect_profile` with ``arguments``, in a background thread (the run validates meanwhile)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-report")
+    future = pool.submit(collect_profile, **arguments)
+    pool.shutdown(wait=False)
+    return future
+
+
+def finish_profile(future: "Future[dict[str, Any]]") -> Optional[dict[str, Any]]:
+    """The profile :func:`start_profile` computed, or ``None`` (and a warning) if that failed: the
+    HTML report then lacks its charts, the run goes on."""
+    try:
+        return future.result()
+    except Exception:  # a report detail must never fail a run
+        log.warning("could not sample the run for the HTML report", exc_info=True)
+        return None
 
 
 def summarize_column(name: str, dtype: T.DataType, values: pa.ChunkedArray) -> Optional[dict[str, Any]]:
