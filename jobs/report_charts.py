@@ -102,6 +102,7 @@ def histogram_chart(key: str, edges: Sequence[float], counts: Sequence[int], xla
         if counts:
             widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
             axes.bar(edges[:-1], counts, width=widths, align="edge", color=_INK, edgecolor="white", linewidth=0.4)
+        axes.ticklabel_format(axis="x", useOffset=False)  # unit-norm vectors: 0.9999999, not "1e-7+1"
         axes.set_xlabel(xlabel)
         axes.set_ylabel("rows")
     return _svg(figure, key)

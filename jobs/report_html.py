@@ -146,10 +146,10 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
         body += "<h3>Where the time went</h3>" + _figure(charts.timeline_chart("steps", steps), caption)
     if len(throughput) >= 2:
         xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
-        rate_x = [(a + b) / 2 for a, b in zip(xs[:-1], xs[1:]) if b > a]
-        rate_y = [(r2 - r1) / (b - a) for (a, r1), (b, r2) in zip(throughput[:-1], throughput[1:]) if b > a]
+        rate_x = [t for t, r in throughput if t > 0 and r > 0]
+        rate_y = [r / t for t, r in throughput if t > 0 and r > 0]
         chart = charts.line_chart("throughput", xs, ys, "seconds into the scoring stage", "rows scored",
-                                  second=(rate_x, rate_y, "rows/s between updates"))
+                                  second=(rate_x, rate_y, "rows/s since the stage began"))
         body += "<h3 id=throughput>Throughput</h3>" + _figure(chart, "rows are counted as scoring tasks finish")
     return _section("time", "Time", body) if body else ""
 
