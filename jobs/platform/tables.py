@@ -277,13 +277,19 @@ def _recording_empty_commits(spark: SparkSession, wanted: bool):
     """While the block runs, Delta records a write that adds and removes no file (its default skips it).
 
     A session setting, restored afterwards; only Delta writes read it, and lakescore makes its
-    tagged writes one at a time.
+    tagged writes one at a time. Where the platform refuses the setting (serverless compute
+    allows only some), the write goes ahead with the platform's behaviour.
     """
+    previous = None
+    if wanted:
+        try:
+            previous = spark.conf.get(_SKIP_EMPTY_COMMITS, None)
+            spark.conf.set(_SKIP_EMPTY_COMMITS, "false")
+        except Exception:  # a refused setting costs a history entry, never the write
+            wanted = False
     if not wanted:
         yield
         return
-    previous = spark.conf.get(_SKIP_EMPTY_COMMITS, None)
-    spark.conf.set(_SKIP_EMPTY_COMMITS, "false")
     try:
         yield
     finally:
