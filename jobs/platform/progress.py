@@ -122,14 +122,23 @@ class ProgressReporter:
         return done, total
 
     def _sample(self, final: bool = False) -> None:
-        rows = self._rows.value
+        try:
+            rows = self._rows.value
+        except Exception:  # the JVM went away; keep what was recorded
+            return
         if rows != self._samples[-1][1] or final:
             self._samples.append((round(time.monotonic() - self._started, 2), rows))
 
     def _run(self) -> None:
-        if self._terminal and self._interval > 0:
-            self._run_bar()
-            return
+        try:
+            if self._terminal and self._interval > 0:
+                self._run_bar()
+            else:
+                self._run_lines()
+        except Exception:  # the JVM went away (an interrupted run): the main thread reports that, once
+            log.debug("progress stopped", exc_info=True)
+
+    def _run_lines(self) -> None:
         last_line = time.monotonic()
         while not self._stop.wait(_POLL_SECONDS):
             self._sample()

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakescore.jobs.platform.tables import column, read_delta_version
+from lakescore.jobs.platform.tables import column, is_path, local_ref
 
 __all__ = [
     "SAMPLE_ROWS", "DEAD_LETTER_ROWS", "MAX_COLOURS", "collect_profile", "summarize_column", "summarize_input",
@@ -175,7 +175,10 @@ def dead_letter_sample(errors: DataFrame, rows: int = DEAD_LETTER_ROWS) -> dict[
 
 def run_errors(spark, errors_ref: str, version: int, run_id: str) -> DataFrame:
     """This run's rows of the errors table, as of the version this run wrote (other runs' rows stay out)."""
-    return read_delta_version(spark, errors_ref, version).where(F.col("run_id") == F.lit(run_id))
+    ref = local_ref(errors_ref)
+    reader = spark.read.format("delta").option("versionAsOf", version)
+    table = reader.load(ref) if is_path(ref) else reader.table(ref)
+    return table.where(F.col("run_id") == F.lit(run_id))
 
 
 def _cut(value: Optional[str]) -> Optional[str]:
