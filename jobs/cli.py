@@ -1,4 +1,4 @@
-"""``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars [--s3a]``.
+"""``lakescore`` command line: ``score``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
 published nothing; 2 a configuration, input or model problem (found before any
@@ -25,6 +25,7 @@ from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.config import (
     DEVICES, DTYPES, INPUT_FORMATS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig, load_config,
 )
+from lakescore.jobs.platform.console import configure_logging
 
 __all__ = ["main", "run"]
 
@@ -118,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
 
+    history = commands.add_parser(
+        "history", parents=[common], help="list an output's past runs, or show one run's report (--run)"
+    )
+    history.add_argument("output", help="the output: Delta path or metastore table")
+    history.add_argument("--run", metavar="RUN_ID", help="show this run's report and where its HTML is")
+    history.add_argument("--errors", help="its dead-letter table (default: <output>_errors)")
+    history.add_argument("--limit", type=int, default=20, help="newest runs to list (default: 20)")
+
     fetch = commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
     fetch.add_argument(
         "--s3a", action="store_true",
@@ -127,11 +136,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
-    return load_config(args.conf, args.overrides, flags)
+    """The job config; a bare ``input`` / ``output`` name that exists locally becomes ``./name``
+    (:func:`~lakescore.jobs.platform.tables.local_ref`), so what is derived from it stays local too."""
+    from dataclasses import replace
+
+    from lakescore.jobs.platform.tables import local_ref
+
+    cfg = load_config(args.conf, args.overrides, flags)
+    return replace(cfg, input=local_ref(cfg.input), output=local_ref(cfg.output))
 
 
 def _score(args: argparse.Namespace) -> int:
-    from lakescore.jobs.report import write_report
+    from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
     from lakescore.jobs.steps.report import failure_report
 
@@ -146,7 +162,7 @@ def _score(args: argparse.Namespace) -> int:
         write_report(report, cfg.report)
     print(report.summary())
     if cfg.report:
-        print(f"  report: {Path(cfg.report).resolve()}")
+        print(report_location(report, cfg.report))
     if report.status != "succeeded":
         print(f"lakescore: error: {report.error}", file=sys.stderr)
         return EXIT_VALIDATION_FAILED
@@ -179,6 +195,17 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _history(args: argparse.Namespace) -> int:
+    from lakescore.jobs.commands.history import find_run, format_history, format_run, run_history
+    from lakescore.jobs.platform.session import get_or_create_session
+
+    cfg = _config(args, {"output": args.output, "errors": args.errors})
+    spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
+    records = run_history(spark, cfg.output, cfg.errors_ref(), None if args.run else args.limit)
+    print(format_run(find_run(records, args.run)) if args.run else format_history(records))
+    return EXIT_OK
+
+
 def _fetch_jars(args: argparse.Namespace) -> int:
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
 
@@ -193,17 +220,11 @@ def _fetch_jars(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("py4j", "great_expectations", "sentence_transformers", "urllib3", "httpx", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     if not args.verbose:  # py4j logs a lost JVM connection through the root logger, traceback and all
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_from_py4j)
-    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "fetch-jars": _fetch_jars}
+    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
     install_interrupt_handlers()
     try:
         return handlers[args.command](args)

@@ -27,6 +27,7 @@ from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.report import StepClock, assemble_report
+from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import score_into_staging
 from lakescore.jobs.steps.validate import validate_rows
 
@@ -58,14 +59,17 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         plan = plan_run(run, split, identity)
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
-        score_into_staging(run, plan)
+        throughput = score_into_staging(run, plan)
     with clock.step("validate"):
         accounting = account_rows(plan)
         rows = output_rows(run, plan, accounting)
+        profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
         validation = validate_rows(run, targets, plan, accounting, rows)
+    with clock.step("report_data"):
+        profile = finish_profile(profiling)
     with clock.step("publish"):
         outcome = publish(run, targets, plan, accounting, rows, validation)
-    return assemble_report(run, targets, plan, accounting, validation, outcome, clock)
+    return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile)
 
 
 def _import_great_expectations_meanwhile(cfg: JobConfig) -> None:

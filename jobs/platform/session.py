@@ -25,10 +25,12 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.platform import interrupts
 from lakescore.jobs.config import SparkConfig
+from lakescore.jobs.platform.console import is_verbose, launch_quiet_gateway, quiet_java_options
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
 
 __all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
@@ -101,25 +103,33 @@ def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) 
     metastore.parent.mkdir(parents=True, exist_ok=True)
 
     local = cfg.master.startswith("local[") or cfg.master == "local"
+    verbose = is_verbose()
+    driver_log, executor_log = quiet_java_options(cfg.master, verbose)
     confs = {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf}
     java_options = [f"-Dderby.system.home={metastore.parent}"] + ([LOCAL_MODE_JAVA_OPTIONS] if local else [])
-    confs["spark.driver.extraJavaOptions"] = " ".join(java_options + [confs.get("spark.driver.extraJavaOptions", "")]).strip()
+    confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, confs.get("spark.driver.extraJavaOptions", "")])
+    if executor_log:
+        confs["spark.executor.extraJavaOptions"] = _join([executor_log, confs.get("spark.executor.extraJavaOptions", "")])
 
     confs = jar_confs(cfg, refs, confs)
-
-    builder = (
-        SparkSession.builder.master(cfg.master)
-        .appName(cfg.app_name)
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.sql.warehouse.dir", str(warehouse))
-        .config("spark.hadoop.javax.jdo.option.ConnectionURL", f"jdbc:derby:;databaseName={metastore};create=true")
+    settings = {
+        "spark.master": cfg.master,
+        "spark.app.name": cfg.app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(warehouse),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
         # Hive's session state otherwise leaves a /tmp/<uuid>_resources directory behind for every run.
-        .config("spark.hadoop.hive.downloaded.resources.dir", str(metastore.parent / "hive_resources"))
-        .config("spark.ui.showConsoleProgress", "false")
-        .enableHiveSupport()
-    )
-    for key, value in confs.items():
+        "spark.hadoop.hive.downloaded.resources.dir": str(metastore.parent / "hive_resources"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.catalogImplementation": "hive",  # what enableHiveSupport() sets
+        **confs,
+    }
+    if not verbose:  # the JVM starts here, its stderr passing through launch_quiet_gateway's filter
+        conf = SparkConf().setAll(list(settings.items()))
+        SparkContext(conf=conf, gateway=launch_quiet_gateway(conf))
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     interrupts.reinstall()  # PySpark's SparkContext just replaced the CLI's SIGINT handler
@@ -148,6 +158,10 @@ def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[st
         if values:
             out[key] = ",".join(values + ([out[key]] if out.get(key) else []))
     return out
+
+
+def _join(options: list[str]) -> str:
+    return " ".join(o for o in options if o).strip()
 
 
 def _quiet_hive_schema_warning(spark: SparkSession) -> None:

@@ -10,20 +10,21 @@ check still writes it, since it explains the failure.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.config import RUN_ID
-from lakescore.jobs.platform.tables import DeltaCommit, column, write_delta_overwrite
+from lakescore.jobs.platform.tables import DeltaCommit, column, run_metadata, write_delta_overwrite
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.udfs.registry import get_task
 
-__all__ = ["Outcome", "output_rows", "publish"]
+__all__ = ["Outcome", "output_rows", "errors_rows", "publish"]
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,14 @@ def publish(
     """
     cfg = run.cfg
     refusal = _refusal(cfg, targets, accounting, validation)
+    tag = run_metadata(plan.run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None)
     delta_version = None
     if refusal is None:
-        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan))
+        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
         delta_version = commit.version
-    errors_version = _write_errors(run, targets, plan, accounting).version
+    errors_version = write_delta_overwrite(errors_rows(run, plan, accounting), targets.errors_ref, *_write_mode(run, plan), tag).version
     if refusal is not None:
         status, error = refusal
         return Outcome(status, errors_delta_version=errors_version, error=error)
@@ -87,13 +89,13 @@ def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional
     return None
 
 
-def _write_errors(run: RunContext, targets: Targets, plan: Plan, accounting: Accounting) -> DeltaCommit:
-    """The errors table of this run: rows refused for their id, and rows the workers could not score."""
+def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
+    """This run's rows for the errors table: rows refused for their id, and rows the workers could not score."""
     cfg = run.cfg
     errors = unscored_rows(accounting.staged, cfg.id_col, plan.run_id)
     if plan.split.ids.refused_rows:
         errors = refused_rows(plan.split.refused, cfg.id_col, _raw_input(run), plan.run_id).unionByName(errors)
-    return write_delta_overwrite(errors, targets.errors_ref, *_write_mode(run, plan))
+    return errors
 
 
 def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[str]]:

@@ -42,6 +42,8 @@ class RunContext:
     spec: ModelSpec
     layout: ScoringLayout
     counters: WorkerCounters
+    model_dir: Path
+    """The model's files on the driver's host (the HTML report reads the tokenizer there)."""
 
     @property
     def id_field(self) -> StructField:
@@ -89,13 +91,14 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     if is_remote(spec.source):
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
         stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
-    resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
+    model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
     source = read_input(spark, cfg.input, cfg.input_format)
     input_cols = input_columns(cfg, source)
     if not cfg.reads_text:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
-    return RunContext(cfg, spark, source, input_cols, spec, scoring_layout(spark, cfg), WorkerCounters(spark.sparkContext))
+    layout = scoring_layout(spark, cfg)
+    return RunContext(cfg, spark, source, input_cols, spec, layout, WorkerCounters(spark.sparkContext), model_dir)
 
 
 def check_targets(run: RunContext) -> Targets:

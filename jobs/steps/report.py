@@ -13,7 +13,7 @@ from typing import Any, Iterator, Optional
 
 from lakescore.jobs.platform.step_hooks import at_step
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.report import RunReport, one_line
+from lakescore.jobs.report import RunReport, one_line, software_versions
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
@@ -66,8 +66,10 @@ def assemble_report(
     validation: Optional[dict[str, Any]],
     outcome: Outcome,
     clock: StepClock,
+    profile: Optional[dict[str, Any]] = None,
 ) -> RunReport:
-    """The report of a run that reached its publish decision (whatever the decision was)."""
+    """The report of a run that reached its publish decision (whatever the decision was); ``profile``:
+    the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`)."""
     cfg, sc, counters, identity = run.cfg, run.spark.sparkContext, run.counters, plan.identity
     seconds = round(clock.elapsed(), 3)
     return RunReport(
@@ -103,6 +105,8 @@ def assemble_report(
         started_at=clock.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         error=outcome.error,
+        versions=software_versions(run.spark.version),
+        profile=profile,
     )
 
 

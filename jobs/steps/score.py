@@ -7,7 +7,9 @@ one Delta commit per chunk (:mod:`lakescore.jobs.steps.staging`), so a rerun res
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -16,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.profiles import scoring_profile
-from lakescore.jobs.platform.progress import ProgressReporter
+from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.staging import chunk_column
 from lakescore.schemas.output import scored_schema
@@ -92,23 +94,43 @@ def score_dataframe(
     return df.select(*[column(c) for c in read]).mapInArrow(scorer, schema, profile=profile)
 
 
-def score_into_staging(run: "RunContext", plan: "Plan") -> None:
-    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk."""
+def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int]]:
+    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk.
+
+    Returns the progress samples ``(seconds, rows scored)`` for the report's throughput chart.
+    """
     cfg, spark = run.cfg, run.spark
     todo = [c for c in range(plan.chunks) if c not in plan.done]
     todo_rows = plan.scorable_rows if len(todo) == plan.chunks else round(plan.scorable_rows * len(todo) / plan.chunks)
+    layout = _layout_for_progress(run, plan)
     staged = len(plan.done)
-    with _arrow_settings(spark, cfg), ProgressReporter(spark.sparkContext, run.counters.rows, todo_rows, cfg.progress_seconds):
+    with _arrow_settings(spark, cfg), ProgressReporter(
+        spark.sparkContext, run.counters.rows, todo_rows, cfg.progress_seconds, chunks=plan.chunks
+    ) as progress:
         try:
             for chunk in todo:
+                progress.chunk(chunk)
                 part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
-                scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, run.counters, run.layout)
+                scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, run.counters, layout)
                 plan.staging.commit_chunk(scored, chunk)
                 staged += 1
                 log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
         except BaseException as exc:
             exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise
+    return progress.samples()
+
+
+def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
+    """A few scoring tasks per slot unless configured, so progress moves before the first wave of tasks ends
+    (accumulators merge when a task ends); README "How it runs" gives the measured cost."""
+    if run.layout.partitions is not None:
+        return run.layout
+    rows_per_chunk = math.ceil(plan.scorable_rows / plan.chunks)
+    wanted = progress_partitions(rows_per_chunk, run.spark.sparkContext.defaultParallelism)
+    if plan.scorable.rdd.getNumPartitions() < wanted:
+        return dataclasses.replace(run.layout, partitions=wanted)
+    return run.layout
 
 
 class _arrow_settings:
