@@ -51,6 +51,7 @@ _SCORE_FLAGS = {
     "run_date": "run_date",
     "run_id": "run_id",
     "master": "spark.master",
+    "remote": "spark.remote",
 }
 
 
@@ -94,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")
     score.add_argument("--run-id", help="id written into every row (default: --run-date, else timestamp + random)")
     score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
+    score.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server (or set SPARK_REMOTE)")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
     demo.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"sample reviews to generate (default: {DEMO_ROWS})")
@@ -109,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--revision", help="hub revision")
     sweep.add_argument("--text-col", help="input column with the text to score")
     sweep.add_argument("--master", help="Spark master when lakescore builds the session")
+    sweep.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server")
     sweep.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, help=f"rows to sample (default: {SAMPLE_ROWS})")
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")

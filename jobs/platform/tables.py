@@ -1,8 +1,14 @@
 """Reading inputs and writing Delta outputs by reference: a metastore table name or a path.
 
-A reference containing ``/``, ``\\`` or ``:`` is a path (``/data/x``, ``./x``,
+A reference containing ``/``, ``\\`` or ``:`` (and no backtick) is a path (``/data/x``, ``./x``,
 ``s3a://bucket/x``, ``dbfs:/x``); anything else is a table identifier
-(``table``, ``db.table`` or ``catalog.db.table``).
+(``table``, ``db.table`` or ``catalog.db.table``, parts quoted with backticks where needed:
+:mod:`lakescore.jobs.platform.identifiers`), handed to Spark quoted.
+
+Delta facts (is it Delta, its versions, the rows a commit wrote) come from Delta's SQL
+(``DESCRIBE HISTORY``), which classic and Spark Connect sessions both run: the ``DeltaTable``
+Python API needs the Delta Connect server plugin over Connect. Filesystem calls go through
+:mod:`lakescore.jobs.platform.spark_adapter`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.identifiers import parse_table_name, quote_identifier
 from lakescore.schemas.output import column_types
 
 __all__ = [
@@ -29,7 +37,8 @@ __all__ = [
     "append_delta",
     "last_commit",
     "delete_path",
-    "table_location_root",
+    "drop_delta",
+    "is_delta",
 ]
 
 
@@ -41,12 +50,12 @@ def column(name: str):
     """A column by its exact name, even one with dots or backticks in it."""
     from pyspark.sql import functions as F
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(quote_identifier(name))
 
 
 def is_path(ref: str) -> bool:
-    """True when ``ref`` names a filesystem path rather than a metastore table."""
-    return any(ch in ref for ch in "/\\:")
+    """True when ``ref`` names a filesystem path rather than a metastore table (a backtick makes it a table name)."""
+    return "`" not in ref and any(ch in ref for ch in "/\\:")
 
 
 def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
@@ -57,10 +66,13 @@ def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
     """
     try:
         if not is_path(ref):
-            return spark.table(ref)
-        if fmt == "auto":
-            fmt = "delta" if _is_delta_path(spark, ref) else "parquet"
-        return spark.read.format(fmt).load(ref)
+            df = spark.table(parse_table_name(ref, "input").quoted)
+        else:
+            if fmt == "auto":
+                fmt = "delta" if is_delta(spark, ref) else "parquet"
+            df = spark.read.format(fmt).load(ref)
+        df.schema  # a Spark Connect DataFrame is analysed only when asked: fail here, before compute
+        return df
     except AnalysisException as exc:
         raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
 
@@ -72,31 +84,27 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
     Raises :class:`TableError` if the table's database is missing, the target exists but
     is not Delta, or its columns differ from ``schema`` (names and types).
     """
-    from delta.tables import DeltaTable
-
     if is_path(ref):
-        if not _path_exists(spark, ref):
+        if not is_delta(spark, ref):
+            if spark_adapter.path_exists(spark, ref):
+                raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
             return None
-        if not DeltaTable.isDeltaTable(spark, ref):
-            raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
-        table = DeltaTable.forPath(spark, ref)
+        existing = spark.read.format("delta").load(ref).schema
     else:
-        parts = ref.split(".")
-        if len(parts) > 1 and not spark.catalog.databaseExists(".".join(parts[:-1])):
-            raise TableError(f"output database {'.'.join(parts[:-1])!r} does not exist (output {ref!r})")
-        if not spark.catalog.tableExists(ref):
+        table = parse_table_name(ref, "output")
+        if table.namespace and not spark.catalog.databaseExists(table.quoted_namespace):
+            raise TableError(f"output database {'.'.join(table.namespace)!r} does not exist (output {ref!r})")
+        if not spark.catalog.tableExists(table.quoted):
             return None
-        try:
-            table = DeltaTable.forName(spark, ref)
-        except AnalysisException as exc:
-            raise TableError(f"output table {ref!r} exists and is not a Delta table: {_first_line(exc)}") from exc
-    existing = table.toDF().schema
+        if not is_delta(spark, ref):
+            raise TableError(f"output table {ref!r} exists and is not a Delta table")
+        existing = spark.table(table.quoted).schema
     if column_types(existing) != column_types(schema):
         raise TableError(
             f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
             "write to a new output or drop the old one"
         )
-    return _latest_version(table)
+    return last_commit(spark, ref).version
 
 
 @dataclass(frozen=True)
@@ -171,56 +179,50 @@ def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_
 
 def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
     """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
-    from delta.tables import DeltaTable
-
-    table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
-    last = table.history(1).select("version", "operationMetrics").first()
+    last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
     return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
 
 
+def is_delta(spark: SparkSession, ref: str) -> bool:
+    """Whether ``ref`` (a path or a table) is a Delta table: Delta answers ``DESCRIBE HISTORY`` for it."""
+    try:
+        spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").collect()
+    except AnalysisException:
+        return False
+    return True
+
+
 def delete_path(spark: SparkSession, ref: str) -> bool:
-    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(path) and fs.delete(path, True))
+    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted.
+
+    Classic sessions only (:func:`lakescore.jobs.platform.spark_adapter.can_delete_paths`).
+    """
+    return spark_adapter.delete_path(spark, ref)
 
 
-def table_location_root(spark: SparkSession, ref: str) -> str:
-    """A directory beside the output ``ref`` for lakescore's own files: the path's parent, or the database location."""
+def drop_delta(spark: SparkSession, ref: str) -> None:
+    """Remove the Delta table ``ref``: ``DROP TABLE`` for a (managed) table, deleting the directory for a path."""
     if is_path(ref):
-        return ref.rstrip("/").rsplit("/", 1)[0] if "/" in ref.rstrip("/") else "."
-    parts = ref.split(".")
-    database = ".".join(parts[:-1]) or spark.catalog.currentDatabase()
-    return spark.catalog.getDatabase(database).locationUri
+        delete_path(spark, ref)
+    else:
+        spark.sql(f"DROP TABLE IF EXISTS {parse_table_name(ref).quoted}")
+
+
+def _delta_sql(ref: str) -> str:
+    """``ref`` as Delta SQL names it: ``delta.`<path>``` or the quoted table name."""
+    return f"delta.{quote_identifier(ref)}" if is_path(ref) else parse_table_name(ref).quoted
 
 
 def _target_exists(spark: SparkSession, ref: str) -> bool:
-    return _path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(ref)
+    return spark_adapter.path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(parse_table_name(ref).quoted)
 
 
 def _save(writer, ref: str) -> None:
     if is_path(ref):
         writer.save(ref)
     else:
-        writer.saveAsTable(ref)
-
-
-def _latest_version(table) -> int:
-    return int(table.history(1).select("version").first()[0])
-
-
-def _is_delta_path(spark: SparkSession, ref: str) -> bool:
-    from delta.tables import DeltaTable
-
-    return bool(DeltaTable.isDeltaTable(spark, ref))
-
-
-def _path_exists(spark: SparkSession, ref: str) -> bool:
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+        writer.saveAsTable(parse_table_name(ref).quoted)
 
 
 def _first_line(exc: BaseException) -> str:
