@@ -11,10 +11,10 @@ LAKESCORE := $(VENV)/bin/lakescore
 S3A ?= 1
 
 # Create .venv, install the pinned stack (constraints.txt) and fetch the Delta (and S3A) jars once.
-# connect: the Spark Connect client (tested by make test against a local Connect server).
+# connect: the Spark Connect client; mlflow: MLflow model URIs (both tested by make test).
 setup:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,mlflow,dev]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:

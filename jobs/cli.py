@@ -72,7 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--output", help="Delta path or metastore table (db.table); overwritten")
     score.add_argument("--input-format", choices=INPUT_FORMATS, help="how to read a path input")
     score.add_argument("--task", choices=TASKS, help=f"what the model computes (default: {JobConfig.task})")
-    score.add_argument("--model", help="model directory or Hugging Face hub id")
+    score.add_argument(
+        "--model", help="model directory, Hadoop URI, MLflow URI (models:/name/version, models:/name@alias, runs:/id/path) "
+        "or Hugging Face hub id",
+    )
     score.add_argument("--revision", help="hub revision (branch, tag or commit)")
     score.add_argument("--id-col", help="input column copied to the output to identify each row")
     score.add_argument("--text-col", help="input column with the text to score (classify, embed, ner)")

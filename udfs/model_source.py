@@ -7,6 +7,9 @@ A source is one of
   the job stages it to local disk with Spark (:mod:`lakescore.jobs.platform.model_staging`;
   executors get it through Spark's files, copied once per host) and workers load the
   staged copy (:func:`staged_copy`);
+* an MLflow model URI (``models:/name/version``, ``models:/name@alias``, ``runs:/id/path``):
+  pinned and downloaded by the driver with MLflow's client (:mod:`lakescore.udfs.mlflow_source`),
+  shipped to the executors the same way;
 * a Hugging Face hub id with an optional revision, resolved through
   ``huggingface_hub``'s own cache, so users with a hub keep working.
 
@@ -32,6 +35,7 @@ __all__ = [
     "ModelIntegrityError",
     "ModelSpec",
     "is_remote",
+    "is_mlflow_uri",
     "shipped_name",
     "resolve_model_dir",
     "hub_revision",
@@ -94,14 +98,24 @@ class ModelSpec:
 
 
 def is_remote(source: str) -> bool:
-    """True for a Hadoop filesystem URI (``scheme:/...``) that must be staged to local disk first."""
+    """True for a URI (``scheme:/...``: Hadoop filesystems, MLflow) that must be staged to local disk first."""
     scheme, sep, _ = source.partition(":")
     return bool(sep) and len(scheme) > 1 and scheme.replace("+", "").replace("-", "").isalnum()
 
 
+def is_mlflow_uri(source: str) -> bool:
+    """True for an MLflow model URI (``models:/...``, ``runs:/...``)."""
+    return source.startswith(("models:/", "runs:/"))
+
+
 def shipped_name(source: str, revision: Optional[str] = None) -> str:
-    """The name under which executors find the staged copy of remote ``source`` (``SparkFiles.get``):
-    its basename, what ``addFile`` names it."""
+    """The name under which executors find the staged copy of remote ``source`` (``SparkFiles.get``).
+
+    A Hadoop URI keeps its basename (what ``addFile`` names it); an MLflow model is named by a
+    digest of the URI and its pinned revision, so an alias that moves is a new name.
+    """
+    if is_mlflow_uri(source):
+        return "lakescore-mlflow-" + hashlib.sha256(f"{source}\n{revision}".encode("utf-8")).hexdigest()[:16]
     return source.rstrip("/").rsplit("/", 1)[-1]
 
 

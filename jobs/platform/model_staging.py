@@ -1,6 +1,6 @@
-"""Remote model sources, staged to local disk on the driver and shipped to the executors.
+"""Remote and MLflow model sources, staged to local disk on the driver and shipped to the executors.
 
-Models load from local files. A source needs staging first when it is
+Models load from local files. Two kinds of source need staging first:
 
 * a URI on any filesystem Spark can read (``s3a://``, ``dbfs:/``, ``abfss://``, ``file:/``...):
   the driver copies it once per host into ``<model.cache_dir>/<key>/<name>``, its key covering the
@@ -8,7 +8,9 @@ Models load from local files. A source needs staging first when it is
   In a classic session the copy uses the Hadoop ``FileSystem`` (Spark's own credentials and
   connectors) and executors fetch the URI themselves (``addFile``: Spark's fetch cache copies once
   per host); over Spark Connect Spark reads the files for the client and the client ships its copy
-  (:mod:`lakescore.jobs.platform.spark_adapter`).
+  (:mod:`lakescore.jobs.platform.spark_adapter`);
+* an MLflow model URI: pinned to a registry version and downloaded by MLflow's client
+  (:mod:`lakescore.udfs.mlflow_source`), then shipped.
 
 Shipping a local copy is the same in both kinds of session: ``SparkSession.addArtifacts``, a
 directory as an archive (unpacked once per executor), so workers find it with ``SparkFiles``
@@ -19,6 +21,7 @@ first copy instead of copying again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -28,9 +31,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from lakescore.jobs.config import ConfigError
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, remote_files
 from lakescore.udfs.model_source import (
-    ModelSourceError, ModelSpec, is_remote, register_staged, shipped_name, stage_once,
+    ModelSourceError, ModelSpec, is_mlflow_uri, is_remote, register_staged, shipped_name, stage_once,
 )
 
 __all__ = ["stage_model", "stage_remote_model"]
@@ -39,10 +43,15 @@ log = logging.getLogger(__name__)
 
 
 def stage_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> ModelSpec:
-    """Stage ``spec``'s model when it is remote; return the spec the workers load.
+    """Stage ``spec``'s model when it is remote or in MLflow; return the spec the workers load.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` when the model cannot be found or fetched.
+    An MLflow URI comes back with ``revision`` set to the registry version (or run id) it was
+    pinned to; any other spec comes back as it was. Raises
+    :class:`~lakescore.udfs.model_source.ModelSourceError` when the model cannot be found or
+    fetched, :class:`~lakescore.jobs.config.ConfigError` for ``--revision`` with an MLflow URI.
     """
+    if is_mlflow_uri(spec.source):
+        return _stage_mlflow_model(spark, spec, cache_root)
     if is_remote(spec.source):
         stage_remote_model(spark, spec.source, cache_root)
     return spec
@@ -79,6 +88,21 @@ def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Pa
     if not files.ship_source():
         _ship(spark, local, name)
     return local
+
+
+def _stage_mlflow_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> ModelSpec:
+    """Pin, download (once per host) and ship the MLflow model of ``spec``; the spec with its revision pinned."""
+    from lakescore.udfs.mlflow_source import download_model, pin_model
+
+    if spec.revision:
+        raise ConfigError(f"model {spec.source!r} is an MLflow URI: its version is part of it; drop --revision / model.revision")
+    pinned = pin_model(spec.source)
+    name = shipped_name(spec.source, pinned.revision)
+    local = download_model(pinned, cache_root, name)
+    log.info("MLflow model %s is %s (revision %s), staged at %s", spec.source, pinned.uri, pinned.revision, local)
+    register_staged(name, local)
+    _ship(spark, local, name)
+    return dataclasses.replace(spec, revision=pinned.revision)
 
 
 def _ship(spark: SparkSession, local: Path, name: str) -> None:

@@ -90,7 +90,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     """
     check_table_names(cfg)
     spec = model_spec(cfg)
-    if is_remote(spec.source):  # staged through the session
+    if is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
     resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds

@@ -99,10 +99,10 @@ def test_embed_over_connect_equals_the_classic_session_and_reruns_in_place(serve
     np.testing.assert_allclose(np.stack(again["embedding"]), np.stack(remote["embedding"]), atol=1e-6)
 
 
-def classify_args(input_path: str, model_dir: Path, output: Path, *extra: str) -> list[str]:
-    return ["--input", input_path, "--output", str(output), "--task", "classify", "--model", str(model_dir),
+def classify_args(input_path: str, model_uri: str, cache: Path, output: Path, *extra: str) -> list[str]:
+    return ["--input", input_path, "--output", str(output), "--task", "classify", "--model", model_uri,
             "--id-col", "review_id", "--text-col", "body", "--run-id", "connect-classify",
-            "--set", "max_error_rate=0.05", *extra]
+            "--set", "max_error_rate=0.05", "--set", f"model.cache_dir={cache}", *extra]
 
 
 def test_classify_over_connect_failed_validation_publishes_nothing_then_a_run_equals_classic(
@@ -110,7 +110,9 @@ def test_classify_over_connect_failed_validation_publishes_nothing_then_a_run_eq
 ):
     _, source = reviews
     output = tmp_path / "labels"  # a Delta path output; staging in a table, as Connect needs
-    args = classify_args(source, tiny_classifier_dir, output, "--set", "write.staging=default.connect_stage")
+    # The model as a Hadoop URI: over Connect, Spark reads its files for the client, which ships them (addArtifacts).
+    model, cache = f"file://{tiny_classifier_dir}", tmp_path / "model-cache"
+    args = classify_args(source, model, cache, output, "--set", "write.staging=default.connect_stage")
     code, err, failed = score_over_connect(server, args + ["--set", "validation.min_rows=1000"], tmp_path)
     assert code == 1 and err.strip().splitlines()[-1] == "lakescore: error: the output failed validation and was not published"
     assert failed["status"] == "validation_failed" and failed["delta_version"] is None
@@ -127,9 +129,11 @@ def test_classify_over_connect_failed_validation_publishes_nothing_then_a_run_eq
     remote = spark.read.format("delta").load(str(output)).toPandas().sort_values("review_id").reset_index(drop=True)
 
     classic_output = tmp_path / "labels-classic"
-    assert main(["score", *classify_args(source, tiny_classifier_dir, classic_output)]) == 0  # the same command, classic
+    assert main(["score", *classify_args(source, model, cache, classic_output)]) == 0  # the same command, classic
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 1  # one copy on this host for all three runs
     classic = spark.read.format("delta").load(str(classic_output)).toPandas().sort_values("review_id").reset_index(drop=True)
     assert len(remote) == ROWS - 1 and remote["review_id"].tolist() == classic["review_id"].tolist()
+    assert set(remote["model_sha256"]) == set(classic["model_sha256"]) and set(remote["model_id"]) == {model}
     assert remote["label"].tolist() == classic["label"].tolist()
     np.testing.assert_allclose(remote["score"], classic["score"], atol=1e-6)
     np.testing.assert_allclose(np.stack(remote["probs"]), np.stack(classic["probs"]), atol=1e-6)
