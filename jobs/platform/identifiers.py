@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterator, Optional
 
 from lakescore.jobs.config import ConfigError
 
-__all__ = ["TableNameError", "TableName", "quote_identifier", "parse_table_name", "require_catalog_accepts"]
+__all__ = [
+    "TableNameError", "TableName", "quote_identifier", "parse_table_name", "has_path_separator", "require_catalog_accepts",
+]
 
 MAX_PARTS = 3
 MAX_PART_LENGTH = 255
@@ -96,54 +99,68 @@ def parse_table_name(text: str, what: str = "table") -> TableName:
     a part over 255 characters, or more than three parts.
     """
     parts: list[str] = []
-    i = 0
-    while True:
-        start = i
-        part, i = _quoted_part(text, i, what) if text.startswith("`", i) else _bare_part(text, i, what)
+    for start, part, quoted, problem in _scan(text):
+        where = f"{what} {text!r} is not a table name"
+        if problem:
+            raise TableNameError(f"{where}: {problem}")
         if not part:
-            raise TableNameError(f"{what} {text!r} is not a table name: empty name part at character {start + 1}")
+            raise TableNameError(f"{where}: empty name part at character {start + 1}")
+        if not quoted and "`" in part:
+            raise TableNameError(f"{where}: a backtick inside an unquoted part; quote the part "
+                                 "(`like this`, a backtick inside written twice)")
+        if not quoted and part != part.strip():
+            raise TableNameError(f"{where}: space at the start or end of {part!r}; quote the part with backticks if the space is meant")
         if _CONTROL.search(part):
-            raise TableNameError(f"{what} {text!r} is not a table name: control character in {part!r}")
+            raise TableNameError(f"{where}: control character in {part!r}")
         if len(part) > MAX_PART_LENGTH:
-            raise TableNameError(f"{what} {text!r} is not a table name: a part is over {MAX_PART_LENGTH} characters")
+            raise TableNameError(f"{where}: a part is over {MAX_PART_LENGTH} characters")
         parts.append(part)
-        if i == len(text):
-            break
-        i += 1  # the dot
     if len(parts) > MAX_PARTS:
         raise TableNameError(f"{what} {text!r} has {len(parts)} name parts; a table is [catalog.][schema.]table")
     return TableName(tuple(parts))
 
 
-def _quoted_part(text: str, i: int, what: str) -> tuple[str, int]:
-    """The backtick-quoted part starting at ``text[i]``, and the index after it (at a dot or the end)."""
+def has_path_separator(text: str) -> bool:
+    """Whether ``/``, ``\\`` or ``:`` appear outside backtick-quoted name parts: then ``text`` is a path.
+
+    ``/data/x``, ``s3a://b/x`` and ``/tmp/a`b/x`` are paths; ``db.`a/b``` is a table whose name holds a slash.
+    """
+    return any(not quoted and any(c in part for c in "/\\:") for _, part, quoted, _ in _scan(text))
+
+
+def _scan(text: str) -> Iterator[tuple[int, str, bool, Optional[str]]]:
+    """Each name part of ``text``: ``(start, unquoted text, was quoted, problem or None)``; lenient, so paths scan too."""
+    i = 0
+    while True:
+        start = i
+        if text.startswith("`", i):
+            part, i, problem = _quoted_part(text, i)
+            yield start, part, True, problem
+        else:
+            end = text.find(".", i)
+            i = len(text) if end < 0 else end
+            yield start, text[start:i], False, None
+        if i >= len(text):
+            return
+        i += 1  # the dot
+
+
+def _quoted_part(text: str, i: int) -> tuple[str, int, Optional[str]]:
+    """The backtick-quoted part starting at ``text[i]``, the index after it (a dot or the end), and any problem."""
     out, j = [], i + 1
     while j < len(text):
-        if text[j] == "`":
-            if text.startswith("``", j):
-                out.append("`")
-                j += 2
-                continue
+        if text.startswith("``", j):
+            out.append("`")
+            j += 2
+        elif text[j] == "`":
             if j + 1 < len(text) and text[j + 1] != ".":
-                raise TableNameError(f"{what} {text!r} is not a table name: text after the closing backtick at character {j + 1}")
-            return "".join(out), j + 1
-        out.append(text[j])
-        j += 1
-    raise TableNameError(f"{what} {text!r} is not a table name: unterminated backtick at character {i + 1}")
-
-
-def _bare_part(text: str, i: int, what: str) -> tuple[str, int]:
-    """The unquoted part starting at ``text[i]``, and the index of the dot (or end) after it."""
-    end = text.find(".", i)
-    end = len(text) if end < 0 else end
-    part = text[i:end]
-    if "`" in part:
-        raise TableNameError(f"{what} {text!r} is not a table name: a backtick inside an unquoted part; quote the part "
-                             "(`like this`, a backtick inside written twice)")
-    if part != part.strip():
-        raise TableNameError(f"{what} {text!r} is not a table name: space at the start or end of {part!r}; "
-                             "quote the part with backticks if the space is meant")
-    return part, end
+                end = text.find(".", j)
+                return "".join(out), len(text) if end < 0 else end, f"text after the closing backtick at character {j + 1}"
+            return "".join(out), j + 1, None
+        else:
+            out.append(text[j])
+            j += 1
+    return "".join(out), len(text), f"unterminated backtick at character {i + 1}"
 
 
 def require_catalog_accepts(spark, table: TableName, what: str) -> None:

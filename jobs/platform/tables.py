@@ -1,6 +1,6 @@
 """Reading inputs and writing Delta outputs by reference: a metastore table name or a path.
 
-A reference containing ``/``, ``\\`` or ``:`` (and no backtick) is a path (``/data/x``, ``./x``,
+A reference containing ``/``, ``\\`` or ``:`` outside backtick-quoted name parts is a path (``/data/x``, ``./x``,
 ``s3a://bucket/x``, ``dbfs:/x``); anything else is a table identifier
 (``table``, ``db.table`` or ``catalog.db.table``, parts quoted with backticks where needed:
 :mod:`lakescore.jobs.platform.identifiers`), handed to Spark quoted.
@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.identifiers import parse_table_name, quote_identifier
+from lakescore.jobs.platform.identifiers import has_path_separator, parse_table_name, quote_identifier
 from lakescore.schemas.output import column_types
 
 __all__ = [
@@ -54,8 +54,8 @@ def column(name: str):
 
 
 def is_path(ref: str) -> bool:
-    """True when ``ref`` names a filesystem path rather than a metastore table (a backtick makes it a table name)."""
-    return "`" not in ref and any(ch in ref for ch in "/\\:")
+    """True when ``ref`` names a filesystem path rather than a metastore table (``db.`a/b``` is a table)."""
+    return has_path_separator(ref)
 
 
 def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:

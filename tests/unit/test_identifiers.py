@@ -93,3 +93,17 @@ def test_the_session_catalog_rule_applies_only_to_spark_catalog():
         require_catalog_accepts(_Session("main"), parse_table_name("spark_catalog.sales-eu.t"), "errors")
     require_catalog_accepts(_Session(), parse_table_name("main.`sales-eu`.`my scores`"), "output")  # Unity Catalog
     require_catalog_accepts(_Session("main"), parse_table_name("`sales-eu`.`my scores`"), "output")
+
+
+@pytest.mark.parametrize(
+    "ref, path",
+    [
+        ("reviews", False), ("sales.reviews", False), ("main.`sales/eu`.`a:b`", False), ("it..scores", False),
+        ("/data/x", True), ("./x", True), ("s3a://bucket/x", True), ("dbfs:/x", True), ("/data/v1.2/x", True),
+        ("/tmp/out dir ü`x/scores", True),  # a backtick in a path does not make it a table
+    ],
+)
+def test_a_separator_outside_quoted_parts_makes_a_path(ref, path):
+    from lakescore.jobs.platform.tables import is_path
+
+    assert is_path(ref) is path
