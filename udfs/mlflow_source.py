@@ -37,7 +37,7 @@ from typing import Any
 
 from lakescore.udfs.model_source import ModelSourceError, stage_once
 
-__all__ = ["PinnedModel", "pin_model", "download_model", "model_directory"]
+__all__ = ["PinnedModel", "check_uri", "pin_model", "download_model", "model_directory"]
 
 _REGISTERED = re.compile(r"models:/(?P<name>[^/@]+)(?:/(?P<version>[0-9]+)|@(?P<alias>[^/@]+))")
 _RUN = re.compile(r"runs:/(?P<run>[^/]+)/(?P<path>.+)")
@@ -53,24 +53,29 @@ class PinnedModel:
     """The registry version (an alias resolved), or the run id."""
 
 
-def pin_model(source: str) -> PinnedModel:
-    """Resolve ``source`` to fixed artifacts with MLflow's client; one-line :class:`ModelSourceError` otherwise."""
-    run = _RUN.fullmatch(source)
-    if run:
-        return PinnedModel(source, run["run"])
-    registered = _REGISTERED.fullmatch(source)
-    if not registered:
+def check_uri(source: str) -> re.Match:
+    """The parts of MLflow URI ``source`` (no MLflow call); :class:`ModelSourceError` for one that names no fixed model."""
+    match = _RUN.fullmatch(source) or _REGISTERED.fullmatch(source)
+    if not match:
         raise ModelSourceError(
             f"model {source!r} is not an MLflow URI lakescore can pin: use models:/<name>/<version>, "
             "models:/<name>@<alias> or runs:/<run id>/<path> (stages and 'latest' move under a running job)"
         )
-    name = registered["name"]
+    return match
+
+
+def pin_model(source: str) -> PinnedModel:
+    """Resolve ``source`` to fixed artifacts with MLflow's client; one-line :class:`ModelSourceError` otherwise."""
+    parts = check_uri(source)
+    if "run" in parts.groupdict():
+        return PinnedModel(source, parts["run"])
+    name = parts["name"]
     client = _mlflow().MlflowClient()
     try:
-        if registered["alias"]:
-            version = client.get_model_version_by_alias(name, registered["alias"]).version
+        if parts["alias"]:
+            version = client.get_model_version_by_alias(name, parts["alias"]).version
         else:
-            version = client.get_model_version(name, registered["version"]).version
+            version = client.get_model_version(name, parts["version"]).version
     except Exception as exc:  # MlflowException, connection errors: one line naming the source
         raise ModelSourceError(f"MLflow cannot resolve model {source!r}: {_first_line(exc)}") from exc
     return PinnedModel(f"models:/{name}/{version}", str(version))
