@@ -127,8 +127,8 @@ def stage_progress(spark: SparkSession) -> Iterator[Callable[[], tuple[int, int]
         return
     latest = {"tasks": (0, 0)}
 
-    def handler(stages, inflight_tasks, operation_id=None, done=False, **_) -> None:
-        running = [s for s in stages if not s.done]
+    def handler(stages=None, inflight_tasks=0, operation_id=None, done=False, **_) -> None:
+        running = [s for s in stages or () if not s.done]
         latest["tasks"] = (sum(s.num_completed_tasks for s in running), sum(s.num_tasks for s in running))
 
     spark.registerProgressHandler(handler)

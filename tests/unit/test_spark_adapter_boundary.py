@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER = REPO / "jobs" / "platform" / "spark_adapter.py"
-PACKAGES = ("lakescore", "jobs", "udfs", "schemas")
+PACKAGES = ("lakescore", "jobs", "udfs", "schemas", "bench")
 
 CLASSIC_ONLY = {
     "sparkContext", "_jvm", "_jsc", "_jsparkSession", "rdd", "accumulator", "Accumulator", "addFile", "addPyFile",
