@@ -11,9 +11,10 @@ LAKESCORE := $(VENV)/bin/lakescore
 S3A ?= 1
 
 # Create .venv, install the pinned stack (constraints.txt) and fetch the Delta (and S3A) jars once.
+# connect: the Spark Connect client; mlflow: MLflow model URIs (both tested by make test).
 setup: browser
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,mlflow,dev]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:

@@ -57,6 +57,7 @@ _SCORE_FLAGS = {
     "run_date": "run_date",
     "run_id": "run_id",
     "master": "spark.master",
+    "remote": "spark.remote",
 }
 
 
@@ -77,7 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--output", help="Delta path or metastore table (db.table); overwritten")
     score.add_argument("--input-format", choices=INPUT_FORMATS, help="how to read a path input")
     score.add_argument("--task", choices=TASKS, help=f"what the model computes (default: {JobConfig.task})")
-    score.add_argument("--model", help="model directory or Hugging Face hub id")
+    score.add_argument(
+        "--model", help="model directory, Hadoop URI, MLflow URI (models:/name/version, models:/name@alias, runs:/id/path) "
+        "or Hugging Face hub id",
+    )
     score.add_argument("--revision", help="hub revision (branch, tag or commit)")
     score.add_argument("--id-col", help="input column copied to the output to identify each row")
     score.add_argument("--text-col", help="input column with the text to score (classify, embed, ner)")
@@ -100,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")
     score.add_argument("--run-id", help="id written into every row (default: --run-date, else timestamp + random)")
     score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
+    score.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server (or set SPARK_REMOTE)")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
     demo.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"sample reviews to generate (default: {DEMO_ROWS})")
@@ -115,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--revision", help="hub revision")
     sweep.add_argument("--text-col", help="input column with the text to score")
     sweep.add_argument("--master", help="Spark master when lakescore builds the session")
+    sweep.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server")
     sweep.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, help=f"rows to sample (default: {SAMPLE_ROWS})")
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")

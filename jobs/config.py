@@ -110,6 +110,9 @@ class SparkConfig:
     """How the SparkSession is built when lakescore builds it (never on Databricks)."""
 
     master: str = "local[*]"
+    remote: Optional[str] = None
+    """A Spark Connect server, ``sc://host:port`` (``--remote``); unset: ``SPARK_REMOTE`` when the environment
+    has it. The server owns jars, Delta and the metastore: the other keys of this section do not apply."""
     app_name: str = "lakescore"
     warehouse_dir: str = ".lakescore/warehouse"
     """Managed-table location; the local Derby metastore lives beside it."""
@@ -130,6 +133,8 @@ class SparkConfig:
         levels = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
         if self.log_level.upper() not in levels:
             raise ConfigError(f"spark.log_level must be one of {', '.join(levels)}, got {self.log_level!r}")
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ConfigError(f"spark.remote must be a Spark Connect URL sc://host:port, got {self.remote!r}")
 
 
 @dataclass(frozen=True)
@@ -275,7 +280,9 @@ class WriteConfig:
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed."""
     staging: Optional[str] = None
-    """Where chunks are staged before publishing; default: ``<output>__lakescore_staging`` beside the output."""
+    """Where chunks are staged before publishing: a directory, or a table prefix ``catalog.schema.prefix``
+    (tables ``<prefix>_<run key>``); default: beside the output (a table ``<output>__lakescore_staging_<run key>``
+    for a table output, ``<output dir>/_lakescore_staging/<name>/<run key>`` for a path)."""
     allow_output_in_input: bool = False
     """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
 
@@ -387,8 +394,16 @@ class JobConfig:
         return self.run_id or self.run_date
 
     def errors_ref(self) -> str:
-        """The dead-letter table: configured, else ``<output>_errors`` beside the output."""
-        return self.errors or f"{(self.output or '').rstrip('/')}_errors"
+        """The dead-letter table: configured, else ``<output>_errors`` beside the output (for a table, built
+        from its parsed name: ``main.`my scores``` -> ``main.`my scores_errors```)."""
+        from lakescore.jobs.platform.identifiers import parse_table_name
+        from lakescore.jobs.platform.tables import is_path
+
+        if self.errors:
+            return self.errors
+        if not self.output or is_path(self.output):
+            return f"{(self.output or '').rstrip('/')}_errors"
+        return str(parse_table_name(self.output, "output").with_suffix("_errors"))
 
 
 def load_config(

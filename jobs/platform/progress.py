@@ -1,14 +1,16 @@
 """Progress while the scoring stage runs: rows, %, rows/s, ETA, chunk k/n, tasks.
 
-Rows come from the workers' ``rows`` accumulator, which Spark merges on the driver as
-each task finishes, so the figures move once per finished task. To make them move
-early, :func:`progress_partitions` cuts a chunk into a few tasks per slot, so the first
-tasks end after a fraction of the stage rather than at its half.
+Tasks come from the session (:func:`lakescore.jobs.platform.spark_adapter.stage_progress`).
+Rows come from the workers' ``rows`` accumulator in a classic session, which Spark merges on the
+driver as each task finishes, so the figures move once per finished task. To make them move
+early, :func:`progress_partitions` cuts a chunk into a few tasks per slot, so the first tasks end
+after a fraction of the stage rather than at its half. A Spark Connect session has no
+accumulators: its progress counts tasks, with the ETA from the share of tasks done.
 
 On a terminal the progress is a live bar (``rich``) redrawn a few times a second, with
 log lines printed above it; elsewhere (CI, Databricks logs) it is a plain log line
 every ``interval`` seconds. Either way the reporter keeps a ``(seconds, rows)`` sample
-at every change, which the run report draws as throughput over time.
+at every change (classic sessions only), which the run report draws as throughput over time.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ import math
 import sys
 import threading
 import time
-from typing import Optional
-
-from pyspark import Accumulator, SparkContext
+from typing import Callable, Optional
 
 __all__ = ["ProgressReporter", "progress_partitions", "TASKS_PER_SLOT"]
 
@@ -50,6 +50,8 @@ def progress_partitions(rows: int, slots: int, tasks_per_slot: int = TASKS_PER_S
 class ProgressReporter:
     """Context manager: shows scoring progress until the block ends, and records it.
 
+    ``tasks()`` returns (done, total) tasks of the running stages; ``rows()`` the rows scored so
+    far, or ``rows`` is ``None`` where the session cannot count them (Spark Connect).
     ``interval`` is the seconds between plain lines (0: none, and no bar). ``terminal``
     (default: whether stderr is a TTY) picks the live bar. :meth:`chunk` tells it which
     of ``chunks`` is being scored; :meth:`samples` returns what it recorded.
@@ -57,14 +59,14 @@ class ProgressReporter:
 
     def __init__(
         self,
-        sc: SparkContext,
-        rows: Accumulator,
+        tasks: Callable[[], tuple[int, int]],
+        rows: Optional[Callable[[], int]],
         total_rows: int,
         interval: float = 15.0,
         chunks: int = 1,
         terminal: Optional[bool] = None,
     ) -> None:
-        self._sc, self._rows, self._total, self._interval = sc, rows, total_rows, interval
+        self._tasks, self._rows, self._total, self._interval = tasks, rows, total_rows, interval
         self._chunks, self._chunk = chunks, 0
         self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._stop = threading.Event()
@@ -97,33 +99,38 @@ class ProgressReporter:
         """The current progress as one line."""
         rows, elapsed, rate, eta = self._figures()
         tasks_done, tasks_total = self._tasks()
+        tasks = f"tasks {tasks_done}/{tasks_total} in active stages"
+        eta_text = f"{eta:.0f} s" if eta is not None else "unknown"
+        chunk = f"chunk {self._chunk + 1}/{self._chunks}"
+        if self._rows is None:
+            share = tasks_done / tasks_total if tasks_total else 0.0
+            return f"scoring: {self._total} rows, {chunk}, {tasks} ({100 * share:.0f}%), elapsed {elapsed:.0f} s, ETA {eta_text}"
         pct = 100.0 * rows / self._total if self._total else 100.0
         return (
-            f"scoring: {rows}/{self._total} rows ({pct:.0f}%), chunk {self._chunk + 1}/{self._chunks}, "
-            f"tasks {tasks_done}/{tasks_total} in active stages, {rate:.1f} rows/s, elapsed {elapsed:.0f} s, "
-            f"ETA {f'{eta:.0f} s' if eta is not None else 'unknown'}"
+            f"scoring: {rows}/{self._total} rows ({pct:.0f}%), {chunk}, {tasks}, "
+            f"{rate:.1f} rows/s, elapsed {elapsed:.0f} s, ETA {eta_text}"
         )
 
     def _figures(self) -> tuple[int, float, float, Optional[float]]:
+        """(rows, elapsed seconds, rows/s, ETA seconds or None); without live rows, rows and the ETA
+        follow the share of tasks done."""
         elapsed = time.monotonic() - self._started
-        rows = self._rows.value
+        if self._rows is None:
+            done, total = self._tasks()
+            share = done / total if total else 0.0
+            rows = round(self._total * share)
+            eta = elapsed * (1 - share) / share if share > 0 else None
+        else:
+            rows = self._rows()
+            eta = (self._total - rows) * elapsed / rows if rows > 0 else None
         rate = rows / elapsed if elapsed > 0 else 0.0
-        eta = (self._total - rows) / rate if rate > 0 else None
         return rows, elapsed, rate, eta
 
-    def _tasks(self) -> tuple[int, int]:
-        done = total = 0
-        tracker = self._sc.statusTracker()
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            if info is not None:
-                done += info.numCompletedTasks
-                total += info.numTasks
-        return done, total
-
     def _sample(self, final: bool = False) -> None:
+        if self._rows is None:
+            return
         try:
-            rows = self._rows.value
+            rows = self._rows()
         except Exception:  # the JVM went away; keep what was recorded
             return
         if rows != self._samples[-1][1] or final:

@@ -1,11 +1,16 @@
 """Reading inputs and writing Delta outputs by reference: a metastore table name or a path.
 
-A reference containing ``/``, ``\\`` or ``:`` is a path (``/data/x``, ``./x``,
-``s3a://bucket/x``, ``dbfs:/x``). A bare name (``reviews``, ``reviews.parquet``,
-``db.table``) is a path when a local file or directory of that name exists in the
-working directory, and a table identifier (``table``, ``db.table`` or
-``catalog.db.table``) otherwise: the local path wins, so ``--input reviews.parquet``
-reads the file beside you rather than the table `reviews`.`parquet`.
+A reference containing ``/``, ``\\`` or ``:`` outside backtick-quoted name parts is a path (``/data/x``,
+``./x``, ``s3a://bucket/x``, ``dbfs:/x``). A bare name (``reviews``, ``reviews.parquet``, ``db.table``)
+is a path when a local file or directory of that name exists in the working directory, and a table
+identifier (``table``, ``db.table`` or ``catalog.db.table``, parts quoted with backticks where needed:
+:mod:`lakescore.jobs.platform.identifiers`) otherwise, handed to Spark quoted: the local path wins, so
+``--input reviews.parquet`` reads the file beside you rather than the table `reviews`.`parquet`.
+
+Delta facts (is it Delta, its versions, the rows a commit wrote, its history) come from Delta's SQL
+(``DESCRIBE HISTORY``), which classic and Spark Connect sessions both run: the ``DeltaTable``
+Python API needs the Delta Connect server plugin over Connect. Filesystem calls go through
+:mod:`lakescore.jobs.platform.spark_adapter`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.identifiers import has_path_separator, parse_table_name, quote_identifier
 from lakescore.schemas.output import column_types
 
 __all__ = [
@@ -38,8 +45,8 @@ __all__ = [
     "append_delta",
     "last_commit",
     "delete_path",
-    "delete_path_if_empty",
-    "table_location_root",
+    "drop_delta",
+    "is_delta",
     "run_metadata",
     "delta_history",
     "HistoryEntry",
@@ -71,19 +78,19 @@ def column(name: str):
     """A column by its exact name, even one with dots or backticks in it."""
     from pyspark.sql import functions as F
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(quote_identifier(name))
 
 
 def is_path(ref: str) -> bool:
     """True when ``ref`` names a filesystem path rather than a metastore table.
 
-    A reference with ``/``, ``\\`` or ``:`` always is one; a bare name is one when it
-    exists locally (relative to the working directory).
+    A reference with ``/``, ``\\`` or ``:`` outside backtick-quoted parts always is one (``db.`a/b``` is
+    a table); a bare name is one when it exists locally (relative to the working directory).
 
-    >>> is_path("s3a://bucket/x"), is_path("sales.no_such_local_file")
-    (True, False)
+    >>> is_path("s3a://bucket/x"), is_path("sales.no_such_local_file"), is_path("db.`a/b`")
+    (True, False, False)
     """
-    return any(ch in ref for ch in "/\\:") or os.path.exists(ref)
+    return has_path_separator(ref) or os.path.exists(ref)
 
 
 def local_ref(ref: Optional[str]) -> Optional[str]:
@@ -97,7 +104,7 @@ def local_ref(ref: Optional[str]) -> Optional[str]:
     >>> local_ref("sales.no_such_local_file"), local_ref("/data/x"), local_ref(None)
     ('sales.no_such_local_file', '/data/x', None)
     """
-    if ref and not any(ch in ref for ch in "/\\:") and os.path.exists(ref):
+    if ref and not has_path_separator(ref) and os.path.exists(ref):
         return os.path.abspath(ref)
     return ref
 
@@ -111,10 +118,13 @@ def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
     ref = local_ref(ref)
     try:
         if not is_path(ref):
-            return spark.table(ref)
-        if fmt == "auto":
-            fmt = "delta" if _is_delta_path(spark, ref) else "parquet"
-        return spark.read.format(fmt).load(ref)
+            df = spark.table(parse_table_name(ref, "input").quoted)
+        else:
+            if fmt == "auto":
+                fmt = "delta" if is_delta(spark, ref) else "parquet"
+            df = spark.read.format(fmt).load(ref)
+        df.schema  # a Spark Connect DataFrame is analysed only when asked: fail here, before compute
+        return df
     except AnalysisException as exc:
         if not is_path(ref) and _is_not_found(exc):
             raise TableError(f"cannot read input {ref!r}: {_tried(ref)}") from exc
@@ -126,37 +136,35 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
 
     Returns the current Delta version of the target, or ``None`` if it does not exist yet.
     Raises :class:`TableError` if the table's database is missing, the target exists but
-    is not Delta, or its columns differ from ``schema`` (names and types).
+    is not Delta, or its columns differ from ``schema`` (names and types). A directory holding
+    only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
+    counts as not existing yet.
     """
     ref = local_ref(ref)
-    from delta.tables import DeltaTable
-
     if is_path(ref):
-        if not _path_exists(spark, ref) or _is_uncommitted_delta_dir(spark, ref):
+        if not is_delta(spark, ref):
+            if spark_adapter.path_exists(spark, ref) and not _is_uncommitted_delta_dir(spark, ref):
+                raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
             return None
-        if not DeltaTable.isDeltaTable(spark, ref):
-            raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
-        table = DeltaTable.forPath(spark, ref)
+        existing = spark.read.format("delta").load(ref).schema
     else:
-        parts = ref.split(".")
-        if len(parts) > 1 and not spark.catalog.databaseExists(".".join(parts[:-1])):
+        table = parse_table_name(ref, "output")
+        if table.namespace and not spark.catalog.databaseExists(table.quoted_namespace):
             raise TableError(
-                f"output database {'.'.join(parts[:-1])!r} does not exist (output {ref!r}: {_tried(ref)}; "
+                f"output database {'.'.join(table.namespace)!r} does not exist (output {ref!r}: {_tried(ref)}; "
                 f"name a new local Delta path as ./{ref})"
             )
-        if not spark.catalog.tableExists(ref):
+        if not spark.catalog.tableExists(table.quoted):
             return None
-        try:
-            table = DeltaTable.forName(spark, ref)
-        except AnalysisException as exc:
-            raise TableError(f"output table {ref!r} exists and is not a Delta table: {_first_line(exc)}") from exc
-    existing = table.toDF().schema
+        if not is_delta(spark, ref):
+            raise TableError(f"output table {ref!r} exists and is not a Delta table")
+        existing = spark.table(table.quoted).schema
     if column_types(existing) != column_types(schema):
         raise TableError(
             f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
             "write to a new output or drop the old one"
         )
-    return _latest_version(table)
+    return last_commit(spark, ref).version
 
 
 @dataclass(frozen=True)
@@ -243,48 +251,50 @@ def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_
 def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
     """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
     ref = local_ref(ref)
-    from delta.tables import DeltaTable
-
-    table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
-    last = table.history(1).select("version", "operationMetrics").first()
+    last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
     return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
 
 
+def is_delta(spark: SparkSession, ref: str) -> bool:
+    """Whether ``ref`` (a path or a table) is a Delta table: Delta answers ``DESCRIBE HISTORY`` for it."""
+    try:
+        spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").collect()
+    except AnalysisException:
+        return False
+    return True
+
+
 def delete_path(spark: SparkSession, ref: str) -> bool:
-    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(path) and fs.delete(path, True))
+    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted.
+
+    Classic sessions only (:func:`lakescore.jobs.platform.spark_adapter.can_delete_paths`).
+    """
+    return spark_adapter.delete_path(spark, ref)
 
 
-def delete_path_if_empty(spark: SparkSession, ref: str) -> bool:
-    """Delete the directory ``ref`` if it exists and is empty; True if it was deleted."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(path) and len(fs.listStatus(path)) == 0 and fs.delete(path, False))
-
-
-def table_location_root(spark: SparkSession, ref: str) -> str:
-    """A directory beside the output ``ref`` for lakescore's own files: the path's parent, or the database location."""
+def drop_delta(spark: SparkSession, ref: str) -> None:
+    """Remove the Delta table ``ref``: ``DROP TABLE`` for a (managed) table, deleting the directory for a path."""
     if is_path(ref):
-        return ref.rstrip("/").rsplit("/", 1)[0] if "/" in ref.rstrip("/") else "."
-    parts = ref.split(".")
-    database = ".".join(parts[:-1]) or spark.catalog.currentDatabase()
-    return spark.catalog.getDatabase(database).locationUri
+        delete_path(spark, ref)
+    else:
+        spark.sql(f"DROP TABLE IF EXISTS {parse_table_name(ref).quoted}")
+
+
+def _delta_sql(ref: str) -> str:
+    """``ref`` as Delta SQL names it: ``delta.`<path>``` or the quoted table name."""
+    return f"delta.{quote_identifier(ref)}" if is_path(ref) else parse_table_name(ref).quoted
 
 
 def _target_exists(spark: SparkSession, ref: str) -> bool:
-    return _path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(ref)
+    return spark_adapter.path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(parse_table_name(ref).quoted)
 
 
 def _save(writer, ref: str) -> None:
     if is_path(ref):
         writer.save(ref)
     else:
-        writer.saveAsTable(ref)
+        writer.saveAsTable(parse_table_name(ref).quoted)
 
 
 _SKIP_EMPTY_COMMITS = "spark.databricks.delta.skipRecordingEmptyCommits"
@@ -347,14 +357,11 @@ def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) ->
 
     ``run_id`` and ``report`` come from :func:`run_metadata` tags; other commits have ``None`` there.
     """
-    from delta.tables import DeltaTable
-
     ref = local_ref(ref)
     if not _target_exists(spark, ref):
         return []
-    table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
-    history = table.history(limit) if limit else table.history()
-    rows = history.select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
+    query = f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else "")
+    rows = spark.sql(query).select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
     entries = []
     for row in rows:
         tag = _tag(row["userMetadata"])
@@ -375,33 +382,15 @@ def _tag(user_metadata: Optional[str]) -> dict[str, Any]:
     return tag if isinstance(tag, dict) else {}
 
 
-def _latest_version(table) -> int:
-    return int(table.history(1).select("version").first()[0])
-
-
-def _is_delta_path(spark: SparkSession, ref: str) -> bool:
-    from delta.tables import DeltaTable
-
-    return bool(DeltaTable.isDeltaTable(spark, ref))
-
-
-def _path_exists(spark: SparkSession, ref: str) -> bool:
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
-
-
 def _is_uncommitted_delta_dir(spark: SparkSession, ref: str) -> bool:
     """True when ``ref`` holds nothing but a ``_delta_log`` without a single commit: what a first publish
-    that failed mid-commit leaves. Such a directory is an empty table to the next run, not a foreign one."""
-    jvm = spark.sparkContext._jvm
-    root = jvm.org.apache.hadoop.fs.Path(ref)
-    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if [status.getPath().getName() for status in fs.listStatus(root)] != ["_delta_log"]:
+    that failed mid-commit leaves. Such a directory is an empty table to the next run, not a foreign one.
+    Over Connect (no listing API) it is never taken for one: the run refuses to overwrite it."""
+    names = spark_adapter.child_names(spark, ref)
+    if names != ["_delta_log"]:
         return False
-    log = jvm.org.apache.hadoop.fs.Path(root, "_delta_log")
     commit = re.compile(r"\d{20}\.(json|checkpoint.*\.parquet)$")
-    return not any(commit.match(status.getPath().getName()) for status in fs.listStatus(log))
+    return not any(commit.match(name) for name in spark_adapter.child_names(spark, f"{ref.rstrip('/')}/_delta_log") or ())
 
 
 def _is_not_found(exc: AnalysisException) -> bool:
@@ -411,8 +400,7 @@ def _is_not_found(exc: AnalysisException) -> bool:
 
 def _tried(ref: str) -> str:
     """What a bare name was looked up as, for not-found messages."""
-    table = ".".join(f"`{part}`" for part in ref.split("."))
-    return f"no table {table}, and no file ./{ref}"
+    return f"no table {parse_table_name(ref).quoted}, and no file ./{ref}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
 
+from lakescore.jobs.platform.spark_adapter import session_facts
 from lakescore.jobs.platform.step_hooks import at_step
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.report import RunReport, one_line, software_versions
@@ -70,7 +71,7 @@ def assemble_report(
 ) -> RunReport:
     """The report of a run that reached its publish decision (whatever the decision was); ``profile``:
     the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`)."""
-    cfg, sc, counters, identity = run.cfg, run.spark.sparkContext, run.counters, plan.identity
+    cfg, identity = run.cfg, plan.identity
     seconds = round(clock.elapsed(), 3)
     return RunReport(
         run_id=plan.run_id,
@@ -94,14 +95,8 @@ def assemble_report(
         previous_delta_version=targets.previous_version,
         validation=validation,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
-        workers={
-            "model_loads": counters.model_loads.value,
-            "arrow_batches": counters.arrow_batches.value,
-            "rows_scored": counters.rows.value,
-            "model_seconds": round(counters.model_seconds.value, 3),
-            "budget_halvings": counters.budget_halvings.value,
-        },
-        spark={"master": sc.master, "app_id": sc.applicationId},
+        workers=accounting.workers,
+        spark=session_facts(run.spark),
         started_at=clock.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         error=outcome.error,
