@@ -143,8 +143,7 @@ def test_connect_refuses_path_staging_before_compute(server, reviews, minilm_dir
     _, source = reviews
     output = tmp_path / "never"
     code, err, report = score_over_connect(server, embed_args(source, minilm_dir, str(output)), tmp_path)
-    assert code == 2 and report == {}
-    assert err.strip().splitlines()[-1].startswith(
-        "lakescore: error: over Spark Connect the staging area must be a table (lakescore cannot delete a directory"
-    )
+    reason = "over Spark Connect the staging area must be a table (lakescore cannot delete a directory"
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"lakescore: error: {reason}")
+    assert report["status"] == "failed" and report["error"].startswith(reason) and report["delta_version"] is None
     assert not output.exists() and not Path(f"{output}_errors").exists()
