@@ -13,7 +13,7 @@ S3A ?= 1
 # Create .venv, install the pinned stack (constraints.txt) and fetch the Delta (and S3A) jars once.
 setup:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,dev,onnx]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:
