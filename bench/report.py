@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from bench.proctree import Measurement
+from bench.fast_path import FIXED_WORKLOAD, cosine_lines, fast_path_lines
 from bench.suite import Job
 
-__all__ = ["RunResult", "JobSummary", "summarise", "render", "machine_facts", "TARGETS", "PREFIX_WORKLOAD"]
+__all__ = ["RunResult", "JobSummary", "summarise", "render", "machine_facts", "TARGETS", "PREFIX_WORKLOAD", "FIXED_WORKLOAD"]
 
 _MIB = 1024 * 1024
 
@@ -202,18 +203,7 @@ def _fixed_cost_lines(summaries: Sequence[JobSummary]) -> list[str]:
     return lines
 
 
-def _cosine_lines(equivalence: Optional[dict]) -> list[str]:
-    if not equivalence:
-        return ["equivalence: not checked (needs one successful W1 run of (a) and of (d))"]
-    cosine = equivalence.get("min_cosine")
-    verdict = "-" if cosine is None else "met" if cosine >= COSINE_TARGET else "NOT met"
-    return [f"equivalence (W1, lakescore Delta vs plain loop, per review_id): min cosine {_fmt(cosine, '.7f')} "
-            f"over {equivalence.get('matched')} matched rows; missing in lakescore output "
-            f"{equivalence.get('missing_in_b')}, extra {equivalence.get('missing_in_a')}   "
-            f"target >= {COSINE_TARGET}: {verdict}"]
-
-
-def render(summaries: Sequence[JobSummary], equivalence: Optional[dict], markdown: bool) -> str:
+def render(summaries: Sequence[JobSummary], equivalence: dict, markdown: bool) -> str:
     """The result table and the ratio / share / equivalence lines, as plain text or Markdown."""
     header, rows = _table(summaries)
     if markdown:
@@ -226,7 +216,8 @@ def render(summaries: Sequence[JobSummary], equivalence: Optional[dict], markdow
         bullets = list
     out = table + [""] + bullets(_ratio_lines(summaries)) + bullets(_share_lines(summaries))
     out += bullets(_fixed_cost_lines(summaries))
-    out += bullets(_cosine_lines(equivalence))
+    out += bullets(fast_path_lines(summaries))
+    out += bullets(cosine_lines(equivalence, COSINE_TARGET))
     return "\n".join(out)
 
 
