@@ -74,6 +74,8 @@ class JobSummary:
     """lakescore only: median seconds per step."""
     wall_seconds: Optional[float] = None
     """Median process wall time."""
+    memory_mib: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Over the repeats, the largest: tree PSS; one Python worker's private memory (and its shared memory then)."""
 
     @property
     def median(self) -> Optional[float]:
@@ -101,7 +103,14 @@ def summarise(job: Job, results: Sequence[RunResult]) -> JobSummary:
         step_shares={k: statistics.median(v) for k, v in shares.items()},
         step_seconds={k: statistics.median(v) for k, v in seconds_by_step.items()},
         wall_seconds=statistics.median(r.measurement.wall_seconds for r in good) if good else None,
+        memory_mib=_memory_mib([r.measurement for r in mine]),
     )
+
+
+def _memory_mib(measurements: Sequence[Measurement]) -> tuple[float, float, float]:
+    pss = max((m.peak_pss_bytes for m in measurements), default=0)
+    worker = max(measurements, key=lambda m: m.worker_private_bytes, default=None)
+    return (pss / _MIB, *((worker.worker_private_bytes / _MIB, worker.worker_shared_bytes / _MIB) if worker else (0.0, 0.0)))
 
 
 def _fmt(value: Optional[float], spec: str = ".1f") -> str:
@@ -109,14 +118,16 @@ def _fmt(value: Optional[float], spec: str = ".1f") -> str:
 
 
 def _table(summaries: Sequence[JobSummary]) -> tuple[list[str], list[list[str]]]:
-    header = ["workload", "peer", "rows", "repeats", "rows/s min", "median", "max", "peak RSS MiB", "note"]
+    header = ["workload", "peer", "rows", "repeats", "rows/s min", "median", "max", "peak RSS MiB", "peak PSS MiB",
+              "worker private / shared MiB", "note"]
     rows = []
     for s in summaries:
         note = s.job.note + (f"; {s.failures} run(s) FAILED" if s.failures else "")
         rows.append([
             s.job.workload, f"({s.job.peer.key}) {s.job.peer.label}", f"{s.job.rows:,}", str(len(s.rates)),
             _fmt(min(s.rates, default=None)), _fmt(s.median), _fmt(max(s.rates, default=None)),
-            _fmt(s.peak_rss_mib, ".0f"), note.strip("; "),
+            _fmt(s.peak_rss_mib, ".0f"), _fmt(s.memory_mib[0], ".0f"),
+            f"{s.memory_mib[1]:.0f} / {s.memory_mib[2]:.0f}" if s.memory_mib[1] else "-", note.strip("; "),
         ])
     return header, rows
 

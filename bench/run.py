@@ -210,7 +210,9 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         "Written by `make bench` (`bench/`). Every number is one whole process, started fresh: rows/s is the "
         "input's rows over the process's wall time (start-up, model loads, scoring and writing included); peak "
         "RSS is the largest sum of resident memory over the process and all its descendants (JVM, Python "
-        "workers), sampled every 0.2 s. Peers run alternately (a, b, c, d, a, b, c, d, ...), so machine noise "
+        "workers), sampled every 0.2 s; peak PSS counts a page shared by several processes (libraries, "
+        "memory-mapped weights) once, and 'worker private / shared' is the Spark Python worker with the most "
+        "private memory (`/proc/<pid>/smaps_rollup`: Private_* vs Shared_*), sampled every second. Peers run alternately (a, b, c, d, a, b, c, d, ...), so machine noise "
         "hits them alike; ratios are of medians.",
         "",
         "## Machine",
@@ -287,7 +289,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "facts": facts, "equivalence": equivalence,
         "runs": [{"workload": r.job.workload, "peer": r.job.peer.key, "repeat": r.repeat + 1, "rows": r.job.rows,
                   "returncode": r.measurement.returncode, "wall_seconds": r.measurement.wall_seconds,
-                  "peak_rss_bytes": r.measurement.peak_rss_bytes, "step_seconds": (r.report or {}).get("step_seconds")}
+                  "peak_rss_bytes": r.measurement.peak_rss_bytes, "peak_pss_bytes": r.measurement.peak_pss_bytes,
+                  "worker_private_bytes": r.measurement.worker_private_bytes,
+                  "worker_shared_bytes": r.measurement.worker_shared_bytes,
+                  "step_seconds": (r.report or {}).get("step_seconds")}
                  for r in results],
     }, indent=2))
     if args.markdown != "-":
