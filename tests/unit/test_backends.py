@@ -173,3 +173,13 @@ def test_backend_flags_reach_the_spec():
     spec = model_spec(cfg)
     assert (spec.backend, spec.quantize, spec.cache_dir) == ("onnx", "int8", "/c")
     assert cfg.model.tolerance() == Tolerance()
+
+
+def test_notebook_entry_points_refuse_unchecked_int8(minilm_dir):
+    """transform / pandas_udf have no preflight, so no tolerance check: int8 is the job's (score's) alone."""
+    from lakescore.jobs.api import _notebook_config
+    from lakescore.jobs.config import ConfigError
+
+    with pytest.raises(ConfigError, match="quantize='int8' is checked against float32 before a scoring job starts"):
+        _notebook_config("embed", minilm_dir, None, {"backend": "onnx", "quantize": "int8"})
+    assert _notebook_config("embed", minilm_dir, None, {"backend": "onnx"}).model.backend == "onnx"
