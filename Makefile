@@ -11,13 +11,26 @@ LAKESCORE := $(VENV)/bin/lakescore
 S3A ?= 1
 
 # Create .venv, install the pinned stack (constraints.txt) and fetch the Delta (and S3A) jars once.
-setup:
+# connect: the Spark Connect client; mlflow: MLflow model URIs (both tested by make test).
+setup: browser
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,dev,onnx]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:
 	$(PY) -m pytest tests
+
+# Headless Chromium for the HTML report's browser test (tests/integration/test_report_browser.py).
+# Debian's package, installed with apt-get when no Chromium is on PATH (as root, as CI runs); a no-op
+# when one is. Elsewhere install Chromium or Chrome yourself, or point LAKESCORE_CHROMIUM at one.
+.PHONY: browser
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	    || command -v google-chrome >/dev/null 2>&1 || test -n "$$LAKESCORE_CHROMIUM"; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && test "$$(id -u)" = 0; then \
+	    echo "installing Debian's chromium for the HTML report test"; \
+	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	else echo "no Chromium found and cannot apt-get it: install Chromium (or set LAKESCORE_CHROMIUM) for make test"; fi
 
 test-unit:
 	$(PY) -m pytest tests/unit
@@ -70,7 +83,7 @@ package: wheel env-archive
 
 wheel: $(WHEEL) $(LAUNCHER)
 
-$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py udfs/*.py schemas/*.py)
+$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*.properties udfs/*.py schemas/*.py)
 	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 

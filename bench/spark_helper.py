@@ -35,6 +35,7 @@ def _session(app_name: str):
     from pyspark.sql import SparkSession
 
     from lakescore.jobs.config import ScoringConfig
+    from lakescore.jobs.platform.spark_adapter import set_log_level
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (
@@ -44,7 +45,7 @@ def _session(app_name: str):
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ScoringConfig().arrow_max_records_per_batch))
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("WARN")
+    set_log_level(spark, "WARN")
     return spark
 
 

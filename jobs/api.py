@@ -13,13 +13,13 @@ from typing import Any, Mapping, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import ConfigError, JobConfig, ModelConfig, config_from_mapping
-from lakescore.jobs.platform.model_staging import stage_remote_model
+from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport, write_report
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.read import model_spec
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
 from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract
-from lakescore.schemas.output import ERROR_COLUMNS, scored_schema
+from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.pandas_udf import make_pandas_udf
 
@@ -87,7 +87,7 @@ def transform(
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
     spec = _resolved_spec(df.sparkSession, cfg, input_cols)
     scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg))
-    return scored.drop(ERROR_COLUMNS[2])
+    return scored.drop(ERROR_COLUMNS[2], WORKER_COLUMN)
 
 
 def pandas_udf(*, task: str, model: str | Path, feature_cols: Optional[Sequence[str]] = None, **options: Any):
@@ -139,6 +139,6 @@ def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: 
     if is_remote(spec.source):
         if spark is None:
             raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
-        stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
+        spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
     resolve_model_dir(spec.source, spec.revision)
     return spec

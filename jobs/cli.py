@@ -1,10 +1,12 @@
-"""``lakescore`` command line: ``score``, ``demo``, ``sweep`` and ``fetch-jars [--s3a]``.
+"""``lakescore`` command line: ``score``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
-published nothing; 2 a configuration, input or model problem found before any
-compute; 3 any other failure.
-Failures print one line, ``lakescore: error: <reason>``, on stderr
-(``--verbose`` adds the traceback).
+published nothing; 2 a configuration, input or model problem (found before any
+compute, or an input file Spark cannot read); 3 any other failure; 130 interrupted
+(SIGINT / SIGTERM: the chunks staged so far are kept, and rerunning the same
+command resumes). Failures print one line, ``lakescore: error: <reason>`` (or
+``lakescore: interrupted ...``), on stderr (``--verbose`` adds the traceback);
+with ``--report`` a failed run still writes its JSON report (``status: failed``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lakescore.jobs.commands.demo import DEMO_ROWS
+from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
+from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
+from lakescore.jobs.report import one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.config import (
     BACKENDS, DEVICES, DTYPES, INPUT_FORMATS, QUANTIZATIONS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig,
     load_config,
 )
+from lakescore.jobs.platform.console import configure_logging
 
 __all__ = ["main", "run"]
 
@@ -54,6 +60,7 @@ _SCORE_FLAGS = {
     "run_date": "run_date",
     "run_id": "run_id",
     "master": "spark.master",
+    "remote": "spark.remote",
 }
 
 
@@ -74,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--output", help="Delta path or metastore table (db.table); overwritten")
     score.add_argument("--input-format", choices=INPUT_FORMATS, help="how to read a path input")
     score.add_argument("--task", choices=TASKS, help=f"what the model computes (default: {JobConfig.task})")
-    score.add_argument("--model", help="model directory or Hugging Face hub id")
+    score.add_argument(
+        "--model", help="model directory, Hadoop URI, MLflow URI (models:/name/version, models:/name@alias, runs:/id/path) "
+        "or Hugging Face hub id",
+    )
     score.add_argument("--revision", help="hub revision (branch, tag or commit)")
     score.add_argument("--id-col", help="input column copied to the output to identify each row")
     score.add_argument("--text-col", help="input column with the text to score (classify, embed, ner)")
@@ -101,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")
     score.add_argument("--run-id", help="id written into every row (default: --run-date, else timestamp + random)")
     score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
+    score.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server (or set SPARK_REMOTE)")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
     demo.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"sample reviews to generate (default: {DEMO_ROWS})")
@@ -116,9 +127,18 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--revision", help="hub revision")
     sweep.add_argument("--text-col", help="input column with the text to score")
     sweep.add_argument("--master", help="Spark master when lakescore builds the session")
+    sweep.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server")
     sweep.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, help=f"rows to sample (default: {SAMPLE_ROWS})")
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
+
+    history = commands.add_parser(
+        "history", parents=[common], help="list an output's past runs, or show one run's report (--run)"
+    )
+    history.add_argument("output", help="the output: Delta path or metastore table")
+    history.add_argument("--run", metavar="RUN_ID", help="show this run's report and where its HTML is")
+    history.add_argument("--errors", help="its dead-letter table (default: <output>_errors)")
+    history.add_argument("--limit", type=int, default=20, help="newest runs to list (default: 20)")
 
     fetch = commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
     fetch.add_argument(
@@ -129,20 +149,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
-    return load_config(args.conf, args.overrides, flags)
+    """The job config; a bare ``input`` / ``output`` name that exists locally becomes ``./name``
+    (:func:`~lakescore.jobs.platform.tables.local_ref`), so what is derived from it stays local too."""
+    from dataclasses import replace
+
+    from lakescore.jobs.platform.tables import local_ref
+
+    cfg = load_config(args.conf, args.overrides, flags)
+    return replace(cfg, input=local_ref(cfg.input), output=local_ref(cfg.output))
 
 
 def _score(args: argparse.Namespace) -> int:
-    from lakescore.jobs.report import write_report
+    from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
+    from lakescore.jobs.steps.report import failure_report
 
     cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
-    report = run_scoring(cfg)
+    try:
+        report = run_scoring(cfg)
+    except BaseException as exc:  # a scheduler still finds a report saying where and why
+        if cfg.report:
+            write_report(failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed"), cfg.report)
+        raise
     if cfg.report:
         write_report(report, cfg.report)
     print(report.summary())
     if cfg.report:
-        print(f"  report: {Path(cfg.report).resolve()}")
+        print(report_location(report, cfg.report))
     if report.status != "succeeded":
         print(f"lakescore: error: {report.error}", file=sys.stderr)
         return EXIT_VALIDATION_FAILED
@@ -175,6 +208,17 @@ def _sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _history(args: argparse.Namespace) -> int:
+    from lakescore.jobs.commands.history import find_run, format_history, format_run, run_history
+    from lakescore.jobs.platform.session import get_or_create_session
+
+    cfg = _config(args, {"output": args.output, "errors": args.errors})
+    spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
+    records = run_history(spark, cfg.output, cfg.errors_ref(), None if args.run else args.limit)
+    print(format_run(find_run(records, args.run)) if args.run else format_history(records))
+    return EXIT_OK
+
+
 def _fetch_jars(args: argparse.Namespace) -> int:
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
 
@@ -189,22 +233,40 @@ def _fetch_jars(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("py4j", "great_expectations", "sentence_transformers", "urllib3", "httpx", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "fetch-jars": _fetch_jars}
+    configure_logging(args.verbose)
+    if not args.verbose:  # py4j logs a lost JVM connection through the root logger, traceback and all
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_not_from_py4j)
+    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
+    install_interrupt_handlers()
     try:
         return handlers[args.command](args)
-    except Exception as exc:  # one line for the operator; --verbose keeps the traceback
-        code = EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED
+    except BaseException as exc:  # one line for the operator; --verbose keeps the traceback
+        if isinstance(exc, SystemExit):
+            raise
         if args.verbose:
             log.exception("failed")
-        print(f"lakescore: error: {_one_line(exc)}", file=sys.stderr)
+        code, line = _failure(exc)
+        print(line, file=sys.stderr)
         return code
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    return "py4j" not in record.pathname.replace("\\", "/").split("/")
+
+
+def _failure(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one line an operator reads for ``exc``."""
+    from lakescore.jobs.platform.tables import unreadable_input
+
+    if was_interrupted(exc):
+        staged = getattr(exc, "lakescore_chunks", None)
+        where = f"after {staged[0]} of {staged[1]} chunks were staged" if staged else f"during {getattr(exc, 'lakescore_step', 'start-up')}"
+        return EXIT_INTERRUPTED, f"lakescore: interrupted {where}; rerun the same command to resume"
+    unreadable = unreadable_input(exc)
+    if unreadable is not None:
+        return EXIT_BAD_INPUT, f"lakescore: error: {unreadable}"
+    return (EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}"
 
 
 def run() -> None:
@@ -226,15 +288,6 @@ def _is_before_compute(exc: BaseException) -> bool:
     from lakescore.udfs.model_source import ModelSourceError
 
     return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if not text:
-        return type(exc).__name__
-    if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
-        return f"{type(exc).__name__}: {text[:500]}"
-    return text[:500]
 
 
 if __name__ == "__main__":

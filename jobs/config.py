@@ -52,6 +52,9 @@ __all__ = [
 TASKS = TASK_NAMES
 """Scoring tasks this version can run (:mod:`lakescore.udfs.registry`)."""
 WRITE_MODES = ("overwrite", "replace_run")
+RUN_ID_MAX = 128
+RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
+"""What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
 INPUT_FORMATS = ("auto", "delta", "parquet")
 
 
@@ -139,6 +142,9 @@ class SparkConfig:
     """How the SparkSession is built when lakescore builds it (never on Databricks)."""
 
     master: str = "local[*]"
+    remote: Optional[str] = None
+    """A Spark Connect server, ``sc://host:port`` (``--remote``); unset: ``SPARK_REMOTE`` when the environment
+    has it. The server owns jars, Delta and the metastore: the other keys of this section do not apply."""
     app_name: str = "lakescore"
     warehouse_dir: str = ".lakescore/warehouse"
     """Managed-table location; the local Derby metastore lives beside it."""
@@ -159,6 +165,8 @@ class SparkConfig:
         levels = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
         if self.log_level.upper() not in levels:
             raise ConfigError(f"spark.log_level must be one of {', '.join(levels)}, got {self.log_level!r}")
+        if self.remote is not None and not self.remote.startswith("sc://"):
+            raise ConfigError(f"spark.remote must be a Spark Connect URL sc://host:port, got {self.remote!r}")
 
 
 @dataclass(frozen=True)
@@ -304,7 +312,11 @@ class WriteConfig:
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed."""
     staging: Optional[str] = None
-    """Where chunks are staged before publishing; default: ``<output>__lakescore_staging`` beside the output."""
+    """Where chunks are staged before publishing: a directory, or a table prefix ``catalog.schema.prefix``
+    (tables ``<prefix>_<run key>``); default: beside the output (a table ``<output>__lakescore_staging_<run key>``
+    for a table output, ``<output dir>/_lakescore_staging/<name>/<run key>`` for a path)."""
+    allow_output_in_input: bool = False
+    """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
 
     def _validate(self) -> None:
         if self.mode not in WRITE_MODES:
@@ -354,8 +366,11 @@ class JobConfig:
                 date.fromisoformat(self.run_date)
             except ValueError:
                 raise ConfigError(f"run_date must be YYYY-MM-DD, got {self.run_date!r}") from None
-        if self.run_id is not None and (not self.run_id.strip() or "'" in self.run_id):
-            raise ConfigError(f"run_id must be non-empty and contain no quote, got {self.run_id!r}")
+        if self.run_id is not None and not RUN_ID.fullmatch(self.run_id):
+            raise ConfigError(
+                f"run_id must be 1-{RUN_ID_MAX} characters of letters, digits, '.', '_' or '-', starting with a letter "
+                f"or digit (it names a partition directory and sits in the publish predicate), got {_shown(self.run_id)}"
+            )
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.model.backend not in get_task(self.task).backends:
@@ -390,6 +405,21 @@ class JobConfig:
             raise ConfigError(f"text_col is for text tasks; task {self.task!r} reads feature_cols / feature_prefix")
         if self.errors and self.errors == self.output:
             raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
+        self._check_writes_apart_from_input()
+
+    def _check_writes_apart_from_input(self) -> None:
+        """Refuse an output or errors target that is the input, or (unless allowed) a path inside its directory."""
+        source = _location(self.input)
+        for key, ref in (("output", self.output), ("errors", self.errors_ref())):
+            target = _location(ref)
+            if target == source:
+                raise ConfigError(f"{key} {ref!r} is the input: the run would overwrite what it reads")
+            inside = _is_path(self.input) and target.startswith(source.rstrip("/") + "/")
+            if inside and not self.write.allow_output_in_input:
+                raise ConfigError(
+                    f"{key} {ref!r} is inside the input directory {self.input!r}, where the next read of the input "
+                    "would pick it up; write elsewhere, or set write.allow_output_in_input"
+                )
 
     @property
     def reads_text(self) -> bool:
@@ -401,8 +431,16 @@ class JobConfig:
         return self.run_id or self.run_date
 
     def errors_ref(self) -> str:
-        """The dead-letter table: configured, else ``<output>_errors`` beside the output."""
-        return self.errors or f"{(self.output or '').rstrip('/')}_errors"
+        """The dead-letter table: configured, else ``<output>_errors`` beside the output (for a table, built
+        from its parsed name: ``main.`my scores``` -> ``main.`my scores_errors```)."""
+        from lakescore.jobs.platform.identifiers import parse_table_name
+        from lakescore.jobs.platform.tables import is_path
+
+        if self.errors:
+            return self.errors
+        if not self.output or is_path(self.output):
+            return f"{(self.output or '').rstrip('/')}_errors"
+        return str(parse_table_name(self.output, "output").with_suffix("_errors"))
 
 
 def load_config(
@@ -431,6 +469,26 @@ def load_config(
         if value is not None:
             _assign(tree, key, value)
     return _build(JobConfig, tree, prefix="")
+
+
+def _is_path(ref: str) -> bool:
+    """A path, not a table name: :func:`lakescore.jobs.platform.tables.is_path`'s rule, without importing Spark."""
+    return any(ch in ref for ch in "/\\:")
+
+
+def _location(ref: str) -> str:
+    """``ref`` in a comparable form: a local path absolute, a URI as given, a table name lowercased."""
+    if not _is_path(ref):
+        return ref.lower()
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", ref) and not ref.startswith("file:"):
+        return ref.rstrip("/")
+    return os.path.abspath(ref.removeprefix("file:").removeprefix("//"))
+
+
+def _shown(value: str, limit: int = 60) -> str:
+    """``value`` for a one-line message: repr (control characters escaped), cut at ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} characters)"
 
 
 def config_from_mapping(tree: Mapping[str, Any]) -> JobConfig:

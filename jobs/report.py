@@ -1,20 +1,29 @@
-"""The JSON run report: what a scheduler, an auditor or the next job reads after a run."""
+"""The run report: JSON for a scheduler, an auditor or the next job, and the same facts as an HTML page.
+
+:func:`write_report` writes ``x.json`` and, beside it, ``x.html``
+(:mod:`lakescore.jobs.report_html`): one self-contained page that opens with no network.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["RunReport", "write_report"]
+__all__ = ["RunReport", "write_report", "report_location", "html_path_for", "software_versions", "one_line"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class RunReport:
-    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded``.
+    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded`` for a run
+    that reached its publish decision, ``failed`` or ``interrupted`` for one that stopped before (then
+    ``failed_step`` and ``error`` say where and why, and the counts are unknown).
 
     ``input_rows == output_rows + error_rows`` for every finished run: each input row is
     in the output or, with its reason (``error_reasons`` counts them), in ``errors_table``.
@@ -27,7 +36,7 @@ class RunReport:
     output: str
     model_id: str
     model_revision: Optional[str]
-    model_sha256: str
+    model_sha256: Optional[str]
     input_rows: Optional[int] = None
     output_rows: Optional[int] = None
     error_rows: Optional[int] = None
@@ -46,6 +55,14 @@ class RunReport:
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
     error: Optional[str] = None
+    failed_step: Optional[str] = None
+    """For ``status`` ``failed`` / ``interrupted``: the step the run stopped in."""
+    versions: dict[str, Optional[str]] = field(default_factory=dict)
+    """lakescore, Spark and Delta versions the run used (:func:`software_versions`)."""
+    profile: Optional[dict[str, Any]] = None
+    """Samples and summaries the HTML report draws (:func:`lakescore.jobs.steps.report_data.collect_profile`)."""
+    html_report: Optional[str] = None
+    """Where :func:`write_report` put the HTML page."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,7 +81,8 @@ class RunReport:
         if self.seconds is not None:
             rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")
-        lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
+        if self.model_sha256:
+            lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
         if self.validation is not None:
             failed = self.validation.get("failed", [])
             lines.append(f"  validation: {'passed' if self.validation['success'] else f'{len(failed)} check(s) failed'}")
@@ -75,12 +93,71 @@ class RunReport:
         return "\n".join(lines)
 
 
-def write_report(report: RunReport, path: os.PathLike | str) -> Path:
-    """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a report)."""
+def write_report(report: RunReport, path: os.PathLike | str, html: bool = True) -> Path:
+    """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a report), and with
+    ``html`` the HTML page beside it (:func:`html_path_for`), recorded in ``report.html_report``.
+
+    A page that cannot be drawn is logged as a warning and leaves ``html_report`` unset: the
+    JSON report is what schedulers depend on.
+    """
     target = Path(path).expanduser()
     target.parent.mkdir(parents=True, exist_ok=True)
+    if html:
+        _write_html(report, target)
     with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as handle:
         json.dump(report.as_dict(), handle, indent=2, sort_keys=False, default=str)
         handle.write("\n")
     os.replace(handle.name, target)
     return target
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name)."""
+    text = " ".join(str(exc).split())
+    if not text:
+        return type(exc).__name__
+    if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
+        return f"{type(exc).__name__}: {text[:500]}"
+    return text[:500]
+
+
+def report_location(report: RunReport, json_path: os.PathLike | str) -> str:
+    """The summary's last line: where to look (the HTML page when there is one, and the JSON)."""
+    json_file = Path(json_path).expanduser().resolve()
+    if report.html_report:
+        return f"  report: {report.html_report} (JSON: {json_file.name} beside it)"
+    return f"  report: {json_file}"
+
+
+def html_path_for(json_path: os.PathLike | str) -> Path:
+    """The HTML page's path for the JSON report at ``json_path``: same stem, ``.html``.
+
+    >>> html_path_for("reports/2026-11-21.json").as_posix()
+    'reports/2026-11-21.html'
+    """
+    return Path(json_path).expanduser().with_suffix(".html")
+
+
+def software_versions(spark_version: Optional[str]) -> dict[str, Optional[str]]:
+    """``{"lakescore", "spark", "delta"}`` versions: the package's, the session's, and delta-spark's
+    (``None`` where the platform ships Delta without that Python package)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import lakescore
+
+    try:
+        delta = version("delta-spark")
+    except PackageNotFoundError:
+        delta = None
+    return {"lakescore": lakescore.__version__, "spark": spark_version, "delta": delta}
+
+
+def _write_html(report: RunReport, json_path: Path) -> None:
+    from lakescore.jobs.report_html import write_html
+
+    try:
+        report.html_report = str(html_path_for(json_path).resolve())
+        write_html(report.as_dict(), json_path)
+    except Exception:  # the page is a view of the JSON; never lose the JSON for it
+        report.html_report = None
+        log.warning("could not write the HTML report beside %s", json_path, exc_info=True)

@@ -24,9 +24,10 @@ from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.prepare import check_input_ids, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
-from lakescore.jobs.steps.publish import output_rows, publish, write_errors_in_background
+from lakescore.jobs.steps.publish import output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.report import StepClock, assemble_report
+from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import score_into_staging
 from lakescore.jobs.steps.validate import validate_rows
 
@@ -56,16 +57,19 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             identity = preflight.identity()
     with clock.step("prepare"):
         plan = plan_run(run, split, identity)
+        clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
-        score_into_staging(run, plan)
+        throughput = score_into_staging(run, plan)
     with clock.step("validate"):
         accounting = account_rows(plan)
         rows = output_rows(run, plan, accounting)
-        errors_written = write_errors_in_background(run, targets, plan, accounting)
+        profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
         validation = validate_rows(run, targets, plan, accounting, rows)
+    with clock.step("report_data"):
+        profile = finish_profile(profiling)
     with clock.step("publish"):
-        outcome = publish(run, targets, plan, accounting, rows, validation, errors_written)
-    return assemble_report(run, targets, plan, accounting, validation, outcome, clock)
+        outcome = publish(run, targets, plan, accounting, rows, validation)
+    return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile)
 
 
 def _import_great_expectations_meanwhile(cfg: JobConfig) -> None:

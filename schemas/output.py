@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pyspark.sql.types import ArrayType, DoubleType, FloatType, IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField, StructType,
+)
 
 from lakescore.schemas.contracts import InputContractError
 
@@ -10,6 +12,8 @@ __all__ = [
     "PREDICTIONS",
     "IDENTITY_COLUMNS",
     "ERROR_COLUMNS",
+    "WORKER_COLUMN",
+    "WORKER_METRICS",
     "prediction_fields",
     "prediction_columns",
     "scored_schema",
@@ -56,6 +60,20 @@ IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""
 
+WORKER_COLUMN = "_worker"
+"""The scoring function's per-batch worker metrics: set on each Arrow batch's first row, null on the others."""
+
+WORKER_METRICS = StructType(
+    [
+        StructField("model_loads", LongType(), nullable=False),
+        StructField("arrow_batches", LongType(), nullable=False),
+        StructField("model_seconds", DoubleType(), nullable=False),
+        StructField("budget_halvings", LongType(), nullable=False),
+    ]
+)
+"""What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows. They travel
+in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""
+
 def prediction_fields(task: str) -> list[StructField]:
     """The prediction fields of ``task``; ``KeyError`` for an unknown task."""
     return PREDICTIONS[task]
@@ -68,12 +86,13 @@ def prediction_columns(task: str) -> list[str]:
 
 def scored_schema(task: str, *kept: StructField) -> StructType:
     """What the scoring function returns: the ``kept`` input columns (the job: the id), predictions,
-    ``model_sha256``, then :data:`ERROR_COLUMNS`."""
+    ``model_sha256``, :data:`ERROR_COLUMNS`, then :data:`WORKER_COLUMN`."""
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in kept]
         + prediction_fields(task)
         + [StructField("model_sha256", StringType(), nullable=False)]
         + [StructField(name, StringType(), nullable=True) for name in ERROR_COLUMNS]
+        + [StructField(WORKER_COLUMN, WORKER_METRICS, nullable=True)]
     )
 
 
@@ -83,7 +102,7 @@ def output_schema(task: str, id_field: StructField) -> StructType:
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when the id column's name collides
     with an output column.
     """
-    taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(ERROR_COLUMNS)
+    taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(ERROR_COLUMNS) + [WORKER_COLUMN]
     if id_field.name in taken:
         raise InputContractError(f"id column {id_field.name!r} collides with an output column ({', '.join(taken)}); rename it")
     return StructType(

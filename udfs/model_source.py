@@ -4,9 +4,12 @@ A source is one of
 
 * a local directory or file (``/models/x``, ``./model.pt2``);
 * a Hadoop filesystem URI (``s3a://``, ``dbfs:/``, ``abfss://``, ``file:/``, ...):
-  the job stages it to local disk with Spark (driver: Hadoop ``FileSystem``;
-  executors: ``SparkContext.addFile``, whose fetch cache copies once per host
-  under a file lock) and workers load the staged copy (:func:`staged_copy`);
+  the job stages it to local disk with Spark (:mod:`lakescore.jobs.platform.model_staging`;
+  executors get it through Spark's files, copied once per host) and workers load the
+  staged copy (:func:`staged_copy`);
+* an MLflow model URI (``models:/name/version``, ``models:/name@alias``, ``runs:/id/path``):
+  pinned and downloaded by the driver with MLflow's client (:mod:`lakescore.udfs.mlflow_source`),
+  shipped to the executors the same way;
 * a Hugging Face hub id with an optional revision, resolved through
   ``huggingface_hub``'s own cache, so users with a hub keep working.
 
@@ -32,6 +35,8 @@ __all__ = [
     "ModelIntegrityError",
     "ModelSpec",
     "is_remote",
+    "is_mlflow_uri",
+    "shipped_name",
     "resolve_model_dir",
     "hub_revision",
     "staged_copy",
@@ -110,9 +115,25 @@ class ModelSpec:
 
 
 def is_remote(source: str) -> bool:
-    """True for a Hadoop filesystem URI (``scheme:/...``) that must be staged to local disk first."""
+    """True for a URI (``scheme:/...``: Hadoop filesystems, MLflow) that must be staged to local disk first."""
     scheme, sep, _ = source.partition(":")
     return bool(sep) and len(scheme) > 1 and scheme.replace("+", "").replace("-", "").isalnum()
+
+
+def is_mlflow_uri(source: str) -> bool:
+    """True for an MLflow model URI (``models:/...``, ``runs:/...``)."""
+    return source.startswith(("models:/", "runs:/"))
+
+
+def shipped_name(source: str, revision: Optional[str] = None) -> str:
+    """The name under which executors find the staged copy of remote ``source`` (``SparkFiles.get``).
+
+    A Hadoop URI keeps its basename (what ``addFile`` names it); an MLflow model is named by a
+    digest of the URI and its pinned revision, so an alias that moves is a new name.
+    """
+    if is_mlflow_uri(source):
+        return "lakescore-mlflow-" + hashlib.sha256(f"{source}\n{revision}".encode("utf-8")).hexdigest()[:16]
+    return source.rstrip("/").rsplit("/", 1)[-1]
 
 
 def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
@@ -125,7 +146,7 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
     Raises :class:`ModelSourceError` naming the source when none of these works.
     """
     if is_remote(source):
-        staged = staged_copy(source)
+        staged = staged_copy(source, revision)
         if staged is None:
             raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.model_staging)")
         return staged
@@ -153,25 +174,26 @@ def hub_revision(model_dir: Path) -> Optional[str]:
 
 
 _staged: dict[str, Path] = {}
-"""Remote source -> local copy, registered by whoever staged it in this process."""
+"""Shipped name (:func:`shipped_name`) -> local copy, registered by whoever staged it in this process."""
 
 
-def staged_copy(source: str) -> Optional[Path]:
-    """The local copy of remote ``source`` in this process: registered, or fetched by Spark (``SparkFiles``)."""
-    if source in _staged:
-        return _staged[source]
+def staged_copy(source: str, revision: Optional[str] = None) -> Optional[Path]:
+    """The local copy of remote ``source`` in this process: registered, or shipped by Spark (``SparkFiles``)."""
+    name = shipped_name(source, revision)
+    if name in _staged:
+        return _staged[name]
     try:
         from pyspark import SparkFiles
 
-        candidate = Path(SparkFiles.get(_remote_basename(source)))
+        candidate = Path(SparkFiles.get(name))
     except Exception:  # no SparkContext / SparkFiles root in this process
         return None
     return candidate if candidate.exists() else None
 
 
-def register_staged(source: str, local: Path) -> None:
-    """Record that ``source`` is available at ``local`` in this process."""
-    _staged[source] = local
+def register_staged(name: str, local: Path) -> None:
+    """Record that the model shipped as ``name`` (:func:`shipped_name`) is at ``local`` in this process."""
+    _staged[name] = local
 
 
 def stage_once(key: str, cache_root: Path, copy: Callable[[Path], None]) -> Path:
@@ -204,10 +226,6 @@ def stage_once(key: str, cache_root: Path, copy: Callable[[Path], None]) -> Path
             return target
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _remote_basename(source: str) -> str:
-    return source.rstrip("/").rsplit("/", 1)[-1]
 
 
 def require_directory(model_path: Path, task: str) -> None:

@@ -22,14 +22,14 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
-from pyspark import Accumulator, TaskContext
+from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
-from lakescore.schemas.output import ERROR_COLUMNS
+from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
 from lakescore.udfs.model_cache import LoadedModel, get_model
 from lakescore.udfs.model_source import ModelSpec
@@ -37,24 +37,22 @@ from lakescore.udfs.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 
 __all__ = [
-    "WorkerCounters", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
+    "RowCounter", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
     "fidelity_figures",
 ]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
-class WorkerCounters:
-    """Spark accumulators the workers add to; read on the driver after the write."""
+class RowCounter(Protocol):
+    """What the scoring workers add each batch's rows to, for live progress on the driver.
 
-    def __init__(self, spark_context) -> None:
-        self.model_loads: Accumulator = spark_context.accumulator(0)
-        self.arrow_batches: Accumulator = spark_context.accumulator(0)
-        self.rows: Accumulator = spark_context.accumulator(0)
-        self.model_seconds: Accumulator = spark_context.accumulator(0.0)
-        """Seconds the workers spent scoring prepared Arrow batches (preparation runs ahead in a thread)."""
-        self.budget_halvings: Accumulator = spark_context.accumulator(0)
-        """Times a task halved its token budget after a CUDA out-of-memory error."""
+    A classic session's accumulator (:func:`lakescore.jobs.platform.spark_adapter.rows_counter`);
+    ``None`` where there is none (Spark Connect). The run report never depends on it: worker
+    metrics travel in the scored rows (:data:`~lakescore.schemas.output.WORKER_COLUMN`).
+    """
+
+    def add(self, rows: int) -> None: ...
 
 
 def make_scoring_function(
@@ -65,7 +63,7 @@ def make_scoring_function(
     schema: StructType,
     max_tokens: Optional[int],
     max_rows: int,
-    counters: Optional[WorkerCounters] = None,
+    rows_counter: Optional[RowCounter] = None,
 ) -> ArrowScorer:
     """Build the function ``mapInArrow`` runs for ``spec.task``.
 
@@ -73,27 +71,30 @@ def make_scoring_function(
     tasks; the numeric feature columns, in the program's order, for feature tasks).
     Output batches follow ``schema`` (:func:`lakescore.schemas.output.scored_schema`): the
     ``keep_cols`` as they came (the job keeps the id), the task's prediction columns (null for unscored rows),
-    ``model_sha256`` of the weights this worker loaded, and ``_reason`` /
-    ``_error`` / ``_input`` for rows that could not be scored (null input, bad
-    feature value, a forward pass that failed even for the row alone).
+    ``model_sha256`` of the weights this worker loaded, ``_reason`` / ``_error`` / ``_input`` for
+    rows that could not be scored (null input, bad feature value, a forward pass that failed even
+    for the row alone), and ``_worker``: this batch's worker metrics on its first row, null on the
+    others (summed by the job for the run report, in classic and Spark Connect sessions alike).
 
     Each batch is prepared (tokenized, or converted to a float matrix) in a
     background thread while the model runs on the previous one, scored in
     batches of at most ``max_tokens`` padded tokens (default: per the device the
     worker resolved, :func:`~lakescore.udfs.batching.default_max_tokens`) and ``max_rows``
-    rows (:mod:`lakescore.udfs.batching`), and returned in input order.
-    A model that fails to load, or loads with other weights than
-    ``spec.expect_sha256``, fails the task.
+    rows (:mod:`lakescore.udfs.batching`), and returned in input order. Each batch's rows are
+    added to ``rows_counter`` when one is given (live progress). A model that fails to load, or
+    loads with other weights than ``spec.expect_sha256``, fails the task.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema)
     keep_cols = tuple(keep_cols)
-    prediction_types = [f.type for f in list(arrow_schema)[len(keep_cols) : len(arrow_schema) - 1 - len(ERROR_COLUMNS)]]
+    prediction_types = get_task(spec.task).output_arrow_types
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows, counters):
+        for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows):
             if scored is not None:
+                if rows_counter is not None:
+                    rows_counter.add(batch.num_rows)
                 yield scored.record_batch([batch.column(name) for name in keep_cols], arrow_schema)
 
     return score
@@ -102,22 +103,28 @@ def make_scoring_function(
 @dataclass(frozen=True)
 class ScoredBatch:
     """One Arrow batch's outcome, row *i* for input row *i*: the task's prediction arrays (null where a
-    row was not scored), the weights digest, and per row the reason, error text and raw input of unscored rows."""
+    row was not scored), the weights digest, and per row the reason, error text and raw input of unscored rows;
+    then what scoring the batch cost: model seconds, token-budget halvings, model loads (1 on the batch that loaded it)."""
 
     predictions: list[pa.Array]
     sha256: str
     reasons: list[Optional[str]]
     errors: list[Optional[str]]
     raw_inputs: list[Optional[str]]
+    seconds: float = 0.0
+    halvings: int = 0
+    loads: int = 0
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema) -> pa.RecordBatch:
-        """``kept`` columns, predictions, ``model_sha256``, then the error columns, as ``schema`` says."""
+        """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker``, as ``schema`` says."""
         n = len(self.reasons)
+        worker = {"model_loads": self.loads, "arrow_batches": 1, "model_seconds": self.seconds, "budget_halvings": self.halvings}
         arrays = kept + self.predictions + [
             pa.array([self.sha256] * n, type=pa.string()),
             pa.array(self.reasons, type=pa.string()),
             pa.array(self.errors, type=pa.string()),
             pa.array(self.raw_inputs, type=pa.string()),
+            pa.array([worker] + [None] * (n - 1), type=schema.field(WORKER_COLUMN).type),
         ]
         arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -130,7 +137,6 @@ def score_batches(
     prediction_types: Sequence[pa.DataType],
     max_tokens: Optional[int],
     max_rows: int,
-    counters: Optional[WorkerCounters] = None,
 ) -> Iterator[tuple[pa.RecordBatch, Optional[ScoredBatch]]]:
     """Score each Arrow batch's ``input_cols`` with this worker's cached model: ``(batch, outcome)`` in order.
 
@@ -147,7 +153,7 @@ def score_batches(
         yield first, None
     else:
         return
-    model, device = _model_for_this_worker(spec, counters)
+    model, device, loads = _model_for_this_worker(spec)
     runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols))
     budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
@@ -156,30 +162,24 @@ def score_batches(
             continue
         started, halvings = time.perf_counter(), budget.halvings
         scored = runner.score(prepared, budget)
-        elapsed = time.perf_counter() - started
         yield batch, ScoredBatch(
             _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
-            runner.raw_inputs(prepared, scored),
+            runner.raw_inputs(prepared, scored), seconds=time.perf_counter() - started,
+            halvings=budget.halvings - halvings, loads=loads,
         )
-        if counters is not None:
-            counters.arrow_batches.add(1)
-            counters.rows.add(batch.num_rows)
-            counters.model_seconds.add(elapsed)
-            if budget.halvings != halvings:
-                counters.budget_halvings.add(budget.halvings - halvings)
+        loads = 0
 
 
 PREFLIGHT_SCHEMA = (
-    "host string, pid int, device string, sha256 string, revision string, seconds double, "
+    "host string, pid int, device string, sha256 string, revision string, seconds double, loaded boolean, "
     "error_type string, error string, fidelity string"
 )
-"""One row per preflight task: which worker loaded what, or why it could not; ``fidelity``: the JSON figures
-of the quantization check (:func:`fidelity_figures`), from the one task that ran it."""
+"""One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
+``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it."""
 
 
 def make_preflight_function(
     spec: ModelSpec,
-    counters: Optional[WorkerCounters] = None,
     sample: Sequence[str] = (),
     tolerance: Optional[Tolerance] = None,
 ) -> ArrowScorer:
@@ -187,9 +187,9 @@ def make_preflight_function(
 
     Input rows are ignored (one small partition per task). Each task yields one
     row of :data:`PREFLIGHT_SCHEMA`: host, pid, the device it resolved, the
-    weights' sha256 and revision, the seconds it took, and, when loading or the
-    sample failed, the exception's type and text. Failures are returned, not
-    raised, so the driver fails the run once with the worker's own message
+    weights' sha256 and revision, the seconds it took, whether it loaded the model (or found
+    it cached) and, when loading or the sample failed, the exception's type and text. Failures
+    are returned, not raised, so the driver fails the run once with the worker's own message
     instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
 
     A quantized ``spec`` with a ``sample`` of the run's input texts: the first task also scores
@@ -207,11 +207,11 @@ def make_preflight_function(
         started = time.perf_counter()
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
-            model, device = _model_for_this_worker(spec, counters)
+            model, device, loads = _model_for_this_worker(spec)
             rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
-            row.update(device=device, sha256=model.sha256, revision=model.revision)
+            row.update(device=device, sha256=model.sha256, revision=model.revision, loaded=bool(loads))
             if spec.quantize != "none" and sample and _first_task():
                 figures = fidelity_figures(spec, model, sample)
                 row["fidelity"] = json.dumps(figures)
@@ -242,7 +242,7 @@ def _first_task() -> bool:
 
 def _preflight_arrow_schema() -> pa.Schema:
     """:data:`PREFLIGHT_SCHEMA` in Arrow terms (parsing the DDL would need a SparkContext, which workers lack)."""
-    types = {"string": pa.string(), "int": pa.int32(), "double": pa.float64()}
+    types = {"string": pa.string(), "int": pa.int32(), "double": pa.float64(), "boolean": pa.bool_()}
     fields = [field.split() for field in PREFLIGHT_SCHEMA.split(",")]
     return pa.schema([(name, types[kind]) for name, kind in fields])
 
@@ -258,17 +258,16 @@ def _prediction_arrays(model: LoadedModel, scored: Scored, types: Sequence[pa.Da
     return arrays
 
 
-def _model_for_this_worker(spec: ModelSpec, counters: Optional[WorkerCounters]) -> tuple[LoadedModel, str]:
-    """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), and that device."""
+def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, str, int]:
+    """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), that device,
+    and 1 when this call loaded it (0: it was cached)."""
     from lakescore.udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
 
     device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
     model, loaded_now = get_model(spec)
     _limit_torch_threads_to_task_cpus()
-    if loaded_now and counters is not None:
-        counters.model_loads.add(1)
-    return model, device
+    return model, device, int(loaded_now)
 
 
 def _limit_torch_threads_to_task_cpus() -> None:

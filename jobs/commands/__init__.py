@@ -1,1 +1,1 @@
-"""Side commands beside scoring: ``demo`` and ``sweep``."""
+"""Side commands beside scoring: ``demo``, ``sweep`` and ``history``."""

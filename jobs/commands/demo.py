@@ -84,7 +84,7 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
     from dataclasses import replace
 
-    from lakescore.jobs.report import write_report
+    from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
     from lakescore.jobs.platform.session import get_or_create_session
 
@@ -110,5 +110,5 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
     location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]
     print(report.summary())
     print(f"  Delta table: {demo_cfg.output} at {location}")
-    print(f"  report: {written.resolve()}")
+    print(report_location(report, written))
     return report

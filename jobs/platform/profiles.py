@@ -141,8 +141,8 @@ def build_profile(plan: ProfilePlan) -> Optional[ResourceProfile]:
 
 def scoring_profile(spark, resources: ScoringResources) -> Optional[ResourceProfile]:
     """The profile the scoring stage runs with on ``spark``'s cluster, logging whatever is not applied."""
-    sc = spark.sparkContext
-    plan = plan_profile(resources, sc.master, dict(sc.getConf().getAll()))
+    conf = dict(spark.conf.getAll)  # the cluster's settings too, in classic and Connect sessions alike
+    plan = plan_profile(resources, conf.get("spark.master", ""), conf)
     for warning in plan.warnings:
         log.warning(warning)
     return build_profile(plan)

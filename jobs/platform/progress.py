@@ -1,63 +1,186 @@
-"""Progress lines while the scoring stage runs: tasks done, rows scored, rows/s and an ETA.
+"""Progress while the scoring stage runs: rows, %, rows/s, ETA, chunk k/n, tasks.
 
-Rows come from the workers' ``rows`` accumulator, which Spark merges on the
-driver as each task finishes, so the figures move in steps of one task.
+Tasks come from the session (:func:`lakescore.jobs.platform.spark_adapter.stage_progress`).
+Rows come from the workers' ``rows`` accumulator in a classic session, which Spark merges on the
+driver as each task finishes, so the figures move once per finished task. To make them move
+early, :func:`progress_partitions` cuts a chunk into a few tasks per slot, so the first tasks end
+after a fraction of the stage rather than at its half. A Spark Connect session has no
+accumulators: its progress counts tasks, with the ETA from the share of tasks done.
+
+On a terminal the progress is a live bar (``rich``) redrawn a few times a second, with
+log lines printed above it; elsewhere (CI, Databricks logs) it is a plain log line
+every ``interval`` seconds. Either way the reporter keeps a ``(seconds, rows)`` sample
+at every change (classic sessions only), which the run report draws as throughput over time.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
-from pyspark import Accumulator, SparkContext
-
-__all__ = ["ProgressReporter"]
+__all__ = ["ProgressReporter", "progress_partitions", "TASKS_PER_SLOT"]
 
 log = logging.getLogger("lakescore.progress")
 
+TASKS_PER_SLOT = 4
+"""Scoring tasks per task slot when the user set no ``scoring.partitions``: progress then first moves
+after about a quarter of the first wave rather than at its end."""
+
+_MIN_TASK_ROWS = 64
+"""Fewer rows than this per task would mostly measure task overhead; small inputs keep fewer tasks."""
+
+_POLL_SECONDS = 0.25
+
+
+def progress_partitions(rows: int, slots: int, tasks_per_slot: int = TASKS_PER_SLOT) -> int:
+    """Scoring tasks for ``rows`` rows on ``slots`` task slots: ``tasks_per_slot`` per slot, never
+    under ``slots``, and no more than leaves each task :data:`_MIN_TASK_ROWS` rows.
+
+    >>> progress_partitions(3000, 2), progress_partitions(100, 2), progress_partitions(10**7, 200)
+    (8, 2, 800)
+    """
+    slots = max(1, slots)
+    return max(slots, min(slots * tasks_per_slot, math.ceil(rows / _MIN_TASK_ROWS)))
+
 
 class ProgressReporter:
-    """Context manager: logs a progress line every ``interval`` seconds until the block ends."""
+    """Context manager: shows scoring progress until the block ends, and records it.
 
-    def __init__(self, sc: SparkContext, rows: Accumulator, total_rows: int, interval: float = 15.0) -> None:
-        self._sc, self._rows, self._total, self._interval = sc, rows, total_rows, interval
+    ``tasks()`` returns (done, total) tasks of the running stages; ``rows()`` the rows scored so
+    far, or ``rows`` is ``None`` where the session cannot count them (Spark Connect).
+    ``interval`` is the seconds between plain lines (0: none, and no bar). ``terminal``
+    (default: whether stderr is a TTY) picks the live bar. :meth:`chunk` tells it which
+    of ``chunks`` is being scored; :meth:`samples` returns what it recorded.
+    """
+
+    def __init__(
+        self,
+        tasks: Callable[[], tuple[int, int]],
+        rows: Optional[Callable[[], int]],
+        total_rows: int,
+        interval: float = 15.0,
+        chunks: int = 1,
+        terminal: Optional[bool] = None,
+    ) -> None:
+        self._tasks, self._rows, self._total, self._interval = tasks, rows, total_rows, interval
+        self._chunks, self._chunk = chunks, 0
+        self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._started = 0.0
+        self._samples: list[tuple[float, int]] = []
 
     def __enter__(self) -> "ProgressReporter":
         self._started = time.monotonic()
-        if self._interval > 0:
-            self._thread = threading.Thread(target=self._run, name="lakescore-progress", daemon=True)
-            self._thread.start()
+        self._samples = [(0.0, 0)]
+        self._thread = threading.Thread(target=self._run, name="lakescore-progress", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self._sample(final=True)
+
+    def chunk(self, index: int) -> None:
+        """Chunk ``index`` (0-based) is being scored now."""
+        self._chunk = index
+
+    def samples(self) -> list[tuple[float, int]]:
+        """``(seconds since start, rows scored)`` at the start, at every change and at the end."""
+        return list(self._samples)
 
     def line(self) -> str:
         """The current progress as one line."""
-        elapsed = time.monotonic() - self._started
-        rows = self._rows.value
-        tasks_done = tasks_total = 0
-        tracker = self._sc.statusTracker()
-        for stage_id in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(stage_id)
-            if info is not None:
-                tasks_done += info.numCompletedTasks
-                tasks_total += info.numTasks
-        rate = rows / elapsed if elapsed > 0 else 0.0
-        eta = f"{(self._total - rows) / rate:.0f} s" if rate > 0 else "unknown"
+        rows, elapsed, rate, eta = self._figures()
+        tasks_done, tasks_total = self._tasks()
+        tasks = f"tasks {tasks_done}/{tasks_total} in active stages"
+        eta_text = f"{eta:.0f} s" if eta is not None else "unknown"
+        chunk = f"chunk {self._chunk + 1}/{self._chunks}"
+        if self._rows is None:
+            share = tasks_done / tasks_total if tasks_total else 0.0
+            return f"scoring: {self._total} rows, {chunk}, {tasks} ({100 * share:.0f}%), elapsed {elapsed:.0f} s, ETA {eta_text}"
         pct = 100.0 * rows / self._total if self._total else 100.0
         return (
-            f"scoring: {rows}/{self._total} rows ({pct:.0f}%), tasks {tasks_done}/{tasks_total} in active stages, "
-            f"{rate:.1f} rows/s, elapsed {elapsed:.0f} s, ETA {eta}"
+            f"scoring: {rows}/{self._total} rows ({pct:.0f}%), {chunk}, {tasks}, "
+            f"{rate:.1f} rows/s, elapsed {elapsed:.0f} s, ETA {eta_text}"
         )
 
+    def _figures(self) -> tuple[int, float, float, Optional[float]]:
+        """(rows, elapsed seconds, rows/s, ETA seconds or None); without live rows, rows and the ETA
+        follow the share of tasks done."""
+        elapsed = time.monotonic() - self._started
+        if self._rows is None:
+            done, total = self._tasks()
+            share = done / total if total else 0.0
+            rows = round(self._total * share)
+            eta = elapsed * (1 - share) / share if share > 0 else None
+        else:
+            rows = self._rows()
+            eta = (self._total - rows) * elapsed / rows if rows > 0 else None
+        rate = rows / elapsed if elapsed > 0 else 0.0
+        return rows, elapsed, rate, eta
+
+    def _sample(self, final: bool = False) -> None:
+        if self._rows is None:
+            return
+        try:
+            rows = self._rows()
+        except Exception:  # the JVM went away; keep what was recorded
+            return
+        if rows != self._samples[-1][1] or final:
+            self._samples.append((round(time.monotonic() - self._started, 2), rows))
+
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            log.info(self.line())
+        try:
+            if self._terminal and self._interval > 0:
+                self._run_bar()
+            else:
+                self._run_lines()
+        except Exception:  # the JVM went away (an interrupted run): the main thread reports that, once
+            log.debug("progress stopped", exc_info=True)
+
+    def _run_lines(self) -> None:
+        last_line = time.monotonic()
+        while not self._stop.wait(_POLL_SECONDS):
+            self._sample()
+            if self._interval > 0 and time.monotonic() - last_line >= self._interval:
+                last_line = time.monotonic()
+                log.info(self.line())
+
+    def _run_bar(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+        bar = Progress(
+            TextColumn("scoring"), BarColumn(), TaskProgressColumn(),
+            TextColumn("{task.completed:,}/{task.total:,} rows • {task.fields[rate]} • ETA {task.fields[eta]} • "
+                       "chunk {task.fields[chunk]} • tasks {task.fields[tasks]}"),
+            console=Console(file=sys.stderr), refresh_per_second=4, redirect_stderr=True, redirect_stdout=True,
+        )
+        with bar:
+            task = bar.add_task("scoring", total=self._total, rate="… rows/s", eta="…", chunk="", tasks="")
+            while True:
+                stopping = self._stop.wait(_POLL_SECONDS)
+                self._sample()
+                rows, _, rate, eta = self._figures()
+                done, total = self._tasks()
+                bar.update(
+                    task, completed=rows, rate=f"{rate:,.1f} rows/s" if rows else "… rows/s",
+                    eta=_clock(eta) if rows else "…", chunk=f"{self._chunk + 1}/{self._chunks}",
+                    tasks=f"{done}/{total}" if total else "-",
+                )
+                if stopping:
+                    return
+
+
+def _clock(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "…"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"

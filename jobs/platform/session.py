@@ -5,7 +5,9 @@ session. On Databricks, under ``spark-submit`` (EMR, ``make submit-local``) or
 where a session is already active (a notebook, a test), the platform's session
 is used as is: no jars added, no master or metastore set, nothing reconfigured,
 never stopped here (``jobs/platform/launcher.py`` stops a spark-submit application's own
-at exit). Built locally, the session has the Delta extension and catalog, a Hive
+at exit). With ``spark.remote`` (``--remote sc://host:port``) or ``SPARK_REMOTE`` set, the
+session is a Spark Connect client of that server, which owns jars, Delta and the metastore;
+either kind runs the same job (:mod:`lakescore.jobs.platform.spark_adapter`). Built locally, the session has the Delta extension and catalog, a Hive
 metastore in an embedded Derby database under ``spark.metastore_dir`` and
 managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
 metastore tables.
@@ -25,10 +27,14 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
+from lakescore.jobs.platform import interrupts
 from lakescore.jobs.config import SparkConfig
+from lakescore.jobs.platform.console import is_verbose, launch_quiet_gateway, quiet_java_options
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
+from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level
 
 __all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
 
@@ -54,9 +60,10 @@ def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
     return any(ref and ref.lower().startswith("s3a://") for ref in refs)
 
 
-def session_source(environ: Mapping[str, str], has_active_session: bool) -> str:
+def session_source(environ: Mapping[str, str], has_active_session: bool, remote: Optional[str] = None) -> str:
     """Who owns the SparkSession, decided without touching Spark.
 
+    - ``"connect"`` first when ``remote`` (``spark.remote``, ``--remote``) is given: said explicitly, it wins.
     - ``"active"``: a session is already active in this Python process: use it.
     - ``"databricks"``: ``DATABRICKS_RUNTIME_VERSION`` is set. The runtime's JVM holds
       the session even when Python has no *active* one yet (a ``python_wheel_task``):
@@ -64,34 +71,45 @@ def session_source(environ: Mapping[str, str], has_active_session: bool) -> str:
     - ``"spark-submit"``: ``PYSPARK_GATEWAY_PORT`` is set, so a JVM started this Python
       (``spark-submit``, EMR steps): master, jars, Delta and metastore settings come
       from the submit command and the cluster; ``getOrCreate()`` with no added config.
+    - ``"connect"``: ``SPARK_REMOTE`` names a Spark Connect server: a client session of it, with no
+      added config (the server owns it).
     - ``"build"``: nobody made one; lakescore builds a local session from ``spark:``.
     """
+    if remote:
+        return "connect"
     if has_active_session:
         return "active"
     if environ.get("DATABRICKS_RUNTIME_VERSION"):
         return "databricks"
     if environ.get("PYSPARK_GATEWAY_PORT"):
         return "spark-submit"
+    if environ.get("SPARK_REMOTE"):
+        return "connect"
     return "build"
 
 
 def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
-    ``cfg`` is used only when :func:`session_source` says ``"build"``. ``refs`` are the
+    ``cfg`` is used only when :func:`session_source` says ``"build"`` (and ``cfg.remote`` for ``"connect"``). ``refs`` are the
     tables / paths the job reads and writes; a built session gets the S3A connector jars
     when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
     Spark resolves them from Maven at start-up (with a warning).
     """
     active = SparkSession.getActiveSession()
-    source = session_source(os.environ, active is not None)
+    source = session_source(os.environ, active is not None, cfg.remote)
     if source == "active":
-        log.info("using the existing SparkSession (master %s)", active.sparkContext.master)
+        log.info("using the existing SparkSession (%s)", session_facts(active))
         return active, False
     if source in ("databricks", "spark-submit"):
         spark = SparkSession.builder.getOrCreate()
-        log.info("using the %s SparkSession (master %s)", source, spark.sparkContext.master)
+        log.info("using the %s SparkSession (%s)", source, session_facts(spark))
         return spark, False
+    if source == "connect":
+        builder = SparkSession.builder.remote(cfg.remote) if cfg.remote else SparkSession.builder
+        spark = builder.getOrCreate()  # no remote given: pyspark reads SPARK_REMOTE itself
+        log.info("using the Spark Connect session of %s (%s)", cfg.remote or os.environ["SPARK_REMOTE"], session_facts(spark))
+        return spark, True
 
     # Python workers must start this interpreter, or pandas UDFs fail with ModuleNotFoundError.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -100,27 +118,39 @@ def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) 
     metastore.parent.mkdir(parents=True, exist_ok=True)
 
     local = cfg.master.startswith("local[") or cfg.master == "local"
+    verbose = is_verbose()
+    driver_log, executor_log = quiet_java_options(cfg.master, verbose)
     confs = {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf}
     java_options = [f"-Dderby.system.home={metastore.parent}"] + ([LOCAL_MODE_JAVA_OPTIONS] if local else [])
-    confs["spark.driver.extraJavaOptions"] = " ".join(java_options + [confs.get("spark.driver.extraJavaOptions", "")]).strip()
+    confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, confs.get("spark.driver.extraJavaOptions", "")])
+    if executor_log:
+        confs["spark.executor.extraJavaOptions"] = _join([executor_log, confs.get("spark.executor.extraJavaOptions", "")])
 
     confs = jar_confs(cfg, refs, confs)
-
-    builder = (
-        SparkSession.builder.master(cfg.master)
-        .appName(cfg.app_name)
-        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.sql.warehouse.dir", str(warehouse))
-        .config("spark.hadoop.javax.jdo.option.ConnectionURL", f"jdbc:derby:;databaseName={metastore};create=true")
-        .config("spark.ui.showConsoleProgress", "false")
-        .enableHiveSupport()
-    )
-    for key, value in confs.items():
+    settings = {
+        "spark.master": cfg.master,
+        "spark.app.name": cfg.app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(warehouse),
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
+        # Hive's session state otherwise leaves a /tmp/<uuid>_resources directory behind for every run.
+        "spark.hadoop.hive.downloaded.resources.dir": str(metastore.parent / "hive_resources"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.catalogImplementation": "hive",  # what enableHiveSupport() sets
+        **confs,
+    }
+    if not verbose:  # the JVM starts here, its stderr passing through launch_quiet_gateway's filter
+        conf = SparkConf().setAll(list(settings.items()))
+        SparkContext(conf=conf, gateway=launch_quiet_gateway(conf))
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(cfg.log_level.upper())
-    _quiet_hive_schema_warning(spark)
+    interrupts.reinstall()  # PySpark's SparkContext just replaced the CLI's SIGINT handler
+    # "Could not alter schema of table ... in a Hive compatible way" is expected for Delta tables (Hive has
+    # no SerDe for them) and harmless, but HiveExternalCatalog logs ~100 lines of Java stack per overwrite.
+    set_log_level(spark, cfg.log_level, quiet_loggers=("org.apache.spark.sql.hive.HiveExternalCatalog",))
     return spark, True
 
 
@@ -146,17 +176,5 @@ def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[st
     return out
 
 
-def _quiet_hive_schema_warning(spark: SparkSession) -> None:
-    """Silence the stack trace Hive's catalog logs on every overwrite of a Delta table.
-
-    "Could not alter schema of table ... in a Hive compatible way" is expected for Delta
-    tables (Hive has no SerDe for them; Spark stores them in its own format) and harmless,
-    but it prints ~100 lines of Java stack per run into local logs.
-    """
-    try:
-        jvm = spark.sparkContext._jvm
-        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
-            "org.apache.spark.sql.hive.HiveExternalCatalog", jvm.org.apache.logging.log4j.Level.ERROR
-        )
-    except Exception:  # logging cosmetics must never fail a job
-        log.debug("could not lower HiveExternalCatalog's log level", exc_info=True)
+def _join(options: list[str]) -> str:
+    return " ".join(o for o in options if o).strip()

@@ -1,25 +1,41 @@
 """Reading inputs and writing Delta outputs by reference: a metastore table name or a path.
 
-A reference containing ``/``, ``\\`` or ``:`` is a path (``/data/x``, ``./x``,
-``s3a://bucket/x``, ``dbfs:/x``); anything else is a table identifier
-(``table``, ``db.table`` or ``catalog.db.table``).
+A reference containing ``/``, ``\\`` or ``:`` outside backtick-quoted name parts is a path (``/data/x``,
+``./x``, ``s3a://bucket/x``, ``dbfs:/x``). A bare name (``reviews``, ``reviews.parquet``, ``db.table``)
+is a path when a local file or directory of that name exists in the working directory, and a table
+identifier (``table``, ``db.table`` or ``catalog.db.table``, parts quoted with backticks where needed:
+:mod:`lakescore.jobs.platform.identifiers`) otherwise, handed to Spark quoted: the local path wins, so
+``--input reviews.parquet`` reads the file beside you rather than the table `reviews`.`parquet`.
+
+Delta facts (is it Delta, its versions, the rows a commit wrote, its history) come from Delta's SQL
+(``DESCRIBE HISTORY``), which classic and Spark Connect sessions both run: the ``DeltaTable``
+Python API needs the Delta Connect server plugin over Connect. Filesystem calls go through
+:mod:`lakescore.jobs.platform.spark_adapter`.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.identifiers import has_path_separator, parse_table_name, quote_identifier
 from lakescore.schemas.output import column_types
 
 __all__ = [
     "TableError",
+    "unreadable_input",
     "column",
     "is_path",
+    "local_ref",
     "read_input",
     "check_output_target",
     "DeltaCommit",
@@ -29,7 +45,11 @@ __all__ = [
     "append_delta",
     "last_commit",
     "delete_path",
-    "table_location_root",
+    "drop_delta",
+    "is_delta",
+    "run_metadata",
+    "delta_history",
+    "HistoryEntry",
 ]
 
 
@@ -37,16 +57,56 @@ class TableError(ValueError):
     """An input or output reference cannot be read or written as asked."""
 
 
+_UNREADABLE_FILE = re.compile(
+    r"\[(?:FAILED_READ_FILE[A-Z_.]*|CANNOT_READ_FILE_FOOTER)\][^\n]*?(?:reading file|footer for file:?)\s+(\S+?)\.?(?:\s|$)"
+)
+
+
+def unreadable_input(exc: BaseException) -> Optional[str]:
+    """One line naming the input file Spark could not read (corrupt, truncated, not Parquet, no permission),
+    with the reader's own reason; ``None`` when ``exc`` is not such a failure."""
+    text = str(exc)
+    found = _UNREADABLE_FILE.search(text)
+    if found is None:
+        return None
+    causes = [line.strip()[len("Caused by:"):].strip() for line in text.splitlines() if line.strip().startswith("Caused by:")]
+    reason = causes[-1] if causes else text.split("]", 1)[-1].strip().splitlines()[0]
+    return f"cannot read input file {found.group(1)}: {reason[:300]}"
+
+
 def column(name: str):
     """A column by its exact name, even one with dots or backticks in it."""
     from pyspark.sql import functions as F
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(quote_identifier(name))
 
 
 def is_path(ref: str) -> bool:
-    """True when ``ref`` names a filesystem path rather than a metastore table."""
-    return any(ch in ref for ch in "/\\:")
+    """True when ``ref`` names a filesystem path rather than a metastore table.
+
+    A reference with ``/``, ``\\`` or ``:`` outside backtick-quoted parts always is one (``db.`a/b``` is
+    a table); a bare name is one when it exists locally (relative to the working directory).
+
+    >>> is_path("s3a://bucket/x"), is_path("sales.no_such_local_file"), is_path("db.`a/b`")
+    (True, False, False)
+    """
+    return has_path_separator(ref) or os.path.exists(ref)
+
+
+def local_ref(ref: Optional[str]) -> Optional[str]:
+    """``ref`` spelled unambiguously: the absolute path of a bare name that exists locally, else ``ref`` as given.
+
+    Absolute, because Spark resolves a relative path against the JVM's working directory,
+    which is not this process's once it has changed directory. References derived from
+    the result (``<output>_errors``, the staging directory) follow the same reading:
+    beside a local output, not in the metastore.
+
+    >>> local_ref("sales.no_such_local_file"), local_ref("/data/x"), local_ref(None)
+    ('sales.no_such_local_file', '/data/x', None)
+    """
+    if ref and not has_path_separator(ref) and os.path.exists(ref):
+        return os.path.abspath(ref)
+    return ref
 
 
 def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
@@ -55,13 +115,19 @@ def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
     ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet.
     Raises :class:`TableError` naming the reference when it does not exist or cannot be read.
     """
+    ref = local_ref(ref)
     try:
         if not is_path(ref):
-            return spark.table(ref)
-        if fmt == "auto":
-            fmt = "delta" if _is_delta_path(spark, ref) else "parquet"
-        return spark.read.format(fmt).load(ref)
+            df = spark.table(parse_table_name(ref, "input").quoted)
+        else:
+            if fmt == "auto":
+                fmt = "delta" if is_delta(spark, ref) else "parquet"
+            df = spark.read.format(fmt).load(ref)
+        df.schema  # a Spark Connect DataFrame is analysed only when asked: fail here, before compute
+        return df
     except AnalysisException as exc:
+        if not is_path(ref) and _is_not_found(exc):
+            raise TableError(f"cannot read input {ref!r}: {_tried(ref)}") from exc
         raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
 
 
@@ -70,33 +136,35 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
 
     Returns the current Delta version of the target, or ``None`` if it does not exist yet.
     Raises :class:`TableError` if the table's database is missing, the target exists but
-    is not Delta, or its columns differ from ``schema`` (names and types).
+    is not Delta, or its columns differ from ``schema`` (names and types). A directory holding
+    only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
+    counts as not existing yet.
     """
-    from delta.tables import DeltaTable
-
+    ref = local_ref(ref)
     if is_path(ref):
-        if not _path_exists(spark, ref):
+        if not is_delta(spark, ref):
+            if spark_adapter.path_exists(spark, ref) and not _is_uncommitted_delta_dir(spark, ref):
+                raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
             return None
-        if not DeltaTable.isDeltaTable(spark, ref):
-            raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
-        table = DeltaTable.forPath(spark, ref)
+        existing = spark.read.format("delta").load(ref).schema
     else:
-        parts = ref.split(".")
-        if len(parts) > 1 and not spark.catalog.databaseExists(".".join(parts[:-1])):
-            raise TableError(f"output database {'.'.join(parts[:-1])!r} does not exist (output {ref!r})")
-        if not spark.catalog.tableExists(ref):
+        table = parse_table_name(ref, "output")
+        if table.namespace and not spark.catalog.databaseExists(table.quoted_namespace):
+            raise TableError(
+                f"output database {'.'.join(table.namespace)!r} does not exist (output {ref!r}: {_tried(ref)}; "
+                f"name a new local Delta path as ./{ref})"
+            )
+        if not spark.catalog.tableExists(table.quoted):
             return None
-        try:
-            table = DeltaTable.forName(spark, ref)
-        except AnalysisException as exc:
-            raise TableError(f"output table {ref!r} exists and is not a Delta table: {_first_line(exc)}") from exc
-    existing = table.toDF().schema
+        if not is_delta(spark, ref):
+            raise TableError(f"output table {ref!r} exists and is not a Delta table")
+        existing = spark.table(table.quoted).schema
     if column_types(existing) != column_types(schema):
         raise TableError(
             f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
             "write to a new output or drop the old one"
         )
-    return _latest_version(table)
+    return last_commit(spark, ref).version
 
 
 @dataclass(frozen=True)
@@ -112,7 +180,11 @@ class WriteConflictError(RuntimeError):
 
 
 def write_delta_overwrite(
-    df: DataFrame, ref: str, replace_where: Optional[str] = None, partition_by: Optional[str] = None
+    df: DataFrame,
+    ref: str,
+    replace_where: Optional[str] = None,
+    partition_by: Optional[str] = None,
+    user_metadata: Optional[str] = None,
 ) -> DeltaCommit:
     """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
 
@@ -120,16 +192,23 @@ def write_delta_overwrite(
     see either the old or the new snapshot, never a mix. With ``replace_where`` (a SQL
     predicate) only the rows matching it are replaced, atomically; Delta refuses the
     write if ``df`` holds a row outside the predicate. ``partition_by`` applies when the
-    write creates the table. A concurrent commit that Delta refuses raises
+    write creates the table. ``user_metadata`` is stored in the commit's ``commitInfo.userMetadata``
+    (lakescore's is :func:`run_metadata`; :func:`delta_history` reads it back), and the commit
+    is recorded even when it changes no file (Delta skips such commits by default), so a run that
+    wrote no rows still leaves its tag. A concurrent commit that Delta refuses raises
     :class:`WriteConflictError`.
     """
+    ref = local_ref(ref)
     writer = df.write.format("delta").mode("overwrite")
     if replace_where is not None:
         writer = writer.option("replaceWhere", replace_where)
     if partition_by is not None and not _target_exists(df.sparkSession, ref):
         writer = writer.partitionBy(partition_by)
+    if user_metadata is not None:
+        writer = writer.option("userMetadata", user_metadata)
     try:
-        _save(writer, ref)
+        with _recording_empty_commits(df.sparkSession, user_metadata is not None):
+            _save(writer, ref)
     except Exception as exc:
         if is_commit_conflict(exc):
             raise WriteConflictError(
@@ -171,56 +250,157 @@ def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_
 
 def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
     """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
-    from delta.tables import DeltaTable
-
-    table = DeltaTable.forPath(spark, ref) if is_path(ref) else DeltaTable.forName(spark, ref)
-    last = table.history(1).select("version", "operationMetrics").first()
+    ref = local_ref(ref)
+    last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
     return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
 
 
+def is_delta(spark: SparkSession, ref: str) -> bool:
+    """Whether ``ref`` (a path or a table) is a Delta table: Delta answers ``DESCRIBE HISTORY`` for it."""
+    try:
+        spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").collect()
+    except AnalysisException:
+        return False
+    return True
+
+
 def delete_path(spark: SparkSession, ref: str) -> bool:
-    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return bool(fs.exists(path) and fs.delete(path, True))
+    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted.
+
+    Classic sessions only (:func:`lakescore.jobs.platform.spark_adapter.can_delete_paths`).
+    """
+    return spark_adapter.delete_path(spark, ref)
 
 
-def table_location_root(spark: SparkSession, ref: str) -> str:
-    """A directory beside the output ``ref`` for lakescore's own files: the path's parent, or the database location."""
+def drop_delta(spark: SparkSession, ref: str) -> None:
+    """Remove the Delta table ``ref``: ``DROP TABLE`` for a (managed) table, deleting the directory for a path."""
     if is_path(ref):
-        return ref.rstrip("/").rsplit("/", 1)[0] if "/" in ref.rstrip("/") else "."
-    parts = ref.split(".")
-    database = ".".join(parts[:-1]) or spark.catalog.currentDatabase()
-    return spark.catalog.getDatabase(database).locationUri
+        delete_path(spark, ref)
+    else:
+        spark.sql(f"DROP TABLE IF EXISTS {parse_table_name(ref).quoted}")
+
+
+def _delta_sql(ref: str) -> str:
+    """``ref`` as Delta SQL names it: ``delta.`<path>``` or the quoted table name."""
+    return f"delta.{quote_identifier(ref)}" if is_path(ref) else parse_table_name(ref).quoted
 
 
 def _target_exists(spark: SparkSession, ref: str) -> bool:
-    return _path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(ref)
+    return spark_adapter.path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(parse_table_name(ref).quoted)
 
 
 def _save(writer, ref: str) -> None:
     if is_path(ref):
         writer.save(ref)
     else:
-        writer.saveAsTable(ref)
+        writer.saveAsTable(parse_table_name(ref).quoted)
 
 
-def _latest_version(table) -> int:
-    return int(table.history(1).select("version").first()[0])
+_SKIP_EMPTY_COMMITS = "spark.databricks.delta.skipRecordingEmptyCommits"
 
 
-def _is_delta_path(spark: SparkSession, ref: str) -> bool:
-    from delta.tables import DeltaTable
+@contextmanager
+def _recording_empty_commits(spark: SparkSession, wanted: bool):
+    """While the block runs, Delta records a write that adds and removes no file (its default skips it).
 
-    return bool(DeltaTable.isDeltaTable(spark, ref))
+    A session setting, restored afterwards; only Delta writes read it, and lakescore makes its
+    tagged writes one at a time. Where the platform refuses the setting (serverless compute
+    allows only some), the write goes ahead with the platform's behaviour.
+    """
+    previous = None
+    if wanted:
+        try:
+            previous = spark.conf.get(_SKIP_EMPTY_COMMITS, None)
+            spark.conf.set(_SKIP_EMPTY_COMMITS, "false")
+        except Exception:  # a refused setting costs a history entry, never the write
+            wanted = False
+    if not wanted:
+        yield
+        return
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(_SKIP_EMPTY_COMMITS)
+        else:
+            spark.conf.set(_SKIP_EMPTY_COMMITS, previous)
 
 
-def _path_exists(spark: SparkSession, ref: str) -> bool:
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(ref)
-    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+_METADATA_KEY = "lakescore"
+
+
+def run_metadata(run_id: str, report: Optional[str]) -> str:
+    """The ``userMetadata`` lakescore tags its commits with: ``{"lakescore": {"run_id", "report"}}`` as JSON
+    (``report``: the JSON report's absolute path, or ``None``). A few dozen bytes in the commit info.
+
+    >>> run_metadata("2026-11-21", None)
+    '{"lakescore": {"run_id": "2026-11-21", "report": null}}'
+    """
+    return json.dumps({_METADATA_KEY: {"run_id": run_id, "report": report}})
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One commit of a Delta table's history, with lakescore's tag when it has one."""
+
+    version: int
+    timestamp: str
+    operation: str
+    rows: Optional[int]
+    run_id: Optional[str]
+    report: Optional[str]
+
+
+def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> list[HistoryEntry]:
+    """The commits of the Delta table ``ref``, newest first (at most ``limit``); ``[]`` when it does not exist.
+
+    ``run_id`` and ``report`` come from :func:`run_metadata` tags; other commits have ``None`` there.
+    """
+    ref = local_ref(ref)
+    if not _target_exists(spark, ref):
+        return []
+    query = f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else "")
+    rows = spark.sql(query).select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
+    entries = []
+    for row in rows:
+        tag = _tag(row["userMetadata"])
+        output_rows = (row["operationMetrics"] or {}).get("numOutputRows")
+        entries.append(HistoryEntry(
+            version=int(row["version"]), timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
+            operation=row["operation"], rows=int(output_rows) if output_rows is not None else None,
+            run_id=tag.get("run_id"), report=tag.get("report"),
+        ))
+    return sorted(entries, key=lambda e: -e.version)
+
+
+def _tag(user_metadata: Optional[str]) -> dict[str, Any]:
+    try:
+        tag = json.loads(user_metadata or "{}").get(_METADATA_KEY)
+    except (ValueError, AttributeError):  # someone else's metadata: not JSON, or not an object
+        return {}
+    return tag if isinstance(tag, dict) else {}
+
+
+def _is_uncommitted_delta_dir(spark: SparkSession, ref: str) -> bool:
+    """True when ``ref`` holds nothing but a ``_delta_log`` without a single commit: what a first publish
+    that failed mid-commit leaves. Such a directory is an empty table to the next run, not a foreign one.
+    Over Connect (no listing API) it is never taken for one: the run refuses to overwrite it."""
+    names = spark_adapter.child_names(spark, ref)
+    if names != ["_delta_log"]:
+        return False
+    commit = re.compile(r"\d{20}\.(json|checkpoint.*\.parquet)$")
+    return not any(commit.match(name) for name in spark_adapter.child_names(spark, f"{ref.rstrip('/')}/_delta_log") or ())
+
+
+def _is_not_found(exc: AnalysisException) -> bool:
+    condition = exc.getCondition() if hasattr(exc, "getCondition") else exc.getErrorClass()
+    return (condition or "").startswith(("TABLE_OR_VIEW_NOT_FOUND", "SCHEMA_NOT_FOUND")) or "not found" in str(exc).lower()
+
+
+def _tried(ref: str) -> str:
+    """What a bare name was looked up as, for not-found messages."""
+    return f"no table {parse_table_name(ref).quoted}, and no file ./{ref}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,20 +1,24 @@
 """Step 5, account: every input row is in exactly one of the output and the errors table.
 
 The staged rows are counted by reason in one aggregation; with the id check's counts
-that gives the output and error rows, the reasons and the error rate. A staging table
-holding more or fewer rows than the run's scorable rows means another run of the same
-input is writing it: nothing is published.
+that gives the output and error rows, the reasons and the error rate. The same aggregation
+sums the workers' per-batch metrics (:data:`~lakescore.schemas.output.WORKER_COLUMN`) of the
+chunks this attempt scored, for the report: they travel in the rows, so classic and Spark
+Connect sessions report the same figures. A staging table holding more or fewer rows than
+the run's scorable rows means another run of the same input is writing it: nothing is published.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.steps.prepare import Plan
-from lakescore.schemas.output import ERROR_COLUMNS
+from lakescore.jobs.steps.staging import CHUNK_COLUMN
+from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
 __all__ = ["Accounting", "account_rows"]
 
@@ -30,6 +34,9 @@ class Accounting:
     error_rows: int
     reasons: dict[str, int]
     """Reason code -> rows, for every row in the errors table."""
+    workers: dict[str, Any] = field(default_factory=dict)
+    """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
+    ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
 
     @property
     def error_rate(self) -> float:
@@ -48,8 +55,14 @@ def account_rows(plan: Plan) -> Accounting:
     or when the rows do not add up (input = output + errors).
     """
     ids = plan.split.ids
-    staged = plan.staging.rows()
-    by_reason = {r[0]: int(r[1]) for r in staged.groupBy(ERROR_COLUMNS[0]).count().collect()}
+    table = plan.staging.table()
+    fresh = ~F.col(CHUNK_COLUMN).isin(sorted(plan.done)) if plan.done else F.lit(True)
+    metrics = [F.sum(F.when(fresh, F.col(f"{WORKER_COLUMN}.{f.name}"))).alias(f.name) for f in WORKER_METRICS.fields]
+    groups = table.groupBy(ERROR_COLUMNS[0]).agg(
+        F.count(F.lit(1)).alias("rows"), F.count(F.when(fresh, True)).alias("rows_scored"), *metrics
+    ).collect()
+    by_reason = {r[0]: int(r["rows"]) for r in groups}
+    staged = table.drop(CHUNK_COLUMN)
     staged_rows = sum(by_reason.values())
     if staged_rows != plan.scorable_rows:
         raise RuntimeError(
@@ -68,9 +81,22 @@ def account_rows(plan: Plan) -> Accounting:
         output_rows=staged_rows - unscored,
         error_rows=ids.refused_rows + unscored,
         reasons=dict(sorted(reasons.items())),
+        workers=_worker_totals(groups, plan.identity.preflight_loads),
     )
     if accounting.input_rows != accounting.output_rows + accounting.error_rows:
         raise RuntimeError(
             f"row accounting broken: {accounting.input_rows} in, {accounting.output_rows} out, {accounting.error_rows} errors"
         )
     return accounting
+
+
+def _worker_totals(groups: list, preflight_loads: int) -> dict[str, Any]:
+    """The report's ``workers`` figures from the per-reason sums of :func:`account_rows`'s aggregation."""
+    total = {name: sum(r[name] or 0 for r in groups) for name in ("rows_scored", *WORKER_METRICS.fieldNames())}
+    return {
+        "model_loads": int(total["model_loads"]) + preflight_loads,
+        "arrow_batches": int(total["arrow_batches"]),
+        "rows_scored": int(total["rows_scored"]),
+        "model_seconds": round(float(total["model_seconds"]), 3),
+        "budget_halvings": int(total["budget_halvings"]),
+    }

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
+from lakescore.jobs.platform.spark_adapter import default_parallelism
 from lakescore.jobs.platform.tables import column
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, WorkerCounters, make_preflight_function
+from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 if TYPE_CHECKING:
     from lakescore.jobs.steps.read import RunContext
@@ -44,14 +45,15 @@ class ModelIdentity:
     model_id: str
     revision: Optional[str]
     sha256: str
+    preflight_loads: int = 0
+    """Python workers that loaded the model during the preflight (the run report's ``workers.model_loads`` adds the scoring stage's)."""
 
 
 def preflight_model(
     spark: SparkSession,
     spec: ModelSpec,
     layout: "ScoringLayout",
-    counters: Optional[WorkerCounters] = None,
-    job_group: Optional[str] = None,
+    tag: Optional[str] = None,
     sample: Sequence[str] = (),
     tolerance: Optional[Tolerance] = None,
 ) -> ModelIdentity:
@@ -60,7 +62,8 @@ def preflight_model(
     Runs one small task per scoring slot (``layout.partitions``, else the cluster's
     parallelism) under the scoring stage's resource profile, before any input row
     is scored: a model that cannot load fails the run here, and the workers that
-    score next find it in their cache.
+    score next find it in their cache. Its Spark job carries ``tag`` (``SparkSession.addTag``),
+    so another thread can cancel it with ``interruptTag``, in classic and Connect sessions alike.
 
     With a quantized ``spec`` and a ``sample`` of input texts, one task also compares the quantized
     outputs with float32 torch's on the sample; outside ``tolerance`` it raises
@@ -71,12 +74,15 @@ def preflight_model(
     :class:`~lakescore.udfs.model_source.ModelSourceError` naming the host when a worker could
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
-    sc = spark.sparkContext
-    if job_group:
-        sc.setJobGroup(job_group, "lakescore: load the model on the executors", interruptOnCancel=True)
-    tasks = layout.partitions or sc.defaultParallelism
-    probe = make_preflight_function(spec, counters, sample, tolerance)
-    rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
+    tasks = layout.partitions or default_parallelism(spark)
+    probe = make_preflight_function(spec, sample, tolerance)
+    if tag:
+        spark.addTag(tag)  # tags belong to this thread: the job below, nothing the caller's thread runs
+    try:
+        rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
+    finally:
+        if tag:
+            spark.removeTag(tag)
     failed = [r for r in rows if r.error_type]
     if failed:
         r = failed[0]
@@ -100,7 +106,9 @@ def preflight_model(
     for r in rows:
         if r.fidelity:
             log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.quantize, len(sample), r.fidelity)
-    return ModelIdentity(model_id=spec.source, revision=rows[0].revision, sha256=digests[0])
+    return ModelIdentity(
+        model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows)
+    )
 
 
 class ExecutorPreflight:
@@ -112,7 +120,7 @@ class ExecutorPreflight:
 
     def __init__(self, run: "RunContext") -> None:
         self._run = run
-        self._group = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
+        self._tag = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
         self._pool: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
 
@@ -125,13 +133,11 @@ class ExecutorPreflight:
     def _preflight(self) -> ModelIdentity:
         run = self._run
         sample = quantization_sample(run.source, run.spec, run.input_cols)
-        return preflight_model(
-            run.spark, run.spec, run.layout, run.counters, self._group, sample, run.cfg.model.tolerance()
-        )
+        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance())
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self._run.spark.sparkContext.cancelJobGroup(self._group)
+            self._run.spark.interruptTag(self._tag)
         self._pool.shutdown(wait=True)
 
     def identity(self) -> ModelIdentity:

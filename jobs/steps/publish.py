@@ -1,29 +1,30 @@
-"""Step 7, publish: the errors table, then the output in one Delta commit, only when every check passed.
+"""Step 7, publish: the output in one Delta commit when every check passed, then the errors table.
 
-The errors table is written whatever validation decides (it explains a failed run), in a
-background thread while GX validates (:func:`write_errors_in_background`): both mostly wait
-on the JVM. The output is published with ``overwrite``, or ``replaceWhere run_id = ...`` for
-``write.mode: replace_run``; a run that failed a check publishes nothing and readers keep the
-previous version.
+The output's fate is decided first: published with ``overwrite`` (or ``replaceWhere run_id = ...``
+for ``write.mode: replace_run``) when the error rate and validation passed, else nothing is
+published and readers keep the previous version. Only then is the errors table written, so it
+never describes a run whose publish failed or lost to a concurrent run; a run that failed a
+check still writes it, since it explains the failure.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.tables import DeltaCommit, column, write_delta_overwrite
+from lakescore.jobs.config import RUN_ID
+from lakescore.jobs.platform.tables import DeltaCommit, column, run_metadata, write_delta_overwrite
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.udfs.registry import get_task
 
-__all__ = ["Outcome", "output_rows", "write_errors_in_background", "publish"]
+__all__ = ["Outcome", "output_rows", "errors_rows", "publish"]
 
 
 @dataclass(frozen=True)
@@ -49,52 +50,61 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     )
 
 
-def write_errors_in_background(run: RunContext, targets: Targets, plan: Plan, accounting: Accounting) -> Future:
-    """Start writing the errors table (refused and unscored rows); the future's result is its :class:`DeltaCommit`."""
+def publish(
+    run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame,
+    validation: Optional[dict[str, Any]],
+) -> Outcome:
+    """Publish ``rows`` unless the error rate or validation failed, then write the errors table; drop staging on success.
+
+    Raises ``RuntimeError`` when Delta's own metric says the commit wrote another number of rows
+    than were validated, and :class:`~lakescore.jobs.platform.tables.WriteConflictError` when a
+    concurrent run won (the errors table is then left as it was).
+    """
+    cfg = run.cfg
+    refusal = _refusal(cfg, targets, accounting, validation)
+    tag = run_metadata(plan.run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None)
+    delta_version = None
+    if refusal is None:
+        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag)
+        if commit.rows is not None and commit.rows != accounting.output_rows:
+            raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
+        delta_version = commit.version
+    errors_version = write_delta_overwrite(errors_rows(run, plan, accounting), targets.errors_ref, *_write_mode(run, plan), tag).version
+    if refusal is not None:
+        status, error = refusal
+        return Outcome(status, errors_delta_version=errors_version, error=error)
+    plan.staging.drop()
+    return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version)
+
+
+def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
+    """``(status, reason)`` when the run must not publish (error rate, then validation); ``None`` when it may."""
+    if accounting.error_rate > cfg.max_error_rate:
+        return "error_rate_exceeded", (
+            f"{accounting.error_rows} of {accounting.input_rows} rows ({accounting.error_rate:.4%}) could not be "
+            f"scored, above max_error_rate {cfg.max_error_rate:.4%}; see {targets.errors_ref}. The output was not published."
+        )
+    if validation is not None and not validation["success"]:
+        return "validation_failed", "the output failed validation and was not published"
+    return None
+
+
+def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
+    """This run's rows for the errors table: rows refused for their id, and rows the workers could not score."""
     cfg = run.cfg
     errors = unscored_rows(accounting.staged, cfg.id_col, plan.run_id)
     if plan.split.ids.refused_rows:
         errors = refused_rows(plan.split.refused, cfg.id_col, _raw_input(run), plan.run_id).unionByName(errors)
-    replace_where, partition_by = _write_mode(run, plan)
-    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-errors")
-    written = writer.submit(write_delta_overwrite, errors, targets.errors_ref, replace_where, partition_by)
-    writer.shutdown(wait=False)
-    return written
-
-
-def publish(
-    run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame,
-    validation: Optional[dict[str, Any]], errors_written: Future,
-) -> Outcome:
-    """Publish ``rows`` to the output unless the error rate or validation failed; drop staging on success.
-
-    Waits for the errors table first. Raises ``RuntimeError`` when Delta's own metric says the
-    commit wrote another number of rows than were validated, and
-    :class:`~lakescore.jobs.platform.tables.WriteConflictError` when a concurrent run won.
-    """
-    cfg = run.cfg
-    errors_version = errors_written.result().version
-    if accounting.error_rate > cfg.max_error_rate:
-        error = (
-            f"{accounting.error_rows} of {accounting.input_rows} rows ({accounting.error_rate:.4%}) could not be "
-            f"scored, above max_error_rate {cfg.max_error_rate:.4%}; see {targets.errors_ref}. The output was not published."
-        )
-        return Outcome("error_rate_exceeded", errors_delta_version=errors_version, error=error)
-    if validation is not None and not validation["success"]:
-        error = "the output failed validation and was not published"
-        return Outcome("validation_failed", errors_delta_version=errors_version, error=error)
-    commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan))
-    if commit.rows is not None and commit.rows != accounting.output_rows:
-        raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
-    plan.staging.drop()
-    return Outcome("succeeded", delta_version=commit.version, errors_delta_version=errors_version)
+    return errors
 
 
 def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[str]]:
     """``(replaceWhere predicate, partition column)`` of the output and errors writes."""
-    if run.cfg.write.mode == "replace_run":
-        return f"run_id = '{plan.run_id}'", "run_id"
-    return None, None
+    if run.cfg.write.mode != "replace_run":
+        return None, None
+    if not RUN_ID.fullmatch(plan.run_id):  # config refuses such ids; the predicate must never be built from one
+        raise ValueError(f"run id {plan.run_id!r} cannot be written into a replaceWhere predicate")
+    return f"run_id = '{plan.run_id}'", "run_id"
 
 
 def _raw_input(run: RunContext):

@@ -18,16 +18,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.model_staging import stage_remote_model
+from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
-from lakescore.jobs.platform.tables import check_output_target, read_input
+from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
+from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
+from lakescore.jobs.platform.tables import check_output_target, is_path, read_input
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
 from lakescore.schemas.output import errors_schema, output_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
-from lakescore.udfs.scoring_udf import WorkerCounters
+from lakescore.udfs.scoring_udf import RowCounter
 
-__all__ = ["RunContext", "Targets", "model_spec", "open_input", "check_targets"]
+__all__ = ["RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,10 @@ class RunContext:
     """The model's input columns: the text column, or the feature columns in the program's order."""
     spec: ModelSpec
     layout: ScoringLayout
-    counters: WorkerCounters
+    rows_counter: Optional[RowCounter]
+    """Rows the workers scored so far, live (classic sessions; ``None`` over Spark Connect)."""
+    model_dir: Path
+    """The model's files on the driver's host (the HTML report reads the tokenizer there)."""
 
     @property
     def id_field(self) -> StructField:
@@ -88,21 +93,51 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     found, :class:`~lakescore.jobs.platform.tables.TableError` for an unreadable input and
     :class:`~lakescore.schemas.contracts.InputContractError` for missing or ill-typed columns.
     """
+    check_table_names(cfg)
     spec = model_spec(cfg)
-    if is_remote(spec.source):
+    if is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
-        stage_remote_model(spark, spec.source, Path(cfg.model.cache_dir))
-    resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
+        spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
+    model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
     source = read_input(spark, cfg.input, cfg.input_format)
     input_cols = input_columns(cfg, source)
     if not cfg.reads_text:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
-    return RunContext(cfg, spark, source, input_cols, spec, scoring_layout(spark, cfg), WorkerCounters(spark.sparkContext))
+    return RunContext(cfg, spark, source, input_cols, spec, scoring_layout(spark, cfg), rows_counter(spark), model_dir)
+
+
+def check_table_names(cfg: JobConfig) -> None:
+    """Parse every table name the run uses (input, output, errors, ``write.staging`` prefix): a
+    :class:`~lakescore.jobs.platform.identifiers.TableNameError` for an illegal one, before any session starts."""
+    for what, ref in _table_refs(cfg):
+        parse_table_name(ref, what)
+
+
+def check_writable(run: RunContext) -> None:
+    """Before any compute: the tables this run creates get names their catalog accepts, and staging can be
+    cleaned up by this session (Spark Connect cannot delete a directory: stage into a table instead)."""
+    cfg = run.cfg
+    for what, ref in _table_refs(cfg):
+        if what != "input":
+            require_catalog_accepts(run.spark, parse_table_name(ref, what), what)
+    staged_in_table = not is_path(cfg.write.staging) if cfg.write.staging else not is_path(cfg.output)
+    if not staged_in_table and not can_delete_paths(run.spark):
+        raise NotOnConnect(
+            f"over Spark Connect the staging area must be a table (lakescore cannot delete a directory through Spark "
+            f"Connect): set write.staging to catalog.schema.prefix, or write to a table output (output {cfg.output!r})"
+        )
+
+
+def _table_refs(cfg: JobConfig) -> list[tuple[str, str]]:
+    """``(what, reference)`` of every table (not path) the run reads or writes."""
+    refs = [("input", cfg.input), ("output", cfg.output), ("errors", cfg.errors_ref()), ("write.staging", cfg.write.staging)]
+    return [(what, ref) for what, ref in refs if ref and not is_path(ref)]
 
 
 def check_targets(run: RunContext) -> Targets:
     """Prove the output and errors targets can take this run's schemas (``TableError`` otherwise)."""
+    check_writable(run)
     planned = output_schema(run.cfg.task, run.id_field)
     planned_errors = errors_schema(run.id_field)
     previous_version = check_output_target(run.spark, run.cfg.output, planned)

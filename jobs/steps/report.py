@@ -11,14 +11,16 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
 
+from lakescore.jobs.platform.spark_adapter import session_facts
 from lakescore.jobs.platform.step_hooks import at_step
-from lakescore.jobs.report import RunReport
+from lakescore.jobs.config import JobConfig
+from lakescore.jobs.report import RunReport, one_line, software_versions
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.read import RunContext, Targets
 
-__all__ = ["StepClock", "assemble_report"]
+__all__ = ["StepClock", "assemble_report", "failure_report"]
 
 
 class StepClock:
@@ -28,6 +30,12 @@ class StepClock:
         self.started = time.perf_counter()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.seconds: dict[str, float] = {}
+        self.facts: dict[str, Any] = {}
+        """What the run knows so far (run id, staging location), for the report of a run that fails later."""
+
+    def note(self, **facts: Any) -> None:
+        """Remember ``facts`` for :func:`failure_report`."""
+        self.facts.update(facts)
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -39,6 +47,11 @@ class StepClock:
         start = time.perf_counter()
         try:
             yield
+        except BaseException as exc:
+            if getattr(exc, "lakescore_step", None) is None:
+                exc.lakescore_step = name  # the failure report names the step the run died in
+                exc.lakescore_facts = dict(self.facts)
+            raise
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
@@ -54,9 +67,11 @@ def assemble_report(
     validation: Optional[dict[str, Any]],
     outcome: Outcome,
     clock: StepClock,
+    profile: Optional[dict[str, Any]] = None,
 ) -> RunReport:
-    """The report of a run that reached its publish decision (whatever the decision was)."""
-    cfg, sc, counters, identity = run.cfg, run.spark.sparkContext, run.counters, plan.identity
+    """The report of a run that reached its publish decision (whatever the decision was); ``profile``:
+    the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`)."""
+    cfg, identity = run.cfg, plan.identity
     seconds = round(clock.elapsed(), 3)
     return RunReport(
         run_id=plan.run_id,
@@ -80,15 +95,41 @@ def assemble_report(
         previous_delta_version=targets.previous_version,
         validation=validation,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
-        workers={
-            "model_loads": counters.model_loads.value,
-            "arrow_batches": counters.arrow_batches.value,
-            "rows_scored": counters.rows.value,
-            "model_seconds": round(counters.model_seconds.value, 3),
-            "budget_halvings": counters.budget_halvings.value,
-        },
-        spark={"master": sc.master, "app_id": sc.applicationId},
+        workers=accounting.workers,
+        spark=session_facts(run.spark),
         started_at=clock.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         error=outcome.error,
+        versions=software_versions(run.spark.version),
+        profile=profile,
     )
+
+
+def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -> RunReport:
+    """The report of a run that raised ``exc``: the step it failed in, the one-line reason, what it was asked to do."""
+    facts = getattr(exc, "lakescore_facts", {})
+    return RunReport(
+        run_id=facts.get("run_id") or cfg.resolved_run_id() or "",
+        status=status,
+        task=cfg.task,
+        input=cfg.input,
+        output=cfg.output,
+        model_id=cfg.model.source,
+        model_revision=cfg.model.revision,
+        model_sha256=None,
+        failed_step=getattr(exc, "lakescore_step", None),
+        chunks=_chunks(exc, facts),
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        error=one_line(exc),
+    )
+
+
+def _chunks(exc: BaseException, facts: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """What is staged for a rerun to resume from: the staging table, and chunks staged of the total when known."""
+    if "staging" not in facts:
+        return None
+    chunks = {"total": facts.get("chunks"), "staging": facts["staging"]}
+    staged = getattr(exc, "lakescore_chunks", None)
+    if staged is not None:
+        chunks["staged"] = staged[0]
+    return chunks

@@ -7,7 +7,9 @@ one Delta commit per chunk (:mod:`lakescore.jobs.steps.staging`), so a rerun res
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -16,12 +18,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.profiles import scoring_profile
-from lakescore.jobs.platform.progress import ProgressReporter
+from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
+from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.staging import chunk_column
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
-from lakescore.udfs.scoring_udf import WorkerCounters, make_scoring_function
+from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
 
 if TYPE_CHECKING:
     from lakescore.jobs.steps.prepare import Plan
@@ -56,15 +59,16 @@ def score_dataframe(
     spec: ModelSpec,
     keep_cols: Sequence[str],
     input_cols: tuple[str, ...],
-    counters: Optional[WorkerCounters] = None,
+    rows_counter: Optional[RowCounter] = None,
     layout: Optional[ScoringLayout] = None,
 ) -> DataFrame:
     """Lazily score ``df``: columns per :func:`lakescore.schemas.output.scored_schema` (``keep_cols`` as
     they are, e.g. the id; predictions; ``model_sha256``; ``_reason``/``_error``/``_input`` for unscored rows).
 
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
-    parallelism when the input has fewer partitions), so a one-file input still
-    uses every core.
+    parallelism when the input has fewer partitions, or always over Spark Connect, where
+    the input's partitions are unknown), so a one-file input still uses every core.
+    ``rows_counter`` receives each batch's rows (live progress; classic sessions only).
 
     With ``resources.scoring`` set and a master that honours resource profiles, the
     scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
@@ -75,8 +79,9 @@ def score_dataframe(
     """
     layout = layout or scoring_layout(df.sparkSession, cfg)
     profile, partitions = layout.profile, layout.partitions
-    target = partitions or df.sparkSession.sparkContext.defaultParallelism
-    if partitions or profile is not None or df.rdd.getNumPartitions() < target:
+    target = partitions or default_parallelism(df.sparkSession)
+    planned = partition_count(df)
+    if partitions or profile is not None or planned is None or planned < target:
         df = df.repartition(target)
     schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])
     scorer = make_scoring_function(
@@ -86,23 +91,54 @@ def score_dataframe(
         schema=schema,
         max_tokens=cfg.scoring.max_batch_tokens,
         max_rows=cfg.scoring.max_batch_rows,
-        counters=counters,
+        rows_counter=rows_counter,
     )
     read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
     return df.select(*[column(c) for c in read]).mapInArrow(scorer, schema, profile=profile)
 
 
-def score_into_staging(run: "RunContext", plan: "Plan") -> None:
-    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk."""
+def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int]]:
+    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk.
+
+    Returns the progress samples ``(seconds, rows scored)`` for the report's throughput chart.
+    """
     cfg, spark = run.cfg, run.spark
     todo = [c for c in range(plan.chunks) if c not in plan.done]
     todo_rows = plan.scorable_rows if len(todo) == plan.chunks else round(plan.scorable_rows * len(todo) / plan.chunks)
-    with _arrow_settings(spark, cfg), ProgressReporter(spark.sparkContext, run.counters.rows, todo_rows, cfg.progress_seconds):
-        for chunk in todo:
-            part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
-            scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, run.counters, run.layout)
-            plan.staging.commit_chunk(scored, chunk)
-            log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+    layout = _layout_for_progress(run, plan)
+    staged = len(plan.done)
+    rows = run.rows_counter
+    with _arrow_settings(spark, cfg), stage_progress(spark) as tasks, ProgressReporter(
+        tasks, (lambda: rows.value) if rows is not None else None, todo_rows, cfg.progress_seconds, chunks=plan.chunks
+    ) as progress:
+        try:
+            for chunk in todo:
+                progress.chunk(chunk)
+                part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
+                scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, rows, layout)
+                plan.staging.commit_chunk(scored, chunk)
+                staged += 1
+                log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+        except BaseException as exc:
+            exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
+            raise
+    return progress.samples()
+
+
+def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
+    """A few scoring tasks per slot unless configured, so progress moves before the first wave of tasks ends
+    (accumulators merge when a task ends); README "How it runs" gives the measured cost. Over Spark Connect,
+    where the planned partitions are unknown without a job, the layout stays as configured."""
+    if run.layout.partitions is not None:
+        return run.layout
+    planned = partition_count(plan.scorable)
+    if planned is None:
+        return run.layout
+    rows_per_chunk = math.ceil(plan.scorable_rows / plan.chunks)
+    wanted = progress_partitions(rows_per_chunk, default_parallelism(run.spark))
+    if planned < wanted:
+        return dataclasses.replace(run.layout, partitions=wanted)
+    return run.layout
 
 
 class _arrow_settings:

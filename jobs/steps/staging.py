@@ -2,7 +2,11 @@
 
 A run scores its input in deterministic chunks (``pmod(xxhash64(id), chunks)``)
 and appends each chunk, as one Delta commit, to a staging table private to the
-run: ``<staging root>/<run key>``. The run key is a digest of everything that
+run, named by the run key (:func:`staging_location`): a table beside a table output
+(``<output>__lakescore_staging_<key>``, or ``<prefix>_<key>`` for ``write.staging:
+catalog.schema.prefix``), so nothing writes paths into a catalog's managed storage; a
+directory beside a path output (``<output dir>/_lakescore_staging/<name>/<key>``, or
+``<write.staging path>/<key>``). The run key is a digest of everything that
 determines the rows (input files, model weights, task, columns, chunk count,
 run id), so
 
@@ -28,9 +32,11 @@ from typing import Any, Mapping
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.tables import append_delta, column, delete_path, is_path, table_location_root
+from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.identifiers import parse_table_name
+from lakescore.jobs.platform.tables import append_delta, column, drop_delta, is_delta, is_path, read_input
 
-__all__ = ["Staging", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+__all__ = ["Staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 
 CHUNK_COLUMN = "_chunk"
 
@@ -56,42 +62,56 @@ def run_key(facts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:20]
 
 
+def staging_location(output: str, configured: str | None, key: str) -> str:
+    """Where the staging table of run ``key`` lives: a table name or a path (see the module docstring).
+
+    Table names are derived from the parsed output or prefix (``TableNameError`` for an illegal one).
+    """
+    if configured and is_path(configured):
+        return f"{configured.rstrip('/')}/{key}"
+    if configured:
+        return str(parse_table_name(configured, "write.staging").with_suffix(f"_{key}"))
+    if not is_path(output):
+        return str(parse_table_name(output, "output").with_suffix(f"__lakescore_staging_{key}"))
+    parent, _, name = output.rstrip("/").rpartition("/")
+    return f"{parent or '.'}/_lakescore_staging/{name}/{key}"
+
+
 @dataclass(frozen=True)
 class Staging:
     """The staging table of one run key."""
 
     spark: SparkSession
     location: str
+    """A table name or a path (:func:`staging_location`)."""
     key: str
     chunks: int
+    default_root: bool = False
+    """Whether ``location`` is under lakescore's own ``_lakescore_staging/<name>`` folder (a path output, no ``write.staging``)."""
 
     @classmethod
-    def for_output(cls, spark: SparkSession, output: str, configured_root: str | None, key: str, chunks: int) -> "Staging":
-        """The staging table of ``key`` under ``configured_root``, default beside ``output``."""
-        if configured_root:
-            root = configured_root.rstrip("/")
-        else:
-            name = output.rstrip("/").rsplit("/", 1)[-1] if is_path(output) else output.split(".")[-1]
-            root = f"{table_location_root(spark, output).rstrip('/')}/_lakescore_staging/{name}"
-        return cls(spark, f"{root}/{key}", key, chunks)
+    def for_output(cls, spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> "Staging":
+        """The staging table of ``key`` for ``output``: as ``write.staging`` (``configured``) says, else beside the output."""
+        return cls(spark, staging_location(output, configured, key), key, chunks, default_root=not configured and is_path(output))
 
     def committed_chunks(self) -> set[int]:
         """Chunks already committed to this staging table (empty when it does not exist yet)."""
-        from delta.tables import DeltaTable
-
-        if not DeltaTable.isDeltaTable(self.spark, self.location):
+        if not is_delta(self.spark, self.location):
             return set()
-        rows = self.spark.read.format("delta").load(self.location).select(CHUNK_COLUMN).distinct().collect()
-        return {int(r[0]) for r in rows}
+        return {int(r[0]) for r in self.table().select(CHUNK_COLUMN).distinct().collect()}
 
     def commit_chunk(self, scored: DataFrame, chunk: int) -> None:
         """Append one chunk's scored rows in one idempotent commit."""
         append_delta(scored.withColumn(CHUNK_COLUMN, F.lit(chunk)), self.location, txn_app_id=f"lakescore-{self.key}", txn_version=chunk + 1)
 
-    def rows(self) -> DataFrame:
-        """Every staged row (without the chunk column)."""
-        return self.spark.read.format("delta").load(self.location).drop(CHUNK_COLUMN)
+    def table(self) -> DataFrame:
+        """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
+        return read_input(self.spark, self.location, "delta")
 
     def drop(self) -> None:
-        """Delete the staging table (after a successful publish)."""
-        delete_path(self.spark, self.location)
+        """Delete the staging table (after a successful publish), and the default staging folders it leaves empty."""
+        drop_delta(self.spark, self.location)
+        if self.default_root:
+            name_dir = self.location.rsplit("/", 1)[0]
+            if spark_adapter.delete_path_if_empty(self.spark, name_dir):
+                spark_adapter.delete_path_if_empty(self.spark, name_dir.rsplit("/", 1)[0])

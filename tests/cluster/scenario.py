@@ -33,8 +33,8 @@ def main(master: str, workdir: Path) -> dict:
     from lakescore.jobs.platform.profiles import scoring_profile
     from lakescore.jobs.steps.read import model_spec
     from lakescore.jobs.steps.score import score_dataframe
-    from lakescore.udfs.scoring_udf import WorkerCounters
     from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark_adapter import rows_counter
 
     warnings: list[str] = []
 
@@ -84,8 +84,8 @@ def main(master: str, workdir: Path) -> dict:
     spark, _ = get_or_create_session(cfg.spark)
     rows = [(i, f"review number {i}: " + "good " * (i % 7)) for i in range(ROWS)]
     source = spark.createDataFrame(rows, "review_id long, body string").coalesce(1)
-    counters = WorkerCounters(spark.sparkContext)
-    scored = score_dataframe(source, cfg, model_spec(cfg), ["review_id"], ("body",), counters).collect()
+    counter = rows_counter(spark)
+    scored = score_dataframe(source, cfg, model_spec(cfg), ["review_id"], ("body",), counter).collect()
 
     def probe(batches):
         batches = list(batches)
@@ -118,7 +118,7 @@ def main(master: str, workdir: Path) -> dict:
         "scored_ids": sorted(r["review_id"] for r in scored),
         "unscored_rows": sum(r["_reason"] is not None for r in scored),
         "embedding_dims": sorted({len(r["embedding"]) for r in scored if r["embedding"] is not None}),
-        "rows_scored_by_workers": counters.rows.value,
+        "rows_scored_by_workers": counter.value,
         "warnings": warnings,
         "probe": [{**row.asDict(), "gpus": json.loads(row.gpus)} for row in tasks],
         "probe_profile_id": profile.id if profile is not None else 0,

@@ -24,10 +24,16 @@ import yaml
 
 from lakescore.jobs.cli import _SCORE_FLAGS, EXIT_BAD_INPUT, _parser
 from lakescore.jobs.config import JobConfig, load_config
+from lakescore.jobs.platform.identifiers import parse_table_name
+from lakescore.udfs.mlflow_source import check_uri
+from lakescore.udfs.model_source import is_mlflow_uri
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "deploy" / "databricks"
-JOB_FILE = BUNDLE / "resources" / "score_reviews.job.yml"
+JOB_FILES = {
+    "cluster": BUNDLE / "resources" / "score_reviews.job.yml",
+    "serverless": BUNDLE / "resources" / "score_reviews_serverless.job.yml",
+}
 EMR = REPO / "deploy" / "emr"
 
 # Values Databricks fills in at deploy or run time, for the substitution below.
@@ -95,14 +101,14 @@ def bundle():
     return yaml.safe_load((BUNDLE / "databricks.yml").read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="module")
-def job_file():
-    return yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))
+@pytest.fixture(scope="module", params=sorted(JOB_FILES))
+def job_path(request) -> Path:
+    return JOB_FILES[request.param]
 
 
 @pytest.fixture(scope="module")
-def job(job_file):
-    (job,) = job_file["resources"]["jobs"].values()
+def job(job_path):
+    (job,) = yaml.safe_load(job_path.read_text(encoding="utf-8"))["resources"]["jobs"].values()
     return job
 
 
@@ -112,11 +118,11 @@ def task(job):
     return task
 
 
-def test_bundle_includes_the_job_and_declares_every_variable_it_uses(bundle):
+def test_bundle_includes_the_job_and_declares_every_variable_it_uses(bundle, job_path):
     assert bundle["bundle"]["name"]
     included = [p for pattern in bundle["include"] for p in BUNDLE.glob(pattern)]
-    assert JOB_FILE in included
-    used = set(re.findall(r"\$\{var\.([A-Za-z0-9_]+)\}", JOB_FILE.read_text(encoding="utf-8")))
+    assert job_path in included
+    used = set(re.findall(r"\$\{var\.([A-Za-z0-9_]+)\}", job_path.read_text(encoding="utf-8")))
     assert used and used <= set(bundle["variables"]), used - set(bundle["variables"])
     assert [name for name, target in bundle["targets"].items() if target.get("default")] == ["dev"]
 
@@ -129,15 +135,37 @@ def test_wheel_task_entry_point_is_the_wheels_console_script(task):
     assert callable(getattr(importlib.import_module(module), func))
 
 
-def test_wheel_library_is_what_make_wheel_builds_and_lies_in_the_sync_root(bundle, task):
-    (library,) = task["libraries"]
-    pattern = os.path.normpath(JOB_FILE.parent / library["whl"])
+def _task_dependencies(job: dict, task: dict) -> list[str]:
+    """What the task installs: its ``libraries`` on a cluster, its environment's dependencies on serverless."""
+    if "environment_key" not in task:
+        return [next(iter(library.values())) for library in task["libraries"]]
+    (environment,) = [e for e in job["environments"] if e["environment_key"] == task["environment_key"]]
+    return environment["spec"]["dependencies"]
+
+
+def test_wheel_library_is_what_make_wheel_builds_and_lies_in_the_sync_root(bundle, job_path, job, task):
+    (library,) = [d for d in _task_dependencies(job, task) if d.endswith(".whl")]
+    pattern = os.path.normpath(job_path.parent / library)
     assert Path(pattern).parent == REPO / "dist"
     wheel = f"lakescore-{_project('version')}-py3-none-any.whl"  # the Makefile's $(WHEEL)
     assert fnmatch.fnmatch(wheel, Path(pattern).name)
     # Local libraries must lie inside the sync root: the common parent of the bundle and sync paths.
     sync_root = os.path.commonpath([str(BUNDLE)] + [os.path.normpath(BUNDLE / p) for p in bundle["sync"]["paths"]])
     assert Path(pattern).is_relative_to(sync_root)
+
+
+def test_serverless_job_has_no_cluster_and_installs_the_extras_its_model_needs(bundle):
+    (job,) = yaml.safe_load(JOB_FILES["serverless"].read_text(encoding="utf-8"))["resources"]["jobs"].values()
+    for task in job["tasks"]:
+        assert not {"job_cluster_key", "new_cluster", "existing_cluster_id", "libraries"} & set(task), task
+        assert task["environment_key"] in {e["environment_key"] for e in job["environments"]}
+    assert "job_clusters" not in job
+    (environment,) = job["environments"]
+    assert int(environment["spec"]["environment_version"]) >= 4  # Spark 4: PySpark >= 4.0.1, as the wheel needs
+    extras = dict(_project("optional-dependencies"))
+    others = [d for d in environment["spec"]["dependencies"] if not d.endswith(".whl")]
+    assert others == extras["mlflow"]  # the model is an MLflow URI: the `mlflow` extra, pinned alike
+    assert not [d for d in _project("dependencies") if d.startswith(("pyspark", "delta-spark"))]  # the platform's own
 
 
 def test_nightly_schedule_and_run_date_parameter(job):
@@ -164,9 +192,13 @@ def test_wheel_task_parameters_are_a_valid_lakescore_command(bundle, job, task):
     assert conf_file == REPO / "conf" / "databricks.yaml"
 
     cfg = _score_config(argv, conf_file)
-    assert (cfg.input, cfg.output, cfg.model.source) == (
-        defaults["input_table"], defaults["output_table"], defaults["model_path"])
+    assert (cfg.input, cfg.output) == (defaults["input_table"], defaults["output_table"])
+    assert cfg.model.source in (defaults["model_path"], defaults["model_uri"])
     assert cfg.resolved_run_id() == RUN_DATE and cfg.report == f"{defaults['report_dir']}/{RUN_DATE}.json"
+    for ref in (cfg.input, cfg.output, cfg.errors_ref()):
+        assert len(parse_table_name(ref).parts) == 3  # Unity Catalog names: catalog.schema.table
+    if is_mlflow_uri(cfg.model.source):
+        check_uri(cfg.model.source)  # a URI lakescore can pin to a registry version
 
 
 # --- EMR --------------------------------------------------------------------------------------

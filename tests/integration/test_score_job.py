@@ -195,21 +195,27 @@ def test_failed_validation_publishes_nothing(tmp_path, spark, job_config):
 
 
 def test_progress_line_reports_rows_rate_and_eta(spark):
+    import re
     import time
 
     from lakescore.jobs.platform.progress import ProgressReporter
+    from lakescore.jobs.platform.spark_adapter import rows_counter, stage_progress
 
-    rows = spark.sparkContext.accumulator(0)
-    spark.sparkContext.parallelize(range(250), 2).foreach(lambda _: rows.add(1))  # workers add, as in scoring
-    reporter = ProgressReporter(spark.sparkContext, rows, total_rows=1000, interval=0)
-    with reporter:
+    rows = rows_counter(spark)
+    spark.range(250, numPartitions=2).foreach(lambda _: rows.add(1))  # workers add, as in scoring
+    with stage_progress(spark) as tasks, ProgressReporter(tasks, lambda: rows.value, total_rows=1000, interval=0) as reporter:
         reporter._started = time.monotonic() - 10  # pretend the 250 rows took 10 s
         line = reporter.line()
-    import re
-
-    assert line.startswith("scoring: 250/1000 rows (25%)"), line
+    assert line.startswith("scoring: 250/1000 rows (25%), chunk 1/1, tasks 0/0 in active stages"), line
     rate, eta = re.search(r"([\d.]+) rows/s, elapsed \d+ s, ETA (\d+) s", line).groups()
     assert 23.0 <= float(rate) <= 25.0 and 30 <= int(eta) <= 33, line
+
+    # Without live rows (Spark Connect) the line counts tasks, and the ETA follows the tasks done.
+    reporter = ProgressReporter(lambda: (3, 4), None, total_rows=1000, interval=0)
+    with reporter:
+        reporter._started = time.monotonic() - 30
+        line = reporter.line()
+    assert re.fullmatch(r"scoring: 1000 rows, chunk 1/1, tasks 3/4 in active stages \(75%\), elapsed 30 s, ETA 10 s", line), line
 
 
 def test_sweep_times_the_real_model_on_a_sample(spark, reviews_table, job_config, capsys):

@@ -29,10 +29,22 @@ def load_counter(monkeypatch):
     model_cache.clear()
 
 
-def _embed_function(minilm_dir, **spec_options):
+def _embed_function(minilm_dir, rows_counter=None, **spec_options):
     schema = scored_schema("embed", StructField("id", LongType()))
     spec = ModelSpec("embed", str(minilm_dir), **spec_options)
-    return make_scoring_function(spec, keep_cols=["id"], input_cols=["text"], schema=schema, max_tokens=512, max_rows=3)
+    return make_scoring_function(
+        spec, keep_cols=["id"], input_cols=["text"], schema=schema, max_tokens=512, max_rows=3, rows_counter=rows_counter
+    )
+
+
+class _Counter:
+    """Stands in for a classic session's accumulator: what the workers ``add`` to."""
+
+    def __init__(self):
+        self.value = 0
+
+    def add(self, rows):
+        self.value += rows
 
 
 def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
@@ -47,7 +59,8 @@ def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
 
 
 def test_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_transformer, load_counter):
-    score = _embed_function(minilm_dir)
+    counter = _Counter()
+    score = _embed_function(minilm_dir, counter)
     texts = ["a long review " * 40, "short", None, "", "mid length review text", "x " * 300, "last one"]
     ids = [10, 11, 12, 13, 14, 15, 16]
     batches = [
@@ -56,8 +69,14 @@ def test_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_trans
     ]
     out = pa.Table.from_batches(list(score(iter(batches))))
     assert len(load_counter) == 1  # one load for every batch of the task
-    assert out.column_names == ["id", "embedding", "model_sha256", "_reason", "_error", "_input"]
+    assert out.column_names == ["id", "embedding", "model_sha256", "_reason", "_error", "_input", "_worker"]
     assert out.column("id").to_pylist() == ids  # ids pass through as they came
+    assert counter.value == 7  # live rows, batch by batch
+    # Worker metrics ride on each batch's first row: the load on the batch that loaded, one batch each.
+    worker = out.column("_worker").to_pylist()
+    assert [w is not None for w in worker] == [True, False, False, False, True, False, False]
+    assert [(w["model_loads"], w["arrow_batches"], w["budget_halvings"]) for w in (worker[0], worker[4])] == [(1, 1, 0), (0, 1, 0)]
+    assert worker[0]["model_seconds"] > 0 and worker[4]["model_seconds"] > 0
     rows = out.to_pylist()
     assert rows[2]["embedding"] is None and rows[2]["_reason"] == "null_input"  # never a made-up vector
     present = [i for i, t in enumerate(texts) if t is not None]
@@ -119,7 +138,9 @@ def test_preflight_loads_into_the_worker_cache_and_reports_the_weights(minilm_di
     spec = ModelSpec("embed", str(minilm_dir))
     (batch,) = list(make_preflight_function(spec)(iter([pa.record_batch({"id": pa.array([0], pa.int64())})])))
     (row,) = batch.to_pylist()
-    assert row["error"] is None and row["device"] == "cpu" and row["seconds"] > 0
+    assert row["error"] is None and row["device"] == "cpu" and row["seconds"] > 0 and row["loaded"] is True
+    (again,) = list(make_preflight_function(spec)(iter([]))).pop().to_pylist()
+    assert again["loaded"] is False  # a second preflight task in this worker found it cached
     assert row["sha256"] == model_cache.get_model(spec)[0].sha256 and len(load_counter) == 1  # scoring finds it loaded
     list(_embed_function(minilm_dir, expect_sha256=row["sha256"])(iter([pa.record_batch({"id": pa.array([1], pa.int64()), "text": pa.array(["hi"])})])))
     assert len(load_counter) == 1

@@ -160,7 +160,7 @@ def test_scoring_function_returns_the_declared_schema_and_the_pipelines_entities
     finally:
         model_cache.clear()
     assert out.schema == to_arrow_schema(schema)
-    assert out.column_names == ["id", "entities", "model_sha256", "_reason", "_error", "_input"]
+    assert out.column_names == ["id", "entities", "model_sha256", "_reason", "_error", "_input", "_worker"]
     rows = out.to_pylist()
     assert [r["id"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["_reason"] for r in rows] == [None, "null_input", None, None, None, "null_input"]

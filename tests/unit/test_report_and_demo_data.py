@@ -11,7 +11,9 @@ def test_report_is_written_as_json_atomically(tmp_path):
     target = write_report(report, tmp_path / "nested" / "report.json")
     data = json.loads(target.read_text())
     assert data["run_id"] == "r1" and data["output_rows"] == 3 and data["model_sha256"] == "ab" * 32
-    assert [p.name for p in target.parent.iterdir()] == ["report.json"]  # no temp file left behind
+    # no temp file left behind; the HTML page beside the JSON
+    assert sorted(p.name for p in target.parent.iterdir()) == ["report.html", "report.json"]
+    assert data["html_report"] == str(target.with_suffix(".html").resolve())
     assert "4 input rows -> 3 rows for db.out (Delta version 2)" in report.summary()
     assert "1 rows in db.out_errors (null_input 1)" in report.summary()
 

@@ -24,6 +24,23 @@ def test_session_source(environ, active, expected):
     assert session_source(environ, active) == expected
 
 
+@pytest.mark.parametrize(
+    "environ, active, remote, expected",
+    [
+        # --remote / spark.remote, said explicitly, wins over everything.
+        ({}, False, "sc://h:15002", "connect"),
+        ({}, True, "sc://h:15002", "connect"),
+        ({"DATABRICKS_RUNTIME_VERSION": "16.4"}, False, "sc://h:15002", "connect"),
+        # SPARK_REMOTE is ambient: an active session or a platform's own comes first.
+        ({"SPARK_REMOTE": "sc://h:15002"}, False, None, "connect"),
+        ({"SPARK_REMOTE": "sc://h:15002"}, True, None, "active"),
+        ({"SPARK_REMOTE": "sc://h:15002", "DATABRICKS_RUNTIME_VERSION": "16.4"}, False, None, "databricks"),
+    ],
+)
+def test_spark_connect_sources(environ, active, remote, expected):
+    assert session_source(environ, active, remote) == expected
+
+
 def test_databricks_env_var_in_the_real_environment_selects_databricks(monkeypatch):
     import os
 

@@ -1,0 +1,129 @@
+"""``lakescore history <output> [--run ID]``: an output's past runs, from Delta's history and the stored reports.
+
+Every run tags its commits with :func:`~lakescore.jobs.platform.tables.run_metadata` (run id and
+the JSON report's path): the publish commit on the output, and the errors-table commit that
+every run makes, published or not. So the output's history lists the runs that published,
+the errors table's history adds those that did not (validation failed, error rate exceeded),
+and each run's JSON report, where it can still be read, fills in status, rows and seconds.
+Commits without lakescore's tag (another writer, a run before tagging) are listed as such.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from lakescore.jobs.platform.tables import HistoryEntry, TableError, delta_history
+from lakescore.jobs.report import RunReport, html_path_for
+
+__all__ = ["RunRecord", "run_history", "format_history", "format_run", "find_run"]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as history shows it: Delta's facts, and its report when readable."""
+
+    run_id: Optional[str]
+    when: str
+    operation: str
+    delta_version: Optional[int]
+    """The output version it published; ``None`` for a run that published nothing."""
+    rows_written: Optional[int]
+    report_path: Optional[str]
+    report: Optional[dict[str, Any]]
+
+    @property
+    def status(self) -> str:
+        if self.report:
+            return str(self.report.get("status"))
+        if self.run_id is None:
+            return f"other commit ({self.operation})"
+        return "published" if self.delta_version is not None else "not published"
+
+
+def run_history(spark, output: str, errors: str, limit: Optional[int] = None) -> list[RunRecord]:
+    """The runs of ``output`` (and its errors table ``errors``), newest first, at most ``limit``.
+
+    A run id that appears more than once (a rerun of a run date) is listed once per publish.
+    """
+    published = delta_history(spark, output, limit)
+    if not published and not delta_history(spark, errors, 1):
+        raise TableError(f"no Delta table {output!r} (nor its errors table) to show the history of")
+    records = [_record(entry, entry.version) for entry in published]
+    seen = {r.run_id for r in records if r.run_id}
+    for entry in delta_history(spark, errors, limit):
+        if entry.run_id and entry.run_id not in seen:  # a run that wrote its errors but published nothing
+            seen.add(entry.run_id)
+            records.append(replace(_record(entry, None), rows_written=None))
+    records.sort(key=lambda r: r.when, reverse=True)
+    return records[:limit] if limit else records
+
+
+def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
+    """The newest record of ``run_id``; :class:`~lakescore.jobs.platform.tables.TableError` listing recent ids when none."""
+    for record in records:
+        if record.run_id == run_id:
+            return record
+    known = ", ".join(r.run_id for r in records[:10] if r.run_id) or "none tagged"
+    raise TableError(f"no run {run_id!r} in this output's history (recent runs: {known})")
+
+
+def format_history(records: list[RunRecord]) -> str:
+    """A fixed-width table: run id, date, status, rows in / out / errors, seconds, model sha, Delta version."""
+    header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "model sha256", "version")
+    rows = [header] + [_cells(r) for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    right = {3, 4, 5, 6, 8}
+    return "\n".join(
+        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    )
+
+
+def format_run(record: RunRecord) -> str:
+    """That run's report summary and where its JSON and HTML reports are (or that they are gone)."""
+    if not record.report:
+        where = record.report_path or "no report path was recorded"
+        return (f"run {record.run_id}: {record.status} (Delta version {record.delta_version}, {record.when})\n"
+                f"  report not readable: {where}")
+    fields = {k: v for k, v in record.report.items() if k in RunReport.__dataclass_fields__}
+    lines = [RunReport(**fields).summary(), f"  JSON report: {record.report_path}"]
+    html = record.report.get("html_report") or str(html_path_for(record.report_path))
+    lines.append(f"  HTML report: {html}" + ("" if Path(html).is_file() else " (missing)"))
+    return "\n".join(lines)
+
+
+def _record(entry: HistoryEntry, version: Optional[int]) -> RunRecord:
+    report = _read_report(entry.report)
+    if report is not None and report.get("run_id") != entry.run_id:
+        report = None  # the file now holds a later run's report
+    return RunRecord(entry.run_id, entry.timestamp, entry.operation, version, entry.rows, entry.report, report)
+
+
+def _read_report(path: Optional[str]) -> Optional[dict[str, Any]]:
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _cells(record: RunRecord) -> tuple[str, ...]:
+    report = record.report or {}
+
+    def number(key: str, fallback: Optional[int] = None) -> str:
+        value = report.get(key, fallback)
+        return f"{value:,}" if isinstance(value, int) else "-"
+
+    seconds = report.get("seconds")
+    sha = report.get("model_sha256")
+    return (
+        record.run_id or "(not lakescore)", record.when, record.status, number("input_rows"),
+        number("output_rows", record.rows_written), number("error_rows"),
+        f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-", sha[:12] if sha else "-",
+        str(record.delta_version) if record.delta_version is not None else "-",
+    )
+

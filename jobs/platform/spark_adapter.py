@@ -1,0 +1,290 @@
+"""Every call that only a classic (py4j) SparkSession has, with its Spark Connect counterpart.
+
+lakescore runs unchanged in a classic session (local, spark-submit, a Databricks dedicated
+cluster) and in a Spark Connect session (``--remote sc://host:port``, ``SPARK_REMOTE``,
+Databricks serverless or shared clusters). Connect sessions have no ``SparkContext``: no
+``_jvm``/``_jsc``, no ``.rdd``, no accumulators, no ``statusTracker``, no Hadoop ``FileSystem``.
+This module is the only place that touches them; the rest of lakescore asks it.
+
+What each feature is over Connect:
+
+========================  ==========================================  ==============================================
+feature                   classic                                     Spark Connect
+========================  ==========================================  ==============================================
+default parallelism       ``SparkContext.defaultParallelism``         partitions of ``spark.range`` (one tiny job,
+                                                                      cached per session)
+input partitions          ``df.rdd.getNumPartitions()``               unknown (``None``): callers repartition
+live rows while scoring   an accumulator the workers add to           none (tasks only, see :func:`stage_progress`)
+tasks while scoring       ``statusTracker``                           ``registerProgressHandler``
+path exists               Hadoop ``FileSystem.exists``                reading it with Spark (``binaryFile``)
+delete a directory        Hadoop ``FileSystem.delete``                impossible: :class:`NotOnConnect` (callers stage
+                                                                      into tables instead, checked before compute)
+remote model files        Hadoop ``FileSystem`` copy + ``addFile``    ``binaryFile`` rows copied to the client, shipped
+                                                                      by the caller with ``addArtifacts``
+JVM log levels            ``setLogLevel`` / log4j via py4j            the server's own (nothing to do)
+========================  ==========================================  ==============================================
+
+Cancelling a background Spark job is the same in both (``addTag`` / ``interruptTag``), as are
+worker metrics for the report (they travel in the scored rows, :mod:`lakescore.udfs.scoring_udf`).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from lakescore.jobs.config import ConfigError
+
+__all__ = [
+    "NotOnConnect", "is_connect", "session_facts", "default_parallelism", "partition_count", "rows_counter",
+    "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths", "RemoteFiles", "remote_files",
+]
+
+log = logging.getLogger(__name__)
+
+BINARY_FILE_LIMIT = 2**31 - 1
+"""The largest file Spark's ``binaryFile`` source reads into one row (bytes)."""
+
+
+class NotOnConnect(ConfigError):
+    """A feature the job was asked for cannot work over Spark Connect; raised before any compute."""
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """True for a Spark Connect session (``pyspark.sql.connect``), false for a classic one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_facts(spark: SparkSession) -> dict[str, Optional[str]]:
+    """``master``, ``app_id`` and ``mode`` (``classic`` / ``connect``) for logs and the run report.
+
+    Read from the session's conf, which both kinds answer; a platform that hides a key (serverless) gives ``None``.
+    """
+    facts: dict[str, Optional[str]] = {"mode": "connect" if is_connect(spark) else "classic"}
+    for name, key in (("master", "spark.master"), ("app_id", "spark.app.id")):
+        try:
+            facts[name] = spark.conf.get(key, None)
+        except Exception:  # serverless refuses some keys; the report says null
+            facts[name] = None
+    return facts
+
+
+_parallelism: "weakref.WeakKeyDictionary[SparkSession, int]" = weakref.WeakKeyDictionary()
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The cluster's default parallelism: how many tasks a stage gets when nobody says.
+
+    Over Connect, the partitions of ``spark.range`` (Spark sizes it with
+    ``spark.sql.leafNodeDefaultParallelism``, else the cluster's default parallelism): one
+    sub-second job, once per session.
+    """
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    if spark not in _parallelism:
+        probe = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()
+        _parallelism[spark] = int(probe[0]) + 1
+    return _parallelism[spark]
+
+
+def partition_count(df: DataFrame) -> Optional[int]:
+    """Partitions of ``df`` as planned (classic), or ``None`` over Connect, where only a job could tell."""
+    return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
+
+
+def rows_counter(spark: SparkSession) -> Optional[Any]:
+    """Something the scoring workers ``add(rows)`` to and the driver reads live (``.value``), or ``None``.
+
+    Classic: an accumulator (merged on the driver as each task finishes). Connect has none; progress
+    then counts tasks only.
+    """
+    return None if is_connect(spark) else spark.sparkContext.accumulator(0)
+
+
+@contextmanager
+def stage_progress(spark: SparkSession) -> Iterator[Callable[[], tuple[int, int]]]:
+    """While the block runs, a function returning ``(tasks done, tasks)`` of the stages running now.
+
+    Classic: the ``statusTracker``. Connect: the server's progress reports, through a handler
+    registered for the block (``SparkSession.registerProgressHandler``) and removed after it.
+    """
+    if not is_connect(spark):
+        tracker = spark.sparkContext.statusTracker()
+
+        def classic() -> tuple[int, int]:
+            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            infos = [i for i in infos if i is not None]
+            return sum(i.numCompletedTasks for i in infos), sum(i.numTasks for i in infos)
+
+        yield classic
+        return
+    latest = {"tasks": (0, 0)}
+
+    def handler(stages=None, inflight_tasks=0, operation_id=None, done=False, **_) -> None:
+        running = [s for s in stages or () if not s.done]
+        latest["tasks"] = (sum(s.num_completed_tasks for s in running), sum(s.num_tasks for s in running))
+
+    spark.registerProgressHandler(handler)
+    try:
+        yield lambda: latest["tasks"]
+    finally:
+        spark.removeProgressHandler(handler)
+
+
+def set_log_level(spark: SparkSession, level: str, quiet_loggers: tuple[str, ...] = ()) -> None:
+    """Set the JVM log level of a session lakescore built, and ``ERROR`` for ``quiet_loggers``.
+
+    Connect sessions log on the server, under its own configuration: nothing to do. Lowering a
+    logger never fails a job (logging cosmetics only).
+    """
+    if is_connect(spark):
+        return
+    spark.sparkContext.setLogLevel(level.upper())
+    try:
+        jvm = spark.sparkContext._jvm
+        for name in quiet_loggers:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.ERROR)
+    except Exception:
+        log.debug("could not lower the log level of %s", quiet_loggers, exc_info=True)
+
+
+def _hadoop_path(spark: SparkSession, ref: str):
+    """``(FileSystem, Path)`` for ``ref`` with the session's Hadoop configuration (classic only)."""
+    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(ref)
+    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+
+
+def path_exists(spark: SparkSession, ref: str) -> bool:
+    """Whether the file or directory ``ref`` exists (any filesystem Spark can read).
+
+    Over Connect Spark resolves it as a ``binaryFile`` source: a missing path fails analysis
+    with ``PATH_NOT_FOUND``; anything else that exists resolves.
+    """
+    if not is_connect(spark):
+        fs, path = _hadoop_path(spark, ref)
+        return bool(fs.exists(path))
+    from pyspark.errors import AnalysisException
+
+    try:
+        spark.read.format("binaryFile").load(ref).schema
+    except AnalysisException as exc:
+        if "PATH_NOT_FOUND" in str(exc):
+            return False
+        raise
+    return True
+
+
+def can_delete_paths(spark: SparkSession) -> bool:
+    """Whether :func:`delete_path` works in this session (classic: yes; Connect: no Spark API deletes files)."""
+    return not is_connect(spark)
+
+
+def delete_path(spark: SparkSession, ref: str) -> bool:
+    """Delete the directory ``ref`` recursively; True if something was deleted.
+
+    Raises :class:`NotOnConnect` over Connect: check :func:`can_delete_paths` before any compute.
+    """
+    if is_connect(spark):
+        raise NotOnConnect(f"cannot delete {ref!r} over Spark Connect: no Spark API deletes files")
+    fs, path = _hadoop_path(spark, ref)
+    return bool(fs.exists(path) and fs.delete(path, True))
+
+
+def delete_path_if_empty(spark: SparkSession, ref: str) -> bool:
+    """Delete the directory ``ref`` if it exists and is empty; True if it was deleted (Connect: never)."""
+    if is_connect(spark):
+        return False
+    fs, path = _hadoop_path(spark, ref)
+    return bool(fs.exists(path) and len(fs.listStatus(path)) == 0 and fs.delete(path, False))
+
+
+def child_names(spark: SparkSession, ref: str) -> Optional[list[str]]:
+    """The names of the entries directly under the directory ``ref``; ``None`` over Connect (no listing API)."""
+    if is_connect(spark):
+        return None
+    fs, path = _hadoop_path(spark, ref)
+    return [status.getPath().getName() for status in fs.listStatus(path)]
+
+
+class RemoteFiles:
+    """A file or directory on a filesystem Spark can read (``s3a://``, ``dbfs:/``, ``file:/``...), seen from the driver.
+
+    Classic: the Hadoop ``FileSystem`` of the session (its credentials and connectors), and
+    :meth:`ship_source` makes the executors fetch ``uri`` themselves (``addFile``; Spark's fetch
+    cache copies once per host). Connect: Spark reads the files as ``binaryFile`` rows (at most
+    2 GiB each) and :meth:`ship_source` is ``False``: the caller ships its local copy.
+    """
+
+    def __init__(self, spark: SparkSession, uri: str) -> None:
+        self._spark, self._uri = spark, uri
+        self._connect = is_connect(spark)
+
+    def listing(self) -> list[tuple[str, int, int]]:
+        """``(path, bytes, modified ms)`` of every file under the URI; ``FileNotFoundError`` when there is none."""
+        if self._connect:
+            from pyspark.errors import AnalysisException
+
+            try:
+                rows = self._binary_files().select("path", "length", "modificationTime").collect()
+            except AnalysisException as exc:
+                if "PATH_NOT_FOUND" in str(exc):
+                    raise FileNotFoundError(self._uri) from exc
+                raise
+            entries = [(r[0], int(r[1]), int(r[2].timestamp() * 1000)) for r in rows]
+        else:
+            entries = self._hadoop_listing()
+        if not entries:
+            raise FileNotFoundError(self._uri)
+        return sorted(entries)
+
+    def copy_to(self, target: Path) -> None:
+        """Copy the files to ``target`` (a directory's files below it; a single file as ``target`` itself)."""
+        if not self._connect:
+            fs, path = _hadoop_path(self._spark, self._uri)
+            fs.copyToLocalFile(False, path, self._spark.sparkContext._jvm.org.apache.hadoop.fs.Path(str(target)), True)
+            return
+        too_big = [(p, n) for p, n, _ in self.listing() if n > BINARY_FILE_LIMIT]
+        if too_big:
+            raise NotOnConnect(f"{too_big[0][0]} holds {too_big[0][1]} bytes; over Spark Connect a model file can be "
+                               f"copied only up to {BINARY_FILE_LIMIT} bytes (binaryFile): put the model on a local "
+                               "or mounted path (e.g. a Unity Catalog volume) or in MLflow")
+        root = urlparse(self._uri).path.rstrip("/")
+        for row in self._binary_files().select("path", "content").toLocalIterator():
+            relative = urlparse(row[0]).path[len(root):].lstrip("/")
+            destination = target / relative if relative else target
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_bytes(bytes(row[1]))
+
+    def ship_source(self) -> bool:
+        """Make executors fetch the URI themselves (classic ``addFile``); ``False`` when the caller must ship a copy."""
+        if self._connect:
+            return False
+        fs, path = _hadoop_path(self._spark, self._uri)
+        self._spark.sparkContext.addFile(self._uri, recursive=fs.getFileStatus(path).isDirectory())
+        return True
+
+    def _binary_files(self) -> DataFrame:
+        return self._spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(self._uri)
+
+    def _hadoop_listing(self) -> list[tuple[str, int, int]]:
+        fs, path = _hadoop_path(self._spark, self._uri)
+        if not fs.exists(path):
+            return []
+        files, entries = fs.listFiles(path, True), []
+        while files.hasNext():
+            status = files.next()
+            entries.append((status.getPath().toString(), status.getLen(), status.getModificationTime()))
+        return entries
+
+
+def remote_files(spark: SparkSession, uri: str) -> RemoteFiles:
+    """The files at ``uri`` as this session can reach them (:class:`RemoteFiles`)."""
+    return RemoteFiles(spark, uri)
+

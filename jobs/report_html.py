@@ -1,0 +1,237 @@
+"""The HTML run report: one self-contained file beside the JSON report, readable with no network.
+
+:func:`render_html` turns a report (the JSON report's dict: :class:`~lakescore.jobs.report.RunReport`
+fields, with its ``profile`` from :mod:`lakescore.jobs.steps.report_data`) into a page of
+inline CSS and inline SVG charts (:mod:`lakescore.jobs.report_charts`); it has no
+JavaScript and loads nothing. Sections: run identity, row accounting, where the time went,
+throughput over time, input lengths, the predictions' distributions, every validation check,
+and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
+``kind`` of each column (a data type), never the task's name.
+
+Every value that came from a user, a table or a model (ids, names, paths, labels, texts)
+goes through :func:`html.escape`; chart labels are escaped by matplotlib's SVG writer.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from lakescore.jobs import report_charts as charts
+from lakescore.jobs.report import html_path_for
+
+__all__ = ["render_html", "write_html"]
+
+_OK_COLOUR, _ERROR_COLOURS = "#2b7a3d", ["#b3261e", "#e8710a", "#a142f4", "#8c564b", "#d01884", "#5f6368"]
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;margin:0;background:#f6f8fa}
+main{max-width:1040px;margin:0 auto;padding:24px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:0 0 10px}h3{font-size:14px;margin:14px 0 6px}
+section{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:16px 20px;margin:16px 0}
+table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eaeef2;vertical-align:top}
+th{background:#f6f8fa;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;word-break:break-all}
+.badge{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:600;font-size:13px}
+.ok{background:#2b7a3d}.bad{background:#b3261e}.pass{color:#2b7a3d;font-weight:600}.fail{color:#b3261e;font-weight:600}
+.note{color:#57606a;font-size:12px}.charts{display:flex;flex-wrap:wrap;gap:12px}.charts figure{margin:0;flex:1 1 440px}
+svg{max-width:100%;height:auto}
+"""
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """The page for ``report`` (a :meth:`~lakescore.jobs.report.RunReport.as_dict` dict) as one HTML string."""
+    profile = report.get("profile") or {}
+    sections = [
+        _identity(report),
+        _accounting(report),
+        _time(report, profile.get("throughput") or []),
+        _inputs(profile.get("inputs") or []),
+        _predictions(profile.get("predictions") or [], profile.get("sample_rows"), report.get("output_rows")),
+        _validation(report.get("validation")),
+        _dead_letters(profile.get("dead_letters"), report),
+    ]
+    status = str(report.get("status"))
+    badge = f'<span class="badge {"ok" if status == "succeeded" else "bad"}" id="status">{_e(status)}</span>'
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>lakescore run {_e(report.get('run_id'))}</title><style>{_CSS}</style></head>"
+        f'<body><main><h1>lakescore run <span class="mono" id="run-id">{_e(report.get("run_id"))}</span> {badge}</h1>'
+        f'<p class="note">{_e(report.get("input"))} → {_e(report.get("output"))} · task {_e(report.get("task"))} · '
+        f"started {_e(report.get('started_at'))}</p>" + "".join(s for s in sections if s) + "</main></body></html>\n"
+    )
+
+
+def write_html(report: Mapping[str, Any], json_path: os.PathLike | str) -> Path:
+    """Write the page beside ``json_path`` (same stem, ``.html``) atomically; return its path."""
+    target = html_path_for(json_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.part")
+    partial.write_text(render_html(report), encoding="utf-8")
+    os.replace(partial, target)
+    return target
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _section(key: str, title: str, body: str) -> str:
+    return f'<section id="{key}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _rows(pairs: Iterable[tuple[str, Any]], mono: Iterable[str] = ()) -> str:
+    mono = set(mono)
+    cells = "".join(
+        f'<tr><th>{_e(k)}</th><td{" class=mono" if k in mono else ""}>{_e(v)}</td></tr>' for k, v in pairs if v is not None
+    )
+    return f"<table>{cells}</table>"
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[Any]], numeric: Iterable[int] = ()) -> str:
+    numeric = set(numeric)
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td{" class=num" if i in numeric else ""}>{_e(v)}</td>' for i, v in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _figure(svg: str, caption: str = "") -> str:
+    return f"<figure>{svg}<figcaption class=note>{_e(caption)}</figcaption></figure>"
+
+
+def _identity(report: Mapping[str, Any]) -> str:
+    versions = report.get("versions") or {}
+    spark = report.get("spark") or {}
+    delta = report.get("delta_version")
+    pairs = [
+        ("run id", report.get("run_id")), ("status", report.get("status")), ("task", report.get("task")),
+        ("input", report.get("input")),
+        ("output", f"{report.get('output')} (Delta version {delta})" if delta is not None else report.get("output")),
+        ("errors table", report.get("errors_table")), ("model", report.get("model_id")),
+        ("model revision", report.get("model_revision") or "unknown"), ("model sha256", report.get("model_sha256")),
+        ("started", report.get("started_at")), ("finished", report.get("finished_at")),
+        ("lakescore", versions.get("lakescore")), ("Spark", versions.get("spark")), ("Delta", versions.get("delta")),
+        ("Spark master", spark.get("master")), ("Spark application", spark.get("app_id")), ("error", report.get("error")),
+    ]
+    return _section("identity", "Run", _rows(pairs, mono=("run id", "model sha256", "model", "input", "output")))
+
+
+def _accounting(report: Mapping[str, Any]) -> str:
+    rows_in, rows_out, errors = (report.get(k) for k in ("input_rows", "output_rows", "error_rows"))
+    if rows_in is None:
+        return ""
+    reasons = sorted((report.get("error_reasons") or {}).items())
+    parts = [("output", rows_out or 0, _OK_COLOUR)] + [
+        (reason, count, _ERROR_COLOURS[i % len(_ERROR_COLOURS)]) for i, (reason, count) in enumerate(reasons)
+    ]
+    chart = charts.stacked_bar_chart("accounting", [("input", [("input", rows_in, "#1f4e79")]), ("result", parts)])
+    table = _table(["", "rows"], [("input", f"{rows_in:,}"), ("output", f"{rows_out or 0:,}"), ("errors", f"{errors or 0:,}")]
+                   + [(f"  {reason}", f"{count:,}") for reason, count in reasons], numeric=[1])
+    return _section("rows", "Rows: in = output + errors", _figure(chart) + table)
+
+
+def _time(report: Mapping[str, Any], throughput: list) -> str:
+    steps = [(name, float(seconds)) for name, seconds in (report.get("step_seconds") or {}).items()]
+    body = ""
+    if steps:
+        total = report.get("seconds")
+        rate = report.get("rows_per_second")
+        caption = f"{total:.1f} s in all, {rate:,.1f} rows/s" if total and rate else ""
+        body += "<h3>Where the time went</h3>" + _figure(charts.timeline_chart("steps", steps), caption)
+    if len(throughput) >= 2:
+        xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
+        rate_x = [t for t, r in throughput if t > 0 and r > 0]
+        rate_y = [r / t for t, r in throughput if t > 0 and r > 0]
+        chart = charts.line_chart("throughput", xs, ys, "seconds into the scoring stage", "rows scored",
+                                  second=(rate_x, rate_y, "rows/s since the stage began"))
+        body += "<h3 id=throughput>Throughput</h3>" + _figure(chart, "rows are counted as scoring tasks finish")
+    return _section("time", "Time", body) if body else ""
+
+
+def _inputs(summaries: list) -> str:
+    figures = []
+    for s in summaries:
+        unit = s.get("unit") or "value"
+        stats = s.get("stats") or {}
+        caption = ", ".join(f"{k} {v:,.1f}" for k, v in stats.items()) + f" ({s.get('count', 0):,} rows sampled)"
+        hist = s.get("histogram") or {}
+        label = f"{s['column']}: {unit} per row" if s["kind"] == "lengths" else s["column"]
+        figures.append(_figure(charts.histogram_chart(f"input-{len(figures)}", hist.get("edges", []), hist.get("counts", []),
+                                                      label), caption))
+    return _section("inputs", "Input", f"<div class=charts>{''.join(figures)}</div>") if figures else ""
+
+
+def _predictions(summaries: list, sample_rows: Optional[int], output_rows: Optional[int]) -> str:
+    figures = []
+    for i, s in enumerate(summaries):
+        figures.extend(_prediction_figures(f"prediction-{i}", s))
+    if not figures:
+        return ""
+    note = f"<p class=note>From the first {sample_rows:,} of {output_rows or 0:,} output rows.</p>" if sample_rows else ""
+    return _section("predictions", "Predictions", note + f"<div class=charts>{''.join(figures)}</div>")
+
+
+def _prediction_figures(key: str, s: Mapping[str, Any]) -> list[str]:
+    """The figures of one prediction column, by its summary's ``kind``."""
+    name, kind = s["column"], s["kind"]
+    if kind == "categories":
+        counts = [(v, c) for v, c in s["counts"]] + ([("(other values)", s["other"])] if s.get("other") else [])
+        return [_figure(charts.bar_chart(key, counts), f"{name}: {s['distinct']:,} distinct values")]
+    if kind == "numeric":
+        hist = s["histogram"]
+        return [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], name), f"{name}: value histogram")]
+    if kind == "vectors":
+        hist = s["norm_histogram"]
+        out = [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], f"L2 norm of {name}"),
+                       f"{name}: {s['width']} dimensions")]
+        proj = s.get("projection")
+        if proj:
+            svg = charts.scatter_chart(key + "-pca", proj["points"], proj["explained"], proj.get("colours"), proj.get("colour_by"))
+            out.append(_figure(svg, f"{name}: first {len(proj['points']):,} rows on their two principal components"))
+        return out
+    if kind == "items":
+        hist = s["items_histogram"]
+        out = [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], f"{name} per row"),
+                       f"{name}: {s['items']:,} in the sample")]
+        for j, field in enumerate(s.get("fields") or []):
+            out.append(_figure(charts.bar_chart(f"{key}-{j}", [(v, c) for v, c in field["counts"]], f"{name} items"),
+                               f"{name}.{field['field']}"))
+        return out
+    return []
+
+
+def _validation(validation: Optional[Mapping[str, Any]]) -> str:
+    if validation is None:
+        return _section("validation", "Validation", "<p class=note>Not run (disabled, or the error rate was exceeded).</p>")
+    checks = validation.get("checks") or []
+    rows = [
+        ("pass" if c.get("success") else "FAIL", c.get("expectation"), c.get("column") or "", _short(c.get("observed")),
+         c.get("unexpected_count") or "", c.get("error") or "")
+        for c in checks
+    ]
+    failed = sum(1 for c in checks if not c.get("success"))
+    summary = f"<p>{len(checks)} checks, <span class={'fail' if failed else 'pass'}>{failed} failed</span>.</p>"
+    table = _table(["result", "check", "column", "observed", "unexpected rows", "error"], rows, numeric=[4])
+    table = table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace("<td>FAIL</td>", "<td class=fail>FAIL</td>")
+    return _section("validation", "Validation", summary + table)
+
+
+def _dead_letters(sample: Optional[Mapping[str, Any]], report: Mapping[str, Any]) -> str:
+    if not report.get("error_rows"):
+        return _section("dead-letters", "Dead-lettered rows", "<p class=note>None: every input row was scored.</p>")
+    if not sample:
+        return ""
+    note = (f"<p class=note>{len(sample['rows'])} of {report['error_rows']:,} rows in {_e(report.get('errors_table'))}; "
+            f"values cut at {sample['text_limit']} characters.</p>")
+    return _section("dead-letters", "Dead-lettered rows", note + _table(sample["columns"], sample["rows"]))
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,134 @@
+"""No row, name or keystroke takes a run down: each bad input gets a scored row, a dead-lettered row with a
+reason, or one line (exit 2) before compute; a failed or interrupted run leaves nothing that blocks the next.
+
+Real local Spark + Delta, the real CLI (in-process where a signal is not needed), real models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lakescore.jobs.cli import main
+from tests.integration.test_score_job import read_output, reviews_frame
+
+INVALID_UTF8 = [b"\xff\xfe broken", b"lone surrogate \xed\xa0\x80"]
+
+
+def _score(tmp_path, source, output, model, *extra: str) -> list[str]:
+    return ["score", "--input", str(source), "--output", str(output), "--model", str(model),
+            "--id-col", "review_id", "--text-col", "body", "--report", str(tmp_path / "report.json"), *extra]
+
+
+def _one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lakescore:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_invalid_utf8_rows_are_dead_lettered_and_their_neighbours_scored(tmp_path, spark, tiny_classifier_dir):
+    frame = reviews_frame(30, seed=2)
+    bodies = [t.encode() for t in frame["body"]]
+    bodies[3], bodies[17] = INVALID_UTF8
+    source = tmp_path / "reviews.parquet"
+    body = pa.array(bodies, pa.binary()).view(pa.string())  # bytes Spark and Parquet accept as a string column
+    pq.write_table(pa.table({"review_id": pa.array(frame["review_id"], pa.int64()), "body": body}), source)
+    output = tmp_path / "out" / "labels"
+    code = main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify", "--set", "max_error_rate=0.1"))
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["output_rows"], report["error_rows"], report["error_reasons"]) == (28, 2, {"invalid_text": 2})
+    errors = read_output(spark, str(output) + "_errors")
+    assert errors["review_id"].tolist() == [frame["review_id"][3], frame["review_id"][17]]
+    assert errors["input"].tolist() == ["\\xff\\xfe broken", "lone surrogate \\xed\\xa0\\x80"]
+    assert set(errors["reason"]) == {"invalid_text"} and errors["error"].str.contains("not valid UTF-8").all()
+    # A successful run leaves no empty staging folders behind.
+    assert not (output.parent / "_lakescore_staging").exists()
+
+
+@pytest.mark.parametrize("run_id", ["ends-with\\", "x" * 10_000, "two\nlines", "quote'd", "sp ace"])
+def test_run_ids_that_would_break_the_write_are_refused_before_compute(tmp_path, spark, minilm_dir, capsys, run_id):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(5).to_parquet(source)
+    output = tmp_path / "out"
+    code = main(_score(tmp_path, source, output, minilm_dir, "--write-mode", "replace_run", "--run-id", run_id))
+    assert code == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("lakescore: error: run_id must be 1-128 characters") and len(line) < 400
+    assert not output.exists()
+
+
+def test_output_that_is_or_sits_inside_the_input_is_refused(tmp_path, spark, minilm_dir, capsys):
+    source = tmp_path / "reviews"
+    spark.createDataFrame(reviews_frame(5)).write.format("delta").save(str(source))
+    assert main(_score(tmp_path, source, source, minilm_dir)) == 2
+    assert "is the input: the run would overwrite what it reads" in _one_error_line(capsys)
+    assert main(_score(tmp_path, source, source / "scored", minilm_dir)) == 2
+    assert "is inside the input directory" in _one_error_line(capsys)
+    assert not (source / "scored").exists() and not (source.parent / "reviews_errors").exists()
+    assert spark.read.format("delta").load(str(source)).count() == 5  # the source is untouched
+
+
+def test_an_output_left_by_a_failed_first_publish_does_not_block_the_next_run(tmp_path, spark, minilm_dir):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(12).to_parquet(source)
+    output = tmp_path / "out"
+    (output / "_delta_log" / "_staged_commits").mkdir(parents=True)  # what a commit cut short leaves
+    assert main(_score(tmp_path, source, output, minilm_dir)) == 0
+    assert len(read_output(spark, str(output))) == 12
+
+
+def test_a_corrupt_input_file_exits_2_naming_it_and_writes_a_failed_report(tmp_path, spark, minilm_dir, capsys):
+    source = tmp_path / "reviews"
+    source.mkdir()
+    reviews_frame(10).to_parquet(source / "part-0.parquet")
+    (source / "part-1.parquet").write_bytes(b"PAR1" + b"\x00" * 64)  # truncated: no footer
+    output = tmp_path / "out"
+    assert main(_score(tmp_path, source, output, minilm_dir)) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("lakescore: error: cannot read input file ") and "part-1.parquet" in line, line
+    assert not output.exists() and not (Path(str(output) + "_errors")).exists()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "failed" and report["failed_step"] == "prepare" and "part-1.parquet" in report["error"]
+
+
+def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_dir, spark):
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group (the CLI, the JVM, the workers)."""
+    source = tmp_path / "reviews.parquet"
+    frame = reviews_frame(120, seed=4)
+    frame.to_parquet(source)
+    output, staging = tmp_path / "out", tmp_path / "staging"
+    cmd = [str(Path(sys.executable).with_name("lakescore")), *_score(tmp_path, source, output, minilm_dir),
+           "--set", "write.chunk_rows=30", "--set", f"write.staging={staging}", "--run-date", "2026-11-23",
+           "--set", f"spark.warehouse_dir={tmp_path / 'wh'}", "--set", "spark.master=local[2]",
+           "--set", "spark.conf.spark.ui.enabled=false"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(staging.glob("*/_delta_log/00000000000000000000.json")):
+        assert first.poll() is None, first.stderr.read()[-3000:]
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("lakescore:")]
+    assert len(lines) == 1 and lines[0].startswith("lakescore: interrupted "), err[-3000:]
+    assert lines[0].endswith("rerun the same command to resume") and "Traceback" not in err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["chunks"]["staging"].startswith(str(staging))
+    assert not output.exists()
+
+    assert main(cmd[1:]) == 0  # the rerun, in this process's session (the same command, a warm JVM)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "succeeded" and report["chunks"]["skipped"] >= 1
+    out = read_output(spark, str(output))
+    assert sorted(out["review_id"]) == sorted(frame["review_id"])

@@ -1,0 +1,101 @@
+"""The HTML page from report dicts, no Spark: sections per data kind, and everything user-supplied escaped."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from lakescore.jobs.report_html import render_html
+from lakescore.jobs.steps.report_data import summarize_column, summarize_input
+
+XSS = "<script>alert(1)</script>"
+
+
+def summaries(rng: np.random.Generator) -> list[dict]:
+    """Prediction summaries of the column types the tasks write (and an array<struct> one, like ner)."""
+    labels = pa.chunked_array([pa.array([XSS, "neutral", "positive", XSS, "positive", None])])
+    scores = pa.chunked_array([pa.array(rng.random(6))])
+    vectors = pa.chunked_array([pa.array([list(v) for v in rng.normal(size=(6, 8))], pa.list_(pa.float32()))])
+    entity = T.StructType([T.StructField("entity_group", T.StringType()), T.StructField("score", T.DoubleType())])
+    entities = pa.chunked_array([pa.array([[{"entity_group": "ORG", "score": 0.9}], [], [{"entity_group": XSS, "score": 0.5}]])])
+    return [
+        summarize_column("label", T.StringType(), labels),
+        summarize_column("score", T.DoubleType(), scores),
+        summarize_column("embedding", T.ArrayType(T.FloatType()), vectors),
+        summarize_column("entities", T.ArrayType(entity), entities),
+    ]
+
+
+def report(**overrides) -> dict:
+    rng = np.random.default_rng(0)
+    base = {
+        "run_id": f"run-{XSS}", "status": "succeeded", "task": "classify", "input": f"db.{XSS}",
+        "output": f"/tmp/{XSS}/out", "model_id": f"/models/{XSS}", "model_revision": None, "model_sha256": "ab" * 32,
+        "input_rows": 10, "output_rows": 8, "error_rows": 2, "errors_table": f"db.{XSS}_errors",
+        "error_reasons": {"duplicate_id": 2}, "seconds": 12.5, "rows_per_second": 0.8, "delta_version": 3,
+        "step_seconds": {"startup": 4.0, "score_stage": 6.0, "validate": 2.5},
+        "versions": {"lakescore": "0.2.0", "spark": "4.1.1", "delta": "4.4.0"},
+        "validation": {"success": True, "failed": [], "checks": [
+            {"expectation": "expect_column_values_to_be_in_set", "column": XSS, "success": True},
+            {"expectation": "expect_table_row_count_to_equal", "column": None, "success": False, "observed": 7}]},
+        "profile": {
+            "sample_rows": 6,
+            "inputs": [summarize_input("body", T.StringType(), pa.chunked_array([pa.array(["a b", XSS, "ccc"])]))],
+            "predictions": summaries(rng),
+            "dead_letters": {"columns": ["review_id", "input", "reason"], "rows": [["7", XSS, "duplicate_id"]],
+                             "text_limit": 200},
+            "throughput": [[0.0, 0], [3.0, 4], [6.0, 8]],
+        },
+    }
+    base.update(overrides)
+    return base
+
+
+def test_every_section_is_drawn_from_the_data_present():
+    page = render_html(report())
+    for section in ("identity", "rows", "time", "throughput", "inputs", "predictions", "validation", "dead-letters"):
+        assert f'id="{section}"' in page or f"id={section}" in page, section
+    assert page.count("<svg") == 10  # rows, steps, throughput, input lengths, labels, scores, norms, PCA, items, item field
+    assert "4.1.1" in page and "4.4.0" in page and "ab" * 32 in page
+    assert "L2 norm of embedding" in page and "PC 1 (" in page and "entities per row" in page
+    assert re.search(r"<td class=fail>FAIL</td><td>expect_table_row_count_to_equal", page)
+
+
+def test_user_supplied_text_is_escaped_everywhere():
+    page = render_html(report())
+    assert "<script" not in page.lower()
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 8  # ids, tables, paths, labels, texts, checks
+
+
+def test_projection_is_coloured_by_a_small_categorical_column():
+    items = summaries(np.random.default_rng(1))
+    vectors = items[2]
+    assert "colours" not in vectors["projection"]  # summarize_column alone does not colour
+    from lakescore.jobs.steps.report_data import _colour_projections
+
+    table = pa.table({"label": ["a", "b", "a", "b", "a", "b"]})
+    items[0] = summarize_column("label", T.StringType(), table.column("label"))
+    items[2] = summarize_column("embedding", T.ArrayType(T.FloatType()),
+                                pa.chunked_array([pa.array([[float(i), float(i * i), 1.0] for i in range(6)])]))
+    _colour_projections(items, table)
+    assert items[2]["projection"]["colours"] == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_failed_run_without_profile_still_renders():
+    page = render_html(report(status="validation_failed", profile=None, validation=None, error="the output failed"))
+    assert 'class="badge bad"' in page and "the output failed" in page and "Not run" in page
+
+
+def test_projection_finds_the_direction_of_most_variance():
+    from lakescore.jobs.steps.report_data import projection
+
+    rng = np.random.default_rng(2)
+    along = rng.normal(size=200)
+    rows = [np.array([a, 2 * a, -a]) + rng.normal(scale=1e-3, size=3) for a in along]
+    result = projection(rows)
+    assert result["explained"][0] > 0.999
+    xs = np.array([p[0] for p in result["points"]])
+    assert abs(np.corrcoef(xs, along)[0, 1]) > 0.999
