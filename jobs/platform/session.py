@@ -27,14 +27,13 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.platform import interrupts
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.console import is_verbose, launch_quiet_gateway, quiet_java_options
+from lakescore.jobs.platform.console import is_verbose, quiet_java_options
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
-from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level
+from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
 __all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
 
@@ -140,9 +139,8 @@ def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) 
         "spark.sql.catalogImplementation": "hive",  # what enableHiveSupport() sets
         **confs,
     }
-    if not verbose:  # the JVM starts here, its stderr passing through launch_quiet_gateway's filter
-        conf = SparkConf().setAll(list(settings.items()))
-        SparkContext(conf=conf, gateway=launch_quiet_gateway(conf))
+    if not verbose:  # the JVM starts here, its stderr passing through the console's filter
+        start_quiet_classic_jvm(settings)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -34,7 +34,7 @@ import logging
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.config import ConfigError
 
 __all__ = [
-    "NotOnConnect", "is_connect", "session_facts", "default_parallelism", "partition_count", "rows_counter",
+    "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths", "RemoteFiles", "remote_files",
 ]
 
@@ -97,6 +97,18 @@ def default_parallelism(spark: SparkSession) -> int:
 def partition_count(df: DataFrame) -> Optional[int]:
     """Partitions of ``df`` as planned (classic), or ``None`` over Connect, where only a job could tell."""
     return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
+
+
+def start_quiet_classic_jvm(settings: Mapping[str, str]) -> None:
+    """Start the classic SparkContext of a session lakescore builds, with ``settings``, its JVM's stderr
+    passing through :func:`lakescore.jobs.platform.console.launch_quiet_gateway`'s filter; the session
+    builder then picks that context up."""
+    from pyspark import SparkConf, SparkContext
+
+    from lakescore.jobs.platform.console import launch_quiet_gateway
+
+    conf = SparkConf().setAll(list(settings.items()))
+    SparkContext(conf=conf, gateway=launch_quiet_gateway(conf))
 
 
 def rows_counter(spark: SparkSession) -> Optional[Any]:
