@@ -14,7 +14,7 @@ S3A ?= 1
 # connect: the Spark Connect client; mlflow: MLflow model URIs (both tested by make test).
 setup: browser
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,mlflow,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:

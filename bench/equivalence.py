@@ -16,7 +16,7 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow.parquet as pq
 
-__all__ = ["delta_files", "min_cosine", "compare"]
+__all__ = ["delta_files", "min_cosine", "compare", "compare_npz"]
 
 
 def delta_files(table: Path) -> list[Path]:
@@ -48,12 +48,13 @@ def min_cosine(ids_a: np.ndarray, vecs_a: np.ndarray, ids_b: np.ndarray, vecs_b:
     shared = [(n, index_b[int(i)]) for n, i in enumerate(ids_a) if int(i) in index_b]
     result = {"rows_a": len(ids_a), "rows_b": len(ids_b), "matched": len(shared),
               "missing_in_a": len(ids_b) - len(shared), "missing_in_b": len(ids_a) - len(shared),
-              "min_cosine": None}
+              "min_cosine": None, "p1_cosine": None}
     if shared:
         rows_a, rows_b = (np.fromiter(side, dtype=np.int64) for side in zip(*shared))
         a, b = vecs_a[rows_a].astype(np.float64), vecs_b[rows_b].astype(np.float64)
         cosine = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
         result["min_cosine"] = float(cosine.min())
+        result["p1_cosine"] = float(np.percentile(cosine, 1))
     return result
 
 
@@ -66,3 +67,9 @@ def compare(delta_table: Path, reference_npz: Path, id_col: str = "review_id") -
                if table is not None and table.num_rows else np.zeros((0, 0), dtype=np.float32))
     reference = np.load(reference_npz)
     return min_cosine(reference["ids"], reference["embeddings"], ids, vectors)
+
+
+def compare_npz(vectors_npz: Path, reference_npz: Path) -> dict:
+    """:func:`min_cosine` of the plain loop's ``.npz`` (a) against another loop's ``.npz`` (b)."""
+    ours, reference = np.load(vectors_npz), np.load(reference_npz)
+    return min_cosine(reference["ids"], reference["embeddings"], ours["ids"], ours["embeddings"])

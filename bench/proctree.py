@@ -7,6 +7,12 @@ launches and the Python workers the JVM forks), summed. Forked workers share
 copy-on-write pages with their parent, so the sum overstates the physical
 memory a little; it is the same rule for every peer.
 
+Every ``smaps_every`` polls the tree's proportional set size (PSS: shared pages split among the
+processes that map them, so a library or a memory-mapped weight file counts once) and each
+Spark Python worker's private vs shared memory (``/proc/<pid>/smaps_rollup``) are read too:
+what the workers of one executor share (libraries, memory-mapped weights) against what each
+holds alone.
+
 Linux only (reads ``/proc``).
 """
 
@@ -31,6 +37,12 @@ class Measurement:
     returncode: int
     wall_seconds: float
     peak_rss_bytes: int
+    peak_pss_bytes: int = 0
+    """Largest summed PSS of the tree (sampled every ``smaps_every`` polls)."""
+    worker_private_bytes: int = 0
+    """Largest private (unshared) memory of any one Spark Python worker."""
+    worker_shared_bytes: int = 0
+    """That worker's shared memory at the same sample."""
 
 
 def _parent_map() -> dict[int, list[int]]:
@@ -58,15 +70,51 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Summed RSS of ``root`` and all its descendants right now (0 if it is gone)."""
+def tree_pids(root: int) -> list[int]:
+    """``root`` and every descendant alive right now."""
     children = _parent_map()
-    total, stack = 0, [root]
+    found, stack = [], [root]
     while stack:
         pid = stack.pop()
-        total += _rss_bytes(pid)
+        found.append(pid)
         stack.extend(children.get(pid, ()))
-    return total
+    return found
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Summed RSS of ``root`` and all its descendants right now (0 if it is gone)."""
+    return sum(_rss_bytes(pid) for pid in tree_pids(root))
+
+
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """``/proc/<pid>/smaps_rollup`` in bytes (``Pss``, ``Private_Dirty``, ``Shared_Clean``, ...); empty when gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as handle:
+            rows = [line.split() for line in handle if line.rstrip().endswith("kB")]
+    except OSError:
+        return {}
+    return {row[0].rstrip(":"): int(row[1]) * 1024 for row in rows}
+
+
+def _is_python_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read()
+        return b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline
+    except OSError:
+        return False
+
+
+def memory_sample(root: int) -> tuple[int, int, int]:
+    """``(tree PSS, largest private bytes of one Python worker, that worker's shared bytes)`` right now."""
+    pss, private, shared = 0, 0, 0
+    for pid in tree_pids(root):
+        rollup = smaps_rollup(pid)
+        pss += rollup.get("Pss", 0)
+        mine = rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
+        if mine > private and _is_python_worker(pid):
+            private, shared = mine, rollup.get("Shared_Clean", 0) + rollup.get("Shared_Dirty", 0)
+    return pss, private, shared
 
 
 def run_measured(
@@ -76,19 +124,24 @@ def run_measured(
     cwd: Path,
     log_path: Path,
     poll_seconds: float = 0.2,
+    smaps_every: int = 5,
 ) -> Measurement:
     """Run ``cmd`` to completion with stdout and stderr in ``log_path``; return its :class:`Measurement`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    peak = 0
+    peak, memory, polls = 0, (0, 0, 0), 0
     with open(log_path, "wb") as log:
         started = time.perf_counter()
         child = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         while True:
             peak = max(peak, tree_rss_bytes(child.pid))
+            if polls % smaps_every == 0:
+                pss, private, shared = memory_sample(child.pid)
+                memory = (max(memory[0], pss), *(memory[1:] if memory[1] >= private else (private, shared)))
+            polls += 1
             try:
                 child.wait(timeout=poll_seconds)
                 break
             except subprocess.TimeoutExpired:
                 continue
         wall = time.perf_counter() - started
-    return Measurement(returncode=child.returncode, wall_seconds=wall, peak_rss_bytes=peak)
+    return Measurement(child.returncode, wall, peak, *memory)

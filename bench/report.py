@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from bench.proctree import Measurement
+from bench.fast_path import FIXED_WORKLOAD, cosine_lines, fast_path_lines
 from bench.suite import Job
 
-__all__ = ["RunResult", "JobSummary", "summarise", "render", "machine_facts", "TARGETS", "PREFIX_WORKLOAD"]
+__all__ = ["RunResult", "JobSummary", "summarise", "render", "machine_facts", "TARGETS", "PREFIX_WORKLOAD", "FIXED_WORKLOAD"]
 
 _MIB = 1024 * 1024
 
@@ -73,6 +74,8 @@ class JobSummary:
     """lakescore only: median seconds per step."""
     wall_seconds: Optional[float] = None
     """Median process wall time."""
+    memory_mib: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Over the repeats, the largest: tree PSS; one Python worker's private memory (and its shared memory then)."""
 
     @property
     def median(self) -> Optional[float]:
@@ -100,7 +103,14 @@ def summarise(job: Job, results: Sequence[RunResult]) -> JobSummary:
         step_shares={k: statistics.median(v) for k, v in shares.items()},
         step_seconds={k: statistics.median(v) for k, v in seconds_by_step.items()},
         wall_seconds=statistics.median(r.measurement.wall_seconds for r in good) if good else None,
+        memory_mib=_memory_mib([r.measurement for r in mine]),
     )
+
+
+def _memory_mib(measurements: Sequence[Measurement]) -> tuple[float, float, float]:
+    pss = max((m.peak_pss_bytes for m in measurements), default=0)
+    worker = max(measurements, key=lambda m: m.worker_private_bytes, default=None)
+    return (pss / _MIB, *((worker.worker_private_bytes / _MIB, worker.worker_shared_bytes / _MIB) if worker else (0.0, 0.0)))
 
 
 def _fmt(value: Optional[float], spec: str = ".1f") -> str:
@@ -108,14 +118,16 @@ def _fmt(value: Optional[float], spec: str = ".1f") -> str:
 
 
 def _table(summaries: Sequence[JobSummary]) -> tuple[list[str], list[list[str]]]:
-    header = ["workload", "peer", "rows", "repeats", "rows/s min", "median", "max", "peak RSS MiB", "note"]
+    header = ["workload", "peer", "rows", "repeats", "rows/s min", "median", "max", "peak RSS MiB", "peak PSS MiB",
+              "worker private / shared MiB", "note"]
     rows = []
     for s in summaries:
         note = s.job.note + (f"; {s.failures} run(s) FAILED" if s.failures else "")
         rows.append([
             s.job.workload, f"({s.job.peer.key}) {s.job.peer.label}", f"{s.job.rows:,}", str(len(s.rates)),
             _fmt(min(s.rates, default=None)), _fmt(s.median), _fmt(max(s.rates, default=None)),
-            _fmt(s.peak_rss_mib, ".0f"), note.strip("; "),
+            _fmt(s.peak_rss_mib, ".0f"), _fmt(s.memory_mib[0], ".0f"),
+            f"{s.memory_mib[1]:.0f} / {s.memory_mib[2]:.0f}" if s.memory_mib[1] else "-", note.strip("; "),
         ])
     return header, rows
 
@@ -202,18 +214,7 @@ def _fixed_cost_lines(summaries: Sequence[JobSummary]) -> list[str]:
     return lines
 
 
-def _cosine_lines(equivalence: Optional[dict]) -> list[str]:
-    if not equivalence:
-        return ["equivalence: not checked (needs one successful W1 run of (a) and of (d))"]
-    cosine = equivalence.get("min_cosine")
-    verdict = "-" if cosine is None else "met" if cosine >= COSINE_TARGET else "NOT met"
-    return [f"equivalence (W1, lakescore Delta vs plain loop, per review_id): min cosine {_fmt(cosine, '.7f')} "
-            f"over {equivalence.get('matched')} matched rows; missing in lakescore output "
-            f"{equivalence.get('missing_in_b')}, extra {equivalence.get('missing_in_a')}   "
-            f"target >= {COSINE_TARGET}: {verdict}"]
-
-
-def render(summaries: Sequence[JobSummary], equivalence: Optional[dict], markdown: bool) -> str:
+def render(summaries: Sequence[JobSummary], equivalence: dict, markdown: bool) -> str:
     """The result table and the ratio / share / equivalence lines, as plain text or Markdown."""
     header, rows = _table(summaries)
     if markdown:
@@ -226,7 +227,8 @@ def render(summaries: Sequence[JobSummary], equivalence: Optional[dict], markdow
         bullets = list
     out = table + [""] + bullets(_ratio_lines(summaries)) + bullets(_share_lines(summaries))
     out += bullets(_fixed_cost_lines(summaries))
-    out += bullets(_cosine_lines(equivalence))
+    out += bullets(fast_path_lines(summaries))
+    out += bullets(cosine_lines(equivalence, COSINE_TARGET))
     return "\n".join(out)
 
 

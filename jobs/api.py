@@ -123,6 +123,11 @@ def _notebook_config(
             known = ", ".join(_MODEL_OPTIONS + _SCORING_OPTIONS)
             raise ConfigError(f"unknown option {key!r}; options: {known}")
     cfg = config_from_mapping({**tree, **columns, "feature_cols": list(feature_cols or ())})
+    if cfg.model.quantize != "none":  # the tolerance check is a preflight of the job (score), which these lack
+        raise ConfigError(
+            f"quantize={cfg.model.quantize!r} is checked against float32 before a scoring job starts; use lakescore.score, "
+            "or backend='onnx' without quantize here"
+        )
     if not cfg.reads_text and not feature_cols:
         raise ConfigError(f"task {task!r} reads numeric features: pass feature_cols")
     return cfg

@@ -23,7 +23,8 @@ from lakescore.jobs.platform.interrupts import install as install_interrupt_hand
 from lakescore.jobs.report import one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.config import (
-    DEVICES, DTYPES, INPUT_FORMATS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig, load_config,
+    BACKENDS, DEVICES, DTYPES, INPUT_FORMATS, QUANTIZATIONS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig,
+    load_config,
 )
 from lakescore.jobs.platform.console import configure_logging
 
@@ -48,6 +49,8 @@ _SCORE_FLAGS = {
     "feature_prefix": "feature_prefix",
     "device": "model.device",
     "dtype": "model.dtype",
+    "backend": "model.backend",
+    "quantize": "model.quantize",
     "expect_sha256": "model.expect_sha256",
     "allow_pickle": "model.allow_pickle",
     "trust_remote_code": "model.trust_remote_code",
@@ -89,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--feature-prefix", help="tabular: use every column starting with this prefix")
     score.add_argument("--device", choices=DEVICES, help=f"where workers run the model (default: {ModelConfig.device})")
     score.add_argument("--dtype", choices=DTYPES, help=f"model precision (default: {ModelConfig.dtype})")
+    score.add_argument("--backend", choices=BACKENDS, help=f"what runs the forward (default: {ModelConfig.backend})")
+    score.add_argument(
+        "--quantize", choices=QUANTIZATIONS, help=f"int8 on the onnx backend, within a checked tolerance (default: {ModelConfig.quantize})"
+    )
     score.add_argument("--expect-sha256", metavar="HEX", help="refuse to score unless the weights digest equals this")
     score.add_argument(
         "--allow-pickle", action="store_true", default=None, help="allow pickle-based weights (can run arbitrary code)"

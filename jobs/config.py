@@ -40,12 +40,13 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from lakescore.udfs.batching import default_max_tokens
-from lakescore.udfs.model_source import DEVICES, DTYPES
+from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS
+from lakescore.udfs.quantize import Tolerance
 from lakescore.udfs.registry import TASK_NAMES, get_task
 
 __all__ = [
     "ConfigError", "JobConfig", "config_from_mapping", "load_config",
-    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEVICES", "DTYPES",
+    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS",
 ]
 
 TASKS = TASK_NAMES
@@ -87,6 +88,21 @@ class ModelConfig:
     """Pooling for models without a sentence-transformers config: ``mean`` or ``cls``."""
     normalize: Optional[bool] = None
     """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
+    backend: str = "torch"
+    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; exported once per host)."""
+    quantize: str = "none"
+    """``int8`` (ONNX backend): faster, lossy; the run refuses to score when a sample of its input is
+    outside the tolerance below against float32."""
+    quantize_min_cosine: float = Tolerance.min_cosine
+    """int8 embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
+    quantize_min_agreement: float = Tolerance.min_agreement
+    """int8 classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
+    quantize_max_prob_delta: float = Tolerance.max_prob_delta
+    """int8 classifiers: the 99th percentile over sampled rows of the largest probability difference."""
+
+    def tolerance(self) -> Tolerance:
+        """The quantization tolerance these settings give."""
+        return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
 
     def _validate(self) -> None:
         if self.device not in DEVICES:
@@ -103,6 +119,22 @@ class ModelConfig:
             raise ConfigError(f"model.max_seq_length must be >= 1, got {self.max_seq_length}")
         if self.pooling not in (None, "mean", "cls"):
             raise ConfigError(f"model.pooling must be 'mean' or 'cls', got {self.pooling!r}")
+        self._validate_backend()
+
+    def _validate_backend(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"model.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.quantize not in QUANTIZATIONS:
+            raise ConfigError(f"model.quantize must be one of {', '.join(QUANTIZATIONS)}, got {self.quantize!r}")
+        if self.backend == "onnx" and self.device == "cuda":
+            raise ConfigError("model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU")
+        if self.backend == "onnx" and self.dtype != "float32":
+            raise ConfigError(f"model.backend onnx runs float32 (or model.quantize int8), got model.dtype {self.dtype!r}")
+        if self.quantize == "int8" and self.backend != "onnx":
+            raise ConfigError("model.quantize int8 needs model.backend onnx")
+        for key in ("quantize_min_cosine", "quantize_min_agreement", "quantize_max_prob_delta"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"model.{key} must be between 0 and 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
@@ -341,6 +373,11 @@ class JobConfig:
             )
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.model.backend not in get_task(self.task).backends:
+            raise ConfigError(
+                f"model.backend {self.model.backend!r} cannot run task {self.task!r} "
+                f"(it runs on {', '.join(get_task(self.task).backends)})"
+            )
         if self.progress_seconds < 0:
             raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
         if self.input_format not in INPUT_FORMATS:

@@ -115,3 +115,26 @@ def tiny_tabular(tmp_path_factory):
     program = torch.export.export(module, (torch.zeros(2, 4),), dynamic_shapes=({0: batch},))
     torch.export.save(program, str(exported))
     return module, script, exported
+
+
+@pytest.fixture(scope="session")
+def onnx_cache_dir(tmp_path_factory) -> Path:
+    """One ``model.cache_dir`` for every ONNX test of the session: each model is exported (and quantized) once."""
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.fixture(scope="session")
+def plain_bert_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A tiny BERT with random (seeded) weights saved the Hugging Face way, without any sentence-transformers
+    config, with MiniLM's tokenizer so it reads real text."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    path = tmp_path_factory.mktemp("plain-bert")
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)
+    BertModel(config).eval().save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from lakescore.udfs.arrow_columns import list_column, scalar_column, string_column
-from lakescore.udfs.devices import to_device
-from lakescore.udfs.hf_models import load_labelled_model
+from lakescore.udfs.backends import ModelKind
+from lakescore.udfs.hf_models import LabelledModel, load_labelled_model
 from lakescore.udfs.model_source import ModelSpec
 
-__all__ = ["SequenceClassifier", "load_classifier"]
+__all__ = ["SequenceClassifier", "load_classifier", "KIND"]
+
+KIND = ModelKind("AutoModelForSequenceClassification", "logits")
 
 
 class SequenceClassifier:
@@ -31,25 +32,27 @@ class SequenceClassifier:
     probability (``array<double>`` in label-id order).
     """
 
-    def __init__(self, model, tokenizer, max_length: int) -> None:
-        self._model = model.eval()
-        self._tokenizer = tokenizer
-        self.max_length = max_length
-        self.padding_side = getattr(tokenizer, "padding_side", "right")
-        config = model.config
-        self.labels = [str(config.id2label[i]) for i in range(config.num_labels)]
-        self._sigmoid = config.num_labels == 1 or config.problem_type == "multi_label_classification"
+    def __init__(self, loaded: LabelledModel) -> None:
+        self._forward = loaded.forward
+        self._tokenizer = loaded.tokenizer
+        self.max_length = loaded.max_length
+        self.padding_side = getattr(loaded.tokenizer, "padding_side", "right")
+        self.labels = list(loaded.facts.labels)
+        self._sigmoid = len(self.labels) == 1 or loaded.facts.problem_type == "multi_label_classification"
 
     def tokenize(self, texts: list[str]):
-        return self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        return dict(self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np"))
 
-    @torch.inference_mode()
     def forward(self, features) -> np.ndarray:
-        device = self._model.device
-        features = {k: to_device(v, device) for k, v in features.items()}
-        logits = self._model(**features).logits.float()
-        probs = torch.sigmoid(logits) if self._sigmoid else torch.softmax(logits, dim=-1)
-        return probs.double().cpu().numpy()
+        """Probabilities per label, float64 ``(n, num_labels)``: the pipeline's activation over the logits,
+        computed in float32 as torch computes it, then widened."""
+        logits = self._forward(features).astype(np.float32, copy=False)
+        if self._sigmoid:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs = shifted / shifted.sum(axis=-1, keepdims=True)
+        return probs.astype(np.float64)
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""
@@ -65,16 +68,25 @@ class SequenceClassifier:
         """Convenience for small lists: one padded batch (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
 
+    @staticmethod
+    def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """How close ``outputs`` are to ``reference`` (same rows): label agreement, and the 99th percentile
+        (and max) over rows of the largest per-label probability difference."""
+        delta = np.abs(np.asarray(outputs) - np.asarray(reference)).max(axis=1)
+        return {
+            "agreement": float((outputs.argmax(axis=1) == reference.argmax(axis=1)).mean()),
+            "prob_delta_p99": float(np.percentile(delta, 99)),
+            "prob_delta_max": float(delta.max()),
+        }
+
 
 def load_classifier(spec: ModelSpec, model_dir: Path) -> SequenceClassifier:
     """Load the sequence-classification model in ``model_dir`` as ``spec`` configures it.
 
     Safetensors only unless ``spec.allow_pickle``; remote code only with
-    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`.
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights and
-    ``ValueError`` for a model without labels (:func:`~lakescore.udfs.hf_models.load_labelled_model`).
+    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`;
+    the forward on ``spec.backend``. Raises :class:`~lakescore.udfs.model_source.ModelSourceError`
+    for refused weights and ``ValueError`` for a model without labels
+    (:func:`~lakescore.udfs.hf_models.load_labelled_model`).
     """
-    from transformers import AutoModelForSequenceClassification
-
-    loaded = load_labelled_model(spec, model_dir, AutoModelForSequenceClassification, "sequence classifier")
-    return SequenceClassifier(loaded.model, loaded.tokenizer, loaded.max_length)
+    return SequenceClassifier(load_labelled_model(spec, model_dir, KIND, "sequence classifier"))

@@ -1,30 +1,87 @@
 """The ``embed`` head: text -> sentence embedding, exactly as sentence-transformers computes it.
 
-The model is a ``SentenceTransformer`` built from the model directory's own
-configuration (``modules.json``: Transformer -> Pooling -> [Dense] ->
-[Normalize], ``max_seq_length`` from ``sentence_bert_config.json``), so the
-vectors are the ones ``SentenceTransformer(dir).encode(texts)`` returns. A
-plain Hugging Face directory without that configuration gets Transformer ->
-Pooling (``mean`` unless configured ``cls``) -> Normalize (unless configured off).
+A sentence-transformers directory says what the model is in ``modules.json``: Transformer ->
+Pooling -> [Normalize], with ``max_seq_length`` / ``do_lower_case`` in the Transformer's
+``sentence_bert_config.json`` and the pooling modes in ``1_Pooling/config.json``. This head reads
+those files and runs the same steps itself: the tokenizer (truncating at ``max_seq_length``,
+lower-casing through the tokenizer's normalizer when configured, as sentence-transformers does),
+the transformer forward on ``spec.backend`` (:mod:`lakescore.udfs.backends`), then pooling and
+L2 normalisation in numpy, shared by every backend. The vectors equal
+``SentenceTransformer(dir).encode(texts)`` within float32 rounding (tested), and a worker never
+imports sentence-transformers, which brings scikit-learn and scipy with it (5.3 s of CPU and
+~800 MiB resident per process, measured on the bench machine).
 
-We call the model's own ``preprocess`` and forward pass instead of ``encode``
-because batching is ours (:mod:`lakescore.udfs.batching`): ``encode`` sorts by characters
-and cuts fixed row counts; we tokenize once, sort by tokens and cut by a token budget.
+A plain Hugging Face directory without that configuration gets Transformer -> Pooling
+(``mean`` unless configured ``cls``) -> Normalize (unless configured off). A directory with
+modules this head does not read (e.g. a ``Dense`` projection) is loaded by sentence-transformers
+itself, on the torch backend only.
+
+Batching is ours (:mod:`lakescore.udfs.batching`): ``encode`` sorts by characters and cuts
+fixed row counts; we tokenize once, sort by tokens and cut by a token budget.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from lakescore.udfs.arrow_columns import list_column
-from lakescore.udfs.devices import to_device, torch_dtype
+from lakescore.udfs.backends import Forward, ModelKind, load_forward
+from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_limit
 from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
-__all__ = ["SentenceEmbedder", "load_embedder"]
+__all__ = ["SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "pool", "KIND", "POOLING_MODES"]
+
+KIND = ModelKind("AutoModel", "last_hidden_state")
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")
+"""sentence-transformers' pooling modes this head computes (its order, when several are concatenated)."""
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+@dataclass(frozen=True)
+class SentenceConfig:
+    """What a model directory's sentence-transformers files (or their defaults) say about its embedding."""
+
+    transformer_dir: Path
+    max_seq_length: Optional[int]
+    do_lower_case: bool
+    pooling: tuple[str, ...]
+    normalize: bool
+
+
+def pool(tokens: np.ndarray, mask: np.ndarray, modes: tuple[str, ...]) -> np.ndarray:
+    """sentence-transformers' ``Pooling`` over ``tokens`` (n, L, d) where ``mask`` (n, L) is 1, modes concatenated.
+
+    ``cls`` is the first real token (left padding included), ``max`` the largest over real
+    tokens, ``mean`` their mean (``mean_sqrt_len_tokens``: the sum over the square root of the count).
+    """
+    mask = np.asarray(mask)
+    weights = mask[..., None].astype(tokens.dtype)
+    vectors = []
+    for mode in modes:
+        if mode == "cls":
+            vectors.append(tokens[np.arange(len(tokens)), mask.argmax(axis=1)])
+        elif mode == "max":
+            vectors.append(np.where(weights > 0, tokens, -np.inf).max(axis=1))
+        else:
+            count = np.maximum(weights.sum(axis=1), 1e-9)
+            total = (tokens * weights).sum(axis=1)
+            vectors.append(total / (count if mode == "mean" else np.sqrt(count)))
+    return np.concatenate(vectors, axis=1).astype(np.float32, copy=False)
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, as ``torch.nn.functional.normalize`` (norms below 1e-12 divide by 1e-12)."""
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
 class SentenceEmbedder:
@@ -33,21 +90,25 @@ class SentenceEmbedder:
     Output: the embedding per row (``array<float>``).
     """
 
-    def __init__(self, model) -> None:
-        self._model = model.eval()
-        self.dimension = int(model.get_embedding_dimension())
-        self.max_seq_length = model.max_seq_length
-        self.padding_side = getattr(model.tokenizer, "padding_side", "right")
+    def __init__(self, forward: Forward, tokenizer: Any, max_seq_length: int, pooling: tuple[str, ...], normalize: bool) -> None:
+        self._forward = forward
+        self._tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.pooling = pooling
+        self.normalize = normalize
+        self.padding_side = getattr(tokenizer, "padding_side", "right")
 
-    def tokenize(self, texts: list[str]):
-        """The model's own preprocessing: tokenized, truncated at ``max_seq_length``, padded to the longest."""
-        return self._model.preprocess(texts)
+    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Tokenized as sentence-transformers does: truncated at ``max_seq_length``, padded to the longest."""
+        return dict(self._tokenizer(
+            texts, padding=True, truncation="longest_first", max_length=self.max_seq_length, return_tensors="np",
+        ))
 
-    @torch.inference_mode()
     def forward(self, features) -> np.ndarray:
-        device = self._model.device
-        features = {k: to_device(v, device) for k, v in features.items()}
-        return self._model(features)["sentence_embedding"].float().cpu().numpy()
+        vectors = self._forward(features)
+        if self.pooling:  # empty: the forward pooled already (a model sentence-transformers loaded)
+            vectors = pool(vectors, features["attention_mask"], self.pooling)
+        return (l2_normalize(vectors) if self.normalize else vectors).astype(np.float32, copy=False)
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""
@@ -57,51 +118,99 @@ class SentenceEmbedder:
         """Convenience for small lists: one padded batch, no budget (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
 
+    @staticmethod
+    def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """How close ``outputs`` are to ``reference`` (same rows): per-row cosine, 1st percentile and minimum."""
+        a, b = np.asarray(reference, dtype=np.float64), np.asarray(outputs, dtype=np.float64)
+        norms = np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+        cosine = (a * b).sum(axis=1) / norms
+        return {"cosine_p1": float(np.percentile(cosine, 1)), "cosine_min": float(cosine.min())}
+
+
+def sentence_config(spec: ModelSpec, model_dir: Path) -> Optional[SentenceConfig]:
+    """The embedding ``model_dir`` describes (``spec.pooling`` / ``spec.normalize`` applied), or ``None``
+    when its ``modules.json`` holds modules other than Transformer -> Pooling -> [Normalize].
+
+    Raises ``ValueError`` for a pooling override on a model whose configuration fixes its pooling,
+    or a pooling mode this head does not compute.
+    """
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        pooling = (spec.pooling or "mean",)
+        return SentenceConfig(model_dir, None, False, pooling, spec.normalize is not False)
+    if spec.pooling is not None:
+        raise ValueError(
+            f"model.pooling={spec.pooling!r} conflicts with the pooling fixed by {modules_file}; "
+            "remove the setting to use the model's own"
+        )
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        return None
+    transformer_dir = model_dir / modules[0].get("path", "")
+    settings = _read_json(transformer_dir / "sentence_bert_config.json")
+    pooling = _pooling_modes(_read_json(model_dir / modules[1].get("path", "") / "config.json"), model_dir)
+    normalize = len(kinds) == 3 if spec.normalize is None else spec.normalize
+    return SentenceConfig(transformer_dir, settings.get("max_seq_length"), bool(settings.get("do_lower_case")), pooling, normalize)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _pooling_modes(config: dict, model_dir: Path) -> tuple[str, ...]:
+    """The pooling modes of a ``Pooling`` config: ``pooling_mode`` (one or a list), else the legacy booleans."""
+    modes = config.get("pooling_mode")
+    if modes is None:
+        modes = [mode for key, mode in _LEGACY_POOLING_KEYS.items() if config.get(key)] or ["mean"]
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    unknown = [m for m in modes if m not in POOLING_MODES]
+    if unknown:
+        raise ValueError(f"{model_dir} pools with {unknown}; lakescore computes {', '.join(POOLING_MODES)}")
+    return modes
+
 
 def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     """Load the embedding model in ``model_dir`` as ``spec`` configures it.
 
-    Only safetensors weights load unless ``spec.allow_pickle``; remote code runs
-    only with ``spec.trust_remote_code``. Raises ``ValueError`` for a pooling
-    override on a model whose sentence-transformers config already fixes its
-    pooling, :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights.
+    Only safetensors weights load unless ``spec.allow_pickle``; remote code runs only with
+    ``spec.trust_remote_code``. Raises ``ValueError`` for a pooling override on a model whose
+    sentence-transformers config already fixes its pooling, or for modules this head does not
+    read on the ONNX backend; :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights.
     """
     require_directory(model_dir, "embed")
     refuse_pickle_weights(model_dir, spec.allow_pickle)
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from transformers.utils import logging as hf_logging
+    config = sentence_config(spec, model_dir)
+    if config is None:
+        if spec.backend != "torch":
+            raise ValueError(f"{model_dir / 'modules.json'} holds modules beyond Transformer, Pooling and Normalize; "
+                             f"they run on the torch backend only, not {spec.backend}")
+        from lakescore.udfs.st_fallback import load_with_sentence_transformers
 
-    hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
+        return load_with_sentence_transformers(spec, model_dir, SentenceEmbedder)
+    tokenizer = load_tokenizer(spec, config.transformer_dir)
+    if config.do_lower_case:
+        _lowercase_first(tokenizer)
+    forward = load_forward(spec, config.transformer_dir, KIND, tokenizer.model_input_names)
+    facts = model_facts(config.transformer_dir)
+    limit_spec = spec if spec.max_seq_length is not None else _with_max_seq_length(spec, config.max_seq_length)
+    max_length = truncation_limit(limit_spec, facts.max_position_embeddings, tokenizer)
+    return SentenceEmbedder(forward, tokenizer, max_length, config.pooling, config.normalize)
 
-    model_kwargs = {"use_safetensors": True} if not spec.allow_pickle else {}
-    if (model_dir / "modules.json").is_file():
-        if spec.pooling is not None:
-            raise ValueError(
-                f"model.pooling={spec.pooling!r} conflicts with the pooling fixed by {model_dir / 'modules.json'}; "
-                "remove the setting to use the model's own"
-            )
-        model = SentenceTransformer(
-            str(model_dir),
-            device=spec.device,
-            local_files_only=True,
-            trust_remote_code=spec.trust_remote_code,
-            model_kwargs=model_kwargs,
-        )
-    else:
-        remote = {"trust_remote_code": spec.trust_remote_code}
-        transformer = Transformer(
-            str(model_dir), model_kwargs={**model_kwargs, **remote}, config_kwargs=remote, processor_kwargs=remote
-        )
-        pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=spec.pooling or "mean")
-        model = SentenceTransformer(modules=[transformer, pooling, Normalize()], device=spec.device)
 
-    if spec.normalize is not None:
-        has_normalize = any(isinstance(m, Normalize) for m in model)
-        if spec.normalize and not has_normalize:
-            model.append(Normalize())
-        elif not spec.normalize and has_normalize:
-            model = SentenceTransformer(modules=[m for m in model if not isinstance(m, Normalize)], device=spec.device)
-    if spec.max_seq_length is not None:
-        model.max_seq_length = spec.max_seq_length
-    return SentenceEmbedder(model.to(torch_dtype(spec.dtype)))
+def _with_max_seq_length(spec: ModelSpec, max_seq_length: Optional[int]) -> ModelSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, max_seq_length=max_seq_length)
+
+
+def _lowercase_first(tokenizer) -> None:
+    """Lower-case in the tokenizer's normalizer, unless it does already: what sentence-transformers' Transformer
+    does for ``do_lower_case`` (so casing follows the tokenizer's Unicode rules, not Python's ``str.lower``)."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    backend = tokenizer.backend_tokenizer
+    current = backend.normalizer
+    if current is not None and "Lowercase" in repr(current):
+        return
+    backend.normalizer = Sequence([Lowercase()] + ([current] if current is not None else []))

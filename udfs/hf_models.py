@@ -1,65 +1,100 @@
-"""Loading a Hugging Face model with a labelled head (``classify``, ``ner``): the rules those heads share.
+"""Loading a Hugging Face text model for a head: its tokenizer, its facts, its forward. The rules every text head shares.
 
-One place decides, for every head built on ``AutoTokenizer`` + an ``AutoModelFor...``
-class, how the files are trusted and how long a row may be:
+One place decides, for every head built on a Hugging Face directory, how the files are
+trusted and how long a row may be:
 
 * safetensors only unless ``spec.allow_pickle`` (:func:`~lakescore.udfs.model_source.refuse_pickle_weights`
   before anything is read, and ``use_safetensors=True`` for the load itself);
 * the model's own code only with ``spec.trust_remote_code``;
 * files from ``model_dir`` only (``local_files_only``): workers never reach a hub;
-* rows are truncated at :func:`truncation_limit`.
+* rows are truncated at :func:`truncation_limit`;
+* the forward runs on ``spec.backend`` (:mod:`lakescore.udfs.backends`).
+
+The tokenizer class is the one ``tokenizer_config.json`` names, imported alone: ``AutoTokenizer``
+(the fallback) imports torch through transformers' configuration module, which a worker on the
+ONNX backend otherwise never needs. ``config.json`` is read as JSON for the same reason.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from lakescore.udfs.devices import torch_dtype
+from lakescore.udfs.backends import Forward, ModelKind, load_forward
 from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
-__all__ = ["LabelledModel", "load_labelled_model", "truncation_limit"]
+__all__ = ["ModelFacts", "LabelledModel", "load_tokenizer", "model_facts", "load_labelled_model", "truncation_limit"]
 
 NO_TOKENIZER_LIMIT = 1_000_000
 """A ``tokenizer.model_max_length`` at or above this records no limit (transformers' placeholder is 1e30)."""
 
 
 @dataclass(frozen=True)
-class LabelledModel:
-    """A loaded model (eval mode is the head's business), its tokenizer and the row length rows are cut to."""
+class ModelFacts:
+    """What a head needs from ``config.json``: labels in id order, the problem type, the position limit."""
 
-    model: Any
+    labels: tuple[str, ...]
+    problem_type: Optional[str]
+    max_position_embeddings: Optional[int]
+
+
+@dataclass(frozen=True)
+class LabelledModel:
+    """A labelled model's forward, tokenizer, facts, and the row length rows are cut to."""
+
+    forward: Forward
     tokenizer: Any
+    facts: ModelFacts
     max_length: int
 
 
-def load_labelled_model(spec: ModelSpec, model_dir: Path, auto_class: Any, kind: str) -> LabelledModel:
-    """Load ``model_dir`` with ``auto_class`` (e.g. ``AutoModelForTokenClassification``) as ``spec`` configures it.
+def load_tokenizer(spec: ModelSpec, model_dir: Path):
+    """The directory's own tokenizer: the class ``tokenizer_config.json`` names, else ``AutoTokenizer``."""
+    import transformers
 
-    The tokenizer is the directory's own; the model goes to ``spec.device`` at ``spec.dtype``.
+    common = {"local_files_only": True, "trust_remote_code": spec.trust_remote_code}
+    config = model_dir / "tokenizer_config.json"
+    name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") if config.is_file() else None
+    cls = getattr(transformers, name, None) if isinstance(name, str) and not spec.trust_remote_code else None
+    if cls is None:
+        cls = transformers.AutoTokenizer
+    return cls.from_pretrained(str(model_dir), **common)
+
+
+def model_facts(model_dir: Path) -> ModelFacts:
+    """Labels, problem type and position limit from ``model_dir/config.json`` (labels empty when it has none)."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    id2label = config.get("id2label")
+    if id2label:
+        labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+    elif config.get("num_labels"):
+        labels = tuple(f"LABEL_{i}" for i in range(int(config["num_labels"])))  # transformers' default names
+    else:
+        labels = ()
+    return ModelFacts(labels, config.get("problem_type"), config.get("max_position_embeddings"))
+
+
+def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what: str) -> LabelledModel:
+    """Tokenizer, facts and ``spec.backend``'s forward of ``kind`` for the model in ``model_dir``.
+
     Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a file where a directory
     is needed or refused pickle weights, and ``ValueError`` for a model without labels
-    (``id2label``; the message calls what was expected a ``kind``, e.g. "token classifier").
-    Loader errors of transformers propagate.
+    (``id2label``; the message calls what was expected ``what``, e.g. "token classifier").
+    Loader and export errors of transformers / ONNX propagate.
     """
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
     require_directory(model_dir, spec.task)
     refuse_pickle_weights(model_dir, spec.allow_pickle)
-    common = {"local_files_only": True, "trust_remote_code": spec.trust_remote_code}
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **common)
-    model = auto_class.from_pretrained(
-        str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype), **common
-    ).to(spec.device)
-    if not getattr(model.config, "id2label", None):
-        raise ValueError(f"model {model_dir} has no id2label; it is not a {kind}")
-    return LabelledModel(model, tokenizer, truncation_limit(spec, model.config, tokenizer))
+    facts = model_facts(model_dir)
+    if not facts.labels:
+        raise ValueError(f"model {model_dir} has no id2label; it is not a {what}")
+    tokenizer = load_tokenizer(spec, model_dir)
+    forward = load_forward(spec, model_dir, kind, tokenizer.model_input_names)
+    return LabelledModel(forward, tokenizer, facts, truncation_limit(spec, facts.max_position_embeddings, tokenizer))
 
 
-def truncation_limit(spec: ModelSpec, config: Any, tokenizer: Any) -> int:
+def truncation_limit(spec: ModelSpec, max_position_embeddings: Optional[int], tokenizer: Any) -> int:
     """Tokens per row, special tokens included: the smallest of ``spec.max_seq_length``, the model's
     ``max_position_embeddings`` and the tokenizer's ``model_max_length``, each where set.
 
@@ -68,7 +103,7 @@ def truncation_limit(spec: ModelSpec, config: Any, tokenizer: Any) -> int:
     """
     limits = [
         spec.max_seq_length,
-        getattr(config, "max_position_embeddings", None),
+        max_position_embeddings,
         tokenizer.model_max_length if tokenizer.model_max_length < NO_TOKENIZER_LIMIT else None,
     ]
     return min(v for v in limits if v)

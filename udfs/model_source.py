@@ -26,7 +26,7 @@ The weights digest is what every output row carries as ``model_sha256``:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -49,6 +49,8 @@ __all__ = [
     "WEIGHT_SUFFIXES",
     "DEVICES",
     "DTYPES",
+    "BACKENDS",
+    "QUANTIZATIONS",
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pt2", ".ckpt")
@@ -59,6 +61,10 @@ PICKLE_SUFFIXES = (".bin", ".pth", ".ckpt")
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("torch", "onnx")
+"""What runs the transformer forward: torch, or ONNX Runtime on a graph exported from the same weights."""
+QUANTIZATIONS = ("none", "int8")
+"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.quantize`), lossy and guarded by a tolerance."""
 
 _CHUNK = 8 << 20
 
@@ -95,6 +101,17 @@ class ModelSpec:
     """When set, a process whose weights hash differently refuses to score (:class:`ModelIntegrityError`)."""
     feature_cols: tuple[str, ...] = ()
     """Input columns of a tabular model, in the order the program takes them."""
+    backend: str = "torch"
+    """``torch`` or ``onnx`` (:mod:`lakescore.udfs.backends`)."""
+    quantize: str = "none"
+    """``none`` or ``int8`` (ONNX backend only)."""
+    cache_dir: str = field(default="~/.cache/lakescore/models", compare=False)
+    """Where each host keeps what it derives from the model (exported ONNX graphs). Not part of the
+    model's identity: excluded from equality, hashing and :meth:`identity`."""
+
+    def identity(self) -> dict:
+        """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
 
 
 def is_remote(source: str) -> bool:
@@ -263,13 +280,29 @@ def weights_sha256(model_dir: Path) -> str:
         )
     root = model_dir.parent if model_dir.is_file() else model_dir
     digests = [(_file_sha256(p), p.relative_to(root).as_posix()) for p in files]
+    return _manifest_digest(digests)
+
+
+def _manifest_digest(digests: list[tuple[str, str]]) -> str:
     if len(digests) == 1:
         return digests[0][0]
     manifest = "".join(f"{hexdigest}  {name}\n" for hexdigest, name in digests)
     return hashlib.sha256(manifest.encode("utf-8")).hexdigest()
 
 
+_file_digests: dict[tuple[str, int, int], str] = {}
+"""(path, size, mtime_ns) -> sha256: a process hashes a weight file once (the cache and the ONNX export both ask)."""
+
+
 def _file_sha256(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _file_digests:
+        _file_digests[key] = _hash_file(path)
+    return _file_digests[key]
+
+
+def _hash_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):

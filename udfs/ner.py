@@ -26,12 +26,14 @@ import pyarrow as pa
 import torch
 
 from lakescore.udfs.arrow_columns import python_column
-from lakescore.udfs.devices import to_device
-from lakescore.udfs.hf_models import load_labelled_model
+from lakescore.udfs.backends import ModelKind
+from lakescore.udfs.hf_models import LabelledModel, load_labelled_model
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 
-__all__ = ["TokenClassifier", "load_token_classifier"]
+__all__ = ["TokenClassifier", "load_token_classifier", "KIND"]
+
+KIND = ModelKind("AutoModelForTokenClassification", "logits")
 
 TEXTS = "lakescore_texts"
 """Feature key of the texts themselves (numpy object array, one per row): postprocessing slices them by offsets."""
@@ -45,20 +47,15 @@ class TokenClassifier:
     Output: one ``array<struct<...>>`` column of the entities per row, typed by the task's output field.
     """
 
-    def __init__(self, model, tokenizer, max_length: int, entities_type: pa.DataType) -> None:
-        from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
+    def __init__(self, loaded: LabelledModel, postprocessor, entities_type: pa.DataType) -> None:
+        from transformers.pipelines.token_classification import AggregationStrategy
 
-        self._model = model.eval()
-        self._tokenizer = tokenizer
-        self.max_length = max_length
-        self.padding_side = getattr(tokenizer, "padding_side", "right")
-        self._model_inputs = tuple(tokenizer.model_input_names)
+        self._forward = loaded.forward
+        self._tokenizer = loaded.tokenizer
+        self.max_length = loaded.max_length
+        self.padding_side = getattr(loaded.tokenizer, "padding_side", "right")
         self._entities_type = entities_type
-        # The pipeline object only postprocesses (forward passes are ours). device= keeps it from moving the model
-        # to cuda:0; its own tokenizer copy keeps its reads off the tokenizer the prefetch thread encodes with.
-        self._postprocessor = TokenClassificationPipeline(
-            model=model, tokenizer=copy.deepcopy(tokenizer), device=model.device
-        )
+        self._postprocessor = postprocessor
         self._strategy = AggregationStrategy.SIMPLE
 
     def tokenize(self, texts: list[str]) -> dict[str, Any]:
@@ -66,19 +63,16 @@ class TokenClassifier:
         row: ``special_tokens_mask``, ``offset_mapping`` (fast tokenizers) and the texts, all shaped (n, ...)."""
         features = dict(
             self._tokenizer(
-                texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt",
+                texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np",
                 return_special_tokens_mask=True, return_offsets_mapping=self._tokenizer.is_fast,
             )
         )
         features[TEXTS] = np.array(texts, dtype=object)  # shape (n,): numpy does not split strings
         return features
 
-    @torch.inference_mode()
     def forward(self, features) -> np.ndarray:
         """One list of entity dicts per row (plain Python values), as a 1-D object array."""
-        device = self._model.device
-        inputs = {k: to_device(features[k], device) for k in self._model_inputs if k in features}
-        logits = self._model(**inputs).logits.float().cpu()
+        logits = torch.from_numpy(np.asarray(self._forward(features), dtype=np.float32))
         rows = np.empty(len(logits), dtype=object)
         for i in range(len(logits)):
             rows[i] = self._entities(features, logits, i)
@@ -86,13 +80,17 @@ class TokenClassifier:
 
     def _entities(self, features, logits: torch.Tensor, i: int) -> list[dict[str, Any]]:
         """Row ``i``'s entities: its own tokens (padding cut), through the pipeline's postprocessing."""
-        real = features["attention_mask"][i].bool()
+        real = np.asarray(features["attention_mask"][i]).astype(bool)
         offsets = features.get("offset_mapping")
+
+        def cut(values):  # the row's own tokens, as the (1, tokens, ...) tensor the pipeline's postprocess reads
+            return torch.as_tensor(np.asarray(values)[real][None])
+
         row = {
-            "logits": logits[i][real][None],
-            "input_ids": features["input_ids"][i][real][None],
-            "special_tokens_mask": features["special_tokens_mask"][i][real][None],
-            "offset_mapping": None if offsets is None else offsets[i][real][None],
+            "logits": logits[i][torch.from_numpy(real)][None],
+            "input_ids": cut(features["input_ids"][i]),
+            "special_tokens_mask": cut(features["special_tokens_mask"][i]),
+            "offset_mapping": None if offsets is None else cut(offsets[i]),
             "sentence": features[TEXTS][i],
         }
         entities = self._postprocessor.postprocess([row], aggregation_strategy=self._strategy)
@@ -106,23 +104,47 @@ class TokenClassifier:
         """Convenience for small lists: one padded batch (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
 
+    @staticmethod
+    def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """How close ``outputs`` are to ``reference`` (same rows): the fraction of rows with the same entities
+        (tag, start, end), and the largest score difference over entities found both ways."""
+        same, deltas = [], [0.0]
+        for ref, out in zip(reference, outputs):
+            spans = {(e["entity_group"], e["start"], e["end"]): e["score"] for e in ref}
+            found = {(e["entity_group"], e["start"], e["end"]): e["score"] for e in out}
+            same.append(spans.keys() == found.keys())
+            deltas += [abs(spans[k] - found[k]) for k in spans.keys() & found.keys()]
+        return {"agreement": float(np.mean(same)) if same else 1.0, "score_delta_max": float(max(deltas))}
+
 
 def load_token_classifier(spec: ModelSpec, model_dir: Path) -> TokenClassifier:
     """Load the token-classification model in ``model_dir`` as ``spec`` configures it.
 
     Safetensors only unless ``spec.allow_pickle``; remote code only with
-    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`.
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights,
-    ``ValueError`` for a model without labels (:func:`~lakescore.udfs.hf_models.load_labelled_model`)
-    or a task whose outputs are not the one entities column this head returns.
+    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`;
+    the forward on ``spec.backend``. Raises :class:`~lakescore.udfs.model_source.ModelSourceError`
+    for refused weights, ``ValueError`` for a model without labels
+    (:func:`~lakescore.udfs.hf_models.load_labelled_model`) or a task whose outputs are not the
+    one entities column this head returns.
     """
-    from transformers import AutoModelForTokenClassification
-
-    loaded = load_labelled_model(spec, model_dir, AutoModelForTokenClassification, "token classifier")
     types = get_task(spec.task).output_arrow_types
     if len(types) != 1:
         raise ValueError(f"the token classifier returns one column; task {spec.task!r} declares {len(types)} outputs")
-    return TokenClassifier(loaded.model, loaded.tokenizer, loaded.max_length, types[0])
+    loaded = load_labelled_model(spec, model_dir, KIND, "token classifier")
+    return TokenClassifier(loaded, _postprocessor(spec, model_dir, loaded.tokenizer), types[0])
+
+
+def _postprocessor(spec: ModelSpec, model_dir: Path, tokenizer):
+    """The pipeline object that only postprocesses (forward passes are ours): built around a weightless
+    copy of the model on the ``meta`` device (it reads the labels from its config, nothing else), with its
+    own tokenizer copy, so its reads stay off the tokenizer the prefetch thread encodes with."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.pipelines.token_classification import TokenClassificationPipeline
+
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code)
+    with torch.device("meta"):
+        shell = AutoModelForTokenClassification.from_config(config, trust_remote_code=spec.trust_remote_code)
+    return TokenClassificationPipeline(model=shell, tokenizer=copy.deepcopy(tokenizer), device=torch.device("meta"))
 
 
 def _python(value: Any) -> Any:

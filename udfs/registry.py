@@ -74,6 +74,8 @@ class Task:
     loader: str | Callable[[ModelSpec, Path], Any]
     """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use)."""
     summary: str = ""
+    backends: tuple[str, ...] = ("torch", "onnx")
+    """What can run this task's forward (:mod:`lakescore.udfs.backends`); config validation reads it."""
 
     def load(self, spec: ModelSpec, model_dir: Path) -> Any:
         """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
@@ -104,7 +106,7 @@ TASKS: dict[str, Task] = {
         Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
         Task("embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers"),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
-        Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program"),
+        Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program", ("torch",)),
     )
 }
 """Task name -> :class:`Task`: the only place a task name means anything."""

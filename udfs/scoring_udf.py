@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence
@@ -28,13 +30,15 @@ from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
 from lakescore.schemas.output import WORKER_COLUMN
-from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch
+from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
 from lakescore.udfs.model_cache import LoadedModel, get_model
 from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 
 __all__ = [
     "RowCounter", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
+    "fidelity_figures",
 ]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -168,12 +172,17 @@ def score_batches(
 
 PREFLIGHT_SCHEMA = (
     "host string, pid int, device string, sha256 string, revision string, seconds double, loaded boolean, "
-    "error_type string, error string"
+    "error_type string, error string, fidelity string"
 )
-"""One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not."""
+"""One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
+``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it."""
 
 
-def make_preflight_function(spec: ModelSpec) -> ArrowScorer:
+def make_preflight_function(
+    spec: ModelSpec,
+    sample: Sequence[str] = (),
+    tolerance: Optional[Tolerance] = None,
+) -> ArrowScorer:
     """Build the function a preflight ``mapInArrow`` runs: load ``spec`` in this worker and score one sample.
 
     Input rows are ignored (one small partition per task). Each task yields one
@@ -182,6 +191,10 @@ def make_preflight_function(spec: ModelSpec) -> ArrowScorer:
     it cached) and, when loading or the sample failed, the exception's type and text. Failures
     are returned, not raised, so the driver fails the run once with the worker's own message
     instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
+
+    A quantized ``spec`` with a ``sample`` of the run's input texts: the first task also scores
+    the sample both ways (:func:`fidelity_figures`) and fails with
+    :class:`~lakescore.udfs.quantize.QuantizationToleranceError` outside ``tolerance``.
 
     The model stays in this worker's cache (:mod:`lakescore.udfs.model_cache`), where the
     scoring tasks this worker runs next find it.
@@ -199,12 +212,32 @@ def make_preflight_function(spec: ModelSpec) -> ArrowScorer:
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
             row.update(device=device, sha256=model.sha256, revision=model.revision, loaded=bool(loads))
+            if spec.quantize != "none" and sample and _first_task():
+                figures = fidelity_figures(spec, model, sample)
+                row["fidelity"] = json.dumps(figures)
+                check_fidelity(figures, tolerance or Tolerance(), len(sample), spec.source)
         except Exception as exc:  # reported to the driver, which fails the run before scoring
             row.update(error_type=type(exc).__name__, error=str(exc)[:2000])
         row["seconds"] = time.perf_counter() - started
         yield pa.RecordBatch.from_pylist([row], schema=arrow_schema)
 
     return preflight
+
+
+def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str]) -> dict[str, float]:
+    """The head's ``fidelity`` figures of ``model`` against float32 torch on ``sample``, both through the
+    batching core with the default budget (the reference model is loaded for this and not cached)."""
+    reference_spec = dataclasses.replace(spec, backend="torch", quantize="none", expect_sha256=None)
+    reference = get_task(spec.task).load(reference_spec, model.model_dir)
+    policy = BatchPolicy(default_max_tokens(reference_spec.device), 256)
+    texts = list(sample)
+    expected = score_texts(texts, reference, policy).outputs
+    return model.scorer.fidelity(expected, score_texts(texts, model.scorer, policy).outputs)
+
+
+def _first_task() -> bool:
+    context = TaskContext.get()
+    return context is None or context.partitionId() == 0
 
 
 def _preflight_arrow_schema() -> pa.Schema:
@@ -230,18 +263,21 @@ def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, str, int]:
     and 1 when this call loaded it (0: it was cached)."""
     from lakescore.udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
 
-    _limit_torch_threads_to_task_cpus()
-    device = resolve_device(spec.device)
+    device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
     model, loaded_now = get_model(spec)
+    _limit_torch_threads_to_task_cpus()
     return model, device, int(loaded_now)
 
 
 def _limit_torch_threads_to_task_cpus() -> None:
-    """One torch thread per CPU Spark gave this task, so concurrent tasks do not oversubscribe cores."""
-    import torch
+    """One torch thread per CPU Spark gave this task, so concurrent tasks do not oversubscribe cores.
 
+    Only where torch is loaded already: a worker on the ONNX backend never imports it (its
+    sessions take their threads from the task when created, :func:`lakescore.udfs.backends.load_forward`).
+    """
+    torch = sys.modules.get("torch")
     context = TaskContext.get()
     cpus = context.cpus() if context is not None else None
-    if cpus and torch.get_num_threads() != cpus:
+    if torch is not None and cpus and torch.get_num_threads() != cpus:
         torch.set_num_threads(cpus)

@@ -2,7 +2,9 @@
 
 One small ``mapInArrow`` task per scoring slot, under the scoring stage's resource
 profile, loads the model where it will score, hashes its weights and scores one sample
-(:func:`lakescore.udfs.scoring_udf.make_preflight_function`). It runs in a background
+(:func:`lakescore.udfs.scoring_udf.make_preflight_function`). A quantized model is also
+checked against float32 on a sample of the run's own input (:data:`SAMPLE_ROWS` rows): outside
+``model.quantize_*`` tolerance, the run fails here, before any row is scored. It runs in a background
 job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
 score next find the model in their cache. The driver itself never imports torch.
 """
@@ -13,21 +15,27 @@ import logging
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.platform.spark_adapter import default_parallelism
+from lakescore.jobs.platform.tables import column
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec
+from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 if TYPE_CHECKING:
     from lakescore.jobs.steps.read import RunContext
     from lakescore.jobs.steps.score import ScoringLayout
 
-__all__ = ["ModelIdentity", "preflight_model", "ExecutorPreflight"]
+__all__ = ["ModelIdentity", "preflight_model", "ExecutorPreflight", "quantization_sample", "SAMPLE_ROWS"]
 
 log = logging.getLogger(__name__)
+
+SAMPLE_ROWS = 256
+"""Input texts a quantized run scores both ways before it starts."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,8 @@ def preflight_model(
     spec: ModelSpec,
     layout: "ScoringLayout",
     tag: Optional[str] = None,
+    sample: Sequence[str] = (),
+    tolerance: Optional[Tolerance] = None,
 ) -> ModelIdentity:
     """Load the model where it will score, in the executors' Python workers, and score one sample there.
 
@@ -55,13 +65,17 @@ def preflight_model(
     score next find it in their cache. Its Spark job carries ``tag`` (``SparkSession.addTag``),
     so another thread can cancel it with ``interruptTag``, in classic and Connect sessions alike.
 
+    With a quantized ``spec`` and a ``sample`` of input texts, one task also compares the quantized
+    outputs with float32 torch's on the sample; outside ``tolerance`` it raises
+    :class:`~lakescore.udfs.quantize.QuantizationToleranceError` naming the figures.
+
     Raises :class:`~lakescore.udfs.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and
     :class:`~lakescore.udfs.model_source.ModelSourceError` naming the host when a worker could
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
     tasks = layout.partitions or default_parallelism(spark)
-    probe = make_preflight_function(spec)
+    probe = make_preflight_function(spec, sample, tolerance)
     if tag:
         spark.addTag(tag)  # tags belong to this thread: the job below, nothing the caller's thread runs
     try:
@@ -74,6 +88,8 @@ def preflight_model(
         r = failed[0]
         if r.error_type == ModelIntegrityError.__name__:
             raise ModelIntegrityError(r.error)
+        if r.error_type == QuantizationToleranceError.__name__:
+            raise QuantizationToleranceError(r.error)
         raise ModelSourceError(
             f"model {spec.source!r} failed to load or score a sample on executor {r.host} (pid {r.pid}): "
             f"{r.error_type}: {r.error}"
@@ -87,6 +103,9 @@ def preflight_model(
         "model ready in %d executor task(s) on %s (slowest %.1f s; weights sha256 %s)",
         len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1], digests[0],
     )
+    for r in rows:
+        if r.fidelity:
+            log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.quantize, len(sample), r.fidelity)
     return ModelIdentity(
         model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows)
     )
@@ -108,8 +127,13 @@ class ExecutorPreflight:
     def __enter__(self) -> "ExecutorPreflight":
         run = self._run
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight")
-        self._future = self._pool.submit(preflight_model, run.spark, run.spec, run.layout, self._tag)
+        self._future = self._pool.submit(self._preflight)
         return self
+
+    def _preflight(self) -> ModelIdentity:
+        run = self._run
+        sample = quantization_sample(run.source, run.spec, run.input_cols)
+        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance())
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
@@ -119,3 +143,11 @@ class ExecutorPreflight:
     def identity(self) -> ModelIdentity:
         """The identity every executor agreed on; the preflight's error if it failed."""
         return self._future.result()
+
+
+def quantization_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[str]:
+    """Up to :data:`SAMPLE_ROWS` non-null texts of the input for a quantized text model; ``[]`` otherwise."""
+    if spec.quantize == "none" or not get_task(spec.task).input_kind.is_text:
+        return []
+    text = column(input_cols[0])
+    return [r[0] for r in source.select(text).where(text.isNotNull()).limit(SAMPLE_ROWS).collect()]

@@ -89,7 +89,7 @@ def plan_run(run: RunContext, split: IdSplit, identity: ModelIdentity) -> Plan:
             "output": cfg.output,
             "task": cfg.task,
             "model_sha256": identity.sha256,
-            "spec": dataclasses.asdict(dataclasses.replace(spec, device="", expect_sha256=None)),
+            "spec": dataclasses.replace(spec, device="", expect_sha256=None).identity(),
             "id_col": cfg.id_col,
             "inputs": run.input_cols,
             "chunks": chunks,

@@ -80,6 +80,9 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
         trust_remote_code=m.trust_remote_code,
         expect_sha256=m.expect_sha256.lower() if m.expect_sha256 else None,
         feature_cols=feature_cols,
+        backend=m.backend,
+        quantize=m.quantize,
+        cache_dir=m.cache_dir,
     )
 
 

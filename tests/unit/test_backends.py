@@ -1,0 +1,185 @@
+"""The ONNX backend against torch, the embed head against sentence-transformers, int8 against its tolerance.
+
+Tiny seeded models (exported in seconds) for the float32 equalities; all-MiniLM-L6-v2, exported
+once per session, for the int8 recipe and its refusal. Outputs through the real loaders, the real
+batching core and the real preflight function.
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lakescore.udfs import model_cache
+from lakescore.udfs.batching import BatchPolicy, score_texts
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance, check_fidelity
+from lakescore.udfs.registry import get_task
+from lakescore.udfs.scoring_udf import make_preflight_function
+from tests.unit.test_heads import UNSEEN
+from tests.unit.test_ner import NER_UNSEEN, assert_same_entities
+
+POLICY = BatchPolicy(max_tokens=512, max_rows=4)
+
+
+def _head(task, path, cache, **options):
+    return get_task(task).load(ModelSpec(task, str(path), cache_dir=str(cache), **options), path)
+
+
+def _scored(task, path, cache, texts, **options):
+    return score_texts(texts, _head(task, path, cache, **options), POLICY).outputs
+
+
+def test_embed_without_sentence_transformers_equals_it_to_float32_rounding(minilm_dir, sentence_transformer, tmp_path):
+    ours = _scored("embed", minilm_dir, tmp_path, UNSEEN)
+    peer = sentence_transformer.encode(UNSEEN, normalize_embeddings=True)
+    assert np.abs(ours - peer).max() < 1e-6
+
+
+def test_onnx_embed_equals_torch(plain_bert_dir, onnx_cache_dir):
+    for pooling in ("mean", "cls"):
+        torch_out = _scored("embed", plain_bert_dir, onnx_cache_dir, UNSEEN, pooling=pooling)
+        onnx_out = _scored("embed", plain_bert_dir, onnx_cache_dir, UNSEEN, pooling=pooling, backend="onnx")
+        assert np.abs(onnx_out - torch_out).max() < 1e-5, pooling
+    graphs = list((onnx_cache_dir / "onnx").glob("*-embed-AutoModel-opset*-fp32/model.onnx"))
+    assert len(graphs) == 1  # exported once, reused by the second pooling
+
+
+def test_onnx_classify_equals_torch(tiny_classifier_dir, onnx_cache_dir):
+    torch_out = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN)
+    onnx_out = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN, backend="onnx")
+    assert np.abs(onnx_out - torch_out).max() < 1e-5
+    assert (onnx_out.argmax(1) == torch_out.argmax(1)).all()
+
+
+def test_onnx_ner_equals_the_pipeline(tiny_ner_dir, onnx_cache_dir):
+    from transformers import pipeline
+
+    peer = pipeline("token-classification", model=str(tiny_ner_dir), aggregation_strategy="simple", device="cpu")
+    ours = _scored("ner", tiny_ner_dir, onnx_cache_dir, NER_UNSEEN, backend="onnx")
+    for text, entities in zip(NER_UNSEEN, ours):
+        assert_same_entities(entities, peer(text), text)
+    assert sum(len(e) for e in ours) >= 20  # a comparison with entities to compare
+
+
+def test_onnx_worker_imports_neither_torch_nor_sentence_transformers(plain_bert_dir, onnx_cache_dir):
+    """Once the graph exists on the host, a worker on the ONNX backend loads and scores without torch."""
+    _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exported here (this process has torch)
+    code = (
+        "import sys; from pathlib import Path; from lakescore.udfs.model_source import ModelSpec; "
+        "from lakescore.udfs.model_cache import get_model; "
+        f"m, _ = get_model(ModelSpec('embed', {str(plain_bert_dir)!r}, backend='onnx', cache_dir={str(onnx_cache_dir)!r})); "
+        "assert m.scorer.score(['a review']).shape == (1, 32); "
+        "print(sorted(k for k in ('torch', 'sentence_transformers', 'sklearn') if k in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="session")
+def minilm_int8(minilm_dir, onnx_cache_dir):
+    """MiniLM on the int8 ONNX path (exported and quantized once per session)."""
+    spec = ModelSpec("embed", str(minilm_dir), backend="onnx", quantize="int8", cache_dir=str(onnx_cache_dir))
+    return spec, get_task("embed").load(spec, minilm_dir)
+
+
+def _review_sample(rows=300):
+    from bench.data import review_bodies, short_bodies
+
+    return list(review_bodies(rows)) + list(short_bodies(rows // 3)) + UNSEEN + NER_UNSEEN
+
+
+def test_int8_recipe_is_within_tolerance_on_bench_and_unseen_text(minilm_dir, sentence_transformer, minilm_int8):
+    texts = _review_sample()
+    _, head = minilm_int8
+    figures = head.fidelity(sentence_transformer.encode(texts, normalize_embeddings=True), score_texts(texts, head, POLICY).outputs)
+    assert figures["cosine_p1"] >= 0.99, figures
+    check_fidelity(figures, Tolerance(), len(texts), "minilm")  # does not raise
+
+
+def _preflight_row(spec, sample, tolerance):
+    (batch,) = list(make_preflight_function(spec, None, sample, tolerance)(iter([pa.record_batch({"id": pa.array([0])})])))
+    return batch.to_pylist()[0]
+
+
+def test_preflight_reports_the_int8_figures_and_refuses_a_tighter_tolerance(minilm_int8):
+    spec, _ = minilm_int8
+    model_cache.clear()
+    sample = _review_sample(60)
+    passed = _preflight_row(spec, sample, Tolerance())
+    assert passed["error"] is None and json.loads(passed["fidelity"])["cosine_p1"] >= 0.99
+    refused = _preflight_row(spec, sample, Tolerance(min_cosine=0.99999))
+    assert refused["error_type"] == QuantizationToleranceError.__name__
+    assert "cosine_p1 0.99" in refused["error"] and "model.quantize_min_cosine 0.99999" in refused["error"]
+    model_cache.clear()
+
+
+def test_the_check_refuses_a_bad_recipe(minilm_dir, tmp_path, monkeypatch):
+    """ONNX Runtime's defaults (every MatMul and the embeddings' Gather, per tensor) fail the check."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from lakescore.udfs import quantize
+
+    def every_op(source, target):
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, use_external_data_format=True)
+
+    monkeypatch.setattr(quantize, "quantize_int8", every_op)
+    spec = ModelSpec("embed", str(minilm_dir), backend="onnx", quantize="int8", cache_dir=str(tmp_path))
+    model_cache.clear()
+    row = _preflight_row(spec, _review_sample(60), Tolerance())
+    model_cache.clear()
+    assert row["error_type"] == QuantizationToleranceError.__name__, row
+    assert "cosine_p1" in row["error"] and "refusing to score" in row["error"]
+
+
+def test_backend_and_quantization_are_part_of_the_cache_key_not_the_cache_dir(minilm_dir):
+    base = ModelSpec("embed", str(minilm_dir))
+    assert base != dataclasses.replace(base, backend="onnx") != dataclasses.replace(base, backend="onnx", quantize="int8")
+    assert base == dataclasses.replace(base, cache_dir="/elsewhere") and "cache_dir" not in base.identity()
+    assert {"backend", "quantize"} <= set(base.identity())
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.backend=tensorrt"], r"model.backend must be one of torch, onnx, got 'tensorrt'"),
+        (["model.quantize=int4"], r"model.quantize must be one of none, int8, got 'int4'"),
+        (["model.quantize=int8"], r"model.quantize int8 needs model.backend onnx"),
+        (["model.backend=onnx", "model.device=cuda"], r"model.backend onnx runs on CPU"),
+        (["model.backend=onnx", "model.dtype=bfloat16"], r"model.backend onnx runs float32"),
+        (["model.quantize_min_cosine=1.5"], r"model.quantize_min_cosine must be between 0 and 1, got 1.5"),
+        (["model.backend=onnx", "task=tabular"], r"model.backend 'onnx' cannot run task 'tabular' \(it runs on torch\)"),
+    ],
+)
+def test_backend_settings_fail_with_the_key(overrides, message):
+    from lakescore.jobs.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
+
+
+def test_backend_flags_reach_the_spec():
+    from lakescore.jobs.cli import _parser, _SCORE_FLAGS
+    from lakescore.jobs.config import load_config
+    from lakescore.jobs.steps.read import model_spec
+
+    args = _parser().parse_args(["score", "--backend", "onnx", "--quantize", "int8", "--set", "model.cache_dir=/c"])
+    cfg = load_config(None, args.overrides, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
+    spec = model_spec(cfg)
+    assert (spec.backend, spec.quantize, spec.cache_dir) == ("onnx", "int8", "/c")
+    assert cfg.model.tolerance() == Tolerance()
+
+
+def test_notebook_entry_points_refuse_unchecked_int8(minilm_dir):
+    """transform / pandas_udf have no preflight, so no tolerance check: int8 is the job's (score's) alone."""
+    from lakescore.jobs.api import _notebook_config
+    from lakescore.jobs.config import ConfigError
+
+    with pytest.raises(ConfigError, match="quantize='int8' is checked against float32 before a scoring job starts"):
+        _notebook_config("embed", minilm_dir, None, {"backend": "onnx", "quantize": "int8"})
+    assert _notebook_config("embed", minilm_dir, None, {"backend": "onnx"}).model.backend == "onnx"

@@ -1,0 +1,126 @@
+"""Backends: what runs a text model's transformer forward, swappable under every text head.
+
+A head (``embed``, ``classify``, ``ner``) tokenizes into numpy arrays, asks its backend for the
+forward's one output as float32 numpy (the token embeddings for ``embed``, the logits for
+``classify`` and ``ner``) and does its own pooling, activation or postprocessing on it: the same
+code whatever ran the forward. Two backends:
+
+* ``torch``: the Hugging Face model itself (safetensors are memory-mapped by ``safetensors``);
+* ``onnx``: ONNX Runtime on a graph exported once per host from the same weights
+  (:mod:`lakescore.udfs.onnx_export`), optionally int8 (:mod:`lakescore.udfs.quantize`). The
+  session is created in the worker that scores (sessions neither pickle nor survive a fork),
+  with the task's CPUs as its threads. A worker on this backend never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from lakescore.udfs.devices import task_cpus, to_device, torch_dtype
+from lakescore.udfs.model_source import ModelSpec
+
+__all__ = ["ModelKind", "Forward", "TorchForward", "OnnxForward", "load_forward", "load_torch_model", "onnx_session"]
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """Which ``transformers`` auto class a head's forward runs, and which of its outputs the head reads."""
+
+    auto_class: str
+    """e.g. ``AutoModel``, ``AutoModelForSequenceClassification``."""
+    output: str
+    """e.g. ``last_hidden_state``, ``logits``: shaped (rows, tokens, ...) or (rows, ...)."""
+
+
+class Forward(Protocol):
+    """A transformer forward: tokenized rows (numpy, shaped (n, L)) -> the model's one output, float32 numpy."""
+
+    device: str
+    input_names: tuple[str, ...]
+
+    def __call__(self, features: Mapping[str, Any]) -> np.ndarray: ...
+
+
+class TorchForward:
+    """The forward on the torch model: inputs to its device, the output back as float32 numpy."""
+
+    def __init__(self, model, output: str, input_names: Sequence[str]) -> None:
+        self._model = model.eval()
+        self._output = output
+        self.input_names = tuple(input_names)
+        self.device = str(model.device)
+
+    def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            inputs = {k: to_device(torch.as_tensor(features[k]), self.device) for k in self.input_names if k in features}
+            return getattr(self._model(**inputs), self._output).float().cpu().numpy()
+
+
+class OnnxForward:
+    """The forward on an ONNX Runtime session (CPU): the graph's inputs by name, its first output."""
+
+    device = "cpu"
+
+    def __init__(self, session) -> None:
+        self._session = session
+        self.input_names = tuple(i.name for i in session.get_inputs())
+
+    def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
+        inputs = {k: np.ascontiguousarray(features[k], dtype=np.int64) for k in self.input_names}
+        return self._session.run(None, inputs)[0]
+
+
+def load_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_names: Sequence[str]) -> Forward:
+    """The forward ``spec.backend`` runs for the model in ``model_dir``, reading ``kind.output``.
+
+    ``input_names`` are what the tokenizer produces (``input_ids``, ``attention_mask``, ...).
+    ONNX: the graph for these weights, task and quantization, exported on this host on first use.
+    Loader and export errors propagate.
+    """
+    if spec.backend == "onnx":
+        from lakescore.udfs.onnx_export import exported_model
+
+        return OnnxForward(onnx_session(exported_model(spec, model_dir, kind, input_names), task_cpus()))
+    return TorchForward(load_torch_model(spec, model_dir, kind), kind.output, input_names)
+
+
+def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind):
+    """``kind.auto_class`` from ``model_dir`` on ``spec.device`` at ``spec.dtype``, in eval mode: files from
+    ``model_dir`` only, safetensors unless ``spec.allow_pickle``, remote code only with ``spec.trust_remote_code``."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
+    auto_class = getattr(transformers, kind.auto_class)
+    model = auto_class.from_pretrained(
+        str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype),
+        local_files_only=True, trust_remote_code=spec.trust_remote_code,
+    )
+    return model.to(spec.device).eval()
+
+
+def onnx_session(path: Path, threads: int):
+    """An ONNX Runtime CPU session for ``path`` with ``threads`` intra-op threads.
+
+    ``inter_op_num_threads=1`` and sequential execution: one task's forward at a time, on exactly
+    the CPUs Spark gave the task (ORT's default pins a thread per physical core, and several
+    workers would then fight for the same cores). The CPU arena and memory patterns are off:
+    batch shapes change with every batch (rows x longest row), and the arena grows to the
+    largest in power-of-two steps and never returns memory.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, int(threads))
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
