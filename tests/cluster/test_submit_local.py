@@ -98,7 +98,7 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     removed = {e["Executor ID"] for e in events if e["Event"] == "SparkListenerExecutorRemoved"}
     assert len(added) == 2 and not removed, (added, removed)
 
-    # Two Arrow functions run as PythonMapInArrow: the model preflight (its own job group) and the
+    # Two Arrow functions run as PythonMapInArrow: the model preflight (its own job tag) and the
     # scoring stage. The scoring stage ran tasks on both executors.
     arrow_stages = [
         e for e in events
@@ -107,7 +107,9 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     ]
 
     def is_preflight(stage_event) -> bool:
-        return (stage_event.get("Properties") or {}).get("spark.jobGroup.id", "").startswith("lakescore-preflight-")
+        # SparkSession.addTag: Spark stores it in spark.job.tags as "spark-session-<id>-thread-<id>-<tag>"
+        tags = (stage_event.get("Properties") or {}).get("spark.job.tags", "").split(",")
+        return any("-lakescore-preflight-" in tag for tag in tags)
 
     preflight = {e["Stage Info"]["Stage ID"] for e in arrow_stages if is_preflight(e)}
     scoring = {e["Stage Info"]["Stage ID"] for e in arrow_stages if not is_preflight(e)}
