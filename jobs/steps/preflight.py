@@ -125,7 +125,6 @@ class ExecutorPreflight:
         self._future: Optional[Future] = None
 
     def __enter__(self) -> "ExecutorPreflight":
-        run = self._run
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight")
         self._future = self._pool.submit(self._preflight)
         return self

@@ -103,7 +103,7 @@ def test_int8_recipe_is_within_tolerance_on_bench_and_unseen_text(minilm_dir, se
 
 
 def _preflight_row(spec, sample, tolerance):
-    (batch,) = list(make_preflight_function(spec, None, sample, tolerance)(iter([pa.record_batch({"id": pa.array([0])})])))
+    (batch,) = list(make_preflight_function(spec, sample, tolerance)(iter([pa.record_batch({"id": pa.array([0])})])))
     return batch.to_pylist()[0]
 
 
