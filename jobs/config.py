@@ -50,7 +50,7 @@ __all__ = [
 
 TASKS = TASK_NAMES
 """Scoring tasks this version can run (:mod:`lakescore.udfs.registry`)."""
-WRITE_MODES = ("overwrite", "replace_run")
+WRITE_MODES = ("overwrite", "replace_run", "incremental")
 RUN_ID_MAX = 128
 RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
 """What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
@@ -275,7 +275,11 @@ class WriteConfig:
     """How a run's rows reach the output table."""
 
     mode: str = "overwrite"
-    """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced."""
+    """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced.
+    ``incremental``: only rows whose id is new, whose input changed (``input_digest``) or whose output came from
+    other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
+    delete_missing: bool = False
+    """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
     chunk_rows: int = 2_000_000
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed."""
@@ -289,6 +293,8 @@ class WriteConfig:
     def _validate(self) -> None:
         if self.mode not in WRITE_MODES:
             raise ConfigError(f"write.mode must be one of {', '.join(WRITE_MODES)}, got {self.mode!r}")
+        if self.delete_missing and self.mode != "incremental":
+            raise ConfigError(f"write.delete_missing applies to write.mode incremental only, not {self.mode!r}")
         if self.chunk_rows < 1:
             raise ConfigError(f"write.chunk_rows must be >= 1, got {self.chunk_rows}")
 
@@ -343,6 +349,11 @@ class JobConfig:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.progress_seconds < 0:
             raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
+        if self.write.mode == "incremental" and self.validation.min_rows is not None:
+            raise ConfigError(
+                "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
+                "changed ones; drop it for incremental runs"
+            )
         if self.input_format not in INPUT_FORMATS:
             raise ConfigError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
 

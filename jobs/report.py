@@ -40,6 +40,15 @@ class RunReport:
     input_rows: Optional[int] = None
     output_rows: Optional[int] = None
     error_rows: Optional[int] = None
+    rows_kept: Optional[int] = None
+    """Input rows whose output row was current and was not scored again (0 outside incremental mode)."""
+    rows_scored: Optional[int] = None
+    """Input rows scored into the output this run (equals ``output_rows``)."""
+    rows_missing: Optional[int] = None
+    """Incremental mode: output rows whose id is not in the input (``None`` in the other modes)."""
+    rows_deleted: Optional[int] = None
+    """Incremental mode: output rows the run's MERGE deleted (missing ids with ``write.delete_missing``, ids whose
+    input now fails); ``None`` in the other modes."""
     errors_table: Optional[str] = None
     error_reasons: Optional[dict[str, int]] = None
     errors_delta_version: Optional[int] = None
@@ -72,7 +81,14 @@ class RunReport:
         lines = [f"run {self.run_id}: {self.status}"]
         if self.output_rows is not None:
             where = f"Delta version {self.delta_version}" if self.delta_version is not None else "not published"
+            if self.delta_version is None and self.status == "succeeded":
+                where = "unchanged: no new version"
             lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})")
+        if self.rows_missing is not None:
+            lines.append(
+                f"  incremental: {self.rows_kept} kept, {self.rows_scored} scored, {self.rows_missing} missing from the "
+                f"input, {self.rows_deleted or 0} deleted from the output"
+            )
         if self.error_rows:
             reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
             lines.append(f"  {self.error_rows} rows in {self.errors_table} ({reasons})")

@@ -135,7 +135,7 @@ def _table_refs(cfg: JobConfig) -> list[tuple[str, str]]:
 def check_targets(run: RunContext) -> Targets:
     """Prove the output and errors targets can take this run's schemas (``TableError`` otherwise)."""
     check_writable(run)
-    planned = output_schema(run.cfg.task, run.id_field)
+    planned = output_schema(run.cfg.task, run.id_field, incremental=run.cfg.write.mode == "incremental")
     planned_errors = errors_schema(run.id_field)
     previous_version = check_output_target(run.spark, run.cfg.output, planned)
     errors_ref = run.cfg.errors_ref()

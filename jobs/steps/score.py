@@ -115,7 +115,7 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
             for chunk in todo:
                 progress.chunk(chunk)
                 part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
-                scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, rows, layout)
+                scored = score_dataframe(part, cfg, plan.spec, plan.kept_columns(cfg.id_col), run.input_cols, rows, layout)
                 plan.staging.commit_chunk(scored, chunk)
                 staged += 1
                 log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
