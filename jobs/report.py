@@ -37,6 +37,8 @@ class RunReport:
     model_id: str
     model_revision: Optional[str]
     model_sha256: Optional[str]
+    input_version: Optional[int] = None
+    """The Delta version of the input the run read from start to end (``None``: not a Delta input)."""
     input_rows: Optional[int] = None
     output_rows: Optional[int] = None
     error_rows: Optional[int] = None

@@ -37,6 +37,7 @@ __all__ = [
     "is_path",
     "local_ref",
     "read_input",
+    "read_pinned",
     "check_output_target",
     "DeltaCommit",
     "WriteConflictError",
@@ -134,6 +135,28 @@ def read_input(spark: SparkSession, ref: str, fmt: str = "auto", version: Option
         if not is_path(ref) and _is_not_found(exc):
             raise TableError(f"cannot read input {ref!r}: {_tried(ref)}") from exc
         raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
+
+
+def read_pinned(spark: SparkSession, ref: str, fmt: str = "auto") -> tuple[DataFrame, Optional[int]]:
+    """``ref`` read at one snapshot, so every Spark job of a run sees the same rows: ``(DataFrame, Delta version)``.
+
+    A Delta input (path or table) is read at its latest version, ``versionAsOf`` (returned); a Parquet path
+    at the file listing taken now (the files named explicitly, partition columns kept through ``basePath``;
+    version ``None``). Either way a commit or a new file upstream while the run goes on changes nothing in it,
+    in classic and Spark Connect sessions alike (Connect analyses a plan again for every job). Other tables
+    (not Delta) are read as they are. Raises :class:`TableError` as :func:`read_input` does.
+    """
+    df = read_input(spark, ref, fmt)
+    ref = local_ref(ref)
+    if fmt != "parquet" and is_delta(spark, ref):
+        version = last_commit(spark, ref).version
+        return read_input(spark, ref, "delta", version=version), version
+    if is_path(ref):
+        files = df.inputFiles()
+        single_file = len(files) == 1 and files[0].endswith("/" + ref.rstrip("/").rsplit("/", 1)[-1])
+        if files and not single_file:  # a directory's listing: name its files
+            return spark.read.schema(df.schema).option("basePath", ref).parquet(*files), None
+    return df, None
 
 
 def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Optional[int]:

@@ -107,6 +107,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     key = run_key(
         {
             "input": input_fingerprint(run.source),
+            "input_version": run.input_version,
             "output": cfg.output,
             "task": cfg.task,
             "model_sha256": identity.sha256,

@@ -82,6 +82,7 @@ def assemble_report(
         model_id=identity.model_id,
         model_revision=identity.revision,
         model_sha256=identity.sha256,
+        input_version=run.input_version,
         input_rows=accounting.input_rows,
         output_rows=accounting.output_rows,
         error_rows=accounting.error_rows,

@@ -7,8 +7,8 @@ run, named by the run key (:func:`staging_location`): a table beside a table out
 catalog.schema.prefix``), so nothing writes paths into a catalog's managed storage; a
 directory beside a path output (``<output dir>/_lakescore_staging/<name>/<key>``, or
 ``<write.staging path>/<key>``). The run key is a digest of everything that
-determines the rows (input files, model weights, task, columns, chunk count,
-run id), so
+determines the rows (input files and Delta version, model weights, task, columns,
+chunk count, run id; in incremental mode the output version compared with), so
 
 * a rerun after a crash finds the chunks already committed and scores only the rest;
 * a rerun with other input, model or settings gets a fresh staging table;

@@ -116,3 +116,60 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     # Another scoring spec (same weights): every row is scored again too.
     sixth = run_scoring(config(model=other, run_id="r6", **{"model.max_seq_length": 16}), spark)
     assert _accounts(sixth) == (0, 10, 1, 0, 0)
+
+
+def _run_with_upstream_commit(monkeypatch, tmp_path, spark, cfg, commit):
+    """Run ``cfg`` with the job held at the scoring step (test barrier) while ``commit()`` changes the input."""
+    import threading
+    import time
+
+    from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+
+    barrier = tmp_path / f"barrier-{cfg.run_id}"
+    monkeypatch.setenv(BARRIER_ENV, f"score_stage:2:{barrier}")
+    result = {}
+
+    def run():
+        try:
+            result["report"] = run_scoring(cfg, spark)
+        except BaseException as exc:  # re-raised in the test's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 300
+    while not list(barrier.glob("arrived-*")) and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    commit()  # the run has counted and planned its rows; now upstream changes the input
+    (barrier / "arrived-upstream").write_text("")
+    worker.join(300)
+    monkeypatch.delenv(BARRIER_ENV)
+    if "error" in result:
+        raise result["error"]
+    return result["report"]
+
+
+def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path, config, monkeypatch):
+    source, output = tmp_path / "reviews", tmp_path / "labels"
+    frame = _texts(6)
+    _write_input(spark, frame, source)
+
+    def edit_and_append():
+        changed = pd.concat([frame.assign(body=frame["body"] + " (edited)"), _texts(8).iloc[6:]])
+        _write_input(spark, changed, source)
+
+    report = _run_with_upstream_commit(monkeypatch, tmp_path, spark, config(run_id="pinned"), edit_and_append)
+    assert report.status == "succeeded" and report.input_version == 0
+    assert (report.input_rows, report.rows_scored) == (6, 6)
+    out = read_output(spark, str(output))
+    assert out["input_digest"].tolist() == [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in frame["body"]]
+    assert run_scoring(config(run_id="next"), spark).input_version == 1  # the next run reads the new version
+
+    # A Parquet input is pinned to the file listing taken at the start: a file added meanwhile is not read.
+    parquet = tmp_path / "reviews.parquet"
+    parquet.mkdir()
+    frame.to_parquet(parquet / "part-0.parquet")
+    add_file = lambda: _texts(8).iloc[6:].to_parquet(parquet / "part-1.parquet")  # noqa: E731
+    cfg = config(run_id="pinned-parquet", input=str(parquet), output=tmp_path / "from-parquet", **{"write.mode": "overwrite"})
+    report = _run_with_upstream_commit(monkeypatch, tmp_path, spark, cfg, add_file)
+    assert report.status == "succeeded" and report.input_version is None and report.output_rows == 6
