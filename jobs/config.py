@@ -45,7 +45,7 @@ from lakescore.udfs.registry import TASK_NAMES, get_task
 
 __all__ = [
     "ConfigError", "JobConfig", "config_from_mapping", "load_config",
-    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEVICES", "DTYPES",
+    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEDUP_MODES", "DEVICES", "DTYPES",
 ]
 
 TASKS = TASK_NAMES
@@ -55,6 +55,7 @@ RUN_ID_MAX = 128
 RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
 """What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
 INPUT_FORMATS = ("auto", "delta", "parquet")
+DEDUP_MODES = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -151,8 +152,13 @@ class ScoringConfig:
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = None
     """Scoring tasks; default: the cluster's default parallelism when the input has fewer."""
+    dedup: str = "auto"
+    """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
+    ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
 
     def _validate(self) -> None:
+        if self.dedup not in DEDUP_MODES:
+            raise ConfigError(f"scoring.dedup must be one of {', '.join(DEDUP_MODES)}, got {self.dedup!r}")
         for key in ("max_batch_rows", "arrow_max_records_per_batch", "arrow_max_bytes_per_batch"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scoring.{key} must be >= 1, got {getattr(self, key)}")

@@ -51,6 +51,9 @@ class RunReport:
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's MERGE deleted (missing ids with ``write.delete_missing``, ids whose
     input now fails); ``None`` in the other modes."""
+    dedup: Optional[dict[str, Any]] = None
+    """``scoring.dedup``: ``mode``, whether it was ``used``, the ``auto`` sample (``sample_rows``, ``sample_distinct``)
+    and ``forward_passes_saved`` (rows that shared another row's input in their chunk)."""
     errors_table: Optional[str] = None
     error_reasons: Optional[dict[str, int]] = None
     errors_delta_version: Optional[int] = None
@@ -94,6 +97,8 @@ class RunReport:
         if self.error_rows:
             reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
             lines.append(f"  {self.error_rows} rows in {self.errors_table} ({reasons})")
+        if self.dedup and self.dedup.get("used"):
+            lines.append(f"  dedup: {self.dedup['forward_passes_saved']} forward passes saved (identical inputs scored once)")
         if self.chunks and self.chunks.get("skipped"):
             lines.append(f"  resumed: {self.chunks['skipped']} of {self.chunks['total']} chunks were already staged")
         if self.seconds is not None:

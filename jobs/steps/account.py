@@ -11,14 +11,14 @@ the run's scorable rows means another run of the same input is writing it: nothi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.staging import CHUNK_COLUMN
-from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
+from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
 __all__ = ["Accounting", "account_rows"]
 
@@ -39,6 +39,8 @@ class Accounting:
     """Incremental mode: input rows whose output row was current and stays as it is (not scored)."""
     rows_missing: int = 0
     """Incremental mode: output rows whose id is not in the input (deleted at publish with ``write.delete_missing``)."""
+    forward_passes_saved: Optional[int] = None
+    """With ``scoring.dedup`` in use: staged rows that shared another row's input in their chunk (``None``: not in use)."""
     workers: dict[str, Any] = field(default_factory=dict)
     """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
@@ -94,6 +96,7 @@ def account_rows(plan: Plan) -> Accounting:
         reasons=dict(sorted(reasons.items())),
         rows_kept=plan.rows_kept,
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
+        forward_passes_saved=staged_rows - table.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count() if plan.dedup.used else None,
         workers=_worker_totals(groups, plan.identity.preflight_loads),
     )
     if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows:

@@ -18,7 +18,8 @@ from typing import Optional
 from pyspark.sql import DataFrame
 
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
-from lakescore.jobs.steps.incremental import Changes, find_changes
+from lakescore.jobs.steps.dedup import Dedup, decide_dedup
+from lakescore.jobs.steps.incremental import Changes, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, run_key
@@ -55,11 +56,18 @@ class Plan:
     """Chunks an earlier attempt of the same run already committed to staging."""
     changes: Optional[Changes] = None
     """``write.mode: incremental``: the rows to score, kept and missing (``None`` in the other modes: score every row)."""
+    dedup: Dedup = Dedup("off", False)
+    """What ``scoring.dedup`` decided: whether identical inputs are scored once per chunk."""
+    digested: Optional[DataFrame] = None
+    """The scorable rows with their digest, when deduplicating outside incremental mode."""
 
     @property
     def scorable(self) -> DataFrame:
-        """The rows this run scores: every scorable row, or in incremental mode the new and changed ones (with their digest)."""
-        return self.changes.to_score if self.changes is not None else self.split.scorable
+        """The rows this run scores: every scorable row, or in incremental mode the new and changed ones
+        (with their digest; with their digest too when deduplicating)."""
+        if self.changes is not None:
+            return self.changes.to_score
+        return self.digested if self.digested is not None else self.split.scorable
 
     @property
     def scorable_rows(self) -> int:
@@ -71,8 +79,9 @@ class Plan:
         return self.changes.rows_kept if self.changes is not None else 0
 
     def kept_columns(self, id_col: str) -> list[str]:
-        """The input columns the scoring function copies into staging: the id, and in incremental mode the digest."""
-        return [id_col, DIGEST_COLUMN] if self.changes is not None else [id_col]
+        """The input columns the scoring function copies into staging: the id, and the digest in incremental mode or
+        when deduplicating."""
+        return [id_col, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else [id_col]
 
 
 def new_run_id() -> str:
@@ -103,6 +112,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     if cfg.write.mode == "incremental":
         changes = find_changes(run, split.scorable, scorable_rows, identity.sha256, targets.previous_version)
         scorable_rows = changes.rows_to_score
+    digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
+    dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows)
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     key = run_key(
         {
@@ -116,6 +127,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
             "inputs": run.input_cols,
             "chunks": chunks,
             "run_id": cfg.resolved_run_id(),
+            "dedup": dedup.used,  # staged rows carry the digest then
             # incremental: the rows to score depend on the output version compared with
             **({"mode": "incremental", "previous_version": targets.previous_version} if changes is not None else {}),
         }
@@ -130,6 +142,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         staging=staging,
         done=frozenset(staging.committed_chunks()),
         changes=changes,
+        dedup=dedup,
+        digested=digested if dedup.used and changes is None else None,
     )
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
@@ -140,6 +154,9 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
             "incremental: %d row(s) to score, %d kept, %d output id(s) missing from the input (output version %s)",
             changes.rows_to_score, changes.rows_kept, changes.rows_missing, changes.previous_version,
         )
+    if dedup.used or dedup.mode == "auto":
+        log.info("dedup %s: %s (sample: %s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
+                 dedup.sample_rows, dedup.sample_distinct)
     if split.ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())
     return plan

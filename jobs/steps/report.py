@@ -90,6 +90,7 @@ def assemble_report(
         rows_scored=accounting.output_rows,
         rows_missing=accounting.rows_missing if plan.changes is not None else None,
         rows_deleted=outcome.rows_deleted,
+        dedup=plan.dedup.as_report(accounting.forward_passes_saved),
         errors_table=targets.errors_ref,
         error_reasons=accounting.reasons,
         errors_delta_version=outcome.errors_delta_version,

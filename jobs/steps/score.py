@@ -21,6 +21,7 @@ from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.staging import chunk_column
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
@@ -115,7 +116,11 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
             for chunk in todo:
                 progress.chunk(chunk)
                 part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
-                scored = score_dataframe(part, cfg, plan.spec, plan.kept_columns(cfg.id_col), run.input_cols, rows, layout)
+                score = lambda df, keep: score_dataframe(df, cfg, plan.spec, keep, run.input_cols, rows, layout)  # noqa: E731
+                if plan.dedup.used:
+                    scored = score_deduplicated(part, score, cfg.id_col, run.input_cols)
+                else:
+                    scored = score(part, plan.kept_columns(cfg.id_col))
                 plan.staging.commit_chunk(scored, chunk)
                 staged += 1
                 log.info("chunk %d/%d staged", chunk + 1, plan.chunks)

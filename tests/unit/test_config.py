@@ -77,6 +77,7 @@ def test_unknown_top_level_key_from_set():
         ("max_error_rate=lots", r"max_error_rate must be a number"),
         ("run_date=2026-13-01", r"run_date must be YYYY-MM-DD"),
         ("write.mode=append", r"write.mode must be one of overwrite, replace_run, incremental"),
+        ("scoring.dedup=sometimes", r"scoring.dedup must be one of auto, on, off, got 'sometimes'"),
         ("write.delete_missing=true", r"write.delete_missing applies to write.mode incremental only, not 'overwrite'"),
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
