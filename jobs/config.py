@@ -600,10 +600,16 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if isinstance(value, date):  # YAML reads 2026-11-20 as a date
             return value.isoformat()
+        if isinstance(value, bool) and key in _ON_OFF_KEYS:  # YAML 1.1 reads on / off as true / false
+            return "on" if value else "off"
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key} must be a string, got {value!r}")
     raise TypeError(f"unsupported config type {hint!r} for {key}")  # a bug in this module, not user input
+
+
+_ON_OFF_KEYS = frozenset({"scoring.dedup"})
+"""String settings whose values include ``on`` / ``off``, which YAML reads as booleans."""
 
 
 def _spark_conf_value(value: Any, key: str) -> str:

@@ -51,6 +51,10 @@ class RunReport:
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's MERGE deleted (missing ids with ``write.delete_missing``, ids whose
     input now fails); ``None`` in the other modes."""
+    input_scans: Optional[int] = None
+    """Reads of the rows to score by the scoring step: 1 for a run of any number of chunks (they are written once,
+    partitioned by chunk, and each chunk reads its partition), 0 when a resumed run finds them written or nothing
+    is left to score. The id check and the plan (incremental join, dedup sample) read the input too, before it."""
     dedup: Optional[dict[str, Any]] = None
     """``scoring.dedup``: ``mode``, whether it was ``used``, the ``auto`` sample (``sample_rows``, ``sample_distinct``)
     and ``forward_passes_saved`` (rows that shared another row's input in their chunk)."""

@@ -22,7 +22,7 @@ from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import Changes, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
-from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, run_key
+from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, prepared_rows, run_key
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.model_source import ModelSpec
@@ -60,6 +60,20 @@ class Plan:
     """What ``scoring.dedup`` decided: whether identical inputs are scored once per chunk."""
     digested: Optional[DataFrame] = None
     """The scorable rows with their digest, when deduplicating outside incremental mode."""
+    prepared: Optional[Staging] = None
+    """More than one chunk: where the rows to score are written once, partitioned by chunk, so the input is
+    scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
+    prepared_ready: bool = False
+    """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
+
+    @property
+    def input_scans(self) -> int:
+        """Reads of the rows to score by the scoring step: one per chunk left for a one-chunk run, else one
+        (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt wrote it."""
+        left = self.chunks - len(self.done)
+        if left == 0 or self.prepared_ready:
+            return 0
+        return left if self.prepared is None else 1
 
     @property
     def scorable(self) -> DataFrame:
@@ -133,6 +147,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         }
     )
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
+    prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
     plan = Plan(
         run_id=cfg.resolved_run_id() or new_run_id(),
         identity=identity,
@@ -144,6 +159,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         changes=changes,
         dedup=dedup,
         digested=digested if dedup.used and changes is None else None,
+        prepared=prepared,
+        prepared_ready=prepared is not None and prepared.exists(),
     )
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",

@@ -85,6 +85,8 @@ def publish(
     if refusal is not None:
         status, error = refusal
         return Outcome(status, errors_delta_version=errors_version, error=error)
+    if plan.prepared is not None:
+        plan.prepared.drop()
     plan.staging.drop()
     return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted)
 

@@ -91,6 +91,7 @@ def assemble_report(
         rows_missing=accounting.rows_missing if plan.changes is not None else None,
         rows_deleted=outcome.rows_deleted,
         dedup=plan.dedup.as_report(accounting.forward_passes_saved),
+        input_scans=plan.input_scans,
         errors_table=targets.errors_ref,
         error_reasons=accounting.reasons,
         errors_delta_version=outcome.errors_delta_version,

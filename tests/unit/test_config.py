@@ -158,3 +158,11 @@ def test_incremental_mode_refuses_min_rows_and_takes_delete_missing():
     cfg = load_config(overrides=["write.mode=incremental", "write.delete_missing=true"])
     assert (cfg.write.mode, cfg.write.delete_missing) == ("incremental", True)
     assert load_config().write.delete_missing is False
+
+
+def test_dedup_on_and_off_survive_yaml_reading_them_as_booleans(tmp_path):
+    assert load_config(overrides=["scoring.dedup=on"]).scoring.dedup == "on"
+    assert load_config(write(tmp_path, "scoring:\n  dedup: off\n")).scoring.dedup == "off"
+    assert load_config().scoring.dedup == "auto"
+    with pytest.raises(ConfigError, match="validation.enabled must be true or false"):
+        load_config(overrides=["validation.enabled=auto"])
