@@ -56,6 +56,7 @@ _SCORE_FLAGS = {
     "trust_remote_code": "model.trust_remote_code",
     "errors": "errors",
     "write_mode": "write.mode",
+    "delete_missing": "write.delete_missing",
     "report": "report",
     "run_date": "run_date",
     "run_id": "run_id",
@@ -105,7 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     score.add_argument("--errors", help="dead-letter table or path (default: <output>_errors)")
     score.add_argument(
-        "--write-mode", choices=WRITE_MODES, help="overwrite the table, or replace only this run's rows"
+        "--write-mode", choices=WRITE_MODES,
+        help="overwrite the table, replace only this run's rows, or incremental: score only new and changed rows, MERGE them",
+    )
+    score.add_argument(
+        "--delete-missing", action="store_true", default=None,
+        help="incremental: delete output rows whose id is no longer in the input",
     )
     score.add_argument("--report", metavar="JSON", help="write the run report here")
     score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")

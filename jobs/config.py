@@ -46,16 +46,17 @@ from lakescore.udfs.registry import TASK_NAMES, get_task
 
 __all__ = [
     "ConfigError", "JobConfig", "config_from_mapping", "load_config",
-    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS",
+    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEDUP_MODES", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS",
 ]
 
 TASKS = TASK_NAMES
 """Scoring tasks this version can run (:mod:`lakescore.udfs.registry`)."""
-WRITE_MODES = ("overwrite", "replace_run")
+WRITE_MODES = ("overwrite", "replace_run", "incremental")
 RUN_ID_MAX = 128
 RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
 """What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
 INPUT_FORMATS = ("auto", "delta", "parquet")
+DEDUP_MODES = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -183,8 +184,13 @@ class ScoringConfig:
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = None
     """Scoring tasks; default: the cluster's default parallelism when the input has fewer."""
+    dedup: str = "auto"
+    """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
+    ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
 
     def _validate(self) -> None:
+        if self.dedup not in DEDUP_MODES:
+            raise ConfigError(f"scoring.dedup must be one of {', '.join(DEDUP_MODES)}, got {self.dedup!r}")
         for key in ("max_batch_rows", "arrow_max_records_per_batch", "arrow_max_bytes_per_batch"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scoring.{key} must be >= 1, got {getattr(self, key)}")
@@ -307,7 +313,11 @@ class WriteConfig:
     """How a run's rows reach the output table."""
 
     mode: str = "overwrite"
-    """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced."""
+    """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced.
+    ``incremental``: only rows whose id is new, whose input changed (``input_digest``) or whose output came from
+    other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
+    delete_missing: bool = False
+    """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
     chunk_rows: int = 2_000_000
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed."""
@@ -321,6 +331,8 @@ class WriteConfig:
     def _validate(self) -> None:
         if self.mode not in WRITE_MODES:
             raise ConfigError(f"write.mode must be one of {', '.join(WRITE_MODES)}, got {self.mode!r}")
+        if self.delete_missing and self.mode != "incremental":
+            raise ConfigError(f"write.delete_missing applies to write.mode incremental only, not {self.mode!r}")
         if self.chunk_rows < 1:
             raise ConfigError(f"write.chunk_rows must be >= 1, got {self.chunk_rows}")
 
@@ -380,6 +392,11 @@ class JobConfig:
             )
         if self.progress_seconds < 0:
             raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
+        if self.write.mode == "incremental" and self.validation.min_rows is not None:
+            raise ConfigError(
+                "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
+                "changed ones; drop it for incremental runs"
+            )
         if self.input_format not in INPUT_FORMATS:
             raise ConfigError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
 
@@ -620,10 +637,16 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if hint is str:
         if isinstance(value, date):  # YAML reads 2026-11-20 as a date
             return value.isoformat()
+        if isinstance(value, bool) and key in _ON_OFF_KEYS:  # YAML 1.1 reads on / off as true / false
+            return "on" if value else "off"
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key} must be a string, got {value!r}")
     raise TypeError(f"unsupported config type {hint!r} for {key}")  # a bug in this module, not user input
+
+
+_ON_OFF_KEYS = frozenset({"scoring.dedup"})
+"""String settings whose values include ``on`` / ``off``, which YAML reads as booleans."""
 
 
 def _spark_conf_value(value: Any, key: str) -> str:

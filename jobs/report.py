@@ -37,9 +37,27 @@ class RunReport:
     model_id: str
     model_revision: Optional[str]
     model_sha256: Optional[str]
+    input_version: Optional[int] = None
+    """The Delta version of the input the run read from start to end (``None``: not a Delta input)."""
     input_rows: Optional[int] = None
     output_rows: Optional[int] = None
     error_rows: Optional[int] = None
+    rows_kept: Optional[int] = None
+    """Input rows whose output row was current and was not scored again (0 outside incremental mode)."""
+    rows_scored: Optional[int] = None
+    """Input rows scored into the output this run (equals ``output_rows``)."""
+    rows_missing: Optional[int] = None
+    """Incremental mode: output rows whose id is not in the input (``None`` in the other modes)."""
+    rows_deleted: Optional[int] = None
+    """Incremental mode: output rows the run's MERGE deleted (missing ids with ``write.delete_missing``, ids whose
+    input now fails); ``None`` in the other modes."""
+    input_scans: Optional[int] = None
+    """Reads of the rows to score by the scoring step: 1 for a run of any number of chunks (they are written once,
+    partitioned by chunk, and each chunk reads its partition), 0 when a resumed run finds them written or nothing
+    is left to score. The id check and the plan (incremental join, dedup sample) read the input too, before it."""
+    dedup: Optional[dict[str, Any]] = None
+    """``scoring.dedup``: ``mode``, whether it was ``used``, the ``auto`` sample (``sample_rows``, ``sample_distinct``)
+    and ``forward_passes_saved`` (rows that shared another row's input in their chunk)."""
     errors_table: Optional[str] = None
     error_reasons: Optional[dict[str, int]] = None
     errors_delta_version: Optional[int] = None
@@ -72,10 +90,19 @@ class RunReport:
         lines = [f"run {self.run_id}: {self.status}"]
         if self.output_rows is not None:
             where = f"Delta version {self.delta_version}" if self.delta_version is not None else "not published"
+            if self.delta_version is None and self.status == "succeeded":
+                where = "unchanged: no new version"
             lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})")
+        if self.rows_missing is not None:
+            lines.append(
+                f"  incremental: {self.rows_kept} kept, {self.rows_scored} scored, {self.rows_missing} missing from the "
+                f"input, {self.rows_deleted or 0} deleted from the output"
+            )
         if self.error_rows:
             reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
             lines.append(f"  {self.error_rows} rows in {self.errors_table} ({reasons})")
+        if self.dedup and self.dedup.get("used"):
+            lines.append(f"  dedup: {self.dedup['forward_passes_saved']} forward passes saved (identical inputs scored once)")
         if self.chunks and self.chunks.get("skipped"):
             lines.append(f"  resumed: {self.chunks['skipped']} of {self.chunks['total']} chunks were already staged")
         if self.seconds is not None:

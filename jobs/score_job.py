@@ -56,7 +56,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             split = check_input_ids(run)
             identity = preflight.identity()
     with clock.step("prepare"):
-        plan = plan_run(run, split, identity)
+        plan = plan_run(run, targets, split, identity)
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
         throughput = score_into_staging(run, plan)

@@ -11,6 +11,8 @@ from lakescore.schemas.contracts import InputContractError
 __all__ = [
     "PREDICTIONS",
     "IDENTITY_COLUMNS",
+    "INCREMENTAL_COLUMNS",
+    "DIGEST_COLUMN",
     "ERROR_COLUMNS",
     "WORKER_COLUMN",
     "WORKER_METRICS",
@@ -57,6 +59,13 @@ PREDICTIONS: dict[str, list[StructField]] = {
 IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 """Columns every output row carries so anyone can tell which model and run produced it."""
 
+DIGEST_COLUMN = "input_digest"
+"""Incremental mode: SHA-256 (hex) of exactly what the model saw for the row (:mod:`lakescore.jobs.steps.incremental`)."""
+
+INCREMENTAL_COLUMNS = (DIGEST_COLUMN, "spec_digest")
+"""What an incremental output adds after :data:`IDENTITY_COLUMNS`: the input's digest and the digest of the scoring
+spec (task, model source and the settings that change the numbers), so the next run knows which rows are current."""
+
 ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""
 
@@ -96,19 +105,21 @@ def scored_schema(task: str, *kept: StructField) -> StructType:
     )
 
 
-def output_schema(task: str, id_field: StructField) -> StructType:
-    """The Delta table's schema: the id column as it was in the input, predictions, identity columns.
+def output_schema(task: str, id_field: StructField, incremental: bool = False) -> StructType:
+    """The Delta table's schema: the id column as it was in the input, predictions, identity columns
+    (and with ``incremental`` the :data:`INCREMENTAL_COLUMNS`).
 
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when the id column's name collides
     with an output column.
     """
-    taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(ERROR_COLUMNS) + [WORKER_COLUMN]
+    taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS) + [WORKER_COLUMN]
     if id_field.name in taken:
         raise InputContractError(f"id column {id_field.name!r} collides with an output column ({', '.join(taken)}); rename it")
     return StructType(
         [StructField(id_field.name, id_field.dataType, nullable=True)]
         + prediction_fields(task)
         + [StructField(name, StringType(), nullable=True) for name in IDENTITY_COLUMNS]
+        + [StructField(name, StringType(), nullable=True) for name in (INCREMENTAL_COLUMNS if incremental else ())]
     )
 
 

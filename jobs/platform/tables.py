@@ -37,11 +37,15 @@ __all__ = [
     "is_path",
     "local_ref",
     "read_input",
+    "read_pinned",
     "check_output_target",
     "DeltaCommit",
     "WriteConflictError",
     "is_commit_conflict",
     "write_delta_overwrite",
+    "MERGE_OP",
+    "MergeCommit",
+    "merge_delta",
     "append_delta",
     "last_commit",
     "delete_path",
@@ -109,26 +113,50 @@ def local_ref(ref: Optional[str]) -> Optional[str]:
     return ref
 
 
-def read_input(spark: SparkSession, ref: str, fmt: str = "auto") -> DataFrame:
+def read_input(spark: SparkSession, ref: str, fmt: str = "auto", version: Optional[int] = None) -> DataFrame:
     """A DataFrame over ``ref``: a metastore table, or a Delta / Parquet path.
 
-    ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet.
+    ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet. ``version``
+    reads a Delta table (path or name) at that version (``versionAsOf``, classic and Connect alike).
     Raises :class:`TableError` naming the reference when it does not exist or cannot be read.
     """
     ref = local_ref(ref)
+    reader = spark.read if version is None else spark.read.option("versionAsOf", int(version))
     try:
         if not is_path(ref):
-            df = spark.table(parse_table_name(ref, "input").quoted)
+            df = reader.table(parse_table_name(ref, "input").quoted)
         else:
             if fmt == "auto":
                 fmt = "delta" if is_delta(spark, ref) else "parquet"
-            df = spark.read.format(fmt).load(ref)
+            df = reader.format(fmt).load(ref)
         df.schema  # a Spark Connect DataFrame is analysed only when asked: fail here, before compute
         return df
     except AnalysisException as exc:
         if not is_path(ref) and _is_not_found(exc):
             raise TableError(f"cannot read input {ref!r}: {_tried(ref)}") from exc
         raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
+
+
+def read_pinned(spark: SparkSession, ref: str, fmt: str = "auto") -> tuple[DataFrame, Optional[int]]:
+    """``ref`` read at one snapshot, so every Spark job of a run sees the same rows: ``(DataFrame, Delta version)``.
+
+    A Delta input (path or table) is read at its latest version, ``versionAsOf`` (returned); a Parquet path
+    at the file listing taken now (the files named explicitly, partition columns kept through ``basePath``;
+    version ``None``). Either way a commit or a new file upstream while the run goes on changes nothing in it,
+    in classic and Spark Connect sessions alike (Connect analyses a plan again for every job). Other tables
+    (not Delta) are read as they are. Raises :class:`TableError` as :func:`read_input` does.
+    """
+    df = read_input(spark, ref, fmt)
+    ref = local_ref(ref)
+    if fmt != "parquet" and is_delta(spark, ref):
+        version = last_commit(spark, ref).version
+        return read_input(spark, ref, "delta", version=version), version
+    if is_path(ref):
+        files = df.inputFiles()
+        single_file = len(files) == 1 and files[0].endswith("/" + ref.rstrip("/").rsplit("/", 1)[-1])
+        if files and not single_file:  # a directory's listing: name its files
+            return spark.read.schema(df.schema).option("basePath", ref).parquet(*files), None
+    return df, None
 
 
 def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Optional[int]:
@@ -217,6 +245,81 @@ def write_delta_overwrite(
             ) from exc
         raise
     return last_commit(df.sparkSession, ref)
+
+
+MERGE_OP = "_lakescore_op"
+"""The column of a :func:`merge_delta` source saying what each row does: ``upsert`` or ``delete``."""
+
+
+@dataclass(frozen=True)
+class MergeCommit:
+    """The commit a :func:`merge_delta` made, with Delta's own counts of the rows it touched."""
+
+    version: int
+    inserted: int
+    updated: int
+    deleted: int
+
+
+def merge_delta(
+    changes: DataFrame, ref: str, id_col: str, columns: list[str], view: str, user_metadata: Optional[str] = None
+) -> MergeCommit:
+    """Apply ``changes`` to the Delta table ``ref`` in one SQL ``MERGE`` commit (classic and Connect alike) and return it.
+
+    ``changes`` holds at most one row per ``id_col`` value and a :data:`MERGE_OP` column: an ``upsert`` row
+    updates the output row of its id (every column of ``columns``) or inserts it; a ``delete`` row deletes the
+    output row of its id, if any. The source is registered as the temporary view ``view`` for the statement's
+    length. ``user_metadata`` is stored in the commit info, as :func:`write_delta_overwrite` does. A concurrent
+    commit that Delta refuses raises :class:`WriteConflictError`.
+    """
+    ref = local_ref(ref)
+    spark = changes.sparkSession
+    quoted = [quote_identifier(c) for c in columns]
+    key = quote_identifier(id_col)
+    statement = (
+        f"MERGE INTO {_delta_sql(ref)} AS t USING {quote_identifier(view)} AS s ON t.{key} = s.{key} "
+        f"WHEN MATCHED AND s.{MERGE_OP} = 'delete' THEN DELETE "
+        f"WHEN MATCHED AND s.{MERGE_OP} = 'upsert' THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in quoted)} "
+        f"WHEN NOT MATCHED AND s.{MERGE_OP} = 'upsert' THEN INSERT ({', '.join(quoted)}) "
+        f"VALUES ({', '.join(f's.{c}' for c in quoted)})"
+    )
+    changes.createOrReplaceTempView(view)
+    try:
+        with _session_conf(spark, _COMMIT_METADATA, user_metadata):
+            spark.sql(statement).collect()
+    except Exception as exc:
+        if is_commit_conflict(exc):
+            raise WriteConflictError(
+                f"another run committed to {ref!r} at the same time and Delta refused this run's MERGE "
+                f"({_first_line(exc)}); the table holds the other run's result. Rerun to apply this run's changes."
+            ) from exc
+        raise
+    finally:
+        spark.catalog.dropTempView(view)
+    last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
+    metrics = last["operationMetrics"] or {}
+    count = lambda name: int(metrics.get(name) or 0)  # noqa: E731
+    return MergeCommit(int(last["version"]), count("numTargetRowsInserted"), count("numTargetRowsUpdated"), count("numTargetRowsDeleted"))
+
+
+_COMMIT_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, key: str, value: Optional[str]):
+    """While the block runs, the session setting ``key`` is ``value`` (``None``: left as it is); restored afterwards."""
+    if value is None:
+        yield
+        return
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
 
 
 _CONFLICT_MARKERS = ("DELTA_CONCURRENT", "ConcurrentModification", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")

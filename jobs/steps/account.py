@@ -11,21 +11,22 @@ the run's scorable rows means another run of the same input is writing it: nothi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.staging import CHUNK_COLUMN
-from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
+from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
 __all__ = ["Accounting", "account_rows"]
 
 
 @dataclass(frozen=True)
 class Accounting:
-    """Where this run's input rows went. ``input_rows == output_rows + error_rows`` always."""
+    """Where this run's input rows went. ``input_rows == rows_kept + output_rows + error_rows`` always
+    (``rows_kept`` is 0 outside ``write.mode: incremental``)."""
 
     staged: DataFrame
     """Every staged row (scored or not), with the scoring function's columns."""
@@ -34,13 +35,25 @@ class Accounting:
     error_rows: int
     reasons: dict[str, int]
     """Reason code -> rows, for every row in the errors table."""
+    rows_kept: int = 0
+    """Incremental mode: input rows whose output row was current and stays as it is (not scored)."""
+    rows_missing: int = 0
+    """Incremental mode: output rows whose id is not in the input (deleted at publish with ``write.delete_missing``)."""
+    forward_passes_saved: Optional[int] = None
+    """With ``scoring.dedup`` in use: staged rows that shared another row's input in their chunk (``None``: not in use)."""
     workers: dict[str, Any] = field(default_factory=dict)
     """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
 
     @property
+    def rows_considered(self) -> int:
+        """The input rows this run looked at: every row, less the kept ones (incremental mode)."""
+        return self.input_rows - self.rows_kept
+
+    @property
     def error_rate(self) -> float:
-        return self.error_rows / self.input_rows
+        """Errors among :attr:`rows_considered` (0 when it looked at none)."""
+        return self.error_rows / self.rows_considered if self.rows_considered else 0.0
 
     @property
     def published(self) -> DataFrame:
@@ -51,8 +64,8 @@ class Accounting:
 def account_rows(plan: Plan) -> Accounting:
     """Count the staged rows by reason and check them against the plan.
 
-    Raises ``RuntimeError`` when staging does not hold exactly the plan's scorable rows,
-    or when the rows do not add up (input = output + errors).
+    Raises ``RuntimeError`` when staging does not hold exactly the plan's rows to score,
+    or when the rows do not add up (input = kept + output + errors).
     """
     ids = plan.split.ids
     table = plan.staging.table()
@@ -81,11 +94,15 @@ def account_rows(plan: Plan) -> Accounting:
         output_rows=staged_rows - unscored,
         error_rows=ids.refused_rows + unscored,
         reasons=dict(sorted(reasons.items())),
+        rows_kept=plan.rows_kept,
+        rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
+        forward_passes_saved=staged_rows - table.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count() if plan.dedup.used else None,
         workers=_worker_totals(groups, plan.identity.preflight_loads),
     )
-    if accounting.input_rows != accounting.output_rows + accounting.error_rows:
+    if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows:
         raise RuntimeError(
-            f"row accounting broken: {accounting.input_rows} in, {accounting.output_rows} out, {accounting.error_rows} errors"
+            f"row accounting broken: {accounting.input_rows} in, {accounting.rows_kept} kept, "
+            f"{accounting.output_rows} scored, {accounting.error_rows} errors"
         )
     return accounting
 

@@ -13,14 +13,18 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Optional
 
 from pyspark.sql import DataFrame
 
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
+from lakescore.jobs.steps.dedup import Dedup, decide_dedup
+from lakescore.jobs.steps.incremental import Changes, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
-from lakescore.jobs.steps.read import RunContext
-from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, run_key
+from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, prepared_rows, run_key
 from lakescore.schemas.contracts import InputContractError
+from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.model_source import ModelSpec
 
 __all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "plan_run"]
@@ -50,14 +54,48 @@ class Plan:
     staging: Staging
     done: frozenset[int]
     """Chunks an earlier attempt of the same run already committed to staging."""
+    changes: Optional[Changes] = None
+    """``write.mode: incremental``: the rows to score, kept and missing (``None`` in the other modes: score every row)."""
+    dedup: Dedup = Dedup("off", False)
+    """What ``scoring.dedup`` decided: whether identical inputs are scored once per chunk."""
+    digested: Optional[DataFrame] = None
+    """The scorable rows with their digest, when deduplicating outside incremental mode."""
+    prepared: Optional[Staging] = None
+    """More than one chunk: where the rows to score are written once, partitioned by chunk, so the input is
+    scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
+    prepared_ready: bool = False
+    """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
+
+    @property
+    def input_scans(self) -> int:
+        """Reads of the rows to score by the scoring step: one per chunk left for a one-chunk run, else one
+        (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt wrote it."""
+        left = self.chunks - len(self.done)
+        if left == 0 or self.prepared_ready:
+            return 0
+        return left if self.prepared is None else 1
 
     @property
     def scorable(self) -> DataFrame:
-        return self.split.scorable
+        """The rows this run scores: every scorable row, or in incremental mode the new and changed ones
+        (with their digest; with their digest too when deduplicating)."""
+        if self.changes is not None:
+            return self.changes.to_score
+        return self.digested if self.digested is not None else self.split.scorable
 
     @property
     def scorable_rows(self) -> int:
-        return self.split.ids.rows - self.split.ids.refused_rows
+        return self.changes.rows_to_score if self.changes is not None else self.split.ids.rows - self.split.ids.refused_rows
+
+    @property
+    def rows_kept(self) -> int:
+        """Scorable rows whose output row is current and stays as it is (incremental mode; else 0)."""
+        return self.changes.rows_kept if self.changes is not None else 0
+
+    def kept_columns(self, id_col: str) -> list[str]:
+        """The input columns the scoring function copies into staging: the id, and the digest in incremental mode or
+        when deduplicating."""
+        return [id_col, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else [id_col]
 
 
 def new_run_id() -> str:
@@ -77,15 +115,24 @@ def check_input_ids(run: RunContext) -> IdSplit:
     return IdSplit(ids, scorable, refused)
 
 
-def plan_run(run: RunContext, split: IdSplit, identity: ModelIdentity) -> Plan:
-    """The run's plan: run id, pinned spec, chunk count and the staging table of this run's key."""
+def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity) -> Plan:
+    """The run's plan: run id, pinned spec, the rows to score (in incremental mode: against the output at
+    ``targets.previous_version``), chunk count and the staging table of this run's key."""
     cfg = run.cfg
     # Workers must load exactly the weights the preflight hashed, or fail their task.
     spec = dataclasses.replace(run.spec, expect_sha256=identity.sha256)
-    chunks = chunk_count(split.ids.rows - split.ids.refused_rows, cfg.write.chunk_rows)
+    scorable_rows = split.ids.rows - split.ids.refused_rows
+    changes = None
+    if cfg.write.mode == "incremental":
+        changes = find_changes(run, split.scorable, scorable_rows, identity.sha256, targets.previous_version)
+        scorable_rows = changes.rows_to_score
+    digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
+    dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows)
+    chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     key = run_key(
         {
             "input": input_fingerprint(run.source),
+            "input_version": run.input_version,
             "output": cfg.output,
             "task": cfg.task,
             "model_sha256": identity.sha256,
@@ -94,9 +141,13 @@ def plan_run(run: RunContext, split: IdSplit, identity: ModelIdentity) -> Plan:
             "inputs": run.input_cols,
             "chunks": chunks,
             "run_id": cfg.resolved_run_id(),
+            "dedup": dedup.used,  # staged rows carry the digest then
+            # incremental: the rows to score depend on the output version compared with
+            **({"mode": "incremental", "previous_version": targets.previous_version} if changes is not None else {}),
         }
     )
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
+    prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
     plan = Plan(
         run_id=cfg.resolved_run_id() or new_run_id(),
         identity=identity,
@@ -105,11 +156,24 @@ def plan_run(run: RunContext, split: IdSplit, identity: ModelIdentity) -> Plan:
         chunks=chunks,
         staging=staging,
         done=frozenset(staging.committed_chunks()),
+        changes=changes,
+        dedup=dedup,
+        digested=digested if dedup.used and changes is None else None,
+        prepared=prepared,
+        prepared_ready=prepared is not None and prepared.exists(),
     )
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
         split.ids.rows, cfg.input, cfg.output, plan.run_id, chunks, len(plan.done),
     )
+    if changes is not None:
+        log.info(
+            "incremental: %d row(s) to score, %d kept, %d output id(s) missing from the input (output version %s)",
+            changes.rows_to_score, changes.rows_kept, changes.rows_missing, changes.previous_version,
+        )
+    if dedup.used or dedup.mode == "auto":
+        log.info("dedup %s: %s (sample: %s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
+                 dedup.sample_rows, dedup.sample_distinct)
     if split.ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())
     return plan

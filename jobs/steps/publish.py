@@ -1,7 +1,8 @@
 """Step 7, publish: the output in one Delta commit when every check passed, then the errors table.
 
 The output's fate is decided first: published with ``overwrite`` (or ``replaceWhere run_id = ...``
-for ``write.mode: replace_run``) when the error rate and validation passed, else nothing is
+for ``write.mode: replace_run``, or one ``MERGE`` for ``write.mode: incremental``: :func:`apply_changes`)
+when the error rate and validation passed, else nothing is
 published and readers keep the previous version. Only then is the errors table written, so it
 never describes a run whose publish failed or lost to a concurrent run; a run that failed a
 check still writes it, since it explains the failure.
@@ -17,14 +18,17 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.config import RUN_ID
-from lakescore.jobs.platform.tables import DeltaCommit, column, run_metadata, write_delta_overwrite
+from lakescore.jobs.platform.tables import (
+    MERGE_OP, DeltaCommit, column, merge_delta, run_metadata, write_delta_overwrite,
+)
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, INCREMENTAL_COLUMNS
 from lakescore.udfs.registry import get_task
 
-__all__ = ["Outcome", "output_rows", "errors_rows", "publish"]
+__all__ = ["Outcome", "output_rows", "errors_rows", "publish", "apply_changes"]
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,16 @@ class Outcome:
     delta_version: Optional[int] = None
     errors_delta_version: Optional[int] = None
     error: Optional[str] = None
+    rows_deleted: Optional[int] = None
+    """Incremental mode: output rows the run's ``MERGE`` deleted (missing ids with ``write.delete_missing``, and ids
+    whose input now fails: they are in the errors table). ``None`` in the other modes."""
 
 
 def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
-    """The rows the output receives: id, predictions and the identity columns (model, weights, run)."""
+    """The rows the output receives from this run: id, predictions, the identity columns (model, weights, run),
+    and in incremental mode the input's digest and the scoring spec's."""
     identity = plan.identity
+    incremental = [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec_digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
     return accounting.published.select(
         column(run.cfg.id_col),
         *[F.col(f.name) for f in get_task(run.cfg.task).output_fields],
@@ -47,6 +56,7 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
         F.lit(identity.revision).cast("string").alias("model_revision"),
         F.col("model_sha256"),
         F.lit(plan.run_id).alias("run_id"),
+        *incremental,
     )
 
 
@@ -63,26 +73,69 @@ def publish(
     cfg = run.cfg
     refusal = _refusal(cfg, targets, accounting, validation)
     tag = run_metadata(plan.run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None)
-    delta_version = None
-    if refusal is None:
+    delta_version = deleted = None
+    if refusal is None and plan.changes is not None and targets.previous_version is not None:
+        delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
+    elif refusal is None:
         commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
-        delta_version = commit.version
+        delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
     errors_version = write_delta_overwrite(errors_rows(run, plan, accounting), targets.errors_ref, *_write_mode(run, plan), tag).version
     if refusal is not None:
         status, error = refusal
         return Outcome(status, errors_delta_version=errors_version, error=error)
+    if plan.prepared is not None:
+        plan.prepared.drop()
     plan.staging.drop()
-    return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version)
+    return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted)
+
+
+def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame, tag: str) -> tuple[Optional[int], int]:
+    """Incremental mode on an existing output: one ``MERGE`` that upserts ``rows`` (this run's scored rows) and deletes
+    the ids whose input now fails (errors table) and, with ``write.delete_missing``, the ids missing from the input.
+
+    Returns ``(version, rows deleted)``; ``(None, 0)`` when there is nothing to apply (nothing scored, no error, no
+    deletion): no commit, so readers and downstream consumers of the output's versions see no change.
+    Raises ``RuntimeError`` when Delta's own counts say the merge wrote another number of rows than were validated.
+    """
+    cfg, changes = run.cfg, plan.changes
+    deleting_missing = cfg.write.delete_missing and changes.rows_missing > 0
+    if accounting.output_rows == 0 and accounting.error_rows == 0 and not deleting_missing:
+        return None, 0
+    removed = _ids_to_remove(run, plan, accounting)
+    source = rows.withColumn(MERGE_OP, F.lit("upsert")).unionByName(
+        removed.withColumn(MERGE_OP, F.lit("delete")), allowMissingColumns=True
+    )
+    commit = merge_delta(source, cfg.output, cfg.id_col, rows.columns, f"lakescore_changes_{plan.staging.key}", tag)
+    if commit.inserted + commit.updated != accounting.output_rows:
+        raise RuntimeError(
+            f"merged {commit.inserted} new and {commit.updated} updated rows into {cfg.output} "
+            f"but validated {accounting.output_rows}"
+        )
+    return commit.version, commit.deleted
+
+
+def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
+    """Ids whose output row must go: this run could not score their input (unscored, or a null / duplicated id),
+    and with ``write.delete_missing`` the output ids missing from the input. Each id once; one column, the id."""
+    id_col = run.cfg.id_col
+    ids = accounting.staged.where(F.col(ERROR_COLUMNS[0]).isNotNull()).select(column(id_col))
+    if plan.split.ids.refused_rows:
+        ids = ids.unionByName(plan.split.refused.where(column(id_col).isNotNull()).select(column(id_col)).distinct())
+    if run.cfg.write.delete_missing:
+        ids = ids.unionByName(plan.changes.missing_ids)
+    return ids
 
 
 def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
     """``(status, reason)`` when the run must not publish (error rate, then validation); ``None`` when it may."""
     if accounting.error_rate > cfg.max_error_rate:
+        kept = f" ({accounting.rows_kept} unchanged rows kept, not counted)" if accounting.rows_kept else ""
         return "error_rate_exceeded", (
-            f"{accounting.error_rows} of {accounting.input_rows} rows ({accounting.error_rate:.4%}) could not be "
-            f"scored, above max_error_rate {cfg.max_error_rate:.4%}; see {targets.errors_ref}. The output was not published."
+            f"{accounting.error_rows} of {accounting.rows_considered} rows ({accounting.error_rate:.4%}) could not be "
+            f"scored{kept}, above max_error_rate {cfg.max_error_rate:.4%}; see {targets.errors_ref}. "
+            "The output was not published."
         )
     if validation is not None and not validation["success"]:
         return "validation_failed", "the output failed validation and was not published"

@@ -22,7 +22,7 @@ from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
-from lakescore.jobs.platform.tables import check_output_target, is_path, read_input
+from lakescore.jobs.platform.tables import check_output_target, is_path, read_pinned
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
 from lakescore.schemas.output import errors_schema, output_schema
@@ -47,6 +47,9 @@ class RunContext:
     """Rows the workers scored so far, live (classic sessions; ``None`` over Spark Connect)."""
     model_dir: Path
     """The model's files on the driver's host (the HTML report reads the tokenizer there)."""
+    input_version: Optional[int] = None
+    """The Delta version of the input this run reads from start to end (``None``: not Delta; a Parquet input is
+    pinned to the file listing taken at the start)."""
 
     @property
     def id_field(self) -> StructField:
@@ -87,7 +90,8 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
-    """Resolve the model, take or build the session, read ``cfg.input`` and check its contract.
+    """Resolve the model, take or build the session, read ``cfg.input`` pinned to one snapshot
+    (:func:`~lakescore.jobs.platform.tables.read_pinned`) and check its contract.
 
     Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
     found, :class:`~lakescore.jobs.platform.tables.TableError` for an unreadable input and
@@ -100,11 +104,13 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
     model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
     spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
-    source = read_input(spark, cfg.input, cfg.input_format)
+    source, input_version = read_pinned(spark, cfg.input, cfg.input_format)  # one snapshot for the whole run
     input_cols = input_columns(cfg, source)
     if not cfg.reads_text:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
-    return RunContext(cfg, spark, source, input_cols, spec, scoring_layout(spark, cfg), rows_counter(spark), model_dir)
+    return RunContext(
+        cfg, spark, source, input_cols, spec, scoring_layout(spark, cfg), rows_counter(spark), model_dir, input_version
+    )
 
 
 def check_table_names(cfg: JobConfig) -> None:
@@ -138,7 +144,7 @@ def _table_refs(cfg: JobConfig) -> list[tuple[str, str]]:
 def check_targets(run: RunContext) -> Targets:
     """Prove the output and errors targets can take this run's schemas (``TableError`` otherwise)."""
     check_writable(run)
-    planned = output_schema(run.cfg.task, run.id_field)
+    planned = output_schema(run.cfg.task, run.id_field, incremental=run.cfg.write.mode == "incremental")
     planned_errors = errors_schema(run.id_field)
     previous_version = check_output_target(run.spark, run.cfg.output, planned)
     errors_ref = run.cfg.errors_ref()

@@ -21,7 +21,7 @@ from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.tables import column
-from lakescore.jobs.steps.staging import chunk_column
+from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
@@ -112,17 +112,37 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
         tasks, (lambda: rows.value) if rows is not None else None, todo_rows, cfg.progress_seconds, chunks=plan.chunks
     ) as progress:
         try:
+            if plan.prepared is not None and todo and not plan.prepared_ready:
+                _write_chunked_rows(run, plan)
             for chunk in todo:
                 progress.chunk(chunk)
-                part = plan.scorable if plan.chunks == 1 else plan.scorable.where(chunk_column(cfg.id_col, plan.chunks) == chunk)
-                scored = score_dataframe(part, cfg, plan.spec, [cfg.id_col], run.input_cols, rows, layout)
-                plan.staging.commit_chunk(scored, chunk)
+                plan.staging.commit_chunk(_score_chunk(run, plan, chunk, layout), chunk)
                 staged += 1
                 log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
         except BaseException as exc:
             exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise
     return progress.samples()
+
+
+def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
+    """The one scan of the input for scoring: the rows to score (id, model input, digest) written once, partitioned
+    by chunk, to ``plan.prepared``; each chunk then reads its own partition."""
+    needed = dict.fromkeys([*plan.kept_columns(run.cfg.id_col), *run.input_cols])
+    plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), run.cfg.id_col)
+
+
+def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLayout) -> DataFrame:
+    """The scored rows of ``chunk`` (lazy): its rows, scored once per distinct input when deduplicating."""
+    cfg = run.cfg
+    part = plan.scorable if plan.prepared is None else plan.prepared.chunk(chunk)
+
+    def score(df: DataFrame, keep: list[str]) -> DataFrame:
+        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout)
+
+    if plan.dedup.used:
+        return score_deduplicated(part, score, cfg.id_col, run.input_cols)
+    return score(part, plan.kept_columns(cfg.id_col))
 
 
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:

@@ -7,14 +7,19 @@ run, named by the run key (:func:`staging_location`): a table beside a table out
 catalog.schema.prefix``), so nothing writes paths into a catalog's managed storage; a
 directory beside a path output (``<output dir>/_lakescore_staging/<name>/<key>``, or
 ``<write.staging path>/<key>``). The run key is a digest of everything that
-determines the rows (input files, model weights, task, columns, chunk count,
-run id), so
+determines the rows (input files and Delta version, model weights, task, columns,
+chunk count, run id; in incremental mode the output version compared with), so
 
 * a rerun after a crash finds the chunks already committed and scores only the rest;
 * a rerun with other input, model or settings gets a fresh staging table;
 * each chunk commit carries ``txnAppId=<run key>``, ``txnVersion=<chunk + 1>``:
   two processes running the same run at once cannot commit a chunk twice (Delta
   skips the second commit, or refuses it when both race).
+
+A run of more than one chunk first writes the rows to score, once, to a second private table
+beside the staging table (``..._rows``, partitioned by chunk: :func:`prepared_rows`), and each chunk
+reads its partition there: the input is scanned once, not once per chunk. A rerun finds it and
+reads the input not at all for the chunks left.
 
 Only after every chunk is staged, the staged rows are validated and published to
 the output in one commit; the staging table is then deleted. A failed run
@@ -34,9 +39,11 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
-from lakescore.jobs.platform.tables import append_delta, column, drop_delta, is_delta, is_path, read_input
+from lakescore.jobs.platform.tables import (
+    append_delta, column, drop_delta, is_delta, is_path, read_input, write_delta_overwrite,
+)
 
-__all__ = ["Staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+__all__ = ["Staging", "prepared_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 
 CHUNK_COLUMN = "_chunk"
 
@@ -108,6 +115,19 @@ class Staging:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
         return read_input(self.spark, self.location, "delta")
 
+    def exists(self) -> bool:
+        """Whether this table has at least one commit."""
+        return is_delta(self.spark, self.location)
+
+    def write_chunked(self, rows: DataFrame, id_col: str) -> None:
+        """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
+        write_delta_overwrite(rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks)), self.location,
+                              partition_by=CHUNK_COLUMN)
+
+    def chunk(self, chunk: int) -> DataFrame:
+        """The rows of ``chunk`` written by :meth:`write_chunked` (its partition only)."""
+        return self.table().where(F.col(CHUNK_COLUMN) == chunk).drop(CHUNK_COLUMN)
+
     def drop(self) -> None:
         """Delete the staging table (after a successful publish), and the default staging folders it leaves empty."""
         drop_delta(self.spark, self.location)
@@ -115,3 +135,8 @@ class Staging:
             name_dir = self.location.rsplit("/", 1)[0]
             if spark_adapter.delete_path_if_empty(self.spark, name_dir):
                 spark_adapter.delete_path_if_empty(self.spark, name_dir.rsplit("/", 1)[0])
+
+
+def prepared_rows(spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> Staging:
+    """The table of run ``key``'s rows to score, partitioned by chunk, beside its staging table (``<staging>_rows``)."""
+    return Staging.for_output(spark, output, configured, f"{key}_rows", chunks)

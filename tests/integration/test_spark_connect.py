@@ -147,3 +147,31 @@ def test_connect_refuses_path_staging_before_compute(server, reviews, minilm_dir
     assert code == 2 and err.strip().splitlines()[-1].startswith(f"lakescore: error: {reason}")
     assert report["status"] == "failed" and report["error"].startswith(reason) and report["delta_version"] is None
     assert not output.exists() and not Path(f"{output}_errors").exists()
+
+
+def test_incremental_over_connect_pins_the_input_chunks_once_and_merges(server, spark, reviews, tiny_classifier_dir, tmp_path):
+    frame, _ = reviews
+    source = tmp_path / "reviews"
+    spark.createDataFrame(frame, "review_id long, body string, stars long").write.format("delta").save(str(source))
+    output = tmp_path / "labels"
+    args = classify_args(str(source), f"file://{tiny_classifier_dir}", tmp_path / "cache", output,
+                         "--set", "write.staging=default.inc_stage", "--write-mode", "incremental", "--delete-missing",
+                         "--set", "write.chunk_rows=20", "--set", "scoring.dedup=on",
+                         "--set", "max_error_rate=0.6")  # the second run looks at 2 rows: the edit and the null text
+    code, err, first = score_over_connect(server, args, tmp_path)
+    assert code == 0, err[-3000:]
+    assert (first["rows_kept"], first["rows_scored"], first["error_rows"], first["input_version"]) == (0, ROWS - 1, 1, 0)
+    assert first["chunks"]["total"] == 3 and first["input_scans"] == 1 and first["dedup"]["used"] is True
+
+    edited = frame.copy()
+    edited.loc[edited["review_id"] == 1, "body"] = "an edited review"
+    spark.createDataFrame(edited[edited["review_id"] != 2], "review_id long, body string, stars long") \
+        .write.format("delta").mode("overwrite").save(str(source))
+    code, err, second = score_over_connect(server, args, tmp_path)
+    assert code == 0, err[-3000:]
+    assert (second["rows_kept"], second["rows_scored"], second["error_rows"]) == (ROWS - 3, 1, 1)
+    assert (second["rows_missing"], second["rows_deleted"], second["input_version"]) == (1, 1, 1)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{output}`").select("operation").collect()
+    assert [r[0] for r in history][0] == "MERGE"
+    out = spark.read.format("delta").load(str(output)).toPandas()
+    assert len(out) == ROWS - 2 and 2 not in set(out["review_id"]) and not list(server.warehouse.glob("inc_stage_*"))

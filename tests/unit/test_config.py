@@ -76,7 +76,9 @@ def test_unknown_top_level_key_from_set():
         ("max_error_rate=2", r"max_error_rate must be between 0 and 1, got 2.0"),
         ("max_error_rate=lots", r"max_error_rate must be a number"),
         ("run_date=2026-13-01", r"run_date must be YYYY-MM-DD"),
-        ("write.mode=append", r"write.mode must be one of overwrite, replace_run"),
+        ("write.mode=append", r"write.mode must be one of overwrite, replace_run, incremental"),
+        ("scoring.dedup=sometimes", r"scoring.dedup must be one of auto, on, off, got 'sometimes'"),
+        ("write.delete_missing=true", r"write.delete_missing applies to write.mode incremental only, not 'overwrite'"),
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
         ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),
@@ -148,3 +150,19 @@ def test_shipped_conf_files_load():
     assert files, "conf/ holds no YAML"
     for path in files:
         load_config(path)
+
+
+def test_incremental_mode_refuses_min_rows_and_takes_delete_missing():
+    with pytest.raises(ConfigError, match=r"validation.min_rows counts the rows a run publishes.*incremental"):
+        load_config(overrides=["write.mode=incremental", "validation.min_rows=10"])
+    cfg = load_config(overrides=["write.mode=incremental", "write.delete_missing=true"])
+    assert (cfg.write.mode, cfg.write.delete_missing) == ("incremental", True)
+    assert load_config().write.delete_missing is False
+
+
+def test_dedup_on_and_off_survive_yaml_reading_them_as_booleans(tmp_path):
+    assert load_config(overrides=["scoring.dedup=on"]).scoring.dedup == "on"
+    assert load_config(write(tmp_path, "scoring:\n  dedup: off\n")).scoring.dedup == "off"
+    assert load_config().scoring.dedup == "auto"
+    with pytest.raises(ConfigError, match="validation.enabled must be true or false"):
+        load_config(overrides=["validation.enabled=auto"])

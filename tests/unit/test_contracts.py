@@ -43,6 +43,10 @@ def test_id_column_may_not_collide_with_output_columns():
     assert [f.name for f in schema.fields] == ["review.id", "embedding", "model_id", "model_revision", "model_sha256", "run_id"]
     with pytest.raises(InputContractError, match=r"id column 'label' collides"):
         output_schema("classify", StructField("label", StringType()))
+    incremental = output_schema("embed", StructField("review.id", LongType()), incremental=True)
+    assert [f.name for f in incremental.fields][-3:] == ["run_id", "input_digest", "spec_digest"]
+    with pytest.raises(InputContractError, match=r"id column 'input_digest' collides"):
+        output_schema("embed", StructField("input_digest", StringType()))
 
 
 def test_feature_columns_by_name_or_prefix_must_be_numeric():

@@ -1,0 +1,87 @@
+"""Step 3d/4, dedup (``scoring.dedup``): identical inputs are scored once per chunk and fanned out to every row.
+
+Two rows are identical when their :data:`~lakescore.schemas.output.DIGEST_COLUMN` (the SHA-256 of what the
+model sees, :func:`lakescore.jobs.steps.incremental.input_digest`) is equal. A deduplicated chunk groups
+its rows by digest, scores one row per digest and joins the outputs back on the digest (null-safe: every
+null input shares one dead-letter outcome), so each input row still gets its own output or error row.
+The workers' per-batch metrics stay on one row per scored input, so the report counts them once.
+
+``auto`` decides once per run, before scoring, from a deterministic sample (rows whose id hashes into
+the sample; about :data:`SAMPLE_ROWS` of them): deduplication pays for its two shuffles when at least
+:data:`MIN_REPEAT` of the sampled rows repeat an input. The decision is part of the run key, and the
+sample is the same on a rerun of the same pinned input, so a resumed run decides the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from lakescore.jobs.platform.tables import column
+from lakescore.schemas.output import DIGEST_COLUMN, WORKER_COLUMN
+
+__all__ = ["SAMPLE_ROWS", "MIN_REPEAT", "Dedup", "decide_dedup", "score_deduplicated"]
+
+SAMPLE_ROWS = 2000
+MIN_REPEAT = 0.10
+"""``auto`` deduplicates when at least this fraction of the sampled rows repeat an input already in the sample."""
+
+_REPRESENTATIVE = "__lakescore_representative_id"
+_ROW_DIGEST = "__lakescore_row_digest"
+
+
+@dataclass(frozen=True)
+class Dedup:
+    """What ``scoring.dedup`` decided for this run, and on what evidence (``auto`` only)."""
+
+    mode: str
+    used: bool
+    sample_rows: Optional[int] = None
+    sample_distinct: Optional[int] = None
+
+    def as_report(self, forward_passes_saved: Optional[int]) -> dict[str, Any]:
+        """The report's ``dedup`` entry."""
+        return {
+            "mode": self.mode, "used": self.used, "sample_rows": self.sample_rows,
+            "sample_distinct": self.sample_distinct, "forward_passes_saved": forward_passes_saved,
+        }
+
+
+def decide_dedup(mode: str, digested: DataFrame, id_col: str, rows: int) -> Dedup:
+    """``on`` / ``off`` as configured; ``auto``: one aggregation over a deterministic sample of ``digested``
+    (``rows`` rows with a :data:`DIGEST_COLUMN`), deduplicating when its repetition reaches :data:`MIN_REPEAT`."""
+    if mode != "auto":
+        return Dedup(mode, mode == "on")
+    if rows < 2:
+        return Dedup(mode, False, rows, rows)
+    every = max(1, math.ceil(rows / SAMPLE_ROWS))
+    sample = digested.where(F.pmod(F.xxhash64(column(id_col)), F.lit(every)) == 0)
+    found = sample.agg(
+        F.count(F.lit(1)).alias("rows"),
+        (F.countDistinct(column(DIGEST_COLUMN)) + F.max(column(DIGEST_COLUMN).isNull().cast("int"))).alias("distinct"),
+    ).first()
+    sampled, distinct = int(found["rows"]), int(found["distinct"] or 0)
+    return Dedup(mode, sampled > 0 and (sampled - distinct) / sampled >= MIN_REPEAT, sampled, distinct)
+
+
+def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], DataFrame], id_col: str,
+                       input_cols: tuple[str, ...]) -> DataFrame:
+    """Score each distinct input of ``part`` once and fan the outputs out to its rows.
+
+    ``part`` holds the id, the input columns and :data:`DIGEST_COLUMN`; ``score(df, keep_cols)`` is the
+    scoring function (:func:`lakescore.jobs.steps.score.score_dataframe`). Returns the columns
+    ``score(part, [id_col, DIGEST_COLUMN])`` would, one row per row of ``part``.
+    """
+    distinct = part.groupBy(column(DIGEST_COLUMN)).agg(
+        *[F.first(column(c)).alias(c) for c in input_cols], F.min(column(id_col)).alias(_REPRESENTATIVE)
+    )
+    scored = score(distinct, [DIGEST_COLUMN, _REPRESENTATIVE])
+    rows = part.select(column(id_col), column(DIGEST_COLUMN).alias(_ROW_DIGEST))
+    joined = rows.join(scored, F.col(_ROW_DIGEST).eqNullSafe(column(DIGEST_COLUMN)), "inner")
+    outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN)]
+    worker = F.when(column(id_col) == F.col(_REPRESENTATIVE), F.col(WORKER_COLUMN)).alias(WORKER_COLUMN)
+    return joined.select(column(id_col), F.col(_ROW_DIGEST).alias(DIGEST_COLUMN), *[column(c) for c in outputs], worker)

@@ -1,0 +1,102 @@
+"""Step 3c, changes (``write.mode: incremental``): which input rows need the model this run, and which ids left.
+
+Every scorable row gets an :data:`~lakescore.schemas.output.DIGEST_COLUMN`: the SHA-256 (Spark's ``sha2``) of
+exactly what the model sees, the text, or the feature values as a JSON array of doubles in the model's
+order. The output as it was before this run (read at its pinned version) is joined on the id: a row is
+scored when its id is not in the output, its digest differs, or its output row carries other weights
+(``model_sha256``) or another scoring spec (``spec_digest``: task, model source and every setting that
+changes the numbers). Every other row is kept as it is. Output ids no longer in the input are counted
+(and deleted at publish with ``write.delete_missing``). A run on a missing output scores every row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from lakescore.jobs.platform.tables import column, read_input
+from lakescore.jobs.steps.read import RunContext
+from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS
+from lakescore.udfs.model_source import ModelSpec
+
+__all__ = ["Changes", "input_digest", "spec_digest", "find_changes"]
+
+SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
+_PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)}
+_NEW_ID = "__lakescore_input_id"
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What an incremental run scores, keeps and finds missing. ``to_score`` rows + ``rows_kept`` = the scorable rows."""
+
+    to_score: DataFrame
+    """The scorable rows (input columns and :data:`DIGEST_COLUMN`) that need the model this run."""
+    rows_to_score: int
+    rows_kept: int
+    """Scorable rows whose output row is current: same digest, weights and spec. Not scored, not rewritten."""
+    rows_missing: int
+    """Output rows whose id is not in the input at all."""
+    missing_ids: DataFrame
+    """Those ids, in one column named as the id column."""
+    spec_digest: str
+    previous_version: Optional[int]
+    """The output version compared with (``None``: no output yet, every row is new)."""
+
+
+def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
+    """SHA-256 (hex) of what the model sees: the text itself, or the features as a JSON array of doubles in model order.
+
+    A null text digests to null (such a row is dead-lettered, and null-safe comparison keeps it apart from any text).
+    """
+    if reads_text:
+        return F.sha2(column(input_cols[0]), 256)
+    return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
+
+
+def spec_digest(spec: ModelSpec) -> str:
+    """SHA-256 (hex) of the scoring spec minus what does not change the numbers (device, the expected digest)."""
+    facts = dataclasses.asdict(dataclasses.replace(spec, device="", expect_sha256=None))
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def find_changes(
+    run: RunContext, scorable: DataFrame, scorable_rows: int, model_sha256: str, previous_version: Optional[int]
+) -> Changes:
+    """Split ``scorable`` (``scorable_rows`` rows) into rows to score and rows kept against the output at
+    ``previous_version``, and count the output's ids missing from the input.
+
+    Two Spark jobs when the output exists (one aggregation over the join, one anti-join count), none otherwise.
+    """
+    cfg = run.cfg
+    spec = spec_digest(run.spec)
+    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
+    id_field = run.id_field
+    if previous_version is None:
+        no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
+        return Changes(digested, scorable_rows, 0, 0, no_ids, spec, None)
+    previous = read_input(run.spark, cfg.output, "delta", version=previous_version).select(
+        *[column(cfg.id_col if name == "id" else name).alias(alias) for name, alias in _PREVIOUS.items()]
+    )
+    current = F.coalesce(
+        F.col(_PREVIOUS["id"]).isNotNull()
+        & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN]))
+        & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
+        & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
+        F.lit(False),
+    )
+    joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "left").withColumn("__current", current)
+    counts = joined.agg(
+        F.count(F.when(F.col("__current"), True)).alias("kept"), F.count(F.when(~F.col("__current"), True)).alias("to_score")
+    ).first()
+    missing = previous.join(
+        run.source.select(column(cfg.id_col).alias(_NEW_ID)), F.col(_PREVIOUS["id"]) == F.col(_NEW_ID), "left_anti"
+    ).select(F.col(_PREVIOUS["id"]).cast(id_field.dataType).alias(cfg.id_col))
+    to_score = joined.where(~F.col("__current")).select(*[column(c) for c in digested.columns])
+    return Changes(to_score, int(counts["to_score"]), int(counts["kept"]), missing.count(), missing, spec, previous_version)

@@ -1,0 +1,36 @@
+"""A run of several chunks reads its input once: the rows to score are written once, partitioned by chunk."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from lakescore.jobs.config import load_config
+from lakescore.jobs.score_job import run_scoring
+from tests.integration.test_score_job import read_output
+
+
+def test_chunks_read_the_input_once_and_a_rerun_not_at_all(spark, tmp_path, tiny_classifier_dir):
+    frame = pd.DataFrame({"review_id": range(1, 11), "body": [f"text {i % 2}" for i in range(1, 11)], "stars": 3})
+    source, output = tmp_path / "reviews", tmp_path / "labels"
+    spark.createDataFrame(frame).write.format("delta").save(str(source))
+
+    def run(**flags):
+        return run_scoring(load_config(flags={
+            "input": str(source), "output": str(output), "task": "classify", "model.source": str(tiny_classifier_dir),
+            "id_col": "review_id", "text_col": "body", "write.chunk_rows": 4, "scoring.dedup": "on", "run_id": "chunked",
+            **flags,
+        }), spark)
+
+    # A failed check leaves staging and the chunked rows for the rerun.
+    failed = run(**{"validation.min_rows": 1000})
+    assert failed.status == "validation_failed" and failed.chunks["total"] == 3 and failed.input_scans == 1
+    staging_root = tmp_path / "_lakescore_staging" / "labels"
+    assert len([p for p in staging_root.iterdir() if p.name.endswith("_rows")]) == 1
+    rows_dir = next(p for p in staging_root.iterdir() if p.name.endswith("_rows"))
+    assert sorted(p.name for p in rows_dir.iterdir() if p.name.startswith("_chunk=")) == ["_chunk=0", "_chunk=1", "_chunk=2"]
+
+    rerun = run()
+    assert rerun.status == "succeeded" and rerun.chunks["skipped"] == 3 and rerun.input_scans == 0
+    assert rerun.output_rows == 10 and rerun.dedup["forward_passes_saved"] >= 4  # at most 2 distinct texts in each of 3 chunks
+    assert read_output(spark, str(output))["review_id"].tolist() == list(range(1, 11))
+    assert not staging_root.exists()  # staging and the chunked rows are gone after the publish

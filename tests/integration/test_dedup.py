@@ -1,0 +1,48 @@
+"""``scoring.dedup`` on real Spark + Delta with a tiny seeded classifier: identical inputs scored once, fanned out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lakescore.jobs.config import load_config
+from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.dedup import decide_dedup
+from tests.integration.test_score_job import read_output
+
+
+def test_dedup_scores_each_input_once_and_equals_dedup_off(spark, tmp_path, tiny_classifier_dir):
+    texts = ["great battery", "awful screen", "ok", "great battery", "ok", "ok", None, "great battery", None, "fine"]
+    frame = pd.DataFrame({"review_id": range(1, len(texts) + 1), "body": texts})
+    source = tmp_path / "reviews"
+    spark.createDataFrame(frame, "review_id long, body string").write.format("delta").save(str(source))
+
+    def run(dedup, output):
+        return run_scoring(load_config(flags={
+            "input": str(source), "output": str(tmp_path / output), "task": "classify", "model.source": str(tiny_classifier_dir),
+            "id_col": "review_id", "text_col": "body", "max_error_rate": 0.5, "scoring.dedup": dedup,
+        }), spark)
+
+    on, off, auto = run("on", "on"), run("off", "off"), run("auto", "auto")
+    for report in (on, off, auto):
+        assert report.status == "succeeded", report.error
+        assert (report.output_rows, report.error_rows, report.error_reasons) == (8, 2, {"null_input": 2})
+    # 10 rows, 5 distinct inputs (the two null texts share one): 5 forward passes saved.
+    assert on.dedup == {"mode": "on", "used": True, "sample_rows": None, "sample_distinct": None, "forward_passes_saved": 5}
+    assert off.dedup["used"] is False and off.dedup["forward_passes_saved"] is None
+    assert auto.dedup == {"mode": "auto", "used": True, "sample_rows": 10, "sample_distinct": 5, "forward_passes_saved": 5}
+    assert "dedup: 5 forward passes saved" in on.summary()
+    assert on.workers["rows_scored"] == 10  # every row is staged; the workers' metrics count once per scored input
+
+    deduplicated, plain = read_output(spark, str(tmp_path / "on")), read_output(spark, str(tmp_path / "off"))
+    assert deduplicated["review_id"].tolist() == plain["review_id"].tolist() == [1, 2, 3, 4, 5, 6, 8, 10]
+    assert deduplicated["label"].tolist() == plain["label"].tolist()
+    np.testing.assert_allclose(np.stack(deduplicated["probs"]), np.stack(plain["probs"]), atol=1e-5)
+    # Dead-lettering stays per row: each null text has its own error row.
+    errors = spark.read.format("delta").load(str(tmp_path / "on_errors")).toPandas()
+    assert sorted(errors["review_id"]) == [7, 9] and set(errors["reason"]) == {"null_input"}
+
+    # auto on inputs that do not repeat: no shuffle.
+    unique = spark.createDataFrame([(i, f"t{i}", f"d{i}") for i in range(50)], "review_id long, body string, input_digest string")
+    decision = decide_dedup("auto", unique, "review_id", 50)
+    assert (decision.used, decision.sample_rows, decision.sample_distinct) == (False, 50, 50)

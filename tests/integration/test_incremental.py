@@ -1,0 +1,175 @@
+"""``write.mode: incremental`` on real Spark + Delta with a tiny seeded classifier: only new / changed / re-modelled
+rows are scored, the rest kept, changes applied with one MERGE; every run accounts input = kept + scored + errors."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lakescore.jobs.config import load_config
+from lakescore.jobs.score_job import run_scoring
+from tests.integration.test_score_job import read_output
+
+
+def _texts(n: int) -> pd.DataFrame:
+    return pd.DataFrame({"review_id": range(1, n + 1), "body": [f"review number {i}: the battery lasts {i} days" for i in range(1, n + 1)]})
+
+
+def _write_input(spark, frame: pd.DataFrame, path) -> None:
+    spark.createDataFrame(frame, "review_id long, body string").write.format("delta").mode("overwrite").save(str(path))
+
+
+@pytest.fixture
+def config(tmp_path, tiny_classifier_dir):
+    def make(model=tiny_classifier_dir, output=tmp_path / "labels", **flags):
+        return load_config(flags={
+            "input": str(tmp_path / "reviews"), "output": str(output), "task": "classify", "model.source": str(model),
+            "id_col": "review_id", "text_col": "body", "write.mode": "incremental", "max_error_rate": 0.5, **flags,
+        })
+    return make
+
+
+def _retrained(tiny_classifier_dir, target):
+    """The tiny classifier with other weights (its head's bias moved): another ``model_sha256``, same labels."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    shutil.copytree(tiny_classifier_dir, target)
+    model = BertForSequenceClassification.from_pretrained(str(target))
+    with torch.no_grad():
+        model.classifier.bias += 0.5
+    model.save_pretrained(str(target))
+    return target
+
+
+def _accounts(report) -> tuple:
+    assert report.status == "succeeded", (report.error, report.validation)
+    assert report.input_rows == report.rows_kept + report.rows_scored + report.error_rows
+    return report.rows_kept, report.rows_scored, report.error_rows, report.rows_missing, report.rows_deleted
+
+
+def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir):
+    source, output = tmp_path / "reviews", tmp_path / "labels"
+    frame = _texts(12)
+    _write_input(spark, frame, source)
+
+    # A first incremental run on a missing output is a full run, written with one overwrite commit.
+    first = run_scoring(config(run_id="r1"), spark)
+    assert _accounts(first) == (0, 12, 0, 0, 0) and first.delta_version == 0
+    out = read_output(spark, str(output))
+    assert list(out.columns)[-3:] == ["run_id", "input_digest", "spec_digest"]
+    expected_digests = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in frame["body"]]
+    assert out["input_digest"].tolist() == expected_digests and out["spec_digest"].nunique() == 1
+
+    # Unchanged input: nothing scored, nothing committed (no new version for downstream readers).
+    same = run_scoring(config(run_id="r2"), spark)
+    assert _accounts(same) == (12, 0, 0, 0, 0) and same.delta_version is None
+    assert "unchanged: no new version" in same.summary()
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 1
+
+    # An edit, an edit to a null text (dead-lettered, its stale row leaves the output), an insert, two deletes.
+    edited = frame[~frame["review_id"].isin([3, 4])].copy()
+    edited.loc[edited["review_id"] == 2, "body"] = "completely different words now"
+    edited.loc[edited["review_id"] == 5, "body"] = None
+    edited = pd.concat([edited, pd.DataFrame({"review_id": [13], "body": ["a brand new review"]})])
+    _write_input(spark, edited, source)
+    third = run_scoring(config(run_id="r3"), spark)
+    assert _accounts(third) == (8, 2, 1, 2, 1) and third.error_reasons == {"null_input": 1}
+    out = read_output(spark, str(output)).set_index("review_id")
+    assert sorted(out.index) == [1, 2, 3, 4] + list(range(6, 14))  # 3 and 4 kept: delete_missing is off
+    assert out.loc[[2, 13], "run_id"].tolist() == ["r3", "r3"] and set(out.drop(index=[2, 13])["run_id"]) == {"r1"}
+    assert out.loc[2, "input_digest"] == hashlib.sha256(b"completely different words now").hexdigest()
+    merge = spark.sql(f"DESCRIBE HISTORY delta.`{output}` LIMIT 1").first()
+    assert merge["operation"] == "MERGE" and "r3" in merge["userMetadata"]
+
+    # The error-rate gate counts the rows this run looked at (not the kept ones): id 5, not in the output, is
+    # looked at again and fails again, 1 of 1; nothing is merged, the output keeps its version.
+    gated = run_scoring(config(run_id="r4", **{"write.delete_missing": True}), spark)
+    assert gated.status == "error_rate_exceeded" and "1 of 1 rows (100.0000%) could not be scored (10 unchanged rows kept, not counted)" in gated.error
+    assert gated.delta_version is None and spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 2
+
+    # delete_missing: ids 3 and 4 go; id 5 is still dead-lettered.
+    fourth = run_scoring(config(run_id="r4", max_error_rate=1.0, **{"write.delete_missing": True}), spark)
+    assert _accounts(fourth) == (10, 0, 1, 2, 2)
+    incremental = read_output(spark, str(output)).set_index("review_id")
+    assert sorted(incremental.index) == [1, 2] + list(range(6, 14))
+
+    # The incremental output equals a full rescore of the same input.
+    full = run_scoring(config(output=tmp_path / "full", **{"write.mode": "overwrite"}), spark)
+    assert full.status == "succeeded"
+    rescored = read_output(spark, str(tmp_path / "full")).set_index("review_id")
+    assert rescored.index.tolist() == incremental.index.tolist()
+    assert rescored["label"].tolist() == incremental["label"].tolist()
+    np.testing.assert_allclose(rescored["score"].to_numpy(), incremental["score"].to_numpy(), atol=1e-5)
+
+    # Other weights: every row is scored again.
+    other = _retrained(tiny_classifier_dir, tmp_path / "retrained")
+    fifth = run_scoring(config(model=other, run_id="r5"), spark)
+    assert _accounts(fifth) == (0, 10, 1, 0, 0)
+    after = read_output(spark, str(output))
+    assert set(after["model_sha256"]) == {fifth.model_sha256} != {first.model_sha256} and set(after["run_id"]) == {"r5"}
+
+    # Another scoring spec (same weights): every row is scored again too.
+    sixth = run_scoring(config(model=other, run_id="r6", **{"model.max_seq_length": 16}), spark)
+    assert _accounts(sixth) == (0, 10, 1, 0, 0)
+
+
+def _run_with_upstream_commit(monkeypatch, tmp_path, spark, cfg, commit):
+    """Run ``cfg`` with the job held at the scoring step (test barrier) while ``commit()`` changes the input."""
+    import threading
+    import time
+
+    from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+
+    barrier = tmp_path / f"barrier-{cfg.run_id}"
+    monkeypatch.setenv(BARRIER_ENV, f"score_stage:2:{barrier}")
+    result = {}
+
+    def run():
+        try:
+            result["report"] = run_scoring(cfg, spark)
+        except BaseException as exc:  # re-raised in the test's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 300
+    while not list(barrier.glob("arrived-*")) and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    commit()  # the run has counted and planned its rows; now upstream changes the input
+    (barrier / "arrived-upstream").write_text("")
+    worker.join(300)
+    monkeypatch.delenv(BARRIER_ENV)
+    if "error" in result:
+        raise result["error"]
+    return result["report"]
+
+
+def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path, config, monkeypatch):
+    source, output = tmp_path / "reviews", tmp_path / "labels"
+    frame = _texts(6)
+    _write_input(spark, frame, source)
+
+    def edit_and_append():
+        changed = pd.concat([frame.assign(body=frame["body"] + " (edited)"), _texts(8).iloc[6:]])
+        _write_input(spark, changed, source)
+
+    report = _run_with_upstream_commit(monkeypatch, tmp_path, spark, config(run_id="pinned"), edit_and_append)
+    assert report.status == "succeeded" and report.input_version == 0
+    assert (report.input_rows, report.rows_scored) == (6, 6)
+    out = read_output(spark, str(output))
+    assert out["input_digest"].tolist() == [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in frame["body"]]
+    assert run_scoring(config(run_id="next"), spark).input_version == 1  # the next run reads the new version
+
+    # A Parquet input is pinned to the file listing taken at the start: a file added meanwhile is not read.
+    parquet = tmp_path / "reviews.parquet"
+    parquet.mkdir()
+    frame.to_parquet(parquet / "part-0.parquet")
+    add_file = lambda: _texts(8).iloc[6:].to_parquet(parquet / "part-1.parquet")  # noqa: E731
+    cfg = config(run_id="pinned-parquet", input=str(parquet), output=tmp_path / "from-parquet", **{"write.mode": "overwrite"})
+    report = _run_with_upstream_commit(monkeypatch, tmp_path, spark, cfg, add_file)
+    assert report.status == "succeeded" and report.input_version is None and report.output_rows == 6
