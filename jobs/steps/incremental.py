@@ -61,8 +61,9 @@ def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
 
 
 def spec_digest(spec: ModelSpec) -> str:
-    """SHA-256 (hex) of the scoring spec minus what does not change the numbers (device, the expected digest)."""
-    facts = dataclasses.asdict(dataclasses.replace(spec, device="", expect_sha256=None))
+    """SHA-256 (hex) of the scoring spec minus what does not change the numbers (device, the expected digest, and
+    the fields outside the spec's identity, such as the local cache directory). Backend and quantization count."""
+    facts = dataclasses.replace(spec, device="", expect_sha256=None).identity()
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
