@@ -306,13 +306,23 @@ _COMMIT_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 @contextmanager
-def _session_conf(spark: SparkSession, key: str, value: Optional[str]):
-    """While the block runs, the session setting ``key`` is ``value`` (``None``: left as it is); restored afterwards."""
+def _session_conf(spark: SparkSession, key: str, value: Optional[str], refused_ok: bool = False):
+    """While the block runs, the session setting ``key`` is ``value`` (``None``: left as it is); restored afterwards.
+
+    ``refused_ok``: where the platform refuses the setting (serverless compute allows only some), the block
+    runs with the platform's value instead of raising.
+    """
     if value is None:
         yield
         return
-    previous = spark.conf.get(key, None)
-    spark.conf.set(key, value)
+    try:
+        previous = spark.conf.get(key, None)
+        spark.conf.set(key, value)
+    except Exception:
+        if not refused_ok:
+            raise
+        yield
+        return
     try:
         yield
     finally:
@@ -403,31 +413,14 @@ def _save(writer, ref: str) -> None:
 _SKIP_EMPTY_COMMITS = "spark.databricks.delta.skipRecordingEmptyCommits"
 
 
-@contextmanager
 def _recording_empty_commits(spark: SparkSession, wanted: bool):
     """While the block runs, Delta records a write that adds and removes no file (its default skips it).
 
     A session setting, restored afterwards; only Delta writes read it, and lakescore makes its
-    tagged writes one at a time. Where the platform refuses the setting (serverless compute
-    allows only some), the write goes ahead with the platform's behaviour.
+    tagged writes one at a time. Where the platform refuses the setting, the write goes ahead with
+    the platform's behaviour: a refused setting costs a history entry, never the write.
     """
-    previous = None
-    if wanted:
-        try:
-            previous = spark.conf.get(_SKIP_EMPTY_COMMITS, None)
-            spark.conf.set(_SKIP_EMPTY_COMMITS, "false")
-        except Exception:  # a refused setting costs a history entry, never the write
-            wanted = False
-    if not wanted:
-        yield
-        return
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(_SKIP_EMPTY_COMMITS)
-        else:
-            spark.conf.set(_SKIP_EMPTY_COMMITS, previous)
+    return _session_conf(spark, _SKIP_EMPTY_COMMITS, "false" if wanted else None, refused_ok=True)
 
 
 _METADATA_KEY = "lakescore"
