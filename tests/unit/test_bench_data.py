@@ -1,0 +1,31 @@
+"""The benchmark's generated tables: repetition is the stated share, and the next night's table has exactly the
+changes it says (W3 of ``make bench``, issue 12)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench import data
+
+
+def test_review_repetition_comes_from_the_stock_share_not_from_the_generator():
+    unique = list(data.review_bodies(5000, stock_share=0.0))
+    stocked = list(data.review_bodies(5000, stock_share=0.2))
+    repeated = lambda bodies: 1 - len(set(bodies)) / len(bodies)  # noqa: E731
+    assert repeated(unique) < 0.01
+    assert 0.15 < repeated(stocked) < 0.25
+    assert "share their text with another row" in data.repetition(stocked)
+
+
+def test_changed_table_edits_inserts_and_deletes_exactly_what_it_reports(tmp_path):
+    data.write_table(data.review_bodies(1000), tmp_path / "before")
+    counts = data.changed_table(tmp_path / "before", tmp_path / "after", edit=0.02, insert=0.01, delete=0.005)
+    assert counts == {"edited": 20, "inserted": 10, "deleted": 5}
+    before = pd.read_parquet(tmp_path / "before").set_index("review_id")["body"]
+    after = pd.read_parquet(tmp_path / "after").set_index("review_id")["body"]
+    assert after.index.is_unique
+    assert len(before.index.difference(after.index)) == 5
+    new_ids = after.index.difference(before.index)
+    assert len(new_ids) == 10 and new_ids.min() > before.index.max()
+    shared = before.index.intersection(after.index)
+    assert (before[shared] != after[shared]).sum() == 20
