@@ -247,6 +247,18 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+_KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+                 "amx_bf16")
+"""CPU features that torch and ONNX Runtime choose their int8 / bf16 / fp32 kernels by."""
+
+
+def _cpu_flags() -> str:
+    flags = set((_first_line("/proc/cpuinfo", "flags") or "").split())
+    if not flags:
+        return "unknown"
+    return ", ".join(f if f in flags else f"no {f}" for f in _KERNEL_FLAGS)
+
+
 def machine_facts(repo: Path) -> dict[str, str]:
     """Machine, software and code version the numbers were taken on."""
     mem_kib = _first_line("/proc/meminfo", "MemTotal")
@@ -261,6 +273,7 @@ def machine_facts(repo: Path) -> dict[str, str]:
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": _first_line("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+        "cpu flags (the ones kernels dispatch on)": _cpu_flags(),
         "cores": str(os.cpu_count()),
         "memory": mem,
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
