@@ -71,7 +71,7 @@ def _kill_self(delay: float) -> None:
 
 def _wait_at_barrier(directory: Path, parties: int, timeout: float) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"arrived-{os.getpid()}").write_text(str(time.time()))
+    (directory / f"arrived-{os.getpid()}-{threading.get_ident()}").write_text(str(time.time()))  # runs may be threads
     deadline = time.monotonic() + timeout
     while len(list(directory.glob("arrived-*"))) < parties:
         if time.monotonic() > deadline:
