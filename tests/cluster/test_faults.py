@@ -313,7 +313,9 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     output = root / "concurrent" / "embeddings"
     barrier = root / "concurrent-barrier"  # each run waits at "publish" until both have staged and validated
     runs = {
-        run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id),
+        run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id,
+                                     # a metastore each: two JVMs creating one Derby database at once fail
+                                     "--set", f"spark.metastore_dir={root / f'ms-{run_id}'}"),
                        root, root / f"{run_id}.log", env={BARRIER_ENV: f"publish:2:{barrier}"})
         for run_id in ("concurrent-a", "concurrent-b")
     }
