@@ -398,7 +398,8 @@ def own_commit(spark: SparkSession, ref: str, user_metadata: Optional[str]) -> D
     """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
     commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
 
-    Raises ``RuntimeError`` when no commit carries the tag (the caller's commit must exist by then).
+    A write that changed nothing where the platform refuses to record empty commits (see
+    :func:`write_delta_overwrite`) leaves no tagged commit: then the latest commit is returned.
     """
     last = _own_history_row(spark, local_ref(ref), user_metadata)
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
@@ -409,12 +410,11 @@ def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]
     """``version`` and ``operationMetrics`` of the newest commit tagged ``user_metadata`` (else the latest)."""
     from pyspark.sql import functions as F
 
-    history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}")
-    if user_metadata is not None:
-        history = history.where(F.col("userMetadata") == F.lit(user_metadata))
-    row = history.orderBy(F.col("version").desc()).select("version", "operationMetrics").first()
-    if row is None:
-        raise RuntimeError(f"no commit of {ref!r} carries this run's tag {user_metadata}")
+    history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}").select("version", "operationMetrics", "userMetadata")
+    tagged = history.where(F.col("userMetadata") == F.lit(user_metadata)) if user_metadata is not None else history
+    row = tagged.orderBy(F.col("version").desc()).first()
+    if row is None:  # an empty write the platform did not record (refused skipRecordingEmptyCommits setting)
+        row = history.orderBy(F.col("version").desc()).first()
     return row
 
 
