@@ -6,8 +6,9 @@ and has the columns and types the task needs; the output and errors targets can 
 run's schema; the executors' Python workers load the model, hash its weights (which must
 match ``--expect-sha256``) and score one sample, while the driver checks the rows for null and
 duplicated ids. Then the rows are scored chunk by chunk into a private staging table (a rerun
-resumes), accounted for (every input row in exactly one of output and errors), validated
-with Great Expectations, and only then published in one Delta commit. A run that fails a
+resumes), the staging table is pinned at its version then, and that one snapshot is accounted
+for (every input row in exactly one of output and errors), validated with Great Expectations, and
+only then published in one Delta commit. A run that fails a
 check publishes nothing to the output: readers keep the previous version.
 """
 
@@ -20,6 +21,7 @@ from typing import Optional
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import JobConfig
+from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.prepare import check_input_ids, plan_run
@@ -60,10 +62,13 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
         throughput = score_into_staging(run, plan)
+        snapshot = plan.staging.pin()  # accounting, GX and the publish read this one version
+        at_point("staging_pinned")
     with clock.step("validate"):
-        accounting = account_rows(plan)
+        accounting = account_rows(plan, snapshot)
         rows = output_rows(run, plan, accounting)
         profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
+        at_point("validation_running")
         validation = validate_rows(run, targets, plan, accounting, rows)
     with clock.step("report_data"):
         profile = finish_profile(profiling)

@@ -1,22 +1,45 @@
-"""Test-only hooks at the job's step boundaries, set by environment variables.
+"""Test-only hooks at the job's step boundaries and at named points inside steps, set by environment variables.
 
 ``LAKESCORE_TEST_BARRIER="<step>:<parties>:<directory>"``: a run that reaches ``<step>``
 (:class:`~lakescore.jobs.steps.report.StepClock` names them) records its arrival in
 ``<directory>`` and waits until ``<parties>`` runs have arrived (at most
 ``LAKESCORE_TEST_BARRIER_SECONDS``, default 600), so a test can prove that concurrent runs
-overlapped: e.g. both staged and validated before either published. Unset, the default, the
-hook is one environment lookup per step.
+overlapped: e.g. both staged and validated before either published.
+
+``LAKESCORE_TEST_KILL="<point>"`` (or ``"<point>@<seconds>"``): the process SIGKILLs itself when it
+reaches ``<point>`` (or ``<seconds>`` later, from a timer thread, so the kill lands inside whatever
+runs next: a chunk's commit, the validation), as a driver killed by its platform (OOM killer,
+preempted node) dies: no ``finally``, no shutdown hook of Python's. The points are every step
+boundary (``startup``, ``read_check``, ``prepare``, ``score_stage``, ``validate``, ``report_data``,
+``publish``) and :data:`POINTS` inside the steps. Tests kill at each and check that the rerun's
+result is exact (``tests/integration/test_kill_matrix.py``).
+
+Unset, the default, a point costs one environment lookup (a step boundary two: barrier and kill).
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
-__all__ = ["at_step", "BARRIER_ENV"]
+__all__ = ["at_step", "at_point", "BARRIER_ENV", "KILL_ENV", "POINTS"]
 
 BARRIER_ENV = "LAKESCORE_TEST_BARRIER"
+KILL_ENV = "LAKESCORE_TEST_KILL"
+
+POINTS = {
+    "chunk_commit:<k>": "right before chunk k's staging commit (with @seconds: during it)",
+    "chunk_committed:<k>": "after chunk k's staging commit, before the next chunk",
+    "staging_pinned": "every chunk staged and the staging snapshot pinned, before accounting",
+    "validation_running": "accounting done, right before the GX suite runs (with @seconds: during it)",
+    "publish_commit": "the publish decided, right before the output's commit",
+    "publish_committed": "after the output's commit, before the errors table's",
+    "errors_committed": "after the errors table's commit, before staging is dropped",
+}
+"""The points inside steps (beside the step boundaries) where :data:`KILL_ENV` can kill the driver."""
 
 
 def at_step(step: str) -> None:
@@ -26,11 +49,29 @@ def at_step(step: str) -> None:
         name, parties, directory = barrier.split(":", 2)
         if name == step:
             _wait_at_barrier(Path(directory), int(parties), float(os.environ.get(f"{BARRIER_ENV}_SECONDS", "600")))
+    at_point(step)
+
+
+def at_point(point: str) -> None:
+    """Kill this process if :data:`KILL_ENV` names ``point`` (at once, or after its ``@seconds``)."""
+    kill = os.environ.get(KILL_ENV)
+    if kill:
+        name, _, delay = kill.partition("@")
+        if name == point:
+            _kill_self(float(delay) if delay else 0.0)
+
+
+def _kill_self(delay: float) -> None:
+    if delay <= 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
 
 
 def _wait_at_barrier(directory: Path, parties: int, timeout: float) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"arrived-{os.getpid()}").write_text(str(time.time()))
+    (directory / f"arrived-{os.getpid()}-{threading.get_ident()}").write_text(str(time.time()))  # runs may be threads
     deadline = time.monotonic() + timeout
     while len(list(directory.glob("arrived-*"))) < parties:
         if time.monotonic() > deadline:

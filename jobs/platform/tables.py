@@ -48,6 +48,9 @@ __all__ = [
     "merge_delta",
     "append_delta",
     "last_commit",
+    "own_commit",
+    "latest_version",
+    "table_id",
     "delete_path",
     "drop_delta",
     "is_delta",
@@ -213,6 +216,7 @@ def write_delta_overwrite(
     replace_where: Optional[str] = None,
     partition_by: Optional[str] = None,
     user_metadata: Optional[str] = None,
+    txn: Optional[tuple[str, int]] = None,
 ) -> DeltaCommit:
     """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
 
@@ -223,11 +227,20 @@ def write_delta_overwrite(
     write creates the table. ``user_metadata`` is stored in the commit's ``commitInfo.userMetadata``
     (lakescore's is :func:`run_metadata`; :func:`delta_history` reads it back), and the commit
     is recorded even when it changes no file (Delta skips such commits by default), so a run that
-    wrote no rows still leaves its tag. A concurrent commit that Delta refuses raises
-    :class:`WriteConflictError`.
+    wrote no rows still leaves its tag, and the commit returned is found by that tag (:func:`own_commit`),
+    not taken as the latest: under concurrency the latest may be another writer's.
+
+    ``txn``: ``(app id, version)`` makes the write idempotent (Delta's ``txnAppId`` / ``txnVersion``):
+    Delta skips it when the table already holds a commit of that app id at that version or later, and
+    the commit returned is then the earlier one (found by its tag). A rerun after a driver died between
+    the commit and the rest of the run publishes nothing twice.
+
+    A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
     """
     ref = local_ref(ref)
     writer = df.write.format("delta").mode("overwrite")
+    if txn is not None:
+        writer = writer.option("txnAppId", txn[0]).option("txnVersion", int(txn[1]))
     if replace_where is not None:
         writer = writer.option("replaceWhere", replace_where)
     if partition_by is not None and not _target_exists(df.sparkSession, ref):
@@ -244,7 +257,7 @@ def write_delta_overwrite(
                 f"({_first_line(exc)}); the table holds the other run's complete result. Rerun to replace it."
             ) from exc
         raise
-    return last_commit(df.sparkSession, ref)
+    return own_commit(df.sparkSession, ref, user_metadata)
 
 
 MERGE_OP = "_lakescore_op"
@@ -262,15 +275,18 @@ class MergeCommit:
 
 
 def merge_delta(
-    changes: DataFrame, ref: str, id_col: str, columns: list[str], view: str, user_metadata: Optional[str] = None
+    changes: DataFrame, ref: str, id_col: str, columns: list[str], view: str, user_metadata: Optional[str] = None,
+    txn: Optional[tuple[str, int]] = None,
 ) -> MergeCommit:
     """Apply ``changes`` to the Delta table ``ref`` in one SQL ``MERGE`` commit (classic and Connect alike) and return it.
 
     ``changes`` holds at most one row per ``id_col`` value and a :data:`MERGE_OP` column: an ``upsert`` row
     updates the output row of its id (every column of ``columns``) or inserts it; a ``delete`` row deletes the
     output row of its id, if any. The source is registered as the temporary view ``view`` for the statement's
-    length. ``user_metadata`` is stored in the commit info, as :func:`write_delta_overwrite` does. A concurrent
-    commit that Delta refuses raises :class:`WriteConflictError`.
+    length. ``user_metadata`` is stored in the commit info, as :func:`write_delta_overwrite` does, and the
+    commit returned is found by it; ``txn`` makes the MERGE idempotent as there (Delta's session settings
+    ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``). A concurrent commit that Delta refuses raises
+    :class:`WriteConflictError`.
     """
     ref = local_ref(ref)
     spark = changes.sparkSession
@@ -283,9 +299,11 @@ def merge_delta(
         f"WHEN NOT MATCHED AND s.{MERGE_OP} = 'upsert' THEN INSERT ({', '.join(quoted)}) "
         f"VALUES ({', '.join(f's.{c}' for c in quoted)})"
     )
+    app_id, txn_version = (txn[0], str(int(txn[1]))) if txn is not None else (None, None)
     changes.createOrReplaceTempView(view)
     try:
-        with _session_conf(spark, _COMMIT_METADATA, user_metadata):
+        with _session_conf(spark, _COMMIT_METADATA, user_metadata), _session_conf(spark, _TXN_APP_ID, app_id), \
+                _session_conf(spark, _TXN_VERSION, txn_version):
             spark.sql(statement).collect()
     except Exception as exc:
         if is_commit_conflict(exc):
@@ -296,13 +314,15 @@ def merge_delta(
         raise
     finally:
         spark.catalog.dropTempView(view)
-    last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
+    last = _own_history_row(spark, ref, user_metadata)
     metrics = last["operationMetrics"] or {}
     count = lambda name: int(metrics.get(name) or 0)  # noqa: E731
     return MergeCommit(int(last["version"]), count("numTargetRowsInserted"), count("numTargetRowsUpdated"), count("numTargetRowsDeleted"))
 
 
 _COMMIT_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 @contextmanager
@@ -349,13 +369,18 @@ def is_commit_conflict(exc: BaseException) -> bool:
     return any(marker in text for marker in _CONFLICT_MARKERS)
 
 
-def append_delta(df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_version: Optional[int] = None) -> None:
-    """Append ``df`` to the Delta table at ``ref`` in one commit.
+def append_delta(
+    df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_version: Optional[int] = None,
+    user_metadata: Optional[str] = None,
+) -> None:
+    """Append ``df`` to the Delta table at ``ref`` in one commit, tagged with ``user_metadata`` when given.
 
     With ``txn_app_id``/``txn_version`` the commit is idempotent: Delta skips it when
     a commit with that app id and this version or a later one already exists.
     """
     writer = df.write.format("delta").mode("append")
+    if user_metadata is not None:
+        writer = writer.option("userMetadata", user_metadata)
     if txn_app_id is not None:
         writer = writer.option("txnAppId", txn_app_id).option("txnVersion", int(txn_version))
     _save(writer, ref)
@@ -367,6 +392,41 @@ def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
     last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
     return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
+
+
+def own_commit(spark: SparkSession, ref: str, user_metadata: Optional[str]) -> DeltaCommit:
+    """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
+    commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
+
+    A write that changed nothing where the platform refuses to record empty commits (see
+    :func:`write_delta_overwrite`) leaves no tagged commit: then the latest commit is returned.
+    """
+    last = _own_history_row(spark, local_ref(ref), user_metadata)
+    rows = (last["operationMetrics"] or {}).get("numOutputRows")
+    return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
+
+
+def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]):
+    """``version`` and ``operationMetrics`` of the newest commit tagged ``user_metadata`` (else the latest)."""
+    from pyspark.sql import functions as F
+
+    history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}").select("version", "operationMetrics", "userMetadata")
+    tagged = history.where(F.col("userMetadata") == F.lit(user_metadata)) if user_metadata is not None else history
+    row = tagged.orderBy(F.col("version").desc()).first()
+    if row is None:  # an empty write the platform did not record (refused skipRecordingEmptyCommits setting)
+        row = history.orderBy(F.col("version").desc()).first()
+    return row
+
+
+def latest_version(spark: SparkSession, ref: str) -> int:
+    """The version of the latest commit of the Delta table ``ref``."""
+    return last_commit(spark, ref).version
+
+
+def table_id(spark: SparkSession, ref: str) -> str:
+    """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
+    ref = local_ref(ref)
+    return str(spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}").select("id").first()[0])
 
 
 def is_delta(spark: SparkSession, ref: str) -> bool:

@@ -6,6 +6,7 @@ sums the workers' per-batch metrics (:data:`~lakescore.schemas.output.WORKER_COL
 chunks this attempt scored, for the report: they travel in the rows, so classic and Spark
 Connect sessions report the same figures. A staging table holding more or fewer rows than
 the run's scorable rows means another run of the same input is writing it: nothing is published.
+Everything is read at the staging version pinned after the last chunk (:meth:`~lakescore.jobs.steps.staging.Staging.pin`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.steps.prepare import Plan
-from lakescore.jobs.steps.staging import CHUNK_COLUMN
+from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
 __all__ = ["Accounting", "account_rows"]
@@ -29,7 +30,9 @@ class Accounting:
     (``rows_kept`` is 0 outside ``write.mode: incremental``)."""
 
     staged: DataFrame
-    """Every staged row (scored or not), with the scoring function's columns."""
+    """Every staged row (scored or not) of :attr:`snapshot`, with the scoring function's columns."""
+    snapshot: StagedSnapshot
+    """The pinned staging version counted here, validated and published."""
     input_rows: int
     output_rows: int
     error_rows: int
@@ -61,14 +64,16 @@ class Accounting:
         return self.staged.where(F.col(ERROR_COLUMNS[0]).isNull())
 
 
-def account_rows(plan: Plan) -> Accounting:
-    """Count the staged rows by reason and check them against the plan.
+def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
+    """Count the staged rows of ``snapshot`` (the pinned staging version) by reason and check them against the plan.
+
+    :attr:`Accounting.staged` reads that version too, so the rows validated and published are the rows counted.
 
     Raises ``RuntimeError`` when staging does not hold exactly the plan's rows to score,
     or when the rows do not add up (input = kept + output + errors).
     """
     ids = plan.split.ids
-    table = plan.staging.table()
+    table = snapshot.table()
     fresh = ~F.col(CHUNK_COLUMN).isin(sorted(plan.done)) if plan.done else F.lit(True)
     metrics = [F.sum(F.when(fresh, F.col(f"{WORKER_COLUMN}.{f.name}"))).alias(f.name) for f in WORKER_METRICS.fields]
     groups = table.groupBy(ERROR_COLUMNS[0]).agg(
@@ -90,6 +95,7 @@ def account_rows(plan: Plan) -> Accounting:
         reasons["duplicate_id"] = ids.refused_rows - ids.null_id_rows
     accounting = Accounting(
         staged=staged,
+        snapshot=snapshot,
         input_rows=ids.rows,
         output_rows=staged_rows - unscored,
         error_rows=ids.refused_rows + unscored,

@@ -13,10 +13,12 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Optional
 
 from pyspark.sql import DataFrame
 
+from lakescore.jobs.platform.tables import run_metadata
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import Changes, find_changes, input_digest
@@ -65,6 +67,9 @@ class Plan:
     scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
     prepared_ready: bool = False
     """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
+    tag: Optional[str] = None
+    """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
+    :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
 
     @property
     def input_scans(self) -> int:
@@ -148,8 +153,9 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     )
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
     prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
+    run_id = cfg.resolved_run_id() or new_run_id()
     plan = Plan(
-        run_id=cfg.resolved_run_id() or new_run_id(),
+        run_id=run_id,
         identity=identity,
         spec=spec,
         split=split,
@@ -161,6 +167,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
         prepared_ready=prepared is not None and prepared.exists(),
+        tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None),
     )
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",

@@ -1,5 +1,13 @@
 """Step 7, publish: the output in one Delta commit when every check passed, then the errors table.
 
+What is published is the staging snapshot pinned after the last chunk, the one accounting counted
+and GX validated (:class:`~lakescore.jobs.steps.staging.StagedSnapshot`): its output row count is
+known before the commit, and Delta's own metric of the commit is checked against it afterwards. Each
+commit is tagged with the run (:attr:`~lakescore.jobs.steps.prepare.Plan.tag`) and found in the
+history by that tag, never taken as "the latest" (another writer's, under concurrency). The output
+and errors commits are idempotent per snapshot (:attr:`~lakescore.jobs.steps.staging.StagedSnapshot.publish_txn`):
+a rerun after the driver died past a commit does not commit it again.
+
 The output's fate is decided first: published with ``overwrite`` (or ``replaceWhere run_id = ...``
 for ``write.mode: replace_run``, or one ``MERGE`` for ``write.mode: incremental``: :func:`apply_changes`)
 when the error rate and validation passed, else nothing is
@@ -11,7 +19,6 @@ check still writes it, since it explains the failure.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from pyspark.sql import DataFrame
@@ -19,8 +26,9 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.config import RUN_ID
 from lakescore.jobs.platform.tables import (
-    MERGE_OP, DeltaCommit, column, merge_delta, run_metadata, write_delta_overwrite,
+    MERGE_OP, DeltaCommit, column, merge_delta, write_delta_overwrite,
 )
+from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.prepare import Plan
@@ -72,16 +80,23 @@ def publish(
     """
     cfg = run.cfg
     refusal = _refusal(cfg, targets, accounting, validation)
-    tag = run_metadata(plan.run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None)
+    tag, txn = plan.tag, accounting.snapshot.publish_txn
     delta_version = deleted = None
+    if refusal is None:
+        at_point("publish_commit")
     if refusal is None and plan.changes is not None and targets.previous_version is not None:
         delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
     elif refusal is None:
-        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag)
+        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag, txn)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
-    errors_version = write_delta_overwrite(errors_rows(run, plan, accounting), targets.errors_ref, *_write_mode(run, plan), tag).version
+    if refusal is None:
+        at_point("publish_committed")
+    errors_version = write_delta_overwrite(
+        errors_rows(run, plan, accounting), targets.errors_ref, *_write_mode(run, plan), tag, txn if refusal is None else None
+    ).version
+    at_point("errors_committed")
     if refusal is not None:
         status, error = refusal
         return Outcome(status, errors_delta_version=errors_version, error=error)
@@ -107,7 +122,8 @@ def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: Dat
     source = rows.withColumn(MERGE_OP, F.lit("upsert")).unionByName(
         removed.withColumn(MERGE_OP, F.lit("delete")), allowMissingColumns=True
     )
-    commit = merge_delta(source, cfg.output, cfg.id_col, rows.columns, f"lakescore_changes_{plan.staging.key}", tag)
+    commit = merge_delta(source, cfg.output, cfg.id_col, rows.columns, f"lakescore_changes_{plan.staging.key}", tag,
+                         accounting.snapshot.publish_txn)
     if commit.inserted + commit.updated != accounting.output_rows:
         raise RuntimeError(
             f"merged {commit.inserted} new and {commit.updated} updated rows into {cfg.output} "

@@ -20,6 +20,7 @@ from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
+from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.schemas.output import scored_schema
@@ -116,7 +117,9 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
                 _write_chunked_rows(run, plan)
             for chunk in todo:
                 progress.chunk(chunk)
-                plan.staging.commit_chunk(_score_chunk(run, plan, chunk, layout), chunk)
+                at_point(f"chunk_commit:{chunk}")
+                plan.staging.commit_chunk(_score_chunk(run, plan, chunk, layout), chunk, plan.tag)
+                at_point(f"chunk_committed:{chunk}")
                 staged += 1
                 log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
         except BaseException as exc:

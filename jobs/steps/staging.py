@@ -21,9 +21,12 @@ beside the staging table (``..._rows``, partitioned by chunk: :func:`prepared_ro
 reads its partition there: the input is scanned once, not once per chunk. A rerun finds it and
 reads the input not at all for the chunks left.
 
-Only after every chunk is staged, the staged rows are validated and published to
-the output in one commit; the staging table is then deleted. A failed run
-(validation, error rate, crash) leaves it in place for the rerun.
+Every chunk commit is tagged with the run's ``userMetadata`` (:func:`~lakescore.jobs.platform.tables.run_metadata`).
+Once every chunk is staged, the table is pinned (:meth:`Staging.pin`): accounting, validation
+and the publish all read that one version, so a commit to staging after the pin (another
+process of the same run key) changes nothing in what was validated and published. The staged
+rows are published to the output in one commit; the staging table is then deleted. A failed
+run (validation, error rate, crash) leaves it in place for the rerun.
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    append_delta, column, drop_delta, is_delta, is_path, read_input, write_delta_overwrite,
+    append_delta, column, drop_delta, is_delta, is_path, latest_version, read_input, table_id, write_delta_overwrite,
 )
 
-__all__ = ["Staging", "prepared_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 
 CHUNK_COLUMN = "_chunk"
 
@@ -107,13 +110,18 @@ class Staging:
             return set()
         return {int(r[0]) for r in self.table().select(CHUNK_COLUMN).distinct().collect()}
 
-    def commit_chunk(self, scored: DataFrame, chunk: int) -> None:
-        """Append one chunk's scored rows in one idempotent commit."""
-        append_delta(scored.withColumn(CHUNK_COLUMN, F.lit(chunk)), self.location, txn_app_id=f"lakescore-{self.key}", txn_version=chunk + 1)
+    def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
+        """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""
+        append_delta(scored.withColumn(CHUNK_COLUMN, F.lit(chunk)), self.location, txn_app_id=f"lakescore-{self.key}",
+                     txn_version=chunk + 1, user_metadata=tag)
 
     def table(self) -> DataFrame:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
         return read_input(self.spark, self.location, "delta")
+
+    def pin(self) -> "StagedSnapshot":
+        """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
+        return StagedSnapshot(self, latest_version(self.spark, self.location), table_id(self.spark, self.location))
 
     def exists(self) -> bool:
         """Whether this table has at least one commit."""
@@ -135,6 +143,29 @@ class Staging:
             name_dir = self.location.rsplit("/", 1)[0]
             if spark_adapter.delete_path_if_empty(self.spark, name_dir):
                 spark_adapter.delete_path_if_empty(self.spark, name_dir.rsplit("/", 1)[0])
+
+
+@dataclass(frozen=True)
+class StagedSnapshot:
+    """One version of a staging table: what accounting counts, GX validates and the publish writes.
+
+    ``table_id`` is Delta's id of the staging table (new for each table created), so ``publish_txn`` names
+    this one snapshot of this one table: a rerun that finds the same snapshot (the driver died after the
+    publish commit) makes Delta skip a second publish; a fresh staging table publishes anew.
+    """
+
+    staging: Staging
+    version: int
+    table_id: str
+
+    def table(self) -> DataFrame:
+        """Every row staged at :attr:`version`, with its chunk (:data:`CHUNK_COLUMN`)."""
+        return read_input(self.staging.spark, self.staging.location, "delta", version=self.version)
+
+    @property
+    def publish_txn(self) -> tuple[str, int]:
+        """``(txnAppId, txnVersion)`` of the commits that publish this snapshot (output and errors tables)."""
+        return f"lakescore-publish-{self.table_id}", self.version + 1
 
 
 def prepared_rows(spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> Staging:

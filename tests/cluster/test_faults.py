@@ -313,7 +313,9 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     output = root / "concurrent" / "embeddings"
     barrier = root / "concurrent-barrier"  # each run waits at "publish" until both have staged and validated
     runs = {
-        run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id),
+        run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id,
+                                     # a metastore each: two JVMs creating one Derby database at once fail
+                                     "--set", f"spark.metastore_dir={root / f'ms-{run_id}'}"),
                        root, root / f"{run_id}.log", env={BARRIER_ENV: f"publish:2:{barrier}"})
         for run_id in ("concurrent-a", "concurrent-b")
     }
@@ -321,15 +323,21 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     arrivals = sorted(float(p.read_text()) for p in barrier.glob("arrived-*"))
     assert len(arrivals) == 2, "the runs did not both reach the publish step: they never overlapped"
     winners = [r for r, c in codes.items() if c == 0]
-    assert winners, {r: run.text()[-3000:] for r, run in runs.items()}
-    for run_id, code in codes.items():
-        if code != 0:  # the loser says why in one line
-            line = runs[run_id].error_line()
-            assert re.search(r"concurrent|conflict|at the same time", line, re.I), runs[run_id].text()[-4000:]
+    assert len(winners) == 1, {r: (c, run.text()[-3000:]) for (r, run), c in zip(runs.items(), codes.values())}
+    (winner,) = winners
+    (loser,) = set(runs) - {winner}
+    assert codes[loser] == 3, runs[loser].text()[-4000:]  # exit 3: lost the publish to a concurrent run
+    error_lines = [line for line in runs[loser].text().splitlines() if line.startswith("lakescore: error:")]
+    assert len(error_lines) == 1 and re.search(r"at the same time", error_lines[0]), runs[loser].text()[-4000:]
+    assert "Traceback" not in runs[loser].text()
     out = delta_rows(output)
     assert len(out) == ROWS - 1 and out["review_id"].is_unique
     assert set(out["review_id"]) == set(frame["review_id"]) - {NULL_BODY_ID}
-    assert len(set(out["run_id"])) == 1 and out["run_id"].iloc[0] in winners  # one run's rows, never a mix
-    published = [op for op in delta_history(output)]
-    assert published.count("WRITE") == len(winners), published
-    assert_exact_result(output, root / f"{out['run_id'].iloc[0]}.json", frame, out["run_id"].iloc[0])
+    assert set(out["run_id"]) == {winner}  # one run's rows, never a mix
+    assert delta_history(output).count("WRITE") == 1
+    # Both had staged and validated (arrived at the publish barrier) before the winner's commit.
+    committed_at = [next(a["commitInfo"]["timestamp"] for a in c if "commitInfo" in a) / 1000 for c in delta_commits(output)]
+    assert min(committed_at) >= arrivals[-1] - 1.0, (committed_at, arrivals)  # the log's clock has ms, the files' ~s
+    errors = delta_rows(Path(f"{output}_errors"))
+    assert set(errors["run_id"]) == {winner}  # the errors table never describes the losing run
+    assert_exact_result(output, root / f"{winner}.json", frame, winner)

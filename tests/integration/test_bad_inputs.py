@@ -135,3 +135,66 @@ def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_di
     assert report["status"] == "succeeded" and report["chunks"]["skipped"] >= 1
     out = read_output(spark, str(output))
     assert sorted(out["review_id"]) == sorted(frame["review_id"])
+
+
+# ---------------------------------------------------------------- widened: sizes, invisible text, id types, wide tables
+
+ZWJ_ONLY = "\u200d" * 50
+HUGE_TEXT = ("lorem ipsum dolor sit amet " * 80_000)[:2 * 1024 * 1024]  # 2 MiB of words
+
+
+def test_hostile_shapes_in_one_run_are_scored_exactly_and_only_needed_columns_are_read(tmp_path, spark, tiny_classifier_dir):
+    """One input with a 2 MiB text, a row of only zero-width joiners, string ids with leading zeros and trailing
+    spaces, a struct column and 5,000 columns the run does not use: every row is scored under its exact id, and the
+    scoring stage reads the id and the text column only (its physical plan's ReadSchema)."""
+    from lakescore.jobs.config import load_config
+    from lakescore.jobs.steps.read import open_input
+    from lakescore.jobs.steps.score import score_dataframe
+
+    frame = reviews_frame(12, seed=8)
+    ids = ["007", "7", "7 ", " 7", "0007 ", "08", *[f"id-{i}" for i in range(6)]]
+    bodies = [HUGE_TEXT, ZWJ_ONLY, *frame["body"].tolist()[2:]]
+    unused = {f"unused_{i}": pa.array(range(len(ids)), pa.int32()) for i in range(5000)}
+    meta = pa.array([{"lang": "en", "tags": ["a", "b"]}] * len(ids))
+    source = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"review_id": pa.array(ids), "body": pa.array(bodies), "meta": meta, **unused}), source)
+    output = tmp_path / "out" / "labels"
+    code = main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify"))
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["input_rows"], report["output_rows"], report["error_rows"]) == (12, 12, 0)
+    out = read_output(spark, str(output))
+    assert sorted(out["review_id"]) == sorted(ids)  # byte for byte: zeros and spaces kept, "7" and "7 " distinct
+    assert out["label"].notna().all()
+
+    cfg = load_config(flags={"input": str(source), "output": str(output), "task": "classify",
+                             "model.source": str(tiny_classifier_dir), "id_col": "review_id", "text_col": "body"})
+    run = open_input(cfg, spark)
+    scoring = score_dataframe(run.source, cfg, run.spec, ["review_id"], run.input_cols)
+    plan = scoring._jdf.queryExecution().executedPlan().toString()
+    read_schemas = [line.split("ReadSchema: ", 1)[1] for line in plan.splitlines() if "ReadSchema: " in line]
+    assert read_schemas == ["struct<review_id:string,body:string>"], read_schemas
+
+
+def test_decimal_ids_are_kept_exact(tmp_path, spark, tiny_classifier_dir):
+    from decimal import Decimal
+
+    ids = [Decimal("1.10"), Decimal("12345678901234567890.01"), Decimal("0.00"), Decimal("-3.50")]
+    source = tmp_path / "decimal.parquet"
+    pq.write_table(pa.table({"review_id": pa.array(ids, pa.decimal128(24, 2)),
+                             "body": pa.array(["good", "bad", "fine", "meh"])}), source)
+    output = tmp_path / "out"
+    assert main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify")) == 0
+    out = spark.read.format("delta").load(str(output))
+    assert out.schema["review_id"].dataType.simpleString() == "decimal(24,2)"
+    assert sorted(r[0] for r in out.select("review_id").collect()) == sorted(ids)
+
+
+def test_a_binary_text_column_is_refused_before_compute_naming_its_type(tmp_path, spark, tiny_classifier_dir, capsys):
+    source = tmp_path / "binary.parquet"
+    pq.write_table(pa.table({"review_id": pa.array([1, 2], pa.int64()), "body": pa.array([b"ab", b"cd"], pa.binary())}), source)
+    output = tmp_path / "out"
+    assert main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify")) == 2
+    line = _one_error_line(capsys)
+    assert "body" in line and "binary" in line and "string" in line, line
+    assert not output.exists() and not Path(f"{output}_errors").exists()
