@@ -12,6 +12,7 @@ import pytest
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
+from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
 
 
@@ -118,37 +119,6 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert _accounts(sixth) == (0, 10, 1, 0, 0)
 
 
-def _run_with_upstream_commit(monkeypatch, tmp_path, spark, cfg, commit):
-    """Run ``cfg`` with the job held at the scoring step (test barrier) while ``commit()`` changes the input."""
-    import threading
-    import time
-
-    from lakescore.jobs.platform.step_hooks import BARRIER_ENV
-
-    barrier = tmp_path / f"barrier-{cfg.run_id}"
-    monkeypatch.setenv(BARRIER_ENV, f"score_stage:2:{barrier}")
-    result = {}
-
-    def run():
-        try:
-            result["report"] = run_scoring(cfg, spark)
-        except BaseException as exc:  # re-raised in the test's thread
-            result["error"] = exc
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 300
-    while not list(barrier.glob("arrived-*")) and worker.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    commit()  # the run has counted and planned its rows; now upstream changes the input
-    (barrier / "arrived-upstream").write_text("")
-    worker.join(300)
-    monkeypatch.delenv(BARRIER_ENV)
-    if "error" in result:
-        raise result["error"]
-    return result["report"]
-
-
 def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path, config, monkeypatch):
     source, output = tmp_path / "reviews", tmp_path / "labels"
     frame = _texts(6)
@@ -158,7 +128,8 @@ def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path
         changed = pd.concat([frame.assign(body=frame["body"] + " (edited)"), _texts(8).iloc[6:]])
         _write_input(spark, changed, source)
 
-    report = _run_with_upstream_commit(monkeypatch, tmp_path, spark, config(run_id="pinned"), edit_and_append)
+    # Held at the scoring step: the run has counted and planned its rows; then upstream changes the input.
+    report = run_held_at(spark, config(run_id="pinned"), "score_stage", tmp_path / "barrier-pinned", edit_and_append, monkeypatch)
     assert report.status == "succeeded" and report.input_version == 0
     assert (report.input_rows, report.rows_scored) == (6, 6)
     out = read_output(spark, str(output))
@@ -171,5 +142,5 @@ def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path
     frame.to_parquet(parquet / "part-0.parquet")
     add_file = lambda: _texts(8).iloc[6:].to_parquet(parquet / "part-1.parquet")  # noqa: E731
     cfg = config(run_id="pinned-parquet", input=str(parquet), output=tmp_path / "from-parquet", **{"write.mode": "overwrite"})
-    report = _run_with_upstream_commit(monkeypatch, tmp_path, spark, cfg, add_file)
+    report = run_held_at(spark, cfg, "score_stage", tmp_path / "barrier-pinned-parquet", add_file, monkeypatch)
     assert report.status == "succeeded" and report.input_version is None and report.output_rows == 6

@@ -5,17 +5,14 @@ Real local Spark + Delta, the tiny seeded tabular model (in-process)."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pandas as pd
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.platform.step_hooks import BARRIER_ENV
 from lakescore.jobs.platform.tables import delta_history, own_commit, run_metadata
 from lakescore.jobs.score_job import run_scoring
 from tests.conftest import TinyTabular
+from tests.integration.held_run import run_held_at
 
 ROWS = 120
 
@@ -36,38 +33,23 @@ def test_a_staging_commit_after_the_pin_changes_nothing_published(spark, tmp_pat
         "id_col": "account_id", "feature_prefix": "feature_", "run_id": "pinned-1",
         "write.chunk_rows": 50, "write.staging": str(staging_root),
     })
-    barrier = tmp_path / "barrier"
-    monkeypatch.setenv(BARRIER_ENV, f"validate:2:{barrier}")  # the run waits there, right after the pin
-    result = {}
+    staged_at: list = []
 
-    def run():
-        try:
-            result["report"] = run_scoring(cfg, spark)
-        except BaseException as exc:  # re-raised in the test's thread
-            result["error"] = exc
+    def write_to_staging_after_the_pin():
+        # A concurrent writer (another process of the same run key, a stray job) commits to staging after the pin:
+        # one duplicated row and one foreign id, tagged as someone else's.
+        (staging,) = [p for p in staging_root.iterdir() if not p.name.endswith("_rows")]
+        staged_at.append(staging)
+        staged = spark.read.format("delta").load(str(staging))
+        pinned_version = len(list((staging / "_delta_log").glob("*.json"))) - 1
+        intruders = staged.limit(2).toPandas()
+        intruders.loc[1, "account_id"] = 999_999
+        spark.createDataFrame(intruders, staged.schema).write.format("delta").mode("append") \
+            .option("userMetadata", "someone else").save(str(staging))
+        assert len(list((staging / "_delta_log").glob("*.json"))) - 1 == pinned_version + 1  # the commit happened
 
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 300
-    while not list(barrier.glob("arrived-*")) and worker.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert worker.is_alive(), result
-    # A concurrent writer (another process of the same run key, a stray job) commits to staging after the pin:
-    # one duplicated row and one foreign id, tagged as someone else's.
-    (staging,) = [p for p in staging_root.iterdir() if not p.name.endswith("_rows")]
-    staged = spark.read.format("delta").load(str(staging))
-    pinned_version = len(list((staging / "_delta_log").glob("*.json"))) - 1
-    intruders = staged.limit(2).toPandas()
-    intruders.loc[1, "account_id"] = 999_999
-    spark.createDataFrame(intruders, staged.schema).write.format("delta").mode("append") \
-        .option("userMetadata", "someone else").save(str(staging))
-    assert len(list((staging / "_delta_log").glob("*.json"))) - 1 == pinned_version + 1  # the commit happened
-    (barrier / "arrived-intruder").write_text("")
-    worker.join(300)
-    monkeypatch.delenv(BARRIER_ENV)
-    if "error" in result:
-        raise result["error"]
-    report = result["report"]
+    # The run waits at the validate step, right after the pin.
+    report = run_held_at(spark, cfg, "validate", tmp_path / "barrier", write_to_staging_after_the_pin, monkeypatch)
 
     assert report.status == "succeeded", (report.error, report.validation)
     assert (report.input_rows, report.output_rows, report.error_rows) == (ROWS, ROWS, 0)
@@ -78,7 +60,7 @@ def test_a_staging_commit_after_the_pin_changes_nothing_published(spark, tmp_pat
     tag = run_metadata("pinned-1", None)
     history = delta_history(spark, str(output))
     assert [(h.version, h.run_id, h.rows) for h in history] == [(report.delta_version, "pinned-1", ROWS)]
-    assert not staging.exists()
+    assert len(staged_at) == 1 and not staged_at[0].exists()
 
     # Another writer commits to the output after the run: the run's commit is still the one found by its tag.
     spark.read.format("delta").load(str(output)).limit(1).write.format("delta").mode("append") \
