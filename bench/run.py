@@ -15,9 +15,10 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
-The defaults fit the spec's 15 minutes on a 2-core machine (11.9 minutes measured):
-(a) and (d) x 3 on 12,000 W1 rows take about 6 of them, so (b) and (c) get a
-500-row prefix (which (d) runs too) and W2 one round of 1,500 rows.
+The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
+12,000 W1 rows about 17, W3 about 13 (four 60,000-row runs), the rest the 500-row W1 prefix
+that (b) and (c) are limited to (and (d) runs too), one round of W2 and F200 x 3.
+``make bench WORKLOADS=W1,W2,F200`` leaves W3 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone.
 ``make bench NAIVE_ROWS=12000 REPEATS=1`` compares all peers on the full W1
 instead (about 25 minutes); ``make bench ROWS=48000 NAIVE_ROWS=48000 PEERS=ad
 WORKLOADS=W1 REPEATS=1 BENCH_MD=-`` measures (a) and (d) at a size where
@@ -298,7 +299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"ONNX graphs exported in {exported:.1f} s", flush=True)
     results = _run_all(jobs, runs_dir, env)
     equivalence = _equivalence(results)
-    w3 = run_w3(data_dir, runs_dir, env, REPO, args.repeats, args.w3_rows) if W3 in args.workloads.split(",") else None
+    wanted = [w.strip() for w in args.workloads.split(",")]
+    w3 = run_w3(data_dir, runs_dir, env, REPO, args.repeats, args.w3_rows) if W3 in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
