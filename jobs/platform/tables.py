@@ -49,7 +49,6 @@ __all__ = [
     "append_delta",
     "last_commit",
     "own_commit",
-    "latest_version",
     "table_id",
     "delete_path",
     "drop_delta",
@@ -416,11 +415,6 @@ def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]
     if row is None:  # an empty write the platform did not record (refused skipRecordingEmptyCommits setting)
         row = history.orderBy(F.col("version").desc()).first()
     return row
-
-
-def latest_version(spark: SparkSession, ref: str) -> int:
-    """The version of the latest commit of the Delta table ``ref``."""
-    return last_commit(spark, ref).version
 
 
 def table_id(spark: SparkSession, ref: str) -> str:

@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    append_delta, column, drop_delta, is_delta, is_path, latest_version, read_input, table_id, write_delta_overwrite,
+    append_delta, column, drop_delta, is_delta, is_path, last_commit, read_input, table_id, write_delta_overwrite,
 )
 
 __all__ = ["Staging", "StagedSnapshot", "prepared_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
@@ -121,7 +121,7 @@ class Staging:
 
     def pin(self) -> "StagedSnapshot":
         """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
-        return StagedSnapshot(self, latest_version(self.spark, self.location), table_id(self.spark, self.location))
+        return StagedSnapshot(self, last_commit(self.spark, self.location).version, table_id(self.spark, self.location))
 
     def exists(self) -> bool:
         """Whether this table has at least one commit."""
