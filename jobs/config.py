@@ -63,6 +63,12 @@ class ConfigError(ValueError):
     """A configuration file, override or flag is missing, unknown or ill-typed."""
 
 
+def _require_one_of(key: str, value: object, allowed: tuple) -> None:
+    """Raise :class:`ConfigError` naming ``key`` and the choices unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(allowed)}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Where the model comes from and how its outputs are shaped."""
@@ -106,10 +112,8 @@ class ModelConfig:
         return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
 
     def _validate(self) -> None:
-        if self.device not in DEVICES:
-            raise ConfigError(f"model.device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        _require_one_of("model.device", self.device, DEVICES)
+        _require_one_of("model.dtype", self.dtype, DTYPES)
         if self.dtype == "float16" and self.device == "cpu":
             raise ConfigError("model.dtype float16 needs a GPU (device cuda or auto); use bfloat16 on CPU")
         if self.expect_sha256 is not None:
@@ -123,10 +127,8 @@ class ModelConfig:
         self._validate_backend()
 
     def _validate_backend(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"model.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.quantize not in QUANTIZATIONS:
-            raise ConfigError(f"model.quantize must be one of {', '.join(QUANTIZATIONS)}, got {self.quantize!r}")
+        _require_one_of("model.backend", self.backend, BACKENDS)
+        _require_one_of("model.quantize", self.quantize, QUANTIZATIONS)
         if self.backend == "onnx" and self.device == "cuda":
             raise ConfigError("model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU")
         if self.backend == "onnx" and self.dtype != "float32":
@@ -189,8 +191,7 @@ class ScoringConfig:
     ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
 
     def _validate(self) -> None:
-        if self.dedup not in DEDUP_MODES:
-            raise ConfigError(f"scoring.dedup must be one of {', '.join(DEDUP_MODES)}, got {self.dedup!r}")
+        _require_one_of("scoring.dedup", self.dedup, DEDUP_MODES)
         for key in ("max_batch_rows", "arrow_max_records_per_batch", "arrow_max_bytes_per_batch"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"scoring.{key} must be >= 1, got {getattr(self, key)}")
@@ -329,8 +330,7 @@ class WriteConfig:
     """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
 
     def _validate(self) -> None:
-        if self.mode not in WRITE_MODES:
-            raise ConfigError(f"write.mode must be one of {', '.join(WRITE_MODES)}, got {self.mode!r}")
+        _require_one_of("write.mode", self.mode, WRITE_MODES)
         if self.delete_missing and self.mode != "incremental":
             raise ConfigError(f"write.delete_missing applies to write.mode incremental only, not {self.mode!r}")
         if self.chunk_rows < 1:
@@ -383,8 +383,7 @@ class JobConfig:
                 f"run_id must be 1-{RUN_ID_MAX} characters of letters, digits, '.', '_' or '-', starting with a letter "
                 f"or digit (it names a partition directory and sits in the publish predicate), got {_shown(self.run_id)}"
             )
-        if self.task not in TASKS:
-            raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        _require_one_of("task", self.task, TASKS)
         if self.model.backend not in get_task(self.task).backends:
             raise ConfigError(
                 f"model.backend {self.model.backend!r} cannot run task {self.task!r} "
@@ -397,8 +396,7 @@ class JobConfig:
                 "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
                 "changed ones; drop it for incremental runs"
             )
-        if self.input_format not in INPUT_FORMATS:
-            raise ConfigError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
+        _require_one_of("input_format", self.input_format, INPUT_FORMATS)
 
     def require_for_scoring(self) -> None:
         """Raise :class:`ConfigError` naming every setting a scoring run still lacks."""
