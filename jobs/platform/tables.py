@@ -406,15 +406,20 @@ def own_commit(spark: SparkSession, ref: str, user_metadata: Optional[str]) -> D
 
 
 def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]):
-    """``version`` and ``operationMetrics`` of the newest commit tagged ``user_metadata`` (else the latest)."""
+    """``version`` and ``operationMetrics`` of the newest commit tagged ``user_metadata`` (else the latest).
+
+    The latest entry is read first: it is the run's own commit unless another writer committed since, so the
+    whole history (long on an old table) is read only then.
+    """
     from pyspark.sql import functions as F
 
-    history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}").select("version", "operationMetrics", "userMetadata")
-    tagged = history.where(F.col("userMetadata") == F.lit(user_metadata)) if user_metadata is not None else history
-    row = tagged.orderBy(F.col("version").desc()).first()
-    if row is None:  # an empty write the platform did not record (refused skipRecordingEmptyCommits setting)
-        row = history.orderBy(F.col("version").desc()).first()
-    return row
+    columns = ("version", "operationMetrics", "userMetadata")
+    latest = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select(*columns).first()
+    if user_metadata is None or latest["userMetadata"] == user_metadata:
+        return latest
+    history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}").select(*columns)
+    row = history.where(F.col("userMetadata") == F.lit(user_metadata)).orderBy(F.col("version").desc()).first()
+    return row if row is not None else latest  # none tagged: an empty write the platform did not record
 
 
 def table_id(spark: SparkSession, ref: str) -> str:
