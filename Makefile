@@ -38,7 +38,7 @@ test-unit:
 test-integration:
 	$(PY) -m pytest tests/integration
 
-.PHONY: test-deploy test-cluster
+.PHONY: test-deploy test-cluster test-scale
 
 # The Databricks and EMR examples against the real CLI parser and config loader (seconds).
 test-deploy:
@@ -48,6 +48,11 @@ test-deploy:
 # the first run builds build/env).
 test-cluster:
 	$(PY) -m pytest tests/cluster
+
+# Flat memory at scale: 2,000,000 tabular rows on local-cluster[2,1,1024], peak memory per process
+# (about two minutes; make test runs it too). LAKESCORE_SCALE_OUT=<file> keeps its table.
+test-scale:
+	$(PY) -m pytest -s tests/scale
 
 # Score a generated review table with the bundled all-MiniLM-L6-v2 into the local metastore.
 demo:

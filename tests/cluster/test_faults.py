@@ -15,24 +15,21 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 import pytest
 
 from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+from tests.cluster.processes import CliRun, cpu_seconds, descendants, executors, procs_now
 from tests.integration.test_score_job import reviews_frame
 
 MASTER = "local-cluster[2,1,1024]"
 ROWS = 300
 NULL_BODY_ID = 7  # one row the workers dead-letter (null_input): the errors table is never trivially empty
 RUN_DATE = "2026-11-20"
-REPO = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT = 900
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds Spark's processes through /proc")
 
@@ -63,96 +60,17 @@ def lakescore_cmd(source: Path, output: Path, warehouse: Path, report: Path, *ex
     ]
 
 
-class CliRun:
-    """One ``lakescore score`` subprocess with its output in a log file (polled while it runs)."""
-
-    def __init__(self, cmd: list[str], cwd: Path, log: Path, env: Optional[dict[str, str]] = None):
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               **(env or {})}
-        self.log = log
-        self._out = open(log, "wb")
-        self.started = time.time()
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.seconds = None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait(self) -> int:
-        try:
-            code = self.proc.wait(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError(f"lakescore ran over {RUN_TIMEOUT} s:\n{self.text()[-4000:]}")
-        finally:
-            self._out.close()
-        self.seconds = round(time.time() - self.started, 1)
-        print(f"{self.log.name}: exit {code} after {self.seconds} s")
-        return code
-
-    def error_line(self) -> str:
-        lines = [line for line in self.text().splitlines() if line.startswith("lakescore: error:")]
-        return lines[-1] if lines else ""
-
-
-def _procs() -> dict[int, tuple[int, str, float]]:
-    """pid -> (ppid, cmdline, age in seconds) for every process we can read."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        out[int(entry.name)] = (int(fields[1]), cmdline, uptime - int(fields[19]) / ticks)
-    return out
-
-
-def _descendants(root: int, procs) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in procs.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _executors(run: CliRun, procs) -> list[int]:
-    """This run's executor JVMs (only descendants of its own CLI process: the machine is shared)."""
-    return sorted(p for p in _descendants(run.proc.pid, procs) if "CoarseGrainedExecutorBackend" in procs[p][1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds ``pid`` has used so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _busy_python_workers(executors: list[int], procs, window: float = 0.4) -> list[tuple[int, int]]:
+def _busy_python_workers(executor_pids: list[int], procs, window: float = 0.4) -> list[tuple[int, int]]:
     """``(executor, worker)`` for each Python worker running a task now: the processes ``pyspark.daemon``
     forked (not the daemon itself) that used CPU during ``window`` seconds. Age is no sign of work:
     the model preflight leaves each executor an idle, already warm worker before scoring starts."""
     forked = []
-    for executor in executors:
-        python = [p for p in _descendants(executor, procs) if "pyspark" in procs[p][1]]
+    for executor in executor_pids:
+        python = [p for p in descendants(executor, procs) if "pyspark" in procs[p][1]]
         forked += [(executor, p) for p in python if procs[p][0] in python]
-    before = {p: _cpu_seconds(p) for _, p in forked}
+    before = {p: cpu_seconds(p) for _, p in forked}
     time.sleep(window)
-    return [(e, p) for e, p in forked if _cpu_seconds(p) - before[p] >= 0.05]
+    return [(e, p) for e, p in forked if cpu_seconds(p) - before[p] >= 0.05]
 
 
 def kill_during_scoring(run: CliRun, target: str, timeout: float = 600) -> str:
@@ -162,8 +80,8 @@ def kill_during_scoring(run: CliRun, target: str, timeout: float = 600) -> str:
     while time.time() < deadline:
         assert run.proc.poll() is None, f"the run ended before the fault was injected:\n{run.text()[-4000:]}"
         if "scoring " in run.text():  # the prepare step logs "scoring N rows ..." right before the first chunk
-            procs = _procs()
-            busy = _busy_python_workers(_executors(run, procs), procs)
+            procs = procs_now()
+            busy = _busy_python_workers(executors(run, procs), procs)
             if busy:
                 executor, worker = busy[0]
                 victim = worker if target == "python" else executor
