@@ -14,7 +14,12 @@ boundary (``startup``, ``read_check``, ``prepare``, ``score_stage``, ``validate`
 ``publish``) and :data:`POINTS` inside the steps. Tests kill at each and check that the rerun's
 result is exact (``tests/integration/test_kill_matrix.py``).
 
-Unset, the default, a point costs one environment lookup (a step boundary two: barrier and kill).
+``LAKESCORE_TEST_ANNOUNCE="<file>"``: the process appends ``<point> <unix time>`` to ``<file>`` as it
+reaches each step boundary and point, so a test watching the file can act at a named instant from
+outside, e.g. SIGKILL an executor JVM while the validation or the publish runs on it
+(``tests/cluster/test_faults.py``).
+
+Unset, the default, a point costs two environment lookups (a step boundary three: barrier too).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["at_step", "at_point", "BARRIER_ENV", "KILL_ENV", "POINTS"]
+__all__ = ["at_step", "at_point", "ANNOUNCE_ENV", "BARRIER_ENV", "KILL_ENV", "POINTS"]
 
+ANNOUNCE_ENV = "LAKESCORE_TEST_ANNOUNCE"
 BARRIER_ENV = "LAKESCORE_TEST_BARRIER"
 KILL_ENV = "LAKESCORE_TEST_KILL"
 
@@ -53,7 +59,12 @@ def at_step(step: str) -> None:
 
 
 def at_point(point: str) -> None:
-    """Kill this process if :data:`KILL_ENV` names ``point`` (at once, or after its ``@seconds``)."""
+    """Announce ``point`` if :data:`ANNOUNCE_ENV` names a file; kill this process if :data:`KILL_ENV`
+    names ``point`` (at once, or after its ``@seconds``)."""
+    announce = os.environ.get(ANNOUNCE_ENV)
+    if announce:
+        with open(announce, "a") as file:
+            file.write(f"{point} {time.time()}\n")
     kill = os.environ.get(KILL_ENV)
     if kill:
         name, _, delay = kill.partition("@")

@@ -153,7 +153,10 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     )
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
     prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
-    run_id = cfg.resolved_run_id() or new_run_id()
+    done = frozenset(staging.committed_chunks())
+    # A rerun that resumes staged chunks goes on as the run that staged them: its publish may already be
+    # committed (with that run id in every row), and the errors table and report must name the same run.
+    run_id = cfg.resolved_run_id() or (staging.staged_run_id() if done else None) or new_run_id()
     plan = Plan(
         run_id=run_id,
         identity=identity,
@@ -161,7 +164,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         split=split,
         chunks=chunks,
         staging=staging,
-        done=frozenset(staging.committed_chunks()),
+        done=done,
         changes=changes,
         dedup=dedup,
         digested=digested if dedup.used and changes is None else None,

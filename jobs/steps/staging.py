@@ -43,7 +43,8 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    append_delta, column, drop_delta, is_delta, is_path, last_commit, read_input, table_id, write_delta_overwrite,
+    append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, read_input, table_id,
+    write_delta_overwrite,
 )
 
 __all__ = ["Staging", "StagedSnapshot", "prepared_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
@@ -109,6 +110,12 @@ class Staging:
         if not is_delta(self.spark, self.location):
             return set()
         return {int(r[0]) for r in self.table().select(CHUNK_COLUMN).distinct().collect()}
+
+    def staged_run_id(self) -> str | None:
+        """The run id the oldest tagged chunk commit carries (:func:`run_metadata`): the run that staged here
+        first, which a resumed run of the same key goes on as. ``None`` when nothing is staged or untagged."""
+        tagged = [entry for entry in delta_history(self.spark, self.location) if entry.run_id]
+        return tagged[-1].run_id if tagged else None
 
     def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
         """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""

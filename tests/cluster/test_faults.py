@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV, BARRIER_ENV
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, executors, procs_now
 from tests.integration.test_score_job import reviews_frame
 
@@ -90,6 +90,28 @@ def kill_during_scoring(run: CliRun, target: str, timeout: float = 600) -> str:
         time.sleep(0.1)
     raise AssertionError(f"no busy Python worker appeared within {timeout} s:\n{run.text()[-4000:]}")
 
+
+
+def announced(announce: Path) -> dict[str, float]:
+    """Point -> the time the driver reached it, from its ``LAKESCORE_TEST_ANNOUNCE`` file."""
+    lines = announce.read_text().splitlines() if announce.exists() else []
+    return {name: float(at) for name, at in (line.split() for line in lines if line.strip())}
+
+
+def kill_executor_at(run: CliRun, announce: Path, point: str, delay: float, timeout: float = 600) -> tuple[str, float]:
+    """Once ``run``'s driver announces ``point``, wait ``delay`` s and SIGKILL one of its executor JVMs.
+    Returns what was killed and when."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if point in announced(announce):
+            time.sleep(delay)
+            victims = executors(run, procs_now())
+            assert victims, f"no executor JVM to kill at {point}:\n{run.text()[-4000:]}"
+            os.kill(victims[0], signal.SIGKILL)
+            return f"executor pid {victims[0]} at {point} + {delay} s", time.time()
+        assert run.proc.poll() is None, f"the run ended before reaching {point}:\n{run.text()[-4000:]}"
+        time.sleep(0.02)
+    raise AssertionError(f"the run did not reach {point} within {timeout} s:\n{run.text()[-4000:]}")
 
 # ---------------------------------------------------------------- reading Delta without Spark
 
@@ -190,6 +212,30 @@ def test_killed_executor_jvm_is_replaced_and_output_is_exact(cluster_input):
     assert_exact_result(output, report_path, frame, RUN_DATE)
     assert delta_history(output) == ["WRITE"]
 
+
+
+@pytest.mark.parametrize(
+    "point, delay, next_point",
+    [("validation_running", 0.5, "report_data"), ("publish_commit", 0.0, "publish_committed")],
+    ids=["during-validation", "during-publish"],
+)
+def test_executor_jvm_killed_during_validation_or_publish_the_run_still_ends_exact(cluster_input, point, delay, next_point):
+    """An executor lost while the GX suite (or the publish's Delta write) runs on it: Spark reruns its
+    tasks on the other executor, and the same run publishes the exact result in one commit."""
+    root, source, frame = cluster_input
+    name = f"executor-{point}"
+    output, report, announce = root / name / "embeddings", root / f"{name}-report.json", root / f"{name}.points"
+    run = CliRun(lakescore_cmd(source, output, root / f"wh-{name}", report, "--run-date", RUN_DATE), root,
+                 root / f"{name}.log", env={ANNOUNCE_ENV: str(announce)})
+    killed, killed_at = kill_executor_at(run, announce, point, delay)
+    code = run.wait()
+    assert code == 0, f"{killed}\n{run.text()[-4000:]}"
+    reached = announced(announce)
+    assert reached[point] <= killed_at < reached[next_point], f"the kill missed the step ({killed}): {reached}"
+    assert re.search(r"Lost executor|Lost task|ExecutorLostFailure|executor .* exited", run.text(), re.I), killed
+    assert_exact_result(output, report, frame, RUN_DATE)
+    assert delta_history(output) == ["WRITE"] and delta_history(Path(f"{output}_errors")) == ["WRITE"]
+    assert not _staging_left(output)
 
 def test_rerun_same_run_date_replaces_rows_with_one_commit_per_run(worker_killed_run, cluster_input):
     root, source, frame = cluster_input

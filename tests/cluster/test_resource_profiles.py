@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 SCENARIO = Path(__file__).with_name("scenario.py")
 REPO = SCENARIO.parents[2]

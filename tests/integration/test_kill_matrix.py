@@ -57,6 +57,9 @@ _ALL_POINTS = [
     ("errors_committed", "after errors table, before staging drop", False),
 ]
 POINTS = [(p, what) for p, what, fast in _ALL_POINTS if fast or os.environ.get(ALL_ENV) == "all"]
+# Killed and rerun without --run-id: the rerun resumes a publish already committed under the killed run's
+# generated id, and must go on as that run (its errors table and report name the id the output rows carry).
+WITHOUT_RUN_ID = {"publish_committed"}
 
 _matrix: list[tuple[str, str, str, float, float]] = []
 
@@ -70,10 +73,10 @@ def _frame(seed: int = 11) -> pd.DataFrame:
     return frame
 
 
-def _args(source: Path, output: Path, script: Path, report: Path, *extra: str) -> list[str]:
+def _args(source: Path, output: Path, script: Path, report: Path, *extra: str, run_id: str | None = RUN_ID) -> list[str]:
     return ["score", "--task", "tabular", "--input", str(source), "--output", str(output), "--model", str(script),
-            "--id-col", "account_id", "--feature-prefix", "feature_", "--run-id", RUN_ID, "--report", str(report),
-            "--set", f"write.chunk_rows={CHUNK_ROWS}", "--set", "max_error_rate=0.05", *extra]
+            "--id-col", "account_id", "--feature-prefix", "feature_", *(["--run-id", run_id] if run_id else []),
+            "--report", str(report), "--set", f"write.chunk_rows={CHUNK_ROWS}", "--set", "max_error_rate=0.05", *extra]
 
 
 def _killed_run(args: list[str], workdir: Path, point: str) -> tuple[int, float, str]:
@@ -144,15 +147,20 @@ def print_matrix():
         Path(os.environ[MATRIX_ENV]).write_text(text + "\n")
 
 
-def _assert_exact(spark, output: Path, frame: pd.DataFrame, ref_out: pd.DataFrame, ref_err: pd.DataFrame) -> None:
+def _assert_exact(spark, output: Path, frame: pd.DataFrame, ref_out: pd.DataFrame, ref_err: pd.DataFrame,
+                  run_id: str) -> None:
     out, err = _sorted(_table(spark, output)), _sorted(_table(spark, Path(f"{output}_errors")))
     ids = list(out["account_id"].dropna()) + list(err["account_id"].dropna())
     assert sorted(ids) == sorted(frame["account_id"].dropna()) and len(out) + len(err) == len(frame)  # each id once
     assert err["account_id"].isna().sum() == 1  # the null-id row, once
-    pd.testing.assert_frame_equal(out, ref_out)  # the reference's predictions, ids and identity columns
-    pd.testing.assert_frame_equal(err.drop(columns=["error"], errors="ignore"), ref_err.drop(columns=["error"], errors="ignore"))
+    # The reference's predictions, ids and identity columns. The reference ran as RUN_ID: where this run's
+    # id stands in for it (a run without --run-id), every row it wrote in either table carries that one id.
+    as_reference = {"run_id": {run_id: RUN_ID}}
+    pd.testing.assert_frame_equal(out.replace(as_reference), ref_out)
+    pd.testing.assert_frame_equal(err.replace(as_reference).drop(columns=["error"], errors="ignore"),
+                                  ref_err.drop(columns=["error"], errors="ignore"))
     assert not (output.parent / "_lakescore_staging").exists(), list((output.parent / "_lakescore_staging").rglob("*"))[:5]
-    published = [h for h in delta_history(spark, str(output)) if h.run_id == RUN_ID]
+    published = [h for h in delta_history(spark, str(output)) if h.run_id == run_id]
     assert len(published) == 1, published  # at most one publish commit of this run, never two
 
 
@@ -162,14 +170,16 @@ def test_killed_driver_rerun_gives_the_uninterrupted_result(point, what, matrix_
     case = root / point.replace(":", "-").replace("@", "-at-")
     case.mkdir()
     output, report = case / "risk", case / "report.json"
-    args = _args(source, output, tiny_tabular[1], report)
+    args = _args(source, output, tiny_tabular[1], report, run_id=None if point in WITHOUT_RUN_ID else RUN_ID)
     code, killed_seconds, log = _killed_run(args, case, point)
     assert code == -signal.SIGKILL, f"the run was not killed at {point} (exit {code}):\n{log}"
     started = time.monotonic()
     assert main(args) == 0
     rerun_seconds = time.monotonic() - started
-    _assert_exact(spark, output, frame, *reference)
-    resumed = json.loads(report.read_text())["chunks"]["skipped"]
+    rerun = json.loads(report.read_text())
+    assert rerun["run_id"] == RUN_ID or point in WITHOUT_RUN_ID
+    _assert_exact(spark, output, frame, *reference, run_id=rerun["run_id"])
+    resumed = rerun["chunks"]["skipped"]
     _matrix.append((point, what, "SIGKILL", f"exit 0, exact ({resumed}/3 chunks resumed)", killed_seconds, rerun_seconds))
 
 
@@ -203,6 +213,6 @@ def test_killed_incremental_run_between_chunks_reruns_to_the_uninterrupted_resul
     assert report["input_rows"] == report["rows_kept"] + report["rows_scored"] + report["error_rows"] == ROWS
     assert report["chunks"]["total"] == 3 and report["chunks"]["skipped"] >= 1
     ref_out, ref_err = _sorted(_table(spark, copy)), _sorted(_table(spark, Path(f"{copy}_errors")))
-    _assert_exact(spark, output, changed, ref_out, ref_err)
+    _assert_exact(spark, output, changed, ref_out, ref_err, run_id=RUN_ID)
     _matrix.append(("incremental: chunk_committed:0", "incremental MERGE run, after chunk 0", "SIGKILL",
                     f"exit 0, exact ({report['chunks']['skipped']}/3 chunks resumed)", killed_seconds, rerun_seconds))
