@@ -112,8 +112,9 @@ class Staging:
         return {int(r[0]) for r in self.table().select(CHUNK_COLUMN).distinct().collect()}
 
     def staged_run_id(self) -> str | None:
-        """The run id the oldest tagged chunk commit carries (:func:`run_metadata`): the run that staged here
-        first, which a resumed run of the same key goes on as. ``None`` when nothing is staged or untagged."""
+        """The run id the oldest tagged chunk commit carries (:func:`~lakescore.jobs.platform.tables.run_metadata`):
+        the run that staged here first, which a resumed run of the same key goes on as. ``None`` when nothing is
+        staged or no commit is tagged."""
         tagged = [entry for entry in delta_history(self.spark, self.location) if entry.run_id]
         return tagged[-1].run_id if tagged else None
 

@@ -47,6 +47,8 @@ KILLED_RUN_TIMEOUT = 900
 ALL_ENV = "LAKESCORE_KILL_MATRIX"
 # (point, what it interrupts, in make test). "@s": the kill lands s seconds after the point, inside what runs next.
 _ALL_POINTS = [
+    ("read_check", "after startup, the model preflight launched", False),
+    ("read_check@1.5", "during the model preflight", False),
     ("score_stage", "planned, nothing staged", False),
     ("chunk_committed:0", "after chunk 0's commit", False),  # also tests/integration/test_tasks_and_faults.py
     ("chunk_commit:1@0.4", "during chunk 1's commit", True),
