@@ -18,7 +18,7 @@ setup: browser
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=15 tests
 
 # Headless Chromium for the HTML report's browser test (tests/integration/test_report_browser.py).
 # Debian's package, installed with apt-get when no Chromium is on PATH (as root, as CI runs); a no-op
