@@ -89,20 +89,20 @@ class MemorySampler(threading.Thread):
 
     def __init__(self, run: CliRun):
         super().__init__(daemon=True)
-        self.run_ = run
+        self.cli = run
         self.series: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
         self.marks: dict[str, tuple[float, float]] = {}
         self._done = threading.Event()
 
     def run(self) -> None:
-        root = self.run_.proc.pid
-        while not self._done.is_set() and self.run_.proc.poll() is None:
+        root = self.cli.proc.pid
+        while not self._done.is_set() and self.cli.proc.poll() is None:
             now, procs = time.time(), procs_now()
             for pid in {root} | descendants(root, procs):
                 rss = rss_mib(pid)
                 if rss is not None:
                     self.series[(role(pid, root, procs.get(pid, (0, ""))[1]), pid)].append((now, rss))
-            text = self.run_.text()
+            text = self.cli.text()
             for name, line in (("start", SCORING_STARTS), ("end", SCORING_ENDS)):
                 if name not in self.marks and line in text:
                     self.marks[name] = (now, cpu_seconds(root))
@@ -203,6 +203,7 @@ def test_two_million_rows_publish_exactly_with_flat_memory_and_no_driver_rows(sc
     with torch.no_grad():
         expected = module(torch.as_tensor(features, dtype=torch.float32)).double().numpy()
     assert np.allclose(np.stack(sample["scores"].to_list()), expected, atol=1e-5)
+    assert sample["prediction"].tolist() == expected.argmax(axis=1).astype(float).tolist()
 
     assert set(sampler.marks) == {"start", "end"}, f"the scoring stage's log lines never appeared: {sampler.marks}"
     rows = sampler.rows()
