@@ -226,13 +226,18 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _fetch_jars(args: argparse.Namespace) -> int:
+    from lakescore.jobs.platform.class_archive import build_archive
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
+    from lakescore.jobs.platform.session import jar_confs
 
     cfg = _config(args)
     coordinates = [delta_coordinate()] + ([s3a_coordinate()] if args.s3a else [])
     for coordinate, jars in fetch_jars(cfg.spark.jars_dir, coordinates).items():
         size = sum(j.stat().st_size for j in jars) / 2**20
         print(f"{coordinate}: {len(jars)} jars ({size:.0f} MiB) ready in {jars[0].parent}")
+    if cfg.spark.class_archive:  # for the Delta-only classpath of local sessions (an S3A session starts without it)
+        archive = build_archive(cfg.spark.jars_dir, jar_confs(cfg.spark, (), cfg.spark.conf))
+        print(f"JVM class archive: {archive or 'none applies (no JDK found)'}")
     return EXIT_OK
 
 

@@ -155,6 +155,10 @@ class SparkConfig:
     """Directory of the embedded Derby metastore; default: ``<warehouse_dir>/../metastore_db``."""
     jars_dir: str = "~/.cache/lakescore/jars"
     """Where ``lakescore fetch-jars`` puts the Delta (and S3A) jars, so sessions start without Maven."""
+    class_archive: bool = True
+    """Start the driver JVM from the host's class-data-sharing archive for its classpath, when ``lakescore
+    fetch-jars`` built one (``<jars_dir>/class-archives/``): ~4 s less session start and ~4 s less first read
+    on 2 cores. ``false``: the JVM parses every class at start-up, as it does where no archive exists."""
     s3a: Optional[bool] = None
     """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output
     is an ``s3a://`` path, ``true`` always (e.g. metastore tables stored on S3), ``false`` never

@@ -15,6 +15,9 @@ It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
 ``spark.s3a`` says so): its ~620 MiB of jars add seconds to every start and, in
 local mode, are copied into each session's scratch directory.
 
+Its driver JVM starts from the host's class-data-sharing archive for its classpath when
+``lakescore fetch-jars`` built one (:mod:`lakescore.jobs.platform.class_archive`).
+
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
 """
@@ -29,7 +32,7 @@ from typing import Iterable, Mapping, Optional
 
 from pyspark.sql import SparkSession
 
-from lakescore.jobs.platform import interrupts
+from lakescore.jobs.platform import class_archive, interrupts
 from lakescore.jobs.config import SparkConfig
 from lakescore.jobs.platform.console import is_verbose, quiet_java_options
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
@@ -119,13 +122,13 @@ def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) 
     local = cfg.master.startswith("local[") or cfg.master == "local"
     verbose = is_verbose()
     driver_log, executor_log = quiet_java_options(cfg.master, verbose)
-    confs = {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf}
+    confs = jar_confs(cfg, refs, {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf})
     java_options = [f"-Dderby.system.home={metastore.parent}"] + ([LOCAL_MODE_JAVA_OPTIONS] if local else [])
+    if cfg.class_archive:
+        java_options += class_archive.start_options(cfg.jars_dir, confs)
     confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, confs.get("spark.driver.extraJavaOptions", "")])
     if executor_log:
         confs["spark.executor.extraJavaOptions"] = _join([executor_log, confs.get("spark.executor.extraJavaOptions", "")])
-
-    confs = jar_confs(cfg, refs, confs)
     settings = {
         "spark.master": cfg.master,
         "spark.app.name": cfg.app_name,
