@@ -133,12 +133,12 @@ def build_archive(jars_dir: str, settings: Mapping[str, str], timeout_s: float =
 def _train(dump_to: Path, jars_dir: str, scratch: Path) -> None:
     """The training run (in a child process): a local session whose JVM dumps its classes to ``dump_to`` at exit."""
     from delta.tables import DeltaTable
-    from pyspark import SparkContext
     from pyspark.sql import functions as F
 
     from lakescore.jobs.config import SparkConfig
     from lakescore.jobs.platform.session import get_or_create_session
-    from lakescore.jobs.platform.tables import read_pinned
+    from lakescore.jobs.platform.spark_adapter import stop_classic_jvm
+    from lakescore.jobs.platform.tables import last_commit, read_pinned, table_id, write_delta_overwrite
 
     cfg = SparkConfig(
         master="local[1]", app_name="lakescore-class-archive", jars_dir=jars_dir, class_archive=False,
@@ -149,26 +149,20 @@ def _train(dump_to: Path, jars_dir: str, scratch: Path) -> None:
     rows = spark.range(64).select(F.col("id"), F.concat(F.lit("text "), F.col("id").cast("string")).alias("body"))
     rows.write.parquet(str(scratch / "input"))
     source, _ = read_pinned(spark, str(scratch / "input"))
-    scored = source.mapInArrow(lambda batches: batches, source.schema).withColumn("digest", F.sha2("body", 256))
+    scored = (source.mapInArrow(lambda batches: batches, source.schema)
+              .withColumn("digest", F.sha2("body", 256)).withColumn("chunk", F.col("id") % 2))
     out = str(scratch / "output")
-    scored.write.format("delta").mode("overwrite").option("txnAppId", "train").option("txnVersion", 1).save(out)
-    pinned = spark.read.format("delta").option("versionAsOf", 0).load(out)
+    write_delta_overwrite(scored, out, partition_by="chunk", user_metadata="train", txn=("train", 1))
+    pinned = spark.read.format("delta").option("versionAsOf", last_commit(spark, out).version).load(out)
+    table_id(spark, out)
     pinned.agg(F.count("*"), F.countDistinct("id"), F.min("body"), F.max("body"), F.sum(F.col("id").isNull().cast("int"))).collect()
     table = DeltaTable.forPath(spark, out)
-    table.history(1).collect()
     (table.alias("t").merge(pinned.alias("s"), "t.id = s.id")
      .whenMatchedUpdateAll().whenNotMatchedInsertAll().whenNotMatchedBySourceDelete().execute())
     spark.sql("CREATE DATABASE IF NOT EXISTS lakescore_train")
     pinned.write.format("delta").mode("overwrite").saveAsTable("lakescore_train.scores")
     spark.table("lakescore_train.scores").count()
-    gateway = SparkContext._gateway
-    spark.stop()
-    process = getattr(gateway, "proc", None)
-    gateway.shutdown()
-    if process is not None:  # the JVM exits when its stdin closes, writing the archive first
-        process.stdin.close()
-        process.wait()
-
+    stop_classic_jvm(spark)  # the JVM writes the archive as it exits
 
 if __name__ == "__main__":
     _train(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))

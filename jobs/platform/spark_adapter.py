@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.config import ConfigError
 
 __all__ = [
-    "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
+    "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths", "RemoteFiles", "remote_files",
 ]
 
@@ -109,6 +109,20 @@ def start_quiet_classic_jvm(settings: Mapping[str, str]) -> None:
 
     conf = SparkConf().setAll(list(settings.items()))
     SparkContext(conf=conf, gateway=launch_quiet_gateway(conf))
+
+
+def stop_classic_jvm(spark: SparkSession) -> None:
+    """Stop a classic session this process built and wait until its JVM has exited (it runs its exit work,
+    e.g. writing a class archive, first). The JVM exits when the gateway's stdin closes."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    process = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    if process is not None and process.stdin is not None:
+        process.stdin.close()
+        process.wait()
 
 
 def rows_counter(spark: SparkSession) -> Optional[Any]:
