@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from lakescore.jobs.platform.class_archive import archive_path, classpath_digest, start_options
