@@ -17,7 +17,7 @@ for that JVM to write it at exit and renames it into place: it only ever appears
 the archive when one exists for its classpath, nothing otherwise (the JVM then starts as
 before). The JVM checks the archive too and, were it unusable, starts without it.
 
-An archive is ~230 MiB on disk, mapped read-only and shared by every JVM using it.
+An archive is ~220 MiB on disk, mapped read-only and shared by every JVM using it.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Mapping, Optional
+
+from lakescore.jobs.platform.jars import find_spark_home
 
 __all__ = ["archive_path", "start_options", "build_archive", "ARCHIVE_DIR_NAME"]
 
@@ -55,15 +57,6 @@ def java_home(environ: Mapping[str, str] = os.environ) -> Optional[Path]:
     return Path(java).resolve().parent.parent if java else None
 
 
-def spark_home(environ: Mapping[str, str] = os.environ) -> Path:
-    """``$SPARK_HOME``, else the pip pyspark package directory (what pyspark's launcher uses)."""
-    if environ.get("SPARK_HOME"):
-        return Path(environ["SPARK_HOME"])
-    import pyspark
-
-    return Path(pyspark.__file__).parent
-
-
 def _file_facts(path: Path) -> str:
     try:
         st = path.stat()
@@ -79,9 +72,9 @@ def classpath_digest(settings: Mapping[str, str], environ: Mapping[str, str] = o
     if jdk is None:
         return None
     parts = [_FORMAT, _file_facts(jdk / "lib" / "modules"), _file_facts(jdk / "bin" / "java")]
-    parts += [_file_facts(jar) for jar in sorted((spark_home(environ) / "jars").glob("*.jar"))]
+    parts += [_file_facts(jar) for jar in sorted((find_spark_home(environ) / "jars").glob("*.jar"))]
     parts += [_file_facts(Path(jar)) for jar in settings.get("spark.jars", "").split(",") if jar]
-    parts += [f"{key}={settings.get(key, '')}" for key in ("spark.driver.extraClassPath", "spark.jars.packages")]
+    parts.append(f"spark.driver.extraClassPath={settings.get('spark.driver.extraClassPath', '')}")
     parts += [f"{name}={environ.get(name, '')}" for name in _CLASSPATH_ENV]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 

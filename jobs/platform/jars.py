@@ -24,9 +24,9 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-__all__ = ["delta_coordinate", "hadoop_version", "s3a_coordinate", "cached_jars", "fetch_jars"]
+__all__ = ["delta_coordinate", "hadoop_version", "find_spark_home", "s3a_coordinate", "cached_jars", "fetch_jars"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,15 @@ def delta_coordinate(delta_version: Optional[str] = None, spark_version: Optiona
     return f"io.delta:delta-spark_2.13:{delta_version}"
 
 
+def find_spark_home(environ: Mapping[str, str] = os.environ) -> Path:
+    """The Spark installation pyspark's launcher starts: ``$SPARK_HOME``, else the pip pyspark package directory."""
+    if environ.get("SPARK_HOME"):
+        return Path(environ["SPARK_HOME"])
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
 def hadoop_version(spark_home: Optional[os.PathLike | str] = None) -> str:
     """The Hadoop version the Spark installation bundles, read from its ``jars/`` file names.
 
@@ -59,11 +68,7 @@ def hadoop_version(spark_home: Optional[os.PathLike | str] = None) -> str:
     when no ``hadoop-client-api-*.jar`` or ``hadoop-common-*.jar`` is there (a
     "Hadoop-free" Spark build: use the platform's own hadoop-aws).
     """
-    if spark_home is None:
-        import pyspark
-
-        spark_home = os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent
-    jars = Path(spark_home) / "jars"
+    jars = Path(spark_home if spark_home is not None else find_spark_home()) / "jars"
     pattern = re.compile(r"hadoop-(?:client-api|common)-(\d+\.\d+\.\d+)\.jar")
     versions = sorted({m.group(1) for p in jars.glob("hadoop-*.jar") if (m := pattern.fullmatch(p.name))})
     if len(versions) != 1:
