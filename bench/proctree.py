@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from lakescore.jobs.platform import python_daemon
+
 __all__ = ["Measurement", "run_measured", "tree_rss_bytes"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -100,7 +102,7 @@ def _is_python_worker(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             cmdline = handle.read()
-        return b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline
+        return any(name in cmdline for name in (b"pyspark.daemon", b"pyspark.worker", python_daemon.__name__.encode()))
     except OSError:
         return False
 

@@ -9,6 +9,7 @@ task name:
   ``text`` reads one string column, ``features`` numeric columns);
 * the runner that turns Arrow batches into model input (:attr:`InputKind.runner`);
 * the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
+* the modules a worker imports, for the Python daemon to import before it forks workers (:meth:`Task.worker_imports`);
 * the output columns, from :mod:`lakescore.schemas.output` (:attr:`Task.output_fields`);
   a head returns one Arrow array per output field, in that order, and never names them.
 
@@ -42,6 +43,8 @@ class InputKind:
     name: str
     runner_name: str
     """The class in :mod:`lakescore.udfs.runners` that prepares Arrow batches for the head."""
+    worker_imports: tuple[str, ...] = ()
+    """Modules every head of this kind imports in a worker, whatever its backend."""
 
     @property
     def is_text(self) -> bool:
@@ -61,7 +64,7 @@ class InputKind:
         return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
 
 
-TEXT = InputKind("text", "TextRunner")
+TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",))
 FEATURES = InputKind("features", "MatrixRunner")
 
 
@@ -76,6 +79,20 @@ class Task:
     summary: str = ""
     backends: tuple[str, ...] = ("torch", "onnx")
     """What can run this task's forward (:mod:`lakescore.udfs.backends`); config validation reads it."""
+    forward_imports: tuple[str, ...] | None = None
+    """The modules this task's forward imports, when it runs none of :mod:`lakescore.udfs.backends`."""
+
+    def worker_imports(self, backend: str) -> tuple[str, ...]:
+        """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
+        kind's and the forward's. A daemon imports them once before forking workers
+        (:mod:`lakescore.jobs.platform.python_daemon`)."""
+        if self.forward_imports is not None:
+            forward = self.forward_imports
+        else:
+            from lakescore.udfs.backends import WORKER_IMPORTS
+
+            forward = WORKER_IMPORTS[backend]
+        return ("lakescore.udfs.scoring_udf", *self.input_kind.worker_imports, *forward)
 
     def load(self, spec: ModelSpec, model_dir: Path) -> Any:
         """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
@@ -106,7 +123,7 @@ TASKS: dict[str, Task] = {
         Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
         Task("embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers"),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
-        Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program", ("torch",)),
+        Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program", ("torch",), ("torch",)),
     )
 }
 """Task name -> :class:`Task`: the only place a task name means anything."""

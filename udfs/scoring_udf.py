@@ -38,7 +38,7 @@ from lakescore.udfs.registry import get_task
 
 __all__ = [
     "RowCounter", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
-    "fidelity_figures",
+    "fidelity_figures", "start_worker",
 ]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -222,6 +222,14 @@ def make_preflight_function(
         yield pa.RecordBatch.from_pylist([row], schema=arrow_schema)
 
     return preflight
+
+
+def start_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` function that reads its input and yields nothing: its task only makes the executor
+    start a Python worker (and the daemon it forks from), ahead of the tasks that need one."""
+    for _ in batches:
+        pass
+    yield from ()
 
 
 def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str]) -> dict[str, float]:

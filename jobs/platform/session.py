@@ -16,7 +16,9 @@ It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
 local mode, are copied into each session's scratch directory.
 
 Its driver JVM starts from the host's class-data-sharing archive for its classpath when
-``lakescore fetch-jars`` built one (:mod:`lakescore.jobs.platform.class_archive`).
+``lakescore fetch-jars`` built one (:mod:`lakescore.jobs.platform.class_archive`), and its executors fork
+Python workers from a daemon that imported the job's model runtime first
+(:mod:`lakescore.jobs.platform.python_daemon`).
 
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
@@ -28,17 +30,19 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional, Sequence
 
 from pyspark.sql import SparkSession
 
-from lakescore.jobs.platform import class_archive, interrupts
+from lakescore.jobs.platform import class_archive, interrupts, python_daemon
 from lakescore.jobs.config import SparkConfig
 from lakescore.jobs.platform.console import is_verbose, quiet_java_options
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
 from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
-__all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "LOCAL_MODE_DEFAULTS"]
+__all__ = [
+    "get_or_create_session", "session_source", "needs_s3a", "jar_confs", "worker_preload_confs", "LOCAL_MODE_DEFAULTS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +94,16 @@ def session_source(environ: Mapping[str, str], has_active_session: bool, remote:
     return "build"
 
 
-def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> tuple[SparkSession, bool]:
+def get_or_create_session(
+    cfg: SparkConfig, refs: Iterable[Optional[str]] = (), worker_imports: Sequence[str] = ()
+) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
     ``cfg`` is used only when :func:`session_source` says ``"build"`` (and ``cfg.remote`` for ``"connect"``). ``refs`` are the
     tables / paths the job reads and writes; a built session gets the S3A connector jars
     when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
-    Spark resolves them from Maven at start-up (with a warning).
+    Spark resolves them from Maven at start-up (with a warning). A built session's Python daemon
+    imports ``worker_imports`` before forking workers (:func:`worker_preload_confs`).
     """
     active = SparkSession.getActiveSession()
     source = session_source(os.environ, active is not None, cfg.remote)
@@ -123,6 +130,7 @@ def get_or_create_session(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) 
     verbose = is_verbose()
     driver_log, executor_log = quiet_java_options(cfg.master, verbose)
     confs = jar_confs(cfg, refs, {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf})
+    confs.update(worker_preload_confs(cfg, worker_imports))
     java_options = [f"-Dderby.system.home={metastore.parent}"] + ([LOCAL_MODE_JAVA_OPTIONS] if local else [])
     if cfg.class_archive:
         java_options += class_archive.start_options(cfg.jars_dir, confs)
@@ -175,6 +183,18 @@ def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[st
         if values:
             out[key] = ",".join(values + ([out[key]] if out.get(key) else []))
     return out
+
+
+def worker_preload_confs(cfg: SparkConfig, worker_imports: Sequence[str]) -> dict[str, str]:
+    """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.python_daemon`
+    with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off or
+    ``cfg.conf`` names its own daemon module."""
+    if not worker_imports or not cfg.worker_preload or "spark.python.daemon.module" in cfg.conf:
+        return {}
+    return {
+        "spark.python.daemon.module": python_daemon.__name__,
+        f"spark.executorEnv.{python_daemon.IMPORTS_ENV}": ",".join(worker_imports),
+    }
 
 
 def _join(options: list[str]) -> str:

@@ -23,10 +23,12 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import check_output_target, is_path, read_pinned
+from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
 from lakescore.schemas.output import errors_schema, output_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
 
 __all__ = ["RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets"]
@@ -50,6 +52,8 @@ class RunContext:
     input_version: Optional[int] = None
     """The Delta version of the input this run reads from start to end (``None``: not Delta; a Parquet input is
     pinned to the file listing taken at the start)."""
+    worker_start: Optional[PythonWorkerStart] = None
+    """The executor Python worker started while the input was read; the preflight waits for it."""
 
     @property
     def id_field(self) -> StructField:
@@ -99,17 +103,24 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     """
     check_table_names(cfg)
     spec = model_spec(cfg)
+    worker_imports = get_task(cfg.task).worker_imports(spec.backend)
     if is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
-        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
+        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
     model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
-    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg))[0]
-    source, input_version = read_pinned(spark, cfg.input, cfg.input_format)  # one snapshot for the whole run
-    input_cols = input_columns(cfg, source)
+    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
+    layout = scoring_layout(spark, cfg)
+    worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
+    try:
+        source, input_version = read_pinned(spark, cfg.input, cfg.input_format)  # one snapshot for the whole run
+        input_cols = input_columns(cfg, source)
+    except BaseException:
+        worker_start.cancel()
+        raise
     if not cfg.reads_text:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     return RunContext(
-        cfg, spark, source, input_cols, spec, scoring_layout(spark, cfg), rows_counter(spark), model_dir, input_version
+        cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start
     )
 
 

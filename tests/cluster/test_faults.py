@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lakescore.jobs.platform import python_daemon
 from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV, BARRIER_ENV
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, executors, procs_now
 from tests.integration.test_score_job import reviews_frame
@@ -60,13 +61,18 @@ def lakescore_cmd(source: Path, output: Path, warehouse: Path, report: Path, *ex
     ]
 
 
+def _is_python_worker(cmdline: str) -> bool:
+    """Spark's Python daemon or a worker it forked: ``pyspark.daemon``, or lakescore's, which preloads the runtime."""
+    return "pyspark" in cmdline or python_daemon.__name__ in cmdline
+
+
 def _busy_python_workers(executor_pids: list[int], procs, window: float = 0.4) -> list[tuple[int, int]]:
-    """``(executor, worker)`` for each Python worker running a task now: the processes ``pyspark.daemon``
+    """``(executor, worker)`` for each Python worker running a task now: the processes the Python daemon
     forked (not the daemon itself) that used CPU during ``window`` seconds. Age is no sign of work:
     the model preflight leaves each executor an idle, already warm worker before scoring starts."""
     forked = []
     for executor in executor_pids:
-        python = [p for p in descendants(executor, procs) if "pyspark" in procs[p][1]]
+        python = [p for p in descendants(executor, procs) if _is_python_worker(procs[p][1])]
         forked += [(executor, p) for p in python if procs[p][0] in python]
     before = {p: cpu_seconds(p) for _, p in forked}
     time.sleep(window)

@@ -15,6 +15,7 @@ def spark_dirs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def spark(spark_dirs):
     from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.udfs.registry import get_task
 
     session, created = get_or_create_session(
         SparkConfig(
@@ -23,7 +24,8 @@ def spark(spark_dirs):
             warehouse_dir=str(spark_dirs / "warehouse"),
             metastore_dir=str(spark_dirs / "metastore_db"),
             conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
-        )
+        ),
+        worker_imports=get_task("embed").worker_imports("torch"),  # as `lakescore score` builds it for the text tasks
     )
     assert created, "another SparkSession was already active in the test process"
     yield session

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lakescore.jobs.platform import python_daemon
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, procs_now
 from tests.conftest import TinyTabular
 
@@ -67,7 +68,7 @@ def role(pid: int, root: int, cmdline: str) -> str:
         return "driver JVM"
     if program == "java" and "CoarseGrainedExecutorBackend" in cmdline:
         return "executor JVM"
-    if program.startswith("python") and "pyspark.daemon" in cmdline:
+    if program.startswith("python") and ("pyspark.daemon" in cmdline or python_daemon.__name__ in cmdline):
         return "Python worker"  # the daemon an executor starts, and the workers it forks
     return "other"
 

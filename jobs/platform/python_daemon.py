@@ -1,0 +1,58 @@
+"""The daemon Spark forks Python workers from, with the scoring runtime imported before the first fork.
+
+Spark starts one Python daemon per executor (``spark.python.daemon.module``, default
+``pyspark.daemon``) and forks every Python worker of that executor from it. A scoring worker's
+first task imports torch and transformers' modelling stack: ~3.5 s of CPU (measured here), paid
+again by every worker. Run as this module instead, the daemon imports the modules named in
+:data:`IMPORTS_ENV` (comma-separated) once, then serves as ``pyspark.daemon`` does: each worker
+is forked with them already imported, so it only loads the weights (~0.4 s for MiniLM), and the
+imported modules' memory is shared copy-on-write between the workers instead of copied into each.
+
+Sessions lakescore builds set both (:func:`lakescore.jobs.platform.session.worker_preload_confs`);
+the modules come from the task registry (:meth:`lakescore.udfs.registry.Task.worker_imports`).
+A module that fails to import is reported on stderr and left out: the worker imports it again
+where the failure reaches the run as a task error, as it would without this daemon.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Iterable
+
+__all__ = ["IMPORTS_ENV", "preload"]
+
+IMPORTS_ENV = "LAKESCORE_WORKER_IMPORTS"
+"""The executor environment variable naming the modules to import before forking, comma-separated."""
+
+
+def preload(modules: Iterable[str]) -> list[str]:
+    """Import ``modules`` in order; returns those imported. Never writes to stdout (the daemon's
+    stdout tells the executor its port): anything a module prints, even from native code, goes to stderr."""
+    imported = []
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        for name in (m.strip() for m in modules):
+            if not name:
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # the worker's own import reports it, with the task
+                print(f"lakescore python daemon: could not preload {name}: {type(error).__name__}: {error}", file=sys.stderr)
+            else:
+                imported.append(name)
+    finally:
+        sys.stdout.flush()
+        os.dup2(stdout, 1)
+        os.close(stdout)
+    return imported
+
+
+if __name__ == "__main__":
+    preload(os.environ.get(IMPORTS_ENV, "").split(","))
+    from pyspark import daemon
+
+    daemon.manager()

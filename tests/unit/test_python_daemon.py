@@ -1,0 +1,75 @@
+"""The Python daemon's preload and the session settings that select it (no Spark needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from lakescore.jobs.config import SparkConfig
+from lakescore.jobs.platform import python_daemon
+from lakescore.jobs.platform.session import worker_preload_confs
+from lakescore.udfs.registry import TASKS, get_task
+
+
+def test_preload_keeps_stdout_for_the_port_and_survives_a_failing_import(tmp_path):
+    """Spark reads the daemon's port from its stdout: what modules print at import, from Python or from native
+    code, goes to stderr. A module that fails to import is named on stderr and the rest still import."""
+    (tmp_path / "noisy_module.py").write_text("import os\nprint('python print')\nos.write(1, b'native write\\n')\n")
+    (tmp_path / "broken_module.py").write_text("raise RuntimeError('broken on purpose')\n")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from lakescore.jobs.platform.python_daemon import preload
+        imported = preload(["noisy_module", "broken_module", " json ", ""])
+        print("PORT", ",".join(imported))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "PORT noisy_module,json\n"
+    assert "python print" in done.stderr and "native write" in done.stderr
+    assert "could not preload broken_module: RuntimeError: broken on purpose" in done.stderr
+
+
+def test_a_built_session_names_the_daemon_and_its_imports():
+    confs = worker_preload_confs(SparkConfig(), ("torch", "transformers.modeling_utils"))
+    assert confs == {
+        "spark.python.daemon.module": python_daemon.__name__,
+        f"spark.executorEnv.{python_daemon.IMPORTS_ENV}": "torch,transformers.modeling_utils",
+    }
+
+
+@pytest.mark.parametrize(
+    "cfg, imports",
+    [
+        (SparkConfig(worker_preload=False), ("torch",)),
+        (SparkConfig(conf={"spark.python.daemon.module": "my.daemon"}), ("torch",)),
+        (SparkConfig(), ()),
+    ],
+    ids=["turned off", "the user's own daemon", "nothing to import"],
+)
+def test_no_daemon_settings_when_off_overridden_or_empty(cfg, imports):
+    assert worker_preload_confs(cfg, imports) == {}
+
+
+def test_every_task_and_backend_names_importable_modules():
+    """A misspelt module would only print a line in every executor's log: import them all here."""
+    for task in TASKS.values():
+        for backend in task.backends:
+            names = task.worker_imports(backend)
+            assert names[0] == "lakescore.udfs.scoring_udf"
+            assert python_daemon.preload(names) == list(names), (task.name, backend)
+
+
+def test_the_onnx_backend_preloads_no_torch():
+    """A worker on the ONNX backend never imports torch; its daemon must not either (a fresh interpreter)."""
+    names = [n for task in TASKS.values() for backend in task.backends if backend == "onnx" for n in task.worker_imports(backend)]
+    code = f"import sys; from lakescore.jobs.platform.python_daemon import preload; preload({names!r}); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert "transformers.modeling_utils" in get_task("embed").worker_imports("torch")
