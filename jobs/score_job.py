@@ -15,6 +15,7 @@ check publishes nothing to the output: readers keep the previous version.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from typing import Optional
 
@@ -49,8 +50,8 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     cfg.require_for_scoring()
     clock = StepClock()
     with clock.step("startup"):
-        _import_great_expectations_meanwhile(cfg)
         run = open_input(cfg, spark)
+    _import_great_expectations_meanwhile(cfg)
     with ExecutorPreflight(run) as preflight:  # the executors load the model while the driver checks
         with clock.step("read_check"):
             targets = check_targets(run)
@@ -78,6 +79,17 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
 
 
 def _import_great_expectations_meanwhile(cfg: JobConfig) -> None:
-    """GX takes ~5 s of CPU to import: start it now, while the JVM starts and leaves a core mostly idle."""
+    """GX takes ~5 s of CPU to import: start it now, on CPU the JVM and the executors' Python daemon leave idle."""
     if cfg.validation.enabled:
-        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
+        threading.Thread(target=_import_with_idle_cpu, args=("great_expectations",), daemon=True).start()
+
+
+def _import_with_idle_cpu(module: str) -> None:
+    """Import ``module`` in this thread at the lowest CPU priority (Linux: a thread's own nice value), so that it
+    takes no CPU from the steps on the run's critical path. The steps that use it import it at normal priority;
+    by then this import is done or nearly so."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux: an ordinary background import
+        pass
+    importlib.import_module(module)
