@@ -44,7 +44,8 @@ from lakescore.jobs.config import ConfigError
 
 __all__ = [
     "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
-    "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths", "RemoteFiles", "remote_files",
+    "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
+    "is_delta_path", "delta_path_history", "delta_path_detail", "RemoteFiles", "remote_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,42 @@ def path_exists(spark: SparkSession, ref: str) -> bool:
             return False
         raise
     return True
+
+
+def is_delta_path(spark: SparkSession, ref: str) -> Optional[bool]:
+    """Whether the directory ``ref`` holds a Delta table, from its ``_delta_log`` (Delta's ``isDeltaTable``); ``None``
+    over Connect, where Delta's Python API needs the server's Delta Connect plugin: ask with SQL there.
+
+    SQL names a path ``delta.`<path>```, which Spark first looks up as a table of a database ``delta`` in the
+    metastore: the first such statement of a session starts the metastore client (~1 s here), which a run on
+    paths needs for nothing else. A ``DESCRIBE HISTORY`` failing on a Parquet input took 1.3 s of a fresh
+    session here; this asks the filesystem in 0.1 s.
+    """
+    if is_connect(spark):
+        return None
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, ref))
+
+
+def delta_path_history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> Optional[DataFrame]:
+    """``DESCRIBE HISTORY`` of the Delta table at the path ``ref`` (newest first, at most ``limit``) through Delta's
+    Python API, without the metastore lookup SQL makes (:func:`is_delta_path`); ``None`` over Connect."""
+    if is_connect(spark):
+        return None
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, ref)
+    return table.history(limit) if limit else table.history()
+
+
+def delta_path_detail(spark: SparkSession, ref: str) -> Optional[DataFrame]:
+    """``DESCRIBE DETAIL`` of the Delta table at the path ``ref`` through Delta's Python API; ``None`` over Connect."""
+    if is_connect(spark):
+        return None
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, ref).detail()
 
 
 def can_delete_paths(spark: SparkSession) -> bool:

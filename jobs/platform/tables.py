@@ -388,7 +388,7 @@ def append_delta(
 def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
     """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
     ref = local_ref(ref)
-    last = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select("version", "operationMetrics").first()
+    last = _history(spark, ref, 1).select("version", "operationMetrics").first()
     rows = (last["operationMetrics"] or {}).get("numOutputRows")
     return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
 
@@ -414,10 +414,10 @@ def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]
     from pyspark.sql import functions as F
 
     columns = ("version", "operationMetrics", "userMetadata")
-    latest = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").select(*columns).first()
+    latest = _history(spark, ref, 1).select(*columns).first()
     if user_metadata is None or latest["userMetadata"] == user_metadata:
         return latest
-    history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}").select(*columns)
+    history = _history(spark, ref).select(*columns)
     row = history.where(F.col("userMetadata") == F.lit(user_metadata)).orderBy(F.col("version").desc()).first()
     return row if row is not None else latest  # none tagged: an empty write the platform did not record
 
@@ -425,11 +425,18 @@ def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]
 def table_id(spark: SparkSession, ref: str) -> str:
     """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
     ref = local_ref(ref)
-    return str(spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}").select("id").first()[0])
+    detail = spark_adapter.delta_path_detail(spark, ref) if is_path(ref) else None
+    if detail is None:
+        detail = spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}")
+    return str(detail.select("id").first()[0])
 
 
 def is_delta(spark: SparkSession, ref: str) -> bool:
-    """Whether ``ref`` (a path or a table) is a Delta table: Delta answers ``DESCRIBE HISTORY`` for it."""
+    """Whether ``ref`` (a path or a table) is a Delta table: a path has a Delta log with a commit
+    (:func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
+    known = spark_adapter.is_delta_path(spark, ref) if is_path(ref) else None
+    if known is not None:
+        return known
     try:
         spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").collect()
     except AnalysisException:
@@ -451,6 +458,16 @@ def drop_delta(spark: SparkSession, ref: str) -> None:
         delete_path(spark, ref)
     else:
         spark.sql(f"DROP TABLE IF EXISTS {parse_table_name(ref).quoted}")
+
+
+def _history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> DataFrame:
+    """``DESCRIBE HISTORY`` of the Delta table ``ref``, newest first, at most ``limit`` commits: through Delta's API
+    for a path in a classic session (no metastore lookup, :func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`),
+    else in SQL."""
+    history = spark_adapter.delta_path_history(spark, ref, limit) if is_path(ref) else None
+    if history is None:
+        history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else ""))
+    return history
 
 
 def _delta_sql(ref: str) -> str:
@@ -515,8 +532,7 @@ def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) ->
     ref = local_ref(ref)
     if not _target_exists(spark, ref):
         return []
-    query = f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else "")
-    rows = spark.sql(query).select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
+    rows = _history(spark, ref, limit).select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
     entries = []
     for row in rows:
         tag = _tag(row["userMetadata"])
