@@ -56,8 +56,8 @@ class PythonWorkerStart:
     Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.python_daemon`):
     ~3.5 s of one core, while the driver reads the input. The preflight waits for it (:meth:`wait`) before its
     own tasks take every slot: they then load only the weights, instead of holding the slots the driver's id check
-    needs while the daemon starts (F200 on 2 cores: the id check ended ~3 s sooner, measured here). One task:
-    more would hold slots the read may need. A failure here is ignored; the preflight reports worker failures.
+    needs while the daemon starts (F200 on 2 cores: the id check took 1.4 s instead of 8.5 s, measured here). One
+    task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker failures.
     """
 
     def __init__(self, spark: SparkSession, layout: "ScoringLayout") -> None:
@@ -150,8 +150,9 @@ def preflight_model(
 class ExecutorPreflight:
     """Context manager: :func:`preflight_model` runs in a background Spark job while the block runs.
 
-    If the block raises, the preflight job is cancelled before the error propagates.
-    :meth:`identity` waits for the preflight and returns (or raises) its outcome.
+    It first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input` started
+    (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
+    before the error propagates. :meth:`identity` waits for the preflight and returns (or raises) its outcome.
     """
 
     def __init__(self, run: "RunContext") -> None:
@@ -159,6 +160,7 @@ class ExecutorPreflight:
         self._tag = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
         self._pool: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
+        self._cancelled = threading.Event()
 
     def __enter__(self) -> "ExecutorPreflight":
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight")
@@ -170,10 +172,13 @@ class ExecutorPreflight:
         sample = quantization_sample(run.source, run.spec, run.input_cols)
         if run.worker_start is not None:
             run.worker_start.wait()
+        if self._cancelled.is_set():  # the block failed meanwhile: start no job (its error is what propagates)
+            raise RuntimeError("preflight cancelled")
         return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance())
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
+            self._cancelled.set()
             if self._run.worker_start is not None:
                 self._run.worker_start.cancel()
             self._run.spark.interruptTag(self._tag)
