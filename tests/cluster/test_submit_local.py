@@ -98,24 +98,27 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     removed = {e["Executor ID"] for e in events if e["Event"] == "SparkListenerExecutorRemoved"}
     assert len(added) == 2 and not removed, (added, removed)
 
-    # Two Arrow functions run as PythonMapInArrow: the model preflight (its own job tag) and the
-    # scoring stage. The scoring stage ran tasks on both executors.
+    # Three Arrow functions run as PythonMapInArrow, the first two under their own job tags: the worker
+    # started while the input is read, the model preflight and the scoring stage. The scoring stage ran
+    # tasks on both executors.
     arrow_stages = [
         e for e in events
         if e["Event"] == "SparkListenerStageSubmitted"
         and any("MapInArrow" in (rdd.get("Scope") or "") for rdd in e["Stage Info"]["RDD Info"])
     ]
 
-    def is_preflight(stage_event) -> bool:
+    def tagged(stage_event, name: str) -> bool:
         # SparkSession.addTag: Spark stores it in spark.job.tags as "spark-session-<id>-thread-<id>-<tag>"
         tags = (stage_event.get("Properties") or {}).get("spark.job.tags", "").split(",")
-        return any("-lakescore-preflight-" in tag for tag in tags)
+        return any(f"-lakescore-{name}-" in tag for tag in tags)
 
-    preflight = {e["Stage Info"]["Stage ID"] for e in arrow_stages if is_preflight(e)}
-    scoring = {e["Stage Info"]["Stage ID"] for e in arrow_stages if not is_preflight(e)}
+    worker_start = {e["Stage Info"]["Stage ID"] for e in arrow_stages if tagged(e, "worker-start")}
+    preflight = {e["Stage Info"]["Stage ID"] for e in arrow_stages if tagged(e, "preflight")}
+    scoring = {e["Stage Info"]["Stage ID"] for e in arrow_stages} - worker_start - preflight
+    assert len(worker_start) == 1, "no Python worker was started while the input was read"
     assert preflight, "the model was not loaded on the executors before scoring"
     assert scoring, "no stage ran the scoring UDF"
-    assert min(scoring) > max(preflight)
+    assert max(worker_start) < min(preflight) and max(preflight) < min(scoring)
     executors = {e["Task Info"]["Executor ID"] for e in events
                  if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] in scoring}
     assert executors == added
