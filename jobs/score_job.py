@@ -15,7 +15,6 @@ check publishes nothing to the output: readers keep the previous version.
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from typing import Optional
 
@@ -79,17 +78,9 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
 
 
 def _import_great_expectations_meanwhile(cfg: JobConfig) -> None:
-    """GX takes ~5 s of CPU to import: start it now, on CPU the JVM and the executors' Python daemon leave idle."""
+    """GX takes ~5 s of CPU to import: start it now, in the background. Not before the input is open: from the
+    JVM's start, it competed with the executors' Python daemon importing torch, which is on the run's path
+    (F200 medians of 3 here: 22.0 s started with the JVM, 21.0 s started after the read). Not at the lowest CPU
+    priority either: 20.6 s, within noise, and the validation step waiting on a starved import could stall."""
     if cfg.validation.enabled:
-        threading.Thread(target=_import_with_idle_cpu, args=("great_expectations",), daemon=True).start()
-
-
-def _import_with_idle_cpu(module: str) -> None:
-    """Import ``module`` in this thread at the lowest CPU priority (Linux: a thread's own nice value), so that it
-    takes no CPU from the steps on the run's critical path. The steps that use it import it at normal priority;
-    by then this import is done or nearly so."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux: an ordinary background import
-        pass
-    importlib.import_module(module)
+        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
