@@ -102,19 +102,32 @@ def _is_python_worker(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             cmdline = handle.read()
-        return any(name in cmdline for name in (b"pyspark.daemon", b"pyspark.worker", python_daemon.__name__.encode()))
+        argv = cmdline.decode(errors="replace").split("\0")
+        return "pyspark.daemon" in argv or "pyspark.worker" in argv or python_daemon.runs_daemon(argv)
     except OSError:
         return False
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+        return int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def memory_sample(root: int) -> tuple[int, int, int]:
-    """``(tree PSS, largest private bytes of one Python worker, that worker's shared bytes)`` right now."""
+    """``(tree PSS, largest private bytes of one Python worker, that worker's shared bytes)`` right now.
+
+    A worker is a process the Python daemon forked, not the daemon: lakescore's daemon holds the imported
+    runtime privately until it forks the workers that share it (:mod:`lakescore.jobs.platform.python_daemon`)."""
     pss, private, shared = 0, 0, 0
     for pid in tree_pids(root):
         rollup = smaps_rollup(pid)
         pss += rollup.get("Pss", 0)
         mine = rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
-        if mine > private and _is_python_worker(pid):
+        if mine > private and _is_python_worker(pid) and _is_python_worker(_parent(pid)):
             private, shared = mine, rollup.get("Shared_Clean", 0) + rollup.get("Shared_Dirty", 0)
     return pss, private, shared
 

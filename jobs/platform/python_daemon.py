@@ -6,7 +6,8 @@ first task imports torch and transformers' modelling stack: ~3.5 s of CPU (measu
 again by every worker. Run as this module instead, the daemon imports the modules named in
 :data:`IMPORTS_ENV` (comma-separated) once, then serves as ``pyspark.daemon`` does: each worker
 is forked with them already imported, so it only loads the weights (~0.4 s for MiniLM), and the
-imported modules' memory is shared copy-on-write between the workers instead of copied into each.
+imported modules' memory is shared copy-on-write between the workers instead of copied into each
+(frozen out of the garbage collector's reach first, :func:`freeze_for_fork`).
 
 Sessions lakescore builds set both (:func:`lakescore.jobs.platform.session.worker_preload_confs`);
 the modules come from the task registry (:meth:`lakescore.udfs.registry.Task.worker_imports`).
@@ -16,15 +17,23 @@ where the failure reaches the run as a task error, as it would without this daem
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
-from typing import Iterable
+from typing import Iterable, Sequence
 
-__all__ = ["IMPORTS_ENV", "preload"]
+__all__ = ["IMPORTS_ENV", "preload", "freeze_for_fork", "runs_daemon"]
 
 IMPORTS_ENV = "LAKESCORE_WORKER_IMPORTS"
 """The executor environment variable naming the modules to import before forking, comma-separated."""
+
+
+def runs_daemon(argv: Sequence[str]) -> bool:
+    """Whether a process with arguments ``argv`` (``/proc/<pid>/cmdline`` split at NULs) is this daemon or a
+    worker forked from it: ``python -m lakescore.jobs.platform.python_daemon ...``. The driver JVM's own command
+    line names the module too, in its ``spark.python.daemon.module`` setting; that is not a match."""
+    return any(argv[i] == "-m" and argv[i + 1] == __name__ for i in range(len(argv) - 1))
 
 
 def preload(modules: Iterable[str]) -> list[str]:
@@ -51,8 +60,17 @@ def preload(modules: Iterable[str]) -> list[str]:
     return imported
 
 
+def freeze_for_fork() -> None:
+    """Collect garbage, then move every object now tracked to the collector's permanent generation
+    (:func:`gc.freeze`): collections in the forked workers then never write to the preloaded objects'
+    headers, which would copy their pages into each worker's private memory."""
+    gc.collect()
+    gc.freeze()
+
+
 if __name__ == "__main__":
     preload(os.environ.get(IMPORTS_ENV, "").split(","))
+    freeze_for_fork()
     from pyspark import daemon
 
     daemon.manager()

@@ -63,7 +63,7 @@ def lakescore_cmd(source: Path, output: Path, warehouse: Path, report: Path, *ex
 
 def _is_python_worker(cmdline: str) -> bool:
     """Spark's Python daemon or a worker it forked: ``pyspark.daemon``, or lakescore's, which preloads the runtime."""
-    return "pyspark" in cmdline or python_daemon.__name__ in cmdline
+    return "pyspark" in cmdline or python_daemon.runs_daemon(cmdline.split())
 
 
 def _busy_python_workers(executor_pids: list[int], procs, window: float = 0.4) -> list[tuple[int, int]]:

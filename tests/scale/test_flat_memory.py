@@ -68,7 +68,7 @@ def role(pid: int, root: int, cmdline: str) -> str:
         return "driver JVM"
     if program == "java" and "CoarseGrainedExecutorBackend" in cmdline:
         return "executor JVM"
-    if program.startswith("python") and ("pyspark.daemon" in cmdline or python_daemon.__name__ in cmdline):
+    if program.startswith("python") and ("pyspark.daemon" in cmdline or python_daemon.runs_daemon(cmdline.split())):
         return "Python worker"  # the daemon an executor starts, and the workers it forks
     return "other"
 

@@ -73,3 +73,24 @@ def test_the_onnx_backend_preloads_no_torch():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     assert "transformers.modeling_utils" in get_task("embed").worker_imports("torch")
+
+
+def test_the_daemon_is_told_from_the_jvm_that_names_it():
+    """Process classifiers (fault tests, the bench's memory figures) look for the daemon by its command line; the
+    driver JVM's names the module too, in its settings, and must not count as a Python worker."""
+    assert python_daemon.runs_daemon(["/venv/bin/python", "-m", python_daemon.__name__, "pyspark.worker"])
+    jvm = ["java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "--conf", f"spark.python.daemon.module={python_daemon.__name__}"]
+    assert not python_daemon.runs_daemon(jvm)
+    assert not python_daemon.runs_daemon(["/venv/bin/python", "-m", "pyspark.daemon", "pyspark.worker"])
+
+
+def test_preloaded_objects_are_frozen_before_the_fork():
+    """After the preload the daemon freezes what it imported, so collections in its workers leave those pages shared."""
+    code = (
+        "import gc; from lakescore.jobs.platform.python_daemon import freeze_for_fork, preload; "
+        "preload(['json', 'decimal']); before = gc.get_freeze_count(); freeze_for_fork(); "
+        "print(before, gc.get_freeze_count() > 1000, gc.isenabled())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "True"]  # frozen, and workers still collect their own garbage
