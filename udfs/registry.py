@@ -123,7 +123,10 @@ TASKS: dict[str, Task] = {
         Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
         Task("embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers"),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
-        Task("tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program", ("torch",), ("torch",)),
+        Task(
+            "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
+            backends=("torch",), forward_imports=("torch",),
+        ),
     )
 }
 """Task name -> :class:`Task`: the only place a task name means anything."""
