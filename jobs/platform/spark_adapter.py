@@ -45,7 +45,7 @@ from lakescore.jobs.config import ConfigError
 __all__ = [
     "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
-    "is_delta_path", "delta_path_history", "delta_path_detail", "RemoteFiles", "remote_files",
+    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -224,24 +224,14 @@ def is_delta_path(spark: SparkSession, ref: str) -> Optional[bool]:
     return bool(DeltaTable.isDeltaTable(spark, ref))
 
 
-def delta_path_history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> Optional[DataFrame]:
-    """``DESCRIBE HISTORY`` of the Delta table at the path ``ref`` (newest first, at most ``limit``) through Delta's
-    Python API, without the metastore lookup SQL makes (:func:`is_delta_path`); ``None`` over Connect."""
+def delta_path_table(spark: SparkSession, ref: str):
+    """Delta's ``DeltaTable`` for the path ``ref`` (its ``history()`` and ``detail()`` are ``DESCRIBE HISTORY`` /
+    ``DETAIL`` without the metastore lookup SQL makes, :func:`is_delta_path`); ``None`` over Connect."""
     if is_connect(spark):
         return None
     from delta.tables import DeltaTable
 
-    table = DeltaTable.forPath(spark, ref)
-    return table.history(limit) if limit else table.history()
-
-
-def delta_path_detail(spark: SparkSession, ref: str) -> Optional[DataFrame]:
-    """``DESCRIBE DETAIL`` of the Delta table at the path ``ref`` through Delta's Python API; ``None`` over Connect."""
-    if is_connect(spark):
-        return None
-    from delta.tables import DeltaTable
-
-    return DeltaTable.forPath(spark, ref).detail()
+    return DeltaTable.forPath(spark, ref)
 
 
 def can_delete_paths(spark: SparkSession) -> bool:

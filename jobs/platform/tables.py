@@ -425,9 +425,8 @@ def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]
 def table_id(spark: SparkSession, ref: str) -> str:
     """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
     ref = local_ref(ref)
-    detail = spark_adapter.delta_path_detail(spark, ref) if is_path(ref) else None
-    if detail is None:
-        detail = spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}")
+    table = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
+    detail = table.detail() if table is not None else spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}")
     return str(detail.select("id").first()[0])
 
 
@@ -464,10 +463,10 @@ def _history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> Data
     """``DESCRIBE HISTORY`` of the Delta table ``ref``, newest first, at most ``limit`` commits: through Delta's API
     for a path in a classic session (no metastore lookup, :func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`),
     else in SQL."""
-    history = spark_adapter.delta_path_history(spark, ref, limit) if is_path(ref) else None
-    if history is None:
-        history = spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else ""))
-    return history
+    table = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
+    if table is None:
+        return spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else ""))
+    return table.history(limit) if limit else table.history()
 
 
 def _delta_sql(ref: str) -> str:
