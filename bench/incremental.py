@@ -33,6 +33,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from bench import data
+from bench.delta_export import read_delta
 from bench.equivalence import delta_files, min_cosine
 from bench.proctree import Measurement, run_measured
 from bench.suite import PEERS, peer_command
@@ -137,8 +138,13 @@ def _repeated_word_share(bodies: list[str]) -> float:
 
 
 def _read_output(table: Path) -> pd.DataFrame:
-    files = delta_files(table)
-    return pq.read_table(files, columns=["review_id", "embedding", "model_sha256"]).to_pandas()
+    """The output's ids, vectors and weights digests: from the Delta log alone where it can say which rows are live,
+    else (the incremental output: deletion vectors) through Delta in a Spark process."""
+    columns = ["review_id", "embedding", "model_sha256"]
+    try:
+        return pq.read_table(delta_files(table), columns=columns).to_pandas()
+    except ValueError:
+        return read_delta(table, columns)
 
 
 def compare_outputs(incremental: Path, rescore: Path) -> dict:

@@ -328,6 +328,12 @@ class WriteConfig:
     other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
     delete_missing: bool = False
     """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
+    deletion_vectors: bool = True
+    """``incremental`` only: an output this mode creates gets Delta deletion vectors (``delta.enableDeletionVectors``),
+    so each later ``MERGE`` writes the changed rows and marks the old ones deleted instead of rewriting every data
+    file that holds a changed id (on a nightly run that changes a few rows spread over the whole table, that is every
+    file). Readers need the ``deletionVectors`` table feature (Delta reader version 3). An existing output is never
+    altered: enable it there with ``ALTER TABLE ... SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)``."""
     chunk_rows: int = 2_000_000
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed."""

@@ -54,7 +54,8 @@ class RunReport:
     input_scans: Optional[int] = None
     """Reads of the rows to score by the scoring step: 1 for a run of any number of chunks (they are written once,
     partitioned by chunk, and each chunk reads its partition), 0 when a resumed run finds them written or nothing
-    is left to score. The id check and the plan (incremental join, dedup sample) read the input too, before it."""
+    is left to score. The id check reads the input's ids before it; in incremental mode the plan's one join over the
+    input writes the new and changed rows to a private table, and the scoring step reads those."""
     dedup: Optional[dict[str, Any]] = None
     """``scoring.dedup``: ``mode``, whether it was ``used``, the ``auto`` sample (``sample_rows``, ``sample_distinct``)
     and ``forward_passes_saved`` (rows that shared another row's input in their chunk)."""

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.tables import column, read_input
 from lakescore.jobs.steps.read import RunContext
+from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS
 from lakescore.udfs.model_source import ModelSpec
 
@@ -68,12 +69,16 @@ def spec_digest(spec: ModelSpec) -> str:
 
 
 def find_changes(
-    run: RunContext, scorable: DataFrame, scorable_rows: int, model_sha256: str, previous_version: Optional[int]
+    run: RunContext, scorable: DataFrame, scorable_rows: int, model_sha256: str, previous_version: Optional[int],
+    changed: Staging,
 ) -> Changes:
     """Split ``scorable`` (``scorable_rows`` rows) into rows to score and rows kept against the output at
     ``previous_version``, and count the output's ids missing from the input.
 
-    Two Spark jobs when the output exists (one aggregation over the join, one anti-join count), none otherwise.
+    When the output exists, the rows to score are written once to ``changed`` (a private table of this run's key,
+    dropped with staging after the publish), so the join over the whole input runs once: the dedup sample and
+    the scoring read that small table, and a rerun of the same run finds it and joins nothing. One more Spark job
+    counts the missing ids (an anti-join of the ids alone).
     """
     cfg = run.cfg
     spec = spec_digest(run.spec)
@@ -92,12 +97,12 @@ def find_changes(
         & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
         F.lit(False),
     )
-    joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "left").withColumn("__current", current)
-    counts = joined.agg(
-        F.count(F.when(F.col("__current"), True)).alias("kept"), F.count(F.when(~F.col("__current"), True)).alias("to_score")
-    ).first()
+    if not changed.exists():
+        joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "left")
+        changed.write(joined.where(~current).select(*[column(c) for c in digested.columns]))
+    to_score = changed.table()
+    rows_to_score = to_score.count()  # Delta answers from the commit's statistics
     missing = previous.join(
         run.source.select(column(cfg.id_col).alias(_NEW_ID)), F.col(_PREVIOUS["id"]) == F.col(_NEW_ID), "left_anti"
     ).select(F.col(_PREVIOUS["id"]).cast(id_field.dataType).alias(cfg.id_col))
-    to_score = joined.where(~F.col("__current")).select(*[column(c) for c in digested.columns])
-    return Changes(to_score, int(counts["to_score"]), int(counts["kept"]), missing.count(), missing, spec, previous_version)
+    return Changes(to_score, rows_to_score, scorable_rows - rows_to_score, missing.count(), missing, spec, previous_version)

@@ -24,7 +24,7 @@ from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import Changes, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
-from lakescore.jobs.steps.staging import Staging, chunk_count, input_fingerprint, prepared_rows, run_key
+from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, input_fingerprint, prepared_rows, run_key
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.model_source import ModelSpec
@@ -67,6 +67,9 @@ class Plan:
     scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
     prepared_ready: bool = False
     """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
+    changed: Optional[Staging] = None
+    """Incremental mode on an existing output: the table the rows to score were written to once
+    (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
     tag: Optional[str] = None
     """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
     :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
@@ -127,30 +130,28 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     # Workers must load exactly the weights the preflight hashed, or fail their task.
     spec = dataclasses.replace(run.spec, expect_sha256=identity.sha256)
     scorable_rows = split.ids.rows - split.ids.refused_rows
-    changes = None
+    facts = {
+        "input": input_fingerprint(run.source),
+        "input_version": run.input_version,
+        "output": cfg.output,
+        "task": cfg.task,
+        "model_sha256": identity.sha256,
+        "spec": dataclasses.replace(spec, device="", expect_sha256=None).identity(),
+        "id_col": cfg.id_col,
+        "inputs": run.input_cols,
+        "run_id": cfg.resolved_run_id(),
+    }
+    changes = changed = None
     if cfg.write.mode == "incremental":
-        changes = find_changes(run, split.scorable, scorable_rows, identity.sha256, targets.previous_version)
+        # the rows to score depend on the output version compared with
+        facts.update(mode="incremental", previous_version=targets.previous_version)
+        changed = changed_rows(run.spark, cfg.output, cfg.write.staging, run_key(facts))
+        changes = find_changes(run, split.scorable, scorable_rows, identity.sha256, targets.previous_version, changed)
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
     dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows)
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
-    key = run_key(
-        {
-            "input": input_fingerprint(run.source),
-            "input_version": run.input_version,
-            "output": cfg.output,
-            "task": cfg.task,
-            "model_sha256": identity.sha256,
-            "spec": dataclasses.replace(spec, device="", expect_sha256=None).identity(),
-            "id_col": cfg.id_col,
-            "inputs": run.input_cols,
-            "chunks": chunks,
-            "run_id": cfg.resolved_run_id(),
-            "dedup": dedup.used,  # staged rows carry the digest then
-            # incremental: the rows to score depend on the output version compared with
-            **({"mode": "incremental", "previous_version": targets.previous_version} if changes is not None else {}),
-        }
-    )
+    key = run_key({**facts, "chunks": chunks, "dedup": dedup.used})  # staged rows carry the digest when deduplicating
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
     prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
     done = frozenset(staging.committed_chunks())
@@ -170,6 +171,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
         prepared_ready=prepared is not None and prepared.exists(),
+        changed=changed if changes is not None and changes.previous_version is not None else None,  # written then
         tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None),
     )
     log.info(

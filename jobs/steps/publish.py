@@ -24,9 +24,9 @@ from typing import Any, Optional
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.config import RUN_ID
+from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.tables import (
-    MERGE_OP, DeltaCommit, column, merge_delta, write_delta_overwrite,
+    DELETION_VECTORS, MERGE_OP, DeltaCommit, column, merge_delta, write_delta_overwrite,
 )
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.steps.account import Accounting
@@ -87,7 +87,7 @@ def publish(
     if refusal is None and plan.changes is not None and targets.previous_version is not None:
         delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
     elif refusal is None:
-        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag, txn)
+        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag, txn, _new_output_properties(cfg))
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
@@ -100,8 +100,9 @@ def publish(
     if refusal is not None:
         status, error = refusal
         return Outcome(status, errors_delta_version=errors_version, error=error)
-    if plan.prepared is not None:
-        plan.prepared.drop()
+    for private in (plan.prepared, plan.changed):
+        if private is not None:
+            private.drop()
     plan.staging.drop()
     return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted)
 
@@ -165,6 +166,14 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     if plan.split.ids.refused_rows:
         errors = refused_rows(plan.split.refused, cfg.id_col, _raw_input(run), plan.run_id).unionByName(errors)
     return errors
+
+
+def _new_output_properties(cfg: JobConfig) -> dict[str, str]:
+    """Delta properties of an output this run creates: deletion vectors for incremental outputs
+    (``write.deletion_vectors``), so later MERGEs write what changed, not every file it touches."""
+    if cfg.write.mode == "incremental" and cfg.write.deletion_vectors:
+        return {DELETION_VECTORS: "true"}
+    return {}
 
 
 def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[str]]:

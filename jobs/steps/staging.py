@@ -19,7 +19,9 @@ chunk count, run id; in incremental mode the output version compared with), so
 A run of more than one chunk first writes the rows to score, once, to a second private table
 beside the staging table (``..._rows``, partitioned by chunk: :func:`prepared_rows`), and each chunk
 reads its partition there: the input is scanned once, not once per chunk. A rerun finds it and
-reads the input not at all for the chunks left.
+reads the input not at all for the chunks left. An incremental run on an existing output first writes
+its new and changed rows to a third (``..._changes``, :func:`changed_rows`), keyed by the comparison rather
+than the chunks: the join over the input runs once, and the chunks, the dedup sample and a rerun read that table.
 
 Every chunk commit is tagged with the run's ``userMetadata`` (:func:`~lakescore.jobs.platform.tables.run_metadata`).
 Once every chunk is staged, the table is pinned (:meth:`Staging.pin`): accounting, validation
@@ -47,7 +49,7 @@ from lakescore.jobs.platform.tables import (
     write_delta_overwrite,
 )
 
-__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 
 CHUNK_COLUMN = "_chunk"
 
@@ -135,6 +137,10 @@ class Staging:
         """Whether this table has at least one commit."""
         return is_delta(self.spark, self.location)
 
+    def write(self, rows: DataFrame) -> None:
+        """Write ``rows`` here in one commit, replacing what is here."""
+        write_delta_overwrite(rows, self.location)
+
     def write_chunked(self, rows: DataFrame, id_col: str) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
         write_delta_overwrite(rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks)), self.location,
@@ -179,3 +185,9 @@ class StagedSnapshot:
 def prepared_rows(spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> Staging:
     """The table of run ``key``'s rows to score, partitioned by chunk, beside its staging table (``<staging>_rows``)."""
     return Staging.for_output(spark, output, configured, f"{key}_rows", chunks)
+
+
+def changed_rows(spark: SparkSession, output: str, configured: str | None, key: str) -> Staging:
+    """The table of an incremental run's rows to score (new and changed), found once against the output, beside its
+    staging table (``<staging>_changes``; ``key`` names the comparison, not the chunks, which follow from its count)."""
+    return Staging.for_output(spark, output, configured, f"{key}_changes", 1)

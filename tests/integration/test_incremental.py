@@ -65,6 +65,7 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert list(out.columns)[-3:] == ["run_id", "input_digest", "spec_digest"]
     expected_digests = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in frame["body"]]
     assert out["input_digest"].tolist() == expected_digests and out["spec_digest"].nunique() == 1
+    assert "deletionVectors" in _table_features(spark, output)  # write.deletion_vectors: true by default
 
     # Unchanged input: nothing scored, nothing committed (no new version for downstream readers).
     same = run_scoring(config(run_id="r2"), spark)
@@ -86,6 +87,10 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert out.loc[2, "input_digest"] == hashlib.sha256(b"completely different words now").hexdigest()
     merge = spark.sql(f"DESCRIBE HISTORY delta.`{output}` LIMIT 1").first()
     assert merge["operation"] == "MERGE" and "r3" in merge["userMetadata"]
+    # Deletion vectors: the MERGE marked the replaced rows deleted and copied no unchanged row into a new file.
+    assert merge["operationMetrics"]["numTargetRowsCopied"] == "0"
+    assert int(merge["operationMetrics"]["numTargetDeletionVectorsAdded"]) > 0
+    assert not (tmp_path / "_lakescore_staging").exists()  # staging and the changed rows' table are dropped
 
     # The error-rate gate counts the rows this run looked at (not the kept ones): id 5, not in the output, is
     # looked at again and fails again, 1 of 1; nothing is merged, the output keeps its version.
@@ -117,6 +122,17 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     # Another scoring spec (same weights): every row is scored again too.
     sixth = run_scoring(config(model=other, run_id="r6", **{"model.max_seq_length": 16}), spark)
     assert _accounts(sixth) == (0, 10, 1, 0, 0)
+
+
+def _table_features(spark, path) -> list[str]:
+    return spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["tableFeatures"]
+
+
+def test_deletion_vectors_off_leaves_the_output_readable_by_older_readers(spark, tmp_path, config):
+    _write_input(spark, _texts(3), tmp_path / "reviews")
+    report = run_scoring(config(**{"write.deletion_vectors": False}), spark)
+    assert report.status == "succeeded" and report.output_rows == 3
+    assert "deletionVectors" not in _table_features(spark, tmp_path / "labels")
 
 
 def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path, config, monkeypatch):
