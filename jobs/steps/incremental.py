@@ -49,6 +49,8 @@ class Changes:
     spec_digest: str
     previous_version: Optional[int]
     """The output version compared with (``None``: no output yet, every row is new)."""
+    table: Optional[Staging] = None
+    """Where ``to_score`` was written once (``None`` when there is no output yet and ``to_score`` is the input)."""
 
 
 def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
@@ -101,8 +103,9 @@ def find_changes(
         joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "left")
         changed.write(joined.where(~current).select(*[column(c) for c in digested.columns]))
     to_score = changed.table()
-    rows_to_score = to_score.count()  # Delta answers from the commit's statistics
+    rows_to_score = to_score.count()  # a count of the small table, not of the join
     missing = previous.join(
         run.source.select(column(cfg.id_col).alias(_NEW_ID)), F.col(_PREVIOUS["id"]) == F.col(_NEW_ID), "left_anti"
     ).select(F.col(_PREVIOUS["id"]).cast(id_field.dataType).alias(cfg.id_col))
-    return Changes(to_score, rows_to_score, scorable_rows - rows_to_score, missing.count(), missing, spec, previous_version)
+    return Changes(to_score, rows_to_score, scorable_rows - rows_to_score, missing.count(), missing, spec, previous_version,
+                   changed)

@@ -67,9 +67,6 @@ class Plan:
     scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
     prepared_ready: bool = False
     """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
-    changed: Optional[Staging] = None
-    """Incremental mode on an existing output: the table the rows to score were written to once
-    (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
     tag: Optional[str] = None
     """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
     :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
@@ -82,6 +79,12 @@ class Plan:
         if left == 0 or self.prepared_ready:
             return 0
         return left if self.prepared is None else 1
+
+    @property
+    def changed(self) -> Optional[Staging]:
+        """Incremental mode on an existing output: the table the rows to score were written to once
+        (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
+        return self.changes.table if self.changes is not None else None
 
     @property
     def scorable(self) -> DataFrame:
@@ -141,7 +144,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         "inputs": run.input_cols,
         "run_id": cfg.resolved_run_id(),
     }
-    changes = changed = None
+    changes = None
     if cfg.write.mode == "incremental":
         # the rows to score depend on the output version compared with
         facts.update(mode="incremental", previous_version=targets.previous_version)
@@ -171,7 +174,6 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
         prepared_ready=prepared is not None and prepared.exists(),
-        changed=changed if changes is not None and changes.previous_version is not None else None,  # written then
         tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None),
     )
     log.info(
