@@ -6,9 +6,14 @@ starts (driver Python, driver JVM, both executor JVMs, their Python workers) fro
 test asserts:
 
 - every id is published exactly once, with the model's scores (spot-checked against torch);
-- each process's memory is flat while rows stream through it: its peak in the last third of the
-  scoring stage is within :data:`FLAT_SLACK_MIB` (or :data:`FLAT_SLACK_SHARE`) of its peak in the
-  first third; a per-row leak or a driver-side buffer grows linearly across the stage and fails this;
+- each process's memory is flat while rows stream through it; a per-row leak or a driver-side buffer
+  grows linearly across the stage and fails this:
+  - a Python process (driver, workers): its resident peak in the last third of the scoring stage is
+    within :data:`FLAT_SLACK_MIB` (or :data:`FLAT_SLACK_SHARE`) of its peak in the first third;
+  - a JVM (driver, executors): its live heap, what a full GC leaves (forced with ``jcmd GC.run``
+    every :data:`HEAP_PROBE_SECONDS` while scoring, read from the JVM's own GC log), is as flat.
+    A JVM's resident size says nothing about retention: G1 grows the committed heap in steps
+    towards ``-Xmx`` as it likes (an executor went 768 -> 929 MiB in CI with nothing kept);
 - no per-row work happens on the driver: no stage sends the driver more than
   :data:`MAX_STAGE_RESULT_BYTES` of task results (Spark's event log, ``Result Size``; collecting just
   the 2M int64 ids would be 16 MB), and the driver Python process spends almost no CPU while the
@@ -23,6 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -36,6 +44,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakescore.jobs.platform import python_daemon
+from datetime import datetime
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, procs_now
 from tests.conftest import TinyTabular
 
@@ -54,6 +63,13 @@ MAX_STAGE_RESULT_BYTES = 1024 * 1024
 # in one process fails this.
 FLAT_SLACK_MIB = 128
 FLAT_SLACK_SHARE = 0.10
+# While scoring, every this many seconds each JVM is made to run a full GC; what it leaves is the live heap.
+HEAP_PROBE_SECONDS = 2.0
+# A full GC's line in the JVM's unified GC log (``-Xlog:gc:file=...:time``): wall time, heap before -> after
+# (``jcmd GC.run`` logs as ``Pause Full (Diagnostic Command)``).
+FULL_GC_LINE = re.compile(r"^\[(?P<time>[^\]]+)\] GC\(\d+\) Pause Full \([^)]*\) "
+                          r"\d+(?:\.\d+)?[KMG]->(?P<after>\d+(?:\.\d+)?)(?P<unit>[KMG])")
+JVM_ROLES = ("driver JVM", "executor JVM")
 # The log lines that open and close the scoring stage (jobs/steps/prepare.py, jobs/steps/score.py).
 SCORING_STARTS = "lakescore.jobs.steps.prepare: scoring "
 SCORING_ENDS = "chunk 1/1 staged"
@@ -64,6 +80,8 @@ def role(pid: int, root: int, cmdline: str) -> str:
     program = Path(cmdline.split(" ", 1)[0]).name
     if pid == root:
         return "driver Python"
+    if program == "java" and "org.apache.spark.launcher.Main" in cmdline:
+        return "other"  # spark-class's launcher: it prints the driver's command line and exits
     if program == "java" and "org.apache.spark.deploy.SparkSubmit" in cmdline:
         return "driver JVM"
     if program == "java" and "CoarseGrainedExecutorBackend" in cmdline:
@@ -84,18 +102,57 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
+def jcmd() -> str:
+    """The ``jcmd`` of the JDK whose ``java`` is on the path (it forces the probes' full GCs)."""
+    java = shutil.which("java")
+    assert java, "no java on the path"
+    found = Path(java).resolve().with_name("jcmd")
+    assert found.exists(), f"no jcmd beside {java}: the heap probes need the JDK's jcmd"
+    return str(found)
+
+
+def live_heap_mib(gc_log_dir: Path) -> dict[int, list[tuple[float, float]]]:
+    """JVM pid -> [(wall time, heap MiB after a full GC)], from the ``gc-<pid>.log`` files."""
+    scale = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}
+    out: dict[int, list[tuple[float, float]]] = {}
+    for log in gc_log_dir.glob("gc-*.log"):
+        pid = int(log.stem.split("-", 1)[1])
+        for line in log.read_text().splitlines():
+            m = FULL_GC_LINE.match(line)
+            if m:
+                at = datetime.strptime(m["time"], "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+                out.setdefault(pid, []).append((at, float(m["after"]) * scale[m["unit"]]))
+    return out
+
+
 class MemorySampler(threading.Thread):
     """Every :data:`SAMPLE_SECONDS`, the RSS of each process under ``run``'s CLI process, and the times
-    the scoring stage opened and closed in its log (with the driver Python's CPU seconds then)."""
+    the scoring stage opened and closed in its log (with the driver Python's CPU seconds then). While
+    the stage runs, a second thread forces each JVM's full GC every :data:`HEAP_PROBE_SECONDS`."""
 
-    def __init__(self, run: CliRun):
+    def __init__(self, run: CliRun, gc_log_dir: Path):
         super().__init__(daemon=True)
         self.cli = run
+        self.gc_log_dir = gc_log_dir
         self.series: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
         self.marks: dict[str, tuple[float, float]] = {}
         self._done = threading.Event()
+        self._prober = threading.Thread(target=self._probe_heaps, daemon=True)
+        self._jcmd = jcmd()
+
+    def _probe_heaps(self) -> None:
+        """While scoring: ``jcmd <pid> GC.run`` on every JVM of the run (each logs its full GC)."""
+        while not self._done.is_set() and "end" not in self.marks:
+            if "start" in self.marks:
+                jvms = [pid for (name, pid) in list(self.series) if name in JVM_ROLES]
+                probes = [subprocess.Popen([self._jcmd, str(pid), "GC.run"], stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL) for pid in jvms]
+                for probe in probes:
+                    probe.wait(timeout=60)
+            self._done.wait(HEAP_PROBE_SECONDS)
 
     def run(self) -> None:
+        self._prober.start()
         root = self.cli.proc.pid
         while not self._done.is_set() and self.cli.proc.poll() is None:
             now, procs = time.time(), procs_now()
@@ -112,16 +169,23 @@ class MemorySampler(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join()
+        self._prober.join()
 
     def rows(self) -> list[dict]:
-        """Per process: role, pid, peak MiB over the run, and peaks in the scoring stage's first and last thirds."""
+        """Per process: role, pid, peak MiB over the run, and peaks in the scoring stage's first and last
+        thirds: of the resident size for Python processes, of the live heap (full GCs) for JVMs."""
         start, end = self.marks["start"][0], self.marks["end"][0]
         third = (end - start) / 3
+        live = live_heap_mib(self.gc_log_dir)
         out = []
         for (name, pid), samples in sorted(self.series.items()):
+            if name in JVM_ROLES:
+                samples = live.get(pid, [])
             first = [r for t, r in samples if start <= t < start + third]
             last = [r for t, r in samples if end - third <= t <= end]
-            out.append({"process": name, "pid": pid, "peak_mib": round(max(r for _, r in samples)),
+            out.append({"process": name, "pid": pid,
+                        "peak_mib": round(max(r for _, r in self.series[(name, pid)])),
+                        "measure": "live heap" if name in JVM_ROLES else "resident",
                         "first_third_mib": round(max(first)) if first else None,
                         "last_third_mib": round(max(last)) if last else None})
         return out
@@ -165,15 +229,20 @@ def scale_run(scale_input):
     root, source, _, _, model = scale_input
     output, report, events = root / "scores", root / "report.json", root / "events"
     events.mkdir()
+    gc_logs = root / "gc"
+    gc_logs.mkdir()
+    gc_log = f"-Xlog:gc:file={gc_logs}/gc-%p.log:time"
     cmd = [
         str(Path(sys.executable).with_name("lakescore")), "score", "--input", str(source), "--output", str(output),
         "--task", "tabular", "--model", str(model), "--id-col", "account_id", "--feature-prefix", "feature_",
         "--report", str(report), "--set", f"spark.master={MASTER}", "--set", f"spark.warehouse_dir={root / 'wh'}",
         "--set", "spark.conf.spark.ui.enabled=false", "--set", "spark.conf.spark.eventLog.enabled=true",
         "--set", f"spark.conf.spark.eventLog.dir={events.as_uri()}", "--set", "spark.conf.spark.eventLog.compress=false",
+        "--set", f"spark.conf.spark.driver.extraJavaOptions={gc_log}",
+        "--set", f"spark.conf.spark.executor.extraJavaOptions={gc_log}",
     ]
     run = CliRun(cmd, root, root / "scale.log")
-    sampler = MemorySampler(run)
+    sampler = MemorySampler(run, gc_logs)
     sampler.start()
     code = run.wait()
     sampler.stop()
@@ -211,6 +280,8 @@ def test_two_million_rows_publish_exactly_with_flat_memory_and_no_driver_rows(sc
     roles = {r["process"] for r in rows}
     assert {"driver Python", "driver JVM", "executor JVM", "Python worker"} <= roles, rows
     assert sum(r["process"] == "executor JVM" for r in rows) == 2, rows
+    unprobed = [r for r in rows if r["process"] in JVM_ROLES and (r["first_third_mib"] is None or r["last_third_mib"] is None)]
+    assert not unprobed, f"no full GC logged in a third of the scoring stage: {unprobed}"
     grew = [r for r in rows if r["first_third_mib"] is not None and r["last_third_mib"] is not None
             and r["last_third_mib"] > r["first_third_mib"] + max(FLAT_SLACK_MIB, FLAT_SLACK_SHARE * r["first_third_mib"])]
     result_bytes = task_result_bytes(events)
@@ -229,10 +300,12 @@ def test_two_million_rows_publish_exactly_with_flat_memory_and_no_driver_rows(sc
 
 def _summary(rows: list[dict], report: dict, result_bytes: dict[int, int], driver_cpu: float, scoring_seconds: float) -> str:
     """The figures as a Markdown table and a line of totals."""
-    lines = ["| process | pid | peak MiB | scoring 1st third | scoring last third |", "|---|---|---|---|---|"]
+    lines = ["| process | pid | peak resident MiB | flatness measure | scoring 1st third MiB | scoring last third MiB |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         if r["process"] != "other":
-            lines.append(f"| {r['process']} | {r['pid']} | {r['peak_mib']} | {r['first_third_mib']} | {r['last_third_mib']} |")
+            lines.append(f"| {r['process']} | {r['pid']} | {r['peak_mib']} | {r['measure']} | {r['first_third_mib']} "
+                         f"| {r['last_third_mib']} |")
     lines.append(
         f"\n{ROWS} rows on {MASTER}: run {report['seconds']} s ({report['rows_per_second']} rows/s), scoring stage "
         f"{scoring_seconds} s ({ROWS / scoring_seconds:.0f} rows/s); task results to the driver "
