@@ -31,6 +31,9 @@ __all__ = ["Changes", "input_digest", "spec_digest", "find_changes"]
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
 _PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)}
 _NEW_ID = "__lakescore_input_id"
+_IN_INPUT = "__lakescore_in_input"
+_MISSING = "__lakescore_missing"
+"""The changes table's flag: ``True`` on an output id missing from the input, ``False`` on a row to score."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class Changes:
     previous_version: Optional[int]
     """The output version compared with (``None``: no output yet, every row is new)."""
     table: Optional[Staging] = None
-    """Where ``to_score`` was written once (``None`` when there is no output yet and ``to_score`` is the input)."""
+    """Where ``to_score`` and ``missing_ids`` were written once (``None`` when there is no output yet and ``to_score``
+    is the input)."""
 
 
 def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
@@ -71,16 +75,18 @@ def spec_digest(spec: ModelSpec) -> str:
 
 
 def find_changes(
-    run: RunContext, scorable: DataFrame, scorable_rows: int, model_sha256: str, previous_version: Optional[int],
-    changed: Staging,
+    run: RunContext, scorable: DataFrame, scorable_rows: int, refused: Optional[DataFrame], model_sha256: str,
+    previous_version: Optional[int], changed: Staging,
 ) -> Changes:
     """Split ``scorable`` (``scorable_rows`` rows) into rows to score and rows kept against the output at
-    ``previous_version``, and count the output's ids missing from the input.
+    ``previous_version``, and find the output's ids missing from the input (``refused``: the input rows refused for
+    a null or duplicated id, ``None`` when there are none).
 
-    When the output exists, the rows to score are written once to ``changed`` (a private table of this run's key,
-    dropped with staging after the publish), so the join over the whole input runs once: the dedup sample and
-    the scoring read that small table, and a rerun of the same run finds it and joins nothing. One more Spark job
-    counts the missing ids (an anti-join of the ids alone).
+    When the output exists, one full outer join of the scorable rows with the output's ids finds both: its new and
+    changed rows, and the output ids no scorable row has (flagged :data:`_MISSING`), are written once to ``changed``
+    (a private table of this run's key, dropped with staging after the publish). The counts, the dedup sample, the
+    scoring and the publish's deletions read that small table, and a rerun of the same run finds it and joins nothing.
+    An output id whose input row was refused for a null or duplicated id is not missing (it is in the input).
     """
     cfg = run.cfg
     spec = spec_digest(run.spec)
@@ -89,9 +95,32 @@ def find_changes(
     if previous_version is None:
         no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
         return Changes(digested, scorable_rows, 0, 0, no_ids, spec, None)
+    if not changed.exists():
+        changed.write(_changed_or_missing(run, digested, previous_version, model_sha256, spec))
+    table = changed.table()
+    to_score = table.where(~F.col(_MISSING)).drop(_MISSING)
+    missing = table.where(F.col(_MISSING)).select(column(cfg.id_col).cast(id_field.dataType).alias(cfg.id_col))
+    counts = dict(table.groupBy(_MISSING).count().collect())  # one job over the small table, not over the join
+    rows_to_score, rows_missing = counts.get(False, 0), counts.get(True, 0)
+    if refused is not None:
+        missing = missing.join(refused.select(column(cfg.id_col).alias(_NEW_ID)), column(cfg.id_col) == F.col(_NEW_ID),
+                               "left_anti")
+        rows_missing = missing.count()
+    return Changes(to_score, rows_to_score, scorable_rows - rows_to_score, rows_missing, missing, spec,
+                   previous_version, changed)
+
+
+def _changed_or_missing(run: RunContext, digested: DataFrame, previous_version: int, model_sha256: str,
+                        spec: str) -> DataFrame:
+    """``digested``'s rows that are new or not current (other digest, weights or spec), and the output ids with no
+    row in ``digested`` (every other column null), each with :data:`_MISSING` saying which it is."""
+    cfg = run.cfg
     previous = read_input(run.spark, cfg.output, "delta", version=previous_version).select(
         *[column(cfg.id_col if name == "id" else name).alias(alias) for name, alias in _PREVIOUS.items()]
     )
+    joined = digested.withColumn(_IN_INPUT, F.lit(True)).join(
+        previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "full_outer")
+    is_missing = F.col(_IN_INPUT).isNull()
     current = F.coalesce(
         F.col(_PREVIOUS["id"]).isNotNull()
         & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN]))
@@ -99,13 +128,9 @@ def find_changes(
         & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
         F.lit(False),
     )
-    if not changed.exists():
-        joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "left")
-        changed.write(joined.where(~current).select(*[column(c) for c in digested.columns]))
-    to_score = changed.table()
-    rows_to_score = to_score.count()  # a count of the small table, not of the join
-    missing = previous.join(
-        run.source.select(column(cfg.id_col).alias(_NEW_ID)), F.col(_PREVIOUS["id"]) == F.col(_NEW_ID), "left_anti"
-    ).select(F.col(_PREVIOUS["id"]).cast(id_field.dataType).alias(cfg.id_col))
-    return Changes(to_score, rows_to_score, scorable_rows - rows_to_score, missing.count(), missing, spec, previous_version,
-                   changed)
+    id_type = digested.schema[cfg.id_col].dataType
+    columns = [
+        (F.coalesce(column(c), F.col(_PREVIOUS["id"]).cast(id_type)) if c == cfg.id_col else column(c)).alias(c)
+        for c in digested.columns
+    ]
+    return joined.where(is_missing | ~current).select(*columns, is_missing.alias(_MISSING))

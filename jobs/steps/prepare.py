@@ -149,7 +149,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         # the rows to score depend on the output version compared with
         facts.update(mode="incremental", previous_version=targets.previous_version)
         changed = changed_rows(run.spark, cfg.output, cfg.write.staging, run_key(facts))
-        changes = find_changes(run, split.scorable, scorable_rows, identity.sha256, targets.previous_version, changed)
+        refused = split.refused if split.ids.refused_rows else None
+        changes = find_changes(run, split.scorable, scorable_rows, refused, identity.sha256, targets.previous_version, changed)
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
     dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows)

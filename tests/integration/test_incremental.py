@@ -123,6 +123,16 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     sixth = run_scoring(config(model=other, run_id="r6", **{"model.max_seq_length": 16}), spark)
     assert _accounts(sixth) == (0, 10, 1, 0, 0)
 
+    # An output id whose input rows are refused (id 6, now duplicated) is in the input, not missing: with
+    # delete_missing its stale row leaves as a refused id, and nothing counts as missing.
+    remaining = incremental.reset_index()[["review_id"]].merge(edited, on="review_id")
+    duplicated = pd.concat([remaining, remaining[remaining["review_id"] == 6].assign(body="a second row for id 6")])
+    _write_input(spark, duplicated, source)
+    seventh = run_scoring(config(model=other, run_id="r7", max_error_rate=1.0, **{"model.max_seq_length": 16,
+                                                                                   "write.delete_missing": True}), spark)
+    assert _accounts(seventh) == (9, 0, 2, 0, 1)
+    assert sorted(read_output(spark, str(output))["review_id"]) == [1, 2] + list(range(7, 14))
+
 
 def _table_features(spark, path) -> list[str]:
     return spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["tableFeatures"]
