@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakescore.jobs.platform import python_daemon
-from datetime import datetime
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, procs_now
 from tests.conftest import TinyTabular
 
