@@ -26,7 +26,7 @@ from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS
 from lakescore.udfs.model_source import ModelSpec
 
-__all__ = ["Changes", "input_digest", "spec_digest", "find_changes"]
+__all__ = ["CHANGES_LAYOUT", "Changes", "input_digest", "spec_digest", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
 _PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)}
@@ -34,6 +34,9 @@ _NEW_ID = "__lakescore_input_id"
 _IN_INPUT = "__lakescore_in_input"
 _MISSING = "__lakescore_missing"
 """The changes table's flag: ``True`` on an output id missing from the input, ``False`` on a row to score."""
+CHANGES_LAYOUT = 2
+"""What the changes table holds, part of its key: 2, the rows to score and the missing ids, flagged (1 held the rows
+to score alone). A run resumed by a release with another layout joins again instead of misreading the table."""
 
 
 @dataclass(frozen=True)

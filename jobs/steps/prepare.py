@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 from lakescore.jobs.platform.tables import run_metadata
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
-from lakescore.jobs.steps.incremental import Changes, find_changes, input_digest
+from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, input_fingerprint, prepared_rows, run_key
@@ -148,7 +148,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     if cfg.write.mode == "incremental":
         # the rows to score depend on the output version compared with
         facts.update(mode="incremental", previous_version=targets.previous_version)
-        changed = changed_rows(run.spark, cfg.output, cfg.write.staging, run_key(facts))
+        changed = changed_rows(run.spark, cfg.output, cfg.write.staging, run_key({**facts, "changes": CHANGES_LAYOUT}))
         refused = split.refused if split.ids.refused_rows else None
         changes = find_changes(run, split.scorable, scorable_rows, refused, identity.sha256, targets.previous_version, changed)
         scorable_rows = changes.rows_to_score
