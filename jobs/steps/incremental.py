@@ -31,7 +31,6 @@ __all__ = ["CHANGES_LAYOUT", "Changes", "input_digest", "spec_digest", "find_cha
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
 _PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)}
 _NEW_ID = "__lakescore_input_id"
-_IN_INPUT = "__lakescore_in_input"
 _MISSING = "__lakescore_missing"
 """The changes table's flag: ``True`` on an output id missing from the input, ``False`` on a row to score."""
 CHANGES_LAYOUT = 2
@@ -94,7 +93,6 @@ def find_changes(
     cfg = run.cfg
     spec = spec_digest(run.spec)
     digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
-    id_field = run.id_field
     if previous_version is None:
         no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
         return Changes(digested, scorable_rows, 0, 0, no_ids, spec, None)
@@ -102,7 +100,7 @@ def find_changes(
         changed.write(_changed_or_missing(run, digested, previous_version, model_sha256, spec))
     table = changed.table()
     to_score = table.where(~F.col(_MISSING)).drop(_MISSING)
-    missing = table.where(F.col(_MISSING)).select(column(cfg.id_col).cast(id_field.dataType).alias(cfg.id_col))
+    missing = table.where(F.col(_MISSING)).select(column(cfg.id_col))
     counts = dict(table.groupBy(_MISSING).count().collect())  # one job over the small table, not over the join
     rows_to_score, rows_missing = counts.get(False, 0), counts.get(True, 0)
     if refused is not None:
@@ -121,9 +119,8 @@ def _changed_or_missing(run: RunContext, digested: DataFrame, previous_version: 
     previous = read_input(run.spark, cfg.output, "delta", version=previous_version).select(
         *[column(cfg.id_col if name == "id" else name).alias(alias) for name, alias in _PREVIOUS.items()]
     )
-    joined = digested.withColumn(_IN_INPUT, F.lit(True)).join(
-        previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "full_outer")
-    is_missing = F.col(_IN_INPUT).isNull()
+    joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "full_outer")
+    is_missing = column(cfg.id_col).isNull()  # scorable rows never have a null id: null here means no input row
     current = F.coalesce(
         F.col(_PREVIOUS["id"]).isNotNull()
         & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN]))

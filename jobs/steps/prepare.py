@@ -82,8 +82,8 @@ class Plan:
 
     @property
     def changed(self) -> Optional[Staging]:
-        """Incremental mode on an existing output: the table the rows to score were written to once
-        (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
+        """Incremental mode on an existing output: the table the rows to score and the missing ids were written to
+        once (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
         return self.changes.table if self.changes is not None else None
 
     @property

@@ -57,8 +57,8 @@ SAMPLE_SECONDS = 0.25
 # Delta log's 50-partition state reconstruction stages send ~240 KiB); rows would be megabytes.
 MAX_STAGE_RESULT_BYTES = 1024 * 1024
 # A process is flat when its peak in the scoring stage's last third exceeds its peak in the first
-# third by at most this much. JVM heaps expand in steps (the driver JVM moved +32 to +61 MiB in
-# runs here) and Arrow buffers get reused; keeping rows does not settle: each executor sees ~330k
+# third by at most this much (resident size for Python processes, live heap for JVMs). Arrow buffers get
+# reused and a GC'd heap settles; keeping rows does not settle: each executor sees ~330k
 # rows a third, so anything that keeps more than ~400 bytes a row (a Python row object alone is more)
 # in one process fails this.
 FLAT_SLACK_MIB = 128
