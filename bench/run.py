@@ -258,7 +258,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         "- (d) `lakescore score ... --task embed` into a fresh Delta path and Derby metastore per run, "
         "GX validation on",
         "- (o) and (q): (d) with `--backend onnx` (float32), and with `--backend onnx --quantize int8` (the run "
-        "checks a sample of its input against float32 torch before scoring); the graphs are exported once per "
+        "checks a sample of its input against the float32 graph before scoring); the graphs are exported once per "
         "host before the timed runs (the export's time is in the machine facts above)",
         "- (e) `python -m bench.peers.ort_loop`: (a)'s loop (pandas, all texts sorted by length, batches of 64, "
         "mean pooling, normalisation) with the forward on ONNX Runtime over (q)'s int8 graph, all cores: every "

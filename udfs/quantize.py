@@ -18,7 +18,7 @@ excluding a layer instead of an op type helps no layer enough (0.979-0.984). ORT
 ``MatMulNBits`` (per-block activation scales) keeps 0.9987 but ran slower than float32 here.
 
 **Tolerance**: whatever the recipe, a run refuses to score when a sample of its own input,
-scored both ways (float32 torch and this path) in the executors' preflight, falls outside
+scored both ways (float32 and this path) in the executors' preflight, falls outside
 the configured :class:`Tolerance` (:func:`check_fidelity`). The figures are the head's own
 (``fidelity`` of each text head): per-row cosine for embeddings, label agreement and
 probability difference for classifiers, identical entities for token classifiers.

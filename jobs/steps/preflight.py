@@ -102,8 +102,9 @@ def preflight_model(
     so another thread can cancel it with ``interruptTag``, in classic and Connect sessions alike.
 
     With a quantized ``spec`` and a ``sample`` of input texts, one task also compares the quantized
-    outputs with float32 torch's on the sample; outside ``tolerance`` it raises
-    :class:`~lakescore.udfs.quantize.QuantizationToleranceError` naming the figures.
+    outputs with float32's on the sample (the float32 graph, checked against torch at export);
+    outside ``tolerance`` it raises :class:`~lakescore.udfs.quantize.QuantizationToleranceError`
+    naming the figures.
 
     Raises :class:`~lakescore.udfs.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and

@@ -81,6 +81,26 @@ def test_onnx_worker_imports_neither_torch_nor_sentence_transformers(plain_bert_
     assert done.stdout.strip() == "[]"
 
 
+def test_a_graph_that_differs_from_its_source_is_refused(plain_bert_dir, onnx_cache_dir, tmp_path):
+    """The check every cached stage passes: the fused graph agrees with the export; an int8 copy of the
+    same export (a real graph that computes something else) does not, and the error names the figure."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from lakescore.udfs.backends import onnx_session
+    from lakescore.udfs.onnx_export import GraphMismatchError, check_graph, probe_inputs
+
+    _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exports and fuses, each stage checked
+    (plain,) = (onnx_cache_dir / "onnx").glob("*-embed-AutoModel-opset*-export/model.onnx")
+    (fused,) = (onnx_cache_dir / "onnx").glob("*-embed-AutoModel-opset*-fp32/model.onnx")
+    names = [i.name for i in onnx_session(plain, 1).get_inputs()]
+    probes = probe_inputs(plain_bert_dir, names)
+    expected = [onnx_session(plain, 1).run(None, probe)[0] for probe in probes]
+    check_graph(fused, expected, probes, "fused")  # does not raise
+    quantize_dynamic(str(plain), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8, use_external_data_format=True)
+    with pytest.raises(GraphMismatchError, match=r"int8 against the export: max abs difference [0-9.e-]+ on a 3x13 probe"):
+        check_graph(tmp_path / "int8.onnx", expected, probes, "int8 against the export")
+
+
 @pytest.fixture(scope="session")
 def minilm_int8(minilm_dir, onnx_cache_dir):
     """MiniLM on the int8 ONNX path (exported and quantized once per session)."""
@@ -117,6 +137,25 @@ def test_preflight_reports_the_int8_figures_and_refuses_a_tighter_tolerance(mini
     assert refused["error_type"] == QuantizationToleranceError.__name__
     assert "cosine_p1 0.99" in refused["error"] and "model.quantize_min_cosine 0.99999" in refused["error"]
     model_cache.clear()
+
+
+def test_the_int8_check_in_a_fresh_worker_imports_no_torch(minilm_int8):
+    """The preflight's reference is the float32 graph (checked against torch when exported), so a worker
+    on the int8 path imports no torch even while it checks the tolerance."""
+    spec, _ = minilm_int8
+    code = (
+        "import sys, json, pyarrow as pa; from lakescore.udfs.model_source import ModelSpec; "
+        "from lakescore.udfs.quantize import Tolerance; from lakescore.udfs.scoring_udf import make_preflight_function; "
+        f"spec = ModelSpec('embed', {spec.source!r}, backend='onnx', quantize='int8', cache_dir={spec.cache_dir!r}); "
+        "sample = json.load(sys.stdin); "
+        "(b,) = list(make_preflight_function(spec, sample, Tolerance())(iter([pa.record_batch({'id': pa.array([0])})]))); "
+        "row = b.to_pylist()[0]; assert row['error'] is None, row; "
+        "print(json.dumps([json.loads(row['fidelity'])['cosine_p1'], 'torch' in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(_review_sample(60)), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cosine_p1, imported_torch = json.loads(done.stdout.strip().splitlines()[-1])
+    assert cosine_p1 >= 0.99 and not imported_torch
 
 
 def test_the_check_refuses_a_bad_recipe(minilm_dir, tmp_path, monkeypatch):
