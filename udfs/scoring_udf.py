@@ -14,7 +14,9 @@ a stage with its own resource profile (``mapInArrow(..., profile=...)``).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import itertools
 import json
 import os
@@ -244,7 +246,22 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     policy = BatchPolicy(default_max_tokens(reference_spec.device), 256)
     texts = list(sample)
     expected = score_texts(texts, reference, policy).outputs
+    del reference
+    _return_freed_memory()
     return model.scorer.fidelity(expected, score_texts(texts, model.scorer, policy).outputs)
+
+
+def _return_freed_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    Freeing a model leaves its buffers in the allocator's free lists, so the worker keeps the
+    memory for the rest of the run. Measured with MiniLM's float32 reference after the int8 check
+    (256 W1 reviews): the worker ends the check at 311 MiB resident with the trim, 369 without (228 before)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _first_task() -> bool:
