@@ -7,6 +7,13 @@ launches and the Python workers the JVM forks), summed. Forked workers share
 copy-on-write pages with their parent, so the sum overstates the physical
 memory a little; it is the same rule for every peer.
 
+A process that shares its parent's whole address space is its parent's memory and is not
+counted again (:func:`shares_parent_memory`). The JVM starts every subprocess (Hadoop's local
+file system runs ``chmod``, ``readlink``, ``setsid`` for Delta's files; the Python daemon)
+through ``posix_spawn``, whose child runs in the JVM's own memory until it execs: a sample that
+fell in that instant counted the JVM twice (seen here: two 726 MiB "java" processes, the second
+a spawn child; it made W1 peaks vary by up to ~1 GiB between identical runs).
+
 Every ``smaps_every`` polls the tree's proportional set size (PSS: shared pages split among the
 processes that map them, so a library or a memory-mapped weight file counts once) and each
 Spark Python worker's private vs shared memory (``/proc/<pid>/smaps_rollup``) are read too:
@@ -18,7 +25,9 @@ Linux only (reads ``/proc``).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import subprocess
 import time
 from dataclasses import dataclass
@@ -30,6 +39,9 @@ from lakescore.jobs.platform import python_daemon
 __all__ = ["Measurement", "run_measured", "tree_rss_bytes"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+_KCMP_VM = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -73,14 +85,23 @@ def _rss_bytes(pid: int) -> int:
 
 
 def tree_pids(root: int) -> list[int]:
-    """``root`` and every descendant alive right now."""
+    """``root`` and every descendant alive right now with an address space of its own (see :func:`shares_parent_memory`)."""
     children = _parent_map()
-    found, stack = [], [root]
+    found, stack = [], [(root, 0)]
     while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, ()))
+        pid, parent = stack.pop()
+        if not (parent and shares_parent_memory(pid, parent)):
+            found.append(pid)
+        stack.extend((child, pid) for child in children.get(pid, ()))
     return found
+
+
+def shares_parent_memory(pid: int, parent: int) -> bool:
+    """Whether ``pid`` runs in ``parent``'s address space (``kcmp(2)``, ``KCMP_VM``): a ``vfork`` /
+    ``posix_spawn`` child before its ``exec``. False when the kernel cannot tell (no ``kcmp``, a process gone)."""
+    if _SYS_KCMP is None:
+        return False
+    return _LIBC.syscall(_SYS_KCMP, parent, pid, _KCMP_VM, 0, 0) == 0
 
 
 def tree_rss_bytes(root: int) -> int:
