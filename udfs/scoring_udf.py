@@ -239,8 +239,9 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     batching core with the default budget (the reference model is loaded for this and not cached).
 
     The reference is the float32 ONNX graph of the same weights, which its export checked against float32
-    torch (:func:`~lakescore.udfs.onnx_export.check_graph`): the worker that checks imports no torch
-    (measured on W1: ~2 s of the preflight, and the daemon preloads none for this backend)."""
+    torch (:func:`~lakescore.udfs.onnx_export.check_graph`), so the worker that checks imports no torch
+    (the daemon preloads none for this backend). Measured against a float32 torch reference, W1 on 2 cores,
+    same sitting: 295 -> 335 rows/s end to end, ~550 MiB less at the peak."""
     reference_spec = dataclasses.replace(spec, quantize="none", expect_sha256=None)
     reference = get_task(spec.task).load(reference_spec, model.model_dir)
     policy = BatchPolicy(default_max_tokens(reference_spec.device), 256)
