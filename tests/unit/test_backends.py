@@ -16,7 +16,7 @@ import pytest
 
 from lakescore.udfs import model_cache
 from lakescore.udfs.batching import BatchPolicy, score_texts
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.model_source import ModelSpec, weights_sha256
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import make_preflight_function
@@ -34,6 +34,11 @@ def _scored(task, path, cache, texts, **options):
     return score_texts(texts, _head(task, path, cache, **options), POLICY).outputs
 
 
+def _graphs(cache, model_dir, stage):
+    """The cached embed graphs of one stage (``export``, ``fp32``) of the model in ``model_dir``."""
+    return list((cache / "onnx").glob(f"{weights_sha256(model_dir)[:24]}-embed-AutoModel-opset*-{stage}/model.onnx"))
+
+
 def test_embed_without_sentence_transformers_equals_it_to_float32_rounding(minilm_dir, sentence_transformer, tmp_path):
     ours = _scored("embed", minilm_dir, tmp_path, UNSEEN)
     peer = sentence_transformer.encode(UNSEEN, normalize_embeddings=True)
@@ -45,7 +50,7 @@ def test_onnx_embed_equals_torch(plain_bert_dir, onnx_cache_dir):
         torch_out = _scored("embed", plain_bert_dir, onnx_cache_dir, UNSEEN, pooling=pooling)
         onnx_out = _scored("embed", plain_bert_dir, onnx_cache_dir, UNSEEN, pooling=pooling, backend="onnx")
         assert np.abs(onnx_out - torch_out).max() < 1e-5, pooling
-    graphs = list((onnx_cache_dir / "onnx").glob("*-embed-AutoModel-opset*-fp32/model.onnx"))
+    graphs = _graphs(onnx_cache_dir, plain_bert_dir, "fp32")  # the cache is the session's: other models' graphs too
     assert len(graphs) == 1  # exported once, reused by the second pooling
 
 
@@ -90,8 +95,8 @@ def test_a_graph_that_differs_from_its_source_is_refused(plain_bert_dir, onnx_ca
     from lakescore.udfs.onnx_export import GraphMismatchError, check_graph, probe_inputs
 
     _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exports and fuses, each stage checked
-    (plain,) = (onnx_cache_dir / "onnx").glob("*-embed-AutoModel-opset*-export/model.onnx")
-    (fused,) = (onnx_cache_dir / "onnx").glob("*-embed-AutoModel-opset*-fp32/model.onnx")
+    (plain,) = _graphs(onnx_cache_dir, plain_bert_dir, "export")
+    (fused,) = _graphs(onnx_cache_dir, plain_bert_dir, "fp32")
     names = [i.name for i in onnx_session(plain, 1).get_inputs()]
     probes = probe_inputs(plain_bert_dir, names)
     expected = [onnx_session(plain, 1).run(None, probe)[0] for probe in probes]
