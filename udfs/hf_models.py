@@ -33,11 +33,13 @@ NO_TOKENIZER_LIMIT = 1_000_000
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a head needs from ``config.json``: labels in id order, the problem type, the position limit."""
+    """What a head needs from ``config.json``: labels in id order, the problem type, the position limit; and the
+    vocabulary's size (``None`` when not stated), below which the ONNX export's probe token ids are drawn."""
 
     labels: tuple[str, ...]
     problem_type: Optional[str]
     max_position_embeddings: Optional[int]
+    vocab_size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ def load_tokenizer(spec: ModelSpec, model_dir: Path):
 
 
 def model_facts(model_dir: Path) -> ModelFacts:
-    """Labels, problem type and position limit from ``model_dir/config.json`` (labels empty when it has none)."""
+    """Labels, problem type, position limit and vocabulary size from ``model_dir/config.json`` (labels empty when it
+    has none)."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     id2label = config.get("id2label")
     if id2label:
@@ -73,7 +76,7 @@ def model_facts(model_dir: Path) -> ModelFacts:
         labels = tuple(f"LABEL_{i}" for i in range(int(config["num_labels"])))  # transformers' default names
     else:
         labels = ()
-    return ModelFacts(labels, config.get("problem_type"), config.get("max_position_embeddings"))
+    return ModelFacts(labels, config.get("problem_type"), config.get("max_position_embeddings"), config.get("vocab_size"))
 
 
 def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what: str) -> LabelledModel:

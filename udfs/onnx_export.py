@@ -22,7 +22,6 @@ float32 torch wherever it is used, the int8 tolerance check's reference included
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from lakescore.udfs.backends import ModelKind, load_torch_model
+from lakescore.udfs.backends import ModelKind, OnnxForward, load_torch_model, onnx_session
 from lakescore.udfs.model_source import ModelSpec, stage_once, weights_sha256
 
 __all__ = [
@@ -133,8 +132,9 @@ def probe_inputs(model_dir: Path, input_names: Sequence[str]) -> list[dict[str, 
     """Seeded inputs for :func:`check_graph`: 3 rows x 13 tokens (one row padded after 9) and 1 row x 40, other
     shapes than the export's (2 x 8). Token ids are below the model's ``vocab_size`` (``config.json``, else 100);
     ``attention_mask`` marks the padding; every other input (``token_type_ids``) is zeros."""
-    config = model_dir / "config.json"
-    vocab = int(json.loads(config.read_text()).get("vocab_size") or 100) if config.exists() else 100
+    from lakescore.udfs.hf_models import model_facts
+
+    vocab = int(model_facts(model_dir).vocab_size or 100)
     rng = np.random.default_rng(0)
     probes = []
     for rows, tokens, valid in ((3, 13, 9), (1, 40, 40)):
@@ -160,11 +160,8 @@ def check_graph(graph: Path, expected: Sequence[np.ndarray], probes: Sequence[Ma
 
 def _graph_outputs(graph: Path, probes: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
     """The first output of ``graph`` (one thread, ONNX Runtime CPU) on each probe."""
-    from lakescore.udfs.backends import onnx_session
-
-    session = onnx_session(graph, 1)
-    names = [i.name for i in session.get_inputs()]
-    return [np.asarray(session.run(None, {n: probe[n] for n in names})[0], dtype=np.float32) for probe in probes]
+    forward = OnnxForward(onnx_session(graph, 1))
+    return [np.asarray(forward(probe), dtype=np.float32) for probe in probes]
 
 
 def _one_output_module(model, output: str, names: list[str]):

@@ -91,15 +91,15 @@ def test_a_graph_that_differs_from_its_source_is_refused(plain_bert_dir, onnx_ca
     same export (a real graph that computes something else) does not, and the error names the figure."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from lakescore.udfs.backends import onnx_session
+    from lakescore.udfs.backends import OnnxForward, onnx_session
     from lakescore.udfs.onnx_export import GraphMismatchError, check_graph, probe_inputs
 
     _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exports and fuses, each stage checked
     (plain,) = _graphs(onnx_cache_dir, plain_bert_dir, "export")
     (fused,) = _graphs(onnx_cache_dir, plain_bert_dir, "fp32")
-    names = [i.name for i in onnx_session(plain, 1).get_inputs()]
-    probes = probe_inputs(plain_bert_dir, names)
-    expected = [onnx_session(plain, 1).run(None, probe)[0] for probe in probes]
+    export = OnnxForward(onnx_session(plain, 1))
+    probes = probe_inputs(plain_bert_dir, export.input_names)
+    expected = [export(probe) for probe in probes]
     check_graph(fused, expected, probes, "fused")  # does not raise
     quantize_dynamic(str(plain), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8, use_external_data_format=True)
     with pytest.raises(GraphMismatchError, match=r"int8 against the export: max abs difference [0-9.e-]+ on a 3x13 probe"):
