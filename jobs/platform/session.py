@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
@@ -42,6 +43,7 @@ from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, 
 
 __all__ = [
     "get_or_create_session", "session_source", "needs_s3a", "jar_confs", "worker_preload_confs", "LOCAL_MODE_DEFAULTS",
+    "local_java_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,35 @@ LOCAL_MODE_DEFAULTS = {
 LOCAL_MODE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 """Local jobs live seconds to minutes: C1-only JIT cut that first Delta query from 7.8 s to 4.8 s
 (measured here), while the heavy lifting happens in Python workers. Clusters keep full JIT."""
+
+SERIAL_GC_MAX_HEAP_MIB = 4096
+"""Local drivers with at most this heap collect with the serial collector (see :func:`local_java_options`)."""
+
+_COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
+_SIZE_UNITS_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def local_java_options(driver_memory: str, user_options: str) -> list[str]:
+    """Java options lakescore adds to a ``local[...]`` driver whose heap is ``driver_memory``
+    (``spark.driver.memory``, e.g. ``1g``; a bare number is MiB, as Spark reads it) and whose
+    ``spark.driver.extraJavaOptions`` are ``user_options``.
+
+    Always C1-only JIT (:data:`LOCAL_MODE_JAVA_OPTIONS`). The serial collector too when the
+    heap is at most :data:`SERIAL_GC_MAX_HEAP_MIB` and ``user_options`` choose no collector
+    (the JVM refuses two). Measured on a 2-core AMD EPYC, W1 with the ONNX int8 backend, 6 runs
+    each: the driver JVM peaked at 643-849 MiB resident with it against 812-1238 MiB with G1,
+    the JVM's default, at the same wall time (32.75 s vs 32.95 s median). Its stop-the-world
+    pauses are longer (one run: 1.3 s in all, longest 142 ms, against G1's 0.6 s and 83 ms),
+    but G1's concurrent work runs on the same cores. Larger local heaps keep G1, whose pauses
+    do not grow with the heap. A ``driver_memory`` that is not a size keeps G1 too (Spark names
+    the mistake when it starts).
+    """
+    options = [LOCAL_MODE_JAVA_OPTIONS]
+    size = re.fullmatch(r"\s*(\d+)\s*([kmgt])?b?\s*", driver_memory.lower())
+    heap_mib = int(size.group(1)) * _SIZE_UNITS_MIB[size.group(2) or "m"] if size else float("inf")
+    if heap_mib <= SERIAL_GC_MAX_HEAP_MIB and not _COLLECTOR_OPTION.search(user_options):
+        options.append("-XX:+UseSerialGC")
+    return options
 
 
 def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
@@ -131,10 +162,13 @@ def get_or_create_session(
     driver_log, executor_log = quiet_java_options(cfg.master, verbose)
     confs = jar_confs(cfg, refs, {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf})
     confs.update(worker_preload_confs(cfg, worker_imports))
-    java_options = [f"-Dderby.system.home={metastore.parent}"] + ([LOCAL_MODE_JAVA_OPTIONS] if local else [])
+    user_java_options = confs.get("spark.driver.extraJavaOptions", "")
+    java_options = [f"-Dderby.system.home={metastore.parent}"]
+    if local:
+        java_options += local_java_options(confs.get("spark.driver.memory", "1g"), user_java_options)
     if cfg.class_archive:
         java_options += class_archive.start_options(cfg.jars_dir, confs)
-    confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, confs.get("spark.driver.extraJavaOptions", "")])
+    confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, user_java_options])
     if executor_log:
         confs["spark.executor.extraJavaOptions"] = _join([executor_log, confs.get("spark.executor.extraJavaOptions", "")])
     settings = {

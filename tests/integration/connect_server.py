@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.session import LOCAL_MODE_JAVA_OPTIONS, jar_confs
+from lakescore.jobs.platform.session import jar_confs, local_java_options
 
 START_SECONDS = 240
 
@@ -53,7 +53,7 @@ def start_connect_server(root: Path, master: str = "local[2]") -> ConnectServer:
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(warehouse),
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={root} {LOCAL_MODE_JAVA_OPTIONS}",
+        "spark.driver.extraJavaOptions": " ".join([f"-Dderby.system.home={root}", *local_java_options("1g", "")]),
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.ui.enabled": "false",

@@ -1,0 +1,38 @@
+"""The Java options a local driver gets: the decision, and that the JVM on this host accepts them."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from lakescore.jobs.platform.session import LOCAL_MODE_JAVA_OPTIONS, local_java_options
+
+
+@pytest.mark.parametrize(
+    "driver_memory, user_options, serial",
+    [
+        ("1g", "", True),  # Spark's default driver heap
+        ("4g", "-Dfoo=bar", True),
+        ("4096m", "", True),
+        ("4097m", "", False),
+        ("8g", "", False),
+        ("2048", "", True),  # a bare number is MiB
+        ("1G", "-XX:+UseG1GC -Xlog:gc", False),  # the user's collector wins; the JVM refuses two
+        ("1g", "-XX:+UseParallelGC", False),
+        ("1g", "-XX:-UseAdaptiveSizePolicy", True),  # not a collector choice
+        ("lots", "", False),  # not a size: Spark reports it; nothing added
+    ],
+)
+def test_serial_collector_only_for_small_heaps_the_user_left_alone(driver_memory, user_options, serial):
+    options = local_java_options(driver_memory, user_options)
+    assert options[0] == LOCAL_MODE_JAVA_OPTIONS
+    assert ("-XX:+UseSerialGC" in options) is serial
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no java on PATH")
+@pytest.mark.parametrize("user_options", ["", "-XX:+UseG1GC"])
+def test_the_jvm_starts_with_the_options_and_the_users_collector(user_options):
+    command = ["java", *local_java_options("1g", user_options), *user_options.split(), "-Xlog:gc:stdout", "-version"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert ("Using G1" if user_options else "Using Serial") in result.stdout
