@@ -15,6 +15,7 @@ check publishes nothing to the output: readers keep the previous version.
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from typing import Optional
 
@@ -35,6 +36,8 @@ from lakescore.jobs.steps.validate import validate_rows
 
 __all__ = ["run_scoring"]
 
+log = logging.getLogger(__name__)
+
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
     """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.RunReport`.
@@ -50,7 +53,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     clock = StepClock()
     with clock.step("startup"):
         run = open_input(cfg, spark)
-    _import_great_expectations_meanwhile(cfg)
+    _import_late_modules_meanwhile(cfg)
     with ExecutorPreflight(run) as preflight:  # the executors load the model while the driver checks
         with clock.step("read_check"):
             targets = check_targets(run)
@@ -77,10 +80,22 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile)
 
 
-def _import_great_expectations_meanwhile(cfg: JobConfig) -> None:
-    """GX takes ~5 s of CPU to import: start it now, in the background. Not before the input is open: from the
-    JVM's start, it competed with the executors' Python daemon importing torch, which is on the run's path
-    (F200 medians of 3 here: 22.0 s started with the JVM, 21.0 s started after the read). Not at the lowest CPU
-    priority either: 20.6 s, within noise, and the validation step waiting on a starved import could stall."""
-    if cfg.validation.enabled:
-        threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
+def _import_late_modules_meanwhile(cfg: JobConfig) -> None:
+    """Import what the run's last steps need in the background, while the executors work: GX, ~5 s of CPU,
+    when validation is on; then the HTML report's charts (matplotlib, ~0.3 s) when a report is written.
+
+    Not before the input is open: from the JVM's start, the GX import competed with the executors' Python daemon
+    importing torch, which is on the run's path (F200 medians of 3 here: 22.0 s started with the JVM, 21.0 s
+    started after the read). Not at the lowest CPU priority either: 20.6 s, within noise, and the validation step
+    waiting on a starved import could stall."""
+    modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report_html"] if cfg.report else [])
+    if modules:
+        threading.Thread(target=_import_all, args=(modules,), name="lakescore-late-imports", daemon=True).start()
+
+
+def _import_all(modules: list[str]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 (the step that needs the module imports it again and reports why it failed)
+            log.debug("importing %s ahead of time failed", name, exc_info=True)
