@@ -1,7 +1,9 @@
 """Run one command as a child process; time it and track the peak RSS of its whole process tree.
 
 Wall time is ``time.perf_counter`` around the child's whole life (start to
-exit). Memory is sampled every ``poll_seconds`` from ``/proc``: the resident
+exit). Descendants that outlive the child are waited for afterwards, untimed, so the next
+command does not share the CPU with them: a Spark driver's JVM shuts down (~0.5 s here) only
+after the Python process that started it has exited. Memory is sampled every ``poll_seconds`` from ``/proc``: the resident
 set of the child plus every descendant (for Spark: the driver, the JVM it
 launches and the Python workers the JVM forks), summed. Forked workers share
 copy-on-write pages with their parent, so the sum overstates the physical
@@ -36,7 +38,7 @@ from typing import Mapping, Sequence
 
 from lakescore.jobs.platform import python_daemon
 
-__all__ = ["Measurement", "run_measured", "tree_rss_bytes"]
+__all__ = ["Measurement", "run_measured", "tree_rss_bytes", "wait_until_gone"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
@@ -161,15 +163,19 @@ def run_measured(
     log_path: Path,
     poll_seconds: float = 0.2,
     smaps_every: int = 5,
+    lingering_timeout_s: float = 60.0,
 ) -> Measurement:
-    """Run ``cmd`` to completion with stdout and stderr in ``log_path``; return its :class:`Measurement`."""
+    """Run ``cmd`` to completion with stdout and stderr in ``log_path``; return its :class:`Measurement`
+    once the descendants it left behind have exited too (at most ``lingering_timeout_s`` later, untimed)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    peak, memory, polls = 0, (0, 0, 0), 0
+    peak, memory, polls, seen = 0, (0, 0, 0), 0, set()
     with open(log_path, "wb") as log:
         started = time.perf_counter()
         child = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         while True:
-            peak = max(peak, tree_rss_bytes(child.pid))
+            pids = tree_pids(child.pid)
+            seen.update(pids)
+            peak = max(peak, sum(_rss_bytes(pid) for pid in pids))
             if polls % smaps_every == 0:
                 pss, private, shared = memory_sample(child.pid)
                 memory = (max(memory[0], pss), *(memory[1:] if memory[1] >= private else (private, shared)))
@@ -180,4 +186,25 @@ def run_measured(
             except subprocess.TimeoutExpired:
                 continue
         wall = time.perf_counter() - started
+    wait_until_gone(seen - {child.pid}, timeout_s=lingering_timeout_s)
     return Measurement(child.returncode, wall, peak, *memory)
+
+
+def wait_until_gone(pids: set[int], timeout_s: float) -> bool:
+    """Wait until none of ``pids`` runs (gone, or a zombie nobody reaped yet); ``False`` if some still run
+    after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while any(_is_running(pid) for pid in pids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")

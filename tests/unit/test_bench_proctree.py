@@ -8,10 +8,11 @@ import ctypes
 import os
 import signal
 import sys
+import time
 
 import pytest
 
-from bench.proctree import shares_parent_memory, tree_pids
+from bench.proctree import run_measured, shares_parent_memory, tree_pids
 
 CLONE_VM = 0x100
 
@@ -44,3 +45,18 @@ def test_a_child_in_its_parents_memory_is_not_counted_again():
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def test_a_run_returns_after_what_it_left_behind_exits_and_times_only_itself(tmp_path):
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)'])\n"
+        "time.sleep(0.6)\n"
+    )
+    started = time.perf_counter()
+    measured = run_measured([sys.executable, "-c", script], env=os.environ, cwd=tmp_path, log_path=tmp_path / "log",
+                            poll_seconds=0.05)
+    returned = time.perf_counter() - started
+    assert measured.returncode == 0
+    assert measured.wall_seconds < 1.4  # the child alone, not the grandchild's 1.5 s
+    assert returned >= 1.5  # but the run came back only after the grandchild had exited
