@@ -3,9 +3,9 @@
 Wall time is ``time.perf_counter`` around the child's whole life (start to
 exit). Descendants that outlive the child are waited for afterwards, untimed, so the next
 command does not share the CPU with them: a Spark driver's JVM shuts down (~0.5 s here) only
-after the Python process that started it has exited. Memory is sampled every ``poll_seconds`` from ``/proc``: the resident
-set of the child plus every descendant (for Spark: the driver, the JVM it
-launches and the Python workers the JVM forks), summed. Forked workers share
+after the Python process that started it has exited. Memory is sampled every ``poll_seconds``
+from ``/proc``: the resident set of the child plus every descendant (for Spark: the driver, the
+JVM it launches and the Python workers the JVM forks), summed. Forked workers share
 copy-on-write pages with their parent, so the sum overstates the physical
 memory a little; it is the same rule for every peer.
 

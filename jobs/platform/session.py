@@ -77,9 +77,9 @@ def local_java_options(driver_memory: str, user_options: str) -> list[str]:
     each: the driver JVM peaked at 643-849 MiB resident with it against 812-1238 MiB with G1,
     the JVM's default, at the same wall time (32.75 s vs 32.95 s median). Its stop-the-world
     pauses are longer (one run: 1.3 s in all, longest 142 ms, against G1's 0.6 s and 83 ms),
-    but G1's concurrent work runs on the same cores. Larger local heaps keep G1, whose pauses
-    do not grow with the heap. A ``driver_memory`` that is not a size keeps G1 too (Spark names
-    the mistake when it starts).
+    but G1's concurrent work runs on the same cores. Larger local heaps keep G1, which is built
+    to keep pauses short on large heaps. A ``driver_memory`` that is not a size keeps G1 too
+    (Spark names the mistake when it starts).
     """
     options = [LOCAL_MODE_JAVA_OPTIONS]
     size = re.fullmatch(r"\s*(\d+)\s*([kmgt])?b?\s*", driver_memory.lower())
