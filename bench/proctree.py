@@ -38,7 +38,7 @@ from typing import Mapping, Sequence
 
 from lakescore.jobs.platform import python_daemon
 
-__all__ = ["Measurement", "run_measured", "tree_rss_bytes", "wait_until_gone"]
+__all__ = ["Measurement", "run_measured", "wait_until_gone"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYS_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
@@ -104,11 +104,6 @@ def shares_parent_memory(pid: int, parent: int) -> bool:
     if _SYS_KCMP is None:
         return False
     return _LIBC.syscall(_SYS_KCMP, parent, pid, _KCMP_VM, 0, 0) == 0
-
-
-def tree_rss_bytes(root: int) -> int:
-    """Summed RSS of ``root`` and all its descendants right now (0 if it is gone)."""
-    return sum(_rss_bytes(pid) for pid in tree_pids(root))
 
 
 def smaps_rollup(pid: int) -> dict[str, int]:

@@ -45,7 +45,7 @@ from lakescore.udfs.quantize import Tolerance
 from lakescore.udfs.registry import TASK_NAMES, get_task
 
 __all__ = [
-    "ConfigError", "JobConfig", "config_from_mapping", "load_config",
+    "ConfigError", "JobConfig", "config_from_mapping", "load_config", "spark_size_mib",
     "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEDUP_MODES", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS",
 ]
 
@@ -214,7 +214,15 @@ class ScoringConfig:
         return self.max_batch_tokens or default_max_tokens(device)
 
 
-_SIZE = re.compile(r"^\d+[kmgtp]?b?$", re.IGNORECASE)
+_SIZE = re.compile(r"^(\d+)([kmgtp])?b?$", re.IGNORECASE)
+_MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}
+
+
+def spark_size_mib(text: str) -> Optional[float]:
+    """A Spark memory size (``512m``, ``2g``; a bare number is MiB, as Spark reads memory settings) in MiB;
+    ``None`` when ``text`` is not one."""
+    size = _SIZE.match(text.strip())
+    return int(size.group(1)) * _MIB_PER_UNIT[(size.group(2) or "m").lower()] if size else None
 
 
 @dataclass(frozen=True)
@@ -261,7 +269,7 @@ class ScoringResources:
                     f"{where}.task_gpus ({self.task_gpus:g}) exceeds {where}.executor_gpus ({self.executor_gpus}): "
                     "no executor could run a scoring task"
                 )
-        if self.executor_memory_overhead is not None and not _SIZE.match(self.executor_memory_overhead.strip()):
+        if self.executor_memory_overhead is not None and spark_size_mib(self.executor_memory_overhead) is None:
             raise ConfigError(
                 f"{where}.executor_memory_overhead must be a Spark size such as 512m or 2g, got {self.executor_memory_overhead!r}"
             )

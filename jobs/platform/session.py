@@ -36,7 +36,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.platform import class_archive, interrupts, python_daemon
-from lakescore.jobs.config import SparkConfig
+from lakescore.jobs.config import SparkConfig, spark_size_mib
 from lakescore.jobs.platform.console import is_verbose, quiet_java_options
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
 from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
@@ -63,7 +63,6 @@ SERIAL_GC_MAX_HEAP_MIB = 4096
 """Local drivers with at most this heap collect with the serial collector (see :func:`local_java_options`)."""
 
 _COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
-_SIZE_UNITS_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
 def local_java_options(driver_memory: str, user_options: str) -> list[str]:
@@ -82,9 +81,8 @@ def local_java_options(driver_memory: str, user_options: str) -> list[str]:
     (Spark names the mistake when it starts).
     """
     options = [LOCAL_MODE_JAVA_OPTIONS]
-    size = re.fullmatch(r"\s*(\d+)\s*([kmgt])?b?\s*", driver_memory.lower())
-    heap_mib = int(size.group(1)) * _SIZE_UNITS_MIB[size.group(2) or "m"] if size else float("inf")
-    if heap_mib <= SERIAL_GC_MAX_HEAP_MIB and not _COLLECTOR_OPTION.search(user_options):
+    heap_mib = spark_size_mib(driver_memory)
+    if heap_mib is not None and heap_mib <= SERIAL_GC_MAX_HEAP_MIB and not _COLLECTOR_OPTION.search(user_options):
         options.append("-XX:+UseSerialGC")
     return options
 
