@@ -130,7 +130,7 @@ def export_onnx(model_dir: Path, spec: ModelSpec, kind: ModelKind, input_names: 
 
 def probe_inputs(model_dir: Path, input_names: Sequence[str]) -> list[dict[str, np.ndarray]]:
     """Seeded inputs for :func:`check_graph`: 3 rows x 13 tokens (one row padded after 9) and 1 row x 40, other
-    shapes than the export's (2 x 8). Token ids are below the model's ``vocab_size`` (``config.json``, else 100);
+    shapes than the export's (2 x 8). Token ids are below ``config.json``'s ``vocab_size`` (100 when it has none);
     ``attention_mask`` marks the padding; every other input (``token_type_ids``) is zeros."""
     from lakescore.udfs.hf_models import model_facts
 
