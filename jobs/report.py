@@ -57,8 +57,9 @@ class RunReport:
     is left to score. The id check reads the input's ids before it; in incremental mode the plan's one join over the
     input writes the new and changed rows to a private table, and the scoring step reads those."""
     dedup: Optional[dict[str, Any]] = None
-    """``scoring.dedup``: ``mode``, whether it was ``used``, the ``auto`` sample (``sample_rows``, ``sample_distinct``)
-    and ``forward_passes_saved`` (rows that shared another row's input in their chunk)."""
+    """``scoring.dedup``: ``mode``, whether it was ``used``, what ``auto`` decided from (``sample_rows`` rows with
+    ``sample_distinct`` distinct inputs: a sample, or in incremental mode every row to score and an estimate of its
+    distinct inputs) and ``forward_passes_saved`` (rows that shared another row's input in their chunk)."""
     errors_table: Optional[str] = None
     error_reasons: Optional[dict[str, int]] = None
     errors_delta_version: Optional[int] = None

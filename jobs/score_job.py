@@ -25,7 +25,7 @@ from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
-from lakescore.jobs.steps.prepare import check_input_ids, plan_run
+from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
@@ -59,9 +59,10 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             targets = check_targets(run)
         with clock.step("prepare"):
             split = check_input_ids(run)
+            early = compare_early(run, targets, split)  # incremental: while the executors still load the model
             identity = preflight.identity()
     with clock.step("prepare"):
-        plan = plan_run(run, targets, split, identity)
+        plan = plan_run(run, targets, split, identity, early)
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
         throughput = score_into_staging(run, plan)

@@ -8,8 +8,10 @@ The workers' per-batch metrics stay on one row per scored input, so the report c
 
 ``auto`` decides once per run, before scoring, from a deterministic sample (rows whose id hashes into
 the sample; about :data:`SAMPLE_ROWS` of them): deduplication pays for its two shuffles when at least
-:data:`MIN_REPEAT` of the sampled rows repeat an input. The decision is part of the run key, and the
-sample is the same on a rerun of the same pinned input, so a resumed run decides the same way.
+:data:`MIN_REPEAT` of the sampled rows repeat an input. An incremental run decides from all its rows to
+score instead, whose distinct inputs it estimated while counting them (no job of its own). The decision is
+part of the run key, and the sample (or the estimate over the same pinned rows) is the same on a rerun of the
+same pinned input, so a resumed run decides the same way.
 """
 
 from __future__ import annotations
@@ -51,13 +53,18 @@ class Dedup:
         }
 
 
-def decide_dedup(mode: str, digested: DataFrame, id_col: str, rows: int) -> Dedup:
-    """``on`` / ``off`` as configured; ``auto``: one aggregation over a deterministic sample of ``digested``
-    (``rows`` rows with a :data:`DIGEST_COLUMN`), deduplicating when its repetition reaches :data:`MIN_REPEAT`."""
+def decide_dedup(mode: str, digested: DataFrame, id_col: str, rows: int, distinct: Optional[int] = None) -> Dedup:
+    """``on`` / ``off`` as configured; ``auto``: deduplicate when the repetition among ``digested``'s ``rows`` rows
+    (with a :data:`DIGEST_COLUMN`) reaches :data:`MIN_REPEAT`. The repetition is ``distinct`` inputs among all
+    ``rows`` when the caller counted them (an incremental run counts its rows to score in one job and estimates
+    their distinct inputs there), else that of a deterministic sample, counted in one aggregation."""
     if mode != "auto":
         return Dedup(mode, mode == "on")
     if rows < 2:
         return Dedup(mode, False, rows, rows)
+    if distinct is not None:
+        distinct = min(distinct, rows)  # an estimate may exceed the rows it counted
+        return Dedup(mode, (rows - distinct) / rows >= MIN_REPEAT, rows, distinct)
     every = max(1, math.ceil(rows / SAMPLE_ROWS))
     sample = digested.where(F.pmod(F.xxhash64(column(id_col)), F.lit(every)) == 0)
     found = sample.agg(

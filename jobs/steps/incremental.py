@@ -33,6 +33,9 @@ _PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLU
 _NEW_ID = "__lakescore_input_id"
 _MISSING = "__lakescore_missing"
 """The changes table's flag: ``True`` on an output id missing from the input, ``False`` on a row to score."""
+DISTINCT_RSD = 0.01
+"""Relative standard deviation of the distinct-input estimate (Spark's HyperLogLog++ then keeps 2^14 registers, about
+13 KiB a task)."""
 CHANGES_LAYOUT = 2
 """What the changes table holds, part of its key: 2, the rows to score and the missing ids, flagged (1 held the rows
 to score alone). A run resumed by a release with another layout joins again instead of misreading the table."""
@@ -51,7 +54,12 @@ class Changes:
     """Output rows whose id is not in the input at all."""
     missing_ids: DataFrame
     """Those ids, in one column named as the id column."""
+    distinct_to_score: Optional[int]
+    """Distinct inputs among the rows to score, estimated (``approx_count_distinct``, a null input counting as
+    one) in the job that counts them; ``None`` when there is no output yet and nothing was counted."""
     spec_digest: str
+    model_sha256: str
+    """The weights an output row must carry to be current (it is scored again otherwise)."""
     previous_version: Optional[int]
     """The output version compared with (``None``: no output yet, every row is new)."""
     table: Optional[Staging] = None
@@ -95,20 +103,28 @@ def find_changes(
     digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
     if previous_version is None:
         no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
-        return Changes(digested, scorable_rows, 0, 0, no_ids, spec, None)
+        return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
+                       distinct_to_score=None, spec_digest=spec, model_sha256=model_sha256, previous_version=None)
     if not changed.exists():
         changed.write(_changed_or_missing(run, digested, previous_version, model_sha256, spec))
     table = changed.table()
     to_score = table.where(~F.col(_MISSING)).drop(_MISSING)
     missing = table.where(F.col(_MISSING)).select(column(cfg.id_col))
-    counts = dict(table.groupBy(_MISSING).count().collect())  # one job over the small table, not over the join
-    rows_to_score, rows_missing = counts.get(False, 0), counts.get(True, 0)
+    scored = ~F.col(_MISSING)
+    counts = table.agg(  # one job over the small table, not over the join
+        F.count(F.when(scored, 1)).alias("to_score"),
+        F.count(F.when(F.col(_MISSING), 1)).alias("missing"),
+        (F.approx_count_distinct(F.when(scored, column(DIGEST_COLUMN)), DISTINCT_RSD)
+         + F.max(F.when(scored, column(DIGEST_COLUMN).isNull().cast("int")))).alias("distinct"),
+    ).first()
+    rows_to_score, rows_missing = int(counts["to_score"]), int(counts["missing"])
     if refused is not None:
         missing = missing.join(refused.select(column(cfg.id_col).alias(_NEW_ID)), column(cfg.id_col) == F.col(_NEW_ID),
                                "left_anti")
         rows_missing = missing.count()
-    return Changes(to_score, rows_to_score, scorable_rows - rows_to_score, rows_missing, missing, spec,
-                   previous_version, changed)
+    return Changes(to_score=to_score, rows_to_score=rows_to_score, rows_kept=scorable_rows - rows_to_score,
+                   rows_missing=rows_missing, missing_ids=missing, distinct_to_score=int(counts["distinct"] or 0),
+                   spec_digest=spec, model_sha256=model_sha256, previous_version=previous_version, table=changed)
 
 
 def _changed_or_missing(run: RunContext, digested: DataFrame, previous_version: int, model_sha256: str,

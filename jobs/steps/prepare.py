@@ -27,9 +27,9 @@ from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, input_fingerprint, prepared_rows, run_key
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.model_source import ModelSourceError, ModelSpec, weights_sha256
 
-__all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "plan_run"]
+__all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,38 @@ class Plan:
         return [id_col, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else [id_col]
 
 
+def _run_facts(run: RunContext, targets: Targets, model_sha256: str) -> dict:
+    """What the run's staging keys cover: the pinned input, the output, the task, the weights and scoring spec, the
+    ids and inputs, a configured run id; in incremental mode the output version compared with (the rows to score
+    depend on it)."""
+    cfg = run.cfg
+    facts = {
+        "input": input_fingerprint(run.source),
+        "input_version": run.input_version,
+        "output": cfg.output,
+        "task": cfg.task,
+        "model_sha256": model_sha256,
+        "spec": dataclasses.replace(run.spec, device="", expect_sha256=None).identity(),
+        "id_col": cfg.id_col,
+        "inputs": run.input_cols,
+        "run_id": cfg.resolved_run_id(),
+    }
+    if cfg.write.mode == "incremental":
+        facts.update(mode="incremental", previous_version=targets.previous_version)
+    return facts
+
+
+def _compare_with_output(run: RunContext, targets: Targets, split: IdSplit, model_sha256: str) -> Changes:
+    """:func:`~lakescore.jobs.steps.incremental.find_changes` for this run, counting output rows scored by
+    ``model_sha256`` as current; its changes table is keyed by the run's facts."""
+    cfg = run.cfg
+    key = run_key({**_run_facts(run, targets, model_sha256), "changes": CHANGES_LAYOUT})
+    changed = changed_rows(run.spark, cfg.output, cfg.write.staging, key)
+    refused = split.refused if split.ids.refused_rows else None
+    scorable_rows = split.ids.rows - split.ids.refused_rows
+    return find_changes(run, split.scorable, scorable_rows, refused, model_sha256, targets.previous_version, changed)
+
+
 def new_run_id() -> str:
     """A sortable, unique run id: UTC timestamp plus 8 random hex digits."""
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]
@@ -126,34 +158,45 @@ def check_input_ids(run: RunContext) -> IdSplit:
     return IdSplit(ids, scorable, refused)
 
 
-def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity) -> Plan:
+def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional[Changes]:
+    """In incremental mode, the rows to score against the output, found while the executors still load the model:
+    with the digest of the weights in the driver's copy of the model (``run.model_dir``).
+
+    ``None`` in the other modes, or when the driver's copy holds no weight file (the preflight names the error).
+    What the executors hashed decides: :func:`plan_run` compares again if their digest differs.
+    """
+    if run.cfg.write.mode != "incremental":
+        return None
+    try:
+        sha256 = weights_sha256(run.model_dir)
+    except ModelSourceError:
+        return None
+    return _compare_with_output(run, targets, split, sha256)
+
+
+def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity,
+             early: Optional[Changes] = None) -> Plan:
     """The run's plan: run id, pinned spec, the rows to score (in incremental mode: against the output at
-    ``targets.previous_version``), chunk count and the staging table of this run's key."""
+    ``targets.previous_version``, ``early``'s when it compared with the weights the executors hashed), chunk count
+    and the staging table of this run's key."""
     cfg = run.cfg
     # Workers must load exactly the weights the preflight hashed, or fail their task.
     spec = dataclasses.replace(run.spec, expect_sha256=identity.sha256)
     scorable_rows = split.ids.rows - split.ids.refused_rows
-    facts = {
-        "input": input_fingerprint(run.source),
-        "input_version": run.input_version,
-        "output": cfg.output,
-        "task": cfg.task,
-        "model_sha256": identity.sha256,
-        "spec": dataclasses.replace(spec, device="", expect_sha256=None).identity(),
-        "id_col": cfg.id_col,
-        "inputs": run.input_cols,
-        "run_id": cfg.resolved_run_id(),
-    }
+    facts = _run_facts(run, targets, identity.sha256)
     changes = None
     if cfg.write.mode == "incremental":
-        # the rows to score depend on the output version compared with
-        facts.update(mode="incremental", previous_version=targets.previous_version)
-        changed = changed_rows(run.spark, cfg.output, cfg.write.staging, run_key({**facts, "changes": CHANGES_LAYOUT}))
-        refused = split.refused if split.ids.refused_rows else None
-        changes = find_changes(run, split.scorable, scorable_rows, refused, identity.sha256, targets.previous_version, changed)
+        changes = early
+        if changes is None or changes.model_sha256 != identity.sha256:
+            if changes is not None:
+                log.warning("the driver read weights %s, the executors %s: comparing with the output again",
+                            changes.model_sha256, identity.sha256)
+                if changes.table is not None:
+                    changes.table.drop()  # compared for weights no worker loads: no run reads it
+            changes = _compare_with_output(run, targets, split, identity.sha256)
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
-    dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows)
+    dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows, changes.distinct_to_score if changes else None)
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     key = run_key({**facts, "chunks": chunks, "dedup": dedup.used})  # staged rows carry the digest when deduplicating
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
@@ -187,7 +230,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
             changes.rows_to_score, changes.rows_kept, changes.rows_missing, changes.previous_version,
         )
     if dedup.used or dedup.mode == "auto":
-        log.info("dedup %s: %s (sample: %s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
+        log.info("dedup %s: %s (%s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
                  dedup.sample_rows, dedup.sample_distinct)
     if split.ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())

@@ -46,3 +46,32 @@ def test_dedup_scores_each_input_once_and_equals_dedup_off(spark, tmp_path, tiny
     unique = spark.createDataFrame([(i, f"t{i}", f"d{i}") for i in range(50)], "review_id long, body string, input_digest string")
     decision = decide_dedup("auto", unique, "review_id", 50)
     assert (decision.used, decision.sample_rows, decision.sample_distinct) == (False, 50, 50)
+    # Given the distinct inputs among all its rows (an incremental run estimates them), auto decides from those
+    # without a sample: 10 of 50 rows repeat an input.
+    decision = decide_dedup("auto", unique, "review_id", 50, distinct=40)
+    assert (decision.used, decision.sample_rows, decision.sample_distinct) == (True, 50, 40)
+
+
+def test_an_incremental_run_decides_dedup_from_its_rows_to_score(spark, tmp_path, tiny_classifier_dir):
+    source = tmp_path / "reviews"
+
+    def write(rows):
+        spark.createDataFrame(pd.DataFrame(rows, columns=["review_id", "body"]), "review_id long, body string") \
+            .write.format("delta").mode("overwrite").save(str(source))
+
+    def run(run_id):
+        report = run_scoring(load_config(flags={
+            "input": str(source), "output": str(tmp_path / "labels"), "task": "classify", "model.source": str(tiny_classifier_dir),
+            "id_col": "review_id", "text_col": "body", "write.mode": "incremental", "run_id": run_id,
+        }), spark)
+        assert report.status == "succeeded", report.error
+        return report
+
+    night_one = [(i, f"review {i}") for i in range(1, 21)]
+    write(night_one)
+    assert run("n1").dedup["used"] is False  # 20 distinct texts, sampled
+    # Night two: 6 new rows, 2 distinct texts among them, and 20 unchanged rows that repeat nothing new.
+    write(night_one + [(21 + i, "same new text" if i % 2 else "another new text") for i in range(6)])
+    two = run("n2")
+    assert (two.rows_kept, two.rows_scored) == (20, 6)
+    assert two.dedup == {"mode": "auto", "used": True, "sample_rows": 6, "sample_distinct": 2, "forward_passes_saved": 4}

@@ -3,6 +3,7 @@ rows are scored, the rest kept, changes applied with one MERGE; every run accoun
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 
@@ -12,6 +13,9 @@ import pytest
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.preflight import ModelIdentity
+from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
+from lakescore.jobs.steps.read import check_targets, open_input
 from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
 
@@ -170,3 +174,33 @@ def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path
     cfg = config(run_id="pinned-parquet", input=str(parquet), output=tmp_path / "from-parquet", **{"write.mode": "overwrite"})
     report = run_held_at(spark, cfg, "score_stage", tmp_path / "barrier-pinned-parquet", add_file, monkeypatch)
     assert report.status == "succeeded" and report.input_version is None and report.output_rows == 6
+
+
+def test_the_driver_compares_before_the_preflight_and_again_when_the_executors_hashed_other_weights(
+        spark, tmp_path, config, tiny_classifier_dir):
+    """``compare_early`` finds the rows to score with the digest of the driver's copy of the weights, while the
+    executors still load theirs; ``plan_run`` keeps that comparison when the executors agree, and compares again
+    (dropping the first comparison's table) when they hashed other weights."""
+    _write_input(spark, _texts(12), tmp_path / "reviews")
+    first = run_scoring(config(run_id="r1"), spark)
+    assert _accounts(first) == (0, 12, 0, 0, 0)
+
+    run = open_input(config(run_id="r2"), spark)
+    try:
+        targets = check_targets(run)
+        split = check_input_ids(run)
+        executors = ModelIdentity(first.model_id, None, first.model_sha256)
+
+        early = compare_early(run, targets, split)
+        assert (early.model_sha256, early.rows_to_score, early.rows_kept) == (first.model_sha256, 0, 12)
+        assert plan_run(run, targets, split, executors, early).changes is early
+
+        # As if the driver's copy held other weights than the executors loaded: every row looks stale to it.
+        other = _retrained(tiny_classifier_dir, tmp_path / "retrained")
+        stale = compare_early(dataclasses.replace(run, model_dir=other), targets, split)
+        assert stale.model_sha256 != first.model_sha256 and stale.rows_to_score == 12 and stale.table.exists()
+        plan = plan_run(run, targets, split, executors, stale)
+        assert (plan.changes.model_sha256, plan.changes.rows_to_score, plan.changes.rows_kept) == (first.model_sha256, 0, 12)
+        assert plan.identity.sha256 == first.model_sha256 and not stale.table.exists()
+    finally:
+        run.worker_start.wait()
