@@ -59,7 +59,8 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             targets = check_targets(run)
         with clock.step("prepare"):
             split = check_input_ids(run)
-            early = compare_early(run, targets, split)  # incremental: while the executors still load the model
+            with preflight.abandoned_if_it_fails():  # incremental: compare while the executors still load the model
+                early = compare_early(run, targets, split)
             identity = preflight.identity()
     with clock.step("prepare"):
         plan = plan_run(run, targets, split, identity, early)

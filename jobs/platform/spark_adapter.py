@@ -24,8 +24,9 @@ remote model files        Hadoop ``FileSystem`` copy + ``addFile``    ``binaryFi
 JVM log levels            ``setLogLevel`` / log4j via py4j            the server's own (nothing to do)
 ========================  ==========================================  ==============================================
 
-Cancelling a background Spark job is the same in both (``addTag`` / ``interruptTag``), as are
-worker metrics for the report (they travel in the scored rows, :mod:`lakescore.udfs.scoring_udf`).
+Cancelling a Spark job from another thread: :func:`job_tag` / :func:`cancel_tagged` (``SparkContext`` job tags in
+classic, the session's tags over Connect; see :func:`cancel_tagged` for why not the session's in classic). Worker
+metrics for the report are the same in both (they travel in the scored rows, :mod:`lakescore.udfs.scoring_udf`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from lakescore.jobs.config import ConfigError
 __all__ = [
     "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
-    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files",
+    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,38 @@ class NotOnConnect(ConfigError):
 def is_connect(spark: SparkSession) -> bool:
     """True for a Spark Connect session (``pyspark.sql.connect``), false for a classic one."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@contextmanager
+def job_tag(spark: SparkSession, tag: str) -> Iterator[None]:
+    """Tag the Spark jobs this thread starts inside the block with ``tag``, so that any thread can cancel them
+    (:func:`cancel_tagged`)."""
+    if is_connect(spark):
+        spark.addTag(tag)
+    else:
+        spark.sparkContext.addJobTag(tag)
+    try:
+        yield
+    finally:
+        if is_connect(spark):
+            spark.removeTag(tag)
+        else:
+            spark.sparkContext.removeJobTag(tag)
+
+
+def cancel_tagged(spark: SparkSession, tag: str) -> None:
+    """Cancel the running and queued jobs :func:`job_tag` tagged ``tag``, from any thread.
+
+    Classic sessions use ``SparkContext``'s job tags: a classic ``SparkSession.addTag`` is stored per thread
+    (``spark-session-<id>-thread-<id>-<tag>``), so ``interruptTag`` from another thread finds no job (Spark 4.1.1:
+    a running ``mapInPandas`` job ran its 30 s to the end, ``interruptTag`` returned ``[]``, while
+    ``cancelJobsWithTag`` ended it at once). Over Connect, tags travel with each operation and the server
+    interrupts them whichever thread asks.
+    """
+    if is_connect(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobsWithTag(tag)
 
 
 def session_facts(spark: SparkSession) -> dict[str, Optional[str]]:

@@ -15,12 +15,13 @@ import logging
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakescore.jobs.platform.spark_adapter import default_parallelism
+from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
@@ -67,13 +68,11 @@ class PythonWorkerStart:
         self._thread.start()
 
     def _run(self, layout: "ScoringLayout") -> None:
-        self._spark.addTag(self._tag)  # tags belong to this thread
         try:
-            self._spark.range(1, numPartitions=1).mapInArrow(start_worker, "id long", profile=layout.profile).collect()
+            with job_tag(self._spark, self._tag):
+                self._spark.range(1, numPartitions=1).mapInArrow(start_worker, "id long", profile=layout.profile).collect()
         except Exception as error:  # noqa: BLE001 (the preflight reports worker failures)
             log.debug("starting a Python worker ahead of the preflight failed: %s", error)
-        finally:
-            self._spark.removeTag(self._tag)
 
     def wait(self) -> None:
         """Return once the worker started (or its job failed or was cancelled)."""
@@ -82,7 +81,7 @@ class PythonWorkerStart:
     def cancel(self) -> None:
         """Cancel the job if it still runs (the run failed before the preflight took over)."""
         if self._thread.is_alive():
-            self._spark.interruptTag(self._tag)
+            cancel_tagged(self._spark, self._tag)
 
 
 def preflight_model(
@@ -98,8 +97,9 @@ def preflight_model(
     Runs one small task per scoring slot (``layout.partitions``, else the cluster's
     parallelism) under the scoring stage's resource profile, before any input row
     is scored: a model that cannot load fails the run here, and the workers that
-    score next find it in their cache. Its Spark job carries ``tag`` (``SparkSession.addTag``),
-    so another thread can cancel it with ``interruptTag``, in classic and Connect sessions alike.
+    score next find it in their cache. Its Spark job carries ``tag``
+    (:func:`~lakescore.jobs.platform.spark_adapter.job_tag`), so another thread can cancel it
+    (:func:`~lakescore.jobs.platform.spark_adapter.cancel_tagged`), in classic and Connect sessions alike.
 
     With a quantized ``spec`` and a ``sample`` of input texts, one task also compares the quantized
     outputs with float32's on the sample (the float32 graph, checked against torch at export);
@@ -113,13 +113,8 @@ def preflight_model(
     """
     tasks = layout.partitions or default_parallelism(spark)
     probe = make_preflight_function(spec, sample, tolerance)
-    if tag:
-        spark.addTag(tag)  # tags belong to this thread: the job below, nothing the caller's thread runs
-    try:
+    with job_tag(spark, tag) if tag else nullcontext():  # this thread's job below, nothing the caller's thread runs
         rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
-    finally:
-        if tag:
-            spark.removeTag(tag)
     failed = [r for r in rows if r.error_type]
     if failed:
         r = failed[0]
@@ -182,12 +177,30 @@ class ExecutorPreflight:
             self._cancelled.set()
             if self._run.worker_start is not None:
                 self._run.worker_start.cancel()
-            self._run.spark.interruptTag(self._tag)
+            cancel_tagged(self._run.spark, self._tag)
         self._pool.shutdown(wait=True)
 
     def identity(self) -> ModelIdentity:
         """The identity every executor agreed on; the preflight's error if it failed."""
         return self._future.result()
+
+    @contextmanager
+    def abandoned_if_it_fails(self) -> Iterator[None]:
+        """Run the block, whose work is useless without the model, so that a failed preflight ends it at once: the
+        block's Spark jobs (this thread's) carry a tag the preflight cancels when it fails, and the preflight's
+        error is raised in place of the cancellation's. A block entered after the preflight failed does not run."""
+        spark = self._run.spark
+        tag = f"lakescore-needs-model-{uuid.uuid4().hex[:12]}"
+        self._future.add_done_callback(lambda done: cancel_tagged(spark, tag) if done.exception() is not None else None)
+        try:
+            if self._future.done():
+                self._future.result()  # failed already: its error, before any job
+            with job_tag(spark, tag):
+                yield
+        except Exception:
+            if self._future.done() and self._future.exception() is not None:
+                raise self._future.exception() from None
+            raise
 
 
 def quantization_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[str]:

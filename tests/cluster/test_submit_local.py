@@ -108,9 +108,9 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     ]
 
     def tagged(stage_event, name: str) -> bool:
-        # SparkSession.addTag: Spark stores it in spark.job.tags as "spark-session-<id>-thread-<id>-<tag>"
+        # spark_adapter.job_tag: SparkContext.addJobTag, stored as is in spark.job.tags
         tags = (stage_event.get("Properties") or {}).get("spark.job.tags", "").split(",")
-        return any(f"-lakescore-{name}-" in tag for tag in tags)
+        return any(tag.startswith(f"lakescore-{name}-") for tag in tags)
 
     worker_start = {e["Stage Info"]["Stage ID"] for e in arrow_stages if tagged(e, "worker-start")}
     preflight = {e["Stage Info"]["Stage ID"] for e in arrow_stages if tagged(e, "preflight")}

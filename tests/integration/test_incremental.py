@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
+import time
 
 import numpy as np
 import pandas as pd
@@ -13,9 +14,10 @@ import pytest
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.preflight import ModelIdentity
+from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.read import check_targets, open_input
+from lakescore.udfs.model_source import ModelSourceError
 from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
 
@@ -204,3 +206,29 @@ def test_the_driver_compares_before_the_preflight_and_again_when_the_executors_h
         assert plan.identity.sha256 == first.model_sha256 and not stale.table.exists()
     finally:
         run.worker_start.wait()
+
+
+def test_a_failed_preflight_abandons_the_comparison_and_raises_its_own_error(spark, tmp_path, config, tiny_classifier_dir):
+    """Work that needs the model (the early comparison) is interrupted as soon as the executors fail to load it, and
+    the run fails with the model's error, not the interruption's; the output keeps its version."""
+    _write_input(spark, _texts(4), tmp_path / "reviews")
+    assert run_scoring(config(run_id="r1"), spark).status == "succeeded"
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_classifier_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")  # the driver hashes it; no worker can load it
+
+    def slow(batches):  # defined here, so Spark ships it by value (workers cannot import the tests package)
+        time.sleep(120)  # far longer than the preflight takes to fail
+        yield from batches
+
+    run = open_input(config(model=broken, run_id="r2"), spark)
+    started = time.monotonic()
+    with pytest.raises(ModelSourceError, match="failed to load or score a sample on executor"):
+        with ExecutorPreflight(run) as preflight:
+            with preflight.abandoned_if_it_fails():
+                spark.range(1, numPartitions=1).mapInPandas(slow, "id long").collect()
+    assert time.monotonic() - started < 60
+
+    with pytest.raises(ModelSourceError, match="failed to load or score a sample on executor"):
+        run_scoring(config(model=broken, run_id="r3"), spark)
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{tmp_path / 'labels'}`").count() == 1
