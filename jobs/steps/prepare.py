@@ -24,7 +24,7 @@ from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
-from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, input_fingerprint, prepared_rows, run_key
+from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, prepared_rows, run_key
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.model_source import ModelSourceError, ModelSpec, weights_sha256
@@ -115,7 +115,7 @@ def _run_facts(run: RunContext, targets: Targets, model_sha256: str) -> dict:
     depend on it)."""
     cfg = run.cfg
     facts = {
-        "input": input_fingerprint(run.source),
+        "input": run.input_files_digest,
         "input_version": run.input_version,
         "output": cfg.output,
         "task": cfg.task,

@@ -10,6 +10,7 @@ over the input's rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,7 @@ from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths
 from lakescore.jobs.platform.tables import check_output_target, is_path, read_pinned
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
+from lakescore.jobs.steps.staging import input_fingerprint
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
 from lakescore.schemas.output import errors_schema, output_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
@@ -58,6 +60,12 @@ class RunContext:
     @property
     def id_field(self) -> StructField:
         return self.source.schema[self.cfg.id_col]
+
+    @functools.cached_property
+    def input_files_digest(self) -> str:
+        """A digest of the files the pinned input reads (:func:`~lakescore.jobs.steps.staging.input_fingerprint`),
+        listed once per run: the early comparison's key and the plan's both name it."""
+        return input_fingerprint(self.source)
 
 
 @dataclass(frozen=True)
