@@ -10,11 +10,21 @@ LAKESCORE := $(VENV)/bin/lakescore
 # sessions that need it then resolve it from Maven at start-up.
 S3A ?= 1
 
+# Packages are installed by uv (pinned in constraints.txt, bootstrapped into .venv by pip). It resolves
+# the same pins as pip, but hard-links each file from its cache instead of copying it, so .venv and
+# build/env share one copy of torch and its CUDA libraries (~7 GB): with pip the two held ~17 GB and
+# a CI machine ran out of disk installing the second. The cache lives in the checkout (git-ignored)
+# so it is on the venvs' filesystem: across filesystems uv falls back to copying.
+UV := $(VENV)/bin/uv
+UV_CACHE_DIR ?= $(CURDIR)/.cache/uv
+export UV_CACHE_DIR
+
 # Create .venv, install the pinned stack (constraints.txt) and fetch the Delta (and S3A) jars once.
 # connect: the Spark Connect client; mlflow: MLflow model URIs (both tested by make test).
 setup: browser
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
+	$(PY) -m pip install --quiet -c constraints.txt uv
+	$(UV) pip install --quiet --python $(PY) -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:
@@ -105,15 +115,17 @@ $(ENV).inputs: $(WHEEL) FORCE
 	mkdir -p build
 	{ unzip -p $(WHEEL) '*.dist-info/METADATA' | grep '^Requires-Dist:' | grep -v 'extra =='; \
 	  $(ENV_PYTHON) -c 'import sys; print(sys.executable, sys.version)'; \
-	  echo 'pip args: $(ENV_PIP_ARGS)'; cat constraints.txt; } > $@.new
+	  echo 'install args: $(ENV_PIP_ARGS)'; cat constraints.txt; } > $@.new
 	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
-# The dependencies, resolved from the wheel's metadata under constraints.txt into a fresh venv:
-# minutes (torch and its CUDA libraries, about 7.7 GB), so only when the inputs above change.
+# The dependencies, resolved from the wheel's metadata under constraints.txt into a fresh venv, only
+# when the inputs above change. torch and its CUDA libraries are about 7.7 GB: uv links them from the
+# cache that make setup filled (seconds, no second copy on disk). ENV_PIP_ARGS go to `uv pip install`,
+# which takes pip's index options (--index-url, --extra-index-url, --find-links).
 $(ENV).deps: $(ENV).inputs
 	rm -rf $(ENV) $(ENV).installed
 	$(ENV_PYTHON) -m venv $(ENV)
-	$(ENV)/bin/python -m pip install --quiet -c constraints.txt $(ENV_PIP_ARGS) $(WHEEL)
+	$(UV) pip install --quiet --python $(ENV)/bin/python -c constraints.txt $(ENV_PIP_ARGS) $(WHEEL)
 	touch $@
 
 # lakescore itself: seconds, whenever the wheel changes.
