@@ -304,6 +304,11 @@ def merge_delta(
     on, delete, upsert = f"t.{key} = s.{key}", f"s.{MERGE_OP} = 'delete'", f"s.{MERGE_OP} = 'upsert'"
     assignments = {c: f"s.{c}" for c in quoted}  # target column -> source value, for UPDATE and INSERT alike
     app_id, txn_version = (txn[0], str(int(txn[1]))) if txn is not None else (None, None)
+    # Delta's MERGE reads its source twice (to find the files it touches, then to write). Its "auto" setting leaves
+    # a deterministic source of Delta scans unmaterialized, so each pass plans and lists this run's staging, errors
+    # and changes tables again; materialized once, a W3 incremental run's publish step took 3.0 s instead of 3.75
+    # (medians of 7 alternating runs, 2-core AMD EPYC). A session that sets it keeps its own value.
+    materialize = None if spark.conf.get(_MATERIALIZE_SOURCE, None) is not None else "all"
     # A path in a classic session merges through Delta's API: SQL's delta.`<path>` is first looked up as a
     # table in the metastore, which starts the Derby client (~3 s of a W3 incremental run's MERGE, measured here).
     target = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
@@ -311,7 +316,8 @@ def merge_delta(
         changes.createOrReplaceTempView(view)
     try:
         with _session_conf(spark, _COMMIT_METADATA, user_metadata), _session_conf(spark, _TXN_APP_ID, app_id), \
-                _session_conf(spark, _TXN_VERSION, txn_version):
+                _session_conf(spark, _TXN_VERSION, txn_version), \
+                _session_conf(spark, _MATERIALIZE_SOURCE, materialize, refused_ok=True):
             if target is not None:
                 (target.alias("t").merge(changes.alias("s"), on)
                  .whenMatchedDelete(condition=delete)
@@ -342,6 +348,7 @@ def merge_delta(
 
 
 _COMMIT_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 

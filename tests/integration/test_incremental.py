@@ -22,6 +22,9 @@ from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
 
 
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+
+
 def _texts(n: int) -> pd.DataFrame:
     return pd.DataFrame({"review_id": range(1, n + 1), "body": [f"review number {i}: the battery lasts {i} days" for i in range(1, n + 1)]})
 
@@ -96,6 +99,8 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     # Deletion vectors: the MERGE marked the replaced rows deleted and copied no unchanged row into a new file.
     assert merge["operationMetrics"]["numTargetRowsCopied"] == "0"
     assert int(merge["operationMetrics"]["numTargetDeletionVectorsAdded"]) > 0
+    # The MERGE materialized its source once (a Spark job: tens of ms at least); Delta's "auto" and "none" record ~1 ms.
+    assert int(merge["operationMetrics"]["materializeSourceTimeMs"]) >= 20
     assert not (tmp_path / "_lakescore_staging").exists()  # staging and the changed rows' table are dropped
 
     # The error-rate gate counts the rows this run looked at (not the kept ones): id 5, not in the output, is
@@ -104,9 +109,17 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert gated.status == "error_rate_exceeded" and "1 of 1 rows (100.0000%) could not be scored (10 unchanged rows kept, not counted)" in gated.error
     assert gated.delta_version is None and spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 2
 
-    # delete_missing: ids 3 and 4 go; id 5 is still dead-lettered.
-    fourth = run_scoring(config(run_id="r4", max_error_rate=1.0, **{"write.delete_missing": True}), spark)
+    # delete_missing: ids 3 and 4 go; id 5 is still dead-lettered. A session that chose how Delta's MERGE
+    # materializes its source keeps its choice.
+    spark.conf.set(_MATERIALIZE_SOURCE, "none")
+    try:
+        fourth = run_scoring(config(run_id="r4", max_error_rate=1.0, **{"write.delete_missing": True}), spark)
+        assert spark.conf.get(_MATERIALIZE_SOURCE) == "none"
+    finally:
+        spark.conf.unset(_MATERIALIZE_SOURCE)
     assert _accounts(fourth) == (10, 0, 1, 2, 2)
+    merge = spark.sql(f"DESCRIBE HISTORY delta.`{output}` LIMIT 1").first()
+    assert merge["operation"] == "MERGE" and int(merge["operationMetrics"]["materializeSourceTimeMs"]) <= 5
     incremental = read_output(spark, str(output)).set_index("review_id")
     assert sorted(incremental.index) == [1, 2] + list(range(6, 14))
 
