@@ -6,7 +6,7 @@ Derby metastore with the integration tests: the run report, the Spark event log 
 table's own Delta log and Parquet files.
 
 Slow: a standalone cluster, two executor JVMs and the real model take minutes; the first run on a
-machine also builds ``build/env`` (about 4 minutes: torch and its CUDA libraries from PyPI).
+machine also builds ``build/env`` (~25 s: uv links torch and its CUDA libraries from the cache ``make setup`` filled).
 """
 
 from __future__ import annotations
