@@ -43,6 +43,7 @@ __all__ = [
     "WriteConflictError",
     "is_commit_conflict",
     "write_delta_overwrite",
+    "overwrite_delta",
     "DELETION_VECTORS",
     "MERGE_OP",
     "MergeCommit",
@@ -240,6 +241,25 @@ def write_delta_overwrite(
     A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
     """
     ref = local_ref(ref)
+    overwrite_delta(df, ref, replace_where, partition_by, user_metadata, txn, table_properties)
+    return own_commit(df.sparkSession, ref, user_metadata)
+
+
+def overwrite_delta(
+    df: DataFrame,
+    ref: str,
+    replace_where: Optional[str] = None,
+    partition_by: Optional[str] = None,
+    user_metadata: Optional[str] = None,
+    txn: Optional[tuple[str, int]] = None,
+    table_properties: Optional[Mapping[str, str]] = None,
+) -> None:
+    """:func:`write_delta_overwrite` without reading its commit back from the history (one Spark job fewer): for a
+    private table whose commit nobody checks, such as a run's staging tables.
+
+    A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
+    """
+    ref = local_ref(ref)
     writer = df.write.format("delta").mode("overwrite")
     if txn is not None:
         writer = writer.option("txnAppId", txn[0]).option("txnVersion", int(txn[1]))
@@ -262,7 +282,6 @@ def write_delta_overwrite(
                 f"({_first_line(exc)}); the table holds the other run's complete result. Rerun to replace it."
             ) from exc
         raise
-    return own_commit(df.sparkSession, ref, user_metadata)
 
 
 DELETION_VECTORS = "delta.enableDeletionVectors"

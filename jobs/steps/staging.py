@@ -45,8 +45,8 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, read_input, table_id,
-    write_delta_overwrite,
+    append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, overwrite_delta, read_input,
+    table_id,
 )
 
 __all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
@@ -139,11 +139,11 @@ class Staging:
 
     def write(self, rows: DataFrame) -> None:
         """Write ``rows`` here in one commit, replacing what is here."""
-        write_delta_overwrite(rows, self.location)
+        overwrite_delta(rows, self.location)
 
     def write_chunked(self, rows: DataFrame, id_col: str) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
-        write_delta_overwrite(rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks)), self.location,
+        overwrite_delta(rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks)), self.location,
                               partition_by=CHUNK_COLUMN)
 
     def chunk(self, chunk: int) -> DataFrame:
