@@ -14,6 +14,7 @@ feature                   classic                                     Spark Conn
 default parallelism       ``SparkContext.defaultParallelism``         partitions of ``spark.range`` (one tiny job,
                                                                       cached per session)
 input partitions          ``df.rdd.getNumPartitions()``               unknown (``None``): callers repartition
+aggregates of a write     ``Observation`` on the written DataFrame    none (callers aggregate in a job of their own)
 live rows while scoring   an accumulator the workers add to           none (tasks only, see :func:`stage_progress`)
 tasks while scoring       ``statusTracker``                           ``registerProgressHandler``
 path exists               Hadoop ``FileSystem.exists``                reading it with Spark (``binaryFile``)
@@ -44,7 +45,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.config import ConfigError
 
 __all__ = [
-    "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "partition_count", "rows_counter",
+    "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "observed", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
     "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged",
 ]
@@ -126,6 +127,22 @@ def default_parallelism(spark: SparkSession) -> int:
         probe = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()
         _parallelism[spark] = int(probe[0]) + 1
     return _parallelism[spark]
+
+
+def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], Optional[dict[str, Any]]]]:
+    """``df`` carrying ``aggregates`` (named aggregate columns) that the action running it computes on the way (Spark's
+    ``Observation``), and a function returning them, as a dict by name, once that action finished.
+
+    Classic sessions only. Over Connect ``df`` is returned as it is and the function returns ``None``: a Spark Connect
+    4.1.1 server given an observed Delta write waited for its metrics without end (seen here), so callers aggregate in
+    a job of their own there.
+    """
+    if is_connect(df.sparkSession):
+        return df, lambda: None
+    from pyspark.sql import Observation
+
+    observation = Observation(f"lakescore_{id(df):x}")
+    return df.observe(observation, *aggregates), lambda: observation.get
 
 
 def partition_count(df: DataFrame) -> Optional[int]:
