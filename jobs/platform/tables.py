@@ -163,10 +163,11 @@ def read_pinned(spark: SparkSession, ref: str, fmt: str = "auto") -> tuple[DataF
     return df, None
 
 
-def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Optional[int]:
+def check_output_target(spark: SparkSession, ref: str, schema: StructType, version: bool = True) -> Optional[int]:
     """Fail before any compute if ``ref`` cannot take an overwrite with ``schema``.
 
-    Returns the current Delta version of the target, or ``None`` if it does not exist yet.
+    Returns the current Delta version of the target (read from its history: one Spark job, skipped for
+    ``version=False``, which returns ``None``), or ``None`` if it does not exist yet.
     Raises :class:`TableError` if the table's database is missing, the target exists but
     is not Delta, or its columns differ from ``schema`` (names and types). A directory holding
     only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
@@ -196,7 +197,7 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType) -> Op
             f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
             "write to a new output or drop the old one"
         )
-    return last_commit(spark, ref).version
+    return last_commit(spark, ref).version if version else None
 
 
 @dataclass(frozen=True)

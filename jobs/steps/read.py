@@ -167,7 +167,7 @@ def check_targets(run: RunContext) -> Targets:
     planned_errors = errors_schema(run.id_field)
     previous_version = check_output_target(run.spark, run.cfg.output, planned)
     errors_ref = run.cfg.errors_ref()
-    check_output_target(run.spark, errors_ref, planned_errors)
+    check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
     return Targets(planned, planned_errors, errors_ref, previous_version)
 
 

@@ -75,3 +75,4 @@ def test_a_delta_path_with_spaces_unicode_and_a_backtick(tmp_path, spark, minilm
     assert not (output.parent / "_lakescore_staging").exists()  # the staging table and its empty folders are gone
     schema = output_schema("embed", spark.read.parquet(str(source)).schema["review_id"])
     assert check_output_target(spark, str(output), schema) == 0  # what a rerun checks first: it exists, Delta, v0
+    assert check_output_target(spark, str(output), schema, version=False) is None  # the errors table's check: no history
