@@ -104,11 +104,13 @@ def run_w3(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
         run_dir = runs_dir / f"{W3}-{name}-{len(result.runs.get(name, [])) + 1}"
         run_dir.mkdir(parents=True)
         if seed_from is not None:
-            base = runs_dir / f"{W3}-{seed_from}-1" / "delta"
-            if not base.is_dir():
+            base = runs_dir / f"{W3}-{seed_from}-1"
+            if not (base / "delta").is_dir():
                 print(f"[{W3} {name}] skipped: the {seed_from} run left no output", flush=True)
                 continue
-            shutil.copytree(base, run_dir / "delta")
+            for table in ("delta", "delta_errors"):  # the output and its errors table, as a nightly run finds them
+                if (base / table).is_dir():
+                    shutil.copytree(base / table, run_dir / table)
         measured = run_measured([*peer_command(_LAKESCORE, source, run_dir), *flags], env=env, cwd=repo,
                                 log_path=run_dir / "process.log")
         report_path = run_dir / "report.json"

@@ -215,8 +215,8 @@ def _w3_section(w3: Optional[W3Result]) -> list[str]:
             "Four kinds of whole `lakescore score` process on one table (`bench/incremental.py`): `full` (first run, "
             "`--write-mode incremental` into a fresh output, dedup auto), `full-nodedup` (the same, "
             "`--set scoring.dedup=off`), `incremental` (the changed table, `--write-mode incremental --delete-missing`, "
-            "into a fresh copy of `full`'s output each repeat) and `rescore` (the changed table in full, default "
-            "settings, fresh output).", "", *[f"- {line}" for line in w3_lines(w3)], ""]
+            "into a fresh copy of `full`'s output and errors table each repeat) and `rescore` (the changed table in "
+            "full, default settings, fresh output).", "", *[f"- {line}" for line in w3_lines(w3)], ""]
 
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
