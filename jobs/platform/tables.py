@@ -242,25 +242,22 @@ def write_delta_overwrite(
     A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
     """
     ref = local_ref(ref)
-    overwrite_delta(df, ref, replace_where, partition_by, user_metadata, txn, table_properties)
+    _overwrite(df, ref, replace_where, partition_by, user_metadata, txn, table_properties)
     return own_commit(df.sparkSession, ref, user_metadata)
 
 
-def overwrite_delta(
-    df: DataFrame,
-    ref: str,
-    replace_where: Optional[str] = None,
-    partition_by: Optional[str] = None,
-    user_metadata: Optional[str] = None,
-    txn: Optional[tuple[str, int]] = None,
-    table_properties: Optional[Mapping[str, str]] = None,
-) -> None:
-    """:func:`write_delta_overwrite` without reading its commit back from the history (one Spark job fewer): for a
-    private table whose commit nobody checks, such as a run's staging tables.
+def overwrite_delta(df: DataFrame, ref: str, partition_by: Optional[str] = None) -> None:
+    """Overwrite ``ref`` with ``df`` in one Delta commit, as :func:`write_delta_overwrite` does, but untagged and
+    without reading the commit back from the history (one Spark job fewer): for a private table whose commit nobody
+    checks, such as a run's staging tables. ``partition_by`` applies when the write creates the table.
 
     A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
     """
-    ref = local_ref(ref)
+    _overwrite(df, local_ref(ref), None, partition_by, None, None, None)
+
+
+def _overwrite(df: DataFrame, ref: str, replace_where: Optional[str], partition_by: Optional[str], user_metadata: Optional[str],
+               txn: Optional[tuple[str, int]], table_properties: Optional[Mapping[str, str]]) -> None:
     writer = df.write.format("delta").mode("overwrite")
     if txn is not None:
         writer = writer.option("txnAppId", txn[0]).option("txnVersion", int(txn[1]))

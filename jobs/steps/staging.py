@@ -144,7 +144,7 @@ class Staging:
     def write_chunked(self, rows: DataFrame, id_col: str) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
         overwrite_delta(rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks)), self.location,
-                              partition_by=CHUNK_COLUMN)
+                        partition_by=CHUNK_COLUMN)
 
     def chunk(self, chunk: int) -> DataFrame:
         """The rows of ``chunk`` written by :meth:`write_chunked` (its partition only)."""
