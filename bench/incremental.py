@@ -9,7 +9,7 @@ A 60,000-row review table in which about a fifth of the rows share their text wi
 2. ``full-nodedup``: the same with ``--set scoring.dedup=off``, into another fresh output;
 3. ``incremental``: the next night: the table after 1% of rows were edited, 0.5% added and 0.5%
    deleted (:func:`bench.data.changed_table`), scored with ``--write-mode incremental --delete-missing``
-   into a copy of (1)'s output (a fresh copy for every repeat);
+   into a copy of (1)'s output and errors table, as a nightly run finds them (a fresh copy for every repeat);
 4. ``rescore``: the same changed table scored in full into a fresh output with the default settings:
    what the night costs without incremental mode.
 
