@@ -33,6 +33,7 @@ metrics for the report are the same in both (they travel in the scored rows, :mo
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,20 +130,37 @@ def default_parallelism(spark: SparkSession) -> int:
     return _parallelism[spark]
 
 
+OBSERVED_WAIT_SECONDS = 5.0
+"""How long :func:`observed`'s function waits, after the action, for Spark to hand over the aggregates."""
+
+
 def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], Optional[dict[str, Any]]]]:
     """``df`` carrying ``aggregates`` (named aggregate columns) that the action running it computes on the way (Spark's
-    ``Observation``), and a function returning them, as a dict by name, once that action finished.
+    ``Observation``), and a function returning them, as a dict by name, once that action finished; or ``None``, and the
+    caller aggregates in a job of its own.
 
-    Classic sessions only. Over Connect ``df`` is returned as it is and the function returns ``None``: a Spark Connect
-    4.1.1 server given an observed Delta write waited for its metrics without end (seen here), so callers aggregate in
-    a job of their own there.
+    ``None`` over Spark Connect, where ``df`` is returned as it is: a Spark Connect 4.1.1 server given an observed Delta
+    write waited for its metrics without end (seen here). ``None`` too when a classic session has not delivered them
+    :data:`OBSERVED_WAIT_SECONDS` after the action (Spark's own ``Observation.get`` would wait forever): local Spark
+    4.1.1 delivers them before the write returns, other runtimes' writers are not known to.
     """
     if is_connect(df.sparkSession):
         return df, lambda: None
     from pyspark.sql import Observation
 
-    observation = Observation(f"lakescore_{id(df):x}")
-    return df.observe(observation, *aggregates), lambda: observation.get
+    observation = Observation()
+
+    def aggregated() -> Optional[dict[str, Any]]:
+        deadline = time.monotonic() + OBSERVED_WAIT_SECONDS
+        while not observation._jo.future().isCompleted():  # the JVM Observation's promise, kept by a query listener
+            if time.monotonic() > deadline:
+                log.warning("Spark delivered no observed aggregates %.0f s after the action; counting again",
+                            OBSERVED_WAIT_SECONDS)
+                return None
+            time.sleep(0.01)
+        return observation.get
+
+    return df.observe(observation, *aggregates), aggregated
 
 
 def partition_count(df: DataFrame) -> Optional[int]:

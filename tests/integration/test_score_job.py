@@ -218,6 +218,22 @@ def test_progress_line_reports_rows_rate_and_eta(spark):
     assert re.fullmatch(r"scoring: 1000 rows, chunk 1/1, tasks 3/4 in active stages \(75%\), elapsed 30 s, ETA 10 s", line), line
 
 
+def test_observed_aggregates_come_with_the_write_or_not_at_all(spark, tmp_path, monkeypatch):
+    """A Delta write carries the aggregates the incremental step counts with; without an action the caller gets
+    ``None`` after a bounded wait (and counts in a job of its own) instead of Spark's endless ``Observation.get``."""
+    from pyspark.sql import functions as F
+
+    from lakescore.jobs.platform import spark_adapter
+
+    df = spark.range(0, 1000)
+    rows, aggregated = spark_adapter.observed(df, F.count(F.lit(1)).alias("n"), F.max("id").alias("top"))
+    rows.write.format("delta").save(str(tmp_path / "observed"))
+    assert aggregated() == {"n": 1000, "top": 999}
+    monkeypatch.setattr(spark_adapter, "OBSERVED_WAIT_SECONDS", 0.2)
+    _, never_run = spark_adapter.observed(df, F.count(F.lit(1)).alias("n"))
+    assert never_run() is None
+
+
 def test_sweep_times_the_real_model_on_a_sample(spark, reviews_table, job_config, capsys):
     from lakescore.jobs.commands.sweep import run_sweep
 

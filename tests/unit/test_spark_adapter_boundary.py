@@ -11,7 +11,7 @@ PACKAGES = ("lakescore", "jobs", "udfs", "schemas", "bench")
 
 CLASSIC_ONLY = {
     "sparkContext", "_jvm", "_jsc", "_jsparkSession", "rdd", "accumulator", "Accumulator", "addFile", "addPyFile",
-    "statusTracker", "setJobGroup", "cancelJobGroup", "SparkContext", "hadoopConfiguration",
+    "statusTracker", "setJobGroup", "cancelJobGroup", "SparkContext", "hadoopConfiguration", "_jo",
 }
 """Attributes and names a Spark Connect session does not have."""
 
