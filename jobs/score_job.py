@@ -27,7 +27,7 @@ from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
-from lakescore.jobs.steps.publish import output_rows, publish
+from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.report import StepClock, assemble_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
@@ -70,6 +70,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         snapshot = plan.staging.pin()  # accounting, GX and the publish read this one version
         at_point("staging_pinned")
     with clock.step("validate"):
+        targets_loading = load_targets(run, targets)  # for the publish's commits, while the run validates
         accounting = account_rows(plan, snapshot)
         rows = output_rows(run, plan, accounting)
         profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
@@ -78,6 +79,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     with clock.step("report_data"):
         profile = finish_profile(profiling)
     with clock.step("publish"):
+        targets_loading.result()
         outcome = publish(run, targets, plan, accounting, rows, validation)
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile)
 

@@ -16,11 +16,13 @@ Python API needs the Delta Connect server plugin over Connect. Filesystem calls 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -52,6 +54,7 @@ __all__ = [
     "last_commit",
     "own_commit",
     "table_id",
+    "load_file_lists",
     "delete_path",
     "drop_delta",
     "is_delta",
@@ -59,6 +62,8 @@ __all__ = [
     "delta_history",
     "HistoryEntry",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class TableError(ValueError):
@@ -470,10 +475,38 @@ def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]
 
 def table_id(spark: SparkSession, ref: str) -> str:
     """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
-    ref = local_ref(ref)
+    return str(_detail(spark, local_ref(ref)).select("id").first()[0])
+
+
+def load_file_lists(spark: SparkSession, refs: Iterable[str]) -> "Future[None]":
+    """Start loading the current file list of each Delta table in ``refs``, in a background thread.
+
+    A Delta write to a table first reconstructs the table's file list at its current version (its snapshot's
+    state: a few Spark jobs, ~0.5 s for a small table here), which Delta then keeps for that version. Loaded while
+    the run does other work, the write finds it ready. The returned future completes when every list is loaded and
+    never raises: a reference that is not a Delta table (yet) or cannot be read is skipped, and the write that
+    follows reports its own errors.
+    """
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-file-lists")
+    future = pool.submit(_load_file_lists, spark, [local_ref(ref) for ref in refs])
+    pool.shutdown(wait=False)
+    return future
+
+
+def _load_file_lists(spark: SparkSession, refs: list[str]) -> None:
+    for ref in refs:
+        try:
+            if is_delta(spark, ref):
+                _detail(spark, ref).select("numFiles").first()  # the file count needs the whole file list
+        except Exception:  # noqa: BLE001 (best effort: the write reads the table again and reports what fails)
+            log.debug("could not load the file list of %s ahead of its write", ref, exc_info=True)
+
+
+def _detail(spark: SparkSession, ref: str) -> DataFrame:
+    """``DESCRIBE DETAIL`` of the Delta table ``ref``: Delta's API for a path in a classic session (SQL's
+    delta.`<path>` would start the metastore client, see :func:`merge_delta`), SQL otherwise."""
     table = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
-    detail = table.detail() if table is not None else spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}")
-    return str(detail.select("id").first()[0])
+    return table.detail() if table is not None else spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}")
 
 
 def is_delta(spark: SparkSession, ref: str) -> bool:

@@ -18,6 +18,7 @@ check still writes it, since it explains the failure.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -26,7 +27,7 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.tables import (
-    DELETION_VECTORS, MERGE_OP, DeltaCommit, column, merge_delta, write_delta_overwrite,
+    DELETION_VECTORS, MERGE_OP, DeltaCommit, column, load_file_lists, merge_delta, write_delta_overwrite,
 )
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.steps.account import Accounting
@@ -36,7 +37,7 @@ from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, INCREMENTAL_COLUMNS
 from lakescore.udfs.registry import get_task
 
-__all__ = ["Outcome", "output_rows", "errors_rows", "publish", "apply_changes"]
+__all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,15 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
         F.lit(plan.run_id).alias("run_id"),
         *incremental,
     )
+
+
+def load_targets(run: RunContext, targets: Targets) -> "Future[None]":
+    """Start loading the file lists of the output and the errors table in the background (for the run to wait on
+    before :func:`publish`): each commit of the publish needs its table's, and the run has idle CPU while it
+    validates (:func:`~lakescore.jobs.platform.tables.load_file_lists`). The incremental ``MERGE`` needs the output's
+    current snapshot, not the one the comparison read at its pinned version. W3's incremental run here, three
+    alternating runs each: publish 4.6 -> 3.5 s, validate 1.2 -> 1.5 s (medians)."""
+    return load_file_lists(run.spark, (run.cfg.output, targets.errors_ref))
 
 
 def publish(

@@ -234,6 +234,26 @@ def test_observed_aggregates_come_with_the_write_or_not_at_all(spark, tmp_path, 
     assert never_run() is None
 
 
+def test_file_lists_load_ahead_of_a_write_and_skip_what_is_not_delta(spark, tmp_path):
+    """``load_file_lists`` leaves each Delta table's file list (the snapshot state Delta caches per version, which a
+    write to the table reuses) loaded, and skips a missing path and a Parquet directory without raising."""
+    from lakescore.jobs.platform.tables import load_file_lists
+
+    table, parquet = tmp_path / "table", tmp_path / "parquet"
+    spark.range(10).write.format("delta").save(str(table))
+    spark.range(3).write.parquet(str(parquet))
+    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+    def cached_states() -> list[str]:
+        names = [str(rdd.name()) for rdd in spark.sparkContext._jsc.getPersistentRDDs().values()]
+        return [n for n in names if n.startswith("Delta Table State #0") and n.endswith(f"{table}/_delta_log")]
+
+    assert cached_states() == []
+    loading = load_file_lists(spark, [str(tmp_path / "missing"), str(parquet), str(table)])
+    assert loading.result(timeout=120) is None
+    assert len(cached_states()) == 1
+
+
 def test_sweep_times_the_real_model_on_a_sample(spark, reviews_table, job_config, capsys):
     from lakescore.jobs.commands.sweep import run_sweep
 
