@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.tables import TableError
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
@@ -162,6 +163,32 @@ def test_deletion_vectors_off_leaves_the_output_readable_by_older_readers(spark,
     report = run_scoring(config(**{"write.deletion_vectors": False}), spark)
     assert report.status == "succeeded" and report.output_rows == 3
     assert "deletionVectors" not in _table_features(spark, tmp_path / "labels")
+
+
+def test_an_input_column_delta_cannot_name_is_scored_and_an_id_column_it_cannot_name_is_refused(spark, tmp_path, config):
+    """A text column named ``review text`` (a name Delta refuses without column mapping) reaches the run's private
+    tables escaped: the prepared rows of a chunked run, then the changed rows of an incremental one. An id column so
+    named would be an output column: the run refuses it before writing anything."""
+    source = tmp_path / "reviews.parquet"
+    source.mkdir()
+    frame = _texts(12).rename(columns={"body": "review text"})
+    frame.to_parquet(source / "part-0.parquet")
+    spaced = lambda **flags: config(input=str(source), text_col="review text", **flags)  # noqa: E731
+
+    first = run_scoring(spaced(run_id="r1", **{"write.chunk_rows": 5}), spark)
+    assert _accounts(first) == (0, 12, 0, 0, 0) and first.chunks["total"] == 3
+    frame.loc[frame["review_id"] == 7, "review text"] = "an edited review"
+    frame.to_parquet(source / "part-0.parquet")
+    second = run_scoring(spaced(run_id="r2"), spark)
+    assert _accounts(second) == (11, 1, 0, 0, 0)
+    out = read_output(spark, str(tmp_path / "labels")).set_index("review_id")
+    assert out.loc[7, "input_digest"] == hashlib.sha256(b"an edited review").hexdigest()
+
+    frame.rename(columns={"review_id": "review id"}).to_parquet(source / "part-0.parquet")
+    refused = tmp_path / "refused"
+    with pytest.raises(TableError, match=r"cannot have a column named 'review id'.*SELECT `review id` AS review_id"):
+        run_scoring(spaced(id_col="review id", output=refused), spark)
+    assert not refused.exists() and not (tmp_path / "_lakescore_staging" / "refused").exists()
 
 
 def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path, config, monkeypatch):
