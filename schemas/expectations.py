@@ -19,13 +19,15 @@ and examples.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pyspark.sql import DataFrame
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
+from lakescore.schemas.column_names import original_name, resolvable_name
 from lakescore.schemas.output import IDENTITY_COLUMNS, column_types
 
 __all__ = ["OutputFacts", "UserExpectations", "ValidationOutcome", "validate_output", "build_expectations"]
@@ -98,10 +100,14 @@ def build_expectations(facts: OutputFacts) -> list:
 
 
 def validate_output(df: DataFrame, facts: OutputFacts, suite_name: str = "lakescore_output") -> ValidationOutcome:
-    """Run the suite on ``df`` (the written table) and return the outcome. Never raises for a failed check."""
-    result = _run_suite(df, facts, suite_name, "BOOLEAN_ONLY")
+    """Run the suite on ``df`` (the written table) and return the outcome. Never raises for a failed check.
+
+    Checks name the columns as ``df`` does. GX's Spark engine resolves a column by its bare name (a dot reads as a
+    struct field), so the suite runs on ``df`` with :func:`~lakescore.schemas.column_names.resolvable_name` names."""
+    resolvable_df, resolvable_facts = _resolvable(df, facts)
+    result = _run_suite(resolvable_df, resolvable_facts, suite_name, "BOOLEAN_ONLY")
     if not result.success:
-        result = _run_suite(df, facts, suite_name, "SUMMARY")
+        result = _run_suite(resolvable_df, resolvable_facts, suite_name, "SUMMARY")
 
     checks = [_describe(r) for r in result.results]
     schema_ok = column_types(df.schema) == column_types(facts.schema)
@@ -118,6 +124,22 @@ def validate_output(df: DataFrame, facts: OutputFacts, suite_name: str = "lakesc
     for check in outcome.failed:
         log.warning("validation failed: %s", check)
     return outcome
+
+
+def _resolvable(df: DataFrame, facts: OutputFacts) -> tuple[DataFrame, OutputFacts]:
+    """``df`` and ``facts`` with every column named by its :func:`resolvable_name` (unchanged when all are)."""
+    renamed = {name: resolvable_name(name) for name in df.columns if resolvable_name(name) != name}
+    if not renamed:
+        return df, facts
+    user = dataclasses.replace(
+        facts.user,
+        value_ranges={resolvable_name(k): v for k, v in facts.user.value_ranges.items()},
+        max_null_fraction={resolvable_name(k): v for k, v in facts.user.max_null_fraction.items()},
+    )
+    schema = StructType(
+        [StructField(resolvable_name(f.name), f.dataType, f.nullable, f.metadata) for f in facts.schema.fields]
+    )
+    return df.withColumnsRenamed(renamed), dataclasses.replace(facts, schema=schema, user=user)
 
 
 def _run_suite(df: DataFrame, facts: OutputFacts, suite_name: str, result_format: str):
@@ -144,7 +166,7 @@ def _describe(result) -> dict[str, Any]:
     kwargs = dict(config.kwargs)
     check: dict[str, Any] = {
         "expectation": config.type,
-        "column": kwargs.get("column"),
+        "column": original_name(kwargs["column"]) if kwargs.get("column") else None,  # as the output names it
         "success": bool(result.success),
     }
     observed = (result.result or {}).get("observed_value")

@@ -29,8 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.delta_names import REFUSED_CHARACTERS, refused_name
 from lakescore.jobs.platform.identifiers import has_path_separator, parse_table_name, quote_identifier
+from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
 from lakescore.schemas.output import column_types
 
 __all__ = [
@@ -175,18 +175,18 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType, versi
     Returns the current Delta version of the target (read from its history: one Spark job, skipped for
     ``version=False``, which returns ``None``), or ``None`` if it does not exist yet.
     Raises :class:`TableError` if a column name of ``schema`` is one Delta refuses (a space, ``,;{}()=``, a tab or a
-    newline: :mod:`~lakescore.jobs.platform.delta_names`), the table's database is missing, the target exists but
+    newline: :mod:`~lakescore.schemas.column_names`), the table's database is missing, the target exists but
     is not Delta, or its columns differ from ``schema`` (names and types). A directory holding
     only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
     counts as not existing yet.
     """
     ref = local_ref(ref)
-    refused = refused_name(schema.names)
+    refused = refused_by_delta(schema.names)
     if refused is not None:
-        suggested = "".join("_" if c in REFUSED_CHARACTERS else c for c in refused)
+        suggested = "".join("_" if c in DELTA_REFUSED_CHARACTERS else c for c in refused)
         raise TableError(
             f"output {ref!r} cannot have a column named {refused!r}: Delta refuses the characters "
-            f"{REFUSED_CHARACTERS!r} in column names; rename it in the input, e.g. in a view: "
+            f"{DELTA_REFUSED_CHARACTERS!r} in column names; rename it in the input, e.g. in a view: "
             f"SELECT {quote_identifier(refused)} AS {suggested}, ..."
         )
     if is_path(ref):

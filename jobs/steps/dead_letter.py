@@ -50,7 +50,7 @@ def split_by_id(source: DataFrame, id_col: str, check: IdCheck) -> tuple[DataFra
     """``(scorable, refused)``: rows with a unique non-null id, and the rest with a ``reason`` column."""
     if check.refused_rows == 0:
         return source, source.limit(0).withColumn("reason", F.lit(None).cast("string"))
-    duplicated = source.groupBy(column(id_col).alias(id_col)).count().where(F.col("count") > 1).select(id_col)
+    duplicated = source.groupBy(column(id_col).alias(id_col)).count().where(F.col("count") > 1).select(column(id_col))
     if check.refused_ids <= _BROADCAST_LIMIT:
         duplicated = F.broadcast(duplicated)
     present = source.where(column(id_col).isNotNull())

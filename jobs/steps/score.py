@@ -23,6 +23,7 @@ from lakescore.jobs.platform.spark_adapter import default_parallelism, partition
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.dedup import score_deduplicated
+from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
@@ -84,18 +85,19 @@ def score_dataframe(
     planned = partition_count(df)
     if partitions or profile is not None or planned is None or planned < target:
         df = df.repartition(target)
-    schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])
+    schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])  # the kept columns' own names
+    read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
+    passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
     scorer = make_scoring_function(
         spec,
-        keep_cols=keep_cols,
-        input_cols=input_cols,
+        keep_cols=[passed[c] for c in keep_cols],
+        input_cols=[passed[c] for c in input_cols],
         schema=schema,
         max_tokens=cfg.scoring.max_batch_tokens,
         max_rows=cfg.scoring.max_batch_rows,
         rows_counter=rows_counter,
     )
-    read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
-    return df.select(*[column(c) for c in read]).mapInArrow(scorer, schema, profile=profile)
+    return df.select(*[column(c).alias(passed[c]) for c in read]).mapInArrow(scorer, schema, profile=profile)
 
 
 def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int]]:

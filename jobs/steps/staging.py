@@ -43,12 +43,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.delta_names import escaped_columns, restored_columns
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
     append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, overwrite_delta, read_input,
     table_id,
 )
+from lakescore.schemas.column_names import delta_storable_columns, original_columns
 
 __all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
 
@@ -96,7 +96,7 @@ class Staging:
     """The staging table of one run key.
 
     Its writes store column names Delta would refuse (an input column ``review text``) escaped, and its reads
-    restore them (:mod:`lakescore.jobs.platform.delta_names`): callers see the input's own names."""
+    restore them (:mod:`lakescore.schemas.column_names`): callers see the input's own names."""
 
     spark: SparkSession
     location: str
@@ -126,12 +126,12 @@ class Staging:
 
     def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
         """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""
-        append_delta(escaped_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location,
+        append_delta(delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location,
                      txn_app_id=f"lakescore-{self.key}", txn_version=chunk + 1, user_metadata=tag)
 
     def table(self) -> DataFrame:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
-        return restored_columns(read_input(self.spark, self.location, "delta"))
+        return original_columns(read_input(self.spark, self.location, "delta"))
 
     def pin(self) -> "StagedSnapshot":
         """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
@@ -143,12 +143,12 @@ class Staging:
 
     def write(self, rows: DataFrame) -> None:
         """Write ``rows`` here in one commit, replacing what is here."""
-        overwrite_delta(escaped_columns(rows), self.location)
+        overwrite_delta(delta_storable_columns(rows), self.location)
 
     def write_chunked(self, rows: DataFrame, id_col: str) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
-        overwrite_delta(escaped_columns(rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks))), self.location,
-                        partition_by=CHUNK_COLUMN)
+        chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks))
+        overwrite_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN)
 
     def chunk(self, chunk: int) -> DataFrame:
         """The rows of ``chunk`` written by :meth:`write_chunked` (its partition only)."""
@@ -178,7 +178,7 @@ class StagedSnapshot:
 
     def table(self) -> DataFrame:
         """Every row staged at :attr:`version`, with its chunk (:data:`CHUNK_COLUMN`)."""
-        return restored_columns(read_input(self.staging.spark, self.staging.location, "delta", version=self.version))
+        return original_columns(read_input(self.staging.spark, self.staging.location, "delta", version=self.version))
 
     @property
     def publish_txn(self) -> tuple[str, int]:

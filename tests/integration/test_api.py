@@ -65,11 +65,21 @@ def test_transform_keeps_every_column_and_equals_sentence_transformers(spark, re
     assert _cosines(rows.loc[present, "embedding"].tolist(), expected).min() >= 0.999
 
 
-def test_transform_with_an_id_keeps_only_the_id(spark, reviews, minilm_dir):
+def test_transform_with_an_id_keeps_only_the_id_whatever_its_name(spark, reviews, minilm_dir):
     _, df = reviews
-    scored = lakescore.transform(df.limit(5), task="embed", model=str(minilm_dir), text_col="body", id_col="review_id")
+    five = df.orderBy("review_id").limit(5)
+    scored = lakescore.transform(five, task="embed", model=str(minilm_dir), text_col="body", id_col="review_id")
     assert scored.columns == ["review_id", "embedding", "model_sha256", "_reason", "_error"]
-    assert scored.count() == 5
+    rows = scored.toPandas().sort_values("review_id")
+    assert len(rows) == 5
+
+    # A dot (read as a struct field by a bare name) and a backtick (refused there) in the names.
+    awkward = five.withColumnsRenamed({"review_id": "review.id", "body": "the `body`"})
+    scored = lakescore.transform(awkward, task="embed", model=str(minilm_dir), text_col="the `body`", id_col="review.id")
+    assert scored.columns == ["review.id", "embedding", "model_sha256", "_reason", "_error"]
+    same = scored.toPandas().sort_values("review.id")
+    assert same["review.id"].tolist() == rows["review_id"].tolist()
+    assert same["embedding"].notna().tolist() == rows["embedding"].notna().tolist()
 
 
 def test_transform_checks_before_any_spark_job(spark, reviews, minilm_dir, tmp_path):

@@ -165,29 +165,35 @@ def test_deletion_vectors_off_leaves_the_output_readable_by_older_readers(spark,
     assert "deletionVectors" not in _table_features(spark, tmp_path / "labels")
 
 
-def test_an_input_column_delta_cannot_name_is_scored_and_an_id_column_it_cannot_name_is_refused(spark, tmp_path, config):
+def test_column_names_delta_or_spark_find_awkward_are_scored_and_an_id_column_delta_refuses_is_refused(
+        spark, tmp_path, config):
     """A text column named ``review text`` (a name Delta refuses without column mapping) reaches the run's private
-    tables escaped: the prepared rows of a chunked run, then the changed rows of an incremental one. An id column so
-    named would be an output column: the run refuses it before writing anything."""
+    tables escaped: the prepared rows of a chunked run, then the changed rows of an incremental one. An id column named
+    ``review.id`` (which the scoring stage's ``mapInArrow`` and GX would read as a struct field) is checked for
+    duplicates, scored, validated and merged under its name. An id column Delta refuses would be an output column: refused before anything is
+    written."""
     source = tmp_path / "reviews.parquet"
     source.mkdir()
-    frame = _texts(12).rename(columns={"body": "review text"})
+    frame = _texts(12).rename(columns={"review_id": "review.id", "body": "review text"})
+    frame = pd.concat([frame, frame.tail(1)])  # id 12 twice: both rows refused
     frame.to_parquet(source / "part-0.parquet")
-    spaced = lambda **flags: config(input=str(source), text_col="review text", **flags)  # noqa: E731
+    awkward = lambda **flags: config(**{"input": str(source), "id_col": "review.id", "text_col": "review text", **flags})  # noqa: E731
 
-    first = run_scoring(spaced(run_id="r1", **{"write.chunk_rows": 5}), spark)
-    assert _accounts(first) == (0, 12, 0, 0, 0) and first.chunks["total"] == 3
-    frame.loc[frame["review_id"] == 7, "review text"] = "an edited review"
+    first = run_scoring(awkward(run_id="r1", **{"write.chunk_rows": 5}), spark)
+    assert _accounts(first) == (0, 11, 2, 0, 0) and first.chunks["total"] == 3
+    assert first.error_reasons == {"duplicate_id": 2}
+    frame.loc[frame["review.id"] == 7, "review text"] = "an edited review"
     frame.to_parquet(source / "part-0.parquet")
-    second = run_scoring(spaced(run_id="r2"), spark)
-    assert _accounts(second) == (11, 1, 0, 0, 0)
-    out = read_output(spark, str(tmp_path / "labels")).set_index("review_id")
+    second = run_scoring(awkward(run_id="r2", max_error_rate=1.0), spark)  # the refused rows are looked at again
+    assert _accounts(second) == (10, 1, 2, 0, 0)
+    out = spark.read.format("delta").load(str(tmp_path / "labels")).toPandas().set_index("review.id")
+    assert sorted(out.index) == list(range(1, 12)) and out.loc[7, "run_id"] == "r2"
     assert out.loc[7, "input_digest"] == hashlib.sha256(b"an edited review").hexdigest()
 
-    frame.rename(columns={"review_id": "review id"}).to_parquet(source / "part-0.parquet")
+    frame.rename(columns={"review.id": "review id"}).to_parquet(source / "part-0.parquet")
     refused = tmp_path / "refused"
     with pytest.raises(TableError, match=r"cannot have a column named 'review id'.*SELECT `review id` AS review_id"):
-        run_scoring(spaced(id_col="review id", output=refused), spark)
+        run_scoring(awkward(id_col="review id", output=refused), spark)
     assert not refused.exists() and not (tmp_path / "_lakescore_staging" / "refused").exists()
 
 

@@ -1,4 +1,4 @@
-"""The examples in the docstrings of the report, console, Delta column name, progress and table modules run as written."""
+"""The examples in the docstrings of the report, console, progress, table and column name modules run as written."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module", [
-    "lakescore.jobs.platform.console", "lakescore.jobs.platform.delta_names", "lakescore.jobs.platform.progress",
-    "lakescore.jobs.platform.tables",
-    "lakescore.jobs.report",
+    "lakescore.jobs.platform.console", "lakescore.jobs.platform.progress", "lakescore.jobs.platform.tables",
+    "lakescore.jobs.report", "lakescore.schemas.column_names",
 ])
 def test_docstring_examples(module):
     failed, attempted = doctest.testmod(importlib.import_module(module))
