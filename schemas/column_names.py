@@ -5,7 +5,7 @@
   the model's input columns reach only lakescore's private tables (the changed rows, the prepared rows), which
   store them escaped (:func:`delta_storable_columns`) and read them back under their own names
   (:func:`original_columns`). An output column (the id) cannot be escaped: :func:`refused_by_delta` finds it so
-  the run stops before any compute.
+  the run stops in its target check, before anything is written.
 * PySpark's ``mapInArrow`` and GX's Spark engine resolve a column by its bare name, which reads ``review.id`` as a
   struct field and refuses a backtick: they get :func:`resolvable_name` names.
 
