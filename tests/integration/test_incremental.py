@@ -170,12 +170,12 @@ def test_column_names_delta_or_spark_find_awkward_are_scored_and_an_id_column_de
     """A text column named ``review text`` (a name Delta refuses without column mapping) reaches the run's private
     tables escaped: the prepared rows of a chunked run, then the changed rows of an incremental one. An id column named
     ``review.id`` (which the scoring stage's ``mapInArrow`` and GX would read as a struct field) is checked for
-    duplicates, scored, validated and merged under its name. An id column Delta refuses would be an output column: refused before anything is
-    written."""
+    duplicates, scored, validated and merged under its name. An id column Delta refuses would be an output column:
+    refused before anything is written."""
     source = tmp_path / "reviews.parquet"
     source.mkdir()
     frame = _texts(12).rename(columns={"review_id": "review.id", "body": "review text"})
-    frame = pd.concat([frame, frame.tail(1)])  # id 12 twice: both rows refused
+    frame = pd.concat([frame, frame.tail(1)], ignore_index=True)  # id 12 twice: both rows refused
     frame.to_parquet(source / "part-0.parquet")
     awkward = lambda **flags: config(**{"input": str(source), "id_col": "review.id", "text_col": "review text", **flags})  # noqa: E731
 
