@@ -17,13 +17,13 @@ or ``%`` are unchanged.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from pyspark.sql import DataFrame
 
 __all__ = [
     "DELTA_REFUSED_CHARACTERS", "refused_by_delta", "delta_storable_name", "resolvable_name", "original_name",
-    "delta_storable_columns", "original_columns",
+    "renamed_columns", "delta_storable_columns", "original_columns",
 ]
 
 DELTA_REFUSED_CHARACTERS = " ,;{}()\n\t="
@@ -69,13 +69,17 @@ def original_name(escaped: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), escaped)
 
 
+def renamed_columns(df: DataFrame, rename: Callable[[str], str]) -> DataFrame:
+    """``df`` with every column renamed to ``rename(name)``; ``df`` itself when no name changes."""
+    renamed = {name: new for name in df.columns if (new := rename(name)) != name}
+    return df.withColumnsRenamed(renamed) if renamed else df
+
+
 def delta_storable_columns(df: DataFrame) -> DataFrame:
     """``df`` with every column renamed to its :func:`delta_storable_name` (no-op when Delta stores every name)."""
-    renamed = {name: delta_storable_name(name) for name in df.columns if delta_storable_name(name) != name}
-    return df.withColumnsRenamed(renamed) if renamed else df
+    return renamed_columns(df, delta_storable_name)
 
 
 def original_columns(df: DataFrame) -> DataFrame:
     """The inverse of :func:`delta_storable_columns`: ``df`` read from a table written so, under the original names."""
-    renamed = {name: original_name(name) for name in df.columns if "%" in name}
-    return df.withColumnsRenamed(renamed) if renamed else df
+    return renamed_columns(df, original_name)

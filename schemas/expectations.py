@@ -27,7 +27,7 @@ from typing import Any, Optional
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructField, StructType
 
-from lakescore.schemas.column_names import original_name, resolvable_name
+from lakescore.schemas.column_names import original_name, renamed_columns, resolvable_name
 from lakescore.schemas.output import IDENTITY_COLUMNS, column_types
 
 __all__ = ["OutputFacts", "UserExpectations", "ValidationOutcome", "validate_output", "build_expectations"]
@@ -127,10 +127,7 @@ def validate_output(df: DataFrame, facts: OutputFacts, suite_name: str = "lakesc
 
 
 def _resolvable(df: DataFrame, facts: OutputFacts) -> tuple[DataFrame, OutputFacts]:
-    """``df`` and ``facts`` with every column named by its :func:`resolvable_name` (unchanged when all are)."""
-    renamed = {name: resolvable_name(name) for name in df.columns if resolvable_name(name) != name}
-    if not renamed:
-        return df, facts
+    """``df`` and ``facts`` with every column named by its :func:`resolvable_name` (most names are already)."""
     user = dataclasses.replace(
         facts.user,
         value_ranges={resolvable_name(k): v for k, v in facts.user.value_ranges.items()},
@@ -139,7 +136,7 @@ def _resolvable(df: DataFrame, facts: OutputFacts) -> tuple[DataFrame, OutputFac
     schema = StructType(
         [StructField(resolvable_name(f.name), f.dataType, f.nullable, f.metadata) for f in facts.schema.fields]
     )
-    return df.withColumnsRenamed(renamed), dataclasses.replace(facts, schema=schema, user=user)
+    return renamed_columns(df, resolvable_name), dataclasses.replace(facts, schema=schema, user=user)
 
 
 def _run_suite(df: DataFrame, facts: OutputFacts, suite_name: str, result_format: str):
