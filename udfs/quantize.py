@@ -126,13 +126,33 @@ def quantize_int8(source: Path, target: Path) -> None:
     nodes = quantized_nodes(source)
     if not nodes:
         raise ValueError(f"{source} has no MatMul with a square weight; the int8 recipe {RECIPE} has nothing to quantize")
+    model = _without_weight_shapes(source)
     quiet = logging.getLogger()
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # ORT logs a "consider pre-processing" warning on every call
     try:
         quantize_dynamic(
-            str(source), str(target), weight_type=QuantType.QInt8, per_channel=True, reduce_range=not cpu_has_vnni(),
+            model, str(target), weight_type=QuantType.QInt8, per_channel=True, reduce_range=not cpu_has_vnni(),
             op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, use_external_data_format=True,
         )
     finally:
         quiet.setLevel(level)
+
+
+def _without_weight_shapes(source: Path):
+    """The graph at ``source`` (weights loaded) without the ``value_info`` entries that restate its weights' shapes.
+
+    The dynamo exporter records one for every weight. ONNX Runtime's dynamic quantizer first rewrites each
+    ``Gemm(transB=1)`` as a ``MatMul`` by transposing its weight in place, under the same name; the stale
+    entry then contradicts shape inference and the quantizer fails ("Inferred shape and existing shape
+    differ", onnxruntime#25890). A sequence classifier's pooler and head are such ``Gemm`` nodes, so every
+    classifier failed. Weights carry their own shapes: nothing is lost.
+    """
+    import onnx
+
+    model = onnx.load(str(source))
+    weights = {init.name for init in model.graph.initializer}
+    kept = [info for info in model.graph.value_info if info.name not in weights]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    return model

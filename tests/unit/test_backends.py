@@ -16,6 +16,7 @@ import pytest
 
 from lakescore.udfs import model_cache
 from lakescore.udfs.batching import BatchPolicy, score_texts
+from lakescore.udfs.classify import SequenceClassifier
 from lakescore.udfs.model_source import ModelSpec, weights_sha256
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
@@ -161,6 +162,24 @@ def test_the_int8_check_in_a_fresh_worker_imports_no_torch(minilm_int8):
     assert done.returncode == 0, done.stderr[-2000:]
     cosine_p1, imported_torch = json.loads(done.stdout.strip().splitlines()[-1])
     assert cosine_p1 >= 0.99 and not imported_torch
+
+
+def test_a_classifier_is_quantized_and_checked_against_float32(tiny_classifier_dir, onnx_cache_dir):
+    """A sequence classifier's pooler and head export as ``Gemm(transB=1)``, which ONNX Runtime's quantizer
+    rewrites before quantizing: every classifier used to fail there (onnxruntime#25890)."""
+    import onnx
+
+    spec = ModelSpec("classify", str(tiny_classifier_dir), backend="onnx", quantize="int8", cache_dir=str(onnx_cache_dir))
+    int8 = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN, backend="onnx", quantize="int8")
+    fp32 = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN, backend="onnx")
+    assert int8.shape == fp32.shape == (len(UNSEEN), 3) and np.allclose(int8.sum(axis=1), 1.0, atol=1e-5)
+    assert SequenceClassifier.fidelity(fp32, int8)["agreement"] == 1.0
+    (graph,) = (onnx_cache_dir / "onnx").glob(f"{weights_sha256(tiny_classifier_dir)[:24]}-classify-*-int8-*/model.onnx")
+    assert {"DynamicQuantizeMatMul", "MatMulInteger"} & {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node}
+    model_cache.clear()
+    row = _preflight_row(spec, UNSEEN, Tolerance())
+    model_cache.clear()
+    assert row["error"] is None and {"agreement", "prob_delta_p99"} <= set(json.loads(row["fidelity"]))
 
 
 def test_the_check_refuses_a_bad_recipe(minilm_dir, tmp_path, monkeypatch):
