@@ -40,7 +40,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from lakescore.udfs.batching import default_max_tokens
-from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS
+from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, POOLING_MODES, QUANTIZATIONS
 from lakescore.udfs.quantize import Tolerance
 from lakescore.udfs.registry import TASK_NAMES, get_task
 
@@ -92,7 +92,8 @@ class ModelConfig:
     max_seq_length: Optional[int] = None
     """Token limit per text; default: the model's own sentence-transformers setting."""
     pooling: Optional[str] = None
-    """Pooling for models without a sentence-transformers config: ``mean`` or ``cls``."""
+    """Pooling for models without a sentence-transformers config (default ``mean``): one of sentence-transformers'
+    modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
     normalize: Optional[bool] = None
     """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
     backend: str = "torch"
@@ -122,8 +123,8 @@ class ModelConfig:
                 raise ConfigError(f"model.expect_sha256 must be 64 hex digits, got {self.expect_sha256!r}")
         if self.max_seq_length is not None and self.max_seq_length < 1:
             raise ConfigError(f"model.max_seq_length must be >= 1, got {self.max_seq_length}")
-        if self.pooling not in (None, "mean", "cls"):
-            raise ConfigError(f"model.pooling must be 'mean' or 'cls', got {self.pooling!r}")
+        if self.pooling is not None:
+            _require_one_of("model.pooling", self.pooling, POOLING_MODES)
         self._validate_backend()
 
     def _validate_backend(self) -> None:

@@ -33,13 +33,11 @@ import pyarrow as pa
 from lakescore.udfs.arrow_columns import list_column
 from lakescore.udfs.backends import Forward, ModelKind, load_forward
 from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_limit
-from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "pool", "KIND", "POOLING_MODES"]
 
 KIND = ModelKind("AutoModel", "last_hidden_state")
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")
-"""sentence-transformers' pooling modes this head computes (its order, when several are concatenated)."""
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
@@ -61,17 +59,28 @@ class SentenceConfig:
 def pool(tokens: np.ndarray, mask: np.ndarray, modes: tuple[str, ...]) -> np.ndarray:
     """sentence-transformers' ``Pooling`` over ``tokens`` (n, L, d) where ``mask`` (n, L) is 1, modes concatenated.
 
-    ``cls`` is the first real token (left padding included), ``max`` the largest over real
-    tokens, ``mean`` their mean (``mean_sqrt_len_tokens``: the sum over the square root of the count).
+    ``cls`` is the first real token and ``lasttoken`` the last (either side padded; decoder embedders such as
+    Qwen3-Embedding pad left and pool the last), ``max`` the largest over real tokens, ``mean`` their mean
+    (``mean_sqrt_len_tokens``: the sum over the square root of the count), ``weightedmean`` their mean
+    weighted by position (1 for the first real token, 2 for the next...). A row without real tokens pools
+    to zeros in ``lasttoken``, as in sentence-transformers.
     """
     mask = np.asarray(mask)
+    rows = np.arange(len(tokens))
     weights = mask[..., None].astype(tokens.dtype)
     vectors = []
     for mode in modes:
         if mode == "cls":
-            vectors.append(tokens[np.arange(len(tokens)), mask.argmax(axis=1)])
+            vectors.append(tokens[rows, mask.argmax(axis=1)])
+        elif mode == "lasttoken":
+            last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
+            vectors.append(tokens[rows, last] * mask[rows, last][:, None])
         elif mode == "max":
             vectors.append(np.where(weights > 0, tokens, -np.inf).max(axis=1))
+        elif mode == "weightedmean":
+            position = np.arange(1, mask.shape[1] + 1) - mask.argmax(axis=1)[:, None]  # left padding not counted
+            weighted = weights * position[..., None]
+            vectors.append((tokens * weighted).sum(axis=1) / np.maximum(weighted.sum(axis=1), 1e-9))
         else:
             count = np.maximum(weights.sum(axis=1), 1e-9)
             total = (tokens * weights).sum(axis=1)

@@ -50,7 +50,7 @@ __all__ = [
     "DEVICES",
     "DTYPES",
     "BACKENDS",
-    "QUANTIZATIONS",
+    "QUANTIZATIONS", "POOLING_MODES",
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pt2", ".ckpt")
@@ -65,6 +65,8 @@ BACKENDS = ("torch", "onnx")
 """What runs the transformer forward: torch, or ONNX Runtime on a graph exported from the same weights."""
 QUANTIZATIONS = ("none", "int8")
 """``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.quantize`), lossy and guarded by a tolerance."""
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+"""sentence-transformers' pooling modes, every one of which the embed head computes (:func:`lakescore.udfs.embed.pool`)."""
 
 _CHUNK = 8 << 20
 

@@ -81,7 +81,7 @@ def test_unknown_top_level_key_from_set():
         ("write.delete_missing=true", r"write.delete_missing applies to write.mode incremental only, not 'overwrite'"),
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
-        ("model.pooling=max", r"model.pooling must be 'mean' or 'cls'"),
+        ("model.pooling=median", r"model.pooling must be one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken, got 'median'"),
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
         ("spark.s3a=auto", r"spark.s3a must be true or false"),

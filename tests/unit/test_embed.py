@@ -68,6 +68,22 @@ def test_plain_hf_directory_uses_configured_pooling(plain_bert_dir, mode):
     assert cosine(ours, reference_pooling(plain_bert_dir, texts, mode)).min() >= 0.9999
 
 
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("mode", ["weightedmean", "lasttoken", ("lasttoken", "mean")])
+def test_position_pooling_matches_sentence_transformers_either_side_padded(plain_bert_dir, tmp_path, mode, padding_side):
+    """``lasttoken`` (decoder embedders, which pad left) and ``weightedmean`` depend on where the real tokens are."""
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(str(plain_bert_dir))
+    transformer.tokenizer.padding_side = padding_side
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode=mode)
+    SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(tmp_path))
+    peer = SentenceTransformer(str(tmp_path), device="cpu").encode(TEXTS)  # one batch, padded as ours
+    embedder = load_embedder(ModelSpec("embed", str(tmp_path)), tmp_path)
+    assert embedder.padding_side == padding_side and embedder.pooling == ((mode,) if isinstance(mode, str) else mode)
+    np.testing.assert_allclose(embedder.score(TEXTS), peer, atol=1e-5)
+
+
 def test_normalize_off_keeps_raw_pooled_vectors(plain_bert_dir):
     embedder = load_embedder(ModelSpec("embed", str(plain_bert_dir), normalize=False), plain_bert_dir)
     norms = np.linalg.norm(embedder.score(["one", "two words here"]), axis=1)
