@@ -2,8 +2,9 @@
 
 The same computation as ``transformers.pipeline("text-classification", top_k=None)``:
 the model's own tokenizer and ``AutoModelForSequenceClassification``, then the
-pipeline's default activation (sigmoid for one label or multi-label models,
-softmax otherwise) over the logits. Labels come from the model's ``id2label``.
+pipeline's default activation over the logits (:func:`activation`: none for a regression
+model, sigmoid for one label or multi-label models, softmax otherwise). Labels come from
+the model's ``id2label``.
 Unlike the pipeline, texts longer than the model's limit are truncated (the
 pipeline raises on them) and batching is ours (:mod:`lakescore.udfs.batching`).
 """
@@ -17,10 +18,10 @@ import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column, scalar_column, string_column
 from lakescore.udfs.backends import ModelKind
-from lakescore.udfs.hf_models import LabelledModel, load_labelled_model
+from lakescore.udfs.hf_models import LabelledModel, ModelFacts, load_labelled_model
 from lakescore.udfs.model_source import ModelSpec
 
-__all__ = ["SequenceClassifier", "load_classifier", "KIND"]
+__all__ = ["SequenceClassifier", "load_classifier", "activation", "KIND"]
 
 KIND = ModelKind("AutoModelForSequenceClassification", "logits")
 
@@ -29,7 +30,7 @@ class SequenceClassifier:
     """The classify head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)`` probabilities.
 
     Outputs per row: the label (string), its probability (double) and every label's
-    probability (``array<double>`` in label-id order).
+    probability (``array<double>`` in label-id order); a regression model's score in place of a probability.
     """
 
     def __init__(self, loaded: LabelledModel) -> None:
@@ -38,20 +39,22 @@ class SequenceClassifier:
         self.max_length = loaded.max_length
         self.padding_side = getattr(loaded.tokenizer, "padding_side", "right")
         self.labels = list(loaded.facts.labels)
-        self._sigmoid = len(self.labels) == 1 or loaded.facts.problem_type == "multi_label_classification"
+        self.activation = activation(loaded.facts)
 
     def tokenize(self, texts: list[str]):
         return dict(self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np"))
 
     def forward(self, features) -> np.ndarray:
-        """Probabilities per label, float64 ``(n, num_labels)``: the pipeline's activation over the logits,
-        computed in float32 as torch computes it, then widened."""
+        """Probabilities per label (a regression model's scores), float64 ``(n, num_labels)``: the pipeline's
+        activation over the logits, computed in float32 as torch computes it, then widened."""
         logits = self._forward(features).astype(np.float32, copy=False)
-        if self._sigmoid:
+        if self.activation == "sigmoid":
             probs = 1.0 / (1.0 + np.exp(-logits))
-        else:
+        elif self.activation == "softmax":
             shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
             probs = shifted / shifted.sum(axis=-1, keepdims=True)
+        else:
+            probs = logits
         return probs.astype(np.float64)
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
@@ -78,6 +81,17 @@ class SequenceClassifier:
             "prob_delta_p99": float(np.percentile(delta, 99)),
             "prob_delta_max": float(delta.max()),
         }
+
+
+def activation(facts: ModelFacts) -> str:
+    """``none``, ``sigmoid`` or ``softmax``: what the text-classification pipeline applies to this model's logits by
+    default. A ``regression`` model's output is its score; one label or ``multi_label_classification``: each label's
+    own probability; otherwise one distribution over the labels."""
+    if facts.problem_type == "regression":
+        return "none"
+    if facts.problem_type == "multi_label_classification" or len(facts.labels) == 1:
+        return "sigmoid"
+    return "softmax"
 
 
 def load_classifier(spec: ModelSpec, model_dir: Path) -> SequenceClassifier:

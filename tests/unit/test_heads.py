@@ -42,6 +42,26 @@ def test_classify_equals_the_transformers_pipeline(tiny_classifier_dir):
         assert abs(sum(probs) - 1) < 1e-6
 
 
+@pytest.mark.parametrize("problem_type, labels", [("regression", 1), ("multi_label_classification", 3), (None, 1)])
+def test_classify_applies_the_pipelines_activation(tmp_path, minilm_dir, problem_type, labels):
+    """A regression model's score is its logit (no sigmoid); multi-label and one-label models' are sigmoids."""
+    from transformers import BertConfig, BertForSequenceClassification, pipeline
+
+    from tests.conftest import _save_with_minilm_tokenizer
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, num_labels=labels, problem_type=problem_type)
+    model = BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.classifier.weight.normal_(0.0, 1.0)  # scores away from 0, where the activations differ most
+    model_dir = _save_with_minilm_tokenizer(model, tmp_path, minilm_dir)
+    ours = _load("classify", model_dir).score(UNSEEN)
+    peer = pipeline("text-classification", model=str(model_dir), top_k=None, device="cpu")
+    expected = [[r["score"] for r in sorted(ranked, key=lambda r: config.label2id[r["label"]])] for ranked in peer(UNSEEN)]
+    np.testing.assert_allclose(ours, expected, atol=1e-5)
+
+
 def test_classify_truncates_texts_longer_than_the_model(tiny_classifier_dir):
     head = _load("classify", tiny_classifier_dir, max_seq_length=16)
     scored = score_texts(["word " * 5000], head, BatchPolicy(max_tokens=256, max_rows=4))
