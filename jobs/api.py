@@ -66,7 +66,7 @@ def transform(
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks,
     ``feature_cols`` (in the model's order) for feature tasks. ``options``: model settings
-    (``device``, ``dtype``, ``revision``, ``max_seq_length``, ``pooling``, ``normalize``,
+    (``device``, ``dtype``, ``revision``, ``max_seq_length``, ``pooling``, ``normalize``, ``prompt_name``,
     ``expect_sha256``, ``allow_pickle``, ``trust_remote_code``) and ``max_batch_tokens``,
     ``max_batch_rows``, ``partitions``. Arrow batch sizes are the session's own.
 

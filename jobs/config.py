@@ -96,6 +96,9 @@ class ModelConfig:
     modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
     normalize: Optional[bool] = None
     """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
+    prompt_name: Optional[str] = None
+    """Embeddings: the model's prompt to prepend to every text, by its name in the model's sentence-transformers
+    ``prompts`` (e.g. ``passage``, ``document``); default: the model's ``default_prompt_name``, else none."""
     backend: str = "torch"
     """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; exported once per host)."""
     quantize: str = "none"
@@ -125,6 +128,8 @@ class ModelConfig:
             raise ConfigError(f"model.max_seq_length must be >= 1, got {self.max_seq_length}")
         if self.pooling is not None:
             _require_one_of("model.pooling", self.pooling, POOLING_MODES)
+        if self.prompt_name is not None and not self.prompt_name.strip():
+            raise ConfigError("model.prompt_name must name one of the model's prompts, got an empty string")
         self._validate_backend()
 
     def _validate_backend(self) -> None:

@@ -35,7 +35,7 @@ from lakescore.udfs.backends import Forward, ModelKind, load_forward
 from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_limit
 from lakescore.udfs.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
 
-__all__ = ["SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "pool", "KIND", "POOLING_MODES"]
+__all__ = ["SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "prompt_text", "pool", "KIND", "POOLING_MODES"]
 
 KIND = ModelKind("AutoModel", "last_hidden_state")
 _LEGACY_POOLING_KEYS = {
@@ -99,16 +99,22 @@ class SentenceEmbedder:
     Output: the embedding per row (``array<float>``).
     """
 
-    def __init__(self, forward: Forward, tokenizer: Any, max_seq_length: int, pooling: tuple[str, ...], normalize: bool) -> None:
+    def __init__(
+        self, forward: Forward, tokenizer: Any, max_seq_length: int, pooling: tuple[str, ...], normalize: bool, prompt: str = "",
+    ) -> None:
         self._forward = forward
         self._tokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.pooling = pooling
         self.normalize = normalize
+        self.prompt = prompt
         self.padding_side = getattr(tokenizer, "padding_side", "right")
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """Tokenized as sentence-transformers does: truncated at ``max_seq_length``, padded to the longest."""
+        """Tokenized as sentence-transformers does: the prompt prepended, truncated at ``max_seq_length``, padded to
+        the longest."""
+        if self.prompt:
+            texts = [self.prompt + text for text in texts]
         return dict(self._tokenizer(
             texts, padding=True, truncation="longest_first", max_length=self.max_seq_length, return_tensors="np",
         ))
@@ -189,6 +195,7 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     """
     require_directory(model_dir, "embed")
     refuse_pickle_weights(model_dir, spec.allow_pickle)
+    prompt = prompt_text(spec, model_dir)
     config = sentence_config(spec, model_dir)
     if config is None:
         if spec.backend != "torch":
@@ -196,7 +203,7 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
                              f"they run on the torch backend only, not {spec.backend}")
         from lakescore.udfs.st_fallback import load_with_sentence_transformers
 
-        return load_with_sentence_transformers(spec, model_dir, SentenceEmbedder)
+        return load_with_sentence_transformers(spec, model_dir, SentenceEmbedder, prompt)
     tokenizer = load_tokenizer(spec, config.transformer_dir)
     if config.do_lower_case:
         _lowercase_first(tokenizer)
@@ -204,7 +211,39 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     facts = model_facts(config.transformer_dir)
     limit_spec = spec if spec.max_seq_length is not None else _with_max_seq_length(spec, config.max_seq_length)
     max_length = truncation_limit(limit_spec, facts.max_position_embeddings, tokenizer)
-    return SentenceEmbedder(forward, tokenizer, max_length, config.pooling, config.normalize)
+    return SentenceEmbedder(forward, tokenizer, max_length, config.pooling, config.normalize, prompt)
+
+
+def prompt_text(spec: ModelSpec, model_dir: Path) -> str:
+    """What every text is prefixed with, as ``SentenceTransformer.encode(prompt_name=spec.prompt_name)`` does:
+    the prompt named ``spec.prompt_name`` in ``config_sentence_transformers.json``, else the one its
+    ``default_prompt_name`` names, else none (``""``).
+
+    Raises ``ValueError`` for a name the model's ``prompts`` lack, and for a prompt on a model whose pooling leaves
+    the prompt's tokens out (``include_prompt: false``, INSTRUCTOR-style), which this head does not compute.
+    """
+    settings = _read_json(model_dir / "config_sentence_transformers.json")
+    prompts = settings.get("prompts") or {}
+    name = spec.prompt_name if spec.prompt_name is not None else settings.get("default_prompt_name")
+    if name is None:
+        return ""
+    if name not in prompts:
+        what = "model.prompt_name" if spec.prompt_name is not None else f"{model_dir}'s default_prompt_name"
+        raise ValueError(f"{what} {name!r} is not one of the model's prompts: {', '.join(sorted(prompts)) or 'it has none'}")
+    prompt = prompts[name] or ""
+    if prompt and not _pooling_includes_prompt(model_dir):
+        raise ValueError(
+            f"{model_dir} pools without its prompt's tokens (include_prompt: false), which lakescore does not compute; "
+            "use a prompt-free model.prompt_name"
+        )
+    return prompt
+
+
+def _pooling_includes_prompt(model_dir: Path) -> bool:
+    """Whether the ``Pooling`` module of ``model_dir``'s ``modules.json`` pools the prompt's tokens too (the default)."""
+    modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8")) if (model_dir / "modules.json").is_file() else []
+    pooling = [m for m in modules if str(m.get("type", "")).endswith("Pooling")]
+    return not pooling or _read_json(model_dir / pooling[0].get("path", "") / "config.json").get("include_prompt", True) is not False
 
 
 def _with_max_seq_length(spec: ModelSpec, max_seq_length: Optional[int]) -> ModelSpec:

@@ -96,6 +96,9 @@ class ModelSpec:
     max_seq_length: Optional[int] = None
     pooling: Optional[str] = None
     normalize: Optional[bool] = None
+    prompt_name: Optional[str] = None
+    """The embedding model's prompt to prepend (a key of its sentence-transformers ``prompts``); ``None``: its
+    ``default_prompt_name``'s, if any, as ``SentenceTransformer.encode`` does."""
     allow_pickle: bool = False
     """Load pickle-based weights (``pytorch_model.bin``); off: only safetensors / TorchScript / torch.export."""
     trust_remote_code: bool = False

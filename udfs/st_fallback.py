@@ -34,8 +34,8 @@ class SentenceTransformerForward:
             return self._model(inputs)["sentence_embedding"].float().cpu().numpy()
 
 
-def load_with_sentence_transformers(spec: ModelSpec, model_dir: Path, head_class):
-    """``head_class(forward, tokenizer, max_seq_length, pooling=(), normalize=False)`` around
+def load_with_sentence_transformers(spec: ModelSpec, model_dir: Path, head_class, prompt: str = ""):
+    """``head_class(forward, tokenizer, max_seq_length, pooling=(), normalize=False, prompt=prompt)`` around
     ``SentenceTransformer(model_dir)``, with ``spec``'s ``normalize`` and ``max_seq_length`` applied."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize
@@ -50,4 +50,4 @@ def load_with_sentence_transformers(spec: ModelSpec, model_dir: Path, head_class
     if spec.max_seq_length is not None:
         model.max_seq_length = spec.max_seq_length
     model = model.to(torch_dtype(spec.dtype))
-    return head_class(SentenceTransformerForward(model), model.tokenizer, model.max_seq_length, (), False)
+    return head_class(SentenceTransformerForward(model), model.tokenizer, model.max_seq_length, (), False, prompt)

@@ -78,10 +78,16 @@ def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 
 
+_COUNTED_WHEN_SET = ("prompt_name",)
+"""Spec fields added after outputs first carried ``spec_digest``: hashed only when set, so an output written
+before they existed keeps its digest (and its rows) across the upgrade."""
+
+
 def spec_digest(spec: ModelSpec) -> str:
     """SHA-256 (hex) of the scoring spec minus what does not change the numbers (device, the expected digest, and
     the fields outside the spec's identity, such as the local cache directory). Backend and quantization count."""
     facts = dataclasses.replace(spec, device="", expect_sha256=None).identity()
+    facts = {k: v for k, v in facts.items() if v is not None or k not in _COUNTED_WHEN_SET}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 

@@ -91,6 +91,7 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
         max_seq_length=m.max_seq_length,
         pooling=m.pooling,
         normalize=m.normalize,
+        prompt_name=m.prompt_name,
         allow_pickle=m.allow_pickle,
         trust_remote_code=m.trust_remote_code,
         expect_sha256=m.expect_sha256.lower() if m.expect_sha256 else None,

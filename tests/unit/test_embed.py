@@ -84,6 +84,40 @@ def test_position_pooling_matches_sentence_transformers_either_side_padded(plain
     np.testing.assert_allclose(embedder.score(TEXTS), peer, atol=1e-5)
 
 
+def _prompted_model(plain_bert_dir, path, default_prompt_name=None, include_prompt=True):
+    """A sentence-transformers model over ``plain_bert_dir`` with e5-style prompts, saved to ``path``."""
+    from sentence_transformers import SentenceTransformer, models
+
+    transformer = models.Transformer(str(plain_bert_dir))
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean", include_prompt=include_prompt)
+    SentenceTransformer(
+        modules=[transformer, pooling, models.Normalize()], device="cpu",
+        prompts={"query": "query: ", "passage": "passage: ", "plain": ""}, default_prompt_name=default_prompt_name,
+    ).save(str(path))
+    return SentenceTransformer(str(path), device="cpu")
+
+
+@pytest.mark.parametrize("default_prompt_name", [None, "query"])
+def test_prompts_are_prepended_as_sentence_transformers_does(plain_bert_dir, tmp_path, default_prompt_name):
+    """No ``prompt_name``: the model's default prompt, if it names one; a ``prompt_name``: that prompt."""
+    peer = _prompted_model(plain_bert_dir, tmp_path, default_prompt_name)
+    for prompt_name in (None, "passage"):
+        ours = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name=prompt_name), tmp_path).score(TEXTS)
+        np.testing.assert_allclose(ours, peer.encode(TEXTS, prompt_name=prompt_name), atol=1e-5)
+    bare = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="plain"), tmp_path).score(TEXTS)
+    assert cosine(bare, load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="passage"), tmp_path).score(TEXTS)).min() < 0.999
+
+
+def test_a_prompt_the_model_lacks_or_cannot_pool_is_refused(plain_bert_dir, tmp_path):
+    _prompted_model(plain_bert_dir, tmp_path / "e5")
+    with pytest.raises(ValueError, match=r"model.prompt_name 'summary' is not one of the model's prompts: document, passage, plain, query"):
+        load_embedder(ModelSpec("embed", str(tmp_path / "e5"), prompt_name="summary"), tmp_path / "e5")
+    _prompted_model(plain_bert_dir, tmp_path / "instructor", include_prompt=False)
+    with pytest.raises(ValueError, match=r"pools without its prompt's tokens \(include_prompt: false\)"):
+        load_embedder(ModelSpec("embed", str(tmp_path / "instructor"), prompt_name="query"), tmp_path / "instructor")
+    load_embedder(ModelSpec("embed", str(tmp_path / "instructor")), tmp_path / "instructor")  # no prompt: nothing to leave out
+
+
 def test_normalize_off_keeps_raw_pooled_vectors(plain_bert_dir):
     embedder = load_embedder(ModelSpec("embed", str(plain_bert_dir), normalize=False), plain_bert_dir)
     norms = np.linalg.norm(embedder.score(["one", "two words here"]), axis=1)
