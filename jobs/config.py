@@ -42,7 +42,7 @@ import yaml
 from lakescore.udfs.batching import default_max_tokens
 from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, POOLING_MODES, QUANTIZATIONS
 from lakescore.udfs.quantize import Tolerance
-from lakescore.udfs.registry import TASK_NAMES, get_task
+from lakescore.udfs.registry import TASK_MODEL_OPTIONS, TASK_NAMES, get_task
 
 __all__ = [
     "ConfigError", "JobConfig", "config_from_mapping", "load_config", "spark_size_mib",
@@ -418,6 +418,10 @@ class JobConfig:
                 f"model.backend {self.model.backend!r} cannot run task {self.task!r} "
                 f"(it runs on {', '.join(get_task(self.task).backends)})"
             )
+        for option in TASK_MODEL_OPTIONS:
+            if getattr(self.model, option) is not None and option not in get_task(self.task).model_options:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).model_options)
+                raise ConfigError(f"model.{option} applies to task {readers}, not {self.task!r}")
         if self.progress_seconds < 0:
             raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
         if self.write.mode == "incremental" and self.validation.min_rows is not None:

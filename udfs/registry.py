@@ -81,6 +81,9 @@ class Task:
     """What can run this task's forward (:mod:`lakescore.udfs.backends`); config validation reads it."""
     forward_imports: tuple[str, ...] | None = None
     """The modules this task's forward imports, when it runs none of :mod:`lakescore.udfs.backends`."""
+    model_options: tuple[str, ...] = ()
+    """The ``model.*`` settings only this task reads (see :data:`TASK_MODEL_OPTIONS`); config validation refuses
+    them for the other tasks."""
 
     def worker_imports(self, backend: str) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
@@ -121,7 +124,10 @@ TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
-        Task("embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers"),
+        Task(
+            "embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers",
+            model_options=("pooling", "normalize", "prompt_name"),
+        ),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
         Task(
             "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
@@ -132,6 +138,9 @@ TASKS: dict[str, Task] = {
 """Task name -> :class:`Task`: the only place a task name means anything."""
 
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+
+TASK_MODEL_OPTIONS: tuple[str, ...] = tuple(dict.fromkeys(o for task in TASKS.values() for o in task.model_options))
+"""Every task-specific ``model.*`` setting: one a task does not list is a mistake for that task."""
 
 
 def get_task(name: str) -> Task:

@@ -82,6 +82,7 @@ def test_unknown_top_level_key_from_set():
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
         ("model.pooling=median", r"model.pooling must be one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken, got 'median'"),
+        ("model.prompt_name=''", r"model.prompt_name must name one of the model's prompts, got an empty string"),
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
         ("spark.s3a=auto", r"spark.s3a must be true or false"),
@@ -91,6 +92,13 @@ def test_unknown_top_level_key_from_set():
 def test_bad_values_fail_with_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=[override])
+
+
+@pytest.mark.parametrize("option", ["model.prompt_name=passage", "model.normalize=false", "model.pooling=cls"])
+def test_an_embedding_setting_on_another_task_is_refused(option):
+    with pytest.raises(ConfigError, match=r"model\.\w+ applies to task embed, not 'classify'"):
+        load_config(overrides=["task=classify", option])
+    assert load_config(overrides=["task=embed", option]).task == "embed"
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
