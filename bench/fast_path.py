@@ -94,7 +94,10 @@ def _fmt(value: Optional[float]) -> str:
 
 
 def target_lines() -> list[str]:
-    """The targets this module reports, for the Markdown's target list."""
+    """The targets this module reports (and C1's, :mod:`bench.classifier`), for the Markdown's target list."""
+    from lakescore.udfs.quantize import Tolerance
+
+    limits = Tolerance()
     return [
         f"- W1: the fastest lakescore configuration within tolerance >= {FAST_TARGETS['fastest/a']:g}x (a) "
         f"and >= {FAST_TARGETS['fastest/e']:g}x (e)",
@@ -102,4 +105,6 @@ def target_lines() -> list[str]:
         f"- {FIXED_WORKLOAD}: a run's time outside its scoring stage <= {FAST_TARGETS['fixed_seconds']:g} s",
         f"- W1: peak RSS of the whole process tree <= {FAST_TARGETS['peak_rss_mib']:.0f} MiB",
         f"- int8: per-row cosine to float32 >= {FAST_TARGETS['int8_p1_cosine']} at the 1st percentile",
+        f"- int8 classifiers (C1): label agreement >= {limits.min_agreement:g} and 99th-percentile probability "
+        f"difference <= {limits.max_prob_delta:g} against float32",
     ]

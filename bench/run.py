@@ -10,15 +10,16 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--repeats`` [REPEATS], default 3: runs per peer on W1;
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
 * ``--peers`` [PEERS], default ``abcdtpeq`` (``o``, lakescore on ONNX float32, on request);
-  ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3`` (F200: the first 200 W1 rows through
-  (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`);
+  ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1`` (F200: the first 200 W1 rows through
+  (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
+  C1: int8 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
 12,000 W1 rows about 17, W3 about 13 (four 60,000-row runs), the rest the 500-row W1 prefix
 that (b) and (c) are limited to (and (d) runs too), one round of W2 and F200 x 3.
-``make bench WORKLOADS=W1,W2,F200`` leaves W3 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone.
+``make bench WORKLOADS=W1,W2,F200`` leaves W3 and C1 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone.
 ``make bench NAIVE_ROWS=12000 REPEATS=1`` compares all peers on the full W1
 instead (about 25 minutes); ``make bench ROWS=48000 NAIVE_ROWS=48000 PEERS=ad
 WORKLOADS=W1 REPEATS=1 BENCH_MD=-`` measures (a) and (d) at a size where
@@ -49,6 +50,7 @@ from bench.report import (
     COSINE_TARGET, FIXED_WORKLOAD, PREFIX_WORKLOAD, SHARE_TARGET, TARGETS, RunResult, machine_facts, render, summarise,
 )
 from bench.fast_path import target_lines
+from bench.classifier import C1, C1Result, c1_lines, run_c1
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
@@ -76,7 +78,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
     parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeq", help="subset of abcdtpeoq [PEERS]")
-    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3", help="[WORKLOADS]")
+    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1", help="[WORKLOADS]")
     parser.add_argument("--w3-rows", type=int, default=_env_int("W3_ROWS", W3_ROWS), help=f"W3 rows [W3_ROWS; default {W3_ROWS:,}]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
@@ -141,13 +143,13 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload == W3:
-                continue  # a sequence of dependent runs, not a peer on a table: run_w3
+            elif workload in (W3, C1):
+                continue  # not a peer on a table: run_w3, run_c1
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3})")
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1})")
     return jobs
 
 
@@ -219,8 +221,17 @@ def _w3_section(w3: Optional[W3Result]) -> list[str]:
             "full, default settings, fresh output).", "", *[f"- {line}" for line in w3_lines(w3)], ""]
 
 
+def _c1_section(c1: Optional[C1Result]) -> list[str]:
+    if c1 is None:
+        return []
+    return ["## C1: int8 on a trained classifier (issue 13)", "",
+            "`bench/classifier.py`: a seeded sentiment classifier on MiniLM's body, scored through lakescore's classify "
+            "head on float32 torch and on the int8 ONNX graph; fidelity only, after the timed runs.", "",
+            *[f"- {line}" for line in c1_lines(c1)], ""]
+
+
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
-              w3: Optional[W3Result] = None) -> str:
+              w3: Optional[W3Result] = None, c1: Optional[C1Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -273,6 +284,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         body,
         "",
         *_w3_section(w3),
+        *_c1_section(c1),
         "## Targets (from the spec; reported, not enforced)",
         "",
         *targets,
@@ -301,6 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     equivalence = _equivalence(results)
     wanted = [w.strip() for w in args.workloads.split(",")]
     w3 = run_w3(data_dir, runs_dir, env, REPO, args.repeats, args.w3_rows) if W3 in wanted else None
+    c1 = run_c1(runs_dir / "c1", env, REPO) if C1 in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
@@ -308,7 +321,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n" + render(summaries, equivalence, markdown=False), flush=True)
     if w3 is not None:
         print("\n".join(["", *w3_lines(w3)]), flush=True)
-    document = _markdown(facts, args, described, render(summaries, equivalence, markdown=True), w3)
+    if c1 is not None:
+        print("\n".join(["", *c1_lines(c1)]), flush=True)
+    document = _markdown(facts, args, described, render(summaries, equivalence, markdown=True), w3, c1)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -323,4 +338,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document)
         print(f"\nwritten: {args.markdown}", flush=True)
-    return 0 if (results or w3) and all(r.ok for r in results) and (w3 is None or w3.ok) else 1
+    return 0 if (results or w3 or c1) and all(r.ok for r in results) and (w3 is None or w3.ok) and (c1 is None or c1.ok) else 1

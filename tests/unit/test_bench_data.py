@@ -1,5 +1,5 @@
 """The benchmark's generated tables: repetition is the stated share, and the next night's table has exactly the
-changes it says (W3 of ``make bench``, issue 12)."""
+changes it says (W3 of ``make bench``, issue 12); C1's training labels and its report lines (issue 13)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,16 @@ def test_changed_table_edits_inserts_and_deletes_exactly_what_it_reports(tmp_pat
     assert len(new_ids) == 10 and new_ids.min() > before.index.max()
     shared = before.index.intersection(after.index)
     assert (before[shared] != after[shared]).sum() == 20
+
+
+def test_c1_reports_each_workload_against_the_jobs_tolerance_and_labels_training_rows_by_verdict():
+    from bench.classifier import C1Result, _verdict_label, c1_lines
+
+    assert [_verdict_label(t) for t in ("Sturdy kettle, superb overall.", "Flimsy tent, awful sadly.", "Odd lamp, okay.")] == [2, 0, 1]
+    lines = c1_lines(C1Result(0.87, {
+        "W1": {"agreement": 0.965, "prob_delta_p99": 0.14, "prob_delta_max": 0.2, "rows": 1500},
+        "W2": {"agreement": 0.995, "prob_delta_p99": 0.015, "prob_delta_max": 0.03, "rows": 500},
+    }))
+    assert lines[1].startswith("C1 int8 vs float32 torch (W1, 1,500 rows): label agreement 0.9650") and lines[1].endswith("NOT met")
+    assert "target agreement >= 0.99 and p99 difference <= 0.02: met" in lines[2]
+    assert c1_lines(C1Result(None, {}, error="boom")) == ["C1 int8 classifier: not measured (boom)"]
