@@ -338,4 +338,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document)
         print(f"\nwritten: {args.markdown}", flush=True)
-    return 0 if (results or w3 or c1) and all(r.ok for r in results) and (w3 is None or w3.ok) and (c1 is None or c1.ok) else 1
+    ran = results or w3 or c1
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1)) else 1

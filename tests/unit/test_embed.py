@@ -84,14 +84,17 @@ def test_position_pooling_matches_sentence_transformers_either_side_padded(plain
     np.testing.assert_allclose(embedder.score(TEXTS), peer, atol=1e-5)
 
 
-def _prompted_model(plain_bert_dir, path, default_prompt_name=None, include_prompt=True):
-    """A sentence-transformers model over ``plain_bert_dir`` with e5-style prompts, saved to ``path``."""
+def _prompted_model(plain_bert_dir, path, default_prompt_name=None, include_prompt=True, dense=False):
+    """A sentence-transformers model over ``plain_bert_dir`` with e5-style prompts (and a seeded ``Dense`` projection
+    after the pooling when ``dense``), saved to ``path``."""
     from sentence_transformers import SentenceTransformer, models
 
+    torch.manual_seed(0)
     transformer = models.Transformer(str(plain_bert_dir))
     pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean", include_prompt=include_prompt)
+    projection = [models.Dense(pooling.get_sentence_embedding_dimension(), 16, activation_function=torch.nn.Tanh())] if dense else []
     SentenceTransformer(
-        modules=[transformer, pooling, models.Normalize()], device="cpu",
+        modules=[transformer, pooling, *projection, models.Normalize()], device="cpu",
         prompts={"query": "query: ", "passage": "passage: ", "plain": ""}, default_prompt_name=default_prompt_name,
     ).save(str(path))
     return SentenceTransformer(str(path), device="cpu")
@@ -106,6 +109,17 @@ def test_prompts_are_prepended_as_sentence_transformers_does(plain_bert_dir, tmp
         np.testing.assert_allclose(ours, peer.encode(TEXTS, prompt_name=prompt_name), atol=1e-5)
     bare = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="plain"), tmp_path).score(TEXTS)
     assert cosine(bare, load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="passage"), tmp_path).score(TEXTS)).min() < 0.999
+
+
+def test_modules_beyond_pooling_run_through_sentence_transformers_on_torch_only(plain_bert_dir, tmp_path):
+    """A ``Dense`` projection: sentence-transformers runs the module chain (prompt prepended by the head); onnx refuses."""
+    peer = _prompted_model(plain_bert_dir, tmp_path, dense=True)
+    for prompt_name in (None, "passage"):
+        ours = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name=prompt_name), tmp_path).score(TEXTS)
+        assert ours.shape == (len(TEXTS), 16)
+        np.testing.assert_allclose(ours, peer.encode(TEXTS, prompt_name=prompt_name), atol=1e-5)
+    with pytest.raises(ValueError, match=r"modules beyond Transformer, Pooling and Normalize; they run on the torch backend only"):
+        load_embedder(ModelSpec("embed", str(tmp_path), backend="onnx"), tmp_path)
 
 
 def test_a_prompt_the_model_lacks_or_cannot_pool_is_refused(plain_bert_dir, tmp_path):
