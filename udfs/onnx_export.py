@@ -101,12 +101,12 @@ def fuse_for_ort(source: Path, target: Path) -> None:
     import onnx_ir as ir
     from onnxscript.rewriter import ort_fusions
 
-    model = ir.load(str(source))
     try:
-        model, _ = ort_fusions.optimize_for_ort(model)
+        model, _ = ort_fusions.optimize_for_ort(ir.load(str(source)))
     except Exception as exc:  # the rewriter knows common encoder layouts; others still run, unfused
         logging.getLogger(__name__).warning("ONNX fusion skipped for %s: %s: %s", source, type(exc).__name__, exc)
-        model = ir.load(str(source))
+        _save_graph(source, target)
+        return
     ir.save(model, str(target), external_data=f"{target.name}.data")
 
 
