@@ -15,7 +15,15 @@ S3A ?= 1
 # build/env share one copy of torch and its CUDA libraries (~7 GB): with pip the two held ~17 GB and
 # a CI machine ran out of disk installing the second. The cache lives in the checkout (git-ignored)
 # so it is on the venvs' filesystem: across filesystems uv falls back to copying.
+#
+# Both venvs get their bytecode compiled at install (--compile-bytecode; pip does this by default, uv does
+# not). Without it every Python process compiles what it imports from source whenever it cannot write
+# __pycache__: PYTHONDONTWRITEBYTECODE=1 (common in container images, set on this machine), a read-only
+# install, an unpacked env archive on each executor of a fresh cluster. Measured on a 2-core AMD EPYC
+# (avx2), PYTHONDONTWRITEBYTECODE=1: importing torch + transformers' modelling stack 14.2 s -> 5.8 s,
+# great_expectations 13.7 s -> 6.8 s; a 200-row `lakescore score` 41.1 s -> 28.9 s (two runs each).
 UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install --quiet --compile-bytecode
 UV_CACHE_DIR ?= $(CURDIR)/.cache/uv
 export UV_CACHE_DIR
 
@@ -24,7 +32,7 @@ export UV_CACHE_DIR
 setup: browser
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt uv
-	$(UV) pip install --quiet --python $(PY) -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
+	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 test:
@@ -108,14 +116,14 @@ $(LAUNCHER): jobs/platform/launcher.py
 
 env: $(ENV).installed
 
-# What build/env is made from: the wheel's runtime requirements, the pins, the interpreter and
-# ENV_PIP_ARGS. Checked on every run, rewritten only when that text changes, so editing code
-# (or setup.py's other fields) never rebuilds the env.
+# What build/env is made from: the wheel's runtime requirements, the pins, the interpreter and the
+# install command with ENV_PIP_ARGS. Checked on every run, rewritten only when that text changes, so
+# editing code (or setup.py's other fields) never rebuilds the env.
 $(ENV).inputs: $(WHEEL) FORCE
 	mkdir -p build
 	{ unzip -p $(WHEEL) '*.dist-info/METADATA' | grep '^Requires-Dist:' | grep -v 'extra =='; \
 	  $(ENV_PYTHON) -c 'import sys; print(sys.executable, sys.version)'; \
-	  echo 'install args: $(ENV_PIP_ARGS)'; cat constraints.txt; } > $@.new
+	  echo 'install: $(UV_INSTALL) $(ENV_PIP_ARGS)'; cat constraints.txt; } > $@.new
 	if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
 
 # The dependencies, resolved from the wheel's metadata under constraints.txt into a fresh venv, only
@@ -125,7 +133,7 @@ $(ENV).inputs: $(WHEEL) FORCE
 $(ENV).deps: $(ENV).inputs
 	rm -rf $(ENV) $(ENV).installed
 	$(ENV_PYTHON) -m venv $(ENV)
-	$(UV) pip install --quiet --python $(ENV)/bin/python -c constraints.txt $(ENV_PIP_ARGS) $(WHEEL)
+	$(UV_INSTALL) --python $(ENV)/bin/python -c constraints.txt $(ENV_PIP_ARGS) $(WHEEL)
 	touch $@
 
 # lakescore itself: seconds, whenever the wheel changes.
