@@ -12,6 +12,7 @@ import statistics
 import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+import importlib.util
 from importlib import metadata
 from pathlib import Path
 from typing import Optional, Sequence
@@ -259,6 +260,22 @@ def _cpu_flags() -> str:
     return ", ".join(f if f in flags else f"no {f}" for f in _KERNEL_FLAGS)
 
 
+def _cpu() -> str:
+    """The CPU's model name with its family and model numbers: "AMD EPYC" alone names Zen 3 and Zen 4 alike."""
+    name = _first_line("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
+    family, model = _first_line("/proc/cpuinfo", "cpu family"), _first_line("/proc/cpuinfo", "model\t")
+    return f"{name} (family {family}, model {model})" if family and model else name
+
+
+def _bytecode() -> str:
+    """Whether the installed packages come with compiled bytecode (torch's checked), and whether processes may write
+    what is missing: without both, every process compiles its imports from source (seconds per run, see Makefile)."""
+    spec = importlib.util.find_spec("torch")
+    compiled = bool(spec and spec.origin) and Path(importlib.util.cache_from_source(spec.origin)).exists()
+    writes = "PYTHONDONTWRITEBYTECODE set" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "written where missing"
+    return f"{'compiled at install' if compiled else 'not compiled'}; {writes}"
+
+
 def machine_facts(repo: Path) -> dict[str, str]:
     """Machine, software and code version the numbers were taken on."""
     mem_kib = _first_line("/proc/meminfo", "MemTotal")
@@ -272,12 +289,13 @@ def machine_facts(repo: Path) -> dict[str, str]:
         code = "unknown"
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _first_line("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+        "cpu": _cpu(),
         "cpu flags (the ones kernels dispatch on)": _cpu_flags(),
         "cores": str(os.cpu_count()),
         "memory": mem,
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "python": platform.python_version(),
+        "python bytecode": _bytecode(),
         "torch": _version("torch"),
         "pyspark": _version("pyspark"),
         "delta-spark": _version("delta-spark"),
