@@ -13,6 +13,10 @@ Sessions lakescore builds set both (:func:`lakescore.jobs.platform.session.worke
 the modules come from the task registry (:meth:`lakescore.udfs.registry.Task.worker_imports`).
 A module that fails to import is reported on stderr and left out: the worker imports it again
 where the failure reaches the run as a task error, as it would without this daemon.
+
+Where Spark is pip's ``pyspark`` (local and local-cluster masters, ``make submit-local``), the daemon imports
+pyspark from the installed package rather than from the ``pyspark.zip`` Spark puts first on the workers' path:
+the same files, but a zip's modules are compiled from source in every daemon (:func:`installed_pyspark_first`).
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import gc
 import importlib
 import os
 import sys
+from importlib import metadata
+from pathlib import Path
 from typing import Iterable, Sequence
 
-__all__ = ["IMPORTS_ENV", "preload", "freeze_for_fork", "runs_daemon"]
+__all__ = ["IMPORTS_ENV", "preload", "freeze_for_fork", "runs_daemon", "installed_pyspark_first"]
 
 IMPORTS_ENV = "LAKESCORE_WORKER_IMPORTS"
 """The executor environment variable naming the modules to import before forking, comma-separated."""
@@ -68,7 +74,22 @@ def freeze_for_fork() -> None:
     gc.freeze()
 
 
+def installed_pyspark_first(path: Sequence[str]) -> list[str]:
+    """``path`` (``sys.path``) without the ``pyspark.zip`` Spark puts first for its Python processes, when that zip
+    is the one inside the installed ``pyspark`` package (pip's pyspark is its own ``SPARK_HOME``): the package's
+    files are the same code with their bytecode compiled at install, while zipimport compiles a zip's modules from
+    source in every process (what a daemon imports of pyspark: 0.9 s of CPU from the zip, 0.3 s from the package,
+    on a 2-core AMD EPYC). A cluster's own Spark, whose zip lies elsewhere, keeps its zip first."""
+    try:
+        package = Path(metadata.distribution("pyspark").locate_file("pyspark"))
+    except metadata.PackageNotFoundError:
+        return list(path)
+    own_zip = package / "python" / "lib" / "pyspark.zip"
+    return [entry for entry in path if not (entry.endswith(".zip") and Path(entry).resolve() == own_zip.resolve())]
+
+
 if __name__ == "__main__":
+    sys.path[:] = installed_pyspark_first(sys.path)
     preload(os.environ.get(IMPORTS_ENV, "").split(","))
     freeze_for_fork()
     from pyspark import daemon

@@ -18,7 +18,8 @@ from lakescore.jobs.steps.score import ScoringLayout
 def test_workers_fork_from_a_daemon_that_imported_torch(spark):
     """The session the tests share is built as `lakescore score` builds one. Each worker's parent is the daemon
     run as :mod:`lakescore.jobs.platform.python_daemon`, with torch's library already mapped: imported there,
-    before the fork, not by the worker."""
+    before the fork, not by the worker. pyspark comes from the installed package, not the zip Spark puts first on
+    the workers' path (the same files, uncompiled)."""
     PythonWorkerStart(spark, ScoringLayout(None, None)).wait()
 
     def parent_facts(batches):
@@ -33,13 +34,17 @@ def test_workers_fork_from_a_daemon_that_imported_torch(spark):
             cmdline = handle.read().replace(b"\0", b" ").decode()
         with open(f"/proc/{parent}/maps", encoding="utf-8", errors="replace") as handle:
             torch_mapped = any("libtorch_cpu" in line for line in handle)
-        yield pa.RecordBatch.from_pydict({"cmdline": [cmdline], "torch_mapped": [torch_mapped]})
+        import pyspark
 
-    rows = spark.range(2, numPartitions=2).mapInArrow(parent_facts, "cmdline string, torch_mapped boolean").collect()
+        yield pa.RecordBatch.from_pydict({"cmdline": [cmdline], "torch_mapped": [torch_mapped], "pyspark": [pyspark.__file__]})
+
+    schema = "cmdline string, torch_mapped boolean, pyspark string"
+    rows = spark.range(2, numPartitions=2).mapInArrow(parent_facts, schema).collect()
     assert len(rows) == 2
     for row in rows:
         assert f"-m {python_daemon.__name__}" in row.cmdline, row.cmdline
         assert row.torch_mapped, f"the daemon {row.cmdline!r} has not imported torch"
+        assert ".zip" not in row.pyspark and row.pyspark.endswith("pyspark/__init__.py"), row.pyspark
 
 
 def test_a_failing_step_cancels_the_preflight_waiting_for_its_worker(spark, job_config, tmp_path):

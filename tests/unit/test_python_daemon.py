@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pyspark
 import pytest
 
 from lakescore.jobs.config import SparkConfig
@@ -33,6 +35,14 @@ def test_preload_keeps_stdout_for_the_port_and_survives_a_failing_import(tmp_pat
     assert done.stdout == "PORT noisy_module,json\n"
     assert "python print" in done.stderr and "native write" in done.stderr
     assert "could not preload broken_module: RuntimeError: broken on purpose" in done.stderr
+
+
+def test_the_installed_pysparks_own_zip_leaves_the_path_and_a_clusters_stays():
+    """pip's pyspark is its own SPARK_HOME: the pyspark.zip inside it is the package's code, uncompiled. A cluster's
+    Spark elsewhere keeps its zip; py4j's zip stays (its import is 0.05 s either way)."""
+    own = Path(pyspark.__file__).parent / "python" / "lib"
+    path = ["", str(own / "pyspark.zip"), str(own / "py4j-0.10.9.9-src.zip"), "/opt/spark/python/lib/pyspark.zip", "/site"]
+    assert python_daemon.installed_pyspark_first(path) == ["", path[2], path[3], "/site"]
 
 
 def test_a_built_session_names_the_daemon_and_its_imports():
