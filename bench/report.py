@@ -6,13 +6,13 @@ bench's exit status depends only on whether every peer process succeeded.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import statistics
 import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-import importlib.util
 from importlib import metadata
 from pathlib import Path
 from typing import Optional, Sequence
