@@ -115,7 +115,7 @@ def model_dir(tmp_path_factory):
             tokenizer = _tokenizer(family)
             model = _model(family, task, len(tokenizer))
             if task == "embed":  # saved as sentence-transformers saves an embedder: its pooling in 1_Pooling
-                _save_sentence_transformer(model, tokenizer, family.pooling, path)
+                _save_sentence_transformer(model, tokenizer, family.pooling, tmp_path_factory.mktemp(f"{name}-hf"), path)
             else:
                 model.save_pretrained(path)
                 tokenizer.save_pretrained(path)
@@ -125,10 +125,11 @@ def model_dir(tmp_path_factory):
     return build
 
 
-def _save_sentence_transformer(model, tokenizer, pooling: str, path: Path) -> None:
+def _save_sentence_transformer(model, tokenizer, pooling: str, hf_dir: Path, path: Path) -> None:
+    """The Hugging Face save in ``hf_dir``, read back as sentence-transformers' Transformer module, then the
+    embedder (Transformer, Pooling, Normalize) saved to ``path``."""
     from sentence_transformers import SentenceTransformer, models
 
-    hf_dir = path / "hf"
     model.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
     transformer = models.Transformer(str(hf_dir))
@@ -136,7 +137,7 @@ def _save_sentence_transformer(model, tokenizer, pooling: str, path: Path) -> No
     SentenceTransformer(modules=[transformer, pooled, models.Normalize()], device="cpu").save(str(path))
 
 
-def cases(onnx_family: str) -> list:
+def _cases(onnx_family: str) -> list:
     """Every family on torch, and ``onnx_family`` on ONNX Runtime too: one export per family across the three tests
     (the body is what the export has to get right; a task only adds a linear head), ~10 s each."""
     return [(family, "torch") for family in FAMILIES] + [(onnx_family, "onnx")]
@@ -149,7 +150,7 @@ def _scored(task: str, path: Path, backend: str, cache: Path, texts: list[str]):
     return head, scored
 
 
-@pytest.mark.parametrize("family, backend", cases("qwen3"))
+@pytest.mark.parametrize("family, backend", _cases("qwen3"))
 def test_embed_equals_sentence_transformers(model_dir, onnx_cache_dir, family, backend):
     from sentence_transformers import SentenceTransformer
 
@@ -160,7 +161,7 @@ def test_embed_equals_sentence_transformers(model_dir, onnx_cache_dir, family, b
     np.testing.assert_allclose(scored.outputs, peer, atol=1e-5)
 
 
-@pytest.mark.parametrize("family, backend", cases("xlm-roberta"))
+@pytest.mark.parametrize("family, backend", _cases("xlm-roberta"))
 def test_classify_equals_the_transformers_pipeline(model_dir, onnx_cache_dir, family, backend):
     from transformers import pipeline
 
@@ -174,7 +175,7 @@ def test_classify_equals_the_transformers_pipeline(model_dir, onnx_cache_dir, fa
         np.testing.assert_allclose(columns["probs"][i].as_py(), [expected[label] for label in head.labels], atol=1e-4)
 
 
-@pytest.mark.parametrize("family, backend", cases("roberta"))
+@pytest.mark.parametrize("family, backend", _cases("roberta"))
 def test_ner_equals_the_pipeline(model_dir, onnx_cache_dir, family, backend):
     from transformers import pipeline
 
