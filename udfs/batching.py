@@ -259,19 +259,24 @@ def score_present(
         try:
             scored = np.asarray(forward(take(rows, width)))
         except Exception as exc:
-            if is_out_of_memory(exc) and len(rows) > 1:
+            out_of_memory, error = is_out_of_memory(exc), f"{type(exc).__name__}: {exc}"[:2000]
+        else:
+            out_of_memory, error = False, None
+        # Retries run after the except block has ended: until then the exception's traceback holds the failed
+        # forward's frames, and with them its activations on the GPU, so every retry would run out of memory too.
+        if error is not None:
+            if out_of_memory and len(rows) > 1:
                 _release_cuda_cache()
                 budget.halve(len(rows) * width)
                 half = len(rows) // 2
                 run(rows[:half])
                 run(rows[half:])
-                return
-            if len(rows) > 1:
+            elif len(rows) > 1:
                 for row in rows:
                     run(rows[rows == row])
-                return
-            reasons[present[rows[0]]] = "scoring_error"
-            errors[present[rows[0]]] = f"{type(exc).__name__}: {exc}"[:2000]
+            else:
+                reasons[present[rows[0]]] = "scoring_error"
+                errors[present[rows[0]]] = error
             return
         if scored.shape[0] != len(rows):
             raise ValueError(f"head returned {scored.shape[0]} rows for a batch of {len(rows)}")

@@ -2,6 +2,7 @@
 
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -147,6 +148,39 @@ def test_batches_planned_before_an_out_of_memory_do_not_compound_the_budget():
     # ends at half of an 8-token batch, not halved again by each batch planned before it.
     assert budget.policy.max_tokens == 4 and budget.halvings == 1
     assert len(head.batches) == 8 and all(rows * width <= 4 for rows, width in head.batches)
+
+
+class Activations:
+    """What a failed forward leaves in its frame (on a GPU: the activations it had allocated)."""
+
+
+class FreesOnlyWhatIsReleased(CharHead):
+    """A "GPU" that can hold one batch's activations: a forward raises CUDA's out-of-memory error while any earlier
+    forward's activations are still referenced, or when the batch is over ``capacity`` padded tokens."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.held: list[weakref.ref] = []
+
+    def forward(self, features):
+        activations = Activations()  # referenced by this frame, and so by a traceback through it
+        if any(ref() is not None for ref in self.held):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory: an earlier batch's activations are still held")
+        self.held.append(weakref.ref(activations))
+        rows, width = features["input_ids"].shape
+        if rows * width > self.capacity:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(features)
+
+
+def test_out_of_memory_retries_run_after_the_failed_forward_is_released():
+    # On an H100 a retry inside the except block found the failed batch's activations still on the GPU (the
+    # traceback holds the forward's frame), ran out of memory again at every size, and lost all 16,384 rows.
+    head = FreesOnlyWhatIsReleased(capacity=8)
+    texts = ["ab", "cd", "ef", "gh", "ij", "kl", "mn", "op"]
+    scored = score_texts(texts, head, BatchPolicy(max_tokens=32, max_rows=16))
+    assert scored.ok.all() and scored.outputs[:, 0].tolist() == [2] * 8
 
 
 def test_matrix_rows_with_nan_or_inf_are_bad_feature_values():
