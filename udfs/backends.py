@@ -3,7 +3,9 @@
 A head (``embed``, ``classify``, ``ner``) tokenizes into numpy arrays, asks its backend for the
 forward's one output as float32 numpy (the token embeddings for ``embed``, the logits for
 ``classify`` and ``ner``) and does its own pooling, activation or postprocessing on it: the same
-code whatever ran the forward. Two backends:
+code whatever ran the forward. A head may hand the forward a ``reduce`` step (``embed``'s pooling) that the
+forward runs on its own arrays before anything reaches the host: on a GPU that copies (n, d) back instead
+of (n, L, d) and pools on the device. Two backends:
 
 * ``torch``: the Hugging Face model itself (safetensors are memory-mapped by ``safetensors``);
 * ``onnx``: ONNX Runtime on a graph exported once per host from the same weights
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -24,7 +26,7 @@ from lakescore.udfs.devices import task_cpus, to_device, torch_dtype
 from lakescore.udfs.model_source import ModelSpec
 
 __all__ = [
-    "ModelKind", "Forward", "TorchForward", "OnnxForward", "load_forward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
+    "ModelKind", "Forward", "Reduce", "TorchForward", "OnnxForward", "load_forward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
 ]
 
 WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
@@ -46,13 +48,19 @@ class ModelKind:
     """e.g. ``last_hidden_state``, ``logits``: shaped (rows, tokens, ...) or (rows, ...)."""
 
 
+Reduce = Callable[[Any, Mapping[str, Any]], Any]
+"""``reduce(output, inputs)``: the model's float32 output and its inputs, both in the forward's own array library
+(torch tensors on the model's device, or numpy) -> the reduced output, in that library."""
+
+
 class Forward(Protocol):
-    """A transformer forward: tokenized rows (numpy, shaped (n, L)) -> the model's one output, float32 numpy."""
+    """A transformer forward: tokenized rows (numpy, shaped (n, L)) -> the model's one output, float32 numpy;
+    with ``reduce``, ``reduce(output, inputs)`` instead, computed where the output is."""
 
     device: str
     input_names: tuple[str, ...]
 
-    def __call__(self, features: Mapping[str, Any]) -> np.ndarray: ...
+    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray: ...
 
 
 class TorchForward:
@@ -64,12 +72,13 @@ class TorchForward:
         self.input_names = tuple(input_names)
         self.device = str(model.device)
 
-    def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
+    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
             inputs = {k: to_device(torch.as_tensor(features[k]), self.device) for k in self.input_names if k in features}
-            return getattr(self._model(**inputs), self._output).float().cpu().numpy()
+            output = getattr(self._model(**inputs), self._output).float()
+            return (output if reduce is None else reduce(output, inputs)).cpu().numpy()
 
 
 class OnnxForward:
@@ -81,9 +90,10 @@ class OnnxForward:
         self._session = session
         self.input_names = tuple(i.name for i in session.get_inputs())
 
-    def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
+    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
         inputs = {k: np.ascontiguousarray(features[k], dtype=np.int64) for k in self.input_names}
-        return self._session.run(None, inputs)[0]
+        output = self._session.run(None, inputs)[0]
+        return output if reduce is None else reduce(output, inputs)
 
 
 def load_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_names: Sequence[str]) -> Forward:

@@ -20,6 +20,7 @@ from lakescore.udfs.arrow_columns import list_column, scalar_column, string_colu
 from lakescore.udfs.backends import ModelKind
 from lakescore.udfs.hf_models import LabelledModel, ModelFacts, load_labelled_model
 from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = ["SequenceClassifier", "load_classifier", "activation", "KIND"]
 
@@ -35,14 +36,14 @@ class SequenceClassifier:
 
     def __init__(self, loaded: LabelledModel) -> None:
         self._forward = loaded.forward
-        self._tokenizer = loaded.tokenizer
+        self._encode = BatchEncoder(loaded.tokenizer, loaded.max_length)
         self.max_length = loaded.max_length
-        self.padding_side = getattr(loaded.tokenizer, "padding_side", "right")
+        self.padding_side = self._encode.padding_side
         self.labels = list(loaded.facts.labels)
         self.activation = activation(loaded.facts)
 
     def tokenize(self, texts: list[str]):
-        return dict(self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np"))
+        return self._encode(texts)
 
     def forward(self, features) -> np.ndarray:
         """Probabilities per label (a regression model's scores), float64 ``(n, num_labels)``: the pipeline's

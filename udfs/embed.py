@@ -5,8 +5,9 @@ Pooling -> [Normalize], with ``max_seq_length`` / ``do_lower_case`` in the Trans
 ``sentence_bert_config.json`` and the pooling modes in ``1_Pooling/config.json``. This head reads
 those files and runs the same steps itself: the tokenizer (truncating at ``max_seq_length``,
 lower-casing through the tokenizer's normalizer when configured, as sentence-transformers does),
-the transformer forward on ``spec.backend`` (:mod:`lakescore.udfs.backends`), then pooling and
-L2 normalisation in numpy, shared by every backend. The vectors equal
+the transformer forward on ``spec.backend`` (:mod:`lakescore.udfs.backends`), then pooling (one
+function, run by the forward where its outputs are: numpy for ONNX Runtime, torch on the model's device)
+and L2 normalisation in numpy. The vectors equal
 ``SentenceTransformer(dir).encode(texts)`` within float32 rounding (tested), and a worker never
 imports sentence-transformers, which brings scikit-learn and scipy with it (5.3 s of CPU and
 ~800 MiB resident per process, measured on the bench machine).
@@ -23,6 +24,7 @@ fixed row counts; we tokenize once, sort by tokens and cut by a token budget.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -34,6 +36,7 @@ from lakescore.udfs.arrow_columns import list_column
 from lakescore.udfs.backends import Forward, ModelKind, load_forward
 from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_limit
 from lakescore.udfs.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = ["SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "prompt_text", "pool", "KIND", "POOLING_MODES"]
 
@@ -56,7 +59,7 @@ class SentenceConfig:
     normalize: bool
 
 
-def pool(tokens: np.ndarray, mask: np.ndarray, modes: tuple[str, ...]) -> np.ndarray:
+def pool(tokens, mask, modes: tuple[str, ...]):
     """sentence-transformers' ``Pooling`` over ``tokens`` (n, L, d) where ``mask`` (n, L) is 1, modes concatenated.
 
     ``cls`` is the first real token and ``lasttoken`` the last (either side padded; decoder embedders such as
@@ -64,28 +67,40 @@ def pool(tokens: np.ndarray, mask: np.ndarray, modes: tuple[str, ...]) -> np.nda
     (``mean_sqrt_len_tokens``: the sum over the square root of the count), ``weightedmean`` their mean
     weighted by position (1 for the first real token, 2 for the next...). A row without real tokens pools
     to zeros in ``lasttoken``, as in sentence-transformers.
+
+    ``tokens`` and ``mask`` are both numpy arrays or both torch tensors on one device (the torch backend pools
+    where the model ran); the result is float32 in the same library. One function for both: the operations
+    below are spelled the same in numpy and torch, and :func:`_array_library` covers the rest.
     """
-    mask = np.asarray(mask)
-    rows = np.arange(len(tokens))
-    weights = mask[..., None].astype(tokens.dtype)
+    xp, astype, arange = _array_library(tokens)
+    rows = arange(len(tokens))
+    weights = astype(mask[..., None], tokens.dtype)
     vectors = []
     for mode in modes:
         if mode == "cls":
             vectors.append(tokens[rows, mask.argmax(axis=1)])
         elif mode == "lasttoken":
-            last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
-            vectors.append(tokens[rows, last] * mask[rows, last][:, None])
+            last = mask.shape[1] - 1 - xp.flip(mask, (1,)).argmax(axis=1)
+            vectors.append(tokens[rows, last] * astype(mask[rows, last][:, None], tokens.dtype))
         elif mode == "max":
-            vectors.append(np.where(weights > 0, tokens, -np.inf).max(axis=1))
+            vectors.append(xp.amax(xp.where(weights > 0, tokens, -np.inf), axis=1))
         elif mode == "weightedmean":
-            position = np.arange(1, mask.shape[1] + 1) - mask.argmax(axis=1)[:, None]  # left padding not counted
-            weighted = weights * position[..., None]
-            vectors.append((tokens * weighted).sum(axis=1) / np.maximum(weighted.sum(axis=1), 1e-9))
+            position = arange(1, mask.shape[1] + 1) - mask.argmax(axis=1)[:, None]  # left padding not counted
+            weighted = weights * astype(position[..., None], tokens.dtype)
+            vectors.append((tokens * weighted).sum(axis=1) / xp.clip(weighted.sum(axis=1), 1e-9, None))
         else:
-            count = np.maximum(weights.sum(axis=1), 1e-9)
+            count = xp.clip(weights.sum(axis=1), 1e-9, None)
             total = (tokens * weights).sum(axis=1)
-            vectors.append(total / (count if mode == "mean" else np.sqrt(count)))
-    return np.concatenate(vectors, axis=1).astype(np.float32, copy=False)
+            vectors.append(total / (count if mode == "mean" else xp.sqrt(count)))
+    return astype(xp.concatenate(vectors, axis=1), xp.float32)
+
+
+def _array_library(tokens):
+    """numpy or torch (whichever ``tokens`` belongs to), a dtype cast, and ``arange`` on ``tokens``' device."""
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported already
+    if torch is not None and isinstance(tokens, torch.Tensor):
+        return torch, lambda a, dtype: a.to(dtype), lambda *args: torch.arange(*args, device=tokens.device)
+    return np, lambda a, dtype: np.asarray(a).astype(dtype, copy=False), np.arange
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
@@ -103,27 +118,28 @@ class SentenceEmbedder:
         self, forward: Forward, tokenizer: Any, max_seq_length: int, pooling: tuple[str, ...], normalize: bool, prompt: str = "",
     ) -> None:
         self._forward = forward
-        self._tokenizer = tokenizer
+        self._encode = BatchEncoder(tokenizer, max_seq_length)
         self.max_seq_length = max_seq_length
         self.pooling = pooling
         self.normalize = normalize
         self.prompt = prompt
-        self.padding_side = getattr(tokenizer, "padding_side", "right")
+        self.padding_side = self._encode.padding_side
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """Tokenized as sentence-transformers does: the prompt prepended, truncated at ``max_seq_length``, padded to
         the longest."""
         if self.prompt:
             texts = [self.prompt + text for text in texts]
-        return dict(self._tokenizer(
-            texts, padding=True, truncation="longest_first", max_length=self.max_seq_length, return_tensors="np",
-        ))
+        return self._encode(texts)
 
     def forward(self, features) -> np.ndarray:
-        vectors = self._forward(features)
-        if self.pooling:  # empty: the forward pooled already (a model sentence-transformers loaded)
-            vectors = pool(vectors, features["attention_mask"], self.pooling)
+        # The forward pools where its outputs are (on the GPU for a CUDA model: only (n, d) comes back to the host);
+        # empty pooling: the forward pooled already (a model sentence-transformers loaded).
+        vectors = self._forward(features, reduce=self._pool if self.pooling else None)
         return (l2_normalize(vectors) if self.normalize else vectors).astype(np.float32, copy=False)
+
+    def _pool(self, tokens, inputs):
+        return pool(tokens, inputs["attention_mask"], self.pooling)
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""

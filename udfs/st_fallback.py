@@ -8,10 +8,11 @@ model skips this module and sentence-transformers' import (:mod:`lakescore.udfs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from lakescore.udfs.backends import Reduce
 from lakescore.udfs.devices import to_device, torch_dtype
 from lakescore.udfs.model_source import ModelSpec
 
@@ -26,12 +27,13 @@ class SentenceTransformerForward:
         self.device = str(model.device)
         self.input_names = tuple(model.tokenizer.model_input_names)
 
-    def __call__(self, features: Mapping[str, Any]) -> np.ndarray:
+    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
             inputs = {k: to_device(torch.as_tensor(features[k]), self.device) for k in self.input_names if k in features}
-            return self._model(inputs)["sentence_embedding"].float().cpu().numpy()
+            output = self._model(inputs)["sentence_embedding"].float()
+            return (output if reduce is None else reduce(output, inputs)).cpu().numpy()
 
 
 def load_with_sentence_transformers(spec: ModelSpec, model_dir: Path, head_class, prompt: str = ""):
