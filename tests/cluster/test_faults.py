@@ -153,7 +153,8 @@ def delta_rows(path: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def assert_exact_result(output: Path, report_path: Path, frame: pd.DataFrame, run_id: str | None = None) -> dict:
+def assert_exact_result(output: Path, report_path: Path, frame: pd.DataFrame, run_id: str | None = None,
+                        master: str = MASTER) -> dict:
     """The output holds every scorable id exactly once, errors the rest; the report says so."""
     report = json.loads(report_path.read_text())
     out = delta_rows(output)
@@ -169,7 +170,7 @@ def assert_exact_result(output: Path, report_path: Path, frame: pd.DataFrame, ru
     assert report["status"] == "succeeded"
     assert (report["input_rows"], report["output_rows"], report["error_rows"]) == (ROWS, ROWS - 1, 1)
     assert report["error_reasons"] == {"null_input": 1}
-    assert report["spark"]["master"] == MASTER
+    assert report["spark"]["master"] == master
     # Accumulators merge successful tasks only: a retried task's rows are not counted twice.
     assert report["workers"]["rows_scored"] == ROWS
     assert report["delta_version"] == len(delta_commits(output)) - 1
@@ -279,6 +280,11 @@ def test_failed_validation_exits_1_and_leaves_the_output_untouched(worker_killed
     assert report["input_rows"] == report["output_rows"] + report["error_rows"] == ROWS
 
 
+LOCAL_MASTER = "local[1]"
+"""The concurrent runs' master: their subject is two processes racing to publish one Delta output, which is the
+same race with one JVM a run; two local-cluster runs at once were six JVMs on CI's two cores (214 s)."""
+
+
 def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     root, source, frame = cluster_input
     output = root / "concurrent" / "embeddings"
@@ -286,7 +292,8 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     runs = {
         run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id,
                                      # a metastore each: two JVMs creating one Derby database at once fail
-                                     "--set", f"spark.metastore_dir={root / f'ms-{run_id}'}"),
+                                     "--set", f"spark.metastore_dir={root / f'ms-{run_id}'}",
+                                     "--set", f"spark.master={LOCAL_MASTER}"),
                        root, root / f"{run_id}.log", env={BARRIER_ENV: f"publish:2:{barrier}"})
         for run_id in ("concurrent-a", "concurrent-b")
     }
@@ -311,4 +318,4 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     assert min(committed_at) >= arrivals[-1] - 1.0, (committed_at, arrivals)  # the log's clock has ms, the files' ~s
     errors = delta_rows(Path(f"{output}_errors"))
     assert set(errors["run_id"]) == {winner}  # the errors table never describes the losing run
-    assert_exact_result(output, root / f"{winner}.json", frame, winner)
+    assert_exact_result(output, root / f"{winner}.json", frame, winner, master=LOCAL_MASTER)
