@@ -154,13 +154,12 @@ class Activations:
     """What a failed forward leaves in its frame (on a GPU: the activations it had allocated)."""
 
 
-class FreesOnlyWhatIsReleased(CharHead):
+class FreesOnlyWhatIsReleased(SmallGpu):
     """A "GPU" that can hold one batch's activations: a forward raises CUDA's out-of-memory error while any earlier
     forward's activations are still referenced, or when the batch is over ``capacity`` padded tokens."""
 
     def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
+        super().__init__(capacity)
         self.held: list[weakref.ref] = []
 
     def forward(self, features):
@@ -168,9 +167,6 @@ class FreesOnlyWhatIsReleased(CharHead):
         if any(ref() is not None for ref in self.held):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory: an earlier batch's activations are still held")
         self.held.append(weakref.ref(activations))
-        rows, width = features["input_ids"].shape
-        if rows * width > self.capacity:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return super().forward(features)
 
 
