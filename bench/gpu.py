@@ -283,6 +283,7 @@ def environment() -> dict[str, Any]:
 
     props = torch.cuda.get_device_properties(0)
     return {
+        "tokenizer_threads": os.environ.get("RAYON_RS_NUM_CPUS", "all"),
         "gpu": props.name, "gpu_mib": props.total_memory / 2**20, "torch": torch.__version__,
         "transformers": transformers.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
@@ -295,6 +296,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rows", type=int, default=30000)
     parser.add_argument("--arrow-rows", type=int, default=4096, help="rows per Arrow batch (the job's default)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lakescore-gpu"))
+    parser.add_argument("--dtypes", default="float32,float16,bfloat16", help="comma-separated (bert-base: float32 and float16 of these)")
+    parser.add_argument("--max-rows", default="256,4096", help="comma-separated scoring.max_batch_rows values")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--oom-rows", type=int, default=0, help="rows of the back-off run (0: skip)")
@@ -305,8 +308,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     transformers.utils.logging.disable_progress_bar()
     _emit({"environment": environment()})
     texts = list(review_bodies(args.rows))
+    dtypes = args.dtypes.split(",")
+    max_rows = [int(v) for v in args.max_rows.split(",")]
     if not args.skip_minilm:
-        measure(args.minilm, "all-MiniLM-L6-v2", texts, ["float32", "float16", "bfloat16"], [256, 4096], args.arrow_rows, None)
+        measure(args.minilm, "all-MiniLM-L6-v2", texts, dtypes, max_rows, args.arrow_rows, None)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.oom_rows:
         large = seeded_model(args.work / "bert-large-seeded", args.minilm, hidden_size=1024, num_hidden_layers=24,
@@ -315,7 +320,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not args.skip_base:
         base = seeded_model(args.work / "bert-base-seeded", args.minilm, hidden_size=768, num_hidden_layers=12,
                             num_attention_heads=12, intermediate_size=3072)
-        measure(base, "bert-base shape, seeded", texts, ["float32", "float16"], [256, 4096], args.arrow_rows, "mean")
+        measure(base, "bert-base shape, seeded", texts, [d for d in dtypes if d in ("float32", "float16")], max_rows,
+                args.arrow_rows, "mean")
 
 
 if __name__ == "__main__":
