@@ -73,6 +73,8 @@ def pool(tokens, mask, modes: tuple[str, ...]):
     below are spelled the same in numpy and torch, and :func:`_array_library` covers the rest.
     """
     xp, astype, arange = _array_library(tokens)
+    if xp is np:
+        mask = np.asarray(mask)
     rows = arange(len(tokens))
     weights = astype(mask[..., None], tokens.dtype)
     vectors = []
