@@ -32,7 +32,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
