@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.data import review_bodies
+from lakescore.udfs.embed import SentenceEmbedder
 
 ID, TEXT = "review_id", "body"
 
@@ -67,12 +68,6 @@ def _vectors(outcomes) -> np.ndarray:
     rows = [row for outcome in outcomes for row in outcome.predictions[0].to_pylist()]
     width = max((len(row) for row in rows if row is not None), default=1)
     return np.array([row if row is not None else [np.nan] * width for row in rows], dtype=np.float32)
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
-    return {"cosine_p1": float(np.percentile(cos, 1)), "cosine_min": float(cos.min()), "cosine_mean": float(cos.mean())}
 
 
 def run_stage(spec, batches: list[pa.RecordBatch], max_tokens: Optional[int], max_rows: int, warm_up: bool = True) -> tuple[float, list]:
@@ -112,7 +107,7 @@ def run_parts(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: in
     """The stage's steps one after another, each timed alone (seconds over all batches): Arrow -> Python strings,
     tokenizing, the head's forward over the planned batches (inputs to the GPU, forward, pooling, vectors back,
     normalizing), output Arrow arrays; with ``with_transformers``, also tokenizing through transformers' own call."""
-    from lakescore.udfs.batching import BatchPolicy, Scored, plan_batches, take_rows
+    from lakescore.udfs.batching import BatchPolicy, score_texts
     from lakescore.udfs.model_cache import get_model
     from lakescore.udfs.registry import get_task
     from lakescore.udfs.scoring_udf import ScoredBatch, _prediction_arrays
@@ -134,17 +129,10 @@ def run_parts(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: in
         t = time.perf_counter()
         features = head.tokenize(texts)
         parts["tokenize"] += time.perf_counter() - t
-        lengths = np.asarray(features["attention_mask"].sum(1), dtype=np.int64)
-        outputs: Optional[np.ndarray] = None
         t = time.perf_counter()
-        for rows in plan_batches(lengths, policy):
-            vectors = head.forward(take_rows(features, rows, int(lengths[rows].max()), head.padding_side))
-            if outputs is None:
-                outputs = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
-            outputs[rows] = vectors
+        scored = score_texts(texts, head, policy, features)
         parts["head_forward"] += time.perf_counter() - t
         t = time.perf_counter()
-        scored = Scored(outputs, [None] * len(texts), [None] * len(texts))
         ScoredBatch(_prediction_arrays(model, scored, types), model.sha256, scored.reasons, scored.errors, [None] * len(texts))
         parts["output_arrow"] += time.perf_counter() - t
     return parts
@@ -170,7 +158,7 @@ def run_bare(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: int
         lengths = np.asarray(features["attention_mask"].sum(1), dtype=np.int64)
         for rows in plan_batches(lengths, policy):
             chunk = take_rows(features, rows, int(lengths[rows].max()), head.padding_side)
-            planned.append({k: torch.as_tensor(v).to(DEVICE) for k, v in chunk.items() if k in head._forward.input_names})
+            planned.append({k: torch.as_tensor(v).to(DEVICE) for k, v in chunk.items()})
 
     def forward(inputs):
         states = model(**inputs).last_hidden_state
@@ -220,7 +208,7 @@ def measure(model_dir: Path, label: str, texts: list[str], dtypes: list[str], ma
                 "parts_s": parts, "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
             }
             if reference is not None and dtype != "float32":
-                record["vs_float32"] = _cosine(reference, vectors)
+                record["vs_float32"] = SentenceEmbedder.fidelity(reference, vectors)
             _emit(record)
         model_cache.clear()
         torch.cuda.empty_cache()
@@ -256,7 +244,7 @@ def oom_backoff(model_dir: Path, texts: list[str], rows: int) -> None:
         figures.setdefault("vectors", {})[name] = _vectors(outcomes)
     vectors = figures.pop("vectors", {})
     if len(vectors) == 2:
-        figures["oversized_vs_default"] = _cosine(vectors["default"], vectors["oversized"])
+        figures["oversized_vs_default"] = SentenceEmbedder.fidelity(vectors["default"], vectors["oversized"])
     _emit(figures)
     model_cache.clear()
 
