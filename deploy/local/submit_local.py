@@ -49,14 +49,21 @@ def _pyspark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-def _delta_jars() -> list[Path]:
-    sys.path.insert(0, str(REPO))  # the submit host's tooling, not the job: the job never sees this path
+def _tooling():
+    """lakescore's config, jar cache and session modules, from the source tree: the submit host's tooling, not the
+    job (the job never sees this path)."""
+    sys.path.insert(0, str(REPO))
     try:
-        from lakescore.jobs.config import SparkConfig
-        from lakescore.jobs.platform.jars import cached_jars, delta_coordinate
+        from lakescore.jobs import config
+        from lakescore.jobs.platform import jars, session
     finally:
         sys.path.pop(0)
-    jars = cached_jars(Path(SparkConfig().jars_dir).expanduser(), delta_coordinate())
+    return config, jars, session
+
+
+def _delta_jars() -> list[Path]:
+    config, jars_module, _ = _tooling()
+    jars = jars_module.cached_jars(Path(config.SparkConfig().jars_dir).expanduser(), jars_module.delta_coordinate())
     if not jars:
         raise SystemExit("submit-local: Delta jars not cached; run `make setup` (lakescore fetch-jars) first")
     return jars
@@ -94,6 +101,7 @@ def build_command(
 ) -> list[str]:
     """The spark-submit command line (absolute paths throughout)."""
     delta_jar = next(j for j in jars if j.name.startswith("io.delta_delta-spark_"))
+    java_options = _tooling()[2].one_host_cluster_java_options(master)
     metastore = work / "metastore_db"
     conf = {
         "spark.jars": ",".join(str(j) for j in jars),
@@ -102,7 +110,8 @@ def build_command(
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(work / "warehouse"),
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={work}",
+        # A one-host cluster's JVMs run C1-only, as lakescore's own local-cluster sessions (jobs/platform/session.py).
+        "spark.driver.extraJavaOptions": " ".join([f"-Dderby.system.home={work}", *java_options]),
         "spark.sql.shuffle.partitions": "2",
         "spark.databricks.delta.snapshotPartitions": "2",  # as lakescore's own local sessions (jobs/platform/session.py)
         "spark.eventLog.enabled": "true",
@@ -113,6 +122,8 @@ def build_command(
         "spark.pyspark.driver.python": str(env_python),
         "spark.pyspark.python": "./environment/bin/python" if env_archive else str(env_python),
     }
+    if java_options:
+        conf["spark.executor.extraJavaOptions"] = " ".join(java_options)
     cmd = [str(spark_submit), "--master", master, "--deploy-mode", "client", "--name", "lakescore-submit-local"]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]

@@ -3,7 +3,9 @@
 Each executor is its own JVM (``CoarseGrainedExecutorBackend``, a child of the driver JVM) with its
 own Python workers, so killing one of them is what a lost container / OOM-killed worker does on a
 real cluster. Every scenario checks the published output exactly (row count, id set, no duplicate
-ids), the dead-letter table (input rows = output + errors) and the report JSON.
+ids), the dead-letter table (input rows = output + errors) and the report JSON. The scenarios whose subject is
+the Delta output rather than the executors (a rerun and a failed validation after a faulted run, two runs racing to
+publish) run with one JVM, ``local[...]``: each local-cluster run costs about a minute of CI on two cores.
 
 The Delta tables are read here from their ``_delta_log`` (no Spark in the test process: every CLI
 run already starts a driver and two executors on a small machine).
@@ -211,39 +213,39 @@ def test_killed_python_worker_task_is_retried_and_output_is_exact(worker_killed_
     assert not _staging_left(output)
 
 
-def test_killed_executor_jvm_is_replaced_and_output_is_exact(cluster_input):
-    run, code, killed, output, report_path = run_with_kill(cluster_input, "executor-kill", "executor", "executor-kill.log")
-    frame = cluster_input[2]
-    assert code == 0, f"{killed}\n{run.text()[-4000:]}"
-    assert re.search(r"Lost executor|Lost task|ExecutorLostFailure|executor .* exited", run.text(), re.I), killed
-    assert_exact_result(output, report_path, frame, RUN_DATE)
-    assert delta_history(output) == ["WRITE"]
-
-
-
 # (point, seconds after it, the point that must come after the kill): the GX suite, the publish's Delta write.
 EXECUTOR_KILLS = [("validation_running", 0.5, "report_data"), ("publish_commit", 0.0, "publish_committed")]
 
 
-def test_executor_jvms_killed_during_validation_and_publish_the_run_still_ends_exact(cluster_input):
-    """One executor lost while the GX suite runs on it, another while the publish's Delta write does: Spark
-    reruns their tasks on the executors left (and the replacements), and the same run publishes the exact
-    result in one commit. One run takes both kills (each local-cluster run costs ~100 s of CI)."""
+def test_executor_jvms_killed_during_scoring_validation_and_publish_the_run_still_ends_exact(cluster_input):
+    """One executor JVM lost while it scores, another while the GX suite runs on it, a third while the publish's
+    Delta write does: Spark replaces each, reruns their tasks on the executors left (and the replacements), and the
+    same run publishes the exact result in one commit. One run takes the three kills: each local-cluster run costs
+    about a minute of CI on two cores, and the kills land in steps that follow one another."""
     root, source, frame = cluster_input
-    name = "executor-validate-publish"
+    name = "executor-kills"
     output, report, announce = root / name / "embeddings", root / f"{name}-report.json", root / f"{name}.points"
     run = CliRun(lakescore_cmd(source, output, root / f"wh-{name}", report, "--run-date", RUN_DATE), root,
                  root / f"{name}.log", env={ANNOUNCE_ENV: str(announce)})
+    scoring_kill = kill_during_scoring(run, "executor")
     kills = [(point, next_point, *kill_executor_at(run, announce, point, delay)) for point, delay, next_point in EXECUTOR_KILLS]
     code = run.wait()
-    assert code == 0, f"{kills}\n{run.text()[-4000:]}"
+    assert code == 0, f"{scoring_kill}; {kills}\n{run.text()[-4000:]}"
     reached = announced(announce)
     for point, next_point, killed, killed_at in kills:
         assert reached[point] <= killed_at < reached[next_point], f"the kill missed the step ({killed}): {reached}"
-    assert len(re.findall(r"Lost executor", run.text())) >= 2, kills
+    assert len(re.findall(r"Lost executor", run.text())) >= 3, (scoring_kill, kills)
+    assert re.search(r"Lost task|ExecutorLostFailure", run.text()), f"the scoring kill hit no task ({scoring_kill})"
     assert_exact_result(output, report, frame, RUN_DATE)
     assert delta_history(output) == ["WRITE"] and delta_history(Path(f"{output}_errors")) == ["WRITE"]
     assert not _staging_left(output)
+
+
+AFTER_FAULT_MASTER = "local[2]"
+"""The master of the runs that follow the killed-worker run on its output (the rerun, the failed validation): their
+subject is what a later run does to the output a faulted cluster run published (replace it in one commit, or leave it
+untouched), which needs no executor JVMs; a local-cluster run costs about twice as much CI time."""
+
 
 def test_rerun_same_run_date_replaces_rows_with_one_commit_per_run(worker_killed_run, cluster_input):
     root, source, frame = cluster_input
@@ -251,10 +253,10 @@ def test_rerun_same_run_date_replaces_rows_with_one_commit_per_run(worker_killed
     assert first_code == 0
     before = delta_history(output)
     first = json.loads(report_path.read_text())
-    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE), root,
-                 root / "rerun.log")
+    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE,
+                               "--set", f"spark.master={AFTER_FAULT_MASTER}"), root, root / "rerun.log")
     assert run.wait() == 0, run.text()[-4000:]
-    report = assert_exact_result(output, report_path, frame, RUN_DATE)
+    report = assert_exact_result(output, report_path, frame, RUN_DATE, master=AFTER_FAULT_MASTER)
     assert delta_history(output) == before + ["WRITE"]  # this run's publish, and nothing else
     assert (report["previous_delta_version"], report["delta_version"]) == (first["delta_version"], first["delta_version"] + 1)
     assert not _staging_left(output)
@@ -268,7 +270,8 @@ def test_failed_validation_exits_1_and_leaves_the_output_untouched(worker_killed
     rows_before = delta_rows(output).sort_values("review_id").reset_index(drop=True)
     report_path = root / "failed-validation-report.json"
     run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE,
-                               "--set", "validation.min_rows=100000"), root, root / "failed-validation.log")
+                               "--set", "validation.min_rows=100000", "--set", f"spark.master={AFTER_FAULT_MASTER}"),
+                 root, root / "failed-validation.log")
     assert run.wait() == 1, run.text()[-4000:]
     assert "not published" in run.error_line(), run.text()[-2000:]
     assert delta_commits(output) == commits_before  # no new commit

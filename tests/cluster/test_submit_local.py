@@ -126,6 +126,9 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     # Python ran from build/env, and lakescore's frames (stage call sites) are the installed wheel's.
     props = next(e["Spark Properties"] for e in events if e["Event"] == "SparkListenerEnvironmentUpdate")
     assert props["spark.pyspark.python"] == str(REPO / "build" / "env" / "bin" / "python")
+    # A one-host cluster: every JVM runs C1-only, as lakescore's own local-cluster sessions.
+    assert "-XX:TieredStopAtLevel=1" in props["spark.driver.extraJavaOptions"].split()
+    assert "-XX:TieredStopAtLevel=1" in props["spark.executor.extraJavaOptions"].split()  # after Spark's own options
     sites = [e["Stage Info"]["Stage Name"] for e in events if e["Event"] == "SparkListenerStageSubmitted"]
     ours = [s for s in sites if "/jobs/" in s or "/udfs/" in s or "/schemas/" in s]
     assert ours, sites
