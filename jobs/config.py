@@ -103,16 +103,17 @@ class ModelConfig:
     """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; exported once per host)."""
     quantize: str = "none"
     """``int8`` (ONNX backend): faster, lossy; the run refuses to score when a sample of its input is
-    outside the tolerance below against float32."""
+    outside the tolerance below against float32. The tolerance guards ``dtype`` ``bfloat16`` / ``float16``
+    runs the same way (every reduced-precision path, :attr:`lakescore.udfs.model_source.ModelSpec.reduced_precision`)."""
     quantize_min_cosine: float = Tolerance.min_cosine
-    """int8 embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
+    """Reduced-precision embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
     quantize_min_agreement: float = Tolerance.min_agreement
-    """int8 classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
+    """Reduced-precision classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
     quantize_max_prob_delta: float = Tolerance.max_prob_delta
-    """int8 classifiers: the 99th percentile over sampled rows of the largest probability difference."""
+    """Reduced-precision classifiers: the 99th percentile over sampled rows of the largest probability difference."""
 
     def tolerance(self) -> Tolerance:
-        """The quantization tolerance these settings give."""
+        """The reduced-precision tolerance these settings give (int8, bfloat16, float16 against float32)."""
         return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
 
     def _validate(self) -> None:

@@ -26,7 +26,7 @@ The weights digest is what every output row carries as ``model_sha256``:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -117,6 +117,19 @@ class ModelSpec:
     def identity(self) -> dict:
         """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+
+    @property
+    def reduced_precision(self) -> Optional[str]:
+        """The lossy numeric path this spec runs, ``int8`` (``quantize``) or ``bfloat16`` / ``float16`` (``dtype``);
+        ``None`` for float32. A run on such a path checks a sample of its input against float32 before it scores
+        (:func:`lakescore.udfs.quantize.check_fidelity`)."""
+        if self.quantize != "none":
+            return self.quantize
+        return None if self.dtype == "float32" else self.dtype
+
+    def float32_reference(self) -> "ModelSpec":
+        """The same weights at float32, unquantized: what a reduced-precision run is checked against."""
+        return replace(self, quantize="none", dtype="float32", expect_sha256=None)
 
 
 def is_remote(source: str) -> bool:

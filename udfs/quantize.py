@@ -28,7 +28,10 @@ is refused by its preflight.
 scored both ways (float32 and this path) in the executors' preflight, falls outside
 the configured :class:`Tolerance` (:func:`check_fidelity`). The figures are the head's own
 (``fidelity`` of each text head): per-row cosine for embeddings, label agreement and
-probability difference for classifiers, identical entities for token classifiers.
+probability difference for classifiers, identical entities for token classifiers. The same
+check guards the other reduced-precision path, ``model.dtype`` ``bfloat16`` / ``float16`` on torch
+(:attr:`~lakescore.udfs.model_source.ModelSpec.reduced_precision`): lossy paths are opt-in, and each
+run proves it stayed within tolerance on its own input.
 """
 
 from __future__ import annotations
@@ -85,14 +88,20 @@ _LIMITS = {
 
 
 class QuantizationToleranceError(ModelSourceError):
-    """A quantized model's outputs on the run's sample are outside the configured tolerance: nothing is scored."""
+    """A reduced-precision model's outputs (int8, bfloat16, float16) on the run's sample are outside the configured
+    tolerance against float32: nothing is scored."""
 
 
-def check_fidelity(figures: Mapping[str, float], tolerance: Tolerance, rows: int, source: str) -> None:
+_FLOAT32_SETTING = {"int8": "model.quantize: none"}
+"""The setting that turns each reduced-precision path off (a ``dtype`` path: ``model.dtype: float32``)."""
+
+
+def check_fidelity(figures: Mapping[str, float], tolerance: Tolerance, rows: int, source: str, path: str = "int8") -> None:
     """Raise :class:`QuantizationToleranceError` naming every figure outside ``tolerance``.
 
     ``figures`` come from a head's ``fidelity(reference, outputs)``; names without a limit
-    (e.g. ``cosine_min``) are reported, not checked. ``rows`` is the sample's size.
+    (e.g. ``cosine_min``) are reported, not checked. ``rows`` is the sample's size; ``path`` the
+    reduced-precision path checked (``int8``, ``bfloat16``, ``float16``), named in the error.
     """
     failed = []
     for name, value in figures.items():
@@ -104,9 +113,10 @@ def check_fidelity(figures: Mapping[str, float], tolerance: Tolerance, rows: int
             failed.append(f"{name} {value:.4f} (model.quantize_{field} {limit:g})")
     if failed:
         shown = ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
+        off = _FLOAT32_SETTING.get(path, "model.dtype: float32")
         raise QuantizationToleranceError(
-            f"int8 model {source!r} is outside tolerance against float32 on {rows} sampled input rows: "
-            f"{'; '.join(failed)} [{shown}]; refusing to score. Use model.quantize: none, or loosen the tolerance"
+            f"{path} model {source!r} is outside tolerance against float32 on {rows} sampled input rows: "
+            f"{'; '.join(failed)} [{shown}]; refusing to score. Use {off}, or loosen the tolerance"
         )
 
 

@@ -155,7 +155,7 @@ def score_batches(
         yield first, None
     else:
         return
-    model, device, loads = _model_for_this_worker(spec)
+    model, device, loads = _model_for_this_worker(spec)[:3]
     runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols))
     budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
@@ -194,8 +194,8 @@ def make_preflight_function(
     are returned, not raised, so the driver fails the run once with the worker's own message
     instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
 
-    A quantized ``spec`` with a ``sample`` of the run's input texts: the first task also scores
-    the sample both ways (:func:`fidelity_figures`) and fails with
+    A reduced-precision ``spec`` (int8, bfloat16, float16: ``spec.reduced_precision``) with a ``sample`` of the
+    run's input texts: the first task also scores the sample both ways (:func:`fidelity_figures`) and fails with
     :class:`~lakescore.udfs.quantize.QuantizationToleranceError` outside ``tolerance``.
 
     The model stays in this worker's cache (:mod:`lakescore.udfs.model_cache`), where the
@@ -209,15 +209,15 @@ def make_preflight_function(
         started = time.perf_counter()
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
-            model, device, loads = _model_for_this_worker(spec)
+            model, device, loads, resolved = _model_for_this_worker(spec)
             rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
             row.update(device=device, sha256=model.sha256, revision=model.revision, loaded=bool(loads))
-            if spec.quantize != "none" and sample and _first_task():
-                figures = fidelity_figures(spec, model, sample)
+            if resolved.reduced_precision and sample and _first_task():
+                figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)
-                check_fidelity(figures, tolerance or Tolerance(), len(sample), spec.source)
+                check_fidelity(figures, tolerance or Tolerance(), len(sample), spec.source, resolved.reduced_precision)
         except Exception as exc:  # reported to the driver, which fails the run before scoring
             row.update(error_type=type(exc).__name__, error=str(exc)[:2000])
         row["seconds"] = time.perf_counter() - started
@@ -235,14 +235,17 @@ def start_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str]) -> dict[str, float]:
-    """The head's ``fidelity`` figures of quantized ``model`` against float32 on ``sample``, both through the
-    batching core with the default budget (the reference model is loaded for this and not cached).
+    """The head's ``fidelity`` figures of reduced-precision ``model`` against float32 on ``sample``, both through
+    the batching core with the default budget (the reference model is loaded for this, on the same backend and
+    device, and not cached).
 
-    The reference is the float32 ONNX graph of the same weights, which its export checked against float32
+    int8's reference is the float32 ONNX graph of the same weights, which its export checked against float32
     torch (:func:`~lakescore.udfs.onnx_export.check_graph`), so the worker that checks imports no torch
     (the daemon preloads none for this backend). Measured against a float32 torch reference, W1 on 2 cores,
-    same sitting: 295 -> 335 rows/s end to end, ~550 MiB less at the peak."""
-    reference_spec = dataclasses.replace(spec, quantize="none", expect_sha256=None)
+    same sitting: 295 -> 335 rows/s end to end, ~550 MiB less at the peak. bfloat16's and float16's is the
+    float32 torch model, on the same device: its weights (twice the reduced-precision model's) are held beside
+    the model while the check runs, then freed."""
+    reference_spec = spec.float32_reference()
     reference = get_task(spec.task).load(reference_spec, model.model_dir)
     policy = BatchPolicy(default_max_tokens(reference_spec.device), 256)
     texts = list(sample)
@@ -288,16 +291,17 @@ def _prediction_arrays(model: LoadedModel, scored: Scored, types: Sequence[pa.Da
     return arrays
 
 
-def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, str, int]:
+def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, str, int, ModelSpec]:
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), that device,
-    and 1 when this call loaded it (0: it was cached)."""
+    1 when this call loaded it (0: it was cached), and the spec it loaded (device and dtype as they run here:
+    float16 on a CPU runs float32)."""
     from lakescore.udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
 
     device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
     model, loaded_now = get_model(spec)
     _limit_torch_threads_to_task_cpus()
-    return model, device, int(loaded_now)
+    return model, device, int(loaded_now), spec
 
 
 def _limit_torch_threads_to_task_cpus() -> None:

@@ -2,8 +2,8 @@
 
 One small ``mapInArrow`` task per scoring slot, under the scoring stage's resource
 profile, loads the model where it will score, hashes its weights and scores one sample
-(:func:`lakescore.udfs.scoring_udf.make_preflight_function`). A quantized model is also
-checked against float32 on a sample of the run's own input (:data:`SAMPLE_ROWS` rows): outside
+(:func:`lakescore.udfs.scoring_udf.make_preflight_function`). A reduced-precision model (int8, bfloat16,
+float16) is also checked against float32 on a sample of the run's own input (:data:`SAMPLE_ROWS` rows): outside
 ``model.quantize_*`` tolerance, the run fails here, before any row is scored. It runs in a background
 job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
 score next find the model in their cache. The driver itself never imports torch.
@@ -32,12 +32,12 @@ if TYPE_CHECKING:
     from lakescore.jobs.steps.read import RunContext
     from lakescore.jobs.steps.score import ScoringLayout
 
-__all__ = ["ModelIdentity", "preflight_model", "ExecutorPreflight", "quantization_sample", "PythonWorkerStart", "SAMPLE_ROWS"]
+__all__ = ["ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "PythonWorkerStart", "SAMPLE_ROWS"]
 
 log = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 256
-"""Input texts a quantized run scores both ways before it starts."""
+"""Input texts a reduced-precision run scores both ways (float32 and its own path) before it starts."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ def preflight_model(
     (:func:`~lakescore.jobs.platform.spark_adapter.job_tag`), so another thread can cancel it
     (:func:`~lakescore.jobs.platform.spark_adapter.cancel_tagged`), in classic and Connect sessions alike.
 
-    With a quantized ``spec`` and a ``sample`` of input texts, one task also compares the quantized
-    outputs with float32's on the sample (the float32 graph, checked against torch at export);
+    With a reduced-precision ``spec`` (``spec.reduced_precision``) and a ``sample`` of input texts, one task also
+    compares its outputs with float32's on the sample (for int8 the float32 graph, checked against torch at export);
     outside ``tolerance`` it raises :class:`~lakescore.udfs.quantize.QuantizationToleranceError`
     naming the figures.
 
@@ -137,7 +137,7 @@ def preflight_model(
     )
     for r in rows:
         if r.fidelity:
-            log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.quantize, len(sample), r.fidelity)
+            log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), r.fidelity)
     return ModelIdentity(
         model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows)
     )
@@ -165,7 +165,7 @@ class ExecutorPreflight:
 
     def _preflight(self) -> ModelIdentity:
         run = self._run
-        sample = quantization_sample(run.source, run.spec, run.input_cols)
+        sample = precision_check_sample(run.source, run.spec, run.input_cols)
         if run.worker_start is not None:
             run.worker_start.wait()
         if self._cancelled.is_set():  # the block failed meanwhile: start no job (its error is what propagates)
@@ -203,9 +203,9 @@ class ExecutorPreflight:
             raise
 
 
-def quantization_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[str]:
-    """Up to :data:`SAMPLE_ROWS` non-null texts of the input for a quantized text model; ``[]`` otherwise."""
-    if spec.quantize == "none" or not get_task(spec.task).input_kind.is_text:
+def precision_check_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[str]:
+    """Up to :data:`SAMPLE_ROWS` non-null texts of the input for a reduced-precision text model; ``[]`` otherwise."""
+    if not spec.reduced_precision or not get_task(spec.task).input_kind.is_text:
         return []
     text = column(input_cols[0])
     return [r[0] for r in source.select(text).where(text.isNotNull()).limit(SAMPLE_ROWS).collect()]

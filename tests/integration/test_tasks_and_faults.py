@@ -279,3 +279,31 @@ def test_int8_outside_tolerance_exits_2_naming_the_figures_and_writes_nothing(tm
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "outside tolerance" in err and "cosine_p1" in err and "0.99999" in err, err
     assert not output.exists() and not Path(f"{output}_errors").exists()
+
+
+def test_bfloat16_is_checked_against_float32_then_scores_or_exits_2_writing_nothing(tmp_path, spark, minilm_dir, capsys):
+    """A bfloat16 run scores its own input's sample both ways in the preflight, as int8 does: within tolerance it
+    scores into Delta (vectors within the tolerance of sentence-transformers' float32); outside it exits 2, one line."""
+    from sentence_transformers import SentenceTransformer
+
+    from lakescore.jobs.cli import main
+
+    frame = reviews_frame(30, seed=5)
+    source = tmp_path / "reviews.parquet"
+    frame.to_parquet(source)
+    args = ["score", "--input", str(source), "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body",
+            "--dtype", "bfloat16"]
+    refused = tmp_path / "never"
+    code = main([*args, "--output", str(refused), "--set", "model.quantize_min_cosine=0.9999999"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "bfloat16 model" in err and "cosine_p1" in err and "model.dtype: float32" in err, err
+    assert not refused.exists() and not Path(f"{refused}_errors").exists()
+
+    output = tmp_path / "bf16"
+    assert main([*args, "--output", str(output)]) == 0
+    out = read_output(spark, str(output)).set_index("review_id")
+    scored = frame.dropna(subset=["body"]).set_index("review_id")
+    ours = np.stack(out.loc[scored.index, "embedding"])
+    expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(scored["body"].tolist(), normalize_embeddings=True)
+    cosine = (ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)
+    assert 0.99 <= cosine.min() and cosine.min() < 1 - 1e-7  # bfloat16 ran (not float32), within the tolerance

@@ -1,5 +1,7 @@
 """Each task head against its peer, on real (tiny, seeded) models loaded through the real loaders."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -144,3 +146,48 @@ def test_bfloat16_classifier_probabilities_stay_within_tolerance(tiny_classifier
     fp32 = _load("classify", tiny_classifier_dir).score(UNSEEN)
     bf16 = _load("classify", tiny_classifier_dir, dtype="bfloat16").score(UNSEEN)
     assert np.abs(fp32 - bf16).max() < 0.02  # documented: bf16 probabilities within 0.02 of fp32
+
+
+def _preflight_row(spec, sample, tolerance):
+    import pyarrow as pa
+
+    from lakescore.udfs.scoring_udf import make_preflight_function
+
+    (batch,) = list(make_preflight_function(spec, sample, tolerance)(iter([pa.record_batch({"id": pa.array([0])})])))
+    return batch.to_pylist()[0]
+
+
+def test_a_bfloat16_run_is_checked_against_float32_before_it_scores(minilm_dir):
+    """bfloat16 is lossy, so the preflight scores the run's sample both ways, as for int8: within tolerance it
+    reports the figures; outside it refuses, naming the dtype and the setting that turns it off."""
+    from lakescore.udfs import model_cache
+    from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+
+    sample = [t for t in UNSEEN if t] * 3
+    bf16 = ModelSpec("embed", str(minilm_dir), dtype="bfloat16")
+    assert (bf16.reduced_precision, ModelSpec("embed", str(minilm_dir)).reduced_precision) == ("bfloat16", None)
+    model_cache.clear()
+    try:
+        passed = _preflight_row(bf16, sample, Tolerance())
+        refused = _preflight_row(bf16, sample, Tolerance(min_cosine=0.9999999))
+        exact = _preflight_row(ModelSpec("embed", str(minilm_dir)), sample, Tolerance(min_cosine=1.0))
+    finally:
+        model_cache.clear()
+    figures = json.loads(passed["fidelity"])
+    assert passed["error"] is None and BF16_COSINE <= figures["cosine_p1"] < 1.0, figures
+    assert refused["error_type"] == QuantizationToleranceError.__name__
+    assert refused["error"].startswith("bfloat16 model") and "Use model.dtype: float32" in refused["error"], refused["error"]
+    assert exact["error"] is None and exact["fidelity"] is None  # float32 is the reference: nothing to check
+
+
+def test_float16_on_a_cpu_runs_float32_and_is_not_checked(minilm_dir):
+    """float16 has no CPU kernels, so a CPU worker runs it as float32 (devices.effective_dtype): nothing lossy ran."""
+    from lakescore.udfs import model_cache
+    from lakescore.udfs.quantize import Tolerance
+
+    model_cache.clear()
+    try:
+        row = _preflight_row(ModelSpec("embed", str(minilm_dir), dtype="float16", device="auto"), ["a review"], Tolerance(min_cosine=1.0))
+    finally:
+        model_cache.clear()
+    assert row["error"] is None and row["fidelity"] is None and row["device"] == "cpu"
