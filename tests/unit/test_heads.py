@@ -148,20 +148,12 @@ def test_bfloat16_classifier_probabilities_stay_within_tolerance(tiny_classifier
     assert np.abs(fp32 - bf16).max() < 0.02  # documented: bf16 probabilities within 0.02 of fp32
 
 
-def _preflight_row(spec, sample, tolerance):
-    import pyarrow as pa
-
-    from lakescore.udfs.scoring_udf import make_preflight_function
-
-    (batch,) = list(make_preflight_function(spec, sample, tolerance)(iter([pa.record_batch({"id": pa.array([0])})])))
-    return batch.to_pylist()[0]
-
-
 def test_a_bfloat16_run_is_checked_against_float32_before_it_scores(minilm_dir):
     """bfloat16 is lossy, so the preflight scores the run's sample both ways, as for int8: within tolerance it
     reports the figures; outside it refuses, naming the dtype and the setting that turns it off."""
     from lakescore.udfs import model_cache
     from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+    from tests.unit.test_backends import _preflight_row
 
     sample = [t for t in UNSEEN if t] * 3
     bf16 = ModelSpec("embed", str(minilm_dir), dtype="bfloat16")
@@ -184,6 +176,7 @@ def test_float16_on_a_cpu_runs_float32_and_is_not_checked(minilm_dir):
     """float16 has no CPU kernels, so a CPU worker runs it as float32 (devices.effective_dtype): nothing lossy ran."""
     from lakescore.udfs import model_cache
     from lakescore.udfs.quantize import Tolerance
+    from tests.unit.test_backends import _preflight_row
 
     model_cache.clear()
     try:
