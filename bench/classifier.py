@@ -1,12 +1,14 @@
-"""C1: int8 on a trained classifier, against float32 (issue 13's classification tolerance).
+"""C1: int8 and bfloat16 on a trained classifier, against float32 (issue 13's classification tolerance).
 
-The bench's peers all embed; this workload asks whether ``--quantize int8`` keeps a classifier's answers.
+The bench's peers all embed; this workload asks whether ``--quantize int8`` and ``--dtype bfloat16`` keep a
+classifier's answers.
 It builds one, seeded: all-MiniLM-L6-v2's body and pooler in ``BertForSequenceClassification`` with a
 3-label head (negative, neutral, positive) trained, body frozen, on :data:`TRAIN_ROWS` bench reviews labelled
 by the sentiment of their verdict word ("Sturdy kettle, *disappointing* overall."), which leaves the
 neutral ones to the model. Then lakescore's own classify head (the code a job runs) scores the first
-:data:`W1_ROWS` W1 reviews and :data:`W2_ROWS` W2 texts on float32 torch and on the int8 ONNX graph, and
-the head's own fidelity figures are compared with the job's default :class:`~lakescore.udfs.quantize.Tolerance`.
+:data:`W1_ROWS` W1 reviews and :data:`W2_ROWS` W2 texts on float32 torch, on the int8 ONNX graph and on bfloat16
+torch, and the head's own fidelity figures of each reduced-precision path are compared with the job's default
+:class:`~lakescore.udfs.quantize.Tolerance`: what a run's preflight would decide on such input.
 
 Run after the timed runs, as one child process (``python -m bench.classifier OUT_DIR``) writing
 ``c1.json``: the orchestrator never imports torch. Fidelity only: no speed is measured here.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -38,8 +40,9 @@ class C1Result:
     """What the child process measured (``None`` fields when it failed; ``error`` says why)."""
 
     held_out_accuracy: Optional[float]
-    figures: dict[str, dict[str, float]]
-    """Workload (``W1``, ``W2``) -> the classify head's fidelity figures, int8 against float32."""
+    figures: dict[str, dict[str, dict[str, float]]]
+    """Path (``int8``, ``bfloat16``) -> workload (``W1``, ``W2``) -> the classify head's fidelity figures against
+    float32."""
     error: Optional[str] = None
 
     @property
@@ -64,18 +67,19 @@ def c1_lines(result: C1Result) -> list[str]:
     from lakescore.udfs.quantize import Tolerance
 
     if not result.ok:
-        return [f"C1 int8 classifier: not measured ({result.error})"]
+        return [f"C1 int8 / bfloat16 classifier: not measured ({result.error})"]
     limits = Tolerance()
     lines = [f"C1 model: MiniLM body and pooler, 3-label sentiment head trained (body frozen) on {TRAIN_ROWS:,} bench "
              f"reviews; held-out accuracy {result.held_out_accuracy:.3f}"]
-    for workload, found in result.figures.items():
-        met = found["agreement"] >= limits.min_agreement and found["prob_delta_p99"] <= limits.max_prob_delta
-        lines.append(
-            f"C1 int8 vs float32 torch ({workload}, {found['rows']:,.0f} rows): label agreement {found['agreement']:.4f}, "
-            f"probability difference p99 {found['prob_delta_p99']:.4f} (max {found['prob_delta_max']:.4f})   target "
-            f"agreement >= {limits.min_agreement:g} and p99 difference <= {limits.max_prob_delta:g}: "
-            f"{'met' if met else 'NOT met'}"
-        )
+    for path, workloads in result.figures.items():
+        for workload, found in workloads.items():
+            met = found["agreement"] >= limits.min_agreement and found["prob_delta_p99"] <= limits.max_prob_delta
+            lines.append(
+                f"C1 {path} vs float32 torch ({workload}, {found['rows']:,.0f} rows): label agreement "
+                f"{found['agreement']:.4f}, probability difference p99 {found['prob_delta_p99']:.4f} (max "
+                f"{found['prob_delta_max']:.4f})   target agreement >= {limits.min_agreement:g} and p99 difference <= "
+                f"{limits.max_prob_delta:g}: {'met' if met else 'NOT met'}"
+            )
     return lines
 
 
@@ -131,15 +135,17 @@ def _measure(work_dir: Path) -> dict:
     accuracy = _build(model_dir)
     classify = get_task("classify")
     policy = BatchPolicy(max_tokens=4096, max_rows=64)
-    heads = {
-        backend: classify.load(ModelSpec("classify", str(model_dir), backend=backend, quantize=quantize,
-                                         cache_dir=str(work_dir / "cache")), model_dir)
-        for backend, quantize in (("torch", "none"), ("onnx", "int8"))
-    }
-    figures = {}
+    float32 = ModelSpec("classify", str(model_dir), cache_dir=str(work_dir / "cache"))
+    heads = {name: classify.load(spec, model_dir) for name, spec in (
+        ("float32", float32), ("int8", replace(float32, backend="onnx", quantize="int8")),
+        ("bfloat16", replace(float32, dtype="bfloat16")),
+    )}
+    figures: dict[str, dict] = {"int8": {}, "bfloat16": {}}
     for workload, texts in (("W1", list(review_bodies(W1_ROWS))), ("W2", list(short_bodies(W2_ROWS)))):
-        fp32, int8 = (np.asarray(score_texts(texts, heads[b], policy).outputs) for b in ("torch", "onnx"))
-        figures[workload] = {**heads["onnx"].fidelity(fp32, int8), "rows": len(texts)}
+        reference = np.asarray(score_texts(texts, heads["float32"], policy).outputs)
+        for path in figures:
+            outputs = np.asarray(score_texts(texts, heads[path], policy).outputs)
+            figures[path][workload] = {**heads[path].fidelity(reference, outputs), "rows": len(texts)}
     return {"held_out_accuracy": accuracy, "figures": figures}
 
 

@@ -112,6 +112,6 @@ def target_lines() -> list[str]:
         f"- {FIXED_WORKLOAD}: a run's time outside its scoring stage <= {FAST_TARGETS['fixed_seconds']:g} s",
         f"- W1: peak RSS of the whole process tree <= {FAST_TARGETS['peak_rss_mib']:.0f} MiB",
         f"- int8 and bfloat16: per-row cosine to float32 >= {FAST_TARGETS['int8_p1_cosine']} at the 1st percentile",
-        f"- int8 classifiers (C1): label agreement >= {limits.min_agreement:g} and 99th-percentile probability "
+        f"- int8 and bfloat16 classifiers (C1): label agreement >= {limits.min_agreement:g} and 99th-percentile probability "
         f"difference <= {limits.max_prob_delta:g} against float32",
     ]

@@ -13,7 +13,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX);
   ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1`` (F200: the first 200 W1 rows through
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
-  C1: int8 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes);
+  C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
@@ -225,9 +225,9 @@ def _w3_section(w3: Optional[W3Result]) -> list[str]:
 def _c1_section(c1: Optional[C1Result]) -> list[str]:
     if c1 is None:
         return []
-    return ["## C1: int8 on a trained classifier (issue 13)", "",
+    return ["## C1: int8 and bfloat16 on a trained classifier (issue 13)", "",
             "`bench/classifier.py`: a seeded sentiment classifier on MiniLM's body, scored through lakescore's classify "
-            "head on float32 torch and on the int8 ONNX graph; fidelity only, after the timed runs.", "",
+            "head on float32 torch, on the int8 ONNX graph and on bfloat16 torch; fidelity only, after the timed runs.", "",
             *[f"- {line}" for line in c1_lines(c1)], ""]
 
 
