@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from lakescore.jobs import report_charts as charts
-from lakescore.jobs.report import html_path_for
+from lakescore.jobs.report import html_path_for, precision_check_text
 
 __all__ = ["render_html", "write_html"]
 
@@ -115,6 +115,7 @@ def _identity(report: Mapping[str, Any]) -> str:
         ("output", f"{report.get('output')} (Delta version {delta})" if delta is not None else report.get("output")),
         ("errors table", report.get("errors_table")), ("model", report.get("model_id")),
         ("model revision", report.get("model_revision") or "unknown"), ("model sha256", report.get("model_sha256")),
+        ("precision", precision_check_text(check) if (check := report.get("precision_check")) else None),
         ("started", report.get("started_at")), ("finished", report.get("finished_at")),
         ("lakescore", versions.get("lakescore")), ("Spark", versions.get("spark")), ("Delta", versions.get("delta")),
         ("Spark master", spark.get("master")), ("Spark application", spark.get("app_id")), ("error", report.get("error")),

@@ -11,6 +11,7 @@ score next find the model in their cache. The driver itself never imports torch.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -49,6 +50,9 @@ class ModelIdentity:
     sha256: str
     preflight_loads: int = 0
     """Python workers that loaded the model during the preflight (the run report's ``workers.model_loads`` adds the scoring stage's)."""
+    precision_check: Optional[dict] = None
+    """A reduced-precision run's check against float32 (``path``, ``sample_rows`` and the head's figures, e.g.
+    ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
 
 
 class PythonWorkerStart:
@@ -135,11 +139,13 @@ def preflight_model(
         "model ready in %d executor task(s) on %s (slowest %.1f s; weights sha256 %s)",
         len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1], digests[0],
     )
-    for r in rows:
-        if r.fidelity:
-            log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), r.fidelity)
+    checked = next((r for r in rows if r.fidelity), None)
+    if checked is not None:
+        log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
     return ModelIdentity(
-        model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows)
+        model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
+        precision_check=None if checked is None else {
+            "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )
 
 

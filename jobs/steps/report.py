@@ -92,6 +92,7 @@ def assemble_report(
         rows_deleted=outcome.rows_deleted,
         dedup=plan.dedup.as_report(accounting.forward_passes_saved),
         input_scans=plan.input_scans,
+        precision_check=identity.precision_check,
         errors_table=targets.errors_ref,
         error_reasons=accounting.reasons,
         errors_delta_version=outcome.errors_delta_version,

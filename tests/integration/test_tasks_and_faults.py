@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -299,10 +300,14 @@ def test_bfloat16_is_checked_against_float32_then_scores_or_exits_2_writing_noth
     assert code == 2 and "bfloat16 model" in err and "cosine_p1" in err and "model.dtype: float32" in err, err
     assert not refused.exists() and not Path(f"{refused}_errors").exists()
 
-    output = tmp_path / "bf16"
-    assert main([*args, "--output", str(output)]) == 0
-    out = read_output(spark, str(output)).set_index("review_id")
+    output, report = tmp_path / "bf16", tmp_path / "bf16-report.json"
+    assert main([*args, "--output", str(output), "--report", str(report)]) == 0
     scored = frame.dropna(subset=["body"]).set_index("review_id")
+    check = json.loads(report.read_text())["precision_check"]  # the run keeps what it proved: the sample is every text
+    assert check["path"] == "bfloat16" and check["sample_rows"] == len(scored) and 0.99 <= check["cosine_p1"] < 1.0, check
+    printed = capsys.readouterr()
+    assert f"bfloat16: within tolerance of float32 on {len(scored)} sampled rows (cosine_p1 0.99" in printed.out + printed.err
+    out = read_output(spark, str(output)).set_index("review_id")
     ours = np.stack(out.loc[scored.index, "embedding"])
     expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(scored["body"].tolist(), normalize_embeddings=True)
     cosine = (ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)
