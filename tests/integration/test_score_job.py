@@ -47,8 +47,11 @@ def read_output(spark, ref):
 
 
 def test_metastore_in_and_out_rerun_is_idempotent(spark, reviews_table, job_config, sentence_transformer, minilm_dir):
+    # model.max_seq_length 256 is MiniLM's own limit (the same numbers), but a spec no earlier test loaded: the
+    # session's Python workers outlive a test, and a worker that cached the default spec would count no load here.
     cfg = job_config(
-        input="it.reviews", output="it.review_embeddings", **{"scoring.arrow_max_records_per_batch": 40}
+        input="it.reviews", output="it.review_embeddings",
+        **{"scoring.arrow_max_records_per_batch": 40, "model.max_seq_length": 256},
     )
     first = run_scoring(cfg, spark)
     assert first.status == "succeeded", first.validation
