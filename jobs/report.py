@@ -134,6 +134,7 @@ def precision_check_text(check: dict[str, Any]) -> str:
     figures = ", ".join(f"{k} {v:.4f}" for k, v in check.items() if k not in ("path", "sample_rows"))
     return f"{check['path']}: within tolerance of float32 on {check['sample_rows']} sampled rows ({figures})"
 
+
 def write_report(report: RunReport, path: os.PathLike | str, html: bool = True) -> Path:
     """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a report), and with
     ``html`` the HTML page beside it (:func:`html_path_for`), recorded in ``report.html_report``.
