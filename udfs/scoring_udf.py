@@ -155,9 +155,9 @@ def score_batches(
         yield first, None
     else:
         return
-    model, device, loads = _model_for_this_worker(spec)[:3]
+    model, resolved, loads = _model_for_this_worker(spec)
     runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols))
-    budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(device), max_rows))
+    budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(resolved.device), max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
         if batch.num_rows == 0:
             yield batch, None
@@ -209,11 +209,11 @@ def make_preflight_function(
         started = time.perf_counter()
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
-            model, device, loads, resolved = _model_for_this_worker(spec)
+            model, resolved, loads = _model_for_this_worker(spec)
             rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
-            row.update(device=device, sha256=model.sha256, revision=model.revision, loaded=bool(loads))
+            row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads))
             if resolved.reduced_precision and sample and _first_task():
                 figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)
@@ -291,17 +291,17 @@ def _prediction_arrays(model: LoadedModel, scored: Scored, types: Sequence[pa.Da
     return arrays
 
 
-def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, str, int, ModelSpec]:
-    """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), that device,
-    1 when this call loaded it (0: it was cached), and the spec it loaded (device and dtype as they run here:
-    float16 on a CPU runs float32)."""
+def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int]:
+    """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), the spec it loaded (the
+    device and dtype as they run here: float16 on a CPU runs float32), and 1 when this call loaded it (0: it was
+    cached)."""
     from lakescore.udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
 
     device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
     model, loaded_now = get_model(spec)
     _limit_torch_threads_to_task_cpus()
-    return model, device, int(loaded_now), spec
+    return model, spec, int(loaded_now)
 
 
 def _limit_torch_threads_to_task_cpus() -> None:
