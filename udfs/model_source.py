@@ -46,6 +46,7 @@ __all__ = [
     "require_directory",
     "verify_sha256",
     "weights_sha256",
+    "model_file_digests",
     "WEIGHT_SUFFIXES",
     "DEVICES",
     "DTYPES",
@@ -55,6 +56,10 @@ __all__ = [
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pt2", ".ckpt")
 """File suffixes counted as weights in the digest."""
+
+NOT_READ_SUFFIXES = (".md", ".rst", ".onnx", ".h5", ".msgpack", ".ot", ".tflite", ".gguf", ".pyc")
+"""Files a model directory may hold that no lakescore backend reads: documentation, and other runtimes' copies of the
+weights (lakescore exports its own ONNX graph). Every other non-weight file can change a prediction."""
 
 PICKLE_SUFFIXES = (".bin", ".pth", ".ckpt")
 """Weight files that are Python pickles: loading one can run arbitrary code."""
@@ -117,6 +122,13 @@ class ModelSpec:
     def identity(self) -> dict:
         """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+
+    def scoring_settings(self) -> dict:
+        """The settings that change a prediction for given model files: :meth:`identity` less where the files come
+        from (``source``, ``revision``: the files themselves are digested), where they run (``device``) and the
+        load-time guards (``expect_sha256``, ``allow_pickle``)."""
+        where = ("source", "revision", "device", "expect_sha256", "allow_pickle")
+        return {k: v for k, v in self.identity().items() if k not in where}
 
     @property
     def reduced_precision(self) -> Optional[str]:
@@ -276,6 +288,23 @@ def weight_files(model_dir: Path) -> list[Path]:
         and not any(part.startswith(".") for part in p.relative_to(model_dir).parts)
     ]
     return sorted(files, key=lambda p: p.relative_to(model_dir).as_posix())
+
+
+def model_file_digests(model_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file in ``model_dir`` that is not weights and may change a prediction, by relative path:
+    configs, tokenizer files, sentence-transformers module configs, label maps, chat templates, remote code
+    (hidden folders, ``__pycache__`` and :data:`NOT_READ_SUFFIXES` skipped). ``{}`` for a one-file model.
+
+    Weights are digested apart (:func:`weights_sha256`): together they are what the model computes."""
+    if model_dir.is_file():
+        return {}
+    files = sorted(
+        p for p in model_dir.rglob("*")
+        if p.is_file() and p.suffix not in WEIGHT_SUFFIXES + NOT_READ_SUFFIXES
+        and not p.name.upper().startswith(("LICENSE", "NOTICE"))
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(model_dir).parts)
+    )
+    return {p.relative_to(model_dir).as_posix(): _file_sha256(p) for p in files}
 
 
 def verify_sha256(found: str, expected: Optional[str], source: str) -> None:

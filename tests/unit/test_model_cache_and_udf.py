@@ -58,6 +58,23 @@ def test_model_loads_once_per_process_and_key(minilm_dir, load_counter):
     assert first.sha256 == other.sha256  # same weights, different head settings
 
 
+def test_a_model_edited_in_place_is_loaded_again_not_served_from_the_cache(minilm_dir, load_counter, tmp_path):
+    import shutil
+
+    model = tmp_path / "minilm"
+    shutil.copytree(minilm_dir, model)
+    spec = ModelSpec("embed", str(model))
+    first, _ = model_cache.get_model(spec)
+    assert model_cache.get_model(spec) == (first, False)
+    settings = model / "sentence_bert_config.json"
+    settings.write_text(settings.read_text().replace('"max_seq_length": 256', '"max_seq_length": 8'))
+    edited, loaded = model_cache.get_model(spec)
+    assert loaded and edited is not first and len(load_counter) == 2
+    assert edited.files["sentence_bert_config.json"] != first.files["sentence_bert_config.json"]
+    long_text = ["the battery lasted all week and the screen stayed bright in the sun"]
+    assert not np.allclose(edited.scorer.score(long_text), first.scorer.score(long_text), atol=1e-3)
+
+
 def test_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_transformer, load_counter):
     counter = _Counter()
     score = _embed_function(minilm_dir, counter)
