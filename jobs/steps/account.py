@@ -43,7 +43,8 @@ class Accounting:
     rows_missing: int = 0
     """Incremental mode: output rows whose id is not in the input (deleted at publish with ``write.delete_missing``)."""
     forward_passes_saved: Optional[int] = None
-    """With ``scoring.dedup`` in use: staged rows that shared another row's input in their chunk (``None``: not in use)."""
+    """With ``scoring.dedup`` in use: scored rows that shared another scored row's input in their chunk (``None``: not
+    in use)."""
     workers: dict[str, Any] = field(default_factory=dict)
     """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
@@ -102,7 +103,7 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         reasons=dict(sorted(reasons.items())),
         rows_kept=plan.rows_kept,
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
-        forward_passes_saved=staged_rows - table.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count() if plan.dedup.used else None,
+        forward_passes_saved=_passes_saved(table, staged_rows - unscored) if plan.dedup.used else None,
         workers=_worker_totals(groups, plan.identity.preflight_loads),
     )
     if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows:
@@ -111,6 +112,13 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
             f"{accounting.output_rows} scored, {accounting.error_rows} errors"
         )
     return accounting
+
+
+def _passes_saved(table: DataFrame, scored_rows: int) -> int:
+    """Scored rows that shared another scored row's input in their chunk: the forward passes dedup saved. Rows that
+    were not scored (a null text, a failed forward) saved none, whatever input they shared."""
+    scored = table.where(F.col(ERROR_COLUMNS[0]).isNull())
+    return scored_rows - scored.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count()
 
 
 def _worker_totals(groups: list, preflight_loads: int) -> dict[str, Any]:
