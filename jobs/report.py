@@ -48,6 +48,10 @@ class RunReport:
     """Input rows scored into the output this run (equals ``output_rows``)."""
     rows_missing: Optional[int] = None
     """Incremental mode: output rows whose id is not in the input (``None`` in the other modes)."""
+    spec_changes: Optional[list[str]] = None
+    """Incremental mode: how this run's scoring spec differs from the one the output's rows were scored with (settings,
+    model files besides the weights, lakescore's output version), so that every row was scored again; ``None`` when
+    nothing differs."""
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's MERGE deleted (missing ids with ``write.delete_missing``, ids whose
     input now fails); ``None`` in the other modes."""
@@ -104,6 +108,8 @@ class RunReport:
                 f"  incremental: {self.rows_kept} kept, {self.rows_scored} scored, {self.rows_missing} missing from the "
                 f"input, {self.rows_deleted or 0} deleted from the output"
             )
+        if self.spec_changes:
+            lines.append(f"  scoring spec changed, every row scored again: {'; '.join(self.spec_changes)}")
         if self.error_rows:
             reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
             lines.append(f"  {self.error_rows} rows in {self.errors_table} ({reasons})")

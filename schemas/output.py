@@ -64,7 +64,12 @@ DIGEST_COLUMN = "input_digest"
 
 INCREMENTAL_COLUMNS = (DIGEST_COLUMN, "spec_digest")
 """What an incremental output adds after :data:`IDENTITY_COLUMNS`: the input's digest and the digest of the scoring
-spec (task, model source and the settings that change the numbers), so the next run knows which rows are current."""
+spec (the settings that change the numbers, the model's files besides its weights, :data:`OUTPUT_VERSION`), so the
+next run knows which rows are current."""
+
+OUTPUT_VERSION = 1
+"""The version of what lakescore's heads compute and write. Bump it when a head's values change for the same model
+files and settings: it is part of every incremental row's ``spec_digest``, so such outputs are scored again once."""
 
 ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""

@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType
 from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
 from lakescore.udfs.model_cache import LoadedModel, get_model
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.model_source import ModelSpec, model_file_digests
 from lakescore.udfs.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 
@@ -174,10 +174,11 @@ def score_batches(
 
 PREFLIGHT_SCHEMA = (
     "host string, pid int, device string, sha256 string, revision string, seconds double, loaded boolean, "
-    "error_type string, error string, fidelity string"
+    "error_type string, error string, fidelity string, files string"
 )
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
-``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it."""
+``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
+``files``: the JSON :func:`~lakescore.udfs.model_source.model_file_digests` of the model files this worker loaded."""
 
 
 def make_preflight_function(
@@ -189,7 +190,7 @@ def make_preflight_function(
 
     Input rows are ignored (one small partition per task). Each task yields one
     row of :data:`PREFLIGHT_SCHEMA`: host, pid, the device it resolved, the
-    weights' sha256 and revision, the seconds it took, whether it loaded the model (or found
+    weights' sha256, the digests of its other model files and the revision, the seconds it took, whether it loaded the model (or found
     it cached) and, when loading or the sample failed, the exception's type and text. Failures
     are returned, not raised, so the driver fails the run once with the worker's own message
     instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
@@ -213,7 +214,8 @@ def make_preflight_function(
             rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
-            row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads))
+            row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
+                       files=json.dumps(model_file_digests(model.model_dir), sort_keys=True))
             if resolved.reduced_precision and sample and _first_task():
                 figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)

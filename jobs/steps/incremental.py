@@ -4,14 +4,15 @@ Every scorable row gets an :data:`~lakescore.schemas.output.DIGEST_COLUMN`: the 
 exactly what the model sees, the text, or the feature values as a JSON array of doubles in the model's
 order. The output as it was before this run (read at its pinned version) is joined on the id: a row is
 scored when its id is not in the output, its digest differs, or its output row carries other weights
-(``model_sha256``) or another scoring spec (``spec_digest``: task, model source and every setting that
-changes the numbers). Every other row is kept as it is. Output ids no longer in the input are counted
-(and deleted at publish with ``write.delete_missing``). A run on a missing output scores every row.
+(``model_sha256``) or another scoring spec (``spec_digest``, :class:`ScoringSpec`: every setting that changes the
+numbers, the digests of the model's files besides its weights as the executors loaded them, and
+:data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other row is kept as it is. Output ids no longer in the
+input are counted (and deleted at publish with ``write.delete_missing``). A run on a missing output, or with
+``write.full_rescore``, scores every row.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -21,13 +22,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.tables import column, read_input
+from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.read import RunContext
 from lakescore.jobs.steps.staging import Staging
-from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS
+from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS, OUTPUT_VERSION
 from lakescore.udfs.model_source import ModelSpec
 
-__all__ = ["CHANGES_LAYOUT", "Changes", "input_digest", "spec_digest", "find_changes"]
+__all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
 _PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)}
@@ -58,7 +59,11 @@ class Changes:
     distinct_to_score: Optional[int]
     """Distinct inputs among the rows to score, estimated (``approx_count_distinct``, a null input counting as
     one) in the job that counts them; ``None`` when there is no output yet and nothing was counted."""
-    spec_digest: str
+    spec: "ScoringSpec"
+    """What this run scores with besides the weights; its digest is every scored row's ``spec_digest``."""
+    spec_changes: Optional[list[str]]
+    """What differs from the scoring spec the output's last run recorded (:meth:`ScoringSpec.changes_since`): every
+    row of the output is scored again. ``None`` when nothing differs, or there is no output yet."""
     model_sha256: str
     """The weights an output row must carry to be current (it is scored again otherwise)."""
     previous_version: Optional[int]
@@ -78,26 +83,72 @@ def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 
 
-_COUNTED_WHEN_SET = ("prompt_name",)
-"""Spec fields added after outputs first carried ``spec_digest``: hashed only when set, so an output written
-before they existed keeps its digest (and its rows) across the upgrade."""
+@dataclass(frozen=True)
+class ScoringSpec:
+    """Everything besides the input and the weights that a prediction depends on, in three parts: ``settings`` (the
+    configured ones that change numbers, :meth:`~lakescore.udfs.model_source.ModelSpec.scoring_settings`), ``files``
+    (the digests of the model's other files, configs and tokenizer included, as the workers loaded them) and
+    ``output_version`` (:data:`~lakescore.schemas.output.OUTPUT_VERSION`). What a worker resolves from these (its
+    ``max_seq_length``, pooling, normalisation, prompt, label map) follows from them, so editing any file the model
+    reads changes the digest."""
+
+    parts: dict
+
+    @classmethod
+    def of(cls, spec: ModelSpec, model_files: dict) -> "ScoringSpec":
+        parts = {"settings": spec.scoring_settings(), "files": dict(model_files), "output_version": OUTPUT_VERSION}
+        return cls(json.loads(json.dumps(parts, default=str)))  # as a commit's metadata gives it back: lists, not tuples
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of :attr:`parts`: the ``spec_digest`` of every row scored with this spec."""
+        return hashlib.sha256(json.dumps(self.parts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+    def changes_since(self, previous: Optional[dict]) -> Optional[list[str]]:
+        """What differs from ``previous`` (the parts an earlier run recorded), one phrase each, e.g.
+        ``max_seq_length 256 -> 8`` or ``file sentence_bert_config.json changed``; ``None`` when nothing does."""
+        if previous == self.parts:
+            return None
+        if not isinstance(previous, dict):
+            return ["the output's scoring spec was not recorded (written by an earlier lakescore)"]
+        changes = []
+        before, after = previous.get("settings") or {}, self.parts["settings"]
+        for key in sorted(set(before) | set(after)):
+            if before.get(key) != after.get(key):
+                changes.append(f"{key} {_shown(before.get(key))} -> {_shown(after.get(key))}")
+        before, after = previous.get("files") or {}, self.parts["files"]
+        for name in sorted(set(before) | set(after)):
+            if before.get(name) != after.get(name):
+                what = "added" if name not in before else "removed" if name not in after else "changed"
+                changes.append(f"file {name} {what}")
+        if previous.get("output_version") != self.parts["output_version"]:
+            changes.append(f"lakescore output version {previous.get('output_version')} -> {self.parts['output_version']}")
+        return changes or ["the scoring spec's layout"]
 
 
-def spec_digest(spec: ModelSpec) -> str:
-    """SHA-256 (hex) of the scoring spec minus what does not change the numbers (device, the expected digest, and
-    the fields outside the spec's identity, such as the local cache directory). Backend and quantization count."""
-    facts = dataclasses.replace(spec, device="", expect_sha256=None).identity()
-    facts = {k: v for k, v in facts.items() if v is not None or k not in _COUNTED_WHEN_SET}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+def _shown(value) -> str:
+    return json.dumps(value)
+
+
+def recorded_spec(spark, output: str, version: int) -> Optional[dict]:
+    """The scoring spec's parts the newest lakescore commit of ``output`` at or before ``version`` recorded in its
+    ``userMetadata`` (:func:`~lakescore.jobs.platform.tables.run_metadata`); ``None`` when none did. The latest
+    commit is read first: the whole history only when another writer committed after lakescore's publish."""
+    for limit in (1, None):
+        for entry in delta_history(spark, output, limit):
+            if entry.version <= version and entry.spec is not None:
+                return entry.spec
+    return None
 
 
 def find_changes(
     run: RunContext, scorable: DataFrame, scorable_rows: int, refused: Optional[DataFrame], model_sha256: str,
-    previous_version: Optional[int], changed: Staging,
+    spec: ScoringSpec, previous_version: Optional[int], changed: Staging,
 ) -> Changes:
     """Split ``scorable`` (``scorable_rows`` rows) into rows to score and rows kept against the output at
-    ``previous_version``, and find the output's ids missing from the input (``refused``: the input rows refused for
-    a null or duplicated id, ``None`` when there are none).
+    ``previous_version`` for weights ``model_sha256`` and scoring ``spec``, and find the output's ids missing from the
+    input (``refused``: the input rows refused for a null or duplicated id, ``None`` when there are none). With
+    ``write.full_rescore`` (or no output yet) every row is to score and nothing is compared.
 
     When the output exists, one full outer join of the scorable rows with the output's ids finds both: its new and
     changed rows, and the output ids no scorable row has (flagged :data:`_MISSING`), are written once to ``changed``
@@ -107,15 +158,15 @@ def find_changes(
     An output id whose input row was refused for a null or duplicated id is not missing (it is in the input).
     """
     cfg = run.cfg
-    spec = spec_digest(run.spec)
     digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
-    if previous_version is None:
+    if previous_version is None or cfg.write.full_rescore:
         no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
         return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
-                       distinct_to_score=None, spec_digest=spec, model_sha256=model_sha256, previous_version=None)
+                       distinct_to_score=None, spec=spec, spec_changes=None, model_sha256=model_sha256,
+                       previous_version=previous_version)
     counts = None
     if not changed.exists():
-        counts = _write_counting(changed, _changed_or_missing(run, digested, previous_version, model_sha256, spec))
+        counts = _write_counting(changed, _changed_or_missing(run, digested, previous_version, model_sha256, spec.digest))
     table = changed.table()
     to_score = table.where(~F.col(_MISSING)).drop(_MISSING)
     missing = table.where(F.col(_MISSING)).select(column(cfg.id_col))
@@ -128,7 +179,8 @@ def find_changes(
         rows_missing = missing.count()
     return Changes(to_score=to_score, rows_to_score=rows_to_score, rows_kept=scorable_rows - rows_to_score,
                    rows_missing=rows_missing, missing_ids=missing, distinct_to_score=int(counts["distinct"] or 0),
-                   spec_digest=spec, model_sha256=model_sha256, previous_version=previous_version, table=changed)
+                   spec=spec, spec_changes=spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)),
+                   model_sha256=model_sha256, previous_version=previous_version, table=changed)
 
 
 def _count_columns() -> list[Column]:

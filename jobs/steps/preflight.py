@@ -17,7 +17,7 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +53,9 @@ class ModelIdentity:
     precision_check: Optional[dict] = None
     """A reduced-precision run's check against float32 (``path``, ``sample_rows`` and the head's figures, e.g.
     ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
+    model_files: dict = field(default_factory=dict)
+    """The digests of the model's files besides its weights as the executors loaded them
+    (:func:`~lakescore.udfs.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
 
 
 class PythonWorkerStart:
@@ -134,6 +137,11 @@ def preflight_model(
     if len(digests) != 1:
         hosts = ", ".join(sorted({f"{r.host}: {r.sha256}" for r in rows}))
         raise ModelIntegrityError(f"executors found different weights for model {spec.source!r} ({hosts}); refusing to score")
+    if len({r.files for r in rows}) != 1:
+        hosts = ", ".join(sorted({r.host for r in rows}))
+        raise ModelIntegrityError(
+            f"executors found different model files (configs, tokenizer) for model {spec.source!r} on {hosts}; refusing to score"
+        )
     loads = sorted(r.seconds for r in rows)
     log.info(
         "model ready in %d executor task(s) on %s (slowest %.1f s; weights sha256 %s)",
@@ -144,6 +152,7 @@ def preflight_model(
         log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
     return ModelIdentity(
         model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
+        model_files=json.loads(rows[0].files),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )

@@ -21,13 +21,13 @@ from pyspark.sql import DataFrame
 from lakescore.jobs.platform.tables import run_metadata
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
-from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, find_changes, input_digest
+from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, ScoringSpec, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, prepared_rows, run_key
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec, weights_sha256
+from lakescore.udfs.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
 
 __all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run"]
 
@@ -109,10 +109,10 @@ class Plan:
         return [id_col, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else [id_col]
 
 
-def _run_facts(run: RunContext, targets: Targets, model_sha256: str) -> dict:
-    """What the run's staging keys cover: the pinned input, the output, the task, the weights and scoring spec, the
-    ids and inputs, a configured run id; in incremental mode the output version compared with (the rows to score
-    depend on it)."""
+def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: ScoringSpec) -> dict:
+    """What the run's staging keys cover: the pinned input, the output, the task, the weights and scoring spec (its
+    settings and the model's other files), the ids and inputs, a configured run id; in incremental mode the output
+    version compared with (the rows to score depend on it)."""
     cfg = run.cfg
     facts = {
         "input": run.input_files_digest,
@@ -121,24 +121,25 @@ def _run_facts(run: RunContext, targets: Targets, model_sha256: str) -> dict:
         "task": cfg.task,
         "model_sha256": model_sha256,
         "spec": dataclasses.replace(run.spec, device="", expect_sha256=None).identity(),
+        "scoring_spec": scoring.digest,
         "id_col": cfg.id_col,
         "inputs": run.input_cols,
         "run_id": cfg.resolved_run_id(),
     }
     if cfg.write.mode == "incremental":
-        facts.update(mode="incremental", previous_version=targets.previous_version)
+        facts.update(mode="incremental", previous_version=targets.previous_version, full_rescore=cfg.write.full_rescore)
     return facts
 
 
-def _compare_with_output(run: RunContext, targets: Targets, split: IdSplit, model_sha256: str) -> Changes:
+def _compare_with_output(run: RunContext, targets: Targets, split: IdSplit, model_sha256: str, scoring: ScoringSpec) -> Changes:
     """:func:`~lakescore.jobs.steps.incremental.find_changes` for this run, counting output rows scored by
-    ``model_sha256`` as current; its changes table is keyed by the run's facts."""
+    ``model_sha256`` with ``scoring`` as current; its changes table is keyed by the run's facts."""
     cfg = run.cfg
-    key = run_key({**_run_facts(run, targets, model_sha256), "changes": CHANGES_LAYOUT})
+    key = run_key({**_run_facts(run, targets, model_sha256, scoring), "changes": CHANGES_LAYOUT})
     changed = changed_rows(run.spark, cfg.output, cfg.write.staging, key)
     refused = split.refused if split.ids.refused_rows else None
     scorable_rows = split.ids.rows - split.ids.refused_rows
-    return find_changes(run, split.scorable, scorable_rows, refused, model_sha256, targets.previous_version, changed)
+    return find_changes(run, split.scorable, scorable_rows, refused, model_sha256, scoring, targets.previous_version, changed)
 
 
 def new_run_id() -> str:
@@ -160,10 +161,10 @@ def check_input_ids(run: RunContext) -> IdSplit:
 
 def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional[Changes]:
     """In incremental mode, the rows to score against the output, found while the executors still load the model:
-    with the digest of the weights in the driver's copy of the model (``run.model_dir``).
+    with the digests of the weights and other files in the driver's copy of the model (``run.model_dir``).
 
     ``None`` in the other modes, or when the driver's copy holds no weight file (the preflight names the error).
-    What the executors hashed decides: :func:`plan_run` compares again if their digest differs.
+    What the executors hashed decides: :func:`plan_run` compares again if their digests differ.
     """
     if run.cfg.write.mode != "incremental":
         return None
@@ -171,7 +172,7 @@ def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional
         sha256 = weights_sha256(run.model_dir)
     except ModelSourceError:
         return None
-    return _compare_with_output(run, targets, split, sha256)
+    return _compare_with_output(run, targets, split, sha256, ScoringSpec.of(run.spec, model_file_digests(run.model_dir)))
 
 
 def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity,
@@ -183,17 +184,18 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     # Workers must load exactly the weights the preflight hashed, or fail their task.
     spec = dataclasses.replace(run.spec, expect_sha256=identity.sha256)
     scorable_rows = split.ids.rows - split.ids.refused_rows
-    facts = _run_facts(run, targets, identity.sha256)
+    scoring = ScoringSpec.of(run.spec, identity.model_files)  # the files as the executors loaded them
+    facts = _run_facts(run, targets, identity.sha256, scoring)
     changes = None
     if cfg.write.mode == "incremental":
         changes = early
-        if changes is None or changes.model_sha256 != identity.sha256:
+        if changes is None or (changes.model_sha256, changes.spec.digest) != (identity.sha256, scoring.digest):
             if changes is not None:
-                log.warning("the driver read weights %s, the executors %s: comparing with the output again",
-                            changes.model_sha256, identity.sha256)
+                log.warning("the driver's copy of the model differs from the executors' (weights %s, %s): comparing "
+                            "with the output again", changes.model_sha256, identity.sha256)
                 if changes.table is not None:
-                    changes.table.drop()  # compared for weights no worker loads: no run reads it
-            changes = _compare_with_output(run, targets, split, identity.sha256)
+                    changes.table.drop()  # compared for a model no worker loads: no run reads it
+            changes = _compare_with_output(run, targets, split, identity.sha256, scoring)
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
     dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows, changes.distinct_to_score if changes else None)
@@ -218,7 +220,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
         prepared_ready=prepared is not None and prepared.exists(),
-        tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None),
+        tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None,
+                         scoring.parts if changes is not None else None),
     )
     log.info(
         "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
@@ -229,6 +232,9 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
             "incremental: %d row(s) to score, %d kept, %d output id(s) missing from the input (output version %s)",
             changes.rows_to_score, changes.rows_kept, changes.rows_missing, changes.previous_version,
         )
+        if changes.spec_changes:
+            log.info("incremental: the scoring spec differs from the output's (%s): its rows are scored again",
+                     "; ".join(changes.spec_changes))
     if dedup.used or dedup.mode == "auto":
         log.info("dedup %s: %s (%s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
                  dedup.sample_rows, dedup.sample_distinct)

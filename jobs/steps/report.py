@@ -90,6 +90,7 @@ def assemble_report(
         rows_scored=accounting.output_rows,
         rows_missing=accounting.rows_missing if plan.changes is not None else None,
         rows_deleted=outcome.rows_deleted,
+        spec_changes=plan.changes.spec_changes if plan.changes is not None else None,
         dedup=plan.dedup.as_report(accounting.forward_passes_saved),
         input_scans=plan.input_scans,
         precision_check=identity.precision_check,

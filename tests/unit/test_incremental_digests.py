@@ -1,29 +1,54 @@
-"""The scoring-spec digest incremental mode compares rows by: what changes the numbers, and nothing else."""
+"""The scoring spec incremental mode compares rows by: what changes the numbers (settings, the model's files besides
+its weights, lakescore's output version), and nothing else."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from lakescore.jobs.steps.incremental import spec_digest
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.jobs.steps.incremental import ScoringSpec
+from lakescore.schemas.output import OUTPUT_VERSION
+from lakescore.udfs.model_source import ModelSpec, model_file_digests
 
 
-def test_spec_digest_follows_what_changes_the_numbers_only():
+def test_the_digest_follows_the_settings_that_change_the_numbers_only():
     spec = ModelSpec(task="classify", source="/models/sentiment")
-    same = spec_digest(spec)
-    assert len(same) == 64 and spec_digest(spec) == same
-    assert spec_digest(dataclasses.replace(spec, device="cuda", expect_sha256="ab" * 32)) == same
-    for changed in ({"max_seq_length": 16}, {"dtype": "bfloat16"}, {"task": "embed"}, {"source": "/models/other"},
-                    {"pooling": "cls"}, {"feature_cols": ("a", "b")}):
-        assert spec_digest(dataclasses.replace(spec, **changed)) != same, changed
+    same = ScoringSpec.of(spec, {}).digest
+    assert len(same) == 64 and ScoringSpec.of(spec, {}).digest == same
+    # Where the files come from and where they run change no prediction: the files themselves are digested.
+    for unchanged in ({"device": "cuda"}, {"expect_sha256": "ab" * 32}, {"source": "/elsewhere/sentiment"},
+                      {"revision": "main"}, {"allow_pickle": True}):
+        assert ScoringSpec.of(dataclasses.replace(spec, **unchanged), {}).digest == same, unchanged
+    for changed in ({"max_seq_length": 16}, {"dtype": "bfloat16"}, {"task": "embed"}, {"pooling": "cls"},
+                    {"feature_cols": ("a", "b")}, {"prompt_name": "query"}, {"backend": "onnx"}):
+        assert ScoringSpec.of(dataclasses.replace(spec, **changed), {}).digest != same, changed
 
 
-def test_a_spec_field_added_later_leaves_existing_outputs_digest_alone():
-    """Digests an output written before ``prompt_name`` existed carries (pinned at e5a3e4e): an upgrade must not
-    rescore every row. Setting the new field changes the digest, as any spec change does."""
-    embed = ModelSpec("embed", "/models/minilm", max_seq_length=128, backend="onnx")
-    assert spec_digest(embed) == "5c76b385dd4267b0d7438b5e834c0609e5c3a15b59e549d04b54424e02eb3ee0"
-    assert spec_digest(ModelSpec("classify", "models:/reviews/3", revision="7")) == (
-        "fe12357610bdbbb6a652c6488d5debcc0e312af2f11075a20ff9b0e9396fecd0"
-    )
-    assert spec_digest(dataclasses.replace(embed, prompt_name="passage")) != spec_digest(embed)
+def test_every_model_file_but_weights_and_documents_is_digested(tmp_path):
+    (tmp_path / "1_Pooling").mkdir()
+    files = {"config.json": "{}", "tokenizer.json": "{}", "vocab.txt": "a\nb", "1_Pooling/config.json": '{"mean": true}',
+             "chat_template.jinja": "{{ x }}", "model.safetensors": "weights", "README.md": "# card", "LICENSE": "MIT",
+             "onnx/model.onnx": "graph", ".cache/x.json": "{}"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    digests = model_file_digests(tmp_path)
+    assert sorted(digests) == ["1_Pooling/config.json", "chat_template.jinja", "config.json", "tokenizer.json", "vocab.txt"]
+    assert model_file_digests(tmp_path / "model.safetensors") == {}  # a one-file model is all weights
+
+
+def test_changes_name_the_part_that_differs(tmp_path):
+    spec = ModelSpec(task="embed", source="/models/minilm")
+    files = {"config.json": "a" * 64, "sentence_bert_config.json": "b" * 64}
+    before = ScoringSpec.of(spec, files)
+    assert before.changes_since(json.loads(json.dumps(before.parts))) is None  # as recorded in a commit's metadata
+    edited = ScoringSpec.of(dataclasses.replace(spec, max_seq_length=8, normalize=False),
+                            {**files, "sentence_bert_config.json": "c" * 64, "modules.json": "d" * 64})
+    assert edited.changes_since(before.parts) == [
+        "max_seq_length null -> 8", "normalize null -> false", "file modules.json added",
+        "file sentence_bert_config.json changed",
+    ]
+    assert edited.digest != before.digest
+    older = {**before.parts, "output_version": OUTPUT_VERSION - 1}
+    assert before.changes_since(older) == [f"lakescore output version {OUTPUT_VERSION - 1} -> {OUTPUT_VERSION}"]
+    assert before.changes_since(None) == ["the output's scoring spec was not recorded (written by an earlier lakescore)"]
