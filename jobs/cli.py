@@ -58,6 +58,7 @@ _SCORE_FLAGS = {
     "errors": "errors",
     "write_mode": "write.mode",
     "delete_missing": "write.delete_missing",
+    "full_rescore": "write.full_rescore",
     "report": "report",
     "run_date": "run_date",
     "run_id": "run_id",
@@ -80,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
 
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
     score.add_argument("--input", help="metastore table (db.table) or Parquet/Delta path")
-    score.add_argument("--output", help="Delta path or metastore table (db.table); overwritten")
+    score.add_argument(
+        "--output", help="Delta path or metastore table (db.table), written as --write-mode says (default: overwritten)"
+    )
     score.add_argument("--input-format", choices=INPUT_FORMATS, help="how to read a path input")
     score.add_argument("--task", choices=TASKS, help=f"what the model computes (default: {JobConfig.task})")
     score.add_argument(
@@ -113,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument(
         "--delete-missing", action="store_true", default=None,
         help="incremental: delete output rows whose id is no longer in the input",
+    )
+    score.add_argument(
+        "--full-rescore", action="store_true", default=None,
+        help="incremental: score every row and replace the output (also makes an output of another mode incremental)",
     )
     score.add_argument("--report", metavar="JSON", help="write the run report here")
     score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")

@@ -343,6 +343,9 @@ class WriteConfig:
     other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
     delete_missing: bool = False
     """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
+    full_rescore: bool = False
+    """``incremental`` only: score every input row and replace the output with them in one overwrite commit, instead
+    of comparing; also turns an output written by ``overwrite`` / ``replace_run`` into an incremental one."""
     deletion_vectors: bool = True
     """``incremental`` only: an output this mode creates gets Delta deletion vectors (``delta.enableDeletionVectors``),
     so each later ``MERGE`` writes the changed rows and marks the old ones deleted instead of rewriting every data
@@ -361,8 +364,9 @@ class WriteConfig:
 
     def _validate(self) -> None:
         _require_one_of("write.mode", self.mode, WRITE_MODES)
-        if self.delete_missing and self.mode != "incremental":
-            raise ConfigError(f"write.delete_missing applies to write.mode incremental only, not {self.mode!r}")
+        for key in ("delete_missing", "full_rescore"):
+            if getattr(self, key) and self.mode != "incremental":
+                raise ConfigError(f"write.{key} applies to write.mode incremental only, not {self.mode!r}")
         if self.chunk_rows < 1:
             raise ConfigError(f"write.chunk_rows must be >= 1, got {self.chunk_rows}")
 

@@ -35,6 +35,7 @@ from lakescore.schemas.output import column_types
 
 __all__ = [
     "TableError",
+    "OutputColumnsError",
     "unreadable_input",
     "column",
     "is_path",
@@ -69,6 +70,14 @@ log = logging.getLogger(__name__)
 
 class TableError(ValueError):
     """An input or output reference cannot be read or written as asked."""
+
+
+class OutputColumnsError(TableError):
+    """An existing output's columns differ from those the run writes; ``existing`` holds its schema."""
+
+    def __init__(self, message: str, existing: StructType) -> None:
+        super().__init__(message)
+        self.existing = existing
 
 
 _UNREADABLE_FILE = re.compile(
@@ -176,7 +185,7 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType, versi
     ``version=False``, which returns ``None``), or ``None`` if it does not exist yet.
     Raises :class:`TableError` if a column name of ``schema`` is one Delta refuses (a space, ``,;{}()=``, a tab or a
     newline: :mod:`~lakescore.schemas.column_names`), the table's database is missing, the target exists but
-    is not Delta, or its columns differ from ``schema`` (names and types). A directory holding
+    is not Delta, or (:class:`OutputColumnsError`) its columns differ from ``schema`` (names and types). A directory holding
     only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
     counts as not existing yet.
     """
@@ -208,9 +217,9 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType, versi
             raise TableError(f"output table {ref!r} exists and is not a Delta table")
         existing = spark.table(table.quoted).schema
     if column_types(existing) != column_types(schema):
-        raise TableError(
+        raise OutputColumnsError(
             f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
-            "write to a new output or drop the old one"
+            "write to a new output or drop the old one", existing
         )
     return last_commit(spark, ref).version if version else None
 
@@ -235,6 +244,7 @@ def write_delta_overwrite(
     user_metadata: Optional[str] = None,
     txn: Optional[tuple[str, int]] = None,
     table_properties: Optional[Mapping[str, str]] = None,
+    overwrite_schema: bool = False,
 ) -> DeltaCommit:
     """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
 
@@ -254,10 +264,12 @@ def write_delta_overwrite(
     the commit returned is then the earlier one (found by its tag). A rerun after a driver died between
     the commit and the rest of the run publishes nothing twice.
 
+    ``overwrite_schema``: the table's columns become ``df``'s (Delta's ``overwriteSchema``), where they differ.
+
     A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
     """
     ref = local_ref(ref)
-    _overwrite(df, ref, replace_where, partition_by, user_metadata, txn, table_properties)
+    _overwrite(df, ref, replace_where, partition_by, user_metadata, txn, table_properties, overwrite_schema)
     return own_commit(df.sparkSession, ref, user_metadata)
 
 
@@ -272,8 +284,11 @@ def overwrite_delta(df: DataFrame, ref: str, partition_by: Optional[str] = None)
 
 
 def _overwrite(df: DataFrame, ref: str, replace_where: Optional[str], partition_by: Optional[str], user_metadata: Optional[str],
-               txn: Optional[tuple[str, int]], table_properties: Optional[Mapping[str, str]]) -> None:
+               txn: Optional[tuple[str, int]], table_properties: Optional[Mapping[str, str]],
+               overwrite_schema: bool = False) -> None:
     writer = df.write.format("delta").mode("overwrite")
+    if overwrite_schema:
+        writer = writer.option("overwriteSchema", "true")
     if txn is not None:
         writer = writer.option("txnAppId", txn[0]).option("txnVersion", int(txn[1]))
     if replace_where is not None:
@@ -590,14 +605,18 @@ def _recording_empty_commits(spark: SparkSession, wanted: bool):
 _METADATA_KEY = "lakescore"
 
 
-def run_metadata(run_id: str, report: Optional[str]) -> str:
+def run_metadata(run_id: str, report: Optional[str], spec: Optional[Mapping[str, Any]] = None) -> str:
     """The ``userMetadata`` lakescore tags its commits with: ``{"lakescore": {"run_id", "report"}}`` as JSON
-    (``report``: the JSON report's absolute path, or ``None``). A few dozen bytes in the commit info.
+    (``report``: the JSON report's absolute path, or ``None``), with ``"spec"`` when given (an incremental run's
+    scoring spec, which the next run compares with). A few dozen bytes in the commit info; about a kilobyte with a spec.
 
     >>> run_metadata("2026-11-21", None)
     '{"lakescore": {"run_id": "2026-11-21", "report": null}}'
     """
-    return json.dumps({_METADATA_KEY: {"run_id": run_id, "report": report}})
+    tag: dict[str, Any] = {"run_id": run_id, "report": report}
+    if spec is not None:
+        tag["spec"] = spec
+    return json.dumps({_METADATA_KEY: tag}, sort_keys=False)
 
 
 @dataclass(frozen=True)
@@ -610,6 +629,8 @@ class HistoryEntry:
     rows: Optional[int]
     run_id: Optional[str]
     report: Optional[str]
+    spec: Optional[dict] = None
+    """The scoring spec's parts an incremental run recorded (:func:`run_metadata`)."""
 
 
 def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> list[HistoryEntry]:
@@ -628,7 +649,7 @@ def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) ->
         entries.append(HistoryEntry(
             version=int(row["version"]), timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
             operation=row["operation"], rows=int(output_rows) if output_rows is not None else None,
-            run_id=tag.get("run_id"), report=tag.get("report"),
+            run_id=tag.get("run_id"), report=tag.get("report"), spec=tag.get("spec"),
         ))
     return sorted(entries, key=lambda e: -e.version)
 

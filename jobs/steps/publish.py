@@ -57,7 +57,7 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     """The rows the output receives from this run: id, predictions, the identity columns (model, weights, run),
     and in incremental mode the input's digest and the scoring spec's."""
     identity = plan.identity
-    incremental = [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec_digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
+    incremental = [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec.digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
     return accounting.published.select(
         column(run.cfg.id_col),
         *[F.col(f.name) for f in get_task(run.cfg.task).output_fields],
@@ -95,10 +95,12 @@ def publish(
     delta_version = deleted = None
     if refusal is None:
         at_point("publish_commit")
-    if refusal is None and plan.changes is not None and targets.previous_version is not None:
+    merging = plan.changes is not None and targets.previous_version is not None and not cfg.write.full_rescore
+    if refusal is None and merging:
         delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
     elif refusal is None:
-        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag, txn, _new_output_properties(cfg))
+        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag, txn,
+                                                    _new_output_properties(cfg), overwrite_schema=targets.replaces_layout)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)

@@ -23,12 +23,12 @@ from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
-from lakescore.jobs.platform.tables import check_output_target, is_path, read_pinned
+from lakescore.jobs.platform.tables import OutputColumnsError, TableError, check_output_target, is_path, last_commit, read_pinned
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.jobs.steps.staging import input_fingerprint
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
-from lakescore.schemas.output import errors_schema, output_schema
+from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
@@ -77,6 +77,9 @@ class Targets:
     errors_ref: str
     previous_version: Optional[int]
     """The output's Delta version before this run (``None``: it does not exist yet)."""
+    replaces_layout: bool = False
+    """The output holds the other write layout (with or without the incremental digest columns) and this run's
+    overwrite replaces its columns too."""
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
@@ -164,12 +167,39 @@ def _table_refs(cfg: JobConfig) -> list[tuple[str, str]]:
 def check_targets(run: RunContext) -> Targets:
     """Prove the output and errors targets can take this run's schemas (``TableError`` otherwise)."""
     check_writable(run)
-    planned = output_schema(run.cfg.task, run.id_field, incremental=run.cfg.write.mode == "incremental")
+    cfg = run.cfg
+    incremental = cfg.write.mode == "incremental"
+    planned = output_schema(cfg.task, run.id_field, incremental=incremental)
     planned_errors = errors_schema(run.id_field)
-    previous_version = check_output_target(run.spark, run.cfg.output, planned)
-    errors_ref = run.cfg.errors_ref()
+    try:
+        previous_version, replaces_layout = check_output_target(run.spark, cfg.output, planned), False
+    except OutputColumnsError as mismatch:
+        other = output_schema(cfg.task, run.id_field, incremental=not incremental)
+        if column_types(mismatch.existing) != column_types(other):
+            raise
+        _refuse_layout_switch(cfg)
+        previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, True
+    errors_ref = cfg.errors_ref()
     check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
-    return Targets(planned, planned_errors, errors_ref, previous_version)
+    return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout)
+
+
+def _refuse_layout_switch(cfg: JobConfig) -> None:
+    """Raise ``TableError`` unless this run may replace an output written by the other layout: an overwrite replaces an
+    incremental output, a full rescore makes any output incremental; ``replace_run`` keeps other runs' rows, so never.
+    """
+    if cfg.write.mode == "overwrite" or cfg.write.full_rescore:
+        return
+    if cfg.write.mode == "incremental":
+        raise TableError(
+            f"output {cfg.output!r} was written by write.mode overwrite or replace_run and has no input_digest / "
+            "spec_digest columns to compare with; score every row once and make it incremental with --full-rescore "
+            "(write.full_rescore: true)"
+        )
+    raise TableError(
+        f"output {cfg.output!r} is an incremental output (it has input_digest / spec_digest columns), which "
+        "write.mode replace_run cannot add rows to; replace it with --write-mode overwrite, or keep it incremental"
+    )
 
 
 def input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.read import check_targets, open_input
-from lakescore.udfs.model_source import ModelSourceError
+from lakescore.udfs.model_source import ModelSourceError, model_file_digests
 from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
 
@@ -142,6 +142,7 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     # Another scoring spec (same weights): every row is scored again too.
     sixth = run_scoring(config(model=other, run_id="r6", **{"model.max_seq_length": 16}), spark)
     assert _accounts(sixth) == (0, 10, 1, 0, 0)
+    assert sixth.spec_changes == ["max_seq_length null -> 16"] and "max_seq_length null -> 16" in sixth.summary()
 
     # An output id whose input rows are refused (id 6, now duplicated) is in the input, not missing: with
     # delete_missing its stale row leaves as a refused id, and nothing counts as missing.
@@ -152,6 +153,50 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
                                                                                    "write.delete_missing": True}), spark)
     assert _accounts(seventh) == (9, 0, 2, 0, 1)
     assert sorted(read_output(spark, str(output))["review_id"]) == [1, 2] + list(range(7, 14))
+
+
+def test_a_model_file_edit_rescores_and_write_modes_switch_only_when_asked(spark, tmp_path, minilm_dir):
+    """The model is more than its weights: editing the copy's ``sentence_bert_config.json`` (``max_seq_length`` 256 ->
+    8) rescores every row, and the report names the file. An explicit overwrite replaces an incremental output (a
+    fresh full run, equal to the rescored rows); incremental on that plain output is refused until ``--full-rescore``;
+    ``replace_run`` on an incremental output is refused, naming the way out."""
+    model = tmp_path / "minilm"
+    shutil.copytree(minilm_dir, model)
+    frame = pd.DataFrame({"review_id": range(1, 7), "body": [
+        f"review {i}: the battery lasted all week and the screen stayed bright in the sun" for i in range(1, 7)]})
+    _write_input(spark, frame, tmp_path / "reviews")
+    output = tmp_path / "vectors"
+
+    def run(mode="incremental", **flags):
+        return run_scoring(load_config(flags={
+            "input": str(tmp_path / "reviews"), "output": str(output), "task": "embed", "model.source": str(model),
+            "id_col": "review_id", "text_col": "body", "write.mode": mode, **flags}), spark)
+
+    first = run(run_id="e1")
+    assert _accounts(first) == (0, 6, 0, 0, 0) and first.spec_changes is None
+    before = np.stack(read_output(spark, str(output))["embedding"])
+    settings = model / "sentence_bert_config.json"
+    settings.write_text(settings.read_text().replace('"max_seq_length": 256', '"max_seq_length": 8'))
+    edited = run(run_id="e2")
+    assert _accounts(edited) == (0, 6, 0, 0, 0) and edited.delta_version == 1
+    assert edited.spec_changes == ["file sentence_bert_config.json changed"]
+    rescored = read_output(spark, str(output))
+    assert set(rescored["run_id"]) == {"e2"}
+    assert (np.einsum("ij,ij->i", before, np.stack(rescored["embedding"])) < 0.99).all()  # 8 tokens, not the whole text
+    assert run(run_id="e3").rows_scored == 0  # the edit is now the output's spec: nothing more to score
+
+    with pytest.raises(TableError, match="replace it with --write-mode overwrite"):
+        run("replace_run", run_id="e4")
+    fresh = run("overwrite", run_id="e5")
+    assert fresh.status == "succeeded" and fresh.output_rows == 6
+    plain = read_output(spark, str(output))
+    assert "input_digest" not in plain.columns
+    np.testing.assert_allclose(np.stack(plain["embedding"]), np.stack(rescored["embedding"]), atol=1e-6)
+    with pytest.raises(TableError, match=r"--full-rescore \(write.full_rescore: true\)"):
+        run(run_id="e6")
+    again = run(run_id="e7", **{"write.full_rescore": True})
+    assert _accounts(again) == (0, 6, 0, 0, 0)
+    assert list(read_output(spark, str(output)).columns)[-2:] == ["input_digest", "spec_digest"]
 
 
 def _table_features(spark, path) -> list[str]:
@@ -237,7 +282,7 @@ def test_the_driver_compares_before_the_preflight_and_again_when_the_executors_h
     try:
         targets = check_targets(run)
         split = check_input_ids(run)
-        executors = ModelIdentity(first.model_id, None, first.model_sha256)
+        executors = ModelIdentity(first.model_id, None, first.model_sha256, model_files=model_file_digests(tiny_classifier_dir))
 
         early = compare_early(run, targets, split)
         assert (early.model_sha256, early.rows_to_score, early.rows_kept) == (first.model_sha256, 0, 12)
