@@ -156,8 +156,8 @@ def _accounting(report: Mapping[str, Any]) -> str:
         (reason, count, _ERROR_COLOURS[i % len(_ERROR_COLOURS)]) for i, (reason, count) in enumerate(reasons)
     ]
     chart = charts.stacked_bar_chart("accounting", [("input", [("input", rows_in, "#1f4e79")]), ("result", parts)])
-    rows = [("input", f"{rows_in:,}")] + ([("kept (not scored again)", f"{kept:,}")] if incremental else []) + [
-        ("scored", f"{scored:,}"), ("errors", f"{errors:,}")] + [(f"  {reason}", f"{count:,}") for reason, count in reasons]
+    rows = [("input", f"{rows_in:,}")] + ([("kept (not scored again)", f"{kept:,}")] if incremental else [])
+    rows += [("scored", f"{scored:,}"), ("errors", f"{errors:,}")] + [(f"  {reason}", f"{count:,}") for reason, count in reasons]
     if incremental:
         rows += [("output ids missing from the input", f"{report['rows_missing']:,}"),
                  ("deleted from the output", f"{report.get('rows_deleted') or 0:,}")]
@@ -204,13 +204,14 @@ def _predictions(report: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
     nothing = nothing_scored_text(report)
     if nothing is not None:  # no empty charts
         return _section("predictions", "Predictions", f"<p>{_e(nothing[:1].upper() + nothing[1:])}.</p>")
-    summaries, sample_rows, output_rows = profile.get("predictions") or [], profile.get("sample_rows"), report.get("output_rows")
+    summaries, sample_rows = profile.get("predictions") or [], profile.get("sample_rows")
     figures = []
     for i, s in enumerate(summaries):
         figures.extend(_prediction_figures(f"prediction-{i}", s))
     if not figures:
         return ""
-    note = f"<p class=note>From the first {sample_rows:,} of {output_rows or 0:,} output rows.</p>" if sample_rows else ""
+    scored = report.get("output_rows") or 0
+    note = f"<p class=note>From the first {sample_rows:,} of the {scored:,} rows this run scored.</p>" if sample_rows else ""
     return _section("predictions", "Predictions", note + f"<div class=charts>{''.join(figures)}</div>")
 
 

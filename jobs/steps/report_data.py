@@ -64,9 +64,9 @@ def collect_profile(
     sample_rows: int = SAMPLE_ROWS,
 ) -> dict[str, Any]:
     """The report's ``profile``: summaries of ``inputs`` (the model's input columns) and
-    ``predictions`` (the prediction columns; ``None``: the run scored no row), a sample of the rows ``errors()`` returns (this
-    run's dead-lettered rows; called last, so it may wait for their write; ``None``: no errors),
-    and the ``throughput`` samples (``(seconds, rows)``) as given.
+    ``predictions`` (the prediction columns; ``None``: the run scored no row), a sample of the
+    rows ``errors()`` returns (this run's dead-lettered rows; called last, so it may wait for
+    their write; ``None``: no errors), and the ``throughput`` samples (``(seconds, rows)``) as given.
 
     ``model_dir`` holding a ``tokenizer.json`` makes text lengths tokens, else characters.
     Reads at most ``sample_rows`` rows of each DataFrame.

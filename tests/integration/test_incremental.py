@@ -94,8 +94,9 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     page = _html(same, tmp_path / "r2.json")
     assert "Nothing to score: 12 input rows kept as they are." in page
     assert "dimensions" not in page and "rows/s" not in page and "id=throughput" not in page
-    assert _accounting_rows(page) == [("input", "12"), ("kept (not scored again)", "12"), ("scored", "0"), ("errors", "0"),
-                                      ("output ids missing from the input", "0"), ("deleted from the output", "0")]
+    assert _accounting_rows(page) == [("input", "12"), ("kept (not scored again)", "12"), ("scored", "0"),
+                                      ("errors", "0"), ("output ids missing from the input", "0"),
+                                      ("deleted from the output", "0")]
     assert spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 1
 
     # An edit, an edit to a null text (dead-lettered, its stale row leaves the output), an insert, two deletes.
@@ -108,8 +109,8 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert _accounts(third) == (8, 2, 1, 2, 1) and third.error_reasons == {"null_input": 1}
     page = _html(third, tmp_path / "r3.json")
     assert "Rows: input = kept + scored + errors" in page
-    assert _accounting_rows(page) == [("input", "11"), ("kept (not scored again)", "8"), ("scored", "2"), ("errors", "1"),
-                                      ("null_input", "1"), ("output ids missing from the input", "2"),
+    assert _accounting_rows(page) == [("input", "11"), ("kept (not scored again)", "8"), ("scored", "2"),
+                                      ("errors", "1"), ("null_input", "1"), ("output ids missing from the input", "2"),
                                       ("deleted from the output", "1")]
     out = read_output(spark, str(output)).set_index("review_id")
     assert sorted(out.index) == [1, 2, 3, 4] + list(range(6, 14))  # 3 and 4 kept: delete_missing is off

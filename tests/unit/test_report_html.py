@@ -128,6 +128,7 @@ def test_incremental_accounting_shows_kept_scored_missing_deleted_and_the_identi
         ("output ids missing from the input", "15"), ("deleted from the output", "15"),
     ]
     assert "kept (275)" in page and "scored (30)" in page  # the chart's legend: the result bar adds up to the input
+    assert "From the first 6 of the 30 rows this run scored." in page  # the predictions' sample: scored rows, not kept
     # Outside incremental mode nothing is kept: input = scored + errors, and no kept / missing / deleted rows.
     full = render_html(report())
     assert "Rows: input = scored + errors" in full
@@ -154,7 +155,8 @@ def test_a_run_with_nothing_to_score_says_so_and_draws_no_empty_prediction_or_ra
 
 
 def test_a_run_whose_rows_to_score_were_all_dead_lettered_is_not_called_nothing_to_score():
-    page = render_html(report(input_rows=3, output_rows=0, rows_scored=0, error_rows=3, error_reasons={"null_input": 3}))
+    page = render_html(report(input_rows=3, output_rows=0, rows_scored=0, error_rows=3,
+                              error_reasons={"null_input": 3}))
     assert "No row scored: every row to score was dead-lettered." in page and "Nothing to score" not in page
 
 
