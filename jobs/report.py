@@ -14,19 +14,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["RunReport", "write_report", "report_location", "html_path_for", "software_versions", "one_line", "precision_check_text"]
+__all__ = [
+    "RunReport", "UNFINISHED", "write_report", "report_location", "html_path_for", "software_versions", "one_line",
+    "precision_check_text", "nothing_scored_text",
+]
 
 log = logging.getLogger(__name__)
+
+UNFINISHED = ("failed", "interrupted")
+"""Statuses of a run that stopped before its publish decision: its report knows no row counts."""
 
 
 @dataclass
 class RunReport:
     """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded`` for a run
-    that reached its publish decision, ``failed`` or ``interrupted`` for one that stopped before (then
-    ``failed_step`` and ``error`` say where and why, and the counts are unknown).
+    that reached its publish decision, ``failed`` or ``interrupted`` (:data:`UNFINISHED`) for one that stopped
+    before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
+    how long it ran, and the counts are unknown (``None``).
 
-    ``input_rows == output_rows + error_rows`` for every finished run: each input row is
-    in the output or, with its reason (``error_reasons`` counts them), in ``errors_table``.
+    ``input_rows == rows_kept + output_rows + error_rows`` for every finished run: each input row is kept
+    (incremental mode), scored into the output or, with its reason (``error_reasons`` counts them), in ``errors_table``.
     """
 
     run_id: str
@@ -74,6 +81,7 @@ class RunReport:
     chunks: Optional[dict[str, Any]] = None
     seconds: Optional[float] = None
     rows_per_second: Optional[float] = None
+    """Input rows per second of the whole run; ``None`` when the run scored no row."""
     delta_version: Optional[int] = None
     previous_delta_version: Optional[int] = None
     validation: Optional[dict[str, Any]] = None
@@ -119,8 +127,13 @@ class RunReport:
             lines.append(f"  dedup: {self.dedup['forward_passes_saved']} forward passes saved (identical inputs scored once)")
         if self.chunks and self.chunks.get("skipped"):
             lines.append(f"  resumed: {self.chunks['skipped']} of {self.chunks['total']} chunks were already staged")
+        nothing = nothing_scored_text(vars(self))
+        if nothing is not None:
+            lines.append(f"  {nothing}")
+        if self.failed_step:
+            lines.append(f"  stopped in step {self.failed_step}")
         if self.seconds is not None:
-            rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second else ""
+            rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second and nothing is None else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")
         if self.model_sha256:
             lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
@@ -132,6 +145,22 @@ class RunReport:
         if self.error:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
+
+
+def nothing_scored_text(report: dict[str, Any]) -> Optional[str]:
+    """For a finished run (a report's fields, as :meth:`RunReport.as_dict` gives them) that scored no row, the line
+    that says why: nothing to score (every row kept, or refused for its id), or every row to score dead-lettered;
+    ``None`` when it scored rows or did not finish."""
+    scored = report.get("rows_scored")
+    scored = report.get("output_rows") if scored is None else scored
+    if scored != 0 or report.get("status") in UNFINISHED:
+        return None
+    reasons = report.get("error_reasons") or {}
+    refused = sum(reasons.get(reason, 0) for reason in ("null_id", "duplicate_id"))
+    kept = report.get("rows_kept") or 0
+    if (report.get("input_rows") or 0) - kept - refused > 0:
+        return "no row scored: every row to score was dead-lettered"
+    return f"nothing to score: {kept} input rows kept as they are" if kept else "nothing to score"
 
 
 def precision_check_text(check: dict[str, Any]) -> str:

@@ -6,7 +6,9 @@ inline CSS and inline SVG charts (:mod:`lakescore.jobs.report_charts`); it has n
 JavaScript and loads nothing. Sections: run identity, row accounting, where the time went,
 throughput over time, input lengths, the predictions' distributions, every validation check,
 and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
-``kind`` of each column (a data type), never the task's name.
+``kind`` of each column (a data type), never the task's name. The page of a run that did not
+finish (:data:`~lakescore.jobs.report.UNFINISHED`) has the run and its time only: nothing was
+determined about its rows.
 
 Every value that came from a user, a table or a model (ids, names, paths, labels, texts)
 goes through :func:`html.escape`; chart labels are escaped by matplotlib's SVG writer.
@@ -20,11 +22,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from lakescore.jobs import report_charts as charts
-from lakescore.jobs.report import html_path_for, precision_check_text
+from lakescore.jobs.report import UNFINISHED, html_path_for, nothing_scored_text, precision_check_text
 
 __all__ = ["render_html", "write_html"]
 
-_OK_COLOUR, _ERROR_COLOURS = "#2b7a3d", ["#b3261e", "#e8710a", "#a142f4", "#8c564b", "#d01884", "#5f6368"]
+_OK_COLOUR, _KEPT_COLOUR = "#2b7a3d", "#8fa9c4"
+_ERROR_COLOURS = ["#b3261e", "#e8710a", "#a142f4", "#8c564b", "#d01884", "#5f6368"]
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1f24;margin:0;background:#f6f8fa}
@@ -44,24 +47,28 @@ svg{max-width:100%;height:auto}
 def render_html(report: Mapping[str, Any]) -> str:
     """The page for ``report`` (a :meth:`~lakescore.jobs.report.RunReport.as_dict` dict) as one HTML string."""
     profile = report.get("profile") or {}
-    sections = [
-        _identity(report),
-        _accounting(report),
-        _time(report, profile.get("throughput") or []),
-        _inputs(profile.get("inputs") or []),
-        _predictions(profile.get("predictions") or [], profile.get("sample_rows"), report.get("output_rows")),
-        _validation(report.get("validation")),
-        _dead_letters(profile.get("dead_letters"), report),
-    ]
+    if report.get("status") in UNFINISHED:  # what is known: when, how long, where it stopped and why
+        sections = [_identity(report), _time(report, [])]
+    else:
+        sections = [
+            _identity(report),
+            _accounting(report),
+            _time(report, profile.get("throughput") or []),
+            _inputs(profile.get("inputs") or []),
+            _predictions(report, profile),
+            _validation(report),
+            _dead_letters(profile.get("dead_letters"), report),
+        ]
     status = str(report.get("status"))
+    started = f" · started {_e(report['started_at'])}" if report.get("started_at") else ""
     badge = f'<span class="badge {"ok" if status == "succeeded" else "bad"}" id="status">{_e(status)}</span>'
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>lakescore run {_e(report.get('run_id'))}</title><style>{_CSS}</style></head>"
         f'<body><main><h1>lakescore run <span class="mono" id="run-id">{_e(report.get("run_id"))}</span> {badge}</h1>'
-        f'<p class="note">{_e(report.get("input"))} → {_e(report.get("output"))} · task {_e(report.get("task"))} · '
-        f"started {_e(report.get('started_at'))}</p>" + "".join(s for s in sections if s) + "</main></body></html>\n"
+        f'<p class="note">{_e(report.get("input"))} → {_e(report.get("output"))} · task {_e(report.get("task"))}'
+        f"{started}</p>" + "".join(s for s in sections if s) + "</main></body></html>\n"
     )
 
 
@@ -117,35 +124,60 @@ def _identity(report: Mapping[str, Any]) -> str:
         ("model revision", report.get("model_revision") or "unknown"), ("model sha256", report.get("model_sha256")),
         ("precision", precision_check_text(check) if (check := report.get("precision_check")) else None),
         ("started", report.get("started_at")), ("finished", report.get("finished_at")),
+        ("stopped in step", report.get("failed_step")), ("staged", _staged(report)),
         ("lakescore", versions.get("lakescore")), ("Spark", versions.get("spark")), ("Delta", versions.get("delta")),
         ("Spark master", spark.get("master")), ("Spark application", spark.get("app_id")), ("error", report.get("error")),
     ]
     return _section("identity", "Run", _rows(pairs, mono=("run id", "model sha256", "model", "input", "output")))
 
 
+def _staged(report: Mapping[str, Any]) -> Optional[str]:
+    """An unfinished run's staged chunks (what a rerun resumes from), as far as they are known."""
+    chunks = report.get("chunks") or {}
+    if report.get("status") not in UNFINISHED or not chunks.get("staging"):
+        return None
+    if chunks.get("staged") is not None:
+        return f"{chunks['staged']} of {chunks.get('total')} chunks in {chunks['staging']}"
+    return f"{chunks.get('total')} chunk(s) planned in {chunks['staging']}"
+
+
 def _accounting(report: Mapping[str, Any]) -> str:
-    rows_in, rows_out, errors = (report.get(k) for k in ("input_rows", "output_rows", "error_rows"))
+    """Where every input row went: kept (incremental mode), scored or dead-lettered by reason; in incremental mode
+    also the output rows whose id is missing from the input, and those the run deleted."""
+    rows_in, errors = report.get("input_rows"), report.get("error_rows") or 0
     if rows_in is None:
         return ""
+    scored = report.get("rows_scored")
+    scored = (report.get("output_rows") or 0) if scored is None else scored
+    incremental = report.get("rows_missing") is not None
+    kept = report.get("rows_kept") or 0
     reasons = sorted((report.get("error_reasons") or {}).items())
-    parts = [("output", rows_out or 0, _OK_COLOUR)] + [
+    parts = ([("kept", kept, _KEPT_COLOUR)] if incremental else []) + [("scored", scored, _OK_COLOUR)] + [
         (reason, count, _ERROR_COLOURS[i % len(_ERROR_COLOURS)]) for i, (reason, count) in enumerate(reasons)
     ]
     chart = charts.stacked_bar_chart("accounting", [("input", [("input", rows_in, "#1f4e79")]), ("result", parts)])
-    table = _table(["", "rows"], [("input", f"{rows_in:,}"), ("output", f"{rows_out or 0:,}"), ("errors", f"{errors or 0:,}")]
-                   + [(f"  {reason}", f"{count:,}") for reason, count in reasons], numeric=[1])
-    return _section("rows", "Rows: in = output + errors", _figure(chart) + table)
+    rows = [("input", f"{rows_in:,}")] + ([("kept (not scored again)", f"{kept:,}")] if incremental else [])
+    rows += [("scored", f"{scored:,}"), ("errors", f"{errors:,}")] + [(f"  {reason}", f"{count:,}") for reason, count in reasons]
+    if incremental:
+        rows += [("output ids missing from the input", f"{report['rows_missing']:,}"),
+                 ("deleted from the output", f"{report.get('rows_deleted') or 0:,}")]
+    title = "Rows: input = kept + scored + errors" if incremental else "Rows: input = scored + errors"
+    return _section("rows", title, _figure(chart) + _table(["", "rows"], rows, numeric=[1]))
 
 
 def _time(report: Mapping[str, Any], throughput: list) -> str:
     steps = [(name, float(seconds)) for name, seconds in (report.get("step_seconds") or {}).items()]
+    nothing_scored = nothing_scored_text(report) is not None
     body = ""
     if steps:
-        total = report.get("seconds")
-        rate = report.get("rows_per_second")
-        caption = f"{total:.1f} s in all, {rate:,.1f} rows/s" if total and rate else ""
+        total, rate, stopped = report.get("seconds"), report.get("rows_per_second"), report.get("failed_step")
+        caption = f"{total:.1f} s in all" if total is not None else ""
+        if caption and stopped and report.get("status") in UNFINISHED:
+            caption = f"{total:.1f} s before it stopped in step {stopped}"
+        elif caption and rate and not nothing_scored:
+            caption += f", {rate:,.1f} rows/s"
         body += "<h3>Where the time went</h3>" + _figure(charts.timeline_chart("steps", steps), caption)
-    if len(throughput) >= 2:
+    if len(throughput) >= 2 and not nothing_scored:
         xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
         rate_x = [t for t, r in throughput if t > 0 and r > 0]
         rate_y = [r / t for t, r in throughput if t > 0 and r > 0]
@@ -168,13 +200,18 @@ def _inputs(summaries: list) -> str:
     return _section("inputs", "Input", f"<div class=charts>{''.join(figures)}</div>") if figures else ""
 
 
-def _predictions(summaries: list, sample_rows: Optional[int], output_rows: Optional[int]) -> str:
+def _predictions(report: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
+    nothing = nothing_scored_text(report)
+    if nothing is not None:  # no empty charts
+        return _section("predictions", "Predictions", f"<p>{_e(nothing[:1].upper() + nothing[1:])}.</p>")
+    summaries, sample_rows = profile.get("predictions") or [], profile.get("sample_rows")
     figures = []
     for i, s in enumerate(summaries):
         figures.extend(_prediction_figures(f"prediction-{i}", s))
     if not figures:
         return ""
-    note = f"<p class=note>From the first {sample_rows:,} of {output_rows or 0:,} output rows.</p>" if sample_rows else ""
+    scored = report.get("output_rows") or 0
+    note = f"<p class=note>From the first {sample_rows:,} of the {scored:,} rows this run scored.</p>" if sample_rows else ""
     return _section("predictions", "Predictions", note + f"<div class=charts>{''.join(figures)}</div>")
 
 
@@ -207,9 +244,11 @@ def _prediction_figures(key: str, s: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _validation(validation: Optional[Mapping[str, Any]]) -> str:
+def _validation(report: Mapping[str, Any]) -> str:
+    validation = report.get("validation")
     if validation is None:
-        return _section("validation", "Validation", "<p class=note>Not run (disabled, or the error rate was exceeded).</p>")
+        why = "the error rate was exceeded" if report.get("status") == "error_rate_exceeded" else "validation is disabled"
+        return _section("validation", "Validation", f"<p class=note>Not run: {why}.</p>")
     checks = validation.get("checks") or []
     rows = [
         ("pass" if c.get("success") else "FAIL", c.get("expectation"), c.get("column") or "", _short(c.get("observed")),
@@ -225,7 +264,7 @@ def _validation(validation: Optional[Mapping[str, Any]]) -> str:
 
 def _dead_letters(sample: Optional[Mapping[str, Any]], report: Mapping[str, Any]) -> str:
     if not report.get("error_rows"):
-        return _section("dead-letters", "Dead-lettered rows", "<p class=note>None: every input row was scored.</p>")
+        return _section("dead-letters", "Dead-lettered rows", "<p class=note>None: no input row was dead-lettered.</p>")
     if not sample:
         return ""
     note = (f"<p class=note>{len(sample['rows'])} of {report['error_rows']:,} rows in {_e(report.get('errors_table'))}; "

@@ -49,9 +49,9 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` and the
     output is untouched.
     """
-    cfg.require_for_scoring()
     clock = StepClock()
-    with clock.step("startup"):
+    with clock.step("startup"):  # a refused setting's failure report still says when the run started
+        cfg.require_for_scoring()
         run = open_input(cfg, spark)
     _import_late_modules_meanwhile(cfg)
     with ExecutorPreflight(run) as preflight:  # the executors load the model while the driver checks

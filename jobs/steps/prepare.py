@@ -223,10 +223,14 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None,
                          scoring.parts if changes is not None else None),
     )
-    log.info(
-        "scoring %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
-        split.ids.rows, cfg.input, cfg.output, plan.run_id, chunks, len(plan.done),
-    )
+    if plan.scorable_rows:
+        log.info(
+            "scoring %d of %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
+            plan.scorable_rows, split.ids.rows, cfg.input, cfg.output, plan.run_id, chunks, len(plan.done),
+        )
+    else:
+        log.info("nothing to score: none of the %d rows of %s needs scoring into %s (run %s)",
+                 split.ids.rows, cfg.input, cfg.output, plan.run_id)
     if changes is not None:
         log.info(
             "incremental: %d row(s) to score, %d kept, %d output id(s) missing from the input (output version %s)",

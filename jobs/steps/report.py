@@ -51,6 +51,7 @@ class StepClock:
             if getattr(exc, "lakescore_step", None) is None:
                 exc.lakescore_step = name  # the failure report names the step the run died in
                 exc.lakescore_facts = dict(self.facts)
+                exc.lakescore_clock = self  # and when the run started, how long it ran, its steps' times
             raise
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
@@ -99,7 +100,7 @@ def assemble_report(
         errors_delta_version=outcome.errors_delta_version,
         chunks={"total": plan.chunks, "skipped": len(plan.done), "staging": plan.staging.location},
         seconds=seconds,
-        rows_per_second=round(accounting.input_rows / seconds, 2) if seconds else None,
+        rows_per_second=round(accounting.input_rows / seconds, 2) if seconds and accounting.output_rows else None,
         delta_version=outcome.delta_version,
         previous_delta_version=targets.previous_version,
         validation=validation,
@@ -115,8 +116,10 @@ def assemble_report(
 
 
 def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -> RunReport:
-    """The report of a run that raised ``exc``: the step it failed in, the one-line reason, what it was asked to do."""
+    """The report of a run that raised ``exc``: what it was asked to do, when it started, how long it ran and its
+    steps' times so far, the step it stopped in and the one-line reason; no row counts (none were determined)."""
     facts = getattr(exc, "lakescore_facts", {})
+    clock: Optional[StepClock] = getattr(exc, "lakescore_clock", None)
     return RunReport(
         run_id=facts.get("run_id") or cfg.resolved_run_id() or "",
         status=status,
@@ -128,6 +131,9 @@ def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -
         model_sha256=None,
         failed_step=getattr(exc, "lakescore_step", None),
         chunks=_chunks(exc, facts),
+        seconds=round(clock.elapsed(), 3) if clock else None,
+        step_seconds={k: round(v, 3) for k, v in clock.seconds.items()} if clock else {},
+        started_at=clock.started_at if clock else None,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         error=one_line(exc),
     )

@@ -57,28 +57,31 @@ PROJECTION_POINTS = 1000
 def collect_profile(
     *,
     inputs: DataFrame,
-    predictions: DataFrame,
+    predictions: Optional[DataFrame],
     errors: Optional[Callable[[], DataFrame]],
     throughput: Sequence[tuple[float, int]] = (),
     model_dir: Optional[Path] = None,
     sample_rows: int = SAMPLE_ROWS,
 ) -> dict[str, Any]:
     """The report's ``profile``: summaries of ``inputs`` (the model's input columns) and
-    ``predictions`` (the prediction columns), a sample of the rows ``errors()`` returns (this
-    run's dead-lettered rows; called last, so it may wait for their write; ``None``: no errors),
-    and the ``throughput`` samples (``(seconds, rows)``) as given.
+    ``predictions`` (the prediction columns; ``None``: the run scored no row), a sample of the
+    rows ``errors()`` returns (this run's dead-lettered rows; called last, so it may wait for
+    their write; ``None``: no errors), and the ``throughput`` samples (``(seconds, rows)``) as given.
 
     ``model_dir`` holding a ``tokenizer.json`` makes text lengths tokens, else characters.
     Reads at most ``sample_rows`` rows of each DataFrame.
     """
     input_sample = inputs.limit(sample_rows).toArrow()
-    prediction_sample = predictions.limit(sample_rows).toArrow()
     tokenizer = _tokenizer(model_dir)
-    summaries = [summarize_column(f.name, f.dataType, prediction_sample.column(f.name)) for f in predictions.schema.fields]
-    summaries = [s for s in summaries if s is not None]
-    _colour_projections(summaries, prediction_sample)
+    summaries, sampled = [], 0
+    if predictions is not None:
+        prediction_sample = predictions.limit(sample_rows).toArrow()
+        summaries = [summarize_column(f.name, f.dataType, prediction_sample.column(f.name)) for f in predictions.schema.fields]
+        summaries = [s for s in summaries if s is not None]
+        _colour_projections(summaries, prediction_sample)
+        sampled = prediction_sample.num_rows
     return {
-        "sample_rows": prediction_sample.num_rows,
+        "sample_rows": sampled,
         "inputs": [s for s in (summarize_input(f.name, f.dataType, input_sample.column(f.name), tokenizer)
                                for f in inputs.schema.fields) if s is not None],
         "predictions": summaries,
@@ -97,13 +100,15 @@ def start_profile(**arguments) -> "Future[dict[str, Any]]":
 
 def start_run_profile(run, plan, accounting, throughput: Sequence[tuple[float, int]]) -> "Future[dict[str, Any]]":
     """:func:`start_profile` for a run that reached validation: its input columns, the predictions it would
-    publish and its dead-lettered rows (read from staging, before the publish drops it)."""
+    publish (none when it scored no row: no empty charts) and its dead-lettered rows (read from staging, before
+    the publish drops it)."""
     from lakescore.jobs.steps.publish import errors_rows
     from lakescore.udfs.registry import get_task
 
     return start_profile(
         inputs=run.source.select(*[column(c) for c in run.input_cols]),
-        predictions=accounting.published.select(*[F.col(f.name) for f in get_task(run.cfg.task).output_fields]),
+        predictions=accounting.published.select(*[F.col(f.name) for f in get_task(run.cfg.task).output_fields])
+        if accounting.output_rows else None,
         errors=(lambda: errors_rows(run, plan, accounting)) if accounting.error_rows else None,
         throughput=throughput,
         model_dir=run.model_dir,

@@ -123,7 +123,8 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
                 plan.staging.commit_chunk(_score_chunk(run, plan, chunk, layout), chunk, plan.tag)
                 at_point(f"chunk_committed:{chunk}")
                 staged += 1
-                log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+                if plan.scorable_rows:  # with nothing to score the one chunk is empty, committed for the accounting
+                    log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
         except BaseException as exc:
             exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise

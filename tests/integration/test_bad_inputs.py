@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +28,23 @@ INVALID_UTF8 = [b"\xff\xfe broken", b"lone surrogate \xed\xa0\x80"]
 def _score(tmp_path, source, output, model, *extra: str) -> list[str]:
     return ["score", "--input", str(source), "--output", str(output), "--model", str(model),
             "--id-col", "review_id", "--text-col", "body", "--report", str(tmp_path / "report.json"), *extra]
+
+
+def _unfinished_report(tmp_path, status: str, step: Optional[str] = None) -> dict:
+    """The JSON report of a run that did not finish (in ``step``; ``None``: any), checked to state what is known (when
+    it started, how long it ran, its steps' times, where it stopped and why) and, in its HTML page, nothing about
+    rows, validation or dead letters, which were never determined."""
+    report = json.loads((tmp_path / "report.json").read_text())
+    step = step or report["failed_step"]
+    assert report["status"] == status and report["failed_step"] == step and report["error"]
+    assert report["started_at"] and report["seconds"] >= report["step_seconds"][step] >= 0, report
+    assert report["input_rows"] is None and report["validation"] is None and report["rows_per_second"] is None
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert re.findall(r'<section id="([^"]+)"', page) == ["identity", "time"]
+    assert f"<th>stopped in step</th><td>{step}</td>" in page and f"before it stopped in step {step}" in page
+    for claim in ("Dead-lettered", "every input row", "Validation", "Not run", "Rows:", "rows/s"):
+        assert claim not in page, claim
+    return report
 
 
 def _one_error_line(capsys) -> str:
@@ -73,6 +92,7 @@ def test_output_that_is_or_sits_inside_the_input_is_refused(tmp_path, spark, min
     assert "is the input: the run would overwrite what it reads" in _one_error_line(capsys)
     assert main(_score(tmp_path, source, source / "scored", minilm_dir)) == 2
     assert "is inside the input directory" in _one_error_line(capsys)
+    assert "is inside the input directory" in _unfinished_report(tmp_path, "failed", "startup")["error"]
     assert not (source / "scored").exists() and not (source.parent / "reviews_errors").exists()
     assert spark.read.format("delta").load(str(source)).count() == 5  # the source is untouched
 
@@ -96,8 +116,8 @@ def test_a_corrupt_input_file_exits_2_naming_it_and_writes_a_failed_report(tmp_p
     line = _one_error_line(capsys)
     assert line.startswith("lakescore: error: cannot read input file ") and "part-1.parquet" in line, line
     assert not output.exists() and not (Path(str(output) + "_errors")).exists()
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["status"] == "failed" and report["failed_step"] == "prepare" and "part-1.parquet" in report["error"]
+    report = _unfinished_report(tmp_path, "failed", "prepare")
+    assert "part-1.parquet" in report["error"] and set(report["step_seconds"]) == {"startup", "read_check", "prepare"}
 
 
 def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_dir, spark):
@@ -126,8 +146,8 @@ def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_di
     lines = [line for line in err.splitlines() if line.startswith("lakescore:")]
     assert len(lines) == 1 and lines[0].startswith("lakescore: interrupted "), err[-3000:]
     assert lines[0].endswith("rerun the same command to resume") and "Traceback" not in err
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["status"] == "interrupted" and report["chunks"]["staging"].startswith(str(staging))
+    report = _unfinished_report(tmp_path, "interrupted")  # in the scoring step, unless the signal came late
+    assert report["chunks"]["staging"].startswith(str(staging))
     assert not output.exists()
 
     assert main(cmd[1:]) == 0  # the rerun, in this process's session (the same command, a warm JVM)

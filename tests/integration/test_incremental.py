@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import re
 import shutil
 import time
 
@@ -14,6 +16,7 @@ import pytest
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.platform.tables import TableError
+from lakescore.jobs.report import write_report
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
@@ -63,7 +66,7 @@ def _accounts(report) -> tuple:
     return report.rows_kept, report.rows_scored, report.error_rows, report.rows_missing, report.rows_deleted
 
 
-def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir):
+def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir, caplog):
     source, output = tmp_path / "reviews", tmp_path / "labels"
     frame = _texts(12)
     _write_input(spark, frame, source)
@@ -77,10 +80,23 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert out["input_digest"].tolist() == expected_digests and out["spec_digest"].nunique() == 1
     assert "deletionVectors" in _table_features(spark, output)  # write.deletion_vectors: true by default
 
-    # Unchanged input: nothing scored, nothing committed (no new version for downstream readers).
+    # Unchanged input: nothing scored, nothing committed (no new version for downstream readers). The log, the
+    # summary and the HTML report say there was nothing to score: no rate, no empty prediction charts.
+    caplog.set_level(logging.INFO, logger="lakescore")
+    caplog.clear()
     same = run_scoring(config(run_id="r2"), spark)
     assert _accounts(same) == (12, 0, 0, 0, 0) and same.delta_version is None
-    assert "unchanged: no new version" in same.summary()
+    assert "unchanged: no new version" in same.summary() and "nothing to score: 12 input rows kept" in same.summary()
+    assert same.rows_per_second is None and "rows/s" not in same.summary()
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("lakescore")]
+    assert any(m.startswith("nothing to score: none of the 12 rows") for m in logged), logged
+    assert not [m for m in logged if m.startswith("scoring ") or " staged" in m], logged
+    page = _html(same, tmp_path / "r2.json")
+    assert "Nothing to score: 12 input rows kept as they are." in page
+    assert "dimensions" not in page and "rows/s" not in page and "id=throughput" not in page
+    assert _accounting_rows(page) == [("input", "12"), ("kept (not scored again)", "12"), ("scored", "0"),
+                                      ("errors", "0"), ("output ids missing from the input", "0"),
+                                      ("deleted from the output", "0")]
     assert spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 1
 
     # An edit, an edit to a null text (dead-lettered, its stale row leaves the output), an insert, two deletes.
@@ -91,6 +107,11 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     _write_input(spark, edited, source)
     third = run_scoring(config(run_id="r3"), spark)
     assert _accounts(third) == (8, 2, 1, 2, 1) and third.error_reasons == {"null_input": 1}
+    page = _html(third, tmp_path / "r3.json")
+    assert "Rows: input = kept + scored + errors" in page
+    assert _accounting_rows(page) == [("input", "11"), ("kept (not scored again)", "8"), ("scored", "2"),
+                                      ("errors", "1"), ("null_input", "1"), ("output ids missing from the input", "2"),
+                                      ("deleted from the output", "1")]
     out = read_output(spark, str(output)).set_index("review_id")
     assert sorted(out.index) == [1, 2, 3, 4] + list(range(6, 14))  # 3 and 4 kept: delete_missing is off
     assert out.loc[[2, 13], "run_id"].tolist() == ["r3", "r3"] and set(out.drop(index=[2, 13])["run_id"]) == {"r1"}
@@ -197,6 +218,18 @@ def test_a_model_file_edit_rescores_and_write_modes_switch_only_when_asked(spark
     again = run(run_id="e7", **{"write.full_rescore": True})
     assert _accounts(again) == (0, 6, 0, 0, 0)
     assert list(read_output(spark, str(output)).columns)[-2:] == ["input_digest", "spec_digest"]
+
+
+def _html(report, json_path) -> str:
+    """The HTML page :func:`write_report` writes beside ``json_path``."""
+    write_report(report, json_path)
+    return json_path.with_suffix(".html").read_text(encoding="utf-8")
+
+
+def _accounting_rows(page: str) -> list[tuple[str, str]]:
+    """The row accounting table of a report page, as (label, rows) text pairs."""
+    section = re.search(r'<section id="rows">(.*?)</section>', page, re.S).group(1)
+    return [(k.strip(), v) for k, v in re.findall(r"<tr><td>(.*?)</td><td class=num>(.*?)</td></tr>", section)]
 
 
 def _table_features(spark, path) -> list[str]:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from pyspark.sql import types as T
 
+from lakescore.jobs.config import load_config
+from lakescore.jobs.report import RunReport
 from lakescore.jobs.report_html import render_html
+from lakescore.jobs.steps.report import StepClock, failure_report
 from lakescore.jobs.steps.report_data import summarize_column, summarize_input
 
 XSS = "<script>alert(1)</script>"
@@ -106,3 +111,83 @@ def test_a_reduced_precision_run_shows_what_its_check_against_float32_found():
     page = render_html(report(precision_check=check))
     assert "<th>precision</th><td>bfloat16: within tolerance of float32 on 256 sampled rows (cosine_p1 0.9999, cosine_min 0.9999)</td>" in page
     assert "<th>precision</th>" not in render_html(report())  # a float32 run: no row
+
+
+def _table_rows(page: str, section: str) -> list[tuple[str, str]]:
+    """The (label, value) cells of a section's table, as text."""
+    body = re.search(rf'<section id="{section}">(.*?)</section>', page, re.S).group(1)
+    return [(k.strip(), v) for k, v in re.findall(r"<tr><td>(.*?)</td><td class=num>(.*?)</td></tr>", body)]
+
+
+def test_incremental_accounting_shows_kept_scored_missing_deleted_and_the_identity_that_holds():
+    page = render_html(report(input_rows=305, rows_kept=275, rows_scored=30, output_rows=30, error_rows=0,
+                              error_reasons={}, rows_missing=15, rows_deleted=15))
+    assert "Rows: input = kept + scored + errors" in page and "in = output + errors" not in page
+    assert _table_rows(page, "rows") == [
+        ("input", "305"), ("kept (not scored again)", "275"), ("scored", "30"), ("errors", "0"),
+        ("output ids missing from the input", "15"), ("deleted from the output", "15"),
+    ]
+    assert "kept (275)" in page and "scored (30)" in page  # the chart's legend: the result bar adds up to the input
+    assert "From the first 6 of the 30 rows this run scored." in page  # the predictions' sample: scored rows, not kept
+    # Outside incremental mode nothing is kept: input = scored + errors, and no kept / missing / deleted rows.
+    full = render_html(report())
+    assert "Rows: input = scored + errors" in full
+    assert _table_rows(full, "rows") == [("input", "10"), ("scored", "8"), ("errors", "2"), ("duplicate_id", "2")]
+
+
+def test_a_run_with_nothing_to_score_says_so_and_draws_no_empty_prediction_or_rate():
+    empty = summaries(np.random.default_rng(3))  # what a profile of zero scored rows held: empty summaries
+    for s in empty:
+        s.update({"counts": [], "distinct": 0, "width": [], "histogram": {"edges": [], "counts": []},
+                  "norm_histogram": {"edges": [], "counts": []}, "projection": None})
+    noop = dict(input_rows=12, rows_kept=12, rows_scored=0, output_rows=0, error_rows=0, error_reasons={},
+                rows_missing=0, rows_deleted=0, rows_per_second=3.7, delta_version=None)
+    page = render_html(report(**noop, profile={**report()["profile"], "predictions": empty, "sample_rows": 0,
+                                               "dead_letters": None, "throughput": [[0.0, 0], [1.0, 0]]}))
+    predictions = re.search(r'<section id="predictions">(.*?)</section>', page, re.S).group(1)
+    assert "Nothing to score: 12 input rows kept as they are." in predictions and "<svg" not in predictions
+    assert "dimensions" not in page and "rows/s" not in page and "id=throughput" not in page
+    assert "12.5 s in all" in page
+    summary = RunReport(run_id="r2", status="succeeded", task="classify", input="in", output="out", model_id="m",
+                        model_revision=None, model_sha256=None, seconds=3.2, **noop).summary()
+    assert "nothing to score: 12 input rows kept as they are" in summary and "rows/s" not in summary
+    assert "3.2 s" in summary
+
+
+def test_a_run_whose_rows_to_score_were_all_dead_lettered_is_not_called_nothing_to_score():
+    page = render_html(report(input_rows=3, output_rows=0, rows_scored=0, error_rows=3,
+                              error_reasons={"null_input": 3}))
+    assert "No row scored: every row to score was dead-lettered." in page and "Nothing to score" not in page
+
+
+def test_validation_not_run_says_which_reason_applies():
+    assert "Not run: the error rate was exceeded." in render_html(report(status="error_rate_exceeded", validation=None))
+    assert "Not run: validation is disabled." in render_html(report(validation=None))
+
+
+def test_an_interrupted_run_reports_what_is_known_and_nothing_about_rows():
+    cfg = load_config(flags={"input": "db.reviews", "output": "db.scores", "model.source": "/models/m", "id_col": "id",
+                             "text_col": "body"})
+    clock = StepClock()
+    clock.note(run_id="r9", staging="/tmp/staging/key", chunks=4)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with clock.step("startup"):
+            time.sleep(0.01)
+        with clock.step("score_stage"):
+            raised_here = KeyboardInterrupt("SIGINT")
+            raised_here.lakescore_chunks = (2, 4)
+            raise raised_here
+    failed = failure_report(cfg, raised.value, "interrupted")
+    assert failed.started_at == clock.started_at and failed.seconds >= failed.step_seconds["startup"] >= 0.01
+    assert list(failed.step_seconds) == ["startup", "score_stage"] and failed.failed_step == "score_stage"
+    assert (failed.input_rows, failed.output_rows, failed.error_rows, failed.validation) == (None, None, None, None)
+
+    page = render_html(failed.as_dict())
+    assert re.findall(r'<section id="([^"]+)"', page) == ["identity", "time"]
+    assert "<th>stopped in step</th><td>score_stage</td>" in page and "<th>error</th><td>SIGINT</td>" in page
+    assert "<th>staged</th><td>2 of 4 chunks in /tmp/staging/key</td>" in page
+    assert f"<th>started</th><td>{failed.started_at}</td>" in page and "before it stopped in step score_stage" in page
+    for claim in ("Dead-lettered", "every input row", "Validation", "Not run", "Rows:", "Nothing to score", "rows/s"):
+        assert claim not in page, claim
+    summary = failed.summary()
+    assert "stopped in step score_stage" in summary and "error: SIGINT" in summary and "rows" not in summary
