@@ -162,7 +162,9 @@ def _accounting(report: Mapping[str, Any]) -> str:
         rows += [("output ids missing from the input", f"{report['rows_missing']:,}"),
                  ("deleted from the output", f"{report.get('rows_deleted') or 0:,}")]
     title = "Rows: input = kept + scored + errors" if incremental else "Rows: input = scored + errors"
-    return _section("rows", title, _figure(chart) + _table(["", "rows"], rows, numeric=[1]))
+    changed = report.get("spec_changes")
+    note = f"<p class=note>The scoring spec changed, so every row was scored again: {_e('; '.join(changed))}.</p>" if changed else ""
+    return _section("rows", title, note + _figure(chart) + _table(["", "rows"], rows, numeric=[1]))
 
 
 def _time(report: Mapping[str, Any], throughput: list) -> str:

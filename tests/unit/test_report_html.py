@@ -129,6 +129,10 @@ def test_incremental_accounting_shows_kept_scored_missing_deleted_and_the_identi
     ]
     assert "kept (275)" in page and "scored (30)" in page  # the chart's legend: the result bar adds up to the input
     assert "From the first 6 of the 30 rows this run scored." in page  # the predictions' sample: scored rows, not kept
+    assert "scoring spec changed" not in page
+    changed = render_html(report(input_rows=30, rows_kept=0, rows_scored=30, output_rows=30, error_rows=0, error_reasons={},
+                                 rows_missing=0, rows_deleted=0, spec_changes=["file sentence_bert_config.json changed"]))
+    assert "The scoring spec changed, so every row was scored again: file sentence_bert_config.json changed." in changed
     # Outside incremental mode nothing is kept: input = scored + errors, and no kept / missing / deleted rows.
     full = render_html(report())
     assert "Rows: input = scored + errors" in full
