@@ -223,7 +223,12 @@ def drop_stale_staging(spark: SparkSession, output: str, configured: Optional[st
     Connect a staging directory cannot be listed or deleted: nothing is removed there. Removing is best effort: a
     location that cannot be read or deleted is logged and left."""
     removed = []
-    for suffix in _staged_names(spark, staging_location(output, configured, "")):
+    try:
+        names = _staged_names(spark, staging_location(output, configured, ""))
+    except Exception as exc:  # noqa: BLE001 (as below)
+        log.warning("could not look for stale staging of %s: %s", output, exc)
+        names = []
+    for suffix in names:
         location = staging_location(output, configured, suffix)
         if location in keep:
             continue
