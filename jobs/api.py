@@ -7,6 +7,7 @@ Every entry point takes the same settings as the YAML config and validates them 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -20,7 +21,10 @@ from lakescore.jobs.steps.read import model_spec
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
 from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
-from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.model_source import (
+    ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
+    weights_sha256,
+)
 from lakescore.udfs.pandas_udf import make_pandas_udf
 
 __all__ = ["score", "transform", "pandas_udf"]
@@ -34,7 +38,8 @@ def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
 
     ``config`` takes the YAML config's keys, sections as dicts, e.g.
     ``score(input="db.reviews", output="db.embeddings", task="embed", id_col="id", text_col="body",
-    model={"source": "/models/minilm"}, write={"mode": "replace_run"}, run_date="2026-11-23")``.
+    model={"source": "/models/minilm"}, write={"mode": "replace_run"}, run_date="2026-11-23")``;
+    ``model="/models/minilm"`` is its ``source`` alone.
     ``spark``: the session to run in (a notebook's); default: lakescore builds one from ``config["spark"]``.
 
     Raises what the CLI maps to exit code 2 before any compute (:class:`~lakescore.jobs.config.ConfigError`,
@@ -54,13 +59,14 @@ def transform(
     df: DataFrame,
     *,
     task: str,
-    model: str | Path,
+    model: str | Path | Mapping[str, Any],
     text_col: Optional[str] = None,
     feature_cols: Optional[Sequence[str]] = None,
     id_col: Optional[str] = None,
     **options: Any,
 ) -> DataFrame:
-    """``df`` scored lazily: no write, no validation, the job's batching core and model cache.
+    """``df`` scored lazily: no write, no validation, the job's batching core and model cache. ``model``: its source
+    (a path, URI or hub id), or the config's ``model`` section as a dict.
 
     Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
@@ -73,7 +79,8 @@ def transform(
     Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
     :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
     columns and :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
-    found, all before any Spark job runs.
+    found or that the workers would refuse (no weights, refused pickle weights, an unreadable config,
+    other weights than ``expect_sha256``), all before any Spark job runs.
     """
     cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, id_col=id_col)
     if cfg.reads_text and not text_col:
@@ -90,7 +97,7 @@ def transform(
     return scored.drop(ERROR_COLUMNS[2], WORKER_COLUMN)
 
 
-def pandas_udf(*, task: str, model: str | Path, feature_cols: Optional[Sequence[str]] = None, **options: Any):
+def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]] = None, **options: Any):
     """An iterator-style pandas UDF that scores with ``model``: ``df.select(udf("body"))``.
 
     Text tasks take one string column; feature tasks one numeric column per ``feature_cols``
@@ -101,7 +108,7 @@ def pandas_udf(*, task: str, model: str | Path, feature_cols: Optional[Sequence[
     Arrow batch, order restored. Slower than :func:`transform` (pandas conversion per batch).
 
     Raises :class:`~lakescore.jobs.config.ConfigError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
-    when the settings or the model are wrong, before any Spark job runs.
+    when the settings or the model are wrong (as for :func:`transform`), before any Spark job runs.
     """
     cfg = _notebook_config(task, model, feature_cols, options)
     spec = _resolved_spec(SparkSession.getActiveSession(), cfg, tuple(cfg.feature_cols))
@@ -109,11 +116,13 @@ def pandas_udf(*, task: str, model: str | Path, feature_cols: Optional[Sequence[
 
 
 def _notebook_config(
-    task: str, model: str | Path, feature_cols: Optional[Sequence[str]], options: Mapping[str, Any], **columns: Optional[str]
+    task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]], options: Mapping[str, Any],
+    **columns: Optional[str],
 ) -> JobConfig:
     """The typed config of a notebook call (``columns``: ``text_col``, ``id_col``); :class:`ConfigError` for
     unknown or bad settings, or a feature task without ``feature_cols``."""
-    tree: dict[str, Any] = {"task": task, "model": {"source": str(model)}, "scoring": {}}
+    section = dict(model) if isinstance(model, Mapping) else {"source": str(model)}
+    tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
     for key, value in options.items():
         if key in _MODEL_OPTIONS:
             tree["model"][key] = value
@@ -134,11 +143,30 @@ def _notebook_config(
 
 
 def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: tuple[str, ...]) -> ModelSpec:
-    """The model spec, with a remote model staged to this host first; fails fast when the model is missing."""
+    """The model spec, with a remote model staged to this host first; fails fast when the model is missing or the
+    workers would refuse it (:func:`_check_model`)."""
     spec = model_spec(cfg, () if cfg.reads_text else feature_cols)
     if is_remote(spec.source):
         if spark is None:
             raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
-    resolve_model_dir(spec.source, spec.revision)
+    _check_model(spec, resolve_model_dir(spec.source, spec.revision), cfg.reads_text)
     return spec
+
+
+def _check_model(spec: ModelSpec, model_dir: Path, reads_text: bool) -> None:
+    """Raise :class:`ModelSourceError` here for what the workers' loaders would refuse in the first Spark job: a text
+    model that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
+    sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
+    ``expect_sha256``. The job checks the same on its executors (preflight); these calls have no preflight."""
+    if reads_text:
+        require_directory(model_dir, spec.task)
+        refuse_pickle_weights(model_dir, spec.allow_pickle)
+        if not (model_dir / "config.json").is_file() and not (model_dir / "modules.json").is_file():
+            raise ModelSourceError(f"model directory {model_dir} has no config.json")
+        for config in sorted(model_dir.glob("*config*.json")) + sorted(model_dir.glob("modules.json")):
+            try:
+                json.loads(config.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise ModelSourceError(f"model config {config} cannot be read as JSON: {exc}") from exc
+    verify_sha256(weights_sha256(model_dir), spec.expect_sha256, spec.source)

@@ -71,7 +71,8 @@ def _require_one_of(key: str, value: object, allowed: tuple) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Where the model comes from and how its outputs are shaped."""
+    """Where the model comes from and how its outputs are shaped. Given as one string (``model: /models/minilm``),
+    the section is its ``source``."""
 
     source: Optional[str] = None
     """A local model directory (tabular: a ``.pt``/``.pt2`` file), a Hadoop URI (``s3a://``, ``dbfs:/``), or a hub id."""
@@ -575,11 +576,25 @@ def _parse_scalar(raw: str) -> Any:
         return raw
 
 
+_SHORTHANDS = {"model": "source"}
+"""Sections that may be given as one value, which sets one of their keys: ``model: /models/minilm`` is
+``model: {source: /models/minilm}`` (in YAML, ``--set`` and the Python API alike)."""
+
+
+def _shorthand(key: str, value: Any) -> Any:
+    """``value`` of section ``key`` as a mapping when it is a shorthand's single value (a string or path); else as it is."""
+    if key in _SHORTHANDS and isinstance(value, (str, os.PathLike)):
+        return {_SHORTHANDS[key]: os.fspath(value)}
+    return value
+
+
 def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
     parts = _split_key(dotted)
     node = tree
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
+        if i == 0:
+            child = node[part] = _shorthand(part, child)  # `model: /path` in the file, then --set model.device=...
         if not isinstance(child, dict):
             raise ConfigError(f"cannot set {dotted!r}: {part!r} is a value, not a section")
         node = child
@@ -645,7 +660,7 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(inner, value, key)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, prefix=f"{key}.")
+        return _build(hint, _shorthand(key, value), prefix=f"{key}.")
     if origin is not None and issubclass(origin, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")

@@ -75,6 +75,9 @@ class RunReport:
     """A reduced-precision run (``model.quantize`` int8, ``model.dtype`` bfloat16 / float16): what its preflight
     checked against float32 and passed: ``path``, ``sample_rows`` and the head's figures (``cosine_p1`` for
     embeddings, ``agreement`` and ``prob_delta_p99`` for classifiers); ``None`` for float32 runs."""
+    staging_removed: Optional[list[str]] = None
+    """Staging of the output's earlier runs that no run can resume any more (other run keys, last committed before
+    this run started), removed after this run's publish: the tables or folders."""
     errors_table: Optional[str] = None
     error_reasons: Optional[dict[str, int]] = None
     errors_delta_version: Optional[int] = None
@@ -132,6 +135,8 @@ class RunReport:
             lines.append(f"  {nothing}")
         if self.failed_step:
             lines.append(f"  stopped in step {self.failed_step}")
+        if self.staging_removed:
+            lines.append(f"  removed stale staging of earlier runs: {', '.join(self.staging_removed)}")
         if self.seconds is not None:
             rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second and nothing is None else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")

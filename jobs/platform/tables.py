@@ -60,7 +60,10 @@ __all__ = [
     "delete_path",
     "drop_delta",
     "is_delta",
+    "table_names",
+    "last_commit_stamp",
     "run_metadata",
+    "staging_metadata",
     "delta_history",
     "HistoryEntry",
 ]
@@ -273,14 +276,15 @@ def write_delta_overwrite(
     return own_commit(df.sparkSession, ref, user_metadata)
 
 
-def overwrite_delta(df: DataFrame, ref: str, partition_by: Optional[str] = None) -> None:
-    """Overwrite ``ref`` with ``df`` in one Delta commit, as :func:`write_delta_overwrite` does, but untagged and
-    without reading the commit back from the history (one Spark job fewer): for a private table whose commit nobody
-    checks, such as a run's staging tables. ``partition_by`` applies when the write creates the table.
+def overwrite_delta(df: DataFrame, ref: str, partition_by: Optional[str] = None, user_metadata: Optional[str] = None) -> None:
+    """Overwrite ``ref`` with ``df`` in one Delta commit, as :func:`write_delta_overwrite` does, but without reading
+    the commit back from the history (one Spark job fewer): for a private table whose commit nobody checks, such as a
+    run's staging tables. ``partition_by`` applies when the write creates the table; ``user_metadata`` is stored in
+    the commit info.
 
     A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
     """
-    _overwrite(df, local_ref(ref), None, partition_by, None, None, None)
+    _overwrite(df, local_ref(ref), None, partition_by, user_metadata, None, None)
 
 
 def _overwrite(df: DataFrame, ref: str, replace_where: Optional[str], partition_by: Optional[str], user_metadata: Optional[str],
@@ -563,6 +567,22 @@ def drop_delta(spark: SparkSession, ref: str) -> None:
         spark.sql(f"DROP TABLE IF EXISTS {parse_table_name(ref).quoted}")
 
 
+def table_names(spark: SparkSession, namespace: str) -> list[str]:
+    """The names of the tables in ``namespace`` (its parts quoted, :attr:`~lakescore.jobs.platform.identifiers.TableName.quoted_namespace`;
+    empty: the session's current schema), temporary views left out. ``SHOW TABLES``, which Spark Connect runs too."""
+    rows = spark.sql("SHOW TABLES" + (f" IN {namespace}" if namespace else "")).collect()
+    return [row["tableName"] for row in rows if not row["isTemporary"]]
+
+
+def last_commit_stamp(spark: SparkSession, ref: str) -> tuple[float, Optional[str]]:
+    """When the latest commit of the Delta table ``ref`` was made, in seconds since the epoch (whatever the session's
+    time zone), and the output its lakescore tag says the table stages for (:func:`staging_metadata`; ``None``)."""
+    from pyspark.sql import functions as F
+
+    row = _history(spark, local_ref(ref), 1).select(F.unix_micros("timestamp").alias("micros"), "userMetadata").first()
+    return row["micros"] / 1e6, _tag(row["userMetadata"]).get("staging_for")
+
+
 def _history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> DataFrame:
     """``DESCRIBE HISTORY`` of the Delta table ``ref``, newest first, at most ``limit`` commits: through Delta's API
     for a path in a classic session (no metastore lookup, :func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`),
@@ -617,6 +637,17 @@ def run_metadata(run_id: str, report: Optional[str], spec: Optional[Mapping[str,
     if spec is not None:
         tag["spec"] = spec
     return json.dumps({_METADATA_KEY: tag}, sort_keys=False)
+
+
+def staging_metadata(output: str, tag: Optional[str] = None) -> str:
+    """The ``userMetadata`` of a staging table's commits: the run's ``tag`` (:func:`run_metadata`, if any) and the
+    output the table stages for, by which a later run of that output tells its own stale staging in a shared
+    ``write.staging`` location (:func:`last_commit_stamp`).
+
+    >>> staging_metadata("db.scores", run_metadata("r1", None))
+    '{"lakescore": {"run_id": "r1", "report": null, "staging_for": "db.scores"}}'
+    """
+    return json.dumps({_METADATA_KEY: {**_tag(tag), "staging_for": output}})
 
 
 @dataclass(frozen=True)

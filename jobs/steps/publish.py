@@ -34,6 +34,7 @@ from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, INCREMENTAL_COLUMNS
 from lakescore.udfs.registry import get_task
 
@@ -51,6 +52,8 @@ class Outcome:
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's ``MERGE`` deleted (missing ids with ``write.delete_missing``, and ids
     whose input now fails: they are in the errors table). ``None`` in the other modes."""
+    staging_removed: tuple[str, ...] = ()
+    """Staging locations of the output's earlier runs that no run can resume any more, removed after the publish."""
 
 
 def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
@@ -83,7 +86,8 @@ def publish(
     run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame,
     validation: Optional[dict[str, Any]],
 ) -> Outcome:
-    """Publish ``rows`` unless the error rate or validation failed, then write the errors table; drop staging on success.
+    """Publish ``rows`` unless the error rate or validation failed, then write the errors table; on success drop this
+    run's staging and the output's stale staging (:func:`~lakescore.jobs.steps.staging.drop_stale_staging`).
 
     Raises ``RuntimeError`` when Delta's own metric says the commit wrote another number of rows
     than were validated, and :class:`~lakescore.jobs.platform.tables.WriteConflictError` when a
@@ -113,11 +117,12 @@ def publish(
     if refusal is not None:
         status, error = refusal
         return Outcome(status, errors_delta_version=errors_version, error=error)
-    for private in (plan.prepared, plan.changed):
-        if private is not None:
-            private.drop()
-    plan.staging.drop()
-    return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted)
+    own = [table for table in (plan.prepared, plan.changed, plan.staging) if table is not None]
+    stale = drop_stale_staging(run.spark, cfg.output, cfg.write.staging, run.started, {t.location for t in own})
+    for table in own:
+        table.drop()
+    return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted,
+                   staging_removed=tuple(stale))
 
 
 def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame, tag: str) -> tuple[Optional[int], int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -56,6 +57,8 @@ class RunContext:
     pinned to the file listing taken at the start)."""
     worker_start: Optional[PythonWorkerStart] = None
     """The executor Python worker started while the input was read; the preflight waits for it."""
+    started: float = dataclasses.field(default_factory=time.time)
+    """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
 
     @property
     def id_field(self) -> StructField:

@@ -95,6 +95,7 @@ def assemble_report(
         dedup=plan.dedup.as_report(accounting.forward_passes_saved),
         input_scans=plan.input_scans,
         precision_check=identity.precision_check,
+        staging_removed=list(outcome.staging_removed) or None,
         errors_table=targets.errors_ref,
         error_reasons=accounting.reasons,
         errors_delta_version=outcome.errors_delta_version,

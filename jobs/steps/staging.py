@@ -28,16 +28,21 @@ Once every chunk is staged, the table is pinned (:meth:`Staging.pin`): accountin
 and the publish all read that one version, so a commit to staging after the pin (another
 process of the same run key) changes nothing in what was validated and published. The staged
 rows are published to the output in one commit; the staging table is then deleted. A failed
-run (validation, error rate, crash) leaves it in place for the rerun.
+run (validation, error rate, crash) leaves it in place for the rerun. A run that publishes also removes what
+the output's other run keys left and no run can resume any more (:func:`drop_stale_staging`): every staging
+commit names the output it stages for (:func:`~lakescore.jobs.platform.tables.staging_metadata`), so a shared
+``write.staging`` location keeps the other outputs' staging.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -45,14 +50,20 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, overwrite_delta, read_input,
-    table_id,
+    append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, overwrite_delta,
+    read_input, staging_metadata, table_id, table_names,
 )
 from lakescore.schemas.column_names import delta_storable_columns, original_columns
 
-__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "drop_stale_staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+
+log = logging.getLogger(__name__)
 
 CHUNK_COLUMN = "_chunk"
+
+_STAGED_NAME = re.compile(r"[0-9a-f]{20}(?:_rows|_changes)?")
+"""What follows the staging location's prefix (:func:`staging_location`) in a run key's tables: the key (:func:`run_key`),
+alone or with the suffix of its rows to score or of its changed rows."""
 
 
 def chunk_count(rows: int, chunk_rows: int) -> int:
@@ -105,11 +116,14 @@ class Staging:
     chunks: int
     default_root: bool = False
     """Whether ``location`` is under lakescore's own ``_lakescore_staging/<name>`` folder (a path output, no ``write.staging``)."""
+    output: str = ""
+    """The output this table stages for, named in every commit's ``userMetadata``."""
 
     @classmethod
     def for_output(cls, spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> "Staging":
         """The staging table of ``key`` for ``output``: as ``write.staging`` (``configured``) says, else beside the output."""
-        return cls(spark, staging_location(output, configured, key), key, chunks, default_root=not configured and is_path(output))
+        return cls(spark, staging_location(output, configured, key), key, chunks,
+                   default_root=not configured and is_path(output), output=output)
 
     def committed_chunks(self) -> set[int]:
         """Chunks already committed to this staging table (empty when it does not exist yet)."""
@@ -127,7 +141,7 @@ class Staging:
     def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
         """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""
         append_delta(delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location,
-                     txn_app_id=f"lakescore-{self.key}", txn_version=chunk + 1, user_metadata=tag)
+                     txn_app_id=f"lakescore-{self.key}", txn_version=chunk + 1, user_metadata=staging_metadata(self.output, tag))
 
     def table(self) -> DataFrame:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
@@ -143,12 +157,13 @@ class Staging:
 
     def write(self, rows: DataFrame) -> None:
         """Write ``rows`` here in one commit, replacing what is here."""
-        overwrite_delta(delta_storable_columns(rows), self.location)
+        overwrite_delta(delta_storable_columns(rows), self.location, user_metadata=staging_metadata(self.output))
 
     def write_chunked(self, rows: DataFrame, id_col: str) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
         chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks))
-        overwrite_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN)
+        overwrite_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN,
+                        user_metadata=staging_metadata(self.output))
 
     def chunk(self, chunk: int) -> DataFrame:
         """The rows of ``chunk`` written by :meth:`write_chunked` (its partition only)."""
@@ -195,3 +210,54 @@ def changed_rows(spark: SparkSession, output: str, configured: str | None, key: 
     """The table of an incremental run's rows to score (new and changed), found once against the output, beside its
     staging table (``<staging>_changes``; ``key`` names the comparison, not the chunks, which follow from its count)."""
     return Staging.for_output(spark, output, configured, f"{key}_changes", 1)
+
+
+def drop_stale_staging(spark: SparkSession, output: str, configured: Optional[str], started: float,
+                       keep: Collection[str]) -> list[str]:
+    """Remove what other run keys of ``output`` staged (``<key>``, ``<key>_rows``, ``<key>_changes``) and last committed
+    before ``started`` (this run's start, seconds since the epoch), leaving the locations in ``keep`` (this run's own);
+    return the locations removed. Called after a successful publish: a rerun of those keys is not expected any more.
+
+    A run that committed after ``started`` may still be running beside this one: its staging stays. In a configured
+    ``write.staging`` location, shared by outputs perhaps, only tables whose commits name ``output`` go. Over Spark
+    Connect a staging directory cannot be listed or deleted: nothing is removed there. Removing is best effort: a
+    location that cannot be read or deleted is logged and left."""
+    removed = []
+    try:
+        names = _staged_names(spark, staging_location(output, configured, ""))
+    except Exception as exc:  # noqa: BLE001 (as below)
+        log.warning("could not look for stale staging of %s: %s", output, exc)
+        names = []
+    for suffix in names:
+        location = staging_location(output, configured, suffix)
+        if location in keep:
+            continue
+        try:
+            if not is_delta(spark, location):
+                continue  # no commit: nothing says when or for whom it was written
+            committed, staged_for = last_commit_stamp(spark, location)
+            if committed >= started or (configured and staged_for != output):
+                continue
+            drop_delta(spark, location)
+        except Exception as exc:  # noqa: BLE001 (the run succeeded; stale staging left behind costs storage only)
+            log.warning("could not remove the stale staging %s: %s", location, exc)
+            continue
+        log.info("removed staging %s of an earlier run of %s that no run resumes any more", location, output)
+        removed.append(location)
+    return removed
+
+
+def _staged_names(spark: SparkSession, prefix: str) -> list[str]:
+    """What follows ``prefix`` (:func:`staging_location` of an empty key: a folder ending in ``/``, or a table name
+    prefix) in the names of the run keys' tables there (:data:`_STAGED_NAME`)."""
+    if is_path(prefix):
+        folder = prefix.rstrip("/")
+        if not spark_adapter.can_delete_paths(spark):
+            log.debug("over Spark Connect staging folder %s cannot be listed or deleted: stale staging is left", folder)
+            return []
+        names = spark_adapter.child_names(spark, folder) if spark_adapter.path_exists(spark, folder) else []
+        return [name for name in names or () if _STAGED_NAME.fullmatch(name)]
+    table = parse_table_name(prefix)
+    start = len(table.name)
+    return [name[start:] for name in table_names(spark, table.quoted_namespace)
+            if name.lower().startswith(table.name.lower()) and _STAGED_NAME.fullmatch(name[start:])]

@@ -4,6 +4,7 @@ with the real all-MiniLM-L6-v2 against sentence-transformers and tiny seeded mod
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -48,8 +49,9 @@ def test_score_runs_the_whole_job_and_writes_its_report(tmp_path, spark, minilm_
 
 
 def test_score_refuses_a_bad_setting_before_any_compute(spark, minilm_dir):
-    with pytest.raises(ConfigError, match="unknown config key 'write.mdoe'; did you mean 'write.mode'"):
-        lakescore.score(spark, input="x", output="y", model={"source": str(minilm_dir)}, write={"mdoe": "overwrite"})
+    for model in ({"source": str(minilm_dir)}, str(minilm_dir)):  # the model section, or its source alone
+        with pytest.raises(ConfigError, match="unknown config key 'write.mdoe'; did you mean 'write.mode'"):
+            lakescore.score(spark, input="x", output="y", model=model, write={"mdoe": "overwrite"})
 
 
 def test_transform_keeps_every_column_and_equals_sentence_transformers(spark, reviews, minilm_dir, sentence_transformer):
@@ -84,6 +86,16 @@ def test_transform_with_an_id_keeps_only_the_id_whatever_its_name(spark, reviews
 
 def test_transform_checks_before_any_spark_job(spark, reviews, minilm_dir, tmp_path):
     _, df = reviews
+    context = spark.sparkContext
+    context.setJobGroup("api-checks", "every check of this test")  # jobs this thread starts from here on
+    try:
+        _transform_refusals(df, minilm_dir, tmp_path)
+        assert context.statusTracker().getJobIdsForGroup("api-checks") == []
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+
+
+def _transform_refusals(df, minilm_dir, tmp_path):
     with pytest.raises(InputContractError, match="text column 'text' not found"):
         lakescore.transform(df, task="embed", model=minilm_dir, text_col="text")
     with pytest.raises(InputContractError, match=r"already has column\(s\) \['embedding'\]"):
@@ -94,6 +106,22 @@ def test_transform_checks_before_any_spark_job(spark, reviews, minilm_dir, tmp_p
         lakescore.transform(df, task="summarize", model=minilm_dir, text_col="body")
     with pytest.raises(ModelSourceError, match="does not exist"):
         lakescore.transform(df, task="embed", model=str(tmp_path / "absent"), text_col="body")
+    # A model the workers would refuse, refused here rather than in the first job: no weights, pickle only, a config
+    # that is not JSON, other weights than expected. pandas_udf checks the same.
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(minilm_dir, no_weights, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(ModelSourceError, match=f"no weight files .* found under model directory {no_weights}"):
+        lakescore.transform(df, task="embed", model=no_weights, text_col="body")
+    with pytest.raises(ModelSourceError, match="no weight files"):
+        lakescore.pandas_udf(task="embed", model=str(no_weights))
+    (no_weights / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ModelSourceError, match="holds only pickle-based weights"):
+        lakescore.transform(df, task="embed", model=no_weights, text_col="body")
+    (no_weights / "config.json").write_text("{not json")
+    with pytest.raises(ModelSourceError, match="config.json cannot be read as JSON"):
+        lakescore.transform(df, task="embed", model=no_weights, text_col="body", allow_pickle=True)
+    with pytest.raises(ModelSourceError, match="but the run expects 00000000"):
+        lakescore.transform(df, task="embed", model={"source": str(minilm_dir), "expect_sha256": "0" * 64}, text_col="body")
 
 
 def test_pandas_udf_embeds_in_a_select(spark, reviews, minilm_dir, sentence_transformer):

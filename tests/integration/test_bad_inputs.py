@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lakescore.jobs.cli import main
+from lakescore.jobs.steps.staging import Staging
 from tests.integration.test_score_job import read_output, reviews_frame
 
 INVALID_UTF8 = [b"\xff\xfe broken", b"lone surrogate \xed\xa0\x80"]
@@ -149,10 +150,17 @@ def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_di
     report = _unfinished_report(tmp_path, "interrupted")  # in the scoring step, unless the signal came late
     assert report["chunks"]["staging"].startswith(str(staging))
     assert not output.exists()
+    # In the write.staging folder, which other outputs may share: an older run key's staging of this output goes
+    # with the rerun's publish, another output's stays.
+    ours = Staging.for_output(spark, str(output), str(staging), "d" * 20, 1)
+    theirs = Staging.for_output(spark, str(tmp_path / "other"), str(staging), "e" * 20, 1)
+    for table in (ours, theirs):
+        table.write(spark.range(1))
 
     assert main(cmd[1:]) == 0  # the rerun, in this process's session (the same command, a warm JVM)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "succeeded" and report["chunks"]["skipped"] >= 1
+    assert [p.name for p in staging.iterdir()] == ["e" * 20] and report["staging_removed"] == [ours.location]
     out = read_output(spark, str(output))
     assert sorted(out["review_id"]) == sorted(frame["review_id"])
 

@@ -9,9 +9,11 @@ import pandas as pd
 from lakescore.jobs.cli import main
 from lakescore.jobs.report import write_report
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.staging import Staging
+from tests.integration.held_run import run_held_at
 
 
-def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, job_config, capsys):
+def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, job_config, capsys, monkeypatch):
     source = tmp_path / "in.parquet"
     pd.DataFrame({"review_id": [1, 2, 3], "body": ["good", "bad", "fine"]}).to_parquet(source)
     out = str(tmp_path / "scores")
@@ -38,3 +40,17 @@ def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, 
 
     assert main(["history", out, "--run", "night-9"]) == 2
     assert "no run 'night-9' in this output's history (recent runs: night-2, night-1)" in capsys.readouterr().err
+
+    # night-2's staging waits for a rerun of night-2. Once a later run publishes, none will: night-3 removes it and
+    # says so, in its report and in history. Staging committed after night-3 started (a run beside it) stays.
+    staging_root = tmp_path / "_lakescore_staging" / "scores"
+    (stale,) = staging_root.iterdir()
+    beside = Staging.for_output(spark, out, None, "f" * 20, 1)
+    report_path = tmp_path / "reports" / "night-3.json"
+    cfg = job_config(input=str(source), output=out, run_id="night-3", report=str(report_path))
+    report = run_held_at(spark, cfg, "publish", tmp_path / "barrier", lambda: beside.write(spark.range(1)), monkeypatch)
+    write_report(report, report_path)
+    assert report.status == "succeeded" and [p.name for p in staging_root.iterdir()] == ["f" * 20]
+    assert report.staging_removed == [str(stale)]
+    assert main(["history", out, "--run", "night-3"]) == 0
+    assert f"  removed stale staging of earlier runs: {stale}\n" in capsys.readouterr().out

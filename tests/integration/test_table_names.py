@@ -13,6 +13,7 @@ import pytest
 from lakescore.jobs.cli import main
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.staging import Staging
 from tests.integration.test_score_job import read_output, reviews_frame
 
 ROWS = 12
@@ -30,6 +31,9 @@ def test_reserved_words_and_three_part_names_are_quoted_everywhere(spark, minilm
     first = run_scoring(_job(minilm_dir, "select.order", output, run_id="r1"), spark)
     assert first.status == "succeeded" and first.errors_table == "spark_catalog.select.from_errors"
     assert first.chunks["staging"].startswith("spark_catalog.select.from__lakescore_staging_")
+    # What an interrupted run of another key left (its rows to score): r2's publish removes it.
+    left = Staging.for_output(spark, output, None, "0" * 20 + "_rows", 1)
+    left.write(spark.range(3))
     again = run_scoring(_job(minilm_dir, "select.order", output, run_id="r2"), spark)
     assert (again.previous_delta_version, again.delta_version) == (0, 1)
     out = spark.table("`spark_catalog`.`select`.`from`").toPandas()
@@ -37,7 +41,8 @@ def test_reserved_words_and_three_part_names_are_quoted_everywhere(spark, minilm
     errors = spark.table("`select`.`from_errors`")
     assert errors.count() == 0 and "review_id" in errors.columns
     tables = {r.tableName for r in spark.sql("SHOW TABLES IN `select`").collect()}
-    assert tables == {"order", "from", "from_errors"}  # the staging tables were dropped after each publish
+    assert tables == {"order", "from", "from_errors"}  # the staging tables were dropped after each publish, left's too
+    assert again.staging_removed == [left.location]
 
 
 @pytest.mark.parametrize(

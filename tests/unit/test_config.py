@@ -1,6 +1,8 @@
+from pathlib import Path
+
 import pytest
 
-from lakescore.jobs.config import ConfigError, load_config
+from lakescore.jobs.config import ConfigError, config_from_mapping, load_config
 
 
 def write(tmp_path, text):
@@ -29,6 +31,17 @@ def test_file_then_set_then_flags(tmp_path):
     assert cfg.id_col == "id"
     assert cfg.text_col is None  # a None flag means "not given"
     assert cfg.spark.conf == {"spark.sql.shuffle.partitions": "4"}  # Spark confs become strings
+
+
+def test_a_model_given_as_one_string_is_its_source(tmp_path):
+    # YAML, then a flag below it; the Python API's mapping (lakescore.score(model=...)), a path too; --set.
+    cfg = load_config(write(tmp_path, "model: /models/minilm\n"), ["model.revision=v2"], {"model.device": "auto"})
+    assert (cfg.model.source, cfg.model.revision, cfg.model.device) == ("/models/minilm", "v2", "auto")
+    assert config_from_mapping({"model": Path("/models/minilm")}).model.source == "/models/minilm"
+    assert load_config(overrides=["model=hub/name"]).model.source == "hub/name"
+    assert config_from_mapping({"model": {"source": "/m", "dtype": "bfloat16"}}).model.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="model must be a mapping, got int"):
+        config_from_mapping({"model": 3})
 
 
 def test_set_spark_conf_keeps_the_dotted_spark_key_whole():
