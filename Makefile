@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 LAKESCORE := $(VENV)/bin/lakescore
 
-.PHONY: setup test test-unit test-integration demo clean
+.PHONY: setup test test-unit test-fast test-integration demo clean
 
 # Fetch the S3A connector for s3a:// paths too (~620 MiB, once; make test uses it). S3A=0 skips it:
 # sessions that need it then resolve it from Maven at start-up.
@@ -52,6 +52,11 @@ browser:
 
 test-unit:
 	$(PY) -m pytest tests/unit
+
+# The inner loop: the unit tests plus the core path end to end (one real Spark session: read, score, stage,
+# validate, publish, report). CONTRIBUTING.md says which tier covers what.
+test-fast:
+	$(PY) -m pytest tests/unit tests/integration/test_score_job.py
 
 test-integration:
 	$(PY) -m pytest tests/integration
