@@ -678,11 +678,24 @@ def _split_key(dotted: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Option:
-    """One setting as the schema declares it (a section's fields are options of their own)."""
+    """One setting as the schema declares it: what the CLI, the Python API and the reference need to know."""
 
     key: str
     """The dotted key, e.g. ``model.device``."""
-    info: FieldInfo
+    type: Any
+    """The value's type without ``Optional`` and validators (``Literal[...]`` for a choice)."""
+    default: Any
+    description: str
+    """The field's documentation on one line."""
+    bounds: str = ""
+    """The numeric bounds as text (``>= 1``, ``between 0 and 1``); ``""`` when unbounded."""
+    flag: Optional[str] = None
+    """The ``lakescore score`` flag that sets it, if any."""
+    metavar: Optional[str] = None
+    sweep: bool = False
+    """Whether ``lakescore sweep`` takes its flag too."""
+    job_only: bool = False
+    """Whether only the scoring job applies it (``transform`` / ``pandas_udf`` refuse it)."""
 
     @property
     def name(self) -> str:
@@ -693,52 +706,10 @@ class Option:
         """The section the option sits in (``""`` at the top level)."""
         return self.key.rpartition(".")[0]
 
-    def _extra(self, name: str) -> Any:
-        extra = self.info.json_schema_extra
-        return extra.get(name) if isinstance(extra, dict) else None
-
-    @property
-    def flag(self) -> Optional[str]:
-        """The ``lakescore score`` flag that sets it, if any."""
-        return self._extra("flag")
-
-    @property
-    def metavar(self) -> Optional[str]:
-        return self._extra("metavar")
-
-    @property
-    def sweep(self) -> bool:
-        """Whether ``lakescore sweep`` takes its flag too."""
-        return bool(self._extra("sweep"))
-
-    @property
-    def job_only(self) -> bool:
-        """Whether only the scoring job applies it (``transform`` / ``pandas_udf`` refuse it)."""
-        return bool(self._extra("job_only"))
-
-    @property
-    def description(self) -> str:
-        """The field's documentation on one line."""
-        return " ".join((self.info.description or "").split())
-
-    @property
-    def default(self) -> Any:
-        return self.info.get_default(call_default_factory=True)
-
-    @property
-    def type(self) -> Any:
-        """The value's type, without ``Optional`` and validators (``Literal[...]`` for a choice)."""
-        return _unwrapped(self.info.annotation)[0]
-
     @property
     def choices(self) -> tuple:
         """The allowed values of a choice; ``()`` for any other setting."""
         return _choices(self.type)
-
-    @property
-    def bounds(self) -> str:
-        """The numeric bounds as text (``>= 1``, ``between 0 and 1``), ``""`` when unbounded."""
-        return _bounds_text([*self.info.metadata, *_unwrapped(self.info.annotation)[1]])
 
     @property
     def type_text(self) -> str:
@@ -747,13 +718,20 @@ class Option:
 
 
 def config_options() -> list[Option]:
-    """Every setting of the schema, in declaration order, sections' settings in place of their section."""
+    """Every setting of the schema, in declaration order, a section's settings in place of the section."""
 
     def walk(section: type[BaseModel], prefix: str) -> list[Option]:
         found = []
         for name, info in section.model_fields.items():
-            hint = _unwrapped(info.annotation)[0]
-            found += walk(hint, f"{prefix}{name}.") if _is_section(hint) else [Option(prefix + name, info)]
+            hint, metadata = _unwrapped(info.annotation)
+            if _is_section(hint):
+                found += walk(hint, f"{prefix}{name}.")
+                continue
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            found.append(Option(
+                prefix + name, hint, info.get_default(call_default_factory=True), " ".join((info.description or "").split()),
+                _bounds_text([*info.metadata, *metadata]), **extra,
+            ))
         return found
 
     return walk(JobConfig, "")
