@@ -24,7 +24,8 @@ def reference() -> str:
     sections: dict[str, list[Option]] = {}
     for option in config_options():
         sections.setdefault(option.section, []).append(option)
-    lines: list[str] = []
+    sweep = ", ".join(f"`{o.flag}`" for o in config_options() if o.sweep)
+    lines: list[str] = ["", f"`lakescore sweep` takes these flags of the table below: {sweep}."]
     for section, options in sections.items():
         lines += ["", f"### `{section}`" if section else "### Top level", ""]
         if section:
