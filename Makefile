@@ -84,6 +84,11 @@ demo:
 clean:
 	rm -rf .lakescore spark-warehouse metastore_db derby.log .pytest_cache
 
+# Rewrite the generated configuration reference in docs/configuration.md from the schema (jobs/config.py).
+.PHONY: docs
+docs:
+	$(PY) -m lakescore.jobs.config_reference docs/configuration.md
+
 # --- Packaging for clusters (README.md "Running on a cluster") ---
 .PHONY: package wheel env env-archive clean-package submit-local
 VERSION := $(shell sed -n 's/^version = "\([^"]*\)"/\1/p' pyproject.toml)

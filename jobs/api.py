@@ -6,14 +6,14 @@ Every entry point takes the same settings as the YAML config and validates them 
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import json
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakescore.jobs.config import ConfigError, JobConfig, ModelConfig, config_from_mapping
+from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, config_options
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport, write_report
 from lakescore.jobs.score_job import run_scoring
@@ -29,8 +29,9 @@ from lakescore.udfs.pandas_udf import make_pandas_udf
 
 __all__ = ["score", "transform", "pandas_udf"]
 
-_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("source", "cache_dir"))
-_SCORING_OPTIONS = ("max_batch_tokens", "max_batch_rows", "partitions")
+_OPTIONS = {o.name: o for o in config_options() if o.section in ("model", "scoring") and o.key != "model.source"}
+"""The keyword options of :func:`transform` and :func:`pandas_udf`, by field name: every ``model.*`` setting but the
+source (their ``model`` argument) and every ``scoring.*`` one."""
 
 
 def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
@@ -71,10 +72,10 @@ def transform(
     Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks,
-    ``feature_cols`` (in the model's order) for feature tasks. ``options``: model settings
-    (``device``, ``dtype``, ``revision``, ``max_seq_length``, ``pooling``, ``normalize``, ``prompt_name``,
-    ``expect_sha256``, ``allow_pickle``, ``trust_remote_code``) and ``max_batch_tokens``,
-    ``max_batch_rows``, ``partitions``. Arrow batch sizes are the session's own.
+    ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
+    setting by its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md
+    lists them), validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both
+    are refused here.
 
     Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
     :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
@@ -124,13 +125,15 @@ def _notebook_config(
     section = dict(model) if isinstance(model, Mapping) else {"source": str(model)}
     tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
     for key, value in options.items():
-        if key in _MODEL_OPTIONS:
-            tree["model"][key] = value
-        elif key in _SCORING_OPTIONS:
-            tree["scoring"][key] = value
-        else:
-            known = ", ".join(_MODEL_OPTIONS + _SCORING_OPTIONS)
-            raise ConfigError(f"unknown option {key!r}; options: {known}")
+        option = _OPTIONS.get(key)
+        if option is None:
+            taken = [name for name, o in _OPTIONS.items() if not o.job_only]
+            close = difflib.get_close_matches(key, taken, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"unknown option {key!r}; {hint}options: {', '.join(taken)}")
+        if option.job_only:
+            raise ConfigError(f"option {key!r} ({option.key}) applies to the scoring job only (lakescore.score)")
+        tree[option.section][key] = value
     cfg = config_from_mapping({**tree, **columns, "feature_cols": list(feature_cols or ())})
     if cfg.model.quantize != "none":  # the tolerance check is a preflight of the job (score), which these lack
         raise ConfigError(

@@ -23,10 +23,7 @@ from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
 from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
 from lakescore.jobs.report import one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
-from lakescore.jobs.config import (
-    BACKENDS, DEVICES, DTYPES, INPUT_FORMATS, QUANTIZATIONS, TASKS, WRITE_MODES, ConfigError, JobConfig, ModelConfig,
-    load_config,
-)
+from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
 from lakescore.jobs.platform.console import configure_logging
 
 __all__ = ["main", "run"]
@@ -35,37 +32,6 @@ log = logging.getLogger("lakescore")
 
 EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 """``EXIT_VALIDATION_FAILED`` covers every "ran, but published nothing" outcome: validation, error rate."""
-
-# Flag -> dotted config key. Every flag has a config-file twin; flags win.
-_SCORE_FLAGS = {
-    "input": "input",
-    "output": "output",
-    "input_format": "input_format",
-    "task": "task",
-    "model": "model.source",
-    "revision": "model.revision",
-    "id_col": "id_col",
-    "text_col": "text_col",
-    "feature_cols": "feature_cols",
-    "feature_prefix": "feature_prefix",
-    "device": "model.device",
-    "dtype": "model.dtype",
-    "backend": "model.backend",
-    "quantize": "model.quantize",
-    "expect_sha256": "model.expect_sha256",
-    "allow_pickle": "model.allow_pickle",
-    "trust_remote_code": "model.trust_remote_code",
-    "errors": "errors",
-    "write_mode": "write.mode",
-    "delete_missing": "write.delete_missing",
-    "full_rescore": "write.full_rescore",
-    "report": "report",
-    "run_date": "run_date",
-    "run_id": "run_id",
-    "master": "spark.master",
-    "remote": "spark.remote",
-}
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakescore", description="Batch model scoring of warehouse tables into Delta.")
@@ -80,52 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
-    score.add_argument("--input", help="metastore table (db.table) or Parquet/Delta path")
-    score.add_argument(
-        "--output", help="Delta path or metastore table (db.table), written as --write-mode says (default: overwritten)"
-    )
-    score.add_argument("--input-format", choices=INPUT_FORMATS, help="how to read a path input")
-    score.add_argument("--task", choices=TASKS, help=f"what the model computes (default: {JobConfig.task})")
-    score.add_argument(
-        "--model", help="model directory, Hadoop URI, MLflow URI (models:/name/version, models:/name@alias, runs:/id/path) "
-        "or Hugging Face hub id",
-    )
-    score.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    score.add_argument("--id-col", help="input column copied to the output to identify each row")
-    score.add_argument("--text-col", help="input column with the text to score (classify, embed, ner)")
-    score.add_argument("--feature-cols", help="tabular: comma-separated numeric feature columns, in model order")
-    score.add_argument("--feature-prefix", help="tabular: use every column starting with this prefix")
-    score.add_argument("--device", choices=DEVICES, help=f"where workers run the model (default: {ModelConfig.device})")
-    score.add_argument("--dtype", choices=DTYPES, help=f"model precision (default: {ModelConfig.dtype})")
-    score.add_argument("--backend", choices=BACKENDS, help=f"what runs the forward (default: {ModelConfig.backend})")
-    score.add_argument(
-        "--quantize", choices=QUANTIZATIONS, help=f"int8 on the onnx backend, within a checked tolerance (default: {ModelConfig.quantize})"
-    )
-    score.add_argument("--expect-sha256", metavar="HEX", help="refuse to score unless the weights digest equals this")
-    score.add_argument(
-        "--allow-pickle", action="store_true", default=None, help="allow pickle-based weights (can run arbitrary code)"
-    )
-    score.add_argument(
-        "--trust-remote-code", action="store_true", default=None, help="run model code shipped with the model"
-    )
-    score.add_argument("--errors", help="dead-letter table or path (default: <output>_errors)")
-    score.add_argument(
-        "--write-mode", choices=WRITE_MODES,
-        help="overwrite the table, replace only this run's rows, or incremental: score only new and changed rows, MERGE them",
-    )
-    score.add_argument(
-        "--delete-missing", action="store_true", default=None,
-        help="incremental: delete output rows whose id is no longer in the input",
-    )
-    score.add_argument(
-        "--full-rescore", action="store_true", default=None,
-        help="incremental: score every row and replace the output (also makes an output of another mode incremental)",
-    )
-    score.add_argument("--report", metavar="JSON", help="write the run report here")
-    score.add_argument("--run-date", metavar="YYYY-MM-DD", help="the date the run is for; default run id")
-    score.add_argument("--run-id", help="id written into every row (default: --run-date, else timestamp + random)")
-    score.add_argument("--master", help="Spark master when lakescore builds the session (default: local[*])")
-    score.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server (or set SPARK_REMOTE)")
+    _add_config_flags(score, [o for o in config_options() if o.flag])
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
     demo.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"sample reviews to generate (default: {DEMO_ROWS})")
@@ -134,14 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser(
         "sweep", parents=[common], help="time the real model on a sample of the input over a range of token budgets"
     )
-    sweep.add_argument("--input", help="metastore table or Parquet/Delta path to sample")
-    sweep.add_argument("--input-format", choices=INPUT_FORMATS)
-    sweep.add_argument("--task", choices=TASKS)
-    sweep.add_argument("--model", help="model directory or Hugging Face hub id")
-    sweep.add_argument("--revision", help="hub revision")
-    sweep.add_argument("--text-col", help="input column with the text to score")
-    sweep.add_argument("--master", help="Spark master when lakescore builds the session")
-    sweep.add_argument("--remote", metavar="sc://HOST:PORT", help="run over Spark Connect on this server")
+    _add_config_flags(sweep, [o for o in config_options() if o.flag and o.sweep])
     sweep.add_argument("--sample-rows", type=int, default=SAMPLE_ROWS, help=f"rows to sample (default: {SAMPLE_ROWS})")
     sweep.add_argument("--budgets", help="comma-separated token budgets (default: a per-device range)")
     sweep.add_argument("--report", metavar="JSON", help="write the sweep as JSON here")
@@ -162,15 +76,44 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
-    """The job config; a bare ``input`` / ``output`` name that exists locally becomes ``./name``
-    (:func:`~lakescore.jobs.platform.tables.local_ref`), so what is derived from it stays local too."""
-    from dataclasses import replace
+def _add_config_flags(parser: argparse.ArgumentParser, options: list[Option]) -> None:
+    """Add each option's flag to ``parser`` as the schema declares it: choices, help, a switch for a boolean.
+    The parsed value lands under the option's dotted key (:func:`_config_flags`)."""
+    for option in options:
+        kwargs: dict = {"dest": option.key, "help": _help(option)}
+        if option.type is bool:
+            kwargs.update(action="store_true", default=None)  # None: not given, the config file decides
+        elif option.choices:
+            kwargs["choices"] = option.choices
+        else:
+            kwargs["metavar"] = option.metavar or option.flag.lstrip("-").upper().replace("-", "_")
+            if option.type in (int, float):
+                kwargs["type"] = option.type
+        parser.add_argument(option.flag, **kwargs)
+    parser.set_defaults(config_keys=tuple(option.key for option in options))
 
+
+def _help(option: Option) -> str:
+    """The option's description as argparse shows it, with its default when it has one worth saying."""
+    text = option.description.replace("``", "").replace("%", "%%")
+    if option.default not in (None, False, (), {}, ""):
+        text += f" (default: {option.default})"
+    return text
+
+
+def _config_flags(args: argparse.Namespace) -> dict:
+    """The config flags given on the command line: dotted key -> value (``None`` where not given)."""
+    return {key: getattr(args, key) for key in getattr(args, "config_keys", ())}
+
+
+def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
+    """The job config from ``--conf``, ``--set``, the command's config flags and ``flags``; a bare ``input`` /
+    ``output`` name that exists locally becomes ``./name`` (:func:`~lakescore.jobs.platform.tables.local_ref`),
+    so what is derived from it stays local too."""
     from lakescore.jobs.platform.tables import local_ref
 
-    cfg = load_config(args.conf, args.overrides, flags)
-    return replace(cfg, input=local_ref(cfg.input), output=local_ref(cfg.output))
+    cfg = load_config(args.conf, args.overrides, {**_config_flags(args), **(flags or {})})
+    return cfg.model_copy(update={"input": local_ref(cfg.input), "output": local_ref(cfg.output)})
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -178,7 +121,7 @@ def _score(args: argparse.Namespace) -> int:
     from lakescore.jobs.score_job import run_scoring
     from lakescore.jobs.steps.report import failure_report
 
-    cfg = _config(args, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
+    cfg = _config(args)
     try:
         report = run_scoring(cfg)
     except BaseException as exc:  # a scheduler still finds a report saying where and why
@@ -209,8 +152,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     from lakescore.jobs.commands.sweep import format_sweep, run_sweep, sweep_report
 
-    flags = {key: getattr(args, name, None) for name, key in _SCORE_FLAGS.items() if hasattr(args, name)}
-    cfg = _config(args, flags)
+    cfg = _config(args)
     try:
         budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else None
     except ValueError as exc:

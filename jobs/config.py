@@ -1,9 +1,10 @@
-"""Typed job configuration: YAML file, then ``--set`` overrides, then CLI flags.
+"""The job configuration schema: YAML file, then ``--set`` overrides, then CLI flags.
 
-Every environment-specific value lives here or in ``conf/*.yaml``; nothing below
-``jobs/`` reads the environment on its own. :func:`load_config` validates the
-whole tree before any Spark or model work starts, so a typo fails in
-milliseconds with a message naming the key, never after a cluster spun up.
+This schema is the one place an option is declared: its type, bounds, default and one-sentence
+description (the attribute docstring), and its CLI flag when it has one. The CLI's flags, the
+Python API's keywords, the worker's model spec and the reference in ``docs/configuration.md``
+all derive from it (:func:`config_options`). :func:`load_config` validates the whole tree before
+any Spark or model work starts, so a typo fails in milliseconds with a message naming the key.
 
 Layout of a config file (all keys optional except where the job needs them)::
 
@@ -12,8 +13,7 @@ Layout of a config file (all keys optional except where the job needs them)::
     task: embed
     id_col: review_id
     text_col: body
-    model:
-      source: /models/all-MiniLM-L6-v2
+    model: /models/all-MiniLM-L6-v2   # a section's shorthand: its source
     spark:
       master: local[*]
     scoring:
@@ -21,31 +21,33 @@ Layout of a config file (all keys optional except where the job needs them)::
     resources:
       scoring: {task_cpus: 4, task_gpus: 1}
 
-Errors: :class:`ConfigError` (a :class:`ValueError`) naming the dotted key.
+Errors: :class:`ConfigError` (a :class:`ValueError`), one line naming the dotted key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-from datetime import date
 import os
 import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence
 
 import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from lakescore.udfs.batching import default_max_tokens
 from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, POOLING_MODES, QUANTIZATIONS
 from lakescore.udfs.quantize import Tolerance
-from lakescore.udfs.registry import TASK_MODEL_OPTIONS, TASK_NAMES, get_task
+from lakescore.udfs.registry import TASK_MODEL_OPTIONS, TASK_NAMES, TASKS as _TASKS, get_task
 
 __all__ = [
-    "ConfigError", "JobConfig", "config_from_mapping", "load_config", "spark_size_mib",
+    "ConfigError", "JobConfig", "Option", "config_from_mapping", "config_options", "load_config", "spark_size_mib",
     "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEDUP_MODES", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS",
 ]
 
@@ -57,165 +59,221 @@ RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
 """What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
 INPUT_FORMATS = ("auto", "delta", "parquet")
 DEDUP_MODES = ("auto", "on", "off")
+LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
 
 class ConfigError(ValueError):
     """A configuration file, override or flag is missing, unknown or ill-typed."""
 
 
-def _require_one_of(key: str, value: object, allowed: tuple) -> None:
-    """Raise :class:`ConfigError` naming ``key`` and the choices unless ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ConfigError(f"{key} must be one of {', '.join(allowed)}, got {value!r}")
+# --- Value types: what YAML, --set, flags and the Python API may hand each kind of setting -------------------
 
 
-@dataclass(frozen=True)
-class ModelConfig:
+def _invalid(reason: str) -> PydanticCustomError:
+    """A value's own check failing; the message reads ``<dotted key> <reason>``."""
+    return PydanticCustomError("lakescore", "{reason}", {"reason": reason})
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, date):  # YAML reads 2026-11-20 as a date
+        return value.isoformat()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # revision: 2
+        return str(value)
+    return value
+
+
+def _number(value: Any) -> Any:
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _items(value: Any) -> Any:
+    if isinstance(value, str):  # --feature-cols a,b,c
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _string_keys(value: Any) -> Any:
+    return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else value
+
+
+def _spark_conf_value(value: Any) -> Any:
+    """Spark confs are strings on the JVM side; YAML may have parsed ``8`` or ``true``."""
+    if isinstance(value, (Mapping, list)) or value is None:
+        raise _invalid(f"must be a single value (Spark conf keys are written whole), got {value!r}")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _min_max(bounds: tuple[float, ...]) -> tuple[float, ...]:
+    if len(bounds) != 2 or bounds[0] > bounds[1]:
+        raise _invalid(f"must be [min, max] with min <= max, got {list(bounds)}")
+    return bounds
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+Number = Annotated[float, BeforeValidator(_number)]
+Fraction = Annotated[Number, Field(ge=0, le=1)]
+Names = Annotated[tuple[Text, ...], BeforeValidator(_items)]
+TaskName = Literal[TASK_NAMES]
+OnOff = Annotated[Literal[DEDUP_MODES], BeforeValidator(lambda v: ("on" if v else "off") if isinstance(v, bool) else v)]
+"""``on`` / ``off``, which YAML 1.1 reads as booleans."""
+LogLevel = Annotated[Literal[LOG_LEVELS], BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
+SparkConf = Annotated[dict[str, Annotated[str, BeforeValidator(_spark_conf_value)]], BeforeValidator(_string_keys)]
+ValueRanges = Annotated[
+    dict[str, Annotated[tuple[Number, ...], BeforeValidator(_items), AfterValidator(_min_max)]], BeforeValidator(_string_keys)
+]
+NullFractions = Annotated[dict[str, Fraction], BeforeValidator(_string_keys)]
+
+
+def _checked(check: typing.Callable[[Any], Optional[str]]) -> AfterValidator:
+    """A value check: ``check(value)`` returns why the value is wrong, or ``None``."""
+
+    def validate(value: Any) -> Any:
+        reason = None if value is None else check(value)
+        if reason:
+            raise _invalid(reason)
+        return value
+
+    return AfterValidator(validate)
+
+
+def _cli(flag: str, metavar: Optional[str] = None, sweep: bool = False) -> dict[str, Any]:
+    """``json_schema_extra`` of a field that has a command-line flag: ``lakescore score`` takes every such flag,
+    ``lakescore sweep`` those marked ``sweep``."""
+    return {"flag": flag, "sweep": sweep, **({"metavar": metavar} if metavar else {})}
+
+
+_JOB_ONLY = {"job_only": True}
+"""``json_schema_extra`` of a setting only the scoring job applies (``transform`` / ``pandas_udf`` refuse it)."""
+
+
+class _Section(BaseModel):
+    # Strict: a string is not an integer, 1 is not true; the Before validators above accept what YAML means.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
+
+
+# --- The schema ------------------------------------------------------------------------------------------------
+
+
+class ModelConfig(_Section):
     """Where the model comes from and how its outputs are shaped. Given as one string (``model: /models/minilm``),
     the section is its ``source``."""
 
-    source: Optional[str] = None
-    """A local model directory (tabular: a ``.pt``/``.pt2`` file), a Hadoop URI (``s3a://``, ``dbfs:/``), or a hub id."""
-    revision: Optional[str] = None
-    """Hub revision (branch, tag or commit); for other sources recorded as given."""
-    device: str = "cpu"
-    """``auto`` (CUDA when the worker sees a GPU), ``cpu`` or ``cuda``."""
-    dtype: str = "float32"
-    """``float32``, ``bfloat16`` or ``float16`` (CUDA only)."""
-    expect_sha256: Optional[str] = None
-    """Refuse to score unless the weights digest equals this hex (``--expect-sha256``)."""
-    allow_pickle: bool = False
+    source: Optional[Text] = Field(None, json_schema_extra=_cli("--model", sweep=True))
+    """A model directory (tabular: a ``.pt`` / ``.pt2`` file or a directory holding one), a Hadoop URI (``s3a://``,
+    ``dbfs:/``, ``file:/``: copied once per host), an MLflow model (``models:/name/version``, ``models:/name@alias``,
+    ``runs:/<run>/<path>``) or a Hugging Face hub id."""
+    revision: Optional[Text] = Field(None, json_schema_extra=_cli("--revision", sweep=True))
+    """Hub branch, tag or commit (recorded as ``model_revision``: for hub ids the resolved commit, for MLflow models
+    the registry version); for other sources recorded as given."""
+    device: Literal[DEVICES] = Field("cpu", json_schema_extra=_cli("--device"))
+    """Where workers run the model: ``cpu``, ``cuda``, or ``auto`` (CUDA where the worker sees a GPU; the GPU is the
+    one Spark assigned the task)."""
+    dtype: Literal[DTYPES] = Field("float32", json_schema_extra=_cli("--dtype"))
+    """Model precision; ``float16`` on CUDA only."""
+    expect_sha256: Annotated[Optional[Text], _checked(
+        lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v.strip().lower()) else f"must be 64 hex digits, got {v!r}"
+    )] = Field(None, json_schema_extra=_cli("--expect-sha256", "HEX"))
+    """Refuse to score (exit 2, nothing written) unless the weights digest equals this hex."""
+    allow_pickle: bool = Field(False, json_schema_extra=_cli("--allow-pickle"))
     """Allow pickle-based weights (``pytorch_model.bin``): loading them can run arbitrary code."""
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(False, json_schema_extra=_cli("--trust-remote-code"))
     """Run model code shipped with the model (transformers ``trust_remote_code``)."""
-    cache_dir: str = "~/.cache/lakescore/models"
-    """Where the driver's host keeps its copy of a remote (``s3a://``, ``dbfs:/``...) model."""
-    max_seq_length: Optional[int] = None
+    cache_dir: Text = "~/.cache/lakescore/models"
+    """Where each host keeps its copy of a remote (``s3a://``, ``dbfs:/``, MLflow) model and exported ONNX graphs."""
+    max_seq_length: Optional[int] = Field(None, ge=1)
     """Token limit per text; default: the model's own sentence-transformers setting."""
-    pooling: Optional[str] = None
-    """Pooling for models without a sentence-transformers config (default ``mean``): one of sentence-transformers'
-    modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
+    pooling: Optional[Literal[POOLING_MODES]] = None
+    """Embeddings of models without a sentence-transformers config: the pooling (default ``mean``), one of
+    sentence-transformers' modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
     normalize: Optional[bool] = None
     """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
-    prompt_name: Optional[str] = None
+    prompt_name: Annotated[Optional[Text], _checked(
+        lambda v: None if v.strip() else "must name one of the model's prompts, got an empty string"
+    )] = None
     """Embeddings: the model's prompt to prepend to every text, by its name in the model's sentence-transformers
-    ``prompts`` (e.g. ``passage``, ``document``); default: the model's ``default_prompt_name``, else none."""
-    backend: str = "torch"
-    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; exported once per host)."""
-    quantize: str = "none"
-    """``int8`` (ONNX backend): faster, lossy; the run refuses to score when a sample of its input is
-    outside the tolerance below against float32. The tolerance guards ``dtype`` ``bfloat16`` / ``float16``
-    runs the same way (every reduced-precision path, :attr:`lakescore.udfs.model_source.ModelSpec.reduced_precision`)."""
-    quantize_min_cosine: float = Tolerance.min_cosine
+    ``prompts`` (e.g. ``passage``); default: the model's ``default_prompt_name``, else none."""
+    backend: Literal[BACKENDS] = Field("torch", json_schema_extra=_cli("--backend"))
+    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; text tasks; exported once per host)."""
+    quantize: Literal[QUANTIZATIONS] = Field("none", json_schema_extra=_cli("--quantize"))
+    """``int8`` on the ``onnx`` backend: faster, lossy; the run refuses to score when a sample of its input is outside
+    the ``quantize_*`` tolerance against float32 (which guards ``dtype`` ``bfloat16`` / ``float16`` runs the same way)."""
+    quantize_min_cosine: Fraction = Tolerance.min_cosine
     """Reduced-precision embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
-    quantize_min_agreement: float = Tolerance.min_agreement
+    quantize_min_agreement: Fraction = Tolerance.min_agreement
     """Reduced-precision classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
-    quantize_max_prob_delta: float = Tolerance.max_prob_delta
+    quantize_max_prob_delta: Fraction = Tolerance.max_prob_delta
     """Reduced-precision classifiers: the 99th percentile over sampled rows of the largest probability difference."""
 
     def tolerance(self) -> Tolerance:
         """The reduced-precision tolerance these settings give (int8, bfloat16, float16 against float32)."""
         return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
 
-    def _validate(self) -> None:
-        _require_one_of("model.device", self.device, DEVICES)
-        _require_one_of("model.dtype", self.dtype, DTYPES)
+    @model_validator(mode="after")
+    def _combinations(self) -> "ModelConfig":
         if self.dtype == "float16" and self.device == "cpu":
             raise ConfigError("model.dtype float16 needs a GPU (device cuda or auto); use bfloat16 on CPU")
-        if self.expect_sha256 is not None:
-            digest = self.expect_sha256.strip().lower()
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ConfigError(f"model.expect_sha256 must be 64 hex digits, got {self.expect_sha256!r}")
-        if self.max_seq_length is not None and self.max_seq_length < 1:
-            raise ConfigError(f"model.max_seq_length must be >= 1, got {self.max_seq_length}")
-        if self.pooling is not None:
-            _require_one_of("model.pooling", self.pooling, POOLING_MODES)
-        if self.prompt_name is not None and not self.prompt_name.strip():
-            raise ConfigError("model.prompt_name must name one of the model's prompts, got an empty string")
-        self._validate_backend()
-
-    def _validate_backend(self) -> None:
-        _require_one_of("model.backend", self.backend, BACKENDS)
-        _require_one_of("model.quantize", self.quantize, QUANTIZATIONS)
         if self.backend == "onnx" and self.device == "cuda":
             raise ConfigError("model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU")
         if self.backend == "onnx" and self.dtype != "float32":
             raise ConfigError(f"model.backend onnx runs float32 (or model.quantize int8), got model.dtype {self.dtype!r}")
         if self.quantize == "int8" and self.backend != "onnx":
             raise ConfigError("model.quantize int8 needs model.backend onnx")
-        for key in ("quantize_min_cosine", "quantize_min_agreement", "quantize_max_prob_delta"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise ConfigError(f"model.{key} must be between 0 and 1, got {getattr(self, key)}")
+        return self
 
 
-@dataclass(frozen=True)
-class SparkConfig:
-    """How the SparkSession is built when lakescore builds it (never on Databricks)."""
+class SparkConfig(_Section):
+    """How the SparkSession is built when lakescore builds it (never on Databricks or under spark-submit)."""
 
-    master: str = "local[*]"
-    remote: Optional[str] = None
-    """A Spark Connect server, ``sc://host:port`` (``--remote``); unset: ``SPARK_REMOTE`` when the environment
-    has it. The server owns jars, Delta and the metastore: the other keys of this section do not apply."""
-    app_name: str = "lakescore"
-    warehouse_dir: str = ".lakescore/warehouse"
+    master: Text = Field("local[*]", json_schema_extra=_cli("--master", sweep=True))
+    """The Spark master when lakescore builds the session."""
+    remote: Annotated[Optional[Text], _checked(
+        lambda v: None if v.startswith("sc://") else f"must be a Spark Connect URL sc://host:port, got {v!r}"
+    )] = Field(None, json_schema_extra=_cli("--remote", "sc://HOST:PORT", sweep=True))
+    """Run over Spark Connect on this server, ``sc://host:port``; unset: ``SPARK_REMOTE`` when the environment has it.
+    The server owns jars, Delta and the metastore, so the other ``spark.*`` settings do not apply."""
+    app_name: Text = "lakescore"
+    """The Spark application name."""
+    warehouse_dir: Text = ".lakescore/warehouse"
     """Managed-table location; the local Derby metastore lives beside it."""
-    metastore_dir: Optional[str] = None
+    metastore_dir: Optional[Text] = None
     """Directory of the embedded Derby metastore; default: ``<warehouse_dir>/../metastore_db``."""
-    jars_dir: str = "~/.cache/lakescore/jars"
+    jars_dir: Text = "~/.cache/lakescore/jars"
     """Where ``lakescore fetch-jars`` puts the Delta (and S3A) jars, so sessions start without Maven."""
     class_archive: bool = True
     """Start the driver JVM from the host's class-data-sharing archive for its classpath, when ``lakescore
-    fetch-jars`` built one (``<jars_dir>/class-archives/``): ~4 s less session start and ~4 s less first read
-    on 2 cores. ``false``: the JVM parses every class at start-up, as it does where no archive exists."""
+    fetch-jars`` built one (``<jars_dir>/class-archives/``); ``false``: the JVM parses every class at start-up."""
     worker_preload: bool = True
     """Executors' Python workers are forked from a daemon that has imported the scoring runtime (torch,
-    transformers) once (:mod:`lakescore.jobs.platform.python_daemon`): each worker then loads only the weights,
-    ~3.5 s less CPU per worker, and shares the imported modules' memory. ``false``: Spark's own daemon, each
-    worker importing them itself. Ignored where ``conf`` sets ``spark.python.daemon.module``."""
+    transformers) once, so each worker loads only the weights and shares the imported modules' memory; ``false``:
+    Spark's own daemon. Ignored where ``conf`` sets ``spark.python.daemon.module``."""
     s3a: Optional[bool] = None
-    """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output
-    is an ``s3a://`` path, ``true`` always (e.g. metastore tables stored on S3), ``false`` never
-    (the platform's Spark already has it). The endpoint goes in ``conf`` (``spark.hadoop.fs.s3a.*``);
-    credentials come from the environment (``AWS_ACCESS_KEY_ID``, ...), never from config files."""
-    log_level: str = "WARN"
-    conf: Mapping[str, str] = field(default_factory=dict)
+    """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output is an ``s3a://`` path,
+    ``true`` always (e.g. metastore tables stored on S3), ``false`` never (the platform's Spark already has it).
+    The endpoint goes in ``conf`` (``spark.hadoop.fs.s3a.*``); credentials come from the environment."""
+    log_level: LogLevel = "WARN"
+    """The JVM log level of a session lakescore builds."""
+    conf: SparkConf = Field(default_factory=dict)
     """Extra ``spark.*`` settings, passed through verbatim."""
 
-    def _validate(self) -> None:
-        levels = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
-        if self.log_level.upper() not in levels:
-            raise ConfigError(f"spark.log_level must be one of {', '.join(levels)}, got {self.log_level!r}")
-        if self.remote is not None and not self.remote.startswith("sc://"):
-            raise ConfigError(f"spark.remote must be a Spark Connect URL sc://host:port, got {self.remote!r}")
 
-
-@dataclass(frozen=True)
-class ScoringConfig:
+class ScoringConfig(_Section):
     """How rows are cut into model batches and spread over tasks."""
 
-    max_batch_tokens: Optional[int] = None
+    max_batch_tokens: Optional[int] = Field(None, ge=1)
     """Padded tokens per forward batch (rows x longest row); default per device (cpu 1024)."""
-    max_batch_rows: int = 256
+    max_batch_rows: int = Field(256, ge=1)
     """Rows per forward batch at most, however short they are."""
-    arrow_max_records_per_batch: int = 4096
-    """Rows per Arrow batch handed to the UDF; rows are length-sorted within one."""
-    arrow_max_bytes_per_batch: int = 64 << 20
+    arrow_max_records_per_batch: int = Field(4096, ge=1, json_schema_extra=_JOB_ONLY)
+    """Rows per Arrow batch handed to the scoring function; rows are length-sorted within one."""
+    arrow_max_bytes_per_batch: int = Field(64 << 20, ge=1, json_schema_extra=_JOB_ONLY)
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
-    partitions: Optional[int] = None
-    """Scoring tasks; default: the cluster's default parallelism when the input has fewer."""
-    dedup: str = "auto"
+    partitions: Optional[int] = Field(None, ge=1)
+    """Scoring tasks per chunk; default: the cluster's default parallelism when the input has fewer."""
+    dedup: OnOff = Field("auto", json_schema_extra=_JOB_ONLY)
     """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
     ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
-
-    def _validate(self) -> None:
-        _require_one_of("scoring.dedup", self.dedup, DEDUP_MODES)
-        for key in ("max_batch_rows", "arrow_max_records_per_batch", "arrow_max_bytes_per_batch"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"scoring.{key} must be >= 1, got {getattr(self, key)}")
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise ConfigError(f"scoring.max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
-        if self.partitions is not None and self.partitions < 1:
-            raise ConfigError(f"scoring.partitions must be >= 1, got {self.partitions}")
 
     def max_tokens_for(self, device: str) -> int:
         """The token budget for ``device``: the configured one, else the device default."""
@@ -233,43 +291,36 @@ def spark_size_mib(text: str) -> Optional[float]:
     return int(size.group(1)) * _MIB_PER_UNIT[(size.group(2) or "m").lower()] if size else None
 
 
-@dataclass(frozen=True)
-class ScoringResources:
-    """The Spark resource profile of the scoring stage (stage-level scheduling).
+class ScoringResources(_Section):
+    """The Spark resource profile of the scoring stage (stage-level scheduling): set any of ``task_cpus``,
+    ``task_gpus``, ``executor_gpus`` or ``executor_memory_overhead`` and the scoring stage (after a repartition, so
+    reading keeps the cluster's CPU parallelism) runs with its own profile. A master that cannot honour profiles
+    (``local[...]``) runs without one and logs a warning."""
 
-    Set any of ``task_cpus``, ``task_gpus``, ``executor_gpus`` or
-    ``executor_memory_overhead`` and the scoring stage (after a repartition, so
-    reading keeps the cluster's CPU parallelism) runs with its own profile. A
-    master that cannot honour profiles (``local[...]``) runs without one and logs
-    a warning; see :mod:`lakescore.jobs.platform.profiles` for what each cluster manager gets.
-    """
-
-    task_cpus: Optional[int] = None
+    task_cpus: Optional[int] = Field(None, ge=1)
     """CPUs per scoring task (and torch threads per task); default: ``spark.task.cpus``."""
-    task_gpus: Optional[float] = None
+    task_gpus: Annotated[Optional[Number], Field(gt=0), _checked(
+        lambda v: f"must be at most 0.5 or a whole number, got {v}" if v > 0.5 and not v.is_integer() else None
+    )] = None
     """GPUs per scoring task: at most 0.5 (tasks share a GPU) or a whole number."""
-    executor_gpus: Optional[int] = None
+    executor_gpus: Optional[int] = Field(None, ge=1)
     """GPUs per executor of the profile; needs ``task_gpus`` and dynamic allocation to take effect."""
-    executor_memory_overhead: Optional[str] = None
+    executor_memory_overhead: Annotated[Optional[Text], _checked(
+        lambda v: None if spark_size_mib(v) is not None else f"must be a Spark size such as 512m or 2g, got {v!r}"
+    )] = None
     """Off-heap memory per executor of the profile (torch lives here), a Spark size such as ``2g``."""
-    partitions: Optional[int] = None
+    partitions: Optional[int] = Field(None, ge=1)
     """Scoring tasks when the profile applies; default: ``scoring.partitions``, else the default parallelism."""
-    discovery_script: Optional[str] = None
-    """Executor-side path of the GPU discovery script for the profile's executors;
-    default: the cluster's ``spark.executor.resource.gpu.discoveryScript``."""
+    discovery_script: Annotated[Optional[Text], _checked(
+        lambda v: None if v.strip() else "must be a path, got an empty string"
+    )] = None
+    """Executor-side path of the GPU discovery script for the profile's executors; default: the cluster's
+    ``spark.executor.resource.gpu.discoveryScript``."""
 
-    def _validate(self) -> None:
+    @model_validator(mode="after")
+    def _combinations(self) -> "ScoringResources":
         where = "resources.scoring"
-        if self.task_cpus is not None and self.task_cpus < 1:
-            raise ConfigError(f"{where}.task_cpus must be >= 1, got {self.task_cpus}")
-        if self.task_gpus is not None:
-            if self.task_gpus <= 0:
-                raise ConfigError(f"{where}.task_gpus must be > 0, got {self.task_gpus}")
-            if self.task_gpus > 0.5 and not self.task_gpus.is_integer():
-                raise ConfigError(f"{where}.task_gpus must be at most 0.5 or a whole number, got {self.task_gpus}")
         if self.executor_gpus is not None:
-            if self.executor_gpus < 1:
-                raise ConfigError(f"{where}.executor_gpus must be >= 1, got {self.executor_gpus}")
             if self.task_gpus is None:
                 raise ConfigError(f"{where}.executor_gpus needs {where}.task_gpus (the GPUs each scoring task takes)")
             if self.task_gpus > self.executor_gpus:
@@ -277,16 +328,9 @@ class ScoringResources:
                     f"{where}.task_gpus ({self.task_gpus:g}) exceeds {where}.executor_gpus ({self.executor_gpus}): "
                     "no executor could run a scoring task"
                 )
-        if self.executor_memory_overhead is not None and spark_size_mib(self.executor_memory_overhead) is None:
-            raise ConfigError(
-                f"{where}.executor_memory_overhead must be a Spark size such as 512m or 2g, got {self.executor_memory_overhead!r}"
-            )
-        if self.partitions is not None and self.partitions < 1:
-            raise ConfigError(f"{where}.partitions must be >= 1, got {self.partitions}")
-        if self.discovery_script is not None and not self.discovery_script.strip():
-            raise ConfigError(f"{where}.discovery_script must be a path, got an empty string")
         if self.discovery_script is not None and self.executor_gpus is None:
             raise ConfigError(f"{where}.discovery_script is for the profile's executor GPUs; set {where}.executor_gpus too")
+        return self
 
     @property
     def requested(self) -> bool:
@@ -296,146 +340,145 @@ class ScoringResources:
         )
 
 
-@dataclass(frozen=True)
-class ResourcesConfig:
+class ResourcesConfig(_Section):
     """Per-stage resources (Spark resource profiles)."""
 
-    scoring: ScoringResources = field(default_factory=ScoringResources)
-
-    def _validate(self) -> None:
-        pass
+    scoring: ScoringResources = Field(default_factory=ScoringResources)
 
 
-@dataclass(frozen=True)
-class ValidationConfig:
-    """The Great Expectations suite every run must pass before its output is published.
-
-    Built in: row count, columns, types, no nulls in predictions and identity columns,
-    one weights digest, this run's id. Added here by users: a minimum row count,
-    value ranges and null fractions per column.
-    """
+class ValidationConfig(_Section):
+    """The Great Expectations suite every run must pass before its output is published. Built in: row count,
+    columns, types, no nulls in predictions and identity columns, one weights digest, this run's id."""
 
     enabled: bool = True
-    min_rows: Optional[int] = None
+    """Validate before publishing; ``false`` publishes without the suite (the error-rate check still applies)."""
+    min_rows: Optional[int] = Field(None, ge=0)
     """Fail when fewer rows were scored (e.g. an upstream table that arrived half empty)."""
-    value_ranges: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    value_ranges: ValueRanges = Field(default_factory=dict)
     """Column -> ``[min, max]`` every value must lie in, e.g. ``{score: [0, 1]}``."""
-    max_null_fraction: Mapping[str, float] = field(default_factory=dict)
+    max_null_fraction: NullFractions = Field(default_factory=dict)
     """Column -> the largest fraction of nulls allowed (for columns the suite does not require non-null)."""
 
-    def _validate(self) -> None:
-        if self.min_rows is not None and self.min_rows < 0:
-            raise ConfigError(f"validation.min_rows must be >= 0, got {self.min_rows}")
-        for column, bounds in self.value_ranges.items():
-            if len(bounds) != 2 or bounds[0] > bounds[1]:
-                raise ConfigError(f"validation.value_ranges.{column} must be [min, max] with min <= max, got {list(bounds)}")
-        for column, fraction in self.max_null_fraction.items():
-            if not 0 <= fraction <= 1:
-                raise ConfigError(f"validation.max_null_fraction.{column} must be between 0 and 1, got {fraction}")
 
-
-@dataclass(frozen=True)
-class WriteConfig:
+class WriteConfig(_Section):
     """How a run's rows reach the output table."""
 
-    mode: str = "overwrite"
+    mode: Literal[WRITE_MODES] = Field("overwrite", json_schema_extra=_cli("--write-mode"))
     """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced.
     ``incremental``: only rows whose id is new, whose input changed (``input_digest``) or whose output came from
     other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
-    delete_missing: bool = False
+    delete_missing: bool = Field(False, json_schema_extra=_cli("--delete-missing"))
     """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
-    full_rescore: bool = False
+    full_rescore: bool = Field(False, json_schema_extra=_cli("--full-rescore"))
     """``incremental`` only: score every input row and replace the output with them in one overwrite commit, instead
     of comparing; also turns an output written by ``overwrite`` / ``replace_run`` into an incremental one."""
     deletion_vectors: bool = True
     """``incremental`` only: an output this mode creates gets Delta deletion vectors (``delta.enableDeletionVectors``),
     so each later ``MERGE`` writes the changed rows and marks the old ones deleted instead of rewriting every data
-    file that holds a changed id (on a nightly run that changes a few rows spread over the whole table, that is every
-    file). Readers need the ``deletionVectors`` table feature (Delta reader version 3). An existing output is never
-    altered: enable it there with ``ALTER TABLE ... SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)``."""
-    chunk_rows: int = 2_000_000
+    file that holds a changed id. Readers need the ``deletionVectors`` table feature (Delta reader version 3). An
+    existing output is never altered (``ALTER TABLE ... SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)``
+    enables it there)."""
+    chunk_rows: int = Field(2_000_000, ge=1)
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed."""
-    staging: Optional[str] = None
+    staging: Optional[Text] = None
     """Where chunks are staged before publishing: a directory, or a table prefix ``catalog.schema.prefix``
     (tables ``<prefix>_<run key>``); default: beside the output (a table ``<output>__lakescore_staging_<run key>``
     for a table output, ``<output dir>/_lakescore_staging/<name>/<run key>`` for a path)."""
     allow_output_in_input: bool = False
     """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
 
-    def _validate(self) -> None:
-        _require_one_of("write.mode", self.mode, WRITE_MODES)
+    @model_validator(mode="after")
+    def _incremental_only(self) -> "WriteConfig":
         for key in ("delete_missing", "full_rescore"):
             if getattr(self, key) and self.mode != "incremental":
                 raise ConfigError(f"write.{key} applies to write.mode incremental only, not {self.mode!r}")
-        if self.chunk_rows < 1:
-            raise ConfigError(f"write.chunk_rows must be >= 1, got {self.chunk_rows}")
+        return self
 
 
-@dataclass(frozen=True)
-class JobConfig:
-    """One scoring run, fully resolved. Build with :func:`load_config`."""
+def _run_date(value: str) -> Optional[str]:
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        return f"must be YYYY-MM-DD, got {value!r}"
+    return None
 
-    input: Optional[str] = None
-    output: Optional[str] = None
-    input_format: str = "auto"
-    """``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta`` or ``parquet``."""
-    task: str = "embed"
-    id_col: Optional[str] = None
-    text_col: Optional[str] = None
-    """The text column (text tasks: ``classify``, ``embed``, ``ner``)."""
-    feature_cols: tuple[str, ...] = ()
-    """The numeric feature columns of a ``tabular`` model, in the order the program takes them."""
-    feature_prefix: Optional[str] = None
-    """``tabular``: use every input column starting with this prefix, in input order (when feature_cols is empty)."""
-    errors: Optional[str] = None
+
+def _run_id(value: str) -> Optional[str]:
+    if RUN_ID.fullmatch(value):
+        return None
+    return (
+        f"must be 1-{RUN_ID_MAX} characters of letters, digits, '.', '_' or '-', starting with a letter or digit "
+        f"(it names a partition directory and sits in the publish predicate), got {_shown(value)}"
+    )
+
+
+class JobConfig(_Section):
+    """One scoring run, fully resolved. Build with :func:`load_config` or :func:`config_from_mapping`."""
+
+    input: Optional[Text] = Field(None, json_schema_extra=_cli("--input", sweep=True))
+    """The table (``db.table``, ``catalog.schema.table``) or Parquet / Delta path to score."""
+    output: Optional[Text] = Field(None, json_schema_extra=_cli("--output"))
+    """The Delta table or path the scores go to, written as ``write.mode`` says."""
+    input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=_cli("--input-format", sweep=True))
+    """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta`` or ``parquet``."""
+    task: TaskName = Field(
+        "embed", json_schema_extra=_cli("--task", sweep=True),
+        description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
+    )
+    id_col: Optional[Text] = Field(None, json_schema_extra=_cli("--id-col"))
+    """The input column copied unchanged to the output to identify each row: string, integer or decimal, under any
+    name Delta stores (``review.id`` too; no space or ``,;{}()=``)."""
+    text_col: Optional[Text] = Field(None, json_schema_extra=_cli("--text-col", sweep=True))
+    """The string column to score (text tasks: ``classify``, ``embed``, ``ner``), under any name (``review text`` too)."""
+    feature_cols: Names = Field((), json_schema_extra=_cli("--feature-cols"))
+    """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
+    feature_prefix: Optional[Text] = Field(None, json_schema_extra=_cli("--feature-prefix"))
+    """``tabular``: use every input column starting with this prefix, in input order (when ``feature_cols`` is empty)."""
+    errors: Optional[Text] = Field(None, json_schema_extra=_cli("--errors"))
     """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
-    max_error_rate: float = 0.001
+    max_error_rate: Fraction = 0.001
     """Fail the run (after writing the errors table, publishing nothing) when more rows than this fraction fail."""
-    report: Optional[str] = None
-    run_date: Optional[str] = None
+    report: Optional[Text] = Field(None, json_schema_extra=_cli("--report", "JSON"))
+    """Where to write the JSON run report (the HTML page goes beside it)."""
+    run_date: Annotated[Optional[Text], _checked(_run_date)] = Field(
+        None, json_schema_extra=_cli("--run-date", "YYYY-MM-DD")
+    )
     """``YYYY-MM-DD`` the run is for; the run id defaults to it (so reruns of one date replace each other)."""
-    run_id: Optional[str] = None
-    progress_seconds: int = 15
+    run_id: Annotated[Optional[Text], _checked(_run_id)] = Field(None, json_schema_extra=_cli("--run-id"))
+    """The id written into every row; default: ``run_date``, else a UTC timestamp and a random suffix (a rerun that
+    resumes staged chunks keeps the id they were staged under)."""
+    progress_seconds: int = Field(15, ge=0)
     """Seconds between progress lines while scoring; 0 turns them off."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    scoring: ScoringConfig = field(default_factory=ScoringConfig)
-    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
-    write: WriteConfig = field(default_factory=WriteConfig)
-    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    write: WriteConfig = Field(default_factory=WriteConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
-    def _validate(self) -> None:
-        if not 0 <= self.max_error_rate <= 1:
-            raise ConfigError(f"max_error_rate must be between 0 and 1, got {self.max_error_rate}")
-        if self.run_date is not None:
-            try:
-                date.fromisoformat(self.run_date)
-            except ValueError:
-                raise ConfigError(f"run_date must be YYYY-MM-DD, got {self.run_date!r}") from None
-        if self.run_id is not None and not RUN_ID.fullmatch(self.run_id):
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, data: Any) -> Any:
+        return {key: _shorthand(key, value) for key, value in data.items()} if isinstance(data, Mapping) else data
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "JobConfig":
+        task = get_task(self.task)
+        if self.model.backend not in task.backends:
             raise ConfigError(
-                f"run_id must be 1-{RUN_ID_MAX} characters of letters, digits, '.', '_' or '-', starting with a letter "
-                f"or digit (it names a partition directory and sits in the publish predicate), got {_shown(self.run_id)}"
-            )
-        _require_one_of("task", self.task, TASKS)
-        if self.model.backend not in get_task(self.task).backends:
-            raise ConfigError(
-                f"model.backend {self.model.backend!r} cannot run task {self.task!r} "
-                f"(it runs on {', '.join(get_task(self.task).backends)})"
+                f"model.backend {self.model.backend!r} cannot run task {self.task!r} (it runs on {', '.join(task.backends)})"
             )
         for option in TASK_MODEL_OPTIONS:
-            if getattr(self.model, option) is not None and option not in get_task(self.task).model_options:
+            if getattr(self.model, option) is not None and option not in task.model_options:
                 readers = ", ".join(name for name in TASKS if option in get_task(name).model_options)
                 raise ConfigError(f"model.{option} applies to task {readers}, not {self.task!r}")
-        if self.progress_seconds < 0:
-            raise ConfigError(f"progress_seconds must be >= 0, got {self.progress_seconds}")
         if self.write.mode == "incremental" and self.validation.min_rows is not None:
             raise ConfigError(
                 "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
                 "changed ones; drop it for incremental runs"
             )
-        _require_one_of("input_format", self.input_format, INPUT_FORMATS)
+        return self
 
     def require_for_scoring(self) -> None:
         """Raise :class:`ConfigError` naming every setting a scoring run still lacks."""
@@ -497,6 +540,9 @@ class JobConfig:
         return str(parse_table_name(self.output, "output").with_suffix("_errors"))
 
 
+# --- Loading ---------------------------------------------------------------------------------------------------
+
+
 def load_config(
     path: Optional[os.PathLike | str] = None,
     overrides: Sequence[str] = (),
@@ -504,7 +550,7 @@ def load_config(
 ) -> JobConfig:
     """Build a validated :class:`JobConfig`.
 
-    Precedence, lowest first: dataclass defaults, the YAML file at ``path``,
+    Precedence, lowest first: the schema's defaults, the YAML file at ``path``,
     ``overrides`` (``dotted.key=value`` strings, values parsed as YAML scalars),
     then ``flags`` (dotted keys to values; ``None`` values are ignored).
 
@@ -522,7 +568,21 @@ def load_config(
     for key, value in (flags or {}).items():
         if value is not None:
             _assign(tree, key, value)
-    return _build(JobConfig, tree, prefix="")
+    return config_from_mapping(tree)
+
+
+def config_from_mapping(tree: Mapping[str, Any]) -> JobConfig:
+    """A validated :class:`JobConfig` from the same tree a YAML file holds (sections as nested mappings).
+
+    Raises :class:`ConfigError` exactly as :func:`load_config` does.
+    """
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config must be a mapping, got {type(tree).__name__}")
+    try:
+        return JobConfig.model_validate(dict(tree))
+    except ValidationError as exc:  # the first problem, in one line; an unknown key before a bad value
+        errors = exc.errors(include_url=False)
+        raise ConfigError(_message(next((e for e in errors if e["type"] == "extra_forbidden"), errors[0]))) from None
 
 
 def _is_path(ref: str) -> bool:
@@ -543,14 +603,6 @@ def _shown(value: str, limit: int = 60) -> str:
     """``value`` for a one-line message: repr (control characters escaped), cut at ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} characters)"
-
-
-def config_from_mapping(tree: Mapping[str, Any]) -> JobConfig:
-    """A validated :class:`JobConfig` from the same tree a YAML file holds (sections as nested mappings).
-
-    Raises :class:`ConfigError` exactly as :func:`load_config` does.
-    """
-    return _build(JobConfig, dict(tree), prefix="")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -607,102 +659,174 @@ def _split_key(dotted: str) -> list[str]:
     ``spark.conf.spark.hadoop.fs.s3a.endpoint`` -> ``["spark", "conf", "spark.hadoop.fs.s3a.endpoint"]``.
     """
     parts = dotted.split(".")
-    cls: Any = JobConfig
+    section: type[BaseModel] = JobConfig
     for i, part in enumerate(parts[:-1]):
-        fields = {f.name for f in dataclasses.fields(cls)}
-        if part not in fields:
-            break  # _build names the unknown key
-        hint = _without_none(typing.get_type_hints(cls)[part])
-        origin = typing.get_origin(hint)
-        if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping):
+        info = section.model_fields.get(part)
+        if info is None:
+            break  # validation names the unknown key
+        hint, _ = _unwrapped(info.annotation)
+        if typing.get_origin(hint) is dict:
             return parts[: i + 1] + [".".join(parts[i + 1 :])]
-        if not dataclasses.is_dataclass(hint):
+        if not _is_section(hint):
             break
-        cls = hint
+        section = hint
     return parts
 
 
-def _without_none(hint: Any) -> Any:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return hint
+# --- What the schema declares, for messages, the CLI, the Python API and the reference -------------------------
 
 
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    """Instantiate dataclass ``cls`` from ``data``, checking keys and types recursively."""
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
-    hints = typing.get_type_hints(cls)
-    unknown = [key for key in data if key not in fields]
-    if unknown:
-        key = unknown[0]
-        close = difflib.get_close_matches(str(key), list(fields), n=1)
-        hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
-        raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
-    kwargs = {}
-    for name, value in data.items():
-        kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}")
-    obj = cls(**kwargs)
-    obj._validate()  # type: ignore[attr-defined]
-    return obj
+@dataclass(frozen=True)
+class Option:
+    """One setting as the schema declares it: what the CLI, the Python API and the reference need to know."""
+
+    key: str
+    """The dotted key, e.g. ``model.device``."""
+    type: Any
+    """The value's type without ``Optional`` and validators (``Literal[...]`` for a choice)."""
+    default: Any
+    description: str
+    """The field's documentation on one line."""
+    bounds: str = ""
+    """The numeric bounds as text (``>= 1``, ``between 0 and 1``); ``""`` when unbounded."""
+    flag: Optional[str] = None
+    """The ``lakescore score`` flag that sets it, if any."""
+    metavar: Optional[str] = None
+    sweep: bool = False
+    """Whether ``lakescore sweep`` takes its flag too."""
+    job_only: bool = False
+    """Whether only the scoring job applies it (``transform`` / ``pandas_udf`` refuse it)."""
+
+    @property
+    def name(self) -> str:
+        return self.key.rpartition(".")[2]
+
+    @property
+    def section(self) -> str:
+        """The section the option sits in (``""`` at the top level)."""
+        return self.key.rpartition(".")[0]
+
+    @property
+    def choices(self) -> tuple:
+        """The allowed values of a choice; ``()`` for any other setting."""
+        return _choices(self.type)
+
+    @property
+    def type_text(self) -> str:
+        """What the option takes, in words: ``one of `auto`, `cpu`, `cuda```, ``integer >= 1``, ``list of strings``."""
+        return _type_text(self.type, self.bounds)
 
 
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, key)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, _shorthand(key, value), prefix=f"{key}.")
-    if origin is not None and issubclass(origin, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
-        if args[1] is str:  # Spark confs are strings on the JVM side; YAML may have parsed 8 or true.
-            return {str(k): _spark_conf_value(v, f"{key}.{k}") for k, v in value.items()}
-        return {str(k): _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+def config_options() -> list[Option]:
+    """Every setting of the schema, in declaration order, a section's settings in place of the section."""
+
+    def walk(section: type[BaseModel], prefix: str) -> list[Option]:
+        found = []
+        for name, info in section.model_fields.items():
+            hint, metadata = _unwrapped(info.annotation)
+            if _is_section(hint):
+                found += walk(hint, f"{prefix}{name}.")
+                continue
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            found.append(Option(
+                prefix + name, hint, info.get_default(call_default_factory=True), " ".join((info.description or "").split()),
+                _bounds_text([*info.metadata, *metadata]), **extra,
+            ))
+        return found
+
+    return walk(JobConfig, "")
+
+
+def _is_section(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, BaseModel)
+
+
+def _unwrapped(hint: Any) -> tuple[Any, list]:
+    """``hint`` without ``Optional`` and ``Annotated``, and the constraints those carried."""
+    metadata: list = []
+    while True:
+        if typing.get_origin(hint) is Annotated:
+            hint, *extra = typing.get_args(hint)
+            metadata += [m for x in extra for m in (x.metadata if isinstance(x, FieldInfo) else [x])]
+        elif typing.get_origin(hint) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            if len(args) != 1:
+                return hint, metadata
+            hint = args[0]
+        else:
+            return hint, metadata
+
+
+def _choices(hint: Any) -> tuple:
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+
+
+def _bounds_text(metadata: list) -> str:
+    bound = {name: getattr(m, name) for m in metadata for name in ("ge", "gt", "le") if hasattr(m, name)}
+    if "ge" in bound and "le" in bound:
+        return f"between {bound['ge']:g} and {bound['le']:g}"
+    return ", ".join(f"{symbol} {bound[name]:g}" for name, symbol in (("ge", ">="), ("gt", ">"), ("le", "<=")) if name in bound)
+
+
+def _type_text(hint: Any, bounds: str = "") -> str:
+    if _choices(hint):
+        return "one of " + ", ".join(f"`{choice}`" for choice in _choices(hint))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        value, metadata = _unwrapped(args[1])
+        return f"mapping: name → {_type_text(value, _bounds_text(metadata))}"
     if origin is tuple:
-        if isinstance(value, str):  # --feature-cols a,b,c
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key} must be a number, got {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    if hint is str:
-        if isinstance(value, date):  # YAML reads 2026-11-20 as a date
-            return value.isoformat()
-        if isinstance(value, bool) and key in _ON_OFF_KEYS:  # YAML 1.1 reads on / off as true / false
-            return "on" if value else "off"
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key} must be a string, got {value!r}")
-    raise TypeError(f"unsupported config type {hint!r} for {key}")  # a bug in this module, not user input
+        return f"list of {_type_text(_unwrapped(args[0])[0])}s"
+    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    return " ".join(filter(None, [names.get(hint, getattr(hint, "__name__", str(hint))), bounds]))
 
 
-_ON_OFF_KEYS = frozenset({"scoring.dedup"})
-"""String settings whose values include ``on`` / ``off``, which YAML reads as booleans."""
+def _declared(loc: tuple) -> tuple[Any, list]:
+    """The type and constraints the schema declares for the value at ``loc`` (a validation error's location)."""
+    hint: Any = JobConfig
+    metadata: list = []
+    for part in loc:
+        if _is_section(hint):
+            info = hint.model_fields.get(part)
+            if info is None:
+                return None, []
+            hint, metadata = info.annotation, list(info.metadata)
+        elif typing.get_origin(hint) in (dict, tuple):  # a mapping's value, a list's item
+            hint, metadata = typing.get_args(hint)[-1 if typing.get_origin(hint) is dict else 0], []
+        hint, more = _unwrapped(hint)
+        metadata += more
+    return hint, metadata
 
 
-def _spark_conf_value(value: Any, key: str) -> str:
-    if isinstance(value, (Mapping, list)) or value is None:
-        raise ConfigError(f"{key} must be a single value (Spark conf keys are written whole), got {value!r}")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+_EXPECTED = {
+    "int_type": "an integer", "int_from_float": "an integer", "float_type": "a number", "bool_type": "true or false",
+    "string_type": "a string", "tuple_type": "a list", "list_type": "a list",
+}
+"""Pydantic's type errors, as the message says what the key takes."""
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    """One pydantic validation error as one line naming the dotted key, the bad value and what is allowed."""
+    loc, kind, value, context = error["loc"], error["type"], error["input"], error.get("ctx") or {}
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    if isinstance(context.get("error"), ConfigError):  # a check across settings: its message is whole
+        return str(context["error"])
+    if kind == "lakescore":
+        return f"{key} {context['reason']}"
+    if kind == "extra_forbidden":
+        section, _ = _declared(loc[:-1])
+        known = list(section.model_fields) if _is_section(section) else []
+        prefix = key.rpartition(".")[0] + "." if "." in key else ""
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(known))}"
+        return f"unknown config key '{key}'{hint}"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"{key or 'config'} must be a mapping, got {type(value).__name__}"
+    if kind in _EXPECTED:
+        return f"{key} must be {_EXPECTED[kind]}, got {value!r}"
+    hint, metadata = _declared(loc)
+    if kind == "literal_error":
+        return f"{key} must be one of {', '.join(map(str, _choices(hint)))}, got {value!r}"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal"):
+        return f"{key} must be {_bounds_text(metadata)}, got {_number(value) if hint is float else value}"
+    return f"{key}: {error['msg']}"

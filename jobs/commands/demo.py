@@ -82,8 +82,6 @@ def bundled_model_dir() -> Path:
 
 def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
-    from dataclasses import replace
-
     from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
     from lakescore.jobs.platform.session import get_or_create_session
@@ -95,16 +93,15 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
     reviews = spark.createDataFrame(list(generate_reviews(rows)), "review_id long, body string, stars int")
     reviews.write.format("delta").mode("overwrite").saveAsTable(table)
 
-    demo_cfg = replace(
-        cfg,
+    demo_cfg = cfg.model_copy(update=dict(
         input=table,
         output=f"{DEMO_DATABASE}.review_embeddings",
         task="embed",
         id_col="review_id",
         text_col="body",
         report=report_path or cfg.report or ".lakescore/demo/report.json",
-        model=replace(cfg.model, source=cfg.model.source or str(bundled_model_dir())),
-    )
+        model=cfg.model.model_copy(update={"source": cfg.model.source or str(bundled_model_dir())}),
+    ))
     report = run_scoring(demo_cfg, spark)
     written = write_report(report, demo_cfg.report)
     location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]

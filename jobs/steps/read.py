@@ -86,26 +86,12 @@ class Targets:
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
-    """The worker-side model key for ``cfg``."""
-    m = cfg.model
-    return ModelSpec(
-        task=cfg.task,
-        source=m.source,
-        revision=m.revision,
-        device=m.device,
-        dtype=m.dtype,
-        max_seq_length=m.max_seq_length,
-        pooling=m.pooling,
-        normalize=m.normalize,
-        prompt_name=m.prompt_name,
-        allow_pickle=m.allow_pickle,
-        trust_remote_code=m.trust_remote_code,
-        expect_sha256=m.expect_sha256.lower() if m.expect_sha256 else None,
-        feature_cols=feature_cols,
-        backend=m.backend,
-        quantize=m.quantize,
-        cache_dir=m.cache_dir,
-    )
+    """The worker-side model key for ``cfg``: every ``model.*`` setting the spec has a field of that name for, plus
+    what the spec derives (the task, the feature columns, the weights digest pin in lower case)."""
+    pin = cfg.model.expect_sha256
+    derived = {"task": cfg.task, "feature_cols": feature_cols, "expect_sha256": pin.lower() if pin else None}
+    shared = {f.name for f in dataclasses.fields(ModelSpec)} & set(type(cfg.model).model_fields) - set(derived)
+    return ModelSpec(**{name: getattr(cfg.model, name) for name in shared}, **derived)
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:

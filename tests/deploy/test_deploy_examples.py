@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lakescore.jobs.cli import _SCORE_FLAGS, EXIT_BAD_INPUT, _parser
+from lakescore.jobs.cli import EXIT_BAD_INPUT, _config_flags, _parser
 from lakescore.jobs.config import JobConfig, load_config
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.udfs.mlflow_source import check_uri
@@ -54,8 +54,7 @@ def _score_config(argv: list[str], conf_file: Path) -> JobConfig:
     """Parse ``argv`` with lakescore's parser and resolve it as ``lakescore score`` would."""
     args = _parser().parse_args(argv)
     assert args.command == "score"
-    flags = {key: getattr(args, name, None) for name, key in _SCORE_FLAGS.items()}
-    cfg = load_config(conf_file, args.overrides, flags)
+    cfg = load_config(conf_file, args.overrides, _config_flags(args))
     cfg.require_for_scoring()
     return cfg
 

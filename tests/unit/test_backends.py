@@ -246,12 +246,12 @@ def test_backend_settings_fail_with_the_key(overrides, message):
 
 
 def test_backend_flags_reach_the_spec():
-    from lakescore.jobs.cli import _parser, _SCORE_FLAGS
+    from lakescore.jobs.cli import _config_flags, _parser
     from lakescore.jobs.config import load_config
     from lakescore.jobs.steps.read import model_spec
 
     args = _parser().parse_args(["score", "--backend", "onnx", "--quantize", "int8", "--set", "model.cache_dir=/c"])
-    cfg = load_config(None, args.overrides, {key: getattr(args, name) for name, key in _SCORE_FLAGS.items()})
+    cfg = load_config(None, args.overrides, _config_flags(args))
     spec = model_spec(cfg)
     assert (spec.backend, spec.quantize, spec.cache_dir) == ("onnx", "int8", "/c")
     assert cfg.model.tolerance() == Tolerance()

@@ -20,7 +20,10 @@ def test_keys_load_from_yaml(tmp_path):
         "    executor_memory_overhead: 2g\n    partitions: 16\n    discovery_script: /opt/spark/getGpus.sh\n"
     )
     got = load_config(path).resources.scoring
-    assert got == ScoringResources(2, 0.5, 1, "2g", 16, "/opt/spark/getGpus.sh")
+    assert got == ScoringResources(
+        task_cpus=2, task_gpus=0.5, executor_gpus=1, executor_memory_overhead="2g", partitions=16,
+        discovery_script="/opt/spark/getGpus.sh",
+    )
     assert got.requested
     assert not load_config().resources.scoring.requested
 
