@@ -154,7 +154,13 @@ def write_report(report: RunReport, path: os.PathLike | str, html: bool = True) 
 
 
 def one_line(exc: BaseException) -> str:
-    """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name)."""
+    """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name); an
+    error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`)."""
+    from lakescore.jobs.platform.tables import failure_reason
+
+    reason = failure_reason(exc)
+    if reason:
+        return " ".join(reason.split())[:500]
     text = " ".join(str(exc).split())
     if not text:
         return type(exc).__name__

@@ -23,17 +23,20 @@ from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
-from lakescore.jobs.platform.tables import check_output_target, is_path, read_pinned
+from lakescore.jobs.platform.tables import check_output_target, check_writable_path, is_path, read_pinned
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
-from lakescore.jobs.steps.staging import input_fingerprint
+from lakescore.jobs.steps.staging import input_fingerprint, staging_location
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
 from lakescore.schemas.output import errors_schema, output_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
 
-__all__ = ["RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets"]
+__all__ = [
+    "RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets",
+    "check_paths_writable",
+]
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,19 @@ def check_targets(run: RunContext) -> Targets:
     previous_version = check_output_target(run.spark, run.cfg.output, planned)
     errors_ref = run.cfg.errors_ref()
     check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
+    check_paths_writable(run)
     return Targets(planned, planned_errors, errors_ref, previous_version)
+
+
+def check_paths_writable(run: RunContext) -> None:
+    """Before any compute: a file can be created where each path the run writes (output, errors, staging) will be,
+    so a read-only or forbidden location fails here (``TableError``), not after the model has scored. Tables are
+    the catalog's to place; over Spark Connect nothing is probed."""
+    cfg = run.cfg
+    staging = staging_location(cfg.output, cfg.write.staging, key="")
+    for what, ref in (("output", cfg.output), ("errors table", cfg.errors_ref()), ("staging", staging)):
+        if is_path(ref):
+            check_writable_path(run.spark, ref, what)
 
 
 def input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:
