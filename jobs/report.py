@@ -87,6 +87,9 @@ class RunReport:
     """Samples and summaries the HTML report draws (:func:`lakescore.jobs.steps.report_data.collect_profile`)."""
     html_report: Optional[str] = None
     """Where :func:`write_report` put the HTML page."""
+    log_file: Optional[str] = None
+    """The run's log file: the JVM's warnings and errors and a failure's full traceback, which the console leaves
+    out (``None``: nothing was logged there, or the console got everything: ``-v``, a session lakescore did not build)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
