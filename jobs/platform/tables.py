@@ -84,7 +84,8 @@ def cause_chain(exc: BaseException) -> list[str]:
     """What ``exc`` and everything behind it said, outermost first, one line each: Python's chain (``__cause__``,
     else ``__context__``) and, for an error raised in the JVM, its Java causes
     (:func:`~lakescore.jobs.platform.spark_adapter.java_causes`), or where only the error's text came back (Spark
-    Connect, a JVM that is gone) that text's first line and its ``Caused by:`` lines. The last is the root cause."""
+    Connect, a JVM that is gone) that text's first line and the ``Caused by:`` lines of its text and of the stack
+    trace it carries (Spark Connect's ``getStackTrace()``, the server's). The last is the root cause."""
     chain: list[str] = []
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -96,13 +97,15 @@ def cause_chain(exc: BaseException) -> list[str]:
 
 def _text_causes(exc: BaseException) -> list[str]:
     try:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        text = str(exc)
+        stack = exc.getStackTrace() if callable(getattr(exc, "getStackTrace", None)) else None
     except Exception:  # noqa: BLE001 (a py4j error whose JVM is gone cannot even print itself)
         return [type(exc).__name__]
+    lines = [line.strip() for line in f"{text}\n{stack or ''}".splitlines() if line.strip()]
     if not lines:
         return [type(exc).__name__]
     caused = [line[len("Caused by:"):].strip() for line in lines[1:] if line.startswith("Caused by:")]
-    return [lines[0], *caused]
+    return [lines[0], *dict.fromkeys(caused)]  # a trace shown in the text and carried beside it: each cause once
 
 
 def unreadable_input(exc: BaseException) -> Optional[str]:
@@ -138,8 +141,8 @@ def storage_refusal(text: str) -> Optional[str]:
 def failure_reason(exc: BaseException) -> Optional[str]:
     """One line saying what failed and its root cause, for an error Spark raised: an input file it cannot read
     (:func:`unreadable_input`); a write the filesystem refused (:func:`storage_refusal`), e.g. ``no space left on
-    device writing file:/data/out`` (a Python ``OSError`` too); any other as its outermost message and its root
-    cause. ``None`` for other errors (lakescore's own: their message is their one line already)."""
+    device writing file:/data/out`` (a Python ``OSError`` too; ``during <step>`` where no path is named); any other
+    as its outermost message and its root cause. ``None`` for other errors (lakescore's own: their message is their one line already)."""
     from_spark = type(exc).__module__.split(".", 1)[0] in ("py4j", "pyspark")
     if not from_spark and not isinstance(exc, OSError):
         return None
@@ -150,8 +153,8 @@ def failure_reason(exc: BaseException) -> Optional[str]:
     root = chain[-1]
     refused = next((r for r in map(storage_refusal, reversed(chain)) if r), None)
     if refused is not None:
-        where = _written_path(exc, chain)
-        return f"{refused} writing {where}" if where else f"{refused}: {root}"
+        where, step = _written_path(exc, chain), getattr(exc, "lakescore_step", None)
+        return f"{refused} writing {where}" if where else f"{refused} during {step}" if step else refused
     if not from_spark:
         return None
     outermost = _JAVA_CLASS.sub("", chain[0], count=1)
