@@ -315,8 +315,11 @@ def probe_write(spark: SparkSession, ref: str) -> Optional[str]:
     if is_connect(spark):
         return None
     fs, path = _hadoop_path(spark, ref)
-    while not fs.isDirectory(path) and path.getParent() is not None:
-        path = path.getParent()
+    while not fs.isDirectory(path):
+        parent = path.getParent()
+        if parent is None or parent.equals(path):  # the root, or a relative path's "."
+            break
+        path = parent
     probe = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path, f".lakescore-write-probe-{uuid.uuid4().hex[:12]}")
     fs.create(probe, False).close()
     fs.delete(probe, False)

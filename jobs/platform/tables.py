@@ -90,7 +90,8 @@ def cause_chain(exc: BaseException) -> list[str]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        chain += spark_adapter.java_causes(exc) or _text_causes(exc)
+        java = [cause.strip().splitlines()[0] for cause in spark_adapter.java_causes(exc) if cause.strip()]
+        chain += java or _text_causes(exc)  # a Java message's first line: later ones hold plans or a task's trace
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return chain
 
@@ -142,7 +143,7 @@ def failure_reason(exc: BaseException) -> Optional[str]:
     """One line saying what failed and its root cause, for an error Spark raised: an input file it cannot read
     (:func:`unreadable_input`); a write the filesystem refused (:func:`storage_refusal`), e.g. ``no space left on
     device writing file:/data/out`` (a Python ``OSError`` too; ``during <step>`` where no path is named); any other
-    as its outermost message and its root cause. ``None`` for other errors (lakescore's own: their message is their one line already)."""
+    as its outermost message and its root cause. ``None`` for other errors: lakescore's own say it in their message."""
     from_spark = type(exc).__module__.split(".", 1)[0] in ("py4j", "pyspark")
     if not from_spark and not isinstance(exc, OSError):
         return None

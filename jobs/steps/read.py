@@ -181,7 +181,7 @@ def check_paths_writable(run: RunContext) -> None:
     so a read-only or forbidden location fails here (``TableError``), not after the model has scored. Tables are
     the catalog's to place; over Spark Connect nothing is probed."""
     cfg = run.cfg
-    staging = staging_location(cfg.output, cfg.write.staging, key="")
+    staging = staging_location(cfg.output, cfg.write.staging, key="").rstrip("/")  # every run key's parent
     for what, ref in (("output", cfg.output), ("errors table", cfg.errors_ref()), ("staging", staging)):
         if is_path(ref):
             check_writable_path(run.spark, ref, what)
