@@ -24,7 +24,7 @@ from lakescore.jobs.platform.interrupts import install as install_interrupt_hand
 from lakescore.jobs.report import one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
-from lakescore.jobs.platform.console import configure_logging
+from lakescore.jobs.platform.console import configure_logging, keep_trace, log_jvm_to_file, run_log
 
 __all__ = ["main", "run"]
 
@@ -126,8 +126,11 @@ def _score(args: argparse.Namespace) -> int:
         report = run_scoring(cfg)
     except BaseException as exc:  # a scheduler still finds a report saying where and why
         if cfg.report:
-            write_report(failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed"), cfg.report)
+            failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
+            failed.log_file = _kept_trace(exc) or _path_or_none(run_log())
+            write_report(failed, cfg.report)
         raise
+    report.log_file = _path_or_none(run_log())
     if cfg.report:
         write_report(report, cfg.report)
     print(report.summary())
@@ -198,6 +201,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.verbose:  # py4j logs a lost JVM connection through the root logger, traceback and all
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_from_py4j)
+        log_jvm_to_file()  # a session built from here on keeps the JVM's stack traces off the console
     handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
     install_interrupt_handlers()
     try:
@@ -224,10 +228,25 @@ def _failure(exc: BaseException) -> tuple[int, str]:
         staged = getattr(exc, "lakescore_chunks", None)
         where = f"after {staged[0]} of {staged[1]} chunks were staged" if staged else f"during {getattr(exc, 'lakescore_step', 'start-up')}"
         return EXIT_INTERRUPTED, f"lakescore: interrupted {where}; rerun the same command to resume"
+    kept = _kept_trace(exc)
+    details = f" (details: {kept})" if kept else ""
     unreadable = unreadable_input(exc)
     if unreadable is not None:
-        return EXIT_BAD_INPUT, f"lakescore: error: {unreadable}"
-    return (EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}"
+        return EXIT_BAD_INPUT, f"lakescore: error: {unreadable}{details}"
+    return (EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}{details}"
+
+
+def _kept_trace(exc: BaseException) -> Optional[str]:
+    """The log file that now holds ``exc``'s full traceback (written there once), or ``None``: an interruption or a
+    refusal before compute says everything in its one line, and a session lakescore did not build (or ``-v``) has no
+    such file."""
+    if was_interrupted(exc) or _is_before_compute(exc):
+        return None
+    return _path_or_none(keep_trace(exc))
+
+
+def _path_or_none(path: Optional[Path]) -> Optional[str]:
+    return str(path) if path is not None else None
 
 
 def run() -> None:

@@ -102,6 +102,9 @@ class RunReport:
     """Samples and summaries the HTML report draws (:func:`lakescore.jobs.steps.report_data.collect_profile`)."""
     html_report: Optional[str] = None
     """Where :func:`write_report` put the HTML page."""
+    log_file: Optional[str] = None
+    """The run's log file: the JVM's warnings and errors and a failure's full traceback, which the console leaves
+    out (``None``: nothing was logged there, or the console got everything: ``-v``, a session lakescore did not build)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,7 +197,13 @@ def write_report(report: RunReport, path: os.PathLike | str, html: bool = True) 
 
 
 def one_line(exc: BaseException) -> str:
-    """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name)."""
+    """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name); an
+    error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`)."""
+    from lakescore.jobs.platform.tables import failure_reason
+
+    reason = failure_reason(exc)
+    if reason:
+        return " ".join(reason.split())[:500]
     text = " ".join(str(exc).split())
     if not text:
         return type(exc).__name__

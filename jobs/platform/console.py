@@ -9,7 +9,10 @@ At default verbosity a session lakescore builds starts quiet:
 * the one line log4j cannot reach, ``WARNING: Using incubator modules: jdk.incubator.vector``
   (the JVM itself prints it for the module Spark's launcher adds), is dropped from the
   gateway JVM's stderr, which is otherwise copied through unchanged;
-* Python logging shows lakescore's INFO lines and other libraries' warnings only.
+* Python logging shows lakescore's INFO lines and other libraries' warnings only;
+* for the CLI (:func:`log_jvm_to_file`), the JVM's warnings and errors, stack traces and all, go to a log
+  file of the session's own (:func:`run_log`) instead of the console, and so does the traceback of a
+  failure (:func:`keep_trace`): the console gets the one line that names the cause and that file.
 
 ``-v`` (lakescore's logger at DEBUG, see :func:`is_verbose`) brings everything back: Spark's
 default log4j profile, the JVM's stderr as is, every library's log records.
@@ -19,14 +22,18 @@ A session lakescore did not build (Databricks, spark-submit, a notebook) is neve
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
+import traceback
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 __all__ = [
     "QUIET_LOG4J2", "is_verbose", "quiet_java_options", "configure_logging", "launch_quiet_gateway", "JVM_NOISE",
+    "log_jvm_to_file", "start_run_log", "run_log", "keep_trace",
 ]
 
 QUIET_LOG4J2 = Path(__file__).with_name("log4j2-quiet.properties")
@@ -43,12 +50,13 @@ def is_verbose() -> bool:
     return logging.getLogger(_LAKESCORE).isEnabledFor(logging.DEBUG)
 
 
-def quiet_java_options(master: str, verbose: bool) -> tuple[str, str]:
+def quiet_java_options(master: str, verbose: bool, log_file: Optional[Path] = None) -> tuple[str, str]:
     """``(driver, executor)`` Java options that make a session's JVMs log through :data:`QUIET_LOG4J2`.
 
     Empty when ``verbose``. The executors get it only where they run on this host
     (``local``: inside the driver JVM anyway; ``local-cluster``: their own JVMs here), since
-    the file's path means nothing on a remote node.
+    the file's path means nothing on a remote node. With ``log_file`` the driver JVM logs to that
+    file instead of stderr (a ``local-cluster``'s executors log to their work directories anyway).
 
     >>> quiet_java_options("local[2]", verbose=True)
     ('', '')
@@ -56,7 +64,59 @@ def quiet_java_options(master: str, verbose: bool) -> tuple[str, str]:
     if verbose:
         return "", ""
     option = f"-Dlog4j2.configurationFile={QUIET_LOG4J2.resolve().as_uri()}"
-    return option, option if master.startswith("local-cluster") else ""
+    driver = f"{option} -Dlakescore.log.appender=file -Dlakescore.log.file={log_file}" if log_file else option
+    return driver, option if master.startswith("local-cluster") else ""
+
+
+_run_log: dict[str, Any] = {"wanted": False, "path": None}
+
+
+def log_jvm_to_file() -> None:
+    """The CLI's choice: a quiet session lakescore builds from now on logs its JVM to a file (:func:`start_run_log`)."""
+    _run_log["wanted"] = True
+
+
+def start_run_log(directory: Path) -> Optional[Path]:
+    """For the session being built: the file under ``directory`` its driver JVM logs to, or ``None`` (the console):
+    the CLI did not ask (:func:`log_jvm_to_file`), or the directory cannot be made. The file itself appears with
+    its first line."""
+    if not _run_log["wanted"]:
+        return None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot create %s (%s): the JVM logs to the console", directory, exc)
+        return None
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    _run_log["path"] = (directory / f"lakescore-{stamp}-{os.getpid()}.log").resolve()
+    return _run_log["path"]
+
+
+def run_log() -> Optional[Path]:
+    """The log file of the session lakescore built in this process, once something was written to it; else ``None``."""
+    path = _run_log["path"]
+    return path if path is not None and path.exists() else None
+
+
+def keep_trace(exc: BaseException) -> Optional[Path]:
+    """Append ``exc``'s traceback (its whole chain, the JVM's stack traces in it) to the session's log file,
+    once per exception, and return the file; ``None`` where the JVM logs to the console."""
+    path = _run_log["path"]
+    if path is None:
+        return None
+    if not getattr(exc, "lakescore_trace_kept", False):
+        stamp = datetime.now(timezone.utc).strftime("%y/%m/%d %H:%M:%S")
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            with open(path, "a", encoding="utf-8") as log_file:
+                log_file.write(f"{stamp} ERROR lakescore: the run failed\n{trace}")
+        except OSError:  # a full disk may be why the run failed: the console line still names the cause
+            return run_log()
+        try:
+            exc.lakescore_trace_kept = True
+        except AttributeError:
+            pass
+    return path
 
 
 class _CurrentStderr(logging.StreamHandler):

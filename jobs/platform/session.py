@@ -10,7 +10,8 @@ session is a Spark Connect client of that server, which owns jars, Delta and the
 either kind runs the same job (:mod:`lakescore.jobs.platform.spark_adapter`). Built locally, the session has the Delta extension and catalog, a Hive
 metastore in an embedded Derby database under ``spark.metastore_dir`` and
 managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
-metastore tables.
+metastore tables. For the CLI its driver JVM logs to ``logs/`` beside the metastore
+(:func:`lakescore.jobs.platform.console.start_run_log`).
 It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
 ``spark.s3a`` says so): its ~620 MiB of jars add seconds to every start and, in
 local mode, are copied into each session's scratch directory.
@@ -37,7 +38,7 @@ from pyspark.sql import SparkSession
 
 from lakescore.jobs.platform import class_archive, interrupts, python_daemon
 from lakescore.jobs.config import SparkConfig, spark_size_mib
-from lakescore.jobs.platform.console import is_verbose, quiet_java_options
+from lakescore.jobs.platform.console import is_verbose, quiet_java_options, start_run_log
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
 from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
@@ -166,7 +167,7 @@ def get_or_create_session(
 
     local = cfg.master.startswith("local[") or cfg.master == "local"
     verbose = is_verbose()
-    driver_log, executor_log = quiet_java_options(cfg.master, verbose)
+    driver_log, executor_log = quiet_java_options(cfg.master, verbose, start_run_log(metastore.parent / "logs"))
     confs = jar_confs(cfg, refs, {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf})
     confs.update(worker_preload_confs(cfg, worker_imports))
     user_java_options = confs.get("spark.driver.extraJavaOptions", "")

@@ -23,6 +23,9 @@ delete a directory        Hadoop ``FileSystem.delete``                impossible
 remote model files        Hadoop ``FileSystem`` copy + ``addFile``    ``binaryFile`` rows copied to the client, shipped
                                                                       by the caller with ``addArtifacts``
 JVM log levels            ``setLogLevel`` / log4j via py4j            the server's own (nothing to do)
+an error's Java causes    ``Throwable.getCause()`` via py4j           the error's text (``Caused by:`` lines)
+can a path be written     create and delete a file there (Hadoop      unknown (``None``): the server's filesystem
+                          ``FileSystem``)
 ========================  ==========================================  ==============================================
 
 Cancelling a Spark job from another thread: :func:`job_tag` / :func:`cancel_tagged` (``SparkContext`` job tags in
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,7 +52,8 @@ from lakescore.jobs.config import ConfigError
 __all__ = [
     "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "observed", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
-    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged",
+    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged", "java_causes",
+    "probe_write",
 ]
 
 log = logging.getLogger(__name__)
@@ -278,6 +283,53 @@ def path_exists(spark: SparkSession, ref: str) -> bool:
             return False
         raise
     return True
+
+
+JAVA_CAUSES_LIMIT = 32
+"""At most this many Java causes are read (a cause chain can loop back on itself)."""
+
+
+def java_causes(exc: BaseException) -> list[str]:
+    """``Throwable.toString()`` of the Java exception behind ``exc`` and of each of its causes, outermost first:
+    ``[]`` when ``exc`` carries none (raised in Python, or over Connect, where only its text came back) or the
+    JVM can no longer be asked (callers read ``exc``'s text instead)."""
+    throwable = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)  # Py4JJavaError / pyspark's
+    causes: list[str] = []
+    try:
+        while throwable is not None and len(causes) < JAVA_CAUSES_LIMIT:
+            causes.append(str(throwable.toString()))
+            throwable = throwable.getCause()
+    except Exception:  # noqa: BLE001 (the JVM is gone, or this is no Throwable: the text is all there is)
+        return []
+    return causes
+
+
+OBJECT_STORES = frozenset({"s3a", "s3", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cosn", "obs"})
+"""Filesystem schemes whose directories are key prefixes: write permission is granted per prefix, so the probe
+goes under the target itself, not under the nearest existing "directory" (the bucket root, for a new output)."""
+
+
+def probe_write(spark: SparkSession, ref: str) -> Optional[str]:
+    """Create and delete an empty file in the directory a write to ``ref`` starts in: ``ref`` itself when it is
+    a directory or on an object store (:data:`OBJECT_STORES`), else its nearest existing parent directory (where the
+    writer makes its own). Returns that directory; ``None`` over Connect, where the server's filesystem cannot be
+    asked. Raises what the filesystem raised (no permission, a read-only or full filesystem).
+
+    Nothing is left behind, and no directory is made, except an object store's empty marker for ``ref``, which an
+    output check takes for a missing output.
+    """
+    if is_connect(spark):
+        return None
+    fs, path = _hadoop_path(spark, ref)
+    while fs.getScheme().lower() not in OBJECT_STORES and not fs.isDirectory(path):
+        parent = path.getParent()
+        if parent is None or parent.equals(path):  # the root, or a relative path's "."
+            break
+        path = parent
+    probe = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path, f".lakescore-write-probe-{uuid.uuid4().hex[:12]}")
+    fs.create(probe, False).close()
+    fs.delete(probe, False)
+    return str(path)
 
 
 def is_delta_path(spark: SparkSession, ref: str) -> Optional[bool]:

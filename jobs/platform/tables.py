@@ -36,7 +36,11 @@ from lakescore.schemas.output import column_types
 __all__ = [
     "TableError",
     "OutputColumnsError",
+    "cause_chain",
     "unreadable_input",
+    "storage_refusal",
+    "failure_reason",
+    "check_writable_path",
     "column",
     "is_path",
     "local_ref",
@@ -88,16 +92,111 @@ _UNREADABLE_FILE = re.compile(
 )
 
 
+def cause_chain(exc: BaseException) -> list[str]:
+    """What ``exc`` and everything behind it said, outermost first, one line each: Python's chain (``__cause__``,
+    else ``__context__``) and, for an error raised in the JVM, its Java causes
+    (:func:`~lakescore.jobs.platform.spark_adapter.java_causes`), or where only the error's text came back (Spark
+    Connect, a JVM that is gone) that text's first line and the ``Caused by:`` lines of its text and of the stack
+    trace it carries (Spark Connect's ``getStackTrace()``, the server's). The last is the root cause."""
+    chain: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        java = [cause.strip().splitlines()[0] for cause in spark_adapter.java_causes(exc) if cause.strip()]
+        chain += java or _text_causes(exc)  # a Java message's first line: later ones hold plans or a task's trace
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return chain
+
+
+def _text_causes(exc: BaseException) -> list[str]:
+    try:
+        text = str(exc)
+        stack = exc.getStackTrace() if callable(getattr(exc, "getStackTrace", None)) else None
+    except Exception:  # noqa: BLE001 (a py4j error whose JVM is gone cannot even print itself)
+        return [type(exc).__name__]
+    lines = [line.strip() for line in f"{text}\n{stack or ''}".splitlines() if line.strip()]
+    if not lines:
+        return [type(exc).__name__]
+    caused = [line[len("Caused by:"):].strip() for line in lines[1:] if line.startswith("Caused by:")]
+    return [lines[0], *dict.fromkeys(caused)]  # a trace shown in the text and carried beside it: each cause once
+
+
 def unreadable_input(exc: BaseException) -> Optional[str]:
     """One line naming the input file Spark could not read (corrupt, truncated, not Parquet, no permission),
-    with the reader's own reason; ``None`` when ``exc`` is not such a failure."""
-    text = str(exc)
-    found = _UNREADABLE_FILE.search(text)
+    with the reader's own reason (the root cause); ``None`` when ``exc`` is not such a failure."""
+    chain = cause_chain(exc)
+    found = _UNREADABLE_FILE.search("\n".join(chain))
     if found is None:
         return None
-    causes = [line.strip()[len("Caused by:"):].strip() for line in text.splitlines() if line.strip().startswith("Caused by:")]
-    reason = causes[-1] if causes else text.split("]", 1)[-1].strip().splitlines()[0]
-    return f"cannot read input file {found.group(1)}: {reason[:300]}"
+    return f"cannot read input file {found.group(1)}: {chain[-1][:300]}"
+
+
+_STORAGE_REFUSALS = (
+    (re.compile(r"no space left on device", re.I), "no space left on device"),
+    (re.compile(r"disk quota exceeded|diskspace quota of \S+ is exceeded", re.I), "disk quota exceeded"),
+    (re.compile(r"read-only file system", re.I), "read-only file system"),
+)
+"""A filesystem's refusals of a write that an operator fixes outside lakescore, as the one line names them."""
+
+_WRITTEN_PATH = re.compile(r"(?:writing rows to|Cannot create|Mkdirs failed to create)\s+(\S+?)\.?(?:\s|$)")
+_URI = re.compile(r"\b[a-z][a-z0-9+.-]*:/[^\s'\"(),]+")
+
+
+def storage_refusal(text: str) -> Optional[str]:
+    """The filesystem's refusal ``text`` reports, as :data:`_STORAGE_REFUSALS` names it; ``None`` for anything else.
+
+    >>> storage_refusal("java.io.IOException: No space left on device")
+    'no space left on device'
+    """
+    return next((name for pattern, name in _STORAGE_REFUSALS if pattern.search(text)), None)
+
+
+def failure_reason(exc: BaseException) -> Optional[str]:
+    """One line saying what failed and its root cause, for an error Spark raised: an input file it cannot read
+    (:func:`unreadable_input`); a write the filesystem refused (:func:`storage_refusal`), e.g. ``no space left on
+    device writing file:/data/out`` (a Python ``OSError`` too; ``during <step>`` where no path is named); any other
+    as its outermost message and its root cause. ``None`` for other errors: lakescore's own say it in their message."""
+    from_spark = type(exc).__module__.split(".", 1)[0] in ("py4j", "pyspark")
+    if not from_spark and not isinstance(exc, OSError):
+        return None
+    unreadable = unreadable_input(exc) if from_spark else None
+    if unreadable is not None:
+        return unreadable
+    chain = cause_chain(exc)
+    root = chain[-1]
+    refused = next((r for r in map(storage_refusal, reversed(chain)) if r), None)
+    if refused is not None:
+        where, step = _written_path(exc, chain), getattr(exc, "lakescore_step", None)
+        return f"{refused} writing {where}" if where else f"{refused} during {step}" if step else refused
+    if not from_spark:
+        return None
+    outermost = _JAVA_CLASS.sub("", chain[0], count=1)
+    return outermost if len(chain) == 1 or root in chain[0] else f"{outermost}; root cause: {root}"
+
+
+_JAVA_CLASS = re.compile(r"^(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*: ")
+"""The class name a Java exception's ``toString()`` starts with (``org.apache.spark.SparkException: ``)."""
+
+
+def _written_path(exc: BaseException, chain: list[str]) -> Optional[str]:
+    """The path a failed write names: Spark's, the first URI in the chain, or a Python ``OSError``'s file name."""
+    text = "\n".join(chain)
+    found = _WRITTEN_PATH.search(text) or _URI.search(text)
+    if found is not None:
+        return found.group(1) if found.re is _WRITTEN_PATH else found.group(0)
+    return getattr(exc, "filename", None)
+
+
+def check_writable_path(spark: SparkSession, ref: str, what: str) -> None:
+    """Before any compute: a file can be created where the path ``ref`` will be written (the output, the errors
+    table, staging), as the session's Hadoop filesystem sees it
+    (:func:`~lakescore.jobs.platform.spark_adapter.probe_write`); :class:`TableError` naming the refusal otherwise.
+    Over Spark Connect nothing is probed."""
+    try:
+        spark_adapter.probe_write(spark, ref)
+    except Exception as exc:  # noqa: BLE001 (whatever the filesystem refused, the run would write nothing)
+        root = cause_chain(exc)[-1]
+        raise TableError(f"cannot write {what} {ref!r}: {storage_refusal(root) or root[:300]}") from exc
 
 
 def column(name: str):
@@ -694,10 +793,13 @@ def _tag(user_metadata: Optional[str]) -> dict[str, Any]:
 
 
 def _is_uncommitted_delta_dir(spark: SparkSession, ref: str) -> bool:
-    """True when ``ref`` holds nothing but a ``_delta_log`` without a single commit: what a first publish
-    that failed mid-commit leaves. Such a directory is an empty table to the next run, not a foreign one.
-    Over Connect (no listing API) it is never taken for one: the run refuses to overwrite it."""
+    """True when ``ref`` is an empty directory (an object store's marker after the write probe) or holds nothing but a
+    ``_delta_log`` without a single commit: what a first publish that failed mid-commit leaves. Such a directory is an
+    empty table to the next run, not a foreign one. Over Connect (no listing API) it is never taken for one: the run
+    refuses to overwrite it."""
     names = spark_adapter.child_names(spark, ref)
+    if names == []:
+        return True
     if names != ["_delta_log"]:
         return False
     commit = re.compile(r"\d{20}\.(json|checkpoint.*\.parquet)$")

@@ -24,17 +24,22 @@ from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
-from lakescore.jobs.platform.tables import OutputColumnsError, TableError, check_output_target, is_path, last_commit, read_pinned
+from lakescore.jobs.platform.tables import (
+    OutputColumnsError, TableError, check_output_target, check_writable_path, is_path, last_commit, read_pinned,
+)
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
-from lakescore.jobs.steps.staging import input_fingerprint
+from lakescore.jobs.steps.staging import input_fingerprint, staging_location
 from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
 from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
 
-__all__ = ["RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets"]
+__all__ = [
+    "RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets",
+    "check_paths_writable",
+]
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,7 @@ def check_targets(run: RunContext) -> Targets:
         previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, True
     errors_ref = cfg.errors_ref()
     check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
+    check_paths_writable(run)
     return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout)
 
 
@@ -189,6 +195,17 @@ def _refuse_layout_switch(cfg: JobConfig) -> None:
         f"output {cfg.output!r} is an incremental output (it has input_digest / spec_digest columns), which "
         "write.mode replace_run cannot add rows to; replace it with --write-mode overwrite, or keep it incremental"
     )
+
+
+def check_paths_writable(run: RunContext) -> None:
+    """Before any compute: a file can be created where each path the run writes (output, errors, staging) will be,
+    so a read-only or forbidden location fails here (``TableError``), not after the model has scored. Tables are
+    the catalog's to place; over Spark Connect nothing is probed."""
+    cfg = run.cfg
+    staging = staging_location(cfg.output, cfg.write.staging, key="").rstrip("/")  # every run key's parent
+    for what, ref in (("output", cfg.output), ("errors table", cfg.errors_ref()), ("staging", staging)):
+        if is_path(ref):
+            check_writable_path(run.spark, ref, what)
 
 
 def input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,32 @@ def _one_error_line(capsys) -> str:
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lakescore:")]
     assert len(err) == 1, err
     return err[0]
+
+
+def _cli(tmp_path, *args: str) -> list[str]:
+    """The console script with ``args``, building a session of its own: warehouse under ``tmp_path``, so the JVM's
+    log goes to ``tmp_path / "logs"``."""
+    return [str(Path(sys.executable).with_name("lakescore")), *args,
+            "--set", f"spark.warehouse_dir={tmp_path / 'wh'}", "--set", "spark.master=local[2]",
+            "--set", "spark.conf.spark.ui.enabled=false"]
+
+
+def _run(command: list[str], cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _failure_lines(stderr: str) -> list[str]:
+    """What a failing run printed on stderr besides lakescore's INFO progress lines (timestamped off a terminal)."""
+    return [line for line in stderr.splitlines() if " INFO lakescore" not in line]
+
+
+def _details(line: str, tmp_path) -> str:
+    """The log file a failure line names (``(details: <log>)`` at its end), checked to be the session's own."""
+    assert line.endswith(")") and " (details: " in line, line
+    log = Path(line[line.rindex(" (details: ") + len(" (details: "):-1])
+    assert log.parent == tmp_path / "logs" and log.is_file(), line
+    return log.read_text()
 
 
 def test_invalid_utf8_rows_are_dead_lettered_and_their_neighbours_scored(tmp_path, spark, tiny_classifier_dir):
@@ -107,18 +134,69 @@ def test_an_output_left_by_a_failed_first_publish_does_not_block_the_next_run(tm
     assert len(read_output(spark, str(output))) == 12
 
 
-def test_a_corrupt_input_file_exits_2_naming_it_and_writes_a_failed_report(tmp_path, spark, minilm_dir, capsys):
+def test_a_corrupt_input_file_exits_2_naming_it_and_writes_a_failed_report(tmp_path, spark, minilm_dir):
+    """The CLI as a user runs it: the executors' stack traces go to the run's log file, not the console."""
     source = tmp_path / "reviews"
     source.mkdir()
     reviews_frame(10).to_parquet(source / "part-0.parquet")
     (source / "part-1.parquet").write_bytes(b"PAR1" + b"\x00" * 64)  # truncated: no footer
     output = tmp_path / "out"
-    assert main(_score(tmp_path, source, output, minilm_dir)) == 2
-    line = _one_error_line(capsys)
-    assert line.startswith("lakescore: error: cannot read input file ") and "part-1.parquet" in line, line
+    result = _run(_cli(tmp_path, *_score(tmp_path, source, output, minilm_dir)), tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = _failure_lines(result.stderr)
+    assert len(lines) <= 3, result.stderr[-3000:]
+    assert lines[-1].startswith("lakescore: error: cannot read input file ") and "part-1.parquet" in lines[-1], lines
+    assert "is not a Parquet file" in lines[-1]  # the reader's root cause
+    log = _details(lines[-1], tmp_path)
+    assert "ERROR Executor: Exception in task" in log and "Traceback (most recent call last)" in log
     assert not output.exists() and not (Path(str(output) + "_errors")).exists()
     report = _unfinished_report(tmp_path, "failed", "prepare")
     assert "part-1.parquet" in report["error"] and set(report["step_seconds"]) == {"startup", "read_check", "prepare"}
+    assert report["log_file"] == lines[-1].rsplit(" (details: ", 1)[1][:-1]
+
+
+def _on_own_tmpfs(mountpoint: Path, options: str) -> list[str]:
+    """A command prefix that runs a command with a tmpfs of its own (``mount -o options``) on ``mountpoint``, in a
+    mount namespace of its own: a real full or read-only filesystem, which binds root too (chmod does not), seen only
+    by that command and gone with it. A user namespace maps an unprivileged user to root for the mount."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here to give the run a filesystem of its own")
+    unshare = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    mount = f'mount -t tmpfs -o {options} tmpfs "{mountpoint}"'
+    allowed = subprocess.run([*unshare, "sh", "-c", mount], capture_output=True, text=True)
+    if allowed.returncode != 0:
+        pytest.skip(f"the OS forbids mounting a tmpfs in a mount namespace here: {allowed.stderr.strip()}")
+    return [*unshare, "sh", "-c", f'{mount} && exec "$@"', "sh"]
+
+
+def test_an_output_on_a_read_only_filesystem_is_refused_before_compute(tmp_path, spark, tiny_classifier_dir):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(12).to_parquet(source)
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    command = _cli(tmp_path, *_score(tmp_path, source, read_only / "out", tiny_classifier_dir, "--task", "classify"))
+    result = _run(_on_own_tmpfs(read_only, "ro,size=1m") + command, tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [f"lakescore: error: cannot write output '{read_only / 'out'}': read-only file system"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "failed" and report["failed_step"] == "read_check"  # before the model preflight ended
+
+
+def test_a_full_disk_names_the_cause_in_one_line_and_keeps_the_traces_in_the_log(tmp_path, spark, tiny_classifier_dir):
+    source = tmp_path / "reviews.parquet"
+    reviews_frame(12).to_parquet(source)
+    full = tmp_path / "full"
+    full.mkdir()
+    command = _cli(tmp_path, *_score(tmp_path, source, full / "out", tiny_classifier_dir, "--task", "classify"))
+    result = _run(_on_own_tmpfs(full, "size=4k") + command, tmp_path)  # room for directories and empty files only
+    assert result.returncode == 3, result.stderr[-3000:]
+    lines = _failure_lines(result.stderr)
+    assert len(lines) <= 3, result.stderr[-3000:]
+    assert lines[-1].startswith(f"lakescore: error: no space left on device writing file:{full}/"), lines
+    log = _details(lines[-1], tmp_path)
+    assert "java.io.IOException: No space left on device" in log and "Traceback (most recent call last)" in log
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["error"].startswith(f"no space left on device writing file:{full}/") and report["log_file"]
 
 
 def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_dir, spark):
@@ -127,10 +205,8 @@ def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_di
     frame = reviews_frame(120, seed=4)
     frame.to_parquet(source)
     output, staging = tmp_path / "out", tmp_path / "staging"
-    cmd = [str(Path(sys.executable).with_name("lakescore")), *_score(tmp_path, source, output, minilm_dir),
-           "--set", "write.chunk_rows=30", "--set", f"write.staging={staging}", "--run-date", "2026-11-23",
-           "--set", f"spark.warehouse_dir={tmp_path / 'wh'}", "--set", "spark.master=local[2]",
-           "--set", "spark.conf.spark.ui.enabled=false"]
+    cmd = _cli(tmp_path, *_score(tmp_path, source, output, minilm_dir), "--set", "write.chunk_rows=30",
+               "--set", f"write.staging={staging}", "--run-date", "2026-11-23")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)

@@ -66,7 +66,20 @@ def _accounts(report) -> tuple:
     return report.rows_kept, report.rows_scored, report.error_rows, report.rows_missing, report.rows_deleted
 
 
-def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir, caplog):
+def _jvm_console(spark, capsys) -> str:
+    """What the JVM wrote to the console (its stderr, copied to this process's) until now: a marker warning is
+    logged last and waited for, so everything logged before it has arrived."""
+    marker = f"lakescore-test-marker-{time.monotonic_ns()}"
+    spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getLogger("lakescore.test").warn(marker)
+    seen, deadline = "", time.monotonic() + 30
+    while marker not in seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen += capsys.readouterr().err
+    assert marker in seen, "the JVM's stderr is not copied to the console: nothing to check"
+    return seen
+
+
+def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir, caplog, capsys):
     source, output = tmp_path / "reviews", tmp_path / "labels"
     frame = _texts(12)
     _write_input(spark, frame, source)
@@ -124,6 +137,8 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     # The MERGE materialized its source once (a Spark job: tens of ms at least); Delta's "auto" and "none" record ~1 ms.
     assert int(merge["operationMetrics"]["materializeSourceTimeMs"]) >= 20
     assert not (tmp_path / "_lakescore_staging").exists()  # staging and the changed rows' table are dropped
+    # Delta's MERGE unpersists the source it checkpointed; the JVM's notice of it stays off the console.
+    assert "locally checkpointed" not in _jvm_console(spark, capsys)
 
     # The error-rate gate counts the rows this run looked at (not the kept ones): id 5, not in the output, is
     # looked at again and fails again, 1 of 1; nothing is merged, the output keeps its version.

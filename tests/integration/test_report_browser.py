@@ -108,15 +108,17 @@ def test_the_browser_check_itself_catches_errors_and_requests(tmp_path):
 
 
 def test_verbose_brings_the_jvm_lines_back_and_default_stays_quiet(tmp_path, minilm_dir):
-    args = ["score", "--input", "no_such_db.no_such_table", "--output", str(tmp_path / "o"), "--model", str(minilm_dir),
+    missing = tmp_path / "no_such_dir"  # Spark warns with a stack trace while it looks for it
+    args = ["score", "--input", str(missing), "--output", str(tmp_path / "o"), "--model", str(minilm_dir),
             "--id-col", "review_id", "--text-col", "body", "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}",
             "--set", "spark.master=local[1]"]
     quiet = run_cli(tmp_path, *args)
     assert quiet.returncode == 2
     assert quiet.stderr.splitlines() == [
-        "lakescore: error: cannot read input 'no_such_db.no_such_table': "
-        "no table `no_such_db`.`no_such_table`, and no file ./no_such_db.no_such_table"
+        f"lakescore: error: cannot read input '{missing}': [PATH_NOT_FOUND] Path does not exist: file:{missing}. SQLSTATE: 42K03"
     ]
+    [log] = (tmp_path / "logs").glob("lakescore-*.log")  # the JVM's warning went to the run's log file instead
+    assert "WARN FileStreamSink" in log.read_text() and "java.io.FileNotFoundException" in log.read_text()
     loud = run_cli(tmp_path, "-v", *args)
     assert loud.returncode == 2
     assert "Using incubator modules" in loud.stderr and "Using Spark's default log4j profile" in loud.stderr

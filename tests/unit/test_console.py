@@ -57,3 +57,29 @@ def test_quiet_java_options_point_at_the_shipped_config():
     assert console.QUIET_LOG4J2.is_file() and "rootLogger.level = warn" in console.QUIET_LOG4J2.read_text()
     assert console.quiet_java_options("local-cluster[2,1,1024]", verbose=False) == (driver, driver)
     assert console.quiet_java_options("local[2]", verbose=True) == ("", "")
+
+
+def test_a_run_log_sends_only_the_drivers_log_to_its_file(tmp_path):
+    quiet, _ = console.quiet_java_options("local[2]", verbose=False)
+    log = tmp_path / "logs" / "run.log"
+    driver, executor = console.quiet_java_options("local-cluster[2,1,1024]", verbose=False, log_file=log)
+    assert driver.split() == [quiet, "-Dlakescore.log.appender=file", f"-Dlakescore.log.file={log}"]
+    assert executor == quiet  # a local-cluster's executors log to their work directories
+    assert console.quiet_java_options("local[2]", verbose=True, log_file=log) == ("", "")
+    config = console.QUIET_LOG4J2.read_text()
+    assert "${sys:lakescore.log.appender:-console}" in config and "createOnDemand = true" in config
+
+
+def test_the_run_log_is_the_clis_choice_and_keeps_a_failures_traceback_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(console, "_run_log", {"wanted": False, "path": None})
+    assert console.start_run_log(tmp_path / "logs") is None and console.keep_trace(ValueError("x")) is None
+    console.log_jvm_to_file()
+    path = console.start_run_log(tmp_path / "logs")
+    assert path.parent == (tmp_path / "logs").resolve() and console.run_log() is None  # nothing logged yet
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        error = exc
+    assert console.keep_trace(error) == path == console.keep_trace(error) == console.run_log()
+    text = path.read_text()
+    assert text.count("Traceback (most recent call last)") == 1 and "RuntimeError: boom" in text
