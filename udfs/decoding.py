@@ -24,6 +24,7 @@ log-probabilities given the prompt and the choice tokens before them.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 from dataclasses import dataclass, field
@@ -66,7 +67,8 @@ class Decoding:
     """The per-step rules every row of the head follows: how a token is picked, when a row ends, its text."""
 
     def __init__(self, model, tokenizer, options) -> None:
-        self.tokenizer, self.options = tokenizer, options
+        # its own copy: the head's tokenizer encodes the next batch in the prefetch thread while this one decodes
+        self.tokenizer, self.options = copy.deepcopy(tokenizer), options
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:
@@ -166,9 +168,8 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """``probs`` (rows, vocab) restricted to each row's nucleus: the most probable tokens whose mass first reaches
     ``top_p`` (at least one), renormalised (transformers' ``TopPLogitsWarper``, on probabilities)."""
     ordered, order = probs.sort(dim=-1, descending=True)
-    before = ordered.cumsum(-1) - ordered
+    before = ordered.cumsum(-1) - ordered  # the mass of the more probable tokens: 0 for the first, always kept
     ordered = ordered.masked_fill(before >= top_p, 0.0)
-    ordered[:, 0] = torch.where(ordered[:, 0] > 0, ordered[:, 0], probs.gather(1, order[:, :1]).squeeze(1))
     kept = torch.zeros_like(probs).scatter(1, order, ordered)
     return kept / kept.sum(-1, keepdim=True)
 
@@ -183,17 +184,17 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
         start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps
         logits, step = start(model, ids, mask)
         active = list(range(len(states)))
-        budget = decoding.options.max_new_tokens
-        for made in range(1, budget + 1):
+        most = decoding.options.max_new_tokens
+        for made in range(1, most + 1):
             tokens = decoding.pick(logits, [states[i] for i in active])
-            ended = [decoding.advance(states[i], t, last=made == budget) for i, t in zip(active, tokens)]
+            ended = [decoding.advance(states[i], t, last=made == most) for i, t in zip(active, tokens)]
             keep = [j for j, done in enumerate(ended) if not done]
             if not keep:
                 break
             active = [active[j] for j in keep]
             selected = None if len(keep) == len(ended) else torch.tensor(keep, device=device)
             logits = step(torch.tensor([tokens[j] for j in keep], device=device), selected)
-    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason or "length") for s in states]
+    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason) for s in states]
 
 
 Step = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]

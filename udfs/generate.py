@@ -201,9 +201,9 @@ class Generator:
         self.model, self.tokenizer, self.options = model, tokenizer, options
         self.encoder_decoder = bool(model.config.is_encoder_decoder)
         self.use_chat_template = options.chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
-        self.prompt_limit = None if context is None else (context if self.encoder_decoder else context - options.max_new_tokens)
-        """The most tokens a prompt may have: the context less the new tokens (a decoder's cache holds both)."""
         self.context = context
+        # the most tokens a prompt may have: a decoder's context holds the new tokens too, an encoder's the prompt only
+        self.prompt_limit = None if context is None else (context if self.encoder_decoder else context - options.max_new_tokens)
         self.pad_token_id = _first(tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
         self.decoding = Decoding(model, tokenizer, options)
         self.choice_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in options.choices]
