@@ -74,39 +74,38 @@ class Decoding:
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos])
-        self._grammar = self._compile_grammar(options.json_schema) if options.json_schema is not None else None
+        self._new_matcher = self._grammar_matchers(options.json_schema) if options.json_schema is not None else None
 
-    def _compile_grammar(self, schema: str):
-        """The schema as an llguidance grammar over this tokenizer; ``ValueError`` naming what llguidance refuses."""
+    def _grammar_matchers(self, schema: str) -> Callable[[], Any]:
+        """A factory of fresh llguidance matchers for ``schema`` over this tokenizer; ``ValueError`` naming what
+        llguidance refuses in the schema."""
         import llguidance
         import llguidance.hf
 
-        self._lltokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids) or None)
+        tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids) or None)
         # compact JSON (json.dumps's separators, no free whitespace) unless the schema's own "x-guidance" says
         # otherwise: free whitespace lets a weak model spend its tokens on blanks instead of closing the object
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
-        error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._lltokenizer)
+        error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if error:
             raise ValueError(f"generate.json_schema cannot be compiled to a grammar: {'; '.join(messages)}")
-        return grammar
+        return lambda: llguidance.LLMatcher(tokenizer, grammar, log_level=0)
 
     def start(self, keys: Sequence[str]) -> list[RowState]:
         """A fresh state per row: its generator seeded from (seed, key) when sampling, its matcher with a schema."""
-        if self._grammar is not None:
-            import llguidance
         states = []
         for key in keys:
             state = RowState()
             if not self.options.greedy:
                 state.generator = torch.Generator().manual_seed(row_seed(self.options.seed, str(key)))
-            if self._grammar is not None:
-                state.matcher = llguidance.LLMatcher(self._lltokenizer, self._grammar, log_level=0)
+            if self._new_matcher is not None:
+                state.matcher = self._new_matcher()
             states.append(state)
         return states
 
     def pick(self, logits: torch.Tensor, states: Sequence[RowState]) -> list[int]:
         """The next token of each row, from its float32 ``logits`` (rows, vocab): arg-max, or one draw per row."""
-        if self._grammar is not None:
+        if self._new_matcher is not None:
             logits = logits.masked_fill(self._disallowed(states).to(logits.device), float("-inf"))
         if self.options.greedy:
             return logits.argmax(-1).tolist()
@@ -116,7 +115,8 @@ class Decoding:
         cdf = probs.cumsum(-1)
         draws = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
         # a draw scaled to the row's total never lands past its last token with probability above zero
-        return torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1).tolist()
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return picked.clamp(max=cdf.shape[1] - 1).tolist()
 
     def _disallowed(self, states: Sequence[RowState]) -> torch.Tensor:
         """(rows, vocab) True where a row's grammar forbids the token."""
