@@ -331,7 +331,7 @@ def score_prompts(
 
     ``keys[i]`` seeds row *i*'s sampling (the runner passes the row id as text). Null prompts are ``null_input``;
     a prompt whose tokens plus ``max_new_tokens`` exceed the model's context is ``prompt_too_long`` (unless
-    ``truncate: left``); a batch that raises is retried row by row and a row that raises alone is
+    ``truncate: left``), one with no token at all ``empty_prompt``; a batch that raises is retried row by row and a row that raises alone is
     ``generation_error``, its neighbours unaffected. ``features`` may hold ``head.tokenize`` of the non-null
     prompts (and their keys), done ahead.
     """
@@ -343,8 +343,9 @@ def score_prompts(
         features = head.tokenize(texts, None if keys is None else [keys[i] for i in present]) if texts else None
     if features is None:
         return Scored(np.zeros((n, 0), dtype=np.float32), ["null_input"] * n, [None] * n)
-    overflow = np.asarray(features[OVERFLOW])
-    fits = overflow == 0
+    refused = _refused_prompts(features, head)
+    fits = np.ones(len(present), dtype=bool)
+    fits[list(refused)] = False
     runs = valid.copy()
     runs[present[~fits]] = False
     width = int(np.asarray(features["attention_mask"]).shape[1])
@@ -355,13 +356,23 @@ def score_prompts(
 
     scored = score_present(runs, head.row_cost(fitting), take, head.forward, policy,
                            invalid_reason="null_input", error_reason="generation_error")
-    for j in np.flatnonzero(~fits):
-        scored.reasons[present[j]] = "prompt_too_long"
-        scored.errors[present[j]] = (
-            f"the prompt has {int(overflow[j])} tokens; with max_new_tokens {head.options.max_new_tokens} it exceeds the "
-            f"model's context of {head.context} tokens (generate.truncate: left cuts it instead)"
-        )
+    for j, (reason, error) in refused.items():
+        scored.reasons[present[j]], scored.errors[present[j]] = reason, error
     return scored
+
+
+def _refused_prompts(features: Mapping[str, Any], head: Generator) -> dict[int, tuple[str, str]]:
+    """Rows of ``features`` that cannot run, with reason and error: ``prompt_too_long`` (over the context with
+    ``truncate: none``) and ``empty_prompt`` (no token at all: a tokenizer that adds no special tokens, on "")."""
+    refused: dict[int, tuple[str, str]] = {}
+    for j in np.flatnonzero(np.asarray(features[OVERFLOW]) > 0):
+        refused[int(j)] = ("prompt_too_long", (
+            f"the prompt has {int(features[OVERFLOW][j])} tokens; with max_new_tokens {head.options.max_new_tokens} it "
+            f"exceeds the model's context of {head.context} tokens (generate.truncate: left cuts it instead)"
+        ))
+    for j in np.flatnonzero(np.asarray(features[PROMPT_TOKENS]) == 0):
+        refused[int(j)] = ("empty_prompt", "the prompt has no tokens; a language model needs at least one to continue")
+    return refused
 
 
 def token_counts(outputs: np.ndarray, ok: np.ndarray) -> tuple[int, int]:

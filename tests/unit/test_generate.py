@@ -40,7 +40,7 @@ def reviews(n: int, seed: int) -> list[str]:
 
 def train_tokenizer(post: str, extra: tuple[str, ...] = ()):
     """A byte-level BPE (every byte a token, so any JSON can be spelt) with <pad>, <s>, </s>; ``post``: ``bos``
-    puts <s> before a text (a decoder's), ``eos`` puts </s> after it (T5's)."""
+    puts <s> before a text (a decoder's), ``eos`` puts </s> after it (T5's), ``none`` adds nothing (GPT-2's)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -53,10 +53,10 @@ def train_tokenizer(post: str, extra: tuple[str, ...] = ()):
     )
     backend.train_from_iterator(reviews(400, seed=0) + ['{"label": "good", "stars": 3, "ok": true}'] * 20, trainer)
     bos, eos = backend.token_to_id("<s>"), backend.token_to_id("</s>")
-    backend.post_processor = (
-        processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)]) if post == "bos"
-        else processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eos)])
-    )
+    if post == "bos":
+        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    elif post == "eos":
+        backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eos)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     if extra:
         tokenizer.add_special_tokens({"additional_special_tokens": list(extra)})
@@ -337,6 +337,15 @@ def test_a_row_whose_generation_raises_fails_alone(tmp_path):
     assert "index" in scored.errors[1].lower()
     alone = score_prompts([p for i, p in enumerate(prompts) if i != 1], head, BatchPolicy(100_000, 256))
     assert [scored.outputs[i].token_ids for i in (0, 2, 3)] == [o.token_ids for o in alone.outputs]
+
+
+def test_a_prompt_of_no_tokens_is_refused_alone(tmp_path):
+    """A tokenizer that adds no special tokens (GPT-2's way) makes no token of an empty prompt: nothing to continue."""
+    model_dir = save_causal(tmp_path / "m", train_tokenizer("none"))
+    head = load(model_dir, max_new_tokens=4, chat_template="never")
+    scored = score_prompts(["good food", "", "slow"], head, BatchPolicy(1024, 256))
+    assert scored.reasons == [None, "empty_prompt", None]
+    assert [o.completion_tokens for o in scored.outputs[[0, 2]]] == [4, 4]
 
 
 def test_columns_follow_the_output_schema(causal_dir):
