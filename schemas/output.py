@@ -53,6 +53,13 @@ PREDICTIONS: dict[str, list[StructField]] = {
         StructField("prediction", DoubleType(), nullable=True),
         StructField("scores", ArrayType(DoubleType(), containsNull=False), nullable=True),
     ],
+    "generate": [
+        StructField("generated_text", StringType(), nullable=True),
+        StructField("finish_reason", StringType(), nullable=True),
+        StructField("prompt_tokens", IntegerType(), nullable=True),
+        StructField("completion_tokens", IntegerType(), nullable=True),
+        StructField("choice_logprobs", ArrayType(DoubleType(), containsNull=False), nullable=True),
+    ],
 }
 """The model's output columns per task, in output order: what a head's ``columns`` returns, one array each."""
 

@@ -235,6 +235,7 @@ def score_present(
     policy: BatchPolicy | AdaptiveBudget,
     *,
     invalid_reason: str,
+    error_reason: str = "scoring_error",
 ) -> Scored:
     """The core every head scores through: plan, run, retry, scatter back.
 
@@ -244,7 +245,7 @@ def score_present(
     pass runs out of CUDA memory is split in two and the budget halved for the
     rest of the task; a batch that raises anything else is retried row by row,
     so one poisoned row cannot take its neighbours with it (its reason is
-    ``scoring_error``, with the exception text).
+    ``error_reason``, with the exception text).
     """
     budget = policy if isinstance(policy, AdaptiveBudget) else AdaptiveBudget(policy)
     n = len(valid)
@@ -275,7 +276,7 @@ def score_present(
                 for row in rows:
                     run(rows[rows == row])
             else:
-                reasons[present[rows[0]]] = "scoring_error"
+                reasons[present[rows[0]]] = error_reason
                 errors[present[rows[0]]] = error
             return
         if scored.shape[0] != len(rows):

@@ -28,7 +28,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    from lakescore.udfs.generate import GenerateOptions
 
 __all__ = [
     "ModelSourceError",
@@ -115,13 +118,21 @@ class ModelSpec:
     """``torch`` or ``onnx`` (:mod:`lakescore.udfs.backends`)."""
     quantize: str = "none"
     """``none`` or ``int8`` (ONNX backend only)."""
+    generate: Optional["GenerateOptions"] = None
+    """The ``generate`` task's prompt and decoding settings (:class:`lakescore.udfs.generate.GenerateOptions`)."""
     cache_dir: str = field(default="~/.cache/lakescore/models", compare=False)
     """Where each host keeps what it derives from the model (exported ONNX graphs). Not part of the
     model's identity: excluded from equality, hashing and :meth:`identity`."""
 
     def identity(self) -> dict:
-        """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+        """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key. ``generate`` counts
+        as its settings by name, and only when set: a spec of another task keeps the facts (and digests) it had
+        before the field existed."""
+        facts = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+        options = facts.pop("generate")
+        if options is not None:
+            facts["generate"] = options.identity()
+        return facts
 
     def scoring_settings(self) -> dict:
         """The settings that change a prediction for given model files: :meth:`identity` less where the files come

@@ -133,6 +133,10 @@ TASKS: dict[str, Task] = {
             "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
             backends=("torch",), forward_imports=("torch",),
         ),
+        Task(
+            "generate", TEXT, "lakescore.udfs.generate:load_generator",
+            "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
+        ),
     )
 }
 """Task name -> :class:`Task`: the only place a task name means anything."""

@@ -1,0 +1,364 @@
+"""The generate head against transformers' own ``model.generate`` and a hand computation, on tiny seeded models.
+
+A Llama-shaped decoder (with a chat template) and a T5-shaped encoder-decoder are built here from configs,
+with a byte-level BPE tokenizer trained in a second on synthetic reviews, saved with ``save_pretrained`` and
+loaded through the task registry. Every test scores through :func:`score_prompts`, the real batching core.
+"""
+
+import json
+import pickle
+import random
+
+import jsonschema
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from lakescore.udfs.batching import BatchPolicy, plan_batches
+from lakescore.udfs.decoding import row_seed
+from lakescore.udfs.generate import GenerateOptions, render_prompts, score_prompts, template_columns, token_counts
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.registry import get_task, named_columns
+
+WORDS = (
+    "the a good bad movie book film plot actor price great awful fast slow service food room hotel staff clean "
+    "dirty would buy again never love hate it was is very not quite really"
+).split()
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CONTEXT = 160
+"""The decoder's positions: a prompt over CONTEXT - max_new_tokens tokens does not fit."""
+
+
+def reviews(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 14))) + rng.choice([".", "!", "?", ""]) for _ in range(n)]
+
+
+def train_tokenizer(post: str, extra: tuple[str, ...] = ()):
+    """A byte-level BPE (every byte a token, so any JSON can be spelt) with <pad>, <s>, </s>; ``post``: ``bos``
+    puts <s> before a text (a decoder's), ``eos`` puts </s> after it (T5's), ``none`` adds nothing (GPT-2's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(reviews(400, seed=0) + ['{"label": "good", "stars": 3, "ok": true}'] * 20, trainer)
+    bos, eos = backend.token_to_id("<s>"), backend.token_to_id("</s>")
+    if post == "bos":
+        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    elif post == "eos":
+        backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eos)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if extra:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(extra)})
+    return tokenizer
+
+
+def save_causal(target, tokenizer, vocab_size=None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT, initializer_range=0.2,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread, as a Spark task with one CPU runs: steadier on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def causal_dir(tmp_path_factory):
+    tokenizer = train_tokenizer("bos")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return save_causal(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def seq2seq_dir(tmp_path_factory):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    tokenizer = train_tokenizer("eos")
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        initializer_factor=20.0,  # a T5 at the default scale emits <pad> at every step: no output to compare
+        decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    target = tmp_path_factory.mktemp("tiny-t5")
+    T5ForConditionalGeneration(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def load(model_dir, **options):
+    spec = ModelSpec("generate", str(model_dir), generate=GenerateOptions(**options))
+    return get_task("generate").load(spec, model_dir)
+
+
+def reference_new_tokens(model, prompt_ids, max_new_tokens):
+    """transformers' greedy ``generate`` on one unpadded row: its new token ids and each step's raw logits."""
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    start = 1 if model.config.is_encoder_decoder else ids.shape[1]  # an encoder-decoder's output opens with its start token
+    return out.sequences[0, start:].tolist(), [step[0] for step in out.logits]
+
+
+def assert_greedy_matches_generate(head, prompts, prompt_ids, max_new_tokens, policy):
+    features = head.tokenize(prompts)
+    batches = plan_batches(head.row_cost(features), policy)
+    assert max(len(b) for b in batches) >= 8 and len(batches) >= 3  # real batches, of prompts of several lengths
+    assert len(set(features["prompt_tokens"].tolist())) >= 8  # so most rows run left-padded
+    scored = score_prompts(prompts, head, policy)
+    assert scored.ok.all(), scored.errors
+    same = 0
+    for ids, out in zip(prompt_ids, scored.outputs):
+        expected, logits = reference_new_tokens(head.model, ids, max_new_tokens)
+        got = list(out.token_ids)
+        if got == expected:
+            same += 1
+            continue
+        step = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+        top = torch.topk(logits[step].float(), 2).values
+        assert float(top[0] - top[1]) < 1e-4, f"diverged at step {step} with a logit margin of {float(top[0] - top[1])}"
+    assert same >= 0.99 * len(prompts), f"{same} of {len(prompts)} rows equal transformers' generate"
+    return scored
+
+
+def test_options_are_frozen_hashable_picklable_and_refuse_bad_values():
+    options = GenerateOptions(stop=["\n", "###"], choices=["yes", "no"], temperature=0.7, seed=3)
+    assert options.stop == ("\n", "###") and options.choices == ("yes", "no")
+    spec = ModelSpec("generate", "/m", generate=options)
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert hash(spec) == hash(ModelSpec("generate", "/m", generate=GenerateOptions(stop=("\n", "###"), choices=("yes", "no"), temperature=0.7, seed=3)))
+    assert spec.identity()["generate"] != ModelSpec("generate", "/m", generate=GenerateOptions(seed=4)).identity()["generate"]
+    assert json.loads(json.dumps(spec.identity()))["generate"]["stop"] == ["\n", "###"]  # every setting, by name
+    assert "generate" not in ModelSpec("embed", "/m").identity()  # other tasks' specs (and digests) as before
+    assert options.deterministic and not GenerateOptions(temperature=0.7).deterministic and GenerateOptions().deterministic
+    for bad, message in [
+        (dict(chat_template="always"), "chat_template"), (dict(truncate="right"), "truncate"),
+        (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
+        (dict(stop=[""]), "stop"), (dict(stop="END"), "stop"), (dict(choices=["a", "a"]), "choices"),
+        (dict(choices=["a"], json_schema="{}"), "exclude"), (dict(json_schema="{not json"), "not JSON"),
+        (dict(json_schema="[1]"), "JSON object"), (dict(prompt_template="{0} and {}"), "placeholder"),
+        (dict(prompt_template="{row.attr}"), "placeholder"), (dict(prompt_template="{unclosed"), "str.format"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            GenerateOptions(**bad)
+
+
+def test_prompts_render_from_columns_by_name():
+    template = "Review: {text}\nStars: {stars:.1f}\nSummary of {text!r}:"
+    assert template_columns(template) == ("text", "stars")
+    columns = {"text": ["good food", None, "slow"], "stars": [4.0, 2.0, float("nan")], "unused": [1, 2, 3]}
+    assert render_prompts(template, columns) == ["Review: good food\nStars: 4.0\nSummary of 'good food':", None, None]
+    assert render_prompts(None, {"text": ["a", None]}) == ["a", None]
+    with pytest.raises(KeyError, match="title"):
+        render_prompts("{title}: {text}", {"text": ["x"]})
+
+
+def test_greedy_equals_transformers_generate_per_row(causal_dir):
+    """Chat template and system prompt included: the reference prompt ids come from ``apply_chat_template`` itself."""
+    head = load(causal_dir, max_new_tokens=10, system_prompt="Summarise the review.")
+    prompts = reviews(100, seed=1)
+    tokenizer = head.tokenizer
+    prompt_ids = [
+        list(tokenizer.apply_chat_template(
+            [{"role": "system", "content": "Summarise the review."}, {"role": "user", "content": p}],
+            add_generation_prompt=True, tokenize=True, return_dict=True,
+        )["input_ids"])
+        for p in prompts
+    ]
+    scored = assert_greedy_matches_generate(head, prompts, prompt_ids, 10, BatchPolicy(12 * 64, 256))
+    assert [o.prompt_tokens for o in scored.outputs] == [len(ids) for ids in prompt_ids]
+    assert {o.finish_reason for o in scored.outputs} <= {"stop", "length"}
+    assert len({o.text for o in scored.outputs}) > 50  # the model says different things to different prompts
+    tokens_in, tokens_out = token_counts(scored.outputs, scored.ok)
+    assert tokens_in == sum(map(len, prompt_ids)) and tokens_out == sum(o.completion_tokens for o in scored.outputs)
+
+
+def test_seq2seq_greedy_equals_transformers_generate_per_row(seq2seq_dir):
+    head = load(seq2seq_dir, max_new_tokens=8)
+    assert head.encoder_decoder and not head.use_chat_template
+    prompts = reviews(60, seed=2)
+    prompt_ids = [head.tokenizer(p)["input_ids"] for p in prompts]
+    scored = assert_greedy_matches_generate(head, prompts, prompt_ids, 8, BatchPolicy(10 * 24, 256))
+    assert len({o.text for o in scored.outputs}) > 30
+
+
+def test_choices_are_scored_as_the_hand_computed_continuation_logprobs(causal_dir, seq2seq_dir):
+    choices = ("good", "bad movie", "never again!")
+    prompts = reviews(12, seed=3)
+    for model_dir in (causal_dir, seq2seq_dir):
+        head = load(model_dir, choices=choices, chat_template="never")
+        scored = score_prompts(prompts, head, BatchPolicy(3 * 40 * 3, 256))
+        assert scored.ok.all(), scored.errors
+        model, tokenizer = head.model, head.tokenizer
+        for prompt, out in zip(prompts, scored.outputs):
+            prompt_ids = tokenizer(prompt)["input_ids"]
+            expected = []
+            for choice in choices:
+                ids = tokenizer(choice, add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    if model.config.is_encoder_decoder:
+                        decoder = [model.config.decoder_start_token_id] + ids[:-1]
+                        logits = model(input_ids=torch.tensor([prompt_ids]), decoder_input_ids=torch.tensor([decoder])).logits[0]
+                    else:
+                        logits = model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+                expected.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).sum()))
+            np.testing.assert_allclose(out.choice_logprobs, expected, rtol=1e-6, atol=1e-4)  # float32 sums
+            best = int(np.argmax(expected))
+            assert (out.text, out.finish_reason) == (choices[best], "choice")
+            assert out.completion_tokens == len(tokenizer(choices[best], add_special_tokens=False)["input_ids"])
+        assert len({o.choice_logprobs for o in scored.outputs}) == len(prompts)  # each prompt scores them its own way
+
+
+def test_sampling_is_reproducible_per_row_whatever_the_batch(causal_dir):
+    head = load(causal_dir, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+    prompts = reviews(24, seed=4)
+    prompts[5] = prompts[6]  # one prompt on two rows: their keys differ, so do their samples
+    keys = [f"row-{i}" for i in range(len(prompts))]
+    small = score_prompts(prompts, head, BatchPolicy(40, 256), keys=keys)  # about one row a batch
+    large = score_prompts(prompts, head, BatchPolicy(100_000, 256), keys=keys[:])  # every row in one batch
+    assert max(map(len, plan_batches(head.row_cost(head.tokenize(prompts)), BatchPolicy(40, 256)))) <= 2
+    assert [o.token_ids for o in small.outputs] == [o.token_ids for o in large.outputs]
+    assert small.outputs[5].token_ids != small.outputs[6].token_ids
+    alone = score_prompts([prompts[9]], head, BatchPolicy(40, 256), keys=[keys[9]])
+    assert alone.outputs[0].token_ids == small.outputs[9].token_ids
+    greedy = score_prompts(prompts, load(causal_dir, max_new_tokens=12), BatchPolicy(100_000, 256))
+    assert sum(a.token_ids != b.token_ids for a, b in zip(small.outputs, greedy.outputs)) >= 20  # it does sample
+    reseeded = score_prompts(prompts, load(causal_dir, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=8),
+                             BatchPolicy(100_000, 256), keys=keys)
+    assert sum(a.token_ids != b.token_ids for a, b in zip(small.outputs, reseeded.outputs)) >= 20
+    assert row_seed(7, "row-1") == row_seed(7, "row-1") != row_seed(7, "row-2")
+
+
+def test_stop_strings_cut_the_text_before_the_first_one(causal_dir):
+    prompts = reviews(16, seed=5)
+    plain = score_prompts(prompts, load(causal_dir, max_new_tokens=16), BatchPolicy(100_000, 256))
+    texts = [o.text for o in plain.outputs]
+    ascii_pairs = [t[i : i + 2] for t in texts for i in range(2, len(t) - 1) if t[i : i + 2].isascii() and t[i : i + 2].strip()]
+    stops = (ascii_pairs[0], ascii_pairs[len(ascii_pairs) // 2])
+    stopped = score_prompts(prompts, load(causal_dir, max_new_tokens=16, stop=stops), BatchPolicy(100_000, 256))
+    cut = 0
+    for text, before, out in zip(texts, plain.outputs, stopped.outputs):
+        found = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if found:
+            cut += 1
+            assert (out.text, out.finish_reason) == (text[: min(found)], "stop")
+            assert out.completion_tokens <= before.completion_tokens
+        else:
+            assert (out.text, out.finish_reason, out.completion_tokens) == (text, before.finish_reason, before.completion_tokens)
+    assert cut >= 2
+    assert sum(o.completion_tokens for o in stopped.outputs) < sum(o.completion_tokens for o in plain.outputs)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"enum": ["good", "bad", "mixed"]},
+        "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+        "ok": {"type": "boolean"},
+        "why": {"type": "string", "maxLength": 8},
+        "tags": {"type": "array", "items": {"enum": ["food", "staff", "price"]}, "maxItems": 2},
+    },
+    "required": ["label", "stars", "ok", "why", "tags"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_parses_and_validates_on_every_row(causal_dir, seq2seq_dir):
+    prompts = reviews(10, seed=6)
+    for model_dir, temperature in ((causal_dir, 0.0), (causal_dir, 1.0), (seq2seq_dir, 0.0)):
+        head = load(model_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA), temperature=temperature)
+        scored = score_prompts(prompts, head, BatchPolicy(100_000, 256), keys=[str(i) for i in range(len(prompts))])
+        assert scored.ok.all(), scored.errors
+        for out in scored.outputs:
+            jsonschema.validate(json.loads(out.text), SCHEMA)
+            assert out.finish_reason == "stop"
+        assert len({o.text for o in scored.outputs}) >= 2 or temperature == 0.0
+    with pytest.raises(ValueError, match="json_schema"):
+        load(causal_dir, json_schema=json.dumps({"type": "object", "properties": {"x": {"type": "no-such-type"}}}))
+
+
+def test_a_prompt_too_long_for_the_context_is_dead_lettered_or_cut_on_the_left(causal_dir):
+    max_new = 8
+    long_prompt = " ".join(reviews(30, seed=7))  # far over CONTEXT - max_new tokens
+    prompts = ["good food", long_prompt, None, "slow service"]
+    head = load(causal_dir, max_new_tokens=max_new, chat_template="never")
+    assert len(head.tokenizer(long_prompt)["input_ids"]) > CONTEXT
+    scored = score_prompts(prompts, head, BatchPolicy(1024, 256))
+    assert scored.reasons == [None, "prompt_too_long", "null_input", None]
+    assert f"exceeds the model's context of {CONTEXT} tokens" in scored.errors[1]
+    short = score_prompts(["good food", "slow service"], head, BatchPolicy(1024, 256))
+    assert [scored.outputs[i].token_ids for i in (0, 3)] == [o.token_ids for o in short.outputs]
+
+    cut = score_prompts(prompts, load(causal_dir, max_new_tokens=max_new, chat_template="never", truncate="left"), BatchPolicy(1024, 256))
+    assert cut.reasons == [None, None, "null_input", None]
+    ids = head.tokenizer(long_prompt)["input_ids"]
+    kept = [ids[0]] + ids[len(ids) - (CONTEXT - max_new - 1) :]  # the BOS, then the prompt's last tokens
+    assert cut.outputs[1].prompt_tokens == CONTEXT - max_new
+    expected, _ = reference_new_tokens(head.model, kept, max_new)
+    assert list(cut.outputs[1].token_ids) == expected
+    with pytest.raises(ValueError, match="no room"):
+        load(causal_dir, max_new_tokens=CONTEXT)
+
+
+def test_a_row_whose_generation_raises_fails_alone(tmp_path):
+    """A tokenizer with a token the model has no embedding for: the prompt that uses it raises inside the forward."""
+    tokenizer = train_tokenizer("bos", extra=("<orphan>",))
+    model_dir = save_causal(tmp_path / "m", tokenizer, vocab_size=len(tokenizer) - 1)
+    head = load(model_dir, max_new_tokens=6, chat_template="never")
+    prompts = ["good food", "the <orphan> hotel", "slow service", "clean room"]
+    scored = score_prompts(prompts, head, BatchPolicy(100_000, 256))
+    assert scored.reasons == [None, "generation_error", None, None]
+    assert "index" in scored.errors[1].lower()
+    alone = score_prompts([p for i, p in enumerate(prompts) if i != 1], head, BatchPolicy(100_000, 256))
+    assert [scored.outputs[i].token_ids for i in (0, 2, 3)] == [o.token_ids for o in alone.outputs]
+
+
+def test_a_prompt_of_no_tokens_is_refused_alone(tmp_path):
+    """A tokenizer that adds no special tokens (GPT-2's way) makes no token of an empty prompt: nothing to continue."""
+    model_dir = save_causal(tmp_path / "m", train_tokenizer("none"))
+    head = load(model_dir, max_new_tokens=4, chat_template="never")
+    scored = score_prompts(["good food", "", "slow"], head, BatchPolicy(1024, 256))
+    assert scored.reasons == [None, "empty_prompt", None]
+    assert [o.completion_tokens for o in scored.outputs[[0, 2]]] == [4, 4]
+
+
+def test_columns_follow_the_output_schema(causal_dir):
+    head = load(causal_dir, max_new_tokens=4)
+    scored = score_prompts(["good food", None, "slow"], head, BatchPolicy(1024, 256))
+    columns = named_columns("generate", head.columns(scored.outputs, scored.ok))
+    assert list(columns) == ["generated_text", "finish_reason", "prompt_tokens", "completion_tokens", "choice_logprobs"]
+    assert [c.type for c in columns.values()] == get_task("generate").output_arrow_types
+    assert columns["generated_text"].to_pylist()[1] is None and columns["completion_tokens"].to_pylist() == [4, None, 4]
+    assert columns["choice_logprobs"].null_count == 3
+    chooser = load(causal_dir, choices=("yes", "no"))
+    picked = score_prompts(["good food"], chooser, BatchPolicy(1024, 256))
+    logprobs = chooser.columns(picked.outputs, picked.ok)[4]
+    assert logprobs.type == pa.list_(pa.field("element", pa.float64(), nullable=False))
+    assert len(logprobs.to_pylist()[0]) == 2
+    assert head.score(["lakescore preflight"]).shape == (1,)
