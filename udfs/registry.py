@@ -6,7 +6,7 @@ task name:
 
 * config validation and the CLI's choices (:data:`TASK_NAMES`);
 * the input contract and the errors table's raw-input column (:attr:`Task.input_kind`:
-  ``text`` reads one string column, ``features`` numeric columns);
+  ``text`` reads one string column, ``features`` numeric columns, ``image`` one binary column of encoded images);
 * the runner that turns Arrow batches into model input (:attr:`InputKind.runner`);
 * the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
 * the modules a worker imports, for the Python daemon to import before it forks workers (:meth:`Task.worker_imports`);
@@ -33,12 +33,13 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["InputKind", "Task", "TEXT", "FEATURES", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["InputKind", "Task", "TEXT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
 
 @dataclass(frozen=True)
 class InputKind:
-    """What a task reads: ``text`` (one string column) or ``features`` (numeric columns)."""
+    """What a task reads: ``text`` (one string column), ``features`` (numeric columns) or ``image`` (one binary
+    column of encoded images)."""
 
     name: str
     runner_name: str
@@ -61,11 +62,16 @@ class InputKind:
         """One input row, as the head's ``score`` takes it, for the executors' preflight."""
         import numpy as np
 
+        if self.name == "image":
+            from lakescore.udfs.images import preflight_image
+
+            return [preflight_image()]
         return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
 
 
 TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",))
 FEATURES = InputKind("features", "MatrixRunner")
+IMAGE = InputKind("image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"))
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,14 @@ TASKS: dict[str, Task] = {
             model_options=("pooling", "normalize", "prompt_name"),
         ),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
+        Task(
+            "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
+            "image classification: label, score, probs", backends=("torch",),
+        ),
+        Task(
+            "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
+            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",),
+        ),
         Task(
             "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
             backends=("torch",), forward_imports=("torch",),
