@@ -32,9 +32,9 @@ __all__ = [
     "pixel_limit", "read_header", "row_index", "decode_image", "describe_image", "preprocess_chunks", "preflight_image",
 ]
 
-DEFAULT_MAX_BATCH_PIXELS = 1 << 25
-"""Decoded pixels one preprocessing chunk holds at most (about 100 MiB as RGB): many thumbnails, a few camera
-photos, or one huge image alone."""
+DEFAULT_MAX_BATCH_PIXELS = 1 << 24
+"""Decoded pixels one preprocessing chunk holds at most (48 MiB as RGB; the processor's working copies of an image
+are a few times its size): many thumbnails, one or two camera photos, or one huge image alone."""
 DEFAULT_MAX_BATCH_IMAGES = 64
 """Images one preprocessing chunk holds at most."""
 
@@ -127,7 +127,9 @@ def decode_image(data: bytes):
     try:
         image = _open(data)
         image.load()  # decode here, so a truncated file fails as this row's image
-        return ImageOps.exif_transpose(image).convert("RGB")
+        # In place, and no conversion of an RGB image: load_image's copies hold the same pixels, twice the memory
+        ImageOps.exif_transpose(image, in_place=True)
+        return image if image.mode == "RGB" else image.convert("RGB")
     except Exception as exc:
         return _failure(exc)
 
