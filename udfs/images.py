@@ -8,7 +8,8 @@ batch:
 * ``null_input``: a null or empty value;
 * ``invalid_image``: bytes Pillow cannot identify or decode (garbage, a truncated file, a corrupt header);
 * ``image_too_large``: a header whose width x height exceeds the pixel limit (Pillow's ``MAX_IMAGE_PIXELS``
-  unless configured). The header is read without decoding the image, so a decompression bomb costs nothing.
+  unless configured). The header is read without decoding the image, so a decompression bomb costs nothing;
+* ``prepare_error``: an image the model's processor rejects.
 
 Decoded images are held for one chunk at a time: :func:`preprocess_chunks` plans chunks by decoded pixels and rows
 with the batching core's :func:`~lakescore.udfs.batching.plan_batches`, decodes a chunk, runs the model's
@@ -88,8 +89,8 @@ class Preprocessed:
 
 def pixel_limit(max_image_pixels: Optional[int]) -> int:
     """The pixels an image may have: ``max_image_pixels``, else Pillow's ``MAX_IMAGE_PIXELS`` (its decompression-bomb
-    warning threshold; none where a process turned Pillow's off). A limit above Pillow's own raises Pillow's, which otherwise refuses such images in
-    ``Image.open`` before they reach this check."""
+    warning threshold; no limit where the process turned Pillow's off). A limit above Pillow's own raises Pillow's,
+    which would otherwise refuse such images in ``Image.open`` before they reach this check."""
     from PIL import Image
 
     if max_image_pixels is None:
@@ -192,28 +193,60 @@ def preprocess_chunks(
     for planned in plan_batches(pixels, policy):
         rows = np.sort(readable[planned])
         chunks.append(Chunk(tuple(int(r) for r in rows), int(pixels[planned].sum()), sum(len(values[r]) for r in rows)))
-        decoded, images = [], []
-        for row in rows:
-            image = decode_image(values[row])
-            if isinstance(image, ImageFailure):
-                failures[int(row)] = image
-            else:
-                decoded.append(int(row))
-                images.append(image)
-        if not images:
+        decoded, processed = _preprocess_chunk(values, rows, preprocess, failures)
+        if not decoded:
             continue
-        processed = preprocess(images)
-        del images
         if pixel_values is None:
             pixel_values = _zeros_like_rows(processed, n)
-        elif tuple(processed.shape[1:]) != tuple(pixel_values.shape[1:]):
-            raise ValueError(
-                f"the image processor made inputs shaped {tuple(processed.shape[1:])} and {tuple(pixel_values.shape[1:])}; "
-                "lakescore's image tasks need a processor that resizes every image to one shape"
-            )
+        _require_one_shape([pixel_values, processed])
         pixel_values[row_index(decoded, processed)] = processed
         ok[decoded] = True
     return Preprocessed(pixel_values, ok, failures, headers, chunks)
+
+
+def _preprocess_chunk(values, rows: np.ndarray, preprocess: Callable[[list], Any], failures: dict[int, ImageFailure]):
+    """The ``rows`` that decoded and their preprocessing; the others added to ``failures``. Decoded images live only
+    in this call. An image the processor rejects is refused alone (``prepare_error``), its neighbours kept."""
+    decoded, images = [], []
+    for row in rows:
+        image = decode_image(values[row])
+        if isinstance(image, ImageFailure):
+            failures[int(row)] = image
+        else:
+            decoded.append(int(row))
+            images.append(image)
+    if not images:
+        return [], None
+    try:
+        return decoded, preprocess(images)
+    except Exception:
+        pass
+    kept, parts = [], []
+    for row, image in zip(decoded, images):
+        try:
+            parts.append(preprocess([image]))
+            kept.append(row)
+        except Exception as exc:
+            failures[row] = ImageFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000])
+    return kept, (_concatenate(parts) if parts else None)
+
+
+def _require_one_shape(arrays: list) -> None:
+    shapes = sorted({tuple(a.shape[1:]) for a in arrays})
+    if len(shapes) > 1:
+        raise ValueError(
+            f"the image processor made inputs shaped {shapes[0]} and {shapes[1]}; lakescore's image tasks need a "
+            "processor that resizes every image to one shape"
+        )
+
+
+def _concatenate(parts: list):
+    _require_one_shape(parts)
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    import torch
+
+    return torch.cat(parts)
 
 
 def _zeros_like_rows(processed, n: int):

@@ -21,7 +21,7 @@ from pyspark.sql.types import LongType, StructField
 from lakescore.schemas.output import prediction_columns, scored_schema
 from lakescore.udfs import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, score_texts
-from lakescore.udfs.images import decode_image, pixel_limit, read_header
+from lakescore.udfs.images import decode_image, pixel_limit, preprocess_chunks, read_header
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.runners import ImageRunner
@@ -298,6 +298,23 @@ def test_a_big_image_is_preprocessed_apart_from_small_ones_and_rows_come_back_in
     # rows per chunk are bounded too
     prepared, _ = _run(ImageRunner(head, ["image"], max_batch_images=3), values)
     assert [len(c.rows) for c in prepared.images.chunks] == [3, 2]
+
+
+def test_an_image_the_processor_rejects_is_refused_alone_and_mixed_shapes_fail_once(images):
+    """A real numpy preprocessor that rejects images 50 pixels wide, or keeps each image's own size."""
+
+    def picky(batch):
+        if any(image.width == 50 for image in batch):
+            raise ValueError("cannot preprocess a 50-pixel-wide image")
+        return np.stack([np.asarray(image.resize((4, 4)), dtype=np.float32) for image in batch])
+
+    values = [images["rgb.jpg"], images["gray.png"], images["cmyk.jpg"]]  # 40, 50 and 29 pixels wide
+    done = preprocess_chunks(values, picky, 10**8, BatchPolicy(10**8, 8))
+    assert done.ok.tolist() == [True, False, True] and done.failures[1].reason == "prepare_error"
+    assert done.failures[1].error == "ValueError: cannot preprocess a 50-pixel-wide image"
+    assert np.array_equal(done.pixel_values[2], picky([decode_image(values[2])])[0]) and not done.pixel_values[1].any()
+    with pytest.raises(ValueError, match="need a processor that resizes every image to one shape"):
+        preprocess_chunks(values, lambda batch: np.stack([np.asarray(image) for image in batch]), 10**8, BatchPolicy(10**8, 8))
 
 
 def test_the_worker_function_scores_a_binary_column_and_dead_letters_per_row(vit_dir, images):
