@@ -24,13 +24,16 @@ __all__ = [
     "column_types",
 ]
 
+_EMBEDDING = [StructField("embedding", ArrayType(FloatType(), containsNull=False), nullable=True)]
+_LABELS = [
+    StructField("label", StringType(), nullable=True),
+    StructField("score", DoubleType(), nullable=True),
+    StructField("probs", ArrayType(DoubleType(), containsNull=False), nullable=True),
+]
+
 PREDICTIONS: dict[str, list[StructField]] = {
-    "embed": [StructField("embedding", ArrayType(FloatType(), containsNull=False), nullable=True)],
-    "classify": [
-        StructField("label", StringType(), nullable=True),
-        StructField("score", DoubleType(), nullable=True),
-        StructField("probs", ArrayType(DoubleType(), containsNull=False), nullable=True),
-    ],
+    "embed": _EMBEDDING,
+    "classify": _LABELS,
     "ner": [
         StructField(
             "entities",
@@ -49,6 +52,8 @@ PREDICTIONS: dict[str, list[StructField]] = {
             nullable=True,
         )
     ],
+    "image_classify": _LABELS,
+    "image_embed": _EMBEDDING,
     "tabular": [
         StructField("prediction", DoubleType(), nullable=True),
         StructField("scores", ArrayType(DoubleType(), containsNull=False), nullable=True),

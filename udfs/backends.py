@@ -1,4 +1,4 @@
-"""Backends: what runs a text model's transformer forward, swappable under every text head.
+"""Backends: what runs a model's transformer forward, swappable under every text head (image heads: torch only).
 
 A head (``embed``, ``classify``, ``ner``) tokenizes into numpy arrays, asks its backend for the
 forward's one output as float32 numpy (the token embeddings for ``embed``, the logits for
@@ -46,6 +46,9 @@ class ModelKind:
     """e.g. ``AutoModel``, ``AutoModelForSequenceClassification``."""
     output: str
     """e.g. ``last_hidden_state``, ``logits``: shaped (rows, tokens, ...) or (rows, ...)."""
+    method: Optional[str] = None
+    """The model's method the forward calls instead of the model itself (torch only), e.g. ``get_image_features``
+    of a CLIP model; it returns ``output`` (a model output holding it, or the tensor itself)."""
 
 
 Reduce = Callable[[Any, Mapping[str, Any]], Any]
@@ -64,21 +67,32 @@ class Forward(Protocol):
 
 
 class TorchForward:
-    """The forward on the torch model: inputs to its device, the output back as float32 numpy."""
+    """The forward on the torch model (or its ``method``): inputs to its device, floating-point inputs (an image's
+    pixels) at the model's dtype, the output back as float32 numpy."""
 
-    def __init__(self, model, output: str, input_names: Sequence[str]) -> None:
+    def __init__(self, model, output: str, input_names: Sequence[str], method: Optional[str] = None) -> None:
         self._model = model.eval()
+        self._call = getattr(self._model, method) if method else self._model
         self._output = output
         self.input_names = tuple(input_names)
         self.device = str(model.device)
+        self._dtype = model.dtype
 
     def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
-            inputs = {k: to_device(torch.as_tensor(features[k]), self.device) for k in self.input_names if k in features}
-            output = getattr(self._model(**inputs), self._output).float()
+            inputs = {k: self._input(torch.as_tensor(features[k])) for k in self.input_names if k in features}
+            result = self._call(**inputs)
+            output = result if isinstance(result, torch.Tensor) else getattr(result, self._output, None)
+            if output is None:
+                raise ValueError(f"{type(self._model).__name__} returns no {self._output}")
+            output = output.float()
             return (output if reduce is None else reduce(output, inputs)).cpu().numpy()
+
+    def _input(self, value):
+        value = to_device(value, self.device)
+        return value.to(self._dtype) if value.is_floating_point() else value
 
 
 class OnnxForward:
@@ -107,21 +121,31 @@ def load_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_names:
         from lakescore.udfs.onnx_export import exported_model
 
         return OnnxForward(onnx_session(exported_model(spec, model_dir, kind, input_names), task_cpus()))
-    return TorchForward(load_torch_model(spec, model_dir, kind), kind.output, input_names)
+    return TorchForward(load_torch_model(spec, model_dir, kind), kind.output, input_names, kind.method)
 
 
-def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind):
+def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, *, complete: bool = False):
     """``kind.auto_class`` from ``model_dir`` on ``spec.device`` at ``spec.dtype``, in eval mode: files from
-    ``model_dir`` only, safetensors unless ``spec.allow_pickle``, remote code only with ``spec.trust_remote_code``."""
+    ``model_dir`` only, safetensors unless ``spec.allow_pickle``, remote code only with ``spec.trust_remote_code``.
+
+    ``complete``: raise ``ValueError`` naming the weights ``model_dir`` lacks for ``kind.auto_class`` (transformers
+    would initialise them at random, e.g. the pooler of a base model loaded from a classifier's checkpoint)."""
     import transformers
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
     auto_class = getattr(transformers, kind.auto_class)
-    model = auto_class.from_pretrained(
+    loaded = auto_class.from_pretrained(
         str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype),
-        local_files_only=True, trust_remote_code=spec.trust_remote_code,
+        local_files_only=True, trust_remote_code=spec.trust_remote_code, **({"output_loading_info": True} if complete else {}),
     )
+    model, info = loaded if complete else (loaded, {})
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ValueError(
+            f"{model_dir} lacks weights {type(model).__name__} needs ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}); they would be random"
+        )
     return model.to(spec.device).eval()
 
 

@@ -12,6 +12,7 @@ pipeline raises on them) and batching is ours (:mod:`lakescore.udfs.batching`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,7 @@ from lakescore.udfs.hf_models import LabelledModel, ModelFacts, load_labelled_mo
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.tokenization import BatchEncoder
 
-__all__ = ["SequenceClassifier", "load_classifier", "activation", "KIND"]
+__all__ = ["SequenceClassifier", "load_classifier", "activation", "probabilities", "label_columns", "KIND"]
 
 KIND = ModelKind("AutoModelForSequenceClassification", "logits")
 
@@ -48,25 +49,11 @@ class SequenceClassifier:
     def forward(self, features) -> np.ndarray:
         """Probabilities per label (a regression model's scores), float64 ``(n, num_labels)``: the pipeline's
         activation over the logits, computed in float32 as torch computes it, then widened."""
-        logits = self._forward(features).astype(np.float32, copy=False)
-        if self.activation == "sigmoid":
-            probs = 1.0 / (1.0 + np.exp(-logits))
-        elif self.activation == "softmax":
-            shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            probs = shifted / shifted.sum(axis=-1, keepdims=True)
-        else:
-            probs = logits
-        return probs.astype(np.float64)
+        return probabilities(self._forward(features), self.activation)
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null)."""
-        ok = np.asarray(ok, dtype=bool)
-        best = outputs.argmax(axis=1)
-        return (
-            string_column([self.labels[i] for i in best], ok),
-            scalar_column(outputs[np.arange(len(ok)), best], ok, pa.float64()),
-            list_column(outputs, ok, pa.float64()),
-        )
+        return label_columns(self.labels, outputs, ok)
 
     def score(self, texts: list[str]) -> np.ndarray:
         """Convenience for small lists: one padded batch (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
@@ -82,6 +69,32 @@ class SequenceClassifier:
             "prob_delta_p99": float(np.percentile(delta, 99)),
             "prob_delta_max": float(delta.max()),
         }
+
+
+def probabilities(logits: np.ndarray, activation: str) -> np.ndarray:
+    """``activation`` (:func:`activation`) over ``logits`` (n, num_labels), computed in float32 as the pipelines
+    compute it, then widened to float64."""
+    logits = np.asarray(logits).astype(np.float32, copy=False)
+    if activation == "sigmoid":
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    elif activation == "softmax":
+        shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs = shifted / shifted.sum(axis=-1, keepdims=True)
+    else:
+        probs = logits
+    return probs.astype(np.float64)
+
+
+def label_columns(labels: Sequence[str], outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
+    """The classify columns for per-label ``outputs`` (n, len(labels)): the best label, its probability, and every
+    label's probability in label-id order; null where not ``ok``."""
+    ok = np.asarray(ok, dtype=bool)
+    best = outputs.argmax(axis=1)
+    return (
+        string_column([labels[i] for i in best], ok),
+        scalar_column(outputs[np.arange(len(ok)), best], ok, pa.float64()),
+        list_column(outputs, ok, pa.float64()),
+    )
 
 
 def activation(facts: ModelFacts) -> str:

@@ -13,7 +13,9 @@ imports sentence-transformers, which brings scikit-learn and scipy with it (5.3 
 ~800 MiB resident per process, measured on the bench machine).
 
 A plain Hugging Face directory without that configuration gets Transformer -> Pooling
-(``mean`` unless configured ``cls``) -> Normalize (unless configured off). A directory with
+(``mean`` unless configured ``cls``) -> Normalize (unless configured off); a dual-tower (CLIP-style)
+one embeds with its text tower and projection, ``get_text_features`` (normalised unless configured
+off), into the space its image tower embeds images in (:mod:`lakescore.udfs.image_embed`). A directory with
 modules this head does not read (e.g. a ``Dense`` projection) is loaded by sentence-transformers
 itself, on the torch backend only.
 
@@ -38,9 +40,17 @@ from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_lim
 from lakescore.udfs.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
 from lakescore.udfs.tokenization import BatchEncoder
 
-__all__ = ["SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "prompt_text", "pool", "KIND", "POOLING_MODES"]
+__all__ = [
+    "SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "dual_tower_text_config", "prompt_text", "pool",
+    "KIND", "TEXT_TOWER", "POOLING_MODES",
+]
 
 KIND = ModelKind("AutoModel", "last_hidden_state")
+TEXT_TOWER = ModelKind("AutoModel", "pooler_output", "get_text_features")
+"""A dual-tower model's text embedding: ``get_text_features``, whose output's ``pooler_output`` is the projection."""
+_TEXT_POOLED_AT_LAST_POSITION = ("siglip", "siglip2")
+"""Dual-tower models whose text tower pools the last position: trained on texts padded to a fixed length, they
+embed a text padded to its batch's longest row differently, so this head does not run them."""
 _LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
@@ -214,6 +224,8 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     require_directory(model_dir, "embed")
     refuse_pickle_weights(model_dir, spec.allow_pickle)
     prompt = prompt_text(spec, model_dir)
+    if not (model_dir / "modules.json").is_file() and dual_tower_text_config(model_dir) is not None:
+        return _load_text_tower(spec, model_dir, prompt)
     config = sentence_config(spec, model_dir)
     if config is None:
         if spec.backend != "torch":
@@ -230,6 +242,31 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     limit_spec = spec if spec.max_seq_length is not None else _with_max_seq_length(spec, config.max_seq_length)
     max_length = truncation_limit(limit_spec, facts.max_position_embeddings, tokenizer)
     return SentenceEmbedder(forward, tokenizer, max_length, config.pooling, config.normalize, prompt)
+
+
+def dual_tower_text_config(model_dir: Path) -> Optional[dict]:
+    """The text tower's configuration of a dual-tower (CLIP-style: ``text_config`` and ``vision_config``) model in
+    ``model_dir``, else ``None``."""
+    config = _read_json(model_dir / "config.json")
+    return config.get("text_config") if "text_config" in config and "vision_config" in config else None
+
+
+def _load_text_tower(spec: ModelSpec, model_dir: Path, prompt: str) -> SentenceEmbedder:
+    """The embed head over a dual-tower model's text tower (:data:`TEXT_TOWER`, torch), rows truncated at the text
+    tower's position limit. Raises ``ValueError`` for another backend, a pooling override (the tower pools), and a
+    tower that pools the last position (:data:`_TEXT_POOLED_AT_LAST_POSITION`)."""
+    model_type = _read_json(model_dir / "config.json").get("model_type")
+    if spec.backend != "torch":
+        raise ValueError(f"{model_dir} is a dual-tower ({model_type}) model, whose text tower runs on torch, not {spec.backend}")
+    if spec.pooling is not None:
+        raise ValueError(f"model.pooling={spec.pooling!r}: the text tower of {model_dir} pools itself; remove the setting")
+    if model_type in _TEXT_POOLED_AT_LAST_POSITION:
+        raise ValueError(f"{model_dir} is a {model_type} model, whose text tower pools the last of a fixed number of "
+                         "positions; lakescore's embed does not compute that")
+    tokenizer = load_tokenizer(spec, model_dir)
+    forward = load_forward(spec, model_dir, TEXT_TOWER, tokenizer.model_input_names)
+    limit = truncation_limit(spec, (dual_tower_text_config(model_dir) or {}).get("max_position_embeddings"), tokenizer)
+    return SentenceEmbedder(forward, tokenizer, limit, (), spec.normalize is not False, prompt)
 
 
 def prompt_text(spec: ModelSpec, model_dir: Path) -> str:

@@ -6,7 +6,7 @@ task name:
 
 * config validation and the CLI's choices (:data:`TASK_NAMES`);
 * the input contract and the errors table's raw-input column (:attr:`Task.input_kind`:
-  ``text`` reads one string column, ``features`` numeric columns);
+  ``text`` reads one string column, ``features`` numeric columns, ``image`` one binary column of encoded images);
 * the runner that turns Arrow batches into model input (:attr:`InputKind.runner`);
 * the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
 * the modules a worker imports, for the Python daemon to import before it forks workers (:meth:`Task.worker_imports`);
@@ -33,12 +33,13 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["InputKind", "Task", "TEXT", "FEATURES", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["InputKind", "Task", "TEXT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
 
 @dataclass(frozen=True)
 class InputKind:
-    """What a task reads: ``text`` (one string column) or ``features`` (numeric columns)."""
+    """What a task reads: ``text`` (one string column), ``features`` (numeric columns) or ``image`` (one binary
+    column of encoded images)."""
 
     name: str
     runner_name: str
@@ -61,11 +62,16 @@ class InputKind:
         """One input row, as the head's ``score`` takes it, for the executors' preflight."""
         import numpy as np
 
+        if self.name == "image":
+            from lakescore.udfs.images import preflight_image
+
+            return [preflight_image()]
         return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
 
 
 TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",))
 FEATURES = InputKind("features", "MatrixRunner")
+IMAGE = InputKind("image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"))
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,10 @@ class Task:
     model_options: tuple[str, ...] = ()
     """The ``model.*`` settings only this task reads (see :data:`TASK_MODEL_OPTIONS`); config validation refuses
     them for the other tasks."""
+    in_job: bool = True
+    """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
+    tested here, but the job does not read its input yet (generation's prompts and row keys, images' bytes and
+    paths), so config validation refuses it rather than run it half-wired."""
 
     def worker_imports(self, backend: str) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
@@ -130,18 +140,27 @@ TASKS: dict[str, Task] = {
         ),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
         Task(
+            "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
+            "image classification: label, score, probs", backends=("torch",), in_job=False,
+        ),
+        Task(
+            "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
+            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",), in_job=False,
+        ),
+        Task(
             "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
             backends=("torch",), forward_imports=("torch",),
         ),
         Task(
             "generate", TEXT, "lakescore.udfs.generate:load_generator",
-            "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
+            "a language model over each prompt: text, a choice, or JSON", backends=("torch",), in_job=False,
         ),
     )
 }
 """Task name -> :class:`Task`: the only place a task name means anything."""
 
-TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+TASK_NAMES: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task.in_job)
+"""The tasks the scoring job runs: config validation's and the CLI's choices."""
 
 TASK_MODEL_OPTIONS: tuple[str, ...] = tuple(dict.fromkeys(o for task in TASKS.values() for o in task.model_options))
 """Every task-specific ``model.*`` setting: one a task does not list is a mistake for that task."""

@@ -7,23 +7,29 @@ matrix) and may run ahead in a thread; ``score`` runs the core with the task's t
 table. One runner per input kind (:mod:`lakescore.udfs.registry`), never per task.
 
 Preparation fails per row, never per batch: a text that is not valid UTF-8 (Parquet and Spark
-accept such bytes) is ``invalid_text``, a text the tokenizer rejects is ``prepare_error``; the
-other rows of the batch are scored.
+accept such bytes) is ``invalid_text``, a text the tokenizer rejects is ``prepare_error``, an image
+that is null, undecodable or too large is ``null_input`` / ``invalid_image`` / ``image_too_large``
+(:mod:`lakescore.udfs.images`); the other rows of the batch are scored.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakescore.udfs.batching import AdaptiveBudget, Scored, score_matrix, score_texts, tokenize_present
+from lakescore.udfs.batching import (
+    AdaptiveBudget, BatchPolicy, Scored, score_matrix, score_present, score_texts, tokenize_present,
+)
+from lakescore.udfs.images import (
+    DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, Preprocessed, describe_image, pixel_limit, preprocess_chunks, row_index,
+)
 
-__all__ = ["RowFailure", "PreparedTexts", "TextRunner", "MatrixRunner", "decode_texts"]
+__all__ = ["RowFailure", "PreparedTexts", "PreparedImages", "TextRunner", "MatrixRunner", "ImageRunner", "decode_texts"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFa
     return texts, refused
 
 
-def _refuse(scored: Scored, refused: dict[int, RowFailure]) -> Scored:
+def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
     """``scored`` with each refused row's own reason and error (they were scored as null inputs)."""
     for i, failure in refused.items():
         scored.reasons[i], scored.errors[i] = failure.reason, failure.error
@@ -128,6 +134,63 @@ class MatrixRunner:
     def raw_inputs(self, matrix: np.ndarray, scored: Scored) -> list[Optional[str]]:
         return [
             None if reason is None else json.dumps(dict(zip(self.feature_cols, (_json_number(v) for v in matrix[i]))))
+            for i, reason in enumerate(scored.reasons)
+        ]
+
+
+@dataclass
+class PreparedImages:
+    """An image batch ready to score: the encoded values (``None`` where null) and their preprocessing."""
+
+    values: list[Optional[bytes]]
+    images: Preprocessed
+
+
+def image_bytes(column: pa.Array, name: str) -> list[Optional[bytes]]:
+    """The encoded images of a binary column, one ``bytes`` (or ``None``) per row; ``TypeError`` for other types."""
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        raise TypeError(f"image column {name!r} is {column.type}; image tasks read encoded image bytes (binary)")
+    return column.to_pylist()
+
+
+class ImageRunner:
+    """Image heads: one binary column of encoded images, decoded and preprocessed per Arrow batch in chunks bounded
+    by decoded pixels and rows (:func:`~lakescore.udfs.images.preprocess_chunks`), then scored in batches of rows.
+
+    ``max_image_pixels``: the pixels one image may have (default Pillow's limit); ``max_batch_pixels`` and
+    ``max_batch_images``: what one preprocessing chunk holds at most.
+    """
+
+    def __init__(
+        self, head, input_cols: Sequence[str], *, max_image_pixels: Optional[int] = None,
+        max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS, max_batch_images: int = DEFAULT_MAX_BATCH_IMAGES,
+    ) -> None:
+        (self.image_col,) = input_cols
+        self.head = head
+        self.limit = pixel_limit(max_image_pixels)
+        self.chunk_policy = BatchPolicy(max_batch_pixels, max_batch_images)
+
+    def prepare(self, batch: pa.RecordBatch) -> PreparedImages:
+        values = image_bytes(batch.column(self.image_col), self.image_col)
+        return PreparedImages(values, preprocess_chunks(values, self.head.preprocess, self.limit, self.chunk_policy))
+
+    def score(self, prepared: PreparedImages, budget: AdaptiveBudget) -> Scored:
+        # The processor gives every image one shape, so a row costs the same in the forward: batches are cut by rows
+        # (``max_rows``, and the budget as it halves after an out-of-memory error).
+        images = prepared.images
+        present = np.flatnonzero(images.ok)
+
+        def take(rows: np.ndarray, width: int):
+            return {"pixel_values": images.pixel_values[row_index(present[rows], images.pixel_values)]}
+
+        scored = score_present(images.ok, np.ones(len(present), dtype=np.int64), take, self.head.forward, budget,
+                               invalid_reason="null_input")
+        return _refuse(scored, images.failures)
+
+    def raw_inputs(self, prepared: PreparedImages, scored: Scored) -> list[Optional[str]]:
+        headers = prepared.images.headers
+        return [
+            None if reason is None else describe_image(prepared.values[i], headers.get(i))
             for i, reason in enumerate(scored.reasons)
         ]
 

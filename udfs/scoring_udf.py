@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +66,7 @@ def make_scoring_function(
     max_tokens: Optional[int],
     max_rows: int,
     rows_counter: Optional[RowCounter] = None,
+    runner_options: Optional[Mapping[str, Any]] = None,
 ) -> ArrowScorer:
     """Build the function ``mapInArrow`` runs for ``spec.task``.
 
@@ -83,7 +84,8 @@ def make_scoring_function(
     batches of at most ``max_tokens`` padded tokens (default: per the device the
     worker resolved, :func:`~lakescore.udfs.batching.default_max_tokens`) and ``max_rows``
     rows (:mod:`lakescore.udfs.batching`), and returned in input order. Each batch's rows are
-    added to ``rows_counter`` when one is given (live progress). A model that fails to load, or
+    added to ``rows_counter`` when one is given (live progress). ``runner_options`` go to the input kind's runner
+    (:mod:`lakescore.udfs.runners`; the image runner's pixel limits). A model that fails to load, or
     loads with other weights than ``spec.expect_sha256``, fails the task.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -93,7 +95,7 @@ def make_scoring_function(
     prediction_types = get_task(spec.task).output_arrow_types
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows):
+        for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows, runner_options):
             if scored is not None:
                 if rows_counter is not None:
                     rows_counter.add(batch.num_rows)
@@ -139,6 +141,7 @@ def score_batches(
     prediction_types: Sequence[pa.DataType],
     max_tokens: Optional[int],
     max_rows: int,
+    runner_options: Optional[Mapping[str, Any]] = None,
 ) -> Iterator[tuple[pa.RecordBatch, Optional[ScoredBatch]]]:
     """Score each Arrow batch's ``input_cols`` with this worker's cached model: ``(batch, outcome)`` in order.
 
@@ -156,7 +159,7 @@ def score_batches(
     else:
         return
     model, resolved, loads = _model_for_this_worker(spec)
-    runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols))
+    runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols), **(runner_options or {}))
     budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(resolved.device), max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
         if batch.num_rows == 0:

@@ -1,0 +1,351 @@
+"""Image tasks on tiny seeded ViT / CLIP models built here, over images of every mode and format made here.
+
+``image_classify`` against ``transformers.pipeline("image-classification", top_k=None)``, ``image_embed`` against
+``get_image_features`` (and a backbone's pooled output), CLIP's text tower through ``embed`` against
+``get_text_features``; decoding against transformers' ``load_image``; each per-row failure reason; chunks bounded
+by decoded pixels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import struct
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StructField
+
+from lakescore.schemas.output import prediction_columns, scored_schema
+from lakescore.udfs import model_cache
+from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, score_texts
+from lakescore.udfs.images import decode_image, pixel_limit, preprocess_chunks, read_header
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.registry import get_task
+from lakescore.udfs.runners import ImageRunner
+from lakescore.udfs.scoring_udf import make_scoring_function
+
+Image = pytest.importorskip("PIL.Image")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+LABELS = {0: "cat", 1: "dog", 2: "fish"}
+BUDGET = BatchPolicy(max_tokens=1024, max_rows=4)
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+VISION = dict(image_size=32, patch_size=8, **TINY)
+
+
+def _encoded(image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def _picture(width: int, height: int, seed: int):
+    """A smooth RGB picture with a seeded random tint: it compresses like a photo and differs per seed."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    tint = rng.uniform(0.2, 1.0, size=3)
+    pixels = np.stack([(x * 255 // max(1, width - 1)) * tint[0], (y * 255 // max(1, height - 1)) * tint[1],
+                       ((x + y) % 64) * 4 * tint[2]], axis=-1)
+    noise = rng.integers(0, 24, size=pixels.shape)
+    return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8))
+
+
+def _sixteen_bit(width: int, height: int):
+    values = (np.linspace(0, 65535, width * height).reshape(height, width)).astype(np.uint16)
+    return Image.fromarray(values)
+
+
+def _exif_rotated() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    return _encoded(_picture(48, 20, 7), "JPEG", exif=exif.tobytes())
+
+
+IMAGES = {
+    "rgb.jpg": lambda: _encoded(_picture(40, 30, 1), "JPEG", quality=90),
+    "rgba.png": lambda: _encoded(_picture(33, 47, 2).convert("RGBA"), "PNG"),
+    "gray.png": lambda: _encoded(_picture(50, 20, 3).convert("L"), "PNG"),
+    "gray_alpha.png": lambda: _encoded(_picture(21, 21, 4).convert("LA"), "PNG"),
+    "palette.gif": lambda: _encoded(_picture(36, 28, 5).convert("P"), "GIF"),
+    "rgba.webp": lambda: _encoded(_picture(30, 40, 6).convert("RGBA"), "WEBP"),
+    "bilevel.bmp": lambda: _encoded(_picture(31, 17, 8).convert("1"), "BMP"),
+    "cmyk.tiff": lambda: _encoded(_picture(25, 35, 9).convert("CMYK"), "TIFF"),
+    "cmyk.jpg": lambda: _encoded(_picture(29, 26, 10).convert("CMYK"), "JPEG"),
+    "sixteen_bit.png": lambda: _encoded(_sixteen_bit(40, 24), "PNG"),
+    "sixteen_bit.tiff": lambda: _encoded(_sixteen_bit(24, 40), "TIFF"),
+    "exif_rotated.jpg": _exif_rotated,
+}
+
+
+def _bomb_png(width: int = 100_000, height: int = 100_000) -> bytes:
+    """A PNG whose header claims ``width`` x ``height`` RGB pixels, with a few bytes of data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+@pytest.fixture(scope="module")
+def images():
+    return {name: make() for name, make in IMAGES.items()}
+
+
+@pytest.fixture(scope="module")
+def image_files(images, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    for name, data in images.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def _vit_classifier(target, **config):
+    torch.manual_seed(0)
+    vit = transformers.ViTConfig(**VISION, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **config)
+    transformers.ViTForImageClassification(vit).eval().save_pretrained(target)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def vit_dir(tmp_path_factory):
+    return _vit_classifier(tmp_path_factory.mktemp("vit"))
+
+
+@pytest.fixture(scope="module")
+def multi_label_vit_dir(tmp_path_factory):
+    return _vit_classifier(tmp_path_factory.mktemp("vit_multi"), problem_type="multi_label_classification")
+
+
+@pytest.fixture(scope="module")
+def vit_backbone_dir(tmp_path_factory):
+    target = tmp_path_factory.mktemp("vit_backbone")
+    torch.manual_seed(1)
+    transformers.ViTModel(transformers.ViTConfig(**VISION)).eval().save_pretrained(target)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    return _tiny_clip(tmp_path_factory.mktemp("clip"))
+
+
+def _tiny_clip(target):
+    """A tiny CLIP: byte-level BPE tokenizer over the 256 byte symbols (plus two merges), both towers 2 layers."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    symbols = sorted(ByteLevel.alphabet())
+    vocab = {s: i for i, s in enumerate(symbols + [s + "</w>" for s in symbols] + ["he", "ll"])}
+    for special in ("<|startoftext|>", "<|endoftext|>"):
+        vocab[special] = len(vocab)
+    tokenizer = transformers.CLIPTokenizer(vocab=vocab, merges=[("h", "e"), ("l", "l")], model_max_length=77)
+    text = dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=vocab["<|startoftext|>"],
+                eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"], **TINY)
+    torch.manual_seed(2)
+    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=VISION, projection_dim=16))
+    model.eval().save_pretrained(target)
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    transformers.CLIPProcessor(image_processor=processor, tokenizer=tokenizer).save_pretrained(target)
+    return target
+
+
+def _head(task: str, model_dir):
+    return get_task(task).load(ModelSpec(task, str(model_dir)), model_dir)
+
+
+def _run(runner: ImageRunner, values, policy=BUDGET):
+    prepared = runner.prepare(pa.record_batch({"image": pa.array(values, pa.binary())}))
+    scored = runner.score(prepared, AdaptiveBudget(policy))
+    return prepared, scored
+
+
+def _reference_image(path):
+    from transformers.image_utils import load_image
+
+    return load_image(str(path))
+
+
+def test_decoding_equals_load_image_for_every_mode_and_format(images, image_files):
+    modes = set()
+    for name, data in images.items():
+        header, failure = read_header(data, 10**8)
+        assert failure is None
+        modes.add(header.mode)
+        decoded = decode_image(data)
+        assert decoded.mode == "RGB"
+        assert np.array_equal(np.asarray(decoded), np.asarray(_reference_image(image_files / name))), name
+    assert {"RGB", "RGBA", "L", "LA", "P", "1", "CMYK", "I;16"} <= modes
+    assert decode_image(images["exif_rotated.jpg"]).size == (20, 48)  # stored 48 x 20, displayed upright
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow warns on the bomb it opens
+def test_each_unreadable_row_is_refused_with_its_reason_and_the_rest_scored(vit_dir, images):
+    good = images["rgb.jpg"]
+    big = _encoded(_picture(64, 64, 11), "PNG")
+    values = [good, None, b"", b"\x00garbage, not an image" * 3, images["rgba.png"][:200], _bomb_png(), big, good]
+    runner = ImageRunner(_head("image_classify", vit_dir), ["image"], max_image_pixels=64 * 64 - 1)
+    prepared, scored = _run(runner, values)
+    assert scored.reasons == [None, "null_input", "null_input", "invalid_image", "invalid_image", "image_too_large",
+                              "image_too_large", None]
+    assert scored.errors[3] == "not an image format Pillow reads"
+    assert "truncated" in scored.errors[4] or "EOF" in scored.errors[4], scored.errors[4]
+    assert "decompression bomb" in scored.errors[5] and "64x64 = 4096 pixels, above the limit of 4095" in scored.errors[6]
+    # between Pillow's warning and error thresholds: refused by the header check at Pillow's limit, nothing decoded
+    header, refused = read_header(_bomb_png(10_000, 10_000), pixel_limit(None))
+    assert header.pixels == 10**8 and refused.reason == "image_too_large" and refused.error.endswith(f"above the limit of {Image.MAX_IMAGE_PIXELS}")
+    assert np.allclose(scored.outputs[0], scored.outputs[7]) and np.isclose(scored.outputs[0].sum(), 1.0)
+    raw = runner.raw_inputs(prepared, scored)
+    assert raw[0] is None and raw[1] is None and raw[2] == "0 bytes"
+    assert raw[3].startswith("66 bytes, sha256 ") and raw[6].startswith("PNG RGB 64x64, ")
+    import hashlib
+
+    assert raw[5].endswith(hashlib.sha256(values[5]).hexdigest()) and raw[5].startswith(f"{len(values[5])} bytes")
+
+
+def _pipeline_probs(pipe, path, labels) -> np.ndarray:
+    by_label = {r["label"]: r["score"] for r in pipe(str(path))}
+    return np.array([by_label[label] for label in labels])
+
+
+@pytest.mark.parametrize("model", ["vit_dir", "multi_label_vit_dir"])
+def test_image_classify_equals_the_pipeline(model, request, images, image_files):
+    model_dir = request.getfixturevalue(model)
+    head = _head("image_classify", model_dir)
+    names = list(images)
+    prepared, scored = _run(ImageRunner(head, ["image"]), [images[n] for n in names])
+    assert scored.ok.all()
+    pipe = transformers.pipeline("image-classification", model=str(model_dir), top_k=None)
+    expected = np.stack([_pipeline_probs(pipe, image_files / n, head.labels) for n in names])
+    assert np.abs(scored.outputs - expected).max() < 1e-4
+    assert head.activation == ("sigmoid" if model == "multi_label_vit_dir" else "softmax")
+    label, score, probs = head.columns(scored.outputs, scored.ok)
+    assert label.to_pylist() == [head.labels[i] for i in expected.argmax(axis=1)]
+    assert np.allclose(score.to_numpy(), expected.max(axis=1), atol=1e-4)
+    assert np.allclose(np.array(probs.to_pylist()), expected, atol=1e-4)
+
+
+def _pixels(model_dir, paths):
+    """What the image pipelines feed the model: each file through ``load_image``, then the model's own processor."""
+    processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
+    return processor(images=[_reference_image(p) for p in paths], return_tensors="pt")["pixel_values"]
+
+
+def _normalised(vectors) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float64).reshape(len(vectors), -1)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_image_embed_equals_get_image_features_and_a_backbones_pooled_output(clip_dir, vit_backbone_dir, images, image_files):
+    names = list(images)
+    paths = [image_files / n for n in names]
+    clip = transformers.CLIPModel.from_pretrained(clip_dir).eval()
+    backbone = transformers.ViTModel.from_pretrained(vit_backbone_dir).eval()
+    with torch.inference_mode():
+        expected = {
+            clip_dir: _normalised(clip.get_image_features(pixel_values=_pixels(clip_dir, paths)).pooler_output),
+            vit_backbone_dir: _normalised(backbone(pixel_values=_pixels(vit_backbone_dir, paths)).pooler_output),
+        }
+    for model_dir, reference in expected.items():
+        _, scored = _run(ImageRunner(_head("image_embed", model_dir), ["image"]), [images[n] for n in names])
+        assert scored.ok.all() and scored.outputs.dtype == np.float32
+        cosine = (_normalised(scored.outputs) * reference).sum(axis=1)
+        assert cosine.min() > 0.9999 and np.allclose(np.linalg.norm(scored.outputs, axis=1), 1.0, atol=1e-5)
+
+
+def test_a_classifier_checkpoint_has_no_trained_pooler_to_embed_with(vit_dir):
+    with pytest.raises(ValueError, match=r"lacks weights ViTModel needs \(pooler"):
+        _head("image_embed", vit_dir)
+
+
+def test_clip_text_through_embed_lands_in_the_image_space(clip_dir, images, image_files):
+    texts = ["hello world", "a photo of a cat", "hi", "", "Ünïcödé — punctuation!?"]
+    embedder = _head("embed", clip_dir)
+    vectors = score_texts(texts, embedder, BUDGET).outputs
+    clip = transformers.CLIPModel.from_pretrained(clip_dir).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(clip_dir)
+    with torch.inference_mode():
+        expected = _normalised(clip.get_text_features(**tokenizer(texts, padding=True, return_tensors="pt")).pooler_output)
+    assert ((_normalised(vectors) * expected).sum(axis=1)).min() > 0.9999
+    # the similarity CLIP computes between these texts and images, from two lakescore runs
+    _, scored = _run(ImageRunner(_head("image_embed", clip_dir), ["image"]), list(images.values()))
+    with torch.inference_mode():
+        pixels = _pixels(clip_dir, [image_files / n for n in images])
+        reference = _normalised(clip.get_image_features(pixel_values=pixels).pooler_output) @ expected.T
+    assert np.abs(scored.outputs @ vectors.T - reference).max() < 1e-4
+
+
+def test_a_big_image_is_preprocessed_apart_from_small_ones_and_rows_come_back_in_order(vit_dir, images):
+    head = _head("image_classify", vit_dir)
+    small = [images["rgb.jpg"], images["gray.png"], images["rgba.webp"], images["palette.gif"]]
+    big = _encoded(_picture(400, 300, 12), "PNG")
+    values = small[:2] + [big] + small[2:]
+    budget = 400 * 300  # the big image fills a chunk alone; the four small ones (about 1,100 pixels each) share one
+    prepared, scored = _run(ImageRunner(head, ["image"], max_batch_pixels=budget), values)
+    chunks = prepared.images.chunks
+    assert [c.rows for c in chunks] == [(2,), (0, 1, 3, 4)]
+    assert chunks[0].pixels == 400 * 300 and chunks[1].pixels == sum(read_header(v, 10**8)[0].pixels for v in small)
+    assert chunks[0].encoded_bytes == len(big)
+    _, one_chunk = _run(ImageRunner(head, ["image"]), values)
+    assert np.allclose(scored.outputs, one_chunk.outputs, atol=1e-6) and scored.ok.all()
+    _, alone = _run(ImageRunner(head, ["image"]), [small[2]])
+    assert np.allclose(scored.outputs[3], alone.outputs[0], atol=1e-6)
+    # rows per chunk are bounded too
+    prepared, _ = _run(ImageRunner(head, ["image"], max_batch_images=3), values)
+    assert [len(c.rows) for c in prepared.images.chunks] == [3, 2]
+
+
+def test_an_image_the_processor_rejects_is_refused_alone_and_mixed_shapes_fail_once(images):
+    """A real numpy preprocessor that rejects images 50 pixels wide, or keeps each image's own size."""
+
+    def picky(batch):
+        if any(image.width == 50 for image in batch):
+            raise ValueError("cannot preprocess a 50-pixel-wide image")
+        return np.stack([np.asarray(image.resize((4, 4)), dtype=np.float32) for image in batch])
+
+    values = [images["rgb.jpg"], images["gray.png"], images["cmyk.jpg"]]  # 40, 50 and 29 pixels wide
+    done = preprocess_chunks(values, picky, 10**8, BatchPolicy(10**8, 8))
+    assert done.ok.tolist() == [True, False, True] and done.failures[1].reason == "prepare_error"
+    assert done.failures[1].error == "ValueError: cannot preprocess a 50-pixel-wide image"
+    assert np.array_equal(done.pixel_values[2], picky([decode_image(values[2])])[0]) and not done.pixel_values[1].any()
+    with pytest.raises(ValueError, match="need a processor that resizes every image to one shape"):
+        preprocess_chunks(values, lambda batch: np.stack([np.asarray(image) for image in batch]), 10**8, BatchPolicy(10**8, 8))
+
+
+def test_the_worker_function_scores_a_binary_column_and_dead_letters_per_row(vit_dir, images):
+    model_cache.clear()
+    spec = ModelSpec("image_classify", str(vit_dir))
+    assert prediction_columns("image_classify") == prediction_columns("classify")
+    schema = scored_schema("image_classify", StructField("id", LongType()))
+    score = make_scoring_function(spec, keep_cols=["id"], input_cols=["image"], schema=schema, max_tokens=None, max_rows=2,
+                                  runner_options={"max_image_pixels": 40 * 30})
+    batch = pa.record_batch({
+        "id": pa.array([1, 2, 3, 4], pa.int64()),
+        "image": pa.array([images["rgb.jpg"], b"nope", images["gray.png"], images["cmyk.tiff"]], pa.large_binary()),
+    })
+    rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
+    assert [r["_reason"] for r in rows] == [None, "invalid_image", None, None]
+    assert rows[1]["label"] is None and rows[1]["_input"].startswith("4 bytes, sha256 ")
+    assert all(r["label"] in LABELS.values() and len(r["probs"]) == 3 for r in (rows[0], rows[2], rows[3]))
+    model = model_cache.get_model(spec)[0]
+    assert model.scorer.score(get_task("image_classify").input_kind.preflight_sample(spec)).shape == (1, 3)
+    refused = make_scoring_function(spec, keep_cols=["id"], input_cols=["image"], schema=schema, max_tokens=None,
+                                    max_rows=2, runner_options={"max_image_pixels": 40 * 30 - 1})
+    rows = pa.Table.from_batches(list(refused(iter([batch])))).to_pylist()
+    assert [r["_reason"] for r in rows] == ["image_too_large", "invalid_image", None, None]
+    with pytest.raises(TypeError, match="image column 'image' is string"):
+        list(score(iter([pa.record_batch({"id": pa.array([1], pa.int64()), "image": pa.array(["/a.png"])})])))
+    model_cache.clear()
+
+
+def test_image_tasks_load_in_reduced_precision_on_torch(vit_dir, images):
+    spec = dataclasses.replace(ModelSpec("image_classify", str(vit_dir)), dtype="bfloat16")
+    head = get_task("image_classify").load(spec, vit_dir)
+    out = head.score([images["rgb.jpg"]])
+    assert out.shape == (1, 3) and np.isclose(out.sum(), 1.0, atol=1e-3)
+    assert get_task("image_classify").backends == ("torch",) == get_task("image_embed").backends
