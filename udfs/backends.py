@@ -33,9 +33,9 @@ WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
     "torch": ("torch", "transformers.modeling_utils", "transformers.models.auto.modeling_auto"),
     "onnx": (),
 }
-"""Backend -> the modules its forward imports in a worker (with the text tokenizers, ~3.5 s of CPU for torch):
-what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.python_daemon`).
-Not ``onnxruntime``: its import starts a native thread, which a fork would not carry, and takes 0.05 s."""
+"""Backend -> the modules its forward imports in a worker (with the text tokenizers; torch's are the costly
+ones): what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.python_daemon`).
+Not ``onnxruntime``: its import starts a native thread, which a fork would not carry, and it is cheap anyway."""
 
 
 @dataclass(frozen=True)

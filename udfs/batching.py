@@ -53,9 +53,8 @@ R = TypeVar("R")
 DEFAULT_MAX_BATCH_TOKENS = {"cpu": 1024, "cuda": 65536}
 """Padded tokens per forward batch when ``scoring.max_batch_tokens`` is unset, per device.
 
-CPU: measured with ``lakescore sweep`` (all-MiniLM-L6-v2, one torch thread per task, 300
-long-tailed reviews): 1024 -> 42.9 rows/s, 4096 -> 33.4, 8192 -> 28.3, 32768 -> 16.2.
-Small batches of equal length keep the activations in cache; run the sweep for other
+CPU: the fastest budget ``lakescore sweep`` found for a small encoder; throughput falls as the budget
+grows, since small batches of equal length keep the activations in cache. Run the sweep for other
 models and hardware."""
 
 

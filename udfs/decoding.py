@@ -13,10 +13,10 @@ row's result:
 * a row ends at an EOS token, at a stop string (its text cut before the first), or at ``max_new_tokens``.
 
 Rows that end leave the batch at once (their KV cache rows are dropped), so they stop costing compute.
-Refilling the freed slots with waiting prompts (continuous batching) was measured against this on CPU with
-a tiny Llama: it was not faster there, since a decode step's cost on CPU already scales with the rows left
-in it, and merging a new prompt's cache into the running one adds copies and left padding; so batches are
-planned by the core (length-sorted, prompt plus new tokens within the budget) and only shrink.
+Refilling the freed slots with waiting prompts (continuous batching) is not faster on CPU, since a decode
+step's cost there already scales with the rows left in it, and merging a new prompt's cache into the running
+one adds copies and left padding; so batches are planned by the core (length-sorted, prompt plus new tokens
+within the budget) and only shrink.
 
 Choices are scored in one forward over every (row, choice) sequence: the sum of the choice tokens'
 log-probabilities given the prompt and the choice tokens before them.

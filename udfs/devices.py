@@ -18,7 +18,7 @@ __all__ = ["resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address
 
 log = logging.getLogger(__name__)
 # torch is imported where a function needs it: a worker on the ONNX backend never pays its import
-# (~1.4 s of CPU and ~450 MiB of resident libraries per process, measured on the bench machine).
+# (seconds of CPU and hundreds of MiB of resident libraries per process).
 
 
 def task_gpu_address(context=None) -> Optional[str]:

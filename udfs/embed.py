@@ -9,8 +9,8 @@ the transformer forward on ``spec.backend`` (:mod:`lakescore.udfs.backends`), th
 function, run by the forward where its outputs are: numpy for ONNX Runtime, torch on the model's device)
 and L2 normalisation in numpy. The vectors equal
 ``SentenceTransformer(dir).encode(texts)`` within float32 rounding (tested), and a worker never
-imports sentence-transformers, which brings scikit-learn and scipy with it (5.3 s of CPU and
-~800 MiB resident per process, measured on the bench machine).
+imports sentence-transformers, which brings scikit-learn and scipy with it (seconds of CPU and
+hundreds of MiB resident per process).
 
 A plain Hugging Face directory without that configuration gets Transformer -> Pooling
 (``mean`` unless configured ``cls``) -> Normalize (unless configured off); a dual-tower (CLIP-style)

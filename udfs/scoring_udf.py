@@ -246,8 +246,8 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
 
     int8's reference is the float32 ONNX graph of the same weights, which its export checked against float32
     torch (:func:`~lakescore.udfs.onnx_export.check_graph`), so the worker that checks imports no torch
-    (the daemon preloads none for this backend). Measured against a float32 torch reference, W1 on 2 cores,
-    same sitting: 295 -> 335 rows/s end to end, ~550 MiB less at the peak. bfloat16's and float16's is the
+    (the daemon preloads none for this backend), which leaves the run faster and its workers smaller than a
+    torch reference would. bfloat16's and float16's is the
     float32 torch model, on the same device: its weights (twice the reduced-precision model's) are held beside
     the model while the check runs, then freed."""
     reference_spec = spec.float32_reference()
@@ -264,8 +264,7 @@ def _return_freed_memory() -> None:
     """Give the heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
 
     Freeing a model leaves its buffers in the allocator's free lists, so the worker keeps the
-    memory for the rest of the run. Measured with MiniLM's float32 reference after the int8 check
-    (256 W1 reviews): the worker ends the check at 311 MiB resident with the trim, 369 without (228 before)."""
+    memory for the rest of the run; trimming after the reference model is dropped gives back what it can."""
     gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)

@@ -3,11 +3,9 @@
 :class:`BatchEncoder` returns what ``tokenizer(texts, padding=True, truncation="longest_first",
 max_length=max_length, return_tensors="np")`` returns, for a fast (Rust ``tokenizers``) tokenizer built from
 its backend's ``encode_batch`` and numpy. transformers' own call turns every encoding into Python lists of
-ints, padded to the batch's longest row, and then into arrays: with W1's mostly short reviews in Arrow
-batches of 4,096 rows, padded to their longest (256 tokens), that is ~1 M Python ints per column per batch.
-Measured (MiniLM's tokenizer, 4,096 W1 reviews, 2-core AMD EPYC Zen 3): 1.04 s through transformers, 0.19 s
-here, the same arrays. On an H100 the transformers call was the scoring stage's bottleneck
-(6.6 of 10 s for 30,000 rows; BENCHMARKS.md, GPU).
+ints, padded to the batch's longest row, and then into arrays: for a large Arrow batch of mostly short texts
+padded to its longest, that is millions of Python ints per batch. Building the arrays directly gives the same
+arrays several times faster, and keeps tokenization from bounding the scoring stage on a GPU.
 
 Tokenizers this cannot reproduce exactly take transformers' call: slow (Python) tokenizers, a tokenizer
 without a pad token (where that call raises, as before), and input names other than ``input_ids``,
