@@ -31,10 +31,9 @@ TASKS_PER_SLOT = 4
 after about a quarter of the first wave rather than at its end."""
 
 _MIN_TASK_ROWS = 500
-"""Fewer rows than this per task would mostly measure task overhead; small inputs keep fewer tasks. A scoring
-task costs ~0.25 s beyond its rows here (900 rows of a W3 incremental run: scoring stage 7.0-8.3 s in 8 tasks,
-5.6-6.0 s in 2, 2-core Xeon); 500 short reviews are ~3 s of one worker, so the overhead stays under a tenth.
-A chunk too small for 4 such tasks per slot is scored in seconds, where early progress matters little."""
+"""Fewer rows than this per task would mostly measure task overhead; small inputs keep fewer tasks. At this size
+a task's fixed cost stays a small part of scoring its rows, and a chunk too small for :data:`TASKS_PER_SLOT` such
+tasks per slot is scored quickly enough that early progress matters little."""
 
 _POLL_SECONDS = 0.25
 

@@ -197,8 +197,8 @@ def _count_columns() -> list[Column]:
 
 def _write_counting(changed: Staging, rows: DataFrame) -> Optional[dict]:
     """Write ``rows`` to ``changed`` and return :func:`_count_columns` of them, computed by the write itself
-    (:func:`~lakescore.jobs.platform.spark_adapter.observed`: no second job over the table, ~1 s of W3's incremental
-    run here); ``None`` where the session cannot (Spark Connect: the caller counts the table)."""
+    (:func:`~lakescore.jobs.platform.spark_adapter.observed`: no second job over the table); ``None`` where the
+    session cannot (Spark Connect: the caller counts the table)."""
     observed_rows, counts = spark_adapter.observed(rows, *_count_columns())
     changed.write(observed_rows)
     return counts()

@@ -61,11 +61,11 @@ class ModelIdentity:
 class PythonWorkerStart:
     """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
 
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.python_daemon`):
-    ~3.5 s of one core, while the driver reads the input. The preflight waits for it (:meth:`wait`) before its
-    own tasks take every slot: they then load only the weights, instead of holding the slots the driver's id check
-    needs while the daemon starts (F200 on 2 cores: the id check took 1.4 s instead of 8.5 s, measured here). One
-    task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker failures.
+    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.python_daemon`), while the
+    driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot: they
+    then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
+    One task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker
+    failures.
     """
 
     def __init__(self, spark: SparkSession, layout: "ScoringLayout") -> None:

@@ -1,6 +1,6 @@
 """Steps 1–2, read and check: the session, the model source, the input and the output targets, before any compute.
 
-:func:`open_input` resolves the model (a missing one fails in milliseconds), takes or
+:func:`open_input` resolves the model (a missing local one fails before a session starts), takes or
 builds the session, reads the input lazily and checks its input contract (columns and
 types, per the task's input kind) on the schema alone. :func:`check_targets` proves that
 the output and errors targets can take this run's schemas. Nothing here runs a Spark job
@@ -113,7 +113,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     if is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
-    model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing model fails here, in milliseconds
+    model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing local model fails here, before the session
     spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads

@@ -153,7 +153,8 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
 
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     """A few scoring tasks per slot unless configured, so progress moves before the first wave of tasks ends
-    (accumulators merge when a task ends); README "How it runs" gives the measured cost. Over Spark Connect,
+    (accumulators merge when a task ends), but never so many that task overhead dominates
+    (:func:`~lakescore.jobs.platform.progress.progress_partitions`). Over Spark Connect,
     where the planned partitions are unknown without a job, the layout stays as configured."""
     if run.layout.partitions is not None:
         return run.layout
