@@ -231,6 +231,19 @@ def _c1_section(c1: Optional[C1Result]) -> list[str]:
             *[f"- {line}" for line in c1_lines(c1)], ""]
 
 
+KEPT_SECTIONS = "## Findings that hold across runs"
+"""Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
+replaces what is above it and keeps the rest."""
+
+
+def _kept_sections(path: Path) -> str:
+    """The hand-written tail of the Markdown report at ``path`` (from :data:`KEPT_SECTIONS`), to keep after a new run;
+    empty when the file or the heading is missing."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find(KEPT_SECTIONS)
+    return "\n" + text[start:] if start >= 0 else ""
+
+
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
               w3: Optional[W3Result] = None, c1: Optional[C1Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
@@ -340,7 +353,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  for r in results],
     }, indent=2))
     if args.markdown != "-":
-        Path(args.markdown).write_text(document)
+        Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
     ran = results or w3 or c1
     return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1)) else 1
