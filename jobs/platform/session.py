@@ -97,6 +97,12 @@ def one_host_cluster_java_options(master: str) -> list[str]:
     return [LOCAL_MODE_JAVA_OPTIONS] if master.startswith("local-cluster[") else []
 
 
+def own_host(master: str) -> bool:
+    """Whether ``master`` runs every JVM on this host, started by lakescore: ``local``, ``local[...]`` or
+    ``local-cluster[...]``; not ``spark://``, ``yarn``, ``k8s://`` or any other cluster's."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
 def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
     """Whether a session built from ``cfg`` gets the S3A connector: ``spark.s3a`` if set,
     else whether any of ``refs`` (the job's input and output) is an ``s3a://`` path."""
@@ -175,7 +181,7 @@ def get_or_create_session(
     if local:
         java_options += local_java_options(confs.get("spark.driver.memory", "1g"), user_java_options)
     java_options += one_host_cluster_java_options(cfg.master)
-    if cfg.class_archive:
+    if cfg.class_archive and own_host(cfg.master):
         java_options += class_archive.start_options(cfg.jars_dir, confs)
     confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, user_java_options])
     executor_options = [executor_log] + one_host_cluster_java_options(cfg.master)
@@ -231,9 +237,9 @@ def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[st
 
 def worker_preload_confs(cfg: SparkConfig, worker_imports: Sequence[str]) -> dict[str, str]:
     """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.python_daemon`
-    with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off or
-    ``cfg.conf`` names its own daemon module."""
-    if not worker_imports or not cfg.worker_preload or "spark.python.daemon.module" in cfg.conf:
+    with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off,
+    ``cfg.conf`` names its own daemon module or the master is not this host's own (:func:`own_host`)."""
+    if not worker_imports or not cfg.worker_preload or "spark.python.daemon.module" in cfg.conf or not own_host(cfg.master):
         return {}
     return {
         "spark.python.daemon.module": python_daemon.__name__,
