@@ -34,7 +34,7 @@ WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
     "onnx": (),
 }
 """Backend -> the modules its forward imports in a worker (with the text tokenizers, ~3.5 s of CPU for torch):
-what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.python_daemon`).
+what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.local.python_daemon`).
 Not ``onnxruntime``: its import starts a native thread, which a fork would not carry, and takes 0.05 s."""
 
 

@@ -61,7 +61,7 @@ class ModelIdentity:
 class PythonWorkerStart:
     """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
 
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.python_daemon`):
+    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.local.python_daemon`):
     ~3.5 s of one core, while the driver reads the input. The preflight waits for it (:meth:`wait`) before its
     own tasks take every slot: they then load only the weights, instead of holding the slots the driver's id check
     needs while the daemon starts (F200 on 2 cores: the id check took 1.4 s instead of 8.5 s, measured here). One
