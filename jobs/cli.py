@@ -12,7 +12,6 @@ with ``--report`` a failed run still writes its JSON report (``status: failed``)
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import sys
 from pathlib import Path
@@ -179,7 +178,7 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _fetch_jars(args: argparse.Namespace) -> int:
-    from lakescore.jobs.platform.class_archive import build_archive
+    from lakescore.jobs.platform.local.class_archive import build_archive
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
     from lakescore.jobs.platform.session import jar_confs
 
@@ -264,15 +263,10 @@ def run() -> None:
 
 
 def _spare_the_exit_collection() -> None:
-    """The process ends next: keep the interpreter's last cyclic garbage collection off everything still loaded.
+    """The process ends next: :func:`lakescore.jobs.platform.local.accelerations.spare_the_exit_collection`."""
+    from lakescore.jobs.platform.local.accelerations import spare_the_exit_collection
 
-    By now the driver holds GX's, pandas' and matplotlib's modules, and Python's teardown collected them
-    for ~0.9 s after the run had finished (a 200-row run on a 2-core AMD EPYC: 0.95 s from the last atexit
-    handler to the process's end, 0.07 s with this). ``gc.freeze`` moves the objects alive now out of the
-    collector's reach; atexit handlers, stream flushes and reference-counted finalizers still run, and the
-    operating system takes the memory back as the process ends.
-    """
-    gc.freeze()
+    spare_the_exit_collection()
 
 
 def _is_before_compute(exc: BaseException) -> bool:

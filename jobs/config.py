@@ -242,11 +242,13 @@ class SparkConfig(_Section):
     jars_dir: Text = "~/.cache/lakescore/jars"
     """Where ``lakescore fetch-jars`` puts the Delta (and S3A) jars, so sessions start without Maven."""
     class_archive: bool = True
-    """Start the driver JVM from the host's class-data-sharing archive for its classpath, when ``lakescore
-    fetch-jars`` built one (``<jars_dir>/class-archives/``); ``false``: the JVM parses every class at start-up."""
+    """On this host's own masters (``local[…]``, ``local-cluster[…]``), start the driver JVM from the host's
+    class-data-sharing archive for its classpath, when ``lakescore fetch-jars`` built one
+    (``<jars_dir>/class-archives/``); ``false``, or any other master: the JVM parses every class at start-up."""
     worker_preload: bool = True
-    """Executors' Python workers are forked from a daemon that has imported the scoring runtime (torch,
-    transformers) once, so each worker loads only the weights and shares the imported modules' memory; ``false``:
+    """On this host's own masters (``local[…]``, ``local-cluster[…]``), executors' Python workers are forked from a
+    daemon that has imported the scoring runtime (torch, transformers) once, so each worker loads only the weights
+    and shares the imported modules' memory; ``false``, or any other master (``spark://``, ``yarn``, ``k8s://``):
     Spark's own daemon. Ignored where ``conf`` sets ``spark.python.daemon.module``."""
     s3a: Optional[bool] = None
     """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output is an ``s3a://`` path,

@@ -14,14 +14,12 @@ check publishes nothing to the output: readers keep the previous version.
 
 from __future__ import annotations
 
-import importlib
-import logging
-import threading
 from typing import Optional
 
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import JobConfig
+from lakescore.jobs.platform.local.accelerations import import_late_modules_meanwhile
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
@@ -35,8 +33,6 @@ from lakescore.jobs.steps.score import score_into_staging
 from lakescore.jobs.steps.validate import validate_rows
 
 __all__ = ["run_scoring"]
-
-log = logging.getLogger(__name__)
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
@@ -85,21 +81,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
 
 
 def _import_late_modules_meanwhile(cfg: JobConfig) -> None:
-    """Import what the run's last steps need in the background, while the executors work: GX, ~5 s of CPU,
-    when validation is on; then the HTML report's charts (matplotlib, ~0.3 s) when a report is written.
-
-    Not before the input is open: from the JVM's start, the GX import competed with the executors' Python daemon
-    importing torch, which is on the run's path (F200 medians of 3 here: 22.0 s started with the JVM, 21.0 s
-    started after the read). Not at the lowest CPU priority either: 20.6 s, within noise, and the validation step
-    waiting on a starved import could stall."""
+    """Import what the run's last steps need while the executors work (on this host's own masters): GX when
+    validation is on, then the HTML report's charts when a report is written."""
     modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report_html"] if cfg.report else [])
-    if modules:
-        threading.Thread(target=_import_all, args=(modules,), name="lakescore-late-imports", daemon=True).start()
-
-
-def _import_all(modules: list[str]) -> None:
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 (the step that needs the module imports it again and reports why it failed)
-            log.debug("importing %s ahead of time failed", name, exc_info=True)
+    import_late_modules_meanwhile(modules)

@@ -50,15 +50,16 @@ def _pyspark_home() -> Path:
 
 
 def _tooling():
-    """lakescore's config, jar cache and session modules, from the source tree: the submit host's tooling, not the
+    """lakescore's config, jar cache and local-accelerator modules, from the source tree: the submit host's tooling, not the
     job (the job never sees this path)."""
     sys.path.insert(0, str(REPO))
     try:
         from lakescore.jobs import config
-        from lakescore.jobs.platform import jars, session
+        from lakescore.jobs.platform import jars
+        from lakescore.jobs.platform.local import accelerations
     finally:
         sys.path.pop(0)
-    return config, jars, session
+    return config, jars, accelerations
 
 
 def _delta_jars() -> list[Path]:

@@ -6,9 +6,10 @@ At default verbosity a session lakescore builds starts quiet:
   ``-Dlog4j2.configurationFile`` in ``spark.driver.extraJavaOptions`` (and the executors'
   options where they run on this host, ``local-cluster``): Spark's real warnings stay,
   the start-up notices of Hadoop, Hive's embedded metastore and Derby do not;
-* the one line log4j cannot reach, ``WARNING: Using incubator modules: jdk.incubator.vector``
-  (the JVM itself prints it for the module Spark's launcher adds), is dropped from the
-  gateway JVM's stderr, which is otherwise copied through unchanged;
+* on this host's own masters, the one line log4j cannot reach, ``WARNING: Using incubator modules:
+  jdk.incubator.vector`` (the JVM itself prints it for the module Spark's launcher adds), is dropped from the
+  gateway JVM's stderr, which is otherwise copied through unchanged
+  (:func:`lakescore.jobs.platform.local.accelerations.launch_quiet_gateway`);
 * Python logging shows lakescore's INFO lines and other libraries' warnings only;
 * for the CLI (:func:`log_jvm_to_file`), the JVM's warnings and errors, stack traces and all, go to a log
   file of the session's own (:func:`run_log`) instead of the console, and so does the traceback of a
@@ -23,24 +24,19 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
-import threading
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Optional
 
 __all__ = [
-    "QUIET_LOG4J2", "is_verbose", "quiet_java_options", "configure_logging", "launch_quiet_gateway", "JVM_NOISE",
+    "QUIET_LOG4J2", "is_verbose", "quiet_java_options", "configure_logging",
     "log_jvm_to_file", "start_run_log", "run_log", "keep_trace",
 ]
 
 QUIET_LOG4J2 = Path(__file__).with_name("log4j2-quiet.properties")
 """The log4j2 configuration of quiet sessions."""
-
-JVM_NOISE = (b"WARNING: Using incubator modules:",)
-"""Starts of JVM stderr lines that log4j cannot silence and no run needs."""
 
 _LAKESCORE = "lakescore"
 
@@ -164,30 +160,3 @@ def configure_logging(verbose: bool, terminal: Optional[bool] = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not verbose:
         logging.captureWarnings(True)  # Python warnings become WARNING records: one line each, no source echo
-
-
-def launch_quiet_gateway(conf):
-    """Start the Py4J gateway JVM for ``conf`` (a ``SparkConf``) with :data:`JVM_NOISE` dropped from its stderr.
-
-    Every other line the JVM (or a Python worker it forks) writes to stderr is copied, as
-    it comes, to this process's current ``sys.stderr`` by a daemon thread.
-    """
-    from pyspark.java_gateway import launch_gateway
-
-    popen = {"stderr": subprocess.PIPE}
-    gateway = launch_gateway(conf, popen_kwargs=popen)
-    process = getattr(gateway, "proc", None)
-    if process is not None and process.stderr is not None:
-        threading.Thread(target=_copy_stderr, args=(process.stderr,), name="lakescore-jvm-stderr", daemon=True).start()
-    return gateway
-
-
-def _copy_stderr(source: IO[bytes]) -> None:
-    for line in iter(source.readline, b""):
-        if line.startswith(JVM_NOISE):
-            continue
-        try:
-            sys.stderr.write(line.decode("utf-8", "replace"))
-            sys.stderr.flush()
-        except (ValueError, OSError):  # stderr closed at interpreter exit
-            return

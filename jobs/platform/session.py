@@ -16,10 +16,9 @@ It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
 ``spark.s3a`` says so): its ~620 MiB of jars add seconds to every start and, in
 local mode, are copied into each session's scratch directory.
 
-Its driver JVM starts from the host's class-data-sharing archive for its classpath when
-``lakescore fetch-jars`` built one (:mod:`lakescore.jobs.platform.class_archive`), and its executors fork
-Python workers from a daemon that imported the job's model runtime first
-(:mod:`lakescore.jobs.platform.python_daemon`).
+On this host's own masters (``local[…]``, ``local-cluster[…]``) the session gets lakescore's local accelerators
+on top (:mod:`lakescore.jobs.platform.local.accelerations`: class archive, JVM flags, the worker daemon); on any
+other master it is built from ``spark:`` config alone.
 
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
@@ -29,73 +28,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from pyspark.sql import SparkSession
 
-from lakescore.jobs.platform import class_archive, interrupts, python_daemon
-from lakescore.jobs.config import SparkConfig, spark_size_mib
+from lakescore.jobs.platform import interrupts
+from lakescore.jobs.config import SparkConfig
 from lakescore.jobs.platform.console import is_verbose, quiet_java_options, start_run_log
 from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
+from lakescore.jobs.platform.local.accelerations import accelerations_for
 from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
-__all__ = [
-    "get_or_create_session", "session_source", "needs_s3a", "jar_confs", "worker_preload_confs", "LOCAL_MODE_DEFAULTS",
-    "local_java_options",
-]
+__all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs"]
 
 log = logging.getLogger(__name__)
-
-LOCAL_MODE_DEFAULTS = {
-    # Delta rebuilds table state with this many tasks (default 50, sized for big logs). A fresh
-    # local process paid 16.3 s for its first Delta query at 50, 7.8 s at 1 (measured here).
-    "spark.databricks.delta.snapshotPartitions": "2",
-}
-"""Settings for ``local[...]`` masters that the user's ``spark.conf`` has not set."""
-
-LOCAL_MODE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""Local jobs live seconds to minutes: C1-only JIT cut that first Delta query from 7.8 s to 4.8 s
-(measured here), while the heavy lifting happens in Python workers. ``local-cluster[...]`` (Spark's
-one-host test cluster: its driver and executor JVMs share this host's cores) gets it too, in every JVM.
-Clusters keep full JIT."""
-
-SERIAL_GC_MAX_HEAP_MIB = 4096
-"""Local drivers with at most this heap collect with the serial collector (see :func:`local_java_options`)."""
-
-_COLLECTOR_OPTION = re.compile(r"-XX:\+Use\w+GC\b")
-
-
-def local_java_options(driver_memory: str, user_options: str) -> list[str]:
-    """Java options lakescore adds to a ``local[...]`` driver whose heap is ``driver_memory``
-    (``spark.driver.memory``, e.g. ``1g``; a bare number is MiB, as Spark reads it) and whose
-    ``spark.driver.extraJavaOptions`` are ``user_options``.
-
-    Always C1-only JIT (:data:`LOCAL_MODE_JAVA_OPTIONS`). The serial collector too when the
-    heap is at most :data:`SERIAL_GC_MAX_HEAP_MIB` and ``user_options`` choose no collector
-    (the JVM refuses two). Measured on a 2-core AMD EPYC, W1 with the ONNX int8 backend, 6 runs
-    each: the driver JVM peaked at 643-849 MiB resident with it against 812-1238 MiB with G1,
-    the JVM's default, at the same wall time (32.75 s vs 32.95 s median). Its stop-the-world
-    pauses are longer (one run: 1.3 s in all, longest 142 ms, against G1's 0.6 s and 83 ms),
-    but G1's concurrent work runs on the same cores. Larger local heaps keep G1, which is built
-    to keep pauses short on large heaps. A ``driver_memory`` that is not a size keeps G1 too
-    (Spark names the mistake when it starts).
-    """
-    options = [LOCAL_MODE_JAVA_OPTIONS]
-    heap_mib = spark_size_mib(driver_memory)
-    if heap_mib is not None and heap_mib <= SERIAL_GC_MAX_HEAP_MIB and not _COLLECTOR_OPTION.search(user_options):
-        options.append("-XX:+UseSerialGC")
-    return options
-
-
-def one_host_cluster_java_options(master: str) -> list[str]:
-    """Java options for every JVM of a ``local-cluster[...]`` master, driver and executors: C1-only JIT
-    (:data:`LOCAL_MODE_JAVA_OPTIONS`); none for any other master (``local[...]`` drivers get
-    :func:`local_java_options`)."""
-    return [LOCAL_MODE_JAVA_OPTIONS] if master.startswith("local-cluster[") else []
-
 
 def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
     """Whether a session built from ``cfg`` gets the S3A connector: ``spark.s3a`` if set,
@@ -141,8 +89,8 @@ def get_or_create_session(
     ``cfg`` is used only when :func:`session_source` says ``"build"`` (and ``cfg.remote`` for ``"connect"``). ``refs`` are the
     tables / paths the job reads and writes; a built session gets the S3A connector jars
     when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
-    Spark resolves them from Maven at start-up (with a warning). A built session's Python daemon
-    imports ``worker_imports`` before forking workers (:func:`worker_preload_confs`).
+    Spark resolves them from Maven at start-up (with a warning). On this host's own masters a built session's Python
+    daemon imports ``worker_imports`` before forking workers (:func:`~lakescore.jobs.platform.local.accelerations.accelerations_for`).
     """
     active = SparkSession.getActiveSession()
     source = session_source(os.environ, active is not None, cfg.remote)
@@ -165,20 +113,15 @@ def get_or_create_session(
     metastore = Path(cfg.metastore_dir).expanduser().resolve() if cfg.metastore_dir else warehouse.parent / "metastore_db"
     metastore.parent.mkdir(parents=True, exist_ok=True)
 
-    local = cfg.master.startswith("local[") or cfg.master == "local"
     verbose = is_verbose()
     driver_log, executor_log = quiet_java_options(cfg.master, verbose, start_run_log(metastore.parent / "logs"))
-    confs = jar_confs(cfg, refs, {**(LOCAL_MODE_DEFAULTS if local else {}), **cfg.conf})
-    confs.update(worker_preload_confs(cfg, worker_imports))
+    confs = jar_confs(cfg, refs, cfg.conf)
+    fast = accelerations_for(cfg, confs, worker_imports)
+    confs = {**fast.defaults, **confs, **fast.confs}
     user_java_options = confs.get("spark.driver.extraJavaOptions", "")
-    java_options = [f"-Dderby.system.home={metastore.parent}"]
-    if local:
-        java_options += local_java_options(confs.get("spark.driver.memory", "1g"), user_java_options)
-    java_options += one_host_cluster_java_options(cfg.master)
-    if cfg.class_archive:
-        java_options += class_archive.start_options(cfg.jars_dir, confs)
+    java_options = [f"-Dderby.system.home={metastore.parent}", *fast.driver_java_options]
     confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, user_java_options])
-    executor_options = [executor_log] + one_host_cluster_java_options(cfg.master)
+    executor_options = [executor_log] + fast.executor_java_options
     if any(executor_options):
         confs["spark.executor.extraJavaOptions"] = _join(executor_options + [confs.get("spark.executor.extraJavaOptions", "")])
     settings = {
@@ -194,7 +137,7 @@ def get_or_create_session(
         "spark.sql.catalogImplementation": "hive",  # what enableHiveSupport() sets
         **confs,
     }
-    if not verbose:  # the JVM starts here, its stderr passing through the console's filter
+    if fast.quiet_gateway and not verbose:  # the JVM starts here, its stderr passing through the console's filter
         start_quiet_classic_jvm(settings)
     builder = SparkSession.builder
     for key, value in settings.items():
@@ -227,18 +170,6 @@ def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[st
         if values:
             out[key] = ",".join(values + ([out[key]] if out.get(key) else []))
     return out
-
-
-def worker_preload_confs(cfg: SparkConfig, worker_imports: Sequence[str]) -> dict[str, str]:
-    """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.python_daemon`
-    with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off or
-    ``cfg.conf`` names its own daemon module."""
-    if not worker_imports or not cfg.worker_preload or "spark.python.daemon.module" in cfg.conf:
-        return {}
-    return {
-        "spark.python.daemon.module": python_daemon.__name__,
-        f"spark.executorEnv.{python_daemon.IMPORTS_ENV}": ",".join(worker_imports),
-    }
 
 
 def _join(options: list[str]) -> str:

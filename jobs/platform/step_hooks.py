@@ -1,5 +1,8 @@
 """Test-only hooks at the job's step boundaries and at named points inside steps, set by environment variables.
 
+Every hook is off unless ``LAKESCORE_TEST_HOOKS=1`` is set too (the test suite's ``tests/conftest.py`` sets
+it), so a stray ``LAKESCORE_TEST_KILL`` in a production environment cannot kill a driver.
+
 ``LAKESCORE_TEST_BARRIER="<step>:<parties>:<directory>"``: a run that reaches ``<step>``
 (:class:`~lakescore.jobs.steps.report.StepClock` names them) records its arrival in
 ``<directory>`` and waits until ``<parties>`` runs have arrived (at most
@@ -19,7 +22,7 @@ reaches each step boundary and point, so a test watching the file can act at a n
 outside, e.g. SIGKILL an executor JVM while the validation or the publish runs on it
 (``tests/cluster/test_faults.py``).
 
-Unset, the default, a point costs two environment lookups (a step boundary three: barrier too).
+Unset, the default, a point costs one environment lookup.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["at_step", "at_point", "ANNOUNCE_ENV", "BARRIER_ENV", "KILL_ENV", "POINTS"]
+__all__ = ["at_step", "at_point", "ANNOUNCE_ENV", "BARRIER_ENV", "ENABLE_ENV", "KILL_ENV", "POINTS"]
 
+ENABLE_ENV = "LAKESCORE_TEST_HOOKS"
 ANNOUNCE_ENV = "LAKESCORE_TEST_ANNOUNCE"
 BARRIER_ENV = "LAKESCORE_TEST_BARRIER"
 KILL_ENV = "LAKESCORE_TEST_KILL"
@@ -49,7 +53,9 @@ POINTS = {
 
 
 def at_step(step: str) -> None:
-    """Run the hooks configured for ``step`` (none unless the test environment variables are set)."""
+    """Run the hooks configured for ``step`` (none unless :data:`ENABLE_ENV` is ``1`` and a hook's variable is set)."""
+    if not _enabled():
+        return
     barrier = os.environ.get(BARRIER_ENV)
     if barrier:
         name, parties, directory = barrier.split(":", 2)
@@ -60,7 +66,9 @@ def at_step(step: str) -> None:
 
 def at_point(point: str) -> None:
     """Announce ``point`` if :data:`ANNOUNCE_ENV` names a file; kill this process if :data:`KILL_ENV`
-    names ``point`` (at once, or after its ``@seconds``)."""
+    names ``point`` (at once, or after its ``@seconds``); nothing unless :data:`ENABLE_ENV` is ``1``."""
+    if not _enabled():
+        return
     announce = os.environ.get(ANNOUNCE_ENV)
     if announce:
         with open(announce, "a") as file:
@@ -70,6 +78,10 @@ def at_point(point: str) -> None:
         name, _, delay = kill.partition("@")
         if name == point:
             _kill_self(float(delay) if delay else 0.0)
+
+
+def _enabled() -> bool:
+    return os.environ.get(ENABLE_ENV) == "1"
 
 
 def _kill_self(delay: float) -> None:

@@ -61,7 +61,7 @@ class ModelIdentity:
 class PythonWorkerStart:
     """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
 
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.python_daemon`), while the
+    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.local.python_daemon`), while the
     driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot: they
     then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
     One task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker

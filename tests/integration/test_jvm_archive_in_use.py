@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.class_archive import archive_path
+from lakescore.jobs.platform.local.class_archive import archive_path
 from lakescore.jobs.platform.session import jar_confs
 
 # -Xshare:on turns "archive unusable, start without it" into a JVM that refuses to start.

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from lakescore.jobs.platform.session import LOCAL_MODE_JAVA_OPTIONS, local_java_options, one_host_cluster_java_options
+from lakescore.jobs.platform.local.accelerations import LOCAL_MODE_JAVA_OPTIONS, local_java_options, one_host_cluster_java_options
 
 
 @pytest.mark.parametrize(
@@ -48,3 +48,26 @@ def test_the_jvm_starts_with_the_options_and_the_users_collector(user_options):
 ])
 def test_only_a_one_host_cluster_runs_every_jvm_c1_only(master, c1_only):
     assert one_host_cluster_java_options(master) == ([LOCAL_MODE_JAVA_OPTIONS] if c1_only else [])
+
+
+@pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "yarn", "k8s://https://10.0.0.1:443", "mesos://h:5050"])
+def test_a_cluster_master_gets_no_acceleration_at_all(master, tmp_path):
+    """No JVM flag, class archive, Delta default, daemon or quiet gateway reaches a cluster lakescore does not own,
+    even with an archive on disk and both keys on (their defaults)."""
+    from lakescore.jobs.config import SparkConfig
+    from lakescore.jobs.platform.local.accelerations import Accelerations, accelerations_for
+
+    cfg = SparkConfig(master=master, jars_dir=str(tmp_path), class_archive=True, worker_preload=True)
+    assert accelerations_for(cfg, {}, ("torch",)) == Accelerations()
+
+
+@pytest.mark.parametrize("master, local", [("local[2]", True), ("local", True), ("local-cluster[2,1,1024]", False)])
+def test_this_hosts_own_masters_get_the_jvm_flags_and_the_daemon(master, local):
+    from lakescore.jobs.config import SparkConfig
+    from lakescore.jobs.platform.local.accelerations import LOCAL_MODE_DEFAULTS, accelerations_for
+
+    fast = accelerations_for(SparkConfig(master=master, class_archive=False), {}, ("torch",))
+    assert LOCAL_MODE_JAVA_OPTIONS in fast.driver_java_options and fast.quiet_gateway
+    assert "spark.python.daemon.module" in fast.confs
+    assert fast.defaults == (LOCAL_MODE_DEFAULTS if local else {})
+    assert fast.executor_java_options == ([] if local else [LOCAL_MODE_JAVA_OPTIONS])

@@ -113,7 +113,7 @@ def build_archive(jars_dir: str, settings: Mapping[str, str], timeout_s: float =
         dumped = Path(scratch) / target.name
         env = {**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)}
         result = subprocess.run(
-            [sys.executable, "-m", "lakescore.jobs.platform.class_archive", str(dumped), jars_dir, scratch],
+            [sys.executable, "-m", "lakescore.jobs.platform.local.class_archive", str(dumped), jars_dir, scratch],
             env=env, check=False, timeout=timeout_s,
         )
         if result.returncode != 0 or not dumped.is_file() or dumped.stat().st_size == 0:
