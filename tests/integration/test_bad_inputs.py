@@ -169,13 +169,18 @@ def _on_own_tmpfs(mountpoint: Path, options: str) -> list[str]:
     return [*unshare, "sh", "-c", f'{mount} && exec "$@"', "sh"]
 
 
-def test_an_output_on_a_read_only_filesystem_is_refused_before_compute(tmp_path, spark, tiny_classifier_dir):
+def _score_onto_own_tmpfs(tmp_path: Path, name: str, options: str, model) -> tuple[Path, subprocess.CompletedProcess]:
+    """Score 12 rows with the CLI into ``<name>/out``, where ``<name>`` is a tmpfs of the run's own (``options``)."""
     source = tmp_path / "reviews.parquet"
     reviews_frame(12).to_parquet(source)
-    read_only = tmp_path / "read-only"
-    read_only.mkdir()
-    command = _cli(tmp_path, *_score(tmp_path, source, read_only / "out", tiny_classifier_dir, "--task", "classify"))
-    result = _run(_on_own_tmpfs(read_only, "ro,size=1m") + command, tmp_path)
+    mountpoint = tmp_path / name
+    mountpoint.mkdir()
+    command = _cli(tmp_path, *_score(tmp_path, source, mountpoint / "out", model, "--task", "classify"))
+    return mountpoint, _run(_on_own_tmpfs(mountpoint, options) + command, tmp_path)
+
+
+def test_an_output_on_a_read_only_filesystem_is_refused_before_compute(tmp_path, spark, tiny_classifier_dir):
+    read_only, result = _score_onto_own_tmpfs(tmp_path, "read-only", "ro,size=1m", tiny_classifier_dir)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines() == [f"lakescore: error: cannot write output '{read_only / 'out'}': read-only file system"]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -183,12 +188,7 @@ def test_an_output_on_a_read_only_filesystem_is_refused_before_compute(tmp_path,
 
 
 def test_a_full_disk_names_the_cause_in_one_line_and_keeps_the_traces_in_the_log(tmp_path, spark, tiny_classifier_dir):
-    source = tmp_path / "reviews.parquet"
-    reviews_frame(12).to_parquet(source)
-    full = tmp_path / "full"
-    full.mkdir()
-    command = _cli(tmp_path, *_score(tmp_path, source, full / "out", tiny_classifier_dir, "--task", "classify"))
-    result = _run(_on_own_tmpfs(full, "size=4k") + command, tmp_path)  # room for directories and empty files only
+    full, result = _score_onto_own_tmpfs(tmp_path, "full", "size=4k", tiny_classifier_dir)  # room for directories only
     assert result.returncode == 3, result.stderr[-3000:]
     lines = _failure_lines(result.stderr)
     assert len(lines) <= 3, result.stderr[-3000:]
