@@ -337,9 +337,8 @@ def is_delta_path(spark: SparkSession, ref: str) -> Optional[bool]:
     over Connect, where Delta's Python API needs the server's Delta Connect plugin: ask with SQL there.
 
     SQL names a path ``delta.`<path>```, which Spark first looks up as a table of a database ``delta`` in the
-    metastore: the first such statement of a session starts the metastore client (~1 s here), which a run on
-    paths needs for nothing else. A ``DESCRIBE HISTORY`` failing on a Parquet input took 1.3 s of a fresh
-    session here; this asks the filesystem in 0.1 s.
+    metastore: the first such statement of a session starts the metastore client, which a run on paths needs for
+    nothing else; this asks the filesystem instead.
     """
     if is_connect(spark):
         return None
@@ -349,8 +348,9 @@ def is_delta_path(spark: SparkSession, ref: str) -> Optional[bool]:
 
 
 def delta_path_table(spark: SparkSession, ref: str):
-    """Delta's ``DeltaTable`` for the path ``ref`` (its ``history()`` and ``detail()`` are ``DESCRIBE HISTORY`` /
-    ``DETAIL`` without the metastore lookup SQL makes, :func:`is_delta_path`); ``None`` over Connect."""
+    """Delta's ``DeltaTable`` for the path ``ref``: its ``history()``, ``detail()`` and ``merge()`` run what
+    ``DESCRIBE HISTORY`` / ``DETAIL`` / ``MERGE INTO`` do without the metastore lookup SQL makes (:func:`is_delta_path`);
+    ``None`` over Connect, where that API needs the server's Delta Connect plugin."""
     if is_connect(spark):
         return None
     from delta.tables import DeltaTable

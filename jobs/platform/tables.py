@@ -7,9 +7,12 @@ identifier (``table``, ``db.table`` or ``catalog.db.table``, parts quoted with b
 :mod:`lakescore.jobs.platform.identifiers`) otherwise, handed to Spark quoted: the local path wins, so
 ``--input reviews.parquet`` reads the file beside you rather than the table `reviews`.`parquet`.
 
-Delta facts (is it Delta, its versions, the rows a commit wrote, its history) come from Delta's SQL
-(``DESCRIBE HISTORY``), which classic and Spark Connect sessions both run: the ``DeltaTable``
-Python API needs the Delta Connect server plugin over Connect. Filesystem calls go through
+Each reference is read once into a :class:`TableRef` (path or parsed name). One function per operation follows,
+each working in classic and Spark Connect sessions: :func:`read_input` / :func:`read_pinned`, :func:`write_delta`
+(overwrite, replaceWhere or append), :func:`merge_delta`, :func:`delta_history` (every Delta fact about commits comes
+from its one row parser) and :func:`delta_detail`. Delta's SQL runs everywhere; for a path in a classic session the
+same operation runs through Delta's ``DeltaTable`` API instead (:meth:`TableRef.delta_api`), which skips the
+metastore lookup SQL makes for ``delta.`<path>```. Filesystem calls go through
 :mod:`lakescore.jobs.platform.spark_adapter`.
 """
 
@@ -21,7 +24,7 @@ import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from pyspark.errors import AnalysisException
@@ -29,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.identifiers import has_path_separator, parse_table_name, quote_identifier
+from lakescore.jobs.platform.identifiers import TableName, has_path_separator, parse_table_name, quote_identifier
 from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
 from lakescore.schemas.output import column_types
 
@@ -44,32 +47,33 @@ __all__ = [
     "column",
     "is_path",
     "local_ref",
+    "TableRef",
     "read_input",
     "read_pinned",
     "check_output_target",
     "DeltaCommit",
     "WriteConflictError",
     "is_commit_conflict",
-    "write_delta_overwrite",
-    "overwrite_delta",
+    "WRITE_MODES",
+    "write_delta",
     "DELETION_VECTORS",
     "MERGE_OP",
     "MergeCommit",
     "merge_delta",
-    "append_delta",
+    "HistoryEntry",
+    "delta_history",
     "last_commit",
     "own_commit",
+    "last_commit_stamp",
+    "delta_detail",
     "table_id",
     "load_file_lists",
+    "is_delta",
     "delete_path",
     "drop_delta",
-    "is_delta",
     "table_names",
-    "last_commit_stamp",
     "run_metadata",
     "staging_metadata",
-    "delta_history",
-    "HistoryEntry",
 ]
 
 log = logging.getLogger(__name__)
@@ -234,31 +238,87 @@ def local_ref(ref: Optional[str]) -> Optional[str]:
     return ref
 
 
-def read_input(spark: SparkSession, ref: str, fmt: str = "auto", version: Optional[int] = None) -> DataFrame:
+@dataclass(frozen=True)
+class TableRef:
+    """A reference read once: a filesystem path, or a parsed metastore table name. Every function of this module takes
+    a string or a ``TableRef`` and parses a string once, at its top (:meth:`parse`).
+
+    >>> TableRef.parse("/data/x").sql, TableRef.parse("db.`we``ird`").sql
+    ('delta.`/data/x`', '`db`.`we``ird`')
+    """
+
+    text: str
+    """The reference as given, made unambiguous (:func:`local_ref`): what messages quote."""
+    name: Optional[TableName] = None
+    """The parsed table name; ``None`` for a path."""
+
+    @classmethod
+    def parse(cls, ref: "str | TableRef", what: str = "table") -> "TableRef":
+        """``ref`` as a path (:func:`is_path`) or a table name (``what`` names it in a bad name's one-line error)."""
+        if isinstance(ref, TableRef):
+            return ref
+        text = local_ref(ref)
+        return cls(text, None if is_path(text) else parse_table_name(text, what))
+
+    @property
+    def is_path(self) -> bool:
+        """True for a filesystem path, false for a metastore table."""
+        return self.name is None
+
+    @property
+    def sql(self) -> str:
+        """The reference as Delta SQL names it: ``delta.`<path>``` or the quoted table name."""
+        return f"delta.{quote_identifier(self.text)}" if self.name is None else self.name.quoted
+
+    def __str__(self) -> str:
+        return self.text
+
+    def exists(self, spark: SparkSession) -> bool:
+        """Whether the path holds a file or directory, or the catalog holds the table."""
+        return spark_adapter.path_exists(spark, self.text) if self.name is None else spark.catalog.tableExists(self.name.quoted)
+
+    def delta_api(self, spark: SparkSession):
+        """Delta's ``DeltaTable`` for a path in a classic session, else ``None`` (a table, or Spark Connect: run SQL).
+
+        The choice of how to run history, detail and MERGE: SQL's ``delta.`<path>``` is first looked up as a table
+        in the metastore, which starts the metastore client that a run on paths needs for nothing else.
+        """
+        return spark_adapter.delta_path_table(spark, self.text) if self.name is None else None
+
+    def load(self, reader):
+        """A DataFrame from ``reader`` (a format set for a path) over this reference."""
+        return reader.load(self.text) if self.name is None else reader.table(self.name.quoted)
+
+    def save(self, writer) -> None:
+        """Run ``writer`` (a ``DataFrameWriter``) into this reference."""
+        if self.name is None:
+            writer.save(self.text)
+        else:
+            writer.saveAsTable(self.name.quoted)
+
+
+def read_input(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto", version: Optional[int] = None) -> DataFrame:
     """A DataFrame over ``ref``: a metastore table, or a Delta / Parquet path.
 
     ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet. ``version``
     reads a Delta table (path or name) at that version (``versionAsOf``, classic and Connect alike).
     Raises :class:`TableError` naming the reference when it does not exist or cannot be read.
     """
-    ref = local_ref(ref)
+    ref = TableRef.parse(ref, "input")
     reader = spark.read if version is None else spark.read.option("versionAsOf", int(version))
     try:
-        if not is_path(ref):
-            df = reader.table(parse_table_name(ref, "input").quoted)
-        else:
-            if fmt == "auto":
-                fmt = "delta" if is_delta(spark, ref) else "parquet"
-            df = reader.format(fmt).load(ref)
+        if ref.is_path and fmt == "auto":
+            fmt = "delta" if is_delta(spark, ref) else "parquet"
+        df = ref.load(reader.format(fmt) if ref.is_path else reader)
         df.schema  # a Spark Connect DataFrame is analysed only when asked: fail here, before compute
         return df
     except AnalysisException as exc:
-        if not is_path(ref) and _is_not_found(exc):
-            raise TableError(f"cannot read input {ref!r}: {_tried(ref)}") from exc
-        raise TableError(f"cannot read input {ref!r}: {_first_line(exc)}") from exc
+        if not ref.is_path and _is_not_found(exc):
+            raise TableError(f"cannot read input {ref.text!r}: {_tried(ref)}") from exc
+        raise TableError(f"cannot read input {ref.text!r}: {_first_line(exc)}") from exc
 
 
-def read_pinned(spark: SparkSession, ref: str, fmt: str = "auto") -> tuple[DataFrame, Optional[int]]:
+def read_pinned(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto") -> tuple[DataFrame, Optional[int]]:
     """``ref`` read at one snapshot, so every Spark job of a run sees the same rows: ``(DataFrame, Delta version)``.
 
     A Delta input (path or table) is read at its latest version, ``versionAsOf`` (returned); a Parquet path
@@ -267,20 +327,20 @@ def read_pinned(spark: SparkSession, ref: str, fmt: str = "auto") -> tuple[DataF
     in classic and Spark Connect sessions alike (Connect analyses a plan again for every job). Other tables
     (not Delta) are read as they are. Raises :class:`TableError` as :func:`read_input` does.
     """
+    ref = TableRef.parse(ref, "input")
     df = read_input(spark, ref, fmt)
-    ref = local_ref(ref)
     if fmt != "parquet" and is_delta(spark, ref):
         version = last_commit(spark, ref).version
         return read_input(spark, ref, "delta", version=version), version
-    if is_path(ref):
+    if ref.is_path:
         files = df.inputFiles()
-        single_file = len(files) == 1 and files[0].endswith("/" + ref.rstrip("/").rsplit("/", 1)[-1])
+        single_file = len(files) == 1 and files[0].endswith("/" + ref.text.rstrip("/").rsplit("/", 1)[-1])
         if files and not single_file:  # a directory's listing: name its files
-            return spark.read.schema(df.schema).option("basePath", ref).parquet(*files), None
+            return spark.read.schema(df.schema).option("basePath", ref.text).parquet(*files), None
     return df, None
 
 
-def check_output_target(spark: SparkSession, ref: str, schema: StructType, version: bool = True) -> Optional[int]:
+def check_output_target(spark: SparkSession, ref: "str | TableRef", schema: StructType, version: bool = True) -> Optional[int]:
     """Fail before any compute if ``ref`` cannot take an overwrite with ``schema``.
 
     Returns the current Delta version of the target (read from its history: one Spark job, skipped for
@@ -291,36 +351,36 @@ def check_output_target(spark: SparkSession, ref: str, schema: StructType, versi
     only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
     counts as not existing yet.
     """
-    ref = local_ref(ref)
+    ref = TableRef.parse(ref, "output")
     refused = refused_by_delta(schema.names)
     if refused is not None:
         suggested = "".join("_" if c in DELTA_REFUSED_CHARACTERS else c for c in refused)
         raise TableError(
-            f"output {ref!r} cannot have a column named {refused!r}: Delta refuses the characters "
+            f"output {ref.text!r} cannot have a column named {refused!r}: Delta refuses the characters "
             f"{DELTA_REFUSED_CHARACTERS!r} in column names; rename it in the input, e.g. in a view: "
             f"SELECT {quote_identifier(refused)} AS {suggested}, ..."
         )
-    if is_path(ref):
+    if ref.is_path:
         if not is_delta(spark, ref):
-            if spark_adapter.path_exists(spark, ref) and not _is_uncommitted_delta_dir(spark, ref):
-                raise TableError(f"output path {ref!r} exists and is not a Delta table; refusing to overwrite it")
+            if ref.exists(spark) and not _is_uncommitted_delta_dir(spark, ref.text):
+                raise TableError(f"output path {ref.text!r} exists and is not a Delta table; refusing to overwrite it")
             return None
-        existing = spark.read.format("delta").load(ref).schema
+        existing = spark.read.format("delta").load(ref.text).schema
     else:
-        table = parse_table_name(ref, "output")
+        table = ref.name
         if table.namespace and not spark.catalog.databaseExists(table.quoted_namespace):
             raise TableError(
-                f"output database {'.'.join(table.namespace)!r} does not exist (output {ref!r}: {_tried(ref)}; "
-                f"name a new local Delta path as ./{ref})"
+                f"output database {'.'.join(table.namespace)!r} does not exist (output {ref.text!r}: {_tried(ref)}; "
+                f"name a new local Delta path as ./{ref.text})"
             )
-        if not spark.catalog.tableExists(table.quoted):
+        if not ref.exists(spark):
             return None
         if not is_delta(spark, ref):
-            raise TableError(f"output table {ref!r} exists and is not a Delta table")
+            raise TableError(f"output table {ref.text!r} exists and is not a Delta table")
         existing = spark.table(table.quoted).schema
     if column_types(existing) != column_types(schema):
         raise OutputColumnsError(
-            f"output {ref!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
+            f"output {ref.text!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
             "write to a new output or drop the old one", existing
         )
     return last_commit(spark, ref).version if version else None
@@ -338,81 +398,98 @@ class WriteConflictError(RuntimeError):
     """Another writer committed to the same table at the same time; this run's commit was refused."""
 
 
-def write_delta_overwrite(
-    df: DataFrame,
-    ref: str,
-    replace_where: Optional[str] = None,
-    partition_by: Optional[str] = None,
-    user_metadata: Optional[str] = None,
-    txn: Optional[tuple[str, int]] = None,
-    table_properties: Optional[Mapping[str, str]] = None,
-    overwrite_schema: bool = False,
-) -> DeltaCommit:
-    """Overwrite ``ref`` with ``df`` as one Delta commit and return that commit.
+_CONFLICT_MARKERS = ("DELTA_CONCURRENT", "ConcurrentModification", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
 
-    Overwrite makes a rerun replace the previous rows instead of adding to them; readers
-    see either the old or the new snapshot, never a mix. With ``replace_where`` (a SQL
-    predicate) only the rows matching it are replaced, atomically; Delta refuses the
-    write if ``df`` holds a row outside the predicate. ``partition_by`` and ``table_properties``
-    (Delta table properties, e.g. ``delta.enableDeletionVectors``) apply when the write creates the
-    table; an existing table keeps its own. ``user_metadata`` is stored in the commit's ``commitInfo.userMetadata``
-    (lakescore's is :func:`run_metadata`; :func:`delta_history` reads it back), and the commit
-    is recorded even when it changes no file (Delta skips such commits by default), so a run that
-    wrote no rows still leaves its tag, and the commit returned is found by that tag (:func:`own_commit`),
-    not taken as the latest: under concurrency the latest may be another writer's.
 
-    ``txn``: ``(app id, version)`` makes the write idempotent (Delta's ``txnAppId`` / ``txnVersion``):
-    Delta skips it when the table already holds a commit of that app id at that version or later, and
-    the commit returned is then the earlier one (found by its tag). A rerun after a driver died between
-    the commit and the rest of the run publishes nothing twice.
+def is_commit_conflict(exc: BaseException) -> bool:
+    """True when ``exc`` is Delta refusing a commit because another writer committed first.
 
-    ``overwrite_schema``: the table's columns become ``df``'s (Delta's ``overwriteSchema``), where they differ.
-
-    A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
+    Every one of Delta's conflict exceptions counts, not only the ``Concurrent*`` ones: two runs
+    creating the same new table lose with ``ProtocolChangedException`` / ``MetadataChangedException``
+    (``DELTA_PROTOCOL_CHANGED`` / ``DELTA_METADATA_CHANGED``), whose names say nothing of concurrency.
     """
-    ref = local_ref(ref)
-    _overwrite(df, ref, replace_where, partition_by, user_metadata, txn, table_properties, overwrite_schema)
-    return own_commit(df.sparkSession, ref, user_metadata)
+    kind = type(exc)
+    if kind.__module__.startswith("delta.exceptions") or "Concurrent" in kind.__name__:
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _CONFLICT_MARKERS)
 
 
-def overwrite_delta(df: DataFrame, ref: str, partition_by: Optional[str] = None, user_metadata: Optional[str] = None) -> None:
-    """Overwrite ``ref`` with ``df`` in one Delta commit, as :func:`write_delta_overwrite` does, but without reading
-    the commit back from the history (one Spark job fewer): for a private table whose commit nobody checks, such as a
-    run's staging tables. ``partition_by`` applies when the write creates the table; ``user_metadata`` is stored in
-    the commit info.
-
-    A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
-    """
-    _overwrite(df, local_ref(ref), None, partition_by, user_metadata, None, None)
-
-
-def _overwrite(df: DataFrame, ref: str, replace_where: Optional[str], partition_by: Optional[str], user_metadata: Optional[str],
-               txn: Optional[tuple[str, int]], table_properties: Optional[Mapping[str, str]],
-               overwrite_schema: bool = False) -> None:
-    writer = df.write.format("delta").mode("overwrite")
-    if overwrite_schema:
-        writer = writer.option("overwriteSchema", "true")
-    if txn is not None:
-        writer = writer.option("txnAppId", txn[0]).option("txnVersion", int(txn[1]))
-    if replace_where is not None:
-        writer = writer.option("replaceWhere", replace_where)
-    if (partition_by is not None or table_properties) and not _target_exists(df.sparkSession, ref):
-        if partition_by is not None:
-            writer = writer.partitionBy(partition_by)
-        for key, value in (table_properties or {}).items():
-            writer = writer.option(key, value)  # Delta stores delta.* writer options as properties of a new table
-    if user_metadata is not None:
-        writer = writer.option("userMetadata", user_metadata)
+@contextmanager
+def _conflicts_refused(ref: TableRef, what: str, then: str):
+    """A commit conflict (:func:`is_commit_conflict`) raised in the block becomes one :class:`WriteConflictError` line."""
     try:
-        with _recording_empty_commits(df.sparkSession, user_metadata is not None):
-            _save(writer, ref)
+        yield
     except Exception as exc:
         if is_commit_conflict(exc):
             raise WriteConflictError(
-                f"another run committed to {ref!r} at the same time and Delta refused this run's commit "
-                f"({_first_line(exc)}); the table holds the other run's complete result. Rerun to replace it."
+                f"another run committed to {ref.text!r} at the same time and Delta refused this run's {what} "
+                f"({_first_line(exc)}); {then}"
             ) from exc
         raise
+
+
+WRITE_MODES = ("overwrite", "append")
+
+
+def write_delta(
+    df: DataFrame,
+    ref: "str | TableRef",
+    mode: str = "overwrite",
+    *,
+    replace_where: Optional[str] = None,
+    partition_by: Optional[str] = None,
+    table_properties: Optional[Mapping[str, str]] = None,
+    overwrite_schema: bool = False,
+    user_metadata: Optional[str] = None,
+    txn: Optional[tuple[str, int]] = None,
+) -> None:
+    """Write ``df`` to the Delta table ``ref`` in one commit: ``mode="overwrite"`` replaces its rows, ``"append"``
+    adds ``df``'s. Readers see either the old or the new snapshot, never a mix; read the commit back with
+    :func:`own_commit`.
+
+    ``replace_where`` (a SQL predicate, overwrite only) replaces only the rows matching it, atomically; Delta refuses
+    the write if ``df`` holds a row outside it. ``partition_by`` and ``table_properties`` (Delta table properties,
+    e.g. ``delta.enableDeletionVectors``) apply when the write creates the table; an existing table keeps its own.
+    ``overwrite_schema``: the table's columns become ``df``'s (Delta's ``overwriteSchema``), where they differ.
+    ``user_metadata`` is stored in the commit's ``commitInfo.userMetadata`` (lakescore's is :func:`run_metadata`;
+    :func:`delta_history` reads it back). ``txn``: ``(app id, version)`` makes the write idempotent (Delta's
+    ``txnAppId`` / ``txnVersion``): Delta skips it when the table holds a commit of that app id at that version or
+    later, so a rerun after a driver died between the commit and the rest of the run writes nothing twice.
+
+    A concurrent commit that Delta refuses raises :class:`WriteConflictError`.
+    """
+    if mode not in WRITE_MODES:
+        raise ValueError(f"write mode {mode!r} is not one of {WRITE_MODES}")
+    ref = TableRef.parse(ref)
+    spark = df.sparkSession
+    writer = df.write.format("delta").mode(mode)
+    options = {"overwriteSchema": "true" if overwrite_schema else None, "replaceWhere": replace_where,
+               "userMetadata": user_metadata}
+    if txn is not None:
+        options.update(txnAppId=txn[0], txnVersion=str(int(txn[1])))
+    if (partition_by is not None or table_properties) and not ref.exists(spark):
+        if partition_by is not None:
+            writer = writer.partitionBy(partition_by)
+        options.update(table_properties or {})  # Delta stores delta.* writer options as properties of a new table
+    for key, value in options.items():
+        if value is not None:
+            writer = writer.option(key, value)
+    # A tagged overwrite is recorded even when it changes no file (Delta skips such commits by default), so a run
+    # that wrote no rows still leaves the tag its commit is found by (:func:`own_commit`); an empty append changes
+    # nothing and stays unrecorded.
+    then = ("the table holds the other run's complete result. Rerun to replace it." if mode == "overwrite"
+            else "rerun to add this run's rows.")
+    with _conflicts_refused(ref, "commit", then), \
+            _recording_empty_commits(spark, mode == "overwrite" and user_metadata is not None):
+        ref.save(writer)
+
+
+def write_delta_overwrite(df: DataFrame, ref: "str | TableRef", **options: Any) -> DeltaCommit:
+    """:func:`write_delta` in overwrite mode, then its commit (:func:`own_commit`): for ``class_archive``'s training
+    workload until it calls those two itself."""
+    write_delta(df, ref, **options)
+    return own_commit(df.sparkSession, ref, options.get("user_metadata"))
 
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -432,69 +509,83 @@ class MergeCommit:
     deleted: int
 
 
+@dataclass(frozen=True)
+class _MergeClauses:
+    """The one MERGE lakescore runs, target ``t`` and source ``s``: delete on a ``delete`` row, update or insert every
+    column on an ``upsert`` row. Built once; run through Delta's builder (:meth:`run`) or as SQL (:meth:`sql`)."""
+
+    on: str
+    delete: str
+    upsert: str
+    assignments: dict[str, str]
+    """Target column -> source value, for UPDATE and INSERT alike."""
+
+    @classmethod
+    def upsert_or_delete(cls, id_col: str, columns: list[str]) -> "_MergeClauses":
+        key = quote_identifier(id_col)
+        quoted = [quote_identifier(c) for c in columns]
+        return cls(f"t.{key} = s.{key}", f"s.{MERGE_OP} = 'delete'", f"s.{MERGE_OP} = 'upsert'",
+                   {c: f"s.{c}" for c in quoted})
+
+    def run(self, target, source: DataFrame) -> None:
+        """Run on Delta's ``DeltaTable`` ``target``."""
+        (target.alias("t").merge(source.alias("s"), self.on)
+         .whenMatchedDelete(condition=self.delete)
+         .whenMatchedUpdate(condition=self.upsert, set=self.assignments)
+         .whenNotMatchedInsert(condition=self.upsert, values=self.assignments)
+         .execute())
+
+    def sql(self, target: str, source: str) -> str:
+        """The statement merging the view ``source`` into ``target`` (both as SQL names them)."""
+        sets = ", ".join(f"t.{c} = {v}" for c, v in self.assignments.items())
+        return (f"MERGE INTO {target} AS t USING {source} AS s ON {self.on} "
+                f"WHEN MATCHED AND {self.delete} THEN DELETE "
+                f"WHEN MATCHED AND {self.upsert} THEN UPDATE SET {sets} "
+                f"WHEN NOT MATCHED AND {self.upsert} THEN INSERT ({', '.join(self.assignments)}) "
+                f"VALUES ({', '.join(self.assignments.values())})")
+
+
 def merge_delta(
-    changes: DataFrame, ref: str, id_col: str, columns: list[str], view: str, user_metadata: Optional[str] = None,
-    txn: Optional[tuple[str, int]] = None,
+    changes: DataFrame, ref: "str | TableRef", id_col: str, columns: list[str], view: str,
+    user_metadata: Optional[str] = None, txn: Optional[tuple[str, int]] = None,
 ) -> MergeCommit:
-    """Apply ``changes`` to the Delta table ``ref`` in one ``MERGE`` commit and return it: Delta's API for a path in a
-    classic session, SQL otherwise (a table, or over Connect, where the API needs the server's Delta Connect plugin).
+    """Apply ``changes`` to the Delta table ``ref`` in one ``MERGE`` commit and return it.
 
     ``changes`` holds at most one row per ``id_col`` value and a :data:`MERGE_OP` column: an ``upsert`` row
     updates the output row of its id (every column of ``columns``) or inserts it; a ``delete`` row deletes the
-    output row of its id, if any. For SQL, the source is registered as the temporary view ``view`` for the
-    statement's length. ``user_metadata`` is stored in the commit info, as :func:`write_delta_overwrite` does, and the
+    output row of its id, if any. Run through Delta's API for a path in a classic session
+    (:meth:`TableRef.delta_api`), else as SQL with the source registered as the temporary view ``view`` for the
+    statement's length. ``user_metadata`` is stored in the commit info, as :func:`write_delta` does, and the
     commit returned is found by it; ``txn`` makes the MERGE idempotent as there (Delta's session settings
     ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``). A concurrent commit that Delta refuses raises
     :class:`WriteConflictError`.
     """
-    ref = local_ref(ref)
+    ref = TableRef.parse(ref)
     spark = changes.sparkSession
-    quoted = [quote_identifier(c) for c in columns]
-    key = quote_identifier(id_col)
-    on, delete, upsert = f"t.{key} = s.{key}", f"s.{MERGE_OP} = 'delete'", f"s.{MERGE_OP} = 'upsert'"
-    assignments = {c: f"s.{c}" for c in quoted}  # target column -> source value, for UPDATE and INSERT alike
+    clauses = _MergeClauses.upsert_or_delete(id_col, columns)
     app_id, txn_version = (txn[0], str(int(txn[1]))) if txn is not None else (None, None)
     # Delta's MERGE reads its source twice (to find the files it touches, then to write). Its "auto" setting leaves
-    # a deterministic source of Delta scans unmaterialized, so each pass plans and lists this run's staging, errors
-    # and changes tables again; materialized once, a W3 incremental run's publish step took 3.0 s instead of 3.75
-    # (medians of 7 alternating runs, 2-core AMD EPYC). A session that sets it keeps its own value.
+    # a deterministic source of Delta scans unmaterialized, so each pass would plan and list this run's staging,
+    # errors and changes tables again; materialized once, they are read once. A session that sets it keeps its own.
     materialize = None if spark.conf.get(_MATERIALIZE_SOURCE, None) is not None else "all"
-    # A path in a classic session merges through Delta's API: SQL's delta.`<path>` is first looked up as a
-    # table in the metastore, which starts the Derby client (~3 s of a W3 incremental run's MERGE, measured here).
-    target = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
+    target = ref.delta_api(spark)
     if target is None:
         changes.createOrReplaceTempView(view)
     try:
-        with _session_conf(spark, _COMMIT_METADATA, user_metadata), _session_conf(spark, _TXN_APP_ID, app_id), \
+        with _conflicts_refused(ref, "MERGE", "the table holds the other run's result. Rerun to apply this run's changes."), \
+                _session_conf(spark, _COMMIT_METADATA, user_metadata), _session_conf(spark, _TXN_APP_ID, app_id), \
                 _session_conf(spark, _TXN_VERSION, txn_version), \
                 _session_conf(spark, _MATERIALIZE_SOURCE, materialize, refused_ok=True):
             if target is not None:
-                (target.alias("t").merge(changes.alias("s"), on)
-                 .whenMatchedDelete(condition=delete)
-                 .whenMatchedUpdate(condition=upsert, set=assignments)
-                 .whenNotMatchedInsert(condition=upsert, values=assignments)
-                 .execute())
+                clauses.run(target, changes)
             else:
-                spark.sql(
-                    f"MERGE INTO {_delta_sql(ref)} AS t USING {quote_identifier(view)} AS s ON {on} "
-                    f"WHEN MATCHED AND {delete} THEN DELETE "
-                    f"WHEN MATCHED AND {upsert} THEN UPDATE SET {', '.join(f't.{c} = {v}' for c, v in assignments.items())} "
-                    f"WHEN NOT MATCHED AND {upsert} THEN INSERT ({', '.join(assignments)}) VALUES ({', '.join(assignments.values())})"
-                ).collect()
-    except Exception as exc:
-        if is_commit_conflict(exc):
-            raise WriteConflictError(
-                f"another run committed to {ref!r} at the same time and Delta refused this run's MERGE "
-                f"({_first_line(exc)}); the table holds the other run's result. Rerun to apply this run's changes."
-            ) from exc
-        raise
+                spark.sql(clauses.sql(ref.sql, quote_identifier(view))).collect()
     finally:
         if target is None:
             spark.catalog.dropTempView(view)
-    last = _own_history_row(spark, ref, user_metadata)
-    metrics = last["operationMetrics"] or {}
-    count = lambda name: int(metrics.get(name) or 0)  # noqa: E731
-    return MergeCommit(int(last["version"]), count("numTargetRowsInserted"), count("numTargetRowsUpdated"), count("numTargetRowsDeleted"))
+    entry = _own_entry(spark, ref, user_metadata)
+    count = lambda name: int(entry.metrics.get(name) or 0)  # noqa: E731
+    return MergeCommit(entry.version, count("numTargetRowsInserted"), count("numTargetRowsUpdated"), count("numTargetRowsDeleted"))
 
 
 _COMMIT_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -530,184 +621,6 @@ def _session_conf(spark: SparkSession, key: str, value: Optional[str], refused_o
             spark.conf.set(key, previous)
 
 
-_CONFLICT_MARKERS = ("DELTA_CONCURRENT", "ConcurrentModification", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED")
-
-
-def is_commit_conflict(exc: BaseException) -> bool:
-    """True when ``exc`` is Delta refusing a commit because another writer committed first.
-
-    Every one of Delta's conflict exceptions counts, not only the ``Concurrent*`` ones: two runs
-    creating the same new table lose with ``ProtocolChangedException`` / ``MetadataChangedException``
-    (``DELTA_PROTOCOL_CHANGED`` / ``DELTA_METADATA_CHANGED``), whose names say nothing of concurrency.
-    """
-    kind = type(exc)
-    if kind.__module__.startswith("delta.exceptions") or "Concurrent" in kind.__name__:
-        return True
-    text = str(exc)
-    return any(marker in text for marker in _CONFLICT_MARKERS)
-
-
-def append_delta(
-    df: DataFrame, ref: str, txn_app_id: Optional[str] = None, txn_version: Optional[int] = None,
-    user_metadata: Optional[str] = None,
-) -> None:
-    """Append ``df`` to the Delta table at ``ref`` in one commit, tagged with ``user_metadata`` when given.
-
-    With ``txn_app_id``/``txn_version`` the commit is idempotent: Delta skips it when
-    a commit with that app id and this version or a later one already exists.
-    """
-    writer = df.write.format("delta").mode("append")
-    if user_metadata is not None:
-        writer = writer.option("userMetadata", user_metadata)
-    if txn_app_id is not None:
-        writer = writer.option("txnAppId", txn_app_id).option("txnVersion", int(txn_version))
-    _save(writer, ref)
-
-
-def last_commit(spark: SparkSession, ref: str) -> DeltaCommit:
-    """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
-    ref = local_ref(ref)
-    last = _history(spark, ref, 1).select("version", "operationMetrics").first()
-    rows = (last["operationMetrics"] or {}).get("numOutputRows")
-    return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
-
-
-def own_commit(spark: SparkSession, ref: str, user_metadata: Optional[str]) -> DeltaCommit:
-    """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
-    commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
-
-    A write that changed nothing where the platform refuses to record empty commits (see
-    :func:`write_delta_overwrite`) leaves no tagged commit: then the latest commit is returned.
-    """
-    last = _own_history_row(spark, local_ref(ref), user_metadata)
-    rows = (last["operationMetrics"] or {}).get("numOutputRows")
-    return DeltaCommit(version=int(last["version"]), rows=int(rows) if rows is not None else None)
-
-
-def _own_history_row(spark: SparkSession, ref: str, user_metadata: Optional[str]):
-    """``version`` and ``operationMetrics`` of the newest commit tagged ``user_metadata`` (else the latest).
-
-    The latest entry is read first: it is the run's own commit unless another writer committed since, so the
-    whole history (long on an old table) is read only then.
-    """
-    from pyspark.sql import functions as F
-
-    columns = ("version", "operationMetrics", "userMetadata")
-    latest = _history(spark, ref, 1).select(*columns).first()
-    if user_metadata is None or latest["userMetadata"] == user_metadata:
-        return latest
-    history = _history(spark, ref).select(*columns)
-    row = history.where(F.col("userMetadata") == F.lit(user_metadata)).orderBy(F.col("version").desc()).first()
-    return row if row is not None else latest  # none tagged: an empty write the platform did not record
-
-
-def table_id(spark: SparkSession, ref: str) -> str:
-    """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
-    return str(_detail(spark, local_ref(ref)).select("id").first()[0])
-
-
-def load_file_lists(spark: SparkSession, refs: Iterable[str]) -> "Future[None]":
-    """Start loading the current file list of each Delta table in ``refs``, in a background thread.
-
-    A Delta write to a table first reconstructs the table's file list at its current version (its snapshot's
-    state: a few Spark jobs, ~0.5 s for a small table here), which Delta then keeps for that version. Loaded while
-    the run does other work, the write finds it ready. The returned future completes when every list is loaded and
-    never raises: a reference that is not a Delta table (yet) or cannot be read is skipped, and the write that
-    follows reports its own errors.
-    """
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-file-lists")
-    future = pool.submit(_load_file_lists, spark, [local_ref(ref) for ref in refs])
-    pool.shutdown(wait=False)
-    return future
-
-
-def _load_file_lists(spark: SparkSession, refs: list[str]) -> None:
-    for ref in refs:
-        try:
-            if is_delta(spark, ref):
-                _detail(spark, ref).select("numFiles").first()  # the file count needs the whole file list
-        except Exception:  # noqa: BLE001 (best effort: the write reads the table again and reports what fails)
-            log.debug("could not load the file list of %s ahead of its write", ref, exc_info=True)
-
-
-def _detail(spark: SparkSession, ref: str) -> DataFrame:
-    """``DESCRIBE DETAIL`` of the Delta table ``ref``: Delta's API for a path in a classic session (SQL's
-    delta.`<path>` would start the metastore client, see :func:`merge_delta`), SQL otherwise."""
-    table = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
-    return table.detail() if table is not None else spark.sql(f"DESCRIBE DETAIL {_delta_sql(ref)}")
-
-
-def is_delta(spark: SparkSession, ref: str) -> bool:
-    """Whether ``ref`` (a path or a table) is a Delta table: a path has a Delta log with a commit
-    (:func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
-    known = spark_adapter.is_delta_path(spark, ref) if is_path(ref) else None
-    if known is not None:
-        return known
-    try:
-        spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)} LIMIT 1").collect()
-    except AnalysisException:
-        return False
-    return True
-
-
-def delete_path(spark: SparkSession, ref: str) -> bool:
-    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted.
-
-    Classic sessions only (:func:`lakescore.jobs.platform.spark_adapter.can_delete_paths`).
-    """
-    return spark_adapter.delete_path(spark, ref)
-
-
-def drop_delta(spark: SparkSession, ref: str) -> None:
-    """Remove the Delta table ``ref``: ``DROP TABLE`` for a (managed) table, deleting the directory for a path."""
-    if is_path(ref):
-        delete_path(spark, ref)
-    else:
-        spark.sql(f"DROP TABLE IF EXISTS {parse_table_name(ref).quoted}")
-
-
-def table_names(spark: SparkSession, namespace: str) -> list[str]:
-    """The names of the tables in ``namespace`` (its parts quoted, :attr:`~lakescore.jobs.platform.identifiers.TableName.quoted_namespace`;
-    empty: the session's current schema), temporary views left out. ``SHOW TABLES``, which Spark Connect runs too."""
-    rows = spark.sql("SHOW TABLES" + (f" IN {namespace}" if namespace else "")).collect()
-    return [row["tableName"] for row in rows if not row["isTemporary"]]
-
-
-def last_commit_stamp(spark: SparkSession, ref: str) -> tuple[float, Optional[str]]:
-    """When the latest commit of the Delta table ``ref`` was made, in seconds since the epoch (whatever the session's
-    time zone), and the output its lakescore tag says the table stages for (:func:`staging_metadata`; ``None``)."""
-    from pyspark.sql import functions as F
-
-    row = _history(spark, local_ref(ref), 1).select(F.unix_micros("timestamp").alias("micros"), "userMetadata").first()
-    return row["micros"] / 1e6, _tag(row["userMetadata"]).get("staging_for")
-
-
-def _history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> DataFrame:
-    """``DESCRIBE HISTORY`` of the Delta table ``ref``, newest first, at most ``limit`` commits: through Delta's API
-    for a path in a classic session (no metastore lookup, :func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`),
-    else in SQL."""
-    table = spark_adapter.delta_path_table(spark, ref) if is_path(ref) else None
-    if table is None:
-        return spark.sql(f"DESCRIBE HISTORY {_delta_sql(ref)}" + (f" LIMIT {int(limit)}" if limit else ""))
-    return table.history(limit) if limit else table.history()
-
-
-def _delta_sql(ref: str) -> str:
-    """``ref`` as Delta SQL names it: ``delta.`<path>``` or the quoted table name."""
-    return f"delta.{quote_identifier(ref)}" if is_path(ref) else parse_table_name(ref).quoted
-
-
-def _target_exists(spark: SparkSession, ref: str) -> bool:
-    return spark_adapter.path_exists(spark, ref) if is_path(ref) else spark.catalog.tableExists(parse_table_name(ref).quoted)
-
-
-def _save(writer, ref: str) -> None:
-    if is_path(ref):
-        writer.save(ref)
-    else:
-        writer.saveAsTable(parse_table_name(ref).quoted)
-
-
 _SKIP_EMPTY_COMMITS = "spark.databricks.delta.skipRecordingEmptyCommits"
 
 
@@ -727,7 +640,7 @@ _METADATA_KEY = "lakescore"
 def run_metadata(run_id: str, report: Optional[str], spec: Optional[Mapping[str, Any]] = None) -> str:
     """The ``userMetadata`` lakescore tags its commits with: ``{"lakescore": {"run_id", "report"}}`` as JSON
     (``report``: the JSON report's absolute path, or ``None``), with ``"spec"`` when given (an incremental run's
-    scoring spec, which the next run compares with). A few dozen bytes in the commit info; about a kilobyte with a spec.
+    scoring spec, which the next run compares with).
 
     >>> run_metadata("2026-11-21", None)
     '{"lakescore": {"run_id": "2026-11-21", "report": null}}'
@@ -749,47 +662,189 @@ def staging_metadata(output: str, tag: Optional[str] = None) -> str:
     return json.dumps({_METADATA_KEY: {**_tag(tag), "staging_for": output}})
 
 
-@dataclass(frozen=True)
-class HistoryEntry:
-    """One commit of a Delta table's history, with lakescore's tag when it has one."""
-
-    version: int
-    timestamp: str
-    operation: str
-    rows: Optional[int]
-    run_id: Optional[str]
-    report: Optional[str]
-    spec: Optional[dict] = None
-    """The scoring spec's parts an incremental run recorded (:func:`run_metadata`)."""
-
-
-def delta_history(spark: SparkSession, ref: str, limit: Optional[int] = None) -> list[HistoryEntry]:
-    """The commits of the Delta table ``ref``, newest first (at most ``limit``); ``[]`` when it does not exist.
-
-    ``run_id`` and ``report`` come from :func:`run_metadata` tags; other commits have ``None`` there.
-    """
-    ref = local_ref(ref)
-    if not _target_exists(spark, ref):
-        return []
-    rows = _history(spark, ref, limit).select("version", "timestamp", "operation", "operationMetrics", "userMetadata").collect()
-    entries = []
-    for row in rows:
-        tag = _tag(row["userMetadata"])
-        output_rows = (row["operationMetrics"] or {}).get("numOutputRows")
-        entries.append(HistoryEntry(
-            version=int(row["version"]), timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
-            operation=row["operation"], rows=int(output_rows) if output_rows is not None else None,
-            run_id=tag.get("run_id"), report=tag.get("report"), spec=tag.get("spec"),
-        ))
-    return sorted(entries, key=lambda e: -e.version)
-
-
 def _tag(user_metadata: Optional[str]) -> dict[str, Any]:
     try:
         tag = json.loads(user_metadata or "{}").get(_METADATA_KEY)
     except (ValueError, AttributeError):  # someone else's metadata: not JSON, or not an object
         return {}
     return tag if isinstance(tag, dict) else {}
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One commit of a Delta table's history (:func:`delta_history`), with lakescore's tag when it has one."""
+
+    version: int
+    timestamp: str
+    """When it was committed, in the session's time zone, to the second."""
+    operation: str
+    rows: Optional[int]
+    """The rows it wrote (Delta's ``numOutputRows``), where the operation reports them."""
+    run_id: Optional[str]
+    report: Optional[str]
+    spec: Optional[dict] = None
+    """The scoring spec's parts an incremental run recorded (:func:`run_metadata`)."""
+    staging_for: Optional[str] = None
+    """The output a staging table's commit stages for (:func:`staging_metadata`)."""
+    committed_at: float = 0.0
+    """When it was committed, in seconds since the epoch (whatever the session's time zone)."""
+    metrics: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Delta's ``operationMetrics`` of the commit."""
+    user_metadata: Optional[str] = field(default=None, compare=False, repr=False)
+
+    @property
+    def commit(self) -> DeltaCommit:
+        """The commit as a write's result: version and rows written."""
+        return DeltaCommit(self.version, self.rows)
+
+
+def _history(spark: SparkSession, ref: TableRef, limit: Optional[int] = None) -> DataFrame:
+    """``DESCRIBE HISTORY`` of the Delta table ``ref``, newest first, at most ``limit`` commits, in the columns
+    :func:`_entry` reads (Delta's API or SQL: :meth:`TableRef.delta_api`)."""
+    from pyspark.sql import functions as F
+
+    api = ref.delta_api(spark)
+    if api is not None:
+        history = api.history(limit) if limit else api.history()
+    else:
+        history = spark.sql(f"DESCRIBE HISTORY {ref.sql}" + (f" LIMIT {int(limit)}" if limit else ""))
+    return history.select("version", "timestamp", F.unix_micros("timestamp").alias("micros"), "operation",
+                          "operationMetrics", "userMetadata")
+
+
+def _entry(row) -> HistoryEntry:
+    """One row of :func:`_history`, read: the only place Delta's history columns and lakescore's tag are parsed."""
+    tag, metrics = _tag(row["userMetadata"]), dict(row["operationMetrics"] or {})
+    rows = metrics.get("numOutputRows")
+    return HistoryEntry(
+        version=int(row["version"]), timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
+        operation=row["operation"], rows=int(rows) if rows is not None else None, run_id=tag.get("run_id"),
+        report=tag.get("report"), spec=tag.get("spec"), staging_for=tag.get("staging_for"),
+        committed_at=row["micros"] / 1e6, metrics=metrics, user_metadata=row["userMetadata"],
+    )
+
+
+def delta_history(spark: SparkSession, ref: "str | TableRef", limit: Optional[int] = None) -> list[HistoryEntry]:
+    """The commits of the Delta table ``ref``, newest first (at most ``limit``); ``[]`` when it does not exist.
+
+    ``run_id`` and ``report`` come from :func:`run_metadata` tags; other commits have ``None`` there.
+    """
+    ref = TableRef.parse(ref)
+    if not ref.exists(spark):
+        return []
+    return sorted(map(_entry, _history(spark, ref, limit).collect()), key=lambda e: -e.version)
+
+
+def last_commit(spark: SparkSession, ref: "str | TableRef") -> DeltaCommit:
+    """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
+    return _entry(_history(spark, TableRef.parse(ref), 1).first()).commit
+
+
+def own_commit(spark: SparkSession, ref: "str | TableRef", user_metadata: Optional[str]) -> DeltaCommit:
+    """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
+    commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
+
+    A write that changed nothing where the platform refuses to record empty commits (see
+    :func:`write_delta`) leaves no tagged commit: then the latest commit is returned.
+    """
+    return _own_entry(spark, TableRef.parse(ref), user_metadata).commit
+
+
+def _own_entry(spark: SparkSession, ref: TableRef, user_metadata: Optional[str]) -> HistoryEntry:
+    """The newest commit tagged ``user_metadata`` (else the latest).
+
+    The latest entry is read first: it is the run's own commit unless another writer committed since, so the
+    whole history (long on an old table) is read only then.
+    """
+    from pyspark.sql import functions as F
+
+    latest = _entry(_history(spark, ref, 1).first())
+    if user_metadata is None or latest.user_metadata == user_metadata:
+        return latest
+    row = _history(spark, ref).where(F.col("userMetadata") == F.lit(user_metadata)).orderBy(F.col("version").desc()).first()
+    return _entry(row) if row is not None else latest  # none tagged: an empty write the platform did not record
+
+
+def last_commit_stamp(spark: SparkSession, ref: "str | TableRef") -> tuple[float, Optional[str]]:
+    """When the latest commit of the Delta table ``ref`` was made, in seconds since the epoch (whatever the session's
+    time zone), and the output its lakescore tag says the table stages for (:func:`staging_metadata`; ``None``)."""
+    latest = _entry(_history(spark, TableRef.parse(ref), 1).first())
+    return latest.committed_at, latest.staging_for
+
+
+def delta_detail(spark: SparkSession, ref: "str | TableRef") -> DataFrame:
+    """``DESCRIBE DETAIL`` of the Delta table ``ref``: its id, location, file count and size, properties, one row
+    (Delta's API or SQL: :meth:`TableRef.delta_api`)."""
+    ref = TableRef.parse(ref)
+    api = ref.delta_api(spark)
+    return api.detail() if api is not None else spark.sql(f"DESCRIBE DETAIL {ref.sql}")
+
+
+def table_id(spark: SparkSession, ref: "str | TableRef") -> str:
+    """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
+    return str(delta_detail(spark, ref).select("id").first()[0])
+
+
+def load_file_lists(spark: SparkSession, refs: Iterable["str | TableRef"]) -> "Future[None]":
+    """Start loading the current file list of each Delta table in ``refs``, in a background thread.
+
+    A Delta write to a table first reconstructs the table's file list at its current version (its snapshot's
+    state: a few Spark jobs), which Delta then keeps for that version. Loaded while the run does other work, the
+    write finds it ready. The returned future completes when every list is loaded and never raises: a reference
+    that is not a Delta table (yet) or cannot be read is skipped, and the write that follows reports its own errors.
+    """
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-file-lists")
+    future = pool.submit(_load_file_lists, spark, list(refs))
+    pool.shutdown(wait=False)
+    return future
+
+
+def _load_file_lists(spark: SparkSession, refs: list["str | TableRef"]) -> None:
+    for ref in refs:
+        try:
+            ref = TableRef.parse(ref)
+            if is_delta(spark, ref):
+                delta_detail(spark, ref).select("numFiles").first()  # the file count needs the whole file list
+        except Exception:  # noqa: BLE001 (best effort: the write reads the table again and reports what fails)
+            log.debug("could not load the file list of %s ahead of its write", ref, exc_info=True)
+
+
+def is_delta(spark: SparkSession, ref: "str | TableRef") -> bool:
+    """Whether ``ref`` (a path or a table) is a Delta table: a path has a Delta log with a commit
+    (:func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
+    ref = TableRef.parse(ref)
+    known = spark_adapter.is_delta_path(spark, ref.text) if ref.is_path else None
+    if known is not None:
+        return known
+    try:
+        spark.sql(f"DESCRIBE HISTORY {ref.sql} LIMIT 1").collect()
+    except AnalysisException:
+        return False
+    return True
+
+
+def delete_path(spark: SparkSession, ref: str) -> bool:
+    """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted.
+
+    Classic sessions only (:func:`lakescore.jobs.platform.spark_adapter.can_delete_paths`).
+    """
+    return spark_adapter.delete_path(spark, ref)
+
+
+def drop_delta(spark: SparkSession, ref: "str | TableRef") -> None:
+    """Remove the Delta table ``ref``: ``DROP TABLE`` for a (managed) table, deleting the directory for a path."""
+    ref = TableRef.parse(ref)
+    if ref.is_path:
+        delete_path(spark, ref.text)
+    else:
+        spark.sql(f"DROP TABLE IF EXISTS {ref.sql}")
+
+
+def table_names(spark: SparkSession, namespace: str) -> list[str]:
+    """The names of the tables in ``namespace`` (its parts quoted, :attr:`~lakescore.jobs.platform.identifiers.TableName.quoted_namespace`;
+    empty: the session's current schema), temporary views left out. ``SHOW TABLES``, which Spark Connect runs too."""
+    rows = spark.sql("SHOW TABLES" + (f" IN {namespace}" if namespace else "")).collect()
+    return [row["tableName"] for row in rows if not row["isTemporary"]]
 
 
 def _is_uncommitted_delta_dir(spark: SparkSession, ref: str) -> bool:
@@ -811,9 +866,9 @@ def _is_not_found(exc: AnalysisException) -> bool:
     return (condition or "").startswith(("TABLE_OR_VIEW_NOT_FOUND", "SCHEMA_NOT_FOUND")) or "not found" in str(exc).lower()
 
 
-def _tried(ref: str) -> str:
+def _tried(ref: TableRef) -> str:
     """What a bare name was looked up as, for not-found messages."""
-    return f"no table {parse_table_name(ref).quoted}, and no file ./{ref}"
+    return f"no table {ref.name.quoted}, and no file ./{ref.text}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.tables import (
-    DELETION_VECTORS, MERGE_OP, DeltaCommit, column, load_file_lists, merge_delta, write_delta_overwrite,
+    DELETION_VECTORS, MERGE_OP, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.steps.account import Accounting
@@ -102,16 +102,15 @@ def publish(
     if refusal is None and merging:
         delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
     elif refusal is None:
-        commit: DeltaCommit = write_delta_overwrite(rows, cfg.output, *_write_mode(run, plan), tag, txn,
-                                                    _new_output_properties(cfg), overwrite_schema=targets.replaces_layout)
+        commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=_new_output_properties(cfg),
+                            overwrite_schema=targets.replaces_layout)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
     if refusal is None:
         at_point("publish_committed")
-    errors_version = write_delta_overwrite(
-        errors_rows(run, plan, accounting), targets.errors_ref, *_write_mode(run, plan), tag, txn if refusal is None else None
-    ).version
+    errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref,
+                                txn if refusal is None else None).version
     at_point("errors_committed")
     if refusal is not None:
         status, error = refusal
@@ -191,6 +190,17 @@ def _new_output_properties(cfg: JobConfig) -> dict[str, str]:
     if cfg.write.mode == "incremental" and cfg.write.deletion_vectors:
         return {DELETION_VECTORS: "true"}
     return {}
+
+
+def _overwrite(run: RunContext, plan: Plan, rows: DataFrame, ref: str, txn: Optional[tuple[str, int]],
+               **options) -> DeltaCommit:
+    """Overwrite ``ref`` with ``rows`` as the write mode says (:func:`_write_mode`), tagged with the run's tag, and
+    return the run's own commit: found by that tag, since under concurrency the latest may be another writer's."""
+    ref = TableRef.parse(ref)
+    replace_where, partition_by = _write_mode(run, plan)
+    write_delta(rows, ref, replace_where=replace_where, partition_by=partition_by, user_metadata=plan.tag, txn=txn,
+                **options)
+    return own_commit(run.spark, ref, plan.tag)
 
 
 def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[str]]:

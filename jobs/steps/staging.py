@@ -50,8 +50,8 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    append_delta, column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, overwrite_delta,
-    read_input, staging_metadata, table_id, table_names,
+    column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
+    table_id, table_names, write_delta,
 )
 from lakescore.schemas.column_names import delta_storable_columns, original_columns
 
@@ -140,8 +140,8 @@ class Staging:
 
     def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
         """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""
-        append_delta(delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location,
-                     txn_app_id=f"lakescore-{self.key}", txn_version=chunk + 1, user_metadata=staging_metadata(self.output, tag))
+        write_delta(delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location, "append",
+                    txn=(f"lakescore-{self.key}", chunk + 1), user_metadata=staging_metadata(self.output, tag))
 
     def table(self) -> DataFrame:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
@@ -157,13 +157,13 @@ class Staging:
 
     def write(self, rows: DataFrame) -> None:
         """Write ``rows`` here in one commit, replacing what is here."""
-        overwrite_delta(delta_storable_columns(rows), self.location, user_metadata=staging_metadata(self.output))
+        write_delta(delta_storable_columns(rows), self.location, user_metadata=staging_metadata(self.output))
 
     def write_chunked(self, rows: DataFrame, id_col: str) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
         chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks))
-        overwrite_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN,
-                        user_metadata=staging_metadata(self.output))
+        write_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN,
+                    user_metadata=staging_metadata(self.output))
 
     def chunk(self, chunk: int) -> DataFrame:
         """The rows of ``chunk`` written by :meth:`write_chunked` (its partition only)."""
