@@ -485,13 +485,6 @@ def write_delta(
         ref.save(writer)
 
 
-def write_delta_overwrite(df: DataFrame, ref: "str | TableRef", **options: Any) -> DeltaCommit:
-    """:func:`write_delta` in overwrite mode, then its commit (:func:`own_commit`): for ``class_archive``'s training
-    workload until it calls those two itself."""
-    write_delta(df, ref, **options)
-    return own_commit(df.sparkSession, ref, options.get("user_metadata"))
-
-
 DELETION_VECTORS = "delta.enableDeletionVectors"
 """The Delta table property that lets ``MERGE``, ``UPDATE`` and ``DELETE`` mark rows deleted instead of rewriting files."""
 

@@ -131,7 +131,7 @@ def _train(dump_to: Path, jars_dir: str, scratch: Path) -> None:
     from lakescore.jobs.config import SparkConfig
     from lakescore.jobs.platform.session import get_or_create_session
     from lakescore.jobs.platform.spark_adapter import stop_classic_jvm
-    from lakescore.jobs.platform.tables import last_commit, read_pinned, table_id, write_delta_overwrite
+    from lakescore.jobs.platform.tables import last_commit, own_commit, read_pinned, table_id, write_delta
 
     cfg = SparkConfig(
         master="local[1]", app_name="lakescore-class-archive", jars_dir=jars_dir, class_archive=False,
@@ -145,7 +145,8 @@ def _train(dump_to: Path, jars_dir: str, scratch: Path) -> None:
     scored = (source.mapInArrow(lambda batches: batches, source.schema)
               .withColumn("digest", F.sha2("body", 256)).withColumn("chunk", F.col("id") % 2))
     out = str(scratch / "output")
-    write_delta_overwrite(scored, out, partition_by="chunk", user_metadata="train", txn=("train", 1))
+    write_delta(scored, out, partition_by="chunk", user_metadata="train", txn=("train", 1))
+    own_commit(spark, out, "train")
     pinned = spark.read.format("delta").option("versionAsOf", last_commit(spark, out).version).load(out)
     table_id(spark, out)
     pinned.agg(F.count("*"), F.countDistinct("id"), F.min("body"), F.max("body"), F.sum(F.col("id").isNull().cast("int"))).collect()
