@@ -3,8 +3,7 @@
 A JVM that lakescore builds spends most of its first seconds loading and verifying ~20,000
 classes. Java's AppCDS (JDK 13+, JEP 350) can dump the classes a run loaded into an archive
 (``-XX:ArchiveClassesAtExit``) that later JVMs on the same classpath map at start-up
-(``-XX:SharedArchiveFile``). Measured on 2-core Intel Xeon (F200, 200 reviews, ``local[*]``):
-session start 7.7 -> 3.8 s, first input read 7.5 -> 3.0 s, the whole run 36-41 -> 26-30 s.
+(``-XX:SharedArchiveFile``): the session starts and reads its input seconds sooner (figures in BENCHMARKS.md).
 
 One archive per host and classpath: :func:`archive_path` names it by a digest of what makes up
 the driver's classpath (the Java runtime, Spark's ``jars/``, ``spark.jars``, the class-path
@@ -17,7 +16,7 @@ for that JVM to write it at exit and renames it into place: it only ever appears
 the archive when one exists for its classpath, nothing otherwise (the JVM then starts as
 before). The JVM checks the archive too and, were it unusable, starts without it.
 
-An archive is ~220 MiB on disk, mapped read-only and shared by every JVM using it.
+An archive is a few hundred MiB on disk, mapped read-only and shared by every JVM using it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 Spark starts one Python daemon per executor (``spark.python.daemon.module``, default
 ``pyspark.daemon``) and forks every Python worker of that executor from it. A scoring worker's
-first task imports torch and transformers' modelling stack: ~3.5 s of CPU (measured here), paid
-again by every worker. Run as this module instead, the daemon imports the modules named in
+first task imports torch and transformers' modelling stack, seconds of CPU paid again by every worker. Run as this module instead, the daemon imports the modules named in
 :data:`IMPORTS_ENV` (comma-separated) once, then serves as ``pyspark.daemon`` does: each worker
-is forked with them already imported, so it only loads the weights (~0.4 s for MiniLM), and the
+is forked with them already imported, so it only loads the weights, and the
 imported modules' memory is shared copy-on-write between the workers instead of copied into each
 (frozen out of the garbage collector's reach first, :func:`freeze_for_fork`).
 
@@ -78,8 +77,7 @@ def installed_pyspark_first(path: Sequence[str]) -> list[str]:
     """``path`` (``sys.path``) without the ``pyspark.zip`` Spark puts first for its Python processes, when that zip
     is the one inside the installed ``pyspark`` package (pip's pyspark is its own ``SPARK_HOME``): the package's
     files are the same code with their bytecode compiled at install, while zipimport compiles a zip's modules from
-    source in every process (what a daemon imports of pyspark: 0.9 s of CPU from the zip, 0.3 s from the package,
-    on a 2-core AMD EPYC). A cluster's own Spark, whose zip lies elsewhere, keeps its zip first."""
+    source in every process, about three times the CPU of the package's compiled files. A cluster's own Spark, whose zip lies elsewhere, keeps its zip first."""
     try:
         package = Path(metadata.distribution("pyspark").locate_file("pyspark"))
     except metadata.PackageNotFoundError:
