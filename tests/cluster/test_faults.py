@@ -204,10 +204,17 @@ def worker_killed_run(cluster_input):
     return run_with_kill(cluster_input, "shared", "python", "worker-kill.log")  # the rerun tests use wh-shared too
 
 
+def logged(run: CliRun, report_path: Path) -> str:
+    """What the run printed, and what its driver JVM logged to the run's log file (a quiet CLI session keeps Spark's
+    warnings there, off the console; the report's ``log_file`` names it)."""
+    log_file = json.loads(report_path.read_text()).get("log_file")
+    return run.text() + (Path(log_file).read_text(errors="replace") if log_file else "")
+
+
 def test_killed_python_worker_task_is_retried_and_output_is_exact(worker_killed_run, cluster_input):
     run, code, killed, output, report_path = worker_killed_run
     assert code == 0, f"{killed}\n{run.text()[-4000:]}"
-    assert re.search(r"Lost task|Python worker exited unexpectedly", run.text()), f"the kill hit no task ({killed})"
+    assert re.search(r"Lost task|Python worker exited unexpectedly", logged(run, report_path)), f"the kill hit no task ({killed})"
     assert_exact_result(output, report_path, cluster_input[2], RUN_DATE)
     assert delta_history(output) == ["WRITE"]
     assert not _staging_left(output)
@@ -234,8 +241,8 @@ def test_executor_jvms_killed_during_scoring_validation_and_publish_the_run_stil
     reached = announced(announce)
     for point, next_point, killed, killed_at in kills:
         assert reached[point] <= killed_at < reached[next_point], f"the kill missed the step ({killed}): {reached}"
-    assert len(re.findall(r"Lost executor", run.text())) >= 3, (scoring_kill, kills)
-    assert re.search(r"Lost task|ExecutorLostFailure", run.text()), f"the scoring kill hit no task ({scoring_kill})"
+    assert len(re.findall(r"Lost executor", logged(run, report))) >= 3, (scoring_kill, kills)
+    assert re.search(r"Lost task|ExecutorLostFailure", logged(run, report)), f"the scoring kill hit no task ({scoring_kill})"
     assert_exact_result(output, report, frame, RUN_DATE)
     assert delta_history(output) == ["WRITE"] and delta_history(Path(f"{output}_errors")) == ["WRITE"]
     assert not _staging_left(output)
