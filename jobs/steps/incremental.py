@@ -177,10 +177,12 @@ def find_changes(
         missing = missing.join(refused.select(column(cfg.id_col).alias(_NEW_ID)), column(cfg.id_col) == F.col(_NEW_ID),
                                "left_anti")
         rows_missing = missing.count()
+    # A changed spec makes every output row one to score: with none to score, there is no change to explain.
+    spec_changes = spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)) if rows_to_score else None
     return Changes(to_score=to_score, rows_to_score=rows_to_score, rows_kept=scorable_rows - rows_to_score,
                    rows_missing=rows_missing, missing_ids=missing, distinct_to_score=int(counts["distinct"] or 0),
-                   spec=spec, spec_changes=spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)),
-                   model_sha256=model_sha256, previous_version=previous_version, table=changed)
+                   spec=spec, spec_changes=spec_changes, model_sha256=model_sha256, previous_version=previous_version,
+                   table=changed)
 
 
 def _count_columns() -> list[Column]:
