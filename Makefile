@@ -35,8 +35,11 @@ setup: browser
 	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
+# Test files run on TEST_WORKERS processes (pytest-xdist), each file whole on one of them, so a module's fixtures
+# (a Spark session, a cluster) start once.
+TEST_WORKERS ?= 2
 test:
-	$(PY) -m pytest --durations=15 tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 # Headless Chromium for the HTML report's browser test (tests/integration/test_report_browser.py).
 # Debian's package, installed with apt-get when no Chromium is on PATH (as root, as CI runs); a no-op
