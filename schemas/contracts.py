@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from pyspark.sql.types import (
+    BinaryType,
     BooleanType,
     ByteType,
     DateType,
@@ -23,7 +24,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["PROMPT_COLUMN", "InputContractError", "TextInputContract", "PromptInputContract", "FeatureInputContract", "resolve_feature_cols"]
+__all__ = [
+    "PROMPT_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
+    "FeatureInputContract", "one_column_contract", "resolve_feature_cols",
+]
 
 _ID_TYPES = (StringType, LongType, IntegerType, ShortType, ByteType, DecimalType)
 _NUMERIC_TYPES = (DoubleType, FloatType, LongType, IntegerType, ShortType, ByteType, DecimalType)
@@ -55,6 +59,27 @@ class TextInputContract:
         if self.id_col is not None:
             _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
+
+
+@dataclass(frozen=True)
+class ImageInputContract:
+    """An image task's input: an id column and a binary column of encoded images."""
+
+    id_col: Optional[str]
+    image_col: str
+
+    def check(self, schema: StructType, source: str) -> None:
+        """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
+        fields = _fields_present(schema, source, [("id column", self.id_col), ("image column", self.image_col)])
+        if self.id_col is not None:
+            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        _require(fields[self.image_col], (BinaryType,), f"image column {self.image_col!r} in {source}",
+                 "binary (encoded image bytes)")
+
+
+def one_column_contract(kind: str, id_col: Optional[str], column: str) -> "TextInputContract | ImageInputContract":
+    """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes)."""
+    return {"text": TextInputContract, "image": ImageInputContract}[kind](id_col, column)
 
 
 @dataclass(frozen=True)

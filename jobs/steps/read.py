@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +27,14 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_pinned,
+    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_files,
+    read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.jobs.steps.staging import input_fingerprint, staging_location
 from lakescore.schemas.contracts import (
-    PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, TextInputContract, resolve_feature_cols,
+    PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract, resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.generate_options import template_columns, template_parts
@@ -41,9 +43,11 @@ from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
 
 __all__ = [
-    "RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets",
-    "check_paths_writable",
+    "RunContext", "Targets", "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
+    "check_targets", "check_paths_writable",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class RunContext:
     """The executor Python worker started while the input was read; the preflight waits for it."""
     started: float = dataclasses.field(default_factory=time.time)
     """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
+    ignored_files: Optional[int] = None
+    """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
 
     @property
     def id_field(self) -> StructField:
@@ -126,16 +132,29 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
     try:
-        source, input_version = read_pinned(spark, cfg.input, cfg.input_format)  # one snapshot for the whole run
+        source, input_version, ignored = read_source(cfg, spark)
         source, input_cols = model_input(cfg, source)
     except BaseException:
         worker_start.cancel()
         raise
-    if not cfg.reads_text:
+    if not cfg.column_setting:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     return RunContext(
-        cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start
+        cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start,
+        ignored_files=ignored,
     )
+
+
+def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optional[int], Optional[int]]:
+    """``cfg.input`` read at one snapshot (:func:`~lakescore.jobs.platform.tables.read_pinned`): ``(DataFrame, Delta
+    version, None)``; for ``input_format`` ``images`` the folder's files of the task's extensions
+    (:func:`~lakescore.jobs.platform.tables.read_files`): ``(DataFrame, None, other files ignored)``."""
+    if cfg.input_format != "images":
+        return (*read_pinned(spark, cfg.input, cfg.input_format), None)
+    source, ignored = read_files(spark, cfg.input, get_task(cfg.task).input_kind.file_extensions)
+    log.info("input folder %s: %d other file(s) ignored (not %s)", cfg.input, ignored,
+             "/".join(get_task(cfg.task).input_kind.file_extensions))
+    return source, None, ignored
 
 
 def check_table_names(cfg: JobConfig) -> None:
@@ -218,14 +237,14 @@ def check_paths_writable(run: RunContext) -> None:
 
 def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` with the model's input columns, after checking the input contract on the schema (no compute): the
-    text column, the feature columns, or (a prompted task with ``generate.prompt_template``) the rendered prompt,
-    added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`."""
+    text or image column, the feature columns, or (a prompted task with ``generate.prompt_template``) the rendered
+    prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`."""
     where = f"input {cfg.input!r}"
     if cfg.prompt_template:
         return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
-    if cfg.reads_text:
-        TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, where)
-        return source, (cfg.text_col,)
+    if cfg.column_setting:
+        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_col, cfg.input_col).check(source.schema, where)
+        return source, (cfg.input_col,)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_col, features).check(source.schema, where)
     return source, features
