@@ -17,7 +17,7 @@ from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, c
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport, write_report
 from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.read import model_spec
+from lakescore.jobs.steps.read import model_spec, one_column_input
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
 from lakescore.schemas.contracts import FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
@@ -76,8 +76,8 @@ def transform(
     Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks (``generate``: the
-    prompt as the model reads it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images)
-    for image tasks, ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
+    prompt as the model reads it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images;
+    string: paths of image files) for image tasks, ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
     setting by its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md
     lists them), validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both
     are refused here.
@@ -96,6 +96,8 @@ def transform(
     contract = one_column_contract(kind.name, id_col, cfg.input_col) if kind.one_column else FeatureInputContract(id_col, input_cols)
     contract.check(df.schema, "the DataFrame")
     keep = [id_col] if id_col else list(df.columns)
+    if kind.one_column:  # an image column of paths: the files' bytes, read on the executors
+        df, input_cols = one_column_input(cfg, df, "the DataFrame")
     taken = sorted(set(keep) & set(scored_schema(task).names))
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")

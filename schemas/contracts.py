@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
-    "PROMPT_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
+    "PROMPT_COLUMN", "IMAGE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
     "FeatureInputContract", "one_column_contract", "resolve_feature_cols",
 ]
 
@@ -37,6 +37,10 @@ _PROMPT_VALUE_TYPES = (StringType, BooleanType, DateType, TimestampType, Timesta
 
 PROMPT_COLUMN = "_lakescore_prompt"
 """The column a prompted task's rendered prompt is added to the input as (never written to the output)."""
+
+IMAGE_COLUMN = "_lakescore_image"
+"""The column the bytes of each row's image file are added to the input as, for an image column of paths (never
+written to the output)."""
 
 
 class InputContractError(ValueError):
@@ -63,7 +67,8 @@ class TextInputContract:
 
 @dataclass(frozen=True)
 class ImageInputContract:
-    """An image task's input: an id column and a binary column of encoded images."""
+    """An image task's input: an id column and an image column: binary (encoded images) or string (paths or URIs of
+    image files)."""
 
     id_col: Optional[str]
     image_col: str
@@ -73,8 +78,8 @@ class ImageInputContract:
         fields = _fields_present(schema, source, [("id column", self.id_col), ("image column", self.image_col)])
         if self.id_col is not None:
             _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
-        _require(fields[self.image_col], (BinaryType,), f"image column {self.image_col!r} in {source}",
-                 "binary (encoded image bytes)")
+        _require(fields[self.image_col], (BinaryType, StringType), f"image column {self.image_col!r} in {source}",
+                 "binary (encoded image bytes) or string (paths of image files)")
 
 
 def one_column_contract(kind: str, id_col: Optional[str], column: str) -> "TextInputContract | ImageInputContract":

@@ -78,10 +78,14 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool) -> Column:
     doubles in model order.
 
     A null text or image digests to null (such a row is dead-lettered, and null-safe comparison keeps it apart from
-    any value).
+    any value). An image read from a path (``input_cols``: the bytes, then the path) that is missing digests its path
+    instead, so that dedup keeps each missing file's row (and its path in the errors table) apart.
     """
     if one_column:
-        return F.sha2(column(input_cols[0]), 256)
+        digest = F.sha2(column(input_cols[0]), 256)
+        if len(input_cols) > 1:
+            digest = F.coalesce(digest, F.sha2(F.concat(F.lit("missing file: "), column(input_cols[1])), 256))
+        return digest
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.model_staging import stage_model
@@ -34,7 +34,8 @@ from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.jobs.steps.staging import input_fingerprint, staging_location
 from lakescore.schemas.contracts import (
-    PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract, resolve_feature_cols,
+    IMAGE_COLUMN, PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract,
+    resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.generate_options import template_columns, template_parts
@@ -237,14 +238,15 @@ def check_paths_writable(run: RunContext) -> None:
 
 def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` with the model's input columns, after checking the input contract on the schema (no compute): the
-    text or image column, the feature columns, or (a prompted task with ``generate.prompt_template``) the rendered
-    prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`."""
+    text or image column, the feature columns, (a prompted task with ``generate.prompt_template``) the rendered
+    prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`, or (an image column of paths) each file's
+    bytes, added as :data:`~lakescore.schemas.contracts.IMAGE_COLUMN`, then the paths."""
     where = f"input {cfg.input!r}"
     if cfg.prompt_template:
         return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:
         one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_col, cfg.input_col).check(source.schema, where)
-        return source, (cfg.input_col,)
+        return one_column_input(cfg, source, where)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_col, features).check(source.schema, where)
     return source, features
@@ -262,6 +264,48 @@ def render_prompts(template: str, id_col: Optional[str], source: DataFrame, wher
         for part in ([F.lit(literal)] if literal else []) + ([column(name).cast("string")] if name else [])
     ]
     return source.withColumn(PROMPT_COLUMN, F.concat(*parts) if parts else F.lit(""))
+
+
+def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[DataFrame, tuple[str, ...]]:
+    """``source`` and the model's input columns for a task reading ``cfg.input_col`` (its contract checked): the
+    column itself, or for a string column of a kind that reads files (images) the files' bytes read from the paths
+    (:func:`read_image_files`), then the paths."""
+    reads_files = get_task(cfg.task).input_kind.file_extensions
+    if reads_files and isinstance(source.schema[cfg.input_col].dataType, StringType):
+        files = read_image_files(source, cfg.input_col, cfg.scoring.arrow_max_bytes_per_batch, where)
+        return files, (IMAGE_COLUMN, cfg.input_col)
+    return source, (cfg.input_col,)
+
+
+def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:
+    """``source`` plus the bytes of the file each row's ``path_col`` names (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`;
+    null for a null path or a missing file), read lazily on the executors by :mod:`lakescore.udfs.image_files`, in
+    slices of at most ``max_bytes``. Only the Spark jobs that need the bytes read them (the digest, the scoring).
+
+    Why Python and not Spark's ``binaryFile`` source: that source takes its paths on the driver and fails the whole
+    read when one is missing, where a missing file must be one row's ``missing_file``."""
+    if IMAGE_COLUMN in source.columns:
+        raise InputContractError(f"{where} has a column named {IMAGE_COLUMN!r}, which lakescore reads image files into; rename it")
+    return source.withColumn(IMAGE_COLUMN, _file_reader(max_bytes)(column(path_col)))
+
+
+def _file_reader(max_bytes: int):
+    """A pandas UDF: paths -> file bytes, each input batch returned in slices of at most ``max_bytes`` (Spark pairs an
+    iterator UDF's output with its input row by row)."""
+    from typing import Iterator
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def read(batches):
+        from lakescore.udfs.image_files import read_in_slices
+
+        for paths in batches:
+            for part in read_in_slices(paths.tolist(), max_bytes):
+                yield pd.Series(part, dtype=object)
+
+    read.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}  # the UDF's kind, for PySpark
+    return pandas_udf(read, BinaryType())
 
 
 def storage_refs(cfg: JobConfig) -> tuple[str, ...]:

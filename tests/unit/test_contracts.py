@@ -76,7 +76,8 @@ def test_an_image_column_must_hold_bytes():
 
     schema = StructType([*SCHEMA.fields, StructField("photo", BinaryType())])
     one_column_contract("image", "review_id", "photo").check(schema, "input 't'")
-    with pytest.raises(InputContractError, match=r"^image column 'body' in input 't' has type string; expected binary \(encoded image bytes\)$"):
-        one_column_contract("image", "review_id", "body").check(schema, "input 't'")
+    one_column_contract("image", "review_id", "body").check(schema, "input 't'")  # paths of image files
+    with pytest.raises(InputContractError, match=r"^image column 'score' in input 't' has type double; expected binary \(encoded image bytes\) or string \(paths of image files\)$"):
+        one_column_contract("image", "review_id", "score").check(schema, "input 't'")
     with pytest.raises(InputContractError, match=r"^image column 'picture' not found in input 't'; available columns: review_id, body, score, photo$"):
         one_column_contract("image", "review_id", "picture").check(schema, "input 't'")

@@ -303,3 +303,37 @@ def test_image_tasks_load_in_reduced_precision_on_torch(vit_dir, images):
     out = head.score([images["rgb.jpg"]])
     assert out.shape == (1, 3) and np.isclose(out.sum(), 1.0, atol=1e-3)
     assert get_task("image_classify").backends == ("torch",) == get_task("image_embed").backends
+
+
+def test_image_files_are_read_by_path_and_uri_and_a_missing_one_is_none(images, image_files):
+    from lakescore.udfs.image_files import local_path, read_file, read_in_slices
+
+    path = image_files / "rgb.jpg"
+    for named in (str(path), f"file:{path}", f"file://{path}", f"file://localhost{path}"):
+        assert read_file(named) == images["rgb.jpg"], named
+    assert local_path("dbfs:/mnt/photos/a.png") == "/dbfs/mnt/photos/a.png" and local_path("s3a://bucket/a.png") is None
+    assert read_file(str(image_files / "gone.png")) is None and read_file(str(image_files)) is None
+    assert read_file(f"memory://{image_files}/gone.png") is None  # a URI goes through fsspec
+    names = ["rgb.jpg", "gray.png", "cmyk.tiff"]
+    paths = [str(image_files / names[0]), None, str(image_files / names[1]), str(image_files / "gone.png"), str(image_files / names[2])]
+    budget = len(images["rgb.jpg"]) + len(images["gray.png"])
+    slices = list(read_in_slices(paths, budget))
+    assert [len(s) for s in slices] == [4, 1]  # the third file would exceed the budget: it starts the next slice
+    assert sum(slices, []) == [images["rgb.jpg"], None, images["gray.png"], None, images["cmyk.tiff"]]
+
+
+def test_a_path_column_reads_files_and_dead_letters_a_missing_one_with_its_path(vit_dir, images, image_files):
+    model_cache.clear()
+    spec = ModelSpec("image_classify", str(vit_dir))
+    schema = scored_schema("image_classify", StructField("id", LongType()))
+    score = make_scoring_function(spec, keep_cols=["id"], input_cols=["image", "path"], schema=schema, max_tokens=None, max_rows=2)
+    gone = str(image_files / "gone.png")
+    batch = pa.record_batch({
+        "id": pa.array([1, 2, 3, 4], pa.int64()),
+        "image": pa.array([images["rgb.jpg"], None, None, b"nope"], pa.binary()),
+        "path": pa.array([str(image_files / "rgb.jpg"), gone, None, "/x/corrupt.png"]),
+    })
+    rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
+    assert [r["_reason"] for r in rows] == [None, "missing_file", "null_input", "invalid_image"]
+    assert rows[1]["_error"] == f"no file at {gone}" and rows[1]["_input"] == gone and rows[3]["_input"] == "/x/corrupt.png"
+    model_cache.clear()
