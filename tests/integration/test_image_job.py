@@ -1,7 +1,8 @@
 """``image_classify`` / ``image_embed`` end to end on real Spark + Delta with tiny seeded ViT / CLIP models: a binary
-column (a corrupt and a null image dead-lettered, identical images scored once, the digest the bytes' SHA-256), and a
-folder of image files read with ``--input-format images``: killed after its first chunk and resumed, then incremental
-after one file was replaced."""
+column (a corrupt and a null image dead-lettered, identical images scored once, the digest the bytes' SHA-256), a
+column of paths (read on the executors, a missing file dead-lettered ``missing_file``), and a folder of image files
+read with ``--input-format images``: killed after its first chunk and resumed, then incremental after one file was
+replaced."""
 
 from __future__ import annotations
 
@@ -80,6 +81,33 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
     lazily = transform(spark.read.format("delta").load(str(source)), task="image_classify", model=vit_dir,
                        image_col="photo", id_col="photo_id").toPandas().set_index("photo_id")
     assert lazily.loc[scored, "label"].tolist() == out["label"].tolist() and lazily.loc[3, "_reason"] == "invalid_image"
+
+
+def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missing_one(spark, tmp_path, vit_dir):
+    root = tmp_path / "receipts"
+    root.mkdir()
+    files = {"a.png": encoded(picture(40, 30, 4), "PNG"), "b c.jpg": encoded(picture(30, 41, 5), "JPEG"),
+             "d.webp": encoded(picture(35, 35, 6), "WEBP")}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    paths = {1: str(root / "a.png"), 2: f"file://{root / 'b c.jpg'}", 3: str(root / "gone.png"), 4: None,
+             5: f"file:{root / 'd.webp'}"}
+    source, output = tmp_path / "receipts_table", tmp_path / "receipt_labels"
+    spark.createDataFrame(pd.DataFrame({"receipt_id": list(paths), "scan": list(paths.values())}), "receipt_id long, scan string") \
+        .write.format("delta").save(str(source))
+
+    report = run_scoring(_config(input=str(source), output=str(output), task="image_classify", id_col="receipt_id",
+                                 image_col="scan", **{"model.source": str(vit_dir), "write.mode": "incremental"}), spark)
+    assert report.status == "succeeded", report.error
+    assert (report.output_rows, report.error_reasons) == (3, {"missing_file": 1, "null_input": 1})
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("receipt_id").reset_index(drop=True)
+    assert out["receipt_id"].tolist() == [1, 2, 5] and "_lakescore_image" not in out.columns
+    read = [files["a.png"], files["b c.jpg"], files["d.webp"]]
+    assert np.abs(np.stack(out["probs"].map(list)) - _own_scores("image_classify", vit_dir, read)).max() < 1e-5
+    assert out["input_digest"].tolist() == [hashlib.sha256(data).hexdigest() for data in read]  # the files' bytes
+    errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("receipt_id")
+    assert (errors.loc[3, "reason"], errors.loc[3, "input"]) == ("missing_file", paths[3])
+    assert errors.loc[3, "error"] == f"no file at {paths[3]}" and errors.loc[4, "reason"] == "null_input"
 
 
 def _folder(root: Path) -> dict[str, bytes]:
