@@ -279,6 +279,9 @@ class ScoringConfig(_Section):
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = Field(None, ge=1)
     """Scoring tasks per chunk; default: the cluster's default parallelism when the input has fewer."""
+    max_image_pixels: Optional[int] = Field(None, ge=1)
+    """Image tasks: the pixels (width x height, read from the header before decoding) one image may have; a bigger
+    one is dead-lettered ``image_too_large``. Default: Pillow's decompression-bomb limit (about 89 million)."""
     dedup: OnOff = Field("auto", json_schema_extra=_JOB_ONLY)
     """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
     ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
@@ -496,7 +499,7 @@ class JobConfig(_Section):
     input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=_cli("--input-format", sweep=True))
     """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta``, ``parquet``,
     or ``images``: every image file under the folder, recursively (by extension, any case: jpg, jpeg, png, webp, gif,
-    bmp, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
+    bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
     task: TaskName = Field(
         "embed", json_schema_extra=_cli("--task", sweep=True),
         description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
@@ -508,9 +511,10 @@ class JobConfig(_Section):
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
     image_col: Optional[Text] = Field(None, json_schema_extra=_cli("--image-col"))
-    """The column of encoded images to score (image tasks: ``image_classify``, ``image_embed``): binary, each value
-    a file's bytes in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...). Set by ``input_format``
-    ``images``."""
+    """The image column to score (image tasks: ``image_classify``, ``image_embed``): binary, each value a file's bytes
+    in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
+    (local, ``file:``, ``dbfs:/``, or a URI ``fsspec`` reads, e.g. ``s3a://`` with ``s3fs``), read on the executors;
+    a missing file is ``missing_file``. Set by ``input_format`` ``images``."""
     feature_cols: Names = Field((), json_schema_extra=_cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
     feature_prefix: Optional[Text] = Field(None, json_schema_extra=_cli("--feature-prefix"))
@@ -570,6 +574,10 @@ class JobConfig(_Section):
         if self.input_format == "images" and not task.input_kind.file_extensions:
             readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
             raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
+        for option in _RUNNER_SETTINGS:
+            if getattr(self.scoring, option) is not None and option not in task.input_kind.runner_settings:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).input_kind.runner_settings)
+                raise ConfigError(f"scoring.{option} applies to task {readers}, not {self.task!r}")
         if self.scoring.dedup == "on" and not self.deterministic:
             raise ConfigError(
                 "scoring.dedup on scores one row per distinct input, but sampled generation (generate.temperature > 0) "
@@ -670,6 +678,9 @@ class JobConfig(_Section):
 
 _COLUMN_SETTINGS = tuple(dict.fromkeys(t.input_kind.column_setting for t in _TASKS.values() if t.input_kind.column_setting))
 """Every setting naming a task's one input column: one the task does not read is a mistake."""
+
+_RUNNER_SETTINGS = tuple(dict.fromkeys(o for t in _TASKS.values() for o in t.input_kind.runner_settings))
+"""Every ``scoring.*`` setting only some input kinds' runners read (``max_image_pixels``)."""
 
 
 # --- Loading ---------------------------------------------------------------------------------------------------

@@ -50,6 +50,9 @@ class InputKind:
     """The runner reads each row's id too (``key_col``), to seed what it draws for the row (generation's sampling)."""
     column_setting: Optional[str] = None
     """The config setting naming the one input column (``text_col``, ``image_col``); ``None``: numeric feature columns."""
+    runner_settings: tuple[str, ...] = ()
+    """The ``scoring.*`` settings this kind's runner takes as keyword arguments (config validation refuses them for
+    the other kinds)."""
     file_extensions: tuple[str, ...] = ()
     """The file name extensions (lower case) a folder input of this kind reads (``input_format`` ``images``); ``()``:
     this kind reads tables only."""
@@ -89,7 +92,7 @@ PROMPT = InputKind(
 FEATURES = InputKind("features", "MatrixRunner")
 IMAGE = InputKind(
     "image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
-    column_setting="image_col", file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
+    column_setting="image_col", runner_settings=("max_image_pixels",), file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
 )
 """One binary column of encoded images (a folder of image files is read as one: ``input_format`` ``images``)."""
 

@@ -59,13 +59,14 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
 
     report = run_scoring(_config(
         input=str(source), output=str(output), task="image_classify", id_col="photo_id", image_col="photo",
-        **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on"},
+        max_error_rate=0.6,
+        **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on", "scoring.max_image_pixels": 1500},
     ), spark)
     assert report.status == "succeeded", report.error
-    assert (report.output_rows, report.error_reasons) == (4, {"invalid_image": 1, "null_input": 1})
+    assert (report.output_rows, report.error_reasons) == (3, {"image_too_large": 1, "invalid_image": 1, "null_input": 1})
     assert report.dedup["forward_passes_saved"] == 1  # rows 1 and 5 hold the same image
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("photo_id").reset_index(drop=True)
-    scored = [1, 2, 5, 6]
+    scored = [1, 5, 6]  # row 2's 33 x 47 pixels are over the limit
     assert out["photo_id"].tolist() == scored
     expected = _own_scores("image_classify", vit_dir, [photos[i] for i in scored])
     assert np.abs(np.stack(out["probs"].map(list)) - expected).max() < 1e-5
@@ -74,13 +75,17 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
     assert out["input_digest"].tolist() == [hashlib.sha256(photos[i]).hexdigest() for i in scored]
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("photo_id")
     assert errors.loc[3, "reason"] == "invalid_image" and errors.loc[4, "reason"] == "null_input"
+    assert errors.loc[2, "reason"] == "image_too_large" and errors.loc[2, "input"].startswith("PNG RGBA 33x47, ")
     assert errors.loc[3, "input"] == f"{len(photos[3])} bytes, sha256 {hashlib.sha256(photos[3]).hexdigest()}"
     assert pd.isna(errors.loc[4, "input"])
+    profiled = {s["column"]: s for s in report.profile["inputs"]}["photo"]  # the HTML report: sizes, not bytes
+    assert profiled["kind"] == "numeric" and profiled["stats"]["max"] == max(len(v) for v in photos.values() if v)
 
-    # The Python API over the same column: the same labels, the corrupt row's reason
+    # The Python API over the same column: the same labels, the same reasons
     lazily = transform(spark.read.format("delta").load(str(source)), task="image_classify", model=vit_dir,
-                       image_col="photo", id_col="photo_id").toPandas().set_index("photo_id")
-    assert lazily.loc[scored, "label"].tolist() == out["label"].tolist() and lazily.loc[3, "_reason"] == "invalid_image"
+                       image_col="photo", id_col="photo_id", max_image_pixels=1500).toPandas().set_index("photo_id")
+    assert lazily.loc[scored, "label"].tolist() == out["label"].tolist()
+    assert lazily.loc[[2, 3, 4], "_reason"].tolist() == ["image_too_large", "invalid_image", "null_input"]
 
 
 def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missing_one(spark, tmp_path, vit_dir):

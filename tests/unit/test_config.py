@@ -207,5 +207,8 @@ def test_image_tasks_read_image_col_and_a_folder_needs_no_columns():
     folder.require_for_scoring()
     assert (folder.id_col, folder.image_col) == ("path", "content")
     assert load_config(flags={**base, "input_format": "images", "id_col": "path", "image_col": "content"}).id_col == "path"
+    assert load_config(flags={**base, "scoring.max_image_pixels": 10**6}).scoring.max_image_pixels == 10**6
+    with pytest.raises(ConfigError, match=r"^scoring.max_image_pixels applies to task image_classify, image_embed, not 'embed'$"):
+        load_config(flags={**base, "task": "embed", "scoring.max_image_pixels": 10**6})
     with pytest.raises(ConfigError, match=r"^input_format images is for task image_classify, image_embed, not 'embed'$"):
         load_config(flags={**base, "task": "embed", "input_format": "images"})
