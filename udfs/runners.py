@@ -203,16 +203,23 @@ class PreparedImages:
     """An image batch ready to score: the encoded values (``None`` where null) and their preprocessing, and the path
     each was read from (``None``: a binary column)."""
 
-    values: list[Optional[bytes]]
+    values: list[Optional[memoryview]]
     images: Preprocessed
     paths: Optional[list[Optional[str]]] = None
 
 
-def image_bytes(column: pa.Array, name: str) -> list[Optional[bytes]]:
-    """The encoded images of a binary column, one ``bytes`` (or ``None``) per row; ``TypeError`` for other types."""
+def image_bytes(column: pa.Array, name: str) -> list[Optional[memoryview]]:
+    """The encoded images of a binary column, one read-only view of the column's own buffer (or ``None``) per row;
+    ``TypeError`` for other types. Views, not copies: a batch of big images is held once, by the Arrow batch."""
     if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
         raise TypeError(f"image column {name!r} is {column.type}; image tasks read encoded image bytes (binary)")
-    return column.to_pylist()
+    data = column.buffers()[2]
+    buffer = memoryview(data if data is not None else b"")
+    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    # positions in the data buffer, of this (maybe sliced) array's rows only
+    offsets = np.frombuffer(column.buffers()[1], dtype=width)[column.offset:column.offset + len(column) + 1]
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return [buffer[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
 
 
 class ImageRunner:

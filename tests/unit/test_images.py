@@ -337,3 +337,25 @@ def test_a_path_column_reads_files_and_dead_letters_a_missing_one_with_its_path(
     assert [r["_reason"] for r in rows] == [None, "missing_file", "null_input", "invalid_image"]
     assert rows[1]["_error"] == f"no file at {gone}" and rows[1]["_input"] == gone and rows[3]["_input"] == "/x/corrupt.png"
     model_cache.clear()
+
+
+def test_a_batch_of_big_images_is_held_once_by_arrow_while_decoded_one_chunk_at_a_time(vit_dir):
+    """Python holds views of the Arrow batch's bytes, not copies: the memory Python allocates while a batch of big
+    images is prepared stays far below the batch's own size (each image decodes alone, by the pixel budget)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    noise = [Image.fromarray(rng.integers(0, 256, size=(600, 600, 3), dtype=np.uint8)) for _ in range(2)]
+    big = [encoded(noise[i % 2], "PNG", compress_level=0) for i in range(8)]  # about 1 MB each, as decoded
+    column = pa.array(big, pa.large_binary())
+    runner = ImageRunner(_head("image_classify", vit_dir), ["image"], max_batch_pixels=600 * 600)
+    values = runner.prepare(pa.record_batch({"image": column.slice(1)})).values
+    assert [bytes(v) for v in values] == big[1:] and all(v.obj.address == column.buffers()[2].address for v in values)
+    tracemalloc.start()
+    try:
+        prepared = runner.prepare(pa.record_batch({"image": column}))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert prepared.images.ok.all() and len(prepared.images.chunks) == 8
+    assert peak < sum(len(b) for b in big) / 2, peak  # to_pylist copies would hold all of them at once
