@@ -17,16 +17,16 @@ from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, c
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport, write_report
 from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.read import model_spec
+from lakescore.jobs.steps.read import model_spec, one_column_input
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
-from lakescore.schemas.contracts import FeatureInputContract, InputContractError, TextInputContract
+from lakescore.schemas.contracts import FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.model_source import (
     ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
     weights_sha256,
 )
 from lakescore.udfs.pandas_udf import make_pandas_udf
-from lakescore.udfs.registry import TASK_OPTION_SECTIONS
+from lakescore.udfs.registry import TASK_OPTION_SECTIONS, get_task
 
 __all__ = ["score", "transform", "pandas_udf"]
 
@@ -67,6 +67,7 @@ def transform(
     text_col: Optional[str] = None,
     feature_cols: Optional[Sequence[str]] = None,
     id_col: Optional[str] = None,
+    image_col: Optional[str] = None,
     **options: Any,
 ) -> DataFrame:
     """``df`` scored lazily: no write, no validation, the job's batching core and model cache. ``model``: its source
@@ -75,8 +76,8 @@ def transform(
     Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks (``generate``: the
-    prompt as the model reads it; ``id_col`` then seeds each row's sampling),
-    ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
+    prompt as the model reads it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images;
+    string: paths of image files) for image tasks, ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
     setting by its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md
     lists them), validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both
     are refused here.
@@ -87,13 +88,16 @@ def transform(
     found or that the workers would refuse (no weights, refused pickle weights, an unreadable config,
     other weights than ``expect_sha256``), all before any Spark job runs.
     """
-    cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, id_col=id_col)
-    if cfg.reads_text and not text_col:
-        raise ConfigError(f"task {task!r} reads text: pass text_col")
-    input_cols = (text_col,) if cfg.reads_text else tuple(cfg.feature_cols)
-    contract = TextInputContract(id_col, text_col) if cfg.reads_text else FeatureInputContract(id_col, input_cols)
+    cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, image_col=image_col, id_col=id_col)
+    kind = get_task(task).input_kind
+    if kind.one_column and not cfg.input_col:
+        raise ConfigError(f"task {task!r} reads {kind.name}: pass {kind.column_setting}")
+    input_cols = (cfg.input_col,) if kind.one_column else tuple(cfg.feature_cols)
+    contract = one_column_contract(kind.name, id_col, cfg.input_col) if kind.one_column else FeatureInputContract(id_col, input_cols)
     contract.check(df.schema, "the DataFrame")
     keep = [id_col] if id_col else list(df.columns)
+    if kind.one_column:  # an image column of paths: the files' bytes, read on the executors
+        df, input_cols = one_column_input(cfg, df, "the DataFrame")
     taken = sorted(set(keep) & set(scored_schema(task).names))
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
@@ -124,7 +128,7 @@ def _notebook_config(
     task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]], options: Mapping[str, Any],
     **columns: Optional[str],
 ) -> JobConfig:
-    """The typed config of a notebook call (``columns``: ``text_col``, ``id_col``); :class:`ConfigError` for
+    """The typed config of a notebook call (``columns``: ``text_col``, ``image_col``, ``id_col``); :class:`ConfigError` for
     unknown or bad settings, or a feature task without ``feature_cols``."""
     section = dict(model) if isinstance(model, Mapping) else {"source": str(model)}
     tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
@@ -144,7 +148,7 @@ def _notebook_config(
             f"quantize={cfg.model.quantize!r} is checked against float32 before a scoring job starts; use lakescore.score, "
             "or backend='onnx' without quantize here"
         )
-    if not cfg.reads_text and not feature_cols:
+    if not cfg.column_setting and not feature_cols:
         raise ConfigError(f"task {task!r} reads numeric features: pass feature_cols")
     return cfg
 
@@ -152,21 +156,21 @@ def _notebook_config(
 def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: tuple[str, ...]) -> ModelSpec:
     """The model spec, with a remote model staged to this host first; fails fast when the model is missing or the
     workers would refuse it (:func:`_check_model`)."""
-    spec = model_spec(cfg, () if cfg.reads_text else feature_cols)
+    spec = model_spec(cfg, () if cfg.column_setting else feature_cols)
     if is_remote(spec.source):
         if spark is None:
             raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
-    _check_model(spec, resolve_model_dir(spec.source, spec.revision), cfg.reads_text)
+    _check_model(spec, resolve_model_dir(spec.source, spec.revision), cfg.column_setting is not None)
     return spec
 
 
-def _check_model(spec: ModelSpec, model_dir: Path, reads_text: bool) -> None:
+def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> None:
     """Raise :class:`ModelSourceError` here for what the workers' loaders would refuse in the first Spark job: a text
-    model that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
+    or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
     sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
     ``expect_sha256``. The job checks the same on its executors (preflight); these calls have no preflight."""
-    if reads_text:
+    if transformers_dir:
         require_directory(model_dir, spec.task)
         refuse_pickle_weights(model_dir, spec.allow_pickle)
         if not (model_dir / "config.json").is_file() and not (model_dir / "modules.json").is_file():

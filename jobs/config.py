@@ -60,7 +60,10 @@ WRITE_MODES = ("overwrite", "replace_run", "incremental")
 RUN_ID_MAX = 128
 RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
 """What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
-INPUT_FORMATS = ("auto", "delta", "parquet")
+INPUT_FORMATS = ("auto", "delta", "parquet", "images")
+FILE_COLUMNS = {"id_col": "path", "image_col": "content"}
+"""``input_format`` ``images``: the columns of Spark's ``binaryFile`` source the id and the image default to (each
+file's path and its bytes)."""
 DEDUP_MODES = ("auto", "on", "off")
 LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
@@ -276,6 +279,9 @@ class ScoringConfig(_Section):
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = Field(None, ge=1)
     """Scoring tasks per chunk; default: the cluster's default parallelism when the input has fewer."""
+    max_image_pixels: Optional[int] = Field(None, ge=1)
+    """Image tasks: the pixels (width x height, read from the header before decoding) one image may have; a bigger
+    one is dead-lettered ``image_too_large``. Default: Pillow's decompression-bomb limit (about 89 million)."""
     dedup: OnOff = Field("auto", json_schema_extra=_JOB_ONLY)
     """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
     ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
@@ -491,7 +497,9 @@ class JobConfig(_Section):
     output: Optional[Text] = Field(None, json_schema_extra=_cli("--output"))
     """The Delta table or path the scores go to, written as ``write.mode`` says."""
     input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=_cli("--input-format", sweep=True))
-    """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta`` or ``parquet``."""
+    """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta``, ``parquet``,
+    or ``images``: every image file under the folder, recursively (by extension, any case: jpg, jpeg, png, webp, gif,
+    bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
     task: TaskName = Field(
         "embed", json_schema_extra=_cli("--task", sweep=True),
         description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
@@ -502,6 +510,11 @@ class JobConfig(_Section):
     text_col: Optional[Text] = Field(None, json_schema_extra=_cli("--text-col", sweep=True))
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
+    image_col: Optional[Text] = Field(None, json_schema_extra=_cli("--image-col"))
+    """The image column to score (image tasks: ``image_classify``, ``image_embed``): binary, each value a file's bytes
+    in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
+    (local, ``file:``, ``dbfs:/``, or a URI ``fsspec`` reads, e.g. ``s3a://`` with ``s3fs``), read on the executors;
+    a missing file is ``missing_file``. Set by ``input_format`` ``images``."""
     feature_cols: Names = Field((), json_schema_extra=_cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
     feature_prefix: Optional[Text] = Field(None, json_schema_extra=_cli("--feature-prefix"))
@@ -532,7 +545,12 @@ class JobConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _shorthands(cls, data: Any) -> Any:
-        return {key: _shorthand(key, value) for key, value in data.items()} if isinstance(data, Mapping) else data
+        if not isinstance(data, Mapping):
+            return data
+        data = {key: _shorthand(key, value) for key, value in data.items()}
+        if data.get("input_format") == "images":  # a folder's files: the id and image columns are Spark's
+            data.update({key: name for key, name in FILE_COLUMNS.items() if data.get(key) is None})
+        return data
 
     @model_validator(mode="after")
     def _combinations(self) -> "JobConfig":
@@ -553,6 +571,13 @@ class JobConfig(_Section):
             given = sorted(getattr(self, section).model_fields_set)
             if given and section != task.options_section:
                 raise ConfigError(f"{section}.{given[0]} applies to task {section}, not {self.task!r}")
+        if self.input_format == "images" and not task.input_kind.file_extensions:
+            readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
+            raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
+        for option in _RUNNER_SETTINGS:
+            if getattr(self.scoring, option) is not None and option not in task.input_kind.runner_settings:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).input_kind.runner_settings)
+                raise ConfigError(f"scoring.{option} applies to task {readers}, not {self.task!r}")
         if self.scoring.dedup == "on" and not self.deterministic:
             raise ConfigError(
                 "scoring.dedup on scores one row per distinct input, but sampled generation (generate.temperature > 0) "
@@ -573,18 +598,22 @@ class JobConfig(_Section):
             ("model.source (--model)", self.model.source),
             ("id_col (--id-col)", self.id_col),
         ]
-        reads_text = self.reads_text
-        if reads_text:  # a prompt template names its own columns
-            required.append(("text_col (--text-col)", self.text_col or self.prompt_template))
+        setting = self.column_setting
+        if setting:  # a prompt template names its own columns
+            required.append((f"{setting} (--{setting.replace('_', '-')})", self.input_col or self.prompt_template))
         else:
             required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
         missing = [flag for flag, value in required if not value]
         if missing:
             raise ConfigError("missing required setting(s): " + ", ".join(missing))
-        if reads_text and self.id_col == self.text_col:
-            raise ConfigError(f"id_col and text_col must differ, both are {self.id_col!r}")
-        if not reads_text and self.text_col:
-            raise ConfigError(f"text_col is for text tasks; task {self.task!r} reads feature_cols / feature_prefix")
+        if setting and self.id_col == self.input_col:
+            raise ConfigError(f"id_col and {setting} must differ, both are {self.id_col!r}")
+        for other in _COLUMN_SETTINGS:
+            if other != setting and getattr(self, other):
+                readers = [get_task(name) for name in TASKS if get_task(name).input_kind.column_setting == other]
+                reads = f"reads {setting}" if setting else "reads feature_cols / feature_prefix"
+                raise ConfigError(f"{other} is for {readers[0].input_kind.name} tasks ({', '.join(t.name for t in readers)}); "
+                                  f"task {self.task!r} {reads}")
         if self.errors and self.errors == self.output:
             raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
         self._check_writes_apart_from_input()
@@ -604,9 +633,15 @@ class JobConfig(_Section):
                 )
 
     @property
-    def reads_text(self) -> bool:
-        """Whether the task reads one text column (else numeric feature columns), per the task registry."""
-        return get_task(self.task).input_kind.is_text
+    def column_setting(self) -> Optional[str]:
+        """The setting naming the task's one input column (``text_col``, ``image_col``), per the task registry;
+        ``None`` for a task that reads numeric feature columns."""
+        return get_task(self.task).input_kind.column_setting
+
+    @property
+    def input_col(self) -> Optional[str]:
+        """The task's one input column as configured (``text_col`` or ``image_col``); ``None`` for feature tasks."""
+        return getattr(self, self.column_setting) if self.column_setting else None
 
     @property
     def prompt_template(self) -> Optional[str]:
@@ -639,6 +674,13 @@ class JobConfig(_Section):
         if not self.output or is_path(self.output):
             return f"{(self.output or '').rstrip('/')}_errors"
         return str(parse_table_name(self.output, "output").with_suffix("_errors"))
+
+
+_COLUMN_SETTINGS = tuple(dict.fromkeys(t.input_kind.column_setting for t in _TASKS.values() if t.input_kind.column_setting))
+"""Every setting naming a task's one input column: one the task does not read is a mistake."""
+
+_RUNNER_SETTINGS = tuple(dict.fromkeys(o for t in _TASKS.values() for o in t.input_kind.runner_settings))
+"""Every ``scoring.*`` setting only some input kinds' runners read (``max_image_pixels``)."""
 
 
 # --- Loading ---------------------------------------------------------------------------------------------------

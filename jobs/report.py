@@ -47,6 +47,9 @@ class RunReport:
     input_version: Optional[int] = None
     """The Delta version of the input the run read from start to end (``None``: not a Delta input)."""
     input_rows: Optional[int] = None
+    ignored_files: Optional[int] = None
+    """``input_format`` ``images``: files under the input folder that are not images (by extension), not read; ``None``
+    for table inputs."""
     output_rows: Optional[int] = None
     error_rows: Optional[int] = None
     rows_kept: Optional[int] = None
@@ -117,6 +120,8 @@ class RunReport:
             if self.delta_version is None and self.status == "succeeded":
                 where = "unchanged: no new version"
             lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})")
+        if self.ignored_files:
+            lines.append(f"  {self.ignored_files} file(s) in the input folder ignored: not images")
         if self.rows_missing is not None:
             lines.append(
                 f"  incremental: {self.rows_kept} kept, {self.rows_scored} scored, {self.rows_missing} missing from the "

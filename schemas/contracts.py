@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from pyspark.sql.types import (
+    BinaryType,
     BooleanType,
     ByteType,
     DateType,
@@ -23,7 +24,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["PROMPT_COLUMN", "InputContractError", "TextInputContract", "PromptInputContract", "FeatureInputContract", "resolve_feature_cols"]
+__all__ = [
+    "PROMPT_COLUMN", "IMAGE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
+    "FeatureInputContract", "one_column_contract", "resolve_feature_cols",
+]
 
 _ID_TYPES = (StringType, LongType, IntegerType, ShortType, ByteType, DecimalType)
 _NUMERIC_TYPES = (DoubleType, FloatType, LongType, IntegerType, ShortType, ByteType, DecimalType)
@@ -33,6 +37,10 @@ _PROMPT_VALUE_TYPES = (StringType, BooleanType, DateType, TimestampType, Timesta
 
 PROMPT_COLUMN = "_lakescore_prompt"
 """The column a prompted task's rendered prompt is added to the input as (never written to the output)."""
+
+IMAGE_COLUMN = "_lakescore_image"
+"""The column the bytes of each row's image file are added to the input as, for an image column of paths (never
+written to the output)."""
 
 
 class InputContractError(ValueError):
@@ -55,6 +63,28 @@ class TextInputContract:
         if self.id_col is not None:
             _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
+
+
+@dataclass(frozen=True)
+class ImageInputContract:
+    """An image task's input: an id column and an image column: binary (encoded images) or string (paths or URIs of
+    image files)."""
+
+    id_col: Optional[str]
+    image_col: str
+
+    def check(self, schema: StructType, source: str) -> None:
+        """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
+        fields = _fields_present(schema, source, [("id column", self.id_col), ("image column", self.image_col)])
+        if self.id_col is not None:
+            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        _require(fields[self.image_col], (BinaryType, StringType), f"image column {self.image_col!r} in {source}",
+                 "binary (encoded image bytes) or string (paths of image files)")
+
+
+def one_column_contract(kind: str, id_col: Optional[str], column: str) -> "TextInputContract | ImageInputContract":
+    """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes)."""
+    return {"text": TextInputContract, "image": ImageInputContract}[kind](id_col, column)
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,13 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
     """An iterator-style pandas UDF scoring ``spec``'s task; call it on the input column(s).
 
     ``spec.feature_cols`` names the features of a feature task (one UDF argument each,
-    in that order); text tasks take one string column. Raises ``ValueError`` for an unknown task.
+    in that order); text and image tasks take one column (strings, encoded image bytes). Raises ``ValueError`` for an unknown task.
     """
     task = get_task(spec.task)
     spark_type = return_type(spec.task)
     fields = task.output_fields
     arrow_types = task.output_arrow_types
-    names = [f"x{i}" for i in range(1 if task.input_kind.is_text else len(spec.feature_cols))]
+    names = [f"x{i}" for i in range(1 if task.input_kind.one_column else len(spec.feature_cols))]
 
     def outputs(columns: Iterator[Tuple[pd.Series, ...]]):
         batches = (pa.RecordBatch.from_arrays([pa.array(c, from_pandas=True) for c in cols], names=names) for cols in columns)
@@ -54,15 +54,15 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
             else:
                 yield pd.DataFrame({f.name: a.to_pandas() for f, a in zip(fields, arrays)})
 
-    text = task.input_kind.is_text
+    one_column = task.input_kind.one_column
 
     def udf(inputs):
-        return outputs(((column,) for column in inputs) if text else inputs)
+        return outputs(((column,) for column in inputs) if one_column else inputs)
 
     # PySpark reads the UDF's kind from its type hints: one series or a tuple of them in,
     # a series (one output column) or a frame (a struct of them) out.
     udf.__annotations__ = {
-        "inputs": Iterator[pd.Series] if text else Iterator[Tuple[pd.Series, ...]],
+        "inputs": Iterator[pd.Series] if one_column else Iterator[Tuple[pd.Series, ...]],
         "return": Iterator[pd.Series] if len(fields) == 1 else Iterator[pd.DataFrame],
     }
     return pandas_udf(udf, spark_type)

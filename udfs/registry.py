@@ -48,10 +48,23 @@ class InputKind:
     """Modules every head of this kind imports in a worker, whatever its backend."""
     row_keys: bool = False
     """The runner reads each row's id too (``key_col``), to seed what it draws for the row (generation's sampling)."""
+    column_setting: Optional[str] = None
+    """The config setting naming the one input column (``text_col``, ``image_col``); ``None``: numeric feature columns."""
+    runner_settings: tuple[str, ...] = ()
+    """The ``scoring.*`` settings this kind's runner takes as keyword arguments (config validation refuses them for
+    the other kinds)."""
+    file_extensions: tuple[str, ...] = ()
+    """The file name extensions (lower case) a folder input of this kind reads (``input_format`` ``images``); ``()``:
+    this kind reads tables only."""
 
     @property
     def is_text(self) -> bool:
         return self.name == "text"
+
+    @property
+    def one_column(self) -> bool:
+        """Whether the task reads one column (text or images), digested and shown in the errors table as it is."""
+        return self.column_setting is not None
 
     @property
     def runner(self) -> type:
@@ -71,11 +84,17 @@ class InputKind:
         return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
 
 
-TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",))
-PROMPT = InputKind("text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True)
+TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
+PROMPT = InputKind(
+    "text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True, column_setting="text_col"
+)
 """One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""
 FEATURES = InputKind("features", "MatrixRunner")
-IMAGE = InputKind("image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"))
+IMAGE = InputKind(
+    "image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
+    column_setting="image_col", runner_settings=("max_image_pixels",), file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
+)
+"""One binary column of encoded images (a folder of image files is read as one: ``input_format`` ``images``)."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +125,8 @@ class Task:
     capping the share of published rows whose output ``column`` holds ``value``: name -> ``(column, value)``."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
-    tested here, but the job does not read its input yet (generation's prompts and row keys, images' bytes and
-    paths), so config validation refuses it rather than run it half-wired."""
+    tested here, but the job does not read its input yet, so config validation refuses it rather than run it
+    half-wired."""
 
     def worker_imports(self, backend: str) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
@@ -155,11 +174,11 @@ TASKS: dict[str, Task] = {
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
         Task(
             "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
-            "image classification: label, score, probs", backends=("torch",), in_job=False,
+            "image classification: label, score, probs", backends=("torch",),
         ),
         Task(
             "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
-            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",), in_job=False,
+            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",),
         ),
         Task(
             "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",

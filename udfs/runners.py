@@ -10,7 +10,8 @@ One runner per input kind (:mod:`lakescore.udfs.registry`), never per task.
 Preparation fails per row, never per batch: a text that is not valid UTF-8 (Parquet and Spark
 accept such bytes) is ``invalid_text``, a text the tokenizer rejects is ``prepare_error``, an image
 that is null, undecodable or too large is ``null_input`` / ``invalid_image`` / ``image_too_large``
-(:mod:`lakescore.udfs.images`); the other rows of the batch are scored.
+(:mod:`lakescore.udfs.images`), an image file that is not there ``missing_file``; the other rows of the batch are
+scored.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from lakescore.udfs.batching import (
     AdaptiveBudget, BatchPolicy, Scored, score_matrix, score_present, score_texts, tokenize_present,
 )
 from lakescore.udfs.images import (
-    DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, Preprocessed, describe_image, pixel_limit, preprocess_chunks, row_index,
+    DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, pixel_limit,
+    preprocess_chunks, row_index,
 )
 
 __all__ = [
@@ -198,22 +200,33 @@ class PromptRunner:
 
 @dataclass
 class PreparedImages:
-    """An image batch ready to score: the encoded values (``None`` where null) and their preprocessing."""
+    """An image batch ready to score: the encoded values (``None`` where null) and their preprocessing, and the path
+    each was read from (``None``: a binary column)."""
 
-    values: list[Optional[bytes]]
+    values: list[Optional[memoryview]]
     images: Preprocessed
+    paths: Optional[list[Optional[str]]] = None
 
 
-def image_bytes(column: pa.Array, name: str) -> list[Optional[bytes]]:
-    """The encoded images of a binary column, one ``bytes`` (or ``None``) per row; ``TypeError`` for other types."""
+def image_bytes(column: pa.Array, name: str) -> list[Optional[memoryview]]:
+    """The encoded images of a binary column, one read-only view of the column's own buffer (or ``None``) per row;
+    ``TypeError`` for other types. Views, not copies: a batch of big images is held once, by the Arrow batch."""
     if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
         raise TypeError(f"image column {name!r} is {column.type}; image tasks read encoded image bytes (binary)")
-    return column.to_pylist()
+    data = column.buffers()[2]
+    buffer = memoryview(data if data is not None else b"")
+    width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+    # positions in the data buffer, of this (maybe sliced) array's rows only
+    offsets = np.frombuffer(column.buffers()[1], dtype=width)[column.offset:column.offset + len(column) + 1]
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return [buffer[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
 
 
 class ImageRunner:
     """Image heads: one binary column of encoded images, decoded and preprocessed per Arrow batch in chunks bounded
     by decoded pixels and rows (:func:`~lakescore.udfs.images.preprocess_chunks`), then scored in batches of rows.
+    A second input column, when given, holds the path each image was read from (:mod:`lakescore.udfs.image_files`):
+    a null image with a path is ``missing_file``, and the errors table shows the path.
 
     ``max_image_pixels``: the pixels one image may have (default Pillow's limit); ``max_batch_pixels`` and
     ``max_batch_images``: what one preprocessing chunk holds at most.
@@ -223,14 +236,22 @@ class ImageRunner:
         self, head, input_cols: Sequence[str], *, max_image_pixels: Optional[int] = None,
         max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS, max_batch_images: int = DEFAULT_MAX_BATCH_IMAGES,
     ) -> None:
-        (self.image_col,) = input_cols
+        self.image_col, *path_col = input_cols
+        self.path_col = path_col[0] if path_col else None
         self.head = head
         self.limit = pixel_limit(max_image_pixels)
         self.chunk_policy = BatchPolicy(max_batch_pixels, max_batch_images)
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedImages:
         values = image_bytes(batch.column(self.image_col), self.image_col)
-        return PreparedImages(values, preprocess_chunks(values, self.head.preprocess, self.limit, self.chunk_policy))
+        images = preprocess_chunks(values, self.head.preprocess, self.limit, self.chunk_policy)
+        if self.path_col is None:
+            return PreparedImages(values, images)
+        paths = batch.column(self.path_col).to_pylist()
+        for i, (value, path) in enumerate(zip(values, paths)):
+            if value is None and path is not None:
+                images.failures[i] = ImageFailure("missing_file", f"no file at {path}")
+        return PreparedImages(values, images, paths)
 
     def score(self, prepared: PreparedImages, budget: AdaptiveBudget) -> Scored:
         # The processor gives every image one shape, so a row costs the same in the forward: batches are cut by rows
@@ -246,6 +267,8 @@ class ImageRunner:
         return _refuse(scored, images.failures)
 
     def raw_inputs(self, prepared: PreparedImages, scored: Scored) -> list[Optional[str]]:
+        if prepared.paths is not None:
+            return [None if reason is None else prepared.paths[i] for i, reason in enumerate(scored.reasons)]
         headers = prepared.images.headers
         return [
             None if reason is None else describe_image(prepared.values[i], headers.get(i))

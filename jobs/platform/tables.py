@@ -8,7 +8,8 @@ identifier (``table``, ``db.table`` or ``catalog.db.table``, parts quoted with b
 ``--input reviews.parquet`` reads the file beside you rather than the table `reviews`.`parquet`.
 
 Each reference is read once into a :class:`TableRef` (path or parsed name). One function per operation follows,
-each working in classic and Spark Connect sessions: :func:`read_input` / :func:`read_pinned`, :func:`write_delta`
+each working in classic and Spark Connect sessions: :func:`read_input` / :func:`read_pinned` / :func:`read_files`,
+:func:`write_delta`
 (overwrite, replaceWhere or append), :func:`merge_delta`, :func:`delta_history` (every Delta fact about commits comes
 from its one row parser) and :func:`delta_detail`. Delta's SQL runs everywhere; for a path in a classic session the
 same operation runs through Delta's ``DeltaTable`` API instead (:meth:`TableRef.delta_api`), which skips the
@@ -50,6 +51,7 @@ __all__ = [
     "TableRef",
     "read_input",
     "read_pinned",
+    "read_files",
     "check_output_target",
     "DeltaCommit",
     "WriteConflictError",
@@ -338,6 +340,33 @@ def read_pinned(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto") -
         if files and not single_file:  # a directory's listing: name its files
             return spark.read.schema(df.schema).option("basePath", ref.text).parquet(*files), None
     return df, None
+
+
+def read_files(spark: SparkSession, ref: "str | TableRef", extensions: tuple[str, ...]) -> tuple[DataFrame, int]:
+    """Every file under the folder ``ref``, recursively, whose name ends in ``.<extension>`` (any case), through
+    Spark's ``binaryFile`` source (``path``, ``modificationTime``, ``length``, ``content``), and how many other files
+    the folder holds (ignored). Both come from the folder's listing, taken now (a DataFrame keeps its listing in a
+    classic session); no file is read. Raises :class:`TableError` for a table name, an unreadable folder, or a
+    folder without such a file."""
+    ref = TableRef.parse(ref, "input")
+    if not ref.is_path:
+        raise TableError(f"input_format images reads a folder of files; input {ref.text!r} is a table name")
+    # A glob of character classes, so that PNG, Png and png all match: Hadoop's glob filter is case-sensitive
+    pattern = "*.{" + ",".join("".join(f"[{c.lower()}{c.upper()}]" for c in ext) for ext in extensions) + "}"
+    def files(**options):
+        return ref.load(spark.read.format("binaryFile").options(recursiveFileLookup="true", **options))
+
+    try:
+        every = len(files().inputFiles())
+        df = files(pathGlobFilter=pattern)
+        matched = len(df.inputFiles())
+    except AnalysisException as exc:
+        raise TableError(f"cannot read input folder {ref.text!r}: {_first_line(exc)}") from exc
+    if not matched:
+        raise TableError(
+            f"input folder {ref.text!r} holds no file named *.{{{','.join(extensions)}}} (of {every} file(s), in any case)"
+        )
+    return df, every - matched
 
 
 def check_output_target(spark: SparkSession, ref: "str | TableRef", schema: StructType, version: bool = True) -> Optional[int]:

@@ -73,13 +73,19 @@ class Changes:
     is the input)."""
 
 
-def input_digest(input_cols: tuple[str, ...], reads_text: bool) -> Column:
-    """SHA-256 (hex) of what the model sees: the text itself, or the features as a JSON array of doubles in model order.
+def input_digest(input_cols: tuple[str, ...], one_column: bool) -> Column:
+    """SHA-256 (hex) of what the model sees: the text itself, an image's bytes, or the features as a JSON array of
+    doubles in model order.
 
-    A null text digests to null (such a row is dead-lettered, and null-safe comparison keeps it apart from any text).
+    A null text or image digests to null (such a row is dead-lettered, and null-safe comparison keeps it apart from
+    any value). An image read from a path (``input_cols``: the bytes, then the path) that is missing digests its path
+    instead, so that dedup keeps each missing file's row (and its path in the errors table) apart.
     """
-    if reads_text:
-        return F.sha2(column(input_cols[0]), 256)
+    if one_column:
+        digest = F.sha2(column(input_cols[0]), 256)
+        if len(input_cols) > 1:
+            digest = F.coalesce(digest, F.sha2(F.concat(F.lit("missing file: "), column(input_cols[1])), 256))
+        return digest
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 
 
@@ -158,7 +164,7 @@ def find_changes(
     An output id whose input row was refused for a null or duplicated id is not missing (it is in the input).
     """
     cfg = run.cfg
-    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
+    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     if previous_version is None or cfg.write.full_rescore:
         no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
         return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.tables import (
@@ -213,7 +214,14 @@ def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[st
 
 
 def _raw_input(run: RunContext):
-    """The errors table's ``input`` for rows refused before scoring: the text, or the features as JSON."""
-    if run.cfg.reads_text:
-        return column(run.input_cols[0])
-    return F.to_json(F.struct(*[column(c) for c in run.input_cols]))
+    """The errors table's ``input`` for rows refused before scoring: the text, an image's path or its size and SHA-256
+    (as :func:`~lakescore.udfs.images.describe_image` shows it without its header, never the bytes), or the features
+    as JSON."""
+    if not run.cfg.column_setting:
+        return F.to_json(F.struct(*[column(c) for c in run.input_cols]))
+    shown = run.input_cols[-1]  # an image read from a path: the path (the file is not read for it)
+    value = column(shown)
+    if not isinstance(run.source.schema[shown].dataType, BinaryType):
+        return value
+    size = F.length(value)
+    return F.when(size == 0, F.lit("0 bytes")).otherwise(F.concat(size.cast("string"), F.lit(" bytes, sha256 "), F.sha2(value, 256)))

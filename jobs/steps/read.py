@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.model_staging import stage_model
@@ -26,13 +27,15 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_pinned,
+    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_files,
+    read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.jobs.steps.staging import input_fingerprint, staging_location
 from lakescore.schemas.contracts import (
-    PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, TextInputContract, resolve_feature_cols,
+    IMAGE_COLUMN, PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract,
+    resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.generate_options import template_columns, template_parts
@@ -41,9 +44,11 @@ from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
 
 __all__ = [
-    "RunContext", "Targets", "model_spec", "open_input", "check_table_names", "check_writable", "check_targets",
-    "check_paths_writable",
+    "RunContext", "Targets", "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
+    "check_targets", "check_paths_writable",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class RunContext:
     """The executor Python worker started while the input was read; the preflight waits for it."""
     started: float = dataclasses.field(default_factory=time.time)
     """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
+    ignored_files: Optional[int] = None
+    """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
 
     @property
     def id_field(self) -> StructField:
@@ -126,16 +133,29 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
     try:
-        source, input_version = read_pinned(spark, cfg.input, cfg.input_format)  # one snapshot for the whole run
+        source, input_version, ignored = read_source(cfg, spark)
         source, input_cols = model_input(cfg, source)
     except BaseException:
         worker_start.cancel()
         raise
-    if not cfg.reads_text:
+    if not cfg.column_setting:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     return RunContext(
-        cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start
+        cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start,
+        ignored_files=ignored,
     )
+
+
+def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optional[int], Optional[int]]:
+    """``cfg.input`` read at one snapshot (:func:`~lakescore.jobs.platform.tables.read_pinned`): ``(DataFrame, Delta
+    version, None)``; for ``input_format`` ``images`` the folder's files of the task's extensions
+    (:func:`~lakescore.jobs.platform.tables.read_files`): ``(DataFrame, None, other files ignored)``."""
+    if cfg.input_format != "images":
+        return (*read_pinned(spark, cfg.input, cfg.input_format), None)
+    source, ignored = read_files(spark, cfg.input, get_task(cfg.task).input_kind.file_extensions)
+    log.info("input folder %s: %d other file(s) ignored (not %s)", cfg.input, ignored,
+             "/".join(get_task(cfg.task).input_kind.file_extensions))
+    return source, None, ignored
 
 
 def check_table_names(cfg: JobConfig) -> None:
@@ -218,14 +238,15 @@ def check_paths_writable(run: RunContext) -> None:
 
 def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` with the model's input columns, after checking the input contract on the schema (no compute): the
-    text column, the feature columns, or (a prompted task with ``generate.prompt_template``) the rendered prompt,
-    added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`."""
+    text or image column, the feature columns, (a prompted task with ``generate.prompt_template``) the rendered
+    prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`, or (an image column of paths) each file's
+    bytes, added as :data:`~lakescore.schemas.contracts.IMAGE_COLUMN`, then the paths."""
     where = f"input {cfg.input!r}"
     if cfg.prompt_template:
         return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
-    if cfg.reads_text:
-        TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, where)
-        return source, (cfg.text_col,)
+    if cfg.column_setting:
+        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_col, cfg.input_col).check(source.schema, where)
+        return one_column_input(cfg, source, where)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_col, features).check(source.schema, where)
     return source, features
@@ -243,6 +264,48 @@ def render_prompts(template: str, id_col: Optional[str], source: DataFrame, wher
         for part in ([F.lit(literal)] if literal else []) + ([column(name).cast("string")] if name else [])
     ]
     return source.withColumn(PROMPT_COLUMN, F.concat(*parts) if parts else F.lit(""))
+
+
+def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[DataFrame, tuple[str, ...]]:
+    """``source`` and the model's input columns for a task reading ``cfg.input_col`` (its contract checked): the
+    column itself, or for a string column of a kind that reads files (images) the files' bytes read from the paths
+    (:func:`read_image_files`), then the paths."""
+    reads_files = get_task(cfg.task).input_kind.file_extensions
+    if reads_files and isinstance(source.schema[cfg.input_col].dataType, StringType):
+        files = read_image_files(source, cfg.input_col, cfg.scoring.arrow_max_bytes_per_batch, where)
+        return files, (IMAGE_COLUMN, cfg.input_col)
+    return source, (cfg.input_col,)
+
+
+def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:
+    """``source`` plus the bytes of the file each row's ``path_col`` names (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`;
+    null for a null path or a missing file), read lazily on the executors by :mod:`lakescore.udfs.image_files`, in
+    slices of at most ``max_bytes``. Only the Spark jobs that need the bytes read them (the digest, the scoring).
+
+    Why Python and not Spark's ``binaryFile`` source: that source takes its paths on the driver and fails the whole
+    read when one is missing, where a missing file must be one row's ``missing_file``."""
+    if IMAGE_COLUMN in source.columns:
+        raise InputContractError(f"{where} has a column named {IMAGE_COLUMN!r}, which lakescore reads image files into; rename it")
+    return source.withColumn(IMAGE_COLUMN, _file_reader(max_bytes)(column(path_col)))
+
+
+def _file_reader(max_bytes: int):
+    """A pandas UDF: paths -> file bytes, each input batch returned in slices of at most ``max_bytes`` (Spark pairs an
+    iterator UDF's output with its input row by row)."""
+    from typing import Iterator
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def read(batches):
+        from lakescore.udfs.image_files import read_in_slices
+
+        for paths in batches:
+            for part in read_in_slices(paths.tolist(), max_bytes):
+                yield pd.Series(part, dtype=object)
+
+    read.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}  # the UDF's kind, for PySpark
+    return pandas_udf(read, BinaryType())
 
 
 def storage_refs(cfg: JobConfig) -> tuple[str, ...]:

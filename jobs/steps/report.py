@@ -85,6 +85,7 @@ def assemble_report(
         model_sha256=identity.sha256,
         input_version=run.input_version,
         input_rows=accounting.input_rows,
+        ignored_files=run.ignored_files,
         output_rows=accounting.output_rows,
         error_rows=accounting.error_rows,
         rows_kept=accounting.rows_kept,

@@ -16,6 +16,7 @@ integer / floating point           ``numeric``: histogram and min / median / mea
 array of numbers                   ``vectors``: histogram of L2 norms, 2-D PCA projection
 array of structs                   ``items``: items per row, and the values of each string field
 string *input*                     ``lengths``: tokens per text (characters without a tokenizer)
+binary *input* (encoded images)    ``numeric``: bytes per value (counted in Spark)
 =================================  ===========================================================
 
 A projection is coloured by a ``categories`` column of the same sample when one has at
@@ -63,7 +64,8 @@ def collect_profile(
     model_dir: Optional[Path] = None,
     sample_rows: int = SAMPLE_ROWS,
 ) -> dict[str, Any]:
-    """The report's ``profile``: summaries of ``inputs`` (the model's input columns) and
+    """The report's ``profile``: summaries of ``inputs`` (the model's input columns; a binary one as its values'
+    byte counts) and
     ``predictions`` (the prediction columns; ``None``: the run scored no row), a sample of the
     rows ``errors()`` returns (this run's dead-lettered rows; called last, so it may wait for
     their write; ``None``: no errors), and the ``throughput`` samples (``(seconds, rows)``) as given.
@@ -71,6 +73,9 @@ def collect_profile(
     ``model_dir`` holding a ``tokenizer.json`` makes text lengths tokens, else characters.
     Reads at most ``sample_rows`` rows of each DataFrame.
     """
+    # An image column is summarised by its values' sizes, computed in Spark: its bytes never reach the driver
+    inputs = inputs.select(*[F.length(column(f.name)).alias(f.name) if isinstance(f.dataType, T.BinaryType) else column(f.name)
+                             for f in inputs.schema.fields])
     input_sample = inputs.limit(sample_rows).toArrow()
     tokenizer = _tokenizer(model_dir)
     summaries, sampled = [], 0

@@ -91,7 +91,10 @@ def score_dataframe(
     schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])  # the kept columns' own names
     read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
     passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
-    keyed = get_task(spec.task).input_kind.row_keys and key_col is not None
+    kind = get_task(spec.task).input_kind
+    runner_options = {name: getattr(cfg.scoring, name) for name in kind.runner_settings}
+    if kind.row_keys and key_col is not None:
+        runner_options["key_col"] = passed[key_col]
     scorer = make_scoring_function(
         spec,
         keep_cols=[passed[c] for c in keep_cols],
@@ -100,7 +103,7 @@ def score_dataframe(
         max_tokens=cfg.scoring.max_batch_tokens,
         max_rows=cfg.scoring.max_batch_rows,
         rows_counter=rows_counter,
-        runner_options={"key_col": passed[key_col]} if keyed else None,
+        runner_options=runner_options,
     )
     return df.select(*[column(c).alias(passed[c]) for c in read]).mapInArrow(scorer, schema, profile=profile)
 

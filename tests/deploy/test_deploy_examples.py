@@ -255,4 +255,4 @@ def test_launcher_runs_the_cli_and_exits_with_its_code(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr
-    assert "lakescore: error: task must be one of classify, embed, ner, tabular" in proc.stderr
+    assert "lakescore: error: task must be one of classify, embed, ner, image_classify, image_embed, tabular" in proc.stderr

@@ -13,7 +13,7 @@ def test_a_failed_run_raises_system_exit_with_the_cli_code(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exited:
         run()
     assert exited.value.code == EXIT_BAD_INPUT
-    assert "lakescore: error: task must be one of classify, embed, ner, tabular" in capsys.readouterr().err
+    assert "lakescore: error: task must be one of classify, embed, ner, image_classify, image_embed, tabular" in capsys.readouterr().err
 
 
 def test_a_successful_run_returns_normally(monkeypatch, tmp_path, capsys):

@@ -81,7 +81,7 @@ def test_unknown_top_level_key_from_set():
         ("scoring.max_batch_rows=many", r"scoring.max_batch_rows must be an integer, got 'many'"),
         ("scoring.max_batch_tokens=0", r"scoring.max_batch_tokens must be >= 1, got 0"),
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
-        ("task=summarize", r"task must be one of classify, embed, ner, tabular, generate, got 'summarize'"),
+        ("task=summarize", r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, got 'summarize'"),
         ("model.device=tpu", r"model.device must be one of auto, cpu, cuda, got 'tpu'"),
         ("model.dtype=int8", r"model.dtype must be one of float32, bfloat16, float16"),
         ("model.dtype=float16", r"float16 needs a GPU"),
@@ -187,3 +187,28 @@ def test_dedup_on_and_off_survive_yaml_reading_them_as_booleans(tmp_path):
     assert load_config().scoring.dedup == "auto"
     with pytest.raises(ConfigError, match="validation.enabled must be true or false"):
         load_config(overrides=["validation.enabled=auto"])
+
+
+def test_image_tasks_read_image_col_and_a_folder_needs_no_columns():
+    base = {"input": "a", "output": "b", "model.source": "m", "task": "image_classify"}
+    with pytest.raises(ConfigError, match=r"missing required setting\(s\): id_col \(--id-col\), image_col \(--image-col\)$"):
+        load_config(flags=base).require_for_scoring()
+    cfg = load_config(flags={**base, "id_col": "id", "image_col": "photo"})
+    cfg.require_for_scoring()
+    assert (cfg.column_setting, cfg.input_col) == ("image_col", "photo")
+    with pytest.raises(ConfigError, match=r"^text_col is for text tasks \(classify, embed, ner, generate\); task 'image_classify' reads image_col$"):
+        load_config(flags={**base, "id_col": "id", "image_col": "photo", "text_col": "t"}).require_for_scoring()
+    with pytest.raises(ConfigError, match=r"^image_col is for image tasks \(image_classify, image_embed\); task 'embed' reads text_col$"):
+        load_config(flags={**base, "task": "embed", "id_col": "id", "text_col": "t", "image_col": "photo"}).require_for_scoring()
+    with pytest.raises(ConfigError, match="id_col and image_col must differ"):
+        load_config(flags={**base, "id_col": "x", "image_col": "x"}).require_for_scoring()
+    # A folder of image files: Spark's binaryFile columns, the path the id and the bytes the image
+    folder = load_config(flags={**base, "input_format": "images"})
+    folder.require_for_scoring()
+    assert (folder.id_col, folder.image_col) == ("path", "content")
+    assert load_config(flags={**base, "input_format": "images", "id_col": "path", "image_col": "content"}).id_col == "path"
+    assert load_config(flags={**base, "scoring.max_image_pixels": 10**6}).scoring.max_image_pixels == 10**6
+    with pytest.raises(ConfigError, match=r"^scoring.max_image_pixels applies to task image_classify, image_embed, not 'embed'$"):
+        load_config(flags={**base, "task": "embed", "scoring.max_image_pixels": 10**6})
+    with pytest.raises(ConfigError, match=r"^input_format images is for task image_classify, image_embed, not 'embed'$"):
+        load_config(flags={**base, "task": "embed", "input_format": "images"})

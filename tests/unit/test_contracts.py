@@ -67,3 +67,17 @@ def test_feature_columns_by_name_or_prefix_must_be_numeric():
         FeatureInputContract("id", ("feature_y",)).check(schema, "input 't'")
     with pytest.raises(InputContractError, match=r"no column of t starts with feature prefix 'f_'"):
         resolve_feature_cols(schema, (), "f_", "t")
+
+
+def test_an_image_column_must_hold_bytes():
+    from pyspark.sql.types import BinaryType
+
+    from lakescore.schemas.contracts import one_column_contract
+
+    schema = StructType([*SCHEMA.fields, StructField("photo", BinaryType())])
+    one_column_contract("image", "review_id", "photo").check(schema, "input 't'")
+    one_column_contract("image", "review_id", "body").check(schema, "input 't'")  # paths of image files
+    with pytest.raises(InputContractError, match=r"^image column 'score' in input 't' has type double; expected binary \(encoded image bytes\) or string \(paths of image files\)$"):
+        one_column_contract("image", "review_id", "score").check(schema, "input 't'")
+    with pytest.raises(InputContractError, match=r"^image column 'picture' not found in input 't'; available columns: review_id, body, score, photo$"):
+        one_column_contract("image", "review_id", "picture").check(schema, "input 't'")

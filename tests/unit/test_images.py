@@ -9,7 +9,6 @@ by decoded pixels.
 from __future__ import annotations
 
 import dataclasses
-import io
 import struct
 import zlib
 
@@ -31,27 +30,9 @@ Image = pytest.importorskip("PIL.Image")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-LABELS = {0: "cat", 1: "dog", 2: "fish"}
+from tests.tiny_vision import LABELS, VISION, encoded, picture, tiny_clip, vit_classifier  # noqa: E402
+
 BUDGET = BatchPolicy(max_tokens=1024, max_rows=4)
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
-VISION = dict(image_size=32, patch_size=8, **TINY)
-
-
-def _encoded(image, fmt: str, **options) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **options)
-    return buffer.getvalue()
-
-
-def _picture(width: int, height: int, seed: int):
-    """A smooth RGB picture with a seeded random tint: it compresses like a photo and differs per seed."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    tint = rng.uniform(0.2, 1.0, size=3)
-    pixels = np.stack([(x * 255 // max(1, width - 1)) * tint[0], (y * 255 // max(1, height - 1)) * tint[1],
-                       ((x + y) % 64) * 4 * tint[2]], axis=-1)
-    noise = rng.integers(0, 24, size=pixels.shape)
-    return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8))
 
 
 def _sixteen_bit(width: int, height: int):
@@ -62,21 +43,21 @@ def _sixteen_bit(width: int, height: int):
 def _exif_rotated() -> bytes:
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
-    return _encoded(_picture(48, 20, 7), "JPEG", exif=exif.tobytes())
+    return encoded(picture(48, 20, 7), "JPEG", exif=exif.tobytes())
 
 
 IMAGES = {
-    "rgb.jpg": lambda: _encoded(_picture(40, 30, 1), "JPEG", quality=90),
-    "rgba.png": lambda: _encoded(_picture(33, 47, 2).convert("RGBA"), "PNG"),
-    "gray.png": lambda: _encoded(_picture(50, 20, 3).convert("L"), "PNG"),
-    "gray_alpha.png": lambda: _encoded(_picture(21, 21, 4).convert("LA"), "PNG"),
-    "palette.gif": lambda: _encoded(_picture(36, 28, 5).convert("P"), "GIF"),
-    "rgba.webp": lambda: _encoded(_picture(30, 40, 6).convert("RGBA"), "WEBP"),
-    "bilevel.bmp": lambda: _encoded(_picture(31, 17, 8).convert("1"), "BMP"),
-    "cmyk.tiff": lambda: _encoded(_picture(25, 35, 9).convert("CMYK"), "TIFF"),
-    "cmyk.jpg": lambda: _encoded(_picture(29, 26, 10).convert("CMYK"), "JPEG"),
-    "sixteen_bit.png": lambda: _encoded(_sixteen_bit(40, 24), "PNG"),
-    "sixteen_bit.tiff": lambda: _encoded(_sixteen_bit(24, 40), "TIFF"),
+    "rgb.jpg": lambda: encoded(picture(40, 30, 1), "JPEG", quality=90),
+    "rgba.png": lambda: encoded(picture(33, 47, 2).convert("RGBA"), "PNG"),
+    "gray.png": lambda: encoded(picture(50, 20, 3).convert("L"), "PNG"),
+    "gray_alpha.png": lambda: encoded(picture(21, 21, 4).convert("LA"), "PNG"),
+    "palette.gif": lambda: encoded(picture(36, 28, 5).convert("P"), "GIF"),
+    "rgba.webp": lambda: encoded(picture(30, 40, 6).convert("RGBA"), "WEBP"),
+    "bilevel.bmp": lambda: encoded(picture(31, 17, 8).convert("1"), "BMP"),
+    "cmyk.tiff": lambda: encoded(picture(25, 35, 9).convert("CMYK"), "TIFF"),
+    "cmyk.jpg": lambda: encoded(picture(29, 26, 10).convert("CMYK"), "JPEG"),
+    "sixteen_bit.png": lambda: encoded(_sixteen_bit(40, 24), "PNG"),
+    "sixteen_bit.tiff": lambda: encoded(_sixteen_bit(24, 40), "TIFF"),
     "exif_rotated.jpg": _exif_rotated,
 }
 
@@ -104,22 +85,14 @@ def image_files(images, tmp_path_factory):
     return folder
 
 
-def _vit_classifier(target, **config):
-    torch.manual_seed(0)
-    vit = transformers.ViTConfig(**VISION, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **config)
-    transformers.ViTForImageClassification(vit).eval().save_pretrained(target)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(target)
-    return target
-
-
 @pytest.fixture(scope="module")
 def vit_dir(tmp_path_factory):
-    return _vit_classifier(tmp_path_factory.mktemp("vit"))
+    return vit_classifier(tmp_path_factory.mktemp("vit"))
 
 
 @pytest.fixture(scope="module")
 def multi_label_vit_dir(tmp_path_factory):
-    return _vit_classifier(tmp_path_factory.mktemp("vit_multi"), problem_type="multi_label_classification")
+    return vit_classifier(tmp_path_factory.mktemp("vit_multi"), problem_type="multi_label_classification")
 
 
 @pytest.fixture(scope="module")
@@ -133,26 +106,7 @@ def vit_backbone_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
-    return _tiny_clip(tmp_path_factory.mktemp("clip"))
-
-
-def _tiny_clip(target):
-    """A tiny CLIP: byte-level BPE tokenizer over the 256 byte symbols (plus two merges), both towers 2 layers."""
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    symbols = sorted(ByteLevel.alphabet())
-    vocab = {s: i for i, s in enumerate(symbols + [s + "</w>" for s in symbols] + ["he", "ll"])}
-    for special in ("<|startoftext|>", "<|endoftext|>"):
-        vocab[special] = len(vocab)
-    tokenizer = transformers.CLIPTokenizer(vocab=vocab, merges=[("h", "e"), ("l", "l")], model_max_length=77)
-    text = dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=vocab["<|startoftext|>"],
-                eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"], **TINY)
-    torch.manual_seed(2)
-    model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=VISION, projection_dim=16))
-    model.eval().save_pretrained(target)
-    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    transformers.CLIPProcessor(image_processor=processor, tokenizer=tokenizer).save_pretrained(target)
-    return target
+    return tiny_clip(tmp_path_factory.mktemp("clip"))
 
 
 def _head(task: str, model_dir):
@@ -187,7 +141,7 @@ def test_decoding_equals_load_image_for_every_mode_and_format(images, image_file
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow warns on the bomb it opens
 def test_each_unreadable_row_is_refused_with_its_reason_and_the_rest_scored(vit_dir, images):
     good = images["rgb.jpg"]
-    big = _encoded(_picture(64, 64, 11), "PNG")
+    big = encoded(picture(64, 64, 11), "PNG")
     values = [good, None, b"", b"\x00garbage, not an image" * 3, images["rgba.png"][:200], _bomb_png(), big, good]
     runner = ImageRunner(_head("image_classify", vit_dir), ["image"], max_image_pixels=64 * 64 - 1)
     prepared, scored = _run(runner, values)
@@ -283,7 +237,7 @@ def test_clip_text_through_embed_lands_in_the_image_space(clip_dir, images, imag
 def test_a_big_image_is_preprocessed_apart_from_small_ones_and_rows_come_back_in_order(vit_dir, images):
     head = _head("image_classify", vit_dir)
     small = [images["rgb.jpg"], images["gray.png"], images["rgba.webp"], images["palette.gif"]]
-    big = _encoded(_picture(400, 300, 12), "PNG")
+    big = encoded(picture(400, 300, 12), "PNG")
     values = small[:2] + [big] + small[2:]
     budget = 400 * 300  # the big image fills a chunk alone; the four small ones (about 1,100 pixels each) share one
     prepared, scored = _run(ImageRunner(head, ["image"], max_batch_pixels=budget), values)
@@ -349,3 +303,59 @@ def test_image_tasks_load_in_reduced_precision_on_torch(vit_dir, images):
     out = head.score([images["rgb.jpg"]])
     assert out.shape == (1, 3) and np.isclose(out.sum(), 1.0, atol=1e-3)
     assert get_task("image_classify").backends == ("torch",) == get_task("image_embed").backends
+
+
+def test_image_files_are_read_by_path_and_uri_and_a_missing_one_is_none(images, image_files):
+    from lakescore.udfs.image_files import local_path, read_file, read_in_slices
+
+    path = image_files / "rgb.jpg"
+    for named in (str(path), f"file:{path}", f"file://{path}", f"file://localhost{path}"):
+        assert read_file(named) == images["rgb.jpg"], named
+    assert local_path("dbfs:/mnt/photos/a.png") == "/dbfs/mnt/photos/a.png" and local_path("s3a://bucket/a.png") is None
+    assert read_file(str(image_files / "gone.png")) is None and read_file(str(image_files)) is None
+    assert read_file(f"memory://{image_files}/gone.png") is None  # a URI goes through fsspec
+    names = ["rgb.jpg", "gray.png", "cmyk.tiff"]
+    paths = [str(image_files / names[0]), None, str(image_files / names[1]), str(image_files / "gone.png"), str(image_files / names[2])]
+    budget = len(images["rgb.jpg"]) + len(images["gray.png"])
+    slices = list(read_in_slices(paths, budget))
+    assert [len(s) for s in slices] == [4, 1]  # the third file would exceed the budget: it starts the next slice
+    assert sum(slices, []) == [images["rgb.jpg"], None, images["gray.png"], None, images["cmyk.tiff"]]
+
+
+def test_a_path_column_reads_files_and_dead_letters_a_missing_one_with_its_path(vit_dir, images, image_files):
+    model_cache.clear()
+    spec = ModelSpec("image_classify", str(vit_dir))
+    schema = scored_schema("image_classify", StructField("id", LongType()))
+    score = make_scoring_function(spec, keep_cols=["id"], input_cols=["image", "path"], schema=schema, max_tokens=None, max_rows=2)
+    gone = str(image_files / "gone.png")
+    batch = pa.record_batch({
+        "id": pa.array([1, 2, 3, 4], pa.int64()),
+        "image": pa.array([images["rgb.jpg"], None, None, b"nope"], pa.binary()),
+        "path": pa.array([str(image_files / "rgb.jpg"), gone, None, "/x/corrupt.png"]),
+    })
+    rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
+    assert [r["_reason"] for r in rows] == [None, "missing_file", "null_input", "invalid_image"]
+    assert rows[1]["_error"] == f"no file at {gone}" and rows[1]["_input"] == gone and rows[3]["_input"] == "/x/corrupt.png"
+    model_cache.clear()
+
+
+def test_a_batch_of_big_images_is_held_once_by_arrow_while_decoded_one_chunk_at_a_time(vit_dir):
+    """Python holds views of the Arrow batch's bytes, not copies: the memory Python allocates while a batch of big
+    images is prepared stays far below the batch's own size (each image decodes alone, by the pixel budget)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    noise = [Image.fromarray(rng.integers(0, 256, size=(600, 600, 3), dtype=np.uint8)) for _ in range(2)]
+    big = [encoded(noise[i % 2], "PNG", compress_level=0) for i in range(8)]  # about 1 MB each, as decoded
+    column = pa.array(big, pa.large_binary())
+    runner = ImageRunner(_head("image_classify", vit_dir), ["image"], max_batch_pixels=600 * 600)
+    values = runner.prepare(pa.record_batch({"image": column.slice(1)})).values
+    assert [bytes(v) for v in values] == big[1:] and all(v.obj.address == column.buffers()[2].address for v in values)
+    tracemalloc.start()
+    try:
+        prepared = runner.prepare(pa.record_batch({"image": column}))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert prepared.images.ok.all() and len(prepared.images.chunks) == 8
+    assert peak < sum(len(b) for b in big) / 2, peak  # to_pylist copies would hold all of them at once

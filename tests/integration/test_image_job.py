@@ -1,0 +1,167 @@
+"""``image_classify`` / ``image_embed`` end to end on real Spark + Delta with tiny seeded ViT / CLIP models: a binary
+column (a corrupt and a null image dead-lettered, identical images scored once, the digest the bytes' SHA-256), a
+column of paths (read on the executors, a missing file dead-lettered ``missing_file``), and a folder of image files
+read with ``--input-format images``: killed after its first chunk and resumed, then incremental after one file was
+replaced."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lakescore import transform
+from lakescore.jobs.cli import main
+from lakescore.jobs.config import load_config
+from lakescore.jobs.score_job import run_scoring
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.registry import get_task
+from tests.integration.test_kill_matrix import _killed_run
+from tests.tiny_vision import encoded, picture, tiny_clip, vit_classifier
+
+
+@pytest.fixture(scope="module")
+def vit_dir(tmp_path_factory):
+    return vit_classifier(tmp_path_factory.mktemp("vit"))
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    return tiny_clip(tmp_path_factory.mktemp("clip"))
+
+
+def _own_scores(task: str, model_dir: Path, values: list[bytes]) -> np.ndarray:
+    """What the runtime's own head computes for ``values``, in this process: the job must write the same."""
+    return get_task(task).load(ModelSpec(task, str(model_dir)), model_dir).score(values)
+
+
+def _config(**flags):
+    return load_config(flags={"spark.master": "local[2]", "max_error_rate": 0.5, **flags})
+
+
+def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_once(spark, tmp_path, vit_dir):
+    photos = {
+        1: encoded(picture(40, 30, 1), "JPEG", quality=90),
+        2: encoded(picture(33, 47, 2).convert("RGBA"), "PNG"),
+        3: b"\x00not an image at all",
+        4: None,
+        5: None,  # below: row 1's bytes again
+        6: encoded(picture(50, 20, 3).convert("L"), "PNG"),
+    }
+    photos[5] = photos[1]
+    source, output = tmp_path / "photos", tmp_path / "labels"
+    frame = pd.DataFrame({"photo_id": list(photos), "photo": list(photos.values())})
+    spark.createDataFrame(frame, "photo_id long, photo binary").write.format("delta").save(str(source))
+
+    report = run_scoring(_config(
+        input=str(source), output=str(output), task="image_classify", id_col="photo_id", image_col="photo",
+        max_error_rate=0.6,
+        **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on", "scoring.max_image_pixels": 1500},
+    ), spark)
+    assert report.status == "succeeded", report.error
+    assert (report.output_rows, report.error_reasons) == (3, {"image_too_large": 1, "invalid_image": 1, "null_input": 1})
+    assert report.dedup["forward_passes_saved"] == 1  # rows 1 and 5 hold the same image
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("photo_id").reset_index(drop=True)
+    scored = [1, 5, 6]  # row 2's 33 x 47 pixels are over the limit
+    assert out["photo_id"].tolist() == scored
+    expected = _own_scores("image_classify", vit_dir, [photos[i] for i in scored])
+    assert np.abs(np.stack(out["probs"].map(list)) - expected).max() < 1e-5
+    labels = get_task("image_classify").load(ModelSpec("image_classify", str(vit_dir)), vit_dir).labels
+    assert out["label"].tolist() == [labels[i] for i in expected.argmax(axis=1)]
+    assert out["input_digest"].tolist() == [hashlib.sha256(photos[i]).hexdigest() for i in scored]
+    errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("photo_id")
+    assert errors.loc[3, "reason"] == "invalid_image" and errors.loc[4, "reason"] == "null_input"
+    assert errors.loc[2, "reason"] == "image_too_large" and errors.loc[2, "input"].startswith("PNG RGBA 33x47, ")
+    assert errors.loc[3, "input"] == f"{len(photos[3])} bytes, sha256 {hashlib.sha256(photos[3]).hexdigest()}"
+    assert pd.isna(errors.loc[4, "input"])
+    profiled = {s["column"]: s for s in report.profile["inputs"]}["photo"]  # the HTML report: sizes, not bytes
+    assert profiled["kind"] == "numeric" and profiled["stats"]["max"] == max(len(v) for v in photos.values() if v)
+
+    # The Python API over the same column: the same labels, the same reasons
+    lazily = transform(spark.read.format("delta").load(str(source)), task="image_classify", model=vit_dir,
+                       image_col="photo", id_col="photo_id", max_image_pixels=1500).toPandas().set_index("photo_id")
+    assert lazily.loc[scored, "label"].tolist() == out["label"].tolist()
+    assert lazily.loc[[2, 3, 4], "_reason"].tolist() == ["image_too_large", "invalid_image", "null_input"]
+
+
+def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missing_one(spark, tmp_path, vit_dir):
+    root = tmp_path / "receipts"
+    root.mkdir()
+    files = {"a.png": encoded(picture(40, 30, 4), "PNG"), "b c.jpg": encoded(picture(30, 41, 5), "JPEG"),
+             "d.webp": encoded(picture(35, 35, 6), "WEBP")}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    paths = {1: str(root / "a.png"), 2: f"file://{root / 'b c.jpg'}", 3: str(root / "gone.png"), 4: None,
+             5: f"file:{root / 'd.webp'}"}
+    source, output = tmp_path / "receipts_table", tmp_path / "receipt_labels"
+    spark.createDataFrame(pd.DataFrame({"receipt_id": list(paths), "scan": list(paths.values())}), "receipt_id long, scan string") \
+        .write.format("delta").save(str(source))
+
+    report = run_scoring(_config(input=str(source), output=str(output), task="image_classify", id_col="receipt_id",
+                                 image_col="scan", **{"model.source": str(vit_dir), "write.mode": "incremental"}), spark)
+    assert report.status == "succeeded", report.error
+    assert (report.output_rows, report.error_reasons) == (3, {"missing_file": 1, "null_input": 1})
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("receipt_id").reset_index(drop=True)
+    assert out["receipt_id"].tolist() == [1, 2, 5] and "_lakescore_image" not in out.columns
+    read = [files["a.png"], files["b c.jpg"], files["d.webp"]]
+    assert np.abs(np.stack(out["probs"].map(list)) - _own_scores("image_classify", vit_dir, read)).max() < 1e-5
+    assert out["input_digest"].tolist() == [hashlib.sha256(data).hexdigest() for data in read]  # the files' bytes
+    errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("receipt_id")
+    assert (errors.loc[3, "reason"], errors.loc[3, "input"]) == ("missing_file", paths[3])
+    assert errors.loc[3, "error"] == f"no file at {paths[3]}" and errors.loc[4, "reason"] == "null_input"
+
+
+def _folder(root: Path) -> dict[str, bytes]:
+    """Image files of every extension, any case, in nested folders; two files that are not images."""
+    files = {
+        "one.jpg": encoded(picture(40, 30, 1), "JPEG", quality=90),
+        "nested/two.PNG": encoded(picture(33, 47, 2).convert("RGBA"), "PNG"),
+        "nested/deeper/three.webp": encoded(picture(30, 40, 6), "WEBP"),
+        "four.gif": encoded(picture(36, 28, 5).convert("P"), "GIF"),
+        "nested/five.bmp": encoded(picture(31, 17, 8), "BMP"),
+        "six.Tiff": encoded(picture(25, 35, 9).convert("CMYK"), "TIFF"),
+    }
+    for name, data in {**files, "notes.txt": b"not an image", "nested/README.md": b"# photos"}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+def _by_file(spark, output: Path, root: Path) -> dict[str, list[float]]:
+    rows = spark.read.format("delta").load(str(output)).select("path", "embedding").collect()
+    return {r["path"].split(str(root) + "/", 1)[1]: r["embedding"] for r in rows}
+
+
+def test_a_folder_of_images_killed_resumed_then_incremental_after_a_file_is_replaced(spark, tmp_path, clip_dir):
+    root = tmp_path / "photos"
+    files = _folder(root)
+    output = tmp_path / "embeddings"
+    args = ["score", "--task", "image_embed", "--input", str(root), "--input-format", "images", "--output", str(output),
+            "--model", str(clip_dir), "--write-mode", "incremental", "--run-id", "folder",
+            "--set", "write.chunk_rows=3", "--set", "scoring.max_batch_rows=2"]
+    code, _, log = _killed_run(args, tmp_path, "chunk_committed:0")
+    assert code != 0, log
+    assert main([*args, "--report", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["chunks"]["skipped"] == 1 and report["ignored_files"] == 2
+    assert (report["input_rows"], report["output_rows"], report["error_rows"]) == (6, 6, 0)
+    first = _by_file(spark, output, root)
+    assert sorted(first) == sorted(files)
+    names = list(files)
+    expected = _own_scores("image_embed", clip_dir, [files[n] for n in names])
+    assert np.abs(np.array([first[n] for n in names]) - expected).max() < 1e-5
+
+    # One file replaced by another picture: only it is scored again
+    files["nested/two.PNG"] = encoded(picture(47, 33, 12), "PNG")
+    (root / "nested/two.PNG").write_bytes(files["nested/two.PNG"])
+    again = run_scoring(_config(input=str(root), input_format="images", output=str(output), task="image_embed",
+                                **{"model.source": str(clip_dir), "write.mode": "incremental"}), spark)
+    assert again.status == "succeeded", again.error
+    assert (again.rows_kept, again.rows_scored, again.ignored_files) == (5, 1, 2)
+    second = _by_file(spark, output, root)
+    assert all(second[n] == first[n] for n in names if n != "nested/two.PNG")
+    assert np.abs(np.array(second["nested/two.PNG"]) - _own_scores("image_embed", clip_dir, [files["nested/two.PNG"]])[0]).max() < 1e-5

@@ -1,0 +1,71 @@
+"""Image files named by a path column, read on the executors: the bytes of each row's file, ``None`` where it is missing.
+
+A path is read as Hadoop names it, taken literally (no percent-decoding): a local path, a ``file:`` URI, ``dbfs:/...``
+(through Databricks' ``/dbfs`` mount), or any other URI through ``fsspec`` (``s3a://`` as ``s3://``, which needs
+``s3fs`` and credentials of its own on the executors: Python cannot reach the JVM's Hadoop filesystem and its
+settings). A file that does not exist is a row's ``missing_file``, never a failed task; any other error reading it
+fails the task with its own message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator, Optional, Sequence
+
+__all__ = ["local_path", "read_file", "read_files", "read_in_slices"]
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_FSSPEC_PROTOCOLS = {"s3a": "s3", "s3n": "s3"}
+"""Hadoop's names for schemes fsspec knows under another."""
+
+
+def local_path(path: str) -> Optional[str]:
+    """``path`` as a path on this host (a local path, ``file:`` URI or ``dbfs:/`` path), or ``None`` for other URIs."""
+    scheme = _SCHEME.match(path)
+    if scheme is None or len(scheme.group(1)) == 1:  # no scheme, or a Windows drive letter
+        return path
+    name, rest = scheme.group(1).lower(), path[scheme.end():]
+    if name == "file":
+        return re.sub(r"^//(localhost)?(?=/)", "", rest)
+    if name == "dbfs":
+        return "/dbfs/" + rest.lstrip("/")
+    return None
+
+
+def read_file(path: str) -> Optional[bytes]:
+    """The bytes of the file at ``path`` (see the module docstring), ``None`` when it does not exist."""
+    local = local_path(path)
+    try:
+        if local is not None:
+            with open(local, "rb") as handle:
+                return handle.read()
+        import fsspec
+
+        scheme = _SCHEME.match(path)
+        protocol = scheme.group(1).lower()
+        url = _FSSPEC_PROTOCOLS.get(protocol, protocol) + path[scheme.end() - 1:]
+        with fsspec.open(url, "rb") as handle:
+            return handle.read()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def read_files(paths: Sequence[Optional[str]]) -> list[Optional[bytes]]:
+    """:func:`read_file` of each path, ``None`` for a null path."""
+    return [None if path is None else read_file(path) for path in paths]
+
+
+def read_in_slices(paths: Sequence[Optional[str]], max_bytes: int) -> Iterator[list[Optional[bytes]]]:
+    """:func:`read_files` of ``paths``, in order, as consecutive slices of at most ``max_bytes`` (a bigger file is a
+    slice alone), so that at most one slice of files is held at a time."""
+    slice_: list[Optional[bytes]] = []
+    size = 0
+    for path in paths:
+        data = None if path is None else read_file(path)
+        if slice_ and data and size + len(data) > max_bytes:
+            yield slice_
+            slice_, size = [], 0
+        slice_.append(data)
+        size += len(data or b"")
+    if slice_:
+        yield slice_
