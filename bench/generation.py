@@ -161,6 +161,12 @@ def peer_commands(table: Path, model: Path, run_dir: Path, new_tokens: int = W4_
     }
 
 
+LOOP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""The loop's one setting beyond torch's defaults: its OpenMP threads sleep at a barrier instead of spinning. On a
+shared 2-core host (other processes runnable) a spinning thread holds a core its partner needs, and the loop's
+``generate`` ran many times slower than with one thread; lakescore's workers run one thread each and never wait so."""
+
+
 def run_w4(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4_ROWS) -> W4Result:
     """Build W4's model and prompts, run both peers alternately ``repeats`` times each (a line per run), compare
     the first good outputs row by row."""
@@ -172,7 +178,7 @@ def run_w4(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
         for peer in ("lakescore", "loop"):
             run_dir = runs_dir / f"{W4}-{peer}-{repeat + 1}"
             run_dir.mkdir(parents=True)
-            measured = run_measured(peer_commands(table, model, run_dir)[peer], env=env, cwd=repo,
+            measured = run_measured(peer_commands(table, model, run_dir)[peer], env={**env, **LOOP_ENV} if peer == "loop" else env, cwd=repo,
                                     log_path=run_dir / "process.log")
             written = run_dir / ("report.json" if peer == "lakescore" else "timings.json")
             run = W4Run(measured, json.loads(written.read_text()) if written.is_file() else None)
