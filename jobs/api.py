@@ -26,12 +26,15 @@ from lakescore.udfs.model_source import (
     weights_sha256,
 )
 from lakescore.udfs.pandas_udf import make_pandas_udf
+from lakescore.udfs.registry import TASK_OPTION_SECTIONS
 
 __all__ = ["score", "transform", "pandas_udf"]
 
-_OPTIONS = {o.name: o for o in config_options() if o.section in ("model", "scoring") and o.key != "model.source"}
+_OPTIONS = {
+    o.name: o for o in config_options() if o.section in ("model", "scoring", *TASK_OPTION_SECTIONS) and o.key != "model.source"
+}
 """The keyword options of :func:`transform` and :func:`pandas_udf`, by field name: every ``model.*`` setting but the
-source (their ``model`` argument) and every ``scoring.*`` one."""
+source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (``generate.*``: ``max_new_tokens``, ...)."""
 
 
 def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
@@ -71,7 +74,8 @@ def transform(
 
     Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
-    and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks,
+    and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks (``generate``: the
+    prompt as the model reads it; ``id_col`` then seeds each row's sampling),
     ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
     setting by its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md
     lists them), validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both
@@ -94,7 +98,7 @@ def transform(
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
     spec = _resolved_spec(df.sparkSession, cfg, input_cols)
-    scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg))
+    scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg), key_col=id_col)
     return scored.drop(ERROR_COLUMNS[2], WORKER_COLUMN)
 
 
@@ -133,7 +137,7 @@ def _notebook_config(
             raise ConfigError(f"unknown option {key!r}; {hint}options: {', '.join(taken)}")
         if option.job_only:
             raise ConfigError(f"option {key!r} ({option.key}) applies to the scoring job only (lakescore.score)")
-        tree[option.section][key] = value
+        tree.setdefault(option.section, {})[key] = value
     cfg = config_from_mapping({**tree, **columns, "feature_cols": list(feature_cols or ())})
     if cfg.model.quantize != "none":  # the tolerance check is a preflight of the job (score), which these lack
         raise ConfigError(

@@ -44,7 +44,10 @@ from pydantic_core import PydanticCustomError
 from lakescore.udfs.batching import default_max_tokens
 from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, POOLING_MODES, QUANTIZATIONS
 from lakescore.udfs.quantize import Tolerance
-from lakescore.udfs.registry import TASK_MODEL_OPTIONS, TASK_NAMES, TASKS as _TASKS, get_task
+from lakescore.udfs.generate_options import CHAT_TEMPLATE_MODES, TRUNCATE_MODES, GenerateOptions, template_parts
+from lakescore.udfs.registry import (
+    TASK_MODEL_OPTIONS, TASK_NAMES, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
+)
 
 __all__ = [
     "ConfigError", "JobConfig", "Option", "config_from_mapping", "config_options", "load_config", "spark_size_mib",
@@ -348,6 +351,68 @@ class ResourcesConfig(_Section):
     scoring: ScoringResources = Field(default_factory=ScoringResources)
 
 
+def _json_text(value: Any) -> Any:
+    """A JSON Schema given as a YAML mapping, as the JSON text the decoder reads."""
+    import json
+
+    return json.dumps(value) if isinstance(value, Mapping) else value
+
+
+def _template_problem(template: str) -> Optional[str]:
+    try:
+        template_parts(template)
+    except ValueError as exc:
+        return str(exc).removeprefix("generate.prompt_template ")
+    return None
+
+
+class GenerateConfig(_Section):
+    """The ``generate`` task: how each row's prompt is rendered and how the model continues it. Greedy by default, so
+    a rerun writes the same text; see ``docs/generation.md``."""
+
+    prompt_template: Annotated[Optional[Text], _checked(_template_problem)] = None
+    """Each row's prompt: ``str.format`` placeholders naming input columns, e.g. ``"Review: {body}\\nSummary:"``; a
+    value is inserted as Spark casts it to a string, and a row with a null in a named column is ``null_input``.
+    Default: the ``text_col`` as it is."""
+    system_prompt: Optional[Text] = None
+    """A system message before every prompt (in the chat template, else on its own line above the prompt)."""
+    chat_template: Literal[CHAT_TEMPLATE_MODES] = "auto"
+    """``auto``: wrap the prompt in the tokenizer's chat template when it has one (``apply_chat_template(...,
+    add_generation_prompt=True)``); ``never``: the prompt as it is."""
+    max_new_tokens: int = Field(GenerateOptions.max_new_tokens, ge=1)
+    """Tokens generated per row at most; a row that reaches it has ``finish_reason`` ``length``."""
+    temperature: Number = Field(GenerateOptions.temperature, ge=0)
+    """0: greedy (the most likely token, deterministic); above 0: sampled, each row from its own generator seeded
+    from ``seed`` and the row's id, so its text does not depend on batching, partitioning, retries or resume."""
+    top_p: Number = Field(GenerateOptions.top_p, gt=0, le=1)
+    """Sampling: draw from the smallest set of tokens whose probabilities add up to this (nucleus sampling)."""
+    seed: int = GenerateOptions.seed
+    """Sampling: the run's seed, combined with each row's id."""
+    stop: Names = ()
+    """Strings that end generation: the text is cut before the first one found."""
+    truncate: Literal[TRUNCATE_MODES] = "none"
+    """A prompt whose tokens plus ``max_new_tokens`` exceed the model's context: ``none`` dead-letters it
+    (``prompt_too_long``), ``left`` cuts its first tokens."""
+    choices: Names = ()
+    """Instead of generating, score each of these strings as a continuation of the prompt and return the most likely
+    (``finish_reason`` ``choice``, the log-probabilities in ``choice_logprobs``): zero-shot labels."""
+    json_schema: Annotated[Optional[Text], BeforeValidator(_json_text)] = None
+    """A JSON Schema (a YAML mapping or JSON text): decoding is constrained so that every text is JSON that validates
+    against it (llguidance)."""
+
+    @model_validator(mode="after")
+    def _options(self) -> "GenerateConfig":
+        try:
+            self.options()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return self
+
+    def options(self) -> GenerateOptions:
+        """These settings as the head's :class:`~lakescore.udfs.generate_options.GenerateOptions` (part of the model spec)."""
+        return GenerateOptions(**{name: getattr(self, name) for name in type(self).model_fields})
+
+
 class ValidationConfig(_Section):
     """The Great Expectations suite every run must pass before its output is published. Built in: row count,
     columns, types, no nulls in predictions and identity columns, one weights digest, this run's id."""
@@ -360,6 +425,9 @@ class ValidationConfig(_Section):
     """Column -> ``[min, max]`` every value must lie in, e.g. ``{score: [0, 1]}``."""
     max_null_fraction: NullFractions = Field(default_factory=dict)
     """Column -> the largest fraction of nulls allowed (for columns the suite does not require non-null)."""
+    max_length_stops: Optional[Fraction] = None
+    """``generate``: fail when more than this fraction of rows stopped at ``generate.max_new_tokens``
+    (``finish_reason`` ``length``: their text was cut); default: no limit."""
 
 
 class WriteConfig(_Section):
@@ -432,7 +500,8 @@ class JobConfig(_Section):
     """The input column copied unchanged to the output to identify each row: string, integer or decimal, under any
     name Delta stores (``review.id`` too; no space or ``,;{}()=``)."""
     text_col: Optional[Text] = Field(None, json_schema_extra=_cli("--text-col", sweep=True))
-    """The string column to score (text tasks: ``classify``, ``embed``, ``ner``), under any name (``review text`` too)."""
+    """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
+    ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
     feature_cols: Names = Field((), json_schema_extra=_cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
     feature_prefix: Optional[Text] = Field(None, json_schema_extra=_cli("--feature-prefix"))
@@ -458,6 +527,7 @@ class JobConfig(_Section):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     write: WriteConfig = Field(default_factory=WriteConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -475,6 +545,19 @@ class JobConfig(_Section):
             if getattr(self.model, option) is not None and option not in task.model_options:
                 readers = ", ".join(name for name in TASKS if option in get_task(name).model_options)
                 raise ConfigError(f"model.{option} applies to task {readers}, not {self.task!r}")
+        for option in TASK_VALIDATION_OPTIONS:
+            if getattr(self.validation, option) is not None and option not in task.validation_options:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).validation_options)
+                raise ConfigError(f"validation.{option} applies to task {readers}, not {self.task!r}")
+        for section in TASK_OPTION_SECTIONS:
+            given = sorted(getattr(self, section).model_fields_set)
+            if given and section != task.options_section:
+                raise ConfigError(f"{section}.{given[0]} applies to task {section}, not {self.task!r}")
+        if self.scoring.dedup == "on" and not self.deterministic:
+            raise ConfigError(
+                "scoring.dedup on scores one row per distinct input, but sampled generation (generate.temperature > 0) "
+                "draws each row's text on its own; use dedup auto or off, or temperature 0"
+            )
         if self.write.mode == "incremental" and self.validation.min_rows is not None:
             raise ConfigError(
                 "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
@@ -491,8 +574,8 @@ class JobConfig(_Section):
             ("id_col (--id-col)", self.id_col),
         ]
         reads_text = self.reads_text
-        if reads_text:
-            required.append(("text_col (--text-col)", self.text_col))
+        if reads_text:  # a prompt template names its own columns
+            required.append(("text_col (--text-col)", self.text_col or self.prompt_template))
         else:
             required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
         missing = [flag for flag, value in required if not value]
@@ -524,6 +607,22 @@ class JobConfig(_Section):
     def reads_text(self) -> bool:
         """Whether the task reads one text column (else numeric feature columns), per the task registry."""
         return get_task(self.task).input_kind.is_text
+
+    @property
+    def prompt_template(self) -> Optional[str]:
+        """The template each row's prompt is rendered from, for a task that reads prompts (else ``None``)."""
+        return self.generate.prompt_template if get_task(self.task).input_kind.row_keys else None
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether a row's output depends only on its input (all tasks but sampled generation): what dedup needs."""
+        options = self.task_options()
+        return getattr(options, "deterministic", True)
+
+    def task_options(self) -> Any:
+        """The task's own settings as its head takes them (``generate``: :class:`GenerateOptions`), else ``None``."""
+        section = get_task(self.task).options_section
+        return getattr(self, section).options() if section else None
 
     def resolved_run_id(self) -> Optional[str]:
         """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""

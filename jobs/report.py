@@ -140,6 +140,9 @@ class RunReport:
             lines.append(f"  stopped in step {self.failed_step}")
         if self.staging_removed:
             lines.append(f"  removed stale staging of earlier runs: {', '.join(self.staging_removed)}")
+        if self.workers.get("tokens_out"):
+            rate = f", {self.workers['tokens_per_second']:.1f} tokens/s" if self.workers.get("tokens_per_second") else ""
+            lines.append(f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt tokens{rate}")
         if self.seconds is not None:
             rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second and nothing is None else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")

@@ -108,11 +108,18 @@ def histogram_chart(key: str, edges: Sequence[float], counts: Sequence[int], xla
     return _svg(figure, key)
 
 
+def _shown(label: str, limit: int = 40) -> str:
+    """``label`` as a chart shows it: control characters escaped (a generated text may hold any; fonts have no glyph
+    for them), cut at ``limit`` characters."""
+    label = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in label)
+    return label if len(label) <= limit else label[: limit - 1] + "…"
+
+
 def bar_chart(key: str, counts: Sequence[tuple[str, int]], xlabel: str = "rows") -> str:
     """Horizontal bars, one per ``(label, count)``, largest on top."""
     figure, axes = _figure(width=5.6, height=0.5 + 0.28 * max(1, len(counts)))
     with matplotlib.rc_context(_STYLE):
-        labels = [label if len(label) <= 40 else label[:39] + "…" for label, _ in counts]
+        labels = [_shown(label) for label, _ in counts]
         axes.barh(range(len(counts)), [c for _, c in counts], color=_INK)
         axes.set_yticks(range(len(counts)), labels)
         axes.invert_yaxis()
@@ -131,7 +138,7 @@ def scatter_chart(key: str, points: Sequence[Sequence[float]], explained: Sequen
             for i, value in enumerate(values):
                 chosen = [j for j, c in enumerate(colours[: len(points)]) if c == value]
                 axes.scatter([xs[j] for j in chosen], [ys[j] for j in chosen], s=6, alpha=0.7,
-                             color=PALETTE[i % len(PALETTE)], label=value[:30])
+                             color=PALETTE[i % len(PALETTE)], label=_shown(value, 30))
             axes.legend(title=colour_by, fontsize=7, title_fontsize=8, frameon=False, markerscale=2)
         else:
             axes.scatter(xs, ys, s=6, alpha=0.6, color=_INK)

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from pyspark.sql.types import (
+    BooleanType,
     ByteType,
+    DateType,
     DataType,
     DecimalType,
     DoubleType,
@@ -17,12 +19,20 @@ from pyspark.sql.types import (
     ShortType,
     StringType,
     StructType,
+    TimestampNTZType,
+    TimestampType,
 )
 
-__all__ = ["InputContractError", "TextInputContract", "FeatureInputContract", "resolve_feature_cols"]
+__all__ = ["PROMPT_COLUMN", "InputContractError", "TextInputContract", "PromptInputContract", "FeatureInputContract", "resolve_feature_cols"]
 
 _ID_TYPES = (StringType, LongType, IntegerType, ShortType, ByteType, DecimalType)
 _NUMERIC_TYPES = (DoubleType, FloatType, LongType, IntegerType, ShortType, ByteType, DecimalType)
+_PROMPT_VALUE_TYPES = (StringType, BooleanType, DateType, TimestampType, TimestampNTZType, *_NUMERIC_TYPES)
+"""What a prompt template may insert: values with one obvious text form (Spark's cast to string)."""
+
+
+PROMPT_COLUMN = "_lakescore_prompt"
+"""The column a prompted task's rendered prompt is added to the input as (never written to the output)."""
 
 
 class InputContractError(ValueError):
@@ -45,6 +55,25 @@ class TextInputContract:
         if self.id_col is not None:
             _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
+
+
+@dataclass(frozen=True)
+class PromptInputContract:
+    """A prompted task's input: an id column and the columns its prompt template names (strings, numbers, booleans,
+    dates or timestamps, inserted as Spark casts them to a string)."""
+
+    id_col: Optional[str]
+    template_cols: tuple[str, ...]
+
+    def check(self, schema: StructType, source: str) -> None:
+        """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
+        named = [("id column", self.id_col)] + [("prompt_template column", c) for c in self.template_cols]
+        fields = _fields_present(schema, source, named)
+        if self.id_col is not None:
+            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        for name in self.template_cols:
+            _require(fields[name], _PROMPT_VALUE_TYPES, f"prompt_template column {name!r} in {source}",
+                     "a string, number, boolean, date or timestamp")
 
 
 def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Optional[str], source: str) -> tuple[str, ...]:

@@ -44,6 +44,8 @@ class UserExpectations:
     min_rows: Optional[int] = None
     value_ranges: dict[str, tuple[float, ...]] = field(default_factory=dict)
     max_null_fraction: dict[str, float] = field(default_factory=dict)
+    max_value_share: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Column -> ``(value, fraction)``: at most this fraction of rows may hold the value (``finish_reason`` ``length``)."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,12 @@ class OutputFacts:
     schema: StructType
     expected_rows: int
     prediction_columns: tuple[str, ...]
+    """The prediction columns every published row must have a value in."""
     model_sha256: str
     run_id: str
     user: UserExpectations = field(default_factory=UserExpectations)
+    value_sets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Output column -> the values it may hold (the task's, e.g. ``finish_reason``)."""
 
 
 @dataclass
@@ -88,6 +93,8 @@ def build_expectations(facts: OutputFacts) -> list:
             expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=name))
     expectations.append(gxe.ExpectColumnValuesToBeInSet(column="model_sha256", value_set=[facts.model_sha256]))
     expectations.append(gxe.ExpectColumnValuesToBeInSet(column="run_id", value_set=[facts.run_id]))
+    for name, values in facts.value_sets.items():
+        expectations.append(gxe.ExpectColumnValuesToBeInSet(column=name, value_set=list(values)))
     user = facts.user
     if user.min_rows is not None:
         expectations.append(gxe.ExpectTableRowCountToBeBetween(min_value=user.min_rows))
@@ -95,6 +102,8 @@ def build_expectations(facts: OutputFacts) -> list:
         expectations.append(gxe.ExpectColumnValuesToBeBetween(column=name, min_value=low, max_value=high))
     for name, fraction in user.max_null_fraction.items():
         expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=name, mostly=1.0 - fraction))
+    for name, (value, fraction) in user.max_value_share.items():
+        expectations.append(gxe.ExpectColumnValuesToNotBeInSet(column=name, value_set=[value], mostly=1.0 - fraction))
     return expectations
 
 

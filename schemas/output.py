@@ -95,9 +95,12 @@ WORKER_METRICS = StructType(
         StructField("arrow_batches", LongType(), nullable=False),
         StructField("model_seconds", DoubleType(), nullable=False),
         StructField("budget_halvings", LongType(), nullable=False),
+        StructField("tokens_in", LongType(), nullable=False),
+        StructField("tokens_out", LongType(), nullable=False),
     ]
 )
-"""What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows. They travel
+"""What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows (``tokens_in`` /
+``tokens_out``: prompt and generated tokens of generation heads, 0 for the others). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""
 
 def prediction_fields(task: str) -> list[StructField]:

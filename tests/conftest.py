@@ -62,6 +62,15 @@ def _save_with_minilm_tokenizer(model, target: Path, minilm_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_causal_lm_dir(tmp_path_factory) -> Path:
+    """A tiny seeded Llama-shaped decoder with a trained byte-level BPE tokenizer (no chat template), saved with
+    ``save_pretrained``: the generate task's real loading and decoding run on it."""
+    from tests.tiny_generators import save_causal, train_tokenizer
+
+    return save_causal(tmp_path_factory.mktemp("tiny-causal-lm"), train_tokenizer("bos"))
+
+
+@pytest.fixture(scope="session")
 def tiny_classifier_dir(tmp_path_factory, minilm_dir) -> Path:
     """A 3-label BERT sequence classifier built from a config with a fixed seed and saved with
     ``save_pretrained`` (safetensors), with the MiniLM tokenizer: the real loading code runs on it."""

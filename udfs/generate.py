@@ -1,6 +1,6 @@
 """The ``generate`` task: a language model over every row, reproducible, constrained, failing per row.
 
-Each row's prompt is rendered from its input columns (:func:`render_prompts`), wrapped in the
+Each row's prompt is rendered by the job from its input columns (:func:`template_parts`), wrapped in the
 tokenizer's chat template when it has one, tokenized as the tokenizer gives it, and then either
 
 * generated from: greedy (``temperature`` 0, equal to ``model.generate(do_sample=False)`` on the row
@@ -22,9 +22,6 @@ This module imports no model library at import time: :class:`GenerateOptions` ha
 
 from __future__ import annotations
 
-import json
-import string
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
@@ -33,137 +30,15 @@ import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import python_column, scalar_column, string_column
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_present, take_rows
+from lakescore.udfs.generate_options import (  # re-exported: the head's settings, importable without numpy
+    CHAT_TEMPLATE_MODES, FINISH_REASONS, TRUNCATE_MODES, GenerateOptions, template_columns, template_parts,
+)
 from lakescore.udfs.model_source import ModelSpec
 
 __all__ = [
     "GenerateOptions", "Generation", "Generator", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "FINISH_REASONS",
-    "render_prompts", "template_columns", "score_prompts", "token_counts", "load_generator",
+    "template_parts", "template_columns", "score_prompts", "token_counts", "load_generator",
 ]
-
-CHAT_TEMPLATE_MODES = ("auto", "never")
-TRUNCATE_MODES = ("none", "left")
-FINISH_REASONS = ("stop", "length", "choice")
-"""``stop``: EOS, a stop string or the end of the JSON schema; ``length``: ``max_new_tokens`` reached; ``choice``: scored."""
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """How the ``generate`` task renders prompts and generates: frozen, hashable, picklable (part of the spec).
-
-    Lists given for ``stop`` and ``choices`` are kept as tuples. ``ValueError`` (one line) for a bad value.
-    """
-
-    prompt_template: Optional[str] = None
-    """``str.format`` placeholders naming input columns (``"Review: {text}\\nSummary:"``); ``None``: the text column."""
-    system_prompt: Optional[str] = None
-    chat_template: str = "auto"
-    """``auto``: through the tokenizer's chat template when it has one; ``never``: the prompt as it is."""
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    """0: greedy; above: sampled, each row from its own generator."""
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    """The text is cut before the first of these, and generation stops there."""
-    truncate: str = "none"
-    """``none``: a prompt too long for the context is ``prompt_too_long``; ``left``: its first tokens are cut."""
-    choices: tuple[str, ...] = ()
-    """Score these as continuations of the prompt and return the best, instead of generating."""
-    json_schema: Optional[str] = None
-    """JSON text of a JSON Schema: generation is constrained so each text is JSON that validates against it."""
-
-    def __post_init__(self) -> None:
-        for name in ("stop", "choices"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"generate.{name} must be a list of strings, got {value!r}")
-            object.__setattr__(self, name, tuple(value))
-        if self.chat_template not in CHAT_TEMPLATE_MODES:
-            raise ValueError(f"generate.chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {self.chat_template!r}")
-        if self.truncate not in TRUNCATE_MODES:
-            raise ValueError(f"generate.truncate must be one of {', '.join(TRUNCATE_MODES)}, got {self.truncate!r}")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"generate.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not 0 <= self.temperature < float("inf"):
-            raise ValueError(f"generate.temperature must be >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"generate.top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"generate.seed must be an integer, got {self.seed!r}")
-        if any(s == "" for s in self.stop):
-            raise ValueError("generate.stop holds an empty string; every stop string needs at least one character")
-        if any(c == "" for c in self.choices) or len(set(self.choices)) != len(self.choices):
-            raise ValueError(f"generate.choices must be distinct non-empty strings, got {list(self.choices)!r}")
-        if self.choices and self.json_schema is not None:
-            raise ValueError("generate.choices and generate.json_schema exclude each other: choices are scored, not generated")
-        if self.json_schema is not None:
-            try:
-                schema = json.loads(self.json_schema)
-            except (TypeError, json.JSONDecodeError) as exc:
-                raise ValueError(f"generate.json_schema is not JSON text: {exc}") from None
-            if not isinstance(schema, dict):
-                raise ValueError(f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}")
-        if self.prompt_template is not None:
-            template_columns(self.prompt_template)  # refuses a malformed template now, not on the executors
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def deterministic(self) -> bool:
-        """True when a row's output depends only on its prompt (greedy, or ``choices``): what dedup may rely on."""
-        return self.greedy or bool(self.choices)
-
-    def identity(self) -> dict[str, Any]:
-        """Every setting, by name: what a spec digest covers."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def template_columns(template: str) -> tuple[str, ...]:
-    """The input columns ``template`` names, in first-use order; ``ValueError`` for a malformed template or a
-    placeholder that is not a plain column name (positional ``{}``, ``{0}``, attribute or index access)."""
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise ValueError(f"generate.prompt_template {template!r} is not a str.format template: {exc}") from None
-    names: dict[str, None] = {}
-    for _, field, _, _ in parsed:
-        if field is None:
-            continue
-        if field == "" or field.isdigit() or any(c in field for c in ".[]"):
-            raise ValueError(
-                f"generate.prompt_template placeholder {{{field}}} must name an input column (e.g. {{text}}); "
-                "positional, attribute and index placeholders are not supported"
-            )
-        names[field] = None
-    return tuple(names)
-
-
-def render_prompts(template: Optional[str], columns: Mapping[str, Sequence[Any]]) -> list[Optional[str]]:
-    """Row *i*'s prompt: ``template.format(**{name: columns[name][i]})``; ``None`` where a column it names is null.
-
-    ``template`` ``None``: the one column's values as they are. ``KeyError`` names a column the template needs
-    and ``columns`` lacks.
-    """
-    if template is None:
-        (values,) = columns.values()
-        return [v if isinstance(v, str) else None for v in values]
-    names = template_columns(template)
-    missing = [name for name in names if name not in columns]
-    if missing:
-        raise KeyError(f"generate.prompt_template names columns {missing} that the input does not have")
-    n = len(next(iter(columns.values()))) if columns else 0
-    prompts: list[Optional[str]] = []
-    for i in range(n):
-        values = {name: columns[name][i] for name in names}
-        prompts.append(None if any(_is_null(v) for v in values.values()) else template.format(**values))
-    return prompts
-
-
-def _is_null(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
-
 
 class Generation(NamedTuple):
     """One row's outcome: the output columns of the task, in schema order, then the new token ids themselves
@@ -303,8 +178,9 @@ class Generator:
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
-        """How close ``outputs`` are to ``reference`` (same rows): the fraction of rows with the same text."""
-        same = [a.text == b.text for a, b in zip(reference, outputs)]
+        """How close ``outputs`` are to ``reference`` (same rows): the fraction of rows with the same text (rows either
+        could not score are left out)."""
+        same = [a.text == b.text for a, b in zip(reference, outputs) if isinstance(a, Generation) and isinstance(b, Generation)]
         return {"agreement": float(np.mean(same)) if same else 1.0}
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
-    from lakescore.udfs.generate import GenerateOptions
+    from lakescore.udfs.generate_options import GenerateOptions
 
 __all__ = [
     "ModelSourceError",
@@ -119,7 +119,7 @@ class ModelSpec:
     quantize: str = "none"
     """``none`` or ``int8`` (ONNX backend only)."""
     generate: Optional["GenerateOptions"] = None
-    """The ``generate`` task's prompt and decoding settings (:class:`lakescore.udfs.generate.GenerateOptions`)."""
+    """The ``generate`` task's prompt and decoding settings (:class:`lakescore.udfs.generate_options.GenerateOptions`)."""
     cache_dir: str = field(default="~/.cache/lakescore/models", compare=False)
     """Where each host keeps what it derives from the model (exported ONNX graphs). Not part of the
     model's identity: excluded from equality, hashing and :meth:`identity`."""

@@ -23,9 +23,9 @@ their head lazily, so the driver and the CLI stay light.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from lakescore.udfs.model_source import ModelSpec
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["InputKind", "Task", "TEXT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["InputKind", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class InputKind:
     """The class in :mod:`lakescore.udfs.runners` that prepares Arrow batches for the head."""
     worker_imports: tuple[str, ...] = ()
     """Modules every head of this kind imports in a worker, whatever its backend."""
+    row_keys: bool = False
+    """The runner reads each row's id too (``key_col``), to seed what it draws for the row (generation's sampling)."""
 
     @property
     def is_text(self) -> bool:
@@ -70,6 +72,8 @@ class InputKind:
 
 
 TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",))
+PROMPT = InputKind("text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True)
+"""One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""
 FEATURES = InputKind("features", "MatrixRunner")
 IMAGE = InputKind("image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"))
 
@@ -90,6 +94,16 @@ class Task:
     model_options: tuple[str, ...] = ()
     """The ``model.*`` settings only this task reads (see :data:`TASK_MODEL_OPTIONS`); config validation refuses
     them for the other tasks."""
+    options_section: Optional[str] = None
+    """The config section (and :class:`ModelSpec` field) holding this task's own settings, e.g. ``generate``."""
+    optional_outputs: tuple[str, ...] = ()
+    """Output columns that may be null on a scored row (``choice_logprobs`` without ``choices``): the suite does not
+    require them non-null."""
+    output_value_sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Output column -> the values it may hold: the suite checks every published row."""
+    validation_options: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """The ``validation.*`` settings only this task reads (config validation refuses them for the other tasks), each
+    capping the share of published rows whose output ``column`` holds ``value``: name -> ``(column, value)``."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet (generation's prompts and row keys, images' bytes and
@@ -152,8 +166,11 @@ TASKS: dict[str, Task] = {
             backends=("torch",), forward_imports=("torch",),
         ),
         Task(
-            "generate", TEXT, "lakescore.udfs.generate:load_generator",
-            "a language model over each prompt: text, a choice, or JSON", backends=("torch",), in_job=False,
+            "generate", PROMPT, "lakescore.udfs.generate:load_generator",
+            "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
+            options_section="generate", optional_outputs=("choice_logprobs",),
+            output_value_sets={"finish_reason": ("stop", "length", "choice")},
+            validation_options={"max_length_stops": ("finish_reason", "length")},
         ),
     )
 }
@@ -164,6 +181,14 @@ TASK_NAMES: tuple[str, ...] = tuple(name for name, task in TASKS.items() if task
 
 TASK_MODEL_OPTIONS: tuple[str, ...] = tuple(dict.fromkeys(o for task in TASKS.values() for o in task.model_options))
 """Every task-specific ``model.*`` setting: one a task does not list is a mistake for that task."""
+
+TASK_VALIDATION_OPTIONS: tuple[str, ...] = tuple(
+    dict.fromkeys(o for task in TASKS.values() for o in task.validation_options)
+)
+"""Every task-specific ``validation.*`` setting."""
+
+TASK_OPTION_SECTIONS: tuple[str, ...] = tuple(task.options_section for task in TASKS.values() if task.options_section)
+"""Every task's own config section (``generate``): setting one for another task is a mistake."""
 
 
 def get_task(name: str) -> Task:

@@ -4,7 +4,8 @@ A runner sits between an Arrow batch and the batching core (:mod:`lakescore.udfs
 ``prepare`` turns the batch into what the head takes (decoded and tokenized text, or a float
 matrix) and may run ahead in a thread; ``score`` runs the core with the task's token budget;
 ``raw_inputs`` gives the input of every row that could not be scored, as text for the errors
-table. One runner per input kind (:mod:`lakescore.udfs.registry`), never per task.
+table; a runner whose head reads and writes tokens (generation) also counts them (``token_counts``).
+One runner per input kind (:mod:`lakescore.udfs.registry`), never per task.
 
 Preparation fails per row, never per batch: a text that is not valid UTF-8 (Parquet and Spark
 accept such bytes) is ``invalid_text``, a text the tokenizer rejects is ``prepare_error``, an image
@@ -29,7 +30,10 @@ from lakescore.udfs.images import (
     DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, Preprocessed, describe_image, pixel_limit, preprocess_chunks, row_index,
 )
 
-__all__ = ["RowFailure", "PreparedTexts", "PreparedImages", "TextRunner", "MatrixRunner", "ImageRunner", "decode_texts"]
+__all__ = [
+    "RowFailure", "PreparedTexts", "PreparedPrompts", "PreparedImages", "TextRunner", "PromptRunner", "MatrixRunner",
+    "ImageRunner", "decode_texts",
+]
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,60 @@ class MatrixRunner:
             None if reason is None else json.dumps(dict(zip(self.feature_cols, (_json_number(v) for v in matrix[i]))))
             for i, reason in enumerate(scored.reasons)
         ]
+
+
+@dataclass
+class PreparedPrompts:
+    """A prompt batch ready to generate from: the prompts (``None`` where null or refused), each row's key, their
+    tokenization, refused rows."""
+
+    prompts: list[Optional[str]]
+    keys: list[str]
+    features: Any
+    refused: dict[int, RowFailure] = field(default_factory=dict)
+
+
+class PromptRunner:
+    """Generation heads (:mod:`lakescore.udfs.generate`): one string column of rendered prompts, and the row's id
+    (``key_col``) as the key its sampling generator is seeded from, so a row draws the same text in any batch."""
+
+    def __init__(self, head, input_cols: Sequence[str], *, key_col: Optional[str] = None) -> None:
+        (self.prompt_col,) = input_cols
+        self.head, self.key_col = head, key_col
+
+    def prepare(self, batch: pa.RecordBatch) -> PreparedPrompts:
+        prompts, refused = decode_texts(batch.column(self.prompt_col))
+        keys = ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()] if self.key_col else prompts
+        present = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+        try:
+            features = self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
+        except Exception:  # one prompt the tokenizer (or chat template) rejects: find it, keep its neighbours
+            for i in present:
+                try:
+                    self.head.tokenize([prompts[i]], [keys[i]])
+                except Exception as exc:
+                    refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], prompts[i])
+                    prompts[i] = None
+            present = [i for i in present if prompts[i] is not None]
+            features = self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
+        return PreparedPrompts(prompts, keys, features, refused)
+
+    def score(self, prepared: PreparedPrompts, budget: AdaptiveBudget) -> Scored:
+        from lakescore.udfs.generate import score_prompts
+
+        return _refuse(score_prompts(prepared.prompts, self.head, budget, prepared.keys, prepared.features), prepared.refused)
+
+    def raw_inputs(self, prepared: PreparedPrompts, scored: Scored) -> list[Optional[str]]:
+        raw = [None if reason is None else prepared.prompts[i] for i, reason in enumerate(scored.reasons)]
+        for i, failure in prepared.refused.items():
+            raw[i] = failure.raw
+        return raw
+
+    def token_counts(self, scored: Scored) -> tuple[int, int]:
+        """Prompt tokens read and tokens generated over the batch's scored rows."""
+        from lakescore.udfs.generate import token_counts
+
+        return token_counts(scored.outputs, scored.ok)
 
 
 @dataclass

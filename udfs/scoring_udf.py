@@ -108,7 +108,8 @@ def make_scoring_function(
 class ScoredBatch:
     """One Arrow batch's outcome, row *i* for input row *i*: the task's prediction arrays (null where a
     row was not scored), the weights digest, and per row the reason, error text and raw input of unscored rows;
-    then what scoring the batch cost: model seconds, token-budget halvings, model loads (1 on the batch that loaded it)."""
+    then what scoring the batch cost: model seconds, token-budget halvings, model loads (1 on the batch that loaded it),
+    and for generation the prompt tokens read and tokens generated."""
 
     predictions: list[pa.Array]
     sha256: str
@@ -118,11 +119,14 @@ class ScoredBatch:
     seconds: float = 0.0
     halvings: int = 0
     loads: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema) -> pa.RecordBatch:
         """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker``, as ``schema`` says."""
         n = len(self.reasons)
-        worker = {"model_loads": self.loads, "arrow_batches": 1, "model_seconds": self.seconds, "budget_halvings": self.halvings}
+        worker = {"model_loads": self.loads, "arrow_batches": 1, "model_seconds": self.seconds, "budget_halvings": self.halvings,
+                  "tokens_in": self.tokens_in, "tokens_out": self.tokens_out}
         arrays = kept + self.predictions + [
             pa.array([self.sha256] * n, type=pa.string()),
             pa.array(self.reasons, type=pa.string()),
@@ -167,10 +171,12 @@ def score_batches(
             continue
         started, halvings = time.perf_counter(), budget.halvings
         scored = runner.score(prepared, budget)
+        seconds = time.perf_counter() - started
+        tokens_in, tokens_out = runner.token_counts(scored) if hasattr(runner, "token_counts") and scored.ok.any() else (0, 0)
         yield batch, ScoredBatch(
             _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
-            runner.raw_inputs(prepared, scored), seconds=time.perf_counter() - started,
-            halvings=budget.halvings - halvings, loads=loads,
+            runner.raw_inputs(prepared, scored), seconds=seconds, halvings=budget.halvings - halvings, loads=loads,
+            tokens_in=tokens_in, tokens_out=tokens_out,
         )
         loads = 0
 

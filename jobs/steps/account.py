@@ -130,4 +130,5 @@ def _worker_totals(groups: list, preflight_loads: int) -> dict[str, Any]:
         "rows_scored": int(total["rows_scored"]),
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
+        **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_out"] else {}),
     }

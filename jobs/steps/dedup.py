@@ -80,13 +80,14 @@ def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], 
     """Score each distinct input of ``part`` once and fan the outputs out to its rows.
 
     ``part`` holds the id, the input columns and :data:`DIGEST_COLUMN`; ``score(df, keep_cols)`` is the
-    scoring function (:func:`lakescore.jobs.steps.score.score_dataframe`). Returns the columns
-    ``score(part, [id_col, DIGEST_COLUMN])`` would, one row per row of ``part``.
+    scoring function (:func:`lakescore.jobs.steps.score.score_dataframe`), ``keep_cols[0]`` the row id (here the
+    smallest id of each distinct input). Returns the columns ``score(part, [id_col, DIGEST_COLUMN])`` would, one row
+    per row of ``part``.
     """
     distinct = part.groupBy(column(DIGEST_COLUMN)).agg(
         *[F.first(column(c)).alias(c) for c in input_cols], F.min(column(id_col)).alias(_REPRESENTATIVE)
     )
-    scored = score(distinct, [DIGEST_COLUMN, _REPRESENTATIVE])
+    scored = score(distinct, [_REPRESENTATIVE, DIGEST_COLUMN])
     rows = part.select(column(id_col), column(DIGEST_COLUMN).alias(_ROW_DIGEST))
     joined = rows.join(scored, F.col(_ROW_DIGEST).eqNullSafe(column(DIGEST_COLUMN)), "inner")
     outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN)]

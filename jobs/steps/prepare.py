@@ -198,7 +198,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
             changes = _compare_with_output(run, targets, split, identity.sha256, scoring)
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.reads_text))
-    dedup = decide_dedup(cfg.scoring.dedup, digested, cfg.id_col, scorable_rows, changes.distinct_to_score if changes else None)
+    mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
+    dedup = decide_dedup(mode, digested, cfg.id_col, scorable_rows, changes.distinct_to_score if changes else None)
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     key = run_key({**facts, "chunks": chunks, "dedup": dedup.used})  # staged rows carry the digest when deduplicating
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)

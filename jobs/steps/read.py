@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from lakescore.jobs.config import JobConfig
@@ -25,13 +26,16 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, is_path, last_commit, read_pinned,
+    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.jobs.steps.staging import input_fingerprint, staging_location
-from lakescore.schemas.contracts import FeatureInputContract, TextInputContract, resolve_feature_cols
+from lakescore.schemas.contracts import (
+    PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, TextInputContract, resolve_feature_cols,
+)
 from lakescore.schemas.output import column_types, errors_schema, output_schema
+from lakescore.udfs.generate_options import template_columns, template_parts
 from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter
@@ -50,7 +54,7 @@ class RunContext:
     spark: SparkSession
     source: DataFrame
     input_cols: tuple[str, ...]
-    """The model's input columns: the text column, or the feature columns in the program's order."""
+    """The model's input columns: the text column (or the rendered prompt), or the feature columns in the program's order."""
     spec: ModelSpec
     layout: ScoringLayout
     rows_counter: Optional[RowCounter]
@@ -92,9 +96,13 @@ class Targets:
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     """The worker-side model key for ``cfg``: every ``model.*`` setting the spec has a field of that name for, plus
-    what the spec derives (the task, the feature columns, the weights digest pin in lower case)."""
+    what the spec derives (the task, the feature columns, the weights digest pin in lower case, the task's own
+    settings section, e.g. ``generate``)."""
     pin = cfg.model.expect_sha256
     derived = {"task": cfg.task, "feature_cols": feature_cols, "expect_sha256": pin.lower() if pin else None}
+    section = get_task(cfg.task).options_section
+    if section:
+        derived[section] = cfg.task_options()
     shared = {f.name for f in dataclasses.fields(ModelSpec)} & set(type(cfg.model).model_fields) - set(derived)
     return ModelSpec(**{name: getattr(cfg.model, name) for name in shared}, **derived)
 
@@ -119,7 +127,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
     try:
         source, input_version = read_pinned(spark, cfg.input, cfg.input_format)  # one snapshot for the whole run
-        input_cols = input_columns(cfg, source)
+        source, input_cols = model_input(cfg, source)
     except BaseException:
         worker_start.cancel()
         raise
@@ -208,15 +216,33 @@ def check_paths_writable(run: RunContext) -> None:
             check_writable_path(run.spark, ref, what)
 
 
-def input_columns(cfg: JobConfig, source: DataFrame) -> tuple[str, ...]:
-    """The model's input columns, after checking the input contract on the schema (no compute)."""
+def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
+    """``source`` with the model's input columns, after checking the input contract on the schema (no compute): the
+    text column, the feature columns, or (a prompted task with ``generate.prompt_template``) the rendered prompt,
+    added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`."""
     where = f"input {cfg.input!r}"
+    if cfg.prompt_template:
+        return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
     if cfg.reads_text:
         TextInputContract(cfg.id_col, cfg.text_col).check(source.schema, where)
-        return (cfg.text_col,)
+        return source, (cfg.text_col,)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_col, features).check(source.schema, where)
-    return features
+    return source, features
+
+
+def render_prompts(template: str, id_col: Optional[str], source: DataFrame, where: str) -> DataFrame:
+    """``source`` plus each row's prompt rendered from ``template`` (:data:`~lakescore.schemas.contracts.PROMPT_COLUMN`):
+    its literal text and named columns cast to strings, concatenated; null where a named column is null. Rendering
+    in Spark makes the prompt the model's input everywhere: its digest, dedup, and the errors table's raw input."""
+    PromptInputContract(id_col, template_columns(template)).check(source.schema, where)
+    if PROMPT_COLUMN in source.columns:
+        raise InputContractError(f"{where} has a column named {PROMPT_COLUMN!r}, which lakescore renders prompts into; rename it")
+    parts = [
+        part for literal, name in template_parts(template)
+        for part in ([F.lit(literal)] if literal else []) + ([column(name).cast("string")] if name else [])
+    ]
+    return source.withColumn(PROMPT_COLUMN, F.concat(*parts) if parts else F.lit(""))
 
 
 def storage_refs(cfg: JobConfig) -> tuple[str, ...]:

@@ -106,7 +106,7 @@ def assemble_report(
         previous_delta_version=targets.previous_version,
         validation=validation,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
-        workers=accounting.workers,
+        workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
         spark=session_facts(run.spark),
         started_at=clock.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -114,6 +114,14 @@ def assemble_report(
         versions=software_versions(run.spark.version),
         profile=profile,
     )
+
+
+def _with_token_rate(workers: dict[str, Any], stage_seconds: Optional[float]) -> dict[str, Any]:
+    """``workers`` plus, for a run that generated tokens, ``tokens_per_second``: generated tokens over the scoring
+    stage's wall seconds (what a run's cost per token follows)."""
+    if not workers.get("tokens_out") or not stage_seconds:
+        return workers
+    return {**workers, "tokens_per_second": round(workers["tokens_out"] / stage_seconds, 1)}
 
 
 def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -> RunReport:

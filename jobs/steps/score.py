@@ -26,6 +26,7 @@ from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def score_dataframe(
     input_cols: tuple[str, ...],
     rows_counter: Optional[RowCounter] = None,
     layout: Optional[ScoringLayout] = None,
+    key_col: Optional[str] = None,
 ) -> DataFrame:
     """Lazily score ``df``: columns per :func:`lakescore.schemas.output.scored_schema` (``keep_cols`` as
     they are, e.g. the id; predictions; ``model_sha256``; ``_reason``/``_error``/``_input`` for unscored rows).
@@ -70,7 +72,8 @@ def score_dataframe(
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
     parallelism when the input has fewer partitions, or always over Spark Connect, where
     the input's partitions are unknown), so a one-file input still uses every core.
-    ``rows_counter`` receives each batch's rows (live progress; classic sessions only).
+    ``rows_counter`` receives each batch's rows (live progress; classic sessions only). ``key_col``: the kept
+    column identifying each row, for a task whose runner seeds per-row draws from it (generation's sampling).
 
     With ``resources.scoring`` set and a master that honours resource profiles, the
     scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
@@ -88,6 +91,7 @@ def score_dataframe(
     schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])  # the kept columns' own names
     read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
     passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
+    keyed = get_task(spec.task).input_kind.row_keys and key_col is not None
     scorer = make_scoring_function(
         spec,
         keep_cols=[passed[c] for c in keep_cols],
@@ -96,6 +100,7 @@ def score_dataframe(
         max_tokens=cfg.scoring.max_batch_tokens,
         max_rows=cfg.scoring.max_batch_rows,
         rows_counter=rows_counter,
+        runner_options={"key_col": passed[key_col]} if keyed else None,
     )
     return df.select(*[column(c).alias(passed[c]) for c in read]).mapInArrow(scorer, schema, profile=profile)
 
@@ -143,8 +148,8 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     cfg = run.cfg
     part = plan.scorable if plan.prepared is None else plan.prepared.chunk(chunk)
 
-    def score(df: DataFrame, keep: list[str]) -> DataFrame:
-        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout)
+    def score(df: DataFrame, keep: list[str]) -> DataFrame:  # keep[0]: the row's id (deduplicated: its representative)
+        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=keep[0])
 
     if plan.dedup.used:
         return score_deduplicated(part, score, cfg.id_col, run.input_cols)

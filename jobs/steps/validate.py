@@ -26,16 +26,23 @@ def validate_rows(
     cfg = run.cfg
     if not cfg.validation.enabled or accounting.error_rate > cfg.max_error_rate:
         return None
+    task = get_task(cfg.task)
+    shares = {
+        column: (value, getattr(cfg.validation, option))
+        for option, (column, value) in task.validation_options.items() if getattr(cfg.validation, option) is not None
+    }
     facts = OutputFacts(
         schema=targets.output_schema,
         expected_rows=accounting.output_rows,
-        prediction_columns=tuple(f.name for f in get_task(cfg.task).output_fields),
+        prediction_columns=tuple(f.name for f in task.output_fields if f.name not in task.optional_outputs),
         model_sha256=plan.identity.sha256,
         run_id=plan.run_id,
         user=UserExpectations(
             min_rows=cfg.validation.min_rows,
             value_ranges=dict(cfg.validation.value_ranges),
             max_null_fraction=dict(cfg.validation.max_null_fraction),
+            max_value_share=shares,
         ),
+        value_sets=dict(task.output_value_sets),
     )
     return validate_output(rows, facts).as_dict()

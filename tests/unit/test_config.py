@@ -81,7 +81,7 @@ def test_unknown_top_level_key_from_set():
         ("scoring.max_batch_rows=many", r"scoring.max_batch_rows must be an integer, got 'many'"),
         ("scoring.max_batch_tokens=0", r"scoring.max_batch_tokens must be >= 1, got 0"),
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
-        ("task=summarize", r"task must be one of classify, embed, ner, tabular, got 'summarize'"),
+        ("task=summarize", r"task must be one of classify, embed, ner, tabular, generate, got 'summarize'"),
         ("model.device=tpu", r"model.device must be one of auto, cpu, cuda, got 'tpu'"),
         ("model.dtype=int8", r"model.dtype must be one of float32, bfloat16, float16"),
         ("model.dtype=float16", r"float16 needs a GPU"),

@@ -90,10 +90,13 @@ def test_sweep_flags_are_the_schema_fields_marked_for_it():
     assert _config_flags(args)["model.source"] == "/m" and args.report == "sweep.json"  # sweep's own --report
 
 
-def test_notebook_keywords_are_the_model_and_scoring_fields():
+def test_notebook_keywords_are_the_model_scoring_and_task_fields():
     from lakescore.jobs.api import _OPTIONS, _notebook_config
+    from lakescore.jobs.config import GenerateConfig
 
-    assert set(_OPTIONS) == (set(ModelConfig.model_fields) - {"source"}) | set(ScoringConfig.model_fields)
+    assert set(_OPTIONS) == (set(ModelConfig.model_fields) - {"source"}) | set(ScoringConfig.model_fields) | set(GenerateConfig.model_fields)
+    cfg = _notebook_config("generate", "/m", None, {"max_new_tokens": 5, "choices": ["yes", "no"]}, text_col="prompt")
+    assert cfg.task_options().max_new_tokens == 5 and cfg.task_options().choices == ("yes", "no")
     cfg = _notebook_config("embed", "/m", None, {"device": "auto", "max_seq_length": 64, "max_batch_rows": 8, "cache_dir": "/c"})
     assert (cfg.model.device, cfg.model.max_seq_length, cfg.scoring.max_batch_rows, cfg.model.cache_dir) == ("auto", 64, 8, "/c")
     with pytest.raises(ConfigError, match=r"unknown option 'max_batch_token'; did you mean 'max_batch_tokens'\?"):

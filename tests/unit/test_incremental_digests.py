@@ -24,6 +24,18 @@ def test_the_digest_follows_the_settings_that_change_the_numbers_only():
         assert ScoringSpec.of(dataclasses.replace(spec, **changed), {}).digest != same, changed
 
 
+def test_every_generation_setting_is_in_the_digest():
+    from lakescore.udfs.generate_options import GenerateOptions
+
+    spec = ModelSpec(task="generate", source="/models/llm", generate=GenerateOptions())
+    same = ScoringSpec.of(spec, {}).digest
+    for changed in ({"max_new_tokens": 8}, {"temperature": 0.7}, {"top_p": 0.9}, {"seed": 1}, {"stop": ("\n",)},
+                    {"system_prompt": "Be brief."}, {"chat_template": "never"}, {"truncate": "left"},
+                    {"choices": ("yes", "no")}, {"json_schema": '{"type": "object"}'}, {"prompt_template": "{body}!"}):
+        options = GenerateOptions(**changed)
+        assert ScoringSpec.of(dataclasses.replace(spec, generate=options), {}).digest != same, changed
+
+
 def test_every_model_file_but_weights_and_documents_is_digested(tmp_path):
     (tmp_path / "1_Pooling").mkdir()
     files = {"config.json": "{}", "tokenizer.json": "{}", "vocab.txt": "a\nb", "1_Pooling/config.json": '{"mean": true}',
