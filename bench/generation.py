@@ -128,6 +128,8 @@ class W4Result:
 
     rows: int
     prompt_tokens: str
+    batch_tokens: Optional[int] = None
+    """lakescore's ``scoring.max_batch_tokens`` (``None``: its default)."""
     runs: dict[str, list[W4Run]] = field(default_factory=dict)
     equal: Optional[dict] = None
 
@@ -143,9 +145,12 @@ class W4Result:
         return all(r.ok for runs in self.runs.values() for r in runs)
 
 
-def peer_commands(table: Path, model: Path, run_dir: Path, new_tokens: int = W4_NEW_TOKENS) -> dict[str, list[str]]:
-    """Each W4 peer's command line; its files go under ``run_dir``."""
+def peer_commands(table: Path, model: Path, run_dir: Path, new_tokens: int = W4_NEW_TOKENS,
+                  batch_tokens: Optional[int] = None) -> dict[str, list[str]]:
+    """Each W4 peer's command line (lakescore's token budget ``batch_tokens``, else its default); its files go under
+    ``run_dir``."""
     python = sys.executable
+    budget = ["--set", f"scoring.max_batch_tokens={batch_tokens}"] if batch_tokens else []
     return {
         "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(table),
                       "--output", str(run_dir / "delta"), "--task", "generate", "--model", str(model),
@@ -154,7 +159,7 @@ def peer_commands(table: Path, model: Path, run_dir: Path, new_tokens: int = W4_
                       # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
                       "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
                       "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
-                      "--set", f"model.cache_dir={run_dir / 'model_cache'}"],
+                      "--set", f"model.cache_dir={run_dir / 'model_cache'}", *budget],
         "loop": [python, "-m", "bench.peers.generate_loop", "--input", str(table), "--model", str(model),
                  "--output", str(run_dir / "generated.parquet"), "--timings", str(run_dir / "timings.json"),
                  "--max-new-tokens", str(new_tokens), "--batch", str(LOOP_BATCH)],
@@ -167,18 +172,19 @@ shared 2-core host (other processes runnable) a spinning thread holds a core its
 ``generate`` ran many times slower than with one thread; lakescore's workers run one thread each and never wait so."""
 
 
-def run_w4(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4_ROWS) -> W4Result:
-    """Build W4's model and prompts, run both peers alternately ``repeats`` times each (a line per run), compare
-    the first good outputs row by row."""
+def run_w4(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4_ROWS,
+           batch_tokens: Optional[int] = None) -> W4Result:
+    """Build W4's model and prompts, run both peers alternately ``repeats`` times each (a line per run; lakescore with
+    ``scoring.max_batch_tokens`` = ``batch_tokens`` when given), compare the first good outputs row by row."""
     model = make_w4_model(data_dir / "w4_model")
     table = make_w4_data(data_dir, rows)
-    result = W4Result(rows=rows, prompt_tokens=_prompt_tokens(model, table))
+    result = W4Result(rows=rows, prompt_tokens=_prompt_tokens(model, table), batch_tokens=batch_tokens)
     print(f"W4: {rows:,} prompts ({result.prompt_tokens}), {W4_NEW_TOKENS} new tokens, greedy; model {model}", flush=True)
     for repeat in range(repeats):
         for peer in ("lakescore", "loop"):
             run_dir = runs_dir / f"{W4}-{peer}-{repeat + 1}"
             run_dir.mkdir(parents=True)
-            measured = run_measured(peer_commands(table, model, run_dir)[peer], env={**env, **LOOP_ENV} if peer == "loop" else env, cwd=repo,
+            measured = run_measured(peer_commands(table, model, run_dir, batch_tokens=batch_tokens)[peer], env={**env, **LOOP_ENV} if peer == "loop" else env, cwd=repo,
                                     log_path=run_dir / "process.log")
             written = run_dir / ("report.json" if peer == "lakescore" else "timings.json")
             run = W4Run(measured, json.loads(written.read_text()) if written.is_file() else None)
@@ -224,7 +230,8 @@ def _verdict(ok: bool) -> str:
 def w4_lines(result: W4Result) -> list[str]:
     """The W4 figures and its three targets with met / NOT met."""
     lines = [f"W4 data: {result.rows:,} review prompts ({result.prompt_tokens}), {W4_NEW_TOKENS} new tokens each, greedy; "
-             f"Llama-shaped {MODEL_SHAPE['num_hidden_layers']} x {MODEL_SHAPE['hidden_size']}, float32"]
+             f"Llama-shaped {MODEL_SHAPE['num_hidden_layers']} x {MODEL_SHAPE['hidden_size']}, float32; lakescore's token "
+             f"budget {'its default' if result.batch_tokens is None else result.batch_tokens}"]
     for peer in ("lakescore", "loop"):
         runs, good = result.runs.get(peer, []), result.good(peer)
         if good:

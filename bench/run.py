@@ -17,6 +17,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
+  ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
@@ -88,6 +89,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help=f"W4 prompts [W4_ROWS; default {W4_ROWS:,}]")
     parser.add_argument("--w4-repeats", type=int, default=_env_int("W4_REPEATS", W4_REPEATS),
                         help=f"runs per W4 peer [W4_REPEATS; default {W4_REPEATS}]")
+    parser.add_argument("--w4-batch-tokens", type=int, default=_env_int("W4_BATCH_TOKENS", 0) or None,
+                        help="the W4 lakescore run's scoring.max_batch_tokens [W4_BATCH_TOKENS; default lakescore's]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
@@ -352,7 +355,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     wanted = [w.strip() for w in args.workloads.split(",")]
     w3 = run_w3(data_dir, runs_dir, env, REPO, args.repeats, args.w3_rows) if W3 in wanted else None
     c1 = run_c1(runs_dir / "c1", env, REPO) if C1 in wanted else None
-    w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows) if W4 in wanted else None
+    w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
+               args.w4_batch_tokens) if W4 in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
