@@ -13,14 +13,18 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX);
   ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1`` (F200: the first 200 W1 rows through
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
-  C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes);
+  C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes;
+  W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
+* ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
+  ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
 12,000 W1 rows about 17, W3 about 13 (four 60,000-row runs), the rest the 500-row W1 prefix
 that (b) and (c) are limited to (and (d) runs too), one round of W2 and F200 x 3.
-``make bench WORKLOADS=W1,W2,F200`` leaves W3 and C1 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone.
+``make bench WORKLOADS=W1,W2,F200`` leaves W3, C1 and W4 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone,
+as ``WORKLOADS=W4`` runs W4 alone.
 ``make bench NAIVE_ROWS=12000 REPEATS=1`` compares all peers on the full W1
 instead (about 25 minutes); ``make bench ROWS=48000 NAIVE_ROWS=48000 PEERS=ad
 WORKLOADS=W1 REPEATS=1 BENCH_MD=-`` measures (a) and (d) at a size where
@@ -52,6 +56,7 @@ from bench.report import (
 )
 from bench.fast_path import target_lines
 from bench.classifier import C1, C1Result, c1_lines, run_c1
+from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
@@ -79,8 +84,13 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
     parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeqfk", help="subset of abcdtpeoqfk [PEERS]")
-    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1", help="[WORKLOADS]")
+    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4", help="[WORKLOADS]")
     parser.add_argument("--w3-rows", type=int, default=_env_int("W3_ROWS", W3_ROWS), help=f"W3 rows [W3_ROWS; default {W3_ROWS:,}]")
+    parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help=f"W4 prompts [W4_ROWS; default {W4_ROWS:,}]")
+    parser.add_argument("--w4-repeats", type=int, default=_env_int("W4_REPEATS", W4_REPEATS),
+                        help=f"runs per W4 peer [W4_REPEATS; default {W4_REPEATS}]")
+    parser.add_argument("--w4-batch-tokens", type=int, default=_env_int("W4_BATCH_TOKENS", 0) or None,
+                        help="the W4 lakescore run's scoring.max_batch_tokens [W4_BATCH_TOKENS; default lakescore's]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
@@ -144,13 +154,13 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1):
-                continue  # not a peer on a table: run_w3, run_c1
+            elif workload in (W3, C1, W4):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1})")
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4})")
     return jobs
 
 
@@ -231,6 +241,19 @@ def _c1_section(c1: Optional[C1Result]) -> list[str]:
             *[f"- {line}" for line in c1_lines(c1)], ""]
 
 
+def _w4_section(w4: Optional[W4Result]) -> list[str]:
+    if w4 is None:
+        return []
+    return ["## W4: generation (issue 35)", "",
+            "`bench/generation.py`: a seeded Llama-shaped decoder built from a config (no download), greedy, 32 new tokens "
+            "per review prompt. `lakescore`: `lakescore score --task generate` end to end (Spark `local[*]`, one "
+            "single-threaded Python worker per core); `loop`: `python -m bench.peers.generate_loop`, one process, prompts "
+            "sorted by length, left-padded `model.generate(do_sample=False)` in batches of 32, torch's default threads. "
+            "Alternate runs in one sitting, medians. Tokens/s: generated tokens over lakescore's scoring stage "
+            "(`workers.tokens_out` / `step_seconds.score_stage`) and over the loop's time inside `generate`.", "",
+            *[f"- {line}" for line in w4_lines(w4)], ""]
+
+
 KEPT_SECTIONS = "## Findings that hold across runs"
 """Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
 replaces what is above it and keeps the rest."""
@@ -245,7 +268,7 @@ def _kept_sections(path: Path) -> str:
 
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
-              w3: Optional[W3Result] = None, c1: Optional[C1Result] = None) -> str:
+              w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -302,6 +325,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         "",
         *_w3_section(w3),
         *_c1_section(c1),
+        *_w4_section(w4),
         "## Targets (from the spec; reported, not enforced)",
         "",
         *targets,
@@ -322,7 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     jobs = _jobs(args, paths)
     env = _child_env()
     shutil.rmtree(model_cache_dir(runs_dir / "x"), ignore_errors=True)
-    exported = _export_once(env, args.out, args.peers)
+    exported = _export_once(env, args.out, args.peers if jobs else "")  # W3, C1 and W4 alone need no graph
     if exported is not None:
         facts["ONNX export + int8 quantization (once per host, before the timed runs)"] = f"{exported:.1f} s"
         print(f"ONNX graphs exported in {exported:.1f} s", flush=True)
@@ -331,6 +355,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     wanted = [w.strip() for w in args.workloads.split(",")]
     w3 = run_w3(data_dir, runs_dir, env, REPO, args.repeats, args.w3_rows) if W3 in wanted else None
     c1 = run_c1(runs_dir / "c1", env, REPO) if C1 in wanted else None
+    w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
+               args.w4_batch_tokens) if W4 in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
@@ -340,7 +366,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *w3_lines(w3)]), flush=True)
     if c1 is not None:
         print("\n".join(["", *c1_lines(c1)]), flush=True)
-    document = _markdown(facts, args, described, render(summaries, equivalence, markdown=True), w3, c1)
+    if w4 is not None:
+        print("\n".join(["", *w4_lines(w4)]), flush=True)
+    document = _markdown(facts, args, described, render(summaries, equivalence, markdown=True), w3, c1, w4)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -355,5 +383,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1
-    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1)) else 1
+    ran = results or w3 or c1 or w4
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4)) else 1

@@ -12,7 +12,10 @@ row's result:
   JSON before the pick, and ends the row when the JSON is complete;
 * a row ends at an EOS token, at a stop string (its text cut before the first), or at ``max_new_tokens``.
 
-Rows that end leave the batch at once (their KV cache rows are dropped), so they stop costing compute.
+Rows that end leave the batch at once (their KV cache rows are dropped), so they stop costing compute. A
+decoder's keys and values are written in place into buffers sized for the prompts plus the new tokens
+(:func:`_preallocated_cache`), where transformers' ``DynamicCache`` copies the whole cache into a new tensor at every
+step.
 Refilling the freed slots with waiting prompts (continuous batching) is not faster on CPU, since a decode
 step's cost there already scales with the rows left in it, and merging a new prompt's cache into the running
 one adds copies and left padding; so batches are planned by the core (length-sorted, prompt plus new tokens
@@ -181,10 +184,10 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
     states = decoding.start(keys)
     with torch.inference_mode():
-        start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps
-        logits, step = start(model, ids, mask)
-        active = list(range(len(states)))
         most = decoding.options.max_new_tokens
+        start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps
+        logits, step = start(model, ids, mask, most)
+        active = list(range(len(states)))
         for made in range(1, most + 1):
             tokens = decoding.pick(logits, [states[i] for i in active])
             ended = [decoding.advance(states[i], t, last=made == most) for i, t in zip(active, tokens)]
@@ -212,11 +215,9 @@ def _keeps_last_logits(model) -> dict[str, int]:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
-def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Step]:
+def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, Step]:
     """Prefill a decoder-only model's cache with the prompts; the step that extends it one token a row."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    cache = _preallocated_cache(model.config, ids.shape[1] + new_tokens)
     last = _keeps_last_logits(model)
     out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache, use_cache=True, **last)
     state = {"mask": mask}
@@ -235,7 +236,65 @@ def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.T
     return out.logits[:, -1].float(), step
 
 
-def _seq2seq_steps(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Step]:
+class _PreallocatedLayer:
+    """Mixed into transformers' ``DynamicLayer``: keys and values written in place into buffers sized for the
+    whole decode (prompt width plus new tokens), instead of concatenated into new tensors at every step."""
+
+    def __init__(self, capacity: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        rows, heads, _, _ = key_states.shape
+        self.key_buffer = key_states.new_empty((rows, heads, self.capacity, key_states.shape[-1]))
+        self.value_buffer = value_states.new_empty((rows, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:  # more tokens than planned: grow, as DynamicLayer would
+            self._grow(end)
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def _grow(self, capacity: int) -> None:
+        self.capacity = capacity
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((old.shape[0], old.shape[1], capacity, old.shape[-1]))
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.is_initialized:
+            beam_idx = beam_idx.to(self.device)
+            self.key_buffer = self.key_buffer.index_select(0, beam_idx)
+            self.value_buffer = self.value_buffer.index_select(0, beam_idx)
+            self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+
+def _preallocated_cache(config, capacity: int):
+    """transformers' ``DynamicCache`` for ``config``, its plain full-attention layers written in place into buffers of
+    ``capacity`` tokens (sliding-window and other special layers stay transformers' own)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layer_class = type("PreallocatedDynamicLayer", (_PreallocatedLayer, DynamicLayer), {})
+    cache = DynamicCache(config=config)
+    cache.layers = [layer_class(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def _seq2seq_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, Step]:
     """Encode the prompts once; the decoder steps from the decoder start token, cross-attending to them."""
     from transformers import DynamicCache, EncoderDecoderCache
 

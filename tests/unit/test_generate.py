@@ -307,3 +307,25 @@ def test_columns_follow_the_output_schema(causal_dir):
     assert logprobs.type == pa.list_(pa.field("element", pa.float64(), nullable=False))
     assert len(logprobs.to_pylist()[0]) == 2
     assert head.score(["lakescore preflight"]).shape == (1,)
+
+
+def test_the_preallocated_cache_holds_what_transformers_dynamic_cache_holds():
+    """Written in place (and grown past its planned size, and with rows dropped), a layer returns the keys and values
+    that transformers' own concatenating cache returns."""
+    from transformers import DynamicCache, LlamaConfig
+
+    from lakescore.udfs.decoding import _preallocated_cache
+
+    config = LlamaConfig(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1)
+    ours, theirs = _preallocated_cache(config, capacity=4), DynamicCache(config=config)
+    generator = torch.Generator().manual_seed(0)
+    for step, tokens in enumerate((3, 1, 1, 1)):
+        if step == 2:
+            for cache in (ours, theirs):
+                cache.reorder_cache(torch.tensor([2, 0]))
+        rows = 3 if step < 2 else 2
+        keys, values = (torch.randn(rows, 1, tokens, 8, generator=generator) for _ in range(2))
+        got, expected = ours.update(keys, values, 0), theirs.update(keys, values, 0)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        assert ours.get_seq_length() == theirs.get_seq_length()
+    assert ours.layers[0].capacity == 6  # grown by the last step
