@@ -270,7 +270,8 @@ class ScoringConfig(_Section):
     """How rows are cut into model batches and spread over tasks."""
 
     max_batch_tokens: Optional[int] = Field(None, ge=1)
-    """Padded tokens per forward batch (rows x longest row); default per device (cpu 1024)."""
+    """Padded tokens per forward batch (rows x longest row); default per device (cpu 1024; ``generate`` on cpu 8192,
+    counting each row's prompt plus ``generate.max_new_tokens``)."""
     max_batch_rows: int = Field(256, ge=1)
     """Rows per forward batch at most, however short they are."""
     arrow_max_records_per_batch: int = Field(4096, ge=1, json_schema_extra=_JOB_ONLY)

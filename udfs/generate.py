@@ -69,6 +69,16 @@ class Generator:
     """
 
     padding_side = "left"
+    MAX_TOKENS_CPU = 8192
+    """The CPU token budget when ``scoring.max_batch_tokens`` is unset. A row costs its prompt plus its new tokens,
+    and decode steps over a few rows leave a CPU's matrix units idle, so generation wants batches an encoder's budget
+    would cut small (bench W4 in BENCHMARKS.md)."""
+
+    def default_max_tokens(self, device: str) -> int:
+        """This head's token budget on ``device`` when none is configured."""
+        from lakescore.udfs.batching import default_max_tokens
+
+        return self.MAX_TOKENS_CPU if device.split(":")[0] == "cpu" else default_max_tokens(device)
 
     def __init__(self, model, tokenizer, options: GenerateOptions, context: Optional[int], output_types) -> None:
         from lakescore.udfs.decoding import Decoding

@@ -82,7 +82,8 @@ def make_scoring_function(
     Each batch is prepared (tokenized, or converted to a float matrix) in a
     background thread while the model runs on the previous one, scored in
     batches of at most ``max_tokens`` padded tokens (default: per the device the
-    worker resolved, :func:`~lakescore.udfs.batching.default_max_tokens`) and ``max_rows``
+    worker resolved, :func:`~lakescore.udfs.batching.default_max_tokens`, or the head's own
+    ``default_max_tokens(device)`` where it has one) and ``max_rows``
     rows (:mod:`lakescore.udfs.batching`), and returned in input order. Each batch's rows are
     added to ``rows_counter`` when one is given (live progress). ``runner_options`` go to the input kind's runner
     (:mod:`lakescore.udfs.runners`; the image runner's pixel limits). A model that fails to load, or
@@ -164,7 +165,8 @@ def score_batches(
         return
     model, resolved, loads = _model_for_this_worker(spec)
     runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols), **(runner_options or {}))
-    budget = AdaptiveBudget(BatchPolicy(max_tokens or default_max_tokens(resolved.device), max_rows))
+    default = getattr(model.scorer, "default_max_tokens", default_max_tokens)  # a head may plan its own batches
+    budget = AdaptiveBudget(BatchPolicy(max_tokens or default(resolved.device), max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
         if batch.num_rows == 0:
             yield batch, None
