@@ -212,3 +212,10 @@ def test_image_tasks_read_image_col_and_a_folder_needs_no_columns():
         load_config(flags={**base, "task": "embed", "scoring.max_image_pixels": 10**6})
     with pytest.raises(ConfigError, match=r"^input_format images is for task image_classify, image_embed, not 'embed'$"):
         load_config(flags={**base, "task": "embed", "input_format": "images"})
+
+
+def test_lossy_precision_is_refused_where_no_tolerance_check_runs():
+    for task, extra in (("image_classify", {}), ("tabular", {"feature_cols": ["a"]})):
+        with pytest.raises(ConfigError, match=f"bfloat16 is checked against float32 .* task '{task}' runs float32"):
+            config_from_mapping({"task": task, "model": {"dtype": "bfloat16"}, **extra})
+    assert config_from_mapping({"task": "generate", "model": {"dtype": "bfloat16"}}).model.dtype == "bfloat16"
