@@ -584,8 +584,8 @@ class JobConfig(_Section):
                 "scoring.dedup on scores one row per distinct input, but sampled generation (generate.temperature > 0) "
                 "draws each row's text on its own; use dedup auto or off, or temperature 0"
             )
-        reduced = self.model.quantize if self.model.quantize != "none" else (None if self.model.dtype == "float32" else self.model.dtype)
-        if reduced and not task.input_kind.is_text:  # a lossy path runs only where its tolerance check does
+        reduced = self.model.quantize if self.model.quantize != "none" else self.model.dtype
+        if reduced != "float32" and not task.input_kind.is_text:  # a lossy path runs only where its tolerance check does
             raise ConfigError(
                 f"{reduced} is checked against float32 on a sample of the input before a run scores, which lakescore "
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
