@@ -98,7 +98,8 @@ def test_packaged_job_runs_on_a_standalone_cluster_with_sparks_own_daemon(tmp_pa
         while run.proc.poll() is None:
             procs = procs_now()
             for pid in descendants(run.proc.pid, procs) | descendants(worker.pid, procs):
-                seen.setdefault(pid, procs[pid][1])
+                # the latest command line: a JVM's child is first seen as jspawnhelper, before it execs the executor
+                seen[pid] = procs[pid][1]
             time.sleep(0.2)
         code = run.wait()
         assert code == 0, run.text()[-4000:]
