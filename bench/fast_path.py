@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-__all__ = ["FIXED_WORKLOAD", "FAST_TARGETS", "fast_path_lines", "cosine_lines", "target_lines"]
+__all__ = ["FIXED_WORKLOAD", "FAST_TARGETS", "fast_path_lines", "cosine_lines", "target_lines", "verdict"]
 
 FIXED_WORKLOAD = "F200"
 """The first 200 W1 rows through (d): a run's cost besides scoring."""
@@ -33,7 +33,8 @@ _BACKENDS = {"d": "torch float32", "o": "ONNX float32", "q": "ONNX int8", "k": "
              "e": "plain ORT int8 loop", "f": "plain torch bfloat16 loop"}
 
 
-def _verdict(ok: Optional[bool]) -> str:
+def verdict(ok: Optional[bool]) -> str:
+    """A target's outcome as the bench prints it: ``met``, ``NOT met``, or ``-`` when it could not be measured."""
     return "-" if ok is None else "met" if ok else "NOT met"
 
 
@@ -52,18 +53,18 @@ def fast_path_lines(summaries: Sequence) -> list[str]:
                 ratio = fastest.median / peer.median
                 same = " (the plain loop on its backend and precision)" if name == "fastest/e" else ""
                 lines.append(f"W1 fastest lakescore config ({key}: {_BACKENDS[key]}) / ({other}){same} = {ratio:.2f}   "
-                             f"target >= {FAST_TARGETS[name]:g}: {_verdict(ratio >= FAST_TARGETS[name])}")
+                             f"target >= {FAST_TARGETS[name]:g}: {verdict(ratio >= FAST_TARGETS[name])}")
     c = by.get(("W2", "c"))
     for key in LAKESCORE_PEERS[1:]:
         mine = by.get(("W2", key))
         if c is not None and mine is not None and c.median and mine.median:
-            lines.append(f"W2 {key}/c = {mine.median / c.median:.2f}   target >= 1: {_verdict(mine.median >= c.median)}")
+            lines.append(f"W2 {key}/c = {mine.median / c.median:.2f}   target >= 1: {verdict(mine.median >= c.median)}")
     for key in LAKESCORE_PEERS:
         s = by.get(("W1", key))
         if s is not None and s.peak_rss_mib:
             limit = FAST_TARGETS["peak_rss_mib"]
             lines.append(f"W1 ({key}) {_BACKENDS[key]} peak RSS (whole process tree) {s.peak_rss_mib:.0f} MiB   "
-                         f"target <= {limit:.0f} MiB: {_verdict(s.peak_rss_mib <= limit)}")
+                         f"target <= {limit:.0f} MiB: {verdict(s.peak_rss_mib <= limit)}")
     return lines + _fixed_lines(by)
 
 
@@ -75,7 +76,7 @@ def _fixed_lines(by: dict) -> list[str]:
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in fixed.step_seconds.items() if k != "in_job")
     return [f"{FIXED_WORKLOAD} fixed cost of a run ((d) on {fixed.job.rows} rows, median wall {fixed.wall_seconds:.1f} s "
             f"less its scoring stage): {outside:.1f} s   target <= {FAST_TARGETS['fixed_seconds']:g} s: "
-            f"{_verdict(outside <= FAST_TARGETS['fixed_seconds'])}; steps: {steps}"]
+            f"{verdict(outside <= FAST_TARGETS['fixed_seconds'])}; steps: {steps}"]
 
 
 def cosine_lines(equivalence: dict, exact_target: float) -> list[str]:
@@ -91,7 +92,7 @@ def cosine_lines(equivalence: dict, exact_target: float) -> list[str]:
             f"cosine to float32 (W1, ({key}) {_BACKENDS[key]} vs (a), per review_id): min {_fmt(found.get('min_cosine'))}, "
             f"1st percentile {_fmt(found.get('p1_cosine'))} over {found.get('matched')} matched rows; missing "
             f"{found.get('missing_in_b')}, extra {found.get('missing_in_a')}   target {figure} >= {target}: "
-            f"{_verdict(None if value is None else value >= target)}"
+            f"{verdict(None if value is None else value >= target)}"
         )
     return lines
 

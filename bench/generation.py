@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from bench import data
 from bench.equivalence import delta_files
+from bench.fast_path import verdict
 from bench.proctree import Measurement, run_measured
 
 __all__ = [
@@ -225,10 +226,6 @@ def compare_texts(delta: Path, loop: Path) -> dict:
             "tokens_lakescore": int(ours["completion_tokens"].sum()), "tokens_loop": int(theirs["completion_tokens"].sum())}
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def w4_lines(result: W4Result) -> list[str]:
     """The W4 figures and its three targets with met / NOT met."""
     lines = [f"W4 data: {result.rows:,} review prompts ({result.prompt_tokens}), {W4_NEW_TOKENS} new tokens each, greedy; "
@@ -259,11 +256,11 @@ def w4_lines(result: W4Result) -> list[str]:
     ours, theirs = result.median("lakescore", "rate"), result.median("loop", "rate")
     if ours and theirs:
         lines.append(f"W4 generated tokens/s, lakescore's scoring stage vs the loop's generate: {ours:.1f} vs {theirs:.1f} = "
-                     f"{ours / theirs:.2f}x   target >= {STAGE_TARGET:g}x: {_verdict(ours / theirs >= STAGE_TARGET)}")
+                     f"{ours / theirs:.2f}x   target >= {STAGE_TARGET:g}x: {verdict(ours / theirs >= STAGE_TARGET)}")
     ours, theirs = result.median("lakescore", "wall"), result.median("loop", "wall")
     if ours and theirs:
         lines.append(f"W4 whole process, loop's wall time over lakescore's: {theirs:.1f} / {ours:.1f} s = {theirs / ours:.2f}x   "
-                     f"target >= {WHOLE_TARGET:g}x: {_verdict(theirs / ours >= WHOLE_TARGET)}")
+                     f"target >= {WHOLE_TARGET:g}x: {verdict(theirs / ours >= WHOLE_TARGET)}")
     eq = result.equal
     if eq:
         share = eq["equal"] / max(1, eq["matched"])
@@ -271,5 +268,5 @@ def w4_lines(result: W4Result) -> list[str]:
         lines.append(f"W4 greedy outputs, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same text "
                      f"({share:.2%}); {eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra; completion "
                      f"tokens {eq['tokens_lakescore']:,} vs {eq['tokens_loop']:,}   target >= {EQUAL_TARGET:.0%} and nothing "
-                     f"missing: {_verdict(share >= EQUAL_TARGET and complete)}")
+                     f"missing: {verdict(share >= EQUAL_TARGET and complete)}")
     return lines

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from bench import data
 from bench.delta_export import read_delta
 from bench.equivalence import delta_files, min_cosine
+from bench.fast_path import verdict
 from bench.proctree import Measurement, run_measured
 from bench.suite import PEERS, peer_command
 
@@ -158,10 +159,6 @@ def compare_outputs(incremental: Path, rescore: Path) -> dict:
     return found
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def w3_lines(result: W3Result) -> list[str]:
     """The W3 figures and every issue-12 target with met / NOT met."""
     lines = [f"W3 data: {result.rows:,} reviews, {result.repetition}; the next night's table: {result.changed_rows:,} "
@@ -187,7 +184,7 @@ def w3_lines(result: W3Result) -> list[str]:
     if incremental and rescore:
         ratio = rescore / incremental
         lines.append(f"W3 incremental vs full rescore of the changed table: {ratio:.2f}x faster end to end   "
-                     f"target >= {SPEEDUP_TARGET:g}: {_verdict(ratio >= SPEEDUP_TARGET)}")
+                     f"target >= {SPEEDUP_TARGET:g}: {verdict(ratio >= SPEEDUP_TARGET)}")
     eq = result.equivalence
     if eq:
         same = eq["missing_in_a"] == 0 and eq["missing_in_b"] == 0 and len(eq["model_sha256"]) == 1
@@ -195,7 +192,7 @@ def w3_lines(result: W3Result) -> list[str]:
         lines.append(f"W3 incremental output vs rescore: {eq['matched']:,} ids matched, {eq['missing_in_a']} missing, "
                      f"{eq['missing_in_b']} extra, model_sha256 {'one and the same' if len(eq['model_sha256']) == 1 else eq['model_sha256']}, "
                      f"min per-id cosine {cosine:.7f}   target >= {COSINE_TARGET} and nothing missing or extra: "
-                     f"{_verdict(same and cosine is not None and cosine >= COSINE_TARGET)}")
+                     f"{verdict(same and cosine is not None and cosine >= COSINE_TARGET)}")
     full = result.report("full")
     if full and full.get("dedup"):
         dedup = full["dedup"]
@@ -204,7 +201,7 @@ def w3_lines(result: W3Result) -> list[str]:
         lines.append(f"W3 full run, dedup {dedup.get('mode')}: used={dedup.get('used')} (sample {dedup.get('sample_rows')} "
                      f"rows, {dedup.get('sample_distinct')} distinct); forward passes {passes:,} for "
                      f"{result.distinct_texts:,} distinct texts ({saved:,} saved)   target = distinct texts: "
-                     f"{_verdict(passes == result.distinct_texts)}")
+                     f"{verdict(passes == result.distinct_texts)}")
     on, off = result.median_wall("full"), result.median_wall("full-nodedup")
     if on and off:
         share = 1 - result.distinct_texts / result.rows
@@ -213,9 +210,9 @@ def w3_lines(result: W3Result) -> list[str]:
         gain = 1 - on / off
         lines.append(f"W3 dedup on vs off, end to end: {gain:.1%} less wall time; repetition share (1 - distinct / rows) "
                      f"{share:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it ({DEDUP_SHARE_OF_REPETITION * share:.1%}): "
-                     f"{_verdict(gain >= DEDUP_SHARE_OF_REPETITION * share)}")
+                     f"{verdict(gain >= DEDUP_SHARE_OF_REPETITION * share)}")
     scans = [r.get("input_scans") for _, r in result.runs.get("full", []) + result.runs.get("incremental", []) if r]
     if scans:
         lines.append(f"W3 input scans per run (report's input_scans, full and incremental runs): {sorted(set(scans))}   "
-                     f"target 1: {_verdict(all(s == 1 for s in scans))}")
+                     f"target 1: {verdict(all(s == 1 for s in scans))}")
     return lines
