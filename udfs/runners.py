@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +78,19 @@ def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFa
     return texts, refused
 
 
+def refuse_untokenizable(texts: list[Optional[str]], refused: dict[int, RowFailure], tokenize_one: Callable[[int], Any]) -> None:
+    """Try ``tokenize_one(i)`` on each present text alone; one that raises becomes ``None`` in ``texts`` and a
+    ``prepare_error`` in ``refused``, so the batch can be tokenized again without it."""
+    for i, text in enumerate(texts):
+        if text is None:
+            continue
+        try:
+            tokenize_one(i)
+        except Exception as exc:
+            texts[i] = None
+            refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], text)
+
+
 def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
     """``scored`` with each refused row's own reason and error (they were scored as null inputs)."""
     for i, failure in refused.items():
@@ -97,19 +110,9 @@ class TextRunner:
         try:
             features = tokenize_present(texts, self.head)
         except Exception:  # one text the tokenizer rejects: find it, keep its neighbours
-            self._refuse_untokenizable(texts, refused)
+            refuse_untokenizable(texts, refused, lambda i: tokenize_present([texts[i]], self.head))
             features = tokenize_present(texts, self.head)
         return PreparedTexts(texts, features, refused)
-
-    def _refuse_untokenizable(self, texts: list[Optional[str]], refused: dict[int, RowFailure]) -> None:
-        for i, text in enumerate(texts):
-            if text is None:
-                continue
-            try:
-                tokenize_present([text], self.head)
-            except Exception as exc:
-                texts[i] = None
-                refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], text)
 
     def score(self, prepared: PreparedTexts, budget: AdaptiveBudget) -> Scored:
         return _refuse(score_texts(prepared.texts, self.head, budget, prepared.features), prepared.refused)
@@ -170,12 +173,7 @@ class PromptRunner:
         try:
             features = self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
         except Exception:  # one prompt the tokenizer (or chat template) rejects: find it, keep its neighbours
-            for i in present:
-                try:
-                    self.head.tokenize([prompts[i]], [keys[i]])
-                except Exception as exc:
-                    refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], prompts[i])
-                    prompts[i] = None
+            refuse_untokenizable(prompts, refused, lambda i: self.head.tokenize([prompts[i]], [keys[i]]))
             present = [i for i in present if prompts[i] is not None]
             features = self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
         return PreparedPrompts(prompts, keys, features, refused)

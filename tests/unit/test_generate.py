@@ -329,3 +329,27 @@ def test_the_preallocated_cache_holds_what_transformers_dynamic_cache_holds():
         assert all(torch.equal(a, b) for a, b in zip(got, expected))
         assert ours.get_seq_length() == theirs.get_seq_length()
     assert ours.layers[0].capacity == 6  # grown by the last step
+
+
+def test_a_prompt_the_chat_template_rejects_is_refused_and_its_batch_generates(tmp_path):
+    """The runner's prepare step: one prompt whose chat template raises is ``prepare_error``; its neighbours are
+    generated as they would be without it, and keep their own keys."""
+    from lakescore.udfs.batching import AdaptiveBudget
+    from lakescore.udfs.runners import PromptRunner
+
+    tokenizer = train_tokenizer("bos")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if '#' in m['content'] %}{{ raise_exception('no # here') }}{% endif %}"
+        "{{ m['content'] }}\n{% endfor %}"
+    )
+    head = load(save_causal(tmp_path / "m", tokenizer), max_new_tokens=4)
+    runner = PromptRunner(head, ["prompt"], key_col="id")
+    batch = pa.record_batch({"prompt": ["good food", "bad # room", None, "slow"], "id": [1, 2, 3, 4]})
+    prepared = runner.prepare(batch)
+    scored = runner.score(prepared, AdaptiveBudget(BatchPolicy(1024, 256)))
+    assert scored.reasons == [None, "prepare_error", "null_input", None]
+    assert "no # here" in scored.errors[1]
+    assert runner.raw_inputs(prepared, scored)[1] == "bad # room"
+    assert prepared.keys == ["1", "2", "3", "4"]
+    alone = score_prompts(["good food", "slow"], head, BatchPolicy(1024, 256))
+    assert [scored.outputs[i].token_ids for i in (0, 3)] == [o.token_ids for o in alone.outputs]
