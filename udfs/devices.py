@@ -14,7 +14,9 @@ import os
 import sys
 from typing import Optional
 
-__all__ = ["resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address", "task_cpus", "to_device"]
+__all__ = [
+    "resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address", "task_cpus", "bound_tokenizer_threads", "to_device",
+]
 
 log = logging.getLogger(__name__)
 # torch is imported where a function needs it: a worker on the ONNX backend never pays its import
@@ -82,6 +84,13 @@ def task_cpus(context=None) -> int:
         context = TaskContext.get()
     cpus = context.cpus() if context is not None else None
     return int(cpus) if cpus else len(os.sched_getaffinity(0))
+
+
+def bound_tokenizer_threads(cpus: int) -> None:
+    """Size the Rust tokenizers' thread pool of this process to ``cpus`` (``RAYON_NUM_THREADS``), unless it is set
+    already. Effective only before the process first tokenizes a batch: the pool is created then, as wide as the
+    host, so several single-CPU tasks on one executor would each run a host-wide pool."""
+    os.environ.setdefault("RAYON_NUM_THREADS", str(int(cpus)))
 
 
 def to_device(value, device):

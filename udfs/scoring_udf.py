@@ -307,23 +307,25 @@ def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), the spec it loaded (the
     device and dtype as they run here: float16 on a CPU runs float32), and 1 when this call loaded it (0: it was
     cached)."""
-    from lakescore.udfs.devices import effective_dtype, resolve_device  # torch: workers only, not the driver
+    from lakescore.udfs.devices import bound_tokenizer_threads, effective_dtype, resolve_device  # torch: workers only
 
     device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
+    context = TaskContext.get()
+    cpus = context.cpus() if context is not None else None
+    if cpus:
+        bound_tokenizer_threads(cpus)  # before anything in this process tokenizes: the pool is sized once
     model, loaded_now = get_model(spec)
-    _limit_torch_threads_to_task_cpus()
+    _limit_torch_threads(cpus)
     return model, spec, int(loaded_now)
 
 
-def _limit_torch_threads_to_task_cpus() -> None:
+def _limit_torch_threads(cpus: Optional[int]) -> None:
     """One torch thread per CPU Spark gave this task, so concurrent tasks do not oversubscribe cores.
 
     Only where torch is loaded already: a worker on the ONNX backend never imports it (its
     sessions take their threads from the task when created, :func:`lakescore.udfs.backends.load_forward`).
     """
     torch = sys.modules.get("torch")
-    context = TaskContext.get()
-    cpus = context.cpus() if context is not None else None
     if torch is not None and cpus and torch.get_num_threads() != cpus:
         torch.set_num_threads(cpus)

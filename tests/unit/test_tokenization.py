@@ -7,6 +7,10 @@ lower-casing, byte-level BPE, Unigram, left padding), rows longer than the limit
 numpy (ONNX Runtime) or torch (on the model's device); both must give the same vectors.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -73,3 +77,30 @@ def test_pooling_in_torch_equals_pooling_in_numpy(padding_side):
     pooled = pool(torch.from_numpy(tokens), torch.from_numpy(mask.astype(np.int64)), modes)
     assert isinstance(pooled, torch.Tensor) and pooled.dtype == torch.float32
     np.testing.assert_allclose(pooled.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+_COUNT_TOKENIZER_THREADS = """
+import os, sys
+from tokenizers import Tokenizer  # the pool is the Rust library's; transformers' import would only add seconds
+from lakescore.udfs.devices import bound_tokenizer_threads
+if sys.argv[2] != "host":
+    bound_tokenizer_threads(int(sys.argv[2]))
+tokenizer = Tokenizer.from_file(os.path.join(sys.argv[1], "tokenizer.json"))
+before = len(os.listdir("/proc/self/task"))
+tokenizer.encode_batch(["the battery lasts two days and the screen is bright"] * 4000)
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and /proc")
+def test_the_tokenizer_pool_is_bounded_by_the_task_cpus(minilm_dir):
+    """A worker bounds the Rust tokenizer's pool to its task's CPUs before it first tokenizes; unbounded, the pool
+    is as wide as the host (each run in a fresh process: the pool is created once per process)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+
+    def threads_started(cpus: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _COUNT_TOKENIZER_THREADS, str(minilm_dir), cpus],
+                             env=env, capture_output=True, text=True, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert threads_started("1") <= 1 < threads_started("host")
