@@ -76,9 +76,14 @@ def chunk_column(id_col: str, chunks: int):
     return F.pmod(F.xxhash64(column(id_col)), F.lit(chunks)).cast("int")
 
 
-def input_fingerprint(df: DataFrame) -> str:
-    """A digest of the files behind ``df`` (for Delta: the files of the version read)."""
-    files = sorted(df.inputFiles())
+def input_fingerprint(df: DataFrame, file_stats: bool = False) -> str:
+    """A digest of the files behind ``df`` (for Delta: the files of the version read); with ``file_stats`` (``df`` is
+    a ``binaryFile`` listing), of each file's modification time and length too, read from the listing (no file is
+    read), because a file replaced in a folder keeps its name."""
+    if file_stats:
+        files = sorted(f"{r[0]}\t{r[1]}\t{r[2]}" for r in df.select("path", "modificationTime", "length").collect())
+    else:
+        files = sorted(df.inputFiles())
     return hashlib.sha256("\n".join(files).encode("utf-8")).hexdigest()
 
 

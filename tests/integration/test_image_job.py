@@ -165,3 +165,26 @@ def test_a_folder_of_images_killed_resumed_then_incremental_after_a_file_is_repl
     second = _by_file(spark, output, root)
     assert all(second[n] == first[n] for n in names if n != "nested/two.PNG")
     assert np.abs(np.array(second["nested/two.PNG"]) - _own_scores("image_embed", clip_dir, [files["nested/two.PNG"]])[0]).max() < 1e-5
+
+
+def test_a_folder_runs_key_changes_when_a_file_is_replaced_under_its_name(spark, tmp_path):
+    """A folder run's staging key covers each file's modification time and length, not only its name: a file replaced
+    between a killed run and its rerun is scored again, never taken from the killed run's chunks."""
+    import os
+
+    from lakescore.jobs.platform.tables import read_files
+    from lakescore.jobs.steps.staging import input_fingerprint
+
+    root = tmp_path / "photos"
+    files = _folder(root)
+
+    def key() -> str:
+        return input_fingerprint(read_files(spark, str(root), ("jpg", "png", "webp", "gif", "bmp", "tiff"))[0], file_stats=True)
+
+    before = key()
+    assert key() == before  # the same files: the same key
+    target = root / "one.jpg"
+    stat = target.stat()
+    target.write_bytes(bytes(reversed(files["one.jpg"])))  # same name, same length, other bytes, a later time
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+    assert key() != before
