@@ -14,6 +14,11 @@ For each model and dtype it prints, as JSON lines:
   lakescore's forward (inputs to the GPU, forward, token states back, pooling), output Arrow arrays;
 * ``cosine``: per-row cosine of float16 / bfloat16 outputs to float32 (1st percentile, minimum).
 
+``--null-forward`` needs no GPU: the same stage on the CPU with the model's forward replaced by one that returns
+zeros at once, one CPU (one torch thread, the tokenizer's pool bounded to one thread, as a one-CPU Spark task runs):
+the host pipeline's ceiling in rows/s per core (decoding, tokenizing, planning batches, output Arrow arrays). A
+GPU stage cannot run faster per host core than this.
+
 ``--oom`` runs an oversized token budget on a BERT-large-shaped seeded model and records the back-off:
 halvings, seconds, and the outputs against a run at the default budget.
 
@@ -21,6 +26,7 @@ Nothing here asserts; the figures go to BENCHMARKS.md by hand, with the device n
 torch, transformers, pyarrow and the pyspark Python package (no JVM needed) and ``lakescore`` importable::
 
     python -m bench.gpu --minilm DIR [--rows 30000] [--oom-rows 16384]
+    python -m bench.gpu --minilm DIR --null-forward     # any machine: the host pipeline's ceiling per core
 """
 
 from __future__ import annotations
@@ -214,6 +220,32 @@ def measure(model_dir: Path, label: str, texts: list[str], dtypes: list[str], ma
         torch.cuda.empty_cache()
 
 
+def host_ceiling(model_dir: Path, label: str, texts: list[str], rows_per_batch: int, pooling: Optional[str]) -> None:
+    """The stage on one CPU with a forward that returns zeros at once: rows/s per core of everything but the model."""
+    import torch
+
+    from lakescore.udfs import model_cache
+    from lakescore.udfs.batching import default_max_tokens
+    from lakescore.udfs.model_source import ModelSpec
+
+    global DEVICE
+    DEVICE = "cpu"
+    torch.set_num_threads(1)
+    batches = _arrow_batches(texts, rows_per_batch)
+    spec = ModelSpec(task="embed", source=str(model_dir), device="cpu", pooling=pooling)
+    model, _ = model_cache.get_model(spec)
+    width = model.scorer.score(["a"]).shape[1]
+    model.scorer._forward = lambda features, reduce=None: np.zeros((len(features["input_ids"]), width), np.float32)
+    max_tokens = default_max_tokens("cuda")  # the batches a GPU stage plans
+    for max_rows in (256, 4096):
+        seconds, outcomes = run_stage(spec, batches, max_tokens, max_rows)
+        parts = run_parts(spec, batches, max_tokens, max_rows, with_transformers=False)
+        _emit({"model": label, "null_forward": True, "rows": len(texts), "max_batch_tokens": max_tokens,
+               "max_batch_rows": max_rows, "host_rows_per_s_per_core": len(texts) / seconds, "stage_s": seconds,
+               "parts_s": parts, "unscored": sum(r is not None for o in outcomes for r in o.reasons)})
+    model_cache.clear()
+
+
 def oom_backoff(model_dir: Path, texts: list[str], rows: int) -> None:
     """An oversized budget on one Arrow batch of long rows: the halvings, the seconds, and the outputs against the
     default budget's."""
@@ -269,10 +301,10 @@ def environment() -> dict[str, Any]:
     import torch
     import transformers
 
-    props = torch.cuda.get_device_properties(0)
+    props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
     return {
-        "tokenizer_threads": os.environ.get("RAYON_RS_NUM_CPUS", "all"),
-        "gpu": props.name, "gpu_mib": props.total_memory / 2**20, "torch": torch.__version__,
+        "tokenizer_threads": os.environ.get("RAYON_NUM_THREADS", "all"),
+        "gpu": props and props.name, "gpu_mib": props and props.total_memory / 2**20, "torch": torch.__version__,
         "transformers": transformers.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
     }
@@ -289,7 +321,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--oom-rows", type=int, default=0, help="rows of the back-off run (0: skip)")
+    parser.add_argument("--null-forward", action="store_true", help="no GPU: the host pipeline's ceiling per CPU core")
     args = parser.parse_args(argv)
+    if args.null_forward:
+        os.environ["RAYON_NUM_THREADS"] = "1"  # before the first tokenization: the pool of a one-CPU task
 
     import transformers
 
@@ -298,6 +333,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     texts = list(review_bodies(args.rows))
     dtypes = args.dtypes.split(",")
     max_rows = [int(v) for v in args.max_rows.split(",")]
+    if args.null_forward:
+        args.work.mkdir(parents=True, exist_ok=True)
+        host_ceiling(args.minilm, "all-MiniLM-L6-v2", texts, args.arrow_rows, None)
+        base = seeded_model(args.work / "bert-base-seeded", args.minilm, hidden_size=768, num_hidden_layers=12,
+                            num_attention_heads=12, intermediate_size=3072)
+        host_ceiling(base, "bert-base shape, seeded", texts, args.arrow_rows, "mean")
+        return
     if not args.skip_minilm:
         measure(args.minilm, "all-MiniLM-L6-v2", texts, dtypes, max_rows, args.arrow_rows, None)
     args.work.mkdir(parents=True, exist_ok=True)
