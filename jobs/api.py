@@ -89,6 +89,8 @@ def transform(
     other weights than ``expect_sha256``), all before any Spark job runs.
     """
     cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, image_col=image_col, id_col=id_col)
+    if len(cfg.id_cols) > 1:
+        raise ConfigError(f"transform keeps one id column, got {list(cfg.id_cols)}; omit id_col to keep every column")
     kind = get_task(task).input_kind
     if kind.one_column and not cfg.input_col:
         raise ConfigError(f"task {task!r} reads {kind.name}: pass {kind.column_setting}")

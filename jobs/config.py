@@ -98,6 +98,26 @@ def _items(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _id_columns(value: Any) -> Any:
+    """One id column stays a string; several (a YAML list, ``--id-col user_id,item_id``, the API's list) a tuple. A
+    comma cannot be in a column name Delta stores, so splitting on it is unambiguous."""
+    if isinstance(value, str) and "," in value:
+        value = _items(value)
+    if isinstance(value, list):
+        value = tuple(_text(v) for v in value)
+    return value[0] if isinstance(value, tuple) and len(value) == 1 else value
+
+
+def _id_columns_problem(value: Any) -> Optional[str]:
+    if isinstance(value, tuple):
+        if not value:
+            return "must name at least one column"
+        repeated = sorted({c for c in value if value.count(c) > 1})
+        if repeated:
+            return f"names {repeated[0]!r} twice"
+    return None
+
+
 def _string_keys(value: Any) -> Any:
     return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else value
 
@@ -142,6 +162,10 @@ def _checked(check: typing.Callable[[Any], Optional[str]]) -> AfterValidator:
         return value
 
     return AfterValidator(validate)
+
+
+IdColumns = Annotated[typing.Union[Text, tuple[Text, ...]], BeforeValidator(_id_columns), _checked(_id_columns_problem)]
+"""An id: one column's name, or a list of names that together identify a row (composite id)."""
 
 
 def _cli(flag: str, metavar: Optional[str] = None, sweep: bool = False) -> dict[str, Any]:
@@ -473,6 +497,34 @@ class WriteConfig(_Section):
         return self
 
 
+class RankConfig(_Section):
+    """Top-K per key: after scoring and before validation, keep the best ``top_k`` scored rows of each ``partition_by``
+    key, best first by ``order_by``, numbered in a ``rank`` column (1 = best; equal values go to the smallest id). Rows
+    ranked out are counted in the report (``ranked_out``), not written. Off unless ``top_k`` is set."""
+
+    partition_by: Names = ()
+    """The input columns whose values make a key, e.g. ``[user_id]`` (copied to the output after the id columns)."""
+    order_by: Optional[Text] = None
+    """The task's output column the rows of a key are ranked by, e.g. ``score`` or ``prediction``."""
+    descending: bool = True
+    """Rank the largest ``order_by`` first (``false``: the smallest)."""
+    top_k: Optional[int] = Field(None, ge=1)
+    """Rows kept per key."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.top_k is not None
+
+    @model_validator(mode="after")
+    def _complete(self) -> "RankConfig":
+        given = sorted(self.model_fields_set)
+        missing = [key for key, value in (("partition_by", self.partition_by), ("order_by", self.order_by),
+                                          ("top_k", self.top_k)) if not value]
+        if given and missing:
+            raise ConfigError(f"rank needs {', '.join(f'rank.{k}' for k in missing)} too (given: {', '.join(given)})")
+        return self
+
+
 def _run_date(value: str) -> Optional[str]:
     try:
         date.fromisoformat(value)
@@ -505,9 +557,10 @@ class JobConfig(_Section):
         "embed", json_schema_extra=_cli("--task", sweep=True),
         description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
     )
-    id_col: Optional[Text] = Field(None, json_schema_extra=_cli("--id-col"))
+    id_col: Optional[IdColumns] = Field(None, json_schema_extra=_cli("--id-col"))
     """The input column copied unchanged to the output to identify each row: string, integer or decimal, under any
-    name Delta stores (``review.id`` too; no space or ``,;{}()=``)."""
+    name Delta stores (``review.id`` too; no space or ``,;{}()=``); or a list of such columns that together identify
+    it (a composite id: ``[user_id, item_id]``, a flag takes ``user_id,item_id``)."""
     text_col: Optional[Text] = Field(None, json_schema_extra=_cli("--text-col", sweep=True))
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
@@ -542,6 +595,7 @@ class JobConfig(_Section):
     write: WriteConfig = Field(default_factory=WriteConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    rank: RankConfig = Field(default_factory=RankConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -590,6 +644,14 @@ class JobConfig(_Section):
                 f"{reduced} is checked against float32 on a sample of the input before a run scores, which lakescore "
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
             )
+        if self.rank.enabled:
+            fields = {f.name: f for f in task.output_fields}
+            if self.rank.order_by not in fields:
+                raise ConfigError(f"rank.order_by must be one of task {self.task!r}'s output columns "
+                                  f"({', '.join(fields)}), got {self.rank.order_by!r}")
+            if fields[self.rank.order_by].dataType.typeName() in ("array", "struct", "map"):
+                raise ConfigError(f"rank.order_by {self.rank.order_by!r} holds {fields[self.rank.order_by].dataType.simpleString()}"
+                                  "; rank by a column of single values (a number or a string)")
         if self.write.mode == "incremental" and self.validation.min_rows is not None:
             raise ConfigError(
                 "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
@@ -613,8 +675,8 @@ class JobConfig(_Section):
         missing = [flag for flag, value in required if not value]
         if missing:
             raise ConfigError("missing required setting(s): " + ", ".join(missing))
-        if setting and self.id_col == self.input_col:
-            raise ConfigError(f"id_col and {setting} must differ, both are {self.id_col!r}")
+        if setting and self.input_col in self.id_cols:
+            raise ConfigError(f"id_col and {setting} must differ, both are {self.input_col!r}")
         for other in _COLUMN_SETTINGS:
             if other != setting and getattr(self, other):
                 readers = [get_task(name) for name in TASKS if get_task(name).input_kind.column_setting == other]
@@ -638,6 +700,18 @@ class JobConfig(_Section):
                     f"{key} {ref!r} is inside the input directory {self.input!r}, where the next read of the input "
                     "would pick it up; write elsewhere, or set write.allow_output_in_input"
                 )
+
+    @property
+    def id_cols(self) -> tuple[str, ...]:
+        """The id column(s) as a tuple: one name, or a composite id's names in the configured order (``()``: unset)."""
+        if self.id_col is None:
+            return ()
+        return self.id_col if isinstance(self.id_col, tuple) else (self.id_col,)
+
+    @property
+    def row_cols(self) -> tuple[str, ...]:
+        """The input columns every output row copies: the id column(s), then ``rank.partition_by``'s others."""
+        return tuple(dict.fromkeys([*self.id_cols, *self.rank.partition_by]))
 
     @property
     def column_setting(self) -> Optional[str]:
@@ -927,6 +1001,8 @@ def _type_text(hint: Any, bounds: str = "") -> str:
         return f"mapping: name → {_type_text(value, _bounds_text(metadata))}"
     if origin is tuple:
         return f"list of {_type_text(_unwrapped(args[0])[0])}s"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_text(_unwrapped(arg)[0]) for arg in args if arg is not type(None))
     names = {bool: "boolean", int: "integer", float: "number", str: "string"}
     return " ".join(filter(None, [names.get(hint, getattr(hint, "__name__", str(hint))), bounds]))
 

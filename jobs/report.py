@@ -32,8 +32,9 @@ class RunReport:
     before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
     how long it ran, and the counts are unknown (``None``).
 
-    ``input_rows == rows_kept + output_rows + error_rows`` for every finished run: each input row is kept
-    (incremental mode), scored into the output or, with its reason (``error_reasons`` counts them), in ``errors_table``.
+    ``input_rows == rows_kept + output_rows + error_rows + ranked_out`` for every finished run: each input row is kept
+    (incremental mode), scored into the output, ranked out (``rank``) or, with its reason (``error_reasons`` counts
+    them), in ``errors_table``.
     """
 
     run_id: str
@@ -55,7 +56,9 @@ class RunReport:
     rows_kept: Optional[int] = None
     """Input rows whose output row was current and was not scored again (0 outside incremental mode)."""
     rows_scored: Optional[int] = None
-    """Input rows scored into the output this run (equals ``output_rows``)."""
+    """Input rows scored this run: ``output_rows``, plus ``ranked_out`` with ``rank``."""
+    ranked_out: Optional[int] = None
+    """``rank``: scored rows past their key's ``top_k``, not published (``None`` without ``rank``)."""
     rows_missing: Optional[int] = None
     """Incremental mode: output rows whose id is not in the input (``None`` in the other modes)."""
     spec_changes: Optional[list[str]] = None
@@ -120,6 +123,8 @@ class RunReport:
             if self.delta_version is None and self.status == "succeeded":
                 where = "unchanged: no new version"
             lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})")
+        if self.ranked_out is not None:
+            lines.append(f"  top-K per key: {self.ranked_out} scored rows ranked out, not published")
         if self.ignored_files:
             lines.append(f"  {self.ignored_files} file(s) in the input folder ignored: not images")
         if self.rows_missing is not None:

@@ -157,7 +157,10 @@ def _accounting(report: Mapping[str, Any]) -> str:
     ]
     chart = charts.stacked_bar_chart("accounting", [("input", [("input", rows_in, "#1f4e79")]), ("result", parts)])
     rows = [("input", f"{rows_in:,}")] + ([("kept (not scored again)", f"{kept:,}")] if incremental else [])
-    rows += [("scored", f"{scored:,}"), ("errors", f"{errors:,}")] + [(f"  {reason}", f"{count:,}") for reason, count in reasons]
+    rows += [("scored", f"{scored:,}")]
+    if report.get("ranked_out") is not None:  # rank: scored, then cut to each key's top_k
+        rows += [("  ranked out (not published)", f"{report['ranked_out']:,}")]
+    rows += [("errors", f"{errors:,}")] + [(f"  {reason}", f"{count:,}") for reason, count in reasons]
     if incremental:
         rows += [("output ids missing from the input", f"{report['rows_missing']:,}"),
                  ("deleted from the output", f"{report.get('rows_deleted') or 0:,}")]

@@ -1,4 +1,4 @@
-"""The scoring job, as the data path: read -> check -> prepare -> score -> account -> validate -> publish -> report.
+"""The scoring job, as the data path: read -> check -> prepare -> score -> account -> rank -> validate -> publish -> report.
 
 Each step is a function in a module of :mod:`lakescore.jobs.steps` named for it; this module
 only names them in order. Before anything is written: the model resolves; the input exists
@@ -26,6 +26,7 @@ from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
+from lakescore.jobs.steps.rank import rank_rows
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.report import StepClock, assemble_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
@@ -67,7 +68,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         at_point("staging_pinned")
     with clock.step("validate"):
         targets_loading = load_targets(run, targets)  # for the publish's commits, while the run validates
-        accounting = account_rows(plan, snapshot)
+        accounting = rank_rows(run, plan, account_rows(plan, snapshot))
         rows = output_rows(run, plan, accounting)
         profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
         at_point("validation_running")

@@ -26,7 +26,7 @@ from pyspark.sql.types import (
 
 __all__ = [
     "PROMPT_COLUMN", "IMAGE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
-    "FeatureInputContract", "one_column_contract", "resolve_feature_cols",
+    "FeatureInputContract", "one_column_contract", "resolve_feature_cols", "id_names",
 ]
 
 _ID_TYPES = (StringType, LongType, IntegerType, ShortType, ByteType, DecimalType)
@@ -43,6 +43,10 @@ IMAGE_COLUMN = "_lakescore_image"
 written to the output)."""
 
 
+IdCol = Optional[str | tuple[str, ...]]
+"""A contract's id: one column, a composite id's columns, or ``None`` (none needed)."""
+
+
 class InputContractError(ValueError):
     """The input does not have the columns or types the task needs."""
 
@@ -51,7 +55,7 @@ class InputContractError(ValueError):
 class TextInputContract:
     """A text task's input: an id column (string, integer or decimal; ``None``: none needed) and a string text column."""
 
-    id_col: Optional[str]
+    id_col: IdCol
     text_col: str
 
     def check(self, schema: StructType, source: str) -> None:
@@ -59,9 +63,8 @@ class TextInputContract:
 
         Column names match exactly (case-sensitive), as Delta writes them.
         """
-        fields = _fields_present(schema, source, [("id column", self.id_col), ("text column", self.text_col)])
-        if self.id_col is not None:
-            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        fields = _fields_present(schema, source, [*_id_roles(self.id_col), ("text column", self.text_col)])
+        _require_ids(fields, self.id_col, source)
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
 
 
@@ -70,19 +73,18 @@ class ImageInputContract:
     """An image task's input: an id column and an image column: binary (encoded images) or string (paths or URIs of
     image files)."""
 
-    id_col: Optional[str]
+    id_col: IdCol
     image_col: str
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
-        fields = _fields_present(schema, source, [("id column", self.id_col), ("image column", self.image_col)])
-        if self.id_col is not None:
-            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        fields = _fields_present(schema, source, [*_id_roles(self.id_col), ("image column", self.image_col)])
+        _require_ids(fields, self.id_col, source)
         _require(fields[self.image_col], (BinaryType, StringType), f"image column {self.image_col!r} in {source}",
                  "binary (encoded image bytes) or string (paths of image files)")
 
 
-def one_column_contract(kind: str, id_col: Optional[str], column: str) -> "TextInputContract | ImageInputContract":
+def one_column_contract(kind: str, id_col: IdCol, column: str) -> "TextInputContract | ImageInputContract":
     """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes)."""
     return {"text": TextInputContract, "image": ImageInputContract}[kind](id_col, column)
 
@@ -92,15 +94,14 @@ class PromptInputContract:
     """A prompted task's input: an id column and the columns its prompt template names (strings, numbers, booleans,
     dates or timestamps, inserted as Spark casts them to a string)."""
 
-    id_col: Optional[str]
+    id_col: IdCol
     template_cols: tuple[str, ...]
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
-        named = [("id column", self.id_col)] + [("prompt_template column", c) for c in self.template_cols]
+        named = _id_roles(self.id_col) + [("prompt_template column", c) for c in self.template_cols]
         fields = _fields_present(schema, source, named)
-        if self.id_col is not None:
-            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        _require_ids(fields, self.id_col, source)
         for name in self.template_cols:
             _require(fields[name], _PROMPT_VALUE_TYPES, f"prompt_template column {name!r} in {source}",
                      "a string, number, boolean, date or timestamp")
@@ -126,18 +127,34 @@ def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Option
 class FeatureInputContract:
     """A tabular task's input: an id column and numeric feature columns."""
 
-    id_col: Optional[str]
+    id_col: IdCol
     feature_cols: tuple[str, ...]
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or non-numeric column."""
-        fields = _fields_present(schema, source, [("id column", self.id_col)] + [("feature column", c) for c in self.feature_cols])
-        if self.id_col is not None:
-            _require(fields[self.id_col], _ID_TYPES, f"id column {self.id_col!r} in {source}", "string, integer or decimal")
+        fields = _fields_present(schema, source, _id_roles(self.id_col) + [("feature column", c) for c in self.feature_cols])
+        _require_ids(fields, self.id_col, source)
         for name in self.feature_cols:
             _require(fields[name], _NUMERIC_TYPES, f"feature column {name!r} in {source}", "a number (double, float, integer or decimal)")
-        if self.id_col in self.feature_cols:
-            raise InputContractError(f"id column {self.id_col!r} is also listed as a feature column")
+        for name in id_names(self.id_col):
+            if name in self.feature_cols:
+                raise InputContractError(f"id column {name!r} is also listed as a feature column")
+
+
+def id_names(id_col: IdCol) -> tuple[str, ...]:
+    """The id column names of a contract's ``id_col``: one name, a composite id's names, or none."""
+    if id_col is None:
+        return ()
+    return (id_col,) if isinstance(id_col, str) else tuple(id_col)
+
+
+def _id_roles(id_col: IdCol) -> list[tuple[str, Optional[str]]]:
+    return [("id column", name) for name in id_names(id_col)]
+
+
+def _require_ids(fields: dict[str, DataType], id_col: IdCol, source: str) -> None:
+    for name in id_names(id_col):
+        _require(fields[name], _ID_TYPES, f"id column {name!r} in {source}", "string, integer or decimal")
 
 
 def _fields_present(schema: StructType, source: str, columns: list[tuple[str, Optional[str]]]) -> dict[str, DataType]:

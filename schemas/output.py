@@ -13,6 +13,8 @@ __all__ = [
     "IDENTITY_COLUMNS",
     "INCREMENTAL_COLUMNS",
     "DIGEST_COLUMN",
+    "RANK_COLUMN",
+    "KEY_DIGEST_COLUMN",
     "ERROR_COLUMNS",
     "WORKER_COLUMN",
     "WORKER_METRICS",
@@ -79,6 +81,13 @@ INCREMENTAL_COLUMNS = (DIGEST_COLUMN, "spec_digest")
 spec (the settings that change the numbers, the model's files besides its weights, :data:`OUTPUT_VERSION`), so the
 next run knows which rows are current."""
 
+RANK_COLUMN = "rank"
+"""``rank`` (top-K per key): the row's place in its key, 1 = best."""
+
+KEY_DIGEST_COLUMN = "key_digest"
+"""Incremental mode with ``rank``: SHA-256 of the rank settings and every scored row of the key (its ids and input
+digests), the same on each of the key's output rows, so the next run re-ranks only keys whose rows changed."""
+
 OUTPUT_VERSION = 1
 """The version of what lakescore's heads compute and write. Bump it when a head's values change for the same model
 files and settings: it is part of every incremental row's ``spec_digest``, so such outputs are scored again once."""
@@ -125,29 +134,34 @@ def scored_schema(task: str, *kept: StructField) -> StructType:
     )
 
 
-def output_schema(task: str, id_field: StructField, incremental: bool = False) -> StructType:
-    """The Delta table's schema: the id column as it was in the input, predictions, identity columns
-    (and with ``incremental`` the :data:`INCREMENTAL_COLUMNS`).
+def output_schema(task: str, *row_fields: StructField, incremental: bool = False, ranked: bool = False) -> StructType:
+    """The Delta table's schema: the ``row_fields`` (the id column(s), then a ranked run's other key columns) as they
+    were in the input, predictions, with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
+    ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`).
 
-    Raises :class:`~lakescore.schemas.contracts.InputContractError` when the id column's name collides
+    Raises :class:`~lakescore.schemas.contracts.InputContractError` when an id or key column's name collides
     with an output column.
     """
-    taken = prediction_columns(task) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS) + [WORKER_COLUMN]
-    if id_field.name in taken:
-        raise InputContractError(f"id column {id_field.name!r} collides with an output column ({', '.join(taken)}); rename it")
+    taken = (prediction_columns(task) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS)
+             + [WORKER_COLUMN] + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else []))
+    for field in row_fields:
+        if field.name in taken:
+            raise InputContractError(f"id column {field.name!r} collides with an output column ({', '.join(taken)}); rename it")
+    extra = [*INCREMENTAL_COLUMNS, *([KEY_DIGEST_COLUMN] if ranked else [])] if incremental else []
     return StructType(
-        [StructField(id_field.name, id_field.dataType, nullable=True)]
+        [StructField(f.name, f.dataType, nullable=True) for f in row_fields]
         + prediction_fields(task)
+        + ([StructField(RANK_COLUMN, IntegerType(), nullable=True)] if ranked else [])
         + [StructField(name, StringType(), nullable=True) for name in IDENTITY_COLUMNS]
-        + [StructField(name, StringType(), nullable=True) for name in (INCREMENTAL_COLUMNS if incremental else ())]
+        + [StructField(name, StringType(), nullable=True) for name in extra]
     )
 
 
-def errors_schema(id_field: StructField) -> StructType:
-    """The dead-letter table: id, raw input (text, or the features as JSON), reason code, error text, run id."""
+def errors_schema(*id_fields: StructField) -> StructType:
+    """The dead-letter table: the id column(s), raw input (text, or the features as JSON), reason code, error text, run id."""
     return StructType(
-        [
-            StructField(id_field.name, id_field.dataType, nullable=True),
+        [StructField(f.name, f.dataType, nullable=True) for f in id_fields]
+        + [
             StructField("input", StringType(), nullable=True),
             StructField("reason", StringType(), nullable=True),
             StructField("error", StringType(), nullable=True),

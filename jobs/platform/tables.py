@@ -26,7 +26,7 @@ import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -543,10 +543,10 @@ class _MergeClauses:
     """Target column -> source value, for UPDATE and INSERT alike."""
 
     @classmethod
-    def upsert_or_delete(cls, id_col: str, columns: list[str]) -> "_MergeClauses":
-        key = quote_identifier(id_col)
+    def upsert_or_delete(cls, id_cols: Sequence[str], columns: list[str]) -> "_MergeClauses":
+        keys = [quote_identifier(c) for c in id_cols]
         quoted = [quote_identifier(c) for c in columns]
-        return cls(f"t.{key} = s.{key}", f"s.{MERGE_OP} = 'delete'", f"s.{MERGE_OP} = 'upsert'",
+        return cls(" AND ".join(f"t.{key} = s.{key}" for key in keys), f"s.{MERGE_OP} = 'delete'", f"s.{MERGE_OP} = 'upsert'",
                    {c: f"s.{c}" for c in quoted})
 
     def run(self, target, source: DataFrame) -> None:
@@ -568,12 +568,12 @@ class _MergeClauses:
 
 
 def merge_delta(
-    changes: DataFrame, ref: "str | TableRef", id_col: str, columns: list[str], view: str,
+    changes: DataFrame, ref: "str | TableRef", id_cols: Sequence[str], columns: list[str], view: str,
     user_metadata: Optional[str] = None, txn: Optional[tuple[str, int]] = None,
 ) -> MergeCommit:
     """Apply ``changes`` to the Delta table ``ref`` in one ``MERGE`` commit and return it.
 
-    ``changes`` holds at most one row per ``id_col`` value and a :data:`MERGE_OP` column: an ``upsert`` row
+    ``changes`` holds at most one row per id (the values of ``id_cols``) and a :data:`MERGE_OP` column: an ``upsert`` row
     updates the output row of its id (every column of ``columns``) or inserts it; a ``delete`` row deletes the
     output row of its id, if any. Run through Delta's API for a path in a classic session
     (:meth:`TableRef.delta_api`), else as SQL with the source registered as the temporary view ``view`` for the
@@ -584,7 +584,7 @@ def merge_delta(
     """
     ref = TableRef.parse(ref)
     spark = changes.sparkSession
-    clauses = _MergeClauses.upsert_or_delete(id_col, columns)
+    clauses = _MergeClauses.upsert_or_delete(id_cols, columns)
     app_id, txn_version = (txn[0], str(int(txn[1]))) if txn is not None else (None, None)
     # Delta's MERGE reads its source twice (to find the files it touches, then to write). Its "auto" setting leaves
     # a deterministic source of Delta scans unmaterialized, so each pass would plan and list this run's staging,

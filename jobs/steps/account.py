@@ -1,4 +1,5 @@
-"""Step 5, account: every input row is in exactly one of the output and the errors table.
+"""Step 5, account: every input row is in exactly one of the output and the errors table (or, with ``rank``,
+ranked out: :mod:`lakescore.jobs.steps.rank` counts those).
 
 The staged rows are counted by reason in one aggregation; with the id check's counts
 that gives the output and error rows, the reasons and the error rate. The same aggregation
@@ -26,8 +27,8 @@ __all__ = ["Accounting", "account_rows"]
 
 @dataclass(frozen=True)
 class Accounting:
-    """Where this run's input rows went. ``input_rows == rows_kept + output_rows + error_rows`` always
-    (``rows_kept`` is 0 outside ``write.mode: incremental``)."""
+    """Where this run's input rows went. ``input_rows == rows_kept + output_rows + error_rows + ranked_out`` always
+    (``rows_kept`` is 0 outside ``write.mode: incremental``, ``ranked_out`` without ``rank``)."""
 
     staged: DataFrame
     """Every staged row (scored or not) of :attr:`snapshot`, with the scoring function's columns."""
@@ -45,6 +46,11 @@ class Accounting:
     forward_passes_saved: Optional[int] = None
     """With ``scoring.dedup`` in use: scored rows that shared another scored row's input in their chunk (``None``: not
     in use)."""
+    ranked_out: Optional[int] = None
+    """With ``rank``: scored rows past their key's ``top_k`` (:mod:`lakescore.jobs.steps.rank`), not published;
+    ``None`` without ``rank``."""
+    ranked: Optional[DataFrame] = None
+    """With ``rank``: the scored rows kept, ranked (what :attr:`published` gives then)."""
     workers: dict[str, Any] = field(default_factory=dict)
     """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
@@ -61,7 +67,10 @@ class Accounting:
 
     @property
     def published(self) -> DataFrame:
-        """The staged rows that were scored (what the output receives, before identity columns)."""
+        """The staged rows that were scored (what the output receives, before identity columns); with ``rank``
+        those its ranking kept."""
+        if self.ranked is not None:
+            return self.ranked
         return self.staged.where(F.col(ERROR_COLUMNS[0]).isNull())
 
 

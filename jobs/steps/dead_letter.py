@@ -1,6 +1,6 @@
 """Rows that cannot be scored, with a reason: the dead-letter (errors) table.
 
-Two kinds reach it. Rows refused before scoring because of their id (``null_id``;
+Two kinds reach it. Rows refused before scoring because of their id (``null_id``: a null in any id column;
 ``duplicate_id``: every copy of an id that appears more than once, since which copy
 is "right" cannot be known), and rows the workers could not score (``null_input``,
 ``bad_feature_value``, ``scoring_error`` with the exception text). Every input row
@@ -10,11 +10,13 @@ lands in exactly one of the output and the errors table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import ERROR_COLUMNS
 
 __all__ = ["IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows"]
@@ -33,38 +35,42 @@ class IdCheck:
     null_id_rows: int
 
 
-def check_ids(source: DataFrame, id_col: str) -> IdCheck:
-    """Count the input and its null / duplicated ids in one pass (a shuffle of the id column only)."""
-    per_id = source.groupBy(column(id_col).alias("_id")).count()
-    refused = F.col("_id").isNull() | (F.col("count") > 1)
+def check_ids(source: DataFrame, id_cols: Sequence[str]) -> IdCheck:
+    """Count the input and its null / duplicated ids in one pass (a shuffle of the id columns only). A composite id
+    with a null in any of its columns is a null id."""
+    keys = [f"_id{i}" for i in range(len(id_cols))]
+    per_id = source.groupBy(*[column(c).alias(k) for c, k in zip(id_cols, keys)]).count()
+    null = any_null(keys)
+    refused = null | (F.col("count") > 1)
     row = per_id.agg(
         F.coalesce(F.sum("count"), F.lit(0)).alias("rows"),
         F.coalesce(F.sum(F.when(refused, F.col("count"))), F.lit(0)).alias("refused_rows"),
         F.count(F.when(refused, True)).alias("refused_ids"),
-        F.coalesce(F.sum(F.when(F.col("_id").isNull(), F.col("count"))), F.lit(0)).alias("null_id_rows"),
+        F.coalesce(F.sum(F.when(null, F.col("count"))), F.lit(0)).alias("null_id_rows"),
     ).first()
     return IdCheck(int(row["rows"]), int(row["refused_rows"]), int(row["refused_ids"]), int(row["null_id_rows"]))
 
 
-def split_by_id(source: DataFrame, id_col: str, check: IdCheck) -> tuple[DataFrame, DataFrame]:
-    """``(scorable, refused)``: rows with a unique non-null id, and the rest with a ``reason`` column."""
+def split_by_id(source: DataFrame, id_cols: Sequence[str], check: IdCheck) -> tuple[DataFrame, DataFrame]:
+    """``(scorable, refused)``: rows with a unique id with no null in it, and the rest with a ``reason`` column."""
     if check.refused_rows == 0:
         return source, source.limit(0).withColumn("reason", F.lit(None).cast("string"))
-    duplicated = source.groupBy(column(id_col).alias(id_col)).count().where(F.col("count") > 1).select(column(id_col))
+    ids = list(id_cols)
+    present = source.where(~any_null(ids))
+    duplicated = present.groupBy(*id_columns(ids)).count().where(F.col("count") > 1).select(*id_columns(ids))
     if check.refused_ids <= _BROADCAST_LIMIT:
         duplicated = F.broadcast(duplicated)
-    present = source.where(column(id_col).isNotNull())
-    scorable = present.join(duplicated, on=id_col, how="left_anti")
-    refused = source.where(column(id_col).isNull()).withColumn("reason", F.lit("null_id")).unionByName(
-        present.join(duplicated, on=id_col, how="left_semi").withColumn("reason", F.lit("duplicate_id"))
+    scorable = present.join(duplicated, on=ids, how="left_anti")
+    refused = source.where(any_null(ids)).withColumn("reason", F.lit("null_id")).unionByName(
+        present.join(duplicated, on=ids, how="left_semi").withColumn("reason", F.lit("duplicate_id"))
     )
     return scorable, refused
 
 
-def refused_rows(refused: DataFrame, id_col: str, raw_input: Column, run_id: str) -> DataFrame:
+def refused_rows(refused: DataFrame, id_cols: Sequence[str], raw_input: Column, run_id: str) -> DataFrame:
     """Refused rows in the errors table's shape."""
     return refused.select(
-        column(id_col),
+        *id_columns(id_cols),
         raw_input.cast("string").alias("input"),
         F.col("reason"),
         F.lit(None).cast("string").alias("error"),
@@ -72,11 +78,11 @@ def refused_rows(refused: DataFrame, id_col: str, raw_input: Column, run_id: str
     )
 
 
-def unscored_rows(scored: DataFrame, id_col: str, run_id: str) -> DataFrame:
+def unscored_rows(scored: DataFrame, id_cols: Sequence[str], run_id: str) -> DataFrame:
     """Rows the workers could not score, in the errors table's shape."""
     reason, error, raw = ERROR_COLUMNS
     return scored.where(F.col(reason).isNotNull()).select(
-        column(id_col),
+        *id_columns(id_cols),
         F.col(raw).alias("input"),
         F.col(reason).alias("reason"),
         F.col(error).alias("error"),

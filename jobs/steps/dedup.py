@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.ids import id_hash, row_key
 from lakescore.schemas.output import DIGEST_COLUMN, WORKER_COLUMN
 
 __all__ = ["SAMPLE_ROWS", "MIN_REPEAT", "Dedup", "decide_dedup", "score_deduplicated"]
@@ -53,7 +54,7 @@ class Dedup:
         }
 
 
-def decide_dedup(mode: str, digested: DataFrame, id_col: str, rows: int, distinct: Optional[int] = None) -> Dedup:
+def decide_dedup(mode: str, digested: DataFrame, id_cols: Sequence[str], rows: int, distinct: Optional[int] = None) -> Dedup:
     """``on`` / ``off`` as configured; ``auto``: deduplicate when the repetition among ``digested``'s ``rows`` rows
     (with a :data:`DIGEST_COLUMN`) reaches :data:`MIN_REPEAT`. The repetition is ``distinct`` inputs among all
     ``rows`` when the caller counted them (an incremental run counts its rows to score in one job and estimates
@@ -66,7 +67,7 @@ def decide_dedup(mode: str, digested: DataFrame, id_col: str, rows: int, distinc
         distinct = min(distinct, rows)  # an estimate may exceed the rows it counted
         return Dedup(mode, (rows - distinct) / rows >= MIN_REPEAT, rows, distinct)
     every = max(1, math.ceil(rows / SAMPLE_ROWS))
-    sample = digested.where(F.pmod(F.xxhash64(column(id_col)), F.lit(every)) == 0)
+    sample = digested.where(F.pmod(id_hash(id_cols), F.lit(every)) == 0)
     found = sample.agg(
         F.count(F.lit(1)).alias("rows"),
         (F.countDistinct(column(DIGEST_COLUMN)) + F.max(column(DIGEST_COLUMN).isNull().cast("int"))).alias("distinct"),
@@ -75,21 +76,23 @@ def decide_dedup(mode: str, digested: DataFrame, id_col: str, rows: int, distinc
     return Dedup(mode, sampled > 0 and (sampled - distinct) / sampled >= MIN_REPEAT, sampled, distinct)
 
 
-def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], DataFrame], id_col: str,
-                       input_cols: tuple[str, ...]) -> DataFrame:
+def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], DataFrame], id_cols: Sequence[str],
+                       row_cols: Sequence[str], input_cols: tuple[str, ...]) -> DataFrame:
     """Score each distinct input of ``part`` once and fan the outputs out to its rows.
 
-    ``part`` holds the id, the input columns and :data:`DIGEST_COLUMN`; ``score(df, keep_cols)`` is the
-    scoring function (:func:`lakescore.jobs.steps.score.score_dataframe`), ``keep_cols[0]`` the row id (here the
-    smallest id of each distinct input). Returns the columns ``score(part, [id_col, DIGEST_COLUMN])`` would, one row
-    per row of ``part``.
+    ``part`` holds ``row_cols`` (the id column(s) ``id_cols`` first, then a ranked run's key columns), the input
+    columns and :data:`DIGEST_COLUMN`; ``score(df, keep_cols)`` is the scoring function
+    (:func:`lakescore.jobs.steps.score.score_dataframe`), ``keep_cols[0]`` the row's key (here the smallest
+    :func:`~lakescore.jobs.steps.ids.row_key` of each distinct input). Returns the columns
+    ``score(part, [*row_cols, DIGEST_COLUMN])`` would, one row per row of ``part``.
     """
     distinct = part.groupBy(column(DIGEST_COLUMN)).agg(
-        *[F.first(column(c)).alias(c) for c in input_cols], F.min(column(id_col)).alias(_REPRESENTATIVE)
+        *[F.first(column(c)).alias(c) for c in input_cols], F.min(row_key(id_cols)).alias(_REPRESENTATIVE)
     )
     scored = score(distinct, [_REPRESENTATIVE, DIGEST_COLUMN])
-    rows = part.select(column(id_col), column(DIGEST_COLUMN).alias(_ROW_DIGEST))
+    rows = part.select(*[column(c) for c in row_cols], column(DIGEST_COLUMN).alias(_ROW_DIGEST))
     joined = rows.join(scored, F.col(_ROW_DIGEST).eqNullSafe(column(DIGEST_COLUMN)), "inner")
     outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN)]
-    worker = F.when(column(id_col) == F.col(_REPRESENTATIVE), F.col(WORKER_COLUMN)).alias(WORKER_COLUMN)
-    return joined.select(column(id_col), F.col(_ROW_DIGEST).alias(DIGEST_COLUMN), *[column(c) for c in outputs], worker)
+    worker = F.when(row_key(id_cols) == F.col(_REPRESENTATIVE), F.col(WORKER_COLUMN)).alias(WORKER_COLUMN)
+    return joined.select(*[column(c) for c in row_cols], F.col(_ROW_DIGEST).alias(DIGEST_COLUMN),
+                         *[column(c) for c in outputs], worker)

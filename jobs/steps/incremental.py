@@ -8,7 +8,8 @@ scored when its id is not in the output, its digest differs, or its output row c
 numbers, the digests of the model's files besides its weights as the executors loaded them, and
 :data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other row is kept as it is. Output ids no longer in the
 input are counted (and deleted at publish with ``write.delete_missing``). A run on a missing output, or with
-``write.full_rescore``, scores every row.
+``write.full_rescore``, scores every row. With ``rank`` the comparison is by key instead (:func:`key_digest`): every row
+of a key with a new, changed or deleted row is scored, the other keys' rows are kept.
 """
 
 from __future__ import annotations
@@ -19,20 +20,22 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pyspark.sql import Column, DataFrame
+from pyspark.sql.window import WindowSpec
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.tables import column, delta_history, read_input
+from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.read import RunContext
 from lakescore.jobs.steps.staging import Staging
-from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS, OUTPUT_VERSION
+from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
 from lakescore.udfs.model_source import ModelSpec
 
-__all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
+__all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes", "key_digest"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
-_PREVIOUS = {name: f"__lakescore_previous_{name}" for name in ("id", DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)}
-_NEW_ID = "__lakescore_input_id"
+_PREVIOUS = {name: f"__lakescore_previous_{name}" for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN)}
+_KEY_DIGEST = "__lakescore_key_digest"
 _MISSING = "__lakescore_missing"
 """The changes table's flag: ``True`` on an output id missing from the input, ``False`` on a row to score."""
 DISTINCT_RSD = 0.01
@@ -166,22 +169,24 @@ def find_changes(
     cfg = run.cfg
     digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     if previous_version is None or cfg.write.full_rescore:
-        no_ids = run.spark.createDataFrame([], run.source.select(column(cfg.id_col)).schema)
+        no_ids = run.spark.createDataFrame([], run.source.select(*id_columns(cfg.id_cols)).schema)
         return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
                        distinct_to_score=None, spec=spec, spec_changes=None, model_sha256=model_sha256,
                        previous_version=previous_version)
     counts = None
     if not changed.exists():
-        counts = _write_counting(changed, _changed_or_missing(run, digested, previous_version, model_sha256, spec.digest))
+        compare = _changed_keys_or_missing if cfg.rank.enabled else _changed_or_missing
+        counts = _write_counting(changed, compare(run, digested, previous_version, model_sha256, spec.digest))
     table = changed.table()
     to_score = table.where(~F.col(_MISSING)).drop(_MISSING)
-    missing = table.where(F.col(_MISSING)).select(column(cfg.id_col))
+    missing = table.where(F.col(_MISSING)).select(*id_columns(cfg.id_cols))
     if counts is None:  # a rerun found the table, or a Connect session, which counts in a job of its own
         counts = table.agg(*_count_columns()).first().asDict()
     rows_to_score, rows_missing = int(counts["to_score"]), int(counts["missing"])
     if refused is not None:
-        missing = missing.join(refused.select(column(cfg.id_col).alias(_NEW_ID)), column(cfg.id_col) == F.col(_NEW_ID),
-                               "left_anti")
+        ours = _renamed(cfg.id_cols, "input_id")
+        missing = missing.join(refused.select(*[column(c).alias(ours[c]) for c in cfg.id_cols]),
+                               same_values(cfg.id_cols, ours), "left_anti")
         rows_missing = missing.count()
     # A changed spec makes every output row one to score: with none to score, there is no change to explain.
     spec_changes = spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)) if rows_to_score else None
@@ -212,26 +217,77 @@ def _write_counting(changed: Staging, rows: DataFrame) -> Optional[dict]:
     return counts()
 
 
+def _renamed(names, prefix: str) -> dict[str, str]:
+    """Private aliases for ``names`` on the other side of a join: ``__lakescore_<prefix>_<i>``."""
+    return {name: f"__lakescore_{prefix}_{i}" for i, name in enumerate(names)}
+
+
 def _changed_or_missing(run: RunContext, digested: DataFrame, previous_version: int, model_sha256: str,
                         spec: str) -> DataFrame:
     """``digested``'s rows that are new or not current (other digest, weights or spec), and the output ids with no
     row in ``digested`` (every other column null), each with :data:`_MISSING` saying which it is."""
     cfg = run.cfg
+    theirs = _renamed(cfg.id_cols, "previous_id")
     previous = read_input(run.spark, cfg.output, "delta", version=previous_version).select(
-        *[column(cfg.id_col if name == "id" else name).alias(alias) for name, alias in _PREVIOUS.items()]
+        *[column(c).alias(theirs[c]) for c in cfg.id_cols],
+        *[column(name).alias(alias) for name, alias in _PREVIOUS.items() if name != KEY_DIGEST_COLUMN],
     )
-    joined = digested.join(previous, column(cfg.id_col) == F.col(_PREVIOUS["id"]), "full_outer")
-    is_missing = column(cfg.id_col).isNull()  # scorable rows never have a null id: null here means no input row
+    joined = digested.join(previous, same_values(cfg.id_cols, theirs), "full_outer")
+    is_missing = column(cfg.id_cols[0]).isNull()  # scorable rows never have a null id: null here means no input row
     current = F.coalesce(
-        F.col(_PREVIOUS["id"]).isNotNull()
+        F.col(theirs[cfg.id_cols[0]]).isNotNull()
         & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN]))
         & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
         & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
         F.lit(False),
     )
-    id_type = digested.schema[cfg.id_col].dataType
     columns = [
-        (F.coalesce(column(c), F.col(_PREVIOUS["id"]).cast(id_type)) if c == cfg.id_col else column(c)).alias(c)
+        (F.coalesce(column(c), F.col(theirs[c]).cast(digested.schema[c].dataType)) if c in theirs else column(c)).alias(c)
         for c in digested.columns
     ]
     return joined.where(is_missing | ~current).select(*columns, is_missing.alias(_MISSING))
+
+
+def key_digest(cfg, over: Optional[WindowSpec] = None) -> Column:
+    """An aggregate over one rank key's rows (``over``: as a window function over each key's rows): SHA-256 (hex) of
+    the rank settings and the key's rows, each the JSON of its id column(s) and :data:`DIGEST_COLUMN`, sorted (so
+    neither row order nor partitioning changes it). The output stores it on each of the key's rows
+    (:data:`~lakescore.schemas.output.KEY_DIGEST_COLUMN`), computed over the rows scored into it; the next run
+    computes it over the key's input rows."""
+    settings = json.dumps(cfg.rank.model_dump(mode="json"), sort_keys=True)
+    rows = F.collect_list(F.to_json(F.struct(*id_columns(cfg.id_cols), column(DIGEST_COLUMN))))
+    rows = rows.over(over) if over is not None else rows
+    return F.sha2(F.concat_ws("\n", F.lit(settings), F.array_sort(rows)), 256)
+
+
+def _changed_keys_or_missing(run: RunContext, digested: DataFrame, previous_version: int, model_sha256: str,
+                             spec: str) -> DataFrame:
+    """With ``rank``: every row of each key (``rank.partition_by``) that changed, and the output rows of keys with no
+    row in ``digested`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`).
+
+    A key changed when its :func:`key_digest` differs from the one its output rows carry (a row new, changed or
+    gone, a row that failed to score last time, other rank settings), or they carry other weights or another spec,
+    or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no stored
+    score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""
+    cfg = run.cfg
+    keys = list(cfg.rank.partition_by)
+    theirs = _renamed(keys, "previous_key")
+    output = read_input(run.spark, cfg.output, "delta", version=previous_version)
+    before = output.groupBy(*[column(k).alias(theirs[k]) for k in keys]).agg(
+        *[F.max(column(name)).alias(_PREVIOUS[name]) for name in (KEY_DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)]
+    )
+    now = digested.groupBy(*id_columns(keys)).agg(key_digest(cfg).alias(_KEY_DIGEST))
+    joined = now.join(before, same_values(keys, theirs, null_safe=True), "full_outer")
+    current = F.coalesce(
+        (F.col(_PREVIOUS[KEY_DIGEST_COLUMN]) == F.col(_KEY_DIGEST))
+        & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
+        & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
+        F.lit(False),
+    )
+    changed = joined.where(F.col(_KEY_DIGEST).isNotNull() & ~current).select(*[column(k).alias(theirs[k]) for k in keys])
+    gone = joined.where(F.col(_KEY_DIGEST).isNull()).select(*[F.col(theirs[k]) for k in keys])
+    to_score = digested.join(changed, same_values(keys, theirs, null_safe=True), "left_semi")
+    missing = output.join(gone, same_values(keys, theirs, null_safe=True), "left_semi").select(*[
+        (column(c) if c in cfg.id_cols else F.lit(None)).cast(digested.schema[c].dataType).alias(c) for c in digested.columns
+    ])
+    return to_score.withColumn(_MISSING, F.lit(False)).unionByName(missing.withColumn(_MISSING, F.lit(True)))

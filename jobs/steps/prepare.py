@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame
 
@@ -103,10 +103,10 @@ class Plan:
         """Scorable rows whose output row is current and stays as it is (incremental mode; else 0)."""
         return self.changes.rows_kept if self.changes is not None else 0
 
-    def kept_columns(self, id_col: str) -> list[str]:
-        """The input columns the scoring function copies into staging: the id, and the digest in incremental mode or
-        when deduplicating."""
-        return [id_col, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else [id_col]
+    def kept_columns(self, row_cols: Sequence[str]) -> list[str]:
+        """The input columns the scoring function copies into staging: ``row_cols`` (the id column(s), a ranked run's
+        key columns), and the digest in incremental mode or when deduplicating."""
+        return [*row_cols, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else list(row_cols)
 
 
 def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: ScoringSpec) -> dict:
@@ -126,6 +126,8 @@ def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: Sc
         "inputs": run.input_cols,
         "run_id": cfg.resolved_run_id(),
     }
+    if cfg.rank.enabled:  # the staged rows carry its key columns; an incremental comparison is by its keys
+        facts["rank"] = cfg.rank.model_dump(mode="json")
     if cfg.write.mode == "incremental":
         facts.update(mode="incremental", previous_version=targets.previous_version, full_rescore=cfg.write.full_rescore)
     return facts
@@ -152,10 +154,10 @@ def check_input_ids(run: RunContext) -> IdSplit:
 
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when the input has no rows.
     """
-    ids = check_ids(run.source, run.cfg.id_col)
+    ids = check_ids(run.source, run.cfg.id_cols)
     if ids.rows == 0:
         raise InputContractError(f"input {run.cfg.input!r} has no rows; nothing to score (nothing was written)")
-    scorable, refused = split_by_id(run.source, run.cfg.id_col, ids)
+    scorable, refused = split_by_id(run.source, run.cfg.id_cols, ids)
     return IdSplit(ids, scorable, refused)
 
 
@@ -199,7 +201,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
-    dedup = decide_dedup(mode, digested, cfg.id_col, scorable_rows, changes.distinct_to_score if changes else None)
+    dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None)
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
     key = run_key({**facts, "chunks": chunks, "dedup": dedup.used})  # staged rows carry the digest when deduplicating
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)

@@ -28,15 +28,17 @@ from pyspark.sql.types import BinaryType
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.tables import (
-    DELETION_VECTORS, MERGE_OP, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, write_delta,
+    DELETION_VECTORS, MERGE_OP, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, read_input,
+    write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
+from lakescore.jobs.steps.ids import all_present, id_columns, same_values
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
-from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, INCREMENTAL_COLUMNS
+from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN
 from lakescore.udfs.registry import get_task
 
 __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
@@ -58,13 +60,17 @@ class Outcome:
 
 
 def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
-    """The rows the output receives from this run: id, predictions, the identity columns (model, weights, run),
-    and in incremental mode the input's digest and the scoring spec's."""
-    identity = plan.identity
+    """The rows the output receives from this run: the id column(s) (and a ranked run's key columns), predictions, a
+    ranked run's rank, the identity columns (model, weights, run), and in incremental mode the input's digest and the
+    scoring spec's (and a ranked run's key digest)."""
+    cfg, identity = run.cfg, plan.identity
     incremental = [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec.digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
+    if plan.changes and cfg.rank.enabled:
+        incremental.append(F.col(KEY_DIGEST_COLUMN))
     return accounting.published.select(
-        column(run.cfg.id_col),
-        *[F.col(f.name) for f in get_task(run.cfg.task).output_fields],
+        *id_columns(cfg.row_cols),
+        *[F.col(f.name) for f in get_task(cfg.task).output_fields],
+        *([F.col(RANK_COLUMN)] if cfg.rank.enabled else []),
         F.lit(identity.model_id).alias("model_id"),
         F.lit(identity.revision).cast("string").alias("model_revision"),
         F.col("model_sha256"),
@@ -136,11 +142,11 @@ def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: Dat
     deleting_missing = cfg.write.delete_missing and changes.rows_missing > 0
     if accounting.output_rows == 0 and accounting.error_rows == 0 and not deleting_missing:
         return None, 0
-    removed = _ids_to_remove(run, plan, accounting)
+    removed = _ids_to_remove(run, plan, accounting, rows)
     source = rows.withColumn(MERGE_OP, F.lit("upsert")).unionByName(
         removed.withColumn(MERGE_OP, F.lit("delete")), allowMissingColumns=True
     )
-    commit = merge_delta(source, cfg.output, cfg.id_col, rows.columns, f"lakescore_changes_{plan.staging.key}", tag,
+    commit = merge_delta(source, cfg.output, cfg.id_cols, rows.columns, f"lakescore_changes_{plan.staging.key}", tag,
                          accounting.snapshot.publish_txn)
     if commit.inserted + commit.updated != accounting.output_rows:
         raise RuntimeError(
@@ -150,16 +156,27 @@ def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: Dat
     return commit.version, commit.deleted
 
 
-def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
+def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame) -> DataFrame:
     """Ids whose output row must go: this run could not score their input (unscored, or a null / duplicated id),
-    and with ``write.delete_missing`` the output ids missing from the input. Each id once; one column, the id."""
-    id_col = run.cfg.id_col
-    ids = accounting.staged.where(F.col(ERROR_COLUMNS[0]).isNotNull()).select(column(id_col))
+    with ``write.delete_missing`` the output ids missing from the input, and with ``rank`` the output rows of every
+    re-ranked key that ``rows`` (this run's upserts) do not replace: a re-ranked key's rows are replaced whole. Each
+    id once; the id column(s)."""
+    cfg = run.cfg
+    ids = list(cfg.id_cols)
+    removed = accounting.staged.where(F.col(ERROR_COLUMNS[0]).isNotNull()).select(*id_columns(ids))
     if plan.split.ids.refused_rows:
-        ids = ids.unionByName(plan.split.refused.where(column(id_col).isNotNull()).select(column(id_col)).distinct())
-    if run.cfg.write.delete_missing:
-        ids = ids.unionByName(plan.changes.missing_ids)
-    return ids
+        refused = plan.split.refused.where(all_present(ids)).select(*id_columns(ids)).distinct()
+        removed = removed.unionByName(refused)
+    if cfg.write.delete_missing:
+        removed = removed.unionByName(plan.changes.missing_ids)
+    if not cfg.rank.enabled:
+        return removed
+    keys = list(cfg.rank.partition_by)
+    theirs = {k: f"__lakescore_key_{i}" for i, k in enumerate(keys)}
+    reranked = plan.changes.to_score.select(*[column(k).alias(theirs[k]) for k in keys]).distinct()
+    output = read_input(run.spark, cfg.output, "delta", version=plan.changes.previous_version)
+    stale = output.join(reranked, same_values(keys, theirs, null_safe=True), "left_semi").select(*id_columns(ids))
+    return removed.unionByName(stale).distinct().join(rows.select(*id_columns(ids)), on=ids, how="left_anti")
 
 
 def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
@@ -179,9 +196,9 @@ def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional
 def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
     """This run's rows for the errors table: rows refused for their id, and rows the workers could not score."""
     cfg = run.cfg
-    errors = unscored_rows(accounting.staged, cfg.id_col, plan.run_id)
+    errors = unscored_rows(accounting.staged, cfg.id_cols, plan.run_id)
     if plan.split.ids.refused_rows:
-        errors = refused_rows(plan.split.refused, cfg.id_col, _raw_input(run), plan.run_id).unionByName(errors)
+        errors = refused_rows(plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id).unionByName(errors)
     return errors
 
 

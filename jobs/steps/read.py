@@ -77,8 +77,15 @@ class RunContext:
     """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
 
     @property
-    def id_field(self) -> StructField:
-        return self.source.schema[self.cfg.id_col]
+    def id_fields(self) -> list[StructField]:
+        """The id column(s) as the input has them."""
+        return [self.source.schema[name] for name in self.cfg.id_cols]
+
+    @property
+    def row_fields(self) -> list[StructField]:
+        """The input columns every output row copies (:attr:`~lakescore.jobs.config.JobConfig.row_cols`), as the input
+        has them."""
+        return [self.source.schema[name] for name in self.cfg.row_cols]
 
     @functools.cached_property
     def input_files_digest(self) -> str:
@@ -191,12 +198,13 @@ def check_targets(run: RunContext) -> Targets:
     check_writable(run)
     cfg = run.cfg
     incremental = cfg.write.mode == "incremental"
-    planned = output_schema(cfg.task, run.id_field, incremental=incremental)
-    planned_errors = errors_schema(run.id_field)
+    ranked = cfg.rank.enabled
+    planned = output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked)
+    planned_errors = errors_schema(*run.id_fields)
     try:
         previous_version, replaces_layout = check_output_target(run.spark, cfg.output, planned), False
     except OutputColumnsError as mismatch:
-        other = output_schema(cfg.task, run.id_field, incremental=not incremental)
+        other = output_schema(cfg.task, *run.row_fields, incremental=not incremental, ranked=ranked)
         if column_types(mismatch.existing) != column_types(other):
             raise
         _refuse_layout_switch(cfg)
@@ -242,6 +250,10 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
     prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`, or (an image column of paths) each file's
     bytes, added as :data:`~lakescore.schemas.contracts.IMAGE_COLUMN`, then the paths."""
     where = f"input {cfg.input!r}"
+    for name in cfg.rank.partition_by:
+        if name not in source.columns:
+            raise InputContractError(f"rank.partition_by column {name!r} not found in {where}; available columns: "
+                                     f"{', '.join(source.columns)}")
     if cfg.prompt_template:
         return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:

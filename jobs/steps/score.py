@@ -23,6 +23,7 @@ from lakescore.jobs.platform.spark_adapter import default_parallelism, partition
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.dedup import score_deduplicated
+from lakescore.jobs.steps.ids import row_key
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
@@ -37,6 +38,8 @@ __all__ = ["ScoringLayout", "scoring_layout", "score_dataframe", "score_into_sta
 
 log = logging.getLogger(__name__)
 
+_ROW_KEY = "__lakescore_row_key"
+"""A composite id's :func:`~lakescore.jobs.steps.ids.row_key`, read by a runner that seeds per-row draws (not kept)."""
 _ARROW_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _ARROW_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
 
@@ -72,8 +75,9 @@ def score_dataframe(
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
     parallelism when the input has fewer partitions, or always over Spark Connect, where
     the input's partitions are unknown), so a one-file input still uses every core.
-    ``rows_counter`` receives each batch's rows (live progress; classic sessions only). ``key_col``: the kept
-    column identifying each row, for a task whose runner seeds per-row draws from it (generation's sampling).
+    ``rows_counter`` receives each batch's rows (live progress; classic sessions only). ``key_col``: the column
+    identifying each row (kept, or read only for this), for a task whose runner seeds per-row draws from it
+    (generation's sampling).
 
     With ``resources.scoring`` set and a master that honours resource profiles, the
     scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
@@ -89,7 +93,7 @@ def score_dataframe(
     if partitions or profile is not None or planned is None or planned < target:
         df = df.repartition(target)
     schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols])  # the kept columns' own names
-    read = list(dict.fromkeys([*keep_cols, *input_cols]))  # an input column may be kept too (transform)
+    read = list(dict.fromkeys([*keep_cols, *input_cols, *([key_col] if key_col else [])]))  # an input column may be kept too (transform)
     passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
     kind = get_task(spec.task).input_kind
     runner_options = {name: getattr(cfg.scoring, name) for name in kind.runner_settings}
@@ -142,8 +146,8 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
 def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
     """The one scan of the input for scoring: the rows to score (id, model input, digest) written once, partitioned
     by chunk, to ``plan.prepared``; each chunk then reads its own partition."""
-    needed = dict.fromkeys([*plan.kept_columns(run.cfg.id_col), *run.input_cols])
-    plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), run.cfg.id_col)
+    needed = dict.fromkeys([*plan.kept_columns(run.cfg.row_cols), *run.input_cols])
+    plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), run.cfg.id_cols)
 
 
 def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLayout) -> DataFrame:
@@ -151,12 +155,15 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     cfg = run.cfg
     part = plan.scorable if plan.prepared is None else plan.prepared.chunk(chunk)
 
-    def score(df: DataFrame, keep: list[str]) -> DataFrame:  # keep[0]: the row's id (deduplicated: its representative)
-        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=keep[0])
+    def score(df: DataFrame, keep: list[str], key: Optional[str] = None) -> DataFrame:  # key: the row's (default keep[0])
+        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0])
 
     if plan.dedup.used:
-        return score_deduplicated(part, score, cfg.id_col, run.input_cols)
-    return score(part, plan.kept_columns(cfg.id_col))
+        return score_deduplicated(part, score, cfg.id_cols, cfg.row_cols, run.input_cols)
+    if len(cfg.id_cols) > 1 and get_task(cfg.task).input_kind.row_keys:  # one value per row to seed its draws from
+        part = part.withColumn(_ROW_KEY, row_key(cfg.id_cols))
+        return score(part, plan.kept_columns(cfg.row_cols), _ROW_KEY)
+    return score(part, plan.kept_columns(cfg.row_cols))
 
 
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:

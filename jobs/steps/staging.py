@@ -42,7 +42,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -53,6 +53,7 @@ from lakescore.jobs.platform.tables import (
     column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
     table_id, table_names, write_delta,
 )
+from lakescore.jobs.steps.ids import id_hash
 from lakescore.schemas.column_names import delta_storable_columns, original_columns
 
 __all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "drop_stale_staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
@@ -71,9 +72,10 @@ def chunk_count(rows: int, chunk_rows: int) -> int:
     return max(1, math.ceil(rows / chunk_rows))
 
 
-def chunk_column(id_col: str, chunks: int):
-    """The chunk of each row: a stable hash of its id, so a rerun cuts the same chunks."""
-    return F.pmod(F.xxhash64(column(id_col)), F.lit(chunks)).cast("int")
+def chunk_column(id_cols: Sequence[str], chunks: int):
+    """The chunk of each row: a stable hash of its id (:func:`~lakescore.jobs.steps.ids.id_hash`), so a rerun cuts
+    the same chunks."""
+    return F.pmod(id_hash(id_cols), F.lit(chunks)).cast("int")
 
 
 def input_fingerprint(df: DataFrame, file_stats: bool = False) -> str:
@@ -164,9 +166,9 @@ class Staging:
         """Write ``rows`` here in one commit, replacing what is here."""
         write_delta(delta_storable_columns(rows), self.location, user_metadata=staging_metadata(self.output))
 
-    def write_chunked(self, rows: DataFrame, id_col: str) -> None:
+    def write_chunked(self, rows: DataFrame, id_cols: Sequence[str]) -> None:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
-        chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(id_col, self.chunks))
+        chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(id_cols, self.chunks))
         write_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN,
                     user_metadata=staging_metadata(self.output))
 

@@ -219,3 +219,39 @@ def test_lossy_precision_is_refused_where_no_tolerance_check_runs():
         with pytest.raises(ConfigError, match=f"bfloat16 is checked against float32 .* task '{task}' runs float32"):
             config_from_mapping({"task": task, "model": {"dtype": "bfloat16"}, **extra})
     assert config_from_mapping({"task": "generate", "model": {"dtype": "bfloat16"}}).model.dtype == "bfloat16"
+
+
+def test_an_id_is_one_column_or_a_list_from_yaml_set_flags_and_the_cli(tmp_path):
+    from lakescore.jobs.cli import _config_flags, _parser
+
+    one = load_config(flags={"id_col": "review_id"})
+    assert (one.id_col, one.id_cols) == ("review_id", ("review_id",))  # one column stays a string
+    assert load_config(write(tmp_path, "id_col: [user_id, item_id]\n")).id_cols == ("user_id", "item_id")
+    assert load_config(overrides=["id_col=[user_id, item_id]"]).id_cols == ("user_id", "item_id")
+    assert config_from_mapping({"id_col": ["user_id", "item_id"]}).id_cols == ("user_id", "item_id")  # lakescore.score
+    assert load_config(flags={"id_col": ["only"]}).id_col == "only"
+    args = _parser().parse_args(["score", "--id-col", "user_id, item_id"])
+    assert load_config(flags=_config_flags(args)).id_cols == ("user_id", "item_id")
+    assert load_config().id_cols == ()
+    with pytest.raises(ConfigError, match=r"^id_col names 'user_id' twice$"):
+        load_config(flags={"id_col": ["user_id", "item_id", "user_id"]})
+    with pytest.raises(ConfigError, match=r"^id_col must name at least one column$"):
+        load_config(overrides=["id_col=[]"])
+    base = {"input": "a", "output": "b", "model.source": "m", "text_col": "body"}
+    with pytest.raises(ConfigError, match="id_col and text_col must differ, both are 'body'"):
+        load_config(flags={**base, "id_col": "user_id,body"}).require_for_scoring()
+
+
+def test_rank_needs_its_keys_and_an_output_column_of_single_values():
+    cfg = load_config(flags={"task": "tabular", "id_col": "user_id,item_id",
+                             "rank": {"partition_by": ["shop", "user_id"], "order_by": "prediction", "top_k": 3}})
+    assert (cfg.rank.enabled, cfg.rank.descending, cfg.row_cols) == (True, True, ("user_id", "item_id", "shop"))
+    assert not load_config().rank.enabled and load_config(flags={"id_col": "a"}).row_cols == ("a",)
+    with pytest.raises(ConfigError, match=r"^rank needs rank.partition_by, rank.order_by too \(given: top_k\)$"):
+        load_config(overrides=["rank.top_k=3"])
+    with pytest.raises(ConfigError, match=r"rank.top_k must be >= 1, got 0"):
+        load_config(overrides=["rank.top_k=0", "rank.order_by=score", "rank.partition_by=[u]", "task=classify"])
+    with pytest.raises(ConfigError, match=r"rank.order_by must be one of task 'classify''s output columns \(label, score, probs\)"):
+        load_config(overrides=["rank.top_k=3", "rank.order_by=prediction", "rank.partition_by=[u]", "task=classify"])
+    with pytest.raises(ConfigError, match=r"rank.order_by 'scores' holds array<double>"):
+        load_config(overrides=["rank.top_k=3", "rank.order_by=scores", "rank.partition_by=[u]", "task=tabular"])

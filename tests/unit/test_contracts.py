@@ -49,6 +49,26 @@ def test_id_column_may_not_collide_with_output_columns():
         output_schema("embed", StructField("input_digest", StringType()))
 
 
+def test_a_composite_id_checks_every_column_and_a_ranked_output_adds_rank():
+    from lakescore.schemas.output import output_schema
+
+    schema = StructType([*SCHEMA.fields, StructField("item", StringType()), StructField("probs", DoubleType())])
+    TextInputContract(("review_id", "item"), "body").check(schema, "input 't'")
+    with pytest.raises(InputContractError, match=r"id column 'shop' not found in input 't'"):
+        TextInputContract(("review_id", "shop"), "body").check(schema, "input 't'")
+    with pytest.raises(InputContractError, match=r"id column 'probs' in input 't' has type double"):
+        TextInputContract(("review_id", "probs"), "body").check(schema, "input 't'")
+    ids = [StructField("user_id", LongType()), StructField("item_id", StringType())]
+    ranked = output_schema("tabular", *ids, incremental=True, ranked=True)
+    assert [f.name for f in ranked.fields] == [
+        "user_id", "item_id", "prediction", "scores", "rank", "model_id", "model_revision", "model_sha256", "run_id",
+        "input_digest", "spec_digest", "key_digest",
+    ]
+    assert "key_digest" not in output_schema("tabular", *ids, ranked=True).names
+    with pytest.raises(InputContractError, match=r"id column 'rank' collides"):
+        output_schema("tabular", StructField("rank", LongType()), ranked=True)
+
+
 def test_feature_columns_by_name_or_prefix_must_be_numeric():
     from pyspark.sql.types import DoubleType, IntegerType, StructType
 

@@ -38,7 +38,7 @@ def test_a_bad_table_name_fails_where_it_is_parsed_naming_its_role():
 
 
 def test_the_merge_is_built_once_and_rendered_as_sql_with_every_column_quoted():
-    clauses = _MergeClauses.upsert_or_delete("my id", ["my id", "score"])
+    clauses = _MergeClauses.upsert_or_delete(["my id"], ["my id", "score"])
     assert clauses.assignments == {"`my id`": "s.`my id`", "`score`": "s.`score`"}
     assert clauses.sql("delta.`/out`", "`changes`") == (
         f"MERGE INTO delta.`/out` AS t USING `changes` AS s ON t.`my id` = s.`my id` "
@@ -46,6 +46,8 @@ def test_the_merge_is_built_once_and_rendered_as_sql_with_every_column_quoted():
         f"WHEN MATCHED AND s.{MERGE_OP} = 'upsert' THEN UPDATE SET t.`my id` = s.`my id`, t.`score` = s.`score` "
         f"WHEN NOT MATCHED AND s.{MERGE_OP} = 'upsert' THEN INSERT (`my id`, `score`) VALUES (s.`my id`, s.`score`)"
     )
+    composite = _MergeClauses.upsert_or_delete(["user_id", "item id"], ["user_id", "item id", "score"])
+    assert composite.on == "t.`user_id` = s.`user_id` AND t.`item id` = s.`item id`"
 
 
 def test_an_unknown_write_mode_is_refused_before_any_spark_work():

@@ -1,0 +1,170 @@
+"""Composite ids and top-K per key on real Spark + Delta with a tiny TorchScript program: null / duplicated composite ids
+are dead-lettered, incremental runs MERGE on every id column, and the ranked output equals a window-function
+reference (ties included) on every run, an incremental one re-ranking only the keys whose rows changed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
+
+from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.tables import delta_history
+from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.read import model_input
+from lakescore.schemas.contracts import InputContractError
+
+_SCHEMA = "user_id long, item_id string, f1 double, f2 double, f3 double, f4 double"
+_WEIGHTS = (1.0, 2.0, 3.0, 4.0)
+_BIAS = 0.5
+TOP_K = 5
+
+
+@pytest.fixture(scope="module")
+def linear_program(tmp_path_factory):
+    """A TorchScript ``f1 + 2 f2 + 3 f3 + 4 f4 + 0.5``: small whole-number features give exact float32 scores, so
+    rows with equal features tie exactly and the test computes every score itself."""
+    import torch
+
+    layer = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([_WEIGHTS]))
+        layer.bias.fill_(_BIAS)
+    path = tmp_path_factory.mktemp("linear") / "model.pt"
+    torch.jit.save(torch.jit.script(layer.eval()), str(path))
+    return path
+
+
+def _features(user: int, item: int) -> tuple[float, ...]:
+    j = item % 12  # items j and j + 12 of a user have the same features: their scores tie
+    return float((user + j) % 5), float((2 * j) % 7), float((user * j) % 4), float(j % 3)
+
+
+def _candidates(users, items=20) -> list[tuple]:
+    return [(u, f"i{j:02d}", *_features(u, j)) for u in users for j in range(items)]
+
+
+def _score(f) -> float:
+    return sum(w * x for w, x in zip(_WEIGHTS, f)) + _BIAS
+
+
+def _reference(spark, rows: list[tuple], id_cols=("user_id", "item_id")) -> pd.DataFrame:
+    """The top-K by a window function over the rows lakescore may score (no null, no duplicated id): ``row_number()``
+    per user by score descending, then the ids ascending."""
+    frame = pd.DataFrame(rows, columns=["user_id", "item_id", "f1", "f2", "f3", "f4"])
+    frame = frame.dropna(subset=list(id_cols)).drop_duplicates(subset=list(id_cols), keep=False)
+    frame["user_id"] = frame["user_id"].astype("int64")
+    frame["prediction"] = [_score(f) for f in frame[["f1", "f2", "f3", "f4"]].itertuples(index=False)]
+    window = Window.partitionBy("user_id").orderBy(F.desc("prediction"), *[F.asc(c) for c in id_cols])
+    ranked = spark.createDataFrame(frame[["user_id", "item_id", "prediction"]], "user_id long, item_id string, prediction double")
+    ranked = ranked.withColumn("rank", F.row_number().over(window)).where(F.col("rank") <= TOP_K).toPandas()
+    return ranked.sort_values(["user_id", "rank"]).reset_index(drop=True)
+
+
+def _write(spark, rows, path) -> None:
+    spark.createDataFrame(rows, _SCHEMA).write.format("delta").mode("overwrite").save(str(path))
+
+
+def _output(spark, path) -> pd.DataFrame:
+    return spark.read.format("delta").load(str(path)).toPandas().sort_values(["user_id", "rank"]).reset_index(drop=True)
+
+
+def _accounted(report) -> None:
+    assert report.status == "succeeded", (report.error, report.validation)
+    assert report.input_rows == report.rows_kept + report.output_rows + report.error_rows + (report.ranked_out or 0)
+
+
+def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_changed_keys(spark, tmp_path, linear_program):
+    source, output = tmp_path / "candidates", tmp_path / "top"
+    rows = _candidates(range(10))
+    rows += [(1, None, 1.0, 1.0, 1.0, 1.0), (None, "i05", 1.0, 1.0, 1.0, 1.0), (2, "i03", 0.0, 0.0, 0.0, 0.0)]
+    _write(spark, rows, source)
+
+    def config(run_id, **flags):
+        return load_config(flags={
+            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(linear_program),
+            "id_col": ["user_id", "item_id"], "feature_cols": ["f1", "f2", "f3", "f4"], "write.mode": "incremental",
+            "rank": {"partition_by": ["user_id"], "order_by": "prediction", "top_k": TOP_K}, "run_id": run_id,
+            "max_error_rate": 0.1, "write.chunk_rows": 90, **flags,
+        })
+
+    # A key column the input lacks is refused on the schema, before any job.
+    bad = config("r0", rank={"partition_by": ["shop_id"], "order_by": "prediction", "top_k": 2})
+    with pytest.raises(InputContractError, match="rank.partition_by column 'shop_id' not found"):
+        model_input(bad, spark.read.format("delta").load(str(source)))
+
+    # Dedup on: rows with equal features are scored once and fanned out on the composite id.
+    first = run_scoring(config("r1", **{"scoring.dedup": "on"}), spark)
+    _accounted(first)
+    assert first.error_reasons == {"duplicate_id": 2, "null_id": 2}
+    scorable = 200 - 1  # both copies of (2, i03) refused
+    assert (first.output_rows, first.ranked_out, first.rows_kept) == (10 * TOP_K, scorable - 10 * TOP_K, 0)
+    assert first.dedup["forward_passes_saved"] > 0
+    reference = _reference(spark, rows)
+    assert (reference.groupby(["user_id", "prediction"]).size() > 1).any(), "no tie among the kept rows: nothing tested"
+    out = _output(spark, output)
+    columns = ["user_id", "item_id", "prediction", "rank"]
+    pd.testing.assert_frame_equal(out[columns], reference[columns], check_dtype=False)
+    assert out.columns.tolist()[:2] == ["user_id", "item_id"]
+    errors = spark.read.format("delta").load(str(tmp_path / "top_errors")).toPandas()
+    assert sorted(errors.columns.tolist()[:2]) == ["item_id", "user_id"]
+    refused = {(None if pd.isna(u) else int(u), i, r) for u, i, r in errors[["user_id", "item_id", "reason"]].itertuples(index=False)}
+    assert refused == {(1, None, "null_id"), (None, "i05", "null_id"), (2, "i03", "duplicate_id")}
+    assert len(errors) == 4
+
+    # Changed keys: user 3 (a row's features), user 5 (a new row), user 7 (its best row deleted), user 10 (new).
+    best_of_7 = out[(out.user_id == 7) & (out["rank"] == 1)].item_id.item()
+    changed = [r for r in rows if not (r[0] == 7 and r[1] == best_of_7)]
+    changed = [(u, i, f1, f2, f3, 2.0 if (u, i) == (3, "i04") else f4) for u, i, f1, f2, f3, f4 in changed]
+    assert _score(_features(3, 4)[:3] + (2.0,)) != _score(_features(3, 4))
+    changed += [(5, "i20", 9.0, 9.0, 9.0, 9.0)] + _candidates([10], items=7)
+    _write(spark, changed, source)
+    second = run_scoring(config("r2"), spark)
+    _accounted(second)
+    scored_keys = {3: 20, 5: 21, 7: 19, 10: 7}
+    assert second.rows_scored == sum(scored_keys.values())
+    assert second.rows_kept == scorable - 60  # the unchanged keys' rows, ranked out ones included: not scored again
+    assert (second.output_rows, second.ranked_out) == (4 * TOP_K, sum(scored_keys.values()) - 4 * TOP_K)
+    out = _output(spark, output)
+    pd.testing.assert_frame_equal(out[columns], _reference(spark, changed)[columns], check_dtype=False)
+    runs = out.groupby("user_id").run_id.agg(set).to_dict()
+    assert {u for u, r in runs.items() if r == {"r2"}} == set(scored_keys)
+    assert all(r == {"r1"} for u, r in runs.items() if u not in scored_keys)
+    merge = next(h for h in delta_history(spark, str(output)) if h.version == second.delta_version)
+    assert merge.operation == "MERGE"
+    touched = int(merge.metrics["numTargetRowsInserted"]) + int(merge.metrics["numTargetRowsUpdated"])
+    assert touched == 4 * TOP_K  # only the changed keys' rows were written
+    assert int(merge.metrics["numTargetRowsDeleted"]) >= 1  # user 7's deleted best row, at least
+
+
+def test_composite_ids_dead_letter_and_merge_row_by_row_without_rank(spark, tmp_path, linear_program):
+    source, output = tmp_path / "lines", tmp_path / "scores"
+    rows = _candidates(range(4), items=30) + [(0, "i00", 1.0, 1.0, 1.0, 1.0), (2, None, 0.0, 0.0, 0.0, 0.0)]
+    _write(spark, rows, source)
+
+    def config(run_id, **flags):
+        return load_config(flags={
+            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(linear_program),
+            "id_col": "user_id,item_id", "feature_cols": "f1,f2,f3,f4", "write.mode": "incremental",
+            "write.delete_missing": True, "run_id": run_id, "max_error_rate": 0.1, **flags,
+        })
+
+    first = run_scoring(config("c1"), spark)
+    _accounted(first)
+    assert first.ranked_out is None
+    assert (first.output_rows, first.error_reasons) == (119, {"duplicate_id": 2, "null_id": 1})
+
+    # One row changed, one new, one gone; the id (0, i00) is still duplicated, (2, None) still null.
+    changed = [r for r in rows if (r[0], r[1]) != (1, "i07")]
+    changed = [(u, i, 0.0 if (u, i) == (3, "i11") else f1, f2, f3, f4) for u, i, f1, f2, f3, f4 in changed]
+    changed += [(1, "i30", 2.0, 2.0, 2.0, 2.0)]
+    _write(spark, changed, source)
+    second = run_scoring(config("c2", max_error_rate=1.0), spark)  # the refused rows are all it looks at besides two
+    _accounted(second)
+    assert (second.rows_kept, second.rows_scored, second.rows_missing, second.rows_deleted) == (117, 2, 1, 1)
+    out = spark.read.format("delta").load(str(output)).toPandas()
+    assert len(out) == 119 and not ((out.user_id == 1) & (out.item_id == "i07")).any()
+    assert set(map(tuple, out[out.run_id == "c2"][["user_id", "item_id"]].values.tolist())) == {(3, "i11"), (1, "i30")}
+    expected = {(int(u), i): _score(f) for u, i, *f in changed if i is not None and (u, i) != (0, "i00")}
+    assert {(int(u), i): p for u, i, p in out[["user_id", "item_id", "prediction"]].itertuples(index=False)} == expected
