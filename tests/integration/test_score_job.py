@@ -15,6 +15,7 @@ import pytest
 
 from lakescore.jobs.cli import main
 from lakescore.jobs.commands.demo import generate_reviews
+from lakescore.jobs.commands.plan import host_load
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.platform.tables import TableError
 from lakescore.schemas.contracts import InputContractError
@@ -28,6 +29,8 @@ EDGE_TEXTS = [
 
 ROWS_PLANNED = 1500
 """The CLI test's table: big enough that ``lakescore plan``'s prediction is about the scoring, not noise."""
+OVERSUBSCRIBED = 2.0
+"""Load per CPU above which the host is too busy for a timing bound (other processes decide the run's time)."""
 
 
 def reviews_frame(rows: int, seed: int = 11) -> pd.DataFrame:
@@ -125,11 +128,15 @@ def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark, c
     assert cost["core_seconds"]["score_stage"] == pytest.approx(data["workers"]["model_seconds"], rel=1e-3)
     assert cost["cost"] == pytest.approx(cost["core_seconds"]["run"] * 0.05 / 3600, rel=1e-3)
     assert f"rows/core-s; cost {cost['cost']:,.4g}" in result.stdout
-    # The plan's accuracy bound: the measured run within 0.67-1.5x of the predicted total
-    ratio = data["seconds"] / plan["predicted_seconds"]["total"]
-    assert 0.67 <= ratio <= 1.5, (ratio, plan["predicted_seconds"], data["step_seconds"])
     out = read_output(spark, str(output))
     assert len(out) == ROWS_PLANNED and out["review_id"].is_unique and set(out["run_id"]) == {"cli-run-1"}
+    # The plan's accuracy bound: the measured run within 0.67-1.5x of the predicted total, on a host that is not
+    # oversubscribed (what else runs on it after the plan is not the plan's to know)
+    load = max(plan["host_load_per_cpu"], host_load())
+    if load > OVERSUBSCRIBED:
+        pytest.skip(f"host load {load:.1f} per CPU: too busy for the plan's accuracy bound (the run's other checks passed)")
+    ratio = data["seconds"] / plan["predicted_seconds"]["total"]
+    assert 0.67 <= ratio <= 1.5, (ratio, plan["predicted_seconds"], data["step_seconds"], load)
 
 
 def test_missing_column_fails_before_any_compute(tmp_path, spark, job_config):

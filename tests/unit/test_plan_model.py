@@ -108,3 +108,13 @@ def test_the_plan_prints_as_a_short_table():
     text = format_plan(plan)
     assert "total" in text and f"{plan['predicted_seconds']['total']:,.1f} s" in text
     assert "812 MiB (cpu)" in text and "400,000 padded" in text and "per million rows" in text
+
+
+def test_the_bench_plans_with_the_lakescore_runs_own_flags(tmp_path):
+    from bench.plan_check import plan_command
+    from bench.suite import PEERS, Job
+
+    d = next(p for p in PEERS if p.key == "d")
+    command = plan_command(Job("W1", d, tmp_path / "w1.parquet", 100, 1), tmp_path)
+    assert command[1] == "plan" and command[-1] == "--json" and "--report" not in command
+    assert command[command.index("--input") + 1] == str(tmp_path / "w1.parquet") and "--model" in command
