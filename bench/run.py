@@ -58,6 +58,7 @@ from bench.fast_path import target_lines
 from bench.classifier import C1, C1Result, c1_lines, run_c1
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
+from bench.plan_check import plan_lines, run_plans
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
 __all__ = ["main"]
@@ -350,6 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if exported is not None:
         facts["ONNX export + int8 quantization (once per host, before the timed runs)"] = f"{exported:.1f} s"
         print(f"ONNX graphs exported in {exported:.1f} s", flush=True)
+    plans = run_plans(jobs, runs_dir, env, REPO)  # before (d)'s runs: a plan predicts, it never sees the run
     results = _run_all(jobs, runs_dir, env)
     equivalence = _equivalence(results)
     wanted = [w.strip() for w in args.workloads.split(",")]
@@ -362,13 +364,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     summaries = [summarise(job, results) for job in jobs]
     print("\n" + render(summaries, equivalence, markdown=False), flush=True)
+    planned = plan_lines(plans, results)
+    print("\n".join(["", *planned]), flush=True)
     if w3 is not None:
         print("\n".join(["", *w3_lines(w3)]), flush=True)
     if c1 is not None:
         print("\n".join(["", *c1_lines(c1)]), flush=True)
     if w4 is not None:
         print("\n".join(["", *w4_lines(w4)]), flush=True)
-    document = _markdown(facts, args, described, render(summaries, equivalence, markdown=True), w3, c1, w4)
+    body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in planned)
+    document = _markdown(facts, args, described, body, w3, c1, w4)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,

@@ -1,4 +1,4 @@
-"""``lakescore`` command line: ``score``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
+"""``lakescore`` command line: ``score``, ``plan``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
 published nothing; 2 a configuration, input or model problem (found before any
@@ -22,6 +22,7 @@ from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
 from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
 from lakescore.jobs.report import one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
+from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
 from lakescore.jobs.platform.console import configure_logging, keep_trace, log_jvm_to_file, run_log
 
@@ -46,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
 
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
     _add_config_flags(score, [o for o in config_options() if o.flag])
+
+    plan = commands.add_parser(
+        "plan", parents=[common], help="predict a score run from a sample of its input: rows, tokens, seconds, memory, cost"
+    )
+    _add_config_flags(plan, [o for o in config_options() if o.flag])
+    plan.add_argument("--sample-rows", type=int, default=PLAN_SAMPLE_ROWS,
+                      help=f"input rows to read and prepare (default: {PLAN_SAMPLE_ROWS})")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
     demo.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"sample reviews to generate (default: {DEMO_ROWS})")
@@ -141,6 +150,16 @@ def _score(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from lakescore.jobs.commands.plan import format_plan, run_plan
+
+    plan = run_plan(_config(args), sample_rows=args.sample_rows)
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    return EXIT_OK
+
+
 def _demo(args: argparse.Namespace) -> int:
     from lakescore.jobs.commands.demo import run_demo
 
@@ -201,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_from_py4j)
         log_jvm_to_file()  # a session built from here on keeps the JVM's stack traces off the console
-    handlers = {"score": _score, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
+    handlers = {"score": _score, "plan": _plan, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
     install_interrupt_handlers()
     try:
         return handlers[args.command](args)

@@ -377,9 +377,14 @@ class ScoringResources(_Section):
 
 
 class ResourcesConfig(_Section):
-    """Per-stage resources (Spark resource profiles)."""
+    """Per-stage resources (Spark resource profiles), and what they cost."""
 
     scoring: ScoringResources = Field(default_factory=ScoringResources)
+    price_per_core_hour: Optional[Annotated[Number, Field(ge=0)]] = None
+    """What one CPU core costs per hour (any currency): set it, or ``price_per_gpu_hour``, and the run report states the
+    run's cost and its cost per million rows scored (an unset price counts as zero)."""
+    price_per_gpu_hour: Optional[Annotated[Number, Field(ge=0)]] = None
+    """What one GPU costs per hour, in the currency of ``price_per_core_hour``."""
 
 
 def _json_text(value: Any) -> Any:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from lakescore.jobs.cost import cost_text
+
 __all__ = [
     "RunReport", "UNFINISHED", "write_report", "report_location", "html_path_for", "software_versions", "one_line",
     "precision_check_text", "nothing_scored_text",
@@ -96,6 +98,10 @@ class RunReport:
     validation: Optional[dict[str, Any]] = None
     step_seconds: dict[str, float] = field(default_factory=dict)
     workers: dict[str, float] = field(default_factory=dict)
+    cost: Optional[dict[str, Any]] = None
+    """What the run used and cost: core-seconds and GPU-seconds of the scoring stage and the whole run, rows per
+    core-second and, with ``resources.price_per_*_hour`` set, ``cost`` and ``cost_per_million_rows``
+    (:func:`lakescore.jobs.cost.run_cost` defines each); ``None`` for a run that did not finish."""
     spark: dict[str, str] = field(default_factory=dict)
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
@@ -156,6 +162,8 @@ class RunReport:
         if self.seconds is not None:
             rate = f", {self.rows_per_second:.1f} rows/s" if self.rows_per_second and nothing is None else ""
             lines.append(f"  {self.seconds:.1f} s{rate}")
+        if self.cost:
+            lines.append(f"  {cost_text(self.cost)}")
         if self.model_sha256:
             lines.append(f"  model {self.model_id} sha256 {self.model_sha256[:16]}…")
         if self.validation is not None:

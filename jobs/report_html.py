@@ -182,6 +182,7 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
         elif caption and rate and not nothing_scored:
             caption += f", {rate:,.1f} rows/s"
         body += "<h3>Where the time went</h3>" + _figure(charts.timeline_chart("steps", steps), caption)
+    body += _cost(report.get("cost"))
     if len(throughput) >= 2 and not nothing_scored:
         xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
         rate_x = [t for t, r in throughput if t > 0 and r > 0]
@@ -190,6 +191,26 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
                                   second=(rate_x, rate_y, "rows/s since the stage began"))
         body += "<h3 id=throughput>Throughput</h3>" + _figure(chart, "rows are counted as scoring tasks finish")
     return _section("time", "Time", body) if body else ""
+
+
+def _cost(cost: Optional[Mapping[str, Any]]) -> str:
+    """What the run used and cost (:func:`lakescore.jobs.cost.run_cost` defines each figure), as a table."""
+    if not cost:
+        return ""
+    cores, gpus = cost["core_seconds"], cost.get("gpu_seconds") or {}
+    pairs = [
+        ("session", f"{cost['cores']} cores" + (f", {cost['gpus']} GPUs" if cost.get("gpus") else "")),
+        ("core-seconds, whole run", f"{cores['run']:,.1f}"), ("core-seconds, scoring stage", f"{cores['score_stage']:,.1f}"),
+    ]
+    if cost.get("gpus"):
+        pairs += [("GPU-seconds, whole run", f"{gpus['run']:,.1f}"), ("GPU-seconds, scoring stage", f"{gpus['score_stage']:,.1f}")]
+    if cost.get("rows_per_core_second"):
+        pairs.append(("rows scored per core-second", f"{cost['rows_per_core_second']:,.2f}"))
+    if cost.get("cost") is not None:
+        pairs.append(("cost", f"{cost['cost']:,.4g}"))
+        if cost.get("cost_per_million_rows") is not None:
+            pairs.append(("cost per million rows scored", f"{cost['cost_per_million_rows']:,.4g}"))
+    return "<h3 id=cost>What it used</h3>" + _rows(pairs)
 
 
 def _inputs(summaries: list) -> str:

@@ -36,6 +36,8 @@ __all__ = [
     "TextHead",
     "Scored",
     "plan_batches",
+    "padded_cost",
+    "row_lengths",
     "take_rows",
     "tokenize_present",
     "score_texts",
@@ -106,6 +108,16 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, policy: BatchPolicy) -> li
         batches.append(order[start : start + rows])
         start += rows
     return batches
+
+
+def padded_cost(lengths: Sequence[int] | np.ndarray, batches: Sequence[np.ndarray]) -> int:
+    """What the forward batches of :func:`plan_batches` compute on: each batch's rows x its longest row, summed.
+
+    >>> padded_cost([3, 1, 2], plan_batches([3, 1, 2], BatchPolicy(max_tokens=6, max_rows=8)))  # [3, 2] and [1]
+    7
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return int(sum(len(rows) * max(1, int(lengths[rows].max())) for rows in batches if len(rows)))
 
 
 def take_rows(features: Features, rows: np.ndarray, width: int, padding_side: str = "right") -> dict[str, Any]:
@@ -203,7 +215,7 @@ def score_texts(
         return _unscored(len(texts), valid, "null_input")
     if features is None:
         features = tokenize_present(texts, head)
-    lengths = _row_lengths(features["attention_mask"])
+    lengths = row_lengths(features["attention_mask"])
 
     def take(rows: np.ndarray, width: int):
         return take_rows(features, rows, width, head.padding_side)
@@ -339,7 +351,8 @@ def _valid_mask(texts: Sequence[Optional[str]]) -> np.ndarray:
     return np.fromiter((isinstance(t, str) for t in texts), dtype=bool, count=len(texts))
 
 
-def _row_lengths(mask) -> np.ndarray:
+def row_lengths(mask) -> np.ndarray:
+    """Tokens per row of an ``attention_mask`` (numpy or torch), as int64."""
     sums = mask.sum(1)
     return np.asarray(sums.numpy() if hasattr(sums, "numpy") else sums, dtype=np.int64)
 

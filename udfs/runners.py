@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakescore.udfs.batching import (
-    AdaptiveBudget, BatchPolicy, Scored, score_matrix, score_present, score_texts, tokenize_present,
+    AdaptiveBudget, BatchPolicy, Scored, row_lengths, score_matrix, score_present, score_texts, tokenize_present,
 )
 from lakescore.udfs.images import (
     DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, pixel_limit,
@@ -117,6 +117,10 @@ class TextRunner:
     def score(self, prepared: PreparedTexts, budget: AdaptiveBudget) -> Scored:
         return _refuse(score_texts(prepared.texts, self.head, budget, prepared.features), prepared.refused)
 
+    def row_costs(self, prepared: PreparedTexts) -> np.ndarray:
+        """Tokens of each row to score, as the batching core plans them (``lakescore plan`` counts with this)."""
+        return _no_rows() if prepared.features is None else row_lengths(prepared.features["attention_mask"])
+
     def raw_inputs(self, prepared: PreparedTexts, scored: Scored) -> list[Optional[str]]:
         raw = [None if reason is None else prepared.texts[i] for i, reason in enumerate(scored.reasons)]
         for i, failure in prepared.refused.items():
@@ -139,6 +143,10 @@ class MatrixRunner:
 
     def score(self, matrix: np.ndarray, budget: AdaptiveBudget) -> Scored:
         return score_matrix(matrix, self.head, budget)
+
+    def row_costs(self, matrix: np.ndarray) -> np.ndarray:
+        """One per row to score (batches are cut by rows)."""
+        return np.ones(int(np.isfinite(matrix).all(axis=1).sum()) if matrix.ndim == 2 else 0, dtype=np.int64)
 
     def raw_inputs(self, matrix: np.ndarray, scored: Scored) -> list[Optional[str]]:
         return [
@@ -182,6 +190,10 @@ class PromptRunner:
         from lakescore.udfs.generate import score_prompts
 
         return _refuse(score_prompts(prepared.prompts, self.head, budget, prepared.keys, prepared.features), prepared.refused)
+
+    def row_costs(self, prepared: PreparedPrompts) -> np.ndarray:
+        """Each prompt's tokens plus the tokens it may generate, as the generation batches are planned."""
+        return _no_rows() if prepared.features is None else np.asarray(self.head.row_cost(prepared.features), dtype=np.int64)
 
     def raw_inputs(self, prepared: PreparedPrompts, scored: Scored) -> list[Optional[str]]:
         raw = [None if reason is None else prepared.prompts[i] for i, reason in enumerate(scored.reasons)]
@@ -264,6 +276,10 @@ class ImageRunner:
                                invalid_reason="null_input")
         return _refuse(scored, images.failures)
 
+    def row_costs(self, prepared: PreparedImages) -> np.ndarray:
+        """One per image to score (every image has one shape; batches are cut by rows)."""
+        return np.ones(int(np.count_nonzero(prepared.images.ok)), dtype=np.int64)
+
     def raw_inputs(self, prepared: PreparedImages, scored: Scored) -> list[Optional[str]]:
         if prepared.paths is not None:
             return [None if reason is None else prepared.paths[i] for i, reason in enumerate(scored.reasons)]
@@ -272,6 +288,10 @@ class ImageRunner:
             None if reason is None else describe_image(prepared.values[i], headers.get(i))
             for i, reason in enumerate(scored.reasons)
         ]
+
+
+def _no_rows() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
 
 
 def _json_number(value: float) -> Any:

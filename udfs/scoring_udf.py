@@ -40,7 +40,7 @@ from lakescore.udfs.registry import get_task
 
 __all__ = [
     "RowCounter", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
-    "fidelity_figures", "start_worker",
+    "fidelity_figures", "start_worker", "batch_policy", "model_for_this_worker",
 ]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -163,10 +163,9 @@ def score_batches(
         yield first, None
     else:
         return
-    model, resolved, loads = _model_for_this_worker(spec)
+    model, resolved, loads = model_for_this_worker(spec)
     runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols), **(runner_options or {}))
-    default = getattr(model.scorer, "default_max_tokens", default_max_tokens)  # a head may plan its own batches
-    budget = AdaptiveBudget(BatchPolicy(max_tokens or default(resolved.device), max_rows))
+    budget = AdaptiveBudget(batch_policy(model, resolved.device, max_tokens, max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
         if batch.num_rows == 0:
             yield batch, None
@@ -221,7 +220,7 @@ def make_preflight_function(
         started = time.perf_counter()
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
-            model, resolved, loads = _model_for_this_worker(spec)
+            model, resolved, loads = model_for_this_worker(spec)
             rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
@@ -303,7 +302,15 @@ def _prediction_arrays(model: LoadedModel, scored: Scored, types: Sequence[pa.Da
     return arrays
 
 
-def _model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int]:
+def batch_policy(model: LoadedModel, device: str, max_tokens: Optional[int], max_rows: int) -> BatchPolicy:
+    """The forward batches' bounds for ``model`` on ``device``: ``max_tokens`` (default: the head's own
+    ``default_max_tokens(device)`` where it has one, else :func:`~lakescore.udfs.batching.default_max_tokens`) and
+    ``max_rows``."""
+    default = getattr(model.scorer, "default_max_tokens", default_max_tokens)  # a head may plan its own batches
+    return BatchPolicy(max_tokens or default(device), max_rows)
+
+
+def model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int]:
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), the spec it loaded (the
     device and dtype as they run here: float16 on a CPU runs float32), and 1 when this call loaded it (0: it was
     cached)."""

@@ -71,11 +71,12 @@ def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
 
 
 def format_history(records: list[RunRecord]) -> str:
-    """A fixed-width table: run id, date, status, rows in / out / errors, seconds, model sha, Delta version."""
-    header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "model sha256", "version")
+    """A fixed-width table: run id, date, status, rows in / out / errors, seconds, core-seconds and cost
+    (:mod:`lakescore.jobs.cost`), model sha, Delta version."""
+    header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "core-s", "cost", "model sha256", "version")
     rows = [header] + [_cells(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    right = {3, 4, 5, 6, 8}
+    right = {3, 4, 5, 6, 7, 8, 10}
     return "\n".join(
         "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
@@ -120,10 +121,14 @@ def _cells(record: RunRecord) -> tuple[str, ...]:
 
     seconds = report.get("seconds")
     sha = report.get("model_sha256")
+    cost = report.get("cost") or {}
+    core_seconds = (cost.get("core_seconds") or {}).get("run")
     return (
         record.run_id or "(not lakescore)", record.when, record.status, number("input_rows"),
         number("output_rows", record.rows_written), number("error_rows"),
-        f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-", sha[:12] if sha else "-",
+        f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
+        f"{core_seconds:,.0f}" if isinstance(core_seconds, (int, float)) else "-",
+        f"{cost['cost']:.4g}" if isinstance(cost.get("cost"), (int, float)) else "-", sha[:12] if sha else "-",
         str(record.delta_version) if record.delta_version is not None else "-",
     )
 

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from lakescore.jobs.config import ConfigError, JobConfig
 
-__all__ = ["SweepPoint", "run_sweep", "recommend", "format_sweep", "sweep_report", "DEFAULT_BUDGETS"]
+__all__ = ["SweepPoint", "run_sweep", "recommend", "format_sweep", "sweep_report", "DEFAULT_BUDGETS", "PeakMemory"]
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def run_sweep(
     for budget in budgets:
         policy = BatchPolicy(budget, cfg.scoring.max_batch_rows)
         try:
-            with _PeakMemory(device) as memory:
+            with PeakMemory(device) as memory:
                 started = time.perf_counter()
                 score_texts(texts, model.scorer, policy)
                 seconds = time.perf_counter() - started
@@ -127,7 +127,7 @@ def _sample_texts(df, text_col: str, rows: int) -> list[str]:
     return [r["text"] for r in present.limit(rows).collect()]
 
 
-class _PeakMemory:
+class PeakMemory:
     """Peak memory during a block: CUDA allocator peak on GPU, else this process's RSS (sampled)."""
 
     def __init__(self, device: str) -> None:
@@ -135,7 +135,7 @@ class _PeakMemory:
         self.peak_mib = 0.0
         self._stop = threading.Event()
 
-    def __enter__(self) -> "_PeakMemory":
+    def __enter__(self) -> "PeakMemory":
         if self._device == "cuda":
             import torch
 

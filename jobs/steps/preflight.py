@@ -56,6 +56,8 @@ class ModelIdentity:
     model_files: dict = field(default_factory=dict)
     """The digests of the model's files besides its weights as the executors loaded them
     (:func:`~lakescore.udfs.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
+    gpus: int = 0
+    """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
 
 
 class PythonWorkerStart:
@@ -153,6 +155,7 @@ def preflight_model(
     return ModelIdentity(
         model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
+        gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional
 from lakescore.jobs.platform.spark_adapter import session_facts
 from lakescore.jobs.platform.step_hooks import at_step
 from lakescore.jobs.config import JobConfig
+from lakescore.jobs.cost import run_cost, session_resources
 from lakescore.jobs.report import RunReport, one_line, software_versions
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
@@ -109,6 +110,12 @@ def assemble_report(
         validation=validation,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
         workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
+        cost=run_cost(
+            seconds=seconds, worker_seconds=accounting.workers.get("model_seconds") or 0.0,
+            rows_scored=accounting.output_rows, resources=session_resources(run.spark, cfg, run.layout.profile is not None),
+            gpus=identity.gpus, price_per_core_hour=cfg.resources.price_per_core_hour,
+            price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
+        ),
         spark=session_facts(run.spark),
         started_at=clock.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

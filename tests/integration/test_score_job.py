@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lakescore.jobs.cli import main
 from lakescore.jobs.commands.demo import generate_reviews
+from lakescore.jobs.commands.plan import host_load
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.platform.tables import TableError
 from lakescore.schemas.contracts import InputContractError
@@ -24,6 +26,11 @@ EDGE_TEXTS = [
     "great " * 1500,
     "'; DROP TABLE reviews; --",
 ]
+
+ROWS_PLANNED = 1500
+"""The CLI test's table: big enough that ``lakescore plan``'s prediction is about the scoring, not noise."""
+OVERSUBSCRIBED = 2.0
+"""Load per CPU above which the host is too busy for a timing bound (other processes decide the run's time)."""
 
 
 def reviews_frame(rows: int, seed: int = 11) -> pd.DataFrame:
@@ -87,17 +94,24 @@ def test_metastore_in_and_out_rerun_is_idempotent(spark, reviews_table, job_conf
     assert sorted(history["version"].tolist()) == [0, 1]
 
 
-def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark):
+def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark, capsys):
     source = tmp_path / "reviews.parquet"
-    reviews_frame(120, seed=3).to_parquet(source)
+    reviews_frame(ROWS_PLANNED, seed=3).to_parquet(source)
     output, report = tmp_path / "out" / "embeddings", tmp_path / "report.json"
+    flags = ["--input", str(source), "--output", str(output), "--task", "embed", "--model", str(minilm_dir),
+             "--id-col", "review_id", "--text-col", "body", "--report", str(report),
+             "--conf", str(Path(__file__).resolve().parents[2] / "conf" / "local.yaml"),
+             "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}", "--set", "spark.master=local[2]",
+             "--set", "spark.conf.spark.ui.enabled=false", "--set", "resources.price_per_core_hour=0.05"]
+    # lakescore plan first (in this process, on the test's local[2] session: the same cores the run gets)
+    assert main(["plan", *flags, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["rows"], plan["rows_to_score"], plan["sample_rows"]) == (ROWS_PLANNED, ROWS_PLANNED, ROWS_PLANNED)
+    assert plan["tokens"] > 10 * ROWS_PLANNED and plan["padded_tokens"] >= plan["tokens"] and plan["forward_batches"] > 1
+    assert plan["cost_from"] == "calibration on the driver" and plan["peak_memory_mib"] > 100  # a fresh output
     cli = Path(sys.executable).with_name("lakescore")
     result = subprocess.run(
-        [str(cli), "score", "--input", str(source), "--output", str(output), "--task", "embed",
-         "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body", "--report", str(report),
-         "--conf", str(Path(__file__).resolve().parents[2] / "conf" / "local.yaml"),
-         "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}", "--set", "spark.master=local[2]",
-         "--set", "spark.conf.spark.ui.enabled=false", "--run-id", "cli-run-1"],
+        [str(cli), "score", *flags, "--run-id", "cli-run-1"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
@@ -105,11 +119,24 @@ def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark):
     assert "run cli-run-1: succeeded" in result.stdout
     data = json.loads(report.read_text())
     assert data["status"] == "succeeded" and data["run_id"] == "cli-run-1"
-    assert data["input_rows"] == data["output_rows"] == 120
+    assert data["input_rows"] == data["output_rows"] == ROWS_PLANNED
     assert data["delta_version"] == 0 and data["validation"]["success"] is True
     assert data["rows_per_second"] > 0 and data["seconds"] > 0
+    # What it used: local[2] holds 2 cores for the whole run; the stage's busy core-seconds are its workers' forward
+    cost = data["cost"]
+    assert cost["core_seconds"]["run"] == pytest.approx(2 * data["seconds"], rel=1e-3)
+    assert cost["core_seconds"]["score_stage"] == pytest.approx(data["workers"]["model_seconds"], rel=1e-3)
+    assert cost["cost"] == pytest.approx(cost["core_seconds"]["run"] * 0.05 / 3600, rel=1e-3)
+    assert f"rows/core-s; cost {cost['cost']:,.4g}" in result.stdout
     out = read_output(spark, str(output))
-    assert len(out) == 120 and out["review_id"].is_unique and set(out["run_id"]) == {"cli-run-1"}
+    assert len(out) == ROWS_PLANNED and out["review_id"].is_unique and set(out["run_id"]) == {"cli-run-1"}
+    # The plan's accuracy bound: the measured run within 0.67-1.5x of the predicted total, on a host that is not
+    # oversubscribed (what else runs on it after the plan is not the plan's to know)
+    load = max(plan["host_load_per_cpu"], host_load())
+    if load > OVERSUBSCRIBED:
+        pytest.skip(f"host load {load:.1f} per CPU: too busy for the plan's accuracy bound (the run's other checks passed)")
+    ratio = data["seconds"] / plan["predicted_seconds"]["total"]
+    assert 0.67 <= ratio <= 1.5, (ratio, plan["predicted_seconds"], data["step_seconds"], load)
 
 
 def test_missing_column_fails_before_any_compute(tmp_path, spark, job_config):

@@ -1,0 +1,120 @@
+"""What a run used and what it cost: core-seconds and GPU-seconds of its scoring stage and of the whole run.
+
+The definitions, in one place (the report's ``cost``, the summary line, the HTML page, ``lakescore history`` and
+``lakescore plan`` all use them):
+
+* **cores of the session**: the executors' cores (Spark's default parallelism) plus the driver's
+  (``spark.driver.cores``, 1 unless set); a ``local[…]`` master runs the driver and its executor in one process on the
+  same cores, which count once. **GPUs of the session**: the GPUs the executors' preflight loaded the model on.
+* **scoring stage**: the workers' scoring seconds (every forward batch of every task, summed) times the CPUs, and
+  the GPUs when the model ran on one, that each scoring task holds: what the stage kept busy.
+* **whole run**: the run's wall seconds times the session's cores (and GPUs): what the run held, busy or not.
+* **rows per core-second**: rows scored over the whole run's core-seconds.
+* **cost**, when ``resources.price_per_core_hour`` or ``price_per_gpu_hour`` is set: the whole run's core-hours and
+  GPU-hours at those prices (an unset price counts as zero), and that per million rows scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+__all__ = ["SessionResources", "session_cores", "session_resources", "run_cost", "cost_text"]
+
+
+@dataclass(frozen=True)
+class SessionResources:
+    """The session's cores (driver + executors), its scoring slots and what each scoring task holds."""
+
+    cores: int
+    executor_cores: int
+    task_cpus: int
+    task_gpus: float = 0.0
+
+    @property
+    def slots(self) -> int:
+        """Scoring tasks that run at once: the executors' cores over the CPUs per task (at least one)."""
+        return max(1, self.executor_cores // max(1, self.task_cpus))
+
+
+def session_cores(master: Optional[str], executor_cores: int, driver_cores: int = 1) -> int:
+    """The session's cores: ``executor_cores`` plus ``driver_cores``, except on a ``local[…]`` master, whose driver
+    shares its executor's cores.
+
+    >>> session_cores("local[2]", 2), session_cores("local-cluster[2,1,1024]", 2), session_cores("yarn", 16, 4)
+    (2, 3, 20)
+    """
+    local = (master or "").startswith("local[") or master == "local"
+    return max(1, executor_cores) if local else max(1, executor_cores) + max(0, driver_cores)
+
+
+def session_resources(spark, cfg, profiled: bool) -> SessionResources:
+    """:class:`SessionResources` of ``spark`` for the run ``cfg`` describes; ``profiled``: the scoring stage runs on
+    ``resources.scoring``'s profile (its ``task_cpus`` / ``task_gpus``), else on the session's task settings."""
+    from lakescore.jobs.platform.spark_adapter import default_parallelism, session_facts
+
+    def conf_number(key: str, default: float) -> float:
+        try:
+            return float(spark.conf.get(key, None) or default)
+        except Exception:  # a platform that hides the key (serverless), or no number: the default
+            return default
+
+    executors = default_parallelism(spark)
+    scoring = cfg.resources.scoring
+    task_cpus = (scoring.task_cpus if profiled else None) or int(conf_number("spark.task.cpus", 1))
+    task_gpus = (scoring.task_gpus if profiled else None) or conf_number("spark.task.resource.gpu.amount", 0)
+    cores = session_cores(session_facts(spark).get("master"), executors, int(conf_number("spark.driver.cores", 1)))
+    return SessionResources(cores, executors, task_cpus, float(task_gpus))
+
+
+def run_cost(
+    *,
+    seconds: float,
+    worker_seconds: float,
+    rows_scored: int,
+    resources: SessionResources,
+    gpus: int = 0,
+    price_per_core_hour: Optional[float] = None,
+    price_per_gpu_hour: Optional[float] = None,
+) -> dict[str, Any]:
+    """The report's ``cost`` of a run that ran ``seconds`` (wall), whose workers scored ``rows_scored`` rows in
+    ``worker_seconds`` (summed over tasks), on a session of ``resources`` with ``gpus`` GPUs (0: the model ran on
+    CPUs): ``cores``, ``gpus``, ``core_seconds`` and ``gpu_seconds`` (``score_stage``, ``run``),
+    ``rows_per_core_second`` and, with a price set, ``cost`` and ``cost_per_million_rows`` (module docstring).
+
+    >>> c = run_cost(seconds=20, worker_seconds=6, rows_scored=1000, resources=SessionResources(2, 2, 1),
+    ...              price_per_core_hour=0.36)
+    >>> c["core_seconds"], c["rows_per_core_second"], c["cost"], c["cost_per_million_rows"]
+    ({'score_stage': 6.0, 'run': 40.0}, 25.0, 0.004, 4.0)
+    """
+    task_gpus = (resources.task_gpus or 1.0) if gpus else 0.0
+    core_seconds = {"score_stage": round(float(worker_seconds * resources.task_cpus), 3),
+                    "run": round(float(seconds * resources.cores), 3)}
+    gpu_seconds = {"score_stage": round(float(worker_seconds * task_gpus), 3), "run": round(float(seconds * gpus), 3)}
+    cost: dict[str, Any] = {
+        "cores": resources.cores, "gpus": gpus, "core_seconds": core_seconds, "gpu_seconds": gpu_seconds,
+        "rows_per_core_second": round(rows_scored / core_seconds["run"], 3) if rows_scored and core_seconds["run"] else None,
+    }
+    if price_per_core_hour is None and price_per_gpu_hour is None:
+        return cost
+    total = (core_seconds["run"] * (price_per_core_hour or 0.0) + gpu_seconds["run"] * (price_per_gpu_hour or 0.0)) / 3600
+    cost.update(
+        price_per_core_hour=price_per_core_hour, price_per_gpu_hour=price_per_gpu_hour, cost=round(total, 6),
+        cost_per_million_rows=round(total * 1e6 / rows_scored, 4) if rows_scored else None,
+    )
+    return cost
+
+
+def cost_text(cost: Mapping[str, Any]) -> str:
+    """A report's ``cost`` as one line: ``40.0 core-s (scoring stage 6.0), 25.0 rows/core-s; cost 0.004 (4 per
+    million rows)``."""
+    cores, gpus = cost["core_seconds"], cost.get("gpu_seconds") or {}
+    text = f"{cores['run']:,.1f} core-s (scoring stage {cores['score_stage']:,.1f})"
+    if cost.get("gpus"):
+        text += f", {gpus['run']:,.1f} GPU-s (scoring stage {gpus['score_stage']:,.1f})"
+    if cost.get("rows_per_core_second"):
+        text += f", {cost['rows_per_core_second']:,.1f} rows/core-s"
+    if cost.get("cost") is not None:
+        per_million = cost.get("cost_per_million_rows")
+        text += f"; cost {cost['cost']:,.4g}" + (f" ({per_million:,.4g} per million rows)" if per_million is not None else "")
+    return text
