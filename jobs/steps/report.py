@@ -69,9 +69,11 @@ def assemble_report(
     outcome: Outcome,
     clock: StepClock,
     profile: Optional[dict[str, Any]] = None,
+    drift: Optional[dict[str, Any]] = None,
 ) -> RunReport:
     """The report of a run that reached its publish decision (whatever the decision was); ``profile``:
-    the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`)."""
+    the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`); ``drift``: the drift gate's figures
+    (:mod:`lakescore.jobs.steps.drift`)."""
     cfg, identity = run.cfg, plan.identity
     seconds = round(clock.elapsed(), 3)
     return RunReport(
@@ -106,6 +108,7 @@ def assemble_report(
         delta_version=outcome.delta_version,
         previous_delta_version=targets.previous_version,
         validation=validation,
+        drift=drift,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
         workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
         spark=session_facts(run.spark),
