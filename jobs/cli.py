@@ -118,6 +118,7 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 def _score(args: argparse.Namespace) -> int:
     from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
+    from lakescore.jobs.steps.metrics import record_run, record_stopped_run
     from lakescore.jobs.steps.report import failure_report
 
     cfg = _config(args)
@@ -128,10 +129,10 @@ def _score(args: argparse.Namespace) -> int:
             failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
             failed.log_file = _kept_trace(exc) or _path_or_none(run_log())
             write_report(failed, cfg.report)
+        record_stopped_run(None, cfg, exc)
         raise
     report.log_file = _path_or_none(run_log())
-    if cfg.report:
-        write_report(report, cfg.report)
+    record_run(None, cfg, report)
     print(report.summary())
     if cfg.report:
         print(report_location(report, cfg.report))

@@ -9,8 +9,8 @@ duplicated ids. Then the rows are scored chunk by chunk into a private staging t
 resumes), the staging table is pinned at its version then, and that one snapshot is accounted
 for (every input row in exactly one of output and errors), validated with Great Expectations, compared with
 the output's rows at a baseline version (the drift gate), and only then published in one Delta commit. A run
-that fails a check publishes nothing to the output: readers keep the previous version. Every run that got as far
-as its plan, published or not, finished or not, adds its row to the metrics table.
+that fails a check publishes nothing to the output: readers keep the previous version. Whoever runs the job
+writes its report and metrics row (:func:`~lakescore.jobs.steps.metrics.record_run`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from lakescore.jobs.platform.local.accelerations import import_late_modules_mean
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
-from lakescore.jobs.steps.drift import check_drift
-from lakescore.jobs.steps.metrics import record_metrics, record_stopped_run
+from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
@@ -49,17 +48,6 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     the output is untouched.
     """
     clock = StepClock()
-    try:
-        report = _score(cfg, spark, clock)
-    except BaseException as exc:
-        record_stopped_run(spark or SparkSession.getActiveSession(), cfg, exc, clock)
-        raise
-    record_metrics(spark or SparkSession.getActiveSession(), cfg, report)
-    return report
-
-
-def _score(cfg: JobConfig, spark: Optional[SparkSession], clock: StepClock) -> RunReport:
-    """The data path of :func:`run_scoring`, its steps timed by ``clock``."""
     with clock.step("startup"):  # a refused setting's failure report still says when the run started
         cfg.require_for_scoring()
         run = open_input(cfg, spark)
@@ -84,9 +72,10 @@ def _score(cfg: JobConfig, spark: Optional[SparkSession], clock: StepClock) -> R
         accounting = account_rows(plan, snapshot)
         rows = output_rows(run, plan, accounting)
         profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
+        drifting = start_drift(run, targets, accounting, rows)  # the drift gate's figures, while GX runs
         at_point("validation_running")
         validation = validate_rows(run, targets, plan, accounting, rows)
-        drift = check_drift(run, targets, accounting, rows)
+        drift = drifting.result()
     with clock.step("report_data"):
         profile = finish_profile(profiling)
     with clock.step("publish"):

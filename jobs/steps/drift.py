@@ -20,6 +20,7 @@ per-id cosines.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame
@@ -31,7 +32,7 @@ from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.registry import OutputProfile, get_task
 
-__all__ = ["DECILES", "EMPTY_BIN_SHARE", "check_drift", "js_distance", "psi", "exceeded"]
+__all__ = ["DECILES", "EMPTY_BIN_SHARE", "check_drift", "start_drift", "js_distance", "psi", "exceeded"]
 
 DECILES = tuple(round(i / 10, 1) for i in range(1, 10))
 EMPTY_BIN_SHARE = 1e-4
@@ -79,6 +80,15 @@ def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows:
         drift["ids_compared"] = compared
     drift["exceeded"] = exceeded(figures, bounds)
     return drift
+
+
+def start_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> "Future[Optional[dict[str, Any]]]":
+    """:func:`check_drift` in a background thread: its small Spark jobs wait on the scheduler more than they compute,
+    so they overlap the GX suite's."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-drift")
+    future = pool.submit(check_drift, run, targets, accounting, rows)
+    pool.shutdown(wait=False)
+    return future
 
 
 def exceeded(figures: Mapping[str, Optional[float]], bounds: Mapping[str, Mapping[str, float]]) -> list[str]:

@@ -2,17 +2,20 @@
 
 The row holds the run's status, times and row counts, the prediction profile of its rows (label shares, deciles of
 the score, of the embeddings' norms, of the generated texts' lengths: :mod:`lakescore.jobs.steps.drift`), the drift
-figures and the baseline version. It is written after the report is assembled, for every run that got as far as its
-plan (which names the run id): succeeded, refused by a check (``validation_failed``, ``error_rate_exceeded``,
-``drift_exceeded``), ``failed`` or ``interrupted``; a run refused before compute (a bad setting, input or model)
-writes none. The write replaces the run id's row (``replaceWhere``), so a rerun of one run id leaves one row,
-its last outcome. A failed write is logged and changes nothing about the run.
+figures and the baseline version. Whoever runs the job writes it beside the run's JSON and HTML report
+(:func:`record_run`; :func:`record_stopped_run` for a run that raised): the CLI and the Python API's ``score``.
+Every run that got as far as its plan (which names the run id) has one: succeeded, refused by a check
+(``validation_failed``, ``error_rate_exceeded``, ``drift_exceeded``), ``failed`` or ``interrupted``; a run refused
+before compute (a bad setting, input or model) has none. The write replaces the run id's row (``replaceWhere``), so
+a rerun of one run id leaves one row, its last outcome. A failed write is logged and changes nothing about the run.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Optional
 
 from pyspark.sql import SparkSession
@@ -23,10 +26,10 @@ from pyspark.errors import AnalysisException
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import TableError, read_input, write_delta
-from lakescore.jobs.report import RunReport, one_line
-from lakescore.jobs.steps.report import StepClock, failure_report
+from lakescore.jobs.report import RunReport, one_line, write_report
+from lakescore.jobs.steps.report import failure_report
 
-__all__ = ["METRICS_SCHEMA", "metrics_row", "record_metrics", "record_stopped_run", "read_metrics"]
+__all__ = ["METRICS_SCHEMA", "metrics_row", "record_metrics", "record_run", "record_stopped_run", "read_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +93,34 @@ def record_metrics(spark: Optional[SparkSession], cfg: JobConfig, report: RunRep
         return
     target = cfg.metrics_ref()
     try:
-        frame = spark.createDataFrame([tuple(row[f.name] for f in METRICS_SCHEMA.fields)], METRICS_SCHEMA)
+        frame = spark.createDataFrame([tuple(row[f.name] for f in METRICS_SCHEMA.fields)], METRICS_SCHEMA).coalesce(1)
         write_delta(frame, target, replace_where=f"run_id = '{report.run_id}'")
     except Exception as exc:  # the run's outcome is decided; its metrics row must never change it
         log.warning("could not write run %s's row to the metrics table %s: %s", report.run_id, target, one_line(exc))
         log.debug("the metrics table's write failed", exc_info=True)
 
 
-def record_stopped_run(spark: Optional[SparkSession], cfg: JobConfig, exc: BaseException, clock: StepClock) -> None:
+def record_run(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport) -> Optional[Path]:
+    """Write ``report`` as JSON and HTML to ``cfg.report`` (when set; its path is returned) while its metrics row is
+    written (:func:`record_metrics`, in a background thread: its Spark job waits on the scheduler, the page on
+    matplotlib). ``spark``: the run's session; default: the active one."""
+    spark = spark or SparkSession.getActiveSession()  # in this thread: the JVM keeps the active session per thread
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-metrics")
+    recording = pool.submit(record_metrics, spark, cfg, report)
+    pool.shutdown(wait=False)
+    try:
+        return write_report(report, cfg.report) if cfg.report else None
+    finally:
+        recording.result()
+
+
+def record_stopped_run(spark: Optional[SparkSession], cfg: JobConfig, exc: BaseException) -> None:
     """:func:`record_metrics` for a run that raised ``exc``: ``interrupted`` or ``failed``, no row counts; nothing for
     a run stopped before its plan named it."""
-    run_id = clock.facts.get("run_id")
-    if run_id is None:
+    if not getattr(exc, "lakescore_facts", {}).get("run_id"):
         return
     report = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
-    report.run_id = run_id
-    record_metrics(spark, cfg, report)
+    record_metrics(spark or SparkSession.getActiveSession(), cfg, report)
 
 
 def read_metrics(spark: SparkSession, ref: str, run_ids: list[str]) -> dict[str, dict[str, Any]]:

@@ -43,9 +43,10 @@ class StepClock:
 
         Test-only hooks (:mod:`lakescore.jobs.platform.step_hooks`) run first, outside the timing.
         """
-        at_step(name)
         start = time.perf_counter()
         try:
+            at_step(name)  # what a hook raises (a test's interrupt at a barrier) stops the run in this step too
+            start = time.perf_counter()
             yield
         except BaseException as exc:
             if getattr(exc, "lakescore_step", None) is None:
