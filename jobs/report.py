@@ -28,8 +28,8 @@ UNFINISHED = ("failed", "interrupted")
 @dataclass
 class RunReport:
     """Facts of one run. ``status`` is ``succeeded``, ``validation_failed``, ``error_rate_exceeded`` or
-    ``drift_exceeded`` for a run that reached its publish decision, ``failed`` or ``interrupted`` (:data:`UNFINISHED`) for one that stopped
-    before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
+    ``drift_exceeded`` for a run that reached its publish decision, ``failed`` or ``interrupted``
+    (:data:`UNFINISHED`) for one that stopped before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
     how long it ran, and the counts are unknown (``None``).
 
     ``input_rows == rows_kept + output_rows + error_rows`` for every finished run: each input row is kept
