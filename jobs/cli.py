@@ -1,6 +1,6 @@
 """``lakescore`` command line: ``score``, ``plan``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
 
-Exit codes: 0 success; 1 the run failed a check (validation, error rate) and
+Exit codes: 0 success; 1 the run failed a check (validation, error rate, drift) and
 published nothing; 2 a configuration, input or model problem (found before any
 compute, or an input file Spark cannot read); 3 any other failure; 130 interrupted
 (SIGINT / SIGTERM: the chunks staged so far are kept, and rerunning the same
@@ -31,7 +31,7 @@ __all__ = ["main", "run"]
 log = logging.getLogger("lakescore")
 
 EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
-"""``EXIT_VALIDATION_FAILED`` covers every "ran, but published nothing" outcome: validation, error rate."""
+"""``EXIT_VALIDATION_FAILED`` covers every "ran, but published nothing" outcome: validation, error rate, drift."""
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lakescore", description="Batch model scoring of warehouse tables into Delta.")
@@ -127,6 +127,7 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 def _score(args: argparse.Namespace) -> int:
     from lakescore.jobs.report import report_location, write_report
     from lakescore.jobs.score_job import run_scoring
+    from lakescore.jobs.steps.metrics import record_run, record_stopped_run
     from lakescore.jobs.steps.report import failure_report
 
     cfg = _config(args)
@@ -137,10 +138,10 @@ def _score(args: argparse.Namespace) -> int:
             failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
             failed.log_file = _kept_trace(exc) or _path_or_none(run_log())
             write_report(failed, cfg.report)
+        record_stopped_run(None, cfg, exc)
         raise
     report.log_file = _path_or_none(run_log())
-    if cfg.report:
-        write_report(report, cfg.report)
+    record_run(None, cfg, report)
     print(report.summary())
     if cfg.report:
         print(report_location(report, cfg.report))
@@ -191,7 +192,8 @@ def _history(args: argparse.Namespace) -> int:
 
     cfg = _config(args, {"output": args.output, "errors": args.errors})
     spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
-    records = run_history(spark, cfg.output, cfg.errors_ref(), None if args.run else args.limit)
+    records = run_history(spark, cfg.output, cfg.errors_ref(), None if args.run else args.limit,
+                          cfg.metrics_ref() if cfg.validation.metrics else None)
     print(format_run(find_run(records, args.run)) if args.run else format_history(records))
     return EXIT_OK
 

@@ -449,6 +449,43 @@ class GenerateConfig(_Section):
         return GenerateOptions(**{name: getattr(self, name) for name in type(self).model_fields})
 
 
+def _baseline(value: str) -> Optional[str]:
+    if value == "previous" or value.isdigit():
+        return None
+    return f"must be previous or a Delta version number, got {_shown(value)}"
+
+
+class DriftConfig(_Section):
+    """The drift gate: this run's predictions against the output's rows at a baseline version, before the publish.
+    Every figure the task's outputs allow is computed and reported; a bound set here refuses the publish
+    (``drift_exceeded``, exit 1) when the figure passes it. No baseline (a first run): skipped, with a note."""
+
+    baseline: Annotated[Text, _checked(_baseline)] = "previous"
+    """The output version to compare with: ``previous`` (the output as this run found it) or a Delta version number."""
+    max_label_js: Optional[Fraction] = None
+    """Tasks with a label (``classify``, ``image_classify``, ``generate`` with ``generate.choices``): refuse when the
+    Jensen-Shannon distance (base 2) between this run's label shares and the baseline's exceeds this."""
+    max_score_psi: Optional[Number] = Field(None, ge=0)
+    """Tasks with a numeric prediction (``score``, tabular ``prediction``): refuse when its population stability index
+    over 10 quantile bins of the baseline exceeds this (0.1 is a common "moved", 0.25 a "shifted")."""
+    min_id_cosine_p5: Optional[Number] = Field(None, ge=-1, le=1)
+    """Embedding tasks: refuse when the 5th percentile of the cosine between each id's embedding and its baseline
+    embedding (ids in both, with an unchanged ``input_digest`` where both store it) falls below this."""
+
+    @property
+    def baseline_version(self) -> Optional[int]:
+        """The configured baseline as a version number; ``None`` for ``previous``."""
+        return None if self.baseline == "previous" else int(self.baseline)
+
+    def bounds(self) -> dict[str, Any]:
+        """Every bound by its option name, ``None`` where not set."""
+        return {name: getattr(self, name) for name in ("max_label_js", "max_score_psi", "min_id_cosine_p5")}
+
+
+_DRIFT_READS = {"max_label_js": "label", "max_score_psi": "score", "min_id_cosine_p5": "embedding"}
+"""Each drift bound, and the output it reads (:class:`~lakescore.udfs.registry.OutputProfile`)."""
+
+
 class ValidationConfig(_Section):
     """The Great Expectations suite every run must pass before its output is published. Built in: row count,
     columns, types, no nulls in predictions and identity columns, one weights digest, this run's id."""
@@ -464,6 +501,12 @@ class ValidationConfig(_Section):
     max_length_stops: Optional[Fraction] = None
     """``generate``: fail when more than this fraction of rows stopped at ``generate.max_new_tokens``
     (``finish_reason`` ``length``: their text was cut); default: no limit."""
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    metrics: bool = True
+    """Add one row per run (published or not: its status, times, row counts, prediction profile and drift figures) to
+    the metrics table; a failed write is logged and changes nothing about the run."""
+    metrics_table: Optional[Text] = None
+    """The metrics table (Delta, table or path); default: ``<output>_metrics`` beside the output."""
 
 
 class WriteConfig(_Section):
@@ -627,6 +670,13 @@ class JobConfig(_Section):
             if getattr(self.validation, option) is not None and option not in task.validation_options:
                 readers = ", ".join(name for name in TASKS if option in get_task(name).validation_options)
                 raise ConfigError(f"validation.{option} applies to task {readers}, not {self.task!r}")
+        profile = task.output_profile(self.task_options())
+        for option, reads in _DRIFT_READS.items():
+            if getattr(self.validation.drift, option) is not None and getattr(profile, reads) is None:
+                raise ConfigError(
+                    f"validation.drift.{option} compares the {reads} output, which task {self.task!r} does not write "
+                    "with these settings"
+                )
         for section in TASK_OPTION_SECTIONS:
             given = sorted(getattr(self, section).model_fields_set)
             if given and section != task.options_section:
@@ -752,14 +802,20 @@ class JobConfig(_Section):
     def errors_ref(self) -> str:
         """The dead-letter table: configured, else ``<output>_errors`` beside the output (for a table, built
         from its parsed name: ``main.`my scores``` -> ``main.`my scores_errors```)."""
+        return self.errors or self._beside_output("_errors")
+
+    def metrics_ref(self) -> str:
+        """The metrics table: ``validation.metrics_table``, else ``<output>_metrics`` beside the output, named as
+        :meth:`errors_ref` names the errors table."""
+        return self.validation.metrics_table or self._beside_output("_metrics")
+
+    def _beside_output(self, suffix: str) -> str:
         from lakescore.jobs.platform.identifiers import parse_table_name
         from lakescore.jobs.platform.tables import is_path
 
-        if self.errors:
-            return self.errors
         if not self.output or is_path(self.output):
-            return f"{(self.output or '').rstrip('/')}_errors"
-        return str(parse_table_name(self.output, "output").with_suffix("_errors"))
+            return f"{(self.output or '').rstrip('/')}{suffix}"
+        return str(parse_table_name(self.output, "output").with_suffix(suffix))
 
 
 _COLUMN_SETTINGS = tuple(dict.fromkeys(t.input_kind.column_setting for t in _TASKS.values() if t.input_kind.column_setting))

@@ -18,7 +18,7 @@ from lakescore.jobs.cost import cost_text
 
 __all__ = [
     "RunReport", "UNFINISHED", "write_report", "report_location", "html_path_for", "software_versions", "one_line",
-    "precision_check_text", "nothing_scored_text",
+    "precision_check_text", "nothing_scored_text", "drift_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,9 @@ UNFINISHED = ("failed", "interrupted")
 
 @dataclass
 class RunReport:
-    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed`` or ``error_rate_exceeded`` for a run
-    that reached its publish decision, ``failed`` or ``interrupted`` (:data:`UNFINISHED`) for one that stopped
-    before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
+    """Facts of one run. ``status`` is ``succeeded``, ``validation_failed``, ``error_rate_exceeded`` or
+    ``drift_exceeded`` for a run that reached its publish decision, ``failed`` or ``interrupted``
+    (:data:`UNFINISHED`) for one that stopped before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
     how long it ran, and the counts are unknown (``None``).
 
     ``input_rows == rows_kept + output_rows + error_rows + ranked_out`` for every finished run: each input row is kept
@@ -96,6 +96,11 @@ class RunReport:
     delta_version: Optional[int] = None
     previous_delta_version: Optional[int] = None
     validation: Optional[dict[str, Any]] = None
+    drift: Optional[dict[str, Any]] = None
+    """This run's predictions against the output at a baseline version (:func:`lakescore.jobs.steps.drift.check_drift`):
+    ``figures`` (``label_js``, ``score_psi``, ``id_cosine_p5``, as the task's outputs allow), ``bounds``, ``exceeded``,
+    ``baseline_version``, ``gated`` (whether a bound applied), ``note`` (why there was no comparison), and the
+    ``profiles`` of both sides; ``None`` for a task without a profiled output."""
     step_seconds: dict[str, float] = field(default_factory=dict)
     workers: dict[str, float] = field(default_factory=dict)
     cost: Optional[dict[str, Any]] = None
@@ -171,6 +176,8 @@ class RunReport:
             lines.append(f"  validation: {'passed' if self.validation['success'] else f'{len(failed)} check(s) failed'}")
             for check in failed:
                 lines.append(f"    failed: {check['expectation']} {check.get('column') or ''} {check.get('observed', '')}")
+        if self.drift is not None:
+            lines.append(f"  drift: {drift_text(self.drift)}")
         if self.error:
             lines.append(f"  error: {self.error}")
         return "\n".join(lines)
@@ -197,6 +204,23 @@ def precision_check_text(check: dict[str, Any]) -> str:
     (cosine_p1 0.9999, ...)``."""
     figures = ", ".join(f"{k} {v:.4f}" for k, v in check.items() if k not in ("path", "sample_rows"))
     return f"{check['path']}: within tolerance of float32 on {check['sample_rows']} sampled rows ({figures})"
+
+
+def drift_text(drift: dict[str, Any]) -> str:
+    """A report's ``drift`` as one line: ``against version 3: label_js 0.4123 (max 0.2: exceeded), score_psi 0.0312``,
+    or its ``note`` when nothing was compared."""
+    figures = drift.get("figures") or {}
+    if not figures:
+        return drift.get("note") or "nothing compared"
+    bounds, exceeded = drift.get("bounds") or {}, set(drift.get("exceeded") or ())
+    parts = []
+    for figure, value in figures.items():
+        text = f"{figure} {value:.4f}" if value is not None else f"{figure} -"
+        for side, bound in (bounds.get(figure) or {}).items():
+            text += f" ({side} {bound:g}{': exceeded' if figure in exceeded else ''})"
+        parts.append(text)
+    note = f"; {drift['note']}" if drift.get("note") else ""
+    return f"against version {drift.get('baseline_version')}: {', '.join(parts)}{note}"
 
 
 def write_report(report: RunReport, path: os.PathLike | str, html: bool = True) -> Path:

@@ -15,7 +15,10 @@ from typing import Optional, Sequence
 import matplotlib
 from matplotlib.figure import Figure
 
-__all__ = ["PALETTE", "bar_chart", "histogram_chart", "line_chart", "scatter_chart", "stacked_bar_chart", "timeline_chart"]
+__all__ = [
+    "PALETTE", "bar_chart", "histogram_chart", "line_chart", "paired_bar_chart", "scatter_chart", "stacked_bar_chart",
+    "timeline_chart",
+]
 
 _INK, _GRID = "#1f4e79", "#d0d7de"
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -144,4 +147,22 @@ def scatter_chart(key: str, points: Sequence[Sequence[float]], explained: Sequen
             axes.scatter(xs, ys, s=6, alpha=0.6, color=_INK)
         axes.set_xlabel(f"PC 1 ({100 * explained[0]:.0f}% of variance)")
         axes.set_ylabel(f"PC 2 ({100 * explained[1]:.0f}% of variance)")
+    return _svg(figure, key)
+
+
+def paired_bar_chart(key: str, categories: Sequence[str], series: Sequence[tuple[str, Sequence[float]]],
+                     xlabel: str) -> str:
+    """Horizontal bars, one group per category, one bar in each per ``(name, values)`` of ``series`` (two
+    distributions side by side), with a legend."""
+    figure, axes = _figure(width=5.6, height=0.8 + 0.32 * len(series) * max(1, len(categories)))
+    with matplotlib.rc_context(_STYLE):
+        height = 0.8 / max(1, len(series))
+        for i, (name, values) in enumerate(series):
+            axes.barh([y + i * height for y in range(len(categories))], values, height=height,
+                      color=[_INK, PALETTE[1], PALETTE[2]][i % 3], label=_shown(name, 30))
+        axes.set_yticks([y + height * (len(series) - 1) / 2 for y in range(len(categories))],
+                        [_shown(c) for c in categories])
+        axes.invert_yaxis()
+        axes.set_xlabel(xlabel)
+        axes.legend(fontsize=7, frameon=False)
     return _svg(figure, key)

@@ -5,7 +5,7 @@ fields, with its ``profile`` from :mod:`lakescore.jobs.steps.report_data`) into 
 inline CSS and inline SVG charts (:mod:`lakescore.jobs.report_charts`); it has no
 JavaScript and loads nothing. Sections: run identity, row accounting, where the time went,
 throughput over time, input lengths, the predictions' distributions, every validation check,
-and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
+the drift figures with both runs' distributions side by side, and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
 ``kind`` of each column (a data type), never the task's name. The page of a run that did not
 finish (:data:`~lakescore.jobs.report.UNFINISHED`) has the run and its time only: nothing was
 determined about its rows.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from lakescore.jobs import report_charts as charts
-from lakescore.jobs.report import UNFINISHED, html_path_for, nothing_scored_text, precision_check_text
+from lakescore.jobs.report import UNFINISHED, drift_text, html_path_for, nothing_scored_text, precision_check_text
 
 __all__ = ["render_html", "write_html"]
 
@@ -57,6 +57,7 @@ def render_html(report: Mapping[str, Any]) -> str:
             _inputs(profile.get("inputs") or []),
             _predictions(report, profile),
             _validation(report),
+            _drift(report.get("drift")),
             _dead_letters(profile.get("dead_letters"), report),
         ]
     status = str(report.get("status"))
@@ -286,6 +287,57 @@ def _validation(report: Mapping[str, Any]) -> str:
     table = _table(["result", "check", "column", "observed", "unexpected rows", "error"], rows, numeric=[4])
     table = table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace("<td>FAIL</td>", "<td class=fail>FAIL</td>")
     return _section("validation", "Validation", summary + table)
+
+
+_DRIFT_CHARTS = (
+    ("label_shares", "share of rows", "label shares"),
+    ("score_bins", "share of rows", "score, in bins cut at the baseline's deciles"),
+    ("score_deciles", "score", "score deciles"),
+    ("embedding_norm_deciles", "L2 norm", "embedding norm deciles"),
+    ("text_length_deciles", "characters", "text length deciles"),
+)
+"""The profiles a drift section draws: key, axis label, caption."""
+
+
+def _drift(drift: Optional[Mapping[str, Any]]) -> str:
+    """The drift figures against their bounds, and each profiled distribution of this run beside the baseline's."""
+    if drift is None:
+        return ""
+    bounds, exceeded = drift.get("bounds") or {}, set(drift.get("exceeded") or ())
+    rows = [(figure, "-" if value is None else f"{value:.4f}",
+             ", ".join(f"{side} {bound:g}" for side, bound in (bounds.get(figure) or {}).items()) or "none (reported only)",
+             "EXCEEDED" if figure in exceeded else ("pass" if figure in bounds else ""))
+            for figure, value in (drift.get("figures") or {}).items()]
+    body = f"<p id=drift-line>{_e(drift_text(drift))}</p>"
+    if rows:
+        table = _table(["figure", "value", "bound", "result"], rows, numeric=[1])
+        body += table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace("<td>EXCEEDED</td>", "<td class=fail>EXCEEDED</td>")
+    profiles = drift.get("profiles") or {}
+    run, baseline = profiles.get("run") or {}, profiles.get("baseline") or {}
+    figures = []
+    for i, (key, axis, caption) in enumerate(_DRIFT_CHARTS):
+        ours, theirs = run.get(key), baseline.get(key)
+        if (not ours and not theirs) or (key == "score_deciles" and run.get("score_bins")):  # bins say it better
+            continue
+        categories, series = _drift_series(key, ours, theirs, baseline.get("score_bin_edges"), drift.get("baseline_version"))
+        figures.append(_figure(charts.paired_bar_chart(f"drift-{i}", categories, series, axis), caption))
+    if figures:
+        body += f"<div class=charts>{''.join(figures)}</div>"
+    return _section("drift", "Drift", body)
+
+
+def _drift_series(key: str, ours: Any, theirs: Any, edges: Optional[list], version: Any) -> tuple[list[str], list]:
+    """The categories and the two series (this run, the baseline) of one drift chart."""
+    names = ("this run", f"baseline (version {version})")
+    if key == "label_shares":
+        labels = sorted(set(ours or {}) | set(theirs or {}))
+        return labels, [(n, [(shares or {}).get(k, 0.0) for k in labels]) for n, shares in zip(names, (ours, theirs)) if shares]
+    if key == "score_bins":
+        cuts = [f"{e:.3g}" for e in edges or []]
+        bins = [f"≤ {cuts[0]}"] + [f"{a} – {b}" for a, b in zip(cuts[:-1], cuts[1:])] + [f"> {cuts[-1]}"] if cuts else []
+        return bins, [(n, [c / (sum(counts) or 1) for c in counts]) for n, counts in zip(names, (ours, theirs)) if counts]
+    deciles = [f"p{10 * (i + 1)}" for i in range(len(ours or theirs))]
+    return deciles, [(n, values) for n, values in zip(names, (ours, theirs)) if values]
 
 
 def _dead_letters(sample: Optional[Mapping[str, Any]], report: Mapping[str, Any]) -> str:

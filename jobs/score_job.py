@@ -7,9 +7,10 @@ run's schema; the executors' Python workers load the model, hash its weights (wh
 match ``--expect-sha256``) and score one sample, while the driver checks the rows for null and
 duplicated ids. Then the rows are scored chunk by chunk into a private staging table (a rerun
 resumes), the staging table is pinned at its version then, and that one snapshot is accounted
-for (every input row in exactly one of output and errors), validated with Great Expectations, and
-only then published in one Delta commit. A run that fails a
-check publishes nothing to the output: readers keep the previous version.
+for (every input row in exactly one of output and errors), validated with Great Expectations, compared with
+the output's rows at a baseline version (the drift gate), and only then published in one Delta commit. A run
+that fails a check publishes nothing to the output: readers keep the previous version. Whoever runs the job
+writes its report and metrics row (:func:`~lakescore.jobs.steps.metrics.record_run`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from lakescore.jobs.platform.local.accelerations import import_late_modules_mean
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.steps.account import account_rows
+from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
@@ -42,9 +44,9 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
     :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
     before any compute when the run cannot succeed, :class:`~lakescore.jobs.platform.tables.WriteConflictError`
-    when a concurrent run won the publish. A failed validation or an exceeded error rate does not
-    raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` and the
-    output is untouched.
+    when a concurrent run won the publish. A failed validation, an exceeded error rate or drift past a bound does
+    not raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` / ``drift_exceeded`` and
+    the output is untouched.
     """
     clock = StepClock()
     with clock.step("startup"):  # a refused setting's failure report still says when the run started
@@ -71,14 +73,16 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         accounting = rank_rows(run, plan, account_rows(plan, snapshot))
         rows = output_rows(run, plan, accounting)
         profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
+        drifting = start_drift(run, targets, accounting, rows)  # the drift gate's figures, while GX runs
         at_point("validation_running")
         validation = validate_rows(run, targets, plan, accounting, rows)
+        drift = drifting.result()
     with clock.step("report_data"):
         profile = finish_profile(profiling)
     with clock.step("publish"):
         targets_loading.result()
-        outcome = publish(run, targets, plan, accounting, rows, validation)
-    return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile)
+        outcome = publish(run, targets, plan, accounting, rows, validation, drift)
+    return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 
 def _import_late_modules_meanwhile(cfg: JobConfig) -> None:

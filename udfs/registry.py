@@ -11,7 +11,8 @@ task name:
 * the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
 * the modules a worker imports, for the Python daemon to import before it forks workers (:meth:`Task.worker_imports`);
 * the output columns, from :mod:`lakescore.schemas.output` (:attr:`Task.output_fields`);
-  a head returns one Arrow array per output field, in that order, and never names them.
+  a head returns one Arrow array per output field, in that order, and never names them;
+* which output columns the run's prediction profile and drift figures read (:meth:`Task.output_profile`).
 
 Adding a task: one head module in ``udfs/`` (``tokenize``/``forward``/``columns``/``score``
 and a ``load_<head>(spec, model_dir)`` function), one :class:`Task` entry in :data:`TASKS`,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["InputKind", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,32 @@ IMAGE = InputKind(
 
 
 @dataclass(frozen=True)
+class OutputProfile:
+    """Which output columns a run's prediction profile and drift figures read, by what they hold (``None``: none)."""
+
+    label: Optional[str] = None
+    """A categorical prediction: its shares, and the Jensen-Shannon distance between two runs' shares."""
+    score: Optional[str] = None
+    """A numeric prediction: its deciles, and the population stability index between two runs."""
+    embedding: Optional[str] = None
+    """A vector: the deciles of its L2 norm, and the cosine between two runs' vectors of one id."""
+    text: Optional[str] = None
+    """Generated text: the deciles of its length in characters."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns named, each once."""
+        return tuple(dict.fromkeys(c for c in (self.label, self.score, self.embedding, self.text) if c))
+
+
+def _generated_profile(options: Any) -> OutputProfile:
+    """``generate``: with ``choices`` the text is one of them, a label; else free text, profiled by its length."""
+    if options is not None and options.choices:
+        return OutputProfile(label="generated_text")
+    return OutputProfile(text="generated_text")
+
+
+@dataclass(frozen=True)
 class Task:
     """One scoring task: its name, input kind and the head loader ``"module:function"``."""
 
@@ -123,6 +150,9 @@ class Task:
     validation_options: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """The ``validation.*`` settings only this task reads (config validation refuses them for the other tasks), each
     capping the share of published rows whose output ``column`` holds ``value``: name -> ``(column, value)``."""
+    profile: OutputProfile | Callable[[Any], OutputProfile] = OutputProfile()
+    """Which output columns the prediction profile and the drift gate read, or a function of the task's own settings
+    (:meth:`output_profile`) that says so."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -139,6 +169,11 @@ class Task:
 
             forward = WORKER_IMPORTS[backend]
         return ("lakescore.udfs.scoring_udf", *self.input_kind.worker_imports, *forward)
+
+    def output_profile(self, options: Any = None) -> OutputProfile:
+        """The profiled output columns of a run with the task's own settings ``options`` (``generate``:
+        :class:`~lakescore.udfs.generate_options.GenerateOptions`; ``None`` for tasks without a section)."""
+        return self.profile(options) if callable(self.profile) else self.profile
 
     def load(self, spec: ModelSpec, model_dir: Path) -> Any:
         """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
@@ -163,33 +198,37 @@ class Task:
         return [to_arrow_type(field.dataType) for field in self.output_fields]
 
 
+_LABELLED = OutputProfile(label="label", score="score")
+_EMBEDDED = OutputProfile(embedding="embedding")
+
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs"),
+        Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs",
+             profile=_LABELLED),
         Task(
             "embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers",
-            model_options=("pooling", "normalize", "prompt_name"),
+            model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED,
         ),
         Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
         Task(
             "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
-            "image classification: label, score, probs", backends=("torch",),
+            "image classification: label, score, probs", backends=("torch",), profile=_LABELLED,
         ),
         Task(
             "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
-            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",),
+            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",), profile=_EMBEDDED,
         ),
         Task(
             "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
-            backends=("torch",), forward_imports=("torch",),
+            backends=("torch",), forward_imports=("torch",), profile=OutputProfile(score="prediction"),
         ),
         Task(
             "generate", PROMPT, "lakescore.udfs.generate:load_generator",
             "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
             options_section="generate", optional_outputs=("choice_logprobs",),
             output_value_sets={"finish_reason": ("stop", "length", "choice")},
-            validation_options={"max_length_stops": ("finish_reason", "length")},
+            validation_options={"max_length_stops": ("finish_reason", "length")}, profile=_generated_profile,
         ),
     )
 }

@@ -82,8 +82,9 @@ def bundled_model_dir() -> Path:
 
 def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
-    from lakescore.jobs.report import report_location, write_report
+    from lakescore.jobs.report import report_location
     from lakescore.jobs.score_job import run_scoring
+    from lakescore.jobs.steps.metrics import record_run
     from lakescore.jobs.platform.session import get_or_create_session
 
     spark, _ = get_or_create_session(cfg.spark)
@@ -103,7 +104,7 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
         model=cfg.model.model_copy(update={"source": cfg.model.source or str(bundled_model_dir())}),
     ))
     report = run_scoring(demo_cfg, spark)
-    written = write_report(report, demo_cfg.report)
+    written = record_run(spark, demo_cfg, report)
     location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]
     print(report.summary())
     print(f"  Delta table: {demo_cfg.output} at {location}")

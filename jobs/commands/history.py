@@ -4,7 +4,8 @@ Every run tags its commits with :func:`~lakescore.jobs.platform.tables.run_metad
 the JSON report's path): the publish commit on the output, and the errors-table commit that
 every run makes, published or not. So the output's history lists the runs that published,
 the errors table's history adds those that did not (validation failed, error rate exceeded),
-and each run's JSON report, where it can still be read, fills in status, rows and seconds.
+and each run's JSON report, where it can still be read, fills in status, rows and seconds. The drift figures come
+from the report, else from the run's row in the metrics table (``<output>_metrics``).
 Commits without lakescore's tag (another writer, a run before tagging) are listed as such.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Optional
 
 from lakescore.jobs.platform.tables import HistoryEntry, TableError, delta_history
 from lakescore.jobs.report import RunReport, html_path_for
+from lakescore.jobs.steps.metrics import read_metrics
 
 __all__ = ["RunRecord", "run_history", "format_history", "format_run", "find_run"]
 
@@ -33,6 +35,18 @@ class RunRecord:
     rows_written: Optional[int]
     report_path: Optional[str]
     report: Optional[dict[str, Any]]
+    metrics: Optional[dict[str, Any]] = None
+    """The run's row in the metrics table (:mod:`lakescore.jobs.steps.metrics`), when it has one."""
+
+    @property
+    def drift(self) -> Optional[dict[str, Any]]:
+        """The drift figures (``figures``, ``exceeded``, ``note``): the report's, else the metrics row's."""
+        if self.report and self.report.get("drift"):
+            return self.report["drift"]
+        if not self.metrics:
+            return None
+        figures = {k: self.metrics[k] for k in ("label_js", "score_psi", "id_cosine_p5") if self.metrics.get(k) is not None}
+        return {"figures": figures, "exceeded": self.metrics.get("drift_exceeded") or [], "note": self.metrics.get("drift_note")}
 
     @property
     def status(self) -> str:
@@ -43,8 +57,9 @@ class RunRecord:
         return "published" if self.delta_version is not None else "not published"
 
 
-def run_history(spark, output: str, errors: str, limit: Optional[int] = None) -> list[RunRecord]:
-    """The runs of ``output`` (and its errors table ``errors``), newest first, at most ``limit``.
+def run_history(spark, output: str, errors: str, limit: Optional[int] = None, metrics: Optional[str] = None) -> list[RunRecord]:
+    """The runs of ``output`` (and its errors table ``errors``; with ``metrics``, their rows in that metrics table),
+    newest first, at most ``limit``.
 
     A run id that appears more than once (a rerun of a run date) is listed once per publish.
     """
@@ -58,7 +73,11 @@ def run_history(spark, output: str, errors: str, limit: Optional[int] = None) ->
             seen.add(entry.run_id)
             records.append(replace(_record(entry, None), rows_written=None))
     records.sort(key=lambda r: r.when, reverse=True)
-    return records[:limit] if limit else records
+    records = records[:limit] if limit else records
+    if metrics:
+        found = read_metrics(spark, metrics, [r.run_id for r in records if r.run_id])
+        records = [replace(r, metrics=found.get(r.run_id)) for r in records]
+    return records
 
 
 def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
@@ -72,8 +91,9 @@ def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
 
 def format_history(records: list[RunRecord]) -> str:
     """A fixed-width table: run id, date, status, rows in / out / errors, seconds, core-seconds and cost
-    (:mod:`lakescore.jobs.cost`), model sha, Delta version."""
-    header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "core-s", "cost", "model sha256", "version")
+    (:mod:`lakescore.jobs.cost`), model sha, Delta version, drift figures (``!``: past its bound)."""
+    header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "core-s", "cost", "model sha256", "version",
+              "drift")
     rows = [header] + [_cells(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     right = {3, 4, 5, 6, 7, 8, 10}
@@ -129,6 +149,14 @@ def _cells(record: RunRecord) -> tuple[str, ...]:
         f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
         f"{core_seconds:,.0f}" if isinstance(core_seconds, (int, float)) else "-",
         f"{cost['cost']:.4g}" if isinstance(cost.get("cost"), (int, float)) else "-", sha[:12] if sha else "-",
-        str(record.delta_version) if record.delta_version is not None else "-",
+        str(record.delta_version) if record.delta_version is not None else "-", _drift_cell(record.drift),
     )
+
+
+def _drift_cell(drift: Optional[dict[str, Any]]) -> str:
+    """``label_js 0.412!, score_psi 0.031``: each figure, ``!`` where it passed its bound; ``-`` when none."""
+    if not drift or not drift.get("figures"):
+        return "-"
+    past = set(drift.get("exceeded") or ())
+    return ", ".join(f"{k} {v:.3f}{'!' if k in past else ''}" for k, v in drift["figures"].items() if v is not None) or "-"
 

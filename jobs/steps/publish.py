@@ -10,7 +10,7 @@ a rerun after the driver died past a commit does not commit it again.
 
 The output's fate is decided first: published with ``overwrite`` (or ``replaceWhere run_id = ...``
 for ``write.mode: replace_run``, or one ``MERGE`` for ``write.mode: incremental``: :func:`apply_changes`)
-when the error rate and validation passed, else nothing is
+when the error rate, validation and the drift gate passed, else nothing is
 published and readers keep the previous version. Only then is the errors table written, so it
 never describes a run whose publish failed or lost to a concurrent run; a run that failed a
 check still writes it, since it explains the failure.
@@ -32,6 +32,7 @@ from lakescore.jobs.platform.tables import (
     write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
+from lakescore.jobs.report import drift_text
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
@@ -46,7 +47,8 @@ __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "
 
 @dataclass(frozen=True)
 class Outcome:
-    """How the run ended: ``succeeded`` (published at ``delta_version``), ``validation_failed`` or ``error_rate_exceeded``."""
+    """How the run ended: ``succeeded`` (published at ``delta_version``), ``validation_failed``, ``error_rate_exceeded``
+    or ``drift_exceeded``."""
 
     status: str
     delta_version: Optional[int] = None
@@ -90,9 +92,10 @@ def load_targets(run: RunContext, targets: Targets) -> "Future[None]":
 
 def publish(
     run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame,
-    validation: Optional[dict[str, Any]],
+    validation: Optional[dict[str, Any]], drift: Optional[dict[str, Any]] = None,
 ) -> Outcome:
-    """Publish ``rows`` unless the error rate or validation failed, then write the errors table; on success drop this
+    """Publish ``rows`` unless the error rate, validation or the drift gate (``drift``: the report's, from
+    :func:`~lakescore.jobs.steps.drift.check_drift`) failed, then write the errors table; on success drop this
     run's staging and the output's stale staging (:func:`~lakescore.jobs.steps.staging.drop_stale_staging`).
 
     Raises ``RuntimeError`` when Delta's own metric says the commit wrote another number of rows
@@ -100,7 +103,7 @@ def publish(
     concurrent run won (the errors table is then left as it was).
     """
     cfg = run.cfg
-    refusal = _refusal(cfg, targets, accounting, validation)
+    refusal = _refusal(cfg, targets, accounting, validation, drift)
     tag, txn = plan.tag, accounting.snapshot.publish_txn
     delta_version = deleted = None
     if refusal is None:
@@ -179,8 +182,10 @@ def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting, rows: Da
     return removed.unionByName(stale).distinct().join(rows.select(*id_columns(ids)), on=ids, how="left_anti")
 
 
-def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]]) -> Optional[tuple[str, str]]:
-    """``(status, reason)`` when the run must not publish (error rate, then validation); ``None`` when it may."""
+def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]],
+             drift: Optional[dict[str, Any]] = None) -> Optional[tuple[str, str]]:
+    """``(status, reason)`` when the run must not publish (error rate, then validation, then drift); ``None`` when it
+    may."""
     if accounting.error_rate > cfg.max_error_rate:
         kept = f" ({accounting.rows_kept} unchanged rows kept, not counted)" if accounting.rows_kept else ""
         return "error_rate_exceeded", (
@@ -190,6 +195,8 @@ def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional
         )
     if validation is not None and not validation["success"]:
         return "validation_failed", "the output failed validation and was not published"
+    if drift is not None and drift["exceeded"]:
+        return "drift_exceeded", f"drift past its bounds {drift_text(drift)}. The output was not published."
     return None
 
 

@@ -44,9 +44,10 @@ class StepClock:
 
         Test-only hooks (:mod:`lakescore.jobs.platform.step_hooks`) run first, outside the timing.
         """
-        at_step(name)
         start = time.perf_counter()
         try:
+            at_step(name)  # what a hook raises (a test's interrupt at a barrier) stops the run in this step too
+            start = time.perf_counter()
             yield
         except BaseException as exc:
             if getattr(exc, "lakescore_step", None) is None:
@@ -70,9 +71,11 @@ def assemble_report(
     outcome: Outcome,
     clock: StepClock,
     profile: Optional[dict[str, Any]] = None,
+    drift: Optional[dict[str, Any]] = None,
 ) -> RunReport:
     """The report of a run that reached its publish decision (whatever the decision was); ``profile``:
-    the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`)."""
+    the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`); ``drift``: the drift gate's figures
+    (:mod:`lakescore.jobs.steps.drift`)."""
     cfg, identity = run.cfg, plan.identity
     seconds = round(clock.elapsed(), 3)
     return RunReport(
@@ -108,6 +111,7 @@ def assemble_report(
         delta_version=outcome.delta_version,
         previous_delta_version=targets.previous_version,
         validation=validation,
+        drift=drift,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
         workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
         cost=run_cost(

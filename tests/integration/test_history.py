@@ -29,8 +29,10 @@ def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["run", "id", "date", "(UTC)"]
     second, first = (line.split() for line in lines[1:])
-    assert (second[0], second[3], second[4:7], second[-1]) == ("night-2", "validation_failed", ["3", "3", "0"], "-")
-    assert (first[0], first[3], first[4:7], first[-1]) == ("night-1", "succeeded", ["3", "3", "0"], "0")
+    # The last columns: the Delta version, and the drift figures against the output as each run found it.
+    assert (second[0], second[3], second[4:7], second[-3:]) == (
+        "night-2", "validation_failed", ["3", "3", "0"], ["-", "id_cosine_p5", "1.000"])
+    assert (first[0], first[3], first[4:7], first[-2:]) == ("night-1", "succeeded", ["3", "3", "0"], ["0", "-"])
     assert float(first[8].replace(",", "")) > 0 and first[9] == "-"  # the run's core-seconds; no price, no cost
     assert len(lines) == 3
 

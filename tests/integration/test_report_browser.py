@@ -33,7 +33,7 @@ FACTS = """(() => {
     sections: [...document.querySelectorAll('section')].map(s => s.id),
     svgs: document.querySelectorAll('section svg').length,
     runId: text('run-id'), status: text('status'),
-    identity: text('identity'), predictions: text('predictions'), deadLetters: text('dead-letters'),
+    identity: text('identity'), predictions: text('predictions'), deadLetters: text('dead-letters'), drift: text('drift'),
     validationRows: document.querySelectorAll('#validation tbody tr').length,
     failedChecks: document.querySelectorAll('#validation td.fail').length,
   };
@@ -87,11 +87,12 @@ def test_report_of_a_real_run_renders_in_chromium(tmp_path, hostile_classifier, 
     assert page.requests == [html_file.as_uri()]  # self-contained: nothing else is fetched
     facts = page.facts
     assert facts["scripts"] == 0 and facts["images"] == 0  # the markup stayed text
-    assert facts["sections"] == ["identity", "rows", "time", "inputs", "predictions", "validation", "dead-letters"]
+    assert facts["sections"] == ["identity", "rows", "time", "inputs", "predictions", "validation", "drift", "dead-letters"]
     assert facts["runId"] == RUN_ID and facts["status"] == "succeeded"
     assert "model-<i onclick=alert('dir')>" in facts["identity"] and "4.1.1" in facts["identity"]
     assert LABEL in facts["predictions"] and "L2 norm of probs" in facts["predictions"]
     assert SCRIPT in facts["deadLetters"] and "duplicate_id" in facts["deadLetters"]
+    assert "no baseline: the output does not exist yet" in facts["drift"] and LABEL in facts["drift"]  # its label shares
     assert facts["validationRows"] == len(report["validation"]["checks"]) and facts["failedChecks"] == 0
     assert facts["svgs"] >= 8
     assert page.screenshot.startswith(b"\x89PNG") and len(page.screenshot) > 50_000
