@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -77,9 +78,10 @@ def _picture(rng: np.random.Generator, width: int, height: int):
     return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
 
 
-def _choice(rng: np.random.Generator, shares: dict) -> str:
+def _choice(rng: np.random.Generator, shares: dict[str, float]) -> str:
+    """One name of ``shares``, drawn with its share as its probability."""
     names = list(shares)
-    weights = np.array([shares[n] if not isinstance(shares[n], tuple) else shares[n][0] for n in names])
+    weights = np.array([shares[n] for n in names])
     return names[rng.choice(len(names), p=weights / weights.sum())]
 
 
@@ -91,7 +93,7 @@ def w5_images(rows: int, seed: int = W5_SEED) -> Iterator[tuple[str, bytes]]:
     low, high = np.log(SIDES[0]), np.log(SIDES[1])
     for i in range(rows):
         width, height = (int(round(v)) for v in np.exp(rng.uniform(low, high, size=2)))
-        fmt = _choice(rng, FORMATS)
+        fmt = _choice(rng, {name: share for name, (share, _, _) in FORMATS.items()})
         mode = _choice(rng, FORMATS[fmt][1])
         image = _picture(rng, width, height)
         if mode == "RGBA":
@@ -114,8 +116,6 @@ def w5_images(rows: int, seed: int = W5_SEED) -> Iterator[tuple[str, bytes]]:
 def make_w5_data(data_dir: Path, rows: int = W5_ROWS) -> dict[str, Path]:
     """Write W5's images under ``data_dir`` as a folder of files and as a Parquet table (``id`` 1..n, ``image``
     binary; :data:`~bench.data.FILES` files); return both paths by input shape."""
-    import shutil
-
     folder, table = data_dir / "w5_images", data_dir / "w5"
     for path in (folder, table):
         shutil.rmtree(path, ignore_errors=True)
