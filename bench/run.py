@@ -11,20 +11,24 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
 * ``--peers`` [PEERS], default ``abcdtpeqfk`` (``o``, lakescore on ONNX float32, on request; ``f`` and ``k``,
   torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX);
-  ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1`` (F200: the first 200 W1 rows through
+  ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1,W4,W5`` (F200: the first 200 W1 rows through
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
   C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes;
-  W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`);
+  W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`;
+  W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
   ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
+* ``--w5-rows`` [W5_ROWS], default 3,000: W5 images; ``--w5-repeats`` [W5_REPEATS], default 2: runs per W5 peer;
+  ``--w5-input`` [W5_INPUT], default ``table``: what W5's peers read, the Parquet table with a binary column or
+  (``folder``) the same images as files;
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
 12,000 W1 rows about 17, W3 about 13 (four 60,000-row runs), the rest the 500-row W1 prefix
 that (b) and (c) are limited to (and (d) runs too), one round of W2 and F200 x 3.
 ``make bench WORKLOADS=W1,W2,F200`` leaves W3, C1 and W4 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone,
-as ``WORKLOADS=W4`` runs W4 alone.
+as ``WORKLOADS=W4`` runs W4 alone and ``WORKLOADS=W5`` W5.
 ``make bench NAIVE_ROWS=12000 REPEATS=1`` compares all peers on the full W1
 instead (about 25 minutes); ``make bench ROWS=48000 NAIVE_ROWS=48000 PEERS=ad
 WORKLOADS=W1 REPEATS=1 BENCH_MD=-`` measures (a) and (d) at a size where
@@ -57,6 +61,7 @@ from bench.report import (
 from bench.fast_path import target_lines
 from bench.classifier import C1, C1Result, c1_lines, run_c1
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
+from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w5_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
 from bench.plan_check import plan_lines, run_plans
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
@@ -85,13 +90,18 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
     parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeqfk", help="subset of abcdtpeoqfk [PEERS]")
-    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4", help="[WORKLOADS]")
+    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4,W5", help="[WORKLOADS]")
     parser.add_argument("--w3-rows", type=int, default=_env_int("W3_ROWS", W3_ROWS), help=f"W3 rows [W3_ROWS; default {W3_ROWS:,}]")
     parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help=f"W4 prompts [W4_ROWS; default {W4_ROWS:,}]")
     parser.add_argument("--w4-repeats", type=int, default=_env_int("W4_REPEATS", W4_REPEATS),
                         help=f"runs per W4 peer [W4_REPEATS; default {W4_REPEATS}]")
     parser.add_argument("--w4-batch-tokens", type=int, default=_env_int("W4_BATCH_TOKENS", 0) or None,
                         help="the W4 lakescore run's scoring.max_batch_tokens [W4_BATCH_TOKENS; default lakescore's]")
+    parser.add_argument("--w5-rows", type=int, default=_env_int("W5_ROWS", W5_ROWS), help=f"W5 images [W5_ROWS; default {W5_ROWS:,}]")
+    parser.add_argument("--w5-repeats", type=int, default=_env_int("W5_REPEATS", W5_REPEATS),
+                        help=f"runs per W5 peer [W5_REPEATS; default {W5_REPEATS}]")
+    parser.add_argument("--w5-input", choices=W5_SHAPES, default=os.environ.get("W5_INPUT") or "table",
+                        help="what W5's peers read: the table with a binary column, or the folder of files [W5_INPUT; default table]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
@@ -155,13 +165,13 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4
+            elif workload in (W3, C1, W4, W5):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4})")
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5})")
     return jobs
 
 
@@ -255,6 +265,19 @@ def _w4_section(w4: Optional[W4Result]) -> list[str]:
             *[f"- {line}" for line in w4_lines(w4)], ""]
 
 
+def _w5_section(w5: Optional[W5Result]) -> list[str]:
+    if w5 is None:
+        return []
+    return ["## W5: images (issue 36)", "",
+            "`bench/images.py`: a seeded ViT-base-shaped classifier built from a config (no download) over generated "
+            "images of mixed formats, sizes and modes. `lakescore`: `lakescore score --task image_classify` end to end "
+            "(Spark `local[*]`); `loop`: `python -m bench.peers.image_loop`, one process, Pillow decoding as "
+            "transformers' `load_image`, the model's image processor and forward in batches of 32, torch's default "
+            "threads. Alternate runs in one sitting, medians. Images/s: rows scored over lakescore's scoring stage "
+            "(decoding and preprocessing included) and images over the loop's time inside the model.", "",
+            *[f"- {line}" for line in w5_lines(w5)], ""]
+
+
 KEPT_SECTIONS = "## Findings that hold across runs"
 """Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
 replaces what is above it and keeps the rest."""
@@ -269,7 +292,8 @@ def _kept_sections(path: Path) -> str:
 
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
-              w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None) -> str:
+              w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None,
+              w5: Optional[W5Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -327,6 +351,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         *_w3_section(w3),
         *_c1_section(c1),
         *_w4_section(w4),
+        *_w5_section(w5),
         "## Targets (from the spec; reported, not enforced)",
         "",
         *targets,
@@ -359,6 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c1 = run_c1(runs_dir / "c1", env, REPO) if C1 in wanted else None
     w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
                args.w4_batch_tokens) if W4 in wanted else None
+    w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
@@ -372,8 +398,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *c1_lines(c1)]), flush=True)
     if w4 is not None:
         print("\n".join(["", *w4_lines(w4)]), flush=True)
+    if w5 is not None:
+        print("\n".join(["", *w5_lines(w5)]), flush=True)
     body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in planned)
-    document = _markdown(facts, args, described, body, w3, c1, w4)
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -388,5 +416,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4
-    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4)) else 1
+    ran = results or w3 or c1 or w4 or w5
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5)) else 1

@@ -60,11 +60,14 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
     report = run_scoring(_config(
         input=str(source), output=str(output), task="image_classify", id_col="photo_id", image_col="photo",
         max_error_rate=0.6,
-        **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on", "scoring.max_image_pixels": 1500},
+        **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on", "scoring.max_image_pixels": 1500,
+           "scoring.arrow_max_bytes_per_batch": 1},
     ), spark)
     assert report.status == "succeeded", report.error
     assert (report.output_rows, report.error_reasons) == (3, {"image_too_large": 1, "invalid_image": 1, "null_input": 1})
     assert report.dedup["forward_passes_saved"] == 1  # rows 1 and 5 hold the same image
+    # Arrow batches are cut by the bytes of the binary column (one image each under a 1-byte bound), not only by rows
+    assert report.workers["arrow_batches"] == 5
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("photo_id").reset_index(drop=True)
     scored = [1, 5, 6]  # row 2's 33 x 47 pixels are over the limit
     assert out["photo_id"].tolist() == scored

@@ -1,7 +1,10 @@
 """The benchmark's generated tables: repetition is the stated share, and the next night's table has exactly the
-changes it says (W3 of ``make bench``, issue 12); C1's training labels and its report lines (issue 13)."""
+changes it says (W3 of ``make bench``, issue 12); C1's training labels and its report lines (issue 13); W5's images
+are seeded and mixed (issue 36)."""
 
 from __future__ import annotations
+
+import io
 
 import pandas as pd
 
@@ -44,3 +47,19 @@ def test_c1_reports_each_workload_against_the_jobs_tolerance_and_labels_training
     assert "target agreement >= 0.99 and p99 difference <= 0.02: met" in lines[2]
     assert lines[3].startswith("C1 bfloat16 vs float32 torch (W1, 1,500 rows)") and lines[3].endswith("NOT met")  # p99 0.03
     assert c1_lines(C1Result(None, {}, error="boom")) == ["C1 int8 / bfloat16 classifier: not measured (boom)"]
+
+
+def test_w5_images_are_seeded_and_mix_formats_modes_and_sizes():
+    from PIL import Image
+
+    from bench.images import SIDES, w5_images
+
+    first = list(w5_images(80))
+    assert first == list(w5_images(80)) and first != list(w5_images(80, seed=1))
+    seen = set()
+    for name, encoded in first:
+        with Image.open(io.BytesIO(encoded)) as image:
+            assert SIDES[0] <= min(image.size) and max(image.size) <= SIDES[1], (name, image.size)
+            assert name.endswith({"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}[image.format])
+            seen |= {image.format, image.mode}
+    assert {"JPEG", "PNG", "WEBP", "RGB", "L", "RGBA"} <= seen, seen
