@@ -21,7 +21,8 @@ SLOWEST_FIRST = (
     "cluster/test_faults.py", "integration/test_bad_inputs.py", "integration/test_kill_matrix.py",
     "integration/test_generate_job.py", "integration/test_image_job.py", "integration/test_score_job.py",
     "cluster/test_submit_local.py", "scale/test_flat_memory.py", "cluster/test_standalone.py", "integration/test_s3a.py",
-    "integration/test_api.py", "integration/test_rank_and_ids.py",
+    "integration/test_api.py", "integration/test_rank_and_ids.py", "integration/test_drift_gate.py",
+    "unit/test_image_memory.py",
 )
 """The test files that take longest (make test's durations), run first: ``make test`` hands files to its two
 processes in collection order, so a long file collected last would run alone at the end."""
