@@ -19,7 +19,6 @@ excluded); whole process >= 1.0x the loop's wall time; greedy texts equal on >= 
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ import pyarrow.parquet as pq
 from bench import data
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
-from bench.proctree import Measurement, run_measured
+from bench.alternating import PeerRun, PeerRuns, first_good, run_alternately
 
 __all__ = [
     "W4", "W4_ROWS", "W4_REPEATS", "W4_NEW_TOKENS", "W4Result", "make_w4_model", "make_w4_data", "prompts", "peer_commands",
@@ -100,25 +99,11 @@ def make_w4_model(target: Path) -> Path:
     return target
 
 
-@dataclass
-class W4Run:
-    """One whole process of a W4 peer: its measurement and what it reported (lakescore's report, the loop's timings)."""
-
-    measured: Measurement
-    report: Optional[dict]
-
-    @property
-    def ok(self) -> bool:
-        return self.measured.returncode == 0 and self.report is not None
-
-    @property
-    def tokens_per_second(self) -> Optional[float]:
-        """Generated tokens over the seconds spent generating: lakescore's scoring stage, the loop's ``generate`` calls."""
-        if not self.ok:
-            return None
-        if "generate_seconds" in self.report:
-            return self.report["tokens_out"] / self.report["generate_seconds"]
-        return _workers(self.report).get("tokens_out", 0) / self.report["step_seconds"]["score_stage"]
+def tokens_per_second(report: dict) -> float:
+    """Generated tokens over the seconds spent generating: lakescore's scoring stage, the loop's ``generate`` calls."""
+    if "generate_seconds" in report:
+        return report["tokens_out"] / report["generate_seconds"]
+    return _workers(report).get("tokens_out", 0) / report["step_seconds"]["score_stage"]
 
 
 def _workers(report: dict) -> dict:
@@ -126,26 +111,15 @@ def _workers(report: dict) -> dict:
 
 
 @dataclass
-class W4Result:
+class W4Result(PeerRuns):
     """Every W4 run by peer (``lakescore``, ``loop``), in run order, and the greedy comparison of their outputs."""
 
     rows: int
     prompt_tokens: str
     batch_tokens: Optional[int] = None
     """lakescore's ``scoring.max_batch_tokens`` (``None``: its default)."""
-    runs: dict[str, list[W4Run]] = field(default_factory=dict)
+    runs: dict[str, list[PeerRun]] = field(default_factory=dict)
     equal: Optional[dict] = None
-
-    def good(self, peer: str) -> list[W4Run]:
-        return [r for r in self.runs.get(peer, []) if r.ok]
-
-    def median(self, peer: str, what: str) -> Optional[float]:
-        values = [r.measured.wall_seconds if what == "wall" else r.tokens_per_second for r in self.good(peer)]
-        return statistics.median(values) if values else None
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for runs in self.runs.values() for r in runs)
 
 
 def peer_commands(table: Path, model: Path, run_dir: Path, new_tokens: int = W4_NEW_TOKENS,
@@ -183,21 +157,13 @@ def run_w4(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     table = make_w4_data(data_dir, rows)
     result = W4Result(rows=rows, prompt_tokens=_prompt_tokens(model, table), batch_tokens=batch_tokens)
     print(f"W4: {rows:,} prompts ({result.prompt_tokens}), {W4_NEW_TOKENS} new tokens, greedy; model {model}", flush=True)
-    for repeat in range(repeats):
-        for peer in ("lakescore", "loop"):
-            run_dir = runs_dir / f"{W4}-{peer}-{repeat + 1}"
-            run_dir.mkdir(parents=True)
-            measured = run_measured(peer_commands(table, model, run_dir, batch_tokens=batch_tokens)[peer], env={**env, **LOOP_ENV} if peer == "loop" else env, cwd=repo,
-                                    log_path=run_dir / "process.log")
-            written = run_dir / ("report.json" if peer == "lakescore" else "timings.json")
-            run = W4Run(measured, json.loads(written.read_text()) if written.is_file() else None)
-            result.runs.setdefault(peer, []).append(run)
-            rate = f"{run.tokens_per_second:.1f} generated tokens/s while generating" if run.ok else \
-                f"FAILED (exit {measured.returncode}, log {run_dir / 'process.log'})"
-            print(f"[{W4} {peer} {repeat + 1}/{repeats}] {measured.wall_seconds:.1f} s, peak RSS "
-                  f"{measured.peak_rss_bytes / 2**20:.0f} MiB: {rate}", flush=True)
-    first = {peer: next((runs_dir / f"{W4}-{peer}-{i + 1}" for i, r in enumerate(result.runs.get(peer, [])) if r.ok), None)
-             for peer in ("lakescore", "loop")}
+    commands = {peer: (lambda run_dir, peer=peer: peer_commands(table, model, run_dir, batch_tokens=batch_tokens)[peer])
+                for peer in ("lakescore", "loop")}
+    result.runs = run_alternately(
+        W4, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
+        lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {"loop": LOOP_ENV}, repo, repeats,
+    )
+    first = {peer: first_good(runs_dir, W4, result.runs, peer) for peer in ("lakescore", "loop")}
     if first["lakescore"] and first["loop"]:
         try:
             result.equal = compare_texts(first["lakescore"] / "delta", first["loop"] / "generated.parquet")
@@ -235,7 +201,7 @@ def w4_lines(result: W4Result) -> list[str]:
         runs, good = result.runs.get(peer, []), result.good(peer)
         if good:
             walls = [r.measured.wall_seconds for r in good]
-            rates = [r.tokens_per_second for r in good]
+            rates = [r.rate for r in good]
             peak = max(r.measured.peak_rss_bytes for r in good) / 2**20
             lines.append(f"W4 {peer}: whole process median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max "
                          f"{max(walls):.1f}); generated tokens/s while generating median {statistics.median(rates):.1f} "

@@ -23,7 +23,6 @@ label on every row and probabilities within 1e-4.
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import statistics
 import sys
@@ -40,7 +39,7 @@ from bench.data import FILES
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
 from bench.generation import LOOP_ENV
-from bench.proctree import Measurement, run_measured
+from bench.alternating import PeerRun, PeerRuns, first_good, run_alternately
 
 __all__ = [
     "W5", "W5_ROWS", "W5_REPEATS", "W5_SHAPES", "W5Result", "make_w5_model", "make_w5_data", "w5_images",
@@ -147,47 +146,22 @@ def make_w5_model(target: Path) -> Path:
     return target
 
 
-@dataclass
-class W5Run:
-    """One whole process of a W5 peer: its measurement and what it reported (lakescore's report, the loop's timings)."""
-
-    measured: Measurement
-    report: Optional[dict]
-
-    @property
-    def ok(self) -> bool:
-        return self.measured.returncode == 0 and self.report is not None
-
-    @property
-    def images_per_second(self) -> Optional[float]:
-        """Images over lakescore's scoring stage, or over the loop's seconds in the model."""
-        if not self.ok:
-            return None
-        if "forward_seconds" in self.report:
-            return self.report["images"] / self.report["forward_seconds"]
-        return (self.report.get("workers") or {}).get("rows_scored", 0) / self.report["step_seconds"]["score_stage"]
+def images_per_second(report: dict) -> float:
+    """Images over lakescore's scoring stage, or over the loop's seconds in the model."""
+    if "forward_seconds" in report:
+        return report["images"] / report["forward_seconds"]
+    return (report.get("workers") or {}).get("rows_scored", 0) / report["step_seconds"]["score_stage"]
 
 
 @dataclass
-class W5Result:
+class W5Result(PeerRuns):
     """Every W5 run by peer (``lakescore``, ``loop``), in run order, and the comparison of their labels."""
 
     rows: int
     shape: str
     images: str
-    runs: dict[str, list[W5Run]] = field(default_factory=dict)
+    runs: dict[str, list[PeerRun]] = field(default_factory=dict)
     equal: Optional[dict] = None
-
-    def good(self, peer: str) -> list[W5Run]:
-        return [r for r in self.runs.get(peer, []) if r.ok]
-
-    def median(self, peer: str, what: str) -> Optional[float]:
-        values = [r.measured.wall_seconds if what == "wall" else r.images_per_second for r in self.good(peer)]
-        return statistics.median(values) if values else None
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for runs in self.runs.values() for r in runs)
 
 
 def peer_commands(source: Path, shape: str, model: Path, run_dir: Path) -> dict[str, list[str]]:
@@ -217,22 +191,14 @@ def run_w5(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     sources = make_w5_data(data_dir, rows)
     result = W5Result(rows=rows, shape=shape, images=_describe(sources["table"]))
     print(f"W5: {rows:,} images ({result.images}), read as a {shape}; model {model}", flush=True)
-    for repeat in range(repeats):
-        for peer in ("lakescore", "loop"):
-            run_dir = runs_dir / f"{W5}-{peer}-{repeat + 1}"
-            run_dir.mkdir(parents=True)
-            measured = run_measured(peer_commands(sources[shape], shape, model, run_dir)[peer],
-                                    env={**env, **LOOP_ENV} if peer == "loop" else env, cwd=repo,
-                                    log_path=run_dir / "process.log")
-            written = run_dir / ("report.json" if peer == "lakescore" else "timings.json")
-            run = W5Run(measured, json.loads(written.read_text()) if written.is_file() else None)
-            result.runs.setdefault(peer, []).append(run)
-            rate = f"{run.images_per_second:.2f} images/s ({'scoring stage' if peer == 'lakescore' else 'forward'})" \
-                if run.ok else f"FAILED (exit {measured.returncode}, log {run_dir / 'process.log'})"
-            print(f"[{W5} {peer} {repeat + 1}/{repeats}] {measured.wall_seconds:.1f} s, peak RSS "
-                  f"{measured.peak_rss_bytes / 2**20:.0f} MiB: {rate}", flush=True)
-    first = {peer: next((runs_dir / f"{W5}-{peer}-{i + 1}" for i, r in enumerate(result.runs.get(peer, [])) if r.ok), None)
-             for peer in ("lakescore", "loop")}
+    commands = {peer: (lambda run_dir, peer=peer: peer_commands(sources[shape], shape, model, run_dir)[peer])
+                for peer in ("lakescore", "loop")}
+    result.runs = run_alternately(
+        W5, commands, {"lakescore": "report.json", "loop": "timings.json"}, images_per_second,
+        lambda peer, rate: f"{rate:.2f} images/s ({'scoring stage' if peer == 'lakescore' else 'forward'})",
+        runs_dir, env, {"loop": LOOP_ENV}, repo, repeats,
+    )
+    first = {peer: first_good(runs_dir, W5, result.runs, peer) for peer in ("lakescore", "loop")}
     if first["lakescore"] and first["loop"]:
         try:
             result.equal = compare_labels(first["lakescore"] / "delta", first["loop"] / "labels.parquet", shape)
@@ -282,7 +248,7 @@ def w5_lines(result: W5Result) -> list[str]:
         runs, good = result.runs.get(peer, []), result.good(peer)
         if good:
             walls = [r.measured.wall_seconds for r in good]
-            rates = [r.images_per_second for r in good]
+            rates = [r.rate for r in good]
             peak = max(r.measured.peak_rss_bytes for r in good) / 2**20
             part = "scoring stage" if peer == "lakescore" else "forward"
             lines.append(f"W5 {peer}: whole process median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max "

@@ -1,0 +1,29 @@
+"""The two-peer bench runner (W4, W5) over real processes: each run's measurement, report, rate and medians."""
+
+import sys
+from pathlib import Path
+
+from bench.alternating import PeerRuns, first_good, run_alternately
+
+_WRITE = "import json, sys; json.dump({'done': int(sys.argv[2])}, open(sys.argv[1] + '/out.json', 'w'))"
+
+
+class Runs(PeerRuns):
+    def __init__(self, runs):
+        self.runs = runs
+
+
+def test_peers_alternate_and_a_failed_run_is_kept_apart(tmp_path, capsys):
+    commands = {
+        "fast": lambda run_dir: [sys.executable, "-c", _WRITE, str(run_dir), "10"],
+        "broken": lambda run_dir: [sys.executable, "-c", "raise SystemExit(3)"],
+    }
+    runs = run_alternately("WX", commands, {"fast": "out.json", "broken": "out.json"}, lambda report: report["done"] / 2,
+                           lambda peer, rate: f"{rate} a second", tmp_path, {}, {"fast": {"A": "1"}}, Path.cwd(), 2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[WX")]
+    assert [line.split("]")[0] for line in lines] == ["[WX fast 1/2", "[WX broken 1/2", "[WX fast 2/2", "[WX broken 2/2"]
+    assert lines[0].endswith("5.0 a second") and "FAILED (exit 3" in lines[1]
+    result = Runs(runs)
+    assert [r.rate for r in runs["fast"]] == [5.0, 5.0] and result.median("fast", "rate") == 5.0
+    assert result.median("fast", "wall") > 0 and result.median("broken", "wall") is None and not result.ok
+    assert first_good(tmp_path, "WX", runs, "fast") == tmp_path / "WX-fast-1" and first_good(tmp_path, "WX", runs, "broken") is None
