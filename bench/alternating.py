@@ -45,6 +45,19 @@ class PeerRuns:
     def ok(self) -> bool:
         return all(r.ok for runs in self.runs.values() for r in runs)
 
+    def peer_line(self, workload: str, peer: str, rate_what: str, digits: int) -> Optional[str]:
+        """``peer``'s summary: whole-process seconds and ``rate_what`` (median, min, max over its good runs, the rate
+        to ``digits`` decimals), peak RSS and failed runs; ``FAILED`` when none was good, ``None`` when it never ran."""
+        runs, good = self.runs.get(peer, []), self.good(peer)
+        if not good:
+            return f"{workload} {peer}: FAILED" if runs else None
+        walls, rates = [r.measured.wall_seconds for r in good], [r.rate for r in good]
+        peak = max(r.measured.peak_rss_bytes for r in good) / 2**20
+        return (f"{workload} {peer}: whole process median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max "
+                f"{max(walls):.1f}); {rate_what} median {statistics.median(rates):.{digits}f} (min {min(rates):.{digits}f}, "
+                f"max {max(rates):.{digits}f}) over {len(good)} run(s); peak RSS {peak:.0f} MiB"
+                + (f"; {len(runs) - len(good)} FAILED" if len(runs) > len(good) else ""))
+
 
 def run_alternately(
     workload: str, commands: dict[str, Callable[[Path], list[str]]], written: dict[str, str],

@@ -19,7 +19,6 @@ excluded); whole process >= 1.0x the loop's wall time; greedy texts equal on >= 
 
 from __future__ import annotations
 
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,17 +197,8 @@ def w4_lines(result: W4Result) -> list[str]:
              f"Llama-shaped {MODEL_SHAPE['num_hidden_layers']} x {MODEL_SHAPE['hidden_size']}, float32; lakescore's token "
              f"budget {'its default' if result.batch_tokens is None else result.batch_tokens}"]
     for peer in ("lakescore", "loop"):
-        runs, good = result.runs.get(peer, []), result.good(peer)
-        if good:
-            walls = [r.measured.wall_seconds for r in good]
-            rates = [r.rate for r in good]
-            peak = max(r.measured.peak_rss_bytes for r in good) / 2**20
-            lines.append(f"W4 {peer}: whole process median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max "
-                         f"{max(walls):.1f}); generated tokens/s while generating median {statistics.median(rates):.1f} "
-                         f"(min {min(rates):.1f}, max {max(rates):.1f}) over {len(good)} run(s); peak RSS {peak:.0f} MiB"
-                         + (f"; {len(runs) - len(good)} FAILED" if len(runs) > len(good) else ""))
-        elif runs:
-            lines.append(f"W4 {peer}: FAILED")
+        line = result.peer_line(W4, peer, "generated tokens/s while generating", 1)
+        lines += [line] if line else []
     report = next((r.report for r in result.good("lakescore")), None)
     if report:
         workers = _workers(report)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,18 +244,9 @@ def w5_lines(result: W5Result) -> list[str]:
              f"{MODEL_SHAPE['num_hidden_layers']} x {MODEL_SHAPE['hidden_size']} at {MODEL_SHAPE['image_size']} px, "
              f"{LABELS} labels, float32"]
     for peer in ("lakescore", "loop"):
-        runs, good = result.runs.get(peer, []), result.good(peer)
-        if good:
-            walls = [r.measured.wall_seconds for r in good]
-            rates = [r.rate for r in good]
-            peak = max(r.measured.peak_rss_bytes for r in good) / 2**20
-            part = "scoring stage" if peer == "lakescore" else "forward"
-            lines.append(f"W5 {peer}: whole process median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max "
-                         f"{max(walls):.1f}); images/s of its {part} median {statistics.median(rates):.2f} (min "
-                         f"{min(rates):.2f}, max {max(rates):.2f}) over {len(good)} run(s); peak RSS {peak:.0f} MiB"
-                         + (f"; {len(runs) - len(good)} FAILED" if len(runs) > len(good) else ""))
-        elif runs:
-            lines.append(f"W5 {peer}: FAILED")
+        part = "scoring stage" if peer == "lakescore" else "forward"
+        line = result.peer_line(W5, peer, f"images/s of its {part}", 2)
+        lines += [line] if line else []
     report = next((r.report for r in result.good("lakescore")), None)
     if report:
         workers = report.get("workers") or {}

@@ -27,3 +27,6 @@ def test_peers_alternate_and_a_failed_run_is_kept_apart(tmp_path, capsys):
     assert [r.rate for r in runs["fast"]] == [5.0, 5.0] and result.median("fast", "rate") == 5.0
     assert result.median("fast", "wall") > 0 and result.median("broken", "wall") is None and not result.ok
     assert first_good(tmp_path, "WX", runs, "fast") == tmp_path / "WX-fast-1" and first_good(tmp_path, "WX", runs, "broken") is None
+    assert result.peer_line("WX", "fast", "things/s", 1).startswith("WX fast: whole process median ")
+    assert "things/s median 5.0 (min 5.0, max 5.0) over 2 run(s)" in result.peer_line("WX", "fast", "things/s", 1)
+    assert result.peer_line("WX", "broken", "things/s", 1) == "WX broken: FAILED" and result.peer_line("WX", "none", "", 1) is None
