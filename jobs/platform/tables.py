@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -32,6 +32,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import TableName, has_path_separator, parse_table_name, quote_identifier
 from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
@@ -815,10 +816,7 @@ def load_file_lists(spark: SparkSession, refs: Iterable["str | TableRef"]) -> "F
     write finds it ready. The returned future completes when every list is loaded and never raises: a reference
     that is not a Delta table (yet) or cannot be read is skipped, and the write that follows reports its own errors.
     """
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-file-lists")
-    future = pool.submit(_load_file_lists, spark, list(refs))
-    pool.shutdown(wait=False)
-    return future
+    return in_background("file-lists", _load_file_lists, spark, list(refs))
 
 
 def _load_file_lists(spark: SparkSession, refs: list["str | TableRef"]) -> None:

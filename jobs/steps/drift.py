@@ -20,12 +20,13 @@ per-id cosines.
 from __future__ import annotations
 
 import math
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.platform.tables import TableError, read_input
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.ids import row_key
@@ -86,10 +87,7 @@ def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows:
 def start_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> "Future[Optional[dict[str, Any]]]":
     """:func:`check_drift` in a background thread: its small Spark jobs wait on the scheduler more than they compute,
     so they overlap the GX suite's."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-drift")
-    future = pool.submit(check_drift, run, targets, accounting, rows)
-    pool.shutdown(wait=False)
-    return future
+    return in_background("drift", check_drift, run, targets, accounting, rows)
 
 
 def exceeded(figures: Mapping[str, Optional[float]], bounds: Mapping[str, Mapping[str, float]]) -> list[str]:

@@ -13,7 +13,6 @@ a rerun of one run id leaves one row, its last outcome. A failed write is logged
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
@@ -23,6 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.errors import AnalysisException
 
+from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import TableError, read_input, write_delta
@@ -105,9 +105,7 @@ def record_run(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport)
     written (:func:`record_metrics`, in a background thread: its Spark job waits on the scheduler, the page on
     matplotlib). ``spark``: the run's session; default: the active one."""
     spark = spark or SparkSession.getActiveSession()  # in this thread: the JVM keeps the active session per thread
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-metrics")
-    recording = pool.submit(record_metrics, spark, cfg, report)
-    pool.shutdown(wait=False)
+    recording = in_background("metrics", record_metrics, spark, cfg, report)
     try:
         return write_report(report, cfg.report) if cfg.report else None
     finally:

@@ -27,7 +27,7 @@ as the report's ``profile`` and drawn by :mod:`lakescore.jobs.report_html`.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -37,6 +37,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.platform.tables import column
 
 __all__ = [
@@ -97,10 +98,7 @@ def collect_profile(
 
 def start_profile(**arguments) -> "Future[dict[str, Any]]":
     """:func:`collect_profile` with ``arguments``, in a background thread (the run validates meanwhile)."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-report")
-    future = pool.submit(collect_profile, **arguments)
-    pool.shutdown(wait=False)
-    return future
+    return in_background("report", collect_profile, **arguments)
 
 
 def start_run_profile(run, plan, accounting, throughput: Sequence[tuple[float, int]]) -> "Future[dict[str, Any]]":
