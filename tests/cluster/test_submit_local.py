@@ -27,9 +27,9 @@ MASTER = "local-cluster[2,1,2048]"
 
 
 @pytest.fixture(scope="module")
-def submitted(tmp_path_factory):
+def submitted(module_tmp_path):
     """Run ``make submit-local`` into a fresh work dir; return ``(work_dir, console output)``."""
-    work = tmp_path_factory.mktemp("submit-local")
+    work = module_tmp_path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing from the source tree
     cmd = ["make", "-s", f"VENV={sys.prefix}", "submit-local", f"SUBMIT_DIR={work}", f"SUBMIT_ROWS={ROWS}"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

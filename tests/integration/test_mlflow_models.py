@@ -17,11 +17,11 @@ from tests.integration.test_score_job import read_output, reviews_frame
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(module_tmp_path):
     """A fresh MLflow store: tracking and model registry in one SQLite file, artifacts in a directory."""
     import mlflow
 
-    root = tmp_path_factory.mktemp("mlflow")
+    root = module_tmp_path
     uri = f"sqlite:///{root / 'mlflow.db'}"
     saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     os.environ.update(MLFLOW_TRACKING_URI=uri, MLFLOW_REGISTRY_URI=uri)

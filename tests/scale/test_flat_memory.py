@@ -217,11 +217,11 @@ def task_result_bytes(event_log_dir: Path) -> dict[int, int]:
 
 
 @pytest.fixture(scope="module")
-def scale_input(tmp_path_factory):
+def scale_input(module_tmp_path):
     """2M rows of four float features and an int64 id (row groups of 250k), and the TorchScript MLP."""
     import torch
 
-    root = tmp_path_factory.mktemp("scale")
+    root = module_tmp_path
     rng = np.random.default_rng(11)
     table = pa.table({"account_id": np.arange(ROWS, dtype=np.int64),
                       **{name: rng.normal(size=ROWS) for name in TinyTabular.FEATURES}})
