@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-__all__ = ["ProgressReporter", "progress_partitions", "TASKS_PER_SLOT"]
+__all__ = ["ProgressReporter", "progress_partitions", "uneven_last_wave", "TASKS_PER_SLOT"]
 
 log = logging.getLogger("lakescore.progress")
 
@@ -40,13 +40,27 @@ _POLL_SECONDS = 0.25
 
 def progress_partitions(rows: int, slots: int, tasks_per_slot: int = TASKS_PER_SLOT) -> int:
     """Scoring tasks for ``rows`` rows on ``slots`` task slots: ``tasks_per_slot`` per slot, never
-    under ``slots``, and no more than leaves each task :data:`_MIN_TASK_ROWS` rows.
+    under ``slots``, and no more than leaves each task about :data:`_MIN_TASK_ROWS` rows, rounded up to
+    whole waves (a multiple of ``slots``).
 
-    >>> progress_partitions(12000, 2), progress_partitions(900, 2), progress_partitions(3000, 2), progress_partitions(10**7, 200)
-    (8, 2, 6, 800)
+    >>> progress_partitions(12000, 2), progress_partitions(900, 2), progress_partitions(1500, 2), progress_partitions(10**7, 200)
+    (8, 2, 4, 800)
     """
     slots = max(1, slots)
-    return max(slots, min(slots * tasks_per_slot, math.ceil(rows / _MIN_TASK_ROWS)))
+    tasks = max(slots, min(slots * tasks_per_slot, math.ceil(rows / _MIN_TASK_ROWS)))
+    return math.ceil(tasks / slots) * slots
+
+
+def uneven_last_wave(partitions: int, slots: int) -> bool:
+    """Whether ``partitions`` tasks on ``slots`` slots end in a part-empty wave while there are few waves
+    (at most :data:`TASKS_PER_SLOT`), where the idle slots are a real share of the stage: 3 tasks on 2 slots
+    leave one slot idle for a third of it.
+
+    >>> uneven_last_wave(3, 2), uneven_last_wave(4, 2), uneven_last_wave(1001, 200)
+    (True, False, False)
+    """
+    slots = max(1, slots)
+    return partitions % slots != 0 and partitions <= slots * TASKS_PER_SLOT
 
 
 class ProgressReporter:

@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.profiles import scoring_profile
-from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions
+from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions, uneven_last_wave
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
@@ -177,8 +177,11 @@ def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     if planned is None:
         return run.layout
     rows_per_chunk = math.ceil(plan.scorable_rows / plan.chunks)
-    wanted = progress_partitions(rows_per_chunk, default_parallelism(run.spark))
-    if planned < wanted:
+    slots = default_parallelism(run.spark)
+    wanted = progress_partitions(rows_per_chunk, slots)
+    # An input's own few partitions (3 files on 2 slots) would leave a slot idle for the last wave: on a stage
+    # that is mostly model time, repartitioning the input is the cheaper cost.
+    if planned < wanted or uneven_last_wave(planned, slots):
         return dataclasses.replace(run.layout, partitions=wanted)
     return run.layout
 
