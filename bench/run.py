@@ -15,20 +15,25 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
   C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes;
   W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`;
-  W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`);
+  W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`;
+  W6, on request only: top-K recommendations, lakescore ``--task tabular`` with ``rank`` against ``predict_batch_udf`` + a
+  window ``row_number()`` + a Delta write, :mod:`bench.topk`);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
   ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
 * ``--w5-rows`` [W5_ROWS], default 3,000: W5 images; ``--w5-repeats`` [W5_REPEATS], default 2: runs per W5 peer;
   ``--w5-input`` [W5_INPUT], default ``table``: what W5's peers read, the Parquet table with a binary column or
   (``folder``) the same images as files;
+* ``--w6-users`` [W6_USERS], default 200,000: W6 users; ``--w6-candidates`` [W6_CANDIDATES], default 50: candidate rows
+  per user; ``--w6-top-k`` [W6_TOP_K], default 10: rows kept per user; ``--w6-repeats`` [W6_REPEATS], default 2: runs
+  per W6 peer;
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
 12,000 W1 rows about 17, W3 about 13 (four 60,000-row runs), the rest the 500-row W1 prefix
 that (b) and (c) are limited to (and (d) runs too), one round of W2 and F200 x 3.
 ``make bench WORKLOADS=W1,W2,F200`` leaves W3, C1 and W4 out (about 30 minutes); ``WORKLOADS=W3`` runs it alone,
-as ``WORKLOADS=W4`` runs W4 alone and ``WORKLOADS=W5`` W5.
+as ``WORKLOADS=W4`` runs W4 alone, ``WORKLOADS=W5`` W5 and ``WORKLOADS=W6`` W6 (10 million candidate rows).
 ``make bench NAIVE_ROWS=12000 REPEATS=1`` compares all peers on the full W1
 instead (about 25 minutes); ``make bench ROWS=48000 NAIVE_ROWS=48000 PEERS=ad
 WORKLOADS=W1 REPEATS=1 BENCH_MD=-`` measures (a) and (d) at a size where
@@ -63,6 +68,7 @@ from bench.classifier import C1, C1Result, c1_lines, run_c1
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w5_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
+from bench.topk import W6, W6_CANDIDATES, W6_REPEATS, W6_TOP_K, W6_USERS, W6Result, run_w6, w6_lines
 from bench.plan_check import plan_lines, run_plans
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
@@ -102,6 +108,13 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"runs per W5 peer [W5_REPEATS; default {W5_REPEATS}]")
     parser.add_argument("--w5-input", choices=W5_SHAPES, default=os.environ.get("W5_INPUT") or "table",
                         help="what W5's peers read: the table with a binary column, or the folder of files [W5_INPUT; default table]")
+    parser.add_argument("--w6-users", type=int, default=_env_int("W6_USERS", W6_USERS), help=f"W6 users [W6_USERS; default {W6_USERS:,}]")
+    parser.add_argument("--w6-candidates", type=int, default=_env_int("W6_CANDIDATES", W6_CANDIDATES),
+                        help=f"W6 candidate rows per user [W6_CANDIDATES; default {W6_CANDIDATES}]")
+    parser.add_argument("--w6-top-k", type=int, default=_env_int("W6_TOP_K", W6_TOP_K),
+                        help=f"W6 rows kept per user [W6_TOP_K; default {W6_TOP_K}]")
+    parser.add_argument("--w6-repeats", type=int, default=_env_int("W6_REPEATS", W6_REPEATS),
+                        help=f"runs per W6 peer [W6_REPEATS; default {W6_REPEATS}]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
@@ -165,13 +178,13 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W5):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5
+            elif workload in (W3, C1, W4, W5, W6):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5, run_w6
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5})")
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5}, {W6})")
     return jobs
 
 
@@ -278,6 +291,20 @@ def _w5_section(w5: Optional[W5Result]) -> list[str]:
             *[f"- {line}" for line in w5_lines(w5)], ""]
 
 
+def _w6_section(w6: Optional[W6Result]) -> list[str]:
+    if w6 is None:
+        return []
+    return ["## W6: top-K recommendations (issue 37)", "",
+            "`bench/topk.py`: seeded users x candidates (`user_id`, `item_id`, float32 features) scored by a seeded "
+            "TorchScript MLP, each user's best rows kept. `lakescore`: `lakescore score --task tabular` with `id_col` "
+            "`[user_id, item_id]` and `rank` (`partition_by: [user_id]`, `order_by: prediction`, descending) end to end, "
+            "validation on (Spark `local[*]`); `window`: `python -m bench.peers.topk_window`, one process, the same job "
+            "by hand: `predict_batch_udf` with the program, `row_number()` over a window per user by score descending "
+            "then `item_id`, a Delta overwrite (same master, Delta jars and Arrow batch size). Alternate runs in one "
+            "sitting, medians; then lakescore once on a tenth of the users for its peak memory at two sizes.", "",
+            *[f"- {line}" for line in w6_lines(w6)], ""]
+
+
 KEPT_SECTIONS = "## Findings that hold across runs"
 """Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
 replaces what is above it and keeps the rest."""
@@ -293,7 +320,7 @@ def _kept_sections(path: Path) -> str:
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
               w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None,
-              w5: Optional[W5Result] = None) -> str:
+              w5: Optional[W5Result] = None, w6: Optional[W6Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -352,6 +379,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         *_c1_section(c1),
         *_w4_section(w4),
         *_w5_section(w5),
+        *_w6_section(w6),
         "## Targets (from the spec; reported, not enforced)",
         "",
         *targets,
@@ -385,6 +413,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
                args.w4_batch_tokens) if W4 in wanted else None
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
+    w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
+                args.w6_top_k) if W6 in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
@@ -400,8 +430,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *w4_lines(w4)]), flush=True)
     if w5 is not None:
         print("\n".join(["", *w5_lines(w5)]), flush=True)
+    if w6 is not None:
+        print("\n".join(["", *w6_lines(w6)]), flush=True)
     body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in planned)
-    document = _markdown(facts, args, described, body, w3, c1, w4, w5)
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -416,5 +448,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w5
-    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5)) else 1
+    ran = results or w3 or c1 or w4 or w5 or w6
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5, w6)) else 1

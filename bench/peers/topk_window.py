@@ -1,0 +1,108 @@
+"""W6's hand-written peer: the top-K job as a Spark user writes it, one Python process, no lakescore step.
+
+Spark reads the candidate Parquet; ``pyspark.ml.functions.predict_batch_udf`` scores the feature columns (one
+``struct``, so each slice of ``--batch`` rows arrives as one float32 matrix) with the TorchScript program, loaded once
+per Python worker, its one output the score; ``row_number()`` over a window per user ordered by score descending
+then ``item_id`` ascending keeps the best ``--top-k`` rows; Delta overwrites ``--output`` with (``user_id``,
+``item_id``, ``score``, ``rank``).
+
+The session has what lakescore's own local session has that is not a lakescore feature: the same master, the Delta
+extension and catalog from the same cached jars, Arrow batches of lakescore's default size, WARN logging; none of
+lakescore's local accelerations (worker preload, class archive, JVM flags). ``--timings`` gets the input's rows, the
+seconds from the read to the written table (session start excluded) and the batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def make_predict_fn(model_path: str):
+    """``predict_batch_udf``'s loading hook: the program, and a function from a ``(rows, features)`` matrix to float64
+    scores."""
+
+    def load():
+        import torch
+
+        program = torch.jit.load(model_path, map_location="cpu").eval()
+
+        def predict(features: np.ndarray) -> np.ndarray:
+            matrix = torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32))
+            with torch.inference_mode():
+                return program(matrix).reshape(len(matrix)).double().numpy()
+
+        return predict
+
+    return load
+
+
+def _session(master: str):
+    from pyspark.sql import SparkSession
+
+    from lakescore.jobs.config import ScoringConfig, SparkConfig
+    from lakescore.jobs.platform.session import jar_confs
+    from lakescore.jobs.platform.spark_adapter import set_log_level
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master).appName("bench-topk-window")
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(ScoringConfig().arrow_max_records_per_batch))
+    )
+    for key, value in jar_confs(SparkConfig(), (), {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    set_log_level(spark, "WARN")
+    return spark
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from lakescore.jobs.config import ScoringConfig, SparkConfig
+
+    parser = argparse.ArgumentParser(prog="bench.peers.topk_window")
+    parser.add_argument("--input", required=True, help="Parquet directory with user_id, item_id and the features")
+    parser.add_argument("--features", required=True, help="feature columns in the program's order, comma-separated")
+    parser.add_argument("--model", required=True, help="a TorchScript program (.pt)")
+    parser.add_argument("--output", required=True, help="Delta path to overwrite")
+    parser.add_argument("--timings", required=True, help="JSON file to write the timings to")
+    parser.add_argument("--top-k", type=int, required=True, help="rows kept per user")
+    parser.add_argument("--batch", type=int, default=ScoringConfig().max_batch_rows, help="rows per forward")
+    parser.add_argument("--master", default=SparkConfig().master, help="Spark master (lakescore's default)")
+    args = parser.parse_args(argv)
+
+    import pyarrow.parquet as pq
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+    from pyspark.sql.window import Window
+
+    features = args.features.split(",")
+    spark = _session(args.master)
+    try:
+        started = time.perf_counter()
+        score = predict_batch_udf(make_predict_fn(args.model), return_type=DoubleType(), batch_size=args.batch)
+        scored = spark.read.parquet(args.input).select("user_id", "item_id", score(F.struct(*features)).alias("score"))
+        best = Window.partitionBy("user_id").orderBy(F.desc("score"), F.asc("item_id"))
+        top = scored.withColumn("rank", F.row_number().over(best)).where(F.col("rank") <= args.top_k)
+        top.write.format("delta").mode("overwrite").save(args.output)
+        seconds = time.perf_counter() - started
+    finally:
+        spark.stop()
+    rows = pq.ParquetDataset(args.input).files  # the row count from the footers: no second Spark job
+    with open(args.timings, "w", encoding="utf-8") as handle:
+        json.dump({"rows": sum(pq.ParquetFile(f).metadata.num_rows for f in rows), "job_seconds": seconds,
+                   "batch": args.batch, "top_k": args.top_k, "master": args.master}, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
