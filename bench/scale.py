@@ -65,8 +65,8 @@ def scale_lines(summaries: Sequence, facts: Mapping[str, str]) -> list[str]:
         lines.append(
             f"{workload} at scale on {_machine(facts)}: {fixed}; scoring stage (d) {rate_d:.0f} rows/s, plain loop (a) "
             f"{rate_a:.0f} rows/s inside encode, (a)'s fixed cost {fixed_a:.1f} s (process start, imports, table and "
-            f"model load, save); (d)'s whole process overtakes (a)'s "
-            + ("never at these rates ((d)'s stage is not faster)" if n is None else f"from {n:,.0f} rows")
+            f"model load, save); break-even, where (d)'s whole process overtakes (a)'s: "
+            + ("never at these rates ((d)'s stage is not the faster)" if n is None else f"{n:,.0f} rows")
             + f"; these figures give d/a {modelled:.2f} at {rows:,} rows")
     return lines
 

@@ -52,7 +52,7 @@ def test_scale_line_per_machine_from_f200_and_both_stage_rates():
     assert line.startswith("W1 at scale on AMD EPYC 7B13 (family 25, model 1), 2 cores: ")
     assert "F200 fixed cost 14.0 s (target <= 12 s: NOT met)" in line
     assert "scoring stage (d) 300 rows/s, plain loop (a) 200 rows/s" in line and "(a)'s fixed cost 6.0 s" in line
-    assert "overtakes (a)'s from 4,800 rows" in line
+    assert "break-even, where (d)'s whole process overtakes (a)'s: 4,800 rows" in line
     assert f"d/a {(6 + 12000 / 200) / (14 + 12000 / 300):.2f} at 12,000 rows" in line
 
 
@@ -60,7 +60,7 @@ def test_scale_line_when_the_loop_is_faster_and_f200_did_not_run():
     summaries = [summary("W1L", "a", 60000, 306.0, stage=300.0), summary("W1L", "d", 60000, 412.0, stage=400.0)]
     [line] = scale_lines(summaries, FACTS)
     assert line.startswith("W1L at scale on ") and "(d)'s fixed cost 12.0 s (F200 did not run" in line
-    assert "never at these rates" in line
+    assert "overtakes (a)'s: never at these rates" in line
     assert scale_lines([summary("W1", "d", 100, 10.0, stage=5.0)], FACTS) == []  # no (a): nothing to compare
 
 
