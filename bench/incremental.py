@@ -16,7 +16,8 @@ A 60,000-row review table in which about a fifth of the rows share their text wi
 The targets (printed with met / NOT met, never enforced): incremental >= 8x faster than the rescore,
 end to end; the incremental output equals the rescore's (same ids, per-id cosine >= 0.9999, one and
 the same ``model_sha256``); the dedup run makes as many forward passes as there are distinct texts,
-and runs faster than ``dedup: off`` by at least 80% of the repetition share.
+and runs faster than ``dedup: off`` by at least 80% of the share of tokens in repeated texts (issue 38: a forward
+pass costs by its tokens, and repeated texts are mostly short one-liners, so the share of rows overstates it).
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ from bench import data
 from bench.delta_export import read_delta
 from bench.equivalence import delta_files, min_cosine
 from bench.fast_path import verdict
+from bench.model import model_dir
 from bench.proctree import Measurement, run_measured
 from bench.suite import PEERS, peer_command
 
-__all__ = ["W3", "W3_ROWS", "CHANGES", "W3Result", "make_w3_data", "run_w3", "w3_lines"]
+__all__ = ["W3", "W3_ROWS", "CHANGES", "W3Result", "make_w3_data", "run_w3", "w3_lines", "token_counts",
+           "repeated_share"]
 
 W3 = "W3"
 W3_ROWS = 60_000
@@ -61,8 +64,9 @@ class W3Result:
     changes: dict[str, int]
     distinct_texts: int
     repetition: str
-    repeated_word_share: float
-    """Words in rows whose text an earlier row already had, over all words: what dedup can save of the model's work."""
+    repeated_token_share: float
+    """Tokens (as the model sees them) in rows whose text an earlier row already had, over all tokens: what dedup can
+    save of the model's work."""
     runs: dict[str, list[tuple[Measurement, Optional[dict]]]] = field(default_factory=dict)
     equivalence: Optional[dict] = None
 
@@ -95,7 +99,7 @@ def run_w3(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     first, changed, counts, bodies = make_w3_data(data_dir, rows)
     result = W3Result(rows=rows, changed_rows=sum(pq.read_metadata(str(f)).num_rows for f in changed.glob("*.parquet")),
                       changes=counts, distinct_texts=len(set(bodies)), repetition=data.repetition(bodies),
-                      repeated_word_share=_repeated_word_share(bodies))
+                      repeated_token_share=repeated_share(bodies, token_counts(bodies, model_dir())))
     print(f"W3: {rows:,} rows ({result.repetition}); next night: {counts}", flush=True)
     incremental = ("--write-mode", "incremental")
     plan = [("full", first, incremental, None), ("full-nodedup", first, (*incremental, "--set", "scoring.dedup=off"), None)]
@@ -128,14 +132,32 @@ def run_w3(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     return result
 
 
-def _repeated_word_share(bodies: list[str]) -> float:
+def token_counts(bodies: list[str], model: Path) -> dict[str, int]:
+    """Tokens per distinct text as the model at ``model`` sees them: its fast tokenizer (``tokenizer.json``), special
+    tokens included, cut at its ``max_seq_length`` (sentence-transformers' config, which is what it runs with; the
+    file's own truncation can differ)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tokenizer.no_padding()
+    config = model / "sentence_bert_config.json"
+    limit = json.loads(config.read_text()).get("max_seq_length") if config.is_file() else None
+    if limit:
+        tokenizer.enable_truncation(int(limit))
+    else:
+        tokenizer.no_truncation()
+    distinct = list(dict.fromkeys(bodies))
+    return {text: len(encoded.ids) for text, encoded in zip(distinct, tokenizer.encode_batch(distinct))}
+
+
+def repeated_share(bodies: list[str], tokens: dict[str, int]) -> float:
+    """Tokens in rows whose text an earlier row already had, over all rows' tokens (``tokens``: per text)."""
     seen: set[str] = set()
     repeated = total = 0
     for text in bodies:
-        words = len(text.split())
-        total += words
+        total += tokens[text]
         if text in seen:
-            repeated += words
+            repeated += tokens[text]
         seen.add(text)
     return repeated / max(1, total)
 
@@ -205,12 +227,14 @@ def w3_lines(result: W3Result) -> list[str]:
     on, off = result.median_wall("full"), result.median_wall("full-nodedup")
     if on and off:
         share = 1 - result.distinct_texts / result.rows
-        lines.append(f"W3 what dedup can save: {share:.1%} of forward passes, but only {result.repeated_word_share:.1%} of the "
-                     "words (repeated texts are mostly short one-liners, and a forward pass costs by its tokens)")
+        tokens = result.repeated_token_share
+        lines.append(f"W3 what dedup can save: {share:.1%} of forward passes, but only {tokens:.1%} of the tokens (the "
+                     "model's tokenizer, cut where the model cuts: repeated texts are mostly short one-liners, and a "
+                     "forward pass costs by its tokens)")
         gain = 1 - on / off
-        lines.append(f"W3 dedup on vs off, end to end: {gain:.1%} less wall time; repetition share (1 - distinct / rows) "
-                     f"{share:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it ({DEDUP_SHARE_OF_REPETITION * share:.1%}): "
-                     f"{verdict(gain >= DEDUP_SHARE_OF_REPETITION * share)}")
+        lines.append(f"W3 dedup on vs off, end to end: {gain:.1%} less wall time; share of tokens in repeated texts "
+                     f"{tokens:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it ({DEDUP_SHARE_OF_REPETITION * tokens:.1%}): "
+                     f"{verdict(gain >= DEDUP_SHARE_OF_REPETITION * tokens)}")
     scans = [r.get("input_scans") for _, r in result.runs.get("full", []) + result.runs.get("incremental", []) if r]
     if scans:
         lines.append(f"W3 input scans per run (report's input_scans, full and incremental runs): {sorted(set(scans))}   "

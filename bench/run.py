@@ -27,7 +27,18 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w6-users`` [W6_USERS], default 200,000: W6 users; ``--w6-candidates`` [W6_CANDIDATES], default 50: candidate rows
   per user; ``--w6-top-k`` [W6_TOP_K], default 10: rows kept per user; ``--w6-repeats`` [W6_REPEATS], default 2: runs
   per W6 peer;
+* ``--w1l-rows`` [W1L_ROWS], default 60,000; ``--w1l-repeats`` [W1L_REPEATS], default 2; ``--w1l-peers`` [W1L_PEERS],
+  default ``ad``: workload W1L (not in the default ``--workloads``; ``make bench WORKLOADS=W1L``): W1's generator at
+  that many rows, its peers alternating (a, d, a, d), target (d) >= 1.1x (a) whole process; with a fast pair
+  (``W1L_PEERS=adqe`` or ``adkf``), the fastest configuration against its plain loop too, target >= 1.0x;
+* ``--w3t-rows`` [W3T_ROWS], default 1,000,000: workload W3T (not in the default ``--workloads``): an incremental run
+  on a tabular table of that many rows against one of 10,000, 0.1% changed, ``--repeats`` rounds, target <= 1.3x
+  (:mod:`bench.scale_flat`);
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
+
+Every run also prints the figures at scale (:mod:`bench.scale`): per machine, F200's fixed cost, the scoring stage's
+rows/s of (d) and (a) on W1 (and W1L), and the row count from which (d)'s whole process overtakes (a)'s; and W3's
+incremental run over F200's wall.
 
 The defaults took 42.5 minutes on a 2-core machine (2026-11-23): the six fast peers x 3 on
 12,000 W1 rows about 17, W3 about 13 (four 60,000-row runs), the rest the 500-row W1 prefix
@@ -70,6 +81,9 @@ from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
 from bench.topk import W6, W6_CANDIDATES, W6_REPEATS, W6_TOP_K, W6_USERS, W6Result, run_w6, w6_lines
 from bench.plan_check import plan_lines, run_plans
+from bench.fast_path import LARGE_WORKLOAD as W1L
+from bench.scale import incremental_line, scale_lines
+from bench.scale_flat import W3T, W3T_ROWS, W3TResult, run_w3t, w3t_lines
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
 __all__ = ["main"]
@@ -77,6 +91,7 @@ __all__ = ["main"]
 REPO = Path(__file__).resolve().parents[1]
 _ROWS, _REPEATS = 12000, 3
 FIXED_ROWS = 200
+W1L_ROWS, W1L_REPEATS, W1L_PEERS = 60_000, 2, "ad"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -115,6 +130,14 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"W6 rows kept per user [W6_TOP_K; default {W6_TOP_K}]")
     parser.add_argument("--w6-repeats", type=int, default=_env_int("W6_REPEATS", W6_REPEATS),
                         help=f"runs per W6 peer [W6_REPEATS; default {W6_REPEATS}]")
+    parser.add_argument("--w1l-rows", type=int, default=_env_int("W1L_ROWS", W1L_ROWS),
+                        help=f"W1L rows [W1L_ROWS; default {W1L_ROWS:,}]")
+    parser.add_argument("--w1l-repeats", type=int, default=_env_int("W1L_REPEATS", W1L_REPEATS),
+                        help=f"runs per W1L peer [W1L_REPEATS; default {W1L_REPEATS}]")
+    parser.add_argument("--w1l-peers", default=os.environ.get("W1L_PEERS") or W1L_PEERS,
+                        help=f"W1L's peers, a subset of adeoqfk [W1L_PEERS; default {W1L_PEERS}]")
+    parser.add_argument("--w3t-rows", type=int, default=_env_int("W3T_ROWS", W3T_ROWS),
+                        help=f"W3T's large tabular table [W3T_ROWS; default {W3T_ROWS:,}]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench",
                         help="data, per-run logs and outputs, results.md/json (default .lakescore/bench)")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
@@ -125,6 +148,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.w2_rows is None:
         args.w2_rows = _env_int("W2_ROWS", max(1, args.rows // 8))
     args.naive_rows = min(args.naive_rows, args.rows)
+    if not args.w1l_peers or set(args.w1l_peers) - set("adeoqfk"):
+        parser.error(f"--w1l-peers {args.w1l_peers!r}: W1L's peers are a subset of adeoqfk")
     return args
 
 
@@ -178,14 +203,26 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W5, W6):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5, run_w6
+            elif workload in (W3, C1, W4, W5, W6, W1L, W3T):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5, run_w6, the W1L jobs, run_w3t
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5}, {W6})")
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5}, {W6}, "
+                                 f"{W1L}, {W3T})")
     return jobs
+
+
+def _w1l_jobs(args: argparse.Namespace, data_dir: Path, described: dict[str, str]) -> list[Job]:
+    """W1L's jobs (its own peers, rows and repeats) after writing its table, when ``--workloads`` names it."""
+    if W1L not in [w.strip() for w in args.workloads.split(",")]:
+        return []
+    path = data_dir / "w1l"
+    data.write_table(data.review_bodies(args.w1l_rows), path)
+    described[W1L] = (f"{W1L}: W1's generator at {args.w1l_rows:,} rows (its first rows are W1's), peers "
+                      f"{', '.join(f'({k})' for k in args.w1l_peers)} alternating, {args.w1l_repeats} run(s) each")
+    return [Job(W1L, peer, path, args.w1l_rows, args.w1l_repeats) for peer in PEERS if peer.key in args.w1l_peers]
 
 
 def _run_all(jobs: list[Job], runs_dir: Path, env: dict[str, str]) -> list[RunResult]:
@@ -256,6 +293,15 @@ def _w3_section(w3: Optional[W3Result]) -> list[str]:
             "full, default settings, fresh output).", "", *[f"- {line}" for line in w3_lines(w3)], ""]
 
 
+def _w3t_section(w3t: Optional[W3TResult]) -> list[str]:
+    if w3t is None:
+        return []
+    return ["## W3T: an incremental run is flat in the table's size (issue 38)", "",
+            "`bench/scale_flat.py`: the same 0.1% change scored with `--write-mode incremental --delete-missing` on a "
+            "tabular table of two sizes (a seeded MLP, so the runs measure the pipeline), each into a fresh copy of its "
+            "full run's output; small and large alternate.", "", *[f"- {line}" for line in w3t_lines(w3t)], ""]
+
+
 def _c1_section(c1: Optional[C1Result]) -> list[str]:
     if c1 is None:
         return []
@@ -320,7 +366,7 @@ def _kept_sections(path: Path) -> str:
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
               w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None,
-              w5: Optional[W5Result] = None, w6: Optional[W6Result] = None) -> str:
+              w5: Optional[W5Result] = None, w6: Optional[W6Result] = None, w3t: Optional[W3TResult] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -376,6 +422,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         body,
         "",
         *_w3_section(w3),
+        *_w3t_section(w3t),
         *_c1_section(c1),
         *_w4_section(w4),
         *_w5_section(w5),
@@ -396,11 +443,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(f"{k}: {v}" for k, v in facts.items()), flush=True)
 
     paths, described = _make_data(args, data_dir)
+    jobs = _jobs(args, paths) + _w1l_jobs(args, data_dir, described)
     print("\n".join(described.values()), flush=True)
-    jobs = _jobs(args, paths)
     env = _child_env()
     shutil.rmtree(model_cache_dir(runs_dir / "x"), ignore_errors=True)
-    exported = _export_once(env, args.out, args.peers if jobs else "")  # W3, C1 and W4 alone need no graph
+    exported = _export_once(env, args.out, "".join(job.peer.key for job in jobs))  # W3, C1 and W4 alone need no graph
     if exported is not None:
         facts["ONNX export + int8 quantization (once per host, before the timed runs)"] = f"{exported:.1f} s"
         print(f"ONNX graphs exported in {exported:.1f} s", flush=True)
@@ -415,6 +462,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
                 args.w6_top_k) if W6 in wanted else None
+    w3t = run_w3t(data_dir, runs_dir, env, REPO, args.repeats, args.w3t_rows) if W3T in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
@@ -422,6 +470,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n" + render(summaries, equivalence, markdown=False), flush=True)
     planned = plan_lines(plans, results)
     print("\n".join(["", *planned]), flush=True)
+    scaled = [*scale_lines(summaries, facts), *filter(None, [incremental_line(w3, summaries)])]
+    print("\n".join(["", *scaled]), flush=True)
     if w3 is not None:
         print("\n".join(["", *w3_lines(w3)]), flush=True)
     if c1 is not None:
@@ -432,8 +482,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *w5_lines(w5)]), flush=True)
     if w6 is not None:
         print("\n".join(["", *w6_lines(w6)]), flush=True)
-    body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in planned)
-    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6)
+    if w3t is not None:
+        print("\n".join(["", *w3t_lines(w3t)]), flush=True)
+    body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in [*planned, *scaled])
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -448,5 +500,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w5 or w6
-    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5, w6)) else 1
+    ran = results or w3 or c1 or w4 or w5 or w6 or w3t
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5, w6, w3t)) else 1

@@ -65,7 +65,8 @@ def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
     python = sys.executable
     if peer.key in "af":
         return [python, "-m", "bench.peers.plain_loop", "--input", str(input_path),
-                "--output", str(run_dir / "embeddings.npz"), "--dtype", "float32" if peer.key == "a" else "bfloat16"]
+                "--output", str(run_dir / "embeddings.npz"), "--dtype", "float32" if peer.key == "a" else "bfloat16",
+                "--report", str(run_dir / "report.json")]
     if peer.key == "b":
         return [python, "-m", "bench.spark_helper", "--peer", "naive_udf", "--input", str(input_path)]
     if peer.key == "c":

@@ -7,12 +7,19 @@ equivalence check compares lakescore's Delta output against them.
 
 ``--dtype bfloat16`` is peer (f): the same loop with the model cast to bfloat16, the like-for-like peer
 of lakescore's bfloat16 runs (k).
+
+``--report`` writes the loop's own clock as JSON, under the keys of lakescore's report so the bench reads both
+alike: ``step_seconds.score_stage`` (inside ``encode``: tokenizing, forward, pooling), ``step_seconds.load`` (the
+table and the model), ``step_seconds.save`` and ``seconds`` (all of ``main``); the process's wall time less
+``score_stage`` is the loop's fixed cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -26,16 +33,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--input", required=True, help="Parquet file or directory with review_id, body")
     parser.add_argument("--output", required=True, help=".npz to write (ids, embeddings)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the model's precision")
+    parser.add_argument("--report", help="JSON file to write the loop's timings to")
     args = parser.parse_args(argv)
 
+    started = time.perf_counter()
     frame = pd.read_parquet(args.input, columns=["review_id", "body"])
     model = load_model()
     if args.dtype == "bfloat16":
         import torch
 
         model = model.to(torch.bfloat16)
+    loaded = time.perf_counter()
     vectors = model.encode(frame["body"].tolist(), batch_size=BATCH_SIZE, normalize_embeddings=True)
+    encoded = time.perf_counter()
     np.savez(args.output, ids=frame["review_id"].to_numpy(), embeddings=np.asarray(vectors, dtype=np.float32))
+    if args.report:
+        done = time.perf_counter()
+        steps = {"load": loaded - started, "score_stage": encoded - loaded, "save": done - encoded}
+        with open(args.report, "w", encoding="utf-8") as handle:
+            json.dump({"step_seconds": steps, "seconds": done - started, "rows": len(frame)}, handle)
     return 0
 
 
