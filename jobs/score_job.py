@@ -28,7 +28,7 @@ from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
-from lakescore.jobs.steps.rank import rank_rows
+from lakescore.jobs.steps.rank import rank_rows, ranking_held
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.report import StepClock, assemble_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
@@ -71,17 +71,19 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     with clock.step("validate"):
         targets_loading = load_targets(run, targets)  # for the publish's commits, while the run validates
         accounting = rank_rows(run, plan, account_rows(plan, snapshot))
-        rows = output_rows(run, plan, accounting)
-        profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
-        drifting = start_drift(run, targets, accounting, rows)  # the drift gate's figures, while GX runs
-        at_point("validation_running")
-        validation = validate_rows(run, targets, plan, accounting, rows)
-        drift = drifting.result()
-    with clock.step("report_data"):
-        profile = finish_profile(profiling)
-    with clock.step("publish"):
-        targets_loading.result()
-        outcome = publish(run, targets, plan, accounting, rows, validation, drift)
+    with ranking_held(accounting):
+        with clock.step("validate"):
+            rows = output_rows(run, plan, accounting)
+            profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
+            drifting = start_drift(run, targets, accounting, rows)  # the drift gate's figures, while GX runs
+            at_point("validation_running")
+            validation = validate_rows(run, targets, plan, accounting, rows)
+            drift = drifting.result()
+        with clock.step("report_data"):
+            profile = finish_profile(profiling)
+        with clock.step("publish"):
+            targets_loading.result()
+            outcome = publish(run, targets, plan, accounting, rows, validation, drift)
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 

@@ -15,8 +15,11 @@ and the publish's MERGE replaces the key's rows whole.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from typing import Iterator
 
+from pyspark import StorageLevel
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
@@ -28,13 +31,14 @@ from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext
 from lakescore.schemas.output import KEY_DIGEST_COLUMN, RANK_COLUMN
 
-__all__ = ["rank_rows"]
+__all__ = ["rank_rows", "ranking_held"]
 
 
 def rank_rows(run: RunContext, plan: Plan, accounting: Accounting) -> Accounting:
     """``accounting`` with its published rows ranked and cut to ``rank.top_k`` per key (with :data:`RANK_COLUMN`, and in
     incremental mode :data:`KEY_DIGEST_COLUMN`), ``output_rows`` the rows kept and ``ranked_out`` the rest; as it is
-    without ``rank``. Counting the kept rows is one aggregation over the keys (a key keeps ``min(rows, top_k)``)."""
+    without ``rank``. The ranked rows are computed once and held in the executors' storage (memory, spilling to disk)
+    until :func:`ranking_held` releases them."""
     cfg = run.cfg
     if not cfg.rank.enabled:
         return accounting
@@ -45,9 +49,19 @@ def rank_rows(run: RunContext, plan: Plan, accounting: Accounting) -> Accounting
     ranked = scored.withColumn(RANK_COLUMN, F.row_number().over(Window.partitionBy(*keys).orderBy(*order)))
     if plan.changes is not None:
         ranked = ranked.withColumn(KEY_DIGEST_COLUMN, key_digest(cfg, over=Window.partitionBy(*keys)))
-    ranked = ranked.where(F.col(RANK_COLUMN) <= cfg.rank.top_k)
-    kept = 0
-    if accounting.output_rows:
-        per_key = scored.groupBy(*keys).count()
-        kept = int(per_key.agg(F.sum(F.least(F.col("count"), F.lit(cfg.rank.top_k)))).first()[0] or 0)
+    # Held once, counted as it is filled: the GX suite, the report's samples, the drift figures and the publish each
+    # read the ranked rows, and without it each would sort every scored row by key again.
+    ranked = ranked.where(F.col(RANK_COLUMN) <= cfg.rank.top_k).persist(StorageLevel.MEMORY_AND_DISK)
+    kept = ranked.count() if accounting.output_rows else 0
     return dataclasses.replace(accounting, output_rows=kept, ranked_out=accounting.output_rows - kept, ranked=ranked)
+
+
+@contextlib.contextmanager
+def ranking_held(accounting: Accounting) -> Iterator[Accounting]:
+    """``accounting`` for the block, its ranked rows (:func:`rank_rows`) released from the executors' storage when
+    the block ends, published or not."""
+    try:
+        yield accounting
+    finally:
+        if accounting.ranked is not None:
+            accounting.ranked.unpersist()
