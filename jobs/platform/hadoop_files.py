@@ -4,7 +4,10 @@ the local filesystem in local mode), with the executors' Hadoop settings (``spar
 
 The function (``lakescore.HadoopFileBytes``, its source in ``java/``) ships compiled in :data:`JAR` (``make jar``),
 so installing lakescore needs no JDK. :func:`file_bytes_function` registers it in a session, adding the jar to the
-session (:func:`~lakescore.jobs.platform.spark_adapter.add_jar`) unless the session has the class already.
+session (:func:`~lakescore.jobs.platform.spark_adapter.add_jar`) unless the session has the class already. Added to
+the running session, not to ``spark.jars`` at start: that works in every session, those lakescore does not build too
+(a notebook, spark-submit, Databricks, Spark Connect), and leaves a built driver's classpath, and so its class
+archive (:mod:`~lakescore.jobs.platform.local.class_archive`), as it was.
 """
 
 from __future__ import annotations
