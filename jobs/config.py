@@ -615,8 +615,9 @@ class JobConfig(_Section):
     image_col: Optional[Text] = Field(None, json_schema_extra=_cli("--image-col"))
     """The image column to score (image tasks: ``image_classify``, ``image_embed``): binary, each value a file's bytes
     in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
-    (local, ``file:``, ``dbfs:/``, or a URI ``fsspec`` reads, e.g. ``s3a://`` with ``s3fs``), read on the executors;
-    a missing file is ``missing_file``. Set by ``input_format`` ``images``."""
+    (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``: local
+    in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a missing
+    file is ``missing_file``. Set by ``input_format`` ``images``."""
     feature_cols: Names = Field((), json_schema_extra=_cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
     feature_prefix: Optional[Text] = Field(None, json_schema_extra=_cli("--feature-prefix"))

@@ -1,10 +1,11 @@
-"""Image files named by a path column, read on the executors: the bytes of each row's file, ``None`` where it is missing.
+"""Image files named by a path column, read by Python on the executors where a Spark Connect server refuses
+lakescore's Hadoop file reader (:mod:`lakescore.jobs.platform.hadoop_files`, which reads every path everywhere else):
+the bytes of each row's file, ``None`` where it is missing.
 
-A path is read as Hadoop names it, taken literally (no percent-decoding): a local path, a ``file:`` URI, ``dbfs:/...``
-(through Databricks' ``/dbfs`` mount), or any other URI through ``fsspec`` (``s3a://`` as ``s3://``, which needs
-``s3fs`` and credentials of its own on the executors: Python cannot reach the JVM's Hadoop filesystem and its
-settings). A file that does not exist is a row's ``missing_file``, never a failed task; any other error reading it
-fails the task with its own message.
+A path is taken literally (no percent-decoding): a local path, a ``file:`` URI or ``dbfs:/...`` (through Databricks'
+``/dbfs`` mount). Any other URI (``s3a://``, ...) fails the task: only the JVM's Hadoop filesystem, with its settings
+and credentials, reads those. A file that does not exist is a row's ``missing_file``, never a failed task; any other
+error reading it fails the task with its own message.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from typing import Iterator, Optional, Sequence
 __all__ = ["local_path", "read_file", "read_files", "read_in_slices"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
-_FSSPEC_PROTOCOLS = {"s3a": "s3", "s3n": "s3"}
-"""Hadoop's names for schemes fsspec knows under another."""
 
 
 def local_path(path: str) -> Optional[str]:
@@ -35,16 +34,11 @@ def local_path(path: str) -> Optional[str]:
 def read_file(path: str) -> Optional[bytes]:
     """The bytes of the file at ``path`` (see the module docstring), ``None`` when it does not exist."""
     local = local_path(path)
+    if local is None:
+        raise OSError(f"cannot read {path!r}: without lakescore's Hadoop file reader only local, file: and dbfs:/ paths "
+                      "are read (the Spark Connect server refused its jar)")
     try:
-        if local is not None:
-            with open(local, "rb") as handle:
-                return handle.read()
-        import fsspec
-
-        scheme = _SCHEME.match(path)
-        protocol = scheme.group(1).lower()
-        url = _FSSPEC_PROTOCOLS.get(protocol, protocol) + path[scheme.end() - 1:]
-        with fsspec.open(url, "rb") as handle:
+        with open(local, "rb") as handle:
             return handle.read()
     except (FileNotFoundError, IsADirectoryError):
         return None

@@ -26,6 +26,8 @@ JVM log levels            ``setLogLevel`` / log4j via py4j            the server
 an error's Java causes    ``Throwable.getCause()`` via py4j           the error's text (``Caused by:`` lines)
 can a path be written     create and delete a file there (Hadoop      unknown (``None``): the server's filesystem
                           ``FileSystem``)
+a jar of lakescore's      ``ADD JAR`` (the driver's session and the   ``addArtifacts`` (the server's session and its
+                          executors)                                  executors)
 ========================  ==========================================  ==============================================
 
 Cancelling a Spark job from another thread: :func:`job_tag` / :func:`cancel_tagged` (``SparkContext`` job tags in
@@ -53,7 +55,7 @@ __all__ = [
     "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "observed", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
     "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged", "java_causes",
-    "probe_write",
+    "probe_write", "add_jar",
 ]
 
 log = logging.getLogger(__name__)
@@ -465,3 +467,12 @@ def remote_files(spark: SparkSession, uri: str) -> RemoteFiles:
     """The files at ``uri`` as this session can reach them (:class:`RemoteFiles`)."""
     return RemoteFiles(spark, uri)
 
+
+
+def add_jar(spark: SparkSession, jar: Path) -> None:
+    """Put the local file ``jar`` on the classpath of ``spark``'s functions, on the driver and the executors."""
+    if is_connect(spark):
+        spark.addArtifacts(str(jar))
+    else:  # addArtifacts in a classic session leaves the driver's class loader, which registers functions, without it
+        quoted = str(jar).replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(f"ADD JAR '{quoted}'")

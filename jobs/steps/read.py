@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from lakescore.jobs.config import JobConfig
+from lakescore.jobs.platform.hadoop_files import file_bytes_function
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
@@ -291,19 +292,24 @@ def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[Dat
 
 def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:
     """``source`` plus the bytes of the file each row's ``path_col`` names (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`;
-    null for a null path or a missing file), read lazily on the executors by :mod:`lakescore.udfs.image_files`, in
-    slices of at most ``max_bytes``. Only the Spark jobs that need the bytes read them (the digest, the scoring).
+    null for a null path or a missing file), read lazily on the executors through the Hadoop filesystem of the path's
+    scheme (:mod:`lakescore.jobs.platform.hadoop_files`), with the session's ``spark.hadoop.*`` settings. Only the
+    Spark jobs that need the bytes read them (the digest, the scoring). Where a Spark Connect server refuses that
+    reader's jar, Python reads local, ``file:`` and ``dbfs:/`` paths (:mod:`lakescore.udfs.image_files`), in slices
+    of at most ``max_bytes``.
 
-    Why Python and not Spark's ``binaryFile`` source: that source takes its paths on the driver and fails the whole
-    read when one is missing, where a missing file must be one row's ``missing_file``."""
+    Why not Spark's ``binaryFile`` source: that source takes its paths on the driver and fails the whole read when
+    one is missing, where a missing file must be one row's ``missing_file``."""
     if IMAGE_COLUMN in source.columns:
         raise InputContractError(f"{where} has a column named {IMAGE_COLUMN!r}, which lakescore reads image files into; rename it")
-    return source.withColumn(IMAGE_COLUMN, _file_reader(max_bytes)(column(path_col)))
+    function = file_bytes_function(source.sparkSession)
+    read = F.call_function(function, column(path_col)) if function else _file_reader(max_bytes)(column(path_col))
+    return source.withColumn(IMAGE_COLUMN, read)
 
 
 def _file_reader(max_bytes: int):
-    """A pandas UDF: paths -> file bytes, each input batch returned in slices of at most ``max_bytes`` (Spark pairs an
-    iterator UDF's output with its input row by row)."""
+    """A pandas UDF: paths -> file bytes (local, ``file:`` and ``dbfs:/`` paths), each input batch returned in slices of
+    at most ``max_bytes`` (Spark pairs an iterator UDF's output with its input row by row)."""
     from typing import Iterator
 
     import pandas as pd

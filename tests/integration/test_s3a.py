@@ -3,7 +3,8 @@
 The job runs as a subprocess through the real CLI, so it builds its own session
 the way a user's run does: the S3A connector jars added because the input is
 ``s3a://``, the endpoint from ``--set spark.conf...``, the credentials from the
-environment. The shared ``spark`` fixture (no S3A) only reads local results.
+environment, which also reach the executors' reads of a path column's ``s3a://``
+files. The shared ``spark`` fixture (no S3A) only reads local results.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from lakescore.jobs.commands.demo import generate_reviews
+from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.registry import get_task
+from tests.tiny_vision import LABELS, encoded, picture, vit_classifier
 
 BUCKET = "lakescore-it"
 # moto accepts any key pair; these are placeholders, not secrets. No region: S3A needs none for an endpoint.
@@ -105,6 +110,26 @@ def test_score_s3a_parquet_into_local_and_s3a_delta(tmp_path, s3, minilm_dir, sp
         client.download_file(BUCKET, key, str(copy / key))
     written = spark.read.format("delta").load(str(copy / "embeddings")).toPandas()
     assert sorted(written["review_id"]) == sorted(reviews["review_id"]) and set(written["run_id"]) == {"s3a-out"}
+
+    # A column of s3a:// paths: each file read on the executors through S3A with the same spark.hadoop.* settings;
+    # a key that is not there is that row's missing_file.
+    vit = vit_classifier(tmp_path / "vit")
+    photos = {f"photos/{i}.png": encoded(picture(30 + i, 28, i), "PNG") for i in range(3)}
+    for key, data in photos.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=data)
+    gone = f"s3a://{BUCKET}/photos/gone.png"
+    put_parquet(client, "scans/part-0.parquet",
+                pd.DataFrame({"scan_id": [0, 1, 2, 3], "scan": [f"s3a://{BUCKET}/{key}" for key in photos] + [gone]}))
+    labels = tmp_path / "labels"
+    result = run_cli(tmp_path, endpoint, "--task", "image_classify", "--model", str(vit), "--input", f"s3a://{BUCKET}/scans",
+                     "--id-col", "scan_id", "--image-col", "scan", "--output", str(labels), "--set", "max_error_rate=0.5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = spark.read.format("delta").load(str(labels)).toPandas().sort_values("scan_id")
+    expected = get_task("image_classify").load(ModelSpec("image_classify", str(vit)), vit).score(list(photos.values()))
+    assert out["scan_id"].tolist() == [0, 1, 2] and np.abs(np.stack(out["probs"].map(list)) - expected).max() < 1e-5
+    assert out["label"].tolist() == [LABELS[i] for i in expected.argmax(axis=1)]
+    errors = spark.read.format("delta").load(f"{labels}_errors").toPandas()
+    assert errors[["scan_id", "reason", "input"]].values.tolist() == [[3, "missing_file", gone]]
 
 
 def test_missing_s3a_prefix_fails_before_compute_with_exit_2(tmp_path, s3, minilm_dir):
