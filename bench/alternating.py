@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from bench.proctree import Measurement, run_measured
 
-__all__ = ["PeerRun", "PeerRuns", "run_alternately", "first_good"]
+__all__ = ["PeerRun", "PeerRuns", "run_alternately", "first_good", "compare_first_good"]
 
 
 @dataclass
@@ -87,3 +87,18 @@ def run_alternately(
 def first_good(runs_dir: Path, workload: str, runs: dict[str, list[PeerRun]], peer: str) -> Optional[Path]:
     """The run directory of ``peer``'s first good run, or ``None``."""
     return next((runs_dir / f"{workload}-{peer}-{i + 1}" for i, r in enumerate(runs.get(peer, [])) if r.ok), None)
+
+
+def compare_first_good(runs_dir: Path, workload: str, runs: dict[str, list[PeerRun]], outputs: dict[str, str],
+                       compare: Callable[[Path, Path], dict]) -> Optional[dict]:
+    """``compare`` of the two peers' outputs (``outputs``: peer -> the output's name in its run directory, lakescore
+    first) from each one's first good run; ``None`` when either has none or the comparison fails (said on stdout)."""
+    (ours, our_output), (theirs, their_output) = outputs.items()
+    first = {peer: first_good(runs_dir, workload, runs, peer) for peer in (ours, theirs)}
+    if not (first[ours] and first[theirs]):
+        return None
+    try:
+        return compare(first[ours] / our_output, first[theirs] / their_output)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"{workload} output comparison failed: {exc}", flush=True)
+        return None

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from bench import data
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
-from bench.alternating import PeerRun, PeerRuns, first_good, run_alternately
+from bench.alternating import PeerRun, PeerRuns, run_alternately, compare_first_good
 
 __all__ = [
     "W4", "W4_ROWS", "W4_REPEATS", "W4_NEW_TOKENS", "W4Result", "make_w4_model", "make_w4_data", "prompts", "peer_commands",
@@ -162,12 +162,8 @@ def run_w4(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
         W4, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
         lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {"loop": LOOP_ENV}, repo, repeats,
     )
-    first = {peer: first_good(runs_dir, W4, result.runs, peer) for peer in ("lakescore", "loop")}
-    if first["lakescore"] and first["loop"]:
-        try:
-            result.equal = compare_texts(first["lakescore"] / "delta", first["loop"] / "generated.parquet")
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"W4 output comparison failed: {exc}", flush=True)
+    result.equal = compare_first_good(runs_dir, W4, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
+                                      compare_texts)
     return result
 
 

@@ -38,7 +38,7 @@ from bench.data import FILES
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
 from bench.generation import LOOP_ENV
-from bench.alternating import PeerRun, PeerRuns, first_good, run_alternately
+from bench.alternating import PeerRun, PeerRuns, run_alternately, compare_first_good
 
 __all__ = [
     "W5", "W5_ROWS", "W5_REPEATS", "W5_SHAPES", "W5Result", "make_w5_model", "make_w5_data", "w5_images",
@@ -197,12 +197,8 @@ def run_w5(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
         lambda peer, rate: f"{rate:.2f} images/s ({'scoring stage' if peer == 'lakescore' else 'forward'})",
         runs_dir, env, {"loop": LOOP_ENV}, repo, repeats,
     )
-    first = {peer: first_good(runs_dir, W5, result.runs, peer) for peer in ("lakescore", "loop")}
-    if first["lakescore"] and first["loop"]:
-        try:
-            result.equal = compare_labels(first["lakescore"] / "delta", first["loop"] / "labels.parquet", shape)
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"W5 output comparison failed: {exc}", flush=True)
+    result.equal = compare_first_good(runs_dir, W5, result.runs, {"lakescore": "delta", "loop": "labels.parquet"},
+                                      lambda ours, theirs: compare_labels(ours, theirs, shape))
     return result
 
 

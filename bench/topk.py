@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.alternating import PeerRun, PeerRuns, first_good, run_alternately
+from bench.alternating import PeerRun, PeerRuns, run_alternately, compare_first_good
 from bench.data import FILES
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
@@ -175,12 +175,7 @@ def run_w6(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     tenth = run_alternately(f"{W6}-tenth", commands(sources[f"{W6}-tenth"], ("lakescore",)), written, rows_per_second,
                             rate_text, runs_dir, env, {}, repo, 1)
     result.tenth = tenth["lakescore"][0]
-    first = {peer: first_good(runs_dir, W6, result.runs, peer) for peer in ("lakescore", "window")}
-    if first["lakescore"] and first["window"]:
-        try:
-            result.equal = compare_top(first["lakescore"] / "delta", first["window"] / "delta")
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"W6 output comparison failed: {exc}", flush=True)
+    result.equal = compare_first_good(runs_dir, W6, result.runs, {"lakescore": "delta", "window": "delta"}, compare_top)
     return result
 
 

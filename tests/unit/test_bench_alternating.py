@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from bench.alternating import PeerRuns, first_good, run_alternately
+from bench.alternating import PeerRuns, compare_first_good, first_good, run_alternately
 
 _WRITE = "import json, sys; json.dump({'done': int(sys.argv[2])}, open(sys.argv[1] + '/out.json', 'w'))"
 
@@ -30,3 +30,10 @@ def test_peers_alternate_and_a_failed_run_is_kept_apart(tmp_path, capsys):
     assert result.peer_line("WX", "fast", "things/s", 1).startswith("WX fast: whole process median ")
     assert "things/s median 5.0 (min 5.0, max 5.0) over 2 run(s)" in result.peer_line("WX", "fast", "things/s", 1)
     assert result.peer_line("WX", "broken", "things/s", 1) == "WX broken: FAILED" and result.peer_line("WX", "none", "", 1) is None
+    # The outputs compared are the first good runs' of both peers; a peer with none, or a failing comparison, gives None.
+    seen = compare_first_good(tmp_path, "WX", {"fast": runs["fast"], "again": runs["fast"]},
+                              {"fast": "out.json", "again": "out.json"}, lambda ours, theirs: {"paths": (ours, theirs)})
+    assert seen == {"paths": (tmp_path / "WX-fast-1" / "out.json", tmp_path / "WX-again-1" / "out.json")}
+    assert compare_first_good(tmp_path, "WX", runs, {"fast": "out.json", "broken": "out.json"}, lambda *_: {}) is None
+    assert compare_first_good(tmp_path, "WX", {"fast": runs["fast"], "b": runs["fast"]}, {"fast": "x", "b": "y"},
+                              lambda ours, theirs: ours.read_text()) is None and "WX output comparison failed" in capsys.readouterr().out
