@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -37,7 +38,7 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="module")
-def module_tmp_path(tmp_path_factory, request) -> Path:
+def module_tmp_path(tmp_path_factory, request) -> Iterator[Path]:
     """A folder for one test module's shared fixtures, deleted when the module ends unless one of its tests failed
     (pyproject's retention policy does this for ``tmp_path``; a module's big tables and models would otherwise stay
     on CI's small disk until the session ends)."""
