@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from bench.fast_path import verdict
 from bench.proctree import Measurement, run_measured
 
 __all__ = ["PeerRun", "PeerRuns", "run_alternately", "first_good", "compare_first_good"]
@@ -44,6 +45,15 @@ class PeerRuns:
     @property
     def ok(self) -> bool:
         return all(r.ok for runs in self.runs.values() for r in runs)
+
+    def whole_line(self, workload: str, peer: str, their_name: str, target: float) -> Optional[str]:
+        """``peer``'s median whole-process seconds over lakescore's, with ``target`` met or not (``their_name``: how
+        the line names ``peer``); ``None`` unless both have a good run."""
+        ours, theirs = self.median("lakescore", "wall"), self.median(peer, "wall")
+        if not (ours and theirs):
+            return None
+        return (f"{workload} whole process, {their_name} wall time over lakescore's: {theirs:.1f} / {ours:.1f} s = "
+                f"{theirs / ours:.2f}x   target >= {target:g}x: {verdict(theirs / ours >= target)}")
 
     def peer_line(self, workload: str, peer: str, rate_what: str, digits: int) -> Optional[str]:
         """``peer``'s summary: whole-process seconds and ``rate_what`` (median, min, max over its good runs, the rate

@@ -209,10 +209,7 @@ def w4_lines(result: W4Result) -> list[str]:
     if ours and theirs:
         lines.append(f"W4 generated tokens/s, lakescore's scoring stage vs the loop's generate: {ours:.1f} vs {theirs:.1f} = "
                      f"{ours / theirs:.2f}x   target >= {STAGE_TARGET:g}x: {verdict(ours / theirs >= STAGE_TARGET)}")
-    ours, theirs = result.median("lakescore", "wall"), result.median("loop", "wall")
-    if ours and theirs:
-        lines.append(f"W4 whole process, loop's wall time over lakescore's: {theirs:.1f} / {ours:.1f} s = {theirs / ours:.2f}x   "
-                     f"target >= {WHOLE_TARGET:g}x: {verdict(theirs / ours >= WHOLE_TARGET)}")
+    lines += filter(None, [result.whole_line(W4, "loop", "loop's", WHOLE_TARGET)])
     eq = result.equal
     if eq:
         share = eq["equal"] / max(1, eq["matched"])

@@ -258,10 +258,7 @@ def w5_lines(result: W5Result) -> list[str]:
     if ours and theirs:
         lines.append(f"W5 images/s, lakescore's scoring stage vs the loop's forward: {ours:.2f} vs {theirs:.2f} = "
                      f"{ours / theirs:.2f}x   target >= {STAGE_TARGET:g}x: {verdict(ours / theirs >= STAGE_TARGET)}")
-    ours, theirs = result.median("lakescore", "wall"), result.median("loop", "wall")
-    if ours and theirs:
-        lines.append(f"W5 whole process, loop's wall time over lakescore's: {theirs:.1f} / {ours:.1f} s = {theirs / ours:.2f}x   "
-                     f"target >= {WHOLE_TARGET:g}x: {verdict(theirs / ours >= WHOLE_TARGET)}")
+    lines += filter(None, [result.whole_line(W5, "loop", "loop's", WHOLE_TARGET)])
     eq = result.equal
     if eq:
         share = eq["equal"] / max(1, eq["matched"])

@@ -209,10 +209,7 @@ def w6_lines(result: W6Result) -> list[str]:
                      f"Arrow batches, {report.get('output_rows')} published, {report.get('ranked_out')} ranked out, "
                      f"{report.get('error_rows')} error rows; step seconds "
                      + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
-    ours, theirs = result.median("lakescore", "wall"), result.median("window", "wall")
-    if ours and theirs:
-        lines.append(f"W6 whole process, the window job's wall time over lakescore's: {theirs:.1f} / {ours:.1f} s = "
-                     f"{theirs / ours:.2f}x   target >= {WALL_TARGET:g}x: {verdict(theirs / ours >= WALL_TARGET)}")
+    lines += filter(None, [result.whole_line(W6, "window", "the window job's", WALL_TARGET)])
     lines += _memory_lines(result)
     eq = result.equal
     if eq:

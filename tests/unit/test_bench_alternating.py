@@ -30,6 +30,10 @@ def test_peers_alternate_and_a_failed_run_is_kept_apart(tmp_path, capsys):
     assert result.peer_line("WX", "fast", "things/s", 1).startswith("WX fast: whole process median ")
     assert "things/s median 5.0 (min 5.0, max 5.0) over 2 run(s)" in result.peer_line("WX", "fast", "things/s", 1)
     assert result.peer_line("WX", "broken", "things/s", 1) == "WX broken: FAILED" and result.peer_line("WX", "none", "", 1) is None
+    both = Runs({"lakescore": runs["fast"], "loop": runs["fast"]})
+    assert both.whole_line("WX", "loop", "loop's", 1.0).startswith("WX whole process, loop's wall time over lakescore's: ")
+    assert both.whole_line("WX", "loop", "loop's", 1.0).endswith("= 1.00x   target >= 1x: met")
+    assert Runs({"lakescore": runs["fast"], "loop": runs["broken"]}).whole_line("WX", "loop", "loop's", 1.0) is None
     # The outputs compared are the first good runs' of both peers; a peer with none, or a failing comparison, gives None.
     seen = compare_first_good(tmp_path, "WX", {"fast": runs["fast"], "again": runs["fast"]},
                               {"fast": "out.json", "again": "out.json"}, lambda ours, theirs: {"paths": (ours, theirs)})
