@@ -468,7 +468,6 @@ def remote_files(spark: SparkSession, uri: str) -> RemoteFiles:
     return RemoteFiles(spark, uri)
 
 
-
 def add_jar(spark: SparkSession, jar: Path) -> None:
     """Put the local file ``jar`` on the classpath of ``spark``'s functions, on the driver and the executors."""
     if is_connect(spark):
