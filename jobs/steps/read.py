@@ -28,7 +28,7 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_files,
+    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, latest_version, read_files,
     read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
@@ -209,7 +209,7 @@ def check_targets(run: RunContext) -> Targets:
         if column_types(mismatch.existing) != column_types(other):
             raise
         _refuse_layout_switch(cfg)
-        previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, True
+        previous_version, replaces_layout = latest_version(run.spark, cfg.output), True
     errors_ref = cfg.errors_ref()
     check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
     check_paths_writable(run)
