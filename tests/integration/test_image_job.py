@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,60 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("receipt_id")
     assert (errors.loc[3, "reason"], errors.loc[3, "input"]) == ("missing_file", paths[3])
     assert errors.loc[3, "error"] == f"no file at {paths[3]}" and errors.loc[4, "reason"] == "null_input"
+    stats = {1: root / "a.png", 2: root / "b c.jpg", 5: root / "d.webp"}
+    assert out["input_path"].tolist() == [paths[1], paths[2], paths[5]]  # as the column has them
+    assert out[["input_length", "input_modified"]].values.tolist() == [_status(stats[i]) for i in (1, 2, 5)]
+
+    # The rerun: a file rewritten with other bytes of the same length and its modification time set back is taken as
+    # unchanged without being read (its stored digest stands: the pre-check trades this for reading no file whose
+    # status is unchanged); a file touched (a later time, the same bytes) is read, found equal and kept; a file
+    # replaced by another picture is scored again.
+    before = (root / "a.png").stat()
+    (root / "a.png").write_bytes(bytes(reversed(files["a.png"])))
+    os.utime(root / "a.png", ns=(before.st_atime_ns, before.st_mtime_ns))
+    touched = (root / "b c.jpg").stat()
+    os.utime(root / "b c.jpg", ns=(touched.st_atime_ns, touched.st_mtime_ns + 5_000_000_000))
+    files["d.webp"] = encoded(picture(41, 29, 7), "WEBP")
+    (root / "d.webp").write_bytes(files["d.webp"])
+    rerun = _config(input=str(source), output=str(output), task="image_classify", id_col="receipt_id", image_col="scan",
+                    max_error_rate=0.7, **{"model.source": str(vit_dir), "write.mode": "incremental"})
+    _the_comparison_reads_files_once_after_the_pre_check(spark, rerun)
+    again = run_scoring(rerun, spark)
+    assert again.status == "succeeded", again.error
+    assert (again.rows_kept, again.rows_scored, again.error_reasons) == (2, 1, {"missing_file": 1, "null_input": 1})
+    now = spark.read.format("delta").load(str(output)).toPandas().set_index("receipt_id")
+    assert now.loc[[1, 2], "run_id"].tolist() == [report.run_id] * 2 and now.loc[5, "run_id"] == again.run_id
+    assert now.loc[1, "input_digest"] == hashlib.sha256(read[0]).hexdigest()  # the bytes before the rewrite
+    assert now.loc[5, "input_digest"] == hashlib.sha256(files["d.webp"]).hexdigest()
+    assert [now.loc[5, "input_length"], now.loc[5, "input_modified"]] == _status(stats[5])
+    assert [now.loc[2, "input_length"], now.loc[2, "input_modified"]] == [touched.st_size, touched.st_mtime_ns // 1_000_000]
+
+
+def _status(path: Path) -> list[int]:
+    """A file's length and modification time in milliseconds, as Hadoop's local filesystem gives them."""
+    found = path.stat()
+    return [found.st_size, found.st_mtime_ns // 1_000_000]
+
+
+def _the_comparison_reads_files_once_after_the_pre_check(spark, cfg) -> None:
+    """The comparison's plan: each file's status is taken below the join with the output, its bytes read once, above
+    the join (so only for the rows the pre-check leaves), and no filter on their digest is pushed below that read."""
+    from lakescore.jobs.platform.hadoop_files import FUNCTION, STATUS_FUNCTION
+    from lakescore.jobs.steps.incremental import _changed_or_missing
+    from lakescore.jobs.steps.prepare import check_input_ids
+    from lakescore.jobs.steps.read import check_targets, open_input
+
+    run = open_input(cfg, spark)
+    try:
+        targets = check_targets(run)
+        assert targets.file_status
+        compared = _changed_or_missing(run, check_input_ids(run).scorable, targets.previous_version, "weights", "spec")
+        plan = compared._jdf.queryExecution().optimizedPlan().toString()
+    finally:
+        run.worker_start.wait()
+    join = plan.index("Join FullOuter")
+    assert plan.count(f"{FUNCTION}(") == 1 and plan.index(f"{FUNCTION}(") < join, plan
+    assert plan.index(f"{STATUS_FUNCTION}(") > join, plan
 
 
 def _folder(root: Path) -> dict[str, bytes]:
