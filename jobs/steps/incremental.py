@@ -4,14 +4,15 @@ Every scorable row gets an :data:`~lakescore.schemas.output.DIGEST_COLUMN`: the 
 exactly what the model sees, the text, an image's bytes (a file's, for an image column of paths), or the feature
 values as a JSON array of doubles in the model's order. An output of an image column of paths also stores each file's
 path, length and modification time, and a file with all three unchanged keeps its stored digest unread (so, like
-rsync's quick check, a file rewritten with the same length and its time set back counts as unchanged). The output as it was before this run (read at its pinned version) is joined on the id: a row is
-scored when its id is not in the output, its digest differs, or its output row carries other weights
-(``model_sha256``) or another scoring spec (``spec_digest``, :class:`ScoringSpec`: every setting that changes the
-numbers, the digests of the model's files besides its weights as the executors loaded them, and
-:data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other row is kept as it is. Output ids no longer in the
-input are counted (and deleted at publish with ``write.delete_missing``). A run on a missing output, or with
-``write.full_rescore``, scores every row. With ``rank`` the comparison is by key instead (:func:`key_digest`): every row
-of a key with a new, changed or deleted row is scored, the other keys' rows are kept.
+rsync's quick check, a file rewritten with the same length and its time set back counts as unchanged). The output as
+it was before this run (read at its pinned version) is joined on the id: a row is scored when its id is not in the
+output, its digest differs, or its output row carries other weights (``model_sha256``) or another scoring spec
+(``spec_digest``, :class:`ScoringSpec`: every setting that changes the numbers, the digests of the model's files
+besides its weights as the executors loaded them, and :data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other
+row is kept as it is. Output ids no longer in the input are counted (and deleted at publish with
+``write.delete_missing``). A run on a missing output, or with ``write.full_rescore``, scores every row. With ``rank``
+the comparison is by key instead (:func:`key_digest`): every row of a key with a new, changed or deleted row is scored,
+the other keys' rows are kept.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ DISTINCT_RSD = 0.01
 13 KiB a task)."""
 CHANGES_LAYOUT = 3
 """What the changes table holds, part of its key: 3, the rows to score, the missing ids and the rows kept after their
-file was read, flagged (2 had no rows kept, 1 held the rows to score alone). A run resumed by a release with another layout joins again instead of misreading the table."""
+file was read, flagged (2 had no rows kept, 1 held the rows to score alone). A run resumed by a release with another
+layout joins again instead of misreading the table."""
 
 
 @dataclass(frozen=True)
@@ -168,9 +170,9 @@ def find_changes(
 
     When the output exists, one full outer join of the scorable rows with the output's ids finds both (for an image
     column of paths, with a pre-check of each file's path, length and modification time that reads only the files
-    it does not find unchanged: :func:`_changed_or_missing`): its new and changed rows, and the output ids no scorable row has (flagged :data:`_MISSING`), are written once to ``changed``
-    (a private table of this run's key, dropped with staging after the publish), counted by that write. The dedup
-    sample, the scoring and the publish's deletions read that small table, and a rerun of the same run finds it,
+    it does not find unchanged: :func:`_changed_or_missing`): its new and changed rows, and the output ids no scorable
+    row has (flagged :data:`_MISSING`), are written once to ``changed`` (a private table of this run's key, dropped
+    with staging after the publish), counted by that write. The dedup sample, the scoring and the publish's deletions read that small table, and a rerun of the same run finds it,
     counts it and joins nothing.
     An output id whose input row was refused for a null or duplicated id is not missing (it is in the input).
     """
