@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
-    "PROMPT_COLUMN", "IMAGE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
+    "PROMPT_COLUMN", "IMAGE_COLUMN", "FILE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
     "FeatureInputContract", "one_column_contract", "resolve_feature_cols", "id_names",
 ]
 
@@ -38,6 +38,10 @@ _PROMPT_VALUE_TYPES = (StringType, BooleanType, DateType, TimestampType, Timesta
 PROMPT_COLUMN = "_lakescore_prompt"
 """The column a prompted task's rendered prompt is added to the input as (never written to the output)."""
 
+FILE_COLUMN = "_lakescore_file"
+"""The column each row's file is described in, for an image column of paths: a struct of its ``path``, ``length`` and
+``modified`` time (:data:`~lakescore.jobs.platform.hadoop_files.FILE_STATUS`), got without reading the file (an
+incremental output stores it, :data:`~lakescore.schemas.output.FILE_COLUMNS`)."""
 IMAGE_COLUMN = "_lakescore_image"
 """The column the bytes of each row's image file are added to the input as, for an image column of paths (never
 written to the output)."""

@@ -13,6 +13,7 @@ __all__ = [
     "IDENTITY_COLUMNS",
     "INCREMENTAL_COLUMNS",
     "DIGEST_COLUMN",
+    "FILE_COLUMNS",
     "RANK_COLUMN",
     "KEY_DIGEST_COLUMN",
     "ERROR_COLUMNS",
@@ -81,6 +82,11 @@ INCREMENTAL_COLUMNS = (DIGEST_COLUMN, "spec_digest")
 spec (the settings that change the numbers, the model's files besides its weights, :data:`OUTPUT_VERSION`), so the
 next run knows which rows are current."""
 
+FILE_COLUMNS = {"input_path": StringType(), "input_length": LongType(), "input_modified": LongType()}
+"""What an incremental output of an image column of paths adds after :data:`INCREMENTAL_COLUMNS`: the path the row's
+file was read from, its length in bytes and its modification time (milliseconds since the epoch) when it was, so
+that the next run takes the stored digest of a file whose path, length and time are unchanged without reading it."""
+
 RANK_COLUMN = "rank"
 """``rank`` (top-K per key): the row's place in its key, 1 = best."""
 
@@ -134,16 +140,20 @@ def scored_schema(task: str, *kept: StructField) -> StructType:
     )
 
 
-def output_schema(task: str, *row_fields: StructField, incremental: bool = False, ranked: bool = False) -> StructType:
+def output_schema(task: str, *row_fields: StructField, incremental: bool = False, ranked: bool = False,
+                  file_status: bool = False) -> StructType:
     """The Delta table's schema: the ``row_fields`` (the id column(s), then a ranked run's other key columns) as they
     were in the input, predictions, with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
-    ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`).
+    ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`; with ``incremental``
+    and ``file_status`` the :data:`FILE_COLUMNS`).
 
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when an id or key column's name collides
     with an output column.
     """
     taken = (prediction_columns(task) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS)
              + [WORKER_COLUMN] + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else []))
+    files = list(FILE_COLUMNS.items()) if incremental and file_status else []
+    taken += [name for name, _ in files]
     for field in row_fields:
         if field.name in taken:
             raise InputContractError(f"id column {field.name!r} collides with an output column ({', '.join(taken)}); rename it")
@@ -154,6 +164,7 @@ def output_schema(task: str, *row_fields: StructField, incremental: bool = False
         + ([StructField(RANK_COLUMN, IntegerType(), nullable=True)] if ranked else [])
         + [StructField(name, StringType(), nullable=True) for name in IDENTITY_COLUMNS]
         + [StructField(name, StringType(), nullable=True) for name in extra]
+        + [StructField(name, kind, nullable=True) for name, kind in files]
     )
 
 

@@ -1,6 +1,6 @@
 """Image files named by a path column, read by Python on the executors where a Spark Connect server refuses
 lakescore's Hadoop file reader (:mod:`lakescore.jobs.platform.hadoop_files`, which reads every path everywhere else):
-the bytes of each row's file, ``None`` where it is missing.
+the bytes of each row's file, ``None`` where it is missing, and without reading it, its length and modification time.
 
 A path is taken literally (no percent-decoding): a local path, a ``file:`` URI or ``dbfs:/...`` (through Databricks'
 ``/dbfs`` mount). Any other URI (``s3a://``, ...) fails the task: only the JVM's Hadoop filesystem, with its settings
@@ -10,10 +10,12 @@ error reading it fails the task with its own message.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from typing import Iterator, Optional, Sequence
 
-__all__ = ["local_path", "read_file", "read_files", "read_in_slices"]
+__all__ = ["local_path", "read_file", "read_files", "read_in_slices", "file_status"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
@@ -31,14 +33,30 @@ def local_path(path: str) -> Optional[str]:
     return None
 
 
-def read_file(path: str) -> Optional[bytes]:
-    """The bytes of the file at ``path`` (see the module docstring), ``None`` when it does not exist."""
+def _local(path: str) -> str:
     local = local_path(path)
     if local is None:
         raise OSError(f"cannot read {path!r}: without lakescore's Hadoop file reader only local, file: and dbfs:/ paths "
                       "are read (the Spark Connect server refused its jar)")
+    return local
+
+
+def file_status(path: Optional[str]) -> Optional[tuple[int, int]]:
+    """``(length in bytes, modification time in milliseconds since the epoch)`` of the file at ``path``, as Hadoop's
+    local filesystem gives them, without reading it; ``None`` for a null path, a missing file or a directory."""
+    if path is None:
+        return None
     try:
-        with open(local, "rb") as handle:
+        found = os.stat(_local(path))
+    except FileNotFoundError:
+        return None
+    return (found.st_size, found.st_mtime_ns // 1_000_000) if stat.S_ISREG(found.st_mode) else None
+
+
+def read_file(path: str) -> Optional[bytes]:
+    """The bytes of the file at ``path`` (see the module docstring), ``None`` when it does not exist."""
+    try:
+        with open(_local(path), "rb") as handle:
             return handle.read()
     except (FileNotFoundError, IsADirectoryError):
         return None

@@ -1,15 +1,18 @@
 """Step 3c, changes (``write.mode: incremental``): which input rows need the model this run, and which ids left.
 
 Every scorable row gets an :data:`~lakescore.schemas.output.DIGEST_COLUMN`: the SHA-256 (Spark's ``sha2``) of
-exactly what the model sees, the text, or the feature values as a JSON array of doubles in the model's
-order. The output as it was before this run (read at its pinned version) is joined on the id: a row is
-scored when its id is not in the output, its digest differs, or its output row carries other weights
-(``model_sha256``) or another scoring spec (``spec_digest``, :class:`ScoringSpec`: every setting that changes the
-numbers, the digests of the model's files besides its weights as the executors loaded them, and
-:data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other row is kept as it is. Output ids no longer in the
-input are counted (and deleted at publish with ``write.delete_missing``). A run on a missing output, or with
-``write.full_rescore``, scores every row. With ``rank`` the comparison is by key instead (:func:`key_digest`): every row
-of a key with a new, changed or deleted row is scored, the other keys' rows are kept.
+exactly what the model sees, the text, an image's bytes (a file's, for an image column of paths), or the feature
+values as a JSON array of doubles in the model's order. An output of an image column of paths also stores each file's
+path, length and modification time, and a file with all three unchanged keeps its stored digest unread (so, like
+rsync's quick check, a file rewritten with the same length and its time set back counts as unchanged). The output as
+it was before this run (read at its pinned version) is joined on the id: a row is scored when its id is not in the
+output, its digest differs, or its output row carries other weights (``model_sha256``) or another scoring spec
+(``spec_digest``, :class:`ScoringSpec`: every setting that changes the numbers, the digests of the model's files
+besides its weights as the executors loaded them, and :data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other
+row is kept as it is. Output ids no longer in the input are counted (and deleted at publish with
+``write.delete_missing``). A run on a missing output, or with ``write.full_rescore``, scores every row. With ``rank``
+the comparison is by key instead (:func:`key_digest`): every row of a key with a new, changed or deleted row is scored,
+the other keys' rows are kept.
 """
 
 from __future__ import annotations
@@ -26,24 +29,30 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.ids import id_columns, same_values
-from lakescore.jobs.steps.read import RunContext
+from lakescore.jobs.steps.read import RunContext, file_bytes
 from lakescore.jobs.steps.staging import Staging
-from lakescore.schemas.output import DIGEST_COLUMN, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
+from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN
+from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
 from lakescore.udfs.model_source import ModelSpec
 
 __all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes", "key_digest"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
-_PREVIOUS = {name: f"__lakescore_previous_{name}" for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN)}
+_PREVIOUS = {name: f"__lakescore_previous_{name}"
+             for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN, *FILE_COLUMNS)}
 _KEY_DIGEST = "__lakescore_key_digest"
 _MISSING = "__lakescore_missing"
-"""The changes table's flag: ``True`` on an output id missing from the input, ``False`` on a row to score."""
+"""The changes table's flag: ``True`` on an output id missing from the input, ``False`` on an input row."""
+_KEPT = "__lakescore_kept"
+"""The changes table's flag on an input row whose file was read and digested and found current: kept, not scored
+(:func:`_changed_or_missing` says why it is in the table at all)."""
 DISTINCT_RSD = 0.01
 """Relative standard deviation of the distinct-input estimate (Spark's HyperLogLog++ then keeps 2^14 registers, about
 13 KiB a task)."""
-CHANGES_LAYOUT = 2
-"""What the changes table holds, part of its key: 2, the rows to score and the missing ids, flagged (1 held the rows
-to score alone). A run resumed by a release with another layout joins again instead of misreading the table."""
+CHANGES_LAYOUT = 3
+"""What the changes table holds, part of its key: 3, the rows to score, the missing ids and the rows kept after their
+file was read, flagged (2 had no rows kept, 1 held the rows to score alone). A run resumed by a release with another
+layout joins again instead of misreading the table."""
 
 
 @dataclass(frozen=True)
@@ -159,16 +168,17 @@ def find_changes(
     input (``refused``: the input rows refused for a null or duplicated id, ``None`` when there are none). With
     ``write.full_rescore`` (or no output yet) every row is to score and nothing is compared.
 
-    When the output exists, one full outer join of the scorable rows with the output's ids finds both: its new and
-    changed rows, and the output ids no scorable row has (flagged :data:`_MISSING`), are written once to ``changed``
-    (a private table of this run's key, dropped with staging after the publish), counted by that write. The dedup
-    sample, the scoring and the publish's deletions read that small table, and a rerun of the same run finds it,
+    When the output exists, one full outer join of the scorable rows with the output's ids finds both (for an image
+    column of paths, with a pre-check of each file's path, length and modification time that reads only the files
+    it does not find unchanged: :func:`_changed_or_missing`): its new and changed rows, and the output ids no scorable
+    row has (flagged :data:`_MISSING`), are written once to ``changed`` (a private table of this run's key, dropped
+    with staging after the publish), counted by that write. The dedup sample, the scoring and the publish's deletions read that small table, and a rerun of the same run finds it,
     counts it and joins nothing.
     An output id whose input row was refused for a null or duplicated id is not missing (it is in the input).
     """
     cfg = run.cfg
-    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     if previous_version is None or cfg.write.full_rescore:
+        digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
         no_ids = run.spark.createDataFrame([], run.source.select(*id_columns(cfg.id_cols)).schema)
         return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
                        distinct_to_score=None, spec=spec, spec_changes=None, model_sha256=model_sha256,
@@ -176,9 +186,9 @@ def find_changes(
     counts = None
     if not changed.exists():
         compare = _changed_keys_or_missing if cfg.rank.enabled else _changed_or_missing
-        counts = _write_counting(changed, compare(run, digested, previous_version, model_sha256, spec.digest))
+        counts = _write_counting(changed, compare(run, scorable, previous_version, model_sha256, spec.digest))
     table = changed.table()
-    to_score = table.where(~F.col(_MISSING)).drop(_MISSING)
+    to_score = table.where(~F.col(_MISSING) & ~F.col(_KEPT)).drop(_MISSING, _KEPT)
     missing = table.where(F.col(_MISSING)).select(*id_columns(cfg.id_cols))
     if counts is None:  # a rerun found the table, or a Connect session, which counts in a job of its own
         counts = table.agg(*_count_columns()).first().asDict()
@@ -199,7 +209,7 @@ def find_changes(
 def _count_columns() -> list[Column]:
     """The changes table's counts: rows to score, missing ids, distinct inputs among the rows to score (a null input
     counting as one)."""
-    scored = ~F.col(_MISSING)
+    scored = ~F.col(_MISSING) & ~F.col(_KEPT)
     return [
         F.count(F.when(scored, 1)).alias("to_score"),
         F.count(F.when(F.col(_MISSING), 1)).alias("missing"),
@@ -222,30 +232,55 @@ def _renamed(names, prefix: str) -> dict[str, str]:
     return {name: f"__lakescore_{prefix}_{i}" for i, name in enumerate(names)}
 
 
-def _changed_or_missing(run: RunContext, digested: DataFrame, previous_version: int, model_sha256: str,
+def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str,
                         spec: str) -> DataFrame:
-    """``digested``'s rows that are new or not current (other digest, weights or spec), and the output ids with no
-    row in ``digested`` (every other column null), each with :data:`_MISSING` saying which it is."""
+    """``scorable``'s rows that are new or not current (other digest, weights or spec), and the output ids with no
+    row in ``scorable`` (every other column null), each with :data:`_MISSING` saying which it is, and their
+    :data:`DIGEST_COLUMN`.
+
+    An image column of paths compared with an output that stores each file's path, length and modification time
+    (:data:`~lakescore.schemas.output.FILE_COLUMNS`) checks those first, like rsync and make: a row whose output row
+    has the same path, length and time, and current weights and spec, is current without its file being read (its
+    stored digest stands). So a file rewritten with the same length and its modification time set back is taken as
+    unchanged. Every other row's file is read and digested; a row whose digest then matches (a file touched, or its
+    status not stored) is kept but in the table, flagged :data:`_KEPT`, its bytes dropped, because a filter on the
+    digest would be pushed below the read and read each changed file twice."""
     cfg = run.cfg
     theirs = _renamed(cfg.id_cols, "previous_id")
-    previous = read_input(run.spark, cfg.output, "delta", version=previous_version).select(
-        *[column(c).alias(theirs[c]) for c in cfg.id_cols],
-        *[column(name).alias(alias) for name, alias in _PREVIOUS.items() if name != KEY_DIGEST_COLUMN],
-    )
-    joined = digested.join(previous, same_values(cfg.id_cols, theirs), "full_outer")
+    output = read_input(run.spark, cfg.output, "delta", version=previous_version)
+    prechecked = FILE_COLUMN in scorable.columns and set(FILE_COLUMNS) <= set(output.columns)
+    stored = [DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, *(FILE_COLUMNS if prechecked else [])]
+    previous = output.select(*[column(c).alias(theirs[c]) for c in cfg.id_cols],
+                             *[column(name).alias(_PREVIOUS[name]) for name in stored])
+    digest = input_digest(run.input_cols, cfg.column_setting is not None)
+    # With the pre-check the files are read after the join, only for the rows it leaves; else every row's before it.
+    rows = scorable.drop(IMAGE_COLUMN) if prechecked else scorable.withColumn(DIGEST_COLUMN, digest)
+    joined = rows.join(previous, same_values(cfg.id_cols, theirs), "full_outer")
     is_missing = column(cfg.id_cols[0]).isNull()  # scorable rows never have a null id: null here means no input row
-    current = F.coalesce(
-        F.col(theirs[cfg.id_cols[0]]).isNotNull()
-        & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN]))
-        & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
-        & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
+    current_model = (F.col(theirs[cfg.id_cols[0]]).isNotNull() & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
+                     & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)))
+    current = F.coalesce(current_model & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN])), F.lit(False))
+
+    def columns(kept: Column) -> list[Column]:
+        """``scorable``'s columns and the digest, an id from either side; the bytes of a ``kept`` row dropped."""
+        out = []
+        for c in [*scorable.columns, DIGEST_COLUMN]:
+            value = F.coalesce(column(c), F.col(theirs[c]).cast(scorable.schema[c].dataType)) if c in theirs else column(c)
+            out.append((F.when(~kept, value) if c == IMAGE_COLUMN and prechecked else value).alias(c))
+        return [*out, is_missing.alias(_MISSING), kept.alias(_KEPT)]
+
+    if not prechecked:
+        return joined.where(is_missing | ~current).select(*columns(F.lit(False)))
+    file, before = F.col(FILE_COLUMN), lambda name: F.col(_PREVIOUS[name])
+    path, length, modified = FILE_COLUMNS
+    unchanged = F.coalesce(
+        current_model & before(DIGEST_COLUMN).isNotNull() & (file["path"] == before(path))
+        & (file["length"] == before(length)) & (file["modified"] == before(modified)),
         F.lit(False),
     )
-    columns = [
-        (F.coalesce(column(c), F.col(theirs[c]).cast(digested.schema[c].dataType)) if c in theirs else column(c)).alias(c)
-        for c in digested.columns
-    ]
-    return joined.where(is_missing | ~current).select(*columns, is_missing.alias(_MISSING))
+    bytes_ = file_bytes(run.spark, column(run.input_cols[1]), cfg.scoring.arrow_max_bytes_per_batch)
+    digested = joined.where(is_missing | ~unchanged).withColumn(IMAGE_COLUMN, bytes_).withColumn(DIGEST_COLUMN, digest)
+    return digested.select(*columns(~is_missing & current))
 
 
 def key_digest(cfg, over: Optional[WindowSpec] = None) -> Column:
@@ -260,7 +295,7 @@ def key_digest(cfg, over: Optional[WindowSpec] = None) -> Column:
     return F.sha2(F.concat_ws("\n", F.lit(settings), F.array_sort(rows)), 256)
 
 
-def _changed_keys_or_missing(run: RunContext, digested: DataFrame, previous_version: int, model_sha256: str,
+def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str,
                              spec: str) -> DataFrame:
     """With ``rank``: every row of each key (``rank.partition_by``) that changed, and the output rows of keys with no
     row in ``digested`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`).
@@ -270,6 +305,7 @@ def _changed_keys_or_missing(run: RunContext, digested: DataFrame, previous_vers
     or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no stored
     score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""
     cfg = run.cfg
+    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     keys = list(cfg.rank.partition_by)
     theirs = _renamed(keys, "previous_key")
     output = read_input(run.spark, cfg.output, "delta", version=previous_version)
@@ -290,4 +326,5 @@ def _changed_keys_or_missing(run: RunContext, digested: DataFrame, previous_vers
     missing = output.join(gone, same_values(keys, theirs, null_safe=True), "left_semi").select(*[
         (column(c) if c in cfg.id_cols else F.lit(None)).cast(digested.schema[c].dataType).alias(c) for c in digested.columns
     ])
-    return to_score.withColumn(_MISSING, F.lit(False)).unionByName(missing.withColumn(_MISSING, F.lit(True)))
+    return to_score.withColumn(_MISSING, F.lit(False)).unionByName(missing.withColumn(_MISSING, F.lit(True))) \
+        .withColumn(_KEPT, F.lit(False))

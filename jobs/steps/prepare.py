@@ -25,7 +25,7 @@ from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, ScoringSpe
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, prepared_rows, run_key
-from lakescore.schemas.contracts import InputContractError
+from lakescore.schemas.contracts import FILE_COLUMN, InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
 
@@ -67,6 +67,9 @@ class Plan:
     scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
     prepared_ready: bool = False
     """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
+    file_status: bool = False
+    """The output rows store each file's path, length and modification time (:attr:`Targets.file_status`): the rows
+    to score carry :data:`~lakescore.schemas.contracts.FILE_COLUMN` into staging."""
     tag: Optional[str] = None
     """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
     :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
@@ -104,9 +107,15 @@ class Plan:
         return self.changes.rows_kept if self.changes is not None else 0
 
     def kept_columns(self, row_cols: Sequence[str]) -> list[str]:
-        """The input columns the scoring function copies into staging: ``row_cols`` (the id column(s), a ranked run's
-        key columns), and the digest in incremental mode or when deduplicating."""
-        return [*row_cols, DIGEST_COLUMN] if self.changes is not None or self.dedup.used else list(row_cols)
+        """The input columns the scoring function copies into staging: :meth:`row_columns`, and the digest in
+        incremental mode or when deduplicating."""
+        digest = [DIGEST_COLUMN] if self.changes is not None or self.dedup.used else []
+        return [*self.row_columns(row_cols), *digest]
+
+    def row_columns(self, row_cols: Sequence[str]) -> list[str]:
+        """The input columns each output row takes from its own input row: ``row_cols`` (the id column(s), a ranked
+        run's key columns), and with :attr:`file_status` :data:`~lakescore.schemas.contracts.FILE_COLUMN`."""
+        return [*row_cols, *([FILE_COLUMN] if self.file_status else [])]
 
 
 def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: ScoringSpec) -> dict:
@@ -130,6 +139,8 @@ def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: Sc
         facts["rank"] = cfg.rank.model_dump(mode="json")
     if cfg.write.mode == "incremental":
         facts.update(mode="incremental", previous_version=targets.previous_version, full_rescore=cfg.write.full_rescore)
+    if targets.file_status:  # the staged rows carry each file's status
+        facts["file_status"] = True
     return facts
 
 
@@ -223,6 +234,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
         prepared_ready=prepared is not None and prepared.exists(),
+        file_status=targets.file_status,
         tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None,
                          scoring.parts if changes is not None else None),
     )

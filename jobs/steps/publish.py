@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 from lakescore.jobs.config import RUN_ID, JobConfig
+from lakescore.jobs.platform.hadoop_files import FILE_STATUS
 from lakescore.jobs.platform.tables import (
     DELETION_VECTORS, MERGE_OP, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, read_input,
     write_delta,
@@ -39,7 +40,10 @@ from lakescore.jobs.steps.ids import all_present, id_columns, same_values
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.read import RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
-from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN
+from lakescore.schemas.contracts import FILE_COLUMN
+from lakescore.schemas.output import (
+    DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
+)
 from lakescore.udfs.registry import get_task
 
 __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
@@ -64,11 +68,14 @@ class Outcome:
 def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
     """The rows the output receives from this run: the id column(s) (and a ranked run's key columns), predictions, a
     ranked run's rank, the identity columns (model, weights, run), and in incremental mode the input's digest and the
-    scoring spec's (and a ranked run's key digest)."""
+    scoring spec's (and a ranked run's key digest; with ``plan.file_status`` each file's path, length and time)."""
     cfg, identity = run.cfg, plan.identity
     incremental = [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec.digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
     if plan.changes and cfg.rank.enabled:
         incremental.append(F.col(KEY_DIGEST_COLUMN))
+    if plan.file_status:
+        file = F.col(FILE_COLUMN)
+        incremental += [file[field].alias(name) for field, name in zip(("path", *FILE_STATUS.names), FILE_COLUMNS)]
     return accounting.published.select(
         *id_columns(cfg.row_cols),
         *[F.col(f.name) for f in get_task(cfg.task).output_fields],

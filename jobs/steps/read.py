@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.hadoop_files import file_bytes_function
+from lakescore.jobs.platform.hadoop_files import FILE_STATUS, FUNCTION, STATUS_FUNCTION, file_functions
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
@@ -35,7 +35,7 @@ from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
 from lakescore.jobs.steps.staging import input_fingerprint, staging_location
 from lakescore.schemas.contracts import (
-    IMAGE_COLUMN, PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract,
+    FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract,
     resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
@@ -46,7 +46,7 @@ from lakescore.udfs.scoring_udf import RowCounter
 
 __all__ = [
     "RunContext", "Targets", "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
-    "check_targets", "check_paths_writable",
+    "check_targets", "check_paths_writable", "file_bytes", "file_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,11 @@ class RunContext:
     """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
 
     @property
+    def reads_paths(self) -> bool:
+        """The model's input is the files an image column of paths names (:func:`read_image_files`)."""
+        return self.input_cols[0] == IMAGE_COLUMN
+
+    @property
     def id_fields(self) -> list[StructField]:
         """The id column(s) as the input has them."""
         return [self.source.schema[name] for name in self.cfg.id_cols]
@@ -105,8 +110,12 @@ class Targets:
     previous_version: Optional[int]
     """The output's Delta version before this run (``None``: it does not exist yet)."""
     replaces_layout: bool = False
-    """The output holds the other write layout (with or without the incremental digest columns) and this run's
-    overwrite replaces its columns too."""
+    """The output holds the other write layout (with or without the incremental digest columns, or the file status
+    columns) and this run's overwrite replaces its columns too."""
+    file_status: bool = False
+    """The output rows this run writes store each file's path, length and modification time
+    (:data:`~lakescore.schemas.output.FILE_COLUMNS`): an incremental run over an image column of paths, without
+    ``rank``, into an output that has those columns or does not exist yet (or that a full rescore rewrites)."""
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
@@ -200,20 +209,39 @@ def check_targets(run: RunContext) -> Targets:
     cfg = run.cfg
     incremental = cfg.write.mode == "incremental"
     ranked = cfg.rank.enabled
-    planned = output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked)
-    planned_errors = errors_schema(*run.id_fields)
+    files = incremental and not ranked and run.reads_paths
+
+    def schema(incremental: bool, files: bool) -> StructType:
+        return output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked, file_status=files)
+
+    planned = schema(incremental, files)
     try:
         previous_version, replaces_layout = check_output_target(run.spark, cfg.output, planned), False
     except OutputColumnsError as mismatch:
-        other = output_schema(cfg.task, *run.row_fields, incremental=not incremental, ranked=ranked)
-        if column_types(mismatch.existing) != column_types(other):
+        existing = column_types(mismatch.existing)
+        if files and existing == column_types(schema(True, False)):
+            # An incremental output written before outputs stored file status: a full rescore rewrites it with them;
+            # an incremental run merges into it as it is, every file read for its digest.
+            previous_version, replaces_layout = latest_version(run.spark, cfg.output), cfg.write.full_rescore
+            if not replaces_layout:
+                planned, files = schema(True, False), False
+            return _targets(run, planned, previous_version, replaces_layout, files)
+        others = [schema(not incremental, False)] + ([schema(True, True)] if run.reads_paths and not ranked and not incremental else [])
+        if existing not in [column_types(other) for other in others]:
             raise
         _refuse_layout_switch(cfg)
         previous_version, replaces_layout = latest_version(run.spark, cfg.output), True
-    errors_ref = cfg.errors_ref()
+    return _targets(run, planned, previous_version, replaces_layout, files)
+
+
+def _targets(run: RunContext, planned: StructType, previous_version: Optional[int], replaces_layout: bool,
+             file_status: bool) -> Targets:
+    """:class:`Targets` for ``planned``, once the errors table and the paths the run writes are checked too."""
+    planned_errors = errors_schema(*run.id_fields)
+    errors_ref = run.cfg.errors_ref()
     check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
     check_paths_writable(run)
-    return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout)
+    return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout, file_status)
 
 
 def _refuse_layout_switch(cfg: JobConfig) -> None:
@@ -293,18 +321,33 @@ def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[Dat
 def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:
     """``source`` plus the bytes of the file each row's ``path_col`` names (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`;
     null for a null path or a missing file), read lazily on the executors through the Hadoop filesystem of the path's
-    scheme (:mod:`lakescore.jobs.platform.hadoop_files`), with the session's ``spark.hadoop.*`` settings. Only the
-    Spark jobs that need the bytes read them (the digest, the scoring). Where a Spark Connect server refuses that
-    reader's jar, Python reads local, ``file:`` and ``dbfs:/`` paths (:mod:`lakescore.udfs.image_files`), in slices
-    of at most ``max_bytes``.
+    scheme (:mod:`lakescore.jobs.platform.hadoop_files`), with the session's ``spark.hadoop.*`` settings, and the
+    path with the file's length and modification time (:data:`~lakescore.schemas.contracts.FILE_COLUMN`, got without
+    reading it). Only the Spark jobs that need the bytes read them (the digest, the scoring). Where a Spark Connect
+    server refuses that reader's jar, Python reads local, ``file:`` and ``dbfs:/`` paths
+    (:mod:`lakescore.udfs.image_files`), in slices of at most ``max_bytes``.
 
     Why not Spark's ``binaryFile`` source: that source takes its paths on the driver and fails the whole read when
     one is missing, where a missing file must be one row's ``missing_file``."""
-    if IMAGE_COLUMN in source.columns:
-        raise InputContractError(f"{where} has a column named {IMAGE_COLUMN!r}, which lakescore reads image files into; rename it")
-    function = file_bytes_function(source.sparkSession)
-    read = F.call_function(function, column(path_col)) if function else _file_reader(max_bytes)(column(path_col))
-    return source.withColumn(IMAGE_COLUMN, read)
+    for name in (IMAGE_COLUMN, FILE_COLUMN):
+        if name in source.columns:
+            raise InputContractError(f"{where} has a column named {name!r}, which lakescore reads image files into; rename it")
+    path = column(path_col)
+    status = file_status(source.sparkSession, path)
+    described = F.struct(path.alias("path"), *[status[f.name].alias(f.name) for f in FILE_STATUS.fields])
+    return source.withColumn(FILE_COLUMN, described).withColumn(IMAGE_COLUMN, file_bytes(source.sparkSession, path, max_bytes))
+
+
+def file_bytes(spark: SparkSession, path: Column, max_bytes: int) -> Column:
+    """The bytes of the file ``path`` names, read on the executors (see :func:`read_image_files`); null for a null
+    path, a missing file or a directory."""
+    return F.call_function(FUNCTION, path) if file_functions(spark) else _file_reader(max_bytes)(path)
+
+
+def file_status(spark: SparkSession, path: Column) -> Column:
+    """The :data:`~lakescore.jobs.platform.hadoop_files.FILE_STATUS` of the file ``path`` names, from its filesystem
+    on the executors without reading it; null (or null fields) for a null path, a missing file or a directory."""
+    return F.call_function(STATUS_FUNCTION, path) if file_functions(spark) else _status_reader()(path)
 
 
 def _file_reader(max_bytes: int):
@@ -324,6 +367,23 @@ def _file_reader(max_bytes: int):
 
     read.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}  # the UDF's kind, for PySpark
     return pandas_udf(read, BinaryType())
+
+
+def _status_reader():
+    """A pandas UDF: paths -> :data:`~lakescore.jobs.platform.hadoop_files.FILE_STATUS` (local, ``file:`` and
+    ``dbfs:/`` paths), null fields where there is no file."""
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def stat(paths):
+        from lakescore.udfs.image_files import file_status
+
+        found = [file_status(path) for path in paths.tolist()]
+        return pd.DataFrame({name: pd.array([None if f is None else f[i] for f in found], dtype="Int64")
+                             for i, name in enumerate(FILE_STATUS.names)})
+
+    stat.__annotations__ = {"paths": pd.Series, "return": pd.DataFrame}  # the UDF's kind, for PySpark
+    return pandas_udf(stat, FILE_STATUS)
 
 
 def storage_refs(cfg: JobConfig) -> tuple[str, ...]:

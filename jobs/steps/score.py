@@ -159,7 +159,7 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
         return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0])
 
     if plan.dedup.used:
-        return score_deduplicated(part, score, cfg.id_cols, cfg.row_cols, run.input_cols)
+        return score_deduplicated(part, score, cfg.id_cols, plan.row_columns(cfg.row_cols), run.input_cols)
     if len(cfg.id_cols) > 1 and get_task(cfg.task).input_kind.row_keys:  # one value per row to seed its draws from
         part = part.withColumn(_ROW_KEY, row_key(cfg.id_cols))
         return score(part, plan.kept_columns(cfg.row_cols), _ROW_KEY)

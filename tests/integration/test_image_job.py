@@ -6,8 +6,10 @@ replaced."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,10 @@ import pytest
 
 from lakescore import transform
 from lakescore.jobs.cli import main
+from lakescore.jobs.platform.hadoop_files import FUNCTION, STATUS_FUNCTION
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
+from lakescore.schemas.output import FILE_COLUMNS
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from tests.integration.test_kill_matrix import _killed_run
@@ -105,7 +109,8 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
         .write.format("delta").save(str(source))
 
     report = run_scoring(_config(input=str(source), output=str(output), task="image_classify", id_col="receipt_id",
-                                 image_col="scan", **{"model.source": str(vit_dir), "write.mode": "incremental"}), spark)
+                                 image_col="scan", **{"model.source": str(vit_dir), "write.mode": "incremental",
+                                                      "scoring.dedup": "on"}), spark)
     assert report.status == "succeeded", report.error
     assert (report.output_rows, report.error_reasons) == (3, {"missing_file": 1, "null_input": 1})
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("receipt_id").reset_index(drop=True)
@@ -116,78 +121,75 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("receipt_id")
     assert (errors.loc[3, "reason"], errors.loc[3, "input"]) == ("missing_file", paths[3])
     assert errors.loc[3, "error"] == f"no file at {paths[3]}" and errors.loc[4, "reason"] == "null_input"
+    stats = {1: root / "a.png", 2: root / "b c.jpg", 5: root / "d.webp"}  # each row's own, through dedup's fan-out
+    assert out["input_path"].tolist() == [paths[1], paths[2], paths[5]]  # as the column has them
+    assert out[["input_length", "input_modified"]].values.tolist() == [_status(stats[i]) for i in (1, 2, 5)]
 
-
-def _folder(root: Path) -> dict[str, bytes]:
-    """Image files of every extension, any case, in nested folders; two files that are not images."""
-    files = {
-        "one.jpg": encoded(picture(40, 30, 1), "JPEG", quality=90),
-        "nested/two.PNG": encoded(picture(33, 47, 2).convert("RGBA"), "PNG"),
-        "nested/deeper/three.webp": encoded(picture(30, 40, 6), "WEBP"),
-        "four.gif": encoded(picture(36, 28, 5).convert("P"), "GIF"),
-        "nested/five.bmp": encoded(picture(31, 17, 8), "BMP"),
-        "six.Tiff": encoded(picture(25, 35, 9).convert("CMYK"), "TIFF"),
-    }
-    for name, data in {**files, "notes.txt": b"not an image", "nested/README.md": b"# photos"}.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return files
-
-
-def _by_file(spark, output: Path, root: Path) -> dict[str, list[float]]:
-    rows = spark.read.format("delta").load(str(output)).select("path", "embedding").collect()
-    return {r["path"].split(str(root) + "/", 1)[1]: r["embedding"] for r in rows}
-
-
-def test_a_folder_of_images_killed_resumed_then_incremental_after_a_file_is_replaced(spark, tmp_path, clip_dir):
-    root = tmp_path / "photos"
-    files = _folder(root)
-    output = tmp_path / "embeddings"
-    args = ["score", "--task", "image_embed", "--input", str(root), "--input-format", "images", "--output", str(output),
-            "--model", str(clip_dir), "--write-mode", "incremental", "--run-id", "folder",
-            "--set", "write.chunk_rows=3", "--set", "scoring.max_batch_rows=2"]
-    code, _, log = _killed_run(args, tmp_path, "chunk_committed:0")
-    assert code != 0, log
-    assert main([*args, "--report", str(tmp_path / "r.json")]) == 0
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["chunks"]["skipped"] == 1 and report["ignored_files"] == 2
-    assert (report["input_rows"], report["output_rows"], report["error_rows"]) == (6, 6, 0)
-    first = _by_file(spark, output, root)
-    assert sorted(first) == sorted(files)
-    names = list(files)
-    expected = _own_scores("image_embed", clip_dir, [files[n] for n in names])
-    assert np.abs(np.array([first[n] for n in names]) - expected).max() < 1e-5
-
-    # One file replaced by another picture: only it is scored again
-    files["nested/two.PNG"] = encoded(picture(47, 33, 12), "PNG")
-    (root / "nested/two.PNG").write_bytes(files["nested/two.PNG"])
-    again = run_scoring(_config(input=str(root), input_format="images", output=str(output), task="image_embed",
-                                **{"model.source": str(clip_dir), "write.mode": "incremental"}), spark)
+    # The rerun: a file rewritten with other bytes of the same length and its modification time set back is taken as
+    # unchanged without being read (its stored digest stands: the pre-check trades this for reading no file whose
+    # status is unchanged); a file touched (a later time, the same bytes) is read, found equal and kept; a file
+    # replaced by another picture is scored again.
+    before = (root / "a.png").stat()
+    (root / "a.png").write_bytes(bytes(reversed(files["a.png"])))
+    os.utime(root / "a.png", ns=(before.st_atime_ns, before.st_mtime_ns))
+    touched = (root / "b c.jpg").stat()
+    os.utime(root / "b c.jpg", ns=(touched.st_atime_ns, touched.st_mtime_ns + 5_000_000_000))
+    files["d.webp"] = encoded(picture(41, 29, 7), "WEBP")
+    (root / "d.webp").write_bytes(files["d.webp"])
+    flags = dict(input=str(source), task="image_classify", id_col="receipt_id", image_col="scan", max_error_rate=0.7,
+                 **{"model.source": str(vit_dir), "write.mode": "incremental"})
+    rerun = _config(output=str(output), **flags)
+    _the_comparison_reads_files_once_after_the_pre_check(spark, rerun)
+    again = run_scoring(rerun, spark)
     assert again.status == "succeeded", again.error
-    assert (again.rows_kept, again.rows_scored, again.ignored_files) == (5, 1, 2)
-    second = _by_file(spark, output, root)
-    assert all(second[n] == first[n] for n in names if n != "nested/two.PNG")
-    assert np.abs(np.array(second["nested/two.PNG"]) - _own_scores("image_embed", clip_dir, [files["nested/two.PNG"]])[0]).max() < 1e-5
+    assert (again.rows_kept, again.rows_scored, again.error_reasons) == (2, 1, {"missing_file": 1, "null_input": 1})
+    now = spark.read.format("delta").load(str(output)).toPandas().set_index("receipt_id")
+    assert now.loc[[1, 2], "run_id"].tolist() == [report.run_id] * 2 and now.loc[5, "run_id"] == again.run_id
+    assert now.loc[1, "input_digest"] == hashlib.sha256(read[0]).hexdigest()  # the bytes before the rewrite
+    assert now.loc[5, "input_digest"] == hashlib.sha256(files["d.webp"]).hexdigest()
+    assert [now.loc[5, "input_length"], now.loc[5, "input_modified"]] == _status(stats[5])
+    assert [now.loc[2, "input_length"], now.loc[2, "input_modified"]] == [touched.st_size, touched.st_mtime_ns // 1_000_000]
+
+    # An output written before outputs stored file status: merged into as it is, each file read for its digest before
+    # the join; a full rescore rewrites it with the file status columns.
+    older = tmp_path / "older_labels"
+    spark.read.format("delta").load(str(output)).drop(*FILE_COLUMNS).write.format("delta").save(str(older))
+    targets, plan, rescored = _compared(spark, _config(output=str(older), **flags),
+                                        _config(output=str(older), **flags, **{"write.full_rescore": True}))
+    assert not targets.file_status and not targets.replaces_layout and "input_path" not in targets.output_schema.names
+    join = plan.index("Join FullOuter")
+    assert plan.count(f"{FUNCTION}(") == 1 and plan.index(f"{FUNCTION}(") > join, plan
+    assert rescored.file_status and rescored.replaces_layout and "input_path" in rescored.output_schema.names
 
 
-def test_a_folder_runs_key_changes_when_a_file_is_replaced_under_its_name(spark, tmp_path):
-    """A folder run's staging key covers each file's modification time and length, not only its name: a file replaced
-    between a killed run and its rerun is scored again, never taken from the killed run's chunks."""
-    import os
+def _status(path: Path) -> list[int]:
+    """A file's length and modification time in milliseconds, as Hadoop's local filesystem gives them."""
+    found = path.stat()
+    return [found.st_size, found.st_mtime_ns // 1_000_000]
 
-    from lakescore.jobs.platform.tables import read_files
-    from lakescore.jobs.steps.staging import input_fingerprint
 
-    root = tmp_path / "photos"
-    files = _folder(root)
+def _compared(spark, cfg, rescore=None):
+    """``cfg``'s checked targets, the optimized plan of its comparison with the output, and the targets of the same
+    run under ``rescore`` (another config of it)."""
+    from lakescore.jobs.steps.incremental import _changed_or_missing
+    from lakescore.jobs.steps.prepare import check_input_ids
+    from lakescore.jobs.steps.read import check_targets, open_input
 
-    def key() -> str:
-        return input_fingerprint(read_files(spark, str(root), ("jpg", "png", "webp", "gif", "bmp", "tiff"))[0], file_stats=True)
+    run = open_input(cfg, spark)
+    try:
+        targets = check_targets(run)
+        compared = _changed_or_missing(run, check_input_ids(run).scorable, targets.previous_version, "weights", "spec")
+        other = check_targets(dataclasses.replace(run, cfg=rescore)) if rescore is not None else None
+        return targets, compared._jdf.queryExecution().optimizedPlan().toString(), other
+    finally:
+        run.worker_start.wait()
 
-    before = key()
-    assert key() == before  # the same files: the same key
-    target = root / "one.jpg"
-    stat = target.stat()
-    target.write_bytes(bytes(reversed(files["one.jpg"])))  # same name, same length, other bytes, a later time
-    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
-    assert key() != before
+
+def _the_comparison_reads_files_once_after_the_pre_check(spark, cfg) -> None:
+    """The comparison's plan: each file's status is taken below the join with the output, its bytes read once, above
+    the join (so only for the rows the pre-check leaves), and no filter on their digest is pushed below that read."""
+    targets, plan, _ = _compared(spark, cfg)
+    assert targets.file_status
+    join = plan.index("Join FullOuter")
+    assert plan.count(f"{FUNCTION}(") == 1 and plan.index(f"{FUNCTION}(") < join, plan
+    assert plan.index(f"{STATUS_FUNCTION}(") > join, plan

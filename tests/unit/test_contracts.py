@@ -47,6 +47,15 @@ def test_id_column_may_not_collide_with_output_columns():
     assert [f.name for f in incremental.fields][-3:] == ["run_id", "input_digest", "spec_digest"]
     with pytest.raises(InputContractError, match=r"id column 'input_digest' collides"):
         output_schema("embed", StructField("input_digest", StringType()))
+    # An image column of paths stores each file's status, incremental outputs only; other outputs keep those names free.
+    paths = output_schema("image_embed", StructField("input_path", StringType()))
+    files = output_schema("image_embed", StructField("photo_id", LongType()), incremental=True, file_status=True)
+    assert [(f.name, f.dataType.simpleString()) for f in files.fields][-4:] == [
+        ("spec_digest", "string"), ("input_path", "string"), ("input_length", "bigint"), ("input_modified", "bigint"),
+    ]
+    assert paths.names[0] == "input_path" and output_schema("image_embed", file_status=True).names[-1] == "run_id"
+    with pytest.raises(InputContractError, match=r"id column 'input_length' collides"):
+        output_schema("image_embed", StructField("input_length", LongType()), incremental=True, file_status=True)
 
 
 def test_a_composite_id_checks_every_column_and_a_ranked_output_adds_rank():

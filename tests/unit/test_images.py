@@ -9,6 +9,7 @@ by decoded pixels.
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 import zlib
 
@@ -321,6 +322,19 @@ def test_image_files_are_read_by_path_and_uri_and_a_missing_one_is_none(images, 
     slices = list(read_in_slices(paths, budget))
     assert [len(s) for s in slices] == [4, 1]  # the third file would exceed the budget: it starts the next slice
     assert sum(slices, []) == [images["rgb.jpg"], None, images["gray.png"], None, images["cmyk.tiff"]]
+
+
+def test_a_files_status_is_its_length_and_time_in_milliseconds_without_reading_it(image_files):
+    from lakescore.udfs.image_files import file_status
+
+    path = image_files / "rgb.jpg"
+    os.utime(path, ns=(0, 1_700_000_000_123_456_789))  # Hadoop's local filesystem keeps milliseconds, truncated
+    for named in (str(path), f"file:{path}", f"file://{path}"):
+        assert file_status(named) == (path.stat().st_size, 1_700_000_000_123), named
+    assert file_status(None) is None and file_status(str(image_files / "gone.png")) is None
+    assert file_status(str(image_files)) is None  # a directory, as the Hadoop function says
+    with pytest.raises(OSError, match="cannot read 's3a://bucket/a.png'"):
+        file_status("s3a://bucket/a.png")
 
 
 def test_a_path_column_reads_files_and_dead_letters_a_missing_one_with_its_path(vit_dir, images, image_files):
