@@ -36,9 +36,8 @@ setup: browser
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 
 # Test files run on TEST_WORKERS processes (pytest-xdist), each file whole on one of them, so a module's fixtures
-# (a Spark session, a cluster) start once. Three on two cores: the tests wait on JVM start-ups, subprocesses and
-# Spark's scheduler much of the time, so a third process fills the idle cores (BENCHMARKS.md has the suite's times).
-TEST_WORKERS ?= 3
+# (a Spark session, a cluster) start once.
+TEST_WORKERS ?= 2
 test:
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 

@@ -18,15 +18,14 @@ os.environ["LAKESCORE_TEST_HOOKS"] = "1"
 
 
 SLOWEST_FIRST = (
-    "integration/test_incremental.py", "integration/test_spark_connect.py", "cluster/test_faults.py",
-    "integration/test_tasks_and_faults.py", "integration/test_score_job.py", "integration/test_kill_matrix.py",
-    "integration/test_s3a.py", "scale/test_flat_memory.py", "cluster/test_submit_local.py", "integration/test_image_job.py",
-    "integration/test_bad_inputs.py", "integration/test_generate_job.py", "integration/test_table_names.py",
-    "integration/test_rank_and_ids.py", "integration/test_dedup.py", "cluster/test_standalone.py",
-    "integration/test_drift_gate.py", "integration/test_history.py", "integration/test_pinned_publish.py",
-    "integration/test_mlflow_models.py", "integration/test_api.py", "unit/test_image_memory.py",
+    "integration/test_incremental.py", "integration/test_tasks_and_faults.py", "integration/test_spark_connect.py",
+    "cluster/test_faults.py", "integration/test_s3a.py", "integration/test_bad_inputs.py", "integration/test_kill_matrix.py",
+    "integration/test_generate_job.py", "integration/test_image_job.py", "integration/test_score_job.py",
+    "cluster/test_submit_local.py", "scale/test_flat_memory.py", "cluster/test_standalone.py",
+    "integration/test_api.py", "integration/test_rank_and_ids.py", "integration/test_drift_gate.py",
+    "unit/test_image_memory.py",
 )
-"""The test files that take longest (make test's durations), run first: ``make test`` hands files to its
+"""The test files that take longest (make test's durations), run first: ``make test`` hands files to its two
 processes in collection order, so a long file collected last would run alone at the end."""
 
 
