@@ -54,7 +54,7 @@ from lakescore.jobs.config import ConfigError
 __all__ = [
     "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "observed", "partition_count", "rows_counter",
     "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
-    "is_delta_path", "delta_path_table", "delta_path_snapshot", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged", "java_causes",
+    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged", "java_causes",
     "probe_write", "add_jar",
 ]
 
@@ -358,22 +358,6 @@ def delta_path_table(spark: SparkSession, ref: str):
     from delta.tables import DeltaTable
 
     return DeltaTable.forPath(spark, ref)
-
-
-def delta_path_snapshot(spark: SparkSession, ref: str) -> Optional[tuple[int, str]]:
-    """``(version, table id)`` of the Delta table at the path ``ref`` now, from Delta's own snapshot of its log on the
-    driver: no Spark job, where ``DESCRIBE HISTORY`` and ``DETAIL`` run one each. ``None`` over Connect, for a path
-    with no commit, or where the session's Delta has no such classes (a platform's own build): ask those instead."""
-    if is_connect(spark):
-        return None
-    try:
-        delta_log = spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog
-        snapshot = delta_log.forTableWithSnapshot(spark._jsparkSession, ref)._2()
-        version = int(snapshot.version())
-        return (version, str(snapshot.metadata().id())) if version >= 0 else None
-    except Exception:  # noqa: BLE001 (another Delta build: the public API answers the same, a Spark job slower)
-        log.debug("Delta's log API did not answer for %s; reading its history instead", ref, exc_info=True)
-        return None
 
 
 def can_delete_paths(spark: SparkSession) -> bool:

@@ -13,8 +13,7 @@ each working in classic and Spark Connect sessions: :func:`read_input` / :func:`
 (overwrite, replaceWhere or append), :func:`merge_delta`, :func:`delta_history` (every Delta fact about commits comes
 from its one row parser) and :func:`delta_detail`. Delta's SQL runs everywhere; for a path in a classic session the
 same operation runs through Delta's ``DeltaTable`` API instead (:meth:`TableRef.delta_api`), which skips the
-metastore lookup SQL makes for ``delta.`<path>```; a path's latest version and table id come from Delta's snapshot of
-its log (:func:`latest_version`, :func:`table_id`), which needs no Spark job. Filesystem calls go through
+metastore lookup SQL makes for ``delta.`<path>```. Filesystem calls go through
 :mod:`lakescore.jobs.platform.spark_adapter`.
 """
 
@@ -67,7 +66,6 @@ __all__ = [
     "HistoryEntry",
     "delta_history",
     "last_commit",
-    "latest_version",
     "own_commit",
     "last_commit_stamp",
     "delta_detail",
@@ -335,7 +333,7 @@ def read_pinned(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto") -
     ref = TableRef.parse(ref, "input")
     df = read_input(spark, ref, fmt)
     if fmt != "parquet" and is_delta(spark, ref):
-        version = latest_version(spark, ref)
+        version = last_commit(spark, ref).version
         return read_input(spark, ref, "delta", version=version), version
     if ref.is_path:
         files = df.inputFiles()
@@ -415,7 +413,7 @@ def check_output_target(spark: SparkSession, ref: "str | TableRef", schema: Stru
             f"output {ref.text!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
             "write to a new output or drop the old one", existing
         )
-    return latest_version(spark, ref) if version else None
+    return last_commit(spark, ref).version if version else None
 
 
 @dataclass(frozen=True)
@@ -765,14 +763,6 @@ def last_commit(spark: SparkSession, ref: "str | TableRef") -> DeltaCommit:
     return _entry(_history(spark, TableRef.parse(ref), 1).first()).commit
 
 
-def latest_version(spark: SparkSession, ref: "str | TableRef") -> int:
-    """The latest version of the Delta table ``ref`` (:func:`last_commit`'s, without reading its history where
-    Delta's log answers: :func:`~lakescore.jobs.platform.spark_adapter.delta_path_snapshot`)."""
-    ref = TableRef.parse(ref)
-    snapshot = spark_adapter.delta_path_snapshot(spark, ref.text) if ref.is_path else None
-    return snapshot[0] if snapshot else last_commit(spark, ref).version
-
-
 def own_commit(spark: SparkSession, ref: "str | TableRef", user_metadata: Optional[str]) -> DeltaCommit:
     """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
     commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
@@ -814,10 +804,8 @@ def delta_detail(spark: SparkSession, ref: "str | TableRef") -> DataFrame:
 
 
 def table_id(spark: SparkSession, ref: "str | TableRef") -> str:
-    """The Delta table's unique id (``DESCRIBE DETAIL``'s): a new one for each table created, even at the same path."""
-    ref = TableRef.parse(ref)
-    snapshot = spark_adapter.delta_path_snapshot(spark, ref.text) if ref.is_path else None
-    return snapshot[1] if snapshot else str(delta_detail(spark, ref).select("id").first()[0])
+    """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
+    return str(delta_detail(spark, ref).select("id").first()[0])
 
 
 def load_file_lists(spark: SparkSession, refs: Iterable["str | TableRef"]) -> "Future[None]":

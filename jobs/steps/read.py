@@ -28,7 +28,7 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, latest_version, read_files,
+    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_files,
     read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
@@ -222,7 +222,7 @@ def check_targets(run: RunContext) -> Targets:
         if files and existing == column_types(schema(True, False)):
             # An incremental output written before outputs stored file status: a full rescore rewrites it with them;
             # an incremental run merges into it as it is, every file read for its digest.
-            previous_version, replaces_layout = latest_version(run.spark, cfg.output), cfg.write.full_rescore
+            previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, cfg.write.full_rescore
             if not replaces_layout:
                 planned, files = schema(True, False), False
             return _targets(run, planned, previous_version, replaces_layout, files)
@@ -230,7 +230,7 @@ def check_targets(run: RunContext) -> Targets:
         if existing not in [column_types(other) for other in others]:
             raise
         _refuse_layout_switch(cfg)
-        previous_version, replaces_layout = latest_version(run.spark, cfg.output), True
+        previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, True
     return _targets(run, planned, previous_version, replaces_layout, files)
 
 

@@ -50,7 +50,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.identifiers import parse_table_name
 from lakescore.jobs.platform.tables import (
-    column, delta_history, drop_delta, is_delta, is_path, last_commit_stamp, latest_version, read_input, staging_metadata,
+    column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
     table_id, table_names, write_delta,
 )
 from lakescore.jobs.steps.ids import id_hash
@@ -156,7 +156,7 @@ class Staging:
 
     def pin(self) -> "StagedSnapshot":
         """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
-        return StagedSnapshot(self, latest_version(self.spark, self.location), table_id(self.spark, self.location))
+        return StagedSnapshot(self, last_commit(self.spark, self.location).version, table_id(self.spark, self.location))
 
     def exists(self) -> bool:
         """Whether this table has at least one commit."""

@@ -81,23 +81,3 @@ def test_a_delta_path_with_spaces_unicode_and_a_backtick(tmp_path, spark, minilm
     schema = output_schema("embed", spark.read.parquet(str(source)).schema["review_id"])
     assert check_output_target(spark, str(output), schema) == 0  # what a rerun checks first: it exists, Delta, v0
     assert check_output_target(spark, str(output), schema, version=False) is None  # the errors table's check: no history
-
-
-def test_a_paths_latest_version_and_table_id_come_from_deltas_log_without_a_spark_job(spark, tmp_path):
-    from lakescore.jobs.platform.tables import latest_version, table_id, write_delta
-
-    path = str(tmp_path / "t")
-    jobs = spark.sparkContext.statusTracker()
-    for table in range(2):  # the second table replaces the first at the same path: a new id
-        if table:
-            import shutil
-
-            shutil.rmtree(path)
-        for _ in range(2):
-            write_delta(spark.range(3), path, "append")
-        before = len(jobs.getJobIdsForGroup(None))
-        got = (latest_version(spark, path), table_id(spark, path))
-        assert len(jobs.getJobIdsForGroup(None)) == before  # no Spark job: DESCRIBE HISTORY / DETAIL run one each
-        history = spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").first()["version"]
-        detail = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()["id"]
-        assert got == (history, detail) == (1, detail)
