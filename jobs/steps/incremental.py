@@ -188,7 +188,7 @@ def find_changes(
         compare = _changed_keys_or_missing if cfg.rank.enabled else _changed_or_missing
         counts = _write_counting(changed, compare(run, scorable, previous_version, model_sha256, spec.digest))
     table = changed.table()
-    to_score = table.where(~F.col(_MISSING) & ~F.col(_KEPT)).drop(_MISSING, _KEPT)
+    to_score = table.where(_to_score()).drop(_MISSING, _KEPT)
     missing = table.where(F.col(_MISSING)).select(*id_columns(cfg.id_cols))
     if counts is None:  # a rerun found the table, or a Connect session, which counts in a job of its own
         counts = table.agg(*_count_columns()).first().asDict()
@@ -206,10 +206,15 @@ def find_changes(
                    table=changed)
 
 
+def _to_score() -> Column:
+    """The changes table's rows to score: neither a missing id nor a row kept after its file was read."""
+    return ~F.col(_MISSING) & ~F.col(_KEPT)
+
+
 def _count_columns() -> list[Column]:
     """The changes table's counts: rows to score, missing ids, distinct inputs among the rows to score (a null input
     counting as one)."""
-    scored = ~F.col(_MISSING) & ~F.col(_KEPT)
+    scored = _to_score()
     return [
         F.count(F.when(scored, 1)).alias("to_score"),
         F.count(F.when(F.col(_MISSING), 1)).alias("missing"),
