@@ -54,7 +54,7 @@ ROWS = 2_000_000
 MASTER = "local-cluster[2,1,1024]"
 SAMPLE_SECONDS = 0.25
 # Task results a stage may send the driver: task metrics and accumulators are ~4 KiB a task (the
-# Delta log's 50-partition state reconstruction stages send ~240 KiB); rows would be megabytes.
+# Delta log's state reconstruction stages sent ~240 KiB at Delta's default 50 partitions); rows would be megabytes.
 MAX_STAGE_RESULT_BYTES = 1024 * 1024
 # A process is flat when its peak in the scoring stage's last third exceeds its peak in the first
 # third by at most this much (resident size for Python processes, live heap for JVMs). Arrow buffers get

@@ -64,10 +64,10 @@ def test_a_cluster_master_gets_no_acceleration_at_all(master, tmp_path):
 @pytest.mark.parametrize("master, local", [("local[2]", True), ("local", True), ("local-cluster[2,1,1024]", False)])
 def test_this_hosts_own_masters_get_the_jvm_flags_and_the_daemon(master, local):
     from lakescore.jobs.config import SparkConfig
-    from lakescore.jobs.platform.local.accelerations import LOCAL_MODE_DEFAULTS, accelerations_for
+    from lakescore.jobs.platform.local.accelerations import OWN_HOST_DEFAULTS, accelerations_for
 
     fast = accelerations_for(SparkConfig(master=master, class_archive=False), {}, ("torch",))
     assert LOCAL_MODE_JAVA_OPTIONS in fast.driver_java_options and fast.quiet_gateway
     assert "spark.python.daemon.module" in fast.confs
-    assert fast.defaults == (LOCAL_MODE_DEFAULTS if local else {})
+    assert fast.defaults == OWN_HOST_DEFAULTS
     assert fast.executor_java_options == ([] if local else [LOCAL_MODE_JAVA_OPTIONS])

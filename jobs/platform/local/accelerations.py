@@ -6,7 +6,7 @@ host, started by lakescore for this one job, so lakescore tunes them for short r
 * the driver JVM starts from the host's class-data-sharing archive (:mod:`~lakescore.jobs.platform.local.class_archive`),
   with C1-only JIT and, on small heaps, the serial collector (:func:`local_java_options`); a ``local-cluster``'s
   executor JVMs run C1-only too;
-* Delta rebuilds table state with few tasks (:data:`LOCAL_MODE_DEFAULTS`, ``local[…]`` only);
+* Delta rebuilds table state with few tasks (:data:`OWN_HOST_DEFAULTS`);
 * executors fork Python workers from a daemon that imported the scoring runtime first
   (:mod:`~lakescore.jobs.platform.local.python_daemon`, :func:`worker_preload_confs`);
 * the gateway JVM's stderr passes through a filter that drops one start-up notice (:func:`launch_quiet_gateway`);
@@ -35,7 +35,7 @@ from lakescore.jobs.config import SparkConfig, spark_size_mib
 from lakescore.jobs.platform.local import class_archive, python_daemon
 
 __all__ = [
-    "Accelerations", "accelerations_for", "own_host", "LOCAL_MODE_DEFAULTS", "LOCAL_MODE_JAVA_OPTIONS",
+    "Accelerations", "accelerations_for", "own_host", "OWN_HOST_DEFAULTS", "LOCAL_MODE_JAVA_OPTIONS",
     "local_java_options", "one_host_cluster_java_options", "worker_preload_confs", "launch_quiet_gateway", "JVM_NOISE",
     "import_late_modules_meanwhile", "spare_the_exit_collection",
 ]
@@ -72,7 +72,7 @@ def accelerations_for(cfg: SparkConfig, confs: Mapping[str, str], worker_imports
     if cfg.class_archive:
         driver += class_archive.start_options(cfg.jars_dir, confs)
     return Accelerations(
-        defaults=dict(LOCAL_MODE_DEFAULTS) if local else {},
+        defaults=dict(OWN_HOST_DEFAULTS),
         confs=worker_preload_confs(cfg, worker_imports),
         driver_java_options=driver,
         executor_java_options=one_host_cluster_java_options(cfg.master),
@@ -80,12 +80,13 @@ def accelerations_for(cfg: SparkConfig, confs: Mapping[str, str], worker_imports
     )
 
 
-LOCAL_MODE_DEFAULTS = {
-    # Delta rebuilds table state with this many tasks (default 50, sized for big logs); a local
-    # process's first Delta query pays for each of them.
+OWN_HOST_DEFAULTS = {
+    # Delta rebuilds table state with this many tasks (default 50, sized for big logs); on this host's cores every
+    # rebuild of a small log paid for each of them, in a local-cluster's executors as in a local driver (BENCHMARKS.md).
     "spark.databricks.delta.snapshotPartitions": "2",
 }
-"""Settings for ``local[...]`` masters that the user's ``spark.conf`` has not set."""
+"""Settings for this host's own masters (``local[...]`` and ``local-cluster[...]``) that the user's ``spark.conf``
+has not set."""
 
 LOCAL_MODE_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 """Local jobs live seconds to minutes: C1-only JIT compiles sooner than C2 would pay off, while the heavy lifting
