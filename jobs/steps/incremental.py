@@ -179,7 +179,7 @@ def find_changes(
     cfg = run.cfg
     if previous_version is None or cfg.write.full_rescore:
         digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
-        no_ids = run.spark.createDataFrame([], run.source.select(*id_columns(cfg.id_cols)).schema)
+        no_ids = run.source.select(*id_columns(cfg.id_cols)).limit(0)  # planned empty: no Python RDD, no job
         return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
                        distinct_to_score=None, spec=spec, spec_changes=None, model_sha256=model_sha256,
                        previous_version=previous_version)

@@ -93,11 +93,20 @@ def record_metrics(spark: Optional[SparkSession], cfg: JobConfig, report: RunRep
         return
     target = cfg.metrics_ref()
     try:
-        frame = spark.createDataFrame([tuple(row[f.name] for f in METRICS_SCHEMA.fields)], METRICS_SCHEMA).coalesce(1)
-        write_delta(frame, target, replace_where=f"run_id = '{report.run_id}'")
+        write_delta(_one_row_frame(spark, row), target, replace_where=f"run_id = '{report.run_id}'")
     except Exception as exc:  # the run's outcome is decided; its metrics row must never change it
         log.warning("could not write run %s's row to the metrics table %s: %s", report.run_id, target, one_line(exc))
         log.debug("the metrics table's write failed", exc_info=True)
+
+
+def _one_row_frame(spark: SparkSession, row: dict[str, Any]):
+    """``row`` as a one-row DataFrame of :data:`METRICS_SCHEMA`, sent to the JVM as Arrow: a list of tuples would be
+    a Python RDD, whose write waits for a Python worker (seconds a run: BENCHMARKS.md)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    table = pa.Table.from_pylist([row], schema=to_arrow_schema(METRICS_SCHEMA))
+    return spark.createDataFrame(table, METRICS_SCHEMA).coalesce(1)
 
 
 def record_run(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport) -> Optional[Path]:

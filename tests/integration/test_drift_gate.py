@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import threading
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -141,6 +142,9 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     assert len(rows["r2"]["score_deciles"]) == 9 and rows["r2"]["score_deciles"] == sorted(rows["r2"]["score_deciles"])
     assert rows["r3"]["label_js"] == drift["figures"]["label_js"] and rows["r3"]["drift_exceeded"] == drift["exceeded"]
     assert rows["r3"]["input_rows"] == rows["r3"]["output_rows"] == ROWS and rows["r3"]["delta_version"] is None
+    # The same instants as the report's (Spark returns them naive, in this process's local time).
+    assert [rows["r3"][k].timestamp() for k in ("started_at", "finished_at")] == \
+        [datetime.fromisoformat(refused[k]).timestamp() for k in ("started_at", "finished_at")]
 
     # history shows the figures, from the report or else from the metrics table.
     assert main(["history", str(output)]) == 0
