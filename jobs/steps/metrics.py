@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.errors import AnalysisException
@@ -99,9 +99,9 @@ def record_metrics(spark: Optional[SparkSession], cfg: JobConfig, report: RunRep
         log.debug("the metrics table's write failed", exc_info=True)
 
 
-def _one_row_frame(spark: SparkSession, row: dict[str, Any]):
+def _one_row_frame(spark: SparkSession, row: dict[str, Any]) -> DataFrame:
     """``row`` as a one-row DataFrame of :data:`METRICS_SCHEMA`, sent to the JVM as Arrow: a list of tuples would be
-    a Python RDD, whose write waits for a Python worker (seconds a run: BENCHMARKS.md)."""
+    a Python RDD, whose write waited for a Python worker of its own at the end of every run (BENCHMARKS.md)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 

@@ -78,7 +78,7 @@ def run_cli(tmp_path: Path, endpoint: str, *args: str) -> subprocess.CompletedPr
     )
 
 
-def test_score_s3a_parquet_into_local_and_s3a_delta(tmp_path, s3, minilm_dir, spark):
+def test_score_s3a_parquet_into_s3a_delta_and_a_column_of_s3a_paths(tmp_path, s3, minilm_dir, spark):
     endpoint, client = s3
     reviews = pd.DataFrame(generate_reviews(150, seed=5), columns=["review_id", "body", "stars"])
     # Two objects under one prefix: Spark lists the prefix like a directory.
@@ -86,10 +86,11 @@ def test_score_s3a_parquet_into_local_and_s3a_delta(tmp_path, s3, minilm_dir, sp
     put_parquet(client, "reviews/part-1.parquet", reviews.iloc[70:])
     common = ["--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body"]
 
-    # Read from S3 and Delta written to S3 in one run: the table is a valid Delta table once copied back out of the bucket.
+    # Parquet read from S3 and Delta written to S3, in one run: the table is a valid Delta table once copied back out
+    # of the bucket.
     report = tmp_path / "report.json"
-    result = run_cli(tmp_path, endpoint, "--input", f"s3a://{BUCKET}/reviews", "--output", f"s3a://{BUCKET}/embeddings",
-                     "--report", str(report), "--run-id", "s3a-run", *common)
+    result = run_cli(tmp_path, endpoint, "--input", f"s3a://{BUCKET}/reviews",
+                     "--output", f"s3a://{BUCKET}/embeddings", "--report", str(report), "--run-id", "s3a-run", *common)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "run s3a-run: succeeded" in result.stdout
     data = json.loads(report.read_text())

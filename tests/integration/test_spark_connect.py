@@ -99,7 +99,8 @@ def test_embed_over_connect_equals_the_classic_session_and_reruns_in_place(serve
     np.testing.assert_allclose(np.stack(again["embedding"]), np.stack(remote["embedding"]), atol=1e-6)
     # The client sent the metrics row (Arrow, over Connect); the rerun of the run id replaced the first run's.
     metrics = spark.read.format("delta").load(str(server.warehouse / "review_embeddings_metrics")).toPandas()
-    assert metrics[["run_id", "status", "delta_version"]].values.tolist() == [["connect-embed", "succeeded", rerun["delta_version"]]]
+    assert metrics[["run_id", "status", "delta_version"]].values.tolist() == [
+        ["connect-embed", "succeeded", rerun["delta_version"]]]
 
 
 def classify_args(input_path: str, model_uri: str, cache: Path, output: Path, *extra: str) -> list[str]:
