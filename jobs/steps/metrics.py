@@ -33,7 +33,10 @@ from lakescore.jobs.platform.tables import TableError, TableRef, read_input, wri
 from lakescore.jobs.report import RunReport, one_line, write_report
 from lakescore.jobs.steps.report import failure_report
 
-__all__ = ["ATTEMPT", "METRICS_SCHEMA", "metrics_row", "record_metrics", "record_run", "record_stopped_run", "read_attempts", "read_metrics"]
+__all__ = [
+    "ATTEMPT", "METRICS_SCHEMA", "metrics_row", "record_metrics", "record_run", "record_stopped_run", "read_attempts",
+    "read_metrics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +87,8 @@ def metrics_row(report: RunReport) -> Optional[dict[str, Any]]:
     profile = (drift.get("profiles") or {}).get("run") or {}
     figures = drift.get("figures") or {}
     return {
-        "run_id": report.run_id, ATTEMPT: report.attempt, "status": report.status, "task": report.task, "model_id": report.model_id,
-        "model_sha256": report.model_sha256, "started_at": _when(report.started_at),
+        "run_id": report.run_id, ATTEMPT: report.attempt, "status": report.status, "task": report.task,
+        "model_id": report.model_id, "model_sha256": report.model_sha256, "started_at": _when(report.started_at),
         "finished_at": _when(report.finished_at), "seconds": report.seconds, "input_rows": report.input_rows,
         "output_rows": report.output_rows, "error_rows": report.error_rows, "rows_kept": report.rows_kept,
         "delta_version": report.delta_version, "baseline_version": drift.get("baseline_version"),
@@ -111,7 +114,7 @@ def _metrics_target(spark: Optional[SparkSession], cfg: JobConfig, report: RunRe
     ref = cfg.metrics_ref()
     try:
         return _MetricsTarget(ref, read_input(spark, ref, "delta"))
-    except (TableError, AnalysisException):  # none written yet (or not a Delta table: the append says so)
+    except Exception:  # none written yet (or not a Delta table: the append says so); never the run's failure
         return _MetricsTarget(ref, None)
 
 
