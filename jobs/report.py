@@ -18,7 +18,7 @@ from lakescore.jobs.cost import cost_text
 
 __all__ = [
     "RunReport", "UNFINISHED", "write_report", "report_location", "html_path_for", "software_versions", "one_line",
-    "precision_check_text", "nothing_scored_text", "drift_text",
+    "precision_check_text", "nothing_scored_text", "dead_letters_place", "drift_gated", "drift_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,13 @@ class RunReport:
     model_id: str
     model_revision: Optional[str]
     model_sha256: Optional[str]
+    attempt: Optional[int] = None
+    """This run id's attempt: 1, and one more for each rerun of the run id (a rerun resumes its staging), counted in the
+    metrics table (``None`` without one: ``validation.metrics`` off, or the report of a run that raised)."""
+    attempts: Optional[list[dict[str, Any]]] = None
+    """The run id's earlier attempts, oldest first, from the metrics table: ``attempt``, ``status``, ``started_at``,
+    ``finished_at``, ``seconds``, row counts, ``delta_version``, ``drift_exceeded``, ``error``; ``None`` for a first
+    attempt."""
     input_version: Optional[int] = None
     """The Delta version of the input the run read from start to end (``None``: not a Delta input)."""
     input_rows: Optional[int] = None
@@ -147,7 +154,7 @@ class RunReport:
             lines.append(f"  scoring spec changed, every row scored again: {'; '.join(self.spec_changes)}")
         if self.error_rows:
             reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
-            lines.append(f"  {self.error_rows} rows in {self.errors_table} ({reasons})")
+            lines.append(f"  {self.error_rows} rows {dead_letters_place(vars(self))} ({reasons})")
         if self.precision_check:
             lines.append(f"  {precision_check_text(self.precision_check)}")
         if self.dedup and self.dedup.get("used"):
@@ -176,7 +183,7 @@ class RunReport:
             lines.append(f"  validation: {'passed' if self.validation['success'] else f'{len(failed)} check(s) failed'}")
             for check in failed:
                 lines.append(f"    failed: {check['expectation']} {check.get('column') or ''} {check.get('observed', '')}")
-        if self.drift is not None:
+        if self.drift is not None and drift_gated(self.drift):  # no bound set: no gate to speak of
             lines.append(f"  drift: {drift_text(self.drift)}")
         if self.error:
             lines.append(f"  error: {self.error}")
@@ -204,6 +211,20 @@ def precision_check_text(check: dict[str, Any]) -> str:
     (cosine_p1 0.9999, ...)``."""
     figures = ", ".join(f"{k} {v:.4f}" for k, v in check.items() if k not in ("path", "sample_rows"))
     return f"{check['path']}: within tolerance of float32 on {check['sample_rows']} sampled rows ({figures})"
+
+
+def dead_letters_place(report: dict[str, Any]) -> str:
+    """Where a run's dead-lettered rows are (a report's fields): ``in <errors table>`` for a run that published; else
+    in its staging, since a refused run leaves the errors table as the output's last publish wrote it."""
+    if report.get("status") == "succeeded":
+        return f"in {report.get('errors_table')}"
+    staging = (report.get("chunks") or {}).get("staging")
+    return f"dead-lettered, kept in staging {staging} ({report.get('errors_table')} unchanged)"
+
+
+def drift_gated(drift: dict[str, Any]) -> bool:
+    """Whether a bound of ``validation.drift`` applied to the run whose report's ``drift`` this is."""
+    return bool(drift.get("gated", drift.get("bounds")))
 
 
 def drift_text(drift: dict[str, Any]) -> str:

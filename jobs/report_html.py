@@ -3,7 +3,7 @@
 :func:`render_html` turns a report (the JSON report's dict: :class:`~lakescore.jobs.report.RunReport`
 fields, with its ``profile`` from :mod:`lakescore.jobs.steps.report_data`) into a page of
 inline CSS and inline SVG charts (:mod:`lakescore.jobs.report_charts`); it has no
-JavaScript and loads nothing. Sections: run identity, row accounting, where the time went,
+JavaScript and loads nothing. Sections: run identity, the run id's earlier attempts, row accounting, where the time went,
 throughput over time, input lengths, the predictions' distributions, every validation check,
 the drift figures with both runs' distributions side by side, and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
 ``kind`` of each column (a data type), never the task's name. The page of a run that did not
@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 from lakescore.jobs import report_charts as charts
-from lakescore.jobs.report import UNFINISHED, drift_text, html_path_for, nothing_scored_text, precision_check_text
+from lakescore.jobs.report import (
+    UNFINISHED, dead_letters_place, drift_gated, drift_text, html_path_for, nothing_scored_text, precision_check_text,
+)
 
 __all__ = ["render_html", "write_html"]
 
@@ -52,6 +54,7 @@ def render_html(report: Mapping[str, Any]) -> str:
     else:
         sections = [
             _identity(report),
+            _attempts(report),
             _accounting(report),
             _time(report, profile.get("throughput") or []),
             _inputs(profile.get("inputs") or []),
@@ -118,7 +121,8 @@ def _identity(report: Mapping[str, Any]) -> str:
     spark = report.get("spark") or {}
     delta = report.get("delta_version")
     pairs = [
-        ("run id", report.get("run_id")), ("status", report.get("status")), ("task", report.get("task")),
+        ("run id", report.get("run_id")), ("attempt", report.get("attempt")), ("status", report.get("status")),
+        ("task", report.get("task")),
         ("input", report.get("input")),
         ("output", f"{report.get('output')} (Delta version {delta})" if delta is not None else report.get("output")),
         ("errors table", report.get("errors_table")), ("model", report.get("model_id")),
@@ -130,6 +134,21 @@ def _identity(report: Mapping[str, Any]) -> str:
         ("Spark master", spark.get("master")), ("Spark application", spark.get("app_id")), ("error", report.get("error")),
     ]
     return _section("identity", "Run", _rows(pairs, mono=("run id", "model sha256", "model", "input", "output")))
+
+
+def _attempts(report: Mapping[str, Any]) -> str:
+    """Every attempt of the run id, oldest first, this one last: a rerun resumes the run id, and an earlier attempt's
+    refusal stays on this page (and in the metrics table)."""
+    earlier = report.get("attempts") or []
+    if not earlier:
+        return ""
+    this = {**report, "attempt": f"{report.get('attempt')} (this report)"}
+    rows = [(a.get("attempt"), a.get("started_at"), a.get("status"), a.get("output_rows"), a.get("error_rows"),
+             "-" if a.get("delta_version") is None else a["delta_version"], _short(a.get("error")))
+            for a in [*earlier, this]]
+    table = _table(["attempt", "started", "status", "output rows", "errors", "Delta version", "error"], rows,
+                   numeric=[3, 4, 5])
+    return _section("attempts", f"Attempts of run {report.get('run_id')}", table)
 
 
 def _staged(report: Mapping[str, Any]) -> Optional[str]:
@@ -301,7 +320,7 @@ _DRIFT_CHARTS = (
 
 def _drift(drift: Optional[Mapping[str, Any]]) -> str:
     """The drift figures against their bounds, and each profiled distribution of this run beside the baseline's."""
-    if drift is None:
+    if drift is None or not (drift_gated(drift) or drift.get("figures")):  # no gate and nothing compared: nothing to say
         return ""
     bounds, exceeded = drift.get("bounds") or {}, set(drift.get("exceeded") or ())
     rows = [(figure, "-" if value is None else f"{value:.4f}",
@@ -345,7 +364,7 @@ def _dead_letters(sample: Optional[Mapping[str, Any]], report: Mapping[str, Any]
         return _section("dead-letters", "Dead-lettered rows", "<p class=note>None: no input row was dead-lettered.</p>")
     if not sample:
         return ""
-    note = (f"<p class=note>{len(sample['rows'])} of {report['error_rows']:,} rows in {_e(report.get('errors_table'))}; "
+    note = (f"<p class=note>{len(sample['rows'])} of {report['error_rows']:,} rows {_e(dead_letters_place(report))}; "
             f"values cut at {sample['text_limit']} characters.</p>")
     return _section("dead-letters", "Dead-lettered rows", note + _table(sample["columns"], sample["rows"]))
 

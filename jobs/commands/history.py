@@ -1,12 +1,14 @@
-"""``lakescore history <output> [--run ID]``: an output's past runs, from Delta's history and the stored reports.
+"""``lakescore history <output> [--run ID]``: an output's past runs, one line per attempt, from Delta's history, the
+metrics table and the stored reports.
 
 Every run tags its commits with :func:`~lakescore.jobs.platform.tables.run_metadata` (run id and
-the JSON report's path): the publish commit on the output, and the errors-table commit that
-every run makes, published or not. So the output's history lists the runs that published,
-the errors table's history adds those that did not (validation failed, error rate exceeded),
-and each run's JSON report, where it can still be read, fills in status, rows and seconds. The drift figures come
-from the report, else from the run's row in the metrics table (``<output>_metrics``).
-Commits without lakescore's tag (another writer, a run before tagging) are listed as such.
+the JSON report's path): the publish commit on the output, and the errors-table commit that goes with it. So the
+output's history lists the runs that published; the metrics table (``<output>_metrics``) adds every attempt that did
+not (refused by a check, failed, interrupted), each rerun of a run id as its next attempt; and the errors table's
+history adds the refused runs of an earlier lakescore, which wrote their errors table. Each run's JSON report, where
+it can still be read and is of that attempt, fills in status, rows and seconds, else its metrics row does. The drift
+figures come from the report, else from the metrics row. Commits without lakescore's tag (another writer, a run before
+tagging) are listed as such.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Optional
 
 from lakescore.jobs.platform.tables import HistoryEntry, TableError, delta_history
 from lakescore.jobs.report import RunReport, html_path_for
-from lakescore.jobs.steps.metrics import read_metrics
+from lakescore.jobs.steps.metrics import ATTEMPT, read_metrics
 
 __all__ = ["RunRecord", "run_history", "format_history", "format_run", "find_run"]
 
@@ -36,7 +38,17 @@ class RunRecord:
     report_path: Optional[str]
     report: Optional[dict[str, Any]]
     metrics: Optional[dict[str, Any]] = None
-    """The run's row in the metrics table (:mod:`lakescore.jobs.steps.metrics`), when it has one."""
+    """This attempt's row in the metrics table (:mod:`lakescore.jobs.steps.metrics`), when it has one."""
+
+    @property
+    def attempt(self) -> Optional[int]:
+        """Which attempt of its run id this is (from its metrics row); ``None`` when unknown."""
+        return (self.metrics or {}).get(ATTEMPT)
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """The attempt's report, else its metrics row (status, row counts, seconds, weights), else nothing."""
+        return self.report or self.metrics or {}
 
     @property
     def drift(self) -> Optional[dict[str, Any]]:
@@ -50,34 +62,57 @@ class RunRecord:
 
     @property
     def status(self) -> str:
-        if self.report:
-            return str(self.report.get("status"))
+        if self.facts:
+            return str(self.facts.get("status"))
         if self.run_id is None:
             return f"other commit ({self.operation})"
         return "published" if self.delta_version is not None else "not published"
 
 
 def run_history(spark, output: str, errors: str, limit: Optional[int] = None, metrics: Optional[str] = None) -> list[RunRecord]:
-    """The runs of ``output`` (and its errors table ``errors``; with ``metrics``, their rows in that metrics table),
-    newest first, at most ``limit``.
+    """The runs of ``output`` (and its errors table ``errors``; with ``metrics``, every attempt in that metrics
+    table), newest first, at most ``limit``.
 
-    A run id that appears more than once (a rerun of a run date) is listed once per publish.
+    A run id appears once per attempt in the metrics table (a rerun of a run id, e.g. after a refusal, is its next
+    attempt) and once per publish of the output that no attempt accounts for.
     """
     published = delta_history(spark, output, limit)
-    if not published and not delta_history(spark, errors, 1):
+    attempts = read_metrics(spark, metrics, limit) if metrics else []
+    refused = delta_history(spark, errors, limit)
+    if not published and not attempts and not refused:
         raise TableError(f"no Delta table {output!r} (nor its errors table) to show the history of")
     records = [_record(entry, entry.version) for entry in published]
+    publishes = {(r.run_id, r.delta_version): i for i, r in enumerate(records)}
+    for row in attempts:
+        i = publishes.get((row["run_id"], row["delta_version"]))
+        if i is not None:
+            records[i] = _with_attempt(records[i], row)
+        else:  # an attempt that published nothing: its report, if the run id's report file still holds this attempt's
+            paths = [r.report_path for r in records if r.run_id == row["run_id"] and r.report_path]
+            record = RunRecord(row["run_id"], _when(row), "-", None, None, paths[0] if paths else None, None)
+            records.append(_with_attempt(replace(record, report=_read_report(record.report_path)), row))
     seen = {r.run_id for r in records if r.run_id}
-    for entry in delta_history(spark, errors, limit):
-        if entry.run_id and entry.run_id not in seen:  # a run that wrote its errors but published nothing
+    for entry in refused:
+        if entry.run_id and entry.run_id not in seen:  # refused by an earlier lakescore, which wrote its errors table
             seen.add(entry.run_id)
             records.append(replace(_record(entry, None), rows_written=None))
-    records.sort(key=lambda r: r.when, reverse=True)
-    records = records[:limit] if limit else records
-    if metrics:
-        found = read_metrics(spark, metrics, [r.run_id for r in records if r.run_id])
-        records = [replace(r, metrics=found.get(r.run_id)) for r in records]
-    return records
+    records.sort(key=lambda r: (r.when, r.attempt or 0), reverse=True)
+    return records[:limit] if limit else records
+
+
+def _with_attempt(record: RunRecord, row: dict[str, Any]) -> RunRecord:
+    """``record`` with its attempt's metrics ``row``; its report kept only if it is that attempt's (a later attempt
+    of the run id writes the same report file)."""
+    report = record.report
+    if report is not None and (report.get("run_id") != row["run_id"] or report.get(ATTEMPT) not in (None, row[ATTEMPT])):
+        report = None
+    return replace(record, metrics=row, report=report)
+
+
+def _when(row: dict[str, Any]) -> str:
+    """An attempt's time as history shows a commit's: when it finished (else started), to the second."""
+    instant = row.get("finished_at") or row.get("started_at")
+    return instant.isoformat(sep=" ", timespec="seconds") if instant else "-"
 
 
 def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
@@ -90,13 +125,14 @@ def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
 
 
 def format_history(records: list[RunRecord]) -> str:
-    """A fixed-width table: run id, date, status, rows in / out / errors, seconds, core-seconds and cost
-    (:mod:`lakescore.jobs.cost`), model sha, Delta version, drift figures (``!``: past its bound)."""
+    """A fixed-width table, a line per attempt: run id, date, status, rows in / out / errors, seconds, core-seconds
+    and cost (:mod:`lakescore.jobs.cost`), model sha, Delta version, attempt of the run id, drift figures (``!``: past
+    its bound)."""
     header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "core-s", "cost", "model sha256", "version",
-              "drift")
+              "attempt", "drift")
     rows = [header] + [_cells(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    right = {3, 4, 5, 6, 7, 8, 10}
+    right = {3, 4, 5, 6, 7, 8, 10, 11}
     return "\n".join(
         "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
         for row in rows
@@ -133,7 +169,7 @@ def _read_report(path: Optional[str]) -> Optional[dict[str, Any]]:
 
 
 def _cells(record: RunRecord) -> tuple[str, ...]:
-    report = record.report or {}
+    report = record.facts
 
     def number(key: str, fallback: Optional[int] = None) -> str:
         value = report.get(key, fallback)
@@ -149,7 +185,8 @@ def _cells(record: RunRecord) -> tuple[str, ...]:
         f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
         f"{core_seconds:,.0f}" if isinstance(core_seconds, (int, float)) else "-",
         f"{cost['cost']:.4g}" if isinstance(cost.get("cost"), (int, float)) else "-", sha[:12] if sha else "-",
-        str(record.delta_version) if record.delta_version is not None else "-", _drift_cell(record.drift),
+        str(record.delta_version) if record.delta_version is not None else "-",
+        str(record.attempt) if record.attempt is not None else "-", _drift_cell(record.drift),
     )
 
 

@@ -10,8 +10,9 @@ generated text (:meth:`~lakescore.udfs.registry.Task.output_profile`). Figures, 
   over the ids in both (and with the same ``input_digest`` where both store it: an edited input may move).
 
 Every figure is computed and reported; those with a bound in ``validation.drift`` gate the publish
-(:func:`~lakescore.jobs.steps.publish.publish` refuses it as ``drift_exceeded``). No baseline (a first run, a
-version the output does not have) skips the comparison with a note. Both sides' profiles (row count, label shares,
+(:func:`~lakescore.jobs.steps.publish.publish` refuses it as ``drift_exceeded``). An output that does not exist yet (a
+first run) skips the comparison with a note; a configured baseline the output does not have was refused before compute
+(:func:`~lakescore.jobs.steps.read.check_drift_baseline`). Both sides' profiles (row count, label shares,
 deciles of the score, of the embeddings' norms, of the generated texts' lengths) are kept for the report and the
 metrics table. At most three Spark jobs: the deciles of both sides, the label and bin counts of both sides, and the
 per-id cosines.
@@ -133,8 +134,6 @@ def _baseline(run: RunContext, targets: Targets, outputs: OutputProfile) -> tupl
     version = latest if version is None else version
     if latest is None:
         return version, None, "no baseline: the output does not exist yet"
-    if version > latest:
-        return version, None, f"no baseline: the output has no version {version} (its latest is {latest})"
     try:
         baseline = read_input(run.spark, cfg.output, "delta", version=version)
     except TableError as exc:  # e.g. a version whose files were vacuumed

@@ -1,18 +1,22 @@
-"""Step 8, report (metrics): one row per run in the output's metrics table, published or not.
+"""Step 8, report (metrics): one row per attempt of a run in the output's metrics table, published or not.
 
-The row holds the run's status, times and row counts, the prediction profile of its rows (label shares, deciles of
-the score, of the embeddings' norms, of the generated texts' lengths: :mod:`lakescore.jobs.steps.drift`), the drift
-figures and the baseline version. Whoever runs the job writes it beside the run's JSON and HTML report
-(:func:`record_run`; :func:`record_stopped_run` for a run that raised): the CLI and the Python API's ``score``.
-Every run that got as far as its plan (which names the run id) has one: succeeded, refused by a check
-(``validation_failed``, ``error_rate_exceeded``, ``drift_exceeded``), ``failed`` or ``interrupted``; a run refused
-before compute (a bad setting, input or model) has none. The write replaces the run id's row (``replaceWhere``), so
-a rerun of one run id leaves one row, its last outcome. A failed write is logged and changes nothing about the run.
+The row holds the run's id and attempt number, status, times and row counts, the prediction profile of its rows
+(label shares, deciles of the score, of the embeddings' norms, of the generated texts' lengths:
+:mod:`lakescore.jobs.steps.drift`), the drift figures and the baseline version. Whoever runs the job writes it beside
+the run's JSON and HTML report (:func:`record_run`; :func:`record_stopped_run` for a run that raised): the CLI and the
+Python API's ``score``. Every attempt that got as far as its plan (which names the run id) has one: succeeded, refused
+by a check (``validation_failed``, ``error_rate_exceeded``, ``drift_exceeded``), ``failed`` or ``interrupted``; a run
+refused before compute (a bad setting, input or model) has none. The row is appended: a rerun of a run id (which
+resumes its staging) is its next ``attempt`` and leaves the earlier attempts' rows as they were, so a refused attempt
+stays on record. A table written before attempts were numbered gets the column on its first new row (its rows'
+``attempt`` is null: each was its run id's only row, attempt 1). A failed write is logged and changes nothing about
+the run.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
@@ -25,17 +29,23 @@ from pyspark.errors import AnalysisException
 from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.interrupts import was_interrupted
-from lakescore.jobs.platform.tables import TableError, read_input, write_delta
+from lakescore.jobs.platform.tables import TableError, TableRef, read_input, write_delta
 from lakescore.jobs.report import RunReport, one_line, write_report
 from lakescore.jobs.steps.report import failure_report
 
-__all__ = ["METRICS_SCHEMA", "metrics_row", "record_metrics", "record_run", "record_stopped_run", "read_metrics"]
+__all__ = [
+    "ATTEMPT", "METRICS_SCHEMA", "metrics_row", "record_metrics", "record_run", "record_stopped_run", "read_attempts",
+    "read_metrics",
+]
 
 log = logging.getLogger(__name__)
 
 _DECILES = T.ArrayType(T.DoubleType())
+ATTEMPT = "attempt"
+"""The column numbering the attempts of one run id: 1, 2, ... (null in rows written before it existed: attempt 1)."""
 METRICS_SCHEMA = T.StructType([
     T.StructField("run_id", T.StringType()),
+    T.StructField(ATTEMPT, T.LongType()),
     T.StructField("status", T.StringType()),
     T.StructField("task", T.StringType()),
     T.StructField("model_id", T.StringType()),
@@ -62,6 +72,9 @@ METRICS_SCHEMA = T.StructType([
 ])
 """The metrics table's columns: the same for every task (a profile the task does not have is null)."""
 
+_ATTEMPT_FACTS = ("attempt", "status", "started_at", "finished_at", "seconds", "input_rows", "output_rows", "error_rows",
+                  "delta_version", "drift_exceeded", "error")
+"""What a report keeps of each earlier attempt of its run id (:attr:`~lakescore.jobs.report.RunReport.attempts`)."""
 _PROFILE = ("label_shares", "score_deciles", "embedding_norm_deciles", "text_length_deciles")
 _FIGURES = ("label_js", "score_psi", "id_cosine_p5")
 
@@ -74,8 +87,8 @@ def metrics_row(report: RunReport) -> Optional[dict[str, Any]]:
     profile = (drift.get("profiles") or {}).get("run") or {}
     figures = drift.get("figures") or {}
     return {
-        "run_id": report.run_id, "status": report.status, "task": report.task, "model_id": report.model_id,
-        "model_sha256": report.model_sha256, "started_at": _when(report.started_at),
+        "run_id": report.run_id, ATTEMPT: report.attempt, "status": report.status, "task": report.task,
+        "model_id": report.model_id, "model_sha256": report.model_sha256, "started_at": _when(report.started_at),
         "finished_at": _when(report.finished_at), "seconds": report.seconds, "input_rows": report.input_rows,
         "output_rows": report.output_rows, "error_rows": report.error_rows, "rows_kept": report.rows_kept,
         "delta_version": report.delta_version, "baseline_version": drift.get("baseline_version"),
@@ -85,18 +98,60 @@ def metrics_row(report: RunReport) -> Optional[dict[str, Any]]:
     }
 
 
-def record_metrics(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport) -> None:
-    """Write ``report``'s row to the metrics table (``validation.metrics``), replacing an earlier row of its run id;
-    nothing without a session or a run id. A failure is logged as a warning and never raised."""
-    row = metrics_row(report)
-    if not cfg.validation.metrics or spark is None or row is None or not cfg.output:
-        return
-    target = cfg.metrics_ref()
+@dataclass(frozen=True)
+class _MetricsTarget:
+    """Where a run's metrics row goes: the table's reference, and the table as it is (``None``: none written yet)."""
+
+    ref: str
+    table: Optional[DataFrame]
+
+
+def _metrics_target(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport) -> Optional[_MetricsTarget]:
+    """The metrics table ``report``'s row goes to; ``None`` when it gets none (metrics off, no session, output or
+    usable run id)."""
+    if not cfg.validation.metrics or spark is None or metrics_row(report) is None or not cfg.output:
+        return None
+    ref = cfg.metrics_ref()
     try:
-        write_delta(_one_row_frame(spark, row), target, replace_where=f"run_id = '{report.run_id}'")
+        return _MetricsTarget(ref, read_input(spark, ref, "delta"))
+    except Exception:  # none written yet (or not a Delta table: the append says so); never the run's failure
+        return _MetricsTarget(ref, None)
+
+
+def _number_attempt(report: RunReport, target: Optional[_MetricsTarget]) -> None:
+    """Set ``report.attempt`` (1 + the run id's attempts in the metrics table) and ``report.attempts`` (those earlier
+    attempts); neither without a metrics table to count them in."""
+    if target is None:
+        return
+    try:
+        earlier = read_attempts(target.table, [report.run_id]) if target.table is not None else []
+    except Exception:  # a table of other columns: the append says so; this attempt counts as the first
+        log.debug("could not read run %s's earlier attempts", report.run_id, exc_info=True)
+        earlier = []
+    report.attempt = max((row[ATTEMPT] for row in earlier), default=0) + 1
+    report.attempts = [{k: _shown(row.get(k)) for k in _ATTEMPT_FACTS} for row in earlier] or None
+
+
+def _append_row(spark: SparkSession, report: RunReport, target: Optional[_MetricsTarget]) -> None:
+    """Append ``report``'s row to ``target`` (adding the attempt column to a table written without it); a failure is
+    logged as a warning and never raised."""
+    if target is None:
+        return
+    try:
+        if target.table is not None and ATTEMPT not in target.table.columns:  # written by an earlier lakescore
+            spark.sql(f"ALTER TABLE {TableRef.parse(target.ref).sql} ADD COLUMNS ({ATTEMPT} BIGINT)")
+        write_delta(_one_row_frame(spark, metrics_row(report)), target.ref, mode="append")
     except Exception as exc:  # the run's outcome is decided; its metrics row must never change it
-        log.warning("could not write run %s's row to the metrics table %s: %s", report.run_id, target, one_line(exc))
+        log.warning("could not write run %s's row to the metrics table %s: %s", report.run_id, target.ref, one_line(exc))
         log.debug("the metrics table's write failed", exc_info=True)
+
+
+def record_metrics(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport) -> None:
+    """Number ``report``'s attempt and append its row to the metrics table (``validation.metrics``); nothing without
+    a session or a run id. A failure is logged as a warning and never raised."""
+    target = _metrics_target(spark, cfg, report)
+    _number_attempt(report, target)
+    _append_row(spark, report, target)
 
 
 def _one_row_frame(spark: SparkSession, row: dict[str, Any]) -> DataFrame:
@@ -110,11 +165,14 @@ def _one_row_frame(spark: SparkSession, row: dict[str, Any]) -> DataFrame:
 
 
 def record_run(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport) -> Optional[Path]:
-    """Write ``report`` as JSON and HTML to ``cfg.report`` (when set; its path is returned) while its metrics row is
-    written (:func:`record_metrics`, in a background thread: its Spark job waits on the scheduler, the page on
-    matplotlib). ``spark``: the run's session; default: the active one."""
+    """Number ``report``'s attempt from the metrics table (the report shows the run id's earlier attempts), then write
+    it as JSON and HTML to ``cfg.report`` (when set; its path is returned) while its metrics row is appended (in a
+    background thread: its Spark job waits on the scheduler, the page on matplotlib). ``spark``: the run's session;
+    default: the active one."""
     spark = spark or SparkSession.getActiveSession()  # in this thread: the JVM keeps the active session per thread
-    recording = in_background("metrics", record_metrics, spark, cfg, report)
+    target = _metrics_target(spark, cfg, report)
+    _number_attempt(report, target)
+    recording = in_background("metrics", _append_row, spark, report, target)
     try:
         return write_report(report, cfg.report) if cfg.report else None
     finally:
@@ -130,16 +188,35 @@ def record_stopped_run(spark: Optional[SparkSession], cfg: JobConfig, exc: BaseE
     record_metrics(spark or SparkSession.getActiveSession(), cfg, report)
 
 
-def read_metrics(spark: SparkSession, ref: str, run_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """The metrics rows of ``run_ids`` by run id; ``{}`` when the table cannot be read (none written yet, or another
+def read_attempts(table: DataFrame, run_ids: Optional[list[str]] = None, limit: Optional[int] = None) -> list[dict[str, Any]]:
+    """The rows of the metrics table ``table`` (of ``run_ids`` only, when given; the newest ``limit``), oldest first,
+    each with its ``attempt`` (1 where a table written before attempts were numbered has none)."""
+    if ATTEMPT not in table.columns:
+        table = table.withColumn(ATTEMPT, F.lit(None).cast("long"))
+    if run_ids is not None:
+        table = table.where(F.col("run_id").isin(run_ids))
+    if limit:
+        table = table.orderBy(F.col("started_at").desc_nulls_last()).limit(limit)
+    rows = sorted((row.asDict(recursive=True) for row in table.collect()),
+                  key=lambda r: (r["started_at"] is None, r["started_at"] or datetime.min))
+    for row in rows:
+        row[ATTEMPT] = row[ATTEMPT] or 1
+    return rows
+
+
+def read_metrics(spark: SparkSession, ref: str, limit: Optional[int] = None) -> list[dict[str, Any]]:
+    """:func:`read_attempts` of the metrics table ``ref``; ``[]`` when it cannot be read (none written yet, or another
     table by that name)."""
-    if not run_ids:
-        return {}
     try:
-        rows = read_input(spark, ref, "delta").where(F.col("run_id").isin(run_ids)).collect()
+        return read_attempts(read_input(spark, ref, "delta"), limit=limit)
     except (TableError, AnalysisException):  # none written yet, or a table of other columns: history goes on without
-        return {}
-    return {row["run_id"]: row.asDict(recursive=True) for row in rows}
+        return []
+
+
+def _shown(value: Any) -> Any:
+    """A metrics value as the JSON report holds it: an instant as ISO text in this host's zone (Spark returns them
+    naive, in local time)."""
+    return value.astimezone().isoformat(timespec="seconds") if isinstance(value, datetime) else value
 
 
 def _when(text: Optional[str]) -> Optional[datetime]:

@@ -12,8 +12,9 @@ The output's fate is decided first: published with ``overwrite`` (or ``replaceWh
 for ``write.mode: replace_run``, or one ``MERGE`` for ``write.mode: incremental``: :func:`apply_changes`)
 when the error rate, validation and the drift gate passed, else nothing is
 published and readers keep the previous version. Only then is the errors table written, so it
-never describes a run whose publish failed or lost to a concurrent run; a run that failed a
-check still writes it, since it explains the failure.
+never describes a run whose publish failed or lost to a concurrent run. A run refused by a check
+writes no errors table either: the errors table always goes with the output's rows (in every write mode), and the
+refused run's dead-lettered rows stay in its staging (kept for a rerun) and its report.
 """
 
 from __future__ import annotations
@@ -101,9 +102,10 @@ def publish(
     run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame,
     validation: Optional[dict[str, Any]], drift: Optional[dict[str, Any]] = None,
 ) -> Outcome:
-    """Publish ``rows`` unless the error rate, validation or the drift gate (``drift``: the report's, from
-    :func:`~lakescore.jobs.steps.drift.check_drift`) failed, then write the errors table; on success drop this
-    run's staging and the output's stale staging (:func:`~lakescore.jobs.steps.staging.drop_stale_staging`).
+    """Publish ``rows`` and then the errors table unless the error rate, validation or the drift gate (``drift``: the
+    report's, from :func:`~lakescore.jobs.steps.drift.check_drift`) failed; then drop this run's staging and the
+    output's stale staging (:func:`~lakescore.jobs.steps.staging.drop_stale_staging`). A refused run writes
+    neither table and keeps its staging.
 
     Raises ``RuntimeError`` when Delta's own metric says the commit wrote another number of rows
     than were validated, and :class:`~lakescore.jobs.platform.tables.WriteConflictError` when a
@@ -111,27 +113,23 @@ def publish(
     """
     cfg = run.cfg
     refusal = _refusal(cfg, targets, accounting, validation, drift)
+    if refusal is not None:  # the errors table stays with the output it describes
+        status, error = refusal
+        return Outcome(status, error=error)
     tag, txn = plan.tag, accounting.snapshot.publish_txn
-    delta_version = deleted = None
-    if refusal is None:
-        at_point("publish_commit")
+    at_point("publish_commit")
     merging = plan.changes is not None and targets.previous_version is not None and not cfg.write.full_rescore
-    if refusal is None and merging:
+    if merging:
         delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
-    elif refusal is None:
+    else:
         commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=_new_output_properties(cfg),
                             overwrite_schema=targets.replaces_layout)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
-    if refusal is None:
-        at_point("publish_committed")
-    errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref,
-                                txn if refusal is None else None).version
+    at_point("publish_committed")
+    errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref, txn).version
     at_point("errors_committed")
-    if refusal is not None:
-        status, error = refusal
-        return Outcome(status, errors_delta_version=errors_version, error=error)
     own = [table for table in (plan.prepared, plan.changed, plan.staging) if table is not None]
     stale = drop_stale_staging(run.spark, cfg.output, cfg.write.staging, run.started, {t.location for t in own})
     for table in own:
@@ -197,8 +195,8 @@ def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional
         kept = f" ({accounting.rows_kept} unchanged rows kept, not counted)" if accounting.rows_kept else ""
         return "error_rate_exceeded", (
             f"{accounting.error_rows} of {accounting.rows_considered} rows ({accounting.error_rate:.4%}) could not be "
-            f"scored{kept}, above max_error_rate {cfg.max_error_rate:.4%}; see {targets.errors_ref}. "
-            "The output was not published."
+            f"scored{kept}, above max_error_rate {cfg.max_error_rate:.4%}; their reasons are in the run's report and its "
+            f"staging {accounting.snapshot.staging.location}, not in {targets.errors_ref}. The output was not published."
         )
     if validation is not None and not validation["success"]:
         return "validation_failed", "the output failed validation and was not published"

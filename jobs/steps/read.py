@@ -21,15 +21,15 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from lakescore.jobs.config import JobConfig
+from lakescore.jobs.config import ConfigError, JobConfig
 from lakescore.jobs.platform.hadoop_files import FILE_STATUS, FUNCTION, STATUS_FUNCTION, file_functions
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, is_path, last_commit, read_files,
-    read_pinned,
+    OutputColumnsError, TableError, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
+    read_files, read_input, read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
 from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
@@ -46,7 +46,7 @@ from lakescore.udfs.scoring_udf import RowCounter
 
 __all__ = [
     "RunContext", "Targets", "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
-    "check_targets", "check_paths_writable", "file_bytes", "file_status",
+    "check_targets", "check_drift_baseline", "check_paths_writable", "file_bytes", "file_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,34 @@ def _targets(run: RunContext, planned: StructType, previous_version: Optional[in
     errors_ref = run.cfg.errors_ref()
     check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
     check_paths_writable(run)
+    check_drift_baseline(run, previous_version)
     return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout, file_status)
+
+
+def check_drift_baseline(run: RunContext, latest: Optional[int]) -> None:
+    """Raise :class:`~lakescore.jobs.config.ConfigError` when ``validation.drift.baseline`` names a version of the
+    output (whose latest is ``latest``) that cannot be read or lacks a column the drift gate compares: the gate
+    would otherwise publish unchecked. Only an output that does not exist yet passes (the drift step notes it)."""
+    cfg = run.cfg
+    version = cfg.validation.drift.baseline_version
+    if version is None or latest is None:
+        return
+    key = f"validation.drift.baseline is {version}"
+    if version <= latest:
+        try:
+            columns = read_input(run.spark, cfg.output, "delta", version=version).columns  # the log only, no rows
+        except TableError:
+            pass  # e.g. a version whose log was cleaned up: named below with the versions that remain
+        else:
+            missing = [c for c in get_task(cfg.task).output_profile(cfg.task_options()).columns if c not in columns]
+            if not missing:
+                return
+            raise ConfigError(f"{key}, but version {version} of output {cfg.output!r} has no column {missing[0]!r} "
+                              "to compare with; name a version this task wrote, or previous")
+    versions = sorted(entry.version for entry in delta_history(run.spark, cfg.output))
+    held = f"versions {versions[0]} to {versions[-1]}" if len(versions) > 1 else f"only version {versions[0]}"
+    raise ConfigError(f"{key}, but output {cfg.output!r} has no readable version {version} (it has {held}); "
+                      "name one of those, or previous")
 
 
 def _refuse_layout_switch(cfg: JobConfig) -> None:

@@ -1,9 +1,12 @@
-"""The drift gate and the metrics table on real Spark + Delta with tiny seeded models (issue 37, items 1 and 2).
+"""The drift gate and the metrics table on real Spark + Delta with tiny seeded models (issue 37, items 1 and 2; issue
+45, items 2-4).
 
 A classifier's first run publishes with a note (no baseline); the same model again passes (every figure 0); a new
-version that gives every review another label is refused with exit 1, the figures on one line, and the output unchanged.
-An embedding model swap is caught by ``min_id_cosine_p5``. Every run, interrupted, published or refused, leaves one
-row in ``<output>_metrics``.
+version that gives every review another label is refused with exit 1, the figures on one line, the output and the errors
+table unchanged. Its rerun against a baseline version the output does not have is refused before compute (exit 2); its
+rerun without a bound publishes, and both attempts of that run id keep their rows. An embedding model swap is caught by
+``min_id_cosine_p5``. Every attempt, interrupted, published or refused, leaves one row in ``<output>_metrics``, a table
+that an earlier lakescore wrote without the attempt column.
 """
 
 from __future__ import annotations
@@ -30,8 +33,23 @@ ROWS = 120
 
 
 def _metrics(spark, output) -> dict:
+    """The metrics rows by ``(run id, attempt)``."""
     rows = spark.read.format("delta").load(f"{output}_metrics").collect()
-    return {row["run_id"]: row.asDict(recursive=True) for row in rows}
+    return {(row["run_id"], row["attempt"]): row.asDict(recursive=True) for row in rows}
+
+
+def _old_metrics_table(spark, output) -> None:
+    """``<output>_metrics`` as lakescore wrote it before attempts were numbered: no ``attempt`` column, one row."""
+    from datetime import datetime
+
+    from pyspark.sql import types as T
+
+    from lakescore.jobs.steps.metrics import ATTEMPT, METRICS_SCHEMA
+
+    schema = T.StructType([f for f in METRICS_SCHEMA.fields if f.name != ATTEMPT])
+    row = {f.name: None for f in schema.fields} | {"run_id": "r-old", "status": "succeeded", "task": "classify",
+                                                   "started_at": datetime(2026, 1, 1), "finished_at": datetime(2026, 1, 1, 0, 1)}
+    spark.createDataFrame([row], schema).write.format("delta").save(f"{output}_metrics")
 
 
 def _versions(spark, output) -> int:
@@ -81,10 +99,14 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     tmp_path, spark, tiny_classifier_dir, capsys
 ):
     source, output = tmp_path / "reviews.parquet", tmp_path / "labels"
-    reviews_frame(ROWS, seed=5).to_parquet(source)
+    errors_table = f"{output}_errors"
+    frame = reviews_frame(ROWS, seed=5)
+    frame.loc[0, "body"] = None  # one dead-lettered row a run, for the errors table to hold
+    frame.to_parquet(source)
     config = {"input": str(source), "output": str(output), "task": "classify", "model": str(tiny_classifier_dir),
-              "id_col": "review_id", "text_col": "body",
+              "id_col": "review_id", "text_col": "body", "max_error_rate": 0.05,
               "validation": {"drift": {"max_label_js": 0.1, "max_score_psi": 0.25}}}
+    _old_metrics_table(spark, output)
 
     # Interrupted once it has its plan: no output, but a metrics row that says so.
     stopped = _interrupted_at(spark, {**config, "run_id": "r0"}, "score_stage", tmp_path / "barrier")
@@ -112,16 +134,18 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     moved = _leaning(tiny_classifier_dir, tmp_path / "leaning", rarest)
     report = tmp_path / "r3.json"
     args = ["score", "--input", str(source), "--output", str(output), "--task", "classify", "--model", str(moved),
-            "--id-col", "review_id", "--text-col", "body", "--run-id", "r3", "--report", str(report),
+            "--id-col", "review_id", "--text-col", "body", "--run-id", "r3", "--set", "max_error_rate=0.05",
             "--set", "validation.drift.max_label_js=0.1", "--set", "validation.drift.max_score_psi=0.25"]
+    dead_letters = spark.read.format("delta").load(errors_table).toPandas()
+    assert set(dead_letters["run_id"]) == {"r2"} and len(dead_letters) == 1
     capsys.readouterr()
-    assert main(args) == 1
+    assert main([*args, "--report", str(report)]) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lakescore:")]
     assert len(errors) == 1 and errors[0].startswith("lakescore: error: drift past its bounds against version 1: label_js ")
     assert "(max 0.1: exceeded)" in errors[0] and errors[0].endswith("The output was not published.")
     refused = json.loads(report.read_text())
     drift = refused["drift"]
-    assert refused["status"] == "drift_exceeded" and refused["delta_version"] is None
+    assert refused["status"] == "drift_exceeded" and refused["delta_version"] is None and refused["attempt"] == 1
     assert "label_js" in drift["exceeded"] and drift["gated"] and drift["baseline_version"] == 1
     run_shares, base_shares = drift["profiles"]["run"]["label_shares"], drift["profiles"]["baseline"]["label_shares"]
     assert base_shares == pytest.approx(shares) and run_shares[rarest] > shares.get(rarest, 0.0) + 0.3
@@ -129,30 +153,53 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     assert drift["figures"]["label_js"] == pytest.approx(
         jensenshannon([run_shares.get(k, 0) for k in labels], [base_shares.get(k, 0) for k in labels], base=2), abs=1e-5)
     assert _versions(spark, output) == 2 and read_output(spark, str(output)).equals(published)  # the output unchanged
+    # ... and so is the errors table: it goes with the output's rows; the refused run's dead letter is in its report.
+    assert spark.read.format("delta").load(errors_table).toPandas().equals(dead_letters) and _versions(spark, errors_table) == 2
+    assert refused["error_rows"] == 1 and refused["profile"]["dead_letters"]["rows"][0][-1] == "r3"
     page = (tmp_path / "r3.html").read_text(encoding="utf-8")
     assert '<section id="drift">' in page and "<td class=fail>EXCEEDED</td>" in page
 
-    # One metrics row per run, published or not.
+    # Rerun against a baseline version the output does not have: a setting that cannot hold, refused before compute.
+    assert main([*args, "--set", "validation.drift.baseline=99"]) == 2
+    errors_said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lakescore:")]
+    assert errors_said == [f"lakescore: error: validation.drift.baseline is 99, but output {str(output)!r} has no "
+                           "readable version 99 (it has versions 0 to 1); name one of those, or previous"]
+    assert _versions(spark, output) == 2 and _versions(spark, errors_table) == 2 and ("r3", 2) not in _metrics(spark, output)
+
+    # Rerun without a bound: the run id's second attempt resumes its staging and publishes, errors table and all.
+    again = score(spark, **{**config, "validation": {}, "model": str(moved)}, run_id="r3", report=str(report))
+    assert again.status == "succeeded" and again.delta_version == 2 and again.chunks["skipped"] == again.chunks["total"]
+    assert (again.attempt, [a["status"] for a in again.attempts]) == (2, ["drift_exceeded"])
+    assert again.drift["figures"]["label_js"] > 0.1 and "drift" not in again.summary()  # no bound: no gate to speak of
+    assert set(spark.read.format("delta").load(errors_table).toPandas()["run_id"]) == {"r3"}
+
+    # One metrics row per attempt, published or not, beside the row an earlier lakescore wrote.
     rows = _metrics(spark, output)
     assert {k: v["status"] for k, v in rows.items()} == {
-        "r0": "interrupted", "r1": "succeeded", "r2": "succeeded", "r3": "drift_exceeded"}
-    assert rows["r0"]["input_rows"] is None and rows["r0"]["label_shares"] is None
-    assert rows["r1"]["baseline_version"] is None and rows["r1"]["drift_note"].startswith("no baseline")
-    assert rows["r2"]["label_shares"] == pytest.approx(shares) and rows["r2"]["delta_version"] == 1
-    assert len(rows["r2"]["score_deciles"]) == 9 and rows["r2"]["score_deciles"] == sorted(rows["r2"]["score_deciles"])
-    assert rows["r3"]["label_js"] == drift["figures"]["label_js"] and rows["r3"]["drift_exceeded"] == drift["exceeded"]
-    assert rows["r3"]["input_rows"] == rows["r3"]["output_rows"] == ROWS and rows["r3"]["delta_version"] is None
+        ("r-old", None): "succeeded", ("r0", 1): "interrupted", ("r1", 1): "succeeded", ("r2", 1): "succeeded",
+        ("r3", 1): "drift_exceeded", ("r3", 2): "succeeded"}
+    assert rows["r0", 1]["input_rows"] is None and rows["r0", 1]["label_shares"] is None
+    assert rows["r1", 1]["baseline_version"] is None and rows["r1", 1]["drift_note"].startswith("no baseline")
+    assert rows["r2", 1]["label_shares"] == pytest.approx(shares) and rows["r2", 1]["delta_version"] == 1
+    assert len(rows["r2", 1]["score_deciles"]) == 9 and rows["r2", 1]["score_deciles"] == sorted(rows["r2", 1]["score_deciles"])
+    first_try = rows["r3", 1]
+    assert first_try["label_js"] == drift["figures"]["label_js"] and first_try["drift_exceeded"] == drift["exceeded"]
+    assert (first_try["input_rows"], first_try["output_rows"], first_try["delta_version"]) == (ROWS, ROWS - 1, None)
+    assert rows["r3", 2]["delta_version"] == 2 and rows["r3", 2]["drift_exceeded"] == []
     # The same instants as the report's (Spark returns them naive, in this process's local time).
-    assert [rows["r3"][k].timestamp() for k in ("started_at", "finished_at")] == \
+    assert [first_try[k].timestamp() for k in ("started_at", "finished_at")] == \
         [datetime.fromisoformat(refused[k]).timestamp() for k in ("started_at", "finished_at")]
 
-    # history shows the figures, from the report or else from the metrics table.
+    # history lists every attempt with its figures, from the attempt's report or else from its metrics row.
     assert main(["history", str(output)]) == 0
-    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    listed = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    by_attempt = {(cells[0], cells[-5] if cells[0] == "r3" else None): cells for cells in listed}
     marks = {figure: "!" if figure in drift["exceeded"] else "" for figure in drift["figures"]}
-    assert listed["r3"].endswith(f"label_js {drift['figures']['label_js']:.3f}!, "
-                                 f"score_psi {drift['figures']['score_psi']:.3f}{marks['score_psi']}")
-    assert listed["r2"].endswith("label_js 0.000, score_psi 0.000")
+    assert by_attempt["r3", "1"][3] == "drift_exceeded" and " ".join(by_attempt["r3", "1"]).endswith(
+        f"- 1 label_js {drift['figures']['label_js']:.3f}!, score_psi {drift['figures']['score_psi']:.3f}{marks['score_psi']}")
+    assert by_attempt["r3", "2"][3] == "succeeded" and by_attempt["r3", "2"][-6:-4] == ["2", "2"]
+    assert " ".join(by_attempt["r2", None]).endswith("1 1 label_js 0.000, score_psi 0.000")
+    assert by_attempt["r-old", None][3] == "succeeded" and by_attempt["r-old", None][-2:] == ["1", "-"]
 
 
 def _mean_pooled(model_dir, texts) -> np.ndarray:
@@ -198,4 +245,4 @@ def test_an_embedding_model_swap_is_caught_by_the_per_id_cosine(tmp_path, spark,
     assert read_output(spark, str(output)).equals(before) and _versions(spark, output) == 1
     norms = report.drift["profiles"]["run"]["embedding_norm_deciles"]
     assert norms == pytest.approx([1.0] * 9, abs=1e-5)  # normalised vectors
-    assert {k: v["status"] for k, v in _metrics(spark, output).items()} == {"e1": "succeeded", "e2": "drift_exceeded"}
+    assert {k: v["status"] for k, v in _metrics(spark, output).items()} == {("e1", 1): "succeeded", ("e2", 1): "drift_exceeded"}

@@ -1,4 +1,4 @@
-"""``lakescore history``: runs found from the Delta history's lakescore tags and their stored reports."""
+"""``lakescore history``: runs found from the Delta history's lakescore tags, the metrics table and the stored reports."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pandas as pd
 from lakescore.jobs.cli import main
 from lakescore.jobs.report import write_report
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.metrics import record_run
 from lakescore.jobs.steps.staging import Staging
 from tests.integration.held_run import run_held_at
 
@@ -20,7 +21,7 @@ def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, 
     for run_id, extra in (("night-1", {}), ("night-2", {"validation.min_rows": 1000})):
         report_path = tmp_path / "reports" / f"{run_id}.json"
         cfg = job_config(input=str(source), output=out, run_id=run_id, report=str(report_path), **extra)
-        write_report(run_scoring(cfg, spark), report_path)
+        record_run(spark, cfg, run_scoring(cfg, spark))  # the report and the metrics row, as the CLI writes them
 
     commit = spark.sql(f"DESCRIBE HISTORY delta.`{out}`").select("userMetadata").first()[0]
     assert json.loads(commit) == {"lakescore": {"run_id": "night-1", "report": str(tmp_path / "reports" / "night-1.json")}}
@@ -29,10 +30,11 @@ def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["run", "id", "date", "(UTC)"]
     second, first = (line.split() for line in lines[1:])
-    # The last columns: the Delta version, and the drift figures against the output as each run found it.
-    assert (second[0], second[3], second[4:7], second[-3:]) == (
-        "night-2", "validation_failed", ["3", "3", "0"], ["-", "id_cosine_p5", "1.000"])
-    assert (first[0], first[3], first[4:7], first[-2:]) == ("night-1", "succeeded", ["3", "3", "0"], ["0", "-"])
+    # The last columns: the Delta version, the attempt, and the drift figures against the output as each run found it.
+    # night-2 published nothing, not even its errors table: its metrics row tells.
+    assert (second[0], second[3], second[4:7], second[-4:]) == (
+        "night-2", "validation_failed", ["3", "3", "0"], ["-", "1", "id_cosine_p5", "1.000"])
+    assert (first[0], first[3], first[4:7], first[-3:]) == ("night-1", "succeeded", ["3", "3", "0"], ["0", "1", "-"])
     assert float(first[8].replace(",", "")) > 0 and first[9] == "-"  # the run's core-seconds; no price, no cost
     assert len(lines) == 3
 

@@ -194,15 +194,15 @@ def test_null_text_is_dead_lettered_and_the_error_rate_gates_publishing(tmp_path
     frame.to_parquet(source)
     output, errors = tmp_path / "out", tmp_path / "out_errors"
     report = run_scoring(job_config(input=str(source), output=str(output)), spark)
-    # 1 of 30 rows (3.3%) is above the default max_error_rate of 0.1%: errors written, output not published.
+    # 1 of 30 rows (3.3%) is above the default max_error_rate of 0.1%: nothing published, not even the errors table.
     assert report.status == "error_rate_exceeded" and "1 of 30 rows (3.3333%)" in report.error
-    assert str(errors) in report.error and not output.exists()
-    dead = spark.read.format("delta").load(str(errors)).toPandas()
-    assert dead[["review_id", "reason"]].values.tolist() == [[frame.loc[5, "review_id"], "null_input"]]
+    assert f"not in {errors}" in report.error and not output.exists() and not errors.exists()
+    assert report.error_reasons == {"null_input": 1}
 
     report = run_scoring(job_config(input=str(source), output=str(output), max_error_rate=0.05), spark)
     assert report.status == "succeeded" and (report.output_rows, report.error_rows) == (29, 1)
-    assert report.error_reasons == {"null_input": 1}
+    dead = spark.read.format("delta").load(str(errors)).toPandas()
+    assert dead[["review_id", "reason"]].values.tolist() == [[frame.loc[5, "review_id"], "null_input"]]
     out = read_output(spark, str(output))
     assert frame.loc[5, "review_id"] not in set(out["review_id"]) and len(out) == 29
 

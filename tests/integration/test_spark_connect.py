@@ -97,10 +97,10 @@ def test_embed_over_connect_equals_the_classic_session_and_reruns_in_place(serve
     again = server_table(spark, server, "review_embeddings")
     assert len(again) == ROWS - 1 and again["review_id"].is_unique  # replaced, not appended
     np.testing.assert_allclose(np.stack(again["embedding"]), np.stack(remote["embedding"]), atol=1e-6)
-    # The client sent the metrics row (Arrow, over Connect); the rerun of the run id replaced the first run's.
+    # The client sent the metrics row (Arrow, over Connect); the rerun of the run id added its second attempt's row.
     metrics = spark.read.format("delta").load(str(server.warehouse / "review_embeddings_metrics")).toPandas()
-    assert metrics[["run_id", "status", "delta_version"]].values.tolist() == [
-        ["connect-embed", "succeeded", rerun["delta_version"]]]
+    assert sorted(metrics[["attempt", "run_id", "status", "delta_version"]].values.tolist()) == [
+        [1, "connect-embed", "succeeded", report["delta_version"]], [2, "connect-embed", "succeeded", rerun["delta_version"]]]
 
 
 def classify_args(input_path: str, model_uri: str, cache: Path, output: Path, *extra: str) -> list[str]:
@@ -121,8 +121,8 @@ def test_classify_over_connect_failed_validation_publishes_nothing_then_a_run_eq
     assert code == 1 and err.strip().splitlines()[-1] == "lakescore: error: the output failed validation and was not published"
     assert failed["status"] == "validation_failed" and failed["delta_version"] is None
     assert [c["expectation"] for c in failed["validation"]["failed"]] == ["expect_table_row_count_to_be_between"]
-    assert not output.exists()  # nothing published: the errors table explains the run
-    assert spark.read.format("delta").load(f"{output}_errors").count() == 1
+    assert not output.exists() and not Path(f"{output}_errors").exists()  # nothing published: the report explains it
+    assert failed["error_rows"] == 1
     assert len(list(server.warehouse.glob("connect_stage_*"))) == 1  # kept for the rerun to resume
 
     code, err, report = score_over_connect(server, args, tmp_path)

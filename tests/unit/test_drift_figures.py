@@ -153,3 +153,27 @@ def test_the_config_refuses_a_bound_the_task_has_no_output_for_and_a_bad_baselin
     assert load_config(flags={"output": "main.`my scores`"}).metrics_ref() == "main.`my scores_metrics`"
     assert load_config(flags={"output": "/data/scores/"}).metrics_ref() == "/data/scores_metrics"
     assert load_config(flags={"output": "/d/s", "validation.metrics_table": "db.m"}).metrics_ref() == "db.m"
+
+
+def test_a_run_without_a_drift_bound_says_nothing_about_drift():
+    note = {**DRIFT, "bounds": {}, "gated": False, "figures": {}, "exceeded": [], "baseline_version": None,
+            "note": "no baseline: the output does not exist yet"}
+    for ungated in (note, {**DRIFT, "bounds": {}, "gated": False, "exceeded": []}):
+        assert "drift" not in _report(status="succeeded", drift=ungated).summary()
+    assert 'id="drift"' not in render_html(_report(status="succeeded", drift=note).as_dict())
+    # With figures but no bound, the page still shows them as reported only; with a bound, the note is the gate's.
+    assert "none (reported only)" in render_html(_report(drift={**DRIFT, "bounds": {}, "gated": False}).as_dict())
+    gated = {**note, "bounds": {"label_js": {"max": 0.2}}, "gated": True}
+    assert "  drift: no baseline: the output does not exist yet" in _report(status="succeeded", drift=gated).summary()
+
+
+def test_history_lists_each_attempt_of_a_run_id_with_its_own_facts():
+    refused = metrics_row(_report(attempt=1))
+    published = metrics_row(_report(attempt=2, status="succeeded", delta_version=4, drift={**DRIFT, "exceeded": []}))
+    rows = [RunRecord("night-1", "2026-11-26 08:05:00", "WRITE", 4, 100, None, None, metrics=published),
+            RunRecord("night-1", "2026-11-26 08:01:00", "-", None, None, None, None, metrics=refused)]
+    header, second, first = (line.split() for line in format_history(rows).splitlines())
+    assert header[-3:] == ["version", "attempt", "drift"]
+    assert (second[0], second[3], second[-6:]) == ("night-1", "succeeded", ["4", "2", "label_js", "0.412,", "score_psi", "0.031"])
+    assert (first[0], first[3], first[4:7], first[-6:]) == (
+        "night-1", "drift_exceeded", ["100", "100", "0"], ["-", "1", "label_js", "0.412!,", "score_psi", "0.031"])

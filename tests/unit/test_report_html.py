@@ -195,3 +195,25 @@ def test_an_interrupted_run_reports_what_is_known_and_nothing_about_rows():
         assert claim not in page, claim
     summary = failed.summary()
     assert "stopped in step score_stage" in summary and "error: SIGINT" in summary and "rows" not in summary
+
+
+def test_a_rerun_shows_every_attempt_of_its_run_id_and_a_refused_run_where_its_dead_letters_are():
+    earlier = [{"attempt": 1, "status": "drift_exceeded", "started_at": "2026-11-26T08:00:00+00:00", "seconds": 9.0,
+                "output_rows": 8, "error_rows": 2, "delta_version": None, "drift_exceeded": ["label_js"],
+                "error": f"drift past its bounds {XSS}"}]
+    page = render_html(report(attempt=2, attempts=earlier, started_at="2026-11-26T09:00:00+00:00"))
+    assert "<th>attempt</th><td>2</td>" in page
+    section = re.search(r'<section id="attempts">(.*?)</section>', page, re.S).group(1)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(<td.*?)</tr>", section)]
+    assert [row[:3] + row[5:6] for row in cells] == [
+        ["1", "2026-11-26T08:00:00+00:00", "drift_exceeded", "-"],
+        ["2 (this report)", "2026-11-26T09:00:00+00:00", "succeeded", "3"]]
+    assert "&lt;script&gt;" in cells[0][6] and "<script" not in page.lower()
+    assert 'id="attempts"' not in render_html(report(attempt=1))  # a first attempt: nothing earlier to show
+
+    # A refused run published nothing: its dead-lettered rows are in its staging, not in the errors table.
+    refused = render_html(report(status="drift_exceeded", delta_version=None,
+                                 chunks={"total": 1, "skipped": 0, "staging": "/tmp/staging/k1"}))
+    note = re.search(r'<section id="dead-letters">.*?<p class=note>(.*?)</p>', refused, re.S).group(1)
+    assert "kept in staging /tmp/staging/k1" in note and "_errors unchanged" in note
+    assert f"rows in db.{XSS.replace('<', '&lt;').replace('>', '&gt;')}_errors" in render_html(report())
