@@ -183,7 +183,7 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
         elif caption and rate and not nothing_scored:
             caption += f", {rate:,.1f} rows/s"
         body += "<h3>Where the time went</h3>" + _figure(charts.timeline_chart("steps", steps), caption)
-    body += _cost(report.get("cost"))
+    body += _cost(report.get("cost")) + _tokens(report.get("workers") or {})
     if len(throughput) >= 2 and not nothing_scored:
         xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
         rate_x = [t for t, r in throughput if t > 0 and r > 0]
@@ -212,6 +212,18 @@ def _cost(cost: Optional[Mapping[str, Any]]) -> str:
         if cost.get("cost_per_million_rows") is not None:
             pairs.append(("cost per million rows scored", f"{cost['cost_per_million_rows']:,.4g}"))
     return "<h3 id=cost>What it used</h3>" + _rows(pairs)
+
+
+def _tokens(workers: Mapping[str, Any]) -> str:
+    """A run that generated text: the prompt tokens read, the tokens generated and the rate the report's ``workers``
+    give (generated tokens over the scoring stage's wall seconds); nothing for a run that generated no token."""
+    if not workers.get("tokens_out"):
+        return ""
+    rate = workers.get("tokens_per_second")
+    pairs = [("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
+             ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
+             ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None)]
+    return "<h3 id=tokens>Tokens</h3>" + _rows(pairs)
 
 
 def _inputs(summaries: list) -> str:
@@ -252,6 +264,8 @@ def _prediction_figures(key: str, s: Mapping[str, Any]) -> list[str]:
         hist = s["histogram"]
         return [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], name), f"{name}: value histogram")]
     if kind == "vectors":
+        if not s.get("norm_stats"):  # no row of the sample has a value (choice_logprobs of a run without choices)
+            return []
         hist = s["norm_histogram"]
         out = [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], f"L2 norm of {name}"),
                        f"{name}: {s['width']} dimensions")]
