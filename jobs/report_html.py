@@ -194,17 +194,19 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
     return _section("time", "Time", body) if body else ""
 
 
+_HELD = (("run", "whole run (held: wall × the session's)"), ("score_stage", "scoring stage (held: its wall × its tasks')"),
+         ("model", "in model forward passes (busy: summed over tasks)"))
+"""The report's core- and GPU-seconds, each named for what it counts (:mod:`lakescore.jobs.cost`)."""
+
+
 def _cost(cost: Optional[Mapping[str, Any]]) -> str:
     """What the run used and cost (:func:`lakescore.jobs.cost.run_cost` defines each figure), as a table."""
     if not cost:
         return ""
     cores, gpus = cost["core_seconds"], cost.get("gpu_seconds") or {}
-    pairs = [
-        ("session", f"{cost['cores']} cores" + (f", {cost['gpus']} GPUs" if cost.get("gpus") else "")),
-        ("core-seconds, whole run", f"{cores['run']:,.1f}"), ("core-seconds, scoring stage", f"{cores['score_stage']:,.1f}"),
-    ]
-    if cost.get("gpus"):
-        pairs += [("GPU-seconds, whole run", f"{gpus['run']:,.1f}"), ("GPU-seconds, scoring stage", f"{gpus['score_stage']:,.1f}")]
+    pairs = [("session", f"{cost['cores']} cores" + (f", {cost['gpus']} GPUs" if cost.get("gpus") else ""))]
+    for unit, figures in (("core", cores), ("GPU", gpus if cost.get("gpus") else {})):
+        pairs += [(f"{unit}-seconds, {what}", f"{figures[key]:,.1f}") for key, what in _HELD if figures.get(key) is not None]
     if cost.get("rows_per_core_second"):
         pairs.append(("rows scored per core-second", f"{cost['rows_per_core_second']:,.2f}"))
     if cost.get("cost") is not None:

@@ -198,7 +198,8 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     plan["calibrated_seconds_per_padded_token"] = calibrated
     plan["host_load_per_cpu"] = round(load, 2)
     plan["cost"] = run_cost(
-        seconds=plan["predicted_seconds"]["total"], worker_seconds=shape.padded * rows / shape.rows * unit.seconds_per_token,
+        seconds=plan["predicted_seconds"]["total"], stage_seconds=plan["predicted_seconds"]["score_stage"],
+        worker_seconds=shape.padded * rows / shape.rows * unit.seconds_per_token,
         rows_scored=plan["rows_to_score"], resources=resources, gpus=gpus,
         price_per_core_hour=cfg.resources.price_per_core_hour, price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
     )
