@@ -18,9 +18,9 @@ from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run, record_stopped_run
-from lakescore.jobs.steps.read import model_spec, one_column_input
+from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
-from lakescore.schemas.contracts import FeatureInputContract, InputContractError, one_column_contract
+from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.model_source import (
     ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
@@ -81,7 +81,8 @@ def transform(
     Columns: every column of ``df`` (only ``id_col`` when given), then the task's prediction
     columns (:mod:`lakescore.schemas.output`; null where a row could not be scored), ``model_sha256``,
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks (``generate``: the
-    prompt as the model reads it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images;
+    prompt as the model reads it, or ``prompt_template=`` naming columns, each row's prompt rendered as the job renders
+    it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images;
     string: paths of image files) for image tasks, ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
     setting by its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md
     lists them), validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both
@@ -96,21 +97,31 @@ def transform(
     cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, image_col=image_col, id_col=id_col)
     if len(cfg.id_cols) > 1:
         raise ConfigError(f"transform keeps one id column, got {list(cfg.id_cols)}; omit id_col to keep every column")
-    kind = get_task(task).input_kind
-    if kind.one_column and not cfg.input_col:
-        raise ConfigError(f"task {task!r} reads {kind.name}: pass {kind.column_setting}")
-    input_cols = (cfg.input_col,) if kind.one_column else tuple(cfg.feature_cols)
-    contract = one_column_contract(kind.name, id_col, cfg.input_col) if kind.one_column else FeatureInputContract(id_col, input_cols)
-    contract.check(df.schema, "the DataFrame")
     keep = [id_col] if id_col else list(df.columns)
-    if kind.one_column:  # an image column of paths: the files' bytes, read on the executors
-        df, input_cols = one_column_input(cfg, df, "the DataFrame")
+    df, input_cols = _model_input(cfg, df)
     taken = sorted(set(keep) & set(scored_schema(task).names))
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
     spec = _resolved_spec(df.sparkSession, cfg, input_cols)
     scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg), key_col=id_col)
     return scored.drop(ERROR_COLUMNS[2], WORKER_COLUMN)
+
+
+def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
+    """``df`` with the model's input columns, its contract checked (no Spark job): each row's prompt rendered from
+    ``prompt_template`` in Spark as the job renders it, the text or image column (an image column of paths: the
+    files' bytes, read on the executors), or the feature columns."""
+    kind = get_task(cfg.task).input_kind
+    if cfg.prompt_template:
+        return render_prompts(cfg.prompt_template, cfg.id_col, df, "the DataFrame"), (PROMPT_COLUMN,)
+    if kind.one_column and not cfg.input_col:
+        hint = " (or prompt_template)" if kind.row_keys else ""
+        raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
+    if not kind.one_column:
+        FeatureInputContract(cfg.id_col, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
+        return df, tuple(cfg.feature_cols)
+    one_column_contract(kind.name, cfg.id_col, cfg.input_col).check(df.schema, "the DataFrame")
+    return one_column_input(cfg, df, "the DataFrame")
 
 
 def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]] = None, **options: Any):

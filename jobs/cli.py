@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--conf", metavar="YAML", help="config file (see conf/local.yaml); flags override it")
     common.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override one config key, e.g. --set scoring.max_batch_tokens=4096 (repeatable)",
+        help="override one config key, e.g. --set scoring.max_batch_tokens=4096 (repeatable); a string key takes the "
+             "text after = as it is, any other key's value is read as YAML",
     )
 
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
@@ -91,6 +92,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, options: list[Option]) ->
         kwargs: dict = {"dest": option.key, "help": _help(option)}
         if option.type is bool:
             kwargs.update(action="store_true", default=None)  # None: not given, the config file decides
+        elif option.repeat:  # one item per flag: a stop string may hold a comma
+            kwargs.update(action="append", metavar=option.metavar)
         elif option.choices:
             kwargs["choices"] = option.choices
         else:

@@ -168,10 +168,10 @@ IdColumns = Annotated[typing.Union[Text, tuple[Text, ...]], BeforeValidator(_id_
 """An id: one column's name, or a list of names that together identify a row (composite id)."""
 
 
-def _cli(flag: str, metavar: Optional[str] = None, sweep: bool = False) -> dict[str, Any]:
+def _cli(flag: str, metavar: Optional[str] = None, sweep: bool = False, repeat: bool = False) -> dict[str, Any]:
     """``json_schema_extra`` of a field that has a command-line flag: ``lakescore score`` takes every such flag,
-    ``lakescore sweep`` those marked ``sweep``."""
-    return {"flag": flag, "sweep": sweep, **({"metavar": metavar} if metavar else {})}
+    ``lakescore sweep`` those marked ``sweep``; a ``repeat`` flag (a list setting) adds one item each time it is given."""
+    return {"flag": flag, "sweep": sweep, **({"metavar": metavar} if metavar else {}), **({"repeat": True} if repeat else {})}
 
 
 _JOB_ONLY = {"job_only": True}
@@ -406,27 +406,30 @@ class GenerateConfig(_Section):
     """The ``generate`` task: how each row's prompt is rendered and how the model continues it. Greedy by default, so
     a rerun writes the same text; see ``docs/generation.md``."""
 
-    prompt_template: Annotated[Optional[Text], _checked(_template_problem)] = None
+    prompt_template: Annotated[Optional[Text], _checked(_template_problem)] = Field(
+        None, json_schema_extra=_cli("--prompt-template", "TEMPLATE")
+    )
     """Each row's prompt: ``str.format`` placeholders naming input columns, e.g. ``"Review: {body}\\nSummary:"``; a
     value is inserted as Spark casts it to a string, and a row with a null in a named column is ``null_input``.
     Default: the ``text_col`` as it is."""
-    system_prompt: Optional[Text] = None
-    """A system message before every prompt (in the chat template, else on its own line above the prompt)."""
-    chat_template: Literal[CHAT_TEMPLATE_MODES] = "auto"
+    system_prompt: Optional[Text] = Field(None, json_schema_extra=_cli("--system-prompt", "TEXT"))
+    """A system message before every prompt (in the chat template, else above the prompt, a blank line between)."""
+    chat_template: Literal[CHAT_TEMPLATE_MODES] = Field("auto", json_schema_extra=_cli("--chat-template"))
     """``auto``: wrap the prompt in the tokenizer's chat template when it has one (``apply_chat_template(...,
     add_generation_prompt=True)``); ``never``: the prompt as it is."""
-    max_new_tokens: int = Field(GenerateOptions.max_new_tokens, ge=1)
+    max_new_tokens: int = Field(GenerateOptions.max_new_tokens, ge=1, json_schema_extra=_cli("--max-new-tokens", "N"))
     """Tokens generated per row at most; a row that reaches it has ``finish_reason`` ``length``."""
-    temperature: Number = Field(GenerateOptions.temperature, ge=0)
+    temperature: Number = Field(GenerateOptions.temperature, ge=0, json_schema_extra=_cli("--temperature"))
     """0: greedy (the most likely token, deterministic); above 0: sampled, each row from its own generator seeded
     from ``seed`` and the row's id, so its text does not depend on batching, partitioning, retries or resume."""
-    top_p: Number = Field(GenerateOptions.top_p, gt=0, le=1)
+    top_p: Number = Field(GenerateOptions.top_p, gt=0, le=1, json_schema_extra=_cli("--top-p"))
     """Sampling: draw from the smallest set of tokens whose probabilities add up to this (nucleus sampling)."""
-    seed: int = GenerateOptions.seed
+    seed: int = Field(GenerateOptions.seed, json_schema_extra=_cli("--seed"))
     """Sampling: the run's seed, combined with each row's id."""
-    stop: Names = ()
-    """Strings that end generation: the text is cut before the first one found."""
-    truncate: Literal[TRUNCATE_MODES] = "none"
+    stop: Names = Field((), json_schema_extra=_cli("--stop", "TEXT", repeat=True))
+    """Strings that end generation: the text is cut before the first one found (a flag takes one string, and is
+    repeated for more)."""
+    truncate: Literal[TRUNCATE_MODES] = Field("none", json_schema_extra=_cli("--truncate"))
     """A prompt whose tokens plus ``max_new_tokens`` exceed the model's context: ``none`` dead-letters it
     (``prompt_too_long``), ``left`` cuts its first tokens."""
     choices: Names = ()
@@ -837,8 +840,8 @@ def load_config(
     """Build a validated :class:`JobConfig`.
 
     Precedence, lowest first: the schema's defaults, the YAML file at ``path``,
-    ``overrides`` (``dotted.key=value`` strings, values parsed as YAML scalars),
-    then ``flags`` (dotted keys to values; ``None`` values are ignored).
+    ``overrides`` (``dotted.key=value`` strings: a string key takes the text after ``=`` as it is, any other key's
+    value is parsed as YAML), then ``flags`` (dotted keys to values; ``None`` values are ignored).
 
     Raises :class:`ConfigError` for an unreadable file, an unknown key (with the
     closest known key suggested), a value of the wrong type, or a bad value.
@@ -850,7 +853,8 @@ def load_config(
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects dotted.key=value, got {item!r}")
-        _assign(tree, key.strip(), _parse_scalar(raw))
+        key = key.strip()
+        _assign(tree, key, raw if _takes_text(key) else _parse_scalar(raw))
     for key, value in (flags or {}).items():
         if value is not None:
             _assign(tree, key, value)
@@ -905,6 +909,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def _takes_text(dotted: str) -> bool:
+    """Whether the schema declares the key ``dotted`` a string (or a choice among strings), so that ``--set`` hands
+    it the text as typed: parsed as YAML, ``Review: {body}`` would be a mapping and ``\\n`` two characters."""
+    parts = _split_key(dotted)
+    if len(parts) == 1 and parts[0] in _SHORTHANDS:  # --set model=/path sets the shorthand's key
+        parts.append(_SHORTHANDS[parts[0]])
+    hint, _ = _declared(tuple(parts))
+    choices = _choices(hint)
+    return hint is str or (bool(choices) and all(isinstance(choice, str) for choice in choices))
 
 
 def _parse_scalar(raw: str) -> Any:
@@ -980,6 +995,8 @@ class Option:
     metavar: Optional[str] = None
     sweep: bool = False
     """Whether ``lakescore sweep`` takes its flag too."""
+    repeat: bool = False
+    """Whether its flag adds one item of a list each time it is given (``--stop``), rather than taking the list."""
     job_only: bool = False
     """Whether only the scoring job applies it (``transform`` / ``pandas_udf`` refuse it)."""
 

@@ -202,7 +202,7 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
         elif caption and rate and not nothing_scored:
             caption += f", {rate:,.1f} rows/s"
         body += "<h3>Where the time went</h3>" + _figure(charts.timeline_chart("steps", steps), caption)
-    body += _cost(report.get("cost"))
+    body += _cost(report.get("cost")) + _tokens(report.get("workers") or {})
     if len(throughput) >= 2 and not nothing_scored:
         xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
         rate_x = [t for t, r in throughput if t > 0 and r > 0]
@@ -213,17 +213,19 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
     return _section("time", "Time", body) if body else ""
 
 
+_HELD = (("run", "whole run (held: wall × the session's)"), ("score_stage", "scoring stage (held: its wall × its tasks')"),
+         ("model", "in model forward passes (busy: summed over tasks)"))
+"""The report's core- and GPU-seconds, each named for what it counts (:mod:`lakescore.jobs.cost`)."""
+
+
 def _cost(cost: Optional[Mapping[str, Any]]) -> str:
     """What the run used and cost (:func:`lakescore.jobs.cost.run_cost` defines each figure), as a table."""
     if not cost:
         return ""
     cores, gpus = cost["core_seconds"], cost.get("gpu_seconds") or {}
-    pairs = [
-        ("session", f"{cost['cores']} cores" + (f", {cost['gpus']} GPUs" if cost.get("gpus") else "")),
-        ("core-seconds, whole run", f"{cores['run']:,.1f}"), ("core-seconds, scoring stage", f"{cores['score_stage']:,.1f}"),
-    ]
-    if cost.get("gpus"):
-        pairs += [("GPU-seconds, whole run", f"{gpus['run']:,.1f}"), ("GPU-seconds, scoring stage", f"{gpus['score_stage']:,.1f}")]
+    pairs = [("session", f"{cost['cores']} cores" + (f", {cost['gpus']} GPUs" if cost.get("gpus") else ""))]
+    for unit, figures in (("core", cores), ("GPU", gpus if cost.get("gpus") else {})):
+        pairs += [(f"{unit}-seconds, {what}", f"{figures[key]:,.1f}") for key, what in _HELD if figures.get(key) is not None]
     if cost.get("rows_per_core_second"):
         pairs.append(("rows scored per core-second", f"{cost['rows_per_core_second']:,.2f}"))
     if cost.get("cost") is not None:
@@ -231,6 +233,18 @@ def _cost(cost: Optional[Mapping[str, Any]]) -> str:
         if cost.get("cost_per_million_rows") is not None:
             pairs.append(("cost per million rows scored", f"{cost['cost_per_million_rows']:,.4g}"))
     return "<h3 id=cost>What it used</h3>" + _rows(pairs)
+
+
+def _tokens(workers: Mapping[str, Any]) -> str:
+    """A run that generated text: the prompt tokens read, the tokens generated and the rate the report's ``workers``
+    give (generated tokens over the scoring stage's wall seconds); nothing for a run that generated no token."""
+    if not workers.get("tokens_out"):
+        return ""
+    rate = workers.get("tokens_per_second")
+    pairs = [("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
+             ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
+             ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None)]
+    return "<h3 id=tokens>Tokens</h3>" + _rows(pairs)
 
 
 def _inputs(summaries: list) -> str:
@@ -271,6 +285,8 @@ def _prediction_figures(key: str, s: Mapping[str, Any]) -> list[str]:
         hist = s["histogram"]
         return [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], name), f"{name}: value histogram")]
     if kind == "vectors":
+        if not s.get("norm_stats"):  # no row of the sample has a value (choice_logprobs of a run without choices)
+            return []
         hist = s["norm_histogram"]
         out = [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], f"L2 norm of {name}"),
                        f"{name}: {s['width']} dimensions")]

@@ -198,7 +198,8 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     plan["calibrated_seconds_per_padded_token"] = calibrated
     plan["host_load_per_cpu"] = round(load, 2)
     plan["cost"] = run_cost(
-        seconds=plan["predicted_seconds"]["total"], worker_seconds=shape.padded * rows / shape.rows * unit.seconds_per_token,
+        seconds=plan["predicted_seconds"]["total"], stage_seconds=plan["predicted_seconds"]["score_stage"],
+        worker_seconds=shape.padded * rows / shape.rows * unit.seconds_per_token,
         rows_scored=plan["rows_to_score"], resources=resources, gpus=gpus,
         price_per_core_hour=cfg.resources.price_per_core_hour, price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
     )
@@ -238,12 +239,16 @@ def format_plan(plan: Mapping[str, Any]) -> str:
 
 
 def _sample(run, sample_rows: int):
-    """The first ``sample_rows`` rows' model input (and id, for a runner keyed by it) as an Arrow table."""
+    """The first ``sample_rows`` rows' model input as an Arrow table (``c0``, ``c1``, ...), then, for a runner keyed by
+    the row, its key as the job passes it (:func:`~lakescore.jobs.steps.ids.row_key`: a composite id's JSON)."""
     from lakescore.jobs.platform.tables import column
+    from lakescore.jobs.steps.ids import row_key
     from lakescore.udfs.registry import get_task
 
-    names = list(dict.fromkeys([*run.input_cols, *([run.cfg.id_col] if get_task(run.cfg.task).input_kind.row_keys else [])]))
-    return run.source.select(*[column(c).alias(f"c{i}") for i, c in enumerate(names)]).limit(sample_rows).toArrow()
+    columns = [column(c) for c in run.input_cols]
+    if get_task(run.cfg.task).input_kind.row_keys:
+        columns.append(row_key(run.cfg.id_cols))
+    return run.source.select(*[c.alias(f"c{i}") for i, c in enumerate(columns)]).limit(sample_rows).toArrow()
 
 
 def _runner(run, cfg: JobConfig):
@@ -256,9 +261,8 @@ def _runner(run, cfg: JobConfig):
     kind = get_task(cfg.task).input_kind
     options = {name: getattr(cfg.scoring, name) for name in kind.runner_settings}
     columns = tuple(f"c{i}" for i in range(len(run.input_cols)))
-    if kind.row_keys:
-        names = list(dict.fromkeys([*run.input_cols, cfg.id_col]))
-        options["key_col"] = f"c{names.index(cfg.id_col)}"
+    if kind.row_keys:  # the key follows the input columns in the sample (_sample)
+        options["key_col"] = f"c{len(run.input_cols)}"
     runner = kind.runner(model.scorer, columns, **options)
     return model, runner, batch_policy(model, resolved.device, cfg.scoring.max_batch_tokens, cfg.scoring.max_batch_rows), resolved.device
 

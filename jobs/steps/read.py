@@ -4,7 +4,7 @@
 builds the session, reads the input lazily and checks its input contract (columns and
 types, per the task's input kind) on the schema alone. :func:`check_targets` proves that
 the output and errors targets can take this run's schemas. Nothing here runs a Spark job
-over the input's rows.
+over the input's rows (a folder of images: one job over its file listing, no file read).
 """
 
 from __future__ import annotations
@@ -172,7 +172,32 @@ def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optiona
     source, ignored = read_files(spark, cfg.input, get_task(cfg.task).input_kind.file_extensions)
     log.info("input folder %s: %d other file(s) ignored (not %s)", cfg.input, ignored,
              "/".join(get_task(cfg.task).input_kind.file_extensions))
-    return source, None, ignored
+    return with_empty_files(source), None, ignored
+
+
+def with_empty_files(files: DataFrame) -> DataFrame:
+    """``files`` (a ``binaryFile`` read) plus a row for each 0-byte file of its listing, which Spark's file scan
+    leaves out: empty ``content`` (the image runner's ``null_input``, as for an empty file a path column names),
+    length 0 and no modification time (the scan that would give it skips the file). One Spark job over the listing
+    (no file is read) counts the rows; only when files are missing from them are their paths collected."""
+    listed = files.inputFiles()
+    if files.count() == len(listed):
+        return files
+    scanned = {row[0] for row in files.select("path").collect()}
+    empty = sorted(set(map(_path_text, listed)) - scanned)
+    log.info("input folder: %d empty file(s), dead-lettered null_input", len(empty))
+    rows = [(path, None, 0, b"") for path in empty]
+    return files.unionByName(files.sparkSession.createDataFrame(rows, files.schema)) if rows else files
+
+
+def _path_text(uri: str) -> str:
+    """A listed file's URI (``file:///a/b%20c.png``) as Hadoop's ``Path.toString`` writes it, which is how the
+    ``binaryFile`` source's ``path`` column has it (``file:/a/b c.png``)."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(uri)  # a listed URI has its ? and # escaped: all of it after the authority is the path
+    path = unquote(parts.path)
+    return f"{parts.scheme}://{parts.netloc}{path}" if parts.netloc else f"{parts.scheme}:{path}"
 
 
 def check_table_names(cfg: JobConfig) -> None:

@@ -115,7 +115,8 @@ def assemble_report(
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
         workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
         cost=run_cost(
-            seconds=seconds, worker_seconds=accounting.workers.get("model_seconds") or 0.0,
+            seconds=seconds, stage_seconds=clock.seconds.get("score_stage") or 0.0,
+            worker_seconds=accounting.workers.get("model_seconds") or 0.0,
             rows_scored=accounting.output_rows, resources=session_resources(run.spark, cfg, run.layout.profile is not None),
             gpus=identity.gpus, price_per_core_hour=cfg.resources.price_per_core_hour,
             price_per_gpu_hour=cfg.resources.price_per_gpu_hour,

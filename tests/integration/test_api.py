@@ -84,6 +84,23 @@ def test_transform_with_an_id_keeps_only_the_id_whatever_its_name(spark, reviews
     assert same["embedding"].notna().tolist() == rows["embedding"].notna().tolist()
 
 
+def test_transform_renders_a_prompt_template_as_the_job_does(spark, tiny_causal_lm_dir):
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame([(1, "lamp", "Arrived late."), (2, "desk", "Solid, and cheap!"), (3, None, "Fine.")],
+                               "id long, product string, body string")
+    options = dict(task="generate", model=tiny_causal_lm_dir, id_col="id", max_new_tokens=4)
+    by_hand = df.withColumn("prompt", F.concat(F.lit("Review of "), "product", F.lit(": "), "body", F.lit("\nSummary:")))
+    reference = lakescore.transform(by_hand, text_col="prompt", **options).toPandas().set_index("id").sort_index()
+    template = "Review of {product}: {body}\nSummary:"
+    for columns in ({"text_col": "body"}, {}):  # with a text column too the template is the prompt, as in the job
+        scored = lakescore.transform(df, prompt_template=template, **columns, **options)
+        assert scored.columns == ["id", *reference.columns]
+        got = scored.toPandas().set_index("id").sort_index()
+        assert got.drop(columns="choice_logprobs").equals(reference.drop(columns="choice_logprobs")), columns
+    assert reference.loc[3, "_reason"] == "null_input" and reference.loc[1, "prompt_tokens"] > 6  # the rendered prompt
+
+
 def test_transform_checks_before_any_spark_job(spark, reviews, minilm_dir, tmp_path):
     _, df = reviews
     context = spark.sparkContext

@@ -1,8 +1,7 @@
 """``image_classify`` / ``image_embed`` end to end on real Spark + Delta with tiny seeded ViT / CLIP models: a binary
 column (a corrupt and a null image dead-lettered, identical images scored once, the digest the bytes' SHA-256), a
 column of paths (read on the executors, a missing file dead-lettered ``missing_file``), and a folder of image files
-read with ``--input-format images``: killed after its first chunk and resumed, then incremental after one file was
-replaced."""
+read with ``--input-format images`` (an empty file dead-lettered, other files ignored and counted)."""
 
 from __future__ import annotations
 
@@ -160,6 +159,27 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
     join = plan.index("Join FullOuter")
     assert plan.count(f"{FUNCTION}(") == 1 and plan.index(f"{FUNCTION}(") > join, plan
     assert rescored.file_status and rescored.replaces_layout and "input_path" in rescored.output_schema.names
+
+
+def test_a_folder_run_scores_each_image_dead_letters_an_empty_one_and_counts_the_others_ignored(spark, tmp_path, vit_dir):
+    """Every file under the folder is scored, dead-lettered with its reason (a 0-byte image, which Spark's file scan
+    skips, is ``null_input`` as through a path column) or ignored and counted (not an image)."""
+    root = tmp_path / "photos"
+    (root / "nested").mkdir(parents=True)
+    files = {"one.jpg": encoded(picture(40, 30, 1), "JPEG", quality=90), "nested/two.PNG": encoded(picture(33, 47, 2), "PNG")}
+    for name, data in {**files, "x.png": b"", "notes.txt": b"not an image"}.items():
+        (root / name).write_bytes(data)
+    output = tmp_path / "labels"
+    report = run_scoring(_config(input=str(root), input_format="images", output=str(output), task="image_classify",
+                                 **{"model.source": str(vit_dir)}), spark)
+    assert report.status == "succeeded", report.error
+    assert (report.input_rows, report.output_rows, report.ignored_files) == (3, 2, 1)
+    assert report.error_reasons == {"null_input": 1}
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("path")
+    assert [p.split(f"{root}/", 1)[1] for p in out["path"]] == sorted(files)
+    errors = spark.read.format("delta").load(f"{output}_errors").toPandas()
+    assert errors["path"].tolist() == [f"file:{root / 'x.png'}"] and errors["reason"].tolist() == ["null_input"]
+    assert errors["error"].tolist() == ["no image bytes"]
 
 
 def _status(path: Path) -> list[int]:

@@ -168,3 +168,25 @@ def test_composite_ids_dead_letter_and_merge_row_by_row_without_rank(spark, tmp_
     assert set(map(tuple, out[out.run_id == "c2"][["user_id", "item_id"]].values.tolist())) == {(3, "i11"), (1, "i30")}
     expected = {(int(u), i): _score(f) for u, i, *f in changed if i is not None and (u, i) != (0, "i00")}
     assert {(int(u), i): p for u, i, p in out[["user_id", "item_id", "prediction"]].itertuples(index=False)} == expected
+
+
+def test_plan_of_a_generate_run_keys_its_sample_by_the_composite_id(spark, tmp_path, tiny_causal_lm_dir):
+    """``lakescore plan`` reads the sample as the job does: the runner that seeds per-row draws gets a composite id's
+    row key (one column), and each row costs its rendered prompt's tokens plus ``max_new_tokens``."""
+    from transformers import AutoTokenizer
+
+    from lakescore.jobs.commands.plan import run_plan
+
+    source = tmp_path / "reviews"
+    rows = [("north", 1, "Arrived late."), ("north", 2, "Fine, works."), ("south", 1, "Broke on day two!")]
+    spark.createDataFrame(rows, "shop string, review_id long, body string").write.format("delta").save(str(source))
+    cfg = load_config(flags={
+        "input": str(source), "output": str(tmp_path / "summaries"), "task": "generate", "id_col": "shop,review_id",
+        "model.source": str(tiny_causal_lm_dir), "generate.prompt_template": "Review: {body}\nSummary:",
+        "generate.max_new_tokens": 4, "generate.temperature": 0.7,
+    })
+    plan = run_plan(cfg, sample_rows=10, spark=spark)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_causal_lm_dir)
+    prompt_tokens = [len(ids) for ids in tokenizer([f"Review: {body}\nSummary:" for *_, body in rows])["input_ids"]]
+    assert (plan["rows"], plan["sample_rows"]) == (3, 3)
+    assert plan["tokens"] == sum(prompt_tokens) + 3 * 4

@@ -122,12 +122,14 @@ def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark, c
     assert data["input_rows"] == data["output_rows"] == ROWS_PLANNED
     assert data["delta_version"] == 0 and data["validation"]["success"] is True
     assert data["rows_per_second"] > 0 and data["seconds"] > 0
-    # What it used: local[2] holds 2 cores for the whole run; the stage's busy core-seconds are its workers' forward
+    # What it used: local[2] holds 2 cores for the whole run and for its scoring stage; the model's busy core-seconds
+    # are its workers' forward seconds
     cost = data["cost"]
     assert cost["core_seconds"]["run"] == pytest.approx(2 * data["seconds"], rel=1e-3)
-    assert cost["core_seconds"]["score_stage"] == pytest.approx(data["workers"]["model_seconds"], rel=1e-3)
+    assert cost["core_seconds"]["score_stage"] == pytest.approx(2 * data["step_seconds"]["score_stage"], rel=1e-3)
+    assert cost["core_seconds"]["model"] == pytest.approx(data["workers"]["model_seconds"], rel=1e-3)
     assert cost["cost"] == pytest.approx(cost["core_seconds"]["run"] * 0.05 / 3600, rel=1e-3)
-    assert f"rows/core-s; cost {cost['cost']:,.4g}" in result.stdout
+    assert f"rows/core-s (whole run); cost {cost['cost']:,.4g}" in result.stdout
     out = read_output(spark, str(output))
     assert len(out) == ROWS_PLANNED and out["review_id"].is_unique and set(out["run_id"]) == {"cli-run-1"}
     # The plan's accuracy bound: the measured run within 0.67-1.5x of the predicted total, on a host that is not

@@ -95,7 +95,7 @@ def test_unknown_top_level_key_from_set():
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
         ("model.pooling=median", r"model.pooling must be one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken, got 'median'"),
-        ("model.prompt_name=''", r"model.prompt_name must name one of the model's prompts, got an empty string"),
+        ("model.prompt_name=", r"model.prompt_name must name one of the model's prompts, got an empty string"),
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
         ("spark.s3a=auto", r"spark.s3a must be true or false"),
@@ -255,3 +255,71 @@ def test_rank_needs_its_keys_and_an_output_column_of_single_values():
         load_config(overrides=["rank.top_k=3", "rank.order_by=prediction", "rank.partition_by=[u]", "task=classify"])
     with pytest.raises(ConfigError, match=r"rank.order_by 'scores' holds array<double>"):
         load_config(overrides=["rank.top_k=3", "rank.order_by=scores", "rank.partition_by=[u]", "task=tabular"])
+
+
+def test_set_hands_a_string_key_its_text_as_typed_and_reads_other_keys_as_yaml():
+    # Read as YAML, "Review: {body}" was a mapping and the config refused it; a string key takes the text as it is,
+    # a backslash-n included (two characters: the shell's quoting decides what the text holds).
+    cfg = load_config(overrides=[
+        "model=/models/x: y", "task=generate", "generate.prompt_template=Review: {body}", "generate.system_prompt=yes",
+        "model.revision=2", "run_date=2026-11-20", "generate.max_new_tokens=5", "generate.temperature=0.5",
+        'generate.stop=["\\n", "."]', "scoring.dedup=off", "spark.conf.spark.executor.cores=4",
+    ])
+    assert cfg.generate.prompt_template == "Review: {body}" and cfg.generate.system_prompt == "yes"
+    assert load_config(overrides=["task=generate", "generate.prompt_template=Review: {body}\\nSummary:"]).generate.prompt_template == (
+        "Review: {body}" + "\\" + "nSummary:")
+    assert (cfg.model.revision, cfg.run_date, cfg.model.source) == ("2", "2026-11-20", "/models/x: y")
+    assert (cfg.generate.max_new_tokens, cfg.generate.temperature, cfg.generate.stop) == (5, 0.5, ("\n", "."))
+    assert cfg.scoring.dedup == "off" and cfg.spark.conf == {"spark.executor.cores": "4"}
+    assert load_config(overrides=["model.prompt_name=query: {x}"]).model.prompt_name == "query: {x}"
+    with pytest.raises(ConfigError, match=r"^generate.max_new_tokens must be an integer, got 'many'$"):
+        load_config(overrides=["generate.max_new_tokens=many"])
+
+
+def test_the_common_generate_settings_have_flags_from_the_schema():
+    from lakescore.jobs.cli import _config_flags, _parser
+    from lakescore.jobs.config import config_options
+
+    flags = {o.key: o.flag for o in config_options() if o.section == "generate" and o.flag}
+    assert set(flags.values()) >= {"--prompt-template", "--system-prompt", "--max-new-tokens", "--temperature",
+                                   "--top-p", "--seed", "--stop"}
+    args = _parser().parse_args([
+        "score", "--task", "generate", "--prompt-template", "Review: {body}\nSummary:", "--system-prompt", "Be brief.",
+        "--max-new-tokens", "12", "--temperature", "0.7", "--top-p", "0.9", "--seed", "3", "--stop", ", ", "--stop", "\n\n",
+    ])
+    generate = load_config(flags=_config_flags(args)).generate
+    assert (generate.prompt_template, generate.system_prompt) == ("Review: {body}\nSummary:", "Be brief.")
+    assert (generate.max_new_tokens, generate.temperature, generate.top_p, generate.seed) == (12, 0.7, 0.9, 3)
+    assert generate.stop == (", ", "\n\n")  # one stop string per flag: a comma stays in it
+    assert load_config(flags=_config_flags(_parser().parse_args(["score"]))).generate == load_config().generate
+
+
+def _readme_block(holding: str, fence: str) -> str:
+    """The ``fence`` code block of README.md that holds the text ``holding``."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    at = text.index(holding)
+    start = text.rindex(f"```{fence}\n", 0, at) + len(fence) + 4
+    return text[start:text.index("```", at)]
+
+
+def test_the_readme_generate_commands_give_the_model_what_they_show(tmp_path):
+    """The README's generate commands, run by bash as a reader pastes them (its quoting decides the text), through
+    the real CLI parser: the labels prompt holds a newline where the README shows ``\\n``, and the JSON schema loads."""
+    import subprocess
+
+    from lakescore.jobs.cli import _config_flags, _parser
+    from lakescore.udfs.generate_options import template_parts
+
+    (tmp_path / "summaries.yaml").write_text(_readme_block("# summaries.yaml", "yaml"), encoding="utf-8")
+    commands = _readme_block("# Labels:", "bash")
+    shell = "lakescore() { printf '%s\\0' \"$@\"; printf '\\1'; }\n" + commands  # each command's argv, NUL-separated
+    out = subprocess.run(["bash", "-c", shell], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    configs = []
+    for argv in [c.split("\0")[:-1] for c in out.split("\1")[:-1]]:
+        args = _parser().parse_args(argv)
+        configs.append(load_config(tmp_path / args.conf, args.overrides, _config_flags(args)))
+    labels, fields = configs
+    rendered = "".join(literal + ({"body": "Arrived late."}[name] if name else "")
+                       for literal, name in template_parts(labels.generate.prompt_template))
+    assert rendered == "Review: Arrived late.\nSentiment:" and labels.generate.choices == ("positive", "negative", "mixed")
+    assert fields.generate.max_new_tokens == 96 and '"delivery_days"' in fields.generate.json_schema

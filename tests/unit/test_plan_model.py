@@ -103,7 +103,8 @@ def test_the_plan_prints_as_a_short_table():
     plan = predict(shape, 10_000, UnitCost(1e-4, 3.0, 12.0, "calibration on the driver"), SessionResources(2, 2, 1),
                    peak_memory_mib=812.4)
     plan.update(sample_rows=100, device="cpu", max_batch_tokens=1024,
-                cost=run_cost(seconds=plan["predicted_seconds"]["total"], worker_seconds=40.0, rows_scored=10_000,
+                cost=run_cost(seconds=plan["predicted_seconds"]["total"], stage_seconds=plan["predicted_seconds"]["score_stage"],
+                              worker_seconds=40.0, rows_scored=10_000,
                               resources=SessionResources(2, 2, 1), price_per_core_hour=0.05))
     text = format_plan(plan)
     assert "total" in text and f"{plan['predicted_seconds']['total']:,.1f} s" in text

@@ -217,3 +217,20 @@ def test_a_rerun_shows_every_attempt_of_its_run_id_and_a_refused_run_where_its_d
     note = re.search(r'<section id="dead-letters">.*?<p class=note>(.*?)</p>', refused, re.S).group(1)
     assert "kept in staging /tmp/staging/k1" in note and "_errors unchanged" in note
     assert f"rows in db.{XSS.replace('<', '&lt;').replace('>', '&gt;')}_errors" in render_html(report())
+
+
+def test_a_generate_run_shows_its_tokens_and_no_chart_for_a_column_without_values():
+    text = pa.chunked_array([pa.array(["Fine.", "Late again.", "Great"])])
+    no_choices = pa.chunked_array([pa.array([None, None, None], pa.list_(pa.float64()))])
+    predictions = [summarize_column("generated_text", T.StringType(), text),
+                   summarize_column("choice_logprobs", T.ArrayType(T.DoubleType()), no_choices)]
+    profile = {**report()["profile"], "predictions": predictions}
+    workers = {"rows_scored": 3, "model_seconds": 1.5, "tokens_in": 1234, "tokens_out": 567, "tokens_per_second": 94.5}
+    page = render_html(report(task="generate", workers=workers, profile=profile))
+    time_section = re.search(r'<section id="time">(.*?)</section>', page, re.S).group(1)
+    cells = dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", time_section))
+    assert cells["tokens in (prompts read)"] == "1,234" and cells["tokens out (generated)"] == "567"
+    assert cells["tokens/s (generated, over the scoring stage&#x27;s wall time)"] == "94.5"
+    assert "choice_logprobs" not in page and "dimensions" not in page  # nothing to draw: no "[] dimensions"
+    assert "generated_text: 3 distinct values" in page
+    assert "tokens in" not in render_html(report())  # a run that generated nothing: no token table
