@@ -118,18 +118,24 @@ def _metrics_target(spark: Optional[SparkSession], cfg: JobConfig, report: RunRe
         return _MetricsTarget(ref, None)
 
 
-def _number_attempt(report: RunReport, target: Optional[_MetricsTarget]) -> None:
+def _number_attempt(cfg: JobConfig, report: RunReport, target: Optional[_MetricsTarget]) -> None:
     """Set ``report.attempt`` (1 + the run id's attempts in the metrics table) and ``report.attempts`` (those earlier
     attempts); neither without a metrics table to count them in."""
     if target is None:
         return
     try:
-        earlier = read_attempts(target.table, [report.run_id]) if target.table is not None else []
+        earlier = read_attempts(target.table, [report.run_id]) if target.table is not None and not _minted(cfg, report) else []
     except Exception:  # a table of other columns: the append says so; this attempt counts as the first
         log.debug("could not read run %s's earlier attempts", report.run_id, exc_info=True)
         earlier = []
     report.attempt = max((row[ATTEMPT] for row in earlier), default=0) + 1
     report.attempts = [{k: _shown(row.get(k)) for k in _ATTEMPT_FACTS} for row in earlier] or None
+
+
+def _minted(cfg: JobConfig, report: RunReport) -> bool:
+    """Whether the run made its own id and resumed no staged chunk: a fresh id has no earlier attempt to read (only a
+    configured id, or a rerun resuming another attempt's staging, reuses one)."""
+    return not cfg.resolved_run_id() and (report.chunks or {}).get("skipped") == 0
 
 
 def _append_row(spark: SparkSession, report: RunReport, target: Optional[_MetricsTarget]) -> None:
@@ -150,7 +156,7 @@ def record_metrics(spark: Optional[SparkSession], cfg: JobConfig, report: RunRep
     """Number ``report``'s attempt and append its row to the metrics table (``validation.metrics``); nothing without
     a session or a run id. A failure is logged as a warning and never raised."""
     target = _metrics_target(spark, cfg, report)
-    _number_attempt(report, target)
+    _number_attempt(cfg, report, target)
     _append_row(spark, report, target)
 
 
@@ -171,7 +177,7 @@ def record_run(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport)
     default: the active one."""
     spark = spark or SparkSession.getActiveSession()  # in this thread: the JVM keeps the active session per thread
     target = _metrics_target(spark, cfg, report)
-    _number_attempt(report, target)
+    _number_attempt(cfg, report, target)
     recording = in_background("metrics", _append_row, spark, report, target)
     try:
         return write_report(report, cfg.report) if cfg.report else None
