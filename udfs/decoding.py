@@ -129,7 +129,7 @@ class Decoding:
         words = (self.vocab_size + 31) // 32
         masks = np.empty((len(states), words), dtype=np.uint32)
         for i, state in enumerate(states):
-            masks[i] = np.frombuffer(state.matcher.compute_bitmask(), dtype=np.uint32)[:words]
+            masks[i] = np.frombuffer(_matcher_call(state.matcher.compute_bitmask), dtype=np.uint32)[:words]
             if state.matcher.is_error():
                 raise GrammarError(state.matcher.get_error())
         allowed = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
@@ -139,7 +139,7 @@ class Decoding:
         """Append ``token`` to the row; True when the row has ended (EOS, stop string, grammar done, or ``last``)."""
         state.ids.append(token)
         if state.matcher is not None:
-            if not state.matcher.consume_token(token):
+            if not _matcher_call(state.matcher.consume_token, token):
                 raise GrammarError(state.matcher.get_error() or f"the grammar refused token {token}")
             if state.matcher.is_stopped():
                 state.finish_reason = "stop"
@@ -159,6 +159,17 @@ class Decoding:
         if state.text is None:
             return self.tokenizer.decode(state.ids, skip_special_tokens=True)
         return state.text
+
+
+def _matcher_call(method, *args):
+    """``method(*args)`` of a grammar matcher, its panic (pyo3's ``PanicException``, a ``BaseException`` that the
+    batching core's row retry would not catch) raised as the row's :class:`GrammarError`."""
+    try:
+        return method(*args)
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or isinstance(exc, Exception):
+            raise
+        raise GrammarError(f"the grammar engine failed: {exc}") from None
 
 
 def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
