@@ -44,7 +44,7 @@ from pydantic_core import PydanticCustomError
 from lakescore.udfs.batching import default_max_tokens
 from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, POOLING_MODES, QUANTIZATIONS
 from lakescore.udfs.quantize import Tolerance
-from lakescore.udfs.generate_options import CHAT_TEMPLATE_MODES, TRUNCATE_MODES, GenerateOptions, template_parts
+from lakescore.udfs.generate_options import CHAT_TEMPLATE_MODES, CHOICE_SCORES, TRUNCATE_MODES, GenerateOptions, template_parts
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_NAMES, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
@@ -433,8 +433,12 @@ class GenerateConfig(_Section):
     """A prompt whose tokens plus ``max_new_tokens`` exceed the model's context: ``none`` dead-letters it
     (``prompt_too_long``), ``left`` cuts its first tokens."""
     choices: Names = ()
-    """Instead of generating, score each of these strings as a continuation of the prompt and return the most likely
-    (``finish_reason`` ``choice``, the log-probabilities in ``choice_logprobs``): zero-shot labels."""
+    """Instead of generating, score each of these strings (two at least) as a continuation of the prompt and return the
+    most likely (``finish_reason`` ``choice``, the log-probabilities in ``choice_logprobs``): zero-shot labels."""
+    choice_score: Literal[CHOICE_SCORES] = "sum"
+    """What ``choices`` are compared by, and what ``choice_logprobs`` holds: ``sum`` of each choice's token
+    log-probabilities (its probability as a continuation, which favours choices of fewer tokens), or their ``mean``
+    per token."""
     json_schema: Annotated[Optional[Text], BeforeValidator(_json_text)] = None
     """A JSON Schema (a YAML mapping or JSON text): decoding is constrained so that every text is JSON that validates
     against it (llguidance)."""

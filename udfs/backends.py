@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 import numpy as np
 
 from lakescore.udfs.devices import task_cpus, to_device, torch_dtype
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.model_source import ModelSpec, UnfitModelError
 
 __all__ = [
     "ModelKind", "Forward", "Reduce", "TorchForward", "OnnxForward", "load_forward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
@@ -49,6 +49,13 @@ class ModelKind:
     method: Optional[str] = None
     """The model's method the forward calls instead of the model itself (torch only), e.g. ``get_image_features``
     of a CLIP model; it returns ``output`` (a model output holding it, or the tensor itself)."""
+    unread: tuple[str, ...] = ()
+    """Modules of the auto class whose weights ``output`` does not read (e.g. ``pooler`` under ``last_hidden_state``):
+    a checkpoint may lack them. Any other weight the checkpoint lacks refuses the load (:func:`load_torch_model`)."""
+
+    def needs(self, weight: str) -> bool:
+        """Whether ``output`` reads ``weight`` (a parameter name such as ``pooler.dense.weight``)."""
+        return not set(weight.split(".")) & set(self.unread)
 
 
 Reduce = Callable[[Any, Mapping[str, Any]], Any]
@@ -124,27 +131,28 @@ def load_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_names:
     return TorchForward(load_torch_model(spec, model_dir, kind), kind.output, input_names, kind.method)
 
 
-def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, *, complete: bool = False):
+def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind):
     """``kind.auto_class`` from ``model_dir`` on ``spec.device`` at ``spec.dtype``, in eval mode: files from
     ``model_dir`` only, safetensors unless ``spec.allow_pickle``, remote code only with ``spec.trust_remote_code``.
 
-    ``complete``: raise ``ValueError`` naming the weights ``model_dir`` lacks for ``kind.auto_class`` (transformers
-    would initialise them at random, e.g. the pooler of a base model loaded from a classifier's checkpoint)."""
+    Raises :class:`~lakescore.udfs.model_source.UnfitModelError` naming the task, the class and the weights the
+    checkpoint lacks that ``kind`` reads (:meth:`ModelKind.needs`): transformers would initialise them at random, and
+    the task would publish what a random head says (a classifier's checkpoint loaded as a language model)."""
     import transformers
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
     auto_class = getattr(transformers, kind.auto_class)
-    loaded = auto_class.from_pretrained(
+    model, info = auto_class.from_pretrained(
         str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype),
-        local_files_only=True, trust_remote_code=spec.trust_remote_code, **({"output_loading_info": True} if complete else {}),
+        local_files_only=True, trust_remote_code=spec.trust_remote_code, output_loading_info=True,
     )
-    model, info = loaded if complete else (loaded, {})
-    missing = sorted(info.get("missing_keys") or ())
+    missing = sorted(k for k in info.get("missing_keys") or () if kind.needs(k))
     if missing:
-        raise ValueError(
-            f"{model_dir} lacks weights {type(model).__name__} needs ({', '.join(missing[:4])}"
-            f"{', ...' if len(missing) > 4 else ''}); they would be random"
+        raise UnfitModelError(
+            f"task {spec.task}: {model_dir} loads as {type(model).__name__} without weights its output reads "
+            f"({', '.join(missing[:4])}{f', and {len(missing) - 4} more' if len(missing) > 4 else ''}); transformers "
+            f"would initialise them at random: use a checkpoint trained for {spec.task}"
         )
     return model.to(spec.device).eval()
 

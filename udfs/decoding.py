@@ -45,6 +45,10 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 """How constrained JSON is laid out, where the schema does not say (llguidance's ``x-guidance`` options)."""
 
 
+GRAMMAR_TOKEN_BYTES = 1024
+"""The longest token llguidance's token trie holds, in bytes: it panics (a Rust assertion) on a longer one."""
+
+
 class GrammarError(RuntimeError):
     """A row's grammar matcher refused a token or failed: the row is retried alone, then ``generation_error``."""
 
@@ -83,9 +87,8 @@ class Decoding:
         """A factory of fresh llguidance matchers for ``schema`` over this tokenizer; ``ValueError`` naming what
         llguidance refuses in the schema."""
         import llguidance
-        import llguidance.hf
 
-        tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids) or None)
+        tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, sorted(self.eos_ids) or None)
         # compact JSON (json.dumps's separators, no free whitespace) unless the schema's own "x-guidance" says
         # otherwise: free whitespace lets a weak model spend its tokens on blanks instead of closing the object
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
@@ -126,7 +129,7 @@ class Decoding:
         words = (self.vocab_size + 31) // 32
         masks = np.empty((len(states), words), dtype=np.uint32)
         for i, state in enumerate(states):
-            masks[i] = np.frombuffer(state.matcher.compute_bitmask(), dtype=np.uint32)[:words]
+            masks[i] = np.frombuffer(_matcher_call(state.matcher.compute_bitmask), dtype=np.uint32)[:words]
             if state.matcher.is_error():
                 raise GrammarError(state.matcher.get_error())
         allowed = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
@@ -136,7 +139,7 @@ class Decoding:
         """Append ``token`` to the row; True when the row has ended (EOS, stop string, grammar done, or ``last``)."""
         state.ids.append(token)
         if state.matcher is not None:
-            if not state.matcher.consume_token(token):
+            if not _matcher_call(state.matcher.consume_token, token):
                 raise GrammarError(state.matcher.get_error() or f"the grammar refused token {token}")
             if state.matcher.is_stopped():
                 state.finish_reason = "stop"
@@ -156,6 +159,75 @@ class Decoding:
         if state.text is None:
             return self.tokenizer.decode(state.ids, skip_special_tokens=True)
         return state.text
+
+
+def _matcher_call(method, *args):
+    """``method(*args)`` of a grammar matcher, its panic (pyo3's ``PanicException``, a ``BaseException`` that the
+    batching core's row retry would not catch) raised as the row's :class:`GrammarError`."""
+    try:
+        return method(*args)
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or isinstance(exc, Exception):
+            raise
+        raise GrammarError(f"the grammar engine failed: {exc}") from None
+
+
+def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
+    """llguidance's tokenizer for the Hugging Face ``tokenizer``. A vocabulary llguidance cannot hold (tokens over
+    :data:`GRAMMAR_TOKEN_BYTES`) is retried without those tokens, which constrained decoding then never picks.
+    :class:`~lakescore.udfs.model_source.UnfitModelError` naming the tokenizer and llguidance's message otherwise."""
+    import llguidance
+    import llguidance.hf
+
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
+    except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException is a BaseException; it is all llguidance says)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        failure = exc
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend = copy.copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+        serialized, dropped = _without_long_tokens(backend.to_str(), GRAMMAR_TOKEN_BYTES)
+        if dropped:
+            try:
+                return llguidance.LLTokenizer(serialized, n_vocab=n_vocab, eos_token=eos)
+            except BaseException as exc:  # noqa: BLE001 (as above)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                failure = exc
+    from lakescore.udfs.model_source import UnfitModelError
+
+    message = " ".join(str(failure).split()) or type(failure).__name__
+    raise UnfitModelError(
+        f"task generate: generate.json_schema: the grammar engine (llguidance) cannot use the tokenizer of "
+        f"{getattr(tokenizer, 'name_or_path', '') or '?'} ({type(tokenizer).__name__}, {len(tokenizer)} tokens): {message}"
+    ) from None
+
+
+def _without_long_tokens(serialized: str, limit: int) -> tuple[str, list[int]]:
+    """A ``tokenizers`` JSON without its tokens over ``limit`` bytes (from a vocabulary mapping, the added tokens and
+    the merges that make them), and their ids; other vocabularies (a Unigram's list) are returned as they are."""
+    import json
+
+    data = json.loads(serialized)
+    dropped: list[int] = []
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        for token, token_id in list(vocab.items()):
+            if len(token.encode("utf-8")) > limit:
+                dropped.append(token_id)
+                del vocab[token]
+        if isinstance(model.get("merges"), list):  # a merge's result is its two parts joined
+            model["merges"] = [m for m in model["merges"]
+                               if len("".join(m.split(" ", 1) if isinstance(m, str) else m).encode("utf-8")) <= limit]
+    added = data.get("added_tokens") or []
+    dropped += [a["id"] for a in added if len(a["content"].encode("utf-8")) > limit]
+    data["added_tokens"] = [a for a in added if len(a["content"].encode("utf-8")) <= limit]
+    return json.dumps(data), sorted(set(dropped))
 
 
 @dataclass(frozen=True)

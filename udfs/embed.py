@@ -45,7 +45,9 @@ __all__ = [
     "KIND", "TEXT_TOWER", "POOLING_MODES",
 ]
 
-KIND = ModelKind("AutoModel", "last_hidden_state")
+KIND = ModelKind("AutoModel", "last_hidden_state", unread=("pooler",))
+"""Token embeddings, pooled by the head: the base model's own pooler is not read, so a sentence-transformers checkpoint
+saved without one loads."""
 TEXT_TOWER = ModelKind("AutoModel", "pooler_output", "get_text_features")
 """A dual-tower model's text embedding: ``get_text_features``, whose output's ``pooler_output`` is the projection."""
 _TEXT_POOLED_AT_LAST_POSITION = ("siglip", "siglip2")

@@ -7,8 +7,8 @@ tokenizer's chat template when it has one, tokenized as the tokenizer gives it, 
   alone up to near-ties), or sampled from its own generator seeded from (``seed``, the row's key), so
   a row's text does not depend on its batch; cut before the first ``stop`` string; with ``json_schema``,
   constrained so the text is JSON that validates (:mod:`lakescore.udfs.decoding`); or
-* with ``choices``, scored: each choice's log-probability as a continuation of the prompt, the best
-  one returned.
+* with ``choices``, scored: each choice's log-probability as a continuation of the prompt (summed over its tokens,
+  or their mean per token with ``choice_score: mean``), the best one returned.
 
 Decoder-only (``AutoModelForCausalLM``) and encoder-decoder (``AutoModelForSeq2SeqLM``) models, picked
 by the model's ``config.is_encoder_decoder``. Rows are batched by the core of
@@ -158,6 +158,8 @@ class Generator:
         if self.choice_ids:
             logprobs = choice_logprobs(self.model, features["input_ids"], features["attention_mask"], self.choice_ids,
                                        self.pad_token_id)
+            if self.options.choice_score == "mean":  # per token: a choice of more tokens is not marked down for its length
+                logprobs = logprobs / np.array([len(c) for c in self.choice_ids], dtype=np.float64)
             for i, row in enumerate(logprobs):
                 best = int(np.argmax(row))
                 rows[i] = Generation(self.options.choices[best], "choice", int(prompt_tokens[i]), len(self.choice_ids[best]),
@@ -274,13 +276,16 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     directory's own tokenizer; safetensors only unless ``spec.allow_pickle``, remote code only with
     ``spec.trust_remote_code``, files from ``model_dir`` only. The context is the smallest of ``spec.max_seq_length``,
     the model's positions and the tokenizer's ``model_max_length``, where set. Raises
-    :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights, ``ValueError`` for a
-    ``max_new_tokens`` that leaves no room for a prompt or a ``json_schema`` the grammar library refuses.
+    :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights, its
+    :class:`~lakescore.udfs.model_source.UnfitModelError` for a model that is no language model (weights of its head
+    missing), a ``max_new_tokens`` that leaves no room for a prompt or a tokenizer the grammar library cannot use, and
+    ``ValueError`` for a ``json_schema`` the grammar library refuses.
     """
     from transformers import AutoConfig
 
     from lakescore.udfs.backends import ModelKind, load_torch_model
-    from lakescore.udfs.hf_models import NO_TOKENIZER_LIMIT, load_tokenizer
+    from lakescore.udfs.generate_options import model_context, require_room
+    from lakescore.udfs.hf_models import load_tokenizer
     from lakescore.udfs.model_source import refuse_pickle_weights, require_directory
     from lakescore.udfs.registry import get_task
 
@@ -293,13 +298,7 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     auto_class = "AutoModelForSeq2SeqLM" if getattr(config, "is_encoder_decoder", False) else "AutoModelForCausalLM"
     tokenizer = load_tokenizer(spec, model_dir)
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    tokenizer_limit = tokenizer.model_max_length if tokenizer.model_max_length < NO_TOKENIZER_LIMIT else None
-    limits = [v for v in (spec.max_seq_length, positions, tokenizer_limit) if v]
-    context = min(limits) if limits else None
-    if context is not None and options.max_new_tokens >= context:
-        raise ValueError(
-            f"generate.max_new_tokens {options.max_new_tokens} leaves no room for a prompt in the model's context of "
-            f"{context} tokens"
-        )
+    context = model_context(positions, spec.max_seq_length, tokenizer.model_max_length)
+    require_room(spec, model_dir, context)
     model = load_torch_model(spec, model_dir, ModelKind(auto_class, "logits"))
     return Generator(model, tokenizer, options, context, get_task(spec.task).output_arrow_types)

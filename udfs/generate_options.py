@@ -6,14 +6,21 @@ from __future__ import annotations
 import json
 import string
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Optional
 
 from lakescore.udfs.registry import TASKS
 
-__all__ = ["GenerateOptions", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "FINISH_REASONS", "template_parts", "template_columns"]
+__all__ = [
+    "GenerateOptions", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "CHOICE_SCORES", "FINISH_REASONS", "template_parts",
+    "template_columns", "model_context", "require_room", "check_context",
+]
 
 CHAT_TEMPLATE_MODES = ("auto", "never")
 TRUNCATE_MODES = ("none", "left")
+CHOICE_SCORES = ("sum", "mean")
+"""How ``choices`` are compared: ``sum`` of a choice's token log-probabilities (its probability as a continuation), or
+their ``mean`` per token (which does not favour choices of fewer tokens)."""
 FINISH_REASONS = TASKS["generate"].output_value_sets["finish_reason"]
 """``stop``: EOS, a stop string or the end of the JSON schema; ``length``: ``max_new_tokens`` reached; ``choice``: scored."""
 
@@ -41,7 +48,9 @@ class GenerateOptions:
     truncate: str = "none"
     """``none``: a prompt too long for the context is ``prompt_too_long``; ``left``: its first tokens are cut."""
     choices: tuple[str, ...] = ()
-    """Score these as continuations of the prompt and return the best, instead of generating."""
+    """Score these as continuations of the prompt and return the best, instead of generating (two at least)."""
+    choice_score: str = "sum"
+    """What ``choices`` are compared by (:data:`CHOICE_SCORES`), and what ``choice_logprobs`` holds."""
     json_schema: Optional[str] = None
     """JSON text of a JSON Schema: generation is constrained so each text is JSON that validates against it."""
 
@@ -67,6 +76,10 @@ class GenerateOptions:
             raise ValueError("generate.stop holds an empty string; every stop string needs at least one character")
         if any(c == "" for c in self.choices) or len(set(self.choices)) != len(self.choices):
             raise ValueError(f"generate.choices must be distinct non-empty strings, got {list(self.choices)!r}")
+        if len(self.choices) == 1:  # one choice would label every row with it, whatever the model says
+            raise ValueError(f"generate.choices needs two choices at least, got {list(self.choices)!r}")
+        if self.choice_score not in CHOICE_SCORES:
+            raise ValueError(f"generate.choice_score must be one of {', '.join(CHOICE_SCORES)}, got {self.choice_score!r}")
         if self.choices and self.json_schema is not None:
             raise ValueError("generate.choices and generate.json_schema exclude each other: choices are scored, not generated")
         if self.json_schema is not None:
@@ -76,6 +89,7 @@ class GenerateOptions:
                 raise ValueError(f"generate.json_schema is not JSON text: {exc}") from None
             if not isinstance(schema, dict):
                 raise ValueError(f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}")
+            _check_json_schema(schema)
         if self.prompt_template is not None:
             template_columns(self.prompt_template)  # refuses a malformed template now, not on the executors
 
@@ -91,6 +105,55 @@ class GenerateOptions:
     def identity(self) -> dict[str, Any]:
         """Every setting, by name: what a spec digest covers."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _check_json_schema(schema: dict) -> None:
+    """``ValueError`` naming where and why ``schema`` breaks the JSON Schema meta-schema of its ``$schema`` draft (the
+    latest draft when it names none): the grammar engine would otherwise fail on every executor."""
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
+        raise ValueError(f"generate.json_schema is not a valid JSON Schema: at {where}: {exc.message}") from None
+
+
+def model_context(positions: Optional[int], max_seq_length: Optional[int], tokenizer_limit: Optional[int]) -> Optional[int]:
+    """The tokens a prompt plus its new tokens may hold: the smallest of the model's positions,
+    ``model.max_seq_length`` and the tokenizer's ``model_max_length`` (one at or over
+    :data:`~lakescore.udfs.model_fit.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
+    from lakescore.udfs.model_fit import NO_TOKENIZER_LIMIT
+
+    if tokenizer_limit is not None and tokenizer_limit >= NO_TOKENIZER_LIMIT:
+        tokenizer_limit = None
+    limits = [v for v in (positions, max_seq_length, tokenizer_limit) if v]
+    return min(limits) if limits else None
+
+
+def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
+    """:class:`~lakescore.udfs.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no token of
+    ``context`` for a prompt: the rule the driver checks first (:func:`check_context`) and the executors on load."""
+    from lakescore.udfs.model_source import UnfitModelError
+
+    most = (spec.generate or GenerateOptions()).max_new_tokens
+    if context is not None and most >= context:
+        raise UnfitModelError(
+            f"task {spec.task}: generate.max_new_tokens {most} leaves no room for a prompt in the context of {context} "
+            f"tokens of {model_dir}; set it below {context}"
+        )
+
+
+def check_context(spec: Any, model_dir: Path, config: dict) -> None:
+    """The driver's :func:`require_room`, on the context ``config`` (the model's ``config.json``) and its
+    ``tokenizer_config.json`` give (:func:`model_context`)."""
+    from lakescore.udfs.model_fit import read_json
+
+    limit = (read_json(model_dir / "tokenizer_config.json") or {}).get("model_max_length")
+    positions = config.get("max_position_embeddings") or config.get("n_positions")
+    ints = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in (positions, limit)]
+    require_room(spec, model_dir, model_context(ints[0], spec.max_seq_length, ints[1]))
 
 
 def template_parts(template: str) -> list[tuple[str, Optional[str]]]:

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lakescore.udfs.backends import Forward, ModelKind, load_forward
-from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.model_fit import NO_TOKENIZER_LIMIT
+from lakescore.udfs.model_source import ModelSpec, UnfitModelError, refuse_pickle_weights, require_directory
 
 __all__ = ["ModelFacts", "LabelledModel", "load_tokenizer", "model_facts", "load_labelled_model", "truncation_limit"]
 
-NO_TOKENIZER_LIMIT = 1_000_000
-"""A ``tokenizer.model_max_length`` at or above this records no limit (transformers' placeholder is 1e30)."""
 
 
 @dataclass(frozen=True)
@@ -83,17 +82,19 @@ def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what:
     """Tokenizer, facts and ``spec.backend``'s forward of ``kind`` for the model in ``model_dir``.
 
     Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a file where a directory
-    is needed or refused pickle weights, and ``ValueError`` for a model without labels
-    (``id2label``; the message calls what was expected ``what``, e.g. "token classifier").
+    is needed or refused pickle weights, and its :class:`~lakescore.udfs.model_source.UnfitModelError` for a model
+    without labels (``id2label``; the message calls what was expected ``what``, e.g. "token classifier") or without
+    the weights of its head.
     Loader and export errors of transformers / ONNX propagate.
     """
     require_directory(model_dir, spec.task)
     refuse_pickle_weights(model_dir, spec.allow_pickle)
+    tokenizer = load_tokenizer(spec, model_dir)
+    # the forward first: a base model's load names the head weights it lacks, which says more than its missing labels
+    forward = load_forward(spec, model_dir, kind, tokenizer.model_input_names)
     facts = model_facts(model_dir)
     if not facts.labels:
-        raise ValueError(f"model {model_dir} has no id2label; it is not a {what}")
-    tokenizer = load_tokenizer(spec, model_dir)
-    forward = load_forward(spec, model_dir, kind, tokenizer.model_input_names)
+        raise UnfitModelError(f"task {spec.task}: {model_dir} has no id2label (config.json); it is not a {what}")
     return LabelledModel(forward, tokenizer, facts, truncation_limit(spec, facts.max_position_embeddings, tokenizer))
 
 

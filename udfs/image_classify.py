@@ -17,7 +17,7 @@ import pyarrow as pa
 from lakescore.udfs.backends import ModelKind
 from lakescore.udfs.classify import SequenceClassifier, activation, label_columns, probabilities
 from lakescore.udfs.hf_models import ModelFacts, model_facts
-from lakescore.udfs.model_source import ModelSpec, require_directory
+from lakescore.udfs.model_source import ModelSpec, UnfitModelError, require_directory
 from lakescore.udfs.vision_models import ImageHead, load_image_processor, load_vision_forward
 
 __all__ = ["ImageClassifier", "load_image_classifier", "KIND"]
@@ -50,11 +50,13 @@ class ImageClassifier(ImageHead):
 def load_image_classifier(spec: ModelSpec, model_dir: Path) -> ImageClassifier:
     """Load the image-classification model in ``model_dir`` as ``spec`` configures it (torch).
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights and ``ValueError`` for a model
-    without labels (``id2label``) or weights its classifier lacks.
+    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights, its
+    :class:`~lakescore.udfs.model_source.UnfitModelError` for a checkpoint without the classifier's weights (a base
+    model's) or labels (``id2label``).
     """
     require_directory(model_dir, spec.task)
+    forward = load_vision_forward(spec, model_dir, KIND)  # first: a base model's load names the head weights it lacks
     facts = model_facts(model_dir)
     if not facts.labels:
-        raise ValueError(f"model {model_dir} has no id2label; it is not an image classifier")
-    return ImageClassifier(load_vision_forward(spec, model_dir, KIND), load_image_processor(spec, model_dir), facts)
+        raise UnfitModelError(f"task {spec.task}: {model_dir} has no id2label (config.json); it is not an image classifier")
+    return ImageClassifier(forward, load_image_processor(spec, model_dir), facts)

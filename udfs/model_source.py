@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ModelSourceError",
     "ModelIntegrityError",
+    "UnfitModelError",
     "ModelSpec",
     "is_remote",
     "is_mlflow_uri",
@@ -85,6 +86,12 @@ class ModelSourceError(RuntimeError):
 
 class ModelIntegrityError(ModelSourceError):
     """The weights found are not the weights the run was pinned to (``--expect-sha256``)."""
+
+
+class UnfitModelError(ModelSourceError):
+    """The model does not fit its task: an architecture of another kind, weights the task's output reads that the
+    checkpoint lacks (transformers would initialise them at random), or a tokenizer the task's engine cannot use.
+    Its message is the one line an operator reads."""
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,13 @@ class Task:
     profile: OutputProfile | Callable[[Any], OutputProfile] = OutputProfile()
     """Which output columns the prediction profile and the drift gate read, or a function of the task's own settings
     (:meth:`output_profile`) that says so."""
+    architectures: tuple[str, ...] = ()
+    """Parts of a transformers class name that fit this task (``ForSequenceClassification``): a model whose
+    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.model_fit`). ``()``: any
+    architecture (a base model is read from any checkpoint)."""
+    model_check: Optional[str] = None
+    """``"module:function"``, ``check(spec, model_dir, config)``: the driver's check of the task's settings against
+    the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.model_source.UnfitModelError`."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -205,15 +212,17 @@ TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs",
-             profile=_LABELLED),
+             profile=_LABELLED, architectures=("ForSequenceClassification",)),
         Task(
             "embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED,
         ),
-        Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text"),
+        Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text",
+             architectures=("ForTokenClassification",)),
         Task(
             "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
             "image classification: label, score, probs", backends=("torch",), profile=_LABELLED,
+            architectures=("ForImageClassification",),
         ),
         Task(
             "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
@@ -229,6 +238,11 @@ TASKS: dict[str, Task] = {
             options_section="generate", optional_outputs=("choice_logprobs",),
             output_value_sets={"finish_reason": ("stop", "length", "choice")},
             validation_options={"max_length_stops": ("finish_reason", "length")}, profile=_generated_profile,
+            # causal or encoder-decoder language models: the class names of transformers' AutoModelForCausalLM and
+            # AutoModelForSeq2SeqLM (tests/unit/test_heads.py checks them against transformers' own mappings)
+            architectures=("CausalLM", "LMHead", "ConditionalGeneration", "MTModel", "EncoderDecoder", "GenerationDecoder",
+                           "TextToText"),
+            model_check="lakescore.udfs.generate_options:check_context",
         ),
     )
 }

@@ -230,7 +230,10 @@ def make_preflight_function(
                 figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)
                 check_fidelity(figures, tolerance or Tolerance(), len(sample), spec.source, resolved.reduced_precision)
-        except Exception as exc:  # reported to the driver, which fails the run before scoring
+        except BaseException as exc:  # reported to the driver, which fails the run before scoring
+            # a native library's panic (pyo3's PanicException) is a BaseException: reported as well, not let through
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
             row.update(error_type=type(exc).__name__, error=str(exc)[:2000])
         row["seconds"] = time.perf_counter() - started
         yield pa.RecordBatch.from_pylist([row], schema=arrow_schema)

@@ -66,9 +66,10 @@ def load_vision_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, metho
     (e.g. ``get_image_features``; else the model itself).
 
     Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a file where a directory is needed or refused
-    pickle weights, ``ValueError`` for weights the model lacks; loader errors of transformers propagate.
+    pickle weights, :class:`~lakescore.udfs.model_source.UnfitModelError` for weights the model lacks that ``kind``
+    reads; loader errors of transformers propagate.
     """
     require_directory(model_dir, spec.task)
     refuse_pickle_weights(model_dir, spec.allow_pickle)
-    model = load_torch_model(spec, model_dir, kind, complete=True)
+    model = load_torch_model(spec, model_dir, kind)
     return TorchForward(model, kind.output, INPUT_NAMES, method if method and hasattr(model, method) else None)

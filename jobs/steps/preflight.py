@@ -24,7 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
-from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec
+from lakescore.udfs.model_fit import check_model_fits
+from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function, start_worker
@@ -33,12 +34,18 @@ if TYPE_CHECKING:
     from lakescore.jobs.steps.read import RunContext
     from lakescore.jobs.steps.score import ScoringLayout
 
-__all__ = ["ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "PythonWorkerStart", "SAMPLE_ROWS"]
+__all__ = [
+    "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "PythonWorkerStart", "SAMPLE_ROWS",
+    "raise_worker_failure",
+]
 
 log = logging.getLogger(__name__)
 
 SAMPLE_ROWS = 256
 """Input texts a reduced-precision run scores both ways (float32 and its own path) before it starts."""
+
+_OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError)}
+"""Worker errors whose message is the operator's whole line: raised on the driver as they are."""
 
 
 @dataclass(frozen=True)
@@ -124,17 +131,7 @@ def preflight_model(
     probe = make_preflight_function(spec, sample, tolerance)
     with job_tag(spark, tag) if tag else nullcontext():  # this thread's job below, nothing the caller's thread runs
         rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
-    failed = [r for r in rows if r.error_type]
-    if failed:
-        r = failed[0]
-        if r.error_type == ModelIntegrityError.__name__:
-            raise ModelIntegrityError(r.error)
-        if r.error_type == QuantizationToleranceError.__name__:
-            raise QuantizationToleranceError(r.error)
-        raise ModelSourceError(
-            f"model {spec.source!r} failed to load or score a sample on executor {r.host} (pid {r.pid}): "
-            f"{r.error_type}: {r.error}"
-        )
+    raise_worker_failure(spec, rows)
     digests = sorted({r.sha256 for r in rows})
     if len(digests) != 1:
         hosts = ", ".join(sorted({f"{r.host}: {r.sha256}" for r in rows}))
@@ -161,11 +158,30 @@ def preflight_model(
     )
 
 
+def raise_worker_failure(spec: ModelSpec, rows: Sequence) -> None:
+    """Raise the first failure among the preflight's ``rows`` (:data:`~lakescore.udfs.scoring_udf.PREFLIGHT_SCHEMA`):
+    an integrity, tolerance or unfit-model error as the worker worded it, any other as
+    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the executor. All before compute: exit 2."""
+    failed = [r for r in rows if r.error_type]
+    if not failed:
+        return
+    r = failed[0]
+    if r.error_type in _OWN_LINE:
+        raise _OWN_LINE[r.error_type](r.error)
+    raise ModelSourceError(
+        f"model {spec.source!r} failed to load or score a sample on executor {r.host} (pid {r.pid}): "
+        f"{r.error_type}: {r.error}"
+    )
+
+
 class ExecutorPreflight:
     """Context manager: :func:`preflight_model` runs in a background Spark job while the block runs.
 
-    It first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input` started
-    (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
+    On entering, the driver checks its own copy of the model against the task first
+    (:func:`~lakescore.udfs.model_fit.check_model_fits`: the architecture, and settings such as ``generate``'s
+    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.model_source.UnfitModelError` before any
+    executor job. The preflight first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input`
+    started (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
     before the error propagates. :meth:`identity` waits for the preflight and returns (or raises) its outcome.
     """
 
@@ -177,6 +193,12 @@ class ExecutorPreflight:
         self._cancelled = threading.Event()
 
     def __enter__(self) -> "ExecutorPreflight":
+        try:  # the driver's copy of the model first: a model that cannot fit the task starts no executor job
+            check_model_fits(self._run.spec, self._run.model_dir)
+        except BaseException:
+            if self._run.worker_start is not None:
+                self._run.worker_start.cancel()
+            raise
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lakescore-preflight")
         self._future = self._pool.submit(self._preflight)
         return self

@@ -1,6 +1,6 @@
 """``--task generate`` end to end on real Spark + Delta with a tiny seeded Llama-shaped model: prompts rendered from
 columns, greedy text equal to transformers' own ``generate``, dead-letter per row, incremental and dedup, choices,
-the length-stop gate, and sampled text that survives a killed driver and a rerun with other batches and partitions."""
+the length-stop gate, a classifier's checkpoint refused before compute, and sampled text that survives a killed driver and a rerun with other batches and partitions."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _reference_texts(model_dir: Path, prompts: list[str], max_new_tokens: int) -
     return texts, lengths
 
 
-def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_path, tiny_causal_lm_dir):
+def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_path, tiny_causal_lm_dir, tiny_classifier_dir, capsys):
     source, output = tmp_path / "reviews", tmp_path / "summaries"
     frame = _reviews()
     _write(spark, frame, source)
@@ -116,6 +116,16 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     gated = run_scoring(_config(source, tmp_path / "gated", tiny_causal_lm_dir, **{"validation.max_length_stops": 0.0}), spark)
     assert gated.status == "validation_failed" and gated.delta_version is None
     assert any(c["column"] == "finish_reason" for c in gated.validation["failed"])
+
+    # A sequence classifier is no language model: transformers would give it a random LM head. Refused before compute.
+    unfit = tmp_path / "unfit"
+    capsys.readouterr()
+    code = main(["score", "--task", "generate", "--input", str(source), "--output", str(unfit), "--model",
+                 str(tiny_classifier_dir), "--id-col", "review_id", "--text-col", "body"])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("lakescore: error: task generate: ") and "BertForSequenceClassification" in err[0]
+    assert not unfit.exists() and not Path(f"{unfit}_errors").exists()
 
 
 def test_sampled_text_is_per_row_through_a_killed_driver_and_other_batches(spark, tmp_path, tiny_causal_lm_dir):

@@ -17,7 +17,9 @@ import torch
 from lakescore.udfs.batching import BatchPolicy, plan_batches
 from lakescore.udfs.decoding import row_seed
 from lakescore.udfs.generate import GenerateOptions, score_prompts, template_columns, template_parts, token_counts
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.jobs.config import ConfigError, load_config
+from lakescore.udfs.model_fit import check_model_fits
+from lakescore.udfs.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named_columns
 from tests.tiny_generators import CHAT_TEMPLATE, CONTEXT, reviews, save_causal, train_tokenizer
 
@@ -105,7 +107,9 @@ def test_options_are_frozen_hashable_picklable_and_refuse_bad_values():
         (dict(chat_template="always"), "chat_template"), (dict(truncate="right"), "truncate"),
         (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
         (dict(stop=[""]), "stop"), (dict(stop="END"), "stop"), (dict(choices=["a", "a"]), "choices"),
-        (dict(choices=["a"], json_schema="{}"), "exclude"), (dict(json_schema="{not json"), "not JSON"),
+        (dict(choices=["a", "b"], json_schema="{}"), "exclude"), (dict(json_schema="{not json"), "not JSON"),
+        (dict(choices=["a"]), "two choices at least"), (dict(choice_score="max"), "choice_score"),
+        (dict(json_schema='{"properties": {"n": {"type": "integr"}}}'), "not a valid JSON Schema: at properties/n/type"),
         (dict(json_schema="[1]"), "JSON object"), (dict(prompt_template="{0} and {}"), "placeholder"),
         (dict(prompt_template="{row.attr}"), "placeholder"), (dict(prompt_template="{unclosed"), "str.format"),
     ]:
@@ -234,6 +238,94 @@ SCHEMA = {
 }
 
 
+def test_choice_score_mean_is_transformers_mean_token_log_probability(causal_dir):
+    """``choice_score: mean`` compares choices by their mean token log-probability, which transformers' own loss over
+    the choice's tokens is (negated); ``sum`` stays the default."""
+    choices = ("good", "bad movie", "never again!")
+    prompts = reviews(8, seed=11)
+    policy = BatchPolicy(3 * 40 * 3, 256)
+    head = load(causal_dir, choices=choices, chat_template="never", choice_score="mean")
+    scored = score_prompts(prompts, head, policy)
+    summed = score_prompts(prompts, load(causal_dir, choices=choices, chat_template="never"), policy)
+    assert scored.ok.all() and summed.ok.all()
+    model, tokenizer = head.model, head.tokenizer
+    lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in choices]
+    assert len(set(lengths)) == len(choices)  # choices of different lengths, where sum and mean differ
+    for prompt, out, total in zip(prompts, scored.outputs, summed.outputs):
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        expected = []
+        for choice in choices:
+            ids = tokenizer(choice, add_special_tokens=False)["input_ids"]
+            labels = torch.tensor([[-100] * len(prompt_ids) + ids])  # the loss reads the choice's tokens only
+            with torch.no_grad():
+                expected.append(-float(model(input_ids=torch.tensor([prompt_ids + ids]), labels=labels).loss))
+        np.testing.assert_allclose(out.choice_logprobs, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.array(total.choice_logprobs) / lengths, expected, rtol=1e-5, atol=1e-5)
+        assert out.text == choices[int(np.argmax(expected))] and out.finish_reason == "choice"
+
+
+def test_a_json_schema_that_is_no_json_schema_is_refused_when_the_config_loads():
+    flags = {"input": "in", "output": "out", "task": "generate", "model.source": "/m", "id_col": "id",
+             "generate.json_schema": {"type": "object", "properties": {"n": {"type": "integr"}}}}
+    with pytest.raises(ConfigError, match=r"generate.json_schema is not a valid JSON Schema: at properties/n/type: 'integr'"):
+        load_config(flags=flags)
+    with pytest.raises(ConfigError, match="generate.choices needs two choices at least"):
+        load_config(flags={**flags, "generate.json_schema": None, "generate.choices": ["positive"]})
+
+
+def test_a_vocabulary_with_tokens_too_long_for_the_grammar_engine_generates_json_without_them(tmp_path):
+    """llguidance panics (a BaseException) on a token over 1024 bytes: the head builds its grammar without such tokens,
+    and constrained text never uses them."""
+    tokenizer = train_tokenizer("bos")
+    tokenizer.add_tokens(["z" * 2000])
+    model_dir = save_causal(tmp_path / "m", tokenizer)
+    head = load(model_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA))
+    scored = score_prompts(reviews(4, seed=2), head, BatchPolicy(100_000, 256))
+    assert scored.ok.all(), scored.errors
+    long_id = tokenizer.convert_tokens_to_ids("z" * 2000)
+    for out in scored.outputs:
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+        assert long_id not in out.token_ids
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_use_is_refused_in_one_line(tmp_path):
+    """A Unigram vocabulary (ids by position: its long piece cannot be left out) with a piece over 1024 bytes: the
+    engine's panic becomes one line naming the tokenizer and the engine's message."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = [("<pad>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(c, -2.0) for c in 'abcdefgnorstu {}":,0123456789']
+    backend = Tokenizer(models.Unigram(pieces + [("y" * 2000, -1.0)], unk_id=3, byte_fallback=False))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="<unk>")
+    model_dir = save_causal(tmp_path / "m", tokenizer)
+    with pytest.raises(UnfitModelError) as refused:
+        load(model_dir, max_new_tokens=8, json_schema=json.dumps(SCHEMA))
+    line = str(refused.value)
+    assert "\n" not in line and "task generate: generate.json_schema" in line and str(model_dir) in line
+    assert "assertion failed" in line  # llguidance's own message
+    assert load(model_dir, max_new_tokens=8).score(["ab"])[0].completion_tokens > 0  # unconstrained, it generates
+
+
+def test_max_new_tokens_over_the_context_is_refused_on_the_drivers_copy_of_the_config(causal_dir, tmp_path):
+    spec = lambda most, **kw: ModelSpec("generate", str(causal_dir), generate=GenerateOptions(max_new_tokens=most), **kw)
+    check_model_fits(spec(CONTEXT - 1), causal_dir)
+    for refused, context in ((spec(CONTEXT), CONTEXT), (spec(60, max_seq_length=50), 50)):
+        with pytest.raises(UnfitModelError, match=rf"task generate: generate.max_new_tokens \d+ leaves no room for a prompt "
+                                                  rf"in the context of {context} tokens"):
+            check_model_fits(refused, causal_dir)
+    # GPT-2's name for its positions, and a tokenizer's own limit below them
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_positions": 1024}))
+    (gpt2 / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 100}))
+    with pytest.raises(UnfitModelError, match="context of 100 tokens"):
+        check_model_fits(ModelSpec("generate", str(gpt2), generate=GenerateOptions(max_new_tokens=100)), gpt2)
+    with pytest.raises(UnfitModelError, match="no room"):  # the executors' load keeps the same rule
+        load(causal_dir, max_new_tokens=CONTEXT)
+
+
 def test_json_schema_output_parses_and_validates_on_every_row(causal_dir, seq2seq_dir):
     prompts = reviews(10, seed=6)
     for model_dir, temperature in ((causal_dir, 0.0), (causal_dir, 1.0), (seq2seq_dir, 0.0)):
@@ -267,8 +359,6 @@ def test_a_prompt_too_long_for_the_context_is_dead_lettered_or_cut_on_the_left(c
     assert cut.outputs[1].prompt_tokens == CONTEXT - max_new
     expected, _ = reference_new_tokens(head.model, kept, max_new)
     assert list(cut.outputs[1].token_ids) == expected
-    with pytest.raises(ValueError, match="no room"):
-        load(causal_dir, max_new_tokens=CONTEXT)
 
 
 def test_a_row_whose_generation_raises_fails_alone(tmp_path):

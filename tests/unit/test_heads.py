@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from lakescore.udfs.batching import BatchPolicy, score_matrix, score_texts
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec
+from lakescore.udfs.model_fit import check_model_fits
+from lakescore.udfs.model_source import ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named_columns
 
 UNSEEN = [
@@ -184,3 +185,98 @@ def test_float16_on_a_cpu_runs_float32_and_is_not_checked(minilm_dir):
     finally:
         model_cache.clear()
     assert row["error"] is None and row["fidelity"] is None and row["device"] == "cpu"
+
+
+def _unfit(task, path, **options) -> str:
+    """The one line the executors' load refuses ``path`` for ``task`` with."""
+    with pytest.raises(UnfitModelError) as refused:
+        _load(task, path, **options)
+    return str(refused.value)
+
+
+def _refused_on_the_driver(task, path) -> str:
+    with pytest.raises(UnfitModelError) as refused:
+        check_model_fits(ModelSpec(task, str(path)), path)
+    return str(refused.value)
+
+
+def test_a_classifier_checkpoint_is_no_language_model_for_generate(tiny_classifier_dir):
+    """transformers would load it as a BertLMHeadModel with a random LM head: refused on the driver by its architecture,
+    and on the executors by the head weights it lacks, each in one line naming the task and what does not fit."""
+    line = _refused_on_the_driver("generate", tiny_classifier_dir)
+    assert line.startswith("task generate: ") and "BertForSequenceClassification" in line and "…CausalLM" in line
+    line = _unfit("generate", tiny_classifier_dir)
+    assert line.startswith("task generate: ") and "loads as BertLMHeadModel without weights its output reads" in line
+    assert "cls.predictions" in line and "\n" not in line
+
+
+def test_a_base_model_has_no_token_classifier_for_ner(plain_bert_dir, tiny_ner_dir):
+    assert "BertModel (config.json architectures), not a …ForTokenClassification" in _refused_on_the_driver("ner", plain_bert_dir)
+    line = _unfit("ner", plain_bert_dir)
+    assert line.startswith("task ner: ") and "BertForTokenClassification" in line and "classifier.bias, classifier.weight" in line
+    check_model_fits(ModelSpec("ner", str(tiny_ner_dir)), tiny_ner_dir)  # a token classifier fits
+    _load("ner", tiny_ner_dir)
+
+
+def test_an_embedding_checkpoint_without_a_pooler_still_embeds(minilm_dir, tmp_path):
+    """The embed head pools the token embeddings itself: a sentence-transformers checkpoint saved without the base
+    model's pooler loads (its pooler is not read), and embeds as the checkpoint with one does."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    without = tmp_path / "minilm-without-pooler"
+    shutil.copytree(minilm_dir, without)
+    weights = load_file(str(without / "model.safetensors"))
+    pooler = [k for k in weights if "pooler" in k]
+    assert pooler  # the shipped checkpoint has one to drop
+    save_file({k: v for k, v in weights.items() if k not in pooler}, str(without / "model.safetensors"), metadata={"format": "pt"})
+    check_model_fits(ModelSpec("embed", str(without)), without)
+    texts = UNSEEN[:4]
+    expected = _load("embed", minilm_dir).score(texts)
+    np.testing.assert_allclose(_load("embed", without).score(texts), expected, atol=1e-6)
+
+
+def test_the_drivers_architecture_names_are_transformers_own_auto_classes():
+    """Every class transformers' auto class of a task builds fits the task by name on the driver (which imports no
+    transformers), and no class of another head does (masked LMs and question answering included)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    def names(*mappings):
+        return {n for m in mappings for v in m.values() for n in ((v,) if isinstance(v, str) else v)}
+
+    families = {
+        "generate": names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+        "classify": names(auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
+        "ner": names(auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES),
+        "image_classify": names(auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES),
+        "masked_lm": names(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+        "question_answering": names(auto.MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES),
+    }
+    # Flaubert's masked LM is named as XLM's causal one (XLMWithLMHeadModel): the executors' load refuses it
+    named_alike = {"FlaubertWithLMHeadModel"}
+    for task in ("generate", "classify", "ner", "image_classify"):
+        fits = lambda name: any(part in name for part in get_task(task).architectures)  # noqa: E731
+        assert sorted(n for n in families[task] if not fits(n)) == [], task
+        others = {n for family, members in families.items() if family != task for n in members} - families[task]
+        assert sorted(n for n in others - named_alike if fits(n)) == [], task
+    assert not get_task("embed").architectures and not get_task("image_embed").architectures  # a base model of any
+
+
+def test_a_preflight_refusal_is_the_workers_one_line_and_exit_2(tiny_classifier_dir):
+    """The executors' preflight function reports the unfit model; the driver raises it as the worker worded it (not
+    "failed to load or score a sample"), and the CLI exits 2 with that line."""
+    from types import SimpleNamespace
+
+    from lakescore.jobs.cli import EXIT_BAD_INPUT, _failure
+    from lakescore.jobs.steps.preflight import raise_worker_failure
+    from lakescore.udfs.scoring_udf import make_preflight_function
+
+    spec = ModelSpec("generate", str(tiny_classifier_dir))
+    batches = make_preflight_function(spec)(iter([]))
+    rows = [SimpleNamespace(**row) for batch in batches for row in batch.to_pylist()]
+    assert [r.error_type for r in rows] == ["UnfitModelError"]
+    with pytest.raises(UnfitModelError) as refused:
+        raise_worker_failure(spec, rows)
+    assert str(refused.value) == rows[0].error
+    assert _failure(refused.value) == (EXIT_BAD_INPUT, f"lakescore: error: {rows[0].error}")

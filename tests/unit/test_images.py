@@ -22,7 +22,8 @@ from lakescore.schemas.output import prediction_columns, scored_schema
 from lakescore.udfs import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, score_texts
 from lakescore.udfs.images import decode_image, pixel_limit, preprocess_chunks, read_header
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.model_fit import check_model_fits
+from lakescore.udfs.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.runners import ImageRunner
 from lakescore.udfs.scoring_udf import make_scoring_function
@@ -214,8 +215,20 @@ def test_image_embed_equals_get_image_features_and_a_backbones_pooled_output(cli
 
 
 def test_a_classifier_checkpoint_has_no_trained_pooler_to_embed_with(vit_dir):
-    with pytest.raises(ValueError, match=r"lacks weights ViTModel needs \(pooler"):
+    with pytest.raises(UnfitModelError, match=r"task image_embed: .* loads as ViTModel without weights its output reads \(pooler"):
         _head("image_embed", vit_dir)
+
+
+def test_a_vision_backbone_has_no_classifier_for_image_classify(vit_backbone_dir, vit_dir):
+    """A ViT base saved without a classifier: transformers would add a random one. Refused on the driver by its
+    architecture, and on the executors by the classifier weights it lacks, in one line naming task, class, weights."""
+    with pytest.raises(UnfitModelError, match=r"^task image_classify: .* holds a ViTModel \(config.json architectures\)"):
+        check_model_fits(ModelSpec("image_classify", str(vit_backbone_dir)), vit_backbone_dir)
+    with pytest.raises(UnfitModelError, match=r"^task image_classify: .* loads as ViTForImageClassification without "
+                                              r"weights its output reads \(classifier.bias, classifier.weight\)"):
+        _head("image_classify", vit_backbone_dir)
+    check_model_fits(ModelSpec("image_classify", str(vit_dir)), vit_dir)  # a classifier fits
+    check_model_fits(ModelSpec("image_embed", str(vit_backbone_dir)), vit_backbone_dir)  # any model embeds by its pooler
 
 
 def test_clip_text_through_embed_lands_in_the_image_space(clip_dir, images, image_files):
