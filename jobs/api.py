@@ -22,6 +22,7 @@ from lakescore.jobs.steps.read import model_spec, one_column_input, render_promp
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
 from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
+from lakescore.udfs.model_fit import check_model_fits
 from lakescore.udfs.model_source import (
     ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
     weights_sha256,
@@ -187,7 +188,9 @@ def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> No
     """Raise :class:`ModelSourceError` here for what the workers' loaders would refuse in the first Spark job: a text
     or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
     sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
-    ``expect_sha256``. The job checks the same on its executors (preflight); these calls have no preflight."""
+    ``expect_sha256``; an architecture of another kind than the task's, or settings the model cannot take
+(:func:`~lakescore.udfs.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
+calls have no preflight."""
     if transformers_dir:
         require_directory(model_dir, spec.task)
         refuse_pickle_weights(model_dir, spec.allow_pickle)
@@ -198,4 +201,5 @@ def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> No
                 json.loads(config.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise ModelSourceError(f"model config {config} cannot be read as JSON: {exc}") from exc
+        check_model_fits(spec, model_dir)  # a classifier's checkpoint given to generate: refused here, as the job does
     verify_sha256(weights_sha256(model_dir), spec.expect_sha256, spec.source)

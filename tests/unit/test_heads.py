@@ -210,6 +210,15 @@ def test_a_classifier_checkpoint_is_no_language_model_for_generate(tiny_classifi
     assert "cls.predictions" in line and "\n" not in line
 
 
+def test_the_python_api_refuses_that_checkpoint_before_any_spark_job(tiny_classifier_dir):
+    """``pandas_udf`` / ``transform`` have no preflight: their own model check runs the driver's check of the job."""
+    from lakescore import pandas_udf
+
+    with pytest.raises(UnfitModelError) as refused:
+        pandas_udf(task="generate", model=str(tiny_classifier_dir))
+    assert str(refused.value).startswith("task generate: ") and "BertForSequenceClassification" in str(refused.value)
+
+
 def test_a_base_model_has_no_token_classifier_for_ner(plain_bert_dir, tiny_ner_dir):
     assert "BertModel (config.json architectures), not a …ForTokenClassification" in _refused_on_the_driver("ner", plain_bert_dir)
     line = _unfit("ner", plain_bert_dir)
