@@ -510,8 +510,9 @@ class ValidationConfig(_Section):
     (``finish_reason`` ``length``: their text was cut); default: no limit."""
     drift: DriftConfig = Field(default_factory=DriftConfig)
     metrics: bool = True
-    """Add one row per run (published or not: its status, times, row counts, prediction profile and drift figures) to
-    the metrics table; a failed write is logged and changes nothing about the run."""
+    """Add one row per attempt of a run (published or not: its status, times, row counts, prediction profile and drift
+    figures; a rerun of a run id adds its next attempt) to the metrics table; a failed write is logged and changes
+    nothing about the run."""
     metrics_table: Optional[Text] = None
     """The metrics table (Delta, table or path); default: ``<output>_metrics`` beside the output."""
 
@@ -632,7 +633,8 @@ class JobConfig(_Section):
     errors: Optional[Text] = Field(None, json_schema_extra=_cli("--errors"))
     """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
     max_error_rate: Fraction = 0.001
-    """Fail the run (after writing the errors table, publishing nothing) when more rows than this fraction fail."""
+    """Fail the run (publishing nothing; the errors table is left as it was, the rows' reasons are in the report and
+    the run's staging) when more rows than this fraction fail."""
     report: Optional[Text] = Field(None, json_schema_extra=_cli("--report", "JSON"))
     """Where to write the JSON run report (the HTML page goes beside it)."""
     run_date: Annotated[Optional[Text], _checked(_run_date)] = Field(
