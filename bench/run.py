@@ -17,7 +17,8 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`;
   W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`;
   W6, on request only: top-K recommendations, lakescore ``--task tabular`` with ``rank`` against ``predict_batch_udf`` + a
-  window ``row_number()`` + a Delta write, :mod:`bench.topk`);
+  window ``row_number()`` + a Delta write, :mod:`bench.topk`; W7, on request only: W6's rows through a program returning
+  its first feature, no ranking, lakescore against ``predict_batch_udf`` + a Delta write: the overhead per row);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
   ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
@@ -26,7 +27,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   (``folder``) the same images as files;
 * ``--w6-users`` [W6_USERS], default 200,000: W6 users; ``--w6-candidates`` [W6_CANDIDATES], default 50: candidate rows
   per user; ``--w6-top-k`` [W6_TOP_K], default 10: rows kept per user; ``--w6-repeats`` [W6_REPEATS], default 2: runs
-  per W6 peer;
+  per W6 peer (W7 uses the same four);
 * ``--w1l-rows`` [W1L_ROWS], default 60,000; ``--w1l-repeats`` [W1L_REPEATS], default 2; ``--w1l-peers`` [W1L_PEERS],
   default ``ad``: workload W1L (not in the default ``--workloads``; ``make bench WORKLOADS=W1L``): W1's generator at
   that many rows, its peers alternating (a, d, a, d), target (d) >= 1.1x (a) whole process; with a fast pair
@@ -79,7 +80,9 @@ from bench.classifier import C1, C1Result, c1_lines, run_c1
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w5_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
-from bench.topk import W6, W6_CANDIDATES, W6_REPEATS, W6_TOP_K, W6_USERS, W6Result, run_w6, w6_lines
+from bench.topk import (
+    W6, W6_CANDIDATES, W6_REPEATS, W6_TOP_K, W6_USERS, W7, W6Result, W7Result, run_w6, run_w7, w6_lines, w7_lines,
+)
 from bench.plan_check import plan_lines, run_plans
 from bench.fast_path import LARGE_WORKLOAD as W1L
 from bench.scale import incremental_line, scale_lines
@@ -203,14 +206,14 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W5, W6, W1L, W3T):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5, run_w6, the W1L jobs, run_w3t
+            elif workload in (W3, C1, W4, W5, W6, W7, W1L, W3T):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5, run_w6, run_w7, the W1L jobs, run_w3t
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
                 raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5}, {W6}, "
-                                 f"{W1L}, {W3T})")
+                                 f"{W7}, {W1L}, {W3T})")
     return jobs
 
 
@@ -351,6 +354,16 @@ def _w6_section(w6: Optional[W6Result]) -> list[str]:
             *[f"- {line}" for line in w6_lines(w6)], ""]
 
 
+def _w7_section(w7: Optional[W7Result]) -> list[str]:
+    if w7 is None:
+        return []
+    return ["## W7: the overhead per row (issue 46)", "",
+            "`bench/topk.py`: W6's candidate rows through a TorchScript program that returns its first feature (no "
+            "ranking). `lakescore`: W6's command without `rank`; `batch`: `python -m bench.peers.topk_window --top-k 0`, "
+            "one process, `predict_batch_udf` and a Delta overwrite. Alternate runs in one sitting, medians.", "",
+            *[f"- {line}" for line in w7_lines(w7)], ""]
+
+
 KEPT_SECTIONS = "## Findings that hold across runs"
 """Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
 replaces what is above it and keeps the rest."""
@@ -366,7 +379,8 @@ def _kept_sections(path: Path) -> str:
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
               w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None,
-              w5: Optional[W5Result] = None, w6: Optional[W6Result] = None, w3t: Optional[W3TResult] = None) -> str:
+              w5: Optional[W5Result] = None, w6: Optional[W6Result] = None, w3t: Optional[W3TResult] = None,
+              w7: Optional[W7Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -427,6 +441,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         *_w4_section(w4),
         *_w5_section(w5),
         *_w6_section(w6),
+        *_w7_section(w7),
         "## Targets (from the spec; reported, not enforced)",
         "",
         *targets,
@@ -462,6 +477,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
                 args.w6_top_k) if W6 in wanted else None
+    w7 = run_w7(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates) if W7 in wanted else None
     w3t = run_w3t(data_dir, runs_dir, env, REPO, args.repeats, args.w3t_rows) if W3T in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
@@ -482,10 +498,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *w5_lines(w5)]), flush=True)
     if w6 is not None:
         print("\n".join(["", *w6_lines(w6)]), flush=True)
+    if w7 is not None:
+        print("\n".join(["", *w7_lines(w7)]), flush=True)
     if w3t is not None:
         print("\n".join(["", *w3t_lines(w3t)]), flush=True)
     body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in [*planned, *scaled])
-    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t)
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -500,5 +518,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w5 or w6 or w3t
-    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5, w6, w3t)) else 1
+    ran = results or w3 or c1 or w4 or w5 or w6 or w3t or w7
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5, w6, w3t, w7)) else 1

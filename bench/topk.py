@@ -1,4 +1,5 @@
-"""W6: top-K recommendations (issue 37): ``lakescore score --task tabular`` with ``rank`` against the same job by hand.
+"""W6: top-K recommendations (issue 37): ``lakescore score --task tabular`` with ``rank`` against the same job by hand;
+W7: the same rows through a program that returns its first feature, no ranking (issue 46): lakescore's overhead itself.
 
 ``users`` x ``candidates`` rows (:func:`make_w6_data`: seeded Parquet, ``user_id``, ``item_id`` and
 :data:`FEATURES` float32, written with pyarrow a row group at a time, :data:`~bench.data.FILES` files of contiguous
@@ -15,6 +16,12 @@ once more on a tenth of the users, for its peak memory at two sizes. Targets (pr
 enforced): the window job's wall time over lakescore's >= :data:`WALL_TARGET`; lakescore's peak RSS at full size <=
 :data:`MEMORY_TARGET` x its peak at a tenth; both outputs hold the same (``user_id``, ``item_id``, ``rank``) rows with
 scores within :data:`SCORE_TOLERANCE`.
+
+W7 (:func:`run_w7`) reuses W6's candidate rows and harness: the program (:func:`make_w7_model`) costs next to nothing,
+so each peer's seconds per row are what it does besides the model. ``lakescore`` is W6's command without ``rank``;
+``batch`` is :mod:`bench.peers.topk_window` with ``--top-k 0``: ``predict_batch_udf`` and a Delta overwrite. Target:
+the hand job's wall time over lakescore's >= :data:`W7_TARGET`; both outputs hold the same (``user_id``, ``item_id``)
+rows with the same scores.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from bench.fast_path import verdict
 
 __all__ = [
     "W6", "W6_USERS", "W6_CANDIDATES", "W6_TOP_K", "W6_REPEATS", "W6Result", "FEATURES", "w6_chunks", "make_w6_data",
-    "make_w6_model", "peer_commands", "run_w6", "compare_top", "w6_lines",
+    "make_w6_model", "peer_commands", "run_w6", "compare_top", "w6_lines", "W7", "W7Result", "make_w7_model", "run_w7",
+    "compare_scores", "w7_lines",
 ]
 
 W6 = "W6"
@@ -54,6 +62,8 @@ CHUNK_USERS = 20_000
 """Users generated and written at a time (one Parquet row group)."""
 TENTH = 10
 WALL_TARGET, MEMORY_TARGET, SCORE_TOLERANCE = 1.2, 1.25, 1e-5
+W7 = "W7"
+W7_TARGET = 1.0
 
 
 def w6_chunks(users: int, candidates: int, seed: int = W6_SEED, first_user: int = 0,
@@ -134,13 +144,14 @@ class W6Result(PeerRuns):
 
 
 def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[str, list[str]]:
-    """Each W6 peer's command line over ``source``; its files go under ``run_dir``."""
+    """Each W6 peer's command line over ``source``; its files go under ``run_dir``. ``top_k`` 0: W7's, no ranking
+    (the hand job then only scores and writes)."""
+    rank = ["--set", "rank.partition_by=user_id", "--set", "rank.order_by=prediction",
+            "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"] if top_k else []
     return {
         "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
                       "--output", str(run_dir / "delta"), "--task", "tabular", "--model", str(model),
-                      "--id-col", "user_id,item_id", "--feature-cols", ",".join(FEATURES),
-                      "--set", "rank.partition_by=user_id", "--set", "rank.order_by=prediction",
-                      "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}",
+                      "--id-col", "user_id,item_id", "--feature-cols", ",".join(FEATURES), *rank,
                       "--report", str(run_dir / "report.json"),
                       # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
                       "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
@@ -179,10 +190,10 @@ def run_w6(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     return result
 
 
-def compare_top(ours: Path, theirs: Path) -> dict:
+def compare_top(ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "item_id", "rank")) -> dict:
     """lakescore's ranked rows (its Delta output) against the window job's, on (``user_id``, ``item_id``, ``rank``):
     rows in both, rows only in either, and the largest score difference over the rows in both."""
-    key = ["user_id", "item_id", "rank"]
+    key = list(key)
     mine = pq.read_table(delta_files(ours), columns=[*key, "prediction"]).to_pandas()
     other = pq.read_table(delta_files(theirs), columns=[*key, "score"]).to_pandas()
     both = mine.merge(other, on=key)
@@ -243,4 +254,98 @@ def _memory_lines(result: W6Result) -> list[str]:
                      f"{verdict(peak / small <= MEMORY_TARGET)}")
     elif tenth is not None:
         lines.append(f"W6 lakescore at a tenth of the users: FAILED (exit {tenth.measured.returncode})")
+    return lines
+
+
+def make_w7_model(target: Path) -> Path:
+    """W7's program: the first of :data:`FEATURES`, as is (``(rows, 1)``), saved as TorchScript in ``target``
+    (``model.pt``); return the file. What a run spends on it is next to nothing, so the rest is overhead."""
+    import torch
+
+    class First(torch.nn.Module):
+        def forward(self, features: torch.Tensor) -> torch.Tensor:
+            return features[:, :1]
+
+    target.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(torch.jit.trace(First().eval(), torch.zeros(2, len(FEATURES))), str(target / "model.pt"))
+    return target / "model.pt"
+
+
+def _candidate_rows(path: Path, users: int, candidates: int) -> int:
+    """W6's candidate rows under ``path``, written unless an earlier workload of this sitting left them there."""
+    wanted = users * candidates
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else []
+    if files and sum(pq.ParquetFile(f).metadata.num_rows for f in files) == wanted:
+        return wanted
+    return make_w6_data(path, users, candidates)
+
+
+@dataclass
+class W7Result(PeerRuns):
+    """Every W7 run by peer (``lakescore``, ``batch``) in run order and the comparison of the two outputs."""
+
+    users: int
+    candidates: int
+    runs: dict[str, list[PeerRun]] = field(default_factory=dict)
+    equal: Optional[dict] = None
+
+
+def run_w7(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, users: int = W6_USERS,
+           candidates: int = W6_CANDIDATES) -> W7Result:
+    """Run W7's two peers alternately ``repeats`` times each over W6's candidate rows (a line per run) and compare the
+    first good outputs row by row."""
+    model = make_w7_model(data_dir / "w7_model")
+    source = data_dir / "w6"
+    rows = _candidate_rows(source, users, candidates)
+    print(f"W7: {rows:,} candidate rows (W6's) through a program returning its first feature; model {model}", flush=True)
+    # top_k 0: W6's commands without ranking; the hand job is W6's window peer, then only predict_batch_udf + a write
+    commands = {peer: (lambda run_dir, own=own: peer_commands(source, model, run_dir, 0)[own])
+                for peer, own in (("lakescore", "lakescore"), ("batch", "window"))}
+
+    def rate_text(peer: str, rate: float) -> str:
+        return f"{rate:,.0f} rows/s ({'scoring stage' if peer == 'lakescore' else 'read to written table'})"
+
+    result = W7Result(users=users, candidates=candidates)
+    result.runs = run_alternately(W7, commands, {"lakescore": "report.json", "batch": "timings.json"},
+                                  rows_per_second, rate_text, runs_dir, env, {}, repo, repeats)
+    result.equal = compare_first_good(runs_dir, W7, result.runs, {"lakescore": "delta", "batch": "delta"}, compare_scores)
+    return result
+
+
+def compare_scores(ours: Path, theirs: Path) -> dict:
+    """W7's outputs on (``user_id``, ``item_id``): :func:`compare_top` without a rank."""
+    return compare_top(ours, theirs, ("user_id", "item_id"))
+
+
+def _overhead_us(run: PeerRun, rows: int) -> float:
+    """Microseconds a row of the whole process besides the model (lakescore: less its workers' model seconds)."""
+    model = ((run.report or {}).get("workers") or {}).get("model_seconds") or 0.0
+    return (run.measured.wall_seconds - model) / rows * 1e6
+
+
+def w7_lines(result: W7Result) -> list[str]:
+    """The W7 figures: each peer's runs, microseconds a row besides the model, and the target with met / NOT met."""
+    rows = result.users * result.candidates
+    lines = [f"W7 data: W6's {rows:,} candidate rows; TorchScript program returning its first feature; no ranking"]
+    for peer, what in (("lakescore", "rows/s of its scoring stage"), ("batch", "rows/s from read to written table")):
+        line = result.peer_line(W7, peer, what, 0)
+        lines += [line] if line else []
+    report = next((r.report for r in result.good("lakescore")), None)
+    if report:
+        lines.append(f"W7 lakescore's step seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
+    overhead = {peer: sorted(_overhead_us(r, rows) for r in result.good(peer)) for peer in ("lakescore", "batch")}
+    if overhead["lakescore"] and overhead["batch"]:
+        ours, theirs = (values[len(values) // 2] for values in (overhead["lakescore"], overhead["batch"]))
+        lines.append(f"W7 whole process per row besides the model (fixed cost included): lakescore {ours:.1f} us, "
+                     f"predict_batch_udf by hand {theirs:.1f} us; lakescore's ceiling on a model of no cost "
+                     f"{1e6 / ours:,.0f} rows/s")
+    lines += filter(None, [result.whole_line(W7, "batch", "the predict_batch_udf job's", W7_TARGET)])
+    eq = result.equal
+    if eq:
+        same = eq["only_lakescore"] == 0 and eq["only_window"] == 0
+        close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= SCORE_TOLERANCE
+        delta = "-" if eq["max_score_delta"] is None else f"{eq['max_score_delta']:.2e}"
+        lines.append(f"W7 outputs, lakescore vs the hand job: {eq['matched']:,} (user_id, item_id) rows in both, "
+                     f"{eq['only_lakescore']} only in lakescore's, {eq['only_window']} only in the hand job's; largest "
+                     f"score difference {delta}   target the same rows and scores: {verdict(same and close)}")
     return lines

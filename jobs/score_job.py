@@ -1,4 +1,4 @@
-"""The scoring job, as the data path: read -> check -> prepare -> score -> account -> rank -> validate -> publish -> report.
+"""The scoring job, as the data path: read -> check -> prepare -> score (and rank) -> account -> validate -> publish -> report.
 
 Each step is a function in a module of :mod:`lakescore.jobs.steps` named for it; this module
 only names them in order. Before anything is written: the model resolves; the input exists
@@ -6,7 +6,7 @@ and has the columns and types the task needs; the output and errors targets can 
 run's schema; the executors' Python workers load the model, hash its weights (which must
 match ``--expect-sha256``) and score one sample, while the driver checks the rows for null and
 duplicated ids. Then the rows are scored chunk by chunk into a private staging table (a rerun
-resumes), the staging table is pinned at its version then, and that one snapshot is accounted
+resumes; with ``rank``, each chunk's keys ranked and only their kept rows staged), the staging table is pinned at its version then, and that one snapshot is accounted
 for (every input row in exactly one of output and errors), validated with Great Expectations, compared with
 the output's rows at a baseline version (the drift gate), and only then published in one Delta commit. A run
 that fails a check publishes nothing to the output: readers keep the previous version. Whoever runs the job
@@ -28,11 +28,10 @@ from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
-from lakescore.jobs.steps.rank import rank_rows, ranking_held
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.report import StepClock, assemble_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
-from lakescore.jobs.steps.score import score_into_staging
+from lakescore.jobs.steps.score import pin_staging, score_into_staging
 from lakescore.jobs.steps.validate import validate_rows
 
 __all__ = ["run_scoring"]
@@ -66,24 +65,22 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
         throughput = score_into_staging(run, plan)
-        snapshot = plan.staging.pin()  # accounting, GX and the publish read this one version
+        snapshot = pin_staging(run, plan)  # accounting, GX and the publish read this one version
         at_point("staging_pinned")
     with clock.step("validate"):
         targets_loading = load_targets(run, targets)  # for the publish's commits, while the run validates
-        accounting = rank_rows(run, plan, account_rows(plan, snapshot))
-    with ranking_held(accounting):
-        with clock.step("validate"):
-            rows = output_rows(run, plan, accounting)
-            profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
-            drifting = start_drift(run, targets, accounting, rows)  # the drift gate's figures, while GX runs
-            at_point("validation_running")
-            validation = validate_rows(run, targets, plan, accounting, rows)
-            drift = drifting.result()
-        with clock.step("report_data"):
-            profile = finish_profile(profiling)
-        with clock.step("publish"):
-            targets_loading.result()
-            outcome = publish(run, targets, plan, accounting, rows, validation, drift)
+        accounting = account_rows(plan, snapshot)
+        rows = output_rows(run, plan, accounting)
+        profiling = start_run_profile(run, plan, accounting, throughput)  # HTML report samples, while GX runs
+        drifting = start_drift(run, targets, accounting, rows)  # the drift gate's figures, while GX runs
+        at_point("validation_running")
+        validation = validate_rows(run, targets, plan, accounting, rows)
+        drift = drifting.result()
+    with clock.step("report_data"):
+        profile = finish_profile(profiling)
+    with clock.step("publish"):
+        targets_loading.result()
+        outcome = publish(run, targets, plan, accounting, rows, validation, drift)
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 

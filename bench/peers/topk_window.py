@@ -4,7 +4,8 @@ Spark reads the candidate Parquet; ``pyspark.ml.functions.predict_batch_udf`` sc
 ``struct``, so each slice of ``--batch`` rows arrives as one float32 matrix) with the TorchScript program, loaded once
 per Python worker, its one output the score; ``row_number()`` over a window per user ordered by score descending
 then ``item_id`` ascending keeps the best ``--top-k`` rows; Delta overwrites ``--output`` with (``user_id``,
-``item_id``, ``score``, ``rank``).
+``item_id``, ``score``, ``rank``). With ``--top-k 0`` (W7) nothing is ranked: every scored row is written, without
+``rank``.
 
 The session has what lakescore's own local session has that is not a lakescore feature: the same master, the Delta
 extension and catalog from the same cached jars, Arrow batches of lakescore's default size, WARN logging; none of
@@ -74,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--model", required=True, help="a TorchScript program (.pt)")
     parser.add_argument("--output", required=True, help="Delta path to overwrite")
     parser.add_argument("--timings", required=True, help="JSON file to write the timings to")
-    parser.add_argument("--top-k", type=int, required=True, help="rows kept per user")
+    parser.add_argument("--top-k", type=int, required=True, help="rows kept per user (0: no ranking, W7)")
     parser.add_argument("--batch", type=int, default=ScoringConfig().max_batch_rows, help="rows per forward")
     parser.add_argument("--master", default=SparkConfig().master, help="Spark master (lakescore's default)")
     args = parser.parse_args(argv)
@@ -91,8 +92,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         started = time.perf_counter()
         score = predict_batch_udf(make_predict_fn(args.model), return_type=DoubleType(), batch_size=args.batch)
         scored = spark.read.parquet(args.input).select("user_id", "item_id", score(F.struct(*features)).alias("score"))
-        best = Window.partitionBy("user_id").orderBy(F.desc("score"), F.asc("item_id"))
-        top = scored.withColumn("rank", F.row_number().over(best)).where(F.col("rank") <= args.top_k)
+        top = scored
+        if args.top_k:  # 0: W7, score and write only
+            best = Window.partitionBy("user_id").orderBy(F.desc("score"), F.asc("item_id"))
+            top = scored.withColumn("rank", F.row_number().over(best)).where(F.col("rank") <= args.top_k)
         top.write.format("delta").mode("overwrite").save(args.output)
         seconds = time.perf_counter() - started
     finally:

@@ -1,5 +1,5 @@
 """Step 5, account: every input row is in exactly one of the output and the errors table (or, with ``rank``,
-ranked out: :mod:`lakescore.jobs.steps.rank` counts those).
+ranked out: :mod:`lakescore.jobs.steps.rank` counts those on each key's first staged row).
 
 The staged rows are counted by reason in one aggregation; with the id check's counts
 that gives the output and error rows, the reasons and the error rate. The same aggregation
@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.steps.prepare import Plan
+from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
@@ -47,10 +48,8 @@ class Accounting:
     """With ``scoring.dedup`` in use: scored rows that shared another scored row's input in their chunk (``None``: not
     in use)."""
     ranked_out: Optional[int] = None
-    """With ``rank``: scored rows past their key's ``top_k`` (:mod:`lakescore.jobs.steps.rank`), not published;
-    ``None`` without ``rank``."""
-    ranked: Optional[DataFrame] = None
-    """With ``rank``: the scored rows kept, ranked (what :attr:`published` gives then)."""
+    """With ``rank``: scored rows past their key's ``top_k`` (:mod:`lakescore.jobs.steps.rank`), neither staged nor
+    published; ``None`` without ``rank``."""
     workers: dict[str, Any] = field(default_factory=dict)
     """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
@@ -68,9 +67,7 @@ class Accounting:
     @property
     def published(self) -> DataFrame:
         """The staged rows that were scored (what the output receives, before identity columns); with ``rank``
-        those its ranking kept."""
-        if self.ranked is not None:
-            return self.ranked
+        those its ranking kept, the only scored rows staged."""
         return self.staged.where(F.col(ERROR_COLUMNS[0]).isNull())
 
 
@@ -79,22 +76,27 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
 
     :attr:`Accounting.staged` reads that version too, so the rows validated and published are the rows counted.
 
-    Raises ``RuntimeError`` when staging does not hold exactly the plan's rows to score,
-    or when the rows do not add up (input = kept + output + errors).
+    Raises ``RuntimeError`` when staging does not hold exactly the plan's rows to score (with ``rank``: with the
+    rows ranked out), or when the rows do not add up (input = kept + output + errors + ranked out).
     """
     ids = plan.split.ids
     table = snapshot.table()
     fresh = ~F.col(CHUNK_COLUMN).isin(sorted(plan.done)) if plan.done else F.lit(True)
     metrics = [F.sum(F.when(fresh, F.col(f"{WORKER_COLUMN}.{f.name}"))).alias(f.name) for f in WORKER_METRICS.fields]
+    tallies = [F.sum(RANKED_OUT_COLUMN).alias("ranked_out")] if plan.ranked else []
+    tallies += [F.sum(PASSES_COLUMN).alias("passes")] if plan.ranked and plan.dedup.used else []
     groups = table.groupBy(ERROR_COLUMNS[0]).agg(
-        F.count(F.lit(1)).alias("rows"), F.count(F.when(fresh, True)).alias("rows_scored"), *metrics
+        F.count(F.lit(1)).alias("rows"), F.count(F.when(fresh, True)).alias("rows_scored"), *metrics, *tallies
     ).collect()
     by_reason = {r[0]: int(r["rows"]) for r in groups}
     staged = table.drop(CHUNK_COLUMN)
     staged_rows = sum(by_reason.values())
-    if staged_rows != plan.scorable_rows:
+    ranked_out = sum(int(r["ranked_out"] or 0) for r in groups) if plan.ranked else None
+    if staged_rows + (ranked_out or 0) != plan.scorable_rows:
         raise RuntimeError(
-            f"staging {plan.staging.location} holds {staged_rows} rows for {plan.scorable_rows} scorable input rows; "
+            f"staging {plan.staging.location} holds {staged_rows} rows"
+            + (f" and {ranked_out} ranked out" if plan.ranked else "")
+            + f" for {plan.scorable_rows} scorable input rows; "
             "another run of the same input is probably writing it at the same time. Nothing was published; rerun."
         )
     reasons = {k: v for k, v in by_reason.items() if k is not None}
@@ -103,6 +105,13 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         reasons["null_id"] = ids.null_id_rows
     if ids.refused_rows - ids.null_id_rows:
         reasons["duplicate_id"] = ids.refused_rows - ids.null_id_rows
+    scored = staged_rows - unscored + (ranked_out or 0)
+    if not plan.dedup.used:
+        saved = None
+    elif plan.ranked:  # the rows scored for their input were counted per key before the others were ranked out
+        saved = scored - sum(int(r["passes"] or 0) for r in groups if r[0] is None)
+    else:
+        saved = _passes_saved(table, scored)
     accounting = Accounting(
         staged=staged,
         snapshot=snapshot,
@@ -112,13 +121,14 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         reasons=dict(sorted(reasons.items())),
         rows_kept=plan.rows_kept,
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
-        forward_passes_saved=_passes_saved(table, staged_rows - unscored) if plan.dedup.used else None,
+        forward_passes_saved=saved,
+        ranked_out=ranked_out,
         workers=_worker_totals(groups, plan.identity.preflight_loads),
     )
-    if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows:
+    if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (ranked_out or 0):
         raise RuntimeError(
             f"row accounting broken: {accounting.input_rows} in, {accounting.rows_kept} kept, "
-            f"{accounting.output_rows} scored, {accounting.error_rows} errors"
+            f"{accounting.output_rows} scored, {accounting.error_rows} errors, {ranked_out or 0} ranked out"
         )
     return accounting
 

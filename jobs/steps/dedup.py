@@ -77,14 +77,15 @@ def decide_dedup(mode: str, digested: DataFrame, id_cols: Sequence[str], rows: i
 
 
 def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], DataFrame], id_cols: Sequence[str],
-                       row_cols: Sequence[str], input_cols: tuple[str, ...]) -> DataFrame:
+                       row_cols: Sequence[str], input_cols: tuple[str, ...], mark: Optional[str] = None) -> DataFrame:
     """Score each distinct input of ``part`` once and fan the outputs out to its rows.
 
     ``part`` holds ``row_cols`` (the id column(s) ``id_cols`` first, then a ranked run's key columns), the input
     columns and :data:`DIGEST_COLUMN`; ``score(df, keep_cols)`` is the scoring function
     (:func:`lakescore.jobs.steps.score.score_dataframe`), ``keep_cols[0]`` the row's key (here the smallest
     :func:`~lakescore.jobs.steps.ids.row_key` of each distinct input). Returns the columns
-    ``score(part, [*row_cols, DIGEST_COLUMN])`` would, one row per row of ``part``.
+    ``score(part, [*row_cols, DIGEST_COLUMN])`` would, one row per row of ``part``; with ``mark``, also a boolean column
+    of that name, true on the one row per distinct input that was scored for it (a ranked run counts them per key).
     """
     distinct = part.groupBy(column(DIGEST_COLUMN)).agg(
         *[F.first(column(c)).alias(c) for c in input_cols], F.min(row_key(id_cols)).alias(_REPRESENTATIVE)
@@ -94,5 +95,6 @@ def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], 
     joined = rows.join(scored, F.col(_ROW_DIGEST).eqNullSafe(column(DIGEST_COLUMN)), "inner")
     outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN)]
     worker = F.when(row_key(id_cols) == F.col(_REPRESENTATIVE), F.col(WORKER_COLUMN)).alias(WORKER_COLUMN)
+    marked = [(row_key(id_cols) == F.col(_REPRESENTATIVE)).alias(mark)] if mark else []
     return joined.select(*[column(c) for c in row_cols], F.col(_ROW_DIGEST).alias(DIGEST_COLUMN),
-                         *[column(c) for c in outputs], worker)
+                         *[column(c) for c in outputs], worker, *marked)

@@ -11,7 +11,7 @@ output, its digest differs, or its output row carries other weights (``model_sha
 besides its weights as the executors loaded them, and :data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other
 row is kept as it is. Output ids no longer in the input are counted (and deleted at publish with
 ``write.delete_missing``). A run on a missing output, or with ``write.full_rescore``, scores every row. With ``rank``
-the comparison is by key instead (:func:`key_digest`): every row of a key with a new, changed or deleted row is scored,
+the comparison is by key instead (:func:`~lakescore.jobs.steps.rank.key_digest`): every row of a key with a new, changed or deleted row is scored,
 the other keys' rows are kept.
 """
 
@@ -23,19 +23,19 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pyspark.sql import Column, DataFrame
-from pyspark.sql.window import WindowSpec
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.ids import id_columns, same_values
+from lakescore.jobs.steps.rank import key_digest
 from lakescore.jobs.steps.read import RunContext, file_bytes
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN
 from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
 from lakescore.udfs.model_source import ModelSpec
 
-__all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes", "key_digest"]
+__all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
 _PREVIOUS = {name: f"__lakescore_previous_{name}"
@@ -288,24 +288,12 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     return digested.select(*columns(~is_missing & current))
 
 
-def key_digest(cfg, over: Optional[WindowSpec] = None) -> Column:
-    """An aggregate over one rank key's rows (``over``: as a window function over each key's rows): SHA-256 (hex) of
-    the rank settings and the key's rows, each the JSON of its id column(s) and :data:`DIGEST_COLUMN`, sorted (so
-    neither row order nor partitioning changes it). The output stores it on each of the key's rows
-    (:data:`~lakescore.schemas.output.KEY_DIGEST_COLUMN`), computed over the rows scored into it; the next run
-    computes it over the key's input rows."""
-    settings = json.dumps(cfg.rank.model_dump(mode="json"), sort_keys=True)
-    rows = F.collect_list(F.to_json(F.struct(*id_columns(cfg.id_cols), column(DIGEST_COLUMN))))
-    rows = rows.over(over) if over is not None else rows
-    return F.sha2(F.concat_ws("\n", F.lit(settings), F.array_sort(rows)), 256)
-
-
 def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str,
                              spec: str) -> DataFrame:
     """With ``rank``: every row of each key (``rank.partition_by``) that changed, and the output rows of keys with no
     row in ``digested`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`).
 
-    A key changed when its :func:`key_digest` differs from the one its output rows carry (a row new, changed or
+    A key changed when its :func:`~lakescore.jobs.steps.rank.key_digest` differs from the one its output rows carry (a row new, changed or
     gone, a row that failed to score last time, other rank settings), or they carry other weights or another spec,
     or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no stored
     score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""

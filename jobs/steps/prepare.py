@@ -33,6 +33,9 @@ __all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", 
 
 log = logging.getLogger(__name__)
 
+RANKED_STAGING = 2
+"""What a ranked run's staging holds, part of its key: 2, each key's kept rows, chunks cut by key (1: every scored row)."""
+
 
 @dataclass(frozen=True)
 class IdSplit:
@@ -70,6 +73,9 @@ class Plan:
     file_status: bool = False
     """The output rows store each file's path, length and modification time (:attr:`Targets.file_status`): the rows
     to score carry :data:`~lakescore.schemas.contracts.FILE_COLUMN` into staging."""
+    ranked: bool = False
+    """``rank``: the chunks are cut by the rank key and only each key's kept rows are staged
+    (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     tag: Optional[str] = None
     """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
     :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
@@ -214,7 +220,9 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
     dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None)
     chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
-    key = run_key({**facts, "chunks": chunks, "dedup": dedup.used})  # staged rows carry the digest when deduplicating
+    # Staged rows carry the digest when deduplicating; a ranked run's are its kept rows (chunks cut by key), a layout
+    # a run key of a release that staged every scored row must not resume.
+    key = run_key({**facts, "chunks": chunks, "dedup": dedup.used, **({"ranked_staging": RANKED_STAGING} if cfg.rank.enabled else {})})
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
     prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
     done = frozenset(staging.committed_chunks())
@@ -234,6 +242,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
         prepared_ready=prepared is not None and prepared.exists(),
+        ranked=cfg.rank.enabled,
         file_status=targets.file_status,
         tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None,
                          scoring.parts if changes is not None else None),

@@ -1,67 +1,94 @@
-"""Step 5b, rank (``rank``): keep the best ``rank.top_k`` scored rows of each key, numbered 1 (best) to ``top_k``.
+"""Step 4b, rank (``rank``): keep the best ``rank.top_k`` scored rows of each key, numbered 1 (best) to ``top_k``,
+before they are staged.
 
 Within a key (the values of ``rank.partition_by``) rows are ordered by ``rank.order_by`` (largest first unless
 ``rank.descending`` is false), equal values by the id column(s) ascending, so a ranking never depends on partitioning
-or retries: Spark's ``row_number()`` over that window. Rows past ``top_k`` are ranked out: counted (``ranked_out``),
-neither published nor errors, so ``input = kept + output + errors + ranked_out``. Rows that failed to score are
-errors and take no place in a ranking.
+or retries: Spark's ``row_number()`` over that window. A ranked run cuts its chunks by the key
+(:func:`~lakescore.jobs.steps.staging.chunk_column` of ``rank.partition_by``), so each key's rows are scored in one
+chunk, ranked there (:func:`keep_top`) and only the kept rows are staged: the one shuffle by key ranks them, and a
+resumed run's staged chunks are already ranked. Rows past ``top_k`` are ranked out: counted on their key's first row
+(:data:`RANKED_OUT_COLUMN`), neither staged, published nor errors, so ``input = kept + output + errors + ranked_out``.
+Rows that failed to score are errors, staged as they are, and take no place in a ranking.
 
 In ``write.mode: incremental`` only keys with a new, changed or deleted row are scored and ranked again, every row
 of such a key (:func:`~lakescore.jobs.steps.incremental.find_changes`): the output keeps no score for a row ranked out,
 and scoring the key again is simpler and as correct as keeping those scores elsewhere. Each ranked row carries its
-key's :func:`~lakescore.jobs.steps.incremental.key_digest` over the rows scored into it, for the next run to compare,
+key's :func:`key_digest` over the rows scored into it, for the next run to compare,
 and the publish's MERGE replaces the key's rows whole.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from typing import Iterator
+import json
+from typing import Optional
 
-from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.window import Window
+from pyspark.sql.window import Window, WindowSpec
 
+from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.tables import column
-from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.ids import id_columns
-from lakescore.jobs.steps.incremental import key_digest
-from lakescore.jobs.steps.prepare import Plan
-from lakescore.jobs.steps.read import RunContext
-from lakescore.schemas.output import KEY_DIGEST_COLUMN, RANK_COLUMN
+from lakescore.schemas.output import (
+    DIGEST_COLUMN, ERROR_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN, WORKER_COLUMN, WORKER_METRICS,
+)
 
-__all__ = ["rank_rows", "ranking_held"]
+__all__ = ["RANKED_OUT_COLUMN", "PASSES_COLUMN", "chunk_columns", "keep_top", "key_digest"]
+
+RANKED_OUT_COLUMN = "__lakescore_ranked_out"
+"""On each key's best staged row: how many of the key's scored rows were ranked out (not staged); null elsewhere."""
+PASSES_COLUMN = "__lakescore_passes"
+"""With dedup, on each key's best staged row: how many of the key's scored rows were their input's forward pass."""
 
 
-def rank_rows(run: RunContext, plan: Plan, accounting: Accounting) -> Accounting:
-    """``accounting`` with its published rows ranked and cut to ``rank.top_k`` per key (with :data:`RANK_COLUMN`, and in
-    incremental mode :data:`KEY_DIGEST_COLUMN`), ``output_rows`` the rows kept and ``ranked_out`` the rest; as it is
-    without ``rank``. The ranked rows are computed once and held in the executors' storage (memory, spilling to disk)
-    until :func:`ranking_held` releases them."""
-    cfg = run.cfg
-    if not cfg.rank.enabled:
-        return accounting
-    keys = id_columns(cfg.rank.partition_by)
+def chunk_columns(cfg: JobConfig) -> list[str]:
+    """What a run's chunks are cut by: the rank key with ``rank`` (a key's rows are ranked together, so they are
+    scored in one chunk), else the id column(s)."""
+    return list(cfg.rank.partition_by) if cfg.rank.enabled else list(cfg.id_cols)
+
+
+def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representative: Optional[str] = None) -> DataFrame:
+    """``scored`` (one chunk's scored rows, every row of each of its keys) with the rows past ``rank.top_k`` per key
+    dropped: the kept rows with :data:`RANK_COLUMN`, on each key's first row :data:`RANKED_OUT_COLUMN`, the key's
+    workers' metrics (:data:`WORKER_COLUMN`, which rode on rows that may be ranked out) and with ``representative``
+    (dedup's flag of a row scored for its input) :data:`PASSES_COLUMN`; in ``incremental`` mode each kept row's
+    :data:`KEY_DIGEST_COLUMN`. Rows that failed to score stay as they are (rank null)."""
+    failed = F.col(ERROR_COLUMNS[0]).isNotNull()
     by = column(cfg.rank.order_by)
     order = [by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(), *[c.asc() for c in id_columns(cfg.id_cols)]]
-    scored = accounting.published
-    ranked = scored.withColumn(RANK_COLUMN, F.row_number().over(Window.partitionBy(*keys).orderBy(*order)))
-    if plan.changes is not None:
-        ranked = ranked.withColumn(KEY_DIGEST_COLUMN, key_digest(cfg, over=Window.partitionBy(*keys)))
-    # Held once, counted as it is filled: the GX suite, the report's samples, the drift figures and the publish each
-    # read the ranked rows, and without it each would sort every scored row by key again.
-    ranked = ranked.where(F.col(RANK_COLUMN) <= cfg.rank.top_k).persist(StorageLevel.MEMORY_AND_DISK)
-    kept = ranked.count() if accounting.output_rows else 0
-    return dataclasses.replace(accounting, output_rows=kept, ranked_out=accounting.output_rows - kept, ranked=ranked)
+    # Failed rows form their own partitions (never ranked); one ordered window with an unbounded frame for the key's
+    # totals, so Spark ranks and totals in one sort.
+    window = Window.partitionBy(*id_columns(cfg.rank.partition_by), failed).orderBy(*order)
+    whole = window.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rank = F.row_number().over(window)
+    first = ~failed & (rank == 1)
+    added = {
+        RANK_COLUMN: F.when(~failed, rank),
+        RANKED_OUT_COLUMN: F.when(first, F.greatest(F.count(F.lit(1)).over(whole) - cfg.rank.top_k, F.lit(0))),
+        WORKER_COLUMN: F.when(failed, F.col(WORKER_COLUMN)).when(first, _key_metrics(whole)),
+    }
+    if representative is not None:
+        added[PASSES_COLUMN] = F.when(first, F.count(F.when(F.col(representative), True)).over(whole))
+    if incremental:
+        added[KEY_DIGEST_COLUMN] = F.when(~failed, key_digest(cfg, over=whole))
+    ranked = scored.select(*[column(c) for c in scored.columns if c not in added and c != representative],
+                           *[value.alias(name) for name, value in added.items()])
+    return ranked.where(failed | (F.col(RANK_COLUMN) <= cfg.rank.top_k))
 
 
-@contextlib.contextmanager
-def ranking_held(accounting: Accounting) -> Iterator[Accounting]:
-    """``accounting`` for the block, its ranked rows (:func:`rank_rows`) released from the executors' storage when
-    the block ends, published or not."""
-    try:
-        yield accounting
-    finally:
-        if accounting.ranked is not None:
-            accounting.ranked.unpersist()
+def _key_metrics(whole) -> Column:
+    """The workers' per-batch metrics summed over a key's scored rows (each batch's rode on one of them)."""
+    return F.struct(*[F.sum(F.col(f"{WORKER_COLUMN}.{f.name}")).over(whole).cast(f.dataType).alias(f.name)
+                      for f in WORKER_METRICS.fields])
+
+
+def key_digest(cfg, over: Optional[WindowSpec] = None) -> Column:
+    """An aggregate over one rank key's rows (``over``: as a window function over each key's rows): SHA-256 (hex) of
+    the rank settings and the key's rows, each the JSON of its id column(s) and :data:`DIGEST_COLUMN`, sorted (so
+    neither row order nor partitioning changes it). The output stores it on each of the key's rows
+    (:data:`~lakescore.schemas.output.KEY_DIGEST_COLUMN`), computed over the rows scored into it; the next run
+    computes it over the key's input rows."""
+    settings = json.dumps(cfg.rank.model_dump(mode="json"), sort_keys=True)
+    rows = F.collect_list(F.to_json(F.struct(*id_columns(cfg.id_cols), column(DIGEST_COLUMN))))
+    rows = rows.over(over) if over is not None else rows
+    return F.sha2(F.concat_ws("\n", F.lit(settings), F.array_sort(rows)), 256)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from pyspark.resource import ResourceProfile
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.profiles import scoring_profile
@@ -24,6 +25,8 @@ from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
+from lakescore.jobs.steps.rank import chunk_columns, keep_top
+from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
@@ -34,12 +37,15 @@ if TYPE_CHECKING:
     from lakescore.jobs.steps.prepare import Plan
     from lakescore.jobs.steps.read import RunContext
 
-__all__ = ["ScoringLayout", "scoring_layout", "score_dataframe", "score_into_staging"]
+__all__ = ["ScoringLayout", "scoring_layout", "score_dataframe", "score_into_staging", "pin_staging"]
 
 log = logging.getLogger(__name__)
 
 _ROW_KEY = "__lakescore_row_key"
 """A composite id's :func:`~lakescore.jobs.steps.ids.row_key`, read by a runner that seeds per-row draws (not kept)."""
+_REPRESENTATIVE = "__lakescore_scored_for_input"
+"""A deduplicated ranked chunk's flag of the rows scored for their input (:func:`~lakescore.jobs.steps.rank.keep_top`
+counts them per key; not staged)."""
 _ARROW_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _ARROW_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
 
@@ -113,12 +119,13 @@ def score_dataframe(
 
 
 def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int]]:
-    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk.
+    """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk; with nothing to
+    score, commit nothing (no staging table: :func:`pin_staging`).
 
     Returns the progress samples ``(seconds, rows scored)`` for the report's throughput chart.
     """
     cfg, spark = run.cfg, run.spark
-    todo = [c for c in range(plan.chunks) if c not in plan.done]
+    todo = [c for c in range(plan.chunks) if c not in plan.done] if plan.scorable_rows else []
     todo_rows = plan.scorable_rows if len(todo) == plan.chunks else round(plan.scorable_rows * len(todo) / plan.chunks)
     layout = _layout_for_progress(run, plan)
     staged = len(plan.done)
@@ -135,35 +142,47 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
                 plan.staging.commit_chunk(_score_chunk(run, plan, chunk, layout), chunk, plan.tag)
                 at_point(f"chunk_committed:{chunk}")
                 staged += 1
-                if plan.scorable_rows:  # with nothing to score the one chunk is empty, committed for the accounting
-                    log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
+                log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
         except BaseException as exc:
             exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise
     return progress.samples()
 
 
+def pin_staging(run: "RunContext", plan: "Plan") -> StagedSnapshot:
+    """The staging snapshot that accounting counts, GX validates and the publish writes: the staging table at its
+    version now, or with nothing to score (an unchanged incremental input) no rows, in the staged schema."""
+    if plan.scorable_rows:
+        return plan.staging.pin()
+    staged = _score_chunk(run, plan, 0, run.layout).withColumn(CHUNK_COLUMN, F.lit(0))  # planned, never run
+    return plan.staging.nothing(run.spark.createDataFrame([], staged.schema))
+
+
 def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
     """The one scan of the input for scoring: the rows to score (id, model input, digest) written once, partitioned
-    by chunk, to ``plan.prepared``; each chunk then reads its own partition."""
+    by chunk (:func:`~lakescore.jobs.steps.rank.chunk_columns`), to ``plan.prepared``; each chunk then reads its own
+    partition."""
     needed = dict.fromkeys([*plan.kept_columns(run.cfg.row_cols), *run.input_cols])
-    plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), run.cfg.id_cols)
+    plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), chunk_columns(run.cfg))
 
 
 def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLayout) -> DataFrame:
-    """The scored rows of ``chunk`` (lazy): its rows, scored once per distinct input when deduplicating."""
+    """The rows of ``chunk`` to stage (lazy): its rows scored, once per distinct input when deduplicating; with
+    ``rank`` only each key's kept rows and the rows that failed (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     cfg = run.cfg
     part = plan.scorable if plan.prepared is None else plan.prepared.chunk(chunk)
 
     def score(df: DataFrame, keep: list[str], key: Optional[str] = None) -> DataFrame:  # key: the row's (default keep[0])
         return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0])
 
+    mark = _REPRESENTATIVE if plan.dedup.used and plan.ranked else None
     if plan.dedup.used:
-        return score_deduplicated(part, score, cfg.id_cols, plan.row_columns(cfg.row_cols), run.input_cols)
-    if len(cfg.id_cols) > 1 and get_task(cfg.task).input_kind.row_keys:  # one value per row to seed its draws from
-        part = part.withColumn(_ROW_KEY, row_key(cfg.id_cols))
-        return score(part, plan.kept_columns(cfg.row_cols), _ROW_KEY)
-    return score(part, plan.kept_columns(cfg.row_cols))
+        scored = score_deduplicated(part, score, cfg.id_cols, plan.row_columns(cfg.row_cols), run.input_cols, mark)
+    elif len(cfg.id_cols) > 1 and get_task(cfg.task).input_kind.row_keys:  # one value per row to seed its draws from
+        scored = score(part.withColumn(_ROW_KEY, row_key(cfg.id_cols)), plan.kept_columns(cfg.row_cols), _ROW_KEY)
+    else:
+        scored = score(part, plan.kept_columns(cfg.row_cols))
+    return keep_top(cfg, scored, plan.changes is not None, mark) if plan.ranked else scored
 
 
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:

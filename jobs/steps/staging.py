@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Optional, Sequence
 
@@ -72,10 +73,10 @@ def chunk_count(rows: int, chunk_rows: int) -> int:
     return max(1, math.ceil(rows / chunk_rows))
 
 
-def chunk_column(id_cols: Sequence[str], chunks: int):
-    """The chunk of each row: a stable hash of its id (:func:`~lakescore.jobs.steps.ids.id_hash`), so a rerun cuts
-    the same chunks."""
-    return F.pmod(id_hash(id_cols), F.lit(chunks)).cast("int")
+def chunk_column(cols: Sequence[str], chunks: int):
+    """The chunk of each row: a stable hash of ``cols`` (its id, or a ranked run's key:
+    :func:`~lakescore.jobs.steps.ids.id_hash`), so a rerun cuts the same chunks."""
+    return F.pmod(id_hash(cols), F.lit(chunks)).cast("int")
 
 
 def input_fingerprint(df: DataFrame, file_stats: bool = False) -> str:
@@ -158,6 +159,11 @@ class Staging:
         """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
         return StagedSnapshot(self, last_commit(self.spark, self.location).version, table_id(self.spark, self.location))
 
+    def nothing(self, empty: DataFrame) -> "StagedSnapshot":
+        """What a run with nothing to score counts, validates and publishes instead of a pinned version: ``empty``
+        (no rows, in the staged rows' schema), no table written."""
+        return StagedSnapshot(self, 0, f"nothing-{uuid.uuid4().hex}", empty)
+
     def exists(self) -> bool:
         """Whether this table has at least one commit."""
         return is_delta(self.spark, self.location)
@@ -166,9 +172,10 @@ class Staging:
         """Write ``rows`` here in one commit, replacing what is here."""
         write_delta(delta_storable_columns(rows), self.location, user_metadata=staging_metadata(self.output))
 
-    def write_chunked(self, rows: DataFrame, id_cols: Sequence[str]) -> None:
-        """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column`), replacing what is here."""
-        chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(id_cols, self.chunks))
+    def write_chunked(self, rows: DataFrame, chunk_cols: Sequence[str]) -> None:
+        """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column` of ``chunk_cols``),
+        replacing what is here."""
+        chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(chunk_cols, self.chunks))
         write_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN,
                     user_metadata=staging_metadata(self.output))
 
@@ -197,9 +204,14 @@ class StagedSnapshot:
     staging: Staging
     version: int
     table_id: str
+    empty: Optional[DataFrame] = None
+    """Nothing was staged (:meth:`Staging.nothing`): the rows, none, that :meth:`table` gives. Its ``table_id`` is new
+    for each run, so its publish is not deduplicated: there is nothing in it to commit twice."""
 
     def table(self) -> DataFrame:
         """Every row staged at :attr:`version`, with its chunk (:data:`CHUNK_COLUMN`)."""
+        if self.empty is not None:
+            return self.empty
         return original_columns(read_input(self.staging.spark, self.staging.location, "delta", version=self.version))
 
     @property

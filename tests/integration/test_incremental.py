@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV
 from lakescore.jobs.platform.tables import TableError
 from lakescore.jobs.report import write_report
 from lakescore.jobs.score_job import run_scoring
@@ -79,7 +80,8 @@ def _jvm_console(spark, capsys) -> str:
     return seen
 
 
-def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir, caplog, capsys):
+def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir, caplog, capsys,
+                                                            monkeypatch):
     source, output = tmp_path / "reviews", tmp_path / "labels"
     frame = _texts(12)
     _write_input(spark, frame, source)
@@ -93,12 +95,18 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert out["input_digest"].tolist() == expected_digests and out["spec_digest"].nunique() == 1
     assert "deletionVectors" in _table_features(spark, output)  # write.deletion_vectors: true by default
 
-    # Unchanged input: nothing scored, nothing committed (no new version for downstream readers). The log, the
-    # summary and the HTML report say there was nothing to score: no rate, no empty prediction charts.
+    # Unchanged input: nothing scored, nothing staged (no chunk commit, so no staging table), nothing committed (no new
+    # version for downstream readers). The log, the summary and the HTML report say there was nothing to score: no
+    # rate, no empty prediction charts.
     caplog.set_level(logging.INFO, logger="lakescore")
     caplog.clear()
+    points = tmp_path / "r2.points"
+    monkeypatch.setenv(ANNOUNCE_ENV, str(points))
     same = run_scoring(config(run_id="r2"), spark)
+    monkeypatch.delenv(ANNOUNCE_ENV)
     assert _accounts(same) == (12, 0, 0, 0, 0) and same.delta_version is None
+    reached = [line.split()[0] for line in points.read_text().splitlines()]
+    assert "staging_pinned" in reached and not [p for p in reached if p.startswith("chunk_commit")], reached
     assert "unchanged: no new version" in same.summary() and "nothing to score: 12 input rows kept" in same.summary()
     assert same.rows_per_second is None and "rows/s" not in same.summary()
     logged = [r.getMessage() for r in caplog.records if r.name.startswith("lakescore")]

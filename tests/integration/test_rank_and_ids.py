@@ -94,11 +94,18 @@ def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_ch
     with pytest.raises(InputContractError, match="rank.partition_by column 'shop_id' not found"):
         model_input(bad, spark.read.format("delta").load(str(source)))
 
-    # Dedup on: rows with equal features are scored once and fanned out on the composite id.
+    # Dedup on: rows with equal features are scored once and fanned out on the composite id. Each chunk's keys are
+    # ranked before staging: a run that fails a check (here the error rate) leaves staging holding each key's kept
+    # rows alone, and the rerun resumes every chunk from it.
+    scorable = 200 - 1  # both copies of (2, i03) refused
+    failed = run_scoring(config("r1", max_error_rate=0.0, **{"scoring.dedup": "on"}), spark)
+    assert failed.status == "error_rate_exceeded" and failed.ranked_out == scorable - 10 * TOP_K
+    staged = [p for p in (tmp_path / "_lakescore_staging" / "top").iterdir() if not p.name.endswith(("_rows", "_changes"))]
+    assert len(staged) == 1 and spark.read.format("delta").load(str(staged[0])).count() == 10 * TOP_K
     first = run_scoring(config("r1", **{"scoring.dedup": "on"}), spark)
     _accounted(first)
+    assert first.chunks["skipped"] == first.chunks["total"] == 3
     assert first.error_reasons == {"duplicate_id": 2, "null_id": 2}
-    scorable = 200 - 1  # both copies of (2, i03) refused
     assert (first.output_rows, first.ranked_out, first.rows_kept) == (10 * TOP_K, scorable - 10 * TOP_K, 0)
     assert first.dedup["forward_passes_saved"] > 0
     reference = _reference(spark, rows)
