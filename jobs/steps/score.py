@@ -154,8 +154,10 @@ def pin_staging(run: "RunContext", plan: "Plan") -> StagedSnapshot:
     version now, or with nothing to score (an unchanged incremental input) no rows, in the staged schema."""
     if plan.scorable_rows:
         return plan.staging.pin()
-    staged = _score_chunk(run, plan, 0, run.layout).withColumn(CHUNK_COLUMN, F.lit(0))  # planned, never run
-    return plan.staging.nothing(run.spark.createDataFrame([], staged.schema))
+    staged = _score_chunk(run, plan, 0, run.layout).withColumn(CHUNK_COLUMN, F.lit(0))
+    # limit(0): Spark plans it as an empty relation, so no Python worker starts (an empty list given to
+    # createDataFrame is a Python RDD, whose every read does start one)
+    return plan.staging.nothing(staged.limit(0))
 
 
 def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
