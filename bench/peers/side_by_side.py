@@ -10,7 +10,8 @@ peer, the median whole-process wall times, their ratio (peer over lakescore: abo
 the target (>= 1.0x) met / NOT met; a peer whose output differs gets no verdict, since it did other work.
 
 Knobs (flag, or the environment variable in brackets): ``--workloads`` [WORKLOADS] (W1, W1L, W4, W5, W6; default
-W1), ``--engines`` [ENGINES] (default ``ray,daft``), ``--repeats`` [REPEATS] (default 2), sizes ``--rows`` [ROWS],
+W1), ``--engines`` [ENGINES] (default ``ray,daft``), ``--repeats`` [REPEATS] (rounds, default 2), ``--pause``
+[PAUSE] (seconds between runs, default 0), sizes ``--rows`` [ROWS],
 ``--w1l-rows`` [W1L_ROWS], ``--w4-rows`` [W4_ROWS], ``--w5-rows`` [W5_ROWS], ``--w6-users`` [W6_USERS],
 ``--w6-candidates`` [W6_CANDIDATES], ``--w6-top-k`` [W6_TOP_K] (defaults: ``make bench``'s), ``--markdown``
 [BENCH_MD] (``-`` to skip).
@@ -23,12 +24,13 @@ import json
 import os
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from bench import data
-from bench.alternating import PeerRun, first_good, run_alternately
+from bench.alternating import PeerRun, run_alternately
 from bench.fast_path import verdict
 from bench.model import model_dir
 from bench.peers.compare import compare_embeddings, compare_labels, compare_texts, compare_top
@@ -124,23 +126,41 @@ def _rows_out(report: dict) -> float:
 
 
 def run_workload(work: Workload, engines: Sequence[str], python: str, runs_dir: Path, env: dict[str, str],
-                 repeats: int) -> tuple[dict[str, list[PeerRun]], dict[str, Optional[dict]]]:
-    """Every side's runs of ``work``, alternating, and each peer's output compared with lakescore's (``None`` when
-    either side had no good run or the comparison failed)."""
+                 repeats: int, pause: float = 0.0) -> tuple[dict[str, list[PeerRun]], dict[str, Optional[dict]]]:
+    """Every side's runs of ``work`` in ``repeats`` rounds (lakescore, then each peer; ``pause`` seconds between runs,
+    so a shared machine gets its cores back) and each peer's output compared with lakescore's (``None`` when either
+    side had no good run)."""
     commands: dict[str, Callable[[Path], list[str]]] = {"lakescore": work.lakescore}
     commands.update({e: (lambda run_dir, e=e: peer_command(python, e, work, run_dir)) for e in engines})
     written = {side: "report.json" if side == "lakescore" else "timings.json" for side in commands}
-    runs = run_alternately(work.name, commands, written, _rows_out, lambda side, rows: f"{rows:,.0f} rows written",
-                           runs_dir, env, {}, REPO, repeats)
-    ours = first_good(runs_dir, work.name, runs, "lakescore")
+    runs: dict[str, list[PeerRun]] = {}
+    for round_ in range(repeats):
+        print(f"{work.name} round {round_ + 1}/{repeats}", flush=True)
+        for side, command in commands.items():
+            if pause and runs:
+                time.sleep(pause)
+            got = run_alternately(work.name, {side: command}, written, _rows_out,
+                                  lambda side, rows: f"{rows:,.0f} rows written", _round_dir(runs_dir, round_), env, {},
+                                  REPO, 1)
+            runs.setdefault(side, []).extend(got[side])
+    ours = _first_good(runs_dir, work.name, runs, "lakescore")
     compared: dict[str, Optional[dict]] = {}
     for engine in engines:
-        theirs = first_good(runs_dir, work.name, runs, engine)
+        theirs = _first_good(runs_dir, work.name, runs, engine)
         try:
             compared[engine] = work.compare(ours / "delta", theirs / "delta") if ours and theirs else None
         except (OSError, ValueError, KeyError) as exc:
             compared[engine] = {"same": False, "why": f"comparison failed: {exc}"}
     return runs, compared
+
+
+def _round_dir(runs_dir: Path, round_: int) -> Path:
+    return runs_dir / f"round-{round_ + 1}"
+
+
+def _first_good(runs_dir: Path, name: str, runs: dict[str, list[PeerRun]], side: str) -> Optional[Path]:
+    """The run directory of ``side``'s first good run (one run per side per round), or ``None``."""
+    return next((_round_dir(runs_dir, i) / f"{name}-{side}-1" for i, r in enumerate(runs.get(side, [])) if r.ok), None)
 
 
 def _median_wall(runs: list[PeerRun]) -> Optional[float]:
@@ -197,7 +217,23 @@ def markdown_section(facts: dict[str, str], described: list[str], table: str) ->
         "`write_deltalake`). Whole processes, alternating (lakescore, Ray, Daft, ...), medians; the ratio is the "
         "peer's median wall over lakescore's (above 1: lakescore faster). A peer whose output differs from "
         "lakescore's (embeddings: cosine < 0.9999; labels, greedy texts or top-K rows not equal) gets no verdict.", "",
-        *[f"- {k}: {v}" for k, v in facts.items()], *[f"- {line}" for line in described], "", table, ""])
+        *[f"- {k}: {v}" for k, v in facts.items()], *[f"- {line}" for line in described], *[f"- {n}" for n in NOTES],
+        "", table, ""])
+
+
+NOTES = (
+    "Ray Data's pool autoscales from one actor to one per core (`ActorPoolStrategy(min_size=1, max_size=cores)`): "
+    "the guide's fixed pool of one per core takes both CPUs of a 2-core machine before Ray 2.60's Parquet read "
+    "(its `ListFiles` task) gets one, and the job hangs (Ray warns \"Cluster resources are not enough to run any "
+    "task\"). `--fixed-pool` runs the fixed pool. Ray's W4 and W5 batches and Daft's W5 batches are 32 rows (the bench's "
+    "loops'); Daft's `prompt` calls the transformers pipeline one row at a time, as its provider is written.",
+    "Daft's `classify_image` with the transformers provider builds a zero-shot (CLIP-style) pipeline that cannot "
+    "load W5's fixed-label ViT classifier, so Daft's W5 is a `@daft.cls` class UDF as Daft documents for a custom model.",
+    "Daft 0.7.26's `transformers` extra caps transformers below 5.10 and sentence-transformers below 5.6: the peers' "
+    "environment runs lakescore's pins (transformers 5.23, sentence-transformers 6.2) instead, so both sides run the "
+    "same model code; its writer imports pyiceberg even for `write_deltalake`, so the `iceberg` extra is installed.",
+)
+"""How the peer programs depart from the documented form, and why: printed with every table."""
 
 
 def replace_section(document: str, section: str) -> str:
@@ -225,6 +261,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1", help="[WORKLOADS]")
     parser.add_argument("--engines", default=os.environ.get("ENGINES") or "ray,daft", help="[ENGINES]")
     parser.add_argument("--repeats", type=int, default=_env_int("REPEATS", 2), help="runs per side [REPEATS]")
+    parser.add_argument("--pause", type=float, default=float(os.environ.get("PAUSE") or 0),
+                        help="seconds to wait between runs [PAUSE]")
     parser.add_argument("--rows", type=int, default=_env_int("ROWS", 12_000), help="W1 rows [ROWS]")
     parser.add_argument("--w1l-rows", type=int, default=_env_int("W1L_ROWS", 60_000), help="[W1L_ROWS]")
     parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help="[W4_ROWS]")
@@ -232,6 +270,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--w6-users", type=int, default=_env_int("W6_USERS", W6_USERS), help="[W6_USERS]")
     parser.add_argument("--w6-candidates", type=int, default=_env_int("W6_CANDIDATES", W6_CANDIDATES), help="[W6_CANDIDATES]")
     parser.add_argument("--w6-top-k", type=int, default=_env_int("W6_TOP_K", W6_TOP_K), help="[W6_TOP_K]")
+    parser.add_argument("--note", default=os.environ.get("NOTE") or "",
+                        help="the conditions of this run, one line in the section (e.g. a shared, loaded machine) [NOTE]")
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench-peers", help="data, runs, results")
     parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
                         help="BENCHMARKS.md to update, '-' for none [BENCH_MD]")
@@ -263,13 +303,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         work = workload(name, args, data_dir)
         described.append(f"{name}: {work.described}")
         print(f"{name}: {work.described}; {args.repeats} run(s) per side", flush=True)
-        runs, compared = run_workload(work, args.engines, args.peers_python, runs_dir, env, args.repeats)
+        runs, compared = run_workload(work, args.engines, args.peers_python, runs_dir, env, args.repeats, args.pause)
         ok = ok and all(r.ok for rs in runs.values() for r in rs)
         versions.update(_versions(runs))
         print(f"{name} outputs vs lakescore's: {json.dumps(compared)}", flush=True)
         rows += ratio_rows(name, work.rows, runs, compared)
     facts.update({f"{engine} version": v for engine, v in versions.items()})
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if args.note:
+        facts["conditions"] = args.note
     print("\n" + render_table(rows, markdown=False), flush=True)
     section = markdown_section(facts, described, render_table(rows, markdown=True))
     (args.out / "results.md").write_text(section)
