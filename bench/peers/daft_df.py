@@ -48,12 +48,12 @@ def generations(df, args):
 def labels(df, args):
     import daft
     from daft import DataType, col
+    # Imported here, once: Daft builds its instances in threads, and transformers' lazy imports race there.
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     @daft.cls
     class Classifier:
         def __init__(self, model: str):
-            from transformers import AutoImageProcessor, AutoModelForImageClassification
-
             self.processor = AutoImageProcessor.from_pretrained(model)
             self.model = AutoModelForImageClassification.from_pretrained(model).eval()
 
