@@ -12,7 +12,8 @@ Every workload reads the same Parquet as lakescore with ``daft.read_parquet`` an
 * W5: a ``@daft.cls`` class with a batch method (Pillow decode with the EXIF orientation, the model's processor,
   the classifier): ``classify_image`` with the transformers provider builds a zero-shot (CLIP-style) pipeline,
   which cannot load W5's fixed-label ViT classifier;
-* W6: a batch ``@daft.func`` over the feature columns, then ``row_number()`` over a window per user.
+* W6: a ``@daft.cls`` class with a batch method over the feature columns, then ``row_number()`` over a window
+  per user.
 
 ``--timings`` gets the output's rows and the seconds from the read to the committed table.
 """
@@ -75,34 +76,25 @@ def top_rows(df, args):
     from daft import DataType, col
     from daft.functions import row_number
     from daft.window import Window
+    import torch  # on the main thread, once: a first torch import inside Daft's UDF threads hangs the job
 
     features = args.features.split(",")
 
-    @daft.func.batch(return_dtype=DataType.float64())
-    def score(*columns):
-        import torch
+    @daft.cls
+    class Scorer:  # a class, as Daft's error for a function holding a model says: the program loads once per instance
+        def __init__(self, model: str):
+            self.program = torch.jit.load(model, map_location="cpu").eval()
 
-        program = _program(args.model)
-        matrix = torch.from_numpy(np.stack([c.to_numpy() for c in columns], axis=1).astype(np.float32))
-        with torch.inference_mode():
-            return program(matrix).reshape(len(matrix)).double().numpy()
+        @daft.method.batch(return_dtype=DataType.float64())
+        def __call__(self, *columns):
+            matrix = torch.from_numpy(np.stack([c.to_arrow().to_numpy() for c in columns], axis=1).astype(np.float32))
+            with torch.inference_mode():
+                return self.program(matrix).reshape(len(matrix)).double().numpy()
 
     best = Window().partition_by("user_id").order_by("score", "item_id", desc=[True, False])
-    scored = df.select("user_id", "item_id", score(*[col(f) for f in features]).alias("score"))
+    scored = df.select("user_id", "item_id", Scorer(args.model)(*[col(f) for f in features]).alias("score"))
     ranked = scored.with_column("rank", row_number().over(best).cast(DataType.int32()))
     return ranked.where(col("rank") <= args.top_k)
-
-
-_PROGRAMS: dict = {}
-
-
-def _program(path: str):
-    """The TorchScript program at ``path``, loaded once per process (a batch function has no constructor)."""
-    if path not in _PROGRAMS:
-        import torch
-
-        _PROGRAMS[path] = torch.jit.load(path, map_location="cpu").eval()
-    return _PROGRAMS[path]
 
 
 PIPELINES = {"W1": embeddings, "W1L": embeddings, "W4": generations, "W5": labels, "W6": top_rows}
