@@ -39,7 +39,8 @@ def _verdict(counts: dict, problems: list[str]) -> dict:
     """``counts`` without the merged frame, with ``same`` and the first reason it is not."""
     counts = {k: v for k, v in counts.items() if k != "both"}
     if counts["only_lakescore"] or counts["only_peer"]:
-        problems.insert(0, f"{counts['only_lakescore']} rows only in lakescore's output, {counts['only_peer']} only in the peer's")
+        problems.insert(0, f"{counts['only_lakescore']} rows only in lakescore's output, "
+                           f"{counts['only_peer']} only in the peer's")
     return {**counts, "same": not problems, "why": "; ".join(problems)}
 
 

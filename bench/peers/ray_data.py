@@ -4,8 +4,8 @@ Run in the peers' environment (``build/peers-env``), one whole process per run:
 ``python -m bench.peers.ray_data --workload W1 --input ... --model ... --output <delta> --timings <json>``.
 Every workload reads the same Parquet as lakescore with ``ray.data.read_parquet``, runs the model in a stateful
 class under ``map_batches`` in an actor pool of up to one actor per core (one model per actor, the guide's
-``ActorPoolStrategy``; ``concurrency`` is deprecated since 2.51), and writes Delta with ``Dataset.write_delta``; defaults elsewhere. ``--timings`` gets the
-output's rows and the seconds from ``ray.init`` to the committed table.
+``ActorPoolStrategy``; ``concurrency`` is deprecated since 2.51), and writes Delta with ``Dataset.write_delta``;
+defaults elsewhere. ``--timings`` gets the output's rows and the seconds from ``ray.init`` to the committed table.
 """
 
 from __future__ import annotations
