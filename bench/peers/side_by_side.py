@@ -163,6 +163,12 @@ def _first_good(runs_dir: Path, name: str, runs: dict[str, list[PeerRun]], side:
     return next((_round_dir(runs_dir, i) / f"{name}-{side}-1" for i, r in enumerate(runs.get(side, [])) if r.ok), None)
 
 
+def run_walls(name: str, runs: dict[str, list[PeerRun]]) -> str:
+    """Every run's whole-process seconds per side, in run order (``FAILED`` for a failed run): the noise behind a median."""
+    walls = lambda rs: ", ".join(f"{r.measured.wall_seconds:.1f}" if r.ok else "FAILED" for r in rs)  # noqa: E731
+    return f"{name} runs, wall seconds in run order: " + "; ".join(f"{side} {walls(rs)}" for side, rs in runs.items())
+
+
 def _median_wall(runs: list[PeerRun]) -> Optional[float]:
     walls = [r.measured.wall_seconds for r in runs if r.ok]
     return statistics.median(walls) if walls else None
@@ -307,6 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ok = ok and all(r.ok for rs in runs.values() for r in rs)
         versions.update(_versions(runs))
         print(f"{name} outputs vs lakescore's: {json.dumps(compared)}", flush=True)
+        described.append(run_walls(name, runs))
         rows += ratio_rows(name, work.rows, runs, compared)
     facts.update({f"{engine} version": v for engine, v in versions.items()})
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

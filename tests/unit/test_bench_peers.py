@@ -134,3 +134,10 @@ def test_the_section_replaces_itself_and_keeps_the_rest():
     second = replace_section(first, f"{SECTION}\n\ntwo\n")
     assert "one" not in second and second.count(SECTION) == 1 and second.replace("two", "one") == first
     assert replace_section("# only a title\n", f"{SECTION}\n").endswith(f"\n\n{SECTION}\n")
+
+
+def test_run_walls_list_every_run_in_order():
+    from bench.peers.side_by_side import run_walls
+
+    runs = {"lakescore": _runs(239.94, 169.8, report={}), "daft": _runs(92.6, None, report={})}
+    assert run_walls("W1", runs) == "W1 runs, wall seconds in run order: lakescore 239.9, 169.8; daft 92.6, FAILED"
