@@ -222,16 +222,21 @@ def w6_lines(result: W6Result) -> list[str]:
                      + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
     lines += filter(None, [result.whole_line(W6, "window", "the window job's", WALL_TARGET)])
     lines += _memory_lines(result)
-    eq = result.equal
-    if eq:
-        same = eq["only_lakescore"] == 0 and eq["only_window"] == 0
-        close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= SCORE_TOLERANCE
-        delta = "-" if eq["max_score_delta"] is None else f"{eq['max_score_delta']:.2e}"
-        lines.append(f"W6 outputs, lakescore vs the window job: {eq['matched']:,} (user_id, item_id, rank) rows in both, "
-                     f"{eq['only_lakescore']} only in lakescore's, {eq['only_window']} only in the window job's; largest "
-                     f"score difference {delta}   target the same rows, scores within {SCORE_TOLERANCE:g}: "
-                     f"{verdict(same and close)}")
+    lines += _outputs_line(result.equal, "W6", "the window job", "(user_id, item_id, rank)",
+                           f"the same rows, scores within {SCORE_TOLERANCE:g}")
     return lines
+
+
+def _outputs_line(eq: Optional[dict], workload: str, peer: str, rows: str, target: str) -> list[str]:
+    """The line comparing lakescore's output rows with ``peer``'s (:func:`compare_top`'s ``eq``), none without one."""
+    if not eq:
+        return []
+    same = eq["only_lakescore"] == 0 and eq["only_window"] == 0
+    close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= SCORE_TOLERANCE
+    delta = "-" if eq["max_score_delta"] is None else f"{eq['max_score_delta']:.2e}"
+    return [f"{workload} outputs, lakescore vs {peer}: {eq['matched']:,} {rows} rows in both, {eq['only_lakescore']} "
+            f"only in lakescore's, {eq['only_window']} only in {peer}'s; largest score difference {delta}   target "
+            f"{target}: {verdict(same and close)}"]
 
 
 def _memory_lines(result: W6Result) -> list[str]:
@@ -340,12 +345,5 @@ def w7_lines(result: W7Result) -> list[str]:
                      f"predict_batch_udf by hand {theirs:.1f} us; lakescore's ceiling on a model of no cost "
                      f"{1e6 / ours:,.0f} rows/s")
     lines += filter(None, [result.whole_line(W7, "batch", "the predict_batch_udf job's", W7_TARGET)])
-    eq = result.equal
-    if eq:
-        same = eq["only_lakescore"] == 0 and eq["only_window"] == 0
-        close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= SCORE_TOLERANCE
-        delta = "-" if eq["max_score_delta"] is None else f"{eq['max_score_delta']:.2e}"
-        lines.append(f"W7 outputs, lakescore vs the hand job: {eq['matched']:,} (user_id, item_id) rows in both, "
-                     f"{eq['only_lakescore']} only in lakescore's, {eq['only_window']} only in the hand job's; largest "
-                     f"score difference {delta}   target the same rows and scores: {verdict(same and close)}")
+    lines += _outputs_line(result.equal, "W7", "the hand job", "(user_id, item_id)", "the same rows and scores")
     return lines

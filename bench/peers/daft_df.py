@@ -20,12 +20,12 @@ Every workload reads the same Parquet as lakescore with ``daft.read_parquet`` an
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import sys
 import time
 from typing import Optional, Sequence
+
+from bench.peers.program import peer_arguments, write_timings
 
 import numpy as np
 
@@ -101,16 +101,7 @@ PIPELINES = {"W1": embeddings, "W1L": embeddings, "W4": generations, "W5": label
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.peers.daft_df")
-    parser.add_argument("--workload", required=True, choices=sorted(PIPELINES))
-    parser.add_argument("--input", required=True, help="the Parquet directory lakescore reads")
-    parser.add_argument("--model", required=True, help="the model directory (W6: the TorchScript file)")
-    parser.add_argument("--output", required=True, help="Delta path to write")
-    parser.add_argument("--timings", required=True, help="JSON file for the output's rows and the job's seconds")
-    parser.add_argument("--batch", type=int, default=None, help="W5: images per batch (default Daft's)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--features", default="", help="W6: feature columns in the program's order")
-    parser.add_argument("--top-k", type=int, default=10)
+    parser = peer_arguments("bench.peers.daft_df", PIPELINES)
     args = parser.parse_args(argv)
 
     import daft
@@ -118,11 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     PIPELINES[args.workload](daft.read_parquet(args.input), args).write_deltalake(args.output)
     seconds = time.perf_counter() - started
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(args.output).to_pyarrow_dataset().count_rows()
-    with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"rows": rows, "seconds": seconds, "engine": "daft", "version": daft.__version__}, handle)
+    write_timings(args.timings, args.output, seconds, "daft", daft.__version__)
     return 0
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import sys
 import time
 from typing import Optional, Sequence
+
+from bench.peers.program import peer_arguments, write_timings
 
 import numpy as np
 
@@ -126,16 +127,7 @@ def build(workload: str, args: argparse.Namespace):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.peers.ray_data")
-    parser.add_argument("--workload", required=True, choices=("W1", "W1L", "W4", "W5", "W6"))
-    parser.add_argument("--input", required=True, help="the Parquet directory lakescore reads")
-    parser.add_argument("--model", required=True, help="the model directory (W6: the TorchScript file)")
-    parser.add_argument("--output", required=True, help="Delta path to write")
-    parser.add_argument("--timings", required=True, help="JSON file for the output's rows and the job's seconds")
-    parser.add_argument("--batch", type=int, default=None, help="rows per map_batches call (W4, W5; default Ray's)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--features", default="", help="W6: feature columns in the program's order")
-    parser.add_argument("--top-k", type=int, default=10)
+    parser = peer_arguments("bench.peers.ray_data", ("W1", "W1L", "W4", "W5", "W6"))
     parser.add_argument("--fixed-pool", dest="autoscale", action="store_false",
                         help="a fixed pool of one actor per core, as the guide writes it (hangs on 2 cores)")
     args = parser.parse_args(argv)
@@ -149,11 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seconds = time.perf_counter() - started
     finally:
         ray.shutdown()
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(args.output).to_pyarrow_dataset().count_rows()
-    with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"rows": rows, "seconds": seconds, "engine": "ray", "version": ray.__version__}, handle)
+    write_timings(args.timings, args.output, seconds, "ray", ray.__version__)
     return 0
 
 
