@@ -1,14 +1,13 @@
 """``image_classify`` / ``image_embed`` end to end on real Spark + Delta with tiny seeded ViT / CLIP models: a binary
 column (a corrupt and a null image dead-lettered, identical images scored once, the digest the bytes' SHA-256), a
 column of paths (read on the executors, a missing file dead-lettered ``missing_file``), and a folder of image files
-read with ``--input-format images`` (an empty file dead-lettered, other files ignored and counted; killed after its
-first chunk and resumed, then incremental after one file was replaced)."""
+read with ``--input-format images`` (an empty file dead-lettered, other files ignored and counted; the run's staging
+key follows each file's length and modification time)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -17,25 +16,18 @@ import pandas as pd
 import pytest
 
 from lakescore import transform
-from lakescore.jobs.cli import main
 from lakescore.jobs.platform.hadoop_files import FUNCTION, STATUS_FUNCTION
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from lakescore.schemas.output import FILE_COLUMNS
 from lakescore.udfs.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
-from tests.integration.test_kill_matrix import _killed_run
-from tests.tiny_vision import encoded, picture, tiny_clip, vit_classifier
+from tests.tiny_vision import encoded, picture, vit_classifier
 
 
 @pytest.fixture(scope="module")
 def vit_dir(tmp_path_factory):
     return vit_classifier(tmp_path_factory.mktemp("vit"))
-
-
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory):
-    return tiny_clip(tmp_path_factory.mktemp("clip"))
 
 
 def _own_scores(task: str, model_dir: Path, values: list[bytes]) -> np.ndarray:
@@ -162,6 +154,27 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
     assert rescored.file_status and rescored.replaces_layout and "input_path" in rescored.output_schema.names
 
 
+def test_a_folder_run_scores_each_image_dead_letters_an_empty_one_and_counts_the_others_ignored(spark, tmp_path, vit_dir):
+    """Every file under the folder is scored, dead-lettered with its reason (a 0-byte image, which Spark's file scan
+    skips, is ``null_input`` as through a path column) or ignored and counted (not an image)."""
+    root = tmp_path / "photos"
+    (root / "nested").mkdir(parents=True)
+    files = {"one.jpg": encoded(picture(40, 30, 1), "JPEG", quality=90), "nested/two.PNG": encoded(picture(33, 47, 2), "PNG")}
+    for name, data in {**files, "x.png": b"", "notes.txt": b"not an image"}.items():
+        (root / name).write_bytes(data)
+    output = tmp_path / "labels"
+    report = run_scoring(_config(input=str(root), input_format="images", output=str(output), task="image_classify",
+                                 **{"model.source": str(vit_dir)}), spark)
+    assert report.status == "succeeded", report.error
+    assert (report.input_rows, report.output_rows, report.ignored_files) == (3, 2, 1)
+    assert report.error_reasons == {"null_input": 1}
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("path")
+    assert [p.split(f"{root}/", 1)[1] for p in out["path"]] == sorted(files)
+    errors = spark.read.format("delta").load(f"{output}_errors").toPandas()
+    assert errors["path"].tolist() == [f"file:{root / 'x.png'}"] and errors["reason"].tolist() == ["null_input"]
+    assert errors["error"].tolist() == ["no image bytes"]
+
+
 def _folder(root: Path) -> dict[str, bytes]:
     """Image files of every extension, any case, in nested folders; two files that are not images."""
     files = {
@@ -176,49 +189,6 @@ def _folder(root: Path) -> dict[str, bytes]:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
     return files
-
-
-def _by_file(spark, output: Path, root: Path) -> dict[str, list[float]]:
-    rows = spark.read.format("delta").load(str(output)).select("path", "embedding").collect()
-    return {r["path"].split(str(root) + "/", 1)[1]: r["embedding"] for r in rows}
-
-
-def test_a_folder_of_images_killed_resumed_then_incremental_after_a_file_is_replaced(spark, tmp_path, clip_dir):
-    """Every file under the folder is scored, dead-lettered with its reason (a 0-byte image, which Spark's file scan
-    skips, is ``null_input`` as through a path column) or ignored and counted (not an image), through a kill, its
-    resume and an incremental run."""
-    root = tmp_path / "photos"
-    files = _folder(root)
-    (root / "nested/empty.png").write_bytes(b"")
-    output = tmp_path / "embeddings"
-    args = ["score", "--task", "image_embed", "--input", str(root), "--input-format", "images", "--output", str(output),
-            "--model", str(clip_dir), "--write-mode", "incremental", "--run-id", "folder",
-            "--set", "write.chunk_rows=3", "--set", "scoring.max_batch_rows=2", "--set", "max_error_rate=0.5"]
-    code, _, log = _killed_run(args, tmp_path, "chunk_committed:0")
-    assert code != 0, log
-    assert main([*args, "--report", str(tmp_path / "r.json")]) == 0
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["chunks"]["skipped"] == 1 and report["ignored_files"] == 2
-    assert (report["input_rows"], report["output_rows"], report["error_rows"]) == (7, 6, 1)
-    errors = spark.read.format("delta").load(f"{output}_errors").select("path", "reason", "error").collect()
-    assert [tuple(r) for r in errors] == [(f"file:{root / 'nested/empty.png'}", "null_input", "no image bytes")]
-    first = _by_file(spark, output, root)
-    assert sorted(first) == sorted(files)
-    names = list(files)
-    expected = _own_scores("image_embed", clip_dir, [files[n] for n in names])
-    assert np.abs(np.array([first[n] for n in names]) - expected).max() < 1e-5
-
-    # One file replaced by another picture: only it is scored again
-    files["nested/two.PNG"] = encoded(picture(47, 33, 12), "PNG")
-    (root / "nested/two.PNG").write_bytes(files["nested/two.PNG"])
-    again = run_scoring(_config(input=str(root), input_format="images", output=str(output), task="image_embed",
-                                **{"model.source": str(clip_dir), "write.mode": "incremental"}), spark)
-    assert again.status == "succeeded", again.error
-    assert (again.rows_kept, again.rows_scored, again.ignored_files) == (5, 1, 2), (again.rows_kept, again.rows_scored, again.error_reasons)
-    assert again.error_reasons == {"null_input": 1}  # the empty file is still not in the output: tried again
-    second = _by_file(spark, output, root)
-    assert all(second[n] == first[n] for n in names if n != "nested/two.PNG")
-    assert np.abs(np.array(second["nested/two.PNG"]) - _own_scores("image_embed", clip_dir, [files["nested/two.PNG"]])[0]).max() < 1e-5
 
 
 def test_a_folder_runs_key_changes_when_a_file_is_replaced_under_its_name(spark, tmp_path):
