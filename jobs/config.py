@@ -435,7 +435,7 @@ class GenerateConfig(_Section):
     choices: Names = ()
     """Instead of generating, score each of these strings (two at least) as a continuation of the prompt and return the
     most likely (``finish_reason`` ``choice``, the log-probabilities in ``choice_logprobs``): zero-shot labels."""
-    choice_score: Literal[CHOICE_SCORES] = "sum"
+    choice_score: Literal[CHOICE_SCORES] = GenerateOptions.choice_score
     """What ``choices`` are compared by, and what ``choice_logprobs`` holds: ``sum`` of each choice's token
     log-probabilities (its probability as a continuation, which favours choices of fewer tokens), or their ``mean``
     per token."""
