@@ -114,14 +114,14 @@ def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, .
     files' bytes, read on the executors), or the feature columns."""
     kind = get_task(cfg.task).input_kind
     if cfg.prompt_template:
-        return render_prompts(cfg.prompt_template, cfg.id_col, df, "the DataFrame"), (PROMPT_COLUMN,)
+        return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (PROMPT_COLUMN,)
     if kind.one_column and not cfg.input_col:
         hint = " (or prompt_template)" if kind.row_keys else ""
         raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
     if not kind.one_column:
-        FeatureInputContract(cfg.id_col, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
+        FeatureInputContract(cfg.id_cols, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
         return df, tuple(cfg.feature_cols)
-    one_column_contract(kind.name, cfg.id_col, cfg.input_col).check(df.schema, "the DataFrame")
+    one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(df.schema, "the DataFrame")
     return one_column_input(cfg, df, "the DataFrame")
 
 

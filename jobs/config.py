@@ -40,6 +40,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
+from lakescore.schemas.id_columns import id_names
 from lakescore.udfs.batching import default_max_tokens
 from lakescore.udfs.generate_options import GenerateOptions
 from lakescore.udfs.model_options import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS, ModelOptions
@@ -590,10 +591,9 @@ class JobConfig(Section):
 
     @property
     def id_cols(self) -> tuple[str, ...]:
-        """The id column(s) as a tuple: one name, or a composite id's names in the configured order (``()``: unset)."""
-        if self.id_col is None:
-            return ()
-        return self.id_col if isinstance(self.id_col, tuple) else (self.id_col,)
+        """The id column(s) as every step takes them: one name, or a composite id's names in the configured order
+        (``()``: unset). ``id_col`` is the setting as written (one name stays a string)."""
+        return id_names(self.id_col)
 
     @property
     def row_cols(self) -> tuple[str, ...]:

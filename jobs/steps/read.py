@@ -329,20 +329,20 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
             raise InputContractError(f"rank.partition_by column {name!r} not found in {where}; available columns: "
                                      f"{', '.join(source.columns)}")
     if cfg.prompt_template:
-        return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
+        return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:
-        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_col, cfg.input_col).check(source.schema, where)
+        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_cols, cfg.input_col).check(source.schema, where)
         return one_column_input(cfg, source, where)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
-    FeatureInputContract(cfg.id_col, features).check(source.schema, where)
+    FeatureInputContract(cfg.id_cols, features).check(source.schema, where)
     return source, features
 
 
-def render_prompts(template: str, id_col: Optional[str], source: DataFrame, where: str) -> DataFrame:
+def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, where: str) -> DataFrame:
     """``source`` plus each row's prompt rendered from ``template`` (:data:`~lakescore.schemas.contracts.PROMPT_COLUMN`):
     its literal text and named columns cast to strings, concatenated; null where a named column is null. Rendering
     in Spark makes the prompt the model's input everywhere: its digest, dedup, and the errors table's raw input."""
-    PromptInputContract(id_col, template_columns(template)).check(source.schema, where)
+    PromptInputContract(id_cols, template_columns(template)).check(source.schema, where)
     if PROMPT_COLUMN in source.columns:
         raise InputContractError(f"{where} has a column named {PROMPT_COLUMN!r}, which lakescore renders prompts into; rename it")
     parts = [
