@@ -16,8 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, config_options
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport
-from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.metrics import record_run, record_stopped_run
+from lakescore.jobs.score_job import run_and_record
 from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts
 from lakescore.jobs.steps.score import score_dataframe, scoring_layout
 from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
@@ -40,8 +39,8 @@ source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (`
 
 
 def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
-    """Run the whole scoring job and return its report; writes the JSON report when ``report`` is set, and the run's
-    row in the metrics table (``validation.metrics``).
+    """Run the whole scoring job and return its report; writes the JSON report when ``report`` is set (for a run that
+    raises too, as the CLI does), and the run's row in the metrics table (``validation.metrics``).
 
     ``config`` takes the YAML config's keys, sections as dicts, e.g.
     ``score(input="db.reviews", output="db.embeddings", task="embed", id_col="id", text_col="body",
@@ -55,14 +54,7 @@ def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
     when a concurrent run won. A failed validation, error-rate or drift check does not raise: the report's
     ``status`` says so and nothing was published.
     """
-    cfg = config_from_mapping(config)
-    try:
-        report = run_scoring(cfg, spark)
-    except BaseException as exc:
-        record_stopped_run(spark, cfg, exc)
-        raise
-    record_run(spark, cfg, report)
-    return report
+    return run_and_record(config_from_mapping(config), spark)
 
 
 def transform(

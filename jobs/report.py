@@ -18,6 +18,7 @@ from lakescore.jobs.cost import cost_text
 
 __all__ = [
     "RunReport", "UNFINISHED", "write_report", "report_location", "html_path_for", "software_versions", "one_line",
+    "before_compute", "kept_trace",
     "precision_check_text", "nothing_scored_text", "dead_letters_place", "drift_gated", "drift_text",
 ]
 
@@ -276,6 +277,30 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
         return f"{type(exc).__name__}: {text[:500]}"
     return text[:500]
+
+
+def before_compute(exc: BaseException) -> bool:
+    """Whether ``exc`` refused the run before any compute: a setting, the input's contract, a table or the model (its
+    one line says everything; the CLI exits 2)."""
+    from lakescore.jobs.config import ConfigError
+    from lakescore.jobs.platform.tables import TableError
+    from lakescore.schemas.contracts import InputContractError
+    from lakescore.udfs.model_source import ModelSourceError
+
+    return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
+
+
+def kept_trace(exc: BaseException) -> Optional[str]:
+    """The log file that now holds ``exc``'s full traceback (written there once), or ``None``: an interruption or a
+    refusal before compute says everything in its one line, and a session lakescore did not build (or ``-v``) has no
+    such file."""
+    from lakescore.jobs.platform.console import keep_trace
+    from lakescore.jobs.platform.interrupts import was_interrupted
+
+    if was_interrupted(exc) or before_compute(exc):
+        return None
+    path = keep_trace(exc)
+    return str(path) if path is not None else None
 
 
 def report_location(report: RunReport, json_path: os.PathLike | str) -> str:
