@@ -9,7 +9,7 @@ of (n, L, d) and pools on the device. Two backends:
 
 * ``torch``: the Hugging Face model itself (safetensors are memory-mapped by ``safetensors``);
 * ``onnx``: ONNX Runtime on a graph exported once per host from the same weights
-  (:mod:`lakescore.udfs.onnx_export`), optionally int8 (:mod:`lakescore.udfs.quantize`). The
+  (:mod:`lakescore.udfs.onnx_export`; :func:`lakescore.udfs.forwards.load_forward` picks), optionally int8 (:mod:`lakescore.udfs.quantize`). The
   session is created in the worker that scores (sessions neither pickle nor survive a fork),
   with the task's CPUs as its threads. A worker on this backend never imports torch.
 """
@@ -22,11 +22,11 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 
-from lakescore.udfs.devices import task_cpus, to_device, torch_dtype
+from lakescore.udfs.devices import to_device, torch_dtype
 from lakescore.udfs.model_source import ModelSpec, UnfitModelError
 
 __all__ = [
-    "ModelKind", "Forward", "Reduce", "TorchForward", "OnnxForward", "load_forward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
+    "ModelKind", "Forward", "Reduce", "TorchForward", "OnnxForward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
 ]
 
 WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
@@ -115,20 +115,6 @@ class OnnxForward:
         inputs = {k: np.ascontiguousarray(features[k], dtype=np.int64) for k in self.input_names}
         output = self._session.run(None, inputs)[0]
         return output if reduce is None else reduce(output, inputs)
-
-
-def load_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_names: Sequence[str]) -> Forward:
-    """The forward ``spec.backend`` runs for the model in ``model_dir``, reading ``kind.output``.
-
-    ``input_names`` are what the tokenizer produces (``input_ids``, ``attention_mask``, ...).
-    ONNX: the graph for these weights, task and quantization, exported on this host on first use.
-    Loader and export errors propagate.
-    """
-    if spec.backend == "onnx":
-        from lakescore.udfs.onnx_export import exported_model
-
-        return OnnxForward(onnx_session(exported_model(spec, model_dir, kind, input_names), task_cpus()))
-    return TorchForward(load_torch_model(spec, model_dir, kind), kind.output, input_names, kind.method)
 
 
 def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind):

@@ -198,7 +198,7 @@ def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 failure = exc
-    from lakescore.udfs.model_source import UnfitModelError
+    from lakescore.udfs.errors import UnfitModelError
 
     message = " ".join(str(failure).split()) or type(failure).__name__
     raise UnfitModelError(

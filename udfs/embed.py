@@ -35,7 +35,8 @@ import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column
-from lakescore.udfs.backends import Forward, ModelKind, load_forward
+from lakescore.udfs.backends import Forward, ModelKind
+from lakescore.udfs.forwards import load_forward
 from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_limit
 from lakescore.udfs.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
 from lakescore.udfs.tokenization import BatchEncoder

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from lakescore.udfs.backends import Forward, ModelKind, load_forward
+from lakescore.udfs.backends import Forward, ModelKind
+from lakescore.udfs.forwards import load_forward
 from lakescore.udfs.model_fit import NO_TOKENIZER_LIMIT
 from lakescore.udfs.model_source import ModelSpec, UnfitModelError, refuse_pickle_weights, require_directory
 

@@ -15,13 +15,12 @@ what does not fit.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 from lakescore.udfs.model_source import ModelSpec, UnfitModelError
-from lakescore.udfs.registry import get_task
+from lakescore.udfs.registry import get_task, named
 
 __all__ = ["check_model_fits", "read_json", "architectures", "NO_TOKENIZER_LIMIT"]
 
@@ -62,5 +61,4 @@ def check_model_fits(spec: ModelSpec, model_dir: Path) -> None:
                 f"{spec.task}"
             )
     if task.model_check:
-        module, _, function = task.model_check.partition(":")
-        getattr(importlib.import_module(module), function)(spec, Path(model_dir), config)
+        named(task.model_check)(spec, Path(model_dir), config)

@@ -32,6 +32,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from lakescore.udfs.backends import ModelKind, OnnxForward, load_torch_model, onnx_session
+from lakescore.udfs.model_fit import read_json
 from lakescore.udfs.model_source import ModelSpec, stage_once, weights_sha256
 
 __all__ = [
@@ -147,9 +148,7 @@ def probe_inputs(model_dir: Path, input_names: Sequence[str]) -> list[dict[str, 
     """Seeded inputs for :func:`check_graph`: 3 rows x 13 tokens (one row padded after 9) and 1 row x 40, other
     shapes than the export's (2 x 8). Token ids are below ``config.json``'s ``vocab_size`` (100 when it has none);
     ``attention_mask`` marks the padding; every other input (``token_type_ids``) is zeros."""
-    from lakescore.udfs.hf_models import model_facts
-
-    vocab = int(model_facts(model_dir).vocab_size or 100)
+    vocab = int((read_json(model_dir / "config.json") or {}).get("vocab_size") or 100)
     rng = np.random.default_rng(0)
     probes = []
     for rows, tokens, valid in ((3, 13, 9), (1, 40, 40)):

@@ -34,7 +34,14 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["named", "InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+
+
+def named(ref: str) -> Any:
+    """What ``"module:name"`` names, its module imported now: how the registry refers to executor code (loaders,
+    runners, model checks) without importing it."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -43,8 +50,9 @@ class InputKind:
     column of encoded images)."""
 
     name: str
-    runner_name: str
-    """The class in :mod:`lakescore.udfs.runners` that prepares Arrow batches for the head."""
+    runner_ref: str
+    """``"module:Class"`` of the runner that prepares Arrow batches for the head (:mod:`lakescore.udfs.runners`),
+    imported on first use as the loaders are: the registry names the executors' code, it does not import it."""
     worker_imports: tuple[str, ...] = ()
     """Modules every head of this kind imports in a worker, whatever its backend."""
     row_keys: bool = False
@@ -70,9 +78,7 @@ class InputKind:
     @property
     def runner(self) -> type:
         """``runner(head, input_cols)``: prepares Arrow batches for the head."""
-        from lakescore.udfs import runners
-
-        return getattr(runners, self.runner_name)
+        return named(self.runner_ref)
 
     def preflight_sample(self, spec: ModelSpec) -> Any:
         """One input row, as the head's ``score`` takes it, for the executors' preflight."""
@@ -85,14 +91,14 @@ class InputKind:
         return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
 
 
-TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
+TEXT = InputKind("text", "lakescore.udfs.runners:TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
 PROMPT = InputKind(
-    "text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True, column_setting="text_col"
+    "text", "lakescore.udfs.runners:PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True, column_setting="text_col"
 )
 """One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""
-FEATURES = InputKind("features", "MatrixRunner")
+FEATURES = InputKind("features", "lakescore.udfs.runners:MatrixRunner")
 IMAGE = InputKind(
-    "image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
+    "image", "lakescore.udfs.runners:ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
     column_setting="image_col", runner_settings=("max_image_pixels",), file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
 )
 """One binary column of encoded images (a folder of image files is read as one: ``input_format`` ``images``)."""
@@ -184,10 +190,7 @@ class Task:
 
     def load(self, spec: ModelSpec, model_dir: Path) -> Any:
         """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
-        loader = self.loader
-        if isinstance(loader, str):
-            module, _, function = loader.partition(":")
-            loader = getattr(importlib.import_module(module), function)
+        loader = named(self.loader) if isinstance(self.loader, str) else self.loader
         return loader(spec, model_dir)
 
     @property

@@ -334,7 +334,7 @@ def _limit_torch_threads(cpus: Optional[int]) -> None:
     """One torch thread per CPU Spark gave this task, so concurrent tasks do not oversubscribe cores.
 
     Only where torch is loaded already: a worker on the ONNX backend never imports it (its
-    sessions take their threads from the task when created, :func:`lakescore.udfs.backends.load_forward`).
+    sessions take their threads from the task when created, :func:`lakescore.udfs.forwards.load_forward`).
     """
     torch = sys.modules.get("torch")
     if torch is not None and cpus and torch.get_num_threads() != cpus:
