@@ -643,8 +643,7 @@ class JobConfig(Section):
         return self.validation.metrics_table or self._beside_output("_metrics")
 
     def _beside_output(self, suffix: str) -> str:
-        from lakescore.jobs.platform.identifiers import parse_table_name
-        from lakescore.jobs.platform.tables import is_path
+        from lakescore.jobs.references import is_path, parse_table_name
 
         if not self.output or is_path(self.output):
             return f"{(self.output or '').rstrip('/')}{suffix}"

@@ -4,7 +4,7 @@ A reference containing ``/``, ``\\`` or ``:`` outside backtick-quoted name parts
 ``./x``, ``s3a://bucket/x``, ``dbfs:/x``). A bare name (``reviews``, ``reviews.parquet``, ``db.table``)
 is a path when a local file or directory of that name exists in the working directory, and a table
 identifier (``table``, ``db.table`` or ``catalog.db.table``, parts quoted with backticks where needed:
-:mod:`lakescore.jobs.platform.identifiers`) otherwise, handed to Spark quoted: the local path wins, so
+:mod:`lakescore.jobs.references`) otherwise, handed to Spark quoted: the local path wins, so
 ``--input reviews.parquet`` reads the file beside you rather than the table `reviews`.`parquet`.
 
 Each reference is read once into a :class:`TableRef` (path or parsed name). One function per operation follows,
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -34,7 +33,7 @@ from pyspark.sql.types import StructType
 
 from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.identifiers import TableName, has_path_separator, parse_table_name, quote_identifier
+from lakescore.jobs.references import TableName, is_path, local_ref, parse_table_name, quote_identifier
 from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
 from lakescore.schemas.output import column_types
 
@@ -211,34 +210,6 @@ def column(name: str):
     from pyspark.sql import functions as F
 
     return F.col(quote_identifier(name))
-
-
-def is_path(ref: str) -> bool:
-    """True when ``ref`` names a filesystem path rather than a metastore table.
-
-    A reference with ``/``, ``\\`` or ``:`` outside backtick-quoted parts always is one (``db.`a/b``` is
-    a table); a bare name is one when it exists locally (relative to the working directory).
-
-    >>> is_path("s3a://bucket/x"), is_path("sales.no_such_local_file"), is_path("db.`a/b`")
-    (True, False, False)
-    """
-    return has_path_separator(ref) or os.path.exists(ref)
-
-
-def local_ref(ref: Optional[str]) -> Optional[str]:
-    """``ref`` spelled unambiguously: the absolute path of a bare name that exists locally, else ``ref`` as given.
-
-    Absolute, because Spark resolves a relative path against the JVM's working directory,
-    which is not this process's once it has changed directory. References derived from
-    the result (``<output>_errors``, the staging directory) follow the same reading:
-    beside a local output, not in the metastore.
-
-    >>> local_ref("sales.no_such_local_file"), local_ref("/data/x"), local_ref(None)
-    ('sales.no_such_local_file', '/data/x', None)
-    """
-    if ref and not has_path_separator(ref) and os.path.exists(ref):
-        return os.path.abspath(ref)
-    return ref
 
 
 @dataclass(frozen=True)
@@ -861,7 +832,7 @@ def drop_delta(spark: SparkSession, ref: "str | TableRef") -> None:
 
 
 def table_names(spark: SparkSession, namespace: str) -> list[str]:
-    """The names of the tables in ``namespace`` (its parts quoted, :attr:`~lakescore.jobs.platform.identifiers.TableName.quoted_namespace`;
+    """The names of the tables in ``namespace`` (its parts quoted, :attr:`~lakescore.jobs.references.TableName.quoted_namespace`;
     empty: the session's current schema), temporary views left out. ``SHOW TABLES``, which Spark Connect runs too."""
     rows = spark.sql("SHOW TABLES" + (f" IN {namespace}" if namespace else "")).collect()
     return [row["tableName"] for row in rows if not row["isTemporary"]]

@@ -25,7 +25,7 @@ from lakescore.jobs.config import ConfigError, JobConfig
 from lakescore.jobs.platform.hadoop_files import FILE_STATUS, FUNCTION, STATUS_FUNCTION, file_functions
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
-from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
+from lakescore.jobs.references import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
     OutputColumnsError, TableError, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
@@ -195,7 +195,7 @@ def _path_text(uri: str) -> str:
 
 def check_table_names(cfg: JobConfig) -> None:
     """Parse every table name the run uses (input, output, errors, ``write.staging`` prefix): a
-    :class:`~lakescore.jobs.platform.identifiers.TableNameError` for an illegal one, before any session starts."""
+    :class:`~lakescore.jobs.references.TableNameError` for an illegal one, before any session starts."""
     for what, ref in _table_refs(cfg):
         parse_table_name(ref, what)
 

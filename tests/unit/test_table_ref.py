@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from lakescore.jobs.platform.identifiers import TableNameError
+from lakescore.jobs.references import TableNameError
 from lakescore.jobs.platform.tables import MERGE_OP, TableRef, _MergeClauses, write_delta
 
 

@@ -1,4 +1,8 @@
-"""Table names: parsed once, validated with one-line errors, quoted for Spark by one function.
+"""References to tables: a path told from a table name, and table names parsed once, validated with one-line errors
+and quoted for Spark by one function. Plain Python (no Spark), so the config derives names from them.
+
+A reference containing ``/``, ``\\`` or ``:`` outside backtick-quoted name parts is a path; a bare name is a path when
+a local file or directory of that name exists (:func:`is_path`), else a table name.
 
 A table reference is ``table``, ``schema.table`` or ``catalog.schema.table`` (Unity Catalog's
 three levels; locally ``spark_catalog.db.table``). Each part is either bare (any characters
@@ -26,14 +30,16 @@ any compute (:func:`require_catalog_accepts`).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from lakescore.jobs.config import ConfigError
+from lakescore.udfs.settings import ConfigError
 
 __all__ = [
     "TableNameError", "TableName", "quote_identifier", "parse_table_name", "has_path_separator", "require_catalog_accepts",
+    "is_path", "local_ref",
 ]
 
 MAX_PARTS = 3
@@ -180,3 +186,31 @@ def require_catalog_accepts(spark, table: TableName, what: str) -> None:
             f"{what} {str(table)!r} cannot be created in Spark's session catalog ({SESSION_CATALOG}, a Hive metastore): "
             f"{refused[0]!r} has characters other than letters, digits and _ (Unity Catalog accepts it)"
         )
+
+
+def is_path(ref: str) -> bool:
+    """True when ``ref`` names a filesystem path rather than a metastore table.
+
+    A reference with ``/``, ``\\`` or ``:`` outside backtick-quoted parts always is one (``db.`a/b``` is
+    a table); a bare name is one when it exists locally (relative to the working directory).
+
+    >>> is_path("s3a://bucket/x"), is_path("sales.no_such_local_file"), is_path("db.`a/b`")
+    (True, False, False)
+    """
+    return has_path_separator(ref) or os.path.exists(ref)
+
+
+def local_ref(ref: Optional[str]) -> Optional[str]:
+    """``ref`` spelled unambiguously: the absolute path of a bare name that exists locally, else ``ref`` as given.
+
+    Absolute, because Spark resolves a relative path against the JVM's working directory,
+    which is not this process's once it has changed directory. References derived from
+    the result (``<output>_errors``, the staging directory) follow the same reading:
+    beside a local output, not in the metastore.
+
+    >>> local_ref("sales.no_such_local_file"), local_ref("/data/x"), local_ref(None)
+    ('sales.no_such_local_file', '/data/x', None)
+    """
+    if ref and not has_path_separator(ref) and os.path.exists(ref):
+        return os.path.abspath(ref)
+    return ref
