@@ -190,7 +190,7 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _fetch_jars(args: argparse.Namespace) -> int:
-    from lakescore.jobs.platform.local.class_archive import build_archive
+    from lakescore.jobs.commands.fetch_jars import build_archive
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
     from lakescore.jobs.platform.session import jar_confs
 
