@@ -135,9 +135,9 @@ $(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py 
 	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
-$(LAUNCHER): jobs/platform/launcher.py
+$(LAUNCHER): jobs/launcher.py
 	mkdir -p dist
-	cp jobs/platform/launcher.py $@
+	cp jobs/launcher.py $@
 
 env: $(ENV).installed
 

@@ -13,7 +13,7 @@ import sys
 
 if __name__ == "__main__":
     # Python put this file's directory first on sys.path; inside a source tree that is
-    # jobs/platform/, whose modules (session, tables, progress, ...) would shadow top-level names.
+    # jobs/, whose modules (config, report, api, ...) would shadow top-level names.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     from lakescore.jobs.cli import main
