@@ -18,7 +18,8 @@ from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report import RunReport
 from lakescore.jobs.score_job import run_and_record
 from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts
-from lakescore.jobs.steps.score import score_dataframe, scoring_layout
+from lakescore.jobs.steps.context import scoring_layout
+from lakescore.jobs.steps.score import score_dataframe
 from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.model_fit import check_model_fits

@@ -31,7 +31,7 @@ from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.platform.tables import TableError, read_input
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.ids import row_key
-from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.registry import OutputProfile, get_task
 

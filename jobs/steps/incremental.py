@@ -29,7 +29,8 @@ from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.rank import key_digest
-from lakescore.jobs.steps.read import RunContext, file_bytes
+from lakescore.jobs.steps.context import RunContext
+from lakescore.jobs.steps.read import file_bytes
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN
 from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION

@@ -18,24 +18,22 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.context import PythonWorkerStart, RunContext, ScoringLayout
 from lakescore.udfs.model_fit import check_model_fits
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function, start_worker
+from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
-if TYPE_CHECKING:
-    from lakescore.jobs.steps.read import RunContext
-    from lakescore.jobs.steps.score import ScoringLayout
 
 __all__ = [
-    "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "PythonWorkerStart", "SAMPLE_ROWS",
+    "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
     "raise_worker_failure",
 ]
 
@@ -65,39 +63,6 @@ class ModelIdentity:
     (:func:`~lakescore.udfs.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
-
-
-class PythonWorkerStart:
-    """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
-
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.local.python_daemon`), while the
-    driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot: they
-    then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
-    One task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker
-    failures.
-    """
-
-    def __init__(self, spark: SparkSession, layout: "ScoringLayout") -> None:
-        self._spark = spark
-        self._tag = f"lakescore-worker-start-{uuid.uuid4().hex[:12]}"
-        self._thread = threading.Thread(target=self._run, args=(layout,), name="lakescore-worker-start", daemon=True)
-        self._thread.start()
-
-    def _run(self, layout: "ScoringLayout") -> None:
-        try:
-            with job_tag(self._spark, self._tag):
-                self._spark.range(1, numPartitions=1).mapInArrow(start_worker, "id long", profile=layout.profile).collect()
-        except Exception as error:  # noqa: BLE001 (the preflight reports worker failures)
-            log.debug("starting a Python worker ahead of the preflight failed: %s", error)
-
-    def wait(self) -> None:
-        """Return once the worker started (or its job failed or was cancelled)."""
-        self._thread.join()
-
-    def cancel(self) -> None:
-        """Cancel the job if it still runs (the run failed before the preflight took over)."""
-        if self._thread.is_alive():
-            cancel_tagged(self._spark, self._tag)
 
 
 def preflight_model(

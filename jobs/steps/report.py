@@ -19,7 +19,7 @@ from lakescore.jobs.report import RunReport, one_line, software_versions
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
-from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.context import RunContext, Targets
 
 __all__ = ["StepClock", "assemble_report", "failure_report"]
 
