@@ -128,7 +128,7 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 
 
 def _score(args: argparse.Namespace) -> int:
-    from lakescore.jobs.report import report_location
+    from lakescore.jobs.report_files import report_location
     from lakescore.jobs.score_job import run_and_record
 
     cfg = _config(args)

@@ -1,15 +1,12 @@
 """The run report: JSON for a scheduler, an auditor or the next job, and the same facts as an HTML page.
 
-:func:`write_report` writes ``x.json`` and, beside it, ``x.html``
+:func:`~lakescore.jobs.report_files.write_report` writes ``x.json`` and, beside it, ``x.html``
 (:mod:`lakescore.jobs.report_html`): one self-contained page that opens with no network.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -17,12 +14,10 @@ from typing import Any, Optional
 from lakescore.jobs.cost import cost_text
 
 __all__ = [
-    "RunReport", "UNFINISHED", "write_report", "report_location", "html_path_for", "software_versions", "one_line",
+    "RunReport", "UNFINISHED", "html_path_for", "software_versions", "one_line",
     "before_compute", "kept_trace",
     "precision_check_text", "nothing_scored_text", "dead_letters_place", "drift_gated", "drift_text",
 ]
-
-log = logging.getLogger(__name__)
 
 UNFINISHED = ("failed", "interrupted")
 """Statuses of a run that stopped before its publish decision: its report knows no row counts."""
@@ -245,24 +240,6 @@ def drift_text(drift: dict[str, Any]) -> str:
     return f"against version {drift.get('baseline_version')}: {', '.join(parts)}{note}"
 
 
-def write_report(report: RunReport, path: os.PathLike | str, html: bool = True) -> Path:
-    """Write ``report`` as JSON to ``path`` atomically (a reader never sees half a report), and with
-    ``html`` the HTML page beside it (:func:`html_path_for`), recorded in ``report.html_report``.
-
-    A page that cannot be drawn is logged as a warning and leaves ``html_report`` unset: the
-    JSON report is what schedulers depend on.
-    """
-    target = Path(path).expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if html:
-        _write_html(report, target)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as handle:
-        json.dump(report.as_dict(), handle, indent=2, sort_keys=False, default=str)
-        handle.write("\n")
-    os.replace(handle.name, target)
-    return target
-
-
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name); an
     error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`)."""
@@ -303,14 +280,6 @@ def kept_trace(exc: BaseException) -> Optional[str]:
     return str(path) if path is not None else None
 
 
-def report_location(report: RunReport, json_path: os.PathLike | str) -> str:
-    """The summary's last line: where to look (the HTML page when there is one, and the JSON)."""
-    json_file = Path(json_path).expanduser().resolve()
-    if report.html_report:
-        return f"  report: {report.html_report} (JSON: {json_file.name} beside it)"
-    return f"  report: {json_file}"
-
-
 def html_path_for(json_path: os.PathLike | str) -> Path:
     """The HTML page's path for the JSON report at ``json_path``: same stem, ``.html``.
 
@@ -325,21 +294,10 @@ def software_versions(spark_version: Optional[str]) -> dict[str, Optional[str]]:
     (``None`` where the platform ships Delta without that Python package)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    import lakescore
+    from lakescore._version import __version__
 
     try:
         delta = version("delta-spark")
     except PackageNotFoundError:
         delta = None
-    return {"lakescore": lakescore.__version__, "spark": spark_version, "delta": delta}
-
-
-def _write_html(report: RunReport, json_path: Path) -> None:
-    from lakescore.jobs.report_html import write_html
-
-    try:
-        report.html_report = str(html_path_for(json_path).resolve())
-        write_html(report.as_dict(), json_path)
-    except Exception:  # the page is a view of the JSON; never lose the JSON for it
-        report.html_report = None
-        log.warning("could not write the HTML report beside %s", json_path, exc_info=True)
+    return {"lakescore": __version__, "spark": spark_version, "delta": delta}

@@ -24,7 +24,8 @@ from lakescore.jobs.platform.console import run_log
 from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.local.accelerations import import_late_modules_meanwhile
 from lakescore.jobs.platform.step_hooks import at_point
-from lakescore.jobs.report import RunReport, kept_trace, write_report
+from lakescore.jobs.report import RunReport, kept_trace
+from lakescore.jobs.report_files import write_report
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run

@@ -18,12 +18,7 @@ folders are its subpackages ``lakescore.jobs`` (orchestration, CLI, platform ada
 (input contracts, output schemas, validation suites).
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
-
-try:
-    __version__ = _version("lakescore")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+from lakescore._version import __version__
 
 __all__ = ["score", "transform", "pandas_udf", "__version__"]
 

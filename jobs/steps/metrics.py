@@ -30,7 +30,8 @@ from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import TableError, TableRef, read_input, write_delta
-from lakescore.jobs.report import RunReport, one_line, write_report
+from lakescore.jobs.report import RunReport, one_line
+from lakescore.jobs.report_files import write_report
 from lakescore.jobs.steps.report import failure_report
 
 __all__ = [
