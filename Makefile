@@ -98,10 +98,11 @@ jar:
 	printf 'Source-SHA256: %s\n' "$$(cat $(JAVA_SRC) | sha256sum | cut -d' ' -f1)" > build/jar/MANIFEST.MF
 	jar --create --date=2000-01-01T00:00:00Z --file $(FILE_READER_JAR) --manifest build/jar/MANIFEST.MF -C build/jar/classes .
 
-# Rewrite the generated configuration reference in docs/configuration.md from the schema (jobs/config.py).
+# Rewrite the generated configuration reference in docs/configuration.md from the schema (jobs/config/, with the
+# executors' sections in udfs/).
 .PHONY: docs
 docs:
-	$(PY) -m lakescore.jobs.config_reference docs/configuration.md
+	$(PY) -m lakescore.jobs.config.reference docs/configuration.md
 
 # --- Packaging for clusters (README.md "Running on a cluster") ---
 .PHONY: package wheel env env-archive clean-package submit-local

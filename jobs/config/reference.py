@@ -1,6 +1,6 @@
 """The configuration reference of ``docs/configuration.md``, written from the config schema.
 
-``make docs`` (``python -m lakescore.jobs.config_reference docs/configuration.md``) rewrites the part of the page
+``make docs`` (``python -m lakescore.jobs.config.reference docs/configuration.md``) rewrites the part of the page
 between :data:`START` and :data:`END`; the rest of the page is written by hand. A unit test keeps the committed
 page equal to what :func:`updated` makes of it, so a new option without a regenerated reference fails.
 """
@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from lakescore.jobs.config import JobConfig, Option, config_options
+from lakescore.jobs.config.options import Option, config_options
+from lakescore.jobs.config.schema import JobConfig
 
 __all__ = ["START", "END", "reference", "updated", "main"]
 
-START = "<!-- generated: start (make docs; edit jobs/config.py, not this block) -->"
+START = "<!-- generated: start (make docs; edit jobs/config.py, not this block) -->"  # as the committed page has it
 END = "<!-- generated: end -->"
 
 
