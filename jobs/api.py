@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, config_options
 from lakescore.jobs.platform.model_staging import stage_model
-from lakescore.jobs.report import RunReport
+from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_and_record
 from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts
 from lakescore.jobs.steps.context import scoring_layout

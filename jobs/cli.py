@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from lakescore.jobs.commands.demo import DEMO_ROWS
 from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
 from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
-from lakescore.jobs.report import before_compute, kept_trace, one_line
+from lakescore.jobs.report.text import before_compute, kept_trace, one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
@@ -128,7 +128,7 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 
 
 def _score(args: argparse.Namespace) -> int:
-    from lakescore.jobs.report_files import report_location
+    from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
 
     cfg = _config(args)

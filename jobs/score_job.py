@@ -24,8 +24,9 @@ from lakescore.jobs.platform.console import run_log
 from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.local.accelerations import import_late_modules_meanwhile
 from lakescore.jobs.platform.step_hooks import at_point
-from lakescore.jobs.report import RunReport, kept_trace
-from lakescore.jobs.report_files import write_report
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.text import kept_trace
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
@@ -42,7 +43,7 @@ __all__ = ["run_scoring", "run_and_record"]
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
-    """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.RunReport`.
+    """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.model.RunReport`.
 
     Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
     :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
@@ -113,5 +114,5 @@ def _text(path) -> Optional[str]:
 def _import_late_modules_meanwhile(cfg: JobConfig) -> None:
     """Import what the run's last steps need while the executors work (on this host's own masters): GX when
     validation is on, then the HTML report's charts when a report is written."""
-    modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report_html"] if cfg.report else [])
+    modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report.html"] if cfg.report else [])
     import_late_modules_meanwhile(modules)

@@ -3,7 +3,7 @@
 Three entry points, each validating its settings before any Spark or model work:
 
 * :func:`score` — the whole job (read, check, score, stage, validate, publish to Delta); returns the
-  :class:`~lakescore.jobs.report.RunReport`. Same keys as the YAML config.
+  :class:`~lakescore.jobs.report.model.RunReport`. Same keys as the YAML config.
 * :func:`transform` — a lazily scored DataFrame for notebooks (no write, no validation).
 * :func:`pandas_udf` — an iterator-style pandas UDF for ``select`` / ``withColumn``.
 

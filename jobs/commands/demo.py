@@ -82,7 +82,7 @@ def bundled_model_dir() -> Path:
 
 def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
-    from lakescore.jobs.report_files import report_location
+    from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
     from lakescore.jobs.platform.session import get_or_create_session
 

@@ -50,7 +50,7 @@ BOUNDS = {"label_js": ("max", "max_label_js"), "score_psi": ("max", "max_score_p
 
 def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> Optional[dict[str, Any]]:
     """The drift of ``rows`` (the output rows this run would publish, ``accounting.output_rows`` of them) against the
-    output at the configured baseline, as the report's ``drift`` dict (:attr:`~lakescore.jobs.report.RunReport.drift`);
+    output at the configured baseline, as the report's ``drift`` dict (:attr:`~lakescore.jobs.report.model.RunReport.drift`);
     ``None`` when the task writes no profiled output."""
     cfg = run.cfg
     outputs = get_task(cfg.task).output_profile(cfg.task_options())

@@ -34,7 +34,7 @@ from lakescore.jobs.platform.tables import (
     write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
-from lakescore.jobs.report import drift_text
+from lakescore.jobs.report.text import drift_text
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values

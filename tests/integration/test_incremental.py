@@ -17,7 +17,7 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV
 from lakescore.jobs.platform.tables import TableError
-from lakescore.jobs.report_files import write_report
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run

@@ -1,13 +1,13 @@
 """The HTML run report: one self-contained file beside the JSON report, readable with no network.
 
-:func:`render_html` turns a report (the JSON report's dict: :class:`~lakescore.jobs.report.RunReport`
+:func:`render_html` turns a report (the JSON report's dict: :class:`~lakescore.jobs.report.model.RunReport`
 fields, with its ``profile`` from :mod:`lakescore.jobs.steps.report_data`) into a page of
-inline CSS and inline SVG charts (:mod:`lakescore.jobs.report_charts`); it has no
+inline CSS and inline SVG charts (:mod:`lakescore.jobs.report.charts`); it has no
 JavaScript and loads nothing. Sections: run identity, the run id's earlier attempts, row accounting, where the time went,
 throughput over time, input lengths, the predictions' distributions, every validation check,
 the drift figures with both runs' distributions side by side, and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
 ``kind`` of each column (a data type), never the task's name. The page of a run that did not
-finish (:data:`~lakescore.jobs.report.UNFINISHED`) has the run and its time only: nothing was
+finish (:data:`~lakescore.jobs.report.text.UNFINISHED`) has the run and its time only: nothing was
 determined about its rows.
 
 Every value that came from a user, a table or a model (ids, names, paths, labels, texts)
@@ -21,9 +21,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from lakescore.jobs import report_charts as charts
-from lakescore.jobs.report import (
-    UNFINISHED, dead_letters_place, drift_gated, drift_text, html_path_for, nothing_scored_text, precision_check_text,
+from lakescore.jobs.report import charts
+from lakescore.jobs.report.model import html_path_for
+from lakescore.jobs.report.text import (
+    UNFINISHED, dead_letters_place, drift_gated, drift_text, nothing_scored_text, precision_check_text,
 )
 
 __all__ = ["render_html", "write_html"]
@@ -47,7 +48,7 @@ svg{max-width:100%;height:auto}
 
 
 def render_html(report: Mapping[str, Any]) -> str:
-    """The page for ``report`` (a :meth:`~lakescore.jobs.report.RunReport.as_dict` dict) as one HTML string."""
+    """The page for ``report`` (a :meth:`~lakescore.jobs.report.model.RunReport.as_dict` dict) as one HTML string."""
     profile = report.get("profile") or {}
     if report.get("status") in UNFINISHED:  # what is known: when, how long, where it stopped and why
         sections = [_identity(report), _time(report, [])]

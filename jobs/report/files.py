@@ -1,4 +1,4 @@
-"""A run's report as files: the JSON a scheduler reads and the HTML page beside it (:mod:`lakescore.jobs.report_html`).
+"""A run's report as files: the JSON a scheduler reads and the HTML page beside it (:mod:`lakescore.jobs.report.html`).
 
 Apart from :mod:`lakescore.jobs.report` (the report itself), so that the page's module builds on the report's and not
 the other way round.
@@ -12,8 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from lakescore.jobs.report import RunReport, html_path_for
-from lakescore.jobs.report_html import write_html
+from lakescore.jobs.report.model import RunReport, html_path_for
+from lakescore.jobs.report.html import write_html
 
 __all__ = ["write_report", "report_location"]
 
