@@ -22,8 +22,8 @@ from lakescore.jobs.steps.context import scoring_layout
 from lakescore.jobs.steps.score import score_dataframe
 from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import (
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
     weights_sha256,
 )
@@ -51,7 +51,7 @@ def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
 
     Raises what the CLI maps to exit code 2 before any compute (:class:`~lakescore.jobs.config.ConfigError`,
     :class:`~lakescore.schemas.contracts.InputContractError`, :class:`~lakescore.jobs.platform.tables.TableError`,
-    :class:`~lakescore.udfs.model_source.ModelSourceError`) and :class:`~lakescore.jobs.platform.tables.WriteConflictError`
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError`) and :class:`~lakescore.jobs.platform.tables.WriteConflictError`
     when a concurrent run won. A failed validation, error-rate or drift check does not raise: the report's
     ``status`` says so and nothing was published.
     """
@@ -84,7 +84,7 @@ def transform(
 
     Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
     :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
-    columns and :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
+    columns and :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a model that cannot be
     found or that the workers would refuse (no weights, refused pickle weights, an unreadable config,
     other weights than ``expect_sha256``), all before any Spark job runs.
     """
@@ -128,7 +128,7 @@ def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols
     The model loads once per Python worker; rows are length-sorted and token-budgeted inside each
     Arrow batch, order restored. Slower than :func:`transform` (pandas conversion per batch).
 
-    Raises :class:`~lakescore.jobs.config.ConfigError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
+    Raises :class:`~lakescore.jobs.config.ConfigError` or :class:`~lakescore.udfs.models.model_source.ModelSourceError`
     when the settings or the model are wrong (as for :func:`transform`), before any Spark job runs.
     """
     cfg = _notebook_config(task, model, feature_cols, options)
@@ -182,7 +182,7 @@ def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> No
     or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
     sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
     ``expect_sha256``; an architecture of another kind than the task's, or settings the model cannot take
-(:func:`~lakescore.udfs.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
+(:func:`~lakescore.udfs.models.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
 calls have no preflight."""
     if transformers_dir:
         require_directory(model_dir, spec.task)

@@ -46,7 +46,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.model.RunReport`.
 
     Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
-    :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
+    :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.models.model_source.ModelSourceError`
     before any compute when the run cannot succeed, :class:`~lakescore.jobs.platform.tables.WriteConflictError`
     when a concurrent run won the publish. A failed validation, an exceeded error rate or drift past a bound does
     not raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` / ``drift_exceeded`` and

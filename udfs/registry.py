@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 
 if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before any Spark or model work
     import pyarrow as pa
@@ -140,9 +140,9 @@ class Task:
     """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use)."""
     summary: str = ""
     backends: tuple[str, ...] = ("torch", "onnx")
-    """What can run this task's forward (:mod:`lakescore.udfs.backends`); config validation reads it."""
+    """What can run this task's forward (:mod:`lakescore.udfs.models.backends`); config validation reads it."""
     forward_imports: tuple[str, ...] | None = None
-    """The modules this task's forward imports, when it runs none of :mod:`lakescore.udfs.backends`."""
+    """The modules this task's forward imports, when it runs none of :mod:`lakescore.udfs.models.backends`."""
     model_options: tuple[str, ...] = ()
     """The ``model.*`` settings only this task reads (see :data:`TASK_MODEL_OPTIONS`); config validation refuses
     them for the other tasks."""
@@ -161,11 +161,11 @@ class Task:
     (:meth:`output_profile`) that says so."""
     architectures: tuple[str, ...] = ()
     """Parts of a transformers class name that fit this task (``ForSequenceClassification``): a model whose
-    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.model_fit`). ``()``: any
+    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.models.model_fit`). ``()``: any
     architecture (a base model is read from any checkpoint)."""
     model_check: Optional[str] = None
     """``"module:function"``, ``check(spec, model_dir, config)``: the driver's check of the task's settings against
-    the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.model_source.UnfitModelError`."""
+    the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.models.model_source.UnfitModelError`."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -178,7 +178,7 @@ class Task:
         if self.forward_imports is not None:
             forward = self.forward_imports
         else:
-            from lakescore.udfs.backends import WORKER_IMPORTS
+            from lakescore.udfs.models.backends import WORKER_IMPORTS
 
             forward = WORKER_IMPORTS[backend]
         return ("lakescore.udfs.scoring_udf", *self.input_kind.worker_imports, *forward)
@@ -214,29 +214,29 @@ _EMBEDDED = OutputProfile(embedding="embedding")
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs",
+        Task("classify", TEXT, "lakescore.udfs.heads.classify:load_classifier", "sequence classification: label, score, probs",
              profile=_LABELLED, architectures=("ForSequenceClassification",)),
         Task(
-            "embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers",
+            "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED,
         ),
-        Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text",
+        Task("ner", TEXT, "lakescore.udfs.heads.ner:load_token_classifier", "token classification: entities per text",
              architectures=("ForTokenClassification",)),
         Task(
-            "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
+            "image_classify", IMAGE, "lakescore.udfs.heads.image_classify:load_image_classifier",
             "image classification: label, score, probs", backends=("torch",), profile=_LABELLED,
             architectures=("ForImageClassification",),
         ),
         Task(
-            "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
+            "image_embed", IMAGE, "lakescore.udfs.heads.image_embed:load_image_embedder",
             "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",), profile=_EMBEDDED,
         ),
         Task(
-            "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
+            "tabular", FEATURES, "lakescore.udfs.heads.tabular:load_tabular", "a TorchScript / torch.export program",
             backends=("torch",), forward_imports=("torch",), profile=OutputProfile(score="prediction"),
         ),
         Task(
-            "generate", PROMPT, "lakescore.udfs.generate:load_generator",
+            "generate", PROMPT, "lakescore.udfs.heads.generate:load_generator",
             "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
             options_section="generate", optional_outputs=("choice_logprobs",),
             output_value_sets={"finish_reason": ("stop", "length", "choice")},

@@ -90,7 +90,7 @@ def before_compute(exc: BaseException) -> bool:
     from lakescore.jobs.config import ConfigError
     from lakescore.jobs.platform.tables import TableError
     from lakescore.schemas.contracts import InputContractError
-    from lakescore.udfs.model_source import ModelSourceError
+    from lakescore.udfs.models.model_source import ModelSourceError
 
     return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
 

@@ -25,7 +25,7 @@ from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, job_tag
 from lakescore.jobs.steps.staging import input_fingerprint
 from lakescore.schemas.contracts import IMAGE_COLUMN
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.scoring_udf import RowCounter, start_worker
 
 __all__ = ["ScoringLayout", "scoring_layout", "PythonWorkerStart", "RunContext", "Targets"]

@@ -25,9 +25,9 @@ from pyspark.sql import DataFrame, SparkSession
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import PythonWorkerStart, RunContext, ScoringLayout
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
-from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
+from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
@@ -60,7 +60,7 @@ class ModelIdentity:
     ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
     model_files: dict = field(default_factory=dict)
     """The digests of the model's files besides its weights as the executors loaded them
-    (:func:`~lakescore.udfs.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
+    (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
 
@@ -84,12 +84,12 @@ def preflight_model(
 
     With a reduced-precision ``spec`` (``spec.reduced_precision``) and a ``sample`` of input texts, one task also
     compares its outputs with float32's on the sample (for int8 the float32 graph, checked against torch at export);
-    outside ``tolerance`` it raises :class:`~lakescore.udfs.quantize.QuantizationToleranceError`
+    outside ``tolerance`` it raises :class:`~lakescore.udfs.models.quantize.QuantizationToleranceError`
     naming the figures.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelIntegrityError` when a worker's weights
+    Raises :class:`~lakescore.udfs.models.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and
-    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the host when a worker could
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError` naming the host when a worker could
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
     tasks = layout.partitions or default_parallelism(spark)
@@ -126,7 +126,7 @@ def preflight_model(
 def raise_worker_failure(spec: ModelSpec, rows: Sequence) -> None:
     """Raise the first failure among the preflight's ``rows`` (:data:`~lakescore.udfs.scoring_udf.PREFLIGHT_SCHEMA`):
     an integrity, tolerance or unfit-model error as the worker worded it, any other as
-    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the executor. All before compute: exit 2."""
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError` naming the executor. All before compute: exit 2."""
     failed = [r for r in rows if r.error_type]
     if not failed:
         return
@@ -143,8 +143,8 @@ class ExecutorPreflight:
     """Context manager: :func:`preflight_model` runs in a background Spark job while the block runs.
 
     On entering, the driver checks its own copy of the model against the task first
-    (:func:`~lakescore.udfs.model_fit.check_model_fits`: the architecture, and settings such as ``generate``'s
-    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.model_source.UnfitModelError` before any
+    (:func:`~lakescore.udfs.models.model_fit.check_model_fits`: the architecture, and settings such as ``generate``'s
+    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.models.model_source.UnfitModelError` before any
     executor job. The preflight first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input`
     started (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
     before the error propagates. :meth:`identity` waits for the preflight and returns (or raises) its outcome.

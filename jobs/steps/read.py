@@ -36,7 +36,7 @@ from lakescore.schemas.contracts import (
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.generate_options import template_columns, template_parts
-from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.models.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.registry import get_task
 
 __all__ = [
@@ -57,7 +57,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     """Resolve the model, take or build the session, read ``cfg.input`` pinned to one snapshot
     (:func:`~lakescore.jobs.platform.tables.read_pinned`) and check its contract.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a model that cannot be
     found, :class:`~lakescore.jobs.platform.tables.TableError` for an unreadable input and
     :class:`~lakescore.schemas.contracts.InputContractError` for missing or ill-typed columns.
     """

@@ -27,7 +27,7 @@ from lakescore.jobs.steps.rank import chunk_columns, keep_top
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
 

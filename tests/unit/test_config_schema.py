@@ -30,7 +30,7 @@ def test_the_reference_names_every_key_with_its_flag_and_default():
 
 def test_every_model_spec_field_comes_from_the_model_config_by_name():
     from lakescore.jobs.steps.read import model_spec
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
 
     # From the job, not the model section; `generate` will come from the job's generate section once the job runs
     # that task (the registry keeps it out of the job until then).

@@ -109,7 +109,7 @@ def test_the_graph_is_read_whole():
     graph = _graph()
     assert len(graph) > 80
     assert "lakescore.jobs.steps.read" in graph["lakescore.jobs.score_job"]
-    assert "lakescore.udfs.model_source" in graph["lakescore.udfs.model_cache"]
+    assert "lakescore.udfs.models.model_source" in graph["lakescore.udfs.models.model_cache"]
 
 
 def test_no_import_cycle():

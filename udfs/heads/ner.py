@@ -10,7 +10,7 @@ before postprocessing, so a row's entities do not depend on its batch.
 
 Texts longer than the model's limit are truncated, as the pipeline does by default
 (``stride`` unset: one chunk, ``truncation=True`` at ``tokenizer.model_max_length``);
-entities past the limit are not found. See :func:`~lakescore.udfs.hf_models.truncation_limit`
+entities past the limit are not found. See :func:`~lakescore.udfs.heads.hf_models.truncation_limit`
 for when the limit differs from the pipeline's (``model.max_seq_length`` set, or a
 tokenizer that records no limit, where the pipeline fails on long rows).
 """
@@ -26,9 +26,9 @@ import pyarrow as pa
 import torch
 
 from lakescore.udfs.arrow_columns import python_column
-from lakescore.udfs.backends import ModelKind
-from lakescore.udfs.hf_models import LabelledModel, load_labelled_model
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.backends import ModelKind
+from lakescore.udfs.heads.hf_models import LabelledModel, load_labelled_model
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 
 __all__ = ["TokenClassifier", "load_token_classifier", "KIND"]
@@ -121,10 +121,10 @@ def load_token_classifier(spec: ModelSpec, model_dir: Path) -> TokenClassifier:
     """Load the token-classification model in ``model_dir`` as ``spec`` configures it.
 
     Safetensors only unless ``spec.allow_pickle``; remote code only with
-    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`;
-    the forward on ``spec.backend``. Raises :class:`~lakescore.udfs.model_source.ModelSourceError`
+    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.heads.hf_models.truncation_limit`;
+    the forward on ``spec.backend``. Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError`
     for refused weights, ``ValueError`` for a model without labels
-    (:func:`~lakescore.udfs.hf_models.load_labelled_model`) or a task whose outputs are not the
+    (:func:`~lakescore.udfs.heads.hf_models.load_labelled_model`) or a task whose outputs are not the
     one entities column this head returns.
     """
     types = get_task(spec.task).output_arrow_types

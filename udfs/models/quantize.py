@@ -23,7 +23,7 @@ the configured :class:`Tolerance` (:func:`check_fidelity`). The figures are the 
 (``fidelity`` of each text head): per-row cosine for embeddings, label agreement and
 probability difference for classifiers, identical entities for token classifiers. The same
 check guards the other reduced-precision path, ``model.dtype`` ``bfloat16`` / ``float16`` on torch
-(:attr:`~lakescore.udfs.model_source.ModelSpec.reduced_precision`): lossy paths are opt-in, and each
+(:attr:`~lakescore.udfs.models.model_source.ModelSpec.reduced_precision`): lossy paths are opt-in, and each
 run proves it stayed within tolerance on its own input.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from lakescore.udfs.errors import ModelSourceError
+from lakescore.udfs.models.errors import ModelSourceError
 
 __all__ = [
     "RECIPE", "Tolerance", "QuantizationToleranceError", "quantize_int8", "quantized_nodes", "check_fidelity", "recipe",

@@ -8,7 +8,7 @@ A source is one of
   executors get it through Spark's files, copied once per host) and workers load the
   staged copy (:func:`staged_copy`);
 * an MLflow model URI (``models:/name/version``, ``models:/name@alias``, ``runs:/id/path``):
-  pinned and downloaded by the driver with MLflow's client (:mod:`lakescore.udfs.mlflow_source`),
+  pinned and downloaded by the driver with MLflow's client (:mod:`lakescore.udfs.models.mlflow_source`),
   shipped to the executors the same way;
 * a Hugging Face hub id with an optional revision, resolved through
   ``huggingface_hub``'s own cache, so users with a hub keep working.
@@ -30,7 +30,7 @@ from dataclasses import field, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from lakescore.udfs.errors import ModelIntegrityError, ModelSourceError, UnfitModelError
+from lakescore.udfs.models.errors import ModelIntegrityError, ModelSourceError, UnfitModelError
 from lakescore.udfs.model_options import BACKENDS, DEVICES, DRIVER_ONLY, DTYPES, POOLING_MODES, QUANTIZATIONS, ModelOptions
 
 __all__ = [
@@ -95,7 +95,7 @@ class _SpecMethods:
     def reduced_precision(self) -> Optional[str]:
         """The lossy numeric path this spec runs, ``int8`` (``quantize``) or ``bfloat16`` / ``float16`` (``dtype``);
         ``None`` for float32. A run on such a path checks a sample of its input against float32 before it scores
-        (:func:`lakescore.udfs.quantize.check_fidelity`)."""
+        (:func:`lakescore.udfs.models.quantize.check_fidelity`)."""
         if self.quantize != "none":
             return self.quantize
         return None if self.dtype == "float32" else self.dtype

@@ -9,7 +9,7 @@ Unity Catalog model name has three parts (``models:/main.ml.sentiment/3``). Stag
 MLflow finds them: ``MLFLOW_TRACKING_URI``, ``MLFLOW_REGISTRY_URI``, a Databricks workspace).
 :func:`download_model` fetches the artifact with ``mlflow.artifacts.download_artifacts`` into
 ``<cache_root>/<key>/<name>`` under the host-wide lock of
-:func:`~lakescore.udfs.model_source.stage_once`, keeping only the model directory the flavour
+:func:`~lakescore.udfs.models.model_source.stage_once`, keeping only the model directory the flavour
 describes, in the layout lakescore's loaders read:
 
 ============================  ====================================================================
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lakescore.udfs.model_source import ModelSourceError, stage_once
+from lakescore.udfs.models.model_source import ModelSourceError, stage_once
 
 __all__ = ["PinnedModel", "check_uri", "pin_model", "download_model", "model_directory"]
 

@@ -5,7 +5,7 @@ Pooling -> [Normalize], with ``max_seq_length`` / ``do_lower_case`` in the Trans
 ``sentence_bert_config.json`` and the pooling modes in ``1_Pooling/config.json``. This head reads
 those files and runs the same steps itself: the tokenizer (truncating at ``max_seq_length``,
 lower-casing through the tokenizer's normalizer when configured, as sentence-transformers does),
-the transformer forward on ``spec.backend`` (:mod:`lakescore.udfs.backends`), then pooling (one
+the transformer forward on ``spec.backend`` (:mod:`lakescore.udfs.models.backends`), then pooling (one
 function, run by the forward where its outputs are: numpy for ONNX Runtime, torch on the model's device)
 and L2 normalisation in numpy. The vectors equal
 ``SentenceTransformer(dir).encode(texts)`` within float32 rounding (tested), and a worker never
@@ -15,7 +15,7 @@ hundreds of MiB resident per process).
 A plain Hugging Face directory without that configuration gets Transformer -> Pooling
 (``mean`` unless configured ``cls``) -> Normalize (unless configured off); a dual-tower (CLIP-style)
 one embeds with its text tower and projection, ``get_text_features`` (normalised unless configured
-off), into the space its image tower embeds images in (:mod:`lakescore.udfs.image_embed`). A directory with
+off), into the space its image tower embeds images in (:mod:`lakescore.udfs.heads.image_embed`). A directory with
 modules this head does not read (e.g. a ``Dense`` projection) is loaded by sentence-transformers
 itself, on the torch backend only.
 
@@ -35,10 +35,10 @@ import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column
-from lakescore.udfs.backends import Forward, ModelKind
-from lakescore.udfs.forwards import load_forward
-from lakescore.udfs.hf_models import load_tokenizer, model_facts, truncation_limit
-from lakescore.udfs.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.models.backends import Forward, ModelKind
+from lakescore.udfs.models.forwards import load_forward
+from lakescore.udfs.heads.hf_models import load_tokenizer, model_facts, truncation_limit
+from lakescore.udfs.models.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
 from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = [
@@ -222,7 +222,7 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     Only safetensors weights load unless ``spec.allow_pickle``; remote code runs only with
     ``spec.trust_remote_code``. Raises ``ValueError`` for a pooling override on a model whose
     sentence-transformers config already fixes its pooling, or for modules this head does not
-    read on the ONNX backend; :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights.
+    read on the ONNX backend; :class:`~lakescore.udfs.models.model_source.ModelSourceError` for refused weights.
     """
     require_directory(model_dir, "embed")
     refuse_pickle_weights(model_dir, spec.allow_pickle)
@@ -234,7 +234,7 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
         if spec.backend != "torch":
             raise ValueError(f"{model_dir / 'modules.json'} holds modules beyond Transformer, Pooling and Normalize; "
                              f"they run on the torch backend only, not {spec.backend}")
-        from lakescore.udfs.st_fallback import load_with_sentence_transformers
+        from lakescore.udfs.heads.st_fallback import load_with_sentence_transformers
 
         return load_with_sentence_transformers(spec, model_dir, SentenceEmbedder, prompt)
     tokenizer = load_tokenizer(spec, config.transformer_dir)

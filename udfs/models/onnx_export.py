@@ -3,7 +3,7 @@
 One graph per (weights sha256, task, forward class, opset, quantization), kept under
 ``<model.cache_dir>/onnx/<key>/model.onnx`` (:func:`exported_model`) (weights as external data beside it, which ONNX
 Runtime memory-maps). The first worker of a host exports under a file lock
-(:func:`~lakescore.udfs.model_source.stage_once`); the others wait and reuse it, as does every
+(:func:`~lakescore.udfs.models.model_source.stage_once`); the others wait and reuse it, as does every
 later run with the same weights. Nothing here reaches the network.
 
 Export is ``torch.onnx.export(dynamo=True)`` (torch's default exporter since 2.9): the legacy
@@ -31,9 +31,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from lakescore.udfs.backends import ModelKind, OnnxForward, load_torch_model, onnx_session
-from lakescore.udfs.model_fit import read_json
-from lakescore.udfs.model_source import ModelSpec, stage_once, weights_sha256
+from lakescore.udfs.models.backends import ModelKind, OnnxForward, load_torch_model, onnx_session
+from lakescore.udfs.models.model_fit import read_json
+from lakescore.udfs.models.model_source import ModelSpec, stage_once, weights_sha256
 
 __all__ = [
     "OPSET", "GRAPH_FILE", "GRAPH_ATOL", "GRAPH_RTOL", "GraphMismatchError", "export_key", "exported_model", "export_onnx",
@@ -66,11 +66,11 @@ def exported_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_name
     Three cached stages, each made once per host under its own lock: the plain export; the
     float32 graph (the export with ONNX Runtime's fusions, :func:`fuse_for_ort`, or the export itself where
     the fused graph fails its check: ONNX Runtime refuses it or it computes something else); the int8 graph
-    (the plain export through :func:`~lakescore.udfs.quantize.quantize_int8`: the recipe selects
+    (the plain export through :func:`~lakescore.udfs.models.quantize.quantize_int8`: the recipe selects
     plain ``MatMul`` nodes, which fusion would hide inside ``Attention``). Raises whatever
     export, fusion or quantization raises; a failed stage leaves nothing behind.
     """
-    from lakescore.udfs.quantize import quantize_int8, recipe
+    from lakescore.udfs.models.quantize import quantize_int8, recipe
 
     root = Path(spec.cache_dir).expanduser() / "onnx"
     sha256 = weights_sha256(model_dir)

@@ -19,8 +19,8 @@ import pyarrow as pa
 import torch
 
 from lakescore.udfs.arrow_columns import list_column, scalar_column
-from lakescore.udfs.devices import to_device, torch_dtype
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec
+from lakescore.udfs.models.devices import to_device, torch_dtype
+from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec
 
 __all__ = ["TabularModel", "load_tabular", "PROGRAM_SUFFIXES"]
 
@@ -61,7 +61,7 @@ class TabularModel:
 def program_file(model_path: Path) -> Path:
     """The program file: ``model_path`` itself, or the one ``.pt`` / ``.pt2`` file in that directory.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` when there is none or more than one.
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` when there is none or more than one.
     """
     if model_path.is_file():
         return model_path
@@ -77,7 +77,7 @@ def program_file(model_path: Path) -> Path:
 def load_tabular(spec: ModelSpec, model_path: Path) -> TabularModel:
     """Load the TorchScript or torch.export program at ``model_path`` for ``spec.feature_cols``.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a file that is neither.
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a file that is neither.
     """
     path = program_file(model_path)
     dtype = torch_dtype(spec.dtype)

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column, scalar_column, string_column
-from lakescore.udfs.backends import ModelKind
-from lakescore.udfs.hf_models import LabelledModel, ModelFacts, load_labelled_model
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.backends import ModelKind
+from lakescore.udfs.heads.hf_models import LabelledModel, ModelFacts, load_labelled_model
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = ["SequenceClassifier", "load_classifier", "activation", "probabilities", "label_columns", "KIND"]
@@ -112,9 +112,9 @@ def load_classifier(spec: ModelSpec, model_dir: Path) -> SequenceClassifier:
     """Load the sequence-classification model in ``model_dir`` as ``spec`` configures it.
 
     Safetensors only unless ``spec.allow_pickle``; remote code only with
-    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.hf_models.truncation_limit`;
-    the forward on ``spec.backend``. Raises :class:`~lakescore.udfs.model_source.ModelSourceError`
+    ``spec.trust_remote_code``; rows truncated at :func:`~lakescore.udfs.heads.hf_models.truncation_limit`;
+    the forward on ``spec.backend``. Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError`
     for refused weights and ``ValueError`` for a model without labels
-    (:func:`~lakescore.udfs.hf_models.load_labelled_model`).
+    (:func:`~lakescore.udfs.heads.hf_models.load_labelled_model`).
     """
     return SequenceClassifier(load_labelled_model(spec, model_dir, KIND, "sequence classifier"))

@@ -2,7 +2,7 @@
 
 sentence-transformers loads the whole module chain and runs it as the forward (torch only);
 the embed head then neither pools nor normalises (the chain did). Every other embedding
-model skips this module and sentence-transformers' import (:mod:`lakescore.udfs.embed`).
+model skips this module and sentence-transformers' import (:mod:`lakescore.udfs.heads.embed`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from lakescore.udfs.backends import Reduce
-from lakescore.udfs.devices import to_device, torch_dtype
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.backends import Reduce
+from lakescore.udfs.models.devices import to_device, torch_dtype
+from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = ["SentenceTransformerForward", "load_with_sentence_transformers"]
 

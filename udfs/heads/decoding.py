@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from lakescore.udfs.devices import to_device
+from lakescore.udfs.models.devices import to_device
 
 __all__ = ["Decoding", "RowState", "GrammarError", "generate", "choice_logprobs", "row_seed"]
 
@@ -175,7 +175,7 @@ def _matcher_call(method, *args):
 def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
     """llguidance's tokenizer for the Hugging Face ``tokenizer``. A vocabulary llguidance cannot hold (tokens over
     :data:`GRAMMAR_TOKEN_BYTES`) is retried without those tokens, which constrained decoding then never picks.
-    :class:`~lakescore.udfs.model_source.UnfitModelError` naming the tokenizer and llguidance's message otherwise."""
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` naming the tokenizer and llguidance's message otherwise."""
     import llguidance
     import llguidance.hf
 
@@ -198,7 +198,7 @@ def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 failure = exc
-    from lakescore.udfs.errors import UnfitModelError
+    from lakescore.udfs.models.errors import UnfitModelError
 
     message = " ".join(str(failure).split()) or type(failure).__name__
     raise UnfitModelError(

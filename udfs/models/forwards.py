@@ -1,14 +1,14 @@
-"""The forward a text head runs: ``spec.backend``'s (:mod:`lakescore.udfs.backends`), for ONNX the graph
-:mod:`lakescore.udfs.onnx_export` exports on first use. A module above both, as the exporter builds on the backends."""
+"""The forward a text head runs: ``spec.backend``'s (:mod:`lakescore.udfs.models.backends`), for ONNX the graph
+:mod:`lakescore.udfs.models.onnx_export` exports on first use. A module above both, as the exporter builds on the backends."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
-from lakescore.udfs.backends import Forward, ModelKind, OnnxForward, TorchForward, load_torch_model, onnx_session
-from lakescore.udfs.devices import task_cpus
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.backends import Forward, ModelKind, OnnxForward, TorchForward, load_torch_model, onnx_session
+from lakescore.udfs.models.devices import task_cpus
+from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = ["load_forward"]
 
@@ -21,7 +21,7 @@ def load_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_names:
     Loader and export errors propagate.
     """
     if spec.backend == "onnx":
-        from lakescore.udfs.onnx_export import exported_model
+        from lakescore.udfs.models.onnx_export import exported_model
 
         return OnnxForward(onnx_session(exported_model(spec, model_dir, kind, input_names), task_cpus()))
     return TorchForward(load_torch_model(spec, model_dir, kind), kind.output, input_names, kind.method)

@@ -2,7 +2,7 @@
 
 Spark reuses Python workers across tasks (``spark.python.worker.reuse``, on by
 default), so a module-level cache turns "load per batch" or "load per task"
-into "load per process". The key is the whole :class:`~lakescore.udfs.model_source.ModelSpec`
+into "load per process". The key is the whole :class:`~lakescore.udfs.models.model_source.ModelSpec`
 (task, source, revision, device, head options) except ``expect_sha256``, which
 is checked on every lookup: two UDFs over the same model share one copy (the
 executor preflight's and the pinned scoring stage's included); a different
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from lakescore.udfs.model_source import (
+from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, hub_revision, model_file_digests, resolve_model_dir, verify_sha256, weights_sha256,
 )
 from lakescore.udfs.registry import get_task
@@ -43,7 +43,7 @@ class LoadedModel:
     revision: Optional[str]
     """The hub commit the files came from, when known."""
     files: dict[str, str] = dataclasses.field(default_factory=dict)
-    """:func:`~lakescore.udfs.model_source.model_file_digests` of ``model_dir`` when it was loaded."""
+    """:func:`~lakescore.udfs.models.model_source.model_file_digests` of ``model_dir`` when it was loaded."""
 
     def is_current(self) -> bool:
         """Whether ``model_dir`` still holds the files this model was loaded from."""
@@ -61,7 +61,7 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
     """Return ``(model, loaded_now)``: the cached model for ``spec``, loading it on first use.
 
     The weights are hashed once per process and checked against ``spec.expect_sha256``
-    *before* loading (:class:`~lakescore.udfs.model_source.ModelIntegrityError` names both digests).
+    *before* loading (:class:`~lakescore.udfs.models.model_source.ModelIntegrityError` names both digests).
     Raises ``ValueError`` for an unknown task (:mod:`lakescore.udfs.registry`); loader and source errors propagate.
     """
     key = dataclasses.replace(spec, expect_sha256=None)  # a pin checks the weights; it is not another model

@@ -9,7 +9,7 @@ of (n, L, d) and pools on the device. Two backends:
 
 * ``torch``: the Hugging Face model itself (safetensors are memory-mapped by ``safetensors``);
 * ``onnx``: ONNX Runtime on a graph exported once per host from the same weights
-  (:mod:`lakescore.udfs.onnx_export`; :func:`lakescore.udfs.forwards.load_forward` picks), optionally int8 (:mod:`lakescore.udfs.quantize`). The
+  (:mod:`lakescore.udfs.models.onnx_export`; :func:`lakescore.udfs.models.forwards.load_forward` picks), optionally int8 (:mod:`lakescore.udfs.models.quantize`). The
   session is created in the worker that scores (sessions neither pickle nor survive a fork),
   with the task's CPUs as its threads. A worker on this backend never imports torch.
 """
@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 
-from lakescore.udfs.devices import to_device, torch_dtype
-from lakescore.udfs.model_source import ModelSpec, UnfitModelError
+from lakescore.udfs.models.devices import to_device, torch_dtype
+from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 
 __all__ = [
     "ModelKind", "Forward", "Reduce", "TorchForward", "OnnxForward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
@@ -121,7 +121,7 @@ def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind):
     """``kind.auto_class`` from ``model_dir`` on ``spec.device`` at ``spec.dtype``, in eval mode: files from
     ``model_dir`` only, safetensors unless ``spec.allow_pickle``, remote code only with ``spec.trust_remote_code``.
 
-    Raises :class:`~lakescore.udfs.model_source.UnfitModelError` naming the task, the class and the weights the
+    Raises :class:`~lakescore.udfs.models.model_source.UnfitModelError` naming the task, the class and the weights the
     checkpoint lacks that ``kind`` reads (:meth:`ModelKind.needs`): transformers would initialise them at random, and
     the task would publish what a random head says (a classifier's checkpoint loaded as a language model)."""
     import transformers

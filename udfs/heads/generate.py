@@ -6,7 +6,7 @@ tokenizer's chat template when it has one, tokenized as the tokenizer gives it, 
 * generated from: greedy (``temperature`` 0, equal to ``model.generate(do_sample=False)`` on the row
   alone up to near-ties), or sampled from its own generator seeded from (``seed``, the row's key), so
   a row's text does not depend on its batch; cut before the first ``stop`` string; with ``json_schema``,
-  constrained so the text is JSON that validates (:mod:`lakescore.udfs.decoding`); or
+  constrained so the text is JSON that validates (:mod:`lakescore.udfs.heads.decoding`); or
 * with ``choices``, scored: each choice's log-probability as a continuation of the prompt (summed over its tokens,
   or their mean per token with ``choice_score: mean``), the best one returned.
 
@@ -17,7 +17,7 @@ by the model's ``config.is_encoder_decoder``. Rows are batched by the core of
 failures of generation: ``prompt_too_long`` and ``generation_error``.
 
 This module imports no model library at import time: :class:`GenerateOptions` hangs off the
-:class:`~lakescore.udfs.model_source.ModelSpec` the driver builds.
+:class:`~lakescore.udfs.models.model_source.ModelSpec` the driver builds.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_p
 from lakescore.udfs.generate_options import (  # re-exported: the head's settings, importable without numpy
     CHAT_TEMPLATE_MODES, FINISH_REASONS, TRUNCATE_MODES, GenerateOptions, template_columns, template_parts,
 )
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = [
     "GenerateOptions", "Generation", "Generator", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "FINISH_REASONS",
@@ -81,7 +81,7 @@ class Generator:
         return self.MAX_TOKENS_CPU if device.split(":")[0] == "cpu" else default_max_tokens(device)
 
     def __init__(self, model, tokenizer, options: GenerateOptions, context: Optional[int], output_types) -> None:
-        from lakescore.udfs.decoding import Decoding
+        from lakescore.udfs.heads.decoding import Decoding
 
         self.model, self.tokenizer, self.options = model, tokenizer, options
         self.encoder_decoder = bool(model.config.is_encoder_decoder)
@@ -151,7 +151,7 @@ class Generator:
 
     def forward(self, features: Mapping[str, Any]) -> np.ndarray:
         """One :class:`Generation` per row of a batch, as a 1-D object array."""
-        from lakescore.udfs.decoding import choice_logprobs, generate
+        from lakescore.udfs.heads.decoding import choice_logprobs, generate
 
         prompt_tokens = np.asarray(features[PROMPT_TOKENS])
         rows = np.empty(len(prompt_tokens), dtype=object)
@@ -276,17 +276,17 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     directory's own tokenizer; safetensors only unless ``spec.allow_pickle``, remote code only with
     ``spec.trust_remote_code``, files from ``model_dir`` only. The context is the smallest of ``spec.max_seq_length``,
     the model's positions and the tokenizer's ``model_max_length``, where set. Raises
-    :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights, its
-    :class:`~lakescore.udfs.model_source.UnfitModelError` for a model that is no language model (weights of its head
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError` for refused weights, its
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a model that is no language model (weights of its head
     missing), a ``max_new_tokens`` that leaves no room for a prompt or a tokenizer the grammar library cannot use, and
     ``ValueError`` for a ``json_schema`` the grammar library refuses.
     """
     from transformers import AutoConfig
 
-    from lakescore.udfs.backends import ModelKind, load_torch_model
+    from lakescore.udfs.models.backends import ModelKind, load_torch_model
     from lakescore.udfs.generate_options import model_context, require_room
-    from lakescore.udfs.hf_models import load_tokenizer
-    from lakescore.udfs.model_source import refuse_pickle_weights, require_directory
+    from lakescore.udfs.heads.hf_models import load_tokenizer
+    from lakescore.udfs.models.model_source import refuse_pickle_weights, require_directory
     from lakescore.udfs.registry import get_task
 
     if spec.backend != "torch":

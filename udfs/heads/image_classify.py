@@ -3,7 +3,7 @@
 The same computation as ``transformers.pipeline("image-classification", top_k=None)``: the image decoded as
 ``load_image`` does (:mod:`lakescore.udfs.images`), the model's own ``AutoImageProcessor``, any
 ``AutoModelForImageClassification`` (ViT, ResNet, ConvNeXt, ...), then the pipeline's default activation over the
-logits (:func:`~lakescore.udfs.classify.activation`: softmax, or sigmoid for one label or multi-label models).
+logits (:func:`~lakescore.udfs.heads.classify.activation`: softmax, or sigmoid for one label or multi-label models).
 Labels come from the model's ``id2label``; the columns are ``classify``'s.
 """
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from lakescore.udfs.backends import ModelKind
-from lakescore.udfs.classify import SequenceClassifier, activation, label_columns, probabilities
-from lakescore.udfs.hf_models import ModelFacts, model_facts
-from lakescore.udfs.model_source import ModelSpec, UnfitModelError, require_directory
-from lakescore.udfs.vision_models import ImageHead, load_image_processor, load_vision_forward
+from lakescore.udfs.models.backends import ModelKind
+from lakescore.udfs.heads.classify import SequenceClassifier, activation, label_columns, probabilities
+from lakescore.udfs.heads.hf_models import ModelFacts, model_facts
+from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError, require_directory
+from lakescore.udfs.heads.vision_models import ImageHead, load_image_processor, load_vision_forward
 
 __all__ = ["ImageClassifier", "load_image_classifier", "KIND"]
 
@@ -50,8 +50,8 @@ class ImageClassifier(ImageHead):
 def load_image_classifier(spec: ModelSpec, model_dir: Path) -> ImageClassifier:
     """Load the image-classification model in ``model_dir`` as ``spec`` configures it (torch).
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for refused weights, its
-    :class:`~lakescore.udfs.model_source.UnfitModelError` for a checkpoint without the classifier's weights (a base
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for refused weights, its
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a checkpoint without the classifier's weights (a base
     model's) or labels (``id2label``).
     """
     require_directory(model_dir, spec.task)

@@ -3,12 +3,12 @@
 One place decides, for every head built on a Hugging Face directory, how the files are
 trusted and how long a row may be:
 
-* safetensors only unless ``spec.allow_pickle`` (:func:`~lakescore.udfs.model_source.refuse_pickle_weights`
+* safetensors only unless ``spec.allow_pickle`` (:func:`~lakescore.udfs.models.model_source.refuse_pickle_weights`
   before anything is read, and ``use_safetensors=True`` for the load itself);
 * the model's own code only with ``spec.trust_remote_code``;
 * files from ``model_dir`` only (``local_files_only``): workers never reach a hub;
 * rows are truncated at :func:`truncation_limit`;
-* the forward runs on ``spec.backend`` (:mod:`lakescore.udfs.backends`).
+* the forward runs on ``spec.backend`` (:mod:`lakescore.udfs.models.backends`).
 
 The tokenizer class is the one ``tokenizer_config.json`` names, imported alone: ``AutoTokenizer``
 (the fallback) imports torch through transformers' configuration module, which a worker on the
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from lakescore.udfs.backends import Forward, ModelKind
-from lakescore.udfs.forwards import load_forward
-from lakescore.udfs.model_fit import NO_TOKENIZER_LIMIT
-from lakescore.udfs.model_source import ModelSpec, UnfitModelError, refuse_pickle_weights, require_directory
+from lakescore.udfs.models.backends import Forward, ModelKind
+from lakescore.udfs.models.forwards import load_forward
+from lakescore.udfs.models.model_fit import NO_TOKENIZER_LIMIT
+from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError, refuse_pickle_weights, require_directory
 
 __all__ = ["ModelFacts", "LabelledModel", "load_tokenizer", "model_facts", "load_labelled_model", "truncation_limit"]
 
@@ -82,8 +82,8 @@ def model_facts(model_dir: Path) -> ModelFacts:
 def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what: str) -> LabelledModel:
     """Tokenizer, facts and ``spec.backend``'s forward of ``kind`` for the model in ``model_dir``.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a file where a directory
-    is needed or refused pickle weights, and its :class:`~lakescore.udfs.model_source.UnfitModelError` for a model
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a file where a directory
+    is needed or refused pickle weights, and its :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a model
     without labels (``id2label``; the message calls what was expected ``what``, e.g. "token classifier") or without
     the weights of its head.
     Loader and export errors of transformers / ONNX propagate.

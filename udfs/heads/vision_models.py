@@ -1,10 +1,10 @@
 """Loading a Hugging Face vision model for an image head: its image processor and its forward, and what every image
 head shares.
 
-The same trust rules as the text heads (:mod:`lakescore.udfs.hf_models`): safetensors only unless
+The same trust rules as the text heads (:mod:`lakescore.udfs.heads.hf_models`): safetensors only unless
 ``spec.allow_pickle``, the model's own code only with ``spec.trust_remote_code``, files from ``model_dir`` only.
 Preprocessing is the model's own ``AutoImageProcessor``, the one ``transformers.pipeline`` loads, so resizing,
-cropping and normalisation are the pipeline's. The forward runs on torch (:class:`~lakescore.udfs.backends.TorchForward`).
+cropping and normalisation are the pipeline's. The forward runs on torch (:class:`~lakescore.udfs.models.backends.TorchForward`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from lakescore.udfs.backends import Forward, ModelKind, TorchForward, load_torch_model
+from lakescore.udfs.models.backends import Forward, ModelKind, TorchForward, load_torch_model
 from lakescore.udfs.images import ImageFailure, decode_image, pixel_limit, read_header
-from lakescore.udfs.model_source import ModelSpec, refuse_pickle_weights, require_directory
+from lakescore.udfs.models.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["ImageHead", "INPUT_NAMES", "load_image_processor", "load_vision_forward"]
 
@@ -65,8 +65,8 @@ def load_vision_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, metho
     """The torch forward of ``kind`` for the model in ``model_dir``, calling the model's ``method`` when it has one
     (e.g. ``get_image_features``; else the model itself).
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a file where a directory is needed or refused
-    pickle weights, :class:`~lakescore.udfs.model_source.UnfitModelError` for weights the model lacks that ``kind``
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a file where a directory is needed or refused
+    pickle weights, :class:`~lakescore.udfs.models.model_source.UnfitModelError` for weights the model lacks that ``kind``
     reads; loader errors of transformers propagate.
     """
     require_directory(model_dir, spec.task)
