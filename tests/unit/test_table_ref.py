@@ -5,7 +5,8 @@ import os
 import pytest
 
 from lakescore.jobs.references import TableNameError
-from lakescore.jobs.platform.tables import MERGE_OP, TableRef, _MergeClauses, write_delta
+from lakescore.jobs.platform.tables import MERGE_OP, TableRef, write_delta
+from lakescore.jobs.platform.tables.writes import _MergeClauses
 
 
 @pytest.mark.parametrize(
