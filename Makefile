@@ -131,7 +131,7 @@ package: wheel env-archive
 
 wheel: $(WHEEL) $(LAUNCHER)
 
-$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*.properties jobs/platform/java/*.jar udfs/*.py schemas/*.py)
+$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*/*.py jobs/*/*.properties jobs/platform/java/*.jar udfs/*.py udfs/*/*.py schemas/*.py)
 	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
