@@ -127,16 +127,9 @@ class Targets:
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
-    """The worker-side model key for ``cfg``: every ``model.*`` setting the spec has a field of that name for, plus
-    what the spec derives (the task, the feature columns, the weights digest pin in lower case, the task's own
-    settings section, e.g. ``generate``)."""
-    pin = cfg.model.expect_sha256
-    derived = {"task": cfg.task, "feature_cols": feature_cols, "expect_sha256": pin.lower() if pin else None}
-    section = get_task(cfg.task).options_section
-    if section:
-        derived[section] = cfg.task_options()
-    shared = {f.name for f in dataclasses.fields(ModelSpec)} & set(type(cfg.model).model_fields) - set(derived)
-    return ModelSpec(**{name: getattr(cfg.model, name) for name in shared}, **derived)
+    """The worker-side model key for ``cfg``: its ``model`` section's settings, the task, the feature columns and the
+    task's own settings section (``generate``)."""
+    return ModelSpec.of(cfg.task, cfg.model, feature_cols, cfg.task_options())
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
