@@ -105,11 +105,19 @@ class RunContext:
     """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
     ignored_files: Optional[int] = None
     """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
+    input_pinned: bool = False
+    """The input is a Delta version or a Parquet path's file listing: reading it again gives the same rows."""
 
     @property
     def reads_paths(self) -> bool:
         """The model's input is the files an image column of paths names (:func:`read_image_files`)."""
         return self.input_cols[0] == IMAGE_COLUMN
+
+    @property
+    def rescannable(self) -> bool:
+        """Reading the model's input again costs one scan of pinned files: no file an image column of paths names is
+        read (:attr:`reads_paths`)."""
+        return self.input_pinned and not self.reads_paths
 
     @property
     def id_fields(self) -> list[StructField]:

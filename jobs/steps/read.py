@@ -25,7 +25,7 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.references import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
+    OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
     read_files, read_input, read_pinned,
 )
 from lakescore.jobs.steps.context import PythonWorkerStart, RunContext, Targets, scoring_layout
@@ -81,8 +81,14 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     return RunContext(
         cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start,
-        ignored_files=ignored,
+        ignored_files=ignored, input_pinned=_pinned(cfg, input_version),
     )
+
+
+def _pinned(cfg: JobConfig, input_version: Optional[int]) -> bool:
+    """Whether :func:`read_source` pinned the input to one snapshot: a Delta version, or a Parquet path's listing (a
+    table of another format is read as it is)."""
+    return input_version is not None or (cfg.input_format != "images" and TableRef.parse(cfg.input, "input").is_path)
 
 
 def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optional[int], Optional[int]]:
