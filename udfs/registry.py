@@ -65,9 +65,10 @@ class InputKind:
     file_extensions: tuple[str, ...] = ()
     """The file name extensions (lower case) a folder input of this kind reads (``input_format`` ``images``); ``()``:
     this kind reads tables only."""
-    timed_rows: int = 16
-    """Copies of the preflight sample the preflight scores as one batch, timed: the model's seconds per row, by which
-    the scoring stage decides whether shuffling the rows for finer progress is worth its cost. 0: not timed."""
+    timed_rows: int = 64
+    """Copies of the preflight sample the preflight scores as one batch, timed (the fastest of a few calls, so a first
+    call's warm-up is not counted): the model's seconds per row, by which the scoring stage decides whether shuffling
+    the rows for finer progress is worth its cost. 0: not timed."""
 
     @property
     def is_text(self) -> bool:
@@ -104,6 +105,7 @@ FEATURES = InputKind("features", "lakescore.udfs.runners:MatrixRunner")
 IMAGE = InputKind(
     "image", "lakescore.udfs.runners:ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
     column_setting="image_col", runner_settings=("max_image_pixels",), file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
+    timed_rows=8,  # an image costs milliseconds at least: a few tell that
 )
 """One binary column of encoded images (a folder of image files is read as one: ``input_format`` ``images``)."""
 
