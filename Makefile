@@ -19,9 +19,8 @@ S3A ?= 1
 # Both venvs get their bytecode compiled at install (--compile-bytecode; pip does this by default, uv does
 # not). Without it every Python process compiles what it imports from source whenever it cannot write
 # __pycache__: PYTHONDONTWRITEBYTECODE=1 (common in container images, set on this machine), a read-only
-# install, an unpacked env archive on each executor of a fresh cluster. Measured on a 2-core AMD EPYC
-# (avx2), PYTHONDONTWRITEBYTECODE=1: importing torch + transformers' modelling stack 14.2 s -> 5.8 s,
-# great_expectations 13.7 s -> 6.8 s; a 200-row `lakescore score` 41.1 s -> 28.9 s (two runs each).
+# install, an unpacked env archive on each executor of a fresh cluster (what it saves: BENCHMARKS.md,
+# "Development timings").
 UV := $(VENV)/bin/uv
 UV_INSTALL := $(UV) pip install --quiet --compile-bytecode
 UV_CACHE_DIR ?= $(CURDIR)/.cache/uv
@@ -76,7 +75,7 @@ test-cluster:
 	$(PY) -m pytest tests/cluster
 
 # Flat memory at scale: 2,000,000 tabular rows on local-cluster[2,1,1024], peak memory per process
-# (about two minutes; make test runs it too). LAKESCORE_SCALE_OUT=<file> keeps its table.
+# (minutes; make test runs it too). LAKESCORE_SCALE_OUT=<file> keeps its table.
 test-scale:
 	$(PY) -m pytest -s tests/scale
 
@@ -99,10 +98,11 @@ jar:
 	printf 'Source-SHA256: %s\n' "$$(cat $(JAVA_SRC) | sha256sum | cut -d' ' -f1)" > build/jar/MANIFEST.MF
 	jar --create --date=2000-01-01T00:00:00Z --file $(FILE_READER_JAR) --manifest build/jar/MANIFEST.MF -C build/jar/classes .
 
-# Rewrite the generated configuration reference in docs/configuration.md from the schema (jobs/config.py).
+# Rewrite the generated configuration reference in docs/configuration.md from the schema (jobs/config/, with the
+# executors' sections in udfs/).
 .PHONY: docs
 docs:
-	$(PY) -m lakescore.jobs.config_reference docs/configuration.md
+	$(PY) -m lakescore.jobs.config.reference docs/configuration.md
 
 # --- Packaging for clusters (README.md "Running on a cluster") ---
 .PHONY: package wheel env env-archive clean-package submit-local
@@ -131,13 +131,13 @@ package: wheel env-archive
 
 wheel: $(WHEEL) $(LAUNCHER)
 
-$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*.properties jobs/platform/java/*.jar udfs/*.py schemas/*.py)
+$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*/*.py jobs/*/*.properties jobs/platform/java/*.jar udfs/*.py udfs/*/*.py schemas/*.py)
 	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 
-$(LAUNCHER): jobs/platform/launcher.py
+$(LAUNCHER): jobs/launcher.py
 	mkdir -p dist
-	cp jobs/platform/launcher.py $@
+	cp jobs/launcher.py $@
 
 env: $(ENV).installed
 

@@ -8,7 +8,7 @@ by the sentiment of their verdict word ("Sturdy kettle, *disappointing* overall.
 neutral ones to the model. Then lakescore's own classify head (the code a job runs) scores the first
 :data:`W1_ROWS` W1 reviews and :data:`W2_ROWS` W2 texts on float32 torch, on the int8 ONNX graph and on bfloat16
 torch, and the head's own fidelity figures of each reduced-precision path are compared with the job's default
-:class:`~lakescore.udfs.quantize.Tolerance`: what a run's preflight would decide on such input.
+:class:`~lakescore.udfs.models.quantize.Tolerance`: what a run's preflight would decide on such input.
 
 Run after the timed runs, as one child process (``python -m bench.classifier OUT_DIR``) writing
 ``c1.json``: the orchestrator never imports torch. Fidelity only: no speed is measured here.
@@ -64,7 +64,7 @@ def run_c1(work_dir: Path, env: dict[str, str], repo: Path) -> C1Result:
 
 def c1_lines(result: C1Result) -> list[str]:
     """The C1 figures, each with the default tolerance and met / NOT met."""
-    from lakescore.udfs.quantize import Tolerance
+    from lakescore.udfs.models.quantize import Tolerance
 
     if not result.ok:
         return [f"C1 int8 / bfloat16 classifier: not measured ({result.error})"]
@@ -128,7 +128,7 @@ def _measure(work_dir: Path) -> dict:
 
     from bench.data import review_bodies, short_bodies
     from lakescore.udfs.batching import BatchPolicy, score_texts
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
     from lakescore.udfs.registry import get_task
 
     model_dir = work_dir / "sentiment-classifier"

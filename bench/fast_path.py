@@ -4,7 +4,7 @@ run, peak memory, and every backend's per-row cosine to float32.
 Like :mod:`bench.report`, nothing here asserts: each target is printed with ``met`` / ``NOT met``.
 The fastest configuration is the fastest of (d) torch float32, (o) ONNX float32, (q) ONNX int8 and
 (k) torch bfloat16 that ran; (q) and (k) are within their tolerance by construction (their runs refuse to
-score otherwise, :mod:`lakescore.udfs.quantize`), and their cosine to (a) is printed beside them. Its
+score otherwise, :mod:`lakescore.udfs.models.quantize`), and their cosine to (a) is printed beside them. Its
 like-for-like peer is the plain single-process loop on the same backend and precision (:data:`PLAIN_LOOP_OF`).
 """
 
@@ -120,7 +120,7 @@ def _fmt(value: Optional[float]) -> str:
 
 def target_lines() -> list[str]:
     """The targets this module reports (and C1's, :mod:`bench.classifier`), for the Markdown's target list."""
-    from lakescore.udfs.quantize import Tolerance
+    from lakescore.udfs.models.quantize import Tolerance
 
     limits = Tolerance()
     return [

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.data import review_bodies
-from lakescore.udfs.embed import SentenceEmbedder
+from lakescore.udfs.heads.embed import SentenceEmbedder
 
 ID, TEXT = "review_id", "body"
 
@@ -83,7 +83,7 @@ def run_stage(spec, batches: list[pa.RecordBatch], max_tokens: Optional[int], ma
     from pyspark.sql.types import LongType, StructField
 
     from lakescore.schemas.output import scored_schema
-    from lakescore.udfs.model_cache import get_model
+    from lakescore.udfs.models.model_cache import get_model
     from lakescore.udfs.registry import get_task
     from lakescore.udfs.scoring_udf import score_batches
 
@@ -114,7 +114,7 @@ def run_parts(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: in
     tokenizing, the head's forward over the planned batches (inputs to the GPU, forward, pooling, vectors back,
     normalizing), output Arrow arrays; with ``with_transformers``, also tokenizing through transformers' own call."""
     from lakescore.udfs.batching import BatchPolicy, score_texts
-    from lakescore.udfs.model_cache import get_model
+    from lakescore.udfs.models.model_cache import get_model
     from lakescore.udfs.registry import get_task
     from lakescore.udfs.scoring_udf import ScoredBatch, _prediction_arrays
 
@@ -151,8 +151,8 @@ def run_bare(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: int
     import transformers
 
     from lakescore.udfs.batching import BatchPolicy, plan_batches, take_rows
-    from lakescore.udfs.devices import torch_dtype
-    from lakescore.udfs.model_cache import get_model
+    from lakescore.udfs.models.devices import torch_dtype
+    from lakescore.udfs.models.model_cache import get_model
 
     head = get_model(spec)[0].scorer
     directory = Path(spec.source)
@@ -190,9 +190,9 @@ def measure(model_dir: Path, label: str, texts: list[str], dtypes: list[str], ma
             rows_per_batch: int, pooling: Optional[str]) -> None:
     import torch
 
-    from lakescore.udfs import model_cache
+    from lakescore.udfs.models import model_cache
     from lakescore.udfs.batching import default_max_tokens
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
 
     batches = _arrow_batches(texts, rows_per_batch)
     reference: Optional[np.ndarray] = None
@@ -224,9 +224,9 @@ def host_ceiling(model_dir: Path, label: str, texts: list[str], rows_per_batch: 
     """The stage on one CPU with a forward that returns zeros at once: rows/s per core of everything but the model."""
     import torch
 
-    from lakescore.udfs import model_cache
+    from lakescore.udfs.models import model_cache
     from lakescore.udfs.batching import default_max_tokens
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
 
     global DEVICE
     DEVICE = "cpu"
@@ -251,8 +251,8 @@ def oom_backoff(model_dir: Path, texts: list[str], rows: int) -> None:
     default budget's."""
     import torch
 
-    from lakescore.udfs import model_cache
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.model_source import ModelSpec
 
     long_texts = [" ".join(texts[i : i + 60]) for i in range(rows)]
     batches = _arrow_batches(long_texts, rows)

@@ -278,7 +278,7 @@ def _export_once(env: dict[str, str], out: Path, peers: str) -> Optional[float]:
     if not set(peers) & set("eoq"):
         return None
     code = ("import sys; from pathlib import Path; from bench.peers.ort_loop import onnx_spec; "
-            "from lakescore.udfs.model_cache import get_model; "
+            "from lakescore.udfs.models.model_cache import get_model; "
             "[get_model(onnx_spec(q, Path(sys.argv[1]))) for q in ('none', 'int8')]")
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", code, str(model_cache_dir(out / "runs" / "x"))], env=env, cwd=REPO, check=True)

@@ -15,15 +15,15 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, config_options
 from lakescore.jobs.platform.model_staging import stage_model
-from lakescore.jobs.report import RunReport
-from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.metrics import record_run, record_stopped_run
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.score_job import run_and_record
 from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts
-from lakescore.jobs.steps.score import score_dataframe, scoring_layout
+from lakescore.jobs.steps.context import scoring_layout
+from lakescore.jobs.steps.score import score_dataframe
 from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import (
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
     weights_sha256,
 )
@@ -40,8 +40,8 @@ source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (`
 
 
 def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
-    """Run the whole scoring job and return its report; writes the JSON report when ``report`` is set, and the run's
-    row in the metrics table (``validation.metrics``).
+    """Run the whole scoring job and return its report; writes the JSON report when ``report`` is set (for a run that
+    raises too, as the CLI does), and the run's row in the metrics table (``validation.metrics``).
 
     ``config`` takes the YAML config's keys, sections as dicts, e.g.
     ``score(input="db.reviews", output="db.embeddings", task="embed", id_col="id", text_col="body",
@@ -51,18 +51,11 @@ def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
 
     Raises what the CLI maps to exit code 2 before any compute (:class:`~lakescore.jobs.config.ConfigError`,
     :class:`~lakescore.schemas.contracts.InputContractError`, :class:`~lakescore.jobs.platform.tables.TableError`,
-    :class:`~lakescore.udfs.model_source.ModelSourceError`) and :class:`~lakescore.jobs.platform.tables.WriteConflictError`
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError`) and :class:`~lakescore.jobs.platform.tables.WriteConflictError`
     when a concurrent run won. A failed validation, error-rate or drift check does not raise: the report's
     ``status`` says so and nothing was published.
     """
-    cfg = config_from_mapping(config)
-    try:
-        report = run_scoring(cfg, spark)
-    except BaseException as exc:
-        record_stopped_run(spark, cfg, exc)
-        raise
-    record_run(spark, cfg, report)
-    return report
+    return run_and_record(config_from_mapping(config), spark)
 
 
 def transform(
@@ -91,7 +84,7 @@ def transform(
 
     Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
     :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
-    columns and :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
+    columns and :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a model that cannot be
     found or that the workers would refuse (no weights, refused pickle weights, an unreadable config,
     other weights than ``expect_sha256``), all before any Spark job runs.
     """
@@ -114,14 +107,14 @@ def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, .
     files' bytes, read on the executors), or the feature columns."""
     kind = get_task(cfg.task).input_kind
     if cfg.prompt_template:
-        return render_prompts(cfg.prompt_template, cfg.id_col, df, "the DataFrame"), (PROMPT_COLUMN,)
+        return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (PROMPT_COLUMN,)
     if kind.one_column and not cfg.input_col:
         hint = " (or prompt_template)" if kind.row_keys else ""
         raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
     if not kind.one_column:
-        FeatureInputContract(cfg.id_col, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
+        FeatureInputContract(cfg.id_cols, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
         return df, tuple(cfg.feature_cols)
-    one_column_contract(kind.name, cfg.id_col, cfg.input_col).check(df.schema, "the DataFrame")
+    one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(df.schema, "the DataFrame")
     return one_column_input(cfg, df, "the DataFrame")
 
 
@@ -135,7 +128,7 @@ def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols
     The model loads once per Python worker; rows are length-sorted and token-budgeted inside each
     Arrow batch, order restored. Slower than :func:`transform` (pandas conversion per batch).
 
-    Raises :class:`~lakescore.jobs.config.ConfigError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
+    Raises :class:`~lakescore.jobs.config.ConfigError` or :class:`~lakescore.udfs.models.model_source.ModelSourceError`
     when the settings or the model are wrong (as for :func:`transform`), before any Spark job runs.
     """
     cfg = _notebook_config(task, model, feature_cols, options)
@@ -189,7 +182,7 @@ def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> No
     or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
     sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
     ``expect_sha256``; an architecture of another kind than the task's, or settings the model cannot take
-(:func:`~lakescore.udfs.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
+(:func:`~lakescore.udfs.models.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
 calls have no preflight."""
     if transformers_dir:
         require_directory(model_dir, spec.task)

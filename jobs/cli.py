@@ -20,11 +20,11 @@ from typing import Optional, Sequence
 from lakescore.jobs.commands.demo import DEMO_ROWS
 from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
 from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
-from lakescore.jobs.report import one_line
+from lakescore.jobs.report.text import before_compute, kept_trace, one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
-from lakescore.jobs.platform.console import configure_logging, keep_trace, log_jvm_to_file, run_log
+from lakescore.jobs.platform.console import configure_logging, log_jvm_to_file
 
 __all__ = ["main", "run"]
 
@@ -128,23 +128,11 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
 
 
 def _score(args: argparse.Namespace) -> int:
-    from lakescore.jobs.report import report_location, write_report
-    from lakescore.jobs.score_job import run_scoring
-    from lakescore.jobs.steps.metrics import record_run, record_stopped_run
-    from lakescore.jobs.steps.report import failure_report
+    from lakescore.jobs.report.files import report_location
+    from lakescore.jobs.score_job import run_and_record
 
     cfg = _config(args)
-    try:
-        report = run_scoring(cfg)
-    except BaseException as exc:  # a scheduler still finds a report saying where and why
-        if cfg.report:
-            failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
-            failed.log_file = _kept_trace(exc) or _path_or_none(run_log())
-            write_report(failed, cfg.report)
-        record_stopped_run(None, cfg, exc)
-        raise
-    report.log_file = _path_or_none(run_log())
-    record_run(None, cfg, report)
+    report = run_and_record(cfg)
     print(report.summary())
     if cfg.report:
         print(report_location(report, cfg.report))
@@ -202,7 +190,7 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _fetch_jars(args: argparse.Namespace) -> int:
-    from lakescore.jobs.platform.local.class_archive import build_archive
+    from lakescore.jobs.commands.fetch_jars import build_archive
     from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
     from lakescore.jobs.platform.session import jar_confs
 
@@ -251,25 +239,12 @@ def _failure(exc: BaseException) -> tuple[int, str]:
         staged = getattr(exc, "lakescore_chunks", None)
         where = f"after {staged[0]} of {staged[1]} chunks were staged" if staged else f"during {getattr(exc, 'lakescore_step', 'start-up')}"
         return EXIT_INTERRUPTED, f"lakescore: interrupted {where}; rerun the same command to resume"
-    kept = _kept_trace(exc)
+    kept = kept_trace(exc)
     details = f" (details: {kept})" if kept else ""
     unreadable = unreadable_input(exc)
     if unreadable is not None:
         return EXIT_BAD_INPUT, f"lakescore: error: {unreadable}{details}"
-    return (EXIT_BAD_INPUT if _is_before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}{details}"
-
-
-def _kept_trace(exc: BaseException) -> Optional[str]:
-    """The log file that now holds ``exc``'s full traceback (written there once), or ``None``: an interruption or a
-    refusal before compute says everything in its one line, and a session lakescore did not build (or ``-v``) has no
-    such file."""
-    if was_interrupted(exc) or _is_before_compute(exc):
-        return None
-    return _path_or_none(keep_trace(exc))
-
-
-def _path_or_none(path: Optional[Path]) -> Optional[str]:
-    return str(path) if path is not None else None
+    return (EXIT_BAD_INPUT if before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}{details}"
 
 
 def run() -> None:
@@ -291,14 +266,6 @@ def _spare_the_exit_collection() -> None:
     from lakescore.jobs.platform.local.accelerations import spare_the_exit_collection
 
     spare_the_exit_collection()
-
-
-def _is_before_compute(exc: BaseException) -> bool:
-    from lakescore.jobs.platform.tables import TableError
-    from lakescore.schemas.contracts import InputContractError
-    from lakescore.udfs.model_source import ModelSourceError
-
-    return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ resumes; with ``rank``, each chunk's keys ranked and only their kept rows staged
 for (every input row in exactly one of output and errors), validated with Great Expectations, compared with
 the output's rows at a baseline version (the drift gate), and only then published in one Delta commit. A run
 that fails a check publishes nothing to the output: readers keep the previous version. Whoever runs the job
-writes its report and metrics row (:func:`~lakescore.jobs.steps.metrics.record_run`).
+writes its report and metrics row through :func:`run_and_record`.
 """
 
 from __future__ import annotations
@@ -20,28 +20,33 @@ from typing import Optional
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import JobConfig
+from lakescore.jobs.platform.console import run_log
+from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.local.accelerations import import_late_modules_meanwhile
 from lakescore.jobs.platform.step_hooks import at_point
-from lakescore.jobs.report import RunReport
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.text import kept_trace
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.drift import start_drift
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
-from lakescore.jobs.steps.report import StepClock, assemble_report
+from lakescore.jobs.steps.metrics import record_run, record_stopped_run
+from lakescore.jobs.steps.report import StepClock, assemble_report, failure_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import pin_staging, score_into_staging
 from lakescore.jobs.steps.validate import validate_rows
 
-__all__ = ["run_scoring"]
+__all__ = ["run_scoring", "run_and_record"]
 
 
 def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
-    """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.RunReport`.
+    """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.model.RunReport`.
 
     Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
-    :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.model_source.ModelSourceError`
+    :class:`~lakescore.jobs.platform.tables.TableError` or :class:`~lakescore.udfs.models.model_source.ModelSourceError`
     before any compute when the run cannot succeed, :class:`~lakescore.jobs.platform.tables.WriteConflictError`
     when a concurrent run won the publish. A failed validation, an exceeded error rate or drift past a bound does
     not raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` / ``drift_exceeded`` and
@@ -84,8 +89,30 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 
+def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
+    """:func:`run_scoring`, then the run recorded as every entry point (CLI, API, demo) records it: its report (JSON and
+    HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed`` or
+    ``interrupted``, where and why), then the exception goes on."""
+    try:
+        report = run_scoring(cfg, spark)
+    except BaseException as exc:  # a scheduler still finds a report saying where and why
+        if cfg.report:
+            failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
+            failed.log_file = kept_trace(exc) or _text(run_log())
+            write_report(failed, cfg.report)
+        record_stopped_run(spark, cfg, exc)
+        raise
+    report.log_file = _text(run_log())
+    record_run(spark, cfg, report)
+    return report
+
+
+def _text(path) -> Optional[str]:
+    return str(path) if path is not None else None
+
+
 def _import_late_modules_meanwhile(cfg: JobConfig) -> None:
     """Import what the run's last steps need while the executors work (on this host's own masters): GX when
     validation is on, then the HTML report's charts when a report is written."""
-    modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report_html"] if cfg.report else [])
+    modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report.html"] if cfg.report else [])
     import_late_modules_meanwhile(modules)

@@ -3,7 +3,7 @@
 Three entry points, each validating its settings before any Spark or model work:
 
 * :func:`score` — the whole job (read, check, score, stage, validate, publish to Delta); returns the
-  :class:`~lakescore.jobs.report.RunReport`. Same keys as the YAML config.
+  :class:`~lakescore.jobs.report.model.RunReport`. Same keys as the YAML config.
 * :func:`transform` — a lazily scored DataFrame for notebooks (no write, no validation).
 * :func:`pandas_udf` — an iterator-style pandas UDF for ``select`` / ``withColumn``.
 
@@ -18,12 +18,7 @@ folders are its subpackages ``lakescore.jobs`` (orchestration, CLI, platform ada
 (input contracts, output schemas, validation suites).
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
-
-try:
-    __version__ = _version("lakescore")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+from lakescore._version import __version__
 
 __all__ = ["score", "transform", "pandas_udf", "__version__"]
 

@@ -24,6 +24,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lakescore.schemas.id_columns import id_names
+
 __all__ = [
     "PROMPT_COLUMN", "IMAGE_COLUMN", "FILE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
     "FeatureInputContract", "one_column_contract", "resolve_feature_cols", "id_names",
@@ -47,19 +49,25 @@ IMAGE_COLUMN = "_lakescore_image"
 written to the output)."""
 
 
-IdCol = Optional[str | tuple[str, ...]]
-"""A contract's id: one column, a composite id's columns, or ``None`` (none needed)."""
-
-
 class InputContractError(ValueError):
     """The input does not have the columns or types the task needs."""
 
 
 @dataclass(frozen=True)
-class TextInputContract:
-    """A text task's input: an id column (string, integer or decimal; ``None``: none needed) and a string text column."""
+class _IdContract:
+    """A contract's id columns: a composite id's, one column's, or none (``()``: none needed). Given as one name, a
+    contract takes it as its one column."""
 
-    id_col: IdCol
+    id_cols: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id_cols", id_names(self.id_cols))
+
+
+@dataclass(frozen=True)
+class TextInputContract(_IdContract):
+    """A text task's input: id columns (string, integer or decimal) and a string text column."""
+
     text_col: str
 
     def check(self, schema: StructType, source: str) -> None:
@@ -67,45 +75,43 @@ class TextInputContract:
 
         Column names match exactly (case-sensitive), as Delta writes them.
         """
-        fields = _fields_present(schema, source, [*_id_roles(self.id_col), ("text column", self.text_col)])
-        _require_ids(fields, self.id_col, source)
+        fields = _fields_present(schema, source, [*_id_roles(self.id_cols), ("text column", self.text_col)])
+        _require_ids(fields, self.id_cols, source)
         _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
 
 
 @dataclass(frozen=True)
-class ImageInputContract:
-    """An image task's input: an id column and an image column: binary (encoded images) or string (paths or URIs of
+class ImageInputContract(_IdContract):
+    """An image task's input: id columns and an image column: binary (encoded images) or string (paths or URIs of
     image files)."""
 
-    id_col: IdCol
     image_col: str
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
-        fields = _fields_present(schema, source, [*_id_roles(self.id_col), ("image column", self.image_col)])
-        _require_ids(fields, self.id_col, source)
+        fields = _fields_present(schema, source, [*_id_roles(self.id_cols), ("image column", self.image_col)])
+        _require_ids(fields, self.id_cols, source)
         _require(fields[self.image_col], (BinaryType, StringType), f"image column {self.image_col!r} in {source}",
                  "binary (encoded image bytes) or string (paths of image files)")
 
 
-def one_column_contract(kind: str, id_col: IdCol, column: str) -> "TextInputContract | ImageInputContract":
+def one_column_contract(kind: str, id_cols: tuple[str, ...], column: str) -> "TextInputContract | ImageInputContract":
     """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes)."""
-    return {"text": TextInputContract, "image": ImageInputContract}[kind](id_col, column)
+    return {"text": TextInputContract, "image": ImageInputContract}[kind](id_cols, column)
 
 
 @dataclass(frozen=True)
-class PromptInputContract:
-    """A prompted task's input: an id column and the columns its prompt template names (strings, numbers, booleans,
+class PromptInputContract(_IdContract):
+    """A prompted task's input: id columns and the columns its prompt template names (strings, numbers, booleans,
     dates or timestamps, inserted as Spark casts them to a string)."""
 
-    id_col: IdCol
     template_cols: tuple[str, ...]
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
-        named = _id_roles(self.id_col) + [("prompt_template column", c) for c in self.template_cols]
+        named = _id_roles(self.id_cols) + [("prompt_template column", c) for c in self.template_cols]
         fields = _fields_present(schema, source, named)
-        _require_ids(fields, self.id_col, source)
+        _require_ids(fields, self.id_cols, source)
         for name in self.template_cols:
             _require(fields[name], _PROMPT_VALUE_TYPES, f"prompt_template column {name!r} in {source}",
                      "a string, number, boolean, date or timestamp")
@@ -128,36 +134,28 @@ def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Option
 
 
 @dataclass(frozen=True)
-class FeatureInputContract:
-    """A tabular task's input: an id column and numeric feature columns."""
+class FeatureInputContract(_IdContract):
+    """A tabular task's input: id columns and numeric feature columns."""
 
-    id_col: IdCol
     feature_cols: tuple[str, ...]
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or non-numeric column."""
-        fields = _fields_present(schema, source, _id_roles(self.id_col) + [("feature column", c) for c in self.feature_cols])
-        _require_ids(fields, self.id_col, source)
+        fields = _fields_present(schema, source, _id_roles(self.id_cols) + [("feature column", c) for c in self.feature_cols])
+        _require_ids(fields, self.id_cols, source)
         for name in self.feature_cols:
             _require(fields[name], _NUMERIC_TYPES, f"feature column {name!r} in {source}", "a number (double, float, integer or decimal)")
-        for name in id_names(self.id_col):
+        for name in self.id_cols:
             if name in self.feature_cols:
                 raise InputContractError(f"id column {name!r} is also listed as a feature column")
 
 
-def id_names(id_col: IdCol) -> tuple[str, ...]:
-    """The id column names of a contract's ``id_col``: one name, a composite id's names, or none."""
-    if id_col is None:
-        return ()
-    return (id_col,) if isinstance(id_col, str) else tuple(id_col)
+def _id_roles(id_cols: tuple[str, ...]) -> list[tuple[str, Optional[str]]]:
+    return [("id column", name) for name in id_cols]
 
 
-def _id_roles(id_col: IdCol) -> list[tuple[str, Optional[str]]]:
-    return [("id column", name) for name in id_names(id_col)]
-
-
-def _require_ids(fields: dict[str, DataType], id_col: IdCol, source: str) -> None:
-    for name in id_names(id_col):
+def _require_ids(fields: dict[str, DataType], id_cols: tuple[str, ...], source: str) -> None:
+    for name in id_cols:
         _require(fields[name], _ID_TYPES, f"id column {name!r} in {source}", "string, integer or decimal")
 
 

@@ -1,5 +1,5 @@
 """The ``generate`` task's settings (the config schema's ``generate`` section) and prompt templates: the config and
-the driver read them without the model runtime (:mod:`lakescore.udfs.generate` is the head).
+the driver read them without the model runtime (:mod:`lakescore.udfs.heads.generate` is the head).
 
 A new generate setting is one field of :class:`GenerateOptions` (its type, bounds, default, docstring and flag), plus
 what the head does with it."""
@@ -134,8 +134,8 @@ def _check_json_schema(schema: dict) -> None:
 def model_context(positions: Optional[int], max_seq_length: Optional[int], tokenizer_limit: Optional[int]) -> Optional[int]:
     """The tokens a prompt plus its new tokens may hold: the smallest of the model's positions,
     ``model.max_seq_length`` and the tokenizer's ``model_max_length`` (one at or over
-    :data:`~lakescore.udfs.model_fit.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
-    from lakescore.udfs.model_fit import NO_TOKENIZER_LIMIT
+    :data:`~lakescore.udfs.models.model_fit.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
+    from lakescore.udfs.models.model_fit import NO_TOKENIZER_LIMIT
 
     if tokenizer_limit is not None and tokenizer_limit >= NO_TOKENIZER_LIMIT:
         tokenizer_limit = None
@@ -144,9 +144,9 @@ def model_context(positions: Optional[int], max_seq_length: Optional[int], token
 
 
 def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
-    """:class:`~lakescore.udfs.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no token of
+    """:class:`~lakescore.udfs.models.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no token of
     ``context`` for a prompt: the rule the driver checks first (:func:`check_context`) and the executors on load."""
-    from lakescore.udfs.errors import UnfitModelError
+    from lakescore.udfs.models.errors import UnfitModelError
 
     most = (spec.generate or GenerateOptions()).max_new_tokens
     if context is not None and most >= context:
@@ -159,7 +159,7 @@ def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
 def check_context(spec: Any, model_dir: Path, config: dict) -> None:
     """The driver's :func:`require_room`, on the context ``config`` (the model's ``config.json``) and its
     ``tokenizer_config.json`` give (:func:`model_context`)."""
-    from lakescore.udfs.model_fit import read_json
+    from lakescore.udfs.models.model_fit import read_json
 
     limit = (read_json(model_dir / "tokenizer_config.json") or {}).get("model_max_length")
     positions = config.get("max_position_embeddings") or config.get("n_positions")

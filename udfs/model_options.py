@@ -1,6 +1,6 @@
 """The ``model`` section of the config schema: where the model comes from and how its outputs are shaped.
 
-Declared here, on the executors' side, because the worker's :class:`~lakescore.udfs.model_source.ModelSpec` takes its
+Declared here, on the executors' side, because the worker's :class:`~lakescore.udfs.models.model_source.ModelSpec` takes its
 fields from it (all but :data:`DRIVER_ONLY`); :mod:`lakescore.jobs.config` uses it as its ``model`` section.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from lakescore.udfs.quantize import Tolerance
+from lakescore.udfs.models.quantize import Tolerance
 from lakescore.udfs.settings import ConfigError, Fraction, Section, Text, checked, cli
 
 __all__ = ["ModelOptions", "DRIVER_ONLY", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS", "POOLING_MODES"]
@@ -21,9 +21,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("torch", "onnx")
 """What runs the transformer forward: torch, or ONNX Runtime on a graph exported from the same weights."""
 QUANTIZATIONS = ("none", "int8")
-"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.quantize`), lossy and guarded by a tolerance."""
+"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.models.quantize`), lossy and guarded by a tolerance."""
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-"""sentence-transformers' pooling modes, every one of which the embed head computes (:func:`lakescore.udfs.embed.pool`)."""
+"""sentence-transformers' pooling modes, every one of which the embed head computes (:func:`lakescore.udfs.heads.embed.pool`)."""
 
 
 class ModelOptions(Section):

@@ -4,7 +4,7 @@ For ``df.select(...)`` / ``withColumn`` in notebooks: ``Iterator[pd.Series] -> I
 (one output column, e.g. ``embedding``) or ``Iterator[pd.DataFrame]`` (a struct of the task's
 output columns, e.g. ``label``, ``score``, ``probs``). Feature tasks take one ``pd.Series`` per
 feature column (``Iterator[Tuple[pd.Series, ...]]``). The model loads once per Python worker
-(:mod:`lakescore.udfs.model_cache`); rows are length-sorted and cut by the token budget inside
+(:mod:`lakescore.udfs.models.model_cache`); rows are length-sorted and cut by the token budget inside
 each Arrow batch, and returned in input order (:func:`lakescore.udfs.scoring_udf.score_batches`).
 
 Slower than the job's ``mapInArrow`` path by construction: Spark converts every Arrow batch to
@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql.functions import pandas_udf
 from pyspark.sql.types import DataType, StructType
 
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import score_batches
 

@@ -28,13 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 
 if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before any Spark or model work
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["named", "InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+
+
+def named(ref: str) -> Any:
+    """What ``"module:name"`` names, its module imported now: how the registry refers to executor code (loaders,
+    runners, model checks) without importing it."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -43,8 +50,9 @@ class InputKind:
     column of encoded images)."""
 
     name: str
-    runner_name: str
-    """The class in :mod:`lakescore.udfs.runners` that prepares Arrow batches for the head."""
+    runner_ref: str
+    """``"module:Class"`` of the runner that prepares Arrow batches for the head (:mod:`lakescore.udfs.runners`),
+    imported on first use as the loaders are: the registry names the executors' code, it does not import it."""
     worker_imports: tuple[str, ...] = ()
     """Modules every head of this kind imports in a worker, whatever its backend."""
     row_keys: bool = False
@@ -74,9 +82,7 @@ class InputKind:
     @property
     def runner(self) -> type:
         """``runner(head, input_cols)``: prepares Arrow batches for the head."""
-        from lakescore.udfs import runners
-
-        return getattr(runners, self.runner_name)
+        return named(self.runner_ref)
 
     def preflight_sample(self, spec: ModelSpec, rows: int = 1) -> Any:
         """``rows`` copies of one input row, as the head's ``score`` takes them, for the executors' preflight."""
@@ -89,15 +95,15 @@ class InputKind:
         return ["lakescore preflight"] * rows if self.is_text else np.zeros((rows, len(spec.feature_cols)))
 
 
-TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
+TEXT = InputKind("text", "lakescore.udfs.runners:TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
 PROMPT = InputKind(  # not timed: a batch of prompts is a whole generation each
-    "text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True, column_setting="text_col",
-    timed_rows=0,
+    "text", "lakescore.udfs.runners:PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True,
+    column_setting="text_col", timed_rows=0,
 )
 """One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""
-FEATURES = InputKind("features", "MatrixRunner")
+FEATURES = InputKind("features", "lakescore.udfs.runners:MatrixRunner")
 IMAGE = InputKind(
-    "image", "ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
+    "image", "lakescore.udfs.runners:ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
     column_setting="image_col", runner_settings=("max_image_pixels",), file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
     timed_rows=8,  # an image costs milliseconds at least: a few tell that
 )
@@ -140,9 +146,9 @@ class Task:
     """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use)."""
     summary: str = ""
     backends: tuple[str, ...] = ("torch", "onnx")
-    """What can run this task's forward (:mod:`lakescore.udfs.backends`); config validation reads it."""
+    """What can run this task's forward (:mod:`lakescore.udfs.models.backends`); config validation reads it."""
     forward_imports: tuple[str, ...] | None = None
-    """The modules this task's forward imports, when it runs none of :mod:`lakescore.udfs.backends`."""
+    """The modules this task's forward imports, when it runs none of :mod:`lakescore.udfs.models.backends`."""
     model_options: tuple[str, ...] = ()
     """The ``model.*`` settings only this task reads (see :data:`TASK_MODEL_OPTIONS`); config validation refuses
     them for the other tasks."""
@@ -161,11 +167,11 @@ class Task:
     (:meth:`output_profile`) that says so."""
     architectures: tuple[str, ...] = ()
     """Parts of a transformers class name that fit this task (``ForSequenceClassification``): a model whose
-    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.model_fit`). ``()``: any
+    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.models.model_fit`). ``()``: any
     architecture (a base model is read from any checkpoint)."""
     model_check: Optional[str] = None
     """``"module:function"``, ``check(spec, model_dir, config)``: the driver's check of the task's settings against
-    the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.model_source.UnfitModelError`."""
+    the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.models.model_source.UnfitModelError`."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -178,7 +184,7 @@ class Task:
         if self.forward_imports is not None:
             forward = self.forward_imports
         else:
-            from lakescore.udfs.backends import WORKER_IMPORTS
+            from lakescore.udfs.models.backends import WORKER_IMPORTS
 
             forward = WORKER_IMPORTS[backend]
         return ("lakescore.udfs.scoring_udf", *self.input_kind.worker_imports, *forward)
@@ -190,10 +196,7 @@ class Task:
 
     def load(self, spec: ModelSpec, model_dir: Path) -> Any:
         """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
-        loader = self.loader
-        if isinstance(loader, str):
-            module, _, function = loader.partition(":")
-            loader = getattr(importlib.import_module(module), function)
+        loader = named(self.loader) if isinstance(self.loader, str) else self.loader
         return loader(spec, model_dir)
 
     @property
@@ -217,29 +220,29 @@ _EMBEDDED = OutputProfile(embedding="embedding")
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task("classify", TEXT, "lakescore.udfs.classify:load_classifier", "sequence classification: label, score, probs",
+        Task("classify", TEXT, "lakescore.udfs.heads.classify:load_classifier", "sequence classification: label, score, probs",
              profile=_LABELLED, architectures=("ForSequenceClassification",)),
         Task(
-            "embed", TEXT, "lakescore.udfs.embed:load_embedder", "sentence embeddings, as sentence-transformers",
+            "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED,
         ),
-        Task("ner", TEXT, "lakescore.udfs.ner:load_token_classifier", "token classification: entities per text",
+        Task("ner", TEXT, "lakescore.udfs.heads.ner:load_token_classifier", "token classification: entities per text",
              architectures=("ForTokenClassification",)),
         Task(
-            "image_classify", IMAGE, "lakescore.udfs.image_classify:load_image_classifier",
+            "image_classify", IMAGE, "lakescore.udfs.heads.image_classify:load_image_classifier",
             "image classification: label, score, probs", backends=("torch",), profile=_LABELLED,
             architectures=("ForImageClassification",),
         ),
         Task(
-            "image_embed", IMAGE, "lakescore.udfs.image_embed:load_image_embedder",
+            "image_embed", IMAGE, "lakescore.udfs.heads.image_embed:load_image_embedder",
             "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",), profile=_EMBEDDED,
         ),
         Task(
-            "tabular", FEATURES, "lakescore.udfs.tabular:load_tabular", "a TorchScript / torch.export program",
+            "tabular", FEATURES, "lakescore.udfs.heads.tabular:load_tabular", "a TorchScript / torch.export program",
             backends=("torch",), forward_imports=("torch",), profile=OutputProfile(score="prediction"),
         ),
         Task(
-            "generate", PROMPT, "lakescore.udfs.generate:load_generator",
+            "generate", PROMPT, "lakescore.udfs.heads.generate:load_generator",
             "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
             options_section="generate", optional_outputs=("choice_logprobs",),
             output_value_sets={"finish_reason": ("stop", "length", "choice")},

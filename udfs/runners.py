@@ -167,7 +167,7 @@ class PreparedPrompts:
 
 
 class PromptRunner:
-    """Generation heads (:mod:`lakescore.udfs.generate`): one string column of rendered prompts, and the row's id
+    """Generation heads (:mod:`lakescore.udfs.heads.generate`): one string column of rendered prompts, and the row's id
     (``key_col``) as the key its sampling generator is seeded from, so a row draws the same text in any batch."""
 
     def __init__(self, head, input_cols: Sequence[str], *, key_col: Optional[str] = None) -> None:
@@ -187,7 +187,7 @@ class PromptRunner:
         return PreparedPrompts(prompts, keys, features, refused)
 
     def score(self, prepared: PreparedPrompts, budget: AdaptiveBudget) -> Scored:
-        from lakescore.udfs.generate import score_prompts
+        from lakescore.udfs.heads.generate import score_prompts
 
         return _refuse(score_prompts(prepared.prompts, self.head, budget, prepared.keys, prepared.features), prepared.refused)
 
@@ -203,7 +203,7 @@ class PromptRunner:
 
     def token_counts(self, scored: Scored) -> tuple[int, int]:
         """Prompt tokens read and tokens generated over the batch's scored rows."""
-        from lakescore.udfs.generate import token_counts
+        from lakescore.udfs.heads.generate import token_counts
 
         return token_counts(scored.outputs, scored.ok)
 

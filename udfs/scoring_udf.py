@@ -1,8 +1,8 @@
 """The iterator-style Arrow function that scores rows on the executors (``mapInArrow``).
 
-What crosses from the driver is a :class:`~lakescore.udfs.model_source.ModelSpec` and a
+What crosses from the driver is a :class:`~lakescore.udfs.models.model_source.ModelSpec` and a
 few names and numbers, never a model. Inside each Python worker the model
-comes from :mod:`lakescore.udfs.model_cache` on the first non-empty Arrow batch and is
+comes from :mod:`lakescore.udfs.models.model_cache` on the first non-empty Arrow batch and is
 reused for every later batch and task that process runs.
 
 Why ``mapInArrow`` rather than a pandas UDF in a ``select``: results go back as
@@ -34,9 +34,9 @@ from pyspark.sql.types import StructType
 
 from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
-from lakescore.udfs.model_cache import LoadedModel, get_model
-from lakescore.udfs.model_source import ModelSpec, model_file_digests
-from lakescore.udfs.quantize import Tolerance, check_fidelity
+from lakescore.udfs.models.model_cache import LoadedModel, get_model
+from lakescore.udfs.models.model_source import ModelSpec, model_file_digests
+from lakescore.udfs.models.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 
 __all__ = [
@@ -189,7 +189,7 @@ PREFLIGHT_SCHEMA = (
 )
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
-``files``: the JSON :func:`~lakescore.udfs.model_source.model_file_digests` of the model files this worker loaded."""
+``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded."""
 
 
 def make_preflight_function(
@@ -208,9 +208,9 @@ def make_preflight_function(
 
     A reduced-precision ``spec`` (int8, bfloat16, float16: ``spec.reduced_precision``) with a ``sample`` of the
     run's input texts: the first task also scores the sample both ways (:func:`fidelity_figures`) and fails with
-    :class:`~lakescore.udfs.quantize.QuantizationToleranceError` outside ``tolerance``.
+    :class:`~lakescore.udfs.models.quantize.QuantizationToleranceError` outside ``tolerance``.
 
-    The model stays in this worker's cache (:mod:`lakescore.udfs.model_cache`), where the
+    The model stays in this worker's cache (:mod:`lakescore.udfs.models.model_cache`), where the
     scoring tasks this worker runs next find it.
     """
     arrow_schema = _preflight_arrow_schema()
@@ -270,7 +270,7 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     device, and not cached).
 
     int8's reference is the float32 ONNX graph of the same weights, which its export checked against float32
-    torch (:func:`~lakescore.udfs.onnx_export.check_graph`), so the worker that checks imports no torch
+    torch (:func:`~lakescore.udfs.models.onnx_export.check_graph`), so the worker that checks imports no torch
     (the daemon preloads none for this backend), which leaves the run faster and its workers smaller than a
     torch reference would. bfloat16's and float16's is the
     float32 torch model, on the same device: its weights (twice the reduced-precision model's) are held beside
@@ -332,7 +332,7 @@ def model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int]
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), the spec it loaded (the
     device and dtype as they run here: float16 on a CPU runs float32), and 1 when this call loaded it (0: it was
     cached)."""
-    from lakescore.udfs.devices import bound_tokenizer_threads, effective_dtype, resolve_device  # torch: workers only
+    from lakescore.udfs.models.devices import bound_tokenizer_threads, effective_dtype, resolve_device  # torch: workers only
 
     device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
@@ -349,7 +349,7 @@ def _limit_torch_threads(cpus: Optional[int]) -> None:
     """One torch thread per CPU Spark gave this task, so concurrent tasks do not oversubscribe cores.
 
     Only where torch is loaded already: a worker on the ONNX backend never imports it (its
-    sessions take their threads from the task when created, :func:`lakescore.udfs.backends.load_forward`).
+    sessions take their threads from the task when created, :func:`lakescore.udfs.models.forwards.load_forward`).
     """
     torch = sys.modules.get("torch")
     if torch is not None and cpus and torch.get_num_threads() != cpus:

@@ -24,7 +24,7 @@ from bench.model import BATCH_SIZE, model_dir
 
 def onnx_spec(quantize: str, cache_dir: Path):
     """lakescore's spec of the bench model on the ONNX backend (its graph, its tokenizer)."""
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
 
     return ModelSpec("embed", str(model_dir()), backend="onnx", quantize=quantize, cache_dir=str(cache_dir))
 
@@ -37,10 +37,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cache-dir", type=Path, required=True, help="lakescore's model.cache_dir (the exported graph)")
     args = parser.parse_args(argv)
 
-    from lakescore.udfs.backends import onnx_session
-    from lakescore.udfs.embed import KIND, l2_normalize, pool
-    from lakescore.udfs.hf_models import load_tokenizer
-    from lakescore.udfs.onnx_export import exported_model
+    from lakescore.udfs.models.backends import onnx_session
+    from lakescore.udfs.heads.embed import KIND, l2_normalize, pool
+    from lakescore.udfs.heads.hf_models import load_tokenizer
+    from lakescore.udfs.models.onnx_export import exported_model
 
     spec = onnx_spec(args.quantize, args.cache_dir)
     tokenizer = load_tokenizer(spec, model_dir())

@@ -82,9 +82,8 @@ def bundled_model_dir() -> Path:
 
 def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
-    from lakescore.jobs.report import report_location
-    from lakescore.jobs.score_job import run_scoring
-    from lakescore.jobs.steps.metrics import record_run
+    from lakescore.jobs.report.files import report_location
+    from lakescore.jobs.score_job import run_and_record
     from lakescore.jobs.platform.session import get_or_create_session
 
     spark, _ = get_or_create_session(cfg.spark)
@@ -103,10 +102,9 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
         report=report_path or cfg.report or ".lakescore/demo/report.json",
         model=cfg.model.model_copy(update={"source": cfg.model.source or str(bundled_model_dir())}),
     ))
-    report = run_scoring(demo_cfg, spark)
-    written = record_run(spark, demo_cfg, report)
+    report = run_and_record(demo_cfg, spark)
     location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]
     print(report.summary())
     print(f"  Delta table: {demo_cfg.output} at {location}")
-    print(report_location(report, written))
+    print(report_location(report, demo_cfg.report))
     return report

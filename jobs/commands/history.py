@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lakescore.jobs.platform.tables import HistoryEntry, TableError, delta_history
-from lakescore.jobs.report import RunReport, html_path_for
+from lakescore.jobs.report.model import RunReport, html_path_for
 from lakescore.jobs.steps.metrics import ATTEMPT, read_metrics
 
 __all__ = ["RunRecord", "run_history", "format_history", "format_run", "find_run"]

@@ -74,7 +74,7 @@ def run_sweep(
     from lakescore.jobs.platform.session import get_or_create_session
     from lakescore.jobs.platform.tables import read_input
     from lakescore.udfs.batching import BatchPolicy, is_out_of_memory, score_texts
-    from lakescore.udfs.model_cache import get_model
+    from lakescore.udfs.models.model_cache import get_model
 
     missing = [k for k, v in (("input", cfg.input), ("model.source", cfg.model.source), ("text_col", cfg.text_col)) if not v]
     if missing:

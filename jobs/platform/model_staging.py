@@ -10,12 +10,12 @@ Models load from local files. Two kinds of source need staging first:
   per host); over Spark Connect Spark reads the files for the client and the client ships its copy
   (:mod:`lakescore.jobs.platform.spark_adapter`);
 * an MLflow model URI: pinned to a registry version and downloaded by MLflow's client
-  (:mod:`lakescore.udfs.mlflow_source`), then shipped.
+  (:mod:`lakescore.udfs.models.mlflow_source`), then shipped.
 
 Shipping a local copy is the same in both kinds of session: ``SparkSession.addArtifacts``, a
 directory as an archive (unpacked once per executor), so workers find it with ``SparkFiles``
-under :func:`~lakescore.udfs.model_source.shipped_name`. Copies are made under a host-wide file
-lock (:func:`~lakescore.udfs.model_source.stage_once`): concurrent jobs on one host wait for the
+under :func:`~lakescore.udfs.models.model_source.shipped_name`. Copies are made under a host-wide file
+lock (:func:`~lakescore.udfs.models.model_source.stage_once`): concurrent jobs on one host wait for the
 first copy instead of copying again.
 """
 
@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import ConfigError
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, remote_files
-from lakescore.udfs.model_source import (
+from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, is_mlflow_uri, is_remote, register_staged, shipped_name, stage_once,
 )
 
@@ -47,7 +47,7 @@ def stage_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> Model
 
     An MLflow URI comes back with ``revision`` set to the registry version (or run id) it was
     pinned to; any other spec comes back as it was. Raises
-    :class:`~lakescore.udfs.model_source.ModelSourceError` when the model cannot be found or
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError` when the model cannot be found or
     fetched, :class:`~lakescore.jobs.config.ConfigError` for ``--revision`` with an MLflow URI.
     """
     if is_mlflow_uri(spec.source):
@@ -60,7 +60,7 @@ def stage_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> Model
 def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Path:
     """Copy remote ``source`` to this host (once) and ship it to the executors; return the local copy.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` when the source does not exist or cannot be read.
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` when the source does not exist or cannot be read.
     """
     files = remote_files(spark, source)
     try:
@@ -92,7 +92,7 @@ def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Pa
 
 def _stage_mlflow_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> ModelSpec:
     """Pin, download (once per host) and ship the MLflow model of ``spec``; the spec with its revision pinned."""
-    from lakescore.udfs.mlflow_source import download_model, pin_model
+    from lakescore.udfs.models.mlflow_source import download_model, pin_model
 
     if spec.revision:
         raise ConfigError(f"model {spec.source!r} is an MLflow URI: its version is part of it; drop --revision / model.revision")

@@ -4,7 +4,7 @@
 session. On Databricks, under ``spark-submit`` (EMR, ``make submit-local``) or
 where a session is already active (a notebook, a test), the platform's session
 is used as is: no jars added, no master or metastore set, nothing reconfigured,
-never stopped here (``jobs/platform/launcher.py`` stops a spark-submit application's own
+never stopped here (``jobs/launcher.py`` stops a spark-submit application's own
 at exit). With ``spark.remote`` (``--remote sc://host:port``) or ``SPARK_REMOTE`` set, the
 session is a Spark Connect client of that server, which owns jars, Delta and the metastore;
 either kind runs the same job (:mod:`lakescore.jobs.platform.spark_adapter`). Built locally, the session has the Delta extension and catalog, a Hive

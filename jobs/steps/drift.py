@@ -31,7 +31,7 @@ from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.platform.tables import TableError, read_input
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.ids import row_key
-from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.registry import OutputProfile, get_task
 
@@ -50,7 +50,7 @@ BOUNDS = {"label_js": ("max", "max_label_js"), "score_psi": ("max", "max_score_p
 
 def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> Optional[dict[str, Any]]:
     """The drift of ``rows`` (the output rows this run would publish, ``accounting.output_rows`` of them) against the
-    output at the configured baseline, as the report's ``drift`` dict (:attr:`~lakescore.jobs.report.RunReport.drift`);
+    output at the configured baseline, as the report's ``drift`` dict (:attr:`~lakescore.jobs.report.model.RunReport.drift`);
     ``None`` when the task writes no profiled output."""
     cfg = run.cfg
     outputs = get_task(cfg.task).output_profile(cfg.task_options())

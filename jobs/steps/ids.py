@@ -17,13 +17,9 @@ from lakescore.jobs.platform.tables import column
 __all__ = ["id_columns", "any_null", "all_present", "row_key", "id_hash", "same_values"]
 
 
-def _names(names: "str | Sequence[str]") -> tuple[str, ...]:
-    return (names,) if isinstance(names, str) else tuple(names)
-
-
-def id_columns(names: "str | Sequence[str]") -> list[Column]:
-    """The columns ``names`` (one name, or several), each by its own name."""
-    return [column(name) for name in _names(names)]
+def id_columns(names: Sequence[str]) -> list[Column]:
+    """The columns ``names`` (the id column(s), :attr:`~lakescore.jobs.config.JobConfig.id_cols`), each by its own name."""
+    return [column(name) for name in names]
 
 
 def any_null(names: Sequence[str]) -> Column:
@@ -50,5 +46,5 @@ def id_hash(names: Sequence[str]) -> Column:
 
 def same_values(names: Sequence[str], other: Mapping[str, str], null_safe: bool = False) -> Column:
     """A join condition: each column of ``names`` equals its counterpart ``other[name]`` (null-safe: null matches null)."""
-    pairs = [(column(name), F.col(other[name])) for name in _names(names)]
+    pairs = [(column(name), F.col(other[name])) for name in names]
     return reduce(lambda a, b: a & b, [a.eqNullSafe(b) if null_safe else a == b for a, b in pairs])

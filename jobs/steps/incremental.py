@@ -29,11 +29,12 @@ from lakescore.jobs.platform import spark_adapter
 from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.rank import key_digest
-from lakescore.jobs.steps.read import RunContext, file_bytes
+from lakescore.jobs.steps.context import RunContext
+from lakescore.jobs.steps.read import file_bytes
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN
 from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
 
@@ -104,7 +105,7 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool) -> Column:
 @dataclass(frozen=True)
 class ScoringSpec:
     """Everything besides the input and the weights that a prediction depends on, in three parts: ``settings`` (the
-    configured ones that change numbers, :meth:`~lakescore.udfs.model_source.ModelSpec.scoring_settings`), ``files``
+    configured ones that change numbers, :meth:`~lakescore.udfs.models.model_source.ModelSpec.scoring_settings`), ``files``
     (the digests of the model's other files, configs and tokenizer included, as the workers loaded them) and
     ``output_version`` (:data:`~lakescore.schemas.output.OUTPUT_VERSION`). What a worker resolves from these (its
     ``max_seq_length``, pooling, normalisation, prompt, label map) follows from them, so editing any file the model

@@ -30,7 +30,9 @@ from lakescore.jobs.platform.background import in_background
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import TableError, TableRef, read_input, write_delta
-from lakescore.jobs.report import RunReport, one_line, write_report
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.text import one_line
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.steps.report import failure_report
 
 __all__ = [
@@ -74,7 +76,7 @@ METRICS_SCHEMA = T.StructType([
 
 _ATTEMPT_FACTS = ("attempt", "status", "started_at", "finished_at", "seconds", "input_rows", "output_rows", "error_rows",
                   "delta_version", "drift_exceeded", "error")
-"""What a report keeps of each earlier attempt of its run id (:attr:`~lakescore.jobs.report.RunReport.attempts`)."""
+"""What a report keeps of each earlier attempt of its run id (:attr:`~lakescore.jobs.report.model.RunReport.attempts`)."""
 _PROFILE = ("label_shares", "score_deciles", "embedding_norm_deciles", "text_length_deciles")
 _FIGURES = ("label_js", "score_psi", "id_cosine_p5")
 

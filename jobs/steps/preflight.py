@@ -18,24 +18,22 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
-from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+from lakescore.jobs.steps.context import RunContext, ScoringLayout
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
+from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function, start_worker
+from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
-if TYPE_CHECKING:
-    from lakescore.jobs.steps.read import RunContext
-    from lakescore.jobs.steps.score import ScoringLayout
 
 __all__ = [
-    "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "PythonWorkerStart", "SAMPLE_ROWS",
+    "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
     "raise_worker_failure",
 ]
 
@@ -62,45 +60,12 @@ class ModelIdentity:
     ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
     model_files: dict = field(default_factory=dict)
     """The digests of the model's files besides its weights as the executors loaded them
-    (:func:`~lakescore.udfs.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
+    (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
     row_seconds: Optional[float] = None
     """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
     :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
-
-
-class PythonWorkerStart:
-    """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
-
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.local.python_daemon`), while the
-    driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot: they
-    then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
-    One task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker
-    failures.
-    """
-
-    def __init__(self, spark: SparkSession, layout: "ScoringLayout") -> None:
-        self._spark = spark
-        self._tag = f"lakescore-worker-start-{uuid.uuid4().hex[:12]}"
-        self._thread = threading.Thread(target=self._run, args=(layout,), name="lakescore-worker-start", daemon=True)
-        self._thread.start()
-
-    def _run(self, layout: "ScoringLayout") -> None:
-        try:
-            with job_tag(self._spark, self._tag):
-                self._spark.range(1, numPartitions=1).mapInArrow(start_worker, "id long", profile=layout.profile).collect()
-        except Exception as error:  # noqa: BLE001 (the preflight reports worker failures)
-            log.debug("starting a Python worker ahead of the preflight failed: %s", error)
-
-    def wait(self) -> None:
-        """Return once the worker started (or its job failed or was cancelled)."""
-        self._thread.join()
-
-    def cancel(self) -> None:
-        """Cancel the job if it still runs (the run failed before the preflight took over)."""
-        if self._thread.is_alive():
-            cancel_tagged(self._spark, self._tag)
 
 
 def preflight_model(
@@ -122,12 +87,12 @@ def preflight_model(
 
     With a reduced-precision ``spec`` (``spec.reduced_precision``) and a ``sample`` of input texts, one task also
     compares its outputs with float32's on the sample (for int8 the float32 graph, checked against torch at export);
-    outside ``tolerance`` it raises :class:`~lakescore.udfs.quantize.QuantizationToleranceError`
+    outside ``tolerance`` it raises :class:`~lakescore.udfs.models.quantize.QuantizationToleranceError`
     naming the figures.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelIntegrityError` when a worker's weights
+    Raises :class:`~lakescore.udfs.models.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and
-    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the host when a worker could
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError` naming the host when a worker could
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
     tasks = layout.partitions or default_parallelism(spark)
@@ -167,7 +132,7 @@ def preflight_model(
 def raise_worker_failure(spec: ModelSpec, rows: Sequence) -> None:
     """Raise the first failure among the preflight's ``rows`` (:data:`~lakescore.udfs.scoring_udf.PREFLIGHT_SCHEMA`):
     an integrity, tolerance or unfit-model error as the worker worded it, any other as
-    :class:`~lakescore.udfs.model_source.ModelSourceError` naming the executor. All before compute: exit 2."""
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError` naming the executor. All before compute: exit 2."""
     failed = [r for r in rows if r.error_type]
     if not failed:
         return
@@ -184,8 +149,8 @@ class ExecutorPreflight:
     """Context manager: :func:`preflight_model` runs in a background Spark job while the block runs.
 
     On entering, the driver checks its own copy of the model against the task first
-    (:func:`~lakescore.udfs.model_fit.check_model_fits`: the architecture, and settings such as ``generate``'s
-    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.model_source.UnfitModelError` before any
+    (:func:`~lakescore.udfs.models.model_fit.check_model_fits`: the architecture, and settings such as ``generate``'s
+    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.models.model_source.UnfitModelError` before any
     executor job. The preflight first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input`
     started (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
     before the error propagates. :meth:`identity` waits for the preflight and returns (or raises) its outcome.

@@ -23,11 +23,11 @@ from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, ScoringSpec, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
-from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, prepared_rows, run_key
 from lakescore.schemas.contracts import FILE_COLUMN, InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
+from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
 
 __all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run"]
 

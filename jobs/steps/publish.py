@@ -34,12 +34,12 @@ from lakescore.jobs.platform.tables import (
     write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
-from lakescore.jobs.report import drift_text
+from lakescore.jobs.report.text import drift_text
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
 from lakescore.jobs.steps.prepare import Plan
-from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.contracts import FILE_COLUMN
 from lakescore.schemas.output import (

@@ -10,120 +10,41 @@ over the input's rows (a folder of images: one job over its file listing, no fil
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from lakescore.jobs.config import ConfigError, JobConfig
 from lakescore.jobs.platform.hadoop_files import FILE_STATUS, FUNCTION, STATUS_FUNCTION, file_functions
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
-from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
+from lakescore.jobs.references import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
     OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
     read_files, read_input, read_pinned,
 )
-from lakescore.jobs.steps.preflight import PythonWorkerStart
-from lakescore.jobs.steps.score import ScoringLayout, scoring_layout
-from lakescore.jobs.steps.staging import input_fingerprint, staging_location
+from lakescore.jobs.steps.context import PythonWorkerStart, RunContext, Targets, scoring_layout
+from lakescore.jobs.steps.staging import staging_location
 from lakescore.schemas.contracts import (
     FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract,
     resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
 from lakescore.udfs.generate_options import template_columns, template_parts
-from lakescore.udfs.model_source import ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.models.model_source import ModelSpec, is_remote, resolve_model_dir
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.scoring_udf import RowCounter
 
 __all__ = [
-    "RunContext", "Targets", "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
+    "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
     "check_targets", "check_drift_baseline", "check_paths_writable", "file_bytes", "file_status",
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What every later step needs: the config, the session, the checked input and how it is scored."""
-
-    cfg: JobConfig
-    spark: SparkSession
-    source: DataFrame
-    input_cols: tuple[str, ...]
-    """The model's input columns: the text column (or the rendered prompt), or the feature columns in the program's order."""
-    spec: ModelSpec
-    layout: ScoringLayout
-    rows_counter: Optional[RowCounter]
-    """Rows the workers scored so far, live (classic sessions; ``None`` over Spark Connect)."""
-    model_dir: Path
-    """The model's files on the driver's host (the HTML report reads the tokenizer there)."""
-    input_version: Optional[int] = None
-    """The Delta version of the input this run reads from start to end (``None``: not Delta; a Parquet input is
-    pinned to the file listing taken at the start)."""
-    worker_start: Optional[PythonWorkerStart] = None
-    """The executor Python worker started while the input was read; the preflight waits for it."""
-    started: float = dataclasses.field(default_factory=time.time)
-    """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
-    ignored_files: Optional[int] = None
-    """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
-    input_pinned: bool = False
-    """The input is a Delta version or a Parquet path's file listing: reading it again gives the same rows."""
-
-    @property
-    def reads_paths(self) -> bool:
-        """The model's input is the files an image column of paths names (:func:`read_image_files`)."""
-        return self.input_cols[0] == IMAGE_COLUMN
-
-    @property
-    def rescannable(self) -> bool:
-        """Reading the model's input again costs one scan of pinned files: no file an image column of paths names is
-        read (:attr:`reads_paths`)."""
-        return self.input_pinned and not self.reads_paths
-
-    @property
-    def id_fields(self) -> list[StructField]:
-        """The id column(s) as the input has them."""
-        return [self.source.schema[name] for name in self.cfg.id_cols]
-
-    @property
-    def row_fields(self) -> list[StructField]:
-        """The input columns every output row copies (:attr:`~lakescore.jobs.config.JobConfig.row_cols`), as the input
-        has them."""
-        return [self.source.schema[name] for name in self.cfg.row_cols]
-
-    @functools.cached_property
-    def input_files_digest(self) -> str:
-        """A digest of the files the pinned input reads (:func:`~lakescore.jobs.steps.staging.input_fingerprint`),
-        listed once per run: the early comparison's key and the plan's both name it."""
-        return input_fingerprint(self.source, file_stats=self.cfg.input_format == "images")
-
-
-@dataclass(frozen=True)
-class Targets:
-    """The output and errors tables this run will write, checked before compute."""
-
-    output_schema: StructType
-    errors_schema: StructType
-    errors_ref: str
-    previous_version: Optional[int]
-    """The output's Delta version before this run (``None``: it does not exist yet)."""
-    replaces_layout: bool = False
-    """The output holds the other write layout (with or without the incremental digest columns, or the file status
-    columns) and this run's overwrite replaces its columns too."""
-    file_status: bool = False
-    """The output rows this run writes store each file's path, length and modification time
-    (:data:`~lakescore.schemas.output.FILE_COLUMNS`): an incremental run over an image column of paths, without
-    ``rank``, into an output that has those columns or does not exist yet (or that a full rescore rewrites)."""
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
@@ -136,7 +57,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     """Resolve the model, take or build the session, read ``cfg.input`` pinned to one snapshot
     (:func:`~lakescore.jobs.platform.tables.read_pinned`) and check its contract.
 
-    Raises :class:`~lakescore.udfs.model_source.ModelSourceError` for a model that cannot be
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a model that cannot be
     found, :class:`~lakescore.jobs.platform.tables.TableError` for an unreadable input and
     :class:`~lakescore.schemas.contracts.InputContractError` for missing or ill-typed columns.
     """
@@ -209,7 +130,7 @@ def _path_text(uri: str) -> str:
 
 def check_table_names(cfg: JobConfig) -> None:
     """Parse every table name the run uses (input, output, errors, ``write.staging`` prefix): a
-    :class:`~lakescore.jobs.platform.identifiers.TableNameError` for an illegal one, before any session starts."""
+    :class:`~lakescore.jobs.references.TableNameError` for an illegal one, before any session starts."""
     for what, ref in _table_refs(cfg):
         parse_table_name(ref, what)
 
@@ -343,20 +264,20 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
             raise InputContractError(f"rank.partition_by column {name!r} not found in {where}; available columns: "
                                      f"{', '.join(source.columns)}")
     if cfg.prompt_template:
-        return render_prompts(cfg.prompt_template, cfg.id_col, source, where), (PROMPT_COLUMN,)
+        return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:
-        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_col, cfg.input_col).check(source.schema, where)
+        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_cols, cfg.input_col).check(source.schema, where)
         return one_column_input(cfg, source, where)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
-    FeatureInputContract(cfg.id_col, features).check(source.schema, where)
+    FeatureInputContract(cfg.id_cols, features).check(source.schema, where)
     return source, features
 
 
-def render_prompts(template: str, id_col: Optional[str], source: DataFrame, where: str) -> DataFrame:
+def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, where: str) -> DataFrame:
     """``source`` plus each row's prompt rendered from ``template`` (:data:`~lakescore.schemas.contracts.PROMPT_COLUMN`):
     its literal text and named columns cast to strings, concatenated; null where a named column is null. Rendering
     in Spark makes the prompt the model's input everywhere: its digest, dedup, and the errors table's raw input."""
-    PromptInputContract(id_col, template_columns(template)).check(source.schema, where)
+    PromptInputContract(id_cols, template_columns(template)).check(source.schema, where)
     if PROMPT_COLUMN in source.columns:
         raise InputContractError(f"{where} has a column named {PROMPT_COLUMN!r}, which lakescore renders prompts into; rename it")
     parts = [

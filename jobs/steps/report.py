@@ -1,4 +1,4 @@
-"""Step 8, report: the :class:`~lakescore.jobs.report.RunReport` of a finished run, and the step clock.
+"""Step 8, report: the :class:`~lakescore.jobs.report.model.RunReport` of a finished run, and the step clock.
 
 :class:`StepClock` times the named steps (``startup``, ``read_check``, ``prepare``,
 ``score_stage``, ``validate``, ``publish``) for the report's ``step_seconds``.
@@ -15,11 +15,12 @@ from lakescore.jobs.platform.spark_adapter import session_facts
 from lakescore.jobs.platform.step_hooks import at_step
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import run_cost, session_resources
-from lakescore.jobs.report import RunReport, one_line, software_versions
+from lakescore.jobs.report.model import RunReport, software_versions
+from lakescore.jobs.report.text import one_line
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
-from lakescore.jobs.steps.read import RunContext, Targets
+from lakescore.jobs.steps.context import RunContext, Targets
 
 __all__ = ["StepClock", "assemble_report", "failure_report"]
 

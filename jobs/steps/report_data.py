@@ -21,7 +21,7 @@ binary *input* (encoded images)    ``numeric``: bytes per value (counted in Spar
 
 A projection is coloured by a ``categories`` column of the same sample when one has at
 most :data:`MAX_COLOURS` values. The result is plain JSON (lists, numbers, strings), stored
-as the report's ``profile`` and drawn by :mod:`lakescore.jobs.report_html`.
+as the report's ``profile`` and drawn by :mod:`lakescore.jobs.report.html`.
 """
 
 from __future__ import annotations

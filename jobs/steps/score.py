@@ -10,34 +10,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from pyspark.resource import ResourceProfile
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.profiles import scoring_profile
 from lakescore.jobs.platform.progress import ProgressReporter, scoring_tasks
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.context import RunContext, ScoringLayout, scoring_layout
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.rank import chunk_columns, keep_top
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
 
 if TYPE_CHECKING:
     from lakescore.jobs.steps.prepare import Plan
-    from lakescore.jobs.steps.read import RunContext
 
-__all__ = ["ScoringLayout", "scoring_layout", "score_dataframe", "score_into_staging", "pin_staging"]
+__all__ = ["score_dataframe", "score_into_staging", "pin_staging"]
 
 log = logging.getLogger(__name__)
 
@@ -48,21 +45,6 @@ _REPRESENTATIVE = "__lakescore_scored_for_input"
 counts them per key; not staged)."""
 _ARROW_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _ARROW_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
-
-
-@dataclass(frozen=True)
-class ScoringLayout:
-    """Where the scoring stage runs: its resource profile (``None``: the default) and task count (``None``: as read)."""
-
-    profile: Optional[ResourceProfile]
-    partitions: Optional[int]
-
-
-def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
-    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.profiles` decides the profile, once)."""
-    profile = scoring_profile(spark, cfg.resources.scoring) if cfg.resources.scoring.requested else None
-    partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
-    return ScoringLayout(profile, partitions)
 
 
 def score_dataframe(

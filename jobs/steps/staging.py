@@ -49,7 +49,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.identifiers import parse_table_name
+from lakescore.jobs.references import parse_table_name
 from lakescore.jobs.platform.tables import (
     column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
     table_id, table_names, write_delta,

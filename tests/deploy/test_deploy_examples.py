@@ -24,9 +24,9 @@ import yaml
 
 from lakescore.jobs.cli import EXIT_BAD_INPUT, _config_flags, _parser
 from lakescore.jobs.config import JobConfig, load_config
-from lakescore.jobs.platform.identifiers import parse_table_name
-from lakescore.udfs.mlflow_source import check_uri
-from lakescore.udfs.model_source import is_mlflow_uri
+from lakescore.jobs.references import parse_table_name
+from lakescore.udfs.models.mlflow_source import check_uri
+from lakescore.udfs.models.model_source import is_mlflow_uri
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "deploy" / "databricks"

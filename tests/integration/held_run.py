@@ -14,7 +14,7 @@ from typing import Callable
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.step_hooks import BARRIER_ENV
-from lakescore.jobs.report import RunReport
+from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_scoring
 
 __all__ = ["run_held_at"]

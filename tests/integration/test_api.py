@@ -13,7 +13,7 @@ import pytest
 import lakescore
 from lakescore.jobs.config import ConfigError
 from lakescore.schemas.contracts import InputContractError
-from lakescore.udfs.model_source import ModelSourceError
+from lakescore.udfs.models.model_source import ModelSourceError
 from tests.integration.test_score_job import read_output, reviews_frame
 
 

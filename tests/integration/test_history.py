@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from lakescore.jobs.cli import main
-from lakescore.jobs.report import write_report
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
 from lakescore.jobs.steps.staging import Staging

@@ -20,7 +20,7 @@ from lakescore.jobs.platform.hadoop_files import FUNCTION, STATUS_FUNCTION
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from lakescore.schemas.output import FILE_COLUMNS
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from tests.tiny_vision import encoded, picture, vit_classifier
 

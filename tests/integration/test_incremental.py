@@ -17,12 +17,12 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV
 from lakescore.jobs.platform.tables import TableError
-from lakescore.jobs.report import write_report
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.read import check_targets, open_input
-from lakescore.udfs.model_source import ModelSourceError, model_file_digests
+from lakescore.udfs.models.model_source import ModelSourceError, model_file_digests
 from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
 

@@ -12,7 +12,7 @@ import pytest
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
-from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError
+from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError
 from tests.integration.test_score_job import read_output, reviews_frame
 
 

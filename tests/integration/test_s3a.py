@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.commands.demo import generate_reviews
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from tests.tiny_vision import LABELS, encoded, picture, vit_classifier
 

@@ -139,7 +139,7 @@ def test_replace_run_replaces_only_its_own_rows(tmp_path, spark, job_config):
 
 def test_wrong_expect_sha256_exits_2_naming_both_digests_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
     from lakescore.jobs.cli import main
-    from lakescore.udfs.model_source import weights_sha256
+    from lakescore.udfs.models.model_source import weights_sha256
 
     source = tmp_path / "reviews.parquet"
     reviews_frame(10).to_parquet(source)
@@ -207,7 +207,7 @@ def test_model_on_a_hadoop_filesystem_is_staged_once_per_host(tmp_path, spark, m
     """A ``file:`` URI goes through the remote path: Hadoop FileSystem copy on the driver, addFile to executors."""
     import shutil
 
-    from lakescore.udfs import model_cache
+    from lakescore.udfs.models import model_cache
 
     remote = tmp_path / "bucket" / "minilm"
     shutil.copytree(minilm_dir, remote)

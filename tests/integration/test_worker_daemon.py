@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.platform.local import python_daemon
-from lakescore.jobs.steps.preflight import ExecutorPreflight, PythonWorkerStart
+from lakescore.jobs.steps.context import PythonWorkerStart, ScoringLayout
+from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.read import open_input
-from lakescore.jobs.steps.score import ScoringLayout
 
 
 def test_workers_fork_from_a_daemon_that_imported_torch(spark):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lakescore.udfs.batching import BatchPolicy, score_texts
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task, named_columns
 from tests.conftest import LABELS, NER_LABELS
 from tests.unit.test_heads import UNSEEN

@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lakescore.udfs import model_cache
+from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import BatchPolicy, score_texts
-from lakescore.udfs.classify import SequenceClassifier
-from lakescore.udfs.model_source import ModelSpec, weights_sha256
-from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance, check_fidelity
+from lakescore.udfs.heads.classify import SequenceClassifier
+from lakescore.udfs.models.model_source import ModelSpec, weights_sha256
+from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import make_preflight_function
 from tests.conftest import _save_with_minilm_tokenizer
@@ -84,7 +84,7 @@ def test_a_graph_whose_fusion_onnx_runtime_refuses_runs_unfused(minilm_dir, onnx
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=30522, n_embd=32, n_layer=2, n_head=2, n_positions=512, pad_token_id=0)
     model_dir = _save_with_minilm_tokenizer(GPT2Model(config).eval(), tmp_path / "tiny-gpt2", minilm_dir)
-    with caplog.at_level(logging.WARNING, logger="lakescore.udfs.onnx_export"):
+    with caplog.at_level(logging.WARNING, logger="lakescore.udfs.models.onnx_export"):
         onnx_out = _scored("embed", model_dir, onnx_cache_dir, UNSEEN, backend="onnx")
     assert "ONNX fusion undone" in caplog.text and "ONNX Runtime cannot run it" in caplog.text
     torch_out = _scored("embed", model_dir, onnx_cache_dir, UNSEEN)
@@ -95,8 +95,8 @@ def test_onnx_worker_imports_neither_torch_nor_sentence_transformers(plain_bert_
     """Once the graph exists on the host, a worker on the ONNX backend loads and scores without torch."""
     _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exported here (this process has torch)
     code = (
-        "import sys; from pathlib import Path; from lakescore.udfs.model_source import ModelSpec; "
-        "from lakescore.udfs.model_cache import get_model; "
+        "import sys; from pathlib import Path; from lakescore.udfs.models.model_source import ModelSpec; "
+        "from lakescore.udfs.models.model_cache import get_model; "
         f"m, _ = get_model(ModelSpec('embed', {str(plain_bert_dir)!r}, backend='onnx', cache_dir={str(onnx_cache_dir)!r})); "
         "assert m.scorer.score(['a review']).shape == (1, 32); "
         "print(sorted(k for k in ('torch', 'sentence_transformers', 'sklearn') if k in sys.modules))"
@@ -111,8 +111,8 @@ def test_a_graph_that_differs_from_its_source_is_refused(plain_bert_dir, onnx_ca
     same export (a real graph that computes something else) does not, and the error names the figure."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from lakescore.udfs.backends import OnnxForward, onnx_session
-    from lakescore.udfs.onnx_export import GraphMismatchError, check_graph, probe_inputs
+    from lakescore.udfs.models.backends import OnnxForward, onnx_session
+    from lakescore.udfs.models.onnx_export import GraphMismatchError, check_graph, probe_inputs
 
     _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exports and fuses, each stage checked
     (plain,) = _graphs(onnx_cache_dir, plain_bert_dir, "export")
@@ -169,8 +169,8 @@ def test_the_int8_check_in_a_fresh_worker_imports_no_torch(minilm_int8):
     on the int8 path imports no torch even while it checks the tolerance."""
     spec, _ = minilm_int8
     code = (
-        "import sys, json, pyarrow as pa; from lakescore.udfs.model_source import ModelSpec; "
-        "from lakescore.udfs.quantize import Tolerance; from lakescore.udfs.scoring_udf import make_preflight_function; "
+        "import sys, json, pyarrow as pa; from lakescore.udfs.models.model_source import ModelSpec; "
+        "from lakescore.udfs.models.quantize import Tolerance; from lakescore.udfs.scoring_udf import make_preflight_function; "
         f"spec = ModelSpec('embed', {spec.source!r}, backend='onnx', quantize='int8', cache_dir={spec.cache_dir!r}); "
         "sample = json.load(sys.stdin); "
         "(b,) = list(make_preflight_function(spec, sample, Tolerance())(iter([pa.record_batch({'id': pa.array([0])})]))); "
@@ -205,7 +205,7 @@ def test_the_check_refuses_a_bad_recipe(minilm_dir, tmp_path, monkeypatch):
     """ONNX Runtime's defaults (every MatMul and the embeddings' Gather, per tensor) fail the check."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from lakescore.udfs import quantize
+    from lakescore.udfs.models import quantize
 
     def every_op(source, target):
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, use_external_data_format=True)

@@ -250,8 +250,8 @@ def test_prefetch_surfaces_errors():
 
 
 def test_real_embed_head_in_token_budget_batches_matches_sentence_transformers(minilm_dir, sentence_transformer):
-    from lakescore.udfs.embed import load_embedder
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.heads.embed import load_embedder
+    from lakescore.udfs.models.model_source import ModelSpec
 
     head = load_embedder(ModelSpec("embed", str(minilm_dir)), minilm_dir)
     rng = np.random.default_rng(1)

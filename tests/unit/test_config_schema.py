@@ -12,14 +12,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_reference_is_what_the_schema_generates():
-    from lakescore.jobs.config_reference import updated
+    from lakescore.jobs.config.reference import updated
 
     page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert page == updated(page), "docs/configuration.md is stale: run `make docs`"
 
 
 def test_the_reference_names_every_key_with_its_flag_and_default():
-    from lakescore.jobs.config_reference import reference
+    from lakescore.jobs.config.reference import reference
 
     rows = {line.split(" | ")[0].strip("| `"): line for line in reference().splitlines() if line.startswith("| `")}
     assert set(rows) == {o.key for o in config_options()}
@@ -30,7 +30,7 @@ def test_the_reference_names_every_key_with_its_flag_and_default():
 
 def test_every_model_spec_field_comes_from_the_model_config_by_name():
     from lakescore.jobs.steps.read import model_spec
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
 
     # From the job, not the model section; `generate` will come from the job's generate section once the job runs
     # that task (the registry keeps it out of the job until then).

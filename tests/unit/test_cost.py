@@ -9,8 +9,8 @@ import pytest
 from lakescore.jobs.commands.history import RunRecord, format_history
 from lakescore.jobs.config import ConfigError, load_config
 from lakescore.jobs.cost import SessionResources, cost_text, run_cost, session_cores
-from lakescore.jobs.report import RunReport
-from lakescore.jobs.report_html import render_html
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.html import render_html
 
 
 def test_cores_of_a_session_count_the_driver_unless_it_shares_the_local_executor():

@@ -9,8 +9,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module", [
-    "lakescore.jobs.platform.console", "lakescore.jobs.platform.progress", "lakescore.jobs.platform.tables",
-    "lakescore.jobs.report", "lakescore.schemas.column_names", "lakescore.jobs.cost",
+    "lakescore.jobs.platform.console", "lakescore.jobs.platform.progress", "lakescore.jobs.platform.tables.refs",
+    "lakescore.jobs.report.model", "lakescore.schemas.column_names", "lakescore.jobs.cost", "lakescore.jobs.references",
 ])
 def test_docstring_examples(module):
     failed, attempted = doctest.testmod(importlib.import_module(module))

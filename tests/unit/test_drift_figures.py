@@ -12,8 +12,9 @@ from scipy.spatial.distance import jensenshannon
 
 from lakescore.jobs.commands.history import RunRecord, format_history
 from lakescore.jobs.config import ConfigError, load_config
-from lakescore.jobs.report import RunReport, drift_text
-from lakescore.jobs.report_html import render_html
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.text import drift_text
+from lakescore.jobs.report.html import render_html
 from lakescore.jobs.steps.drift import EMPTY_BIN_SHARE, exceeded, js_distance, psi
 from lakescore.jobs.steps.metrics import METRICS_SCHEMA, metrics_row
 from lakescore.jobs.steps.publish import _refusal

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from lakescore.udfs.embed import load_embedder
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec
+from lakescore.udfs.heads.embed import load_embedder
+from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec
 
 TEXTS = [
     "The kettle boils fast and the lid closes firmly.",

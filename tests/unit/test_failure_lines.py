@@ -9,7 +9,7 @@ import errno
 from pyspark.errors.exceptions.connect import SparkConnectGrpcException
 
 from lakescore.jobs.platform.tables import TableError, cause_chain, failure_reason, unreadable_input
-from lakescore.jobs.report import one_line
+from lakescore.jobs.report.text import one_line
 
 
 def _connect_error(message: str, *causes: str) -> SparkConnectGrpcException:

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from lakescore.udfs.batching import BatchPolicy, plan_batches
-from lakescore.udfs.decoding import row_seed
-from lakescore.udfs.generate import GenerateOptions, score_prompts, template_columns, template_parts, token_counts
+from lakescore.udfs.heads.decoding import row_seed
+from lakescore.udfs.heads.generate import GenerateOptions, score_prompts, template_columns, template_parts, token_counts
 from lakescore.jobs.config import ConfigError, load_config
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import ModelSpec, UnfitModelError
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named_columns
 from tests.tiny_generators import CHAT_TEMPLATE, CONTEXT, reviews, save_causal, train_tokenizer
 
@@ -404,7 +404,7 @@ def test_the_preallocated_cache_holds_what_transformers_dynamic_cache_holds():
     that transformers' own concatenating cache returns."""
     from transformers import DynamicCache, LlamaConfig
 
-    from lakescore.udfs.decoding import _preallocated_cache
+    from lakescore.udfs.heads.decoding import _preallocated_cache
 
     config = LlamaConfig(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1)
     ours, theirs = _preallocated_cache(config, capacity=4), DynamicCache(config=config)

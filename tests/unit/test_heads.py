@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from lakescore.udfs.batching import BatchPolicy, score_matrix, score_texts
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec, UnfitModelError
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named_columns
 
 UNSEEN = [
@@ -152,8 +152,8 @@ def test_bfloat16_classifier_probabilities_stay_within_tolerance(tiny_classifier
 def test_a_bfloat16_run_is_checked_against_float32_before_it_scores(minilm_dir):
     """bfloat16 is lossy, so the preflight scores the run's sample both ways, as for int8: within tolerance it
     reports the figures; outside it refuses, naming the dtype and the setting that turns it off."""
-    from lakescore.udfs import model_cache
-    from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
     from tests.unit.test_backends import _preflight_row
 
     sample = [t for t in UNSEEN if t] * 3
@@ -175,8 +175,8 @@ def test_a_bfloat16_run_is_checked_against_float32_before_it_scores(minilm_dir):
 
 def test_float16_on_a_cpu_runs_float32_and_is_not_checked(minilm_dir):
     """float16 has no CPU kernels, so a CPU worker runs it as float32 (devices.effective_dtype): nothing lossy ran."""
-    from lakescore.udfs import model_cache
-    from lakescore.udfs.quantize import Tolerance
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.quantize import Tolerance
     from tests.unit.test_backends import _preflight_row
 
     model_cache.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lakescore.jobs.config import ConfigError, load_config
-from lakescore.jobs.platform.identifiers import TableNameError, parse_table_name, quote_identifier, require_catalog_accepts
+from lakescore.jobs.references import TableNameError, parse_table_name, quote_identifier, require_catalog_accepts
 from lakescore.jobs.steps.staging import staging_location
 
 HOSTILE = [

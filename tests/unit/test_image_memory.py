@@ -22,7 +22,7 @@ import pytest
 
 from lakescore.jobs.config import ScoringConfig
 from lakescore.udfs.images import DEFAULT_MAX_BATCH_PIXELS
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import score_batches
 

@@ -19,11 +19,11 @@ import pytest
 from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import prediction_columns, scored_schema
-from lakescore.udfs import model_cache
+from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, score_texts
 from lakescore.udfs.images import decode_image, pixel_limit, preprocess_chunks, read_header
-from lakescore.udfs.model_fit import check_model_fits
-from lakescore.udfs.model_source import ModelSpec, UnfitModelError
+from lakescore.udfs.models.model_fit import check_model_fits
+from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.runners import ImageRunner
 from lakescore.udfs.scoring_udf import make_scoring_function

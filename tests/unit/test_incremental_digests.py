@@ -8,7 +8,7 @@ import json
 
 from lakescore.jobs.steps.incremental import ScoringSpec
 from lakescore.schemas.output import OUTPUT_VERSION
-from lakescore.udfs.model_source import ModelSpec, model_file_digests
+from lakescore.udfs.models.model_source import ModelSpec, model_file_digests
 
 
 def test_the_digest_follows_the_settings_that_change_the_numbers_only():

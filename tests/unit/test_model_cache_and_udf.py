@@ -8,8 +8,9 @@ import pytest
 from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import scored_schema
-from lakescore.udfs import model_cache, registry
-from lakescore.udfs.model_source import ModelIntegrityError, ModelSpec
+from lakescore.udfs import registry
+from lakescore.udfs.models import model_cache
+from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSpec
 from lakescore.udfs.scoring_udf import make_scoring_function
 
 

@@ -2,7 +2,7 @@ import hashlib
 
 import pytest
 
-from lakescore.udfs.model_source import ModelSourceError, resolve_model_dir, weights_sha256
+from lakescore.udfs.models.model_source import ModelSourceError, resolve_model_dir, weights_sha256
 
 
 def test_single_weight_file_digest_equals_sha256sum(minilm_dir):
@@ -42,7 +42,7 @@ def test_missing_local_directory_is_named(tmp_path):
 
 @pytest.mark.parametrize("task", ["embed", "classify"])
 def test_a_file_is_not_a_text_model(tmp_path, task):
-    from lakescore.udfs.model_source import ModelSpec
+    from lakescore.udfs.models.model_source import ModelSpec
     from lakescore.udfs.registry import get_task
 
     path = tmp_path / "model.safetensors"
@@ -59,8 +59,8 @@ def test_unreachable_hub_id_fails_with_the_id():
 
 
 def test_expect_sha256_match_loads_and_mismatch_refuses_naming_both(minilm_dir):
-    from lakescore.udfs import model_cache
-    from lakescore.udfs.model_source import ModelIntegrityError, ModelSpec
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSpec
 
     digest = weights_sha256(minilm_dir)
     model_cache.clear()
@@ -74,7 +74,7 @@ def test_expect_sha256_match_loads_and_mismatch_refuses_naming_both(minilm_dir):
 
 
 def test_remote_uris_are_told_from_paths_and_hub_ids():
-    from lakescore.udfs.model_source import is_remote
+    from lakescore.udfs.models.model_source import is_remote
 
     assert is_remote("s3a://bucket/models/x") and is_remote("dbfs:/models/x") and is_remote("file:/tmp/x")
     assert not is_remote("/models/x") and not is_remote("org/model") and not is_remote("C:\\models")
@@ -83,7 +83,7 @@ def test_remote_uris_are_told_from_paths_and_hub_ids():
 _COPIER = """
 import sys, time, shutil
 from pathlib import Path
-from lakescore.udfs.model_source import stage_once
+from lakescore.udfs.models.model_source import stage_once
 source, cache, log = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 def copy(tmp):
     with log.open("a") as handle:
@@ -115,7 +115,7 @@ def test_stage_once_copies_once_when_two_processes_ask_at_once(tmp_path):
 
 
 def test_a_failed_copy_leaves_nothing_that_looks_complete(tmp_path):
-    from lakescore.udfs.model_source import stage_once
+    from lakescore.udfs.models.model_source import stage_once
 
     def broken(tmp):
         (tmp / "partial").write_text("half")
@@ -128,7 +128,7 @@ def test_a_failed_copy_leaves_nothing_that_looks_complete(tmp_path):
 
 
 def test_devices_resolve_per_task_gpu_and_fall_back_for_auto():
-    from lakescore.udfs.devices import resolve_device
+    from lakescore.udfs.models.devices import resolve_device
 
     assert resolve_device("auto", cuda_available=False) == "cpu"
     assert resolve_device("auto", cuda_available=True, gpu_address="3") == "cuda:3"

@@ -12,8 +12,8 @@ from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.batching import BatchPolicy, score_texts
-from lakescore.udfs.model_source import ModelSourceError, ModelSpec
-from lakescore.udfs.ner import TEXTS
+from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec
+from lakescore.udfs.heads.ner import TEXTS
 from lakescore.udfs.registry import get_task, named_columns
 from lakescore.udfs.scoring_udf import make_scoring_function
 
@@ -142,7 +142,7 @@ def test_pickle_weights_are_refused_unless_allowed(tmp_path, tiny_ner_dir, head)
 
 
 def test_scoring_function_returns_the_declared_schema_and_the_pipelines_entities(tiny_ner_dir, peer):
-    from lakescore.udfs import model_cache
+    from lakescore.udfs.models import model_cache
 
     schema = scored_schema("ner", StructField("id", LongType()))
     score = make_scoring_function(

@@ -1,7 +1,8 @@
 import json
 
 from lakescore.jobs.commands.demo import generate_reviews
-from lakescore.jobs.report import RunReport, write_report
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.files import write_report
 
 
 def test_report_is_written_as_json_atomically(tmp_path):

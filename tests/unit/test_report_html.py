@@ -11,8 +11,8 @@ import pytest
 from pyspark.sql import types as T
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.report import RunReport
-from lakescore.jobs.report_html import render_html
+from lakescore.jobs.report.model import RunReport
+from lakescore.jobs.report.html import render_html
 from lakescore.jobs.steps.report import StepClock, failure_report
 from lakescore.jobs.steps.report_data import summarize_column, summarize_input
 

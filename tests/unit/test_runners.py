@@ -5,9 +5,9 @@ import pyarrow as pa
 from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import scored_schema
-from lakescore.udfs import model_cache
+from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.runners import TextRunner, decode_texts
 from lakescore.udfs.scoring_udf import make_scoring_function
 

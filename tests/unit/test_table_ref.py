@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from lakescore.jobs.platform.identifiers import TableNameError
-from lakescore.jobs.platform.tables import MERGE_OP, TableRef, _MergeClauses, write_delta
+from lakescore.jobs.references import TableNameError
+from lakescore.jobs.platform.tables import MERGE_OP, TableRef, write_delta
+from lakescore.jobs.platform.tables.writes import _MergeClauses
 
 
 @pytest.mark.parametrize(

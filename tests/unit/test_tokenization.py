@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from lakescore.udfs.embed import POOLING_MODES, pool
+from lakescore.udfs.heads.embed import POOLING_MODES, pool
 from lakescore.udfs.tokenization import BatchEncoder
 from tests.unit.test_architectures import FAMILIES, _tokenizer
 from tests.unit.test_heads import UNSEEN
@@ -82,7 +82,7 @@ def test_pooling_in_torch_equals_pooling_in_numpy(padding_side):
 _COUNT_TOKENIZER_THREADS = """
 import os, sys
 from tokenizers import Tokenizer  # the pool is the Rust library's; transformers' import would only add seconds
-from lakescore.udfs.devices import bound_tokenizer_threads
+from lakescore.udfs.models.devices import bound_tokenizer_threads
 if sys.argv[2] != "host":
     bound_tokenizer_threads(int(sys.argv[2]))
 tokenizer = Tokenizer.from_file(os.path.join(sys.argv[1], "tokenizer.json"))

@@ -1,0 +1,318 @@
+"""The whole job's schema (:class:`JobConfig`): its sections, top-level settings and the checks across them."""
+
+from __future__ import annotations
+
+import os
+import re
+import typing
+from datetime import date
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from pydantic import Field, model_validator
+
+from lakescore.jobs.config.hints import is_section, unwrapped
+from lakescore.jobs.config.sections import (
+    DRIFT_READS, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, SparkConfig, ValidationConfig,
+    WriteConfig,
+)
+from lakescore.jobs.config.values import (
+    FILE_COLUMNS, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, IdColumns, Names, TaskName, comma_items, shown,
+)
+from lakescore.schemas.id_columns import id_names
+from lakescore.udfs.registry import (
+    TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
+)
+from lakescore.udfs.settings import ConfigError, Fraction, Section, Text, checked, cli
+
+
+def _run_date(value: str) -> Optional[str]:
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        return f"must be YYYY-MM-DD, got {value!r}"
+    return None
+
+
+def _run_id(value: str) -> Optional[str]:
+    if RUN_ID.fullmatch(value):
+        return None
+    return (
+        f"must be 1-{RUN_ID_MAX} characters of letters, digits, '.', '_' or '-', starting with a letter or digit "
+        f"(it names a partition directory and sits in the publish predicate), got {shown(value)}"
+    )
+
+
+class JobConfig(Section):
+    """One scoring run, fully resolved. Build with :func:`load_config` or :func:`config_from_mapping`."""
+
+    input: Optional[Text] = Field(None, json_schema_extra=cli("--input", sweep=True))
+    """The table (``db.table``, ``catalog.schema.table``) or Parquet / Delta path to score."""
+    output: Optional[Text] = Field(None, json_schema_extra=cli("--output"))
+    """The Delta table or path the scores go to, written as ``write.mode`` says."""
+    input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=cli("--input-format", sweep=True))
+    """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta``, ``parquet``,
+    or ``images``: every image file under the folder, recursively (by extension, any case: jpg, jpeg, png, webp, gif,
+    bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
+    task: TaskName = Field(
+        "embed", json_schema_extra=cli("--task", sweep=True),
+        description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
+    )
+    id_col: Optional[IdColumns] = Field(None, json_schema_extra=cli("--id-col"))
+    """The input column copied unchanged to the output to identify each row: string, integer or decimal, under any
+    name Delta stores (``review.id`` too; no space or ``,;{}()=``); or a list of such columns that together identify
+    it (a composite id: ``[user_id, item_id]``, a flag takes ``user_id,item_id``)."""
+    text_col: Optional[Text] = Field(None, json_schema_extra=cli("--text-col", sweep=True))
+    """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
+    ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
+    image_col: Optional[Text] = Field(None, json_schema_extra=cli("--image-col"))
+    """The image column to score (image tasks: ``image_classify``, ``image_embed``): binary, each value a file's bytes
+    in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
+    (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``: local
+    in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a missing
+    file is ``missing_file``. Set by ``input_format`` ``images``."""
+    feature_cols: Names = Field((), json_schema_extra=cli("--feature-cols"))
+    """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
+    feature_prefix: Optional[Text] = Field(None, json_schema_extra=cli("--feature-prefix"))
+    """``tabular``: use every input column starting with this prefix, in input order (when ``feature_cols`` is empty)."""
+    errors: Optional[Text] = Field(None, json_schema_extra=cli("--errors"))
+    """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
+    max_error_rate: Fraction = 0.001
+    """Fail the run (publishing nothing; the errors table is left as it was, the rows' reasons are in the report and
+    the run's staging) when more rows than this fraction fail."""
+    report: Optional[Text] = Field(None, json_schema_extra=cli("--report", "JSON"))
+    """Where to write the JSON run report (the HTML page goes beside it)."""
+    run_date: Annotated[Optional[Text], checked(_run_date)] = Field(
+        None, json_schema_extra=cli("--run-date", "YYYY-MM-DD")
+    )
+    """``YYYY-MM-DD`` the run is for; the run id defaults to it (so reruns of one date replace each other)."""
+    run_id: Annotated[Optional[Text], checked(_run_id)] = Field(None, json_schema_extra=cli("--run-id"))
+    """The id written into every row; default: ``run_date``, else a UTC timestamp and a random suffix (a rerun that
+    resumes staged chunks keeps the id they were staged under)."""
+    progress_seconds: int = Field(15, ge=0)
+    """Seconds between progress lines while scoring; 0 turns them off."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    write: WriteConfig = Field(default_factory=WriteConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    rank: RankConfig = Field(default_factory=RankConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        data = {key: lists_from_text(key, shorthand(key, value)) for key, value in data.items()}
+        if data.get("input_format") == "images":  # a folder's files: the id and image columns are Spark's
+            data.update({key: name for key, name in FILE_COLUMNS.items() if data.get(key) is None})
+        return data
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "JobConfig":
+        task = get_task(self.task)
+        if self.model.backend not in task.backends:
+            raise ConfigError(
+                f"model.backend {self.model.backend!r} cannot run task {self.task!r} (it runs on {', '.join(task.backends)})"
+            )
+        for option in TASK_MODEL_OPTIONS:
+            if getattr(self.model, option) is not None and option not in task.model_options:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).model_options)
+                raise ConfigError(f"model.{option} applies to task {readers}, not {self.task!r}")
+        for option in TASK_VALIDATION_OPTIONS:
+            if getattr(self.validation, option) is not None and option not in task.validation_options:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).validation_options)
+                raise ConfigError(f"validation.{option} applies to task {readers}, not {self.task!r}")
+        profile = task.output_profile(self.task_options())
+        for option, reads in DRIFT_READS.items():
+            if getattr(self.validation.drift, option) is not None and getattr(profile, reads) is None:
+                raise ConfigError(
+                    f"validation.drift.{option} compares the {reads} output, which task {self.task!r} does not write "
+                    "with these settings"
+                )
+        for section in TASK_OPTION_SECTIONS:
+            given = sorted(getattr(self, section).model_fields_set)
+            if given and section != task.options_section:
+                raise ConfigError(f"{section}.{given[0]} applies to task {section}, not {self.task!r}")
+        if self.input_format == "images" and not task.input_kind.file_extensions:
+            readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
+            raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
+        for option in _RUNNER_SETTINGS:
+            if getattr(self.scoring, option) is not None and option not in task.input_kind.runner_settings:
+                readers = ", ".join(name for name in TASKS if option in get_task(name).input_kind.runner_settings)
+                raise ConfigError(f"scoring.{option} applies to task {readers}, not {self.task!r}")
+        if self.scoring.dedup == "on" and not self.deterministic:
+            raise ConfigError(
+                "scoring.dedup on scores one row per distinct input, but sampled generation (generate.temperature > 0) "
+                "draws each row's text on its own; use dedup auto or off, or temperature 0"
+            )
+        reduced = self.model.quantize if self.model.quantize != "none" else self.model.dtype
+        if reduced != "float32" and not task.input_kind.is_text:  # a lossy path runs only where its tolerance check does
+            raise ConfigError(
+                f"{reduced} is checked against float32 on a sample of the input before a run scores, which lakescore "
+                f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
+            )
+        if self.rank.enabled:
+            fields = {f.name: f for f in task.output_fields}
+            if self.rank.order_by not in fields:
+                raise ConfigError(f"rank.order_by must be one of task {self.task!r}'s output columns "
+                                  f"({', '.join(fields)}), got {self.rank.order_by!r}")
+            if fields[self.rank.order_by].dataType.typeName() in ("array", "struct", "map"):
+                raise ConfigError(f"rank.order_by {self.rank.order_by!r} holds {fields[self.rank.order_by].dataType.simpleString()}"
+                                  "; rank by a column of single values (a number or a string)")
+        if self.write.mode == "incremental" and self.validation.min_rows is not None:
+            raise ConfigError(
+                "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
+                "changed ones; drop it for incremental runs"
+            )
+        return self
+
+    def require_for_scoring(self) -> None:
+        """Raise :class:`ConfigError` naming every setting a scoring run still lacks."""
+        required = [
+            ("input", self.input),
+            ("output", self.output),
+            ("model.source (--model)", self.model.source),
+            ("id_col (--id-col)", self.id_col),
+        ]
+        setting = self.column_setting
+        if setting:  # a prompt template names its own columns
+            required.append((f"{setting} (--{setting.replace('_', '-')})", self.input_col or self.prompt_template))
+        else:
+            required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
+        missing = [flag for flag, value in required if not value]
+        if missing:
+            raise ConfigError("missing required setting(s): " + ", ".join(missing))
+        if setting and self.input_col in self.id_cols:
+            raise ConfigError(f"id_col and {setting} must differ, both are {self.input_col!r}")
+        for other in _COLUMN_SETTINGS:
+            if other != setting and getattr(self, other):
+                readers = [get_task(name) for name in TASKS if get_task(name).input_kind.column_setting == other]
+                reads = f"reads {setting}" if setting else "reads feature_cols / feature_prefix"
+                raise ConfigError(f"{other} is for {readers[0].input_kind.name} tasks ({', '.join(t.name for t in readers)}); "
+                                  f"task {self.task!r} {reads}")
+        if self.errors and self.errors == self.output:
+            raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
+        self._check_writes_apart_from_input()
+
+    def _check_writes_apart_from_input(self) -> None:
+        """Refuse an output or errors target that is the input, or (unless allowed) a path inside its directory."""
+        source = _location(self.input)
+        for key, ref in (("output", self.output), ("errors", self.errors_ref())):
+            target = _location(ref)
+            if target == source:
+                raise ConfigError(f"{key} {ref!r} is the input: the run would overwrite what it reads")
+            inside = _is_path(self.input) and target.startswith(source.rstrip("/") + "/")
+            if inside and not self.write.allow_output_in_input:
+                raise ConfigError(
+                    f"{key} {ref!r} is inside the input directory {self.input!r}, where the next read of the input "
+                    "would pick it up; write elsewhere, or set write.allow_output_in_input"
+                )
+
+    @property
+    def id_cols(self) -> tuple[str, ...]:
+        """The id column(s) as every step takes them: one name, or a composite id's names in the configured order
+        (``()``: unset). ``id_col`` is the setting as written (one name stays a string)."""
+        return id_names(self.id_col)
+
+    @property
+    def row_cols(self) -> tuple[str, ...]:
+        """The input columns every output row copies: the id column(s), then ``rank.partition_by``'s others."""
+        return tuple(dict.fromkeys([*self.id_cols, *self.rank.partition_by]))
+
+    @property
+    def column_setting(self) -> Optional[str]:
+        """The setting naming the task's one input column (``text_col``, ``image_col``), per the task registry;
+        ``None`` for a task that reads numeric feature columns."""
+        return get_task(self.task).input_kind.column_setting
+
+    @property
+    def input_col(self) -> Optional[str]:
+        """The task's one input column as configured (``text_col`` or ``image_col``); ``None`` for feature tasks."""
+        return getattr(self, self.column_setting) if self.column_setting else None
+
+    @property
+    def prompt_template(self) -> Optional[str]:
+        """The template each row's prompt is rendered from, for a task that reads prompts (else ``None``)."""
+        return self.generate.prompt_template if get_task(self.task).input_kind.row_keys else None
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether a row's output depends only on its input (all tasks but sampled generation): what dedup needs."""
+        options = self.task_options()
+        return getattr(options, "deterministic", True)
+
+    def task_options(self) -> Any:
+        """The task's own settings section, which its head takes as it is (``generate``: :class:`GenerateOptions`),
+        else ``None``."""
+        section = get_task(self.task).options_section
+        return getattr(self, section) if section else None
+
+    def resolved_run_id(self) -> Optional[str]:
+        """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""
+        return self.run_id or self.run_date
+
+    def errors_ref(self) -> str:
+        """The dead-letter table: configured, else ``<output>_errors`` beside the output (for a table, built
+        from its parsed name: ``main.`my scores``` -> ``main.`my scores_errors```)."""
+        return self.errors or self._beside_output("_errors")
+
+    def metrics_ref(self) -> str:
+        """The metrics table: ``validation.metrics_table``, else ``<output>_metrics`` beside the output, named as
+        :meth:`errors_ref` names the errors table."""
+        return self.validation.metrics_table or self._beside_output("_metrics")
+
+    def _beside_output(self, suffix: str) -> str:
+        from lakescore.jobs.references import is_path, parse_table_name
+
+        if not self.output or is_path(self.output):
+            return f"{(self.output or '').rstrip('/')}{suffix}"
+        return str(parse_table_name(self.output, "output").with_suffix(suffix))
+
+
+_COLUMN_SETTINGS = tuple(dict.fromkeys(t.input_kind.column_setting for t in _TASKS.values() if t.input_kind.column_setting))
+"""Every setting naming a task's one input column: one the task does not read is a mistake."""
+
+_RUNNER_SETTINGS = tuple(dict.fromkeys(o for t in _TASKS.values() for o in t.input_kind.runner_settings))
+"""Every ``scoring.*`` setting only some input kinds' runners read (``max_image_pixels``)."""
+
+
+def _is_path(ref: str) -> bool:
+    """A path, not a table name: :func:`lakescore.jobs.references.is_path`'s rule, without importing Spark."""
+    return any(ch in ref for ch in "/\\:")
+
+
+def _location(ref: str) -> str:
+    """``ref`` in a comparable form: a local path absolute, a URI as given, a table name lowercased."""
+    if not _is_path(ref):
+        return ref.lower()
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", ref) and not ref.startswith("file:"):
+        return ref.rstrip("/")
+    return os.path.abspath(ref.removeprefix("file:").removeprefix("//"))
+
+
+SHORTHANDS = {"model": "source"}
+"""Sections that may be given as one value, which sets one of their keys: ``model: /models/minilm`` is
+``model: {source: /models/minilm}`` (in YAML, ``--set`` and the Python API alike)."""
+
+
+def shorthand(key: str, value: Any) -> Any:
+    """``value`` of section ``key`` as a mapping when it is a shorthand's single value (a string or path); else as it is."""
+    if key in SHORTHANDS and isinstance(value, (str, os.PathLike)):
+        return {SHORTHANDS[key]: os.fspath(value)}
+    return value
+
+
+def lists_from_text(key: str, value: Any) -> Any:
+    """Section ``key``'s list settings given as text (``a,b``) as their items: the executors' sections
+    (:mod:`lakescore.udfs.settings`) take lists only, so the config reads the text form at its boundary."""
+    section = JobConfig.model_fields.get(key)
+    if section is None or not isinstance(value, Mapping) or not is_section(section.annotation):
+        return value
+    declared = section.annotation.model_fields
+    return {
+        name: comma_items(item) if isinstance(item, str) and name in declared
+        and typing.get_origin(unwrapped(declared[name].annotation)[0]) is tuple else item
+        for name, item in value.items()
+    }

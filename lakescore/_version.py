@@ -1,0 +1,8 @@
+"""The installed package's version, in a module of its own: the report reads it without importing the API."""
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+try:
+    __version__ = _version("lakescore")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

@@ -1,0 +1,16 @@
+"""What identifies a row, as column names: the one shape every step and contract takes. Plain Python, so the config
+reads it without Spark."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+__all__ = ["id_names"]
+
+
+def id_names(id_col: Optional[Union[str, Sequence[str]]]) -> tuple[str, ...]:
+    """An id as its column names: one name, a composite id's names (in order), or none (``None``). The one place an id
+    given as one name becomes the tuple everything past the boundary takes."""
+    if id_col is None:
+        return ()
+    return (id_col,) if isinstance(id_col, str) else tuple(id_col)

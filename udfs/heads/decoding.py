@@ -1,0 +1,429 @@
+"""Decoding for the ``generate`` head: one batch of left-padded prompts -> each row's new tokens, text and finish.
+
+The loop is transformers' own greedy / sampling step, written out so that batching does not change a
+row's result:
+
+* greedy rows take the arg-max, as ``model.generate(do_sample=False)`` does (prompts are left-padded with
+  position ids counted from each row's first real token, as ``generate`` counts them, so a row's logits are
+  its unpadded logits up to float rounding);
+* sampled rows draw from their own ``torch.Generator``, seeded from (``seed``, row key), one draw per step,
+  so a row's text does not depend on which rows share its batch;
+* with a JSON schema, each row's grammar matcher (llguidance) masks the tokens that cannot continue valid
+  JSON before the pick, and ends the row when the JSON is complete;
+* a row ends at an EOS token, at a stop string (its text cut before the first), or at ``max_new_tokens``.
+
+Rows that end leave the batch at once (their KV cache rows are dropped), so they stop costing compute. A
+decoder's keys and values are written in place into buffers sized for the prompts plus the new tokens
+(:func:`_preallocated_cache`), where transformers' ``DynamicCache`` copies the whole cache into a new tensor at every
+step.
+Refilling the freed slots with waiting prompts (continuous batching) is not faster on CPU, since a decode
+step's cost there already scales with the rows left in it, and merging a new prompt's cache into the running
+one adds copies and left padding; so batches are planned by the core (length-sorted, prompt plus new tokens
+within the budget) and only shrink.
+
+Choices are scored in one forward over every (row, choice) sequence: the sum of the choice tokens'
+log-probabilities given the prompt and the choice tokens before them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from lakescore.udfs.models.devices import to_device
+
+__all__ = ["Decoding", "RowState", "GrammarError", "generate", "choice_logprobs", "row_seed"]
+
+
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How constrained JSON is laid out, where the schema does not say (llguidance's ``x-guidance`` options)."""
+
+
+GRAMMAR_TOKEN_BYTES = 1024
+"""The longest token llguidance's token trie holds, in bytes: it panics (a Rust assertion) on a longer one."""
+
+
+class GrammarError(RuntimeError):
+    """A row's grammar matcher refused a token or failed: the row is retried alone, then ``generation_error``."""
+
+
+def row_seed(seed: int, key: str) -> int:
+    """The seed of a row's sampling generator: a 63-bit digest of (``seed``, ``key``), the same in every process."""
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class RowState:
+    """One row's decoding so far: its new token ids, sampling generator, grammar matcher and, once it ended, why."""
+
+    generator: Optional[torch.Generator] = None
+    matcher: Any = None
+    ids: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    text: Optional[str] = None
+
+
+class Decoding:
+    """The per-step rules every row of the head follows: how a token is picked, when a row ends, its text."""
+
+    def __init__(self, model, tokenizer, options) -> None:
+        # its own copy: the head's tokenizer encodes the next batch in the prefetch thread while this one decodes
+        self.tokenizer, self.options = copy.deepcopy(tokenizer), options
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_ids = frozenset([] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos])
+        self._new_matcher = self._grammar_matchers(options.json_schema) if options.json_schema is not None else None
+
+    def _grammar_matchers(self, schema: str) -> Callable[[], Any]:
+        """A factory of fresh llguidance matchers for ``schema`` over this tokenizer; ``ValueError`` naming what
+        llguidance refuses in the schema."""
+        import llguidance
+
+        tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, sorted(self.eos_ids) or None)
+        # compact JSON (json.dumps's separators, no free whitespace) unless the schema's own "x-guidance" says
+        # otherwise: free whitespace lets a weak model spend its tokens on blanks instead of closing the object
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+        error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if error:
+            raise ValueError(f"generate.json_schema cannot be compiled to a grammar: {'; '.join(messages)}")
+        return lambda: llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+
+    def start(self, keys: Sequence[str]) -> list[RowState]:
+        """A fresh state per row: its generator seeded from (seed, key) when sampling, its matcher with a schema."""
+        states = []
+        for key in keys:
+            state = RowState()
+            if not self.options.greedy:
+                state.generator = torch.Generator().manual_seed(row_seed(self.options.seed, str(key)))
+            if self._new_matcher is not None:
+                state.matcher = self._new_matcher()
+            states.append(state)
+        return states
+
+    def pick(self, logits: torch.Tensor, states: Sequence[RowState]) -> list[int]:
+        """The next token of each row, from its float32 ``logits`` (rows, vocab): arg-max, or one draw per row."""
+        if self._new_matcher is not None:
+            logits = logits.masked_fill(self._disallowed(states).to(logits.device), float("-inf"))
+        if self.options.greedy:
+            return logits.argmax(-1).tolist()
+        probs = torch.softmax(logits.double().cpu() / self.options.temperature, dim=-1)
+        if self.options.top_p < 1:
+            probs = _top_p(probs, self.options.top_p)
+        cdf = probs.cumsum(-1)
+        draws = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
+        # a draw scaled to the row's total never lands past its last token with probability above zero
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return picked.clamp(max=cdf.shape[1] - 1).tolist()
+
+    def _disallowed(self, states: Sequence[RowState]) -> torch.Tensor:
+        """(rows, vocab) True where a row's grammar forbids the token."""
+        words = (self.vocab_size + 31) // 32
+        masks = np.empty((len(states), words), dtype=np.uint32)
+        for i, state in enumerate(states):
+            masks[i] = np.frombuffer(_matcher_call(state.matcher.compute_bitmask), dtype=np.uint32)[:words]
+            if state.matcher.is_error():
+                raise GrammarError(state.matcher.get_error())
+        allowed = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
+        return torch.from_numpy(allowed == 0)
+
+    def advance(self, state: RowState, token: int, last: bool) -> bool:
+        """Append ``token`` to the row; True when the row has ended (EOS, stop string, grammar done, or ``last``)."""
+        state.ids.append(token)
+        if state.matcher is not None:
+            if not _matcher_call(state.matcher.consume_token, token):
+                raise GrammarError(state.matcher.get_error() or f"the grammar refused token {token}")
+            if state.matcher.is_stopped():
+                state.finish_reason = "stop"
+        if token in self.eos_ids:
+            state.finish_reason = "stop"
+        elif self.options.stop:
+            text = self.text_of(state)
+            cut = min((i for i in (text.find(s) for s in self.options.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                state.text, state.finish_reason = text[:cut], "stop"
+        if state.finish_reason is None and last:
+            state.finish_reason = "length"
+        return state.finish_reason is not None
+
+    def text_of(self, state: RowState) -> str:
+        """The row's text: its new tokens decoded without special tokens, cut before a stop string when one came."""
+        if state.text is None:
+            return self.tokenizer.decode(state.ids, skip_special_tokens=True)
+        return state.text
+
+
+def _matcher_call(method, *args):
+    """``method(*args)`` of a grammar matcher, its panic (pyo3's ``PanicException``, a ``BaseException`` that the
+    batching core's row retry would not catch) raised as the row's :class:`GrammarError`."""
+    try:
+        return method(*args)
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or isinstance(exc, Exception):
+            raise
+        raise GrammarError(f"the grammar engine failed: {exc}") from None
+
+
+def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
+    """llguidance's tokenizer for the Hugging Face ``tokenizer``. A vocabulary llguidance cannot hold (tokens over
+    :data:`GRAMMAR_TOKEN_BYTES`) is retried without those tokens, which constrained decoding then never picks.
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` naming the tokenizer and llguidance's message otherwise."""
+    import llguidance
+    import llguidance.hf
+
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
+    except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException is a BaseException; it is all llguidance says)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        failure = exc
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend = copy.copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+        serialized, dropped = _without_long_tokens(backend.to_str(), GRAMMAR_TOKEN_BYTES)
+        if dropped:
+            try:
+                return llguidance.LLTokenizer(serialized, n_vocab=n_vocab, eos_token=eos)
+            except BaseException as exc:  # noqa: BLE001 (as above)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                failure = exc
+    from lakescore.udfs.models.errors import UnfitModelError
+
+    message = " ".join(str(failure).split()) or type(failure).__name__
+    raise UnfitModelError(
+        f"task generate: generate.json_schema: the grammar engine (llguidance) cannot use the tokenizer of "
+        f"{getattr(tokenizer, 'name_or_path', '') or '?'} ({type(tokenizer).__name__}, {len(tokenizer)} tokens): {message}"
+    ) from None
+
+
+def _without_long_tokens(serialized: str, limit: int) -> tuple[str, list[int]]:
+    """A ``tokenizers`` JSON without its tokens over ``limit`` bytes (from a vocabulary mapping, the added tokens and
+    the merges that make them), and their ids; other vocabularies (a Unigram's list) are returned as they are."""
+    import json
+
+    data = json.loads(serialized)
+    dropped: list[int] = []
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        for token, token_id in list(vocab.items()):
+            if len(token.encode("utf-8")) > limit:
+                dropped.append(token_id)
+                del vocab[token]
+        if isinstance(model.get("merges"), list):  # a merge's result is its two parts joined
+            model["merges"] = [m for m in model["merges"]
+                               if len("".join(m.split(" ", 1) if isinstance(m, str) else m).encode("utf-8")) <= limit]
+    added = data.get("added_tokens") or []
+    dropped += [a["id"] for a in added if len(a["content"].encode("utf-8")) > limit]
+    data["added_tokens"] = [a for a in added if len(a["content"].encode("utf-8")) <= limit]
+    return json.dumps(data), sorted(set(dropped))
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One row's result: new token ids (EOS included), text, finish reason."""
+
+    ids: list[int]
+    text: str
+    finish_reason: str
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` (rows, vocab) restricted to each row's nucleus: the most probable tokens whose mass first reaches
+    ``top_p`` (at least one), renormalised (transformers' ``TopPLogitsWarper``, on probabilities)."""
+    ordered, order = probs.sort(dim=-1, descending=True)
+    before = ordered.cumsum(-1) - ordered  # the mass of the more probable tokens: 0 for the first, always kept
+    ordered = ordered.masked_fill(before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter(1, order, ordered)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[str], decoding: Decoding) -> list[Decoded]:
+    """Decode one batch of left-padded prompts: each row's new tokens, text and finish reason, in row order."""
+    device = str(model.device)
+    ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
+    mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
+    states = decoding.start(keys)
+    with torch.inference_mode():
+        most = decoding.options.max_new_tokens
+        start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps
+        logits, step = start(model, ids, mask, most)
+        active = list(range(len(states)))
+        for made in range(1, most + 1):
+            tokens = decoding.pick(logits, [states[i] for i in active])
+            ended = [decoding.advance(states[i], t, last=made == most) for i, t in zip(active, tokens)]
+            keep = [j for j, done in enumerate(ended) if not done]
+            if not keep:
+                break
+            active = [active[j] for j in keep]
+            selected = None if len(keep) == len(ended) else torch.tensor(keep, device=device)
+            logits = step(torch.tensor([tokens[j] for j in keep], device=device), selected)
+    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason) for s in states]
+
+
+Step = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+"""``step(tokens, keep)``: drop the rows not in ``keep`` (``None``: keep all), feed each kept row its new token,
+return the next float32 logits (rows, vocab)."""
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counted from each row's first real token (``generate``'s rule for left-padded rows)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _keeps_last_logits(model) -> dict[str, int]:
+    """``logits_to_keep=1`` where the model takes it, as ``generate`` passes it: the head runs on the last position only."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, Step]:
+    """Prefill a decoder-only model's cache with the prompts; the step that extends it one token a row."""
+    cache = _preallocated_cache(model.config, ids.shape[1] + new_tokens)
+    last = _keeps_last_logits(model)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache, use_cache=True, **last)
+    state = {"mask": mask}
+
+    def step(tokens: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+        mask = state["mask"]
+        if keep is not None:
+            cache.reorder_cache(keep)
+            mask = mask[keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        state["mask"] = mask
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache, use_cache=True, **last)
+        return out.logits[:, -1].float()
+
+    return out.logits[:, -1].float(), step
+
+
+class _PreallocatedLayer:
+    """Mixed into transformers' ``DynamicLayer``: keys and values written in place into buffers sized for the
+    whole decode (prompt width plus new tokens), instead of concatenated into new tensors at every step."""
+
+    def __init__(self, capacity: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.capacity, self.length = capacity, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        rows, heads, _, _ = key_states.shape
+        self.key_buffer = key_states.new_empty((rows, heads, self.capacity, key_states.shape[-1]))
+        self.value_buffer = value_states.new_empty((rows, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:  # more tokens than planned: grow, as DynamicLayer would
+            self._grow(end)
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def _grow(self, capacity: int) -> None:
+        self.capacity = capacity
+        for name in ("key_buffer", "value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((old.shape[0], old.shape[1], capacity, old.shape[-1]))
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.is_initialized:
+            beam_idx = beam_idx.to(self.device)
+            self.key_buffer = self.key_buffer.index_select(0, beam_idx)
+            self.value_buffer = self.value_buffer.index_select(0, beam_idx)
+            self.keys, self.values = self.key_buffer[:, :, : self.length], self.value_buffer[:, :, : self.length]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+
+def _preallocated_cache(config, capacity: int):
+    """transformers' ``DynamicCache`` for ``config``, its plain full-attention layers written in place into buffers of
+    ``capacity`` tokens (sliding-window and other special layers stay transformers' own)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layer_class = type("PreallocatedDynamicLayer", (_PreallocatedLayer, DynamicLayer), {})
+    cache = DynamicCache(config=config)
+    cache.layers = [layer_class(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def _seq2seq_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, Step]:
+    """Encode the prompts once; the decoder steps from the decoder start token, cross-attending to them."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    start = torch.full((ids.shape[0], 1), _decoder_start(model), dtype=torch.long, device=ids.device)
+    out = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=start, past_key_values=cache, use_cache=True)
+    state = {"mask": mask}
+
+    def step(tokens: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+        if keep is not None:
+            cache.reorder_cache(keep)
+            encoded["last_hidden_state"] = encoded["last_hidden_state"][keep]
+            state["mask"] = state["mask"][keep]
+        out = model(encoder_outputs=encoded, attention_mask=state["mask"], decoder_input_ids=tokens[:, None],
+                    past_key_values=cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    return out.logits[:, -1].float(), step
+
+
+def _decoder_start(model) -> int:
+    start = getattr(model.generation_config, "decoder_start_token_id", None)
+    if start is None:
+        start = model.config.decoder_start_token_id
+    if start is None:
+        raise ValueError("the encoder-decoder model names no decoder_start_token_id")
+    return int(start)
+
+
+def choice_logprobs(model, input_ids: np.ndarray, attention_mask: np.ndarray, choices: Sequence[Sequence[int]], pad: int) -> np.ndarray:
+    """float64 (rows, choices): for each left-padded prompt and each choice's token ids, the sum of the choice
+    tokens' log-probabilities, each given the prompt and the choice tokens before it."""
+    device = str(model.device)
+    ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
+    mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
+    rows, k, width = ids.shape[0], len(choices), max(len(c) for c in choices)
+    targets = torch.full((k, width), pad, dtype=torch.long, device=device)
+    present = torch.zeros((k, width), dtype=torch.long, device=device)
+    for j, choice in enumerate(choices):
+        targets[j, : len(choice)] = torch.tensor(list(choice), dtype=torch.long)
+        present[j, : len(choice)] = 1
+    targets, present = targets.repeat(rows, 1), present.repeat(rows, 1)  # row r's choice j at r * k + j
+    with torch.inference_mode():
+        if model.config.is_encoder_decoder:
+            encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
+            encoded["last_hidden_state"] = encoded["last_hidden_state"].repeat_interleave(k, 0)
+            start = torch.full((rows * k, 1), _decoder_start(model), dtype=torch.long, device=device)
+            decoder_ids = torch.cat([start, targets[:, :-1]], dim=1)
+            logits = model(encoder_outputs=encoded, attention_mask=mask.repeat_interleave(k, 0),
+                           decoder_input_ids=decoder_ids, decoder_attention_mask=torch.cat([start.new_ones((rows * k, 1)), present[:, :-1]], 1)).logits
+        else:
+            # the choice follows the prompt's last real token; its padding (on the right) is masked and never read
+            full_mask = torch.cat([mask.repeat_interleave(k, 0), present], dim=1)
+            full = torch.cat([ids.repeat_interleave(k, 0), targets], dim=1)
+            tail = {"logits_to_keep": width + 1} if _keeps_last_logits(model) else {}
+            logits = model(input_ids=full, attention_mask=full_mask, position_ids=_positions(full_mask), **tail).logits
+            logits = logits[:, logits.shape[1] - width - 1 : -1]  # the positions that predict the choice tokens
+        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        return (logprobs.double() * present).sum(-1).view(rows, k).cpu().numpy()

@@ -1,0 +1,89 @@
+"""Process-wide model cache: each Python worker loads a model once and reuses it.
+
+Spark reuses Python workers across tasks (``spark.python.worker.reuse``, on by
+default), so a module-level cache turns "load per batch" or "load per task"
+into "load per process". The key is the whole :class:`~lakescore.udfs.models.model_source.ModelSpec`
+(task, source, revision, device, head options) except ``expect_sha256``, which
+is checked on every lookup: two UDFs over the same model share one copy (the
+executor preflight's and the pinned scoring stage's included); a different
+revision or device is a different entry. A lookup also checks that the model's files
+are still those it loaded (weights and every other file, by digests cached per file
+size and modification time): a model directory edited in place is loaded again, never
+served stale from a long-lived worker.
+
+Unlike ``pyspark.ml``'s ``ModelCache`` (LRU of 3 keyed by a per-UDF uuid), the
+key is the model's identity, so rebuilding the UDF on the driver does not
+force a reload on the executors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from lakescore.udfs.models.model_source import (
+    ModelSourceError, ModelSpec, hub_revision, model_file_digests, resolve_model_dir, verify_sha256, weights_sha256,
+)
+from lakescore.udfs.registry import get_task
+
+__all__ = ["LoadedModel", "get_model", "clear"]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A ready scorer plus the identity of the weights it runs."""
+
+    scorer: Any
+    """The task head: ``forward``, ``columns(outputs, ok)``, ``score(inputs)`` (and ``tokenize`` for text heads)."""
+    model_dir: Path
+    sha256: str
+    revision: Optional[str]
+    """The hub commit the files came from, when known."""
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    """:func:`~lakescore.udfs.models.model_source.model_file_digests` of ``model_dir`` when it was loaded."""
+
+    def is_current(self) -> bool:
+        """Whether ``model_dir`` still holds the files this model was loaded from."""
+        try:
+            return weights_sha256(self.model_dir) == self.sha256 and model_file_digests(self.model_dir) == self.files
+        except (OSError, ModelSourceError):  # the directory went away or lost its weights: load again, and fail there
+            return False
+
+
+_cache: dict[ModelSpec, LoadedModel] = {}
+_lock = threading.Lock()
+
+
+def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
+    """Return ``(model, loaded_now)``: the cached model for ``spec``, loading it on first use.
+
+    The weights are hashed once per process and checked against ``spec.expect_sha256``
+    *before* loading (:class:`~lakescore.udfs.models.model_source.ModelIntegrityError` names both digests).
+    Raises ``ValueError`` for an unknown task (:mod:`lakescore.udfs.registry`); loader and source errors propagate.
+    """
+    key = dataclasses.replace(spec, expect_sha256=None)  # a pin checks the weights; it is not another model
+    with _lock:
+        cached = _cache.pop(key, None)
+        if cached is not None and cached.is_current():
+            verify_sha256(cached.sha256, spec.expect_sha256, spec.source)
+            _cache[key] = cached
+            return cached, False
+        del cached  # edited in place since it was loaded: free it before loading the files as they are now
+        model_dir = resolve_model_dir(spec.source, spec.revision)
+        sha256 = weights_sha256(model_dir)
+        verify_sha256(sha256, spec.expect_sha256, spec.source)
+        files = model_file_digests(model_dir)
+        scorer = get_task(spec.task).load(key, model_dir)
+        revision = hub_revision(model_dir) or spec.revision
+        loaded = LoadedModel(scorer, model_dir, sha256, revision, files)
+        _cache[key] = loaded
+        return loaded, True
+
+
+def clear() -> None:
+    """Drop every cached model (tests, or a long-lived process switching models)."""
+    with _lock:
+        _cache.clear()
