@@ -73,11 +73,15 @@ def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: Optional[flo
     (8, None, 8)
     >>> scoring_tasks(3, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, None, 15), scoring_tasks(40, 2, 10**7, None, 15)
     (8, 8, None)
+    >>> scoring_tasks(0, 2, 0, 2e-6, 15)  # an empty input (nothing changed in an incremental run)
+    2
     """
     wanted = progress_partitions(rows, slots)
     idle_slot = planned < slots or uneven_last_wave(planned, slots)
+    if idle_slot:
+        return wanted
     long_tasks = row_seconds is None or rows / planned * row_seconds > interval
-    return wanted if idle_slot or (planned < wanted and long_tasks) else None
+    return wanted if planned < wanted and long_tasks else None
 
 
 class ProgressReporter:

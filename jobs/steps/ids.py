@@ -13,13 +13,15 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.tables import column
+from lakescore.schemas.id_columns import id_names
 
 __all__ = ["id_columns", "any_null", "all_present", "row_key", "id_hash", "same_values"]
 
 
 def id_columns(names: Sequence[str]) -> list[Column]:
-    """The columns ``names`` (the id column(s), :attr:`~lakescore.jobs.config.JobConfig.id_cols`), each by its own name."""
-    return [column(name) for name in names]
+    """The columns ``names`` (the id column(s), :attr:`~lakescore.jobs.config.JobConfig.id_cols`; one name is taken as
+    :func:`~lakescore.schemas.id_columns.id_names` takes it), each by its own name."""
+    return [column(name) for name in id_names(names)]
 
 
 def any_null(names: Sequence[str]) -> Column:

@@ -212,7 +212,7 @@ def test_emr_step_is_a_spark_submit_of_the_launcher_with_valid_lakescore_args():
         assert step["Args"][0] == "spark-submit"
         options, primary, app_args = _split_spark_submit(step["Args"][1:])
 
-        assert Path(primary).name == "launcher.py" and (REPO / "jobs" / "platform" / "launcher.py").is_file()
+        assert Path(primary).name == "launcher.py" and (REPO / "jobs" / "launcher.py").is_file()
         # The env archive is unpacked as ./environment, and that is the Python Spark runs.
         assert any(a.endswith(".tar.gz#environment") for a in ",".join(options["--archives"]).split(","))
         assert _confs(options)["spark.pyspark.python"] == "./environment/bin/python"
@@ -251,7 +251,7 @@ def test_emr_serverless_job_run_is_a_valid_lakescore_submission():
 def test_launcher_runs_the_cli_and_exits_with_its_code(tmp_path):
     """spark-submit's primary resource, run as a script: a config error exits 2 before any Spark."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "platform" / "launcher.py"), "score", "--set", "task=summarize"],
+        [sys.executable, str(REPO / "jobs" / "launcher.py"), "score", "--set", "task=summarize"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr
