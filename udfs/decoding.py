@@ -28,7 +28,6 @@ log-probabilities given the prompt and the choice tokens before them.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from lakescore.udfs.devices import to_device
+from lakescore.udfs.generate import row_seed  # re-exported: the seed rule is the head's, whichever engine runs it
 
 __all__ = ["Decoding", "RowState", "GrammarError", "generate", "choice_logprobs", "row_seed"]
 
@@ -51,12 +51,6 @@ GRAMMAR_TOKEN_BYTES = 1024
 
 class GrammarError(RuntimeError):
     """A row's grammar matcher refused a token or failed: the row is retried alone, then ``generation_error``."""
-
-
-def row_seed(seed: int, key: str) -> int:
-    """The seed of a row's sampling generator: a 63-bit digest of (``seed``, ``key``), the same in every process."""
-    digest = hashlib.sha256(f"{seed}\x00{key}".encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 @dataclass

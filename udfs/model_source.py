@@ -103,7 +103,8 @@ class ModelSpec:
     """
 
     task: str
-    source: str
+    source: Optional[str]
+    """Where the model's files are; ``None`` for a model served elsewhere (``generate.endpoint``)."""
     revision: Optional[str] = None
     device: str = "cpu"
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (workers resolve ``auto``/``cuda`` per task)."""
