@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from lakescore.udfs.endpoint_options import EndpointOptions, ServerOptions
+from lakescore.udfs.model_source import ModelSourceError
 from lakescore.udfs.rate_limit import HostRateLimit
 
 __all__ = [
@@ -57,8 +58,9 @@ class EndpointDown(RuntimeError):
     endpoint and the last error. Not a row's failure: it is never dead-lettered."""
 
 
-class EndpointRefused(ValueError):
-    """The preflight found a setting the endpoint cannot honour, or an endpoint that does not answer: one line."""
+class EndpointRefused(ModelSourceError):
+    """The preflight found a setting the endpoint cannot honour, or an endpoint that does not answer: one line, before
+    any row is sent (a model source that cannot serve the run)."""
 
 
 @dataclass(frozen=True)

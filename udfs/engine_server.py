@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from lakescore.udfs.model_source import ModelSourceError
+
 __all__ = ["EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "HOST"]
 
 HOST = "127.0.0.1"
@@ -38,7 +40,7 @@ LOG_TAIL = 2000
 """Characters of an engine's log a start failure quotes."""
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(ModelSourceError):
     """The engine exited or did not answer its health check in time: one line with the command and its log's end."""
 
 

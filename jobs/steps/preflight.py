@@ -27,6 +27,8 @@ from lakescore.jobs.platform.tables import column
 from lakescore.udfs.model_fit import check_model_fits
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
+from lakescore.udfs.endpoint import EndpointRefused
+from lakescore.udfs.engine_server import EngineStartError
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function, start_worker
 
@@ -44,7 +46,8 @@ log = logging.getLogger(__name__)
 SAMPLE_ROWS = 256
 """Input texts a reduced-precision run scores both ways (float32 and its own path) before it starts."""
 
-_OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError)}
+_OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError,
+                                            EndpointRefused, EngineStartError)}
 """Worker errors whose message is the operator's whole line: raised on the driver as they are."""
 
 
@@ -194,7 +197,8 @@ class ExecutorPreflight:
 
     def __enter__(self) -> "ExecutorPreflight":
         try:  # the driver's copy of the model first: a model that cannot fit the task starts no executor job
-            check_model_fits(self._run.spec, self._run.model_dir)
+            if self._run.model_dir is not None:  # None: a model served elsewhere, checked by the executors' request
+                check_model_fits(self._run.spec, self._run.model_dir)
         except BaseException:
             if self._run.worker_start is not None:
                 self._run.worker_start.cancel()

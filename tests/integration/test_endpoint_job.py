@@ -25,7 +25,9 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
+from lakescore.jobs.report import one_line
 from lakescore.jobs.score_job import run_scoring
+from lakescore.udfs.endpoint import EndpointRefused
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.served_models import RateLimitingProxy, TransformersServe, python_processes_named
@@ -91,8 +93,9 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         workers = report.workers
         assert workers["rate_limited"] == proxy.refused >= 1 and workers["retries"] >= workers["rate_limited"]
         assert workers["tokens_out"] == out["completion_tokens"].sum() and workers["tokens_in"] == out["prompt_tokens"].sum()
-        assert report.cost == pytest.approx((workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6)
-        assert "cost" in report.summary()
+        token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
+        assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
+        assert "the endpoint's tokens" in report.summary()
         assert f"Bearer {KEY}" in proxy.authorizations  # the key was sent, in its header
 
         # Incremental: nothing changed, so nothing is sent.
@@ -111,12 +114,14 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
 def test_a_setting_the_server_ignores_is_refused_before_any_row_is_sent(spark, tmp_path, served, tiny_causal_lm_dir):
     source = tmp_path / "reviews"
     _write(spark, _reviews(), source)
-    report = run_scoring(_config(source, tmp_path / "json", **{
-        "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir),
-        "generate.json_schema": {"type": "object", "properties": {"stars": {"type": "integer"}}, "required": ["stars"]},
-    }), spark)
-    assert report.status != "succeeded" and report.delta_version is None
-    assert "\n" not in report.error and "does not honour generate.json_schema" in report.error, report.error
+    with pytest.raises(EndpointRefused) as refused:
+        run_scoring(_config(source, tmp_path / "json", **{
+            "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir),
+            "generate.json_schema": {"type": "object", "properties": {"stars": {"type": "integer"}}, "required": ["stars"]},
+        }), spark)
+    line = one_line(refused.value)
+    assert "\n" not in line and line.startswith(f"endpoint {served.url} (model {tiny_causal_lm_dir}) does not honour "
+                                                 "generate.json_schema"), line
     assert not (tmp_path / "json").exists()
 
 
@@ -138,10 +143,11 @@ def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark
 
         killer = threading.Thread(target=kill_after_four_rows, daemon=True)
         killer.start()
-        failed = run_scoring(_config(source, output, **flags), spark)
+        with pytest.raises(Exception) as failed:
+            run_scoring(_config(source, output, **flags), spark)
         killer.join()
-        assert failed.status != "succeeded" and failed.delta_version is None
-        assert "\n" not in failed.error and server.url in failed.error and "requests in a row" in failed.error, failed.error
+        line = one_line(failed.value)
+        assert line.startswith(f"endpoint {server.url} (model {tiny_causal_lm_dir}) failed 2 requests in a row; last: "), line
         assert not output.exists()
 
         server.start()
