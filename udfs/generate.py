@@ -170,7 +170,8 @@ class Generator:
             return rows
         decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]), self.decoding)
         for i, row in enumerate(decoded):
-            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids))
+            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids),
+                                 row.logprobs)
         return rows
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
