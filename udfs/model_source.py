@@ -103,8 +103,7 @@ class ModelSpec:
     """
 
     task: str
-    source: Optional[str]
-    """Where the model's files are; ``None`` for a model served elsewhere (``generate.endpoint``)."""
+    source: str
     revision: Optional[str] = None
     device: str = "cpu"
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (workers resolve ``auto``/``cuda`` per task)."""
