@@ -31,7 +31,9 @@ from typing import Iterator, Optional, Sequence
 
 from lakescore.udfs.model_source import ModelSourceError
 
-__all__ = ["EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "HOST"]
+__all__ = [
+    "EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "stop_engines_task", "HOST",
+]
 
 HOST = "127.0.0.1"
 """Engines listen on loopback only: the rows of this host are their only clients."""
@@ -277,6 +279,15 @@ def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
             return 0
         time.sleep(poll_s)
     return child.returncode
+
+
+def stop_engines_task(batches):
+    """A ``mapInArrow`` function: stop the engines of the host its task runs on (:func:`stop_engines`); one row, how many."""
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"stopped": stop_engines()}], schema=pa.schema([("stopped", pa.int32())]))
 
 
 if __name__ == "__main__":  # the watchdog: python -m lakescore.udfs.engine_server watch <pid> -- <command...>

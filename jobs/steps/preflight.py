@@ -24,11 +24,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
+from lakescore.udfs.endpoint import EndpointRefused
+from lakescore.udfs.engine_server import EngineStartError, stop_engines_task
 from lakescore.udfs.model_fit import check_model_fits
 from lakescore.udfs.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.quantize import QuantizationToleranceError, Tolerance
-from lakescore.udfs.endpoint import EndpointRefused
-from lakescore.udfs.engine_server import EngineStartError
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function, start_worker
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "PythonWorkerStart", "SAMPLE_ROWS",
-    "raise_worker_failure",
+    "raise_worker_failure", "stop_served_engines",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,20 @@ def preflight_model(
     )
 
 
+def stop_served_engines(run: "RunContext") -> None:
+    """With ``generate.server``: stop the engines the executors started for the run (one small task per scoring slot,
+    as the preflight started them), once its rows are scored or it failed. Where a task misses a host, the engine's
+    watchdog stops it with the executor. A failure here is logged, never the run's."""
+    if getattr(run.spec.generate, "server", None) is None:
+        return
+    tasks = run.layout.partitions or default_parallelism(run.spark)
+    try:
+        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(stop_engines_task, "stopped int").collect()
+        log.info("stopped %d served engine(s)", sum(r.stopped for r in stopped))
+    except Exception as exc:  # noqa: BLE001 (the run's outcome is decided; the watchdogs stop what is left)
+        log.warning("could not stop the served engines: %s", exc)
+
+
 def raise_worker_failure(spec: ModelSpec, rows: Sequence) -> None:
     """Raise the first failure among the preflight's ``rows`` (:data:`~lakescore.udfs.scoring_udf.PREFLIGHT_SCHEMA`):
     an integrity, tolerance or unfit-model error as the worker worded it, any other as
@@ -223,6 +237,8 @@ class ExecutorPreflight:
                 self._run.worker_start.cancel()
             cancel_tagged(self._run.spark, self._tag)
         self._pool.shutdown(wait=True)
+        if exc_type is not None:
+            stop_served_engines(self._run)
 
     def identity(self) -> ModelIdentity:
         """The identity every executor agreed on; the preflight's error if it failed."""
