@@ -176,6 +176,8 @@ def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: 
     """The model spec, with a remote model staged to this host first; fails fast when the model is missing or the
     workers would refuse it (:func:`_check_model`)."""
     spec = model_spec(cfg, () if cfg.column_setting else feature_cols)
+    if spec.source is None:  # generate.endpoint: no files here; the workers' first request is its check
+        return spec
     if is_remote(spec.source):
         if spark is None:
             raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
