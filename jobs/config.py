@@ -37,14 +37,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Sequence
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 
 from lakescore.udfs.batching import default_max_tokens
-from lakescore.udfs.model_source import BACKENDS, DEVICES, DTYPES, POOLING_MODES, QUANTIZATIONS
-from lakescore.udfs.quantize import Tolerance
-from lakescore.udfs.generate_options import CHAT_TEMPLATE_MODES, CHOICE_SCORES, TRUNCATE_MODES, GenerateOptions, template_parts
+from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.model_options import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS, ModelOptions
+from lakescore.udfs.settings import (
+    JOB_ONLY, ConfigError, Fraction, Number, Section, Text, as_number, as_text, checked, cli, invalid,
+)
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_NAMES, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
@@ -68,28 +69,7 @@ DEDUP_MODES = ("auto", "on", "off")
 LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
 
-class ConfigError(ValueError):
-    """A configuration file, override or flag is missing, unknown or ill-typed."""
-
-
 # --- Value types: what YAML, --set, flags and the Python API may hand each kind of setting -------------------
-
-
-def _invalid(reason: str) -> PydanticCustomError:
-    """A value's own check failing; the message reads ``<dotted key> <reason>``."""
-    return PydanticCustomError("lakescore", "{reason}", {"reason": reason})
-
-
-def _text(value: Any) -> Any:
-    if isinstance(value, date):  # YAML reads 2026-11-20 as a date
-        return value.isoformat()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):  # revision: 2
-        return str(value)
-    return value
-
-
-def _number(value: Any) -> Any:
-    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _items(value: Any) -> Any:
@@ -104,7 +84,7 @@ def _id_columns(value: Any) -> Any:
     if isinstance(value, str) and "," in value:
         value = _items(value)
     if isinstance(value, list):
-        value = tuple(_text(v) for v in value)
+        value = tuple(as_text(v) for v in value)
     return value[0] if isinstance(value, tuple) and len(value) == 1 else value
 
 
@@ -125,7 +105,7 @@ def _string_keys(value: Any) -> Any:
 def _spark_conf_value(value: Any) -> Any:
     """Spark confs are strings on the JVM side; YAML may have parsed ``8`` or ``true``."""
     if isinstance(value, (Mapping, list)) or value is None:
-        raise _invalid(f"must be a single value (Spark conf keys are written whole), got {value!r}")
+        raise invalid(f"must be a single value (Spark conf keys are written whole), got {value!r}")
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -133,13 +113,10 @@ def _spark_conf_value(value: Any) -> Any:
 
 def _min_max(bounds: tuple[float, ...]) -> tuple[float, ...]:
     if len(bounds) != 2 or bounds[0] > bounds[1]:
-        raise _invalid(f"must be [min, max] with min <= max, got {list(bounds)}")
+        raise invalid(f"must be [min, max] with min <= max, got {list(bounds)}")
     return bounds
 
 
-Text = Annotated[str, BeforeValidator(_text)]
-Number = Annotated[float, BeforeValidator(_number)]
-Fraction = Annotated[Number, Field(ge=0, le=1)]
 Names = Annotated[tuple[Text, ...], BeforeValidator(_items)]
 TaskName = Literal[TASK_NAMES]
 OnOff = Annotated[Literal[DEDUP_MODES], BeforeValidator(lambda v: ("on" if v else "off") if isinstance(v, bool) else v)]
@@ -152,115 +129,25 @@ ValueRanges = Annotated[
 NullFractions = Annotated[dict[str, Fraction], BeforeValidator(_string_keys)]
 
 
-def _checked(check: typing.Callable[[Any], Optional[str]]) -> AfterValidator:
-    """A value check: ``check(value)`` returns why the value is wrong, or ``None``."""
-
-    def validate(value: Any) -> Any:
-        reason = None if value is None else check(value)
-        if reason:
-            raise _invalid(reason)
-        return value
-
-    return AfterValidator(validate)
-
-
-IdColumns = Annotated[typing.Union[Text, tuple[Text, ...]], BeforeValidator(_id_columns), _checked(_id_columns_problem)]
+IdColumns = Annotated[typing.Union[Text, tuple[Text, ...]], BeforeValidator(_id_columns), checked(_id_columns_problem)]
 """An id: one column's name, or a list of names that together identify a row (composite id)."""
-
-
-def _cli(flag: str, metavar: Optional[str] = None, sweep: bool = False, repeat: bool = False) -> dict[str, Any]:
-    """``json_schema_extra`` of a field that has a command-line flag: ``lakescore score`` takes every such flag,
-    ``lakescore sweep`` those marked ``sweep``; a ``repeat`` flag (a list setting) adds one item each time it is given."""
-    return {"flag": flag, "sweep": sweep, **({"metavar": metavar} if metavar else {}), **({"repeat": True} if repeat else {})}
-
-
-_JOB_ONLY = {"job_only": True}
-"""``json_schema_extra`` of a setting only the scoring job applies (``transform`` / ``pandas_udf`` refuse it)."""
-
-
-class _Section(BaseModel):
-    # Strict: a string is not an integer, 1 is not true; the Before validators above accept what YAML means.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
 
 # --- The schema ------------------------------------------------------------------------------------------------
 
 
-class ModelConfig(_Section):
-    """Where the model comes from and how its outputs are shaped. Given as one string (``model: /models/minilm``),
-    the section is its ``source``."""
-
-    source: Optional[Text] = Field(None, json_schema_extra=_cli("--model", sweep=True))
-    """A model directory (tabular: a ``.pt`` / ``.pt2`` file or a directory holding one), a Hadoop URI (``s3a://``,
-    ``dbfs:/``, ``file:/``: copied once per host), an MLflow model (``models:/name/version``, ``models:/name@alias``,
-    ``runs:/<run>/<path>``) or a Hugging Face hub id."""
-    revision: Optional[Text] = Field(None, json_schema_extra=_cli("--revision", sweep=True))
-    """Hub branch, tag or commit (recorded as ``model_revision``: for hub ids the resolved commit, for MLflow models
-    the registry version); for other sources recorded as given."""
-    device: Literal[DEVICES] = Field("cpu", json_schema_extra=_cli("--device"))
-    """Where workers run the model: ``cpu``, ``cuda``, or ``auto`` (CUDA where the worker sees a GPU; the GPU is the
-    one Spark assigned the task)."""
-    dtype: Literal[DTYPES] = Field("float32", json_schema_extra=_cli("--dtype"))
-    """Model precision; ``float16`` on CUDA only."""
-    expect_sha256: Annotated[Optional[Text], _checked(
-        lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v.strip().lower()) else f"must be 64 hex digits, got {v!r}"
-    )] = Field(None, json_schema_extra=_cli("--expect-sha256", "HEX"))
-    """Refuse to score (exit 2, nothing written) unless the weights digest equals this hex."""
-    allow_pickle: bool = Field(False, json_schema_extra=_cli("--allow-pickle"))
-    """Allow pickle-based weights (``pytorch_model.bin``): loading them can run arbitrary code."""
-    trust_remote_code: bool = Field(False, json_schema_extra=_cli("--trust-remote-code"))
-    """Run model code shipped with the model (transformers ``trust_remote_code``)."""
-    cache_dir: Text = "~/.cache/lakescore/models"
-    """Where each host keeps its copy of a remote (``s3a://``, ``dbfs:/``, MLflow) model and exported ONNX graphs."""
-    max_seq_length: Optional[int] = Field(None, ge=1)
-    """Token limit per text; default: the model's own sentence-transformers setting."""
-    pooling: Optional[Literal[POOLING_MODES]] = None
-    """Embeddings of models without a sentence-transformers config: the pooling (default ``mean``), one of
-    sentence-transformers' modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
-    normalize: Optional[bool] = None
-    """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
-    prompt_name: Annotated[Optional[Text], _checked(
-        lambda v: None if v.strip() else "must name one of the model's prompts, got an empty string"
-    )] = None
-    """Embeddings: the model's prompt to prepend to every text, by its name in the model's sentence-transformers
-    ``prompts`` (e.g. ``passage``); default: the model's ``default_prompt_name``, else none."""
-    backend: Literal[BACKENDS] = Field("torch", json_schema_extra=_cli("--backend"))
-    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; text tasks; exported once per host)."""
-    quantize: Literal[QUANTIZATIONS] = Field("none", json_schema_extra=_cli("--quantize"))
-    """``int8`` on the ``onnx`` backend: faster, lossy; the run refuses to score when a sample of its input is outside
-    the ``quantize_*`` tolerance against float32 (which guards ``dtype`` ``bfloat16`` / ``float16`` runs the same way)."""
-    quantize_min_cosine: Fraction = Tolerance.min_cosine
-    """Reduced-precision embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
-    quantize_min_agreement: Fraction = Tolerance.min_agreement
-    """Reduced-precision classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
-    quantize_max_prob_delta: Fraction = Tolerance.max_prob_delta
-    """Reduced-precision classifiers: the 99th percentile over sampled rows of the largest probability difference."""
-
-    def tolerance(self) -> Tolerance:
-        """The reduced-precision tolerance these settings give (int8, bfloat16, float16 against float32)."""
-        return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
-
-    @model_validator(mode="after")
-    def _combinations(self) -> "ModelConfig":
-        if self.dtype == "float16" and self.device == "cpu":
-            raise ConfigError("model.dtype float16 needs a GPU (device cuda or auto); use bfloat16 on CPU")
-        if self.backend == "onnx" and self.device == "cuda":
-            raise ConfigError("model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU")
-        if self.backend == "onnx" and self.dtype != "float32":
-            raise ConfigError(f"model.backend onnx runs float32 (or model.quantize int8), got model.dtype {self.dtype!r}")
-        if self.quantize == "int8" and self.backend != "onnx":
-            raise ConfigError("model.quantize int8 needs model.backend onnx")
-        return self
+ModelConfig = ModelOptions
+"""The ``model`` section, declared on the executors' side (:mod:`lakescore.udfs.model_options`)."""
 
 
-class SparkConfig(_Section):
+class SparkConfig(Section):
     """How the SparkSession is built when lakescore builds it (never on Databricks or under spark-submit)."""
 
-    master: Text = Field("local[*]", json_schema_extra=_cli("--master", sweep=True))
+    master: Text = Field("local[*]", json_schema_extra=cli("--master", sweep=True))
     """The Spark master when lakescore builds the session."""
-    remote: Annotated[Optional[Text], _checked(
+    remote: Annotated[Optional[Text], checked(
         lambda v: None if v.startswith("sc://") else f"must be a Spark Connect URL sc://host:port, got {v!r}"
-    )] = Field(None, json_schema_extra=_cli("--remote", "sc://HOST:PORT", sweep=True))
+    )] = Field(None, json_schema_extra=cli("--remote", "sc://HOST:PORT", sweep=True))
     """Run over Spark Connect on this server, ``sc://host:port``; unset: ``SPARK_REMOTE`` when the environment has it.
     The server owns jars, Delta and the metastore, so the other ``spark.*`` settings do not apply."""
     app_name: Text = "lakescore"
@@ -290,7 +177,7 @@ class SparkConfig(_Section):
     """Extra ``spark.*`` settings, passed through verbatim."""
 
 
-class ScoringConfig(_Section):
+class ScoringConfig(Section):
     """How rows are cut into model batches and spread over tasks."""
 
     max_batch_tokens: Optional[int] = Field(None, ge=1)
@@ -298,16 +185,16 @@ class ScoringConfig(_Section):
     counting each row's prompt plus ``generate.max_new_tokens``)."""
     max_batch_rows: int = Field(256, ge=1)
     """Rows per forward batch at most, however short they are."""
-    arrow_max_records_per_batch: int = Field(4096, ge=1, json_schema_extra=_JOB_ONLY)
+    arrow_max_records_per_batch: int = Field(4096, ge=1, json_schema_extra=JOB_ONLY)
     """Rows per Arrow batch handed to the scoring function; rows are length-sorted within one."""
-    arrow_max_bytes_per_batch: int = Field(64 << 20, ge=1, json_schema_extra=_JOB_ONLY)
+    arrow_max_bytes_per_batch: int = Field(64 << 20, ge=1, json_schema_extra=JOB_ONLY)
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = Field(None, ge=1)
     """Scoring tasks per chunk; default: the cluster's default parallelism when the input has fewer."""
     max_image_pixels: Optional[int] = Field(None, ge=1)
     """Image tasks: the pixels (width x height, read from the header before decoding) one image may have; a bigger
     one is dead-lettered ``image_too_large``. Default: Pillow's decompression-bomb limit (about 89 million)."""
-    dedup: OnOff = Field("auto", json_schema_extra=_JOB_ONLY)
+    dedup: OnOff = Field("auto", json_schema_extra=JOB_ONLY)
     """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
     ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
 
@@ -327,7 +214,7 @@ def spark_size_mib(text: str) -> Optional[float]:
     return int(size.group(1)) * _MIB_PER_UNIT[(size.group(2) or "m").lower()] if size else None
 
 
-class ScoringResources(_Section):
+class ScoringResources(Section):
     """The Spark resource profile of the scoring stage (stage-level scheduling): set any of ``task_cpus``,
     ``task_gpus``, ``executor_gpus`` or ``executor_memory_overhead`` and the scoring stage (after a repartition, so
     reading keeps the cluster's CPU parallelism) runs with its own profile. A master that cannot honour profiles
@@ -335,19 +222,19 @@ class ScoringResources(_Section):
 
     task_cpus: Optional[int] = Field(None, ge=1)
     """CPUs per scoring task (and torch threads per task); default: ``spark.task.cpus``."""
-    task_gpus: Annotated[Optional[Number], Field(gt=0), _checked(
+    task_gpus: Annotated[Optional[Number], Field(gt=0), checked(
         lambda v: f"must be at most 0.5 or a whole number, got {v}" if v > 0.5 and not v.is_integer() else None
     )] = None
     """GPUs per scoring task: at most 0.5 (tasks share a GPU) or a whole number."""
     executor_gpus: Optional[int] = Field(None, ge=1)
     """GPUs per executor of the profile; needs ``task_gpus`` and dynamic allocation to take effect."""
-    executor_memory_overhead: Annotated[Optional[Text], _checked(
+    executor_memory_overhead: Annotated[Optional[Text], checked(
         lambda v: None if spark_size_mib(v) is not None else f"must be a Spark size such as 512m or 2g, got {v!r}"
     )] = None
     """Off-heap memory per executor of the profile (torch lives here), a Spark size such as ``2g``."""
     partitions: Optional[int] = Field(None, ge=1)
     """Scoring tasks when the profile applies; default: ``scoring.partitions``, else the default parallelism."""
-    discovery_script: Annotated[Optional[Text], _checked(
+    discovery_script: Annotated[Optional[Text], checked(
         lambda v: None if v.strip() else "must be a path, got an empty string"
     )] = None
     """Executor-side path of the GPU discovery script for the profile's executors; default: the cluster's
@@ -376,7 +263,7 @@ class ScoringResources(_Section):
         )
 
 
-class ResourcesConfig(_Section):
+class ResourcesConfig(Section):
     """Per-stage resources (Spark resource profiles), and what they cost."""
 
     scoring: ScoringResources = Field(default_factory=ScoringResources)
@@ -387,73 +274,8 @@ class ResourcesConfig(_Section):
     """What one GPU costs per hour, in the currency of ``price_per_core_hour``."""
 
 
-def _json_text(value: Any) -> Any:
-    """A JSON Schema given as a YAML mapping, as the JSON text the decoder reads."""
-    import json
-
-    return json.dumps(value) if isinstance(value, Mapping) else value
-
-
-def _template_problem(template: str) -> Optional[str]:
-    try:
-        template_parts(template)
-    except ValueError as exc:
-        return str(exc).removeprefix("generate.prompt_template ")
-    return None
-
-
-class GenerateConfig(_Section):
-    """The ``generate`` task: how each row's prompt is rendered and how the model continues it. Greedy by default, so
-    a rerun writes the same text; see ``docs/generation.md``."""
-
-    prompt_template: Annotated[Optional[Text], _checked(_template_problem)] = Field(
-        None, json_schema_extra=_cli("--prompt-template", "TEMPLATE")
-    )
-    """Each row's prompt: ``str.format`` placeholders naming input columns, e.g. ``"Review: {body}\\nSummary:"``; a
-    value is inserted as Spark casts it to a string, and a row with a null in a named column is ``null_input``.
-    Default: the ``text_col`` as it is."""
-    system_prompt: Optional[Text] = Field(None, json_schema_extra=_cli("--system-prompt", "TEXT"))
-    """A system message before every prompt (in the chat template, else above the prompt, a blank line between)."""
-    chat_template: Literal[CHAT_TEMPLATE_MODES] = Field("auto", json_schema_extra=_cli("--chat-template"))
-    """``auto``: wrap the prompt in the tokenizer's chat template when it has one (``apply_chat_template(...,
-    add_generation_prompt=True)``); ``never``: the prompt as it is."""
-    max_new_tokens: int = Field(GenerateOptions.max_new_tokens, ge=1, json_schema_extra=_cli("--max-new-tokens", "N"))
-    """Tokens generated per row at most; a row that reaches it has ``finish_reason`` ``length``."""
-    temperature: Number = Field(GenerateOptions.temperature, ge=0, json_schema_extra=_cli("--temperature"))
-    """0: greedy (the most likely token, deterministic); above 0: sampled, each row from its own generator seeded
-    from ``seed`` and the row's id, so its text does not depend on batching, partitioning, retries or resume."""
-    top_p: Number = Field(GenerateOptions.top_p, gt=0, le=1, json_schema_extra=_cli("--top-p"))
-    """Sampling: draw from the smallest set of tokens whose probabilities add up to this (nucleus sampling)."""
-    seed: int = Field(GenerateOptions.seed, json_schema_extra=_cli("--seed"))
-    """Sampling: the run's seed, combined with each row's id."""
-    stop: Names = Field((), json_schema_extra=_cli("--stop", "TEXT", repeat=True))
-    """Strings that end generation: the text is cut before the first one found (a flag takes one string, and is
-    repeated for more)."""
-    truncate: Literal[TRUNCATE_MODES] = Field("none", json_schema_extra=_cli("--truncate"))
-    """A prompt whose tokens plus ``max_new_tokens`` exceed the model's context: ``none`` dead-letters it
-    (``prompt_too_long``), ``left`` cuts its first tokens."""
-    choices: Names = ()
-    """Instead of generating, score each of these strings (two at least) as a continuation of the prompt and return the
-    most likely (``finish_reason`` ``choice``, the log-probabilities in ``choice_logprobs``): zero-shot labels."""
-    choice_score: Literal[CHOICE_SCORES] = GenerateOptions.choice_score
-    """What ``choices`` are compared by, and what ``choice_logprobs`` holds: ``sum`` of each choice's token
-    log-probabilities (its probability as a continuation, which favours choices of fewer tokens), or their ``mean``
-    per token."""
-    json_schema: Annotated[Optional[Text], BeforeValidator(_json_text)] = None
-    """A JSON Schema (a YAML mapping or JSON text): decoding is constrained so that every text is JSON that validates
-    against it (llguidance)."""
-
-    @model_validator(mode="after")
-    def _options(self) -> "GenerateConfig":
-        try:
-            self.options()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        return self
-
-    def options(self) -> GenerateOptions:
-        """These settings as the head's :class:`~lakescore.udfs.generate_options.GenerateOptions` (part of the model spec)."""
-        return GenerateOptions(**{name: getattr(self, name) for name in type(self).model_fields})
+GenerateConfig = GenerateOptions
+"""The ``generate`` section, declared on the executors' side (:mod:`lakescore.udfs.generate_options`)."""
 
 
 def _baseline(value: str) -> Optional[str]:
@@ -462,12 +284,12 @@ def _baseline(value: str) -> Optional[str]:
     return f"must be previous or a Delta version number, got {_shown(value)}"
 
 
-class DriftConfig(_Section):
+class DriftConfig(Section):
     """The drift gate: this run's predictions against the output's rows at a baseline version, before the publish.
     Every figure the task's outputs allow is computed and reported; a bound set here refuses the publish
     (``drift_exceeded``, exit 1) when the figure passes it. No baseline (a first run): skipped, with a note."""
 
-    baseline: Annotated[Text, _checked(_baseline)] = "previous"
+    baseline: Annotated[Text, checked(_baseline)] = "previous"
     """The output version to compare with: ``previous`` (the output as this run found it) or a Delta version number."""
     max_label_js: Optional[Fraction] = None
     """Tasks with a label (``classify``, ``image_classify``, ``generate`` with ``generate.choices``): refuse when the
@@ -493,7 +315,7 @@ _DRIFT_READS = {"max_label_js": "label", "max_score_psi": "score", "min_id_cosin
 """Each drift bound, and the output it reads (:class:`~lakescore.udfs.registry.OutputProfile`)."""
 
 
-class ValidationConfig(_Section):
+class ValidationConfig(Section):
     """The Great Expectations suite every run must pass before its output is published. Built in: row count,
     columns, types, no nulls in predictions and identity columns, one weights digest, this run's id."""
 
@@ -517,16 +339,16 @@ class ValidationConfig(_Section):
     """The metrics table (Delta, table or path); default: ``<output>_metrics`` beside the output."""
 
 
-class WriteConfig(_Section):
+class WriteConfig(Section):
     """How a run's rows reach the output table."""
 
-    mode: Literal[WRITE_MODES] = Field("overwrite", json_schema_extra=_cli("--write-mode"))
+    mode: Literal[WRITE_MODES] = Field("overwrite", json_schema_extra=cli("--write-mode"))
     """``overwrite``: the table holds the last run. ``replace_run``: only this run's rows are replaced.
     ``incremental``: only rows whose id is new, whose input changed (``input_digest``) or whose output came from
     other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
-    delete_missing: bool = Field(False, json_schema_extra=_cli("--delete-missing"))
+    delete_missing: bool = Field(False, json_schema_extra=cli("--delete-missing"))
     """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
-    full_rescore: bool = Field(False, json_schema_extra=_cli("--full-rescore"))
+    full_rescore: bool = Field(False, json_schema_extra=cli("--full-rescore"))
     """``incremental`` only: score every input row and replace the output with them in one overwrite commit, instead
     of comparing; also turns an output written by ``overwrite`` / ``replace_run`` into an incremental one."""
     deletion_vectors: bool = True
@@ -553,7 +375,7 @@ class WriteConfig(_Section):
         return self
 
 
-class RankConfig(_Section):
+class RankConfig(Section):
     """Top-K per key: after scoring and before validation, keep the best ``top_k`` scored rows of each ``partition_by``
     key, best first by ``order_by``, numbered in a ``rank`` column (1 = best; equal values go to the smallest id). Rows
     ranked out are counted in the report (``ranked_out``), not written. Off unless ``top_k`` is set."""
@@ -598,50 +420,50 @@ def _run_id(value: str) -> Optional[str]:
     )
 
 
-class JobConfig(_Section):
+class JobConfig(Section):
     """One scoring run, fully resolved. Build with :func:`load_config` or :func:`config_from_mapping`."""
 
-    input: Optional[Text] = Field(None, json_schema_extra=_cli("--input", sweep=True))
+    input: Optional[Text] = Field(None, json_schema_extra=cli("--input", sweep=True))
     """The table (``db.table``, ``catalog.schema.table``) or Parquet / Delta path to score."""
-    output: Optional[Text] = Field(None, json_schema_extra=_cli("--output"))
+    output: Optional[Text] = Field(None, json_schema_extra=cli("--output"))
     """The Delta table or path the scores go to, written as ``write.mode`` says."""
-    input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=_cli("--input-format", sweep=True))
+    input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=cli("--input-format", sweep=True))
     """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta``, ``parquet``,
     or ``images``: every image file under the folder, recursively (by extension, any case: jpg, jpeg, png, webp, gif,
     bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
     task: TaskName = Field(
-        "embed", json_schema_extra=_cli("--task", sweep=True),
+        "embed", json_schema_extra=cli("--task", sweep=True),
         description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
     )
-    id_col: Optional[IdColumns] = Field(None, json_schema_extra=_cli("--id-col"))
+    id_col: Optional[IdColumns] = Field(None, json_schema_extra=cli("--id-col"))
     """The input column copied unchanged to the output to identify each row: string, integer or decimal, under any
     name Delta stores (``review.id`` too; no space or ``,;{}()=``); or a list of such columns that together identify
     it (a composite id: ``[user_id, item_id]``, a flag takes ``user_id,item_id``)."""
-    text_col: Optional[Text] = Field(None, json_schema_extra=_cli("--text-col", sweep=True))
+    text_col: Optional[Text] = Field(None, json_schema_extra=cli("--text-col", sweep=True))
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
-    image_col: Optional[Text] = Field(None, json_schema_extra=_cli("--image-col"))
+    image_col: Optional[Text] = Field(None, json_schema_extra=cli("--image-col"))
     """The image column to score (image tasks: ``image_classify``, ``image_embed``): binary, each value a file's bytes
     in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
     (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``: local
     in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a missing
     file is ``missing_file``. Set by ``input_format`` ``images``."""
-    feature_cols: Names = Field((), json_schema_extra=_cli("--feature-cols"))
+    feature_cols: Names = Field((), json_schema_extra=cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
-    feature_prefix: Optional[Text] = Field(None, json_schema_extra=_cli("--feature-prefix"))
+    feature_prefix: Optional[Text] = Field(None, json_schema_extra=cli("--feature-prefix"))
     """``tabular``: use every input column starting with this prefix, in input order (when ``feature_cols`` is empty)."""
-    errors: Optional[Text] = Field(None, json_schema_extra=_cli("--errors"))
+    errors: Optional[Text] = Field(None, json_schema_extra=cli("--errors"))
     """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
     max_error_rate: Fraction = 0.001
     """Fail the run (publishing nothing; the errors table is left as it was, the rows' reasons are in the report and
     the run's staging) when more rows than this fraction fail."""
-    report: Optional[Text] = Field(None, json_schema_extra=_cli("--report", "JSON"))
+    report: Optional[Text] = Field(None, json_schema_extra=cli("--report", "JSON"))
     """Where to write the JSON run report (the HTML page goes beside it)."""
-    run_date: Annotated[Optional[Text], _checked(_run_date)] = Field(
-        None, json_schema_extra=_cli("--run-date", "YYYY-MM-DD")
+    run_date: Annotated[Optional[Text], checked(_run_date)] = Field(
+        None, json_schema_extra=cli("--run-date", "YYYY-MM-DD")
     )
     """``YYYY-MM-DD`` the run is for; the run id defaults to it (so reruns of one date replace each other)."""
-    run_id: Annotated[Optional[Text], _checked(_run_id)] = Field(None, json_schema_extra=_cli("--run-id"))
+    run_id: Annotated[Optional[Text], checked(_run_id)] = Field(None, json_schema_extra=cli("--run-id"))
     """The id written into every row; default: ``run_date``, else a UTC timestamp and a random suffix (a rerun that
     resumes staged chunks keeps the id they were staged under)."""
     progress_seconds: int = Field(15, ge=0)
@@ -660,7 +482,7 @@ class JobConfig(_Section):
     def _shorthands(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
-        data = {key: _shorthand(key, value) for key, value in data.items()}
+        data = {key: _lists_from_text(key, _shorthand(key, value)) for key, value in data.items()}
         if data.get("input_format") == "images":  # a folder's files: the id and image columns are Spark's
             data.update({key: name for key, name in FILE_COLUMNS.items() if data.get(key) is None})
         return data
@@ -801,9 +623,10 @@ class JobConfig(_Section):
         return getattr(options, "deterministic", True)
 
     def task_options(self) -> Any:
-        """The task's own settings as its head takes them (``generate``: :class:`GenerateOptions`), else ``None``."""
+        """The task's own settings section, which its head takes as it is (``generate``: :class:`GenerateOptions`),
+        else ``None``."""
         section = get_task(self.task).options_section
-        return getattr(self, section).options() if section else None
+        return getattr(self, section) if section else None
 
     def resolved_run_id(self) -> Optional[str]:
         """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""
@@ -945,6 +768,20 @@ def _shorthand(key: str, value: Any) -> Any:
     if key in _SHORTHANDS and isinstance(value, (str, os.PathLike)):
         return {_SHORTHANDS[key]: os.fspath(value)}
     return value
+
+
+def _lists_from_text(key: str, value: Any) -> Any:
+    """Section ``key``'s list settings given as text (``a,b``) as their items: the executors' sections
+    (:mod:`lakescore.udfs.settings`) take lists only, so the config reads the text form at its boundary."""
+    section = JobConfig.model_fields.get(key)
+    if section is None or not isinstance(value, Mapping) or not _is_section(section.annotation):
+        return value
+    declared = section.annotation.model_fields
+    return {
+        name: _items(item) if isinstance(item, str) and name in declared
+        and typing.get_origin(_unwrapped(declared[name].annotation)[0]) is tuple else item
+        for name, item in value.items()
+    }
 
 
 def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -1138,6 +975,6 @@ def _message(error: Mapping[str, Any]) -> str:
     hint, metadata = _declared(loc)
     if kind == "literal_error":
         return f"{key} must be one of {', '.join(map(str, _choices(hint)))}, got {value!r}"
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal"):
-        return f"{key} must be {_bounds_text(metadata)}, got {_number(value) if hint is float else value}"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "finite_number"):
+        return f"{key} must be {_bounds_text(metadata)}, got {as_number(value) if hint is float else value}"
     return f"{key}: {error['msg']}"

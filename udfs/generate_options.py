@@ -1,15 +1,20 @@
-"""The ``generate`` task's settings and prompt templates: plain Python, so the config and the driver read them
-without the model runtime (:mod:`lakescore.udfs.generate` is the head)."""
+"""The ``generate`` task's settings (the config schema's ``generate`` section) and prompt templates: the config and
+the driver read them without the model runtime (:mod:`lakescore.udfs.generate` is the head).
+
+A new generate setting is one field of :class:`GenerateOptions` (its type, bounds, default, docstring and flag), plus
+what the head does with it."""
 
 from __future__ import annotations
 
 import json
 import string
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from lakescore.udfs.registry import TASKS
+from lakescore.udfs.settings import ConfigError, Number, Section, Strings, Text, checked, cli
 
 __all__ = [
     "GenerateOptions", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "CHOICE_SCORES", "FINISH_REASONS", "template_parts",
@@ -25,73 +30,79 @@ FINISH_REASONS = TASKS["generate"].output_value_sets["finish_reason"]
 """``stop``: EOS, a stop string or the end of the JSON schema; ``length``: ``max_new_tokens`` reached; ``choice``: scored."""
 
 
-@dataclass(frozen=True)
-class GenerateOptions:
-    """How the ``generate`` task renders prompts and generates: frozen, hashable, picklable (part of the spec).
+def _json_text(value: Any) -> Any:
+    """A JSON Schema given as a YAML mapping, as the JSON text the decoder reads."""
+    return json.dumps(value) if isinstance(value, Mapping) else value
 
-    Lists given for ``stop`` and ``choices`` are kept as tuples. ``ValueError`` (one line) for a bad value.
-    """
 
-    prompt_template: Optional[str] = None
-    """``str.format`` placeholders naming input columns (``"Review: {text}\\nSummary:"``); ``None``: the text column.
-    The job renders each row's prompt from it (:func:`template_parts`); the head reads the rendered prompt."""
-    system_prompt: Optional[str] = None
-    chat_template: str = "auto"
-    """``auto``: through the tokenizer's chat template when it has one; ``never``: the prompt as it is."""
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    """0: greedy; above: sampled, each row from its own generator."""
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    """The text is cut before the first of these, and generation stops there."""
-    truncate: str = "none"
-    """``none``: a prompt too long for the context is ``prompt_too_long``; ``left``: its first tokens are cut."""
-    choices: tuple[str, ...] = ()
-    """Score these as continuations of the prompt and return the best, instead of generating (two at least)."""
-    choice_score: str = "sum"
-    """What ``choices`` are compared by (:data:`CHOICE_SCORES`), and what ``choice_logprobs`` holds."""
-    json_schema: Optional[str] = None
-    """JSON text of a JSON Schema: generation is constrained so each text is JSON that validates against it."""
+def _template_problem(template: str) -> Optional[str]:
+    try:
+        template_parts(template)
+    except ValueError as exc:
+        return str(exc).removeprefix("generate.prompt_template ")
+    return None
 
-    def __post_init__(self) -> None:
-        for name in ("stop", "choices"):
-            value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                raise ValueError(f"generate.{name} must be a list of strings, got {value!r}")
-            object.__setattr__(self, name, tuple(value))
-        if self.chat_template not in CHAT_TEMPLATE_MODES:
-            raise ValueError(f"generate.chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {self.chat_template!r}")
-        if self.truncate not in TRUNCATE_MODES:
-            raise ValueError(f"generate.truncate must be one of {', '.join(TRUNCATE_MODES)}, got {self.truncate!r}")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"generate.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not 0 <= self.temperature < float("inf"):
-            raise ValueError(f"generate.temperature must be >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"generate.top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"generate.seed must be an integer, got {self.seed!r}")
+
+class GenerateOptions(Section):
+    """The ``generate`` task: how each row's prompt is rendered and how the model continues it. Greedy by default, so
+    a rerun writes the same text; see ``docs/generation.md``."""
+
+    prompt_template: Annotated[Optional[Text], checked(_template_problem)] = Field(
+        None, json_schema_extra=cli("--prompt-template", "TEMPLATE")
+    )
+    """Each row's prompt: ``str.format`` placeholders naming input columns, e.g. ``"Review: {body}\\nSummary:"``; a
+    value is inserted as Spark casts it to a string, and a row with a null in a named column is ``null_input``.
+    Default: the ``text_col`` as it is."""
+    system_prompt: Optional[Text] = Field(None, json_schema_extra=cli("--system-prompt", "TEXT"))
+    """A system message before every prompt (in the chat template, else above the prompt, a blank line between)."""
+    chat_template: Literal[CHAT_TEMPLATE_MODES] = Field("auto", json_schema_extra=cli("--chat-template"))
+    """``auto``: wrap the prompt in the tokenizer's chat template when it has one (``apply_chat_template(...,
+    add_generation_prompt=True)``); ``never``: the prompt as it is."""
+    max_new_tokens: int = Field(64, ge=1, json_schema_extra=cli("--max-new-tokens", "N"))
+    """Tokens generated per row at most; a row that reaches it has ``finish_reason`` ``length``."""
+    temperature: Number = Field(0.0, ge=0, allow_inf_nan=False, json_schema_extra=cli("--temperature"))
+    """0: greedy (the most likely token, deterministic); above 0: sampled, each row from its own generator seeded
+    from ``seed`` and the row's id, so its text does not depend on batching, partitioning, retries or resume."""
+    top_p: Number = Field(1.0, gt=0, le=1, json_schema_extra=cli("--top-p"))
+    """Sampling: draw from the smallest set of tokens whose probabilities add up to this (nucleus sampling)."""
+    seed: int = Field(0, json_schema_extra=cli("--seed"))
+    """Sampling: the run's seed, combined with each row's id."""
+    stop: Strings = Field((), json_schema_extra=cli("--stop", "TEXT", repeat=True))
+    """Strings that end generation: the text is cut before the first one found (a flag takes one string, and is
+    repeated for more)."""
+    truncate: Literal[TRUNCATE_MODES] = Field("none", json_schema_extra=cli("--truncate"))
+    """A prompt whose tokens plus ``max_new_tokens`` exceed the model's context: ``none`` dead-letters it
+    (``prompt_too_long``), ``left`` cuts its first tokens."""
+    choices: Strings = ()
+    """Instead of generating, score each of these strings (two at least) as a continuation of the prompt and return the
+    most likely (``finish_reason`` ``choice``, the log-probabilities in ``choice_logprobs``): zero-shot labels."""
+    choice_score: Literal[CHOICE_SCORES] = "sum"
+    """What ``choices`` are compared by, and what ``choice_logprobs`` holds: ``sum`` of each choice's token
+    log-probabilities (its probability as a continuation, which favours choices of fewer tokens), or their ``mean``
+    per token."""
+    json_schema: Annotated[Optional[Text], BeforeValidator(_json_text)] = None
+    """A JSON Schema (a YAML mapping or JSON text): decoding is constrained so that every text is JSON that validates
+    against it (llguidance)."""
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "GenerateOptions":
         if any(s == "" for s in self.stop):
-            raise ValueError("generate.stop holds an empty string; every stop string needs at least one character")
+            raise ConfigError("generate.stop holds an empty string; every stop string needs at least one character")
         if any(c == "" for c in self.choices) or len(set(self.choices)) != len(self.choices):
-            raise ValueError(f"generate.choices must be distinct non-empty strings, got {list(self.choices)!r}")
+            raise ConfigError(f"generate.choices must be distinct non-empty strings, got {list(self.choices)!r}")
         if len(self.choices) == 1:  # one choice would label every row with it, whatever the model says
-            raise ValueError(f"generate.choices needs two choices at least, got {list(self.choices)!r}")
-        if self.choice_score not in CHOICE_SCORES:
-            raise ValueError(f"generate.choice_score must be one of {', '.join(CHOICE_SCORES)}, got {self.choice_score!r}")
+            raise ConfigError(f"generate.choices needs two choices at least, got {list(self.choices)!r}")
         if self.choices and self.json_schema is not None:
-            raise ValueError("generate.choices and generate.json_schema exclude each other: choices are scored, not generated")
+            raise ConfigError("generate.choices and generate.json_schema exclude each other: choices are scored, not generated")
         if self.json_schema is not None:
             try:
                 schema = json.loads(self.json_schema)
-            except (TypeError, json.JSONDecodeError) as exc:
-                raise ValueError(f"generate.json_schema is not JSON text: {exc}") from None
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"generate.json_schema is not JSON text: {exc}") from None
             if not isinstance(schema, dict):
-                raise ValueError(f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}")
+                raise ConfigError(f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}")
             _check_json_schema(schema)
-        if self.prompt_template is not None:
-            template_columns(self.prompt_template)  # refuses a malformed template now, not on the executors
+        return self
 
     @property
     def greedy(self) -> bool:
@@ -104,7 +115,7 @@ class GenerateOptions:
 
     def identity(self) -> dict[str, Any]:
         """Every setting, by name: what a spec digest covers."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
 
 def _check_json_schema(schema: dict) -> None:
@@ -117,7 +128,7 @@ def _check_json_schema(schema: dict) -> None:
         validator_for(schema).check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
-        raise ValueError(f"generate.json_schema is not a valid JSON Schema: at {where}: {exc.message}") from None
+        raise ConfigError(f"generate.json_schema is not a valid JSON Schema: at {where}: {exc.message}") from None
 
 
 def model_context(positions: Optional[int], max_seq_length: Optional[int], tokenizer_limit: Optional[int]) -> Optional[int]:
@@ -135,7 +146,7 @@ def model_context(positions: Optional[int], max_seq_length: Optional[int], token
 def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
     """:class:`~lakescore.udfs.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no token of
     ``context`` for a prompt: the rule the driver checks first (:func:`check_context`) and the executors on load."""
-    from lakescore.udfs.model_source import UnfitModelError
+    from lakescore.udfs.errors import UnfitModelError
 
     most = (spec.generate or GenerateOptions()).max_new_tokens
     if context is not None and most >= context:

@@ -26,12 +26,12 @@ The weights digest is what every output row carries as ``model_sha256``:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, make_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-if TYPE_CHECKING:
-    from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.errors import ModelIntegrityError, ModelSourceError, UnfitModelError
+from lakescore.udfs.model_options import BACKENDS, DEVICES, DRIVER_ONLY, DTYPES, POOLING_MODES, QUANTIZATIONS, ModelOptions
 
 __all__ = [
     "ModelSourceError",
@@ -68,68 +68,11 @@ weights (lakescore exports its own ONNX graph). Every other non-weight file can 
 PICKLE_SUFFIXES = (".bin", ".pth", ".ckpt")
 """Weight files that are Python pickles: loading one can run arbitrary code."""
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("torch", "onnx")
-"""What runs the transformer forward: torch, or ONNX Runtime on a graph exported from the same weights."""
-QUANTIZATIONS = ("none", "int8")
-"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.quantize`), lossy and guarded by a tolerance."""
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-"""sentence-transformers' pooling modes, every one of which the embed head computes (:func:`lakescore.udfs.embed.pool`)."""
-
 _CHUNK = 8 << 20
 
 
-class ModelSourceError(RuntimeError):
-    """The model source cannot be found, fetched or read, or holds weights we refuse to load."""
-
-
-class ModelIntegrityError(ModelSourceError):
-    """The weights found are not the weights the run was pinned to (``--expect-sha256``)."""
-
-
-class UnfitModelError(ModelSourceError):
-    """The model does not fit its task: an architecture of another kind, weights the task's output reads that the
-    checkpoint lacks (transformers would initialise them at random), or a tokenizer the task's engine cannot use.
-    Its message is the one line an operator reads."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything a worker needs to load the same model the driver chose.
-
-    Small, frozen and picklable: it is what crosses to the executors, never
-    the model itself. It is also the process-wide cache key.
-    """
-
-    task: str
-    source: str
-    revision: Optional[str] = None
-    device: str = "cpu"
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (workers resolve ``auto``/``cuda`` per task)."""
-    dtype: str = "float32"
-    max_seq_length: Optional[int] = None
-    pooling: Optional[str] = None
-    normalize: Optional[bool] = None
-    prompt_name: Optional[str] = None
-    """The embedding model's prompt to prepend (a key of its sentence-transformers ``prompts``); ``None``: its
-    ``default_prompt_name``'s, if any, as ``SentenceTransformer.encode`` does."""
-    allow_pickle: bool = False
-    """Load pickle-based weights (``pytorch_model.bin``); off: only safetensors / TorchScript / torch.export."""
-    trust_remote_code: bool = False
-    expect_sha256: Optional[str] = None
-    """When set, a process whose weights hash differently refuses to score (:class:`ModelIntegrityError`)."""
-    feature_cols: tuple[str, ...] = ()
-    """Input columns of a tabular model, in the order the program takes them."""
-    backend: str = "torch"
-    """``torch`` or ``onnx`` (:mod:`lakescore.udfs.backends`)."""
-    quantize: str = "none"
-    """``none`` or ``int8`` (ONNX backend only)."""
-    generate: Optional["GenerateOptions"] = None
-    """The ``generate`` task's prompt and decoding settings (:class:`lakescore.udfs.generate_options.GenerateOptions`)."""
-    cache_dir: str = field(default="~/.cache/lakescore/models", compare=False)
-    """Where each host keeps what it derives from the model (exported ONNX graphs). Not part of the
-    model's identity: excluded from equality, hashing and :meth:`identity`."""
+class _SpecMethods:
+    """What :class:`ModelSpec` computes from its fields."""
 
     def identity(self) -> dict:
         """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key. ``generate`` counts
@@ -160,6 +103,45 @@ class ModelSpec:
     def float32_reference(self) -> "ModelSpec":
         """The same weights at float32, unquantized: what a reduced-precision run is checked against."""
         return replace(self, quantize="none", dtype="float32", expect_sha256=None)
+
+    @classmethod
+    def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), generate: Any = None) -> "ModelSpec":
+        """The spec of ``task`` with the ``model`` section's settings (the weights digest pin in lower case) and, for
+        ``generate``, its :class:`~lakescore.udfs.generate_options.GenerateOptions`."""
+        settings = {name: getattr(model, name) for name in _MODEL_SETTINGS}
+        pin = settings["expect_sha256"]
+        settings["expect_sha256"] = pin.lower() if pin else None
+        return cls(task=task, **settings, feature_cols=feature_cols, generate=generate)
+
+
+_MODEL_SETTINGS = tuple(name for name in ModelOptions.model_fields if name not in DRIVER_ONLY)
+"""The ``model`` section's settings a worker reads: the spec's fields besides the task's."""
+
+
+def _spec_fields() -> Iterator[tuple]:
+    """The spec's fields: the task, then each of :data:`_MODEL_SETTINGS` as the section declares it (``source``
+    required; ``cache_dir`` outside equality, hashing and :meth:`~_SpecMethods.identity`), then what the job derives."""
+    yield "task", str
+    for name in _MODEL_SETTINGS:
+        info = ModelOptions.model_fields[name]
+        if name == "source":  # what the spec is of: the one setting without a default
+            yield name, str
+        else:
+            yield name, info.annotation, field(default=info.default, compare=name != "cache_dir")
+    yield "feature_cols", "tuple[str, ...]", field(default=())
+    yield "generate", "Optional[GenerateOptions]", field(default=None)  # a name only: the options import this module
+
+
+ModelSpec = make_dataclass("ModelSpec", list(_spec_fields()), bases=(_SpecMethods,), frozen=True)
+ModelSpec.__module__ = __name__  # pickled by name: executors import it from here
+ModelSpec.__doc__ = """Everything a worker needs to load the same model the driver chose.
+
+Small, frozen and picklable: it is what crosses to the executors, never the model itself. It is also the process-wide
+cache key. Its fields are the ``model`` section's (:class:`~lakescore.udfs.model_options.ModelOptions`, declared
+there once) but :data:`~lakescore.udfs.model_options.DRIVER_ONLY`, plus the ``task``, a tabular model's
+``feature_cols`` (in the order the program takes them) and the ``generate`` task's settings
+(:class:`~lakescore.udfs.generate_options.GenerateOptions`).
+"""
 
 
 def is_remote(source: str) -> bool:

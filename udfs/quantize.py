@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from lakescore.udfs.model_source import ModelSourceError
+from lakescore.udfs.errors import ModelSourceError
 
 __all__ = [
     "RECIPE", "Tolerance", "QuantizationToleranceError", "quantize_int8", "quantized_nodes", "check_fidelity", "recipe",

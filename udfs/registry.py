@@ -57,6 +57,9 @@ class InputKind:
     file_extensions: tuple[str, ...] = ()
     """The file name extensions (lower case) a folder input of this kind reads (``input_format`` ``images``); ``()``:
     this kind reads tables only."""
+    timed_rows: int = 16
+    """Copies of the preflight sample the preflight scores as one batch, timed: the model's seconds per row, by which
+    the scoring stage decides whether shuffling the rows for finer progress is worth its cost. 0: not timed."""
 
     @property
     def is_text(self) -> bool:
@@ -74,20 +77,21 @@ class InputKind:
 
         return getattr(runners, self.runner_name)
 
-    def preflight_sample(self, spec: ModelSpec) -> Any:
-        """One input row, as the head's ``score`` takes it, for the executors' preflight."""
+    def preflight_sample(self, spec: ModelSpec, rows: int = 1) -> Any:
+        """``rows`` copies of one input row, as the head's ``score`` takes them, for the executors' preflight."""
         import numpy as np
 
         if self.name == "image":
             from lakescore.udfs.images import preflight_image
 
-            return [preflight_image()]
-        return ["lakescore preflight"] if self.is_text else np.zeros((1, len(spec.feature_cols)))
+            return [preflight_image()] * rows
+        return ["lakescore preflight"] * rows if self.is_text else np.zeros((rows, len(spec.feature_cols)))
 
 
 TEXT = InputKind("text", "TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
-PROMPT = InputKind(
-    "text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True, column_setting="text_col"
+PROMPT = InputKind(  # not timed: a batch of prompts is a whole generation each
+    "text", "PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True, column_setting="text_col",
+    timed_rows=0,
 )
 """One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""
 FEATURES = InputKind("features", "MatrixRunner")

@@ -133,7 +133,7 @@ class ScoredBatch:
                   "tokens_in": self.tokens_in, "tokens_out": self.tokens_out, "requests": self.requests,
                   "retries": self.retries, "rate_limited": self.rate_limited}
         arrays = kept + self.predictions + [
-            pa.array([self.sha256] * n, type=pa.string()),
+            pa.repeat(pa.scalar(self.sha256, pa.string()), n),  # in Arrow's C++: a Python list costs per row
             pa.array(self.reasons, type=pa.string()),
             pa.array(self.errors, type=pa.string()),
             pa.array(self.raw_inputs, type=pa.string()),
@@ -195,7 +195,7 @@ def _traffic(head: Any) -> dict[str, int]:
 
 PREFLIGHT_SCHEMA = (
     "host string, pid int, device string, sha256 string, revision string, seconds double, loaded boolean, "
-    "error_type string, error string, fidelity string, files string"
+    "error_type string, error string, fidelity string, files string, row_seconds double"
 )
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
@@ -232,9 +232,14 @@ def make_preflight_function(
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
             model, resolved, loads = model_for_this_worker(spec)
-            rows = np.asarray(model.scorer.score(get_task(spec.task).input_kind.preflight_sample(spec))).shape[0]
+            kind = get_task(spec.task).input_kind
+            rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
+            if kind.timed_rows:
+                timed = time.perf_counter()
+                model.scorer.score(kind.preflight_sample(spec, kind.timed_rows))
+                row["row_seconds"] = (time.perf_counter() - timed) / kind.timed_rows
             row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
                        files=json.dumps(model_file_digests(model.model_dir) if model.model_dir else {}, sort_keys=True))
             if resolved.reduced_precision and sample and _first_task():

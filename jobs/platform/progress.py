@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-__all__ = ["ProgressReporter", "progress_partitions", "uneven_last_wave", "TASKS_PER_SLOT"]
+__all__ = ["ProgressReporter", "progress_partitions", "uneven_last_wave", "scoring_tasks", "TASKS_PER_SLOT"]
 
 log = logging.getLogger("lakescore.progress")
 
@@ -61,6 +61,23 @@ def uneven_last_wave(partitions: int, slots: int) -> bool:
     """
     slots = max(1, slots)
     return partitions % slots != 0 and partitions <= slots * TASKS_PER_SLOT
+
+
+def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: Optional[float], interval: float) -> Optional[int]:
+    """Tasks to repartition ``rows`` rows read in ``planned`` partitions into before scoring
+    (:func:`progress_partitions`), or ``None`` to score them as read: kept when they fill every slot in even waves
+    and either are already that many or each of their tasks scores within ``interval`` seconds at ``row_seconds``
+    per row (``None``: unknown), since then the shuffle would cost more than the progress it shows.
+
+    >>> scoring_tasks(1, 2, 12000, 0.01, 15), scoring_tasks(4, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, 1e-3, 15)
+    (8, None, 8)
+    >>> scoring_tasks(3, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, None, 15), scoring_tasks(40, 2, 10**7, None, 15)
+    (8, 8, None)
+    """
+    wanted = progress_partitions(rows, slots)
+    idle_slot = planned < slots or uneven_last_wave(planned, slots)
+    long_tasks = row_seconds is None or rows / planned * row_seconds > interval
+    return wanted if idle_slot or (planned < wanted and long_tasks) else None
 
 
 class ProgressReporter:

@@ -68,6 +68,9 @@ class ModelIdentity:
     (:func:`~lakescore.udfs.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
+    row_seconds: Optional[float] = None
+    """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
+    :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
 
 
 class PythonWorkerStart:
@@ -145,9 +148,11 @@ def preflight_model(
             f"executors found different model files (configs, tokenizer) for model {spec.source!r} on {hosts}; refusing to score"
         )
     loads = sorted(r.seconds for r in rows)
+    timed = [r.row_seconds for r in rows if r.row_seconds is not None]
     log.info(
-        "model ready in %d executor task(s) on %s (slowest %.1f s; weights sha256 %s)",
-        len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1], digests[0],
+        "model ready in %d executor task(s) on %s (slowest %.1f s%s; weights sha256 %s)",
+        len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1],
+        f", {max(timed) * 1e6:.1f} us a row on a batch of its sample" if timed else "", digests[0],
     )
     checked = next((r for r in rows if r.fidelity), None)
     if checked is not None:
@@ -156,6 +161,7 @@ def preflight_model(
         model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
+        row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )

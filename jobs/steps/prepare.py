@@ -33,6 +33,10 @@ __all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", 
 
 log = logging.getLogger(__name__)
 
+RESCAN_CHUNKS = 8
+"""Up to this many chunks, a run whose rows to score are a plain scan of its pinned input reads the input once per chunk
+instead of writing a prepared copy: a scan costs a small fraction of writing the rows (BENCHMARKS.md, issue 46)."""
+
 RANKED_STAGING = 2
 """What a ranked run's staging holds, part of its key: 2, each key's kept rows, chunks cut by key (1: every scored row)."""
 
@@ -68,6 +72,9 @@ class Plan:
     prepared: Optional[Staging] = None
     """More than one chunk: where the rows to score are written once, partitioned by chunk, so the input is
     scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
+    rescanned: bool = False
+    """More than one chunk without :attr:`prepared`: each chunk reads its rows from the pinned input
+    (:func:`~lakescore.jobs.steps.staging.chunk_column` of :func:`~lakescore.jobs.steps.rank.chunk_columns`)."""
     prepared_ready: bool = False
     """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
     file_status: bool = False
@@ -82,8 +89,8 @@ class Plan:
 
     @property
     def input_scans(self) -> int:
-        """Reads of the rows to score by the scoring step: one per chunk left for a one-chunk run, else one
-        (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt wrote it."""
+        """Reads of the rows to score by the scoring step: one per chunk left for a one-chunk or :attr:`rescanned`
+        run, else one (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt wrote it."""
         left = self.chunks - len(self.done)
         if left == 0 or self.prepared_ready:
             return 0
@@ -224,7 +231,11 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     # a run key of a release that staged every scored row must not resume.
     key = run_key({**facts, "chunks": chunks, "dedup": dedup.used, **({"ranked_staging": RANKED_STAGING} if cfg.rank.enabled else {})})
     staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
-    prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 else None
+    # Rescanning suits rows that are only read: refused ids (an anti join), digests or an incremental comparison
+    # make them a computation that the prepared copy does once.
+    rescanned = (chunks > 1 and chunks <= RESCAN_CHUNKS and run.rescannable and not split.ids.refused_rows
+                 and changes is None and not dedup.used)
+    prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 and not rescanned else None
     done = frozenset(staging.committed_chunks())
     # A rerun that resumes staged chunks goes on as the run that staged them: its publish may already be
     # committed (with that run id in every row), and the errors table and report must name the same run.
@@ -241,6 +252,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         dedup=dedup,
         digested=digested if dedup.used and changes is None else None,
         prepared=prepared,
+        rescanned=rescanned,
         prepared_ready=prepared is not None and prepared.exists(),
         ranked=cfg.rank.enabled,
         file_status=targets.file_status,

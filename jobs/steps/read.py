@@ -28,7 +28,7 @@ from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.platform.identifiers import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
+    OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
     read_files, read_input, read_pinned,
 )
 from lakescore.jobs.steps.preflight import PythonWorkerStart
@@ -76,11 +76,19 @@ class RunContext:
     """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
     ignored_files: Optional[int] = None
     """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
+    input_pinned: bool = False
+    """The input is a Delta version or a Parquet path's file listing: reading it again gives the same rows."""
 
     @property
     def reads_paths(self) -> bool:
         """The model's input is the files an image column of paths names (:func:`read_image_files`)."""
         return self.input_cols[0] == IMAGE_COLUMN
+
+    @property
+    def rescannable(self) -> bool:
+        """Reading the model's input again costs one scan of pinned files: no file an image column of paths names is
+        read (:attr:`reads_paths`)."""
+        return self.input_pinned and not self.reads_paths
 
     @property
     def id_fields(self) -> list[StructField]:
@@ -119,16 +127,9 @@ class Targets:
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
-    """The worker-side model key for ``cfg``: every ``model.*`` setting the spec has a field of that name for, plus
-    what the spec derives (the task, the feature columns, the weights digest pin in lower case, the task's own
-    settings section, e.g. ``generate``)."""
-    pin = cfg.model.expect_sha256
-    derived = {"task": cfg.task, "feature_cols": feature_cols, "expect_sha256": pin.lower() if pin else None}
-    section = get_task(cfg.task).options_section
-    if section:
-        derived[section] = cfg.task_options()
-    shared = {f.name for f in dataclasses.fields(ModelSpec)} & set(type(cfg.model).model_fields) - set(derived)
-    return ModelSpec(**{name: getattr(cfg.model, name) for name in shared}, **derived)
+    """The worker-side model key for ``cfg``: its ``model`` section's settings, the task, the feature columns and the
+    task's own settings section (``generate``)."""
+    return ModelSpec.of(cfg.task, cfg.model, feature_cols, cfg.task_options())
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
@@ -159,8 +160,14 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     return RunContext(
         cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start,
-        ignored_files=ignored,
+        ignored_files=ignored, input_pinned=_pinned(cfg, input_version),
     )
+
+
+def _pinned(cfg: JobConfig, input_version: Optional[int]) -> bool:
+    """Whether :func:`read_source` pinned the input to one snapshot: a Delta version, or a Parquet path's listing (a
+    table of another format is read as it is)."""
+    return input_version is not None or (cfg.input_format != "images" and TableRef.parse(cfg.input, "input").is_path)
 
 
 def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optional[int], Optional[int]]:

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.profiles import scoring_profile
-from lakescore.jobs.platform.progress import ProgressReporter, progress_partitions, uneven_last_wave
+from lakescore.jobs.platform.progress import ProgressReporter, scoring_tasks
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
@@ -27,7 +27,7 @@ from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.preflight import stop_served_engines
 from lakescore.jobs.steps.rank import chunk_columns, keep_top
-from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
+from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.model_source import ModelSpec
@@ -175,7 +175,12 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     """The rows of ``chunk`` to stage (lazy): its rows scored, once per distinct input when deduplicating; with
     ``rank`` only each key's kept rows and the rows that failed (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     cfg = run.cfg
-    part = plan.scorable if plan.prepared is None else plan.prepared.chunk(chunk)
+    if plan.prepared is not None:
+        part = plan.prepared.chunk(chunk)
+    elif plan.rescanned:
+        part = plan.scorable.where(chunk_column(chunk_columns(cfg), plan.chunks) == chunk)
+    else:
+        part = plan.scorable
 
     def score(df: DataFrame, keep: list[str], key: Optional[str] = None) -> DataFrame:  # key: the row's (default keep[0])
         return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0])
@@ -194,19 +199,19 @@ def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     """A few scoring tasks per slot unless configured, so progress moves before the first wave of tasks ends
     (accumulators merge when a task ends), but never so many that task overhead dominates
     (:func:`~lakescore.jobs.platform.progress.progress_partitions`). Over Spark Connect,
-    where the planned partitions are unknown without a job, the layout stays as configured."""
+    where the planned partitions are unknown without a job, the layout stays as configured. A cheap model scores
+    the input's own partitions (:func:`~lakescore.jobs.platform.progress.scoring_tasks`, at the speed the preflight
+    measured: :attr:`~lakescore.jobs.steps.preflight.ModelIdentity.row_seconds`)."""
     if run.layout.partitions is not None:
         return run.layout
     planned = partition_count(plan.scorable)
     if planned is None:
         return run.layout
     rows_per_chunk = math.ceil(plan.scorable_rows / plan.chunks)
-    slots = default_parallelism(run.spark)
-    wanted = progress_partitions(rows_per_chunk, slots)
-    # An input's own few partitions (3 files on 2 slots) would leave a slot idle for the last wave: on a stage
-    # that is mostly model time, repartitioning the input is the cheaper cost.
-    if planned < wanted or uneven_last_wave(planned, slots):
-        return dataclasses.replace(run.layout, partitions=wanted)
+    tasks = scoring_tasks(planned, default_parallelism(run.spark), rows_per_chunk, plan.identity.row_seconds,
+                          run.cfg.progress_seconds)
+    if tasks is not None:
+        return dataclasses.replace(run.layout, partitions=tasks)
     return run.layout
 
 

@@ -34,3 +34,27 @@ def test_chunks_read_the_input_once_and_a_rerun_not_at_all(spark, tmp_path, tiny
     assert rerun.output_rows == 10 and rerun.dedup["forward_passes_saved"] >= 4  # at most 2 distinct texts in each of 3 chunks
     assert read_output(spark, str(output))["review_id"].tolist() == list(range(1, 11))
     assert not staging_root.exists()  # staging and the chunked rows are gone after the publish
+
+
+def test_a_plain_pinned_input_is_read_once_per_chunk_without_a_prepared_copy(spark, tmp_path, tiny_classifier_dir):
+    """Rows to score that are the pinned input as it is (no dedup digest, no refused id, not incremental) are read
+    from it by each chunk: no prepared copy is written, and a rerun resumes every chunk from staging."""
+    frame = pd.DataFrame({"review_id": range(1, 11), "body": [f"text {i}" for i in range(1, 11)], "stars": 3})
+    source, output = tmp_path / "reviews", tmp_path / "labels"
+    spark.createDataFrame(frame).write.parquet(str(source))
+
+    def run(**flags):
+        return run_scoring(load_config(flags={
+            "input": str(source), "output": str(output), "task": "classify", "model.source": str(tiny_classifier_dir),
+            "id_col": "review_id", "text_col": "body", "write.chunk_rows": 4, "scoring.dedup": "off", "run_id": "rescan",
+            **flags,
+        }), spark)
+
+    failed = run(**{"validation.min_rows": 1000})
+    assert failed.status == "validation_failed" and failed.chunks["total"] == 3 and failed.input_scans == 3
+    staging_root = tmp_path / "_lakescore_staging" / "labels"
+    assert [p.name for p in staging_root.iterdir() if p.name.endswith("_rows")] == []
+
+    rerun = run()
+    assert rerun.status == "succeeded" and rerun.chunks["skipped"] == 3 and rerun.input_scans == 0
+    assert read_output(spark, str(output))["review_id"].tolist() == list(range(1, 11))  # each row in one chunk

@@ -187,3 +187,19 @@ def test_a_batch_with_no_scorable_row_comes_back_null_with_reasons(minilm_dir, t
     bad = pa.record_batch({"id": pa.array([7], pa.int64()), **{f: pa.array([float("nan")]) for f in features}})
     (row,) = pa.Table.from_batches(list(score(iter([bad])))).to_pylist()
     assert row["prediction"] is None and row["scores"] is None and row["_reason"] == "bad_feature_value"
+
+
+def test_the_preflight_times_a_batch_of_its_sample_except_for_generation(tiny_tabular, tiny_causal_lm_dir, tmp_path):
+    """The preflight's seconds per row decide whether the scoring stage shuffles rows for progress: measured on a batch
+    of the sample for a tabular program, not for generation (a batch of prompts would be a whole generation)."""
+    from lakescore.udfs.scoring_udf import make_preflight_function
+
+    def row(spec):
+        (batch,) = list(make_preflight_function(spec)(iter([pa.record_batch({"id": pa.array([0])})])))
+        return batch.to_pylist()[0]
+
+    _, script, _ = tiny_tabular
+    tabular = row(ModelSpec("tabular", str(script), feature_cols=("a", "b", "c", "d"), cache_dir=str(tmp_path)))
+    assert tabular["error"] is None and 0 < tabular["row_seconds"] < tabular["seconds"]
+    generate = row(ModelSpec("generate", str(tiny_causal_lm_dir), cache_dir=str(tmp_path)))
+    assert generate["error"] is None and generate["row_seconds"] is None

@@ -1,0 +1,97 @@
+"""The ``model`` section of the config schema: where the model comes from and how its outputs are shaped.
+
+Declared here, on the executors' side, because the worker's :class:`~lakescore.udfs.model_source.ModelSpec` takes its
+fields from it (all but :data:`DRIVER_ONLY`); :mod:`lakescore.jobs.config` uses it as its ``model`` section.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, model_validator
+
+from lakescore.udfs.quantize import Tolerance
+from lakescore.udfs.settings import ConfigError, Fraction, Section, Text, checked, cli
+
+__all__ = ["ModelOptions", "DRIVER_ONLY", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS", "POOLING_MODES"]
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("torch", "onnx")
+"""What runs the transformer forward: torch, or ONNX Runtime on a graph exported from the same weights."""
+QUANTIZATIONS = ("none", "int8")
+"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.quantize`), lossy and guarded by a tolerance."""
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+"""sentence-transformers' pooling modes, every one of which the embed head computes (:func:`lakescore.udfs.embed.pool`)."""
+
+
+class ModelOptions(Section):
+    """Where the model comes from and how its outputs are shaped. Given as one string (``model: /models/minilm``),
+    the section is its ``source``."""
+
+    source: Optional[Text] = Field(None, json_schema_extra=cli("--model", sweep=True))
+    """A model directory (tabular: a ``.pt`` / ``.pt2`` file or a directory holding one), a Hadoop URI (``s3a://``,
+    ``dbfs:/``, ``file:/``: copied once per host), an MLflow model (``models:/name/version``, ``models:/name@alias``,
+    ``runs:/<run>/<path>``) or a Hugging Face hub id."""
+    revision: Optional[Text] = Field(None, json_schema_extra=cli("--revision", sweep=True))
+    """Hub branch, tag or commit (recorded as ``model_revision``: for hub ids the resolved commit, for MLflow models
+    the registry version); for other sources recorded as given."""
+    device: Literal[DEVICES] = Field("cpu", json_schema_extra=cli("--device"))
+    """Where workers run the model: ``cpu``, ``cuda``, or ``auto`` (CUDA where the worker sees a GPU; the GPU is the
+    one Spark assigned the task)."""
+    dtype: Literal[DTYPES] = Field("float32", json_schema_extra=cli("--dtype"))
+    """Model precision; ``float16`` on CUDA only."""
+    expect_sha256: Annotated[Optional[Text], checked(
+        lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v.strip().lower()) else f"must be 64 hex digits, got {v!r}"
+    )] = Field(None, json_schema_extra=cli("--expect-sha256", "HEX"))
+    """Refuse to score (exit 2, nothing written) unless the weights digest equals this hex."""
+    allow_pickle: bool = Field(False, json_schema_extra=cli("--allow-pickle"))
+    """Allow pickle-based weights (``pytorch_model.bin``): loading them can run arbitrary code."""
+    trust_remote_code: bool = Field(False, json_schema_extra=cli("--trust-remote-code"))
+    """Run model code shipped with the model (transformers ``trust_remote_code``)."""
+    cache_dir: Text = "~/.cache/lakescore/models"
+    """Where each host keeps its copy of a remote (``s3a://``, ``dbfs:/``, MLflow) model and exported ONNX graphs."""
+    max_seq_length: Optional[int] = Field(None, ge=1)
+    """Token limit per text; default: the model's own sentence-transformers setting."""
+    pooling: Optional[Literal[POOLING_MODES]] = None
+    """Embeddings of models without a sentence-transformers config: the pooling (default ``mean``), one of
+    sentence-transformers' modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
+    normalize: Optional[bool] = None
+    """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
+    prompt_name: Annotated[Optional[Text], checked(
+        lambda v: None if v.strip() else "must name one of the model's prompts, got an empty string"
+    )] = None
+    """Embeddings: the model's prompt to prepend to every text, by its name in the model's sentence-transformers
+    ``prompts`` (e.g. ``passage``); default: the model's ``default_prompt_name``, else none."""
+    backend: Literal[BACKENDS] = Field("torch", json_schema_extra=cli("--backend"))
+    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; text tasks; exported once per host)."""
+    quantize: Literal[QUANTIZATIONS] = Field("none", json_schema_extra=cli("--quantize"))
+    """``int8`` on the ``onnx`` backend: faster, lossy; the run refuses to score when a sample of its input is outside
+    the ``quantize_*`` tolerance against float32 (which guards ``dtype`` ``bfloat16`` / ``float16`` runs the same way)."""
+    quantize_min_cosine: Fraction = Tolerance.min_cosine
+    """Reduced-precision embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
+    quantize_min_agreement: Fraction = Tolerance.min_agreement
+    """Reduced-precision classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
+    quantize_max_prob_delta: Fraction = Tolerance.max_prob_delta
+    """Reduced-precision classifiers: the 99th percentile over sampled rows of the largest probability difference."""
+
+    def tolerance(self) -> Tolerance:
+        """The reduced-precision tolerance these settings give (int8, bfloat16, float16 against float32)."""
+        return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "ModelOptions":
+        if self.dtype == "float16" and self.device == "cpu":
+            raise ConfigError("model.dtype float16 needs a GPU (device cuda or auto); use bfloat16 on CPU")
+        if self.backend == "onnx" and self.device == "cuda":
+            raise ConfigError("model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU")
+        if self.backend == "onnx" and self.dtype != "float32":
+            raise ConfigError(f"model.backend onnx runs float32 (or model.quantize int8), got model.dtype {self.dtype!r}")
+        if self.quantize == "int8" and self.backend != "onnx":
+            raise ConfigError("model.quantize int8 needs model.backend onnx")
+        return self
+
+
+DRIVER_ONLY = ("quantize_min_cosine", "quantize_min_agreement", "quantize_max_prob_delta")
+"""Settings only the driver reads (the tolerance its preflight checks a lossy run against): not in the worker's spec."""
