@@ -64,8 +64,6 @@ class RowState:
     text: Optional[str] = None
     seen: Optional[set[int]] = None
     """The prompt's and the new tokens' ids, with ``repetition_penalty``."""
-    logprobs: list[float] = field(default_factory=list)
-    """Each new token's log-probability, with ``logprobs``."""
 
 
 class Decoding:
@@ -79,12 +77,11 @@ class Decoding:
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos])
-        self.stop_ids = frozenset(getattr(options, "stop_token_ids", ()) or ())
+        self.stop_ids = frozenset(options.stop_token_ids)
         """``stop_token_ids``: tokens that end a row as EOS does; their text is not part of the row's."""
-        self.top_k = getattr(options, "top_k", None) or 0
-        self.penalty = float(getattr(options, "repetition_penalty", 1.0) or 1.0)
-        self.min_new_tokens = getattr(options, "min_new_tokens", 0) or 0
-        self.logprobs = bool(getattr(options, "logprobs", False))
+        self.top_k = options.top_k or 0
+        self.penalty = float(options.repetition_penalty)
+        self.min_new_tokens = options.min_new_tokens
         self._new_matcher = self._grammar_matchers(options.json_schema) if options.json_schema is not None else None
 
     def _grammar_matchers(self, schema: str) -> Callable[[], Any]:
@@ -117,9 +114,7 @@ class Decoding:
         return states
 
     def pick(self, logits: torch.Tensor, states: Sequence[RowState]) -> list[int]:
-        """The next token of each row, from its float32 ``logits`` (rows, vocab): arg-max, or one draw per row; with
-        ``logprobs``, each picked token's log-probability (after the penalty and masks, before temperature and the
-        top-k / top-p cut) appended to its row."""
+        """The next token of each row, from its float32 ``logits`` (rows, vocab): arg-max, or one draw per row."""
         logits = self._processed(logits, states)
         if self._new_matcher is not None:
             logits = logits.masked_fill(self._disallowed(states).to(logits.device), float("-inf"))
@@ -135,12 +130,7 @@ class Decoding:
             draws = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
             # a draw scaled to the row's total never lands past its last token with probability above zero
             picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)
-        tokens = picked.tolist()
-        if self.logprobs:
-            chosen = torch.log_softmax(logits.double(), dim=-1).gather(1, picked.to(logits.device)[:, None]).squeeze(1)
-            for state, value in zip(states, chosen.tolist()):
-                state.logprobs.append(float(value))
-        return tokens
+        return picked.tolist()
 
     def _processed(self, logits: torch.Tensor, states: Sequence[RowState]) -> torch.Tensor:
         """``logits`` with the repetition penalty (transformers' rule: a seen token's logit divided by the penalty, or
@@ -277,7 +267,6 @@ class Decoded:
     ids: list[int]
     text: str
     finish_reason: str
-    logprobs: Optional[tuple[float, ...]] = None
 
 
 def _top_k(probs: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -319,8 +308,7 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
             active = [active[j] for j in keep]
             selected = None if len(keep) == len(ended) else torch.tensor(keep, device=device)
             logits = step(torch.tensor([tokens[j] for j in keep], device=device), selected)
-    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason, tuple(s.logprobs) if decoding.logprobs else None)
-            for s in states]
+    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason) for s in states]
 
 
 Step = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]

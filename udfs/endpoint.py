@@ -73,13 +73,12 @@ class Reply:
 @dataclass(frozen=True)
 class Completion:
     """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
-    reports, and the generated tokens' log-probabilities when they were asked for."""
+    reports."""
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
-    token_logprobs: Optional[tuple[float, ...]] = None
 
 
 @dataclass
@@ -131,8 +130,7 @@ def retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Opti
     return None if seconds is None else min(MAX_RETRY_AFTER_S, max(0.0, seconds))
 
 
-def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None,
-                 logprobs: bool = False) -> dict[str, Any]:
+def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None) -> dict[str, Any]:
     """The request for one prompt under the generate settings ``options``: every setting mapped to its request
     field, none dropped (a server that cannot honour one refuses it, and the preflight says so)."""
     body: dict[str, Any] = {"model": endpoint_model, "max_tokens": options.max_new_tokens, "temperature": options.temperature}
@@ -157,12 +155,10 @@ def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed:
         value = getattr(options, setting, None)
         if value is not None and value != neutral:
             body[name] = list(value) if isinstance(value, tuple) else value
-    if logprobs:
-        body["logprobs"] = True if api == "chat" else 1
     return body
 
 
-def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = (), logprobs: bool = False) -> Completion:
+def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()) -> Completion:
     """One response's :class:`Completion`; ``ValueError`` naming what the response lacks. The text is cut before the
     first ``stop`` string the server left in it (some servers keep it), and a finish other than ``length`` is
     ``stop``."""
@@ -177,24 +173,7 @@ def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()
         text = text[:cut]
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
     usage = body.get("usage") or {}
-    values = None
-    if logprobs:
-        values = _token_logprobs(choice.get("logprobs"), api)
-        if values is None:
-            raise ValueError("the response holds no log-probabilities for the generated tokens")
-    return Completion(text, finish, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), values)
-
-
-def _token_logprobs(logprobs: Any, api: str) -> Optional[tuple[float, ...]]:
-    """Each generated token's log-probability from a choice's ``logprobs`` (chat: ``content[].logprob``; completions:
-    ``token_logprobs``); ``None`` where the server gave none."""
-    if not isinstance(logprobs, Mapping):
-        return None
-    if api == "chat":
-        content = logprobs.get("content")
-        return None if not isinstance(content, list) else tuple(float(t["logprob"]) for t in content)
-    values = logprobs.get("token_logprobs")
-    return None if not isinstance(values, list) else tuple(float(v) for v in values)
+    return Completion(text, finish, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
 
 
 class _Gate:
@@ -333,14 +312,14 @@ class EndpointClient:
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
 
-    def complete(self, options: Any, prompt: str, seed: Optional[int] = None, logprobs: bool = False) -> Completion:
+    def complete(self, options: Any, prompt: str, seed: Optional[int] = None) -> Completion:
         """One prompt's :class:`Completion` under the generate settings ``options`` (errors as :meth:`post`; a
         response without what was asked for is the row's :class:`EndpointError`)."""
-        body = request_body(options, self.model, self.api, prompt, seed, logprobs)
+        body = request_body(options, self.model, self.api, prompt, seed)
         estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
         reply = self.post(body, estimate)
         try:
-            completion = parse_completion(reply.body, self.api, options.stop, logprobs)
+            completion = parse_completion(reply.body, self.api, options.stop)
         except ValueError as exc:
             self.stats.add(failed=1)
             raise EndpointError(200, self.scrub(str(exc))) from None

@@ -26,23 +26,10 @@ from lakescore.udfs.batching import Scored
 from lakescore.udfs.endpoint import Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused
 from lakescore.udfs.generate import Generation, generation_columns
 
-__all__ = ["EndpointGenerator", "endpoint_identity", "unsupported_settings", "load_remote_generator"]
+__all__ = ["EndpointGenerator", "endpoint_identity", "load_remote_generator"]
 
 PROMPTS, KEYS = "prompts", "keys"
 """Feature keys: the present prompts and their row keys (what sampled rows' seeds derive from)."""
-
-
-def unsupported_settings(options: Any, api: str) -> list[str]:
-    """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses it."""
-    refused = []
-    if options.choices:
-        refused.append("generate.choices scores each choice's tokens in the model, which an endpoint does not expose; "
-                       "run it in-process, or ask the model for one word with generate.json_schema (an enum)")
-    if options.truncate != "none":
-        refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
-    if options.chat_template == "never" and api == "chat":
-        refused.append("generate.chat_template: never needs the completions API")
-    return refused
 
 
 def endpoint_identity(model: str, listed: Optional[Mapping[str, Any]], revision: Optional[str]) -> str:
@@ -65,7 +52,6 @@ class EndpointGenerator:
         self.revision = revision
         self.server = server
         """The engine served on this host (:class:`~lakescore.udfs.engine_server.EngineServer`), or ``None``."""
-        self.logprobs = bool(getattr(options, "logprobs", False))
         self.pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="lakescore-endpoint")
         self.listed = self._listed_model()
         self.sha256 = endpoint_identity(client.model, self.listed, revision)
@@ -135,10 +121,9 @@ class EndpointGenerator:
             from lakescore.udfs.generate import row_seed
 
             seed = row_seed(self.options.seed, "" if key is None else str(key))
-        completion = self.client.complete(self.options, prompt, seed, self.logprobs)
+        completion = self.client.complete(self.options, prompt, seed)
         self._check_json(completion)
-        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens,
-                          completion.completion_tokens, None, (), completion.token_logprobs)
+        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens)
 
     def _check_json(self, completion: Completion) -> None:
         """A finished text under ``json_schema`` must be JSON that validates: the row's :class:`EndpointError`
@@ -172,8 +157,6 @@ class EndpointGenerator:
             raise EndpointRefused(str(exc)) from None
         except EndpointError as exc:
             if exc.status == 200:
-                if "log-probabilities" in exc.message:
-                    raise EndpointRefused(f"{where} does not give log-probabilities: generate.logprobs cannot be honoured") from None
                 raise EndpointRefused(f"{where} does not honour generate.json_schema (response_format): {exc.message}") from None
             raise EndpointRefused(f"{where} refused the run's settings: {exc}") from None
 
@@ -198,10 +181,6 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
 
     options = spec.generate
     endpoint, server = options.endpoint, options.server
-    settings = endpoint if endpoint is not None else server
-    refused = unsupported_settings(options, settings.api)
-    if refused:
-        raise EndpointRefused(refused[0])
     types = get_task(spec.task).output_arrow_types
     if endpoint is not None:
         client = EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint))

@@ -51,8 +51,6 @@ class Generation(NamedTuple):
     completion_tokens: int
     choice_logprobs: Optional[tuple[float, ...]] = None
     token_ids: tuple[int, ...] = ()
-    token_logprobs: Optional[tuple[float, ...]] = None
-    """Each generated token's log-probability, where the engine gave them."""
 
 
 PROMPT_TOKENS = "prompt_tokens"
@@ -170,8 +168,7 @@ class Generator:
             return rows
         decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]), self.decoding)
         for i, row in enumerate(decoded):
-            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids),
-                                 row.logprobs)
+            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids))
         return rows
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
@@ -310,7 +307,7 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     from lakescore.udfs.registry import get_task
 
     options = spec.generate or GenerateOptions()
-    if getattr(options, "endpoint", None) is not None or getattr(options, "server", None) is not None:
+    if options.remote:
         from lakescore.udfs.endpoint_generate import load_remote_generator  # an endpoint, or this host's engine
 
         return load_remote_generator(spec, model_dir)

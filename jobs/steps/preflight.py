@@ -158,7 +158,8 @@ def preflight_model(
     if checked is not None:
         log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
     return ModelIdentity(
-        model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
+        model_id=spec.source if spec.source is not None else spec.generate.endpoint.model,  # an endpoint's: its name
+        revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),

@@ -65,8 +65,9 @@ class RunContext:
     layout: ScoringLayout
     rows_counter: Optional[RowCounter]
     """Rows the workers scored so far, live (classic sessions; ``None`` over Spark Connect)."""
-    model_dir: Path
-    """The model's files on the driver's host (the HTML report reads the tokenizer there)."""
+    model_dir: Optional[Path]
+    """The model's files on the driver's host (the HTML report reads the tokenizer there); ``None`` for a model served
+    elsewhere (``generate.endpoint``)."""
     input_version: Optional[int] = None
     """The Delta version of the input this run reads from start to end (``None``: not Delta; a Parquet input is
     pinned to the file listing taken at the start)."""
@@ -143,10 +144,11 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     check_table_names(cfg)
     spec = model_spec(cfg)
     worker_imports = get_task(cfg.task).worker_imports(spec.backend)
-    if is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
+    if spec.source is not None and is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
-    model_dir = resolve_model_dir(spec.source, spec.revision)  # a missing local model fails here, before the session
+    # a missing local model fails here, before the session; an endpoint's model (no source) has no files here
+    model_dir = resolve_model_dir(spec.source, spec.revision) if spec.source is not None else None
     spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads

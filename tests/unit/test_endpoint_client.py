@@ -145,29 +145,30 @@ def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(s
 
 
 def test_every_generate_setting_becomes_its_request_field():
-    options = GenerateOptions(max_new_tokens=9, temperature=0.7, top_p=0.9, seed=3, stop=("\n\n",),
-                              system_prompt="Be brief.", json_schema='{"type": "object"}')
-    chat = request_body(options, "m", "chat", "Hi", seed=11, logprobs=True)
+    options = GenerateOptions(max_new_tokens=9, temperature=0.7, top_p=0.9, seed=3, stop=("\n\n",), system_prompt="Be brief.",
+                              json_schema='{"type": "object"}', top_k=40, repetition_penalty=1.1, min_new_tokens=2,
+                              stop_token_ids=(7,))
+    chat = request_body(options, "m", "chat", "Hi", seed=11)
     assert chat == {
         "model": "m", "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"],
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "row", "schema": {"type": "object"}, "strict": True}},
-        "logprobs": True,
+        "top_k": 40, "repetition_penalty": 1.1, "min_tokens": 2, "stop_token_ids": [7],
     }
     greedy = request_body(GenerateOptions(max_new_tokens=4, system_prompt="S"), "m", "completions", "Hi", seed=11)
     assert greedy == {"model": "m", "max_tokens": 4, "temperature": 0.0, "prompt": "S\n\nHi"}  # greedy sends no seed
 
 
-def test_a_response_is_read_as_the_row_its_stop_string_cut_and_logprobs_required_when_asked():
-    body = {"choices": [{"text": "good stay.\n\nNext", "finish_reason": "stop",
-                         "logprobs": {"token_logprobs": [-0.5, -1.25]}}], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
-    completion = parse_completion(body, "completions", stop=("\n\n",), logprobs=True)
-    assert (completion.text, completion.token_logprobs) == ("good stay.", (-0.5, -1.25))
-    chat = {"choices": [{"message": {"content": "x"}, "finish_reason": "length", "logprobs": {"content": [{"logprob": -2.0}]}}]}
-    assert parse_completion(chat, "chat", logprobs=True).token_logprobs == (-2.0,)
-    assert parse_completion(chat, "chat").finish_reason == "length"
-    with pytest.raises(ValueError, match="no log-probabilities"):
-        parse_completion({"choices": [{"text": "x"}]}, "completions", logprobs=True)
+def test_a_response_is_read_as_the_row_with_its_stop_string_cut():
+    body = {"choices": [{"text": "good stay.\n\nNext", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
+    completion = parse_completion(body, "completions", stop=("\n\n",))
+    assert (completion.text, completion.prompt_tokens, completion.completion_tokens) == ("good stay.", 4, 2)
+    chat = {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}
+    assert (parse_completion(chat, "chat").text, parse_completion(chat, "chat").finish_reason) == ("x", "length")
+    assert parse_completion({"choices": [{"text": "x", "finish_reason": "content_filter"}]}, "completions").finish_reason == "stop"
+    with pytest.raises(ValueError, match="no text"):
+        parse_completion({"error": "x"}, "completions")
 
 
 def test_retry_after_reads_seconds_dates_and_milliseconds_and_caps_them():
@@ -203,5 +204,4 @@ def test_settings_refuse_credentials_in_the_url_and_price_a_run():
         EndpointOptions(url="https://user:secret@api.example.com/v1", model="m")
     with pytest.raises(ValueError, match="environment variable"):
         EndpointOptions(url="https://api.example.com/v1", model="m", api_key_env="sk-live-123")
-    assert EndpointOptions(url="https://api.example.com/v1/", model="m").url == "https://api.example.com/v1"
     assert Price(input=0.5, output=1.5).cost(2_000_000, 1_000_000) == pytest.approx(2.5)

@@ -1,8 +1,7 @@
 """The sampling settings issue 48 adds, in-process, against transformers' own ``model.generate`` on a tiny seeded
 model: ``repetition_penalty``, ``min_new_tokens`` and ``stop_token_ids`` under greedy decoding give the tokens
-``generate`` gives; ``top_k: 1`` sampling is greedy; each generated token's log-probability is the model's."""
+``generate`` gives; ``top_k: 1`` sampling is greedy; ``top_k`` keeps the k likeliest tokens as transformers does."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -61,15 +60,10 @@ def test_repetition_penalty_min_new_tokens_and_stop_token_ids_decode_as_transfor
     assert stopped >= 1
 
 
-def test_top_k_one_is_greedy_and_each_tokens_logprob_is_the_models(causal_dir, reference):
-    greedy = _scored(causal_dir, max_new_tokens=6, logprobs=True)
+def test_top_k_one_samples_the_greedy_text(causal_dir):
+    greedy = _scored(causal_dir, max_new_tokens=6)
     sampled = _scored(causal_dir, max_new_tokens=6, temperature=1.5, top_k=1, seed=3)
     assert [r.text for r in sampled] == [r.text for r in greedy]
-    for prompt, row in zip(PROMPTS, greedy):
-        tokens, logits = _generate(reference, prompt, max_new_tokens=6)
-        expected = [torch.log_softmax(step.double(), -1)[t].item() for step, t in zip(logits, tokens)]
-        assert len(row.token_logprobs) == len(row.token_ids)
-        np.testing.assert_allclose(row.token_logprobs, expected, atol=1e-4)
 
 
 def test_top_k_keeps_the_k_likeliest_tokens_renormalised():
