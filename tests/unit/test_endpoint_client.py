@@ -205,3 +205,31 @@ def test_settings_refuse_credentials_in_the_url_and_price_a_run():
     with pytest.raises(ValueError, match="environment variable"):
         EndpointOptions(url="https://api.example.com/v1", model="m", api_key_env="sk-live-123")
     assert Price(input=0.5, output=1.5).cost(2_000_000, 1_000_000) == pytest.approx(2.5)
+
+
+def test_the_config_takes_an_endpoint_without_a_model_and_refuses_what_no_request_can_carry():
+    from lakescore.jobs.config import ConfigError, load_config
+
+    base = {"task": "generate", "input": "in", "output": "out", "id_col": "id", "text_col": "body",
+            "generate.endpoint.url": "https://api.example.com/v1", "generate.endpoint.model": "m"}
+    cfg = load_config(flags=base)
+    cfg.require_for_scoring()  # no model.source: the endpoint's model is the server's
+    with pytest.raises(ConfigError, match="generate.choices scores each choice's tokens"):
+        load_config(flags={**base, "generate.choices": ["yes", "no"]})
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_config(flags={**base, "generate.server.engine": "vllm"})
+    with pytest.raises(ConfigError, match="min_new_tokens 9 exceeds generate.max_new_tokens 4"):
+        load_config(flags={**base, "generate.min_new_tokens": 9, "generate.max_new_tokens": 4})
+    with pytest.raises(ConfigError, match="generate.endpoint.model"):
+        load_config(flags={k: v for k, v in base.items() if k != "generate.endpoint.model"})
+
+
+def test_the_spec_identity_names_the_model_not_how_it_is_called_and_keeps_older_digests():
+    plain = GenerateOptions(max_new_tokens=8)
+    assert set(plain.identity()) == {"prompt_template", "system_prompt", "chat_template", "max_new_tokens", "temperature",
+                                     "top_p", "seed", "stop", "truncate", "choices", "choice_score", "json_schema"}
+    one = GenerateOptions(endpoint=EndpointOptions(url="https://a.example.com/v1", model="m", revision="7"))
+    other = GenerateOptions(endpoint=EndpointOptions(url="https://b.example.com/v1", model="m", revision="7", concurrency=64,
+                                                     api_key_env="KEY", price=Price(input=1, output=2)))
+    assert one.identity() == other.identity() and one.identity()["endpoint"] == {"model": "m", "api": "completions", "revision": "7"}
+    assert GenerateOptions(top_k=5).identity()["top_k"] == 5
