@@ -196,9 +196,11 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
                     engines = [pid for pid in python_processes_named(str(model)) if "engine_server" not in _cmdline(pid)]
                     for pid in engines:
                         os.kill(pid, signal.SIGKILL)
+                    killed.extend(engines)
                     return
             time.sleep(0.05)
 
+    killed: list[int] = []
     killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
     killer.start()
     report = run_scoring(_config(source, output, **{
@@ -207,6 +209,7 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
     }), spark)
     killer.join()
     assert report.status == "succeeded", report.error
+    assert len(killed) == 1, killed  # the engine died mid-run, and was started again
     out = read_output(spark, str(output))
     assert out["generated_text"].tolist() == _expected(model, frame)[0]  # the rows in flight were sent again
     assert report.error_reasons == {"null_input": 1}
