@@ -185,7 +185,7 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
     if endpoint is not None:
         client = EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint))
         return EndpointGenerator(client, options, types, endpoint.revision)
-    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s)
+    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, env=_engine_env())
     url = engine.url()
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has
@@ -196,3 +196,14 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
 
     client = EndpointClient(server, url, engine.name, recover=recover)
     return EndpointGenerator(client, options, types, spec.revision, server=engine)
+
+
+def _engine_env() -> Optional[dict[str, str]]:
+    """The engine's environment: this worker's, with ``CUDA_VISIBLE_DEVICES`` the GPU Spark gave the task (the scoring
+    stage's resource profile), so the engine takes that GPU as in-process scoring does; ``None`` (inherit) without one."""
+    import os
+
+    from lakescore.udfs.devices import task_gpu_address
+
+    address = task_gpu_address()
+    return None if address is None else {**os.environ, "CUDA_VISIBLE_DEVICES": address}
