@@ -110,6 +110,7 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
         assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
         assert "the endpoint's tokens" in report.summary()
+        assert f"({workers['rate_limited']} answered 429)" in report.summary()
         metrics = spark.read.format("delta").load(f"{output}_metrics").toPandas().iloc[-1]
         assert (metrics["tokens_in"], metrics["tokens_out"]) == (workers["tokens_in"], workers["tokens_out"])
         assert metrics["cost"] == pytest.approx(report.cost["cost"]) and metrics["model_id"] == str(tiny_causal_lm_dir)

@@ -233,3 +233,27 @@ def test_the_spec_identity_names_the_model_not_how_it_is_called_and_keeps_older_
                                                      api_key_env="KEY", price=Price(input=1, output=2)))
     assert one.identity() == other.identity() and one.identity()["endpoint"] == {"model": "m", "api": "completions", "revision": "7"}
     assert GenerateOptions(top_k=5).identity()["top_k"] == 5
+
+
+def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(server):
+    from lakescore.udfs.endpoint_generate import EndpointGenerator
+    from lakescore.udfs.registry import get_task
+
+    script, url = server
+    script.answers = [_ok('{"stars": 3}'), (400, {}, {"error": {"message": "prompt too long"}}), _ok("not json")]
+    options = GenerateOptions(max_new_tokens=4, json_schema='{"type": "object", "required": ["stars"]}')
+    settings = EndpointOptions(url=url, model="tiny", concurrency=1)  # one at a time: the script's order is the rows'
+    head = EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types)
+    assert head.listed == {"id": "tiny", "object": "model"} and len(head.sha256) == 64
+    scored = head.score_prompts(["a", "b", None, "c"], None)
+    assert scored.reasons == [None, "endpoint_error", "null_input", "endpoint_error"]
+    assert scored.outputs[0].text == '{"stars": 3}' and scored.errors[1] == "HTTP 400: prompt too long"
+    assert scored.errors[3].startswith("HTTP 200: the text is not JSON valid against generate.json_schema")
+    columns = head.columns(scored.outputs, scored.ok)
+    assert columns[0].to_pylist() == ['{"stars": 3}', None, None, None] and columns[3].to_pylist() == [2, None, None, None]
+
+    script.answers = [(503, {}, {"error": {"message": "down"}})]
+    dead = EndpointGenerator(EndpointClient(EndpointOptions(url=url, model="tiny", max_retries=0, max_consecutive_failures=2),
+                                            url, "tiny", sleep=lambda s: None), options, get_task("generate").output_arrow_types)
+    with pytest.raises(EndpointDown, match="failed 2 requests in a row; last: HTTP 503: down"):
+        dead.score_prompts(["a", "b", "c", "d"], None)
