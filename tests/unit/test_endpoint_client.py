@@ -255,5 +255,5 @@ def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(s
     script.answers = [(503, {}, {"error": {"message": "down"}})]
     dead = EndpointGenerator(EndpointClient(EndpointOptions(url=url, model="tiny", max_retries=0, max_consecutive_failures=2),
                                             url, "tiny", sleep=lambda s: None), options, get_task("generate").output_arrow_types)
-    with pytest.raises(EndpointDown, match="failed 2 requests in a row; last: HTTP 503: down"):
+    with pytest.raises(EndpointDown, match=r"failed [2-4] requests in a row; last: HTTP 503: down"):  # 2 and those in flight
         dead.score_prompts(["a", "b", "c", "d"], None)
