@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from lakescore.udfs.endpoint_options import EndpointOptions, ServerOptions
-from lakescore.udfs.model_source import ModelSourceError
+from lakescore.udfs.models.model_source import ModelSourceError
 from lakescore.udfs.rate_limit import HostRateLimit
 
 __all__ = [

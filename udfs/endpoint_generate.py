@@ -1,9 +1,9 @@
 """The ``generate`` head over an OpenAI-compatible server: an endpoint (``generate.endpoint``) or the engine served on
 this host (``generate.server``, :mod:`lakescore.udfs.engine_server`).
 
-It takes the place of :class:`~lakescore.udfs.generate.Generator` behind the prompt runner: no tokenizer and no
+It takes the place of :class:`~lakescore.udfs.heads.generate.Generator` behind the prompt runner: no tokenizer and no
 weights here, each present prompt one request (:mod:`lakescore.udfs.endpoint`), the rows of a batch in flight together
-(``concurrency`` of them). The output columns are the in-process head's (:func:`~lakescore.udfs.generate.generation_columns`);
+(``concurrency`` of them). The output columns are the in-process head's (:func:`~lakescore.udfs.heads.generate.generation_columns`);
 ``prompt_tokens`` and ``completion_tokens`` are what the server's ``usage`` reports. A row the server fails is
 ``endpoint_error``; the run stops on :class:`~lakescore.udfs.endpoint.EndpointDown`.
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.endpoint import Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused
-from lakescore.udfs.generate import Generation, generation_columns
+from lakescore.udfs.heads.generate import Generation, generation_columns
 
 __all__ = ["EndpointGenerator", "endpoint_identity", "load_remote_generator"]
 
@@ -162,7 +162,7 @@ class EndpointGenerator:
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
-        from lakescore.udfs.generate import Generator
+        from lakescore.udfs.heads.generate import Generator
 
         return Generator.fidelity(reference, outputs)
 
@@ -203,7 +203,7 @@ def _engine_env() -> Optional[dict[str, str]]:
     stage's resource profile), so the engine takes that GPU as in-process scoring does; ``None`` (inherit) without one."""
     import os
 
-    from lakescore.udfs.devices import task_gpu_address
+    from lakescore.udfs.models.devices import task_gpu_address
 
     address = task_gpu_address()
     return None if address is None else {**os.environ, "CUDA_VISIBLE_DEVICES": address}

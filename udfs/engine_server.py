@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from lakescore.udfs.model_source import ModelSourceError
+from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
     "EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "stop_engines_task", "HOST",

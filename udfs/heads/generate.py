@@ -301,10 +301,6 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     from lakescore.udfs.registry import get_task
 
     options = spec.generate or GenerateOptions()
-    if options.remote:
-        from lakescore.udfs.endpoint_generate import load_remote_generator  # an endpoint, or this host's engine
-
-        return load_remote_generator(spec, model_dir)
     if spec.backend != "torch":
         raise ValueError(f"the generate task runs on the torch backend, not {spec.backend!r}")
     require_directory(model_dir, spec.task)
