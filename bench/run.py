@@ -11,10 +11,12 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
 * ``--peers`` [PEERS], default ``abcdtpeqfk`` (``o``, lakescore on ONNX float32, on request; ``f`` and ``k``,
   torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX);
-  ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1,W4,W5`` (F200: the first 200 W1 rows through
+  ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1,W4,W4E,W5`` (F200: the first 200 W1 rows through
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
   C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes;
   W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`;
+  W4E: generation through an endpoint, lakescore with ``generate.endpoint`` against a loop of concurrent requests to the
+  same ``transformers serve``, :mod:`bench.endpoint_generation`;
   W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`;
   W6, on request only: top-K recommendations, lakescore ``--task tabular`` with ``rank`` against ``predict_batch_udf`` + a
   window ``row_number()`` + a Delta write, :mod:`bench.topk`; W7, on request only: W6's rows through a program returning
@@ -77,6 +79,7 @@ from bench.report import (
 )
 from bench.fast_path import target_lines
 from bench.classifier import C1, C1Result, c1_lines, run_c1
+from bench.endpoint_generation import W4E, W4E_REPEATS, W4EResult, run_w4e, w4e_lines
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w5_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
@@ -114,7 +117,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1),
                         help="runs per peer on W2 [W2_REPEATS; default 1]")
     parser.add_argument("--peers", default=os.environ.get("PEERS") or "abcdtpeqfk", help="subset of abcdtpeoqfk [PEERS]")
-    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4,W5", help="[WORKLOADS]")
+    parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4,W4E,W5", help="[WORKLOADS]")
     parser.add_argument("--w3-rows", type=int, default=_env_int("W3_ROWS", W3_ROWS), help=f"W3 rows [W3_ROWS; default {W3_ROWS:,}]")
     parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help=f"W4 prompts [W4_ROWS; default {W4_ROWS:,}]")
     parser.add_argument("--w4-repeats", type=int, default=_env_int("W4_REPEATS", W4_REPEATS),
@@ -206,13 +209,13 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W5, W6, W7, W1L, W3T):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w5, run_w6, run_w7, the W1L jobs, run_w3t
+            elif workload in (W3, C1, W4, W4E, W5, W6, W7, W1L, W3T):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w5, run_w6, run_w7, the W1L jobs, run_w3t
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W5}, {W6}, "
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W5}, {W6}, "
                                  f"{W7}, {W1L}, {W3T})")
     return jobs
 
@@ -327,6 +330,18 @@ def _w4_section(w4: Optional[W4Result]) -> list[str]:
             *[f"- {line}" for line in w4_lines(w4)], ""]
 
 
+def _w4e_section(w4e: Optional[W4EResult]) -> list[str]:
+    if w4e is None:
+        return []
+    return ["## W4E: generation through an endpoint (issue 48)", "",
+            "`bench/endpoint_generation.py`: W4's model behind one `transformers serve` on this machine (CPU, offline), "
+            "started once for both peers. `lakescore`: `lakescore score --task generate` with `generate.endpoint` end to "
+            "end; `loop`: `python -m bench.peers.endpoint_loop`, a thread pool sending every prompt, no retries. "
+            "Alternate runs, medians. Tokens/s: the server's `usage` completion tokens over lakescore's scoring stage and "
+            "over the loop's first request to last answer.", "",
+            *[f"- {line}" for line in w4e_lines(w4e)], ""]
+
+
 def _w5_section(w5: Optional[W5Result]) -> list[str]:
     if w5 is None:
         return []
@@ -380,7 +395,7 @@ def _kept_sections(path: Path) -> str:
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
               w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None,
               w5: Optional[W5Result] = None, w6: Optional[W6Result] = None, w3t: Optional[W3TResult] = None,
-              w7: Optional[W7Result] = None) -> str:
+              w7: Optional[W7Result] = None, w4e: Optional[W4EResult] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -439,6 +454,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         *_w3t_section(w3t),
         *_c1_section(c1),
         *_w4_section(w4),
+        *_w4e_section(w4e),
         *_w5_section(w5),
         *_w6_section(w6),
         *_w7_section(w7),
@@ -474,6 +490,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c1 = run_c1(runs_dir / "c1", env, REPO) if C1 in wanted else None
     w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
                args.w4_batch_tokens) if W4 in wanted else None
+    w4e = run_w4e(data_dir, runs_dir, env, REPO, W4E_REPEATS) if W4E in wanted else None
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
                 args.w6_top_k) if W6 in wanted else None
@@ -494,6 +511,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *c1_lines(c1)]), flush=True)
     if w4 is not None:
         print("\n".join(["", *w4_lines(w4)]), flush=True)
+    if w4e is not None:
+        print("\n".join(["", *w4e_lines(w4e)]), flush=True)
     if w5 is not None:
         print("\n".join(["", *w5_lines(w5)]), flush=True)
     if w6 is not None:
@@ -503,7 +522,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if w3t is not None:
         print("\n".join(["", *w3t_lines(w3t)]), flush=True)
     body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in [*planned, *scaled])
-    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7)
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7, w4e)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -518,5 +537,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w5 or w6 or w3t or w7
-    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w5, w6, w3t, w7)) else 1
+    ran = results or w3 or c1 or w4 or w4e or w5 or w6 or w3t or w7
+    return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in (w3, c1, w4, w4e, w5, w6, w3t, w7)) else 1

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakescore.jobs.config import ConfigError, JobConfig, config_from_mapping, config_options
+from lakescore.jobs.config import ConfigError, JobConfig, Option, config_from_mapping, config_options
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_and_record
@@ -35,8 +35,13 @@ __all__ = ["score", "transform", "pandas_udf"]
 _OPTIONS = {
     o.name: o for o in config_options() if o.section in ("model", "scoring", *TASK_OPTION_SECTIONS) and o.key != "model.source"
 }
+_OPTIONS.update({  # a task section's own sections (generate.endpoint, generate.server): one keyword each, a dict
+    o.section.split(".")[1]: Option(".".join(o.section.split(".")[:2]), dict, None, "")
+    for o in config_options() if o.section.split(".")[0] in TASK_OPTION_SECTIONS and o.section.count(".") >= 1
+})
 """The keyword options of :func:`transform` and :func:`pandas_udf`, by field name: every ``model.*`` setting but the
-source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (``generate.*``: ``max_new_tokens``, ...)."""
+source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (``generate.*``: ``max_new_tokens``, ...,
+and ``endpoint`` / ``server`` as dicts)."""
 
 
 def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
@@ -169,6 +174,8 @@ def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: 
     """The model spec, with a remote model staged to this host first; fails fast when the model is missing or the
     workers would refuse it (:func:`_check_model`)."""
     spec = model_spec(cfg, () if cfg.column_setting else feature_cols)
+    if spec.source is None:  # generate.endpoint: no files here; the workers' first request is its check
+        return spec
     if is_remote(spec.source):
         if spark is None:
             raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")

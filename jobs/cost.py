@@ -13,7 +13,9 @@ The definitions, in one place (the report's ``cost``, the summary line, the HTML
   and the GPUs when the model ran on one, that each scoring task holds: the part of the stage the model kept busy.
 * **rows per core-second**: rows scored over the whole run's core-seconds.
 * **cost**, when ``resources.price_per_core_hour`` or ``price_per_gpu_hour`` is set: the whole run's core-hours and
-  GPU-hours at those prices (an unset price counts as zero), and that per million rows scored.
+  GPU-hours at those prices (an unset price counts as zero), and that per million rows scored; with
+  ``generate.endpoint.price``, plus the endpoint's price of the tokens its responses' ``usage`` reported
+  (**token cost**).
 """
 
 from __future__ import annotations
@@ -84,12 +86,14 @@ def run_cost(
     gpus: int = 0,
     price_per_core_hour: Optional[float] = None,
     price_per_gpu_hour: Optional[float] = None,
+    token_cost: Optional[float] = None,
 ) -> dict[str, Any]:
     """The report's ``cost`` of a run that ran ``seconds`` (wall), its scoring stage ``stage_seconds`` (wall), whose
     workers scored ``rows_scored`` rows in ``worker_seconds`` of forward passes (summed over tasks), on a session of
     ``resources`` with ``gpus`` GPUs (0: the model ran on CPUs): ``cores``, ``stage_cores``, ``gpus``,
     ``core_seconds`` and ``gpu_seconds`` (``run``, ``score_stage``, ``model``: module docstring),
-    ``rows_per_core_second`` and, with a price set, ``cost`` and ``cost_per_million_rows``.
+    ``rows_per_core_second`` and, with a price set, ``cost`` and ``cost_per_million_rows``; ``token_cost``: what an
+    endpoint charged for the run's tokens (``None``: no endpoint price), part of ``cost``.
 
     >>> c = run_cost(seconds=20, stage_seconds=8, worker_seconds=6, rows_scored=1000,
     ...              resources=SessionResources(2, 2, 1), price_per_core_hour=0.36)
@@ -107,9 +111,12 @@ def run_cost(
         "gpu_seconds": gpu_seconds,
         "rows_per_core_second": round(rows_scored / core_seconds["run"], 3) if rows_scored and core_seconds["run"] else None,
     }
-    if price_per_core_hour is None and price_per_gpu_hour is None:
+    if price_per_core_hour is None and price_per_gpu_hour is None and token_cost is None:
         return cost
     total = (core_seconds["run"] * (price_per_core_hour or 0.0) + gpu_seconds["run"] * (price_per_gpu_hour or 0.0)) / 3600
+    if token_cost is not None:
+        cost["token_cost"] = round(token_cost, 6)
+        total += token_cost
     cost.update(
         price_per_core_hour=price_per_core_hour, price_per_gpu_hour=price_per_gpu_hour, cost=round(total, 6),
         cost_per_million_rows=round(total * 1e6 / rows_scored, 4) if rows_scored else None,
@@ -128,6 +135,8 @@ def cost_text(cost: Mapping[str, Any]) -> str:
     if cost.get("cost") is not None:
         per_million = cost.get("cost_per_million_rows")
         text += f"; cost {cost['cost']:,.4g}" + (f" ({per_million:,.4g} per million rows)" if per_million is not None else "")
+        if cost.get("token_cost") is not None:
+            text += f", of which {cost['token_cost']:,.4g} the endpoint's tokens"
     return text
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from lakescore.udfs.endpoint_options import EndpointOptions, ServerOptions, unsupported_settings
 from lakescore.udfs.registry import TASKS
 from lakescore.udfs.settings import ConfigError, Number, Section, Strings, Text, checked, cli
 
@@ -82,7 +83,23 @@ class GenerateOptions(Section):
     per token."""
     json_schema: Annotated[Optional[Text], BeforeValidator(_json_text)] = None
     """A JSON Schema (a YAML mapping or JSON text): decoding is constrained so that every text is JSON that validates
-    against it (llguidance)."""
+    against it (llguidance; over an endpoint, the API's JSON-schema response format)."""
+    top_k: Optional[int] = Field(None, ge=1, json_schema_extra=cli("--top-k", "K"))
+    """Sampling: draw from the ``top_k`` likeliest tokens only (with ``top_p``, from the smaller set); default: all."""
+    repetition_penalty: Number = Field(1.0, gt=0, allow_inf_nan=False, json_schema_extra=cli("--repetition-penalty"))
+    """Above 1: a token already in the prompt or the text is made less likely (transformers' rule: its logit divided
+    by this, multiplied when negative); 1: off."""
+    min_new_tokens: int = Field(0, ge=0, json_schema_extra=cli("--min-new-tokens", "N"))
+    """Tokens generated before the end-of-sequence token (or one of ``stop_token_ids``) may end a row."""
+    stop_token_ids: Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)] = ()
+    """Token ids that end a row as the end-of-sequence token does (``finish_reason`` ``stop``; their text is left
+    out)."""
+    endpoint: Optional[EndpointOptions] = None
+    """Generate through an OpenAI-compatible endpoint instead of a model loaded here (``--model`` is not needed); see
+    ``docs/generation.md``."""
+    server: Optional[ServerOptions] = None
+    """Serve the model (``--model``) with an engine lakescore starts once per executor host (vLLM, SGLang or
+    ``transformers serve``) and send each host's rows to it; see ``docs/generation.md``."""
 
     @model_validator(mode="after")
     def _combinations(self) -> "GenerateOptions":
@@ -102,6 +119,15 @@ class GenerateOptions(Section):
             if not isinstance(schema, dict):
                 raise ConfigError(f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}")
             _check_json_schema(schema)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(f"generate.min_new_tokens {self.min_new_tokens} exceeds generate.max_new_tokens {self.max_new_tokens}")
+        if self.endpoint is not None and self.server is not None:
+            raise ConfigError("generate.endpoint and generate.server exclude each other: a model is called, or served here")
+        remote = self.endpoint or self.server
+        if remote is not None:
+            refused = unsupported_settings(self, remote.api)
+            if refused:
+                raise ConfigError(refused[0])
         return self
 
     @property
@@ -113,9 +139,28 @@ class GenerateOptions(Section):
         """True when a row's output depends only on its prompt (greedy, or ``choices``): what dedup may rely on."""
         return self.greedy or bool(self.choices)
 
+    @property
+    def remote(self) -> bool:
+        """Whether an endpoint or a served engine generates, rather than a model loaded in the worker."""
+        return self.endpoint is not None or self.server is not None
+
     def identity(self) -> dict[str, Any]:
-        """Every setting, by name: what a spec digest covers."""
-        return {name: getattr(self, name) for name in type(self).model_fields}
+        """Every setting, by name: what a spec digest covers. An endpoint or server counts by what names the model
+        that answers (not where it is, how it is called, or its price); a setting added since digests were first
+        recorded counts only when set, so the digests of runs that do not set it stay as they were."""
+        facts = {name: getattr(self, name) for name in type(self).model_fields}
+        for name, default in _ADDED_SETTINGS.items():
+            if facts[name] == default:
+                del facts[name]
+        for name in ("endpoint", "server"):
+            if name in facts:
+                facts[name] = facts[name].identity()
+        return facts
+
+
+_ADDED_SETTINGS = {"top_k": None, "repetition_penalty": 1.0, "min_new_tokens": 0, "stop_token_ids": (), "endpoint": None,
+                   "server": None}
+"""The generate settings issue 48 added, at their defaults: left out of :meth:`GenerateOptions.identity` there."""
 
 
 def _check_json_schema(schema: dict) -> None:

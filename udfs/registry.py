@@ -242,7 +242,7 @@ TASKS: dict[str, Task] = {
             backends=("torch",), forward_imports=("torch",), profile=OutputProfile(score="prediction"),
         ),
         Task(
-            "generate", PROMPT, "lakescore.udfs.heads.generate:load_generator",
+            "generate", PROMPT, "lakescore.udfs.heads.generators:load_generator",
             "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
             options_section="generate", optional_outputs=("choice_logprobs",),
             output_value_sets={"finish_reason": ("stop", "length", "choice")},

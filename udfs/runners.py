@@ -187,9 +187,8 @@ class PromptRunner:
         return PreparedPrompts(prompts, keys, features, refused)
 
     def score(self, prepared: PreparedPrompts, budget: AdaptiveBudget) -> Scored:
-        from lakescore.udfs.heads.generate import score_prompts
-
-        return _refuse(score_prompts(prepared.prompts, self.head, budget, prepared.keys, prepared.features), prepared.refused)
+        # the head's own scoring: in-process generation, or requests to an endpoint or served engine
+        return _refuse(self.head.score_prompts(prepared.prompts, budget, prepared.keys, prepared.features), prepared.refused)
 
     def row_costs(self, prepared: PreparedPrompts) -> np.ndarray:
         """Each prompt's tokens plus the tokens it may generate, as the generation batches are planned."""

@@ -123,12 +123,16 @@ class ScoredBatch:
     loads: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    requests: int = 0
+    retries: int = 0
+    rate_limited: int = 0
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema) -> pa.RecordBatch:
         """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker``, as ``schema`` says."""
         n = len(self.reasons)
         worker = {"model_loads": self.loads, "arrow_batches": 1, "model_seconds": self.seconds, "budget_halvings": self.halvings,
-                  "tokens_in": self.tokens_in, "tokens_out": self.tokens_out}
+                  "tokens_in": self.tokens_in, "tokens_out": self.tokens_out, "requests": self.requests,
+                  "retries": self.retries, "rate_limited": self.rate_limited}
         arrays = kept + self.predictions + [
             pa.repeat(pa.scalar(self.sha256, pa.string()), n),  # in Arrow's C++: a Python list costs per row
             pa.array(self.reasons, type=pa.string()),
@@ -171,16 +175,23 @@ def score_batches(
         if batch.num_rows == 0:
             yield batch, None
             continue
-        started, halvings = time.perf_counter(), budget.halvings
+        started, halvings, sent = time.perf_counter(), budget.halvings, _traffic(model.scorer)
         scored = runner.score(prepared, budget)
         seconds = time.perf_counter() - started
         tokens_in, tokens_out = runner.token_counts(scored) if hasattr(runner, "token_counts") and scored.ok.any() else (0, 0)
+        traffic = {name: count - sent[name] for name, count in _traffic(model.scorer).items()}
         yield batch, ScoredBatch(
             _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
             runner.raw_inputs(prepared, scored), seconds=seconds, halvings=budget.halvings - halvings, loads=loads,
-            tokens_in=tokens_in, tokens_out=tokens_out,
+            tokens_in=tokens_in, tokens_out=tokens_out, **traffic,
         )
         loads = 0
+
+
+def _traffic(head: Any) -> dict[str, int]:
+    """The requests a head over an endpoint sent so far in this process, its retries and 429s (zeros for the others)."""
+    stats = getattr(getattr(head, "client", None), "stats", None)
+    return {name: int(getattr(stats, name, 0)) for name in ("requests", "retries", "rate_limited")}
 
 
 PREFLIGHT_SCHEMA = (
@@ -229,7 +240,7 @@ def make_preflight_function(
             if kind.timed_rows:
                 row["row_seconds"] = _seconds_per_row(model, kind.preflight_sample(spec, kind.timed_rows), kind.timed_rows)
             row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
-                       files=json.dumps(model_file_digests(model.model_dir), sort_keys=True))
+                       files=json.dumps(model_file_digests(model.model_dir) if model.model_dir else {}, sort_keys=True))
             if resolved.reduced_precision and sample and _first_task():
                 figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)

@@ -8,8 +8,12 @@ page equal to what :func:`updated` makes of it, so a new option without a regene
 from __future__ import annotations
 
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from pydantic_core import PydanticUndefined
 
 from lakescore.jobs.config.options import Option, config_options
 from lakescore.jobs.config.schema import JobConfig
@@ -61,6 +65,9 @@ def _section_doc(dotted: str) -> str:
     section: Any = JobConfig
     for part in dotted.split("."):
         section = section.model_fields[part].annotation
+        optional = [a for a in typing.get_args(section) if a is not type(None)]
+        if typing.get_origin(section) in (typing.Union, types.UnionType) and len(optional) == 1:
+            section = optional[0]  # an optional section (``generate.endpoint``): its class
     return section.__doc__ or ""
 
 
@@ -70,6 +77,8 @@ def _inline(text: str) -> str:
 
 
 def _default_text(value: Any) -> str:
+    if value is PydanticUndefined:  # a key its section needs once the section is given (generate.endpoint.url)
+        return "required"
     if value is None:
         return "`null`"
     if isinstance(value, bool):

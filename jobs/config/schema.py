@@ -173,7 +173,8 @@ class JobConfig(Section):
         required = [
             ("input", self.input),
             ("output", self.output),
-            ("model.source (--model)", self.model.source),
+            # an endpoint's model is the server's: no files to read here
+            ("model.source (--model)", self.model.source or getattr(self.task_options(), "endpoint", None)),
             ("id_col (--id-col)", self.id_col),
         ]
         setting = self.column_setting

@@ -3,6 +3,7 @@ reads for a failure."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 __all__ = [
@@ -73,6 +74,9 @@ def one_line(exc: BaseException) -> str:
     error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`)."""
     from lakescore.jobs.platform.tables import failure_reason
 
+    worker = _worker_line(exc)
+    if worker:
+        return worker
     reason = failure_reason(exc)
     if reason:
         return " ".join(reason.split())[:500]
@@ -82,6 +86,21 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, (ValueError, LookupError, OSError, RuntimeError)) and type(exc).__module__ == "builtins":
         return f"{type(exc).__name__}: {text[:500]}"
     return text[:500]
+
+
+_WORKER_LINE = re.compile(r"\b(?:EndpointDown|EngineStartError): ([^\n]+)")
+"""An executor's error whose message is the operator's whole line, as a failed Spark task carries it (in the Python
+worker's traceback): the endpoint that stopped the run, the engine that would not start."""
+
+
+def _worker_line(exc: BaseException) -> Optional[str]:
+    """The message of the last such worker error in ``exc``'s text and causes, or ``None``."""
+    seen, found = exc, None
+    while seen is not None and found is None:
+        matches = _WORKER_LINE.findall(str(seen))
+        found = matches[-1].strip()[:500] if matches else None
+        seen = seen.__cause__ or seen.__context__
+    return found
 
 
 def before_compute(exc: BaseException) -> bool:

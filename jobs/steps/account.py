@@ -150,4 +150,5 @@ def _worker_totals(groups: list, preflight_loads: int) -> dict[str, Any]:
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
         **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_out"] else {}),
+        **({name: int(total[name]) for name in ("requests", "retries", "rate_limited")} if total["requests"] else {}),
     }

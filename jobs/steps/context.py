@@ -94,8 +94,9 @@ class RunContext:
     layout: ScoringLayout
     rows_counter: Optional[RowCounter]
     """Rows the workers scored so far, live (classic sessions; ``None`` over Spark Connect)."""
-    model_dir: Path
-    """The model's files on the driver's host (the HTML report reads the tokenizer there)."""
+    model_dir: Optional[Path]
+    """The model's files on the driver's host (the HTML report reads the tokenizer there); ``None`` for a model served
+    elsewhere (``generate.endpoint``)."""
     input_version: Optional[int] = None
     """The Delta version of the input this run reads from start to end (``None``: not Delta; a Parquet input is
     pinned to the file listing taken at the start)."""

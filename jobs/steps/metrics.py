@@ -71,6 +71,9 @@ METRICS_SCHEMA = T.StructType([
     T.StructField("drift_exceeded", T.ArrayType(T.StringType())),
     T.StructField("drift_note", T.StringType()),
     T.StructField("error", T.StringType()),
+    T.StructField("tokens_in", T.LongType()),
+    T.StructField("tokens_out", T.LongType()),
+    T.StructField("cost", T.DoubleType()),
 ])
 """The metrics table's columns: the same for every task (a profile the task does not have is null)."""
 
@@ -97,6 +100,9 @@ def metrics_row(report: RunReport) -> Optional[dict[str, Any]]:
         **{name: profile.get(name) for name in _PROFILE}, **{name: figures.get(name) for name in _FIGURES},
         "drift_exceeded": drift.get("exceeded") if drift else None, "drift_note": drift.get("note"),
         "error": report.error,
+        # generation's tokens, and the run's cost where a price is set (cores, GPUs, an endpoint's tokens)
+        "tokens_in": (report.workers or {}).get("tokens_in"), "tokens_out": (report.workers or {}).get("tokens_out"),
+        "cost": (report.cost or {}).get("cost"),
     }
 
 
@@ -141,13 +147,15 @@ def _minted(cfg: JobConfig, report: RunReport) -> bool:
 
 
 def _append_row(spark: SparkSession, report: RunReport, target: Optional[_MetricsTarget]) -> None:
-    """Append ``report``'s row to ``target`` (adding the attempt column to a table written without it); a failure is
-    logged as a warning and never raised."""
+    """Append ``report``'s row to ``target`` (adding the columns a table written by an earlier lakescore lacks: the
+    attempt, tokens, cost); a failure is logged as a warning and never raised."""
     if target is None:
         return
     try:
-        if target.table is not None and ATTEMPT not in target.table.columns:  # written by an earlier lakescore
-            spark.sql(f"ALTER TABLE {TableRef.parse(target.ref).sql} ADD COLUMNS ({ATTEMPT} BIGINT)")
+        missing = [f for f in METRICS_SCHEMA.fields if target.table is not None and f.name not in target.table.columns]
+        if missing:  # written by an earlier lakescore
+            added = ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in missing)
+            spark.sql(f"ALTER TABLE {TableRef.parse(target.ref).sql} ADD COLUMNS ({added})")
         write_delta(_one_row_frame(spark, metrics_row(report)), target.ref, mode="append")
     except Exception as exc:  # the run's outcome is decided; its metrics row must never change it
         log.warning("could not write run %s's row to the metrics table %s: %s", report.run_id, target.ref, one_line(exc))

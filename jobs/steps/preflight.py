@@ -25,6 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import RunContext, ScoringLayout
+from lakescore.udfs.endpoint import EndpointRefused
+from lakescore.udfs.engine_server import EngineStartError, stop_engines_task
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
@@ -34,7 +36,7 @@ from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 __all__ = [
     "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
-    "raise_worker_failure",
+    "raise_worker_failure", "stop_served_engines",
 ]
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,8 @@ log = logging.getLogger(__name__)
 SAMPLE_ROWS = 256
 """Input texts a reduced-precision run scores both ways (float32 and its own path) before it starts."""
 
-_OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError)}
+_OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError,
+                                            EndpointRefused, EngineStartError)}
 """Worker errors whose message is the operator's whole line: raised on the driver as they are."""
 
 
@@ -120,13 +123,28 @@ def preflight_model(
     if checked is not None:
         log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
     return ModelIdentity(
-        model_id=spec.source, revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
+        model_id=spec.source if spec.source is not None else spec.generate.endpoint.model,  # an endpoint's: its name
+        revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )
+
+
+def stop_served_engines(run: "RunContext") -> None:
+    """With ``generate.server``: stop the engines the executors started for the run (one small task per scoring slot,
+    as the preflight started them), once its rows are scored or it failed. Where a task misses a host, the engine's
+    watchdog stops it with the executor. A failure here is logged, never the run's."""
+    if getattr(run.spec.generate, "server", None) is None:
+        return
+    tasks = run.layout.partitions or default_parallelism(run.spark)
+    try:
+        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(stop_engines_task, "stopped int").collect()
+        log.info("stopped %d served engine(s)", sum(r.stopped for r in stopped))
+    except Exception as exc:  # noqa: BLE001 (the run's outcome is decided; the watchdogs stop what is left)
+        log.warning("could not stop the served engines: %s", exc)
 
 
 def raise_worker_failure(spec: ModelSpec, rows: Sequence) -> None:
@@ -165,7 +183,8 @@ class ExecutorPreflight:
 
     def __enter__(self) -> "ExecutorPreflight":
         try:  # the driver's copy of the model first: a model that cannot fit the task starts no executor job
-            check_model_fits(self._run.spec, self._run.model_dir)
+            if self._run.model_dir is not None:  # None: a model served elsewhere, checked by the executors' request
+                check_model_fits(self._run.spec, self._run.model_dir)
         except BaseException:
             if self._run.worker_start is not None:
                 self._run.worker_start.cancel()
@@ -190,6 +209,8 @@ class ExecutorPreflight:
                 self._run.worker_start.cancel()
             cancel_tagged(self._run.spark, self._tag)
         self._pool.shutdown(wait=True)
+        if exc_type is not None:
+            stop_served_engines(self._run)
 
     def identity(self) -> ModelIdentity:
         """The identity every executor agreed on; the preflight's error if it failed."""

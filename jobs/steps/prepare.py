@@ -192,7 +192,7 @@ def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional
     ``None`` in the other modes, or when the driver's copy holds no weight file (the preflight names the error).
     What the executors hashed decides: :func:`plan_run` compares again if their digests differ.
     """
-    if run.cfg.write.mode != "incremental":
+    if run.cfg.write.mode != "incremental" or run.model_dir is None:  # None: served elsewhere, the executors name it
         return None
     try:
         sha256 = weights_sha256(run.model_dir)

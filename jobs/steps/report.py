@@ -120,7 +120,7 @@ def assemble_report(
             worker_seconds=accounting.workers.get("model_seconds") or 0.0,
             rows_scored=accounting.output_rows, resources=session_resources(run.spark, cfg, run.layout.profile is not None),
             gpus=identity.gpus, price_per_core_hour=cfg.resources.price_per_core_hour,
-            price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
+            price_per_gpu_hour=cfg.resources.price_per_gpu_hour, token_cost=_token_cost(cfg, accounting.workers),
         ),
         spark=session_facts(run.spark),
         started_at=clock.started_at,
@@ -129,6 +129,13 @@ def assemble_report(
         versions=software_versions(run.spark.version),
         profile=profile,
     )
+
+
+def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
+    """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
+    ``None`` without a price."""
+    price = getattr(getattr(cfg.task_options(), "endpoint", None), "price", None)
+    return None if price is None else price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
 
 
 def _with_token_rate(workers: dict[str, Any], stage_seconds: Optional[float]) -> dict[str, Any]:
@@ -150,7 +157,7 @@ def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -
         task=cfg.task,
         input=cfg.input,
         output=cfg.output,
-        model_id=cfg.model.source,
+        model_id=cfg.model.source or getattr(getattr(cfg.task_options(), "endpoint", None), "model", None),
         model_revision=cfg.model.revision,
         model_sha256=None,
         failed_step=getattr(exc, "lakescore_step", None),

@@ -23,6 +23,7 @@ from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import RunContext, ScoringLayout, scoring_layout
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
+from lakescore.jobs.steps.preflight import stop_served_engines
 from lakescore.jobs.steps.rank import chunk_columns, keep_top
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
 from lakescore.schemas.column_names import resolvable_name
@@ -128,6 +129,8 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
         except BaseException as exc:
             exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise
+        finally:
+            stop_served_engines(run)  # generate.server: every row is sent, or the run failed
     return progress.samples()
 
 

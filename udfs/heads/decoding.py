@@ -28,7 +28,6 @@ log-probabilities given the prompt and the choice tokens before them.
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -36,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from lakescore.udfs.heads.seeds import row_seed  # re-exported: the seed rule is every engine's
 from lakescore.udfs.models.devices import to_device
 
 __all__ = ["Decoding", "RowState", "GrammarError", "generate", "choice_logprobs", "row_seed"]
@@ -53,12 +53,6 @@ class GrammarError(RuntimeError):
     """A row's grammar matcher refused a token or failed: the row is retried alone, then ``generation_error``."""
 
 
-def row_seed(seed: int, key: str) -> int:
-    """The seed of a row's sampling generator: a 63-bit digest of (``seed``, ``key``), the same in every process."""
-    digest = hashlib.sha256(f"{seed}\x00{key}".encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
 @dataclass
 class RowState:
     """One row's decoding so far: its new token ids, sampling generator, grammar matcher and, once it ended, why."""
@@ -68,6 +62,8 @@ class RowState:
     ids: list[int] = field(default_factory=list)
     finish_reason: Optional[str] = None
     text: Optional[str] = None
+    seen: Optional[set[int]] = None
+    """The prompt's and the new tokens' ids, with ``repetition_penalty``."""
 
 
 class Decoding:
@@ -81,6 +77,11 @@ class Decoding:
         if eos is None:
             eos = tokenizer.eos_token_id
         self.eos_ids = frozenset([] if eos is None else eos if isinstance(eos, (list, tuple)) else [eos])
+        self.stop_ids = frozenset(options.stop_token_ids)
+        """``stop_token_ids``: tokens that end a row as EOS does; their text is not part of the row's."""
+        self.top_k = options.top_k or 0
+        self.penalty = float(options.repetition_penalty)
+        self.min_new_tokens = options.min_new_tokens
         self._new_matcher = self._grammar_matchers(options.json_schema) if options.json_schema is not None else None
 
     def _grammar_matchers(self, schema: str) -> Callable[[], Any]:
@@ -97,11 +98,14 @@ class Decoding:
             raise ValueError(f"generate.json_schema cannot be compiled to a grammar: {'; '.join(messages)}")
         return lambda: llguidance.LLMatcher(tokenizer, grammar, log_level=0)
 
-    def start(self, keys: Sequence[str]) -> list[RowState]:
-        """A fresh state per row: its generator seeded from (seed, key) when sampling, its matcher with a schema."""
+    def start(self, keys: Sequence[str], prompts: Optional[Sequence[Sequence[int]]] = None) -> list[RowState]:
+        """A fresh state per row: its generator seeded from (seed, key) when sampling, its matcher with a schema, the
+        ids of its prompt (``prompts``, unpadded) with a repetition penalty."""
         states = []
-        for key in keys:
+        for i, key in enumerate(keys):
             state = RowState()
+            if self.penalty != 1.0:
+                state.seen = set(prompts[i]) if prompts is not None else set()
             if not self.options.greedy:
                 state.generator = torch.Generator().manual_seed(row_seed(self.options.seed, str(key)))
             if self._new_matcher is not None:
@@ -111,18 +115,41 @@ class Decoding:
 
     def pick(self, logits: torch.Tensor, states: Sequence[RowState]) -> list[int]:
         """The next token of each row, from its float32 ``logits`` (rows, vocab): arg-max, or one draw per row."""
+        logits = self._processed(logits, states)
         if self._new_matcher is not None:
             logits = logits.masked_fill(self._disallowed(states).to(logits.device), float("-inf"))
         if self.options.greedy:
-            return logits.argmax(-1).tolist()
-        probs = torch.softmax(logits.double().cpu() / self.options.temperature, dim=-1)
-        if self.options.top_p < 1:
-            probs = _top_p(probs, self.options.top_p)
-        cdf = probs.cumsum(-1)
-        draws = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
-        # a draw scaled to the row's total never lands past its last token with probability above zero
-        picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1)
-        return picked.clamp(max=cdf.shape[1] - 1).tolist()
+            picked = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits.double().cpu() / self.options.temperature, dim=-1)
+            if self.top_k:
+                probs = _top_k(probs, self.top_k)
+            if self.options.top_p < 1:
+                probs = _top_p(probs, self.options.top_p)
+            cdf = probs.cumsum(-1)
+            draws = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
+            # a draw scaled to the row's total never lands past its last token with probability above zero
+            picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)
+        return picked.tolist()
+
+    def _processed(self, logits: torch.Tensor, states: Sequence[RowState]) -> torch.Tensor:
+        """``logits`` with the repetition penalty (transformers' rule: a seen token's logit divided by the penalty, or
+        multiplied when negative) and, before ``min_new_tokens``, the tokens that would end the row masked."""
+        if self.penalty != 1.0:
+            logits = logits.clone()
+            for i, state in enumerate(states):
+                if state.seen:
+                    seen = torch.tensor(sorted(state.seen), dtype=torch.long, device=logits.device)
+                    values = logits[i, seen]
+                    logits[i, seen] = torch.where(values < 0, values * self.penalty, values / self.penalty)
+        if self.min_new_tokens:
+            young = [i for i, state in enumerate(states) if len(state.ids) < self.min_new_tokens]
+            ending = sorted(t for t in self.eos_ids | self.stop_ids if t < logits.shape[-1])
+            if young and ending:
+                logits = logits.clone()
+                rows = torch.tensor(young, dtype=torch.long, device=logits.device)[:, None]
+                logits[rows, torch.tensor(ending, dtype=torch.long, device=logits.device)[None, :]] = float("-inf")
+        return logits
 
     def _disallowed(self, states: Sequence[RowState]) -> torch.Tensor:
         """(rows, vocab) True where a row's grammar forbids the token."""
@@ -138,12 +165,14 @@ class Decoding:
     def advance(self, state: RowState, token: int, last: bool) -> bool:
         """Append ``token`` to the row; True when the row has ended (EOS, stop string, grammar done, or ``last``)."""
         state.ids.append(token)
+        if state.seen is not None:
+            state.seen.add(token)
         if state.matcher is not None:
             if not _matcher_call(state.matcher.consume_token, token):
                 raise GrammarError(state.matcher.get_error() or f"the grammar refused token {token}")
             if state.matcher.is_stopped():
                 state.finish_reason = "stop"
-        if token in self.eos_ids:
+        if token in self.eos_ids or token in self.stop_ids:
             state.finish_reason = "stop"
         elif self.options.stop:
             text = self.text_of(state)
@@ -157,7 +186,8 @@ class Decoding:
     def text_of(self, state: RowState) -> str:
         """The row's text: its new tokens decoded without special tokens, cut before a stop string when one came."""
         if state.text is None:
-            return self.tokenizer.decode(state.ids, skip_special_tokens=True)
+            ids = state.ids[:-1] if state.ids and state.ids[-1] in self.stop_ids else state.ids
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
         return state.text
 
 
@@ -239,6 +269,14 @@ class Decoded:
     finish_reason: str
 
 
+def _top_k(probs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``probs`` (rows, vocab) restricted to each row's ``top_k`` most probable tokens, renormalised (transformers'
+    ``TopKLogitsWarper``, on probabilities; ties at the k-th value are kept, as there)."""
+    kth = probs.topk(min(top_k, probs.shape[-1]), dim=-1).values[:, -1:]
+    kept = probs.masked_fill(probs < kth, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """``probs`` (rows, vocab) restricted to each row's nucleus: the most probable tokens whose mass first reaches
     ``top_p`` (at least one), renormalised (transformers' ``TopPLogitsWarper``, on probabilities)."""
@@ -254,7 +292,8 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
     device = str(model.device)
     ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
-    states = decoding.start(keys)
+    prompts = [row[mask_row.astype(bool)].tolist() for row, mask_row in zip(input_ids, attention_mask)] if decoding.penalty != 1.0 else None
+    states = decoding.start(keys, prompts)
     with torch.inference_mode():
         most = decoding.options.max_new_tokens
         start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps

@@ -33,12 +33,14 @@ from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_p
 from lakescore.udfs.generate_options import (  # re-exported: the head's settings, importable without numpy
     CHAT_TEMPLATE_MODES, FINISH_REASONS, TRUNCATE_MODES, GenerateOptions, template_columns, template_parts,
 )
+from lakescore.udfs.heads.seeds import row_seed  # re-exported: callers took it from the head
 from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = [
     "GenerateOptions", "Generation", "Generator", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "FINISH_REASONS",
-    "template_parts", "template_columns", "score_prompts", "token_counts", "load_generator",
+    "template_parts", "template_columns", "score_prompts", "token_counts", "load_generator", "generation_columns", "row_seed",
 ]
+
 
 class Generation(NamedTuple):
     """One row's outcome: the output columns of the task, in schema order, then the new token ids themselves
@@ -171,18 +173,13 @@ class Generator:
         return rows
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
-        """The task's output columns for scored ``outputs``, in output-schema order (rows not ``ok`` are null;
-        ``choice_logprobs`` is null on every row without ``choices``)."""
-        ok = np.asarray(ok, dtype=bool)
-        rows = [o if good else Generation("", "", 0, 0) for o, good in zip(outputs, ok)]
-        types = self._output_types
-        return (
-            string_column([r.text for r in rows], ok),
-            string_column([r.finish_reason for r in rows], ok),
-            scalar_column(np.array([r.prompt_tokens for r in rows], dtype=np.int64), ok, types[2]),
-            scalar_column(np.array([r.completion_tokens for r in rows], dtype=np.int64), ok, types[3]),
-            python_column([None if r.choice_logprobs is None else list(r.choice_logprobs) for r in rows], ok, types[4]),
-        )
+        """The task's output columns for scored ``outputs`` (:func:`generation_columns`)."""
+        return generation_columns(outputs, ok, self._output_types)
+
+    def score_prompts(self, prompts: Sequence[Optional[str]], policy: BatchPolicy | AdaptiveBudget,
+                      keys: Optional[Sequence[str]] = None, features: Optional[Mapping[str, Any]] = None) -> Scored:
+        """:func:`score_prompts` through this head: what the prompt runner calls, whichever engine the head is."""
+        return score_prompts(prompts, self, policy, keys, features)
 
     def score(self, prompts: list[str]) -> np.ndarray:
         """Convenience for small lists: one padded batch (the job uses :func:`score_prompts`)."""
@@ -194,6 +191,20 @@ class Generator:
         could not score are left out)."""
         same = [a.text == b.text for a, b in zip(reference, outputs) if isinstance(a, Generation) and isinstance(b, Generation)]
         return {"agreement": float(np.mean(same)) if same else 1.0}
+
+
+def generation_columns(outputs: np.ndarray, ok: np.ndarray, types: Sequence[pa.DataType]) -> tuple[pa.Array, ...]:
+    """The generate task's output columns for :class:`Generation` ``outputs``, in output-schema order, of every engine
+    (rows not ``ok`` are null; ``choice_logprobs`` is null on every row without ``choices``)."""
+    ok = np.asarray(ok, dtype=bool)
+    rows = [o if good else Generation("", "", 0, 0) for o, good in zip(outputs, ok)]
+    return (
+        string_column([r.text for r in rows], ok),
+        string_column([r.finish_reason for r in rows], ok),
+        scalar_column(np.array([r.prompt_tokens for r in rows], dtype=np.int64), ok, types[2]),
+        scalar_column(np.array([r.completion_tokens for r in rows], dtype=np.int64), ok, types[3]),
+        python_column([None if r.choice_logprobs is None else list(r.choice_logprobs) for r in rows], ok, types[4]),
+    )
 
 
 def _first(*values):
@@ -289,11 +300,11 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     from lakescore.udfs.models.model_source import refuse_pickle_weights, require_directory
     from lakescore.udfs.registry import get_task
 
+    options = spec.generate or GenerateOptions()
     if spec.backend != "torch":
         raise ValueError(f"the generate task runs on the torch backend, not {spec.backend!r}")
     require_directory(model_dir, spec.task)
     refuse_pickle_weights(model_dir, spec.allow_pickle)
-    options = spec.generate or GenerateOptions()
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code)
     auto_class = "AutoModelForSeq2SeqLM" if getattr(config, "is_encoder_decoder", False) else "AutoModelForCausalLM"
     tokenizer = load_tokenizer(spec, model_dir)

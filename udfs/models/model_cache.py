@@ -38,7 +38,9 @@ class LoadedModel:
 
     scorer: Any
     """The task head: ``forward``, ``columns(outputs, ok)``, ``score(inputs)`` (and ``tokenize`` for text heads)."""
-    model_dir: Path
+    model_dir: Optional[Path]
+    """Where the files are; ``None`` for a model served elsewhere (``generate.endpoint``), whose head names its
+    identity (``sha256``, ``revision``)."""
     sha256: str
     revision: Optional[str]
     """The hub commit the files came from, when known."""
@@ -46,7 +48,9 @@ class LoadedModel:
     """:func:`~lakescore.udfs.models.model_source.model_file_digests` of ``model_dir`` when it was loaded."""
 
     def is_current(self) -> bool:
-        """Whether ``model_dir`` still holds the files this model was loaded from."""
+        """Whether ``model_dir`` still holds the files this model was loaded from (a served model: always)."""
+        if self.model_dir is None:
+            return True
         try:
             return weights_sha256(self.model_dir) == self.sha256 and model_file_digests(self.model_dir) == self.files
         except (OSError, ModelSourceError):  # the directory went away or lost its weights: load again, and fail there
@@ -72,6 +76,11 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
             _cache[key] = cached
             return cached, False
         del cached  # edited in place since it was loaded: free it before loading the files as they are now
+        if spec.source is None:  # a model served elsewhere: no files here; the head says which model answers
+            scorer = get_task(spec.task).load(key, None)
+            loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision)
+            _cache[key] = loaded
+            return loaded, True
         model_dir = resolve_model_dir(spec.source, spec.revision)
         sha256 = weights_sha256(model_dir)
         verify_sha256(sha256, spec.expect_sha256, spec.source)

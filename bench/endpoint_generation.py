@@ -1,0 +1,121 @@
+"""W4E: generation through an endpoint (issue 48): ``lakescore score --task generate`` with ``generate.endpoint`` against
+a plain loop of concurrent requests (:mod:`bench.peers.endpoint_loop`), both to one ``transformers serve`` running W4's
+seeded model on this machine's CPUs.
+
+The server is started once for the workload (``transformers serve <model>`` on a free loopback port, offline) and
+serves both peers, alternately (``repeats`` rounds); each sends :data:`W4E_ROWS` of W4's prompts, greedy,
+:data:`W4E_NEW_TOKENS` new tokens each, :data:`CONCURRENCY` requests in flight per task (lakescore) or in all (the
+loop). Target (printed with met / NOT met, never enforced): generated tokens/s while generating (lakescore's
+``workers.tokens_out`` over its scoring stage's seconds; the loop's over its first request to its last answer) >=
+1.0x the loop's, i.e. what lakescore adds per row (Spark, staging, dead-letter, retries) costs no throughput against
+the server; greedy texts equal on every row.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
+from bench.fast_path import verdict
+from bench.generation import compare_texts, make_w4_data, make_w4_model, tokens_per_second
+
+__all__ = ["W4E", "W4E_ROWS", "W4E_REPEATS", "W4E_NEW_TOKENS", "W4EResult", "run_w4e", "w4e_lines", "peer_commands"]
+
+W4E = "W4E"
+W4E_ROWS = 200
+W4E_REPEATS = 2
+W4E_NEW_TOKENS = 16
+CONCURRENCY = 16
+RATE_TARGET = 1.0
+
+
+@dataclass
+class W4EResult(PeerRuns):
+    """Every W4E run by peer (``lakescore``, ``loop``), in run order, and the greedy comparison of their outputs."""
+
+    rows: int
+    runs: dict[str, list[PeerRun]] = field(default_factory=dict)
+    equal: Optional[dict] = None
+
+
+def peer_commands(table: Path, model: Path, url: str, run_dir: Path) -> dict[str, list[str]]:
+    """Each W4E peer's command line against the server at ``url``; its files go under ``run_dir``."""
+    return {
+        "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(table),
+                      "--output", str(run_dir / "delta"), "--task", "generate", "--id-col", "id", "--text-col", "prompt",
+                      "--set", f"generate.max_new_tokens={W4E_NEW_TOKENS}", "--set", f"generate.endpoint.url={url}",
+                      "--set", f"generate.endpoint.model={model}", "--set", f"generate.endpoint.concurrency={CONCURRENCY}",
+                      "--report", str(run_dir / "report.json"),
+                      "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
+                      "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}"],
+        "loop": [sys.executable, "-m", "bench.peers.endpoint_loop", "--input", str(table), "--url", url, "--model", str(model),
+                 "--output", str(run_dir / "generated.parquet"), "--timings", str(run_dir / "timings.json"),
+                 "--max-new-tokens", str(W4E_NEW_TOKENS), "--concurrency", str(CONCURRENCY)],
+    }
+
+
+def _serve(model: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """``transformers serve <model>`` on a free loopback port, offline, once it answers ``/health``."""
+    from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
+
+    port = free_port()
+    with open(log, "ab") as out:
+        process = subprocess.Popen(engine_command("transformers", str(model), str(model), port), stdout=out,
+                                   stderr=subprocess.STDOUT, env={**env, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not healthy(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise RuntimeError(f"W4E: transformers serve did not start; see {log}")
+        time.sleep(0.5)
+    return process, f"http://{HOST}:{port}/v1"
+
+
+def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4E_ROWS) -> W4EResult:
+    """Build W4's model and ``rows`` prompts, start the server, run both peers alternately against it ``repeats``
+    times each (a line per run), compare the first good outputs row by row; the server is stopped at the end."""
+    model = make_w4_model(data_dir / "w4e_model")
+    table = make_w4_data(data_dir / "w4e", rows)
+    result = W4EResult(rows=rows)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    server, url = _serve(model, runs_dir / f"{W4E}-serve.log", env)
+    print(f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}", flush=True)
+    try:
+        commands = {peer: (lambda run_dir, peer=peer: peer_commands(table, model, url, run_dir)[peer]) for peer in ("lakescore", "loop")}
+        result.runs = run_alternately(
+            W4E, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
+            lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {}, repo, repeats,
+        )
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    result.equal = compare_first_good(runs_dir, W4E, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
+                                      compare_texts)
+    return result
+
+
+def w4e_lines(result: W4EResult) -> list[str]:
+    """The W4E figures and its targets with met / NOT met."""
+    lines = [f"W4E data: {result.rows:,} of W4's review prompts, {W4E_NEW_TOKENS} new tokens each, greedy, through one "
+             f"`transformers serve` (W4's model, CPU); {CONCURRENCY} requests in flight per lakescore task and in the loop"]
+    for peer in ("lakescore", "loop"):
+        line = result.peer_line(W4E, peer, "generated tokens/s while generating", 1)
+        lines += [line] if line else []
+    ours, theirs = result.median("lakescore", "rate"), result.median("loop", "rate")
+    if ours and theirs:
+        lines.append(f"W4E generated tokens/s, lakescore's scoring stage vs the request loop: {ours:.1f} vs {theirs:.1f} = "
+                     f"{ours / theirs:.2f}x   target >= {RATE_TARGET:g}x: {verdict(ours / theirs >= RATE_TARGET)}")
+    eq = result.equal
+    if eq:
+        complete = eq["missing_in_lakescore"] == 0 and eq["extra_in_lakescore"] == 0
+        lines.append(f"W4E greedy outputs, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same text; "
+                     f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target all equal: "
+                     f"{verdict(eq['equal'] == eq['matched'] and complete)}")
+    return lines

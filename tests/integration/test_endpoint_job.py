@@ -1,0 +1,230 @@
+"""``--task generate`` over a real OpenAI-compatible server on real Spark + Delta: ``transformers serve`` running the
+tiny seeded Llama-shaped model on CPU, offline, started once for the module.
+
+* an endpoint behind a proxy that answers every third request 429 with ``Retry-After``: greedy text equal to
+  transformers' own ``generate`` on each row, the 429s retried and counted, tokens and cost from ``usage``, the key in
+  no log, report or Delta log, an incremental rerun that sends nothing;
+* a setting the server cannot honour (``json_schema``: ``transformers serve`` has no ``response_format``) refused before
+  any row is sent, in one line;
+* the endpoint killed mid-run: the run stops in one line naming it, nothing published, and the rerun resumes the
+  staged chunks;
+* a served engine (``generate.server.engine: transformers``) started by the job, killed mid-run and restarted once,
+  with no engine process left when the run ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lakescore.jobs.config import load_config
+from lakescore.jobs.report import one_line
+from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.metrics import record_run
+from lakescore.udfs.endpoint import EndpointRefused
+from tests.integration.test_generate_job import _reference_texts
+from tests.integration.test_score_job import read_output
+from tests.served_models import RateLimitingProxy, TransformersServe, python_processes_named
+
+TEMPLATE = "Review: {body}\nSummary:"
+KEY_ENV = "LAKESCORE_TEST_ENDPOINT_KEY"
+KEY = "sk-lakescore-test-5f0e1d2c3b4a"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_causal_lm_dir, module_tmp_path):
+    server = TransformersServe(tiny_causal_lm_dir, module_tmp_path / "serve.log").start()
+    yield server
+    server.kill()
+
+
+def _reviews(n: int = 7) -> pd.DataFrame:
+    rows = [(i, f"the food was good and room {i} was quiet") for i in range(1, n + 1)]
+    rows[2] = (3, None)  # null_input, never sent
+    return pd.DataFrame(rows, columns=["review_id", "body"])
+
+
+def _write(spark, frame: pd.DataFrame, path: Path) -> None:
+    spark.createDataFrame(frame, "review_id long, body string").write.format("delta").mode("overwrite").save(str(path))
+
+
+def _config(source: Path, output: Path, **flags):
+    return load_config(flags={
+        "input": str(source), "output": str(output), "task": "generate", "id_col": "review_id",
+        "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": 6, "max_error_rate": 0.5,
+        "spark.master": "local[2]", **flags,
+    })
+
+
+def _expected(model_dir: Path, frame: pd.DataFrame) -> tuple[list[str], list[int]]:
+    present = frame[frame["body"].notna()]
+    return _reference_texts(model_dir, [TEMPLATE.format(**row) for row in present.to_dict("records")], 6)
+
+
+def _files_text(*folders: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for folder in folders if folder.exists()
+                     for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".json", ".html", ".crc", ".log", ""))
+
+
+@pytest.fixture
+def executor_key(spark):
+    """The key in the executors' environment, as ``spark.executorEnv.<NAME>`` puts it there (the session's Python
+    workers started before this test: what ``spark.executorEnv`` gave them at start is the SparkContext's
+    ``environment``, which each new scoring function carries to a worker started with it)."""
+    environment = spark.sparkContext.environment
+    environment[KEY_ENV] = KEY
+    yield
+    environment.pop(KEY_ENV, None)
+
+
+def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_never_shows_its_key(
+    spark, tmp_path, served, tiny_causal_lm_dir, capfd, executor_key,
+):
+    source, output, report_path = tmp_path / "reviews", tmp_path / "summaries", tmp_path / "run.json"
+    frame = _reviews()
+    _write(spark, frame, source)
+    endpoint = {"generate.endpoint.model": str(tiny_causal_lm_dir), "generate.endpoint.api_key_env": KEY_ENV,
+                "generate.endpoint.price": {"input": 2.0, "output": 10.0}, "write.mode": "incremental",
+                "report": str(report_path)}
+    with RateLimitingProxy(served.port, every=3, retry_after=1) as proxy:
+        cfg = _config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint})
+        report = run_scoring(cfg, spark)
+        record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
+        assert report.status == "succeeded", report.error
+        out = read_output(spark, str(output))
+        expected, prompt_tokens = _expected(tiny_causal_lm_dir, frame)
+        assert out["generated_text"].tolist() == expected
+        assert out["prompt_tokens"].tolist() == prompt_tokens  # the server's usage
+        assert report.error_reasons == {"null_input": 1}
+        workers = report.workers
+        # (the preflight's request may be the one a 429 met: the executors' preflight counts in no row)
+        assert 1 <= workers["rate_limited"] <= proxy.refused and workers["retries"] >= workers["rate_limited"]
+        assert workers["tokens_out"] == out["completion_tokens"].sum() and workers["tokens_in"] == out["prompt_tokens"].sum()
+        token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
+        assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
+        assert "the endpoint's tokens" in report.summary()
+        assert f"({workers['rate_limited']} answered 429)" in report.summary()
+        metrics = spark.read.format("delta").load(f"{output}_metrics").toPandas().iloc[-1]
+        assert (metrics["tokens_in"], metrics["tokens_out"]) == (workers["tokens_in"], workers["tokens_out"])
+        assert metrics["cost"] == pytest.approx(report.cost["cost"]) and metrics["model_id"] == str(tiny_causal_lm_dir)
+        assert f"Bearer {KEY}" in proxy.authorizations  # the key was sent, in its header
+
+        # Incremental: nothing changed, so nothing is sent (the null row is tried again, as every row without an
+        # output is, and dead-lettered again without a request).
+        again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
+                                                       "max_error_rate": 1.0}), spark)
+        assert again.status == "succeeded", again.error
+        assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
+        assert not again.workers.get("requests")  # the preflight's request aside, none
+
+    captured = capfd.readouterr()
+    shown = "\n".join([captured.out, captured.err, _files_text(report_path.parent, output, Path(f"{output}_errors"),
+                                                               Path(f"{output}_metrics"))])
+    assert report_path.is_file() and Path(f"{output}_metrics", "_delta_log").is_dir()  # what was searched is there
+    assert KEY not in shown
+
+
+def test_a_setting_the_server_cannot_honour_is_refused_before_any_row_is_sent(spark, tmp_path, served, tiny_causal_lm_dir):
+    source = tmp_path / "reviews"
+    _write(spark, _reviews(), source)
+    with pytest.raises(EndpointRefused) as refused:
+        run_scoring(_config(source, tmp_path / "json", **{
+            "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir),
+            "generate.json_schema": {"type": "object", "properties": {"stars": {"type": "integer"}}, "required": ["stars"]},
+        }), spark)
+    line = one_line(refused.value)  # transformers serve refuses response_format on /v1/completions (and drops it on chat)
+    assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) refused the run's settings: HTTP 422: Unexpected "
+                    "fields in the request: {'response_format'}"), line
+    assert not (tmp_path / "json").exists()
+
+
+def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark, tmp_path, tiny_causal_lm_dir):
+    source, output = tmp_path / "reviews", tmp_path / "summaries"
+    frame = _reviews(9)
+    _write(spark, frame, source)
+    server = TransformersServe(tiny_causal_lm_dir, tmp_path / "serve.log").start()
+    flags = {"generate.endpoint.url": server.url, "generate.endpoint.model": str(tiny_causal_lm_dir),
+             "generate.endpoint.max_retries": 1, "generate.endpoint.max_consecutive_failures": 2,
+             "generate.endpoint.concurrency": 1, "write.chunk_rows": 3, "run_id": "killed", "scoring.partitions": 1}
+    log = tmp_path / "serve.log"
+    try:
+        def kill_after_four_rows() -> None:  # the first chunk's three rows staged, the second's in flight
+            deadline = time.monotonic() + 120
+            while log.read_text(errors="replace").count("Request received") < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.kill()
+
+        killer = threading.Thread(target=kill_after_four_rows, daemon=True)
+        killer.start()
+        with pytest.raises(Exception) as failed:
+            run_scoring(_config(source, output, **flags), spark)
+        killer.join()
+        line = one_line(failed.value)
+        assert line.startswith(f"endpoint {server.url} (model {tiny_causal_lm_dir}) failed 2 requests in a row; last: "), line
+        assert not output.exists()
+
+        server.start()
+        resumed = run_scoring(_config(source, output, **flags), spark)
+        assert resumed.status == "succeeded", resumed.error
+        assert resumed.chunks["skipped"] >= 1
+        out = read_output(spark, str(output))
+        assert out["generated_text"].tolist() == _expected(tiny_causal_lm_dir, frame)[0]
+    finally:
+        server.kill()
+
+
+def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spark, tmp_path, tiny_causal_lm_dir):
+    model = shutil.copytree(tiny_causal_lm_dir, tmp_path / "served-model")  # its path marks the engine's processes
+    source, output = tmp_path / "reviews", tmp_path / "summaries"
+    frame = _reviews(8)
+    _write(spark, frame, source)
+    engine_logs = list(Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log"))
+    started = {p: p.stat().st_size for p in engine_logs}
+
+    def kill_the_engine_mid_run() -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            for path in Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log"):
+                text = path.read_text(errors="replace")[started.get(path, 0):]
+                if text.count("Request received") >= 3:
+                    engines = [pid for pid in python_processes_named(str(model)) if "engine_server" not in _cmdline(pid)]
+                    for pid in engines:
+                        os.kill(pid, signal.SIGKILL)
+                    killed.extend(engines)
+                    return
+            time.sleep(0.05)
+
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
+    killer.start()
+    report = run_scoring(_config(source, output, **{
+        "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
+        "scoring.partitions": 1,
+    }), spark)
+    killer.join()
+    assert report.status == "succeeded", report.error
+    assert len(killed) == 1, killed  # the engine died mid-run, and was started again
+    out = read_output(spark, str(output))
+    assert out["generated_text"].tolist() == _expected(model, frame)[0]  # the rows in flight were sent again
+    assert report.error_reasons == {"null_input": 1}
+    deadline = time.monotonic() + 30
+    while python_processes_named(str(model)):
+        assert time.monotonic() < deadline, f"engine processes outlived the run: {python_processes_named(str(model))}"
+        time.sleep(0.2)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+

@@ -1,0 +1,135 @@
+"""Real OpenAI-compatible servers for tests: ``transformers serve`` over a tiny model on loopback (offline), and a
+small proxy in front of one that answers some requests 429 with ``Retry-After``, as a rate-limited endpoint does."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
+
+
+class TransformersServe:
+    """``transformers serve <model_dir>`` on a free loopback port, offline; :meth:`kill` and :meth:`start` again."""
+
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        self.model_dir, self.log = model_dir, log
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"
+
+    def start(self, timeout: float = 180.0) -> "TransformersServe":
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        command = engine_command("transformers", str(self.model_dir), str(self.model_dir), self.port)
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not healthy(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"transformers serve did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.3)
+        return self
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@contextmanager
+def transformers_serve(model_dir: Path, log: Path) -> Iterator[TransformersServe]:
+    server = TransformersServe(model_dir, log).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+class RateLimitingProxy:
+    """Forwards ``/v1`` requests to ``upstream``; each request whose number (from 1) is a multiple of ``every`` is
+    answered 429 with ``Retry-After: <retry_after>`` instead, and counted in :attr:`refused`."""
+
+    def __init__(self, upstream_port: int, every: int = 3, retry_after: int = 1) -> None:
+        proxy = self
+        self.upstream_port, self.every, self.retry_after = upstream_port, every, retry_after
+        self.requests = self.refused = 0
+        self.authorizations: list[str] = []
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._forward(None)
+
+            def do_POST(self):
+                self._forward(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def _forward(self, body):
+                with proxy.lock:
+                    proxy.requests += 1
+                    refuse = body is not None and proxy.requests % proxy.every == 0
+                    proxy.refused += refuse
+                    proxy.authorizations.append(self.headers.get("Authorization") or "")
+                if refuse:
+                    data = b'{"error": {"message": "rate limited"}}'
+                    self.send_response(429)
+                    self.send_header("Retry-After", str(proxy.retry_after))
+                else:
+                    upstream = http.client.HTTPConnection(HOST, proxy.upstream_port, timeout=120)
+                    upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                    upstream.close()
+                    self.send_response(answer.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer((HOST, 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"
+
+    def __enter__(self) -> "RateLimitingProxy":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def python_processes_named(marker: str) -> list[int]:
+    """Pids of this user's processes whose command line holds ``marker`` (an engine's model path), this one aside."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in command and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+__all__ = ["TransformersServe", "transformers_serve", "RateLimitingProxy", "python_processes_named"]

@@ -1,0 +1,259 @@
+"""The endpoint client against a real local HTTP server (stdlib ``http.server`` in a thread) that answers as a script
+says: retries with backoff on 5xx and lost connections, ``Retry-After`` honoured on 429 and counted, a row's own
+failure not retried, a dead endpoint stopping the client, the key sent only in its header and scrubbed from errors;
+the request each generate setting becomes; the host-wide rate limit's buckets."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+
+import pytest
+
+from lakescore.udfs.endpoint import (
+    EndpointClient, EndpointDown, EndpointError, backoff, parse_completion, request_body, retry_after,
+)
+from lakescore.udfs.endpoint_options import EndpointOptions, Price
+from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.rate_limit import HostRateLimit
+
+KEY = "sk-test-0123456789abcdef"
+
+
+@dataclass
+class Script:
+    """What the server answers, request by request: ``(status, headers, body)``; the last entry repeats."""
+
+    answers: list[tuple[int, dict, dict]]
+    seen: list[dict] = field(default_factory=list)
+    auth: list[Optional[str]] = field(default_factory=list)
+
+
+def _ok(text: str = "hello", finish: str = "stop") -> tuple[int, dict, dict]:
+    return 200, {}, {"choices": [{"text": text, "finish_reason": finish}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+
+
+@pytest.fixture
+def server():
+    script = Script([_ok()])
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_GET(self):
+            self._answer(200, {}, {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1}]})
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            script.seen.append(json.loads(self.rfile.read(length)))
+            script.auth.append(self.headers.get("Authorization"))
+            index = min(len(script.seen) - 1, len(script.answers) - 1)
+            self._answer(*script.answers[index])
+
+        def _answer(self, status, headers, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield script, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _client(url, waits, key=None, **settings) -> EndpointClient:
+    options = EndpointOptions(url=url, model="tiny", **settings)
+    return EndpointClient(options, options.url, options.model, api_key=key, sleep=waits.append)
+
+
+def test_a_429_is_retried_after_what_retry_after_says_and_counted(server):
+    script, url = server
+    script.answers = [(429, {"Retry-After": "7"}, {"error": {"message": "slow down"}}),
+                      (429, {"retry-after-ms": "250"}, {"error": {"message": "slow down"}}), _ok("fine")]
+    waits: list[float] = []
+    client = _client(url, waits)
+    completion = client.complete(GenerateOptions(max_new_tokens=4), "a prompt")
+    assert (completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens) == ("fine", "stop", 3, 2)
+    assert waits == [7.0, 0.25]
+    assert (client.stats.requests, client.stats.retries, client.stats.rate_limited, client.stats.failed) == (3, 2, 2, 0)
+    assert (client.stats.tokens_in, client.stats.tokens_out) == (3, 2)
+    assert client.gate.failures == 0  # 429s are the server's pace, not failures
+
+
+def test_5xx_backs_off_exponentially_then_the_row_fails_with_the_servers_message(server):
+    script, url = server
+    script.answers = [(503, {}, {"error": {"message": "engine overloaded"}})]
+    waits: list[float] = []
+    client = _client(url, waits, max_retries=3)
+    with pytest.raises(EndpointError) as failed:
+        client.complete(GenerateOptions(), "p")
+    assert failed.value.status == 503 and failed.value.message == "engine overloaded"
+    assert str(failed.value) == "HTTP 503: engine overloaded"
+    assert len(waits) == 3 and all(0.5 * 2 ** i / 2 <= w <= 0.5 * 2 ** i for i, w in enumerate(waits))
+    assert (client.stats.requests, client.stats.retries, client.stats.failed) == (4, 3, 1)
+
+
+def test_a_rows_own_4xx_is_not_retried_and_a_success_resets_the_failures_in_a_row(server):
+    script, url = server
+    script.answers = [(400, {}, {"detail": "prompt is too long for this model"}), _ok()]
+    waits: list[float] = []
+    client = _client(url, waits)
+    with pytest.raises(EndpointError, match="HTTP 400: prompt is too long"):
+        client.complete(GenerateOptions(), "p")
+    assert waits == [] and client.gate.failures == 1
+    client.complete(GenerateOptions(), "p")
+    assert client.gate.failures == 0
+
+
+def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    waits: list[float] = []
+    client = _client(url, waits, max_consecutive_failures=3, max_retries=5)
+    with pytest.raises(EndpointDown) as down:
+        client.complete(GenerateOptions(), "p")
+    line = str(down.value)
+    assert "\n" not in line and url in line and "model tiny" in line and "3 requests in a row" in line
+    assert "ConnectError" in line
+    with pytest.raises(EndpointDown):  # every later row too, without a request
+        client.complete(GenerateOptions(), "p")
+    assert client.stats.requests == 3
+
+
+def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(server):
+    script, url = server
+    script.answers = [(401, {}, {"error": {"message": f"Incorrect API key provided: {KEY}"}})]
+    client = _client(url, [], key=KEY)
+    with pytest.raises(EndpointError) as failed:
+        client.complete(GenerateOptions(), "p")
+    assert KEY not in str(failed.value) and "***" in str(failed.value)
+    assert script.auth == [f"Bearer {KEY}"] and KEY not in json.dumps(script.seen)
+
+
+def test_every_generate_setting_becomes_its_request_field():
+    options = GenerateOptions(max_new_tokens=9, temperature=0.7, top_p=0.9, seed=3, stop=("\n\n",), system_prompt="Be brief.",
+                              json_schema='{"type": "object"}', top_k=40, repetition_penalty=1.1, min_new_tokens=2,
+                              stop_token_ids=(7,))
+    chat = request_body(options, "m", "chat", "Hi", seed=11)
+    assert chat == {
+        "model": "m", "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"],
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "row", "schema": {"type": "object"}, "strict": True}},
+        "top_k": 40, "repetition_penalty": 1.1, "min_tokens": 2, "stop_token_ids": [7],
+    }
+    greedy = request_body(GenerateOptions(max_new_tokens=4, system_prompt="S"), "m", "completions", "Hi", seed=11)
+    assert greedy == {"model": "m", "max_tokens": 4, "temperature": 0.0, "prompt": "S\n\nHi"}  # greedy sends no seed
+
+
+def test_a_response_is_read_as_the_row_with_its_stop_string_cut():
+    body = {"choices": [{"text": "good stay.\n\nNext", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
+    completion = parse_completion(body, "completions", stop=("\n\n",))
+    assert (completion.text, completion.prompt_tokens, completion.completion_tokens) == ("good stay.", 4, 2)
+    chat = {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}
+    assert (parse_completion(chat, "chat").text, parse_completion(chat, "chat").finish_reason) == ("x", "length")
+    assert parse_completion({"choices": [{"text": "x", "finish_reason": "content_filter"}]}, "completions").finish_reason == "stop"
+    with pytest.raises(ValueError, match="no text"):
+        parse_completion({"error": "x"}, "completions")
+
+
+def test_retry_after_reads_seconds_dates_and_milliseconds_and_caps_them():
+    assert retry_after({"Retry-After": "3"}) == 3.0
+    assert retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT"}, now=1445412480.0) == 5.0
+    assert retry_after({"Retry-After": "99999"}) == 300.0
+    assert retry_after({"Retry-After": "soon"}) is None and retry_after({}) is None
+    assert [backoff(a, rng=lambda: 1.0) for a in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+def test_the_rate_limit_is_shared_through_its_file_and_waits_for_the_refill(tmp_path):
+    now = [1000.0]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    one = HostRateLimit("e", requests_per_minute=2, tokens_per_minute=600, folder=tmp_path, clock=lambda: now[0], sleep=sleep)
+    other = HostRateLimit("e", requests_per_minute=2, tokens_per_minute=600, folder=tmp_path, clock=lambda: now[0], sleep=sleep)
+    one.acquire(100)
+    other.acquire(100)  # the second of two requests a minute, from another process's limiter over the same file
+    assert waits == []
+    one.acquire(100)  # a third waits for one request's refill: 30 s
+    assert waits == [pytest.approx(30.0)]
+    other.settle(100, 500)  # the response said it cost 500 tokens: the bucket is debited the difference
+    other.acquire(400)
+    assert waits[-1] > 0 and one.waited + other.waited == pytest.approx(sum(waits))
+
+
+def test_settings_refuse_credentials_in_the_url_and_price_a_run():
+    with pytest.raises(ValueError, match="credentials"):
+        EndpointOptions(url="https://user:secret@api.example.com/v1", model="m")
+    with pytest.raises(ValueError, match="environment variable"):
+        EndpointOptions(url="https://api.example.com/v1", model="m", api_key_env="sk-live-123")
+    assert Price(input=0.5, output=1.5).cost(2_000_000, 1_000_000) == pytest.approx(2.5)
+
+
+def test_the_config_takes_an_endpoint_without_a_model_and_refuses_what_no_request_can_carry():
+    from lakescore.jobs.config import ConfigError, load_config
+
+    base = {"task": "generate", "input": "in", "output": "out", "id_col": "id", "text_col": "body",
+            "generate.endpoint.url": "https://api.example.com/v1", "generate.endpoint.model": "m"}
+    cfg = load_config(flags=base)
+    cfg.require_for_scoring()  # no model.source: the endpoint's model is the server's
+    with pytest.raises(ConfigError, match="generate.choices scores each choice's tokens"):
+        load_config(flags={**base, "generate.choices": ["yes", "no"]})
+    with pytest.raises(ConfigError, match="exclude each other"):
+        load_config(flags={**base, "generate.server.engine": "vllm"})
+    with pytest.raises(ConfigError, match="min_new_tokens 9 exceeds generate.max_new_tokens 4"):
+        load_config(flags={**base, "generate.min_new_tokens": 9, "generate.max_new_tokens": 4})
+    with pytest.raises(ConfigError, match="generate.endpoint.model"):
+        load_config(flags={k: v for k, v in base.items() if k != "generate.endpoint.model"})
+
+
+def test_the_spec_identity_names_the_model_not_how_it_is_called_and_keeps_older_digests():
+    plain = GenerateOptions(max_new_tokens=8)
+    assert set(plain.identity()) == {"prompt_template", "system_prompt", "chat_template", "max_new_tokens", "temperature",
+                                     "top_p", "seed", "stop", "truncate", "choices", "choice_score", "json_schema"}
+    one = GenerateOptions(endpoint=EndpointOptions(url="https://a.example.com/v1", model="m", revision="7"))
+    other = GenerateOptions(endpoint=EndpointOptions(url="https://b.example.com/v1", model="m", revision="7", concurrency=64,
+                                                     api_key_env="KEY", price=Price(input=1, output=2)))
+    assert one.identity() == other.identity() and one.identity()["endpoint"] == {"model": "m", "api": "completions", "revision": "7"}
+    assert GenerateOptions(top_k=5).identity()["top_k"] == 5
+
+
+def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(server):
+    from lakescore.udfs.endpoint_generate import EndpointGenerator
+    from lakescore.udfs.registry import get_task
+
+    script, url = server
+    script.answers = [_ok('{"stars": 3}'), (400, {}, {"error": {"message": "prompt too long"}}), _ok("not json")]
+    options = GenerateOptions(max_new_tokens=4, json_schema='{"type": "object", "required": ["stars"]}')
+    settings = EndpointOptions(url=url, model="tiny", concurrency=1)  # one at a time: the script's order is the rows'
+    head = EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types)
+    assert head.listed == {"id": "tiny", "object": "model"} and len(head.sha256) == 64
+    scored = head.score_prompts(["a", "b", None, "c"], None)
+    assert scored.reasons == [None, "endpoint_error", "null_input", "endpoint_error"]
+    assert scored.outputs[0].text == '{"stars": 3}' and scored.errors[1] == "HTTP 400: prompt too long"
+    assert scored.errors[3].startswith("HTTP 200: the text is not JSON valid against generate.json_schema")
+    columns = head.columns(scored.outputs, scored.ok)
+    assert columns[0].to_pylist() == ['{"stars": 3}', None, None, None] and columns[3].to_pylist() == [2, None, None, None]
+
+    script.answers = [(503, {}, {"error": {"message": "down"}})]
+    dead = EndpointGenerator(EndpointClient(EndpointOptions(url=url, model="tiny", max_retries=0, max_consecutive_failures=2),
+                                            url, "tiny", sleep=lambda s: None), options, get_task("generate").output_arrow_types)
+    with pytest.raises(EndpointDown, match=r"failed [2-4] requests in a row; last: HTTP 503: down"):  # 2 and those in flight
+        dead.score_prompts(["a", "b", "c", "d"], None)

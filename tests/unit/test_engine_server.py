@@ -1,0 +1,71 @@
+"""The served engine's launcher without an engine: the command line each engine is started with (vLLM and SGLang
+cannot run here; their lines are checked for what they say), and the watchdog that stops an engine when the process
+it watches ends. The real lifecycle with ``transformers serve`` is tests/integration/test_endpoint_job.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lakescore.udfs.engine_server import EngineServer, _alive, engine_command, free_port, served_name
+
+
+def test_each_engines_command_line_serves_the_model_on_loopback_with_the_users_flags_last():
+    assert engine_command("vllm", "/models/qwen", "qwen", 8123, ["--max-model-len", "4096"])[1:] == [
+        "serve", "/models/qwen", "--host", "127.0.0.1", "--port", "8123", "--served-model-name", "qwen",
+        "--max-model-len", "4096",
+    ]
+    assert Path(engine_command("vllm", "m", "m", 1)[0]).name == "vllm"
+    assert engine_command("sglang", "/models/qwen", "qwen", 8124, ["--tp", "2"]) == [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--host", "127.0.0.1",
+        "--port", "8124", "--served-model-name", "qwen", "--tp", "2",
+    ]
+    line = engine_command("transformers", "/models/tiny", "/models/tiny", 8125, ["--dtype", "float32"])
+    assert Path(line[0]).name == "transformers" and line[1:] == [
+        "serve", "/models/tiny", "--host", "127.0.0.1", "--port", "8125", "--dtype", "float32"]
+    with pytest.raises(ValueError, match="vllm, sglang, transformers"):
+        engine_command("tgi", "m", "m", 1)
+
+
+def test_requests_name_the_model_as_each_engine_knows_it():
+    assert served_name("vllm", "/models/qwen-7b/") == "qwen-7b"
+    assert served_name("sglang", "org/model") == "model"
+    assert served_name("transformers", "/models/tiny") == "/models/tiny"
+
+
+def test_one_host_one_state_file_per_engine_model_and_flags():
+    a, b = EngineServer("vllm", "/m", ["--x"]), EngineServer("vllm", "/m", ["--x"])
+    assert a.state_path == b.state_path and a.lock_path == b.lock_path
+    assert EngineServer("vllm", "/m", ["--y"]).state_path != a.state_path
+    assert 0 < free_port() < 65536
+
+
+def test_the_watchdog_stops_its_engine_when_the_watched_process_ends():
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    engine_pid_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"lakescore-watch-{os.getpid()}.pid"
+    engine = f"import os, time; open({str(engine_pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    watchdog = subprocess.Popen([sys.executable, "-m", "lakescore.udfs.engine_server", "watch", str(parent.pid), "--",
+                                 sys.executable, "-c", engine], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not engine_pid_file.exists() or not engine_pid_file.read_text():
+            assert time.monotonic() < deadline, "the engine never started"
+            time.sleep(0.1)
+        engine_pid = int(engine_pid_file.read_text())
+        assert _alive(engine_pid)
+        parent.kill()
+        parent.wait()
+        assert watchdog.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while _alive(engine_pid):
+            assert time.monotonic() < deadline, "the engine outlived its watchdog"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+        watchdog.kill()
+        engine_pid_file.unlink(missing_ok=True)

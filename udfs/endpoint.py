@@ -1,0 +1,346 @@
+"""The OpenAI-compatible client behind ``generate.endpoint`` and ``generate.server``: one request per row.
+
+Each row's request is built from the generate settings (:func:`request_body`), sent by a pool of threads bounded per
+task (``concurrency``), through a host-wide rate limit (:class:`~lakescore.udfs.rate_limit.HostRateLimit`), with a
+timeout per request and retries on 429, 5xx, timeouts and lost connections: exponential backoff with jitter, or the
+server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
+with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
+raises :class:`EndpointDown` for every row in flight, which fails the task and the run in one line.
+
+HTTP is httpx2, which ``transformers`` already brings (through ``huggingface_hub``): pooled keep-alive connections
+shared by threads, timeouts, proxies and system certificates. The retry loop is our own rather than the ``openai``
+client's: the run counts what it retried and was rate-limited, the limit is shared with the other processes of the
+host, and a dead endpoint must stop the run instead of retrying each row in turn; the ``openai`` package is not a
+runtime dependency either. The API key is read from the environment variable the settings name and is sent only in
+the ``Authorization`` header: no message, log line or error text here holds it (:meth:`EndpointClient.scrub`).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from lakescore.udfs.endpoint_options import EndpointOptions, ServerOptions
+from lakescore.udfs.models.model_source import ModelSourceError
+from lakescore.udfs.rate_limit import HostRateLimit
+
+__all__ = [
+    "EndpointError", "EndpointDown", "EndpointRefused", "Reply", "Completion", "ClientStats", "EndpointClient",
+    "request_body", "parse_completion", "retry_after", "backoff",
+]
+
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+"""Statuses a request is retried on: the server's overload or a passing failure, never the request's own fault."""
+MAX_RETRY_AFTER_S = 300.0
+"""The longest ``Retry-After`` honoured; a server asking for more is waited this long."""
+ESTIMATED_CHARS_PER_TOKEN = 4
+"""How a prompt's tokens are guessed for the tokens-per-minute limit before the server counts them (OpenAI's rule of
+thumb for English; the guess is settled from ``usage`` after)."""
+
+
+class EndpointError(RuntimeError):
+    """One row's request failed for good: ``status`` (``None`` for a connection error or timeout) and the server's
+    message. The row is dead-lettered ``endpoint_error``."""
+
+    def __init__(self, status: Optional[int], message: str) -> None:
+        self.status, self.message = status, message
+        super().__init__(f"HTTP {status}: {message}" if status is not None else message)
+
+
+class EndpointDown(RuntimeError):
+    """The endpoint failed ``max_consecutive_failures`` requests in a row: the run stops, in one line naming the
+    endpoint and the last error. Not a row's failure: it is never dead-lettered."""
+
+
+class EndpointRefused(ModelSourceError):
+    """The preflight found a setting the endpoint cannot honour, or an endpoint that does not answer: one line, before
+    any row is sent (a model source that cannot serve the run)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A successful response's JSON body."""
+
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
+    reports."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class ClientStats:
+    """What one process's client sent: requests, retries, of which answered 429, rows failed for good, and the
+    tokens ``usage`` reported."""
+
+    requests: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    failed: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+def backoff(attempt: int, base: float = 0.5, cap: float = 30.0, rng: Callable[[], float] = random.random) -> float:
+    """Seconds to wait before retry ``attempt`` (0 first): ``base * 2**attempt`` up to ``cap``, half of it fixed and
+    half drawn, so that tasks that failed together do not retry together."""
+    delay = min(cap, base * (2 ** attempt))
+    return delay / 2 + rng() * delay / 2
+
+
+def retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Optional[float]:
+    """The seconds a response's ``retry-after-ms`` or ``Retry-After`` (seconds, or an HTTP date) asks to wait, at most
+    :data:`MAX_RETRY_AFTER_S`; ``None`` when it names none."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    seconds: Optional[float] = None
+    if "retry-after-ms" in lowered:
+        try:
+            seconds = float(lowered["retry-after-ms"]) / 1000
+        except ValueError:
+            pass
+    if seconds is None and "retry-after" in lowered:
+        value = lowered["retry-after"].strip()
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                return None
+            seconds = when.timestamp() - (time.time() if now is None else now)
+    return None if seconds is None else min(MAX_RETRY_AFTER_S, max(0.0, seconds))
+
+
+def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None) -> dict[str, Any]:
+    """The request for one prompt under the generate settings ``options``: every setting mapped to its request
+    field, none dropped (a server that cannot honour one refuses it, and the preflight says so)."""
+    body: dict[str, Any] = {"model": endpoint_model, "max_tokens": options.max_new_tokens, "temperature": options.temperature}
+    system = options.system_prompt
+    if api == "chat":
+        body["messages"] = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt if system is None else f"{system}\n\n{prompt}"
+    if options.top_p < 1:
+        body["top_p"] = options.top_p
+    if seed is not None and not options.greedy:
+        body["seed"] = seed
+    if options.stop:
+        body["stop"] = list(options.stop)
+    if options.json_schema is not None:
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "row", "schema": json.loads(options.json_schema), "strict": True}}
+    # vLLM's and SGLang's names for the sampling settings the OpenAI API lacks
+    for setting, name, neutral in (("top_k", "top_k", 0), ("repetition_penalty", "repetition_penalty", 1.0),
+                                   ("min_new_tokens", "min_tokens", 0), ("stop_token_ids", "stop_token_ids", ())):
+        value = getattr(options, setting, None)
+        if value is not None and value != neutral:
+            body[name] = list(value) if isinstance(value, tuple) else value
+    return body
+
+
+def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()) -> Completion:
+    """One response's :class:`Completion`; ``ValueError`` naming what the response lacks. The text is cut before the
+    first ``stop`` string the server left in it (some servers keep it), and a finish other than ``length`` is
+    ``stop``."""
+    try:
+        choice = body["choices"][0]
+        text = choice["message"]["content"] if api == "chat" else choice["text"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"the response holds no {'message' if api == 'chat' else 'text'}: {json.dumps(body)[:300]}") from None
+    text = text or ""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    if cut >= 0:
+        text = text[:cut]
+    finish = "length" if choice.get("finish_reason") == "length" else "stop"
+    usage = body.get("usage") or {}
+    return Completion(text, finish, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+
+class _Gate:
+    """Counts failed requests in a row across a process's threads; past the bound every request raises
+    :class:`EndpointDown`."""
+
+    def __init__(self, bound: int, where: str) -> None:
+        self.bound, self.where = bound, where
+        self.failures, self.down, self.last = 0, False, ""
+        self.lock = threading.Lock()
+
+    def check(self) -> None:
+        if self.down:
+            raise EndpointDown(self._line())
+
+    def success(self) -> None:
+        with self.lock:
+            self.failures = 0
+
+    def failure(self, error: str) -> None:
+        with self.lock:
+            self.failures += 1
+            self.last = error
+            if self.failures >= self.bound:
+                self.down = True
+        self.check()
+
+    def _line(self) -> str:
+        return f"endpoint {self.where} failed {self.failures} requests in a row; last: {self.last}"
+
+
+class EndpointClient:
+    """Requests to one OpenAI-compatible server, as ``settings`` (:class:`EndpointOptions` or, for a served engine,
+    :class:`ServerOptions` with its ``url`` and ``model`` given) bound them.
+
+    ``recover``: called after a connection error (a served engine restarts a crashed process through it); True when it
+    brought the server back, and the request is then retried without counting as a failure.
+    """
+
+    def __init__(self, settings: EndpointOptions | ServerOptions, url: str, model: str, *, api_key: Optional[str] = None,
+                 recover: Optional[Callable[[], bool]] = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        import httpx2
+
+        self.settings, self.url, self.model = settings, url.rstrip("/"), model
+        self.api = settings.api
+        self._key = api_key
+        self.recover, self.sleep = recover, sleep
+        self.stats = ClientStats()
+        self.gate = _Gate(settings.max_consecutive_failures, f"{self.url} (model {model})")
+        self.limit = HostRateLimit(f"{self.url}\x00{model}", settings.requests_per_minute, settings.tokens_per_minute)
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.http = httpx2.Client(
+            headers=headers, timeout=httpx2.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
+            limits=httpx2.Limits(max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency),
+        )
+        self._transport_errors = (httpx2.TransportError,)
+
+    @staticmethod
+    def key_from_env(settings: EndpointOptions) -> Optional[str]:
+        """The API key from the environment variable ``settings.api_key_env`` names; ``EndpointRefused`` when it is
+        named but not set (on a cluster: ``spark.executorEnv.<NAME>``)."""
+        if settings.api_key_env is None:
+            return None
+        key = os.environ.get(settings.api_key_env)
+        if not key:
+            raise EndpointRefused(
+                f"generate.endpoint.api_key_env names {settings.api_key_env}, which is not set on this host "
+                f"(on a cluster set spark.executorEnv.{settings.api_key_env})"
+            )
+        return key
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the API key (a server may echo it in an error)."""
+        return text.replace(self._key, "***") if self._key else text
+
+    def close(self) -> None:
+        self.http.close()
+
+    @property
+    def path(self) -> str:
+        return "/chat/completions" if self.api == "chat" else "/completions"
+
+    def get(self, path: str) -> Optional[Reply]:
+        """``GET <url><path>`` once; ``None`` when the server does not answer it with JSON."""
+        try:
+            response = self.http.get(self.url + path)
+            return Reply(response.json()) if response.status_code == 200 else None
+        except (*self._transport_errors, ValueError):
+            return None
+
+    def post(self, body: Mapping[str, Any], estimated_tokens: int = 0) -> Reply:
+        """``POST`` ``body`` to the API, retried as the settings say; :class:`EndpointError` once it failed for good,
+        :class:`EndpointDown` past the bound of failures in a row."""
+        attempts = self.settings.max_retries + 1
+        for attempt in range(attempts):
+            self.gate.check()
+            self.limit.acquire(estimated_tokens)
+            self.stats.add(requests=1)
+            status: Optional[int] = None
+            wait: Optional[float] = None
+            try:
+                response = self.http.post(self.url + self.path, content=json.dumps(body))
+            except self._transport_errors as exc:
+                message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if self.recover is not None and self.recover():
+                    self.stats.add(retries=1)
+                    continue
+            else:
+                status = response.status_code
+                if status == 200:
+                    try:
+                        reply = Reply(response.json())
+                    except ValueError:
+                        message = f"a response that is not JSON: {response.text[:200]!r}"
+                    else:
+                        self.gate.success()
+                        usage = reply.body.get("usage") or {}
+                        actual = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+                        self.limit.settle(estimated_tokens, actual or estimated_tokens)
+                        return reply
+                else:
+                    message = _server_message(response)
+                    wait = retry_after(response.headers)
+            message = self.scrub(message)
+            retryable = status is None or status in RETRY_STATUSES
+            if status == 429:
+                self.stats.add(rate_limited=1)
+            else:
+                self.gate.failure(f"HTTP {status}: {message}" if status else message)
+            if not retryable or attempt == attempts - 1:
+                self.stats.add(failed=1)
+                raise EndpointError(status, message)
+            self.stats.add(retries=1)
+            self.sleep(backoff(attempt) if wait is None else wait)
+        raise AssertionError("unreachable")
+
+    def complete(self, options: Any, prompt: str, seed: Optional[int] = None) -> Completion:
+        """One prompt's :class:`Completion` under the generate settings ``options`` (errors as :meth:`post`; a
+        response without what was asked for is the row's :class:`EndpointError`)."""
+        body = request_body(options, self.model, self.api, prompt, seed)
+        estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
+        reply = self.post(body, estimate)
+        try:
+            completion = parse_completion(reply.body, self.api, options.stop)
+        except ValueError as exc:
+            self.stats.add(failed=1)
+            raise EndpointError(200, self.scrub(str(exc))) from None
+        self.stats.add(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens)
+        return completion
+
+
+def _server_message(response: Any) -> str:
+    """The error a response carries: OpenAI's ``{"error": {"message": ..}}``, FastAPI's ``{"detail": ..}``, else its
+    text, on one line of at most 500 characters."""
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    message: Any = None
+    if isinstance(payload, Mapping):
+        error = payload.get("error")
+        message = error.get("message") if isinstance(error, Mapping) else error
+        message = message or payload.get("detail") or payload.get("message")
+    if message is None:
+        message = response.text or response.reason_phrase
+    if not isinstance(message, str):
+        message = json.dumps(message)
+    return " ".join(message.split())[:500]

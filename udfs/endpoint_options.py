@@ -1,0 +1,133 @@
+"""Settings of the generate task's remote engines: an OpenAI-compatible endpoint (``generate.endpoint``) and a
+served engine started on each executor host (``generate.server``). Plain pydantic, importable without the HTTP
+client, so the config and the driver read them without it (:mod:`lakescore.udfs.endpoint` is the client)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Optional
+from urllib.parse import urlsplit
+
+from pydantic import BeforeValidator, Field
+
+from lakescore.udfs.settings import Number, Section, Text, checked
+
+__all__ = ["ENDPOINT_APIS", "ENGINES", "Price", "EndpointOptions", "ServerOptions", "DEFAULT_CONCURRENCY", "unsupported_settings"]
+
+ENDPOINT_APIS = ("completions", "chat")
+"""``completions``: the prompt as it is (``/v1/completions``); ``chat``: the prompt as the user message, the system
+prompt as the system message, the server's chat template between them (``/v1/chat/completions``)."""
+ENGINES = ("vllm", "sglang", "transformers")
+DEFAULT_CONCURRENCY = 16
+"""Requests one task keeps in flight: enough to keep a continuous-batching engine's batch full with a few tasks per
+executor, few enough that a shared endpoint queues them rather than refusing them."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+Args = Annotated[tuple[Text, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+"""An engine's flags, as YAML lists them (a number in the list is the text it was written as)."""
+
+
+def _url_problem(value: str) -> Optional[str]:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"must be an http:// or https:// base URL, got {value!r}"
+    if parts.username or parts.password:
+        return "holds credentials; give the key through generate.endpoint.api_key_env"
+    if parts.query or parts.fragment:
+        return "must be a base URL without a query or fragment"
+    return None
+
+
+class Price(Section):
+    """What the endpoint charges, per million tokens: the run's cost is reported from each response's ``usage``."""
+
+    input: Number = Field(ge=0)
+    """Per million prompt tokens."""
+    output: Number = Field(ge=0)
+    """Per million generated tokens."""
+
+    def cost(self, tokens_in: int, tokens_out: int) -> float:
+        """The price of ``tokens_in`` prompt and ``tokens_out`` generated tokens."""
+        return (tokens_in * self.input + tokens_out * self.output) / 1e6
+
+
+class _Client(Section):
+    """How each task sends its rows: shared by an endpoint and a served engine."""
+
+    concurrency: int = Field(DEFAULT_CONCURRENCY, ge=1, le=1024)
+    """Requests one task keeps in flight at once."""
+    timeout_s: Number = Field(120.0, gt=0)
+    """Seconds one request may take before it is retried."""
+    max_retries: int = Field(6, ge=0, le=50)
+    """Retries of a request answered 429 or 5xx, or lost to a connection error or timeout: exponential backoff with
+    jitter, or what the server's ``Retry-After`` says; then the row is dead-lettered ``endpoint_error``."""
+    max_consecutive_failures: int = Field(16, ge=1)
+    """Failed requests in a row (429s aside) after which the run stops: a dead or refusing endpoint does not burn
+    through the table. Nothing is published; the chunks staged so far are kept for the rerun."""
+    requests_per_minute: Optional[int] = Field(None, ge=1)
+    """Requests per minute, shared by the tasks on one executor host; default: no limit."""
+    tokens_per_minute: Optional[int] = Field(None, ge=1)
+    """Tokens (prompt plus ``max_new_tokens`` ahead, settled from ``usage`` after) per minute, shared by the tasks on
+    one executor host; default: no limit."""
+
+
+class EndpointOptions(_Client):
+    """An OpenAI-compatible endpoint: a hosted API, a model serving endpoint, a team's vLLM cluster."""
+
+    url: Annotated[Text, checked(_url_problem)]
+    """The base URL, usually ending ``/v1`` (``https://api.example.com/v1``); requests go to ``<url>/completions`` or
+    ``<url>/chat/completions``."""
+    model: Text
+    """The served model's name, as requests name it."""
+    api: Literal[ENDPOINT_APIS] = "completions"
+    """``completions`` (the prompt as it is) or ``chat`` (the server's chat template, the system prompt as the system
+    message)."""
+    api_key_env: Annotated[Optional[Text], checked(
+        lambda v: None if _ENV_NAME.fullmatch(v) else f"must name an environment variable (letters, digits, _), got {v!r}"
+    )] = None
+    """The name of the environment variable holding the API key (on clusters, set ``spark.executorEnv.<NAME>``); the key
+    itself is never in the config, logs, reports or tables."""
+    revision: Optional[Text] = None
+    """A version the user vouches for (a name alone cannot prove the weights behind it did not change): part of the
+    model's identity, recorded as ``model_revision``."""
+    price: Optional[Price] = None
+    """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
+
+    def identity(self) -> dict:
+        """What names the model that answers: its name, the API (which decides the prompt's wrapping) and the user's
+        revision. Where the endpoint is, how it is called and what it costs change no output."""
+        return {"model": self.model, "api": self.api, "revision": self.revision}
+
+
+class ServerOptions(_Client):
+    """A served engine lakescore starts once per executor host, on a free local port, for the rows of that host."""
+
+    engine: Literal[ENGINES]
+    """``vllm`` (``vllm serve``), ``sglang`` (``python -m sglang.launch_server``) or ``transformers`` (``transformers
+    serve``). vLLM and SGLang are optional installs with their own CUDA requirements."""
+    args: Args = ()
+    """The engine's own command-line flags, passed as they are (``[--max-model-len, "4096"]``); lakescore sets the model,
+    host and port."""
+    startup_timeout_s: Number = Field(600.0, gt=0)
+    """Seconds the engine may take to answer its health check (loading weights, compiling) before the task fails."""
+    api: Literal[ENDPOINT_APIS] = "completions"
+    """As ``generate.endpoint.api``."""
+
+    def identity(self) -> dict:
+        """What changes an output besides the model's files: the engine, its flags and the API."""
+        return {"engine": self.engine, "args": list(self.args), "api": self.api}
+
+
+def unsupported_settings(options: Any, api: str) -> list[str]:
+    """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses it."""
+    refused = []
+    if options.choices:
+        refused.append("generate.choices scores each choice's tokens in the model, which an endpoint does not expose; "
+                       "run it in-process, or ask the model for one word with generate.json_schema (an enum)")
+    if options.truncate != "none":
+        refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
+    if options.chat_template == "never" and api == "chat":
+        refused.append("generate.chat_template: never needs the completions API")
+    return refused

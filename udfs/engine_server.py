@@ -1,0 +1,296 @@
+"""A served engine per executor host (``generate.server``): vLLM, SGLang or ``transformers serve``, started by lakescore.
+
+The first Python worker of a host that needs the engine starts it, under a host-wide file lock, on a free loopback
+port, and waits for its health check; the others find it through the lock's state file and send their rows to it.
+The engine runs under a small watchdog (``python -m lakescore.udfs.engine_server watch``) in a process group of its
+own, which stops it when the executor's Python daemon (the worker's parent) goes: when the executor's work ends or
+the job fails, no engine outlives it. :func:`stop_engines` stops a host's engines at once (the job calls it when a
+run ends). A crashed engine is started again once per process (:meth:`EngineServer.recover`), and the rows that were
+in flight are retried.
+
+vLLM and SGLang are optional installs with their own CUDA requirements; their command lines are built here
+(:func:`engine_command`) and unit-tested, but neither can run on the machines lakescore is tested on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+from lakescore.udfs.models.model_source import ModelSourceError
+
+__all__ = [
+    "EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "stop_engines_task", "HOST",
+]
+
+HOST = "127.0.0.1"
+"""Engines listen on loopback only: the rows of this host are their only clients."""
+STATE_PREFIX = "lakescore-engine-"
+LOG_TAIL = 2000
+"""Characters of an engine's log a start failure quotes."""
+
+
+class EngineStartError(ModelSourceError):
+    """The engine exited or did not answer its health check in time: one line with the command and its log's end."""
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the engine binds it a moment later; a start that loses the race is retried)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _executable(name: str) -> str:
+    """``name`` from this interpreter's own environment when it has one there, else from ``PATH``."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else (shutil.which(name) or name)
+
+
+def engine_command(engine: str, model: str, served_name: str, port: int, args: Sequence[str] = (), host: str = HOST) -> list[str]:
+    """The command line that serves ``model`` (a local directory or a hub id) as ``served_name`` on ``host:port`` with
+    ``engine``'s own ``args`` after lakescore's: ``vllm serve``, ``python -m sglang.launch_server``, ``transformers
+    serve`` (which serves the model under the name it was given, so ``served_name`` is ``model`` there)."""
+    args = list(args)
+    if engine == "vllm":
+        return [_executable("vllm"), "serve", model, "--host", host, "--port", str(port), "--served-model-name", served_name, *args]
+    if engine == "sglang":
+        return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
+                "--served-model-name", served_name, *args]
+    if engine == "transformers":
+        return [_executable("transformers"), "serve", model, "--host", host, "--port", str(port), *args]
+    raise ValueError(f"generate.server.engine must be one of vllm, sglang, transformers, got {engine!r}")
+
+
+def served_name(engine: str, model: str) -> str:
+    """The name requests give the model: ``transformers serve`` knows it by what it was started with, the others by
+    ``--served-model-name`` (the directory's name, so a path never appears in requests)."""
+    return model if engine == "transformers" else (Path(model).name or model)
+
+
+def _state_dir() -> Path:
+    return Path(tempfile.gettempdir())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not serving
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def healthy(port: int, timeout: float = 2.0) -> bool:
+    """Whether the engine on ``port`` answers ``GET /health`` with 200 (vLLM, SGLang and ``transformers serve`` all
+    serve it)."""
+    import http.client
+
+    connection = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def _stop_group(pgid: int, grace: float = 15.0) -> None:
+    """SIGTERM the process group ``pgid`` (watchdog and engine), SIGKILL what is left after ``grace`` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class EngineServer:
+    """The engine for (``engine``, ``model``, ``args``) on this host: started once, found by every process after.
+
+    :meth:`url` starts it when no live, healthy one is recorded, and returns its OpenAI base URL; :meth:`recover`
+    starts it again once when it crashed; :meth:`stop` stops it.
+    """
+
+    def __init__(self, engine: str, model: str, args: Sequence[str] = (), startup_timeout_s: float = 600.0,
+                 env: Optional[dict[str, str]] = None, watch_pid: Optional[int] = None) -> None:
+        self.engine, self.model, self.args = engine, model, tuple(args)
+        self.startup_timeout_s = startup_timeout_s
+        self.env = env
+        self.watch_pid = watch_pid if watch_pid is not None else os.getppid()
+        """The process whose end stops the engine: the worker's parent, the executor's Python daemon."""
+        self.name = served_name(engine, model)
+        key = json.dumps([engine, model, list(self.args)])
+        stem = STATE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.state_path = _state_dir() / f"{stem}.json"
+        self.lock_path = _state_dir() / f"{stem}.lock"
+        self.log_path = _state_dir() / f"{stem}.log"
+        self.restarts = 0
+        self.port: Optional[int] = None
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _state(self) -> Optional[dict]:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _running(self) -> Optional[dict]:
+        state = self._state()
+        if state and _alive(state["pid"]) and healthy(state["port"]):
+            return state
+        return None
+
+    def url(self) -> str:
+        """The engine's OpenAI base URL (``http://127.0.0.1:<port>/v1``), starting it when none is running here."""
+        with self._locked():
+            state = self._running() or self._start()
+        self.port = state["port"]
+        return f"http://{HOST}:{self.port}/v1"
+
+    def recover(self) -> bool:
+        """After a lost connection: True when the engine serves again (another process restarted it, or this one did,
+        once), the new port in :attr:`port`; False when it is down and this process restarted it already."""
+        with self._locked():
+            state = self._running()
+            if state is None:
+                if self.restarts >= 1:
+                    return False
+                self.restarts += 1
+                state = self._start()
+        self.port = state["port"]
+        return True
+
+    def _start(self) -> dict:
+        """Start the engine under its watchdog (the lock held) and wait for its health check; the state written."""
+        old = self._state()
+        if old and _alive(old["pid"]):  # alive but not answering: a hung engine is replaced, not joined
+            _stop_group(old["pgid"], grace=5.0)
+        last_error = ""
+        for _ in range(3):  # a port taken between free_port() and the engine's bind: another port
+            port = free_port()
+            command = engine_command(self.engine, self.model, self.name, port, self.args)
+            watchdog = [sys.executable, "-m", "lakescore.udfs.engine_server", "watch", str(self.watch_pid), "--", *command]
+            with open(self.log_path, "ab") as log:
+                process = subprocess.Popen(watchdog, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           start_new_session=True, env=self.env)
+            state = {"pid": process.pid, "pgid": process.pid, "port": port, "command": command}
+            deadline = time.monotonic() + self.startup_timeout_s
+            while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    break
+                if healthy(port):
+                    self.state_path.write_text(json.dumps(state))
+                    return state
+                time.sleep(0.5)
+            _stop_group(process.pid, grace=5.0)
+            process.wait()
+            last_error = self._log_tail()
+            if "address already in use" not in last_error.lower():
+                break
+        timed_out = process.returncode in (None, -signal.SIGTERM, -signal.SIGKILL)
+        why = f"did not answer /health within {self.startup_timeout_s:.0f} s" if timed_out else f"exited with {process.returncode}"
+        raise EngineStartError(f"generate.server: {' '.join(command)} {why}; its log ends: {last_error}")
+
+    def _log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return " ".join(text[-LOG_TAIL:].split())
+
+    def stop(self) -> None:
+        """Stop this host's engine for these settings, if one runs."""
+        with self._locked():
+            state = self._state()
+            if state:
+                _stop_group(state["pgid"])
+                self.state_path.unlink(missing_ok=True)
+
+
+def stop_engines(folder: Optional[Path] = None) -> int:
+    """Stop every engine lakescore started on this host; how many were running."""
+    stopped = 0
+    for path in sorted(Path(folder or _state_dir()).glob(f"{STATE_PREFIX}*.json")):
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(state["pid"]):
+            _stop_group(state["pgid"])
+            stopped += 1
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
+    """Run ``command`` until it exits or ``parent`` does (then stop it: SIGTERM, SIGKILL after a grace period); a
+    SIGTERM to this watchdog stops it too. The command's exit status, or 0 when stopped."""
+    child = subprocess.Popen(list(command))
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    while child.poll() is None:
+        if stopping or not _alive(parent):
+            child.terminate()
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            return 0
+        time.sleep(poll_s)
+    return child.returncode
+
+
+def stop_engines_task(batches):
+    """A ``mapInArrow`` function: stop the engines of the host its task runs on (:func:`stop_engines`); one row, how many."""
+    import pyarrow as pa
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([{"stopped": stop_engines()}], schema=pa.schema([("stopped", pa.int32())]))
+
+
+if __name__ == "__main__":  # the watchdog: python -m lakescore.udfs.engine_server watch <pid> -- <command...>
+    if len(sys.argv) < 5 or sys.argv[1] != "watch" or sys.argv[3] != "--":
+        sys.exit("usage: python -m lakescore.udfs.engine_server watch <pid> -- <command...>")
+    sys.exit(watch(int(sys.argv[2]), sys.argv[4:]))

@@ -1,0 +1,23 @@
+"""Which generator a generate run scores with: the model in this process (:mod:`lakescore.udfs.heads.generate`), or
+requests to an endpoint or to this host's served engine (:mod:`lakescore.udfs.endpoint_generate`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["load_generator"]
+
+
+def load_generator(spec: Any, model_dir: Optional[Path]) -> Any:
+    """The generate head for ``spec``: over the wire when ``generate.endpoint`` or ``generate.server`` is set, else
+    the in-process one; each raises as its own loader says."""
+    from lakescore.udfs.generate_options import GenerateOptions
+
+    if (spec.generate or GenerateOptions()).remote:
+        from lakescore.udfs.endpoint_generate import load_remote_generator
+
+        return load_remote_generator(spec, model_dir)
+    from lakescore.udfs.heads.generate import load_generator as load_in_process
+
+    return load_in_process(spec, model_dir)
