@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.report import one_line
+from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
 from lakescore.udfs.endpoint import EndpointRefused

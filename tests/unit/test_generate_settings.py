@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lakescore.udfs.batching import BatchPolicy
-from lakescore.udfs.generate import GenerateOptions, score_prompts
-from lakescore.udfs.model_source import ModelSpec
+from lakescore.udfs.heads.generate import GenerateOptions, score_prompts
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from tests.tiny_generators import reviews, save_causal, train_tokenizer
 
@@ -67,7 +67,7 @@ def test_top_k_one_samples_the_greedy_text(causal_dir):
 
 
 def test_top_k_keeps_the_k_likeliest_tokens_renormalised():
-    from lakescore.udfs.decoding import _top_k
+    from lakescore.udfs.heads.decoding import _top_k
 
     probs = torch.tensor([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
     kept = _top_k(probs, 2)
