@@ -14,12 +14,7 @@ def test_chunks_read_the_input_once_and_a_rerun_not_at_all(spark, tmp_path, tiny
     source, output = tmp_path / "reviews", tmp_path / "labels"
     spark.createDataFrame(frame).write.format("delta").save(str(source))
 
-    def run(**flags):
-        return run_scoring(load_config(flags={
-            "input": str(source), "output": str(output), "task": "classify", "model.source": str(tiny_classifier_dir),
-            "id_col": "review_id", "text_col": "body", "write.chunk_rows": 4, "scoring.dedup": "on", "run_id": "chunked",
-            **flags,
-        }), spark)
+    run = _runs(spark, source, output, tiny_classifier_dir, "on", "chunked")
 
     # A failed check leaves staging and the chunked rows for the rerun.
     failed = run(**{"validation.min_rows": 1000})
@@ -43,12 +38,7 @@ def test_a_plain_pinned_input_is_read_once_per_chunk_without_a_prepared_copy(spa
     source, output = tmp_path / "reviews", tmp_path / "labels"
     spark.createDataFrame(frame).write.parquet(str(source))
 
-    def run(**flags):
-        return run_scoring(load_config(flags={
-            "input": str(source), "output": str(output), "task": "classify", "model.source": str(tiny_classifier_dir),
-            "id_col": "review_id", "text_col": "body", "write.chunk_rows": 4, "scoring.dedup": "off", "run_id": "rescan",
-            **flags,
-        }), spark)
+    run = _runs(spark, source, output, tiny_classifier_dir, "off", "rescan")
 
     failed = run(**{"validation.min_rows": 1000})
     assert failed.status == "validation_failed" and failed.chunks["total"] == 3 and failed.input_scans == 3
@@ -58,3 +48,16 @@ def test_a_plain_pinned_input_is_read_once_per_chunk_without_a_prepared_copy(spa
     rerun = run()
     assert rerun.status == "succeeded" and rerun.chunks["skipped"] == 3 and rerun.input_scans == 0
     assert read_output(spark, str(output))["review_id"].tolist() == list(range(1, 11))  # each row in one chunk
+
+
+def _runs(spark, source, output, model, dedup, run_id):
+    """A function running the classifier over ``source`` into ``output`` in chunks of 4 rows, with ``flags`` on top."""
+
+    def run(**flags):
+        return run_scoring(load_config(flags={
+            "input": str(source), "output": str(output), "task": "classify", "model.source": str(model),
+            "id_col": "review_id", "text_col": "body", "write.chunk_rows": 4, "scoring.dedup": dedup, "run_id": run_id,
+            **flags,
+        }), spark)
+
+    return run
