@@ -165,7 +165,7 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     from lakescore.jobs.cost import session_resources
     from lakescore.jobs.platform.spark_adapter import session_facts
     from lakescore.jobs.steps.read import open_input
-    from lakescore.jobs.steps.staging import chunk_count
+    from lakescore.jobs.steps.staging import planned_chunks
 
     if sample_rows < 1:
         raise ConfigError(f"--sample-rows must be >= 1, got {sample_rows}")
@@ -193,7 +193,9 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     stretch = max(1.0, load) if where == "local" else 1.0
     unit = _from_history(run, cfg, model.sha256, shape, resources.slots) or UnitCost(
         calibrated, STAGE_SECONDS_PER_CHUNK[where] * stretch, FIXED_SECONDS[where] * stretch, "calibration on the driver")
-    plan = predict(shape, rows, unit, resources, chunk_count(rows, cfg.write.chunk_rows), memory.peak_mib)
+    row_seconds = (shape.padded * unit.seconds_per_token + shape.prepare_seconds) / shape.rows  # task-seconds a row
+    chunks = planned_chunks(rows, cfg.write.chunk_rows, cfg.write.chunk_seconds, row_seconds, resources.slots)
+    plan = predict(shape, rows, unit, resources, chunks, memory.peak_mib)
     gpus = math.ceil(resources.slots * (resources.task_gpus or 1)) if device.startswith("cuda") else 0  # held at once
     plan["calibrated_seconds_per_padded_token"] = calibrated
     plan["host_load_per_cpu"] = round(load, 2)

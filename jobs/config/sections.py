@@ -238,9 +238,14 @@ class WriteConfig(Section):
     file that holds a changed id. Readers need the ``deletionVectors`` table feature (Delta reader version 3). An
     existing output is never altered (``ALTER TABLE ... SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)``
     enables it there)."""
-    chunk_rows: int = Field(2_000_000, ge=1)
+    chunk_rows: Optional[int] = Field(None, ge=1)
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
-    scores only the chunks not yet committed."""
+    scores only the chunks not yet committed. Default: chunks of about ``chunk_seconds`` of scoring each."""
+    chunk_seconds: float = Field(600.0, gt=0)
+    """Without ``chunk_rows``: about how long each chunk scores on the run's task slots, at the speed the preflight
+    measured on a batch of the input, so that a crash costs at most about this much scoring and a cheap model's
+    run is not cut into chunks it does not need (a power of two of them, so a rerun finds the chunks staged
+    before even when it measures another speed)."""
     staging: Optional[Text] = None
     """Where chunks are staged before publishing: a directory, or a table prefix ``catalog.schema.prefix``
     (tables ``<prefix>_<run key>``); default: beside the output (a table ``<output>__lakescore_staging_<run key>``

@@ -18,13 +18,16 @@ from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame
 
+from lakescore.jobs.platform.spark_adapter import default_parallelism
 from lakescore.jobs.platform.tables import run_metadata
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, Changes, ScoringSpec, find_changes, input_digest
 from lakescore.jobs.steps.preflight import ModelIdentity
 from lakescore.jobs.steps.context import RunContext, Targets
-from lakescore.jobs.steps.staging import Staging, changed_rows, chunk_count, prepared_rows, run_key
+from lakescore.jobs.steps.staging import (
+    Staging, changed_rows, nearby_chunk_counts, planned_chunks, prepared_rows, run_key,
+)
 from lakescore.schemas.contracts import FILE_COLUMN, InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
@@ -201,6 +204,26 @@ def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional
     return _compare_with_output(run, targets, split, sha256, ScoringSpec.of(run.spec, model_file_digests(run.model_dir)))
 
 
+def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, dedup: Dedup) -> Staging:
+    """The staging table of this run's key, which names its chunk count: ``write.chunk_rows``' count, else the
+    :func:`~lakescore.jobs.steps.staging.timed_chunks` count at the speed the preflight measured, or a nearby count
+    an earlier attempt of the same run already staged under (it measured another speed)."""
+    cfg = run.cfg
+    # Staged rows carry the digest when deduplicating; a ranked run's are its kept rows (chunks cut by key), a layout
+    # a run key of a release that staged every scored row must not resume.
+    layout = {**facts, "dedup": dedup.used, **({"ranked_staging": RANKED_STAGING} if cfg.rank.enabled else {})}
+
+    def staging_of(chunks: int) -> Staging:
+        return Staging.for_output(run.spark, cfg.output, cfg.write.staging, run_key({**layout, "chunks": chunks}), chunks)
+
+    write = cfg.write
+    slots = default_parallelism(run.spark) if write.chunk_rows is None else 1
+    planned = staging_of(planned_chunks(rows, write.chunk_rows, write.chunk_seconds, identity.row_seconds, slots))
+    if write.chunk_rows is not None or planned.exists():
+        return planned
+    return next((s for s in map(staging_of, nearby_chunk_counts(planned.chunks)) if s.exists()), planned)
+
+
 def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity,
              early: Optional[Changes] = None) -> Plan:
     """The run's plan: run id, pinned spec, the rows to score (in incremental mode: against the output at
@@ -226,11 +249,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
     dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None)
-    chunks = chunk_count(scorable_rows, cfg.write.chunk_rows)
-    # Staged rows carry the digest when deduplicating; a ranked run's are its kept rows (chunks cut by key), a layout
-    # a run key of a release that staged every scored row must not resume.
-    key = run_key({**facts, "chunks": chunks, "dedup": dedup.used, **({"ranked_staging": RANKED_STAGING} if cfg.rank.enabled else {})})
-    staging = Staging.for_output(run.spark, cfg.output, cfg.write.staging, key, chunks)
+    staging = _staging(run, scorable_rows, identity, facts, dedup)
+    chunks, key = staging.chunks, staging.key
     # Rescanning suits rows that are only read: refused ids (an anti join), digests or an incremental comparison
     # make them a computation that the prepared copy does once.
     rescanned = (chunks > 1 and chunks <= RESCAN_CHUNKS and run.rescannable and not split.ids.refused_rows

@@ -57,7 +57,7 @@ from lakescore.jobs.platform.tables import (
 from lakescore.jobs.steps.ids import id_hash
 from lakescore.schemas.column_names import delta_storable_columns, original_columns
 
-__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "drop_stale_staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "chunk_column", "input_fingerprint"]
+__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "drop_stale_staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "timed_chunks", "planned_chunks", "nearby_chunk_counts", "chunk_column", "input_fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,54 @@ alone or with the suffix of its rows to score or of its changed rows."""
 def chunk_count(rows: int, chunk_rows: int) -> int:
     """How many chunks ``rows`` rows make at ``chunk_rows`` per chunk (at least one)."""
     return max(1, math.ceil(rows / chunk_rows))
+
+
+ROW_FLOOR_SECONDS = 1e-5
+"""What a row costs a run besides its model (reading, the hand-over to Python, staging, validation, publishing), in
+task-seconds: the order of magnitude of W7's overhead (BENCHMARKS.md), so that a model that costs next to nothing
+still gets chunks of bounded size."""
+
+UNTIMED_CHUNK_ROWS = 2_000_000
+"""Rows per chunk when neither ``write.chunk_rows`` nor a measured speed says (the preflight does not time generation)."""
+
+NEARBY_CHUNK_COUNTS = 8
+"""How far (a factor) a rerun looks, from the chunk count it plans, for chunks an earlier attempt staged under another."""
+
+
+def timed_chunks(rows: int, chunk_seconds: float, row_seconds: Optional[float], slots: int) -> int:
+    """How many chunks ``rows`` rows make when each chunk should score in about ``chunk_seconds`` on ``slots`` task
+    slots at ``row_seconds`` a row (plus :data:`ROW_FLOOR_SECONDS`): a power of two, so that a rerun measuring a
+    somewhat different speed plans the same count or one of few others (:func:`nearby_chunk_counts`).
+
+    >>> timed_chunks(10_000_000, 600, 1e-6, 2)  # a cheap model: one chunk
+    1
+    >>> timed_chunks(1_000_000, 600, 3e-3, 2)  # 1,500 s of scoring: 3 chunks, rounded up to 4
+    4
+    >>> timed_chunks(5_000_000, 600, None, 2)  # not timed: 2,000,000 rows a chunk, 3 rounded up to 4
+    4
+    """
+    per_chunk = UNTIMED_CHUNK_ROWS if row_seconds is None else chunk_seconds * max(1, slots) / (row_seconds + ROW_FLOOR_SECONDS)
+    needed = chunk_count(rows, max(1, int(per_chunk)))
+    return 1 << (needed - 1).bit_length()
+
+
+def planned_chunks(rows: int, chunk_rows: Optional[int], chunk_seconds: float, row_seconds: Optional[float], slots: int) -> int:
+    """A run's chunk count as ``write`` configures it: by ``chunk_rows`` when set, else :func:`timed_chunks`."""
+    if chunk_rows is not None:
+        return chunk_count(rows, chunk_rows)
+    return timed_chunks(rows, chunk_seconds, row_seconds, slots)
+
+
+def nearby_chunk_counts(chunks: int) -> list[int]:
+    """The other powers of two within a factor :data:`NEARBY_CHUNK_COUNTS` of ``chunks``, nearest first: where a
+    rerun of a :func:`timed_chunks` run looks for the chunks an attempt that measured another speed staged.
+
+    >>> nearby_chunk_counts(4)
+    [2, 8, 1, 16, 32]
+    """
+    lower = [chunks >> i for i in range(1, NEARBY_CHUNK_COUNTS.bit_length()) if chunks >> i >= 1]
+    higher = [chunks << i for i in range(1, NEARBY_CHUNK_COUNTS.bit_length())]
+    return sorted(lower + higher, key=lambda n: (abs(math.log2(n / chunks)), n))
 
 
 def chunk_column(cols: Sequence[str], chunks: int):

@@ -33,20 +33,22 @@ def test_chunks_read_the_input_once_and_a_rerun_not_at_all(spark, tmp_path, tiny
 
 def test_a_plain_pinned_input_is_read_once_per_chunk_without_a_prepared_copy(spark, tmp_path, tiny_classifier_dir):
     """Rows to score that are the pinned input as it is (no dedup digest, no refused id, not incremental) are read
-    from it by each chunk: no prepared copy is written, and a rerun resumes every chunk from staging."""
+    from it by each chunk: no prepared copy is written, and a rerun resumes every chunk from staging, even a rerun
+    that sizes its chunks by time and so plans another count (one chunk for 10 rows)."""
     frame = pd.DataFrame({"review_id": range(1, 11), "body": [f"text {i}" for i in range(1, 11)], "stars": 3})
     source, output = tmp_path / "reviews", tmp_path / "labels"
     spark.createDataFrame(frame).write.parquet(str(source))
 
     run = _runs(spark, source, output, tiny_classifier_dir, "off", "rescan")
 
-    failed = run(**{"validation.min_rows": 1000})
-    assert failed.status == "validation_failed" and failed.chunks["total"] == 3 and failed.input_scans == 3
+    failed = run(**{"validation.min_rows": 1000, "write.chunk_rows": 3})
+    assert failed.status == "validation_failed" and failed.chunks["total"] == 4 and failed.input_scans == 4
     staging_root = tmp_path / "_lakescore_staging" / "labels"
     assert [p.name for p in staging_root.iterdir() if p.name.endswith("_rows")] == []
 
-    rerun = run()
-    assert rerun.status == "succeeded" and rerun.chunks["skipped"] == 3 and rerun.input_scans == 0
+    rerun = run(**{"write.chunk_rows": None})
+    assert rerun.status == "succeeded" and rerun.chunks["total"] == 4 and rerun.chunks["skipped"] == 4
+    assert rerun.input_scans == 0
     assert read_output(spark, str(output))["review_id"].tolist() == list(range(1, 11))  # each row in one chunk
 
 
