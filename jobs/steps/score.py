@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.progress import ProgressReporter, scoring_tasks
@@ -46,6 +47,8 @@ _REPRESENTATIVE = "__lakescore_scored_for_input"
 counts them per key; not staged)."""
 _ARROW_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _ARROW_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
+_UNBOUNDED_BYTES = 2**31 - 1
+"""Spark's value of :data:`_ARROW_BYTES_CONF` for no bound, where it skips measuring each batch row by row."""
 
 
 def score_dataframe(
@@ -113,7 +116,8 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
     layout = _layout_for_progress(run, plan)
     staged = len(plan.done)
     rows = run.rows_counter
-    with _arrow_settings(spark, cfg), stage_progress(spark) as tasks, ProgressReporter(
+    row_bytes = fixed_row_bytes(plan.scorable.schema, [*plan.kept_columns(cfg.row_cols), *run.input_cols])
+    with _arrow_settings(spark, cfg, row_bytes), stage_progress(spark) as tasks, ProgressReporter(
         tasks, (lambda: rows.value) if rows is not None else None, todo_rows, cfg.progress_seconds, chunks=plan.chunks
     ) as progress:
         try:
@@ -197,14 +201,47 @@ def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     return run.layout
 
 
-class _arrow_settings:
-    """Set the Arrow batch bounds for the scoring stage; a taken session (Databricks) gets its own back."""
+_FIXED_WIDTH = {T.ByteType: 1, T.ShortType: 2, T.IntegerType: 4, T.LongType: 8, T.FloatType: 4, T.DoubleType: 8,
+                T.DecimalType: 16, T.BooleanType: 1, T.DateType: 4, T.TimestampType: 8, T.TimestampNTZType: 8}
+"""Bytes a value of each fixed-width Spark type takes in Arrow (a boolean's bit rounded up to a byte)."""
 
-    def __init__(self, spark: SparkSession, cfg: JobConfig) -> None:
+
+def fixed_row_bytes(schema: T.StructType, names: Sequence[str]) -> Optional[int]:
+    """The most bytes the columns ``names`` of ``schema`` can hold in one row, when each is a number, boolean, date or
+    timestamp (or a struct of those); ``None`` when any can grow with its value (strings, binary, arrays, maps).
+
+    >>> schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("f", T.FloatType()),
+    ...                        T.StructField("text", T.StringType())])
+    >>> fixed_row_bytes(schema, ["id", "f"]), fixed_row_bytes(schema, ["id", "text"])
+    (12, None)
+    """
+    def width(kind: T.DataType) -> Optional[int]:
+        if isinstance(kind, T.StructType):
+            widths = [width(f.dataType) for f in kind.fields]
+            return None if None in widths else sum(widths)
+        return _FIXED_WIDTH.get(type(kind))
+
+    if any(name not in schema.fieldNames() for name in names):
+        return None
+    widths = [width(schema[name].dataType) for name in dict.fromkeys(names)]
+    return None if None in widths else sum(widths)
+
+
+class _arrow_settings:
+    """Set the Arrow batch bounds for the scoring stage; a taken session (Databricks) gets its own back.
+
+    The bytes bound is handed to Spark only where a batch could pass it: Spark then measures its Arrow buffers after
+    every row it adds, which for a cheap model over narrow numeric rows cost more than the model (BENCHMARKS.md,
+    issue 46). Rows of ``row_bytes`` at most (:func:`fixed_row_bytes`) that fit the bound at the records limit run
+    unmeasured (the bound set to Spark's "none", ``Int.MaxValue``)."""
+
+    def __init__(self, spark: SparkSession, cfg: JobConfig, row_bytes: Optional[int] = None) -> None:
         self._spark = spark
+        records, max_bytes = cfg.scoring.arrow_max_records_per_batch, cfg.scoring.arrow_max_bytes_per_batch
+        bounded = row_bytes is not None and row_bytes * records <= max_bytes
         self._confs = {
-            _ARROW_RECORDS_CONF: str(cfg.scoring.arrow_max_records_per_batch),
-            _ARROW_BYTES_CONF: str(cfg.scoring.arrow_max_bytes_per_batch),
+            _ARROW_RECORDS_CONF: str(records),
+            _ARROW_BYTES_CONF: str(_UNBOUNDED_BYTES if bounded else max_bytes),
         }
 
     def __enter__(self):
