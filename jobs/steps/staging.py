@@ -63,6 +63,11 @@ log = logging.getLogger(__name__)
 
 CHUNK_COLUMN = "_chunk"
 
+_UNINDEXED = {"delta.dataSkippingNumIndexedCols": "0"}
+"""Properties of a staging table: no per-column statistics. Every read of staging is whole (or by chunk, a column
+Delta's statistics would not skip by for a hash-cut chunk), and collecting minimum, maximum and null count of each of
+the staged columns, row by row, was the largest part of staging a cheap model's rows (BENCHMARKS.md, issue 46)."""
+
 _STAGED_NAME = re.compile(r"[0-9a-f]{20}(?:_rows|_changes)?")
 """What follows the staging location's prefix (:func:`staging_location`) in a run key's tables: the key (:func:`run_key`),
 alone or with the suffix of its rows to score or of its changed rows."""
@@ -197,7 +202,8 @@ class Staging:
     def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
         """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""
         write_delta(delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location, "append",
-                    txn=(f"lakescore-{self.key}", chunk + 1), user_metadata=staging_metadata(self.output, tag))
+                    txn=(f"lakescore-{self.key}", chunk + 1), user_metadata=staging_metadata(self.output, tag),
+                    table_properties=_UNINDEXED)
 
     def table(self) -> DataFrame:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""

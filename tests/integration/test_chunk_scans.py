@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+from delta.tables import DeltaTable
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
@@ -45,6 +46,9 @@ def test_a_plain_pinned_input_is_read_once_per_chunk_without_a_prepared_copy(spa
     assert failed.status == "validation_failed" and failed.chunks["total"] == 4 and failed.input_scans == 4
     staging_root = tmp_path / "_lakescore_staging" / "labels"
     assert [p.name for p in staging_root.iterdir() if p.name.endswith("_rows")] == []
+    (staged,) = staging_root.iterdir()  # staging keeps no per-column statistics: nothing reads it by them
+    properties = DeltaTable.forPath(spark, str(staged)).detail().first()["properties"]
+    assert properties.get("delta.dataSkippingNumIndexedCols") == "0"
 
     rerun = run(**{"write.chunk_rows": None})
     assert rerun.status == "succeeded" and rerun.chunks["total"] == 4 and rerun.chunks["skipped"] == 4
