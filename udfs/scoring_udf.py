@@ -256,14 +256,23 @@ def make_preflight_function(
     return preflight
 
 
+_TIMING_SECONDS = 0.25
+"""How long the preflight's timing calls may take together before it stops at the calls made: a model slow enough to
+spend it is slow whatever its warm-up, and every second here is a second before scoring starts."""
+
+
 def _seconds_per_row(model: LoadedModel, batch: Any, rows: int, calls: int = 3) -> float:
-    """The model's seconds per row on ``batch``: the fastest of ``calls`` calls (the first pays for warm-up, e.g. a
-    TorchScript program optimising for a new shape), an upper bound where a call's own overhead is a row's cost."""
-    fastest = math.inf
+    """The model's seconds per row on ``batch``: the fastest of up to ``calls`` calls (the first pays for warm-up, e.g.
+    a TorchScript program optimising for a new shape; no more once :data:`_TIMING_SECONDS` are spent), an upper bound
+    where a call's own overhead is a row's cost."""
+    fastest, spent = math.inf, 0.0
     for _ in range(calls):
         started = time.perf_counter()
         model.scorer.score(batch)
-        fastest = min(fastest, time.perf_counter() - started)
+        took = time.perf_counter() - started
+        fastest, spent = min(fastest, took), spent + took
+        if spent > _TIMING_SECONDS:
+            break
     return fastest / rows
 
 
