@@ -61,7 +61,7 @@ so they are distinct."""
 CHUNK_USERS = 20_000
 """Users generated and written at a time (one Parquet row group)."""
 TENTH = 10
-WALL_TARGET, MEMORY_TARGET, SCORE_TOLERANCE = 1.2, 1.25, 1e-5
+WALL_TARGET, MEMORY_TARGET, SCORE_TOLERANCE = 1.0, 1.25, 1e-5  # issue 46: W6 >= 1.0x the hand job
 W7 = "W7"
 W7_TARGET = 1.0
 

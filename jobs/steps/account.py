@@ -83,7 +83,9 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     table = snapshot.table()
     fresh = ~F.col(CHUNK_COLUMN).isin(sorted(plan.done)) if plan.done else F.lit(True)
     metrics = [F.sum(F.when(fresh, F.col(f"{WORKER_COLUMN}.{f.name}"))).alias(f.name) for f in WORKER_METRICS.fields]
-    tallies = [F.sum(RANKED_OUT_COLUMN).alias("ranked_out")] if plan.ranked else []
+    # a ranked chunk stages its kept rows only: the rows it scored are those and the ones ranked out
+    tallies = [F.sum(RANKED_OUT_COLUMN).alias("ranked_out"),
+               F.sum(F.when(fresh, F.col(RANKED_OUT_COLUMN))).alias("ranked_out_scored")] if plan.ranked else []
     tallies += [F.sum(PASSES_COLUMN).alias("passes")] if plan.ranked and plan.dedup.used else []
     groups = table.groupBy(ERROR_COLUMNS[0]).agg(
         F.count(F.lit(1)).alias("rows"), F.count(F.when(fresh, True)).alias("rows_scored"), *metrics, *tallies
@@ -143,6 +145,7 @@ def _passes_saved(table: DataFrame, scored_rows: int) -> int:
 def _worker_totals(groups: list, preflight_loads: int) -> dict[str, Any]:
     """The report's ``workers`` figures from the per-reason sums of :func:`account_rows`'s aggregation."""
     total = {name: sum(r[name] or 0 for r in groups) for name in ("rows_scored", *WORKER_METRICS.fieldNames())}
+    total["rows_scored"] += sum(r.asDict().get("ranked_out_scored") or 0 for r in groups)
     return {
         "model_loads": int(total["model_loads"]) + preflight_loads,
         "arrow_batches": int(total["arrow_batches"]),

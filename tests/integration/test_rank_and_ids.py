@@ -131,6 +131,7 @@ def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_ch
     _accounted(second)
     scored_keys = {3: 20, 5: 21, 7: 19, 10: 7}
     assert second.rows_scored == sum(scored_keys.values())
+    assert second.workers["rows_scored"] == second.rows_scored  # the ranked-out rows were scored too
     assert second.rows_kept == scorable - 60  # the unchanged keys' rows, ranked out ones included: not scored again
     assert (second.output_rows, second.ranked_out) == (4 * TOP_K, sum(scored_keys.values()) - 4 * TOP_K)
     out = _output(spark, output)
