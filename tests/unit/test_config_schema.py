@@ -1,5 +1,5 @@
 """One schema, every surface: the CLI's flags, the Python API's keywords, the worker's model spec and the
-reference in docs/configuration.md all follow jobs/config.py."""
+reference in docs/configuration.md all follow the schema in jobs/config/."""
 
 import dataclasses
 from pathlib import Path
