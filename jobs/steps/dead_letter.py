@@ -15,6 +15,7 @@ from typing import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from lakescore.jobs.platform.spark_adapter import partition_count
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import ERROR_COLUMNS
@@ -39,7 +40,12 @@ def check_ids(source: DataFrame, id_cols: Sequence[str]) -> IdCheck:
     """Count the input and its null / duplicated ids in one pass (a shuffle of the id columns only). A composite id
     with a null in any of its columns is a null id."""
     keys = [f"_id{i}" for i in range(len(id_cols))]
-    per_id = source.groupBy(*[column(c).alias(k) for c, k in zip(id_cols, keys)]).count()
+    ids = source.select(*[column(c).alias(k) for c, k in zip(id_cols, keys)])
+    # Ids are (nearly) all distinct, so Spark's partial aggregation before the shuffle would build a hash map of every
+    # id of each input task for nothing (and spill it); shuffling the ids first to at least as many partitions as
+    # the input has counts each once, after the shuffle (BENCHMARKS.md, issue 46).
+    partitions = max(int(source.sparkSession.conf.get("spark.sql.shuffle.partitions")), partition_count(source) or 0)
+    per_id = ids.repartition(partitions, *keys).groupBy(*keys).count()
     null = any_null(keys)
     refused = null | (F.col("count") > 1)
     row = per_id.agg(
