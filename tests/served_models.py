@@ -4,6 +4,7 @@ small proxy in front of one that answers some requests 429 with ``Retry-After``,
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -58,11 +59,13 @@ def transformers_serve(model_dir: Path, log: Path) -> Iterator[TransformersServe
 
 class RateLimitingProxy:
     """Forwards ``/v1`` requests to ``upstream``; each request whose number (from 1) is a multiple of ``every`` is
-    answered 429 with ``Retry-After: <retry_after>`` instead, and counted in :attr:`refused`."""
+    answered 429 with ``Retry-After: <retry_after>`` instead, and counted in :attr:`refused`. With :attr:`models` set,
+    ``GET /v1/models`` is answered with it (a server whose list of models the test changes) instead of upstream's."""
 
     def __init__(self, upstream_port: int, every: int = 3, retry_after: int = 1) -> None:
         proxy = self
         self.upstream_port, self.every, self.retry_after = upstream_port, every, retry_after
+        self.models: dict | None = None
         self.requests = self.refused = 0
         self.authorizations: list[str] = []
         self.lock = threading.Lock()
@@ -87,6 +90,9 @@ class RateLimitingProxy:
                     data = b'{"error": {"message": "rate limited"}}'
                     self.send_response(429)
                     self.send_header("Retry-After", str(proxy.retry_after))
+                elif body is None and self.path.rstrip("/") == "/v1/models" and proxy.models is not None:
+                    data = json.dumps(proxy.models).encode()
+                    self.send_response(200)
                 else:
                     upstream = http.client.HTTPConnection(HOST, proxy.upstream_port, timeout=120)
                     upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})

@@ -65,9 +65,10 @@ class EndpointRefused(ModelSourceError):
 
 @dataclass(frozen=True)
 class Reply:
-    """A successful response's JSON body."""
+    """A successful response's JSON body, and its headers (lower-case names)."""
 
     body: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,9 @@ class EndpointClient:
         """``GET <url><path>`` once; ``None`` when the server does not answer it with JSON."""
         try:
             response = self.http.get(self.url + path)
-            return Reply(response.json()) if response.status_code == 200 else None
+            if response.status_code != 200:
+                return None
+            return Reply(response.json(), {k.lower(): v for k, v in response.headers.items()})
         except (*self._transport_errors, ValueError):
             return None
 
