@@ -25,7 +25,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import Scored
-from lakescore.udfs.endpoint import Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused, Reply
+from lakescore.udfs.endpoint import (
+    Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused, Reply, Unhonoured,
+)
 from lakescore.udfs.endpoint_options import MODELS_LISTING
 from lakescore.udfs.heads.generate import Generation, generation_columns
 
@@ -176,7 +178,10 @@ class EndpointGenerator:
             seed = row_seed(self.options.seed, "" if key is None else str(key))
         completion = self.client.complete(self.options, prompt, seed)
         self._check_json(completion)
-        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens)
+        if self.options.logprobs and completion.token_logprobs is None:
+            raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
+        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
+                          token_logprobs=completion.token_logprobs if self.options.logprobs else None)
 
     def _check_json(self, completion: Completion) -> None:
         """A finished text under ``json_schema`` must be JSON that validates: the row's :class:`EndpointError`
@@ -189,10 +194,11 @@ class EndpointGenerator:
             validate(json.loads(completion.text), json.loads(self.options.json_schema))
         except (ValueError, ValidationError) as exc:
             message = exc.message if isinstance(exc, ValidationError) else str(exc)
-            raise EndpointError(200, f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
+            raise Unhonoured("generate.json_schema (response_format)",
+                             f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray):
-        return generation_columns(outputs, ok, self._output_types)
+        return generation_columns(outputs, ok, self._output_types, self.options.logprobs)
 
     def score(self, prompts: list[str]) -> np.ndarray:
         """The executors' preflight: ``prompts`` sent with every setting of the run; :class:`EndpointRefused` in one
@@ -208,9 +214,9 @@ class EndpointGenerator:
             return self._one(prompt, prompt)
         except EndpointDown as exc:
             raise EndpointRefused(str(exc)) from None
+        except Unhonoured as exc:
+            raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
         except EndpointError as exc:
-            if exc.status == 200:
-                raise EndpointRefused(f"{where} does not honour generate.json_schema (response_format): {exc.message}") from None
             raise EndpointRefused(f"{where} refused the run's settings: {exc}") from None
 
     @staticmethod
@@ -234,7 +240,7 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
 
     options = spec.generate
     endpoint, server = options.endpoint, options.server
-    types = get_task(spec.task).output_arrow_types
+    types = get_task(spec.task).output_arrow_types_for(options)
     if endpoint is not None:
         client = EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint))
         return EndpointGenerator(client, options, types, endpoint.revision)

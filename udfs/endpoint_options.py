@@ -132,8 +132,12 @@ def unsupported_settings(options: Any, api: str) -> list[str]:
     """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses it."""
     refused = []
     if options.choices:
-        refused.append("generate.choices scores each choice's tokens in the model, which an endpoint does not expose; "
-                       "run it in-process, or ask the model for one word with generate.json_schema (an enum)")
+        # exact over an endpoint only through each choice's log-probability given the prompt (the completions API's
+        # echo with logprobs), which transformers serve, the one server the tests run, does not return: not built
+        refused.append("generate.choices over an endpoint needs each choice's log-probability given the prompt (echo with "
+                       "logprobs), which lakescore does not request: transformers serve, the server it is tested against, "
+                       "returns no log-probabilities; run choices in-process, or ask for one word with generate.json_schema "
+                       "(an enum)")
     if options.truncate != "none":
         refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
     if options.chat_template == "never" and api == "chat":

@@ -94,7 +94,8 @@ def make_scoring_function(
 
     arrow_schema = to_arrow_schema(schema)
     keep_cols = tuple(keep_cols)
-    prediction_types = get_task(spec.task).output_arrow_types
+    task = get_task(spec.task)
+    prediction_types = task.output_arrow_types_for(task.options_of(spec))
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows, runner_options):
