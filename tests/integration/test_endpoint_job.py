@@ -3,9 +3,10 @@ tiny seeded Llama-shaped model on CPU, offline, started once for the module.
 
 * an endpoint behind a proxy that answers every third request 429 with ``Retry-After``: greedy text equal to
   transformers' own ``generate`` on each row, the 429s retried and counted, tokens and cost from ``usage``, the key in
-  no log, report or Delta log, an incremental rerun that sends nothing;
-* a setting the server cannot honour (``json_schema``: ``transformers serve`` has no ``response_format``) refused before
-  any row is sent, in one line;
+  no log, report or Delta log, an incremental rerun that sends nothing, and one that scores every row again once the
+  proxy's ``/v1/models`` says something else of the model;
+* a setting the server cannot honour (``json_schema``: ``transformers serve`` has no ``response_format``;
+  ``logprobs``: it returns none) refused before any row is sent, in one line;
 * the endpoint killed mid-run: the run stops in one line naming it, nothing published, and the rerun resumes the
   staged chunks;
 * a served engine (``generate.server.engine: transformers``) started by the job, killed mid-run and restarted once,
@@ -14,6 +15,7 @@ tiny seeded Llama-shaped model on CPU, offline, started once for the module.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,6 +27,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
@@ -93,11 +96,14 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
     endpoint = {"generate.endpoint.model": str(tiny_causal_lm_dir), "generate.endpoint.api_key_env": KEY_ENV,
                 "generate.endpoint.price": {"input": 2.0, "output": 10.0}, "write.mode": "incremental",
                 "report": str(report_path)}
+    entry = {"id": str(tiny_causal_lm_dir), "object": "model", "created": 1_700_000_000, "owned_by": "lakescore-tests"}
     with RateLimitingProxy(served.port, every=3, retry_after=1) as proxy:
+        proxy.models = {"object": "list", "data": [{"id": "another-model", "object": "model"}, entry]}
         cfg = _config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint})
         report = run_scoring(cfg, spark)
         record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
         assert report.status == "succeeded", report.error
+        assert report.model_listing == {"answered": True, "entry": entry}  # what /v1/models says is the model's identity
         out = read_output(spark, str(output))
         expected, prompt_tokens = _expected(tiny_causal_lm_dir, frame)
         assert out["generated_text"].tolist() == expected
@@ -124,6 +130,18 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
         assert not again.workers.get("requests")  # the preflight's request aside, none
 
+        # The server now says something else of the model behind the same name: every row is scored again, and the
+        # output's commit records the new entry.
+        proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
+        changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
+                                                         "max_error_rate": 1.0}), spark)
+        assert changed.status == "succeeded", changed.error
+        assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
+        assert changed.spec_changes == ["the endpoint /v1/models changed"]
+        (commit,) = delta_history(spark, str(output), 1)
+        assert json.loads(commit.spec["files"]["/v1/models"])["entry"]["root"] == "tiny-v2"
+        assert read_output(spark, str(output))["generated_text"].tolist() == expected
+
     captured = capfd.readouterr()
     shown = "\n".join([captured.out, captured.err, _files_text(report_path.parent, output, Path(f"{output}_errors"),
                                                                Path(f"{output}_metrics"))])
@@ -143,6 +161,16 @@ def test_a_setting_the_server_cannot_honour_is_refused_before_any_row_is_sent(sp
     assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) refused the run's settings: HTTP 422: Unexpected "
                     "fields in the request: {'response_format'}"), line
     assert not (tmp_path / "json").exists()
+
+    # transformers serve takes the request's logprobs and returns none: the column cannot be filled, so no row is sent
+    with pytest.raises(EndpointRefused) as refused:
+        run_scoring(_config(source, tmp_path / "logprobs", **{
+            "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir), "generate.logprobs": True,
+        }), spark)
+    line = one_line(refused.value)
+    assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) does not honour generate.logprobs: the response "
+                    "holds no log-probabilities (the request's logprobs)"), line
+    assert not (tmp_path / "logprobs").exists()
 
 
 def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark, tmp_path, tiny_causal_lm_dir):
