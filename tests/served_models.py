@@ -58,7 +58,7 @@ def transformers_serve(model_dir: Path, log: Path) -> Iterator[TransformersServe
 
 
 class RateLimitingProxy:
-    """Forwards ``/v1`` requests to ``upstream``; each request whose number (from 1) is a multiple of ``every`` is
+    """Forwards ``/v1`` requests to ``upstream``; each ``POST`` whose number (from 1) is a multiple of ``every`` is
     answered 429 with ``Retry-After: <retry_after>`` instead, and counted in :attr:`refused`. With :attr:`models` set,
     ``GET /v1/models`` is answered with it (a server whose list of models the test changes) instead of upstream's."""
 
@@ -66,7 +66,7 @@ class RateLimitingProxy:
         proxy = self
         self.upstream_port, self.every, self.retry_after = upstream_port, every, retry_after
         self.models: dict | None = None
-        self.requests = self.refused = 0
+        self.requests = self.posts = self.refused = 0
         self.authorizations: list[str] = []
         self.lock = threading.Lock()
 
@@ -83,7 +83,8 @@ class RateLimitingProxy:
             def _forward(self, body):
                 with proxy.lock:
                     proxy.requests += 1
-                    refuse = body is not None and proxy.requests % proxy.every == 0
+                    proxy.posts += body is not None
+                    refuse = body is not None and proxy.posts % proxy.every == 0
                     proxy.refused += refuse
                     proxy.authorizations.append(self.headers.get("Authorization") or "")
                 if refuse:

@@ -290,14 +290,21 @@ class EndpointClient:
         return "/chat/completions" if self.api == "chat" else "/completions"
 
     def get(self, path: str) -> Optional[Reply]:
-        """``GET <url><path>`` once; ``None`` when the server does not answer it with JSON."""
-        try:
-            response = self.http.get(self.url + path)
-            if response.status_code != 200:
+        """``GET <url><path>``; ``None`` when the server does not answer it with JSON. Only a 429 is asked again (up to
+        ``max_retries`` times, after what its ``Retry-After`` says): a server's pace, not its answer."""
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                response = self.http.get(self.url + path)
+                if response.status_code == 429 and attempt < self.settings.max_retries:
+                    wait = retry_after(response.headers)
+                    self.sleep(backoff(attempt) if wait is None else wait)
+                    continue
+                if response.status_code != 200:
+                    return None
+                return Reply(response.json(), {k.lower(): v for k, v in response.headers.items()})
+            except (*self._transport_errors, ValueError):
                 return None
-            return Reply(response.json(), {k.lower(): v for k, v in response.headers.items()})
-        except (*self._transport_errors, ValueError):
-            return None
+        return None
 
     def post(self, body: Mapping[str, Any], estimated_tokens: int = 0) -> Reply:
         """``POST`` ``body`` to the API, retried as the settings say; :class:`EndpointError` once it failed for good,

@@ -117,10 +117,18 @@ class EndpointGenerator:
         """One ``GET /v1/models`` (the preflight's first request; the request that follows proves the model answers)."""
         return models_listing(self.client.get("/models"), self.client.model)
 
+    @property
+    def where(self) -> str:
+        return f"endpoint {self.client.url} (model {self.client.model})"
+
     def is_current(self) -> bool:
         """Whether ``/v1/models`` still says what it said when this head was made: the model cache asks before it
-        hands the head to a task, so a run never scores under another run's identity of the model."""
-        return self.server is not None or self._listing() == self.listing
+        hands the head to a task, so a run never scores under another run's identity of the model. Only an answer
+        that differs counts: one that fails now (a passing error, a server that never answers it) is no news."""
+        if self.server is not None or not json.loads(self.listing)["answered"]:
+            return True
+        reply = self.client.get("/models")
+        return reply is None or models_listing(reply, self.client.model) == self.listing
 
     # -- the runner's interface ------------------------------------------------------------------------------------
 
@@ -209,7 +217,7 @@ class EndpointGenerator:
         return outputs
 
     def _preflight_one(self, prompt: str) -> Generation:
-        where = f"endpoint {self.client.url} (model {self.client.model})"
+        where = self.where
         try:
             return self._one(prompt, prompt)
         except EndpointDown as exc:

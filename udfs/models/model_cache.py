@@ -80,6 +80,8 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
         del cached  # edited in place since it was loaded: free it before loading the files as they are now
         if spec.source is None:  # a model served elsewhere: no files here; the head says which model answers
             scorer = get_task(spec.task).load(key, None)
+            # the server names another model than the run's preflight found (its /v1/models entry changed): refused
+            verify_sha256(scorer.sha256, spec.expect_sha256, getattr(scorer, "where", "served elsewhere"))
             loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision, dict(getattr(scorer, "files", {})))
             _cache[key] = loaded
             return loaded, True
