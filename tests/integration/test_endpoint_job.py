@@ -97,13 +97,19 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
                 "generate.endpoint.price": {"input": 2.0, "output": 10.0}, "write.mode": "incremental",
                 "report": str(report_path)}
     entry = {"id": str(tiny_causal_lm_dir), "object": "model", "created": 1_700_000_000, "owned_by": "lakescore-tests"}
+
+    def listed(permission: str) -> dict:  # vLLM's shape: a permission entry with an id and a time drawn per answer
+        drawn = {**entry, "permission": [{"id": permission, "created": int(time.time()), "allow_logprobs": True}]}
+        return {"object": "list", "data": [{"id": "another-model", "object": "model"}, drawn]}
+
     with RateLimitingProxy(served.port, every=3, retry_after=1) as proxy:
-        proxy.models = {"object": "list", "data": [{"id": "another-model", "object": "model"}, entry]}
+        proxy.models = listed("modelperm-1")
         cfg = _config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint})
         report = run_scoring(cfg, spark)
         record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
         assert report.status == "succeeded", report.error
-        assert report.model_listing == {"answered": True, "entry": entry}  # what /v1/models says is the model's identity
+        # what /v1/models says is the model's identity, less what the server draws for each answer
+        assert report.model_listing == {"answered": True, "entry": {**entry, "permission": [{"allow_logprobs": True}]}}
         out = read_output(spark, str(output))
         expected, prompt_tokens = _expected(tiny_causal_lm_dir, frame)
         assert out["generated_text"].tolist() == expected
@@ -122,8 +128,9 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         assert metrics["cost"] == pytest.approx(report.cost["cost"]) and metrics["model_id"] == str(tiny_causal_lm_dir)
         assert f"Bearer {KEY}" in proxy.authorizations  # the key was sent, in its header
 
-        # Incremental: nothing changed, so nothing is sent (the null row is tried again, as every row without an
-        # output is, and dead-lettered again without a request).
+        # Incremental: nothing changed (the listing's drawn permission aside), so nothing is sent (the null row is tried
+        # again, as every row without an output is, and dead-lettered again without a request).
+        proxy.models = listed("modelperm-2")
         again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                        "max_error_rate": 1.0}), spark)
         assert again.status == "succeeded", again.error
@@ -133,8 +140,9 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         # The server now says something else of the model behind the same name: every row is scored again, and the
         # output's commit records the new entry.
         proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
+        proxy.every = 10_000  # (429s are the first run's to prove; the suite too: this run is about what it rescores)
         changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
-                                                         "max_error_rate": 1.0}), spark)
+                                                         "max_error_rate": 1.0, "validation.enabled": False}), spark)
         assert changed.status == "succeeded", changed.error
         assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
         assert changed.spec_changes == ["the endpoint /v1/models changed"]
