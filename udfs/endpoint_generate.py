@@ -40,8 +40,8 @@ PROMPTS, KEYS = "prompts", "keys"
 
 
 PER_ANSWER_S = 60.0
-"""A ``created`` this close to the ``/v1/models`` answer's own time is the answer's time, not the model's (vLLM,
-SGLang and llama.cpp's server stamp every answer with the time it was made): it is left out of the identity."""
+"""A ``created`` this close to the ``/v1/models`` answer's own time is the answer's time, not the model's (vLLM's and
+LMDeploy's servers, for two, stamp every answer with the time it was made): it is left out of the identity."""
 
 
 def canonical_json(value: Any) -> str:
