@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from pyspark.sql.types import (
     ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField, StructType,
 )
@@ -10,6 +12,7 @@ from lakescore.schemas.contracts import InputContractError
 
 __all__ = [
     "PREDICTIONS",
+    "ASKED_PREDICTIONS",
     "IDENTITY_COLUMNS",
     "INCREMENTAL_COLUMNS",
     "DIGEST_COLUMN",
@@ -71,6 +74,15 @@ PREDICTIONS: dict[str, list[StructField]] = {
 }
 """The model's output columns per task, in output order: what a head's ``columns`` returns, one array each."""
 
+ASKED_PREDICTIONS: dict[str, list[StructField]] = {
+    "generate": [
+        StructField("token_logprobs", ArrayType(FloatType(), containsNull=False), nullable=True),
+    ],
+}
+"""Output columns a task writes only when one of its settings asks for them (the task registry's
+``Task.setting_outputs`` names the setting), after its :data:`PREDICTIONS`, in this order; a run that does not ask
+has no such column at all."""
+
 IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 """Columns every output row carries so anyone can tell which model and run produced it."""
 
@@ -122,22 +134,27 @@ WORKER_METRICS = StructType(
 ``rate_limited``: what a head over an endpoint sent, retried and was answered 429, 0 for the others). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""
 
-def prediction_fields(task: str) -> list[StructField]:
-    """The prediction fields of ``task``; ``KeyError`` for an unknown task."""
-    return PREDICTIONS[task]
+def prediction_fields(task: str, asked: Sequence[str] = ()) -> list[StructField]:
+    """The prediction fields of ``task``, with the :data:`ASKED_PREDICTIONS` named in ``asked``; ``KeyError`` for an
+    unknown task, ``ValueError`` for a column ``task`` cannot add."""
+    extra = {f.name: f for f in ASKED_PREDICTIONS.get(task, ())}
+    unknown = [name for name in asked if name not in extra]
+    if unknown:
+        raise ValueError(f"task {task!r} has no optional output column {unknown[0]!r}; it has {sorted(extra) or 'none'}")
+    return PREDICTIONS[task] + [f for name, f in extra.items() if name in asked]
 
 
-def prediction_columns(task: str) -> list[str]:
-    """Names of the columns holding the model's output for ``task``."""
-    return [f.name for f in prediction_fields(task)]
+def prediction_columns(task: str, asked: Sequence[str] = ()) -> list[str]:
+    """Names of the columns holding the model's output for ``task`` (with the ``asked`` optional ones)."""
+    return [f.name for f in prediction_fields(task, asked)]
 
 
-def scored_schema(task: str, *kept: StructField) -> StructType:
-    """What the scoring function returns: the ``kept`` input columns (the job: the id), predictions,
-    ``model_sha256``, :data:`ERROR_COLUMNS`, then :data:`WORKER_COLUMN`."""
+def scored_schema(task: str, *kept: StructField, asked: Sequence[str] = ()) -> StructType:
+    """What the scoring function returns: the ``kept`` input columns (the job: the id), predictions (with the
+    ``asked`` optional ones), ``model_sha256``, :data:`ERROR_COLUMNS`, then :data:`WORKER_COLUMN`."""
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in kept]
-        + prediction_fields(task)
+        + prediction_fields(task, asked)
         + [StructField("model_sha256", StringType(), nullable=False)]
         + [StructField(name, StringType(), nullable=True) for name in ERROR_COLUMNS]
         + [StructField(WORKER_COLUMN, WORKER_METRICS, nullable=True)]
@@ -145,16 +162,16 @@ def scored_schema(task: str, *kept: StructField) -> StructType:
 
 
 def output_schema(task: str, *row_fields: StructField, incremental: bool = False, ranked: bool = False,
-                  file_status: bool = False) -> StructType:
+                  file_status: bool = False, asked: Sequence[str] = ()) -> StructType:
     """The Delta table's schema: the ``row_fields`` (the id column(s), then a ranked run's other key columns) as they
-    were in the input, predictions, with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
+    were in the input, predictions (with the ``asked`` optional ones), with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
     ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`; with ``incremental``
     and ``file_status`` the :data:`FILE_COLUMNS`).
 
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when an id or key column's name collides
     with an output column.
     """
-    taken = (prediction_columns(task) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS)
+    taken = (prediction_columns(task, asked) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS)
              + [WORKER_COLUMN] + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else []))
     files = list(FILE_COLUMNS.items()) if incremental and file_status else []
     taken += [name for name, _ in files]
@@ -164,7 +181,7 @@ def output_schema(task: str, *row_fields: StructField, incremental: bool = False
     extra = [*INCREMENTAL_COLUMNS, *([KEY_DIGEST_COLUMN] if ranked else [])] if incremental else []
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in row_fields]
-        + prediction_fields(task)
+        + prediction_fields(task, asked)
         + ([StructField(RANK_COLUMN, IntegerType(), nullable=True)] if ranked else [])
         + [StructField(name, StringType(), nullable=True) for name in IDENTITY_COLUMNS]
         + [StructField(name, StringType(), nullable=True) for name in extra]

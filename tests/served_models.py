@@ -4,6 +4,7 @@ small proxy in front of one that answers some requests 429 with ``Retry-After``,
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -57,13 +58,15 @@ def transformers_serve(model_dir: Path, log: Path) -> Iterator[TransformersServe
 
 
 class RateLimitingProxy:
-    """Forwards ``/v1`` requests to ``upstream``; each request whose number (from 1) is a multiple of ``every`` is
-    answered 429 with ``Retry-After: <retry_after>`` instead, and counted in :attr:`refused`."""
+    """Forwards ``/v1`` requests to ``upstream``; each ``POST`` whose number (from 1) is a multiple of ``every`` is
+    answered 429 with ``Retry-After: <retry_after>`` instead, and counted in :attr:`refused`. With :attr:`models` set,
+    ``GET /v1/models`` is answered with it (a server whose list of models the test changes) instead of upstream's."""
 
     def __init__(self, upstream_port: int, every: int = 3, retry_after: int = 1) -> None:
         proxy = self
         self.upstream_port, self.every, self.retry_after = upstream_port, every, retry_after
-        self.requests = self.refused = 0
+        self.models: dict | None = None
+        self.requests = self.posts = self.refused = 0
         self.authorizations: list[str] = []
         self.lock = threading.Lock()
 
@@ -80,13 +83,17 @@ class RateLimitingProxy:
             def _forward(self, body):
                 with proxy.lock:
                     proxy.requests += 1
-                    refuse = body is not None and proxy.requests % proxy.every == 0
+                    proxy.posts += body is not None
+                    refuse = body is not None and proxy.posts % proxy.every == 0
                     proxy.refused += refuse
                     proxy.authorizations.append(self.headers.get("Authorization") or "")
                 if refuse:
                     data = b'{"error": {"message": "rate limited"}}'
                     self.send_response(429)
                     self.send_header("Retry-After", str(proxy.retry_after))
+                elif body is None and self.path.rstrip("/") == "/v1/models" and proxy.models is not None:
+                    data = json.dumps(proxy.models).encode()
+                    self.send_response(200)
                 else:
                     upstream = http.client.HTTPConnection(HOST, proxy.upstream_port, timeout=120)
                     upstream.request(self.command, self.path, body=body, headers={"Content-Type": "application/json"})

@@ -32,7 +32,7 @@ from lakescore.udfs.rate_limit import HostRateLimit
 
 __all__ = [
     "EndpointError", "EndpointDown", "EndpointRefused", "Reply", "Completion", "ClientStats", "EndpointClient",
-    "request_body", "parse_completion", "retry_after", "backoff",
+    "request_body", "parse_completion", "token_logprobs", "retry_after", "backoff", "Unhonoured",
 ]
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -53,6 +53,15 @@ class EndpointError(RuntimeError):
         super().__init__(f"HTTP {status}: {message}" if status is not None else message)
 
 
+class Unhonoured(EndpointError):
+    """A response that shows the server ignored one of the run's settings (``setting``): the row's error, and in the
+    preflight the run's refusal."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        self.setting = setting
+        super().__init__(200, message)
+
+
 class EndpointDown(RuntimeError):
     """The endpoint failed ``max_consecutive_failures`` requests in a row: the run stops, in one line naming the
     endpoint and the last error. Not a row's failure: it is never dead-lettered."""
@@ -65,20 +74,22 @@ class EndpointRefused(ModelSourceError):
 
 @dataclass(frozen=True)
 class Reply:
-    """A successful response's JSON body."""
+    """A successful response's JSON body, and its headers (lower-case names)."""
 
     body: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Completion:
     """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
-    reports."""
+    reports and, where the response holds them, each generated token's log-probability."""
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    token_logprobs: Optional[tuple[float, ...]] = None
 
 
 @dataclass
@@ -146,6 +157,8 @@ def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed:
         body["seed"] = seed
     if options.stop:
         body["stop"] = list(options.stop)
+    if getattr(options, "logprobs", False):  # the chosen tokens' log-probabilities: a flag in chat, a count in completions
+        body["logprobs"] = True if api == "chat" else 1
     if options.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "row", "schema": json.loads(options.json_schema), "strict": True}}
@@ -173,7 +186,25 @@ def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()
         text = text[:cut]
     finish = "length" if choice.get("finish_reason") == "length" else "stop"
     usage = body.get("usage") or {}
-    return Completion(text, finish, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+    return Completion(text, finish, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                      token_logprobs(choice, api))
+
+
+def token_logprobs(choice: Mapping[str, Any], api: str) -> Optional[tuple[float, ...]]:
+    """The generated tokens' log-probabilities in a response's ``choice``: the chat API's ``logprobs.content[].logprob``,
+    the completions API's ``logprobs.token_logprobs``; ``None`` when it holds none (a server that ignored the
+    request's ``logprobs``)."""
+    found = choice.get("logprobs")
+    if not isinstance(found, Mapping):
+        return None
+    try:
+        if api == "chat":
+            content = found.get("content")
+            return None if content is None else tuple(float(token["logprob"]) for token in content)
+        values = found.get("token_logprobs")
+        return None if values is None else tuple(float(v) for v in values)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class _Gate:
@@ -259,12 +290,21 @@ class EndpointClient:
         return "/chat/completions" if self.api == "chat" else "/completions"
 
     def get(self, path: str) -> Optional[Reply]:
-        """``GET <url><path>`` once; ``None`` when the server does not answer it with JSON."""
-        try:
-            response = self.http.get(self.url + path)
-            return Reply(response.json()) if response.status_code == 200 else None
-        except (*self._transport_errors, ValueError):
-            return None
+        """``GET <url><path>``; ``None`` when the server does not answer it with JSON. Only a 429 is asked again (up to
+        ``max_retries`` times, after what its ``Retry-After`` says): a server's pace, not its answer."""
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                response = self.http.get(self.url + path)
+                if response.status_code == 429 and attempt < self.settings.max_retries:
+                    wait = retry_after(response.headers)
+                    self.sleep(backoff(attempt) if wait is None else wait)
+                    continue
+                if response.status_code != 200:
+                    return None
+                return Reply(response.json(), {k.lower(): v for k, v in response.headers.items()})
+            except (*self._transport_errors, ValueError):
+                return None
+        return None
 
     def post(self, body: Mapping[str, Any], estimated_tokens: int = 0) -> Reply:
         """``POST`` ``body`` to the API, retried as the settings say; :class:`EndpointError` once it failed for good,

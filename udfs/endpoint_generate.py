@@ -14,8 +14,10 @@ is refused there, in one line, before any row is sent.
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
+import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -23,21 +25,72 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import Scored
-from lakescore.udfs.endpoint import Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused
+from lakescore.udfs.endpoint import (
+    Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused, Reply, Unhonoured,
+)
+from lakescore.udfs.endpoint_options import MODELS_LISTING
 from lakescore.udfs.heads.generate import Generation, generation_columns
 
-__all__ = ["EndpointGenerator", "endpoint_identity", "load_remote_generator"]
+__all__ = [
+    "EndpointGenerator", "endpoint_identity", "load_remote_generator", "models_listing", "canonical_entry", "canonical_json",
+]
 
 PROMPTS, KEYS = "prompts", "keys"
 """Feature keys: the present prompts and their row keys (what sampled rows' seeds derive from)."""
 
 
-def endpoint_identity(model: str, listed: Optional[Mapping[str, Any]], revision: Optional[str]) -> str:
-    """The digest recorded as ``model_sha256`` for a served model: its name, what ``/v1/models`` says of it
-    (``listed``, where the server answers) and the user's ``revision``. A name alone cannot prove the weights behind
+PER_ANSWER_S = 60.0
+"""A ``created`` this close to the ``/v1/models`` answer's own time is the answer's time, not the model's (vLLM's and
+LMDeploy's servers, for two, stamp every answer with the time it was made): it is left out of the identity."""
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as one stable JSON text: keys sorted, no blanks, characters as they are. Equal values give equal texts
+    whatever order or layout the server wrote them in."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_entry(entry: Mapping[str, Any], answered_at: float) -> dict[str, Any]:
+    """A ``/v1/models`` entry as the model's identity takes it: every field the server gives (``id``, ``created``,
+    ``owned_by``, ``root``, ``max_model_len``, ...) but those made afresh for each answer, which would make every run
+    look like a new model: ``created`` when it is within :data:`PER_ANSWER_S` of ``answered_at`` (the answer's
+    ``Date``), and the ``id`` and ``created`` of each ``permission`` entry (vLLM draws them per answer)."""
+    kept = json.loads(json.dumps(dict(entry)))  # plain JSON values: what the report and the commit metadata hold
+    created = kept.get("created")
+    if isinstance(created, (int, float)) and not isinstance(created, bool) and abs(created - answered_at) <= PER_ANSWER_S:
+        del kept["created"]
+    if isinstance(kept.get("permission"), list):
+        kept["permission"] = [{k: v for k, v in p.items() if k not in ("id", "created")} if isinstance(p, dict) else p
+                              for p in kept["permission"]]
+    return kept
+
+
+def models_listing(reply: Optional[Reply], model: str) -> str:
+    """What ``/v1/models`` says of ``model``, as canonical JSON (:func:`canonical_json`): ``{"answered": false}`` when
+    the server did not answer it (404, an error, not JSON), ``{"answered": true, "entry": null}`` when its answer does
+    not list the model (``transformers serve`` lists its hub cache, not what it serves), else ``{"answered": true,
+    "entry": {...}}`` with the model's entry (:func:`canonical_entry`)."""
+    if reply is None:
+        return canonical_json({"answered": False})
+    answered_at = time.time()
+    date = reply.headers.get("date")
+    if date:
+        try:
+            answered_at = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            pass
+    models = reply.body.get("data") if isinstance(reply.body, Mapping) else None
+    entry = next((m for m in (models if isinstance(models, list) else ())
+                  if isinstance(m, Mapping) and m.get("id") == model), None)
+    return canonical_json({"answered": True, "entry": None if entry is None else canonical_entry(entry, answered_at)})
+
+
+def endpoint_identity(model: str, listing: str, revision: Optional[str]) -> str:
+    """The digest recorded as ``model_sha256`` for a model served elsewhere: its name, what ``/v1/models`` says of it
+    (``listing``, :func:`models_listing`) and the user's ``revision``. A name alone cannot prove the weights behind
     it did not change; this is what the server lets a client see."""
-    facts = {"model": model, "listed": dict(listed) if listed else None, "revision": revision}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    facts = {"model": model, "listing": json.loads(listing), "revision": revision}
+    return hashlib.sha256(canonical_json(facts).encode()).hexdigest()
 
 
 class EndpointGenerator:
@@ -53,19 +106,29 @@ class EndpointGenerator:
         self.server = server
         """The engine served on this host (:class:`~lakescore.udfs.engine_server.EngineServer`), or ``None``."""
         self.pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="lakescore-endpoint")
-        self.listed = self._listed_model()
-        self.sha256 = endpoint_identity(client.model, self.listed, revision)
+        self.listing = self._listing()
+        """What ``/v1/models`` said of the model when this head was made (:func:`models_listing`)."""
+        self.sha256 = endpoint_identity(client.model, self.listing, revision)
+        self.files = {MODELS_LISTING: self.listing}
+        """The identity's stand-in for the model's files (a model served elsewhere has none here): part of the scoring
+        spec that incremental runs compare and commit, and of the run report."""
 
-    def _listed_model(self) -> Optional[Mapping[str, Any]]:
-        """What ``/v1/models`` says of the served model; ``None`` where the server does not answer it or does not list
-        the model (``transformers serve`` lists its cache, not what it serves: the preflight request is what proves the
-        model is there)."""
+    def _listing(self) -> str:
+        """One ``GET /v1/models`` (the preflight's first request; the request that follows proves the model answers)."""
+        return models_listing(self.client.get("/models"), self.client.model)
+
+    @property
+    def where(self) -> str:
+        return f"endpoint {self.client.url} (model {self.client.model})"
+
+    def is_current(self) -> bool:
+        """Whether ``/v1/models`` still says what it said when this head was made: the model cache asks before it
+        hands the head to a task, so a run never scores under another run's identity of the model. Only an answer
+        that differs counts: one that fails now (a passing error, a server that never answers it) is no news."""
+        if self.server is not None or not json.loads(self.listing)["answered"]:
+            return True
         reply = self.client.get("/models")
-        models = reply.body.get("data") if reply is not None else None
-        for entry in models if isinstance(models, list) else ():
-            if isinstance(entry, Mapping) and entry.get("id") == self.client.model:
-                return {k: v for k, v in entry.items() if k != "created"}  # a reload's time is not another model
-        return None
+        return reply is None or models_listing(reply, self.client.model) == self.listing
 
     # -- the runner's interface ------------------------------------------------------------------------------------
 
@@ -123,7 +186,10 @@ class EndpointGenerator:
             seed = row_seed(self.options.seed, "" if key is None else str(key))
         completion = self.client.complete(self.options, prompt, seed)
         self._check_json(completion)
-        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens)
+        if self.options.logprobs and completion.token_logprobs is None:
+            raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
+        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
+                          token_logprobs=completion.token_logprobs if self.options.logprobs else None)
 
     def _check_json(self, completion: Completion) -> None:
         """A finished text under ``json_schema`` must be JSON that validates: the row's :class:`EndpointError`
@@ -136,10 +202,11 @@ class EndpointGenerator:
             validate(json.loads(completion.text), json.loads(self.options.json_schema))
         except (ValueError, ValidationError) as exc:
             message = exc.message if isinstance(exc, ValidationError) else str(exc)
-            raise EndpointError(200, f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
+            raise Unhonoured("generate.json_schema (response_format)",
+                             f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray):
-        return generation_columns(outputs, ok, self._output_types)
+        return generation_columns(outputs, ok, self._output_types, self.options.logprobs)
 
     def score(self, prompts: list[str]) -> np.ndarray:
         """The executors' preflight: ``prompts`` sent with every setting of the run; :class:`EndpointRefused` in one
@@ -150,14 +217,14 @@ class EndpointGenerator:
         return outputs
 
     def _preflight_one(self, prompt: str) -> Generation:
-        where = f"endpoint {self.client.url} (model {self.client.model})"
+        where = self.where
         try:
             return self._one(prompt, prompt)
         except EndpointDown as exc:
             raise EndpointRefused(str(exc)) from None
+        except Unhonoured as exc:
+            raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
         except EndpointError as exc:
-            if exc.status == 200:
-                raise EndpointRefused(f"{where} does not honour generate.json_schema (response_format): {exc.message}") from None
             raise EndpointRefused(f"{where} refused the run's settings: {exc}") from None
 
     @staticmethod
@@ -181,7 +248,7 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
 
     options = spec.generate
     endpoint, server = options.endpoint, options.server
-    types = get_task(spec.task).output_arrow_types
+    types = get_task(spec.task).output_arrow_types_for(options)
     if endpoint is not None:
         client = EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint))
         return EndpointGenerator(client, options, types, endpoint.revision)

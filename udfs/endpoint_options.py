@@ -12,7 +12,10 @@ from pydantic import BeforeValidator, Field
 
 from lakescore.udfs.settings import Number, Section, Text, checked
 
-__all__ = ["ENDPOINT_APIS", "ENGINES", "Price", "EndpointOptions", "ServerOptions", "DEFAULT_CONCURRENCY", "unsupported_settings"]
+__all__ = [
+    "ENDPOINT_APIS", "ENGINES", "Price", "EndpointOptions", "ServerOptions", "DEFAULT_CONCURRENCY", "MODELS_LISTING",
+    "unsupported_settings",
+]
 
 ENDPOINT_APIS = ("completions", "chat")
 """``completions``: the prompt as it is (``/v1/completions``); ``chat``: the prompt as the user message, the system
@@ -21,6 +24,11 @@ ENGINES = ("vllm", "sglang", "transformers")
 DEFAULT_CONCURRENCY = 16
 """Requests one task keeps in flight: enough to keep a continuous-batching engine's batch full with a few tasks per
 executor, few enough that a shared endpoint queues them rather than refusing them."""
+
+MODELS_LISTING = "/v1/models"
+"""Where an endpoint's model files would be named: a model served elsewhere has no files here, so its identity's
+``files`` hold, under this name, what the endpoint's ``/v1/models`` says of it (canonical JSON,
+:func:`~lakescore.udfs.endpoint_generate.models_listing`)."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -124,8 +132,12 @@ def unsupported_settings(options: Any, api: str) -> list[str]:
     """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses it."""
     refused = []
     if options.choices:
-        refused.append("generate.choices scores each choice's tokens in the model, which an endpoint does not expose; "
-                       "run it in-process, or ask the model for one word with generate.json_schema (an enum)")
+        # exact over an endpoint only through each choice's log-probability given the prompt (the completions API's
+        # echo with logprobs), which transformers serve, the one server the tests run, does not return: not built
+        refused.append("generate.choices over an endpoint needs each choice's log-probability given the prompt (echo with "
+                       "logprobs), which lakescore does not request: transformers serve, the server it is tested against, "
+                       "returns no log-probabilities; run choices in-process, or ask for one word with generate.json_schema "
+                       "(an enum)")
     if options.truncate != "none":
         refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
     if options.chat_template == "never" and api == "chat":

@@ -94,6 +94,13 @@ class GenerateOptions(Section):
     stop_token_ids: Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)] = ()
     """Token ids that end a row as the end-of-sequence token does (``finish_reason`` ``stop``; their text is left
     out)."""
+    logprobs: bool = Field(False, json_schema_extra=cli("--logprobs"))
+    """Add a ``token_logprobs`` column: for each generated token (an end-of-sequence or stop token included: as many
+    as ``completion_tokens``), its log-probability under the model's own distribution at that step, before the
+    repetition penalty, ``min_new_tokens``, a JSON schema's mask, temperature and ``top_k`` / ``top_p`` reshape it. So
+    the value says how likely the model finds the text, whichever rule picked each token, and a token has the same
+    value in a greedy and a sampled run. Over an endpoint it is the API's ``logprobs``: a server that returns none is
+    refused in the preflight."""
     endpoint: Optional[EndpointOptions] = None
     """Generate through an OpenAI-compatible endpoint instead of a model loaded here (``--model`` is not needed); see
     ``docs/generation.md``."""
@@ -109,6 +116,9 @@ class GenerateOptions(Section):
             raise ConfigError(f"generate.choices must be distinct non-empty strings, got {list(self.choices)!r}")
         if len(self.choices) == 1:  # one choice would label every row with it, whatever the model says
             raise ConfigError(f"generate.choices needs two choices at least, got {list(self.choices)!r}")
+        if self.choices and self.logprobs:
+            raise ConfigError("generate.logprobs is for generated text; with generate.choices each choice's log-probability "
+                              "is in choice_logprobs already")
         if self.choices and self.json_schema is not None:
             raise ConfigError("generate.choices and generate.json_schema exclude each other: choices are scored, not generated")
         if self.json_schema is not None:
@@ -158,8 +168,8 @@ class GenerateOptions(Section):
         return facts
 
 
-_ADDED_SETTINGS = {"top_k": None, "repetition_penalty": 1.0, "min_new_tokens": 0, "stop_token_ids": (), "endpoint": None,
-                   "server": None}
+_ADDED_SETTINGS = {"top_k": None, "repetition_penalty": 1.0, "min_new_tokens": 0, "stop_token_ids": (), "logprobs": False,
+                   "endpoint": None, "server": None}
 """The generate settings issue 48 added, at their defaults: left out of :meth:`GenerateOptions.identity` there."""
 
 

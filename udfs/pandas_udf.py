@@ -13,7 +13,7 @@ pandas and back (a Python object per array cell on the way out, e.g. per embeddi
 reason the job's errors table records.
 """
 
-from typing import Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import pandas as pd
 import pyarrow as pa
@@ -27,9 +27,10 @@ from lakescore.udfs.scoring_udf import score_batches
 __all__ = ["make_pandas_udf", "return_type"]
 
 
-def return_type(task: str) -> DataType:
-    """The UDF's Spark type: the task's one output column's type, else a struct of its output columns."""
-    fields = get_task(task).output_fields
+def return_type(task: str, options: Any = None) -> DataType:
+    """The UDF's Spark type: the task's one output column's type, else a struct of its output columns (those its
+    settings ``options`` ask for included)."""
+    fields = get_task(task).output_fields_for(options)
     return fields[0].dataType if len(fields) == 1 else StructType(fields)
 
 
@@ -40,9 +41,10 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
     in that order); text and image tasks take one column (strings, encoded image bytes). Raises ``ValueError`` for an unknown task.
     """
     task = get_task(spec.task)
-    spark_type = return_type(spec.task)
-    fields = task.output_fields
-    arrow_types = task.output_arrow_types
+    options = task.options_of(spec)
+    spark_type = return_type(spec.task, options)
+    fields = task.output_fields_for(options)
+    arrow_types = task.output_arrow_types_for(options)
     names = [f"x{i}" for i in range(1 if task.input_kind.one_column else len(spec.feature_cols))]
 
     def outputs(columns: Iterator[Tuple[pd.Series, ...]]):

@@ -10,7 +10,8 @@ task name:
 * the runner that turns Arrow batches into model input (:attr:`InputKind.runner`);
 * the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
 * the modules a worker imports, for the Python daemon to import before it forks workers (:meth:`Task.worker_imports`);
-* the output columns, from :mod:`lakescore.schemas.output` (:attr:`Task.output_fields`);
+* the output columns, from :mod:`lakescore.schemas.output` (:meth:`Task.output_fields_for`: the task's own, and
+  those its settings ask for, :attr:`Task.setting_outputs`);
   a head returns one Arrow array per output field, in that order, and never names them;
 * which output columns the run's prediction profile and drift figures read (:meth:`Task.output_profile`).
 
@@ -157,6 +158,10 @@ class Task:
     optional_outputs: tuple[str, ...] = ()
     """Output columns that may be null on a scored row (``choice_logprobs`` without ``choices``): the suite does not
     require them non-null."""
+    setting_outputs: Mapping[str, str] = field(default_factory=dict)
+    """Output column -> the boolean setting of the task's own section that adds it (``token_logprobs``:
+    ``generate.logprobs``; the columns are :data:`lakescore.schemas.output.ASKED_PREDICTIONS`). Without the setting the
+    column is not written at all: :meth:`output_fields_for` says which columns a run writes."""
     output_value_sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Output column -> the values it may hold: the suite checks every published row."""
     validation_options: Mapping[str, tuple[str, str]] = field(default_factory=dict)
@@ -199,19 +204,38 @@ class Task:
         loader = named(self.loader) if isinstance(self.loader, str) else self.loader
         return loader(spec, model_dir)
 
-    @property
-    def output_fields(self) -> list["StructField"]:
-        """The prediction columns this task writes, in output order (:mod:`lakescore.schemas.output`)."""
+    def options_of(self, holder: Any) -> Any:
+        """The task's own settings section of ``holder`` (the job's config or a worker's :class:`ModelSpec`, which both
+        carry it by :attr:`options_section`'s name); ``None`` for a task without one."""
+        return getattr(holder, self.options_section, None) if self.options_section else None
+
+    def asked_outputs(self, options: Any = None) -> tuple[str, ...]:
+        """The optional output columns (:attr:`setting_outputs`) the task's settings ``options`` ask for."""
+        return tuple(column for column, setting in self.setting_outputs.items()
+                     if options is not None and getattr(options, setting, False))
+
+    def output_fields_for(self, options: Any = None) -> list["StructField"]:
+        """The prediction columns a run with the task's settings ``options`` writes, in output order
+        (:mod:`lakescore.schemas.output`): the task's own, then those its settings ask for."""
         from lakescore.schemas.output import prediction_fields
 
-        return prediction_fields(self.name)
+        return prediction_fields(self.name, self.asked_outputs(options))
+
+    def output_arrow_types_for(self, options: Any = None) -> list[pa.DataType]:
+        """The Arrow types of :meth:`output_fields_for`, as the scoring function's batches carry them."""
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        return [to_arrow_type(field.dataType) for field in self.output_fields_for(options)]
+
+    @property
+    def output_fields(self) -> list["StructField"]:
+        """The prediction columns this task writes when its settings ask for no optional one."""
+        return self.output_fields_for(None)
 
     @property
     def output_arrow_types(self) -> list[pa.DataType]:
-        """The Arrow types of :attr:`output_fields`, as the scoring function's batches carry them."""
-        from pyspark.sql.pandas.types import to_arrow_type
-
-        return [to_arrow_type(field.dataType) for field in self.output_fields]
+        """The Arrow types of :attr:`output_fields`."""
+        return self.output_arrow_types_for(None)
 
 
 _LABELLED = OutputProfile(label="label", score="score")
@@ -244,7 +268,7 @@ TASKS: dict[str, Task] = {
         Task(
             "generate", PROMPT, "lakescore.udfs.heads.generators:load_generator",
             "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
-            options_section="generate", optional_outputs=("choice_logprobs",),
+            options_section="generate", optional_outputs=("choice_logprobs",), setting_outputs={"token_logprobs": "logprobs"},
             output_value_sets={"finish_reason": ("stop", "length", "choice")},
             validation_options={"max_length_stops": ("finish_reason", "length")}, profile=_generated_profile,
             # causal or encoder-decoder language models: the class names of transformers' AutoModelForCausalLM and
@@ -280,9 +304,10 @@ def get_task(name: str) -> Task:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}") from None
 
 
-def named_columns(task: str, arrays: Sequence["pa.Array"]) -> Mapping[str, "pa.Array"]:
-    """A head's output arrays keyed by the task's output column names (``ValueError`` on a count mismatch)."""
-    names = [f.name for f in get_task(task).output_fields]
+def named_columns(task: str, arrays: Sequence["pa.Array"], options: Any = None) -> Mapping[str, "pa.Array"]:
+    """A head's output arrays keyed by the output column names of the task with its settings ``options``
+    (``ValueError`` on a count mismatch)."""
+    names = [f.name for f in get_task(task).output_fields_for(options)]
     if len(arrays) != len(names):
         raise ValueError(f"the {task} head returned {len(arrays)} columns for the {len(names)} outputs {names}")
     return dict(zip(names, arrays))

@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
 from lakescore.udfs.models.model_cache import LoadedModel, get_model
-from lakescore.udfs.models.model_source import ModelSpec, model_file_digests
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.models.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
 
@@ -94,7 +94,8 @@ def make_scoring_function(
 
     arrow_schema = to_arrow_schema(schema)
     keep_cols = tuple(keep_cols)
-    prediction_types = get_task(spec.task).output_arrow_types
+    task = get_task(spec.task)
+    prediction_types = task.output_arrow_types_for(task.options_of(spec))
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows, runner_options):
@@ -200,7 +201,8 @@ PREFLIGHT_SCHEMA = (
 )
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
-``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded."""
+``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded
+(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`)."""
 
 
 def make_preflight_function(
@@ -240,7 +242,7 @@ def make_preflight_function(
             if kind.timed_rows:
                 row["row_seconds"] = _seconds_per_row(model, kind.preflight_sample(spec, kind.timed_rows), kind.timed_rows)
             row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
-                       files=json.dumps(model_file_digests(model.model_dir) if model.model_dir else {}, sort_keys=True))
+                       files=json.dumps(model.files, sort_keys=True))
             if resolved.reduced_precision and sample and _first_task():
                 figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)

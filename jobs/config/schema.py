@@ -154,7 +154,7 @@ class JobConfig(Section):
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
             )
         if self.rank.enabled:
-            fields = {f.name: f for f in task.output_fields}
+            fields = {f.name: f for f in self.output_fields()}
             if self.rank.order_by not in fields:
                 raise ConfigError(f"rank.order_by must be one of task {self.task!r}'s output columns "
                                   f"({', '.join(fields)}), got {self.rank.order_by!r}")
@@ -249,6 +249,15 @@ class JobConfig(Section):
         else ``None``."""
         section = get_task(self.task).options_section
         return getattr(self, section) if section else None
+
+    def output_fields(self) -> list:
+        """The prediction columns this run writes: the task's own, then those its settings ask for
+        (:meth:`~lakescore.udfs.registry.Task.output_fields_for`)."""
+        return get_task(self.task).output_fields_for(self.task_options())
+
+    def asked_outputs(self) -> tuple[str, ...]:
+        """The optional prediction columns this run's task settings ask for (``token_logprobs``)."""
+        return get_task(self.task).asked_outputs(self.task_options())
 
     def resolved_run_id(self) -> Optional[str]:
         """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""

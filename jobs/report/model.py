@@ -38,6 +38,11 @@ class RunReport:
     model_id: str
     model_revision: Optional[str]
     model_sha256: Optional[str]
+    model_listing: Optional[dict[str, Any]] = None
+    """A model served elsewhere (``generate.endpoint``): what the endpoint's ``/v1/models`` said of it when the run
+    started, as ``model_sha256`` and the scoring spec cover it: ``{"answered": false}`` (not answered), ``{"answered":
+    true, "entry": null}`` (answered without listing the model) or the model's ``entry``; ``None`` for a model with
+    files here."""
     attempt: Optional[int] = None
     """This run id's attempt: 1, and one more for each rerun of the run id (a rerun resumes its staging), counted in the
     metrics table (``None`` without one: ``validation.metrics`` off, or the report of a run that raised)."""

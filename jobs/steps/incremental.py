@@ -106,7 +106,8 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool) -> Column:
 class ScoringSpec:
     """Everything besides the input and the weights that a prediction depends on, in three parts: ``settings`` (the
     configured ones that change numbers, :meth:`~lakescore.udfs.models.model_source.ModelSpec.scoring_settings`), ``files``
-    (the digests of the model's other files, configs and tokenizer included, as the workers loaded them) and
+    (the digests of the model's other files, configs and tokenizer included, as the workers loaded them; for a model
+    served elsewhere, what the endpoint's ``/v1/models`` said of it) and
     ``output_version`` (:data:`~lakescore.schemas.output.OUTPUT_VERSION`). What a worker resolves from these (its
     ``max_seq_length``, pooling, normalisation, prompt, label map) follows from them, so editing any file the model
     reads changes the digest."""
@@ -139,7 +140,8 @@ class ScoringSpec:
         for name in sorted(set(before) | set(after)):
             if before.get(name) != after.get(name):
                 what = "added" if name not in before else "removed" if name not in after else "changed"
-                changes.append(f"file {name} {what}")
+                # a model served elsewhere has no files: what stands for them is the endpoint's answer (/v1/models)
+                changes.append(f"{'the endpoint' if name.startswith('/') else 'file'} {name} {what}")
         if previous.get("output_version") != self.parts["output_version"]:
             changes.append(f"lakescore output version {previous.get('output_version')} -> {self.parts['output_version']}")
         return changes or ["the scoring spec's layout"]

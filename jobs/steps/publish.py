@@ -45,7 +45,6 @@ from lakescore.schemas.contracts import FILE_COLUMN
 from lakescore.schemas.output import (
     DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
 )
-from lakescore.udfs.registry import get_task
 
 __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
 
@@ -79,7 +78,7 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
         incremental += [file[field].alias(name) for field, name in zip(("path", *FILE_STATUS.names), FILE_COLUMNS)]
     return accounting.published.select(
         *id_columns(cfg.row_cols),
-        *[F.col(f.name) for f in get_task(cfg.task).output_fields],
+        *[F.col(f.name) for f in cfg.output_fields()],
         *([F.col(RANK_COLUMN)] if cfg.rank.enabled else []),
         F.lit(identity.model_id).alias("model_id"),
         F.lit(identity.revision).cast("string").alias("model_revision"),

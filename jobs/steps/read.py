@@ -166,7 +166,8 @@ def check_targets(run: RunContext) -> Targets:
     files = incremental and not ranked and run.reads_paths
 
     def schema(incremental: bool, files: bool) -> StructType:
-        return output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked, file_status=files)
+        return output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked, file_status=files,
+                             asked=cfg.asked_outputs())
 
     planned = schema(incremental, files)
     try:

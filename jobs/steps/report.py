@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import RunContext, Targets
+from lakescore.udfs.endpoint_options import MODELS_LISTING
 
 __all__ = ["StepClock", "assemble_report", "failure_report"]
 
@@ -88,6 +90,7 @@ def assemble_report(
         model_id=identity.model_id,
         model_revision=identity.revision,
         model_sha256=identity.sha256,
+        model_listing=json.loads(identity.model_files[MODELS_LISTING]) if MODELS_LISTING in identity.model_files else None,
         input_version=run.input_version,
         input_rows=accounting.input_rows,
         ignored_files=run.ignored_files,

@@ -106,11 +106,10 @@ def start_run_profile(run, plan, accounting, throughput: Sequence[tuple[float, i
     publish (none when it scored no row: no empty charts) and its dead-lettered rows (read from staging, before
     the publish drops it)."""
     from lakescore.jobs.steps.publish import errors_rows
-    from lakescore.udfs.registry import get_task
 
     return start_profile(
         inputs=run.source.select(*[column(c) for c in run.input_cols]),
-        predictions=accounting.published.select(*[F.col(f.name) for f in get_task(run.cfg.task).output_fields])
+        predictions=accounting.published.select(*[F.col(f.name) for f in run.cfg.output_fields()])
         if accounting.output_rows else None,
         errors=(lambda: errors_rows(run, plan, accounting)) if accounting.error_rows else None,
         throughput=throughput,

@@ -3,9 +3,10 @@ tiny seeded Llama-shaped model on CPU, offline, started once for the module.
 
 * an endpoint behind a proxy that answers every third request 429 with ``Retry-After``: greedy text equal to
   transformers' own ``generate`` on each row, the 429s retried and counted, tokens and cost from ``usage``, the key in
-  no log, report or Delta log, an incremental rerun that sends nothing;
-* a setting the server cannot honour (``json_schema``: ``transformers serve`` has no ``response_format``) refused before
-  any row is sent, in one line;
+  no log, report or Delta log, an incremental rerun that sends nothing, and one that scores every row again once the
+  proxy's ``/v1/models`` says something else of the model;
+* a setting the server cannot honour (``json_schema``: ``transformers serve`` has no ``response_format``;
+  ``logprobs``: it returns none) refused before any row is sent, in one line;
 * the endpoint killed mid-run: the run stops in one line naming it, nothing published, and the rerun resumes the
   staged chunks;
 * a served engine (``generate.server.engine: transformers``) started by the job, killed mid-run and restarted once,
@@ -14,6 +15,7 @@ tiny seeded Llama-shaped model on CPU, offline, started once for the module.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,6 +27,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
@@ -93,11 +96,20 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
     endpoint = {"generate.endpoint.model": str(tiny_causal_lm_dir), "generate.endpoint.api_key_env": KEY_ENV,
                 "generate.endpoint.price": {"input": 2.0, "output": 10.0}, "write.mode": "incremental",
                 "report": str(report_path)}
+    entry = {"id": str(tiny_causal_lm_dir), "object": "model", "created": 1_700_000_000, "owned_by": "lakescore-tests"}
+
+    def listed(permission: str) -> dict:  # vLLM's shape: a permission entry with an id and a time drawn per answer
+        drawn = {**entry, "permission": [{"id": permission, "created": int(time.time()), "allow_logprobs": True}]}
+        return {"object": "list", "data": [{"id": "another-model", "object": "model"}, drawn]}
+
     with RateLimitingProxy(served.port, every=3, retry_after=1) as proxy:
+        proxy.models = listed("modelperm-1")
         cfg = _config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint})
         report = run_scoring(cfg, spark)
         record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
         assert report.status == "succeeded", report.error
+        # what /v1/models says is the model's identity, less what the server draws for each answer
+        assert report.model_listing == {"answered": True, "entry": {**entry, "permission": [{"allow_logprobs": True}]}}
         out = read_output(spark, str(output))
         expected, prompt_tokens = _expected(tiny_causal_lm_dir, frame)
         assert out["generated_text"].tolist() == expected
@@ -116,13 +128,27 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         assert metrics["cost"] == pytest.approx(report.cost["cost"]) and metrics["model_id"] == str(tiny_causal_lm_dir)
         assert f"Bearer {KEY}" in proxy.authorizations  # the key was sent, in its header
 
-        # Incremental: nothing changed, so nothing is sent (the null row is tried again, as every row without an
-        # output is, and dead-lettered again without a request).
+        # Incremental: nothing changed (the listing's drawn permission aside), so nothing is sent (the null row is tried
+        # again, as every row without an output is, and dead-lettered again without a request).
+        proxy.models = listed("modelperm-2")
         again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                        "max_error_rate": 1.0}), spark)
         assert again.status == "succeeded", again.error
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
         assert not again.workers.get("requests")  # the preflight's request aside, none
+
+        # The server now says something else of the model behind the same name: every row is scored again, and the
+        # output's commit records the new entry.
+        proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
+        proxy.every = 10_000  # (429s are the first run's to prove; the suite too: this run is about what it rescores)
+        changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
+                                                         "max_error_rate": 1.0, "validation.enabled": False}), spark)
+        assert changed.status == "succeeded", changed.error
+        assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
+        assert changed.spec_changes == ["the endpoint /v1/models changed"]
+        (commit,) = delta_history(spark, str(output), 1)
+        assert json.loads(commit.spec["files"]["/v1/models"])["entry"]["root"] == "tiny-v2"
+        assert read_output(spark, str(output))["generated_text"].tolist() == expected
 
     captured = capfd.readouterr()
     shown = "\n".join([captured.out, captured.err, _files_text(report_path.parent, output, Path(f"{output}_errors"),
@@ -143,6 +169,16 @@ def test_a_setting_the_server_cannot_honour_is_refused_before_any_row_is_sent(sp
     assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) refused the run's settings: HTTP 422: Unexpected "
                     "fields in the request: {'response_format'}"), line
     assert not (tmp_path / "json").exists()
+
+    # transformers serve takes the request's logprobs and returns none: the column cannot be filled, so no row is sent
+    with pytest.raises(EndpointRefused) as refused:
+        run_scoring(_config(source, tmp_path / "logprobs", **{
+            "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir), "generate.logprobs": True,
+        }), spark)
+    line = one_line(refused.value)
+    assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) does not honour generate.logprobs: the response "
+                    "holds no log-probabilities (the request's logprobs)"), line
+    assert not (tmp_path / "logprobs").exists()
 
 
 def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark, tmp_path, tiny_causal_lm_dir):
@@ -174,6 +210,9 @@ def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark
         resumed = run_scoring(_config(source, output, **flags), spark)
         assert resumed.status == "succeeded", resumed.error
         assert resumed.chunks["skipped"] >= 1
+        # the real server's /v1/models, recorded as it answered: transformers serve lists its hub cache (HTTP 500 where
+        # there is none), never a model it serves from a path
+        assert resumed.model_listing in ({"answered": False}, {"answered": True, "entry": None}), resumed.model_listing
         out = read_output(spark, str(output))
         assert out["generated_text"].tolist() == _expected(tiny_causal_lm_dir, frame)[0]
     finally:

@@ -1,5 +1,6 @@
 """``--task generate`` end to end on real Spark + Delta with a tiny seeded Llama-shaped model: prompts rendered from
-columns, greedy text equal to transformers' own ``generate``, dead-letter per row, incremental and dedup, choices,
+columns, greedy text equal to transformers' own ``generate`` (with its per-token log-probabilities), dead-letter per row,
+incremental and dedup, choices,
 the length-stop gate, a classifier's checkpoint refused before compute, and sampled text that survives a killed driver and a rerun with other batches and partitions."""
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     frame = _reviews()
     _write(spark, frame, source)
 
-    report = run_scoring(_config(source, output, tiny_causal_lm_dir, **{"write.mode": "incremental", "scoring.dedup": "on"}), spark)
+    logprobs = {"generate.logprobs": True}  # the optional token_logprobs column, through staging and the MERGE
+    report = run_scoring(_config(source, output, tiny_causal_lm_dir, **{"write.mode": "incremental", "scoring.dedup": "on",
+                                                                        **logprobs}), spark)
     assert report.status == "succeeded", report.error
     assert (report.output_rows, report.error_reasons) == (8, {"null_input": 1, "prompt_too_long": 1})
     out = read_output(spark, str(output))
@@ -75,6 +78,10 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     assert out["generated_text"].tolist() == expected
     assert out["prompt_tokens"].tolist() == prompt_tokens
     assert set(out["finish_reason"]) <= {"stop", "length"} and out["choice_logprobs"].isna().all()
+    assert dict(spark.read.format("delta").load(str(output)).dtypes)["token_logprobs"] == "array<float>"
+    for values, tokens in zip(out["token_logprobs"], out["completion_tokens"]):
+        assert len(values) == tokens and max(values) <= 0  # one per generated token (values: tests/unit/test_generate.py)
+    assert list(out.set_index("review_id").loc[9, "token_logprobs"]) == list(out.set_index("review_id").loc[2, "token_logprobs"])
     assert report.dedup["forward_passes_saved"] == 1  # rows 2 and 9 share a prompt
     # Tokens are counted per forward: row 9 shared row 2's.
     generated = out[out["review_id"] != 9]
@@ -96,13 +103,15 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     edited.loc[edited["review_id"] == 1, "body"] = "the food was awful"
     _write(spark, edited, source)
     # (the two dead-lettered rows are tried again, as every row without an output is)
-    again = run_scoring(_config(source, output, tiny_causal_lm_dir, **{"write.mode": "incremental", "max_error_rate": 0.9}), spark)
+    again = run_scoring(_config(source, output, tiny_causal_lm_dir, **{"write.mode": "incremental", "max_error_rate": 0.9,
+                                                                       **logprobs}), spark)
     assert again.status == "succeeded", again.error
     assert (again.rows_kept, again.rows_scored) == (7, 1)
     rerun = read_output(spark, str(output))
     assert rerun.loc[rerun["review_id"] != 1, "generated_text"].tolist() == out.loc[out["review_id"] != 1, "generated_text"].tolist()
     new_prompt = TEMPLATE.format(**edited.iloc[0].to_dict())
     assert rerun.loc[0, "generated_text"] == _reference_texts(tiny_causal_lm_dir, [new_prompt], 6)[0][0]
+    assert len(rerun.loc[0, "token_logprobs"]) == rerun.loc[0, "completion_tokens"]
 
     # Choices: every row gets the likelier label, with both log-probabilities.
     labels = run_scoring(_config(source, tmp_path / "labels", tiny_causal_lm_dir, **{"generate.choices": ["good", "bad"]}), spark)

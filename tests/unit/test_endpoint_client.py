@@ -30,6 +30,8 @@ class Script:
     answers: list[tuple[int, dict, dict]]
     seen: list[dict] = field(default_factory=list)
     auth: list[Optional[str]] = field(default_factory=list)
+    models: Optional[dict] = field(default_factory=lambda: {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1}]})
+    """What ``GET /v1/models`` answers; ``None``: 404."""
 
 
 def _ok(text: str = "hello", finish: str = "stop") -> tuple[int, dict, dict]:
@@ -45,7 +47,10 @@ def server():
             pass
 
         def do_GET(self):
-            self._answer(200, {}, {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1}]})
+            if script.models is None:
+                self._answer(404, {}, {"detail": "Not Found"})
+            else:
+                self._answer(200, {}, script.models)
 
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
@@ -214,7 +219,7 @@ def test_the_config_takes_an_endpoint_without_a_model_and_refuses_what_no_reques
             "generate.endpoint.url": "https://api.example.com/v1", "generate.endpoint.model": "m"}
     cfg = load_config(flags=base)
     cfg.require_for_scoring()  # no model.source: the endpoint's model is the server's
-    with pytest.raises(ConfigError, match="generate.choices scores each choice's tokens"):
+    with pytest.raises(ConfigError, match="generate.choices over an endpoint needs each choice's log-probability"):
         load_config(flags={**base, "generate.choices": ["yes", "no"]})
     with pytest.raises(ConfigError, match="exclude each other"):
         load_config(flags={**base, "generate.server.engine": "vllm"})
@@ -244,7 +249,13 @@ def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(s
     options = GenerateOptions(max_new_tokens=4, json_schema='{"type": "object", "required": ["stars"]}')
     settings = EndpointOptions(url=url, model="tiny", concurrency=1)  # one at a time: the script's order is the rows'
     head = EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types)
-    assert head.listed == {"id": "tiny", "object": "model"} and len(head.sha256) == 64
+    assert head.listing == '{"answered":true,"entry":{"created":1,"id":"tiny","object":"model"}}' and len(head.sha256) == 64
+    assert head.files == {"/v1/models": head.listing} and head.is_current()
+    script.models = {"data": [{"id": "tiny", "object": "model", "created": 2}]}
+    assert not head.is_current()  # the model cache loads the head again, under the new identity
+    script.models = None
+    assert EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types).listing \
+        == '{"answered":false}'
     scored = head.score_prompts(["a", "b", None, "c"], None)
     assert scored.reasons == [None, "endpoint_error", "null_input", "endpoint_error"]
     assert scored.outputs[0].text == '{"stars": 3}' and scored.errors[1] == "HTTP 400: prompt too long"
@@ -257,3 +268,61 @@ def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(s
                                             url, "tiny", sleep=lambda s: None), options, get_task("generate").output_arrow_types)
     with pytest.raises(EndpointDown, match=r"failed [2-4] requests in a row; last: HTTP 503: down"):  # 2 and those in flight
         dead.score_prompts(["a", "b", "c", "d"], None)
+
+
+def test_the_models_listing_is_canonical_and_leaves_out_what_each_answer_makes_afresh():
+    import email.utils
+
+    from lakescore.udfs.endpoint import Reply
+    from lakescore.udfs.endpoint_generate import endpoint_identity, models_listing
+
+    now = 1_800_000_000
+    date = {"date": email.utils.formatdate(now, usegmt=True)}
+    entry = {"id": "m", "object": "model", "created": 1_700_000_000, "owned_by": "équipe", "max_model_len": 4096}
+    listing = models_listing(Reply({"object": "list", "data": [{"id": "other"}, entry]}, date), "m")
+    assert listing == ('{"answered":true,"entry":{"created":1700000000,"id":"m","max_model_len":4096,"object":"model",'
+                       '"owned_by":"équipe"}}')
+    assert models_listing(Reply({"data": [dict(reversed(list(entry.items())))]}, date), "m") == listing  # any order
+    # vLLM's and SGLang's entries: created is the answer's own time, a permission's id and time are drawn per answer
+    first = {**entry, "created": now - 1, "permission": [{"id": "modelperm-1", "created": now - 1, "allow_logprobs": True}]}
+    second = {**entry, "created": now, "permission": [{"id": "modelperm-2", "created": now, "allow_logprobs": True}]}
+    one, two = (models_listing(Reply({"data": [e]}, date), "m") for e in (first, second))
+    assert one == two and json.loads(one)["entry"] == {"id": "m", "object": "model", "owned_by": "équipe",
+                                                       "max_model_len": 4096, "permission": [{"allow_logprobs": True}]}
+    # what a server says differently of the model is another identity
+    moved = models_listing(Reply({"data": [{**entry, "owned_by": "team-b"}]}, date), "m")
+    assert moved != listing and endpoint_identity("m", moved, None) != endpoint_identity("m", listing, None)
+    assert endpoint_identity("m", listing, "v7") != endpoint_identity("m", listing, None)
+    assert models_listing(None, "m") == '{"answered":false}'  # 404, an error, or no JSON: recorded as not answered
+    assert models_listing(Reply({"data": [{"id": "other"}]}, date), "m") == '{"answered":true,"entry":null}'
+
+
+def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(server):
+    from lakescore.udfs.endpoint import EndpointRefused
+    from lakescore.udfs.endpoint_generate import EndpointGenerator
+    from lakescore.udfs.registry import get_task
+
+    options = GenerateOptions(max_new_tokens=4, logprobs=True)
+    assert request_body(options, "m", "completions", "p")["logprobs"] == 1  # the chosen token's, and the top one's
+    assert request_body(options, "m", "chat", "p")["logprobs"] is True
+    assert "logprobs" not in request_body(GenerateOptions(), "m", "chat", "p")
+    completions = {"choices": [{"text": "ab", "finish_reason": "stop", "logprobs": {
+        "tokens": ["a", "b"], "token_logprobs": [-0.5, -1.25], "top_logprobs": [{"a": -0.5}, {"c": -1.0}]}}]}
+    assert parse_completion(completions, "completions").token_logprobs == (-0.5, -1.25)
+    chat = {"choices": [{"message": {"content": "ab"}, "finish_reason": "stop", "logprobs": {"content": [
+        {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []},
+        {"token": "b", "logprob": -1.25, "bytes": [98], "top_logprobs": []}]}}]}
+    assert parse_completion(chat, "chat").token_logprobs == (-0.5, -1.25)
+    assert parse_completion({"choices": [{"text": "ab", "logprobs": None}]}, "completions").token_logprobs is None
+
+    script, url = server
+    types = get_task("generate").output_arrow_types_for(options)
+    settings = EndpointOptions(url=url, model="tiny", concurrency=1)
+    script.answers = [(200, {}, completions)]
+    head = EndpointGenerator(EndpointClient(settings, url, "tiny"), options, types)
+    scored = head.score_prompts(["a", None], None)
+    assert head.columns(scored.outputs, scored.ok)[5].to_pylist() == [[-0.5, -1.25], None]
+    assert script.seen[-1]["logprobs"] == 1
+    script.answers = [_ok()]  # a server that takes the field and returns none: refused before any row
+    with pytest.raises(EndpointRefused, match=r"\(model tiny\) does not honour generate.logprobs: the response holds no "):
+        head.score(["lakescore preflight"])

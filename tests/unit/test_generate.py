@@ -399,6 +399,43 @@ def test_columns_follow_the_output_schema(causal_dir):
     assert head.score(["lakescore preflight"]).shape == (1,)
 
 
+def test_token_logprobs_are_the_models_own_log_probabilities_of_each_new_token(causal_dir):
+    """One value per generated token (EOS included), the log-probability of the picked token under the model's
+    unprocessed distribution: greedy picks the arg-max, so each is that step's largest log-softmax; sampled with a
+    temperature and top-k, still the model's, not the sampler's. Checked against one forward pass over the prompt and
+    the new tokens, without batching, padding or the cache."""
+    prompts = reviews(12, seed=21)
+    policy = BatchPolicy(4 * 40, 256)  # several rows a batch, left-padded
+    greedy = load(causal_dir, max_new_tokens=8, chat_template="never", logprobs=True)
+    sampled = load(causal_dir, max_new_tokens=8, chat_template="never", logprobs=True, temperature=0.5, top_k=3, seed=1)
+    model, tokenizer = greedy.model, greedy.tokenizer
+    tempered_apart = 0
+    for head in (greedy, sampled):
+        scored = score_prompts(prompts + [None], head, policy, keys=[str(i) for i in range(len(prompts) + 1)])
+        assert scored.ok[:-1].all(), scored.errors
+        for prompt, out in zip(prompts, scored.outputs):
+            values = np.array(out.token_logprobs)
+            assert len(values) == out.completion_tokens == len(out.token_ids) and (values <= 0).all()
+            prompt_ids = tokenizer(prompt)["input_ids"]
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt_ids + list(out.token_ids)])).logits[0, len(prompt_ids) - 1 : -1]
+            steps = torch.log_softmax(logits.float(), -1)
+            picked = steps.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1).numpy()
+            np.testing.assert_allclose(values, picked, atol=1e-4)
+            if head is greedy:
+                np.testing.assert_allclose(values, steps.max(-1).values.numpy(), atol=1e-4)
+            else:
+                tempered = torch.log_softmax(logits.float() / 0.5, -1).gather(1, torch.tensor(out.token_ids)[:, None])
+                tempered_apart += int(np.abs(tempered.squeeze(1).numpy() - values).max() > 1e-2)
+        columns = named_columns("generate", head.columns(scored.outputs, scored.ok), head.options)
+        assert list(columns)[-1] == "token_logprobs" and columns["token_logprobs"].to_pylist()[-1] is None
+        assert columns["token_logprobs"].type == pa.list_(pa.field("element", pa.float32(), nullable=False))
+    assert tempered_apart >= 6  # the sampler's distribution is another one: the values are not read from it
+    assert len(load(causal_dir, max_new_tokens=4).columns(scored.outputs, scored.ok)) == 5  # not asked: no column
+    with pytest.raises(ValueError, match="choice_logprobs already"):
+        GenerateOptions(choices=("yes", "no"), logprobs=True)
+
+
 def test_the_preallocated_cache_holds_what_transformers_dynamic_cache_holds():
     """Written in place (and grown past its planned size, and with rows dropped), a layer returns the keys and values
     that transformers' own concatenating cache returns."""

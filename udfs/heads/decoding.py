@@ -10,7 +10,9 @@ row's result:
   so a row's text does not depend on which rows share its batch;
 * with a JSON schema, each row's grammar matcher (llguidance) masks the tokens that cannot continue valid
   JSON before the pick, and ends the row when the JSON is complete;
-* a row ends at an EOS token, at a stop string (its text cut before the first), or at ``max_new_tokens``.
+* a row ends at an EOS token, at a stop string (its text cut before the first), or at ``max_new_tokens``;
+* with ``logprobs``, each picked token's log-probability is read from the step's logits as the model gave them
+  (``log_softmax``), before the penalty, masks and sampling rules reshape a copy to pick from.
 
 Rows that end leave the batch at once (their KV cache rows are dropped), so they stop costing compute. A
 decoder's keys and values are written in place into buffers sized for the prompts plus the new tokens
@@ -64,6 +66,8 @@ class RowState:
     text: Optional[str] = None
     seen: Optional[set[int]] = None
     """The prompt's and the new tokens' ids, with ``repetition_penalty``."""
+    logprobs: Optional[list[float]] = None
+    """With ``logprobs``: each new token's log-probability under the model's unprocessed distribution."""
 
 
 class Decoding:
@@ -110,6 +114,8 @@ class Decoding:
                 state.generator = torch.Generator().manual_seed(row_seed(self.options.seed, str(key)))
             if self._new_matcher is not None:
                 state.matcher = self._new_matcher()
+            if self.options.logprobs:
+                state.logprobs = []
             states.append(state)
         return states
 
@@ -262,11 +268,13 @@ def _without_long_tokens(serialized: str, limit: int) -> tuple[str, list[int]]:
 
 @dataclass(frozen=True)
 class Decoded:
-    """One row's result: new token ids (EOS included), text, finish reason."""
+    """One row's result: new token ids (EOS included), text, finish reason and, with ``logprobs``, each new token's
+    log-probability."""
 
     ids: list[int]
     text: str
     finish_reason: str
+    logprobs: Optional[list[float]] = None
 
 
 def _top_k(probs: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -301,6 +309,10 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
         active = list(range(len(states)))
         for made in range(1, most + 1):
             tokens = decoding.pick(logits, [states[i] for i in active])
+            if decoding.options.logprobs:  # the logits as the model gave them: pick reshapes a copy
+                chosen = torch.tensor(tokens, device=logits.device)[:, None]
+                for i, value in zip(active, torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()):
+                    states[i].logprobs.append(value)
             ended = [decoding.advance(states[i], t, last=made == most) for i, t in zip(active, tokens)]
             keep = [j for j, done in enumerate(ended) if not done]
             if not keep:
@@ -308,7 +320,7 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
             active = [active[j] for j in keep]
             selected = None if len(keep) == len(ended) else torch.tensor(keep, device=device)
             logits = step(torch.tensor([tokens[j] for j in keep], device=device), selected)
-    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason) for s in states]
+    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason, s.logprobs) for s in states]
 
 
 Step = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]

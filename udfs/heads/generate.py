@@ -43,8 +43,9 @@ __all__ = [
 
 
 class Generation(NamedTuple):
-    """One row's outcome: the output columns of the task, in schema order, then the new token ids themselves
-    (EOS included; with ``choices``, the chosen choice's), which no column holds."""
+    """One row's outcome: the task's own output columns, in schema order, then the new token ids themselves
+    (EOS included; with ``choices``, the chosen choice's), which no column holds, and with ``logprobs`` each new
+    token's log-probability (the ``token_logprobs`` column)."""
 
     text: str
     finish_reason: str
@@ -52,6 +53,7 @@ class Generation(NamedTuple):
     completion_tokens: int
     choice_logprobs: Optional[tuple[float, ...]] = None
     token_ids: tuple[int, ...] = ()
+    token_logprobs: Optional[tuple[float, ...]] = None
 
 
 PROMPT_TOKENS = "prompt_tokens"
@@ -67,7 +69,7 @@ class Generator:
 
     ``tokenize`` renders the chat template and pads on the left; ``forward`` generates (or scores ``choices``) for
     one batch; ``columns`` gives ``generated_text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
-    ``choice_logprobs``. Run it through :func:`score_prompts`, whose budget counts the new tokens too.
+    ``choice_logprobs`` and, with ``logprobs``, ``token_logprobs``. Run it through :func:`score_prompts`, whose budget counts the new tokens too.
     """
 
     padding_side = "left"
@@ -169,12 +171,13 @@ class Generator:
             return rows
         decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]), self.decoding)
         for i, row in enumerate(decoded):
-            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids))
+            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids),
+                                 None if row.logprobs is None else tuple(row.logprobs))
         return rows
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs`` (:func:`generation_columns`)."""
-        return generation_columns(outputs, ok, self._output_types)
+        return generation_columns(outputs, ok, self._output_types, self.options.logprobs)
 
     def score_prompts(self, prompts: Sequence[Optional[str]], policy: BatchPolicy | AdaptiveBudget,
                       keys: Optional[Sequence[str]] = None, features: Optional[Mapping[str, Any]] = None) -> Scored:
@@ -193,18 +196,23 @@ class Generator:
         return {"agreement": float(np.mean(same)) if same else 1.0}
 
 
-def generation_columns(outputs: np.ndarray, ok: np.ndarray, types: Sequence[pa.DataType]) -> tuple[pa.Array, ...]:
+def generation_columns(outputs: np.ndarray, ok: np.ndarray, types: Sequence[pa.DataType],
+                       logprobs: bool = False) -> tuple[pa.Array, ...]:
     """The generate task's output columns for :class:`Generation` ``outputs``, in output-schema order, of every engine
-    (rows not ``ok`` are null; ``choice_logprobs`` is null on every row without ``choices``)."""
+    (rows not ``ok`` are null; ``choice_logprobs`` is null on every row without ``choices``); with ``logprobs`` (the
+    run asked for ``token_logprobs``: ``types`` has its type last) that column too."""
     ok = np.asarray(ok, dtype=bool)
     rows = [o if good else Generation("", "", 0, 0) for o, good in zip(outputs, ok)]
-    return (
+    columns = (
         string_column([r.text for r in rows], ok),
         string_column([r.finish_reason for r in rows], ok),
         scalar_column(np.array([r.prompt_tokens for r in rows], dtype=np.int64), ok, types[2]),
         scalar_column(np.array([r.completion_tokens for r in rows], dtype=np.int64), ok, types[3]),
         python_column([None if r.choice_logprobs is None else list(r.choice_logprobs) for r in rows], ok, types[4]),
     )
+    if not logprobs:
+        return columns
+    return (*columns, python_column([list(r.token_logprobs or ()) for r in rows], ok, types[5]))
 
 
 def _first(*values):
@@ -312,4 +320,4 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     context = model_context(positions, spec.max_seq_length, tokenizer.model_max_length)
     require_room(spec, model_dir, context)
     model = load_torch_model(spec, model_dir, ModelKind(auto_class, "logits"))
-    return Generator(model, tokenizer, options, context, get_task(spec.task).output_arrow_types)
+    return Generator(model, tokenizer, options, context, get_task(spec.task).output_arrow_types_for(options))

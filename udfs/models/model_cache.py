@@ -45,12 +45,14 @@ class LoadedModel:
     revision: Optional[str]
     """The hub commit the files came from, when known."""
     files: dict[str, str] = dataclasses.field(default_factory=dict)
-    """:func:`~lakescore.udfs.models.model_source.model_file_digests` of ``model_dir`` when it was loaded."""
+    """:func:`~lakescore.udfs.models.model_source.model_file_digests` of ``model_dir`` when it was loaded; for a model
+    served elsewhere, what its head names in their place (what the endpoint's ``/v1/models`` said of it)."""
 
     def is_current(self) -> bool:
-        """Whether ``model_dir`` still holds the files this model was loaded from (a served model: always)."""
+        """Whether ``model_dir`` still holds the files this model was loaded from; a model served elsewhere: whether its
+        head says the server still names the same model (``is_current``, where it has one)."""
         if self.model_dir is None:
-            return True
+            return bool(getattr(self.scorer, "is_current", lambda: True)())
         try:
             return weights_sha256(self.model_dir) == self.sha256 and model_file_digests(self.model_dir) == self.files
         except (OSError, ModelSourceError):  # the directory went away or lost its weights: load again, and fail there
@@ -78,7 +80,9 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
         del cached  # edited in place since it was loaded: free it before loading the files as they are now
         if spec.source is None:  # a model served elsewhere: no files here; the head says which model answers
             scorer = get_task(spec.task).load(key, None)
-            loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision)
+            # the server names another model than the run's preflight found (its /v1/models entry changed): refused
+            verify_sha256(scorer.sha256, spec.expect_sha256, getattr(scorer, "where", "served elsewhere"))
+            loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision, dict(getattr(scorer, "files", {})))
             _cache[key] = loaded
             return loaded, True
         model_dir = resolve_model_dir(spec.source, spec.revision)
