@@ -42,10 +42,12 @@ def check_ids(source: DataFrame, id_cols: Sequence[str]) -> IdCheck:
     keys = [f"_id{i}" for i in range(len(id_cols))]
     ids = source.select(*[column(c).alias(k) for c, k in zip(id_cols, keys)])
     # Ids are (nearly) all distinct, so Spark's partial aggregation before the shuffle would build a hash map of every
-    # id of each input task for nothing (and spill it); shuffling the ids first to at least as many partitions as
-    # the input has counts each once, after the shuffle (BENCHMARKS.md, issue 46).
-    partitions = max(int(source.sparkSession.conf.get("spark.sql.shuffle.partitions")), partition_count(source) or 0)
-    per_id = ids.repartition(partitions, *keys).groupBy(*keys).count()
+    # id of each input task for nothing (and spill it): the ids are shuffled first and counted once, after it, in
+    # twice as many partitions as the input has, so each count's hash map holds half an input partition's ids and a
+    # small input makes few tasks (BENCHMARKS.md, issue 46). Over Connect, where the input's partitions are unknown,
+    # Spark picks the number.
+    planned = partition_count(source)
+    per_id = (ids.repartition(2 * planned, *keys) if planned else ids.repartition(*keys)).groupBy(*keys).count()
     null = any_null(keys)
     refused = null | (F.col("count") > 1)
     row = per_id.agg(
