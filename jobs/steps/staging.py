@@ -97,7 +97,7 @@ def timed_chunks(rows: int, chunk_seconds: float, row_seconds: Optional[float], 
 
     >>> timed_chunks(10_000_000, 600, 1e-6, 2)  # a cheap model: one chunk
     1
-    >>> timed_chunks(1_000_000, 600, 3e-3, 2)  # 1,500 s of scoring: 3 chunks, rounded up to 4
+    >>> timed_chunks(1_000_000, 600, 3e-3, 2)  # 3 chunks' worth, rounded up to 4
     4
     >>> timed_chunks(5_000_000, 600, None, 2)  # not timed: 2,000,000 rows a chunk, 3 rounded up to 4
     4
