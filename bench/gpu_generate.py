@@ -20,9 +20,10 @@ Each phase's figure is generated tokens (the server's ``usage``, the worker's ``
 first request to its last answer, after the same warm-up and probe (64 and 128 other prompts) on each side. N is
 ``--prompts``, or fewer where the probe's rate says the loop would not end in ``--phase-seconds``. Targets (printed, never enforced): served >= 90% of the loop's tokens/s. Greedy texts are compared
 row by row (a continuous-batching server's bfloat16 numerics change with the batch, so equality is reported, not
-required). Usage::
+required). Usage (``bench/gpu_setup.sh`` carries what the GPU machine lacks)::
 
-    python -m bench.gpu_generate --work /tmp/w4g --out /tmp/w4g.jsonl               # a CUDA GPU
+    bench/gpu_setup.sh fetch                                                          # here
+    source bench/gpu_setup.sh install && cd /tmp/site && python3 -m bench.gpu_generate --out /tmp/w4g.jsonl   # there
     python -m bench.gpu_generate --shape w4 --device cpu --dtype float32 --prompts 24 --new-tokens 8   # smoke, CPU
 """
 
