@@ -9,6 +9,10 @@ loop). Target (printed with met / NOT met, never enforced): generated tokens/s w
 ``workers.tokens_out`` over its scoring stage's seconds; the loop's over its first request to its last answer) >=
 1.0x the loop's, i.e. what lakescore adds per row (Spark, staging, dead-letter, retries) costs no throughput against
 the server; greedy texts equal on every row.
+
+An endpoint runs on hosts of its own. On a machine of two CPUs or more the server is pinned to the first half of them
+(:func:`split_cpus`) and both peers to the rest, so the Spark JVM and Python workers of lakescore (or the loop's threads)
+do not take the server's CPUs; with one CPU they share it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,30 @@ class W4EResult(PeerRuns):
     rows: int
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
     equal: Optional[dict] = None
+    cpus: tuple[Optional[set[int]], Optional[set[int]]] = (None, None)
+    """The server's CPUs and the peers' (``None``: not pinned)."""
+
+
+def _cpus_text(cpus: tuple[Optional[set[int]], Optional[set[int]]]) -> str:
+    server, peers = cpus
+    if server is None:
+        return "server and peers share every CPU"
+    return f"server on CPU(s) {','.join(map(str, sorted(server)))}, each peer on CPU(s) {','.join(map(str, sorted(peers)))}"
+
+
+def split_cpus(cpus: Optional[set[int]] = None) -> tuple[Optional[set[int]], Optional[set[int]]]:
+    """``(server's CPUs, the peers')``: the first half of this process's CPUs and the rest; ``(None, None)`` (no
+    pinning) with a single CPU."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
+
+
+def _pinned(command: list[str], cpus: Optional[set[int]]) -> list[str]:
+    """``command`` run on ``cpus`` only (``taskset``; the JVM and Python workers it starts inherit them)."""
+    return command if cpus is None else ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
 
 
 def peer_commands(table: Path, model: Path, url: str, run_dir: Path) -> dict[str, list[str]]:
@@ -61,13 +89,14 @@ def peer_commands(table: Path, model: Path, url: str, run_dir: Path) -> dict[str
     }
 
 
-def _serve(model: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """``transformers serve <model>`` on a free loopback port, offline, once it answers ``/health``."""
+def _serve(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[int]]) -> tuple[subprocess.Popen, str]:
+    """``transformers serve <model>`` on a free loopback port, offline, on ``cpus`` (all: ``None``), once it answers
+    ``/health``."""
     from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
 
     port = free_port()
     with open(log, "ab") as out:
-        process = subprocess.Popen(engine_command("transformers", str(model), str(model), port), stdout=out,
+        process = subprocess.Popen(_pinned(engine_command("transformers", str(model), str(model), port), cpus), stdout=out,
                                    stderr=subprocess.STDOUT, env={**env, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     deadline = time.monotonic() + 300
     while not healthy(port):
@@ -85,10 +114,14 @@ def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     table = make_w4_data(data_dir / "w4e", rows)
     result = W4EResult(rows=rows)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    server, url = _serve(model, runs_dir / f"{W4E}-serve.log", env)
-    print(f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}", flush=True)
+    server_cpus, peer_cpus = split_cpus()
+    result.cpus = (server_cpus, peer_cpus)
+    server, url = _serve(model, runs_dir / f"{W4E}-serve.log", env, server_cpus)
+    print(f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}; "
+          f"{_cpus_text(result.cpus)}", flush=True)
     try:
-        commands = {peer: (lambda run_dir, peer=peer: peer_commands(table, model, url, run_dir)[peer]) for peer in ("lakescore", "loop")}
+        commands = {peer: (lambda run_dir, peer=peer: _pinned(peer_commands(table, model, url, run_dir)[peer], peer_cpus))
+                    for peer in ("lakescore", "loop")}
         result.runs = run_alternately(
             W4E, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
             lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {}, repo, repeats,
@@ -104,7 +137,8 @@ def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
 def w4e_lines(result: W4EResult) -> list[str]:
     """The W4E figures and its targets with met / NOT met."""
     lines = [f"W4E data: {result.rows:,} of W4's review prompts, {W4E_NEW_TOKENS} new tokens each, greedy, through one "
-             f"`transformers serve` (W4's model, CPU); {CONCURRENCY} requests in flight per lakescore task and in the loop"]
+             f"`transformers serve` (W4's model, CPU); {CONCURRENCY} requests in flight per lakescore task and in the loop; "
+             f"{_cpus_text(result.cpus)}"]
     for peer in ("lakescore", "loop"):
         line = result.peer_line(W4E, peer, "generated tokens/s while generating", 1)
         lines += [line] if line else []
