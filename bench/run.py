@@ -24,6 +24,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
   ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
+* ``--w4e-rows`` [W4E_ROWS], default 200: W4E prompts;
 * ``--w5-rows`` [W5_ROWS], default 3,000: W5 images; ``--w5-repeats`` [W5_REPEATS], default 2: runs per W5 peer;
   ``--w5-input`` [W5_INPUT], default ``table``: what W5's peers read, the Parquet table with a binary column or
   (``folder``) the same images as files;
@@ -79,7 +80,7 @@ from bench.report import (
 )
 from bench.fast_path import target_lines
 from bench.classifier import C1, C1Result, c1_lines, run_c1
-from bench.endpoint_generation import W4E, W4E_REPEATS, W4EResult, run_w4e, w4e_lines
+from bench.endpoint_generation import W4E, W4E_REPEATS, W4E_ROWS, W4EResult, run_w4e, w4e_lines
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w5_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
@@ -120,6 +121,7 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4,W4E,W5", help="[WORKLOADS]")
     parser.add_argument("--w3-rows", type=int, default=_env_int("W3_ROWS", W3_ROWS), help=f"W3 rows [W3_ROWS; default {W3_ROWS:,}]")
     parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help=f"W4 prompts [W4_ROWS; default {W4_ROWS:,}]")
+    parser.add_argument("--w4e-rows", type=int, default=_env_int("W4E_ROWS", W4E_ROWS), help=f"W4E prompts [W4E_ROWS; default {W4E_ROWS:,}]")
     parser.add_argument("--w4-repeats", type=int, default=_env_int("W4_REPEATS", W4_REPEATS),
                         help=f"runs per W4 peer [W4_REPEATS; default {W4_REPEATS}]")
     parser.add_argument("--w4-batch-tokens", type=int, default=_env_int("W4_BATCH_TOKENS", 0) or None,
@@ -490,7 +492,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c1 = run_c1(runs_dir / "c1", env, REPO) if C1 in wanted else None
     w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
                args.w4_batch_tokens) if W4 in wanted else None
-    w4e = run_w4e(data_dir, runs_dir, env, REPO, W4E_REPEATS) if W4E in wanted else None
+    w4e = run_w4e(data_dir, runs_dir, env, REPO, W4E_REPEATS, args.w4e_rows) if W4E in wanted else None
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
                 args.w6_top_k) if W6 in wanted else None
