@@ -17,10 +17,11 @@ W4's review prompts; greedy; ``--new-tokens`` each. Phases, each printing JSON l
 3. ``inprocess``: lakescore's worker with the model loaded on the GPU in ``--dtype``, a warm-up, the same N prompts.
 
 Each phase's figure is generated tokens (the server's ``usage``, the worker's ``tokens_out``) over the seconds from its
-first request to its last answer, after the same warm-up and probe (64 and 128 other prompts) on each side. N is
-``--prompts``, or fewer where the probe's rate says the loop would not end in ``--phase-seconds``. Targets (printed, never enforced): served >= 90% of the loop's tokens/s. Greedy texts are compared
-row by row (a continuous-batching server's bfloat16 numerics change with the batch, so equality is reported, not
-required). Usage (``bench/gpu_setup.sh`` carries what the GPU machine lacks)::
+first request to its last answer, after a warm-up of 64 other prompts (and, for the loop and the served run, a probe
+of 128 more). N is ``--prompts``, or fewer where the probe's rate says the loop would not end in ``--phase-seconds``;
+the in-process phase stops after the Arrow batch of 256 that passes them. Target (printed, never enforced): served
+>= 90% of the loop's tokens/s. Greedy texts are compared row by row (a continuous-batching server's bfloat16 numerics
+change with the batch, so equality is reported, not required). Usage (``bench/gpu_setup.sh`` carries what the GPU machine lacks)::
 
     bench/gpu_setup.sh fetch                                                          # here
     source bench/gpu_setup.sh install && cd /tmp/site && python3 -m bench.gpu_generate --out /tmp/w4g.jsonl   # there
