@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures (bench/gpu.py, bench/gpu_generate.py) run on a machine with torch and a GPU but no JVM and no
 # package index. `fetch`, here: transformers[serving]'s server stack and py4j as Python 3.12 wheels into .whl/, and
-# pyspark's Python files (no jars, tests or examples) into .gpu/; both are git-ignored, to be carried. `install`,
+# pyspark's Python files (no jars, tests or examples) into .gpu/; both are in .gitignore, to be carried. `install`,
 # there (source it): the wheels into /tmp/site, lakescore importable from /tmp/site (its package files, udfs/ jobs/
 # schemas/ linked); run from /tmp/site, so the checkout's bare lakescore/ folder does not shadow it.
 # PY names the interpreter that installs (default python3: the GPU machine's, with torch).
@@ -19,7 +19,6 @@ fetch)
   skip=(-not -name "*.pyc" -not -path "*/tests/*")
   for d in work examples jars pandas ml mllib testing data; do skip+=(-not -path "pyspark/$d/*"); done
   (cd "$site" && find pyspark -type f "${skip[@]}" | tar cf - -T -) | tar xf - -C .gpu
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.gpu/\n' >> .git/info/exclude
   du -sh .whl .gpu ;;
 install)
   # sourced: no `set -e`, which would stay on in the caller's shell
