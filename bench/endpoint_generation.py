@@ -24,13 +24,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
 from bench.fast_path import verdict
 from bench.generation import compare_texts, make_w4_data, make_w4_model, tokens_per_second
 
-__all__ = ["W4E", "W4E_ROWS", "W4E_REPEATS", "W4E_NEW_TOKENS", "W4EResult", "run_w4e", "w4e_lines", "peer_commands"]
+__all__ = ["W4E", "W4E_ROWS", "W4E_REPEATS", "W4E_NEW_TOKENS", "W4EResult", "run_w4e", "w4e_lines", "peer_commands",
+           "serve_transformers", "split_cpus"]
 
 W4E = "W4E"
 W4E_ROWS = 200
@@ -89,20 +90,22 @@ def peer_commands(table: Path, model: Path, url: str, run_dir: Path) -> dict[str
     }
 
 
-def _serve(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[int]]) -> tuple[subprocess.Popen, str]:
-    """``transformers serve <model>`` on a free loopback port, offline, on ``cpus`` (all: ``None``), once it answers
-    ``/health``."""
+def serve_transformers(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[int]] = None,
+                       args: Sequence[str] = (), timeout_s: float = 300) -> tuple[subprocess.Popen, str]:
+    """``transformers serve <model> <args>`` on a free loopback port, offline, on ``cpus`` (all: ``None``), in a
+    process group of its own, once it answers ``/health``: the process and its OpenAI base URL."""
     from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
 
     port = free_port()
     with open(log, "ab") as out:
-        process = subprocess.Popen(_pinned(engine_command("transformers", str(model), str(model), port), cpus), stdout=out,
-                                   stderr=subprocess.STDOUT, env={**env, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
-    deadline = time.monotonic() + 300
+        process = subprocess.Popen(_pinned(engine_command("transformers", str(model), str(model), port, args), cpus),
+                                   stdout=out, stderr=subprocess.STDOUT, env={**env, "HF_HUB_OFFLINE": "1"},
+                                   start_new_session=True)
+    deadline = time.monotonic() + timeout_s
     while not healthy(port):
         if process.poll() is not None or time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
-            raise RuntimeError(f"W4E: transformers serve did not start; see {log}")
+            raise RuntimeError(f"transformers serve did not start: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.5)
     return process, f"http://{HOST}:{port}/v1"
 
@@ -116,7 +119,7 @@ def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     runs_dir.mkdir(parents=True, exist_ok=True)
     server_cpus, peer_cpus = split_cpus()
     result.cpus = (server_cpus, peer_cpus)
-    server, url = _serve(model, runs_dir / f"{W4E}-serve.log", env, server_cpus)
+    server, url = serve_transformers(model, runs_dir / f"{W4E}-serve.log", env, server_cpus)
     print(f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}; "
           f"{_cpus_text(result.cpus)}", flush=True)
     try:

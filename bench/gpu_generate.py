@@ -43,6 +43,7 @@ from typing import Any, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.endpoint_generation import serve_transformers
 from bench.generation import MODEL_SHAPE, W4_SEED, _tokenizer, prompts
 
 GPU_SHAPE = {"hidden_size": 1024, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
@@ -86,23 +87,6 @@ def build_model(target: Path, shape: dict, dtype: str, device: str) -> dict[str,
 def write_prompts(path: Path, texts: list[str]) -> Path:
     pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "prompt": pa.array(texts, pa.string())}), path)
     return path
-
-
-def serve(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """``transformers serve`` on ``model`` with :data:`SERVE_ARGS`, standalone, once it answers ``/health``."""
-    from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
-
-    port = free_port()
-    with open(log, "ab") as out:
-        process = subprocess.Popen(engine_command("transformers", str(model), str(model), port, SERVE_ARGS), stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while not healthy(port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise RuntimeError(f"transformers serve did not start: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.5)
-    return process, f"http://{HOST}:{port}/v1"
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -212,7 +196,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     warm_table = write_prompts(args.work / "warm.parquet", warm)
 
     # 1. the plain client against the server started standalone: a warm-up, a probe whose rate sizes N, N prompts
-    server, url = serve(model, args.work / "serve.log")
+    server, url = serve_transformers(model, args.work / "serve.log", dict(os.environ), args=SERVE_ARGS, timeout_s=600)
     try:
         began = time.perf_counter()
         warmed = plain_loop(args.work, warm_table, url, model, args.new_tokens, args.concurrency, "loop-warm")
