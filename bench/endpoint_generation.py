@@ -31,7 +31,7 @@ from bench.fast_path import verdict
 from bench.generation import compare_texts, make_w4_data, make_w4_model, tokens_per_second
 
 __all__ = ["W4E", "W4E_ROWS", "W4E_REPEATS", "W4E_NEW_TOKENS", "W4EResult", "run_w4e", "w4e_lines", "peer_commands",
-           "serve_transformers", "split_cpus"]
+           "serve_transformers", "stop_server", "split_cpus"]
 
 W4E = "W4E"
 W4E_ROWS = 200
@@ -72,6 +72,16 @@ def split_cpus(cpus: Optional[set[int]] = None) -> tuple[Optional[set[int]], Opt
 def _pinned(command: list[str], cpus: Optional[set[int]]) -> list[str]:
     """``command`` run on ``cpus`` only (``taskset``; the JVM and Python workers it starts inherit them)."""
     return command if cpus is None else ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
+
+
+def stop_server(server: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM the process group of a server :func:`serve_transformers` started; SIGKILL it after ``grace_s``."""
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
 
 
 def peer_commands(table: Path, model: Path, url: str, run_dir: Path) -> dict[str, list[str]]:
@@ -130,8 +140,7 @@ def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
             lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {}, repo, repeats,
         )
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        stop_server(server)
     result.equal = compare_first_good(runs_dir, W4E, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
                                       compare_texts)
     return result

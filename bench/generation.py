@@ -82,18 +82,20 @@ def _tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
-def make_w4_model(target: Path) -> Path:
-    """Build W4's seeded Llama-shaped model and its tokenizer from a config into ``target`` (``save_pretrained``;
-    safetensors); return ``target``. The same seed gives the same weights on every machine."""
+def make_w4_model(target: Path, shape: Optional[dict] = None, dtype: Optional[str] = None, device: str = "cpu") -> Path:
+    """Build W4's seeded Llama-shaped model (``shape``, default :data:`MODEL_SHAPE`) and its tokenizer from a config into
+    ``target`` (``save_pretrained``; safetensors; in ``dtype``, default float32), initialised on ``device``; return
+    ``target``. The same seed gives the same weights on every machine of one device kind."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = _tokenizer()
     torch.manual_seed(W4_SEED)
     config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **MODEL_SHAPE)
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(target)
+                         pad_token_id=tokenizer.pad_token_id, **(shape or MODEL_SHAPE))
+    with torch.device(device):  # a large shape initialises in seconds on a GPU, not a minute of CPU
+        model = LlamaForCausalLM(config)
+    (model.to(getattr(torch, dtype)) if dtype else model).save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
 

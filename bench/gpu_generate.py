@@ -33,18 +33,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.endpoint_generation import serve_transformers
-from bench.generation import MODEL_SHAPE, W4_SEED, _tokenizer, prompts
+from bench.endpoint_generation import serve_transformers, stop_server
+from bench.generation import MODEL_SHAPE, make_w4_model, prompts
 
 GPU_SHAPE = {"hidden_size": 1024, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
              "num_key_value_heads": 16, "max_position_embeddings": 4096}
@@ -64,39 +63,27 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def build_model(target: Path, shape: dict, dtype: str, device: str) -> dict[str, Any]:
-    """A seeded Llama of ``shape`` with W4's tokenizer, saved in ``dtype`` under ``target``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """:func:`~bench.generation.make_w4_model` of ``shape`` in ``dtype`` under ``target``: its parameters (from the saved
+    files' headers), vocabulary and seconds."""
+    from safetensors import safe_open
 
     began = time.perf_counter()
-    tokenizer = _tokenizer()
-    torch.manual_seed(W4_SEED)
-    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **shape)
-    with torch.device(device):  # seeded init on the GPU: seconds, not a minute of CPU
-        model = LlamaForCausalLM(config)
-    model.to(getattr(torch, dtype)).save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    parameters = sum(p.numel() for p in model.parameters())
-    del model
-    if device.startswith("cuda"):
+    make_w4_model(target, shape, dtype, device)
+    if device.startswith("cuda"):  # the engine and the in-process run need the memory the build held
+        import torch
+
         torch.cuda.empty_cache()
-    return {"parameters": parameters, "vocab": len(tokenizer), "seconds": time.perf_counter() - began}
+    parameters = 0
+    for path in target.glob("*.safetensors"):
+        with safe_open(path, "np") as weights:
+            parameters += sum(int(np.prod(weights.get_slice(k).get_shape())) for k in weights.keys())
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    return {"parameters": parameters, "vocab": vocab, "seconds": time.perf_counter() - began}
 
 
 def write_prompts(path: Path, texts: list[str]) -> Path:
     pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "prompt": pa.array(texts, pa.string())}), path)
     return path
-
-
-def stop(server: subprocess.Popen) -> None:
-    """SIGTERM the standalone server's process group; SIGKILL it after 30 s (its GPU memory must be free after)."""
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
 
 
 def plain_loop(work: Path, table: Path, url: str, model: Path, new_tokens: int, concurrency: int, name: str) -> dict:
@@ -211,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                           args.concurrency, "loop")
         emit(summary("loop", loop, rows, concurrency=args.concurrency))
     finally:
-        stop(server)
+        stop_server(server)
 
     # 2. lakescore's worker, the engine started by lakescore
     from lakescore.udfs.engine_server import stop_engines
