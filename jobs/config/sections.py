@@ -77,7 +77,8 @@ class ScoringConfig(Section):
     one is dead-lettered ``image_too_large``. Default: Pillow's decompression-bomb limit (about 89 million)."""
     dedup: OnOff = Field("auto", json_schema_extra=JOB_ONLY)
     """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
-    ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle."""
+    ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle (never for a model
+    faster than 10 µs a row, which is not sampled)."""
 
     def max_tokens_for(self, device: str) -> int:
         """The token budget for ``device``: the configured one, else the device default."""

@@ -8,7 +8,8 @@ The workers' per-batch metrics stay on one row per scored input, so the report c
 
 ``auto`` decides once per run, before scoring, from a deterministic sample (rows whose id hashes into
 the sample; about :data:`SAMPLE_ROWS` of them): deduplication pays for its two shuffles when at least
-:data:`MIN_REPEAT` of the sampled rows repeat an input. An incremental run decides from all its rows to
+:data:`MIN_REPEAT` of the sampled rows repeat an input. A model the preflight timed under :data:`MIN_ROW_SECONDS` a
+row is not sampled: its forward passes cost less than deduplicating them would, however often inputs repeat. An incremental run decides from all its rows to
 score instead, whose distinct inputs it estimated while counting them (no job of its own). The decision is
 part of the run key, and the sample (or the estimate over the same pinned rows) is the same on a rerun of the
 same pinned input, so a resumed run decides the same way.
@@ -27,11 +28,15 @@ from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import id_hash, row_key
 from lakescore.schemas.output import DIGEST_COLUMN, WORKER_COLUMN
 
-__all__ = ["SAMPLE_ROWS", "MIN_REPEAT", "Dedup", "decide_dedup", "score_deduplicated"]
+__all__ = ["SAMPLE_ROWS", "MIN_REPEAT", "MIN_ROW_SECONDS", "Dedup", "decide_dedup", "score_deduplicated"]
 
 SAMPLE_ROWS = 2000
 MIN_REPEAT = 0.10
 """``auto`` deduplicates when at least this fraction of the sampled rows repeat an input already in the sample."""
+MIN_ROW_SECONDS = 10e-6
+"""``auto`` never deduplicates a model faster than this a row (the preflight's timing): deduplicating costs a task
+slot several times that a row (its digests and two shuffles of every row; BENCHMARKS.md, issue 46), so no repetition
+pays for it, and its sample is a job on the run's critical path."""
 
 _REPRESENTATIVE = "__lakescore_representative_id"
 _ROW_DIGEST = "__lakescore_row_digest"
@@ -54,13 +59,17 @@ class Dedup:
         }
 
 
-def decide_dedup(mode: str, digested: DataFrame, id_cols: Sequence[str], rows: int, distinct: Optional[int] = None) -> Dedup:
+def decide_dedup(mode: str, digested: DataFrame, id_cols: Sequence[str], rows: int, distinct: Optional[int] = None,
+                 row_seconds: Optional[float] = None) -> Dedup:
     """``on`` / ``off`` as configured; ``auto``: deduplicate when the repetition among ``digested``'s ``rows`` rows
     (with a :data:`DIGEST_COLUMN`) reaches :data:`MIN_REPEAT`. The repetition is ``distinct`` inputs among all
     ``rows`` when the caller counted them (an incremental run counts its rows to score in one job and estimates
-    their distinct inputs there), else that of a deterministic sample, counted in one aggregation."""
+    their distinct inputs there), else that of a deterministic sample, counted in one aggregation. A model timed at
+    ``row_seconds`` under :data:`MIN_ROW_SECONDS` a row is never deduplicated, and nothing is sampled."""
     if mode != "auto":
         return Dedup(mode, mode == "on")
+    if row_seconds is not None and row_seconds < MIN_ROW_SECONDS:
+        return Dedup(mode, False)
     if rows < 2:
         return Dedup(mode, False, rows, rows)
     if distinct is not None:

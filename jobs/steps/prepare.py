@@ -248,7 +248,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
     mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
-    dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None)
+    dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None,
+                         identity.row_seconds)
     staging = _staging(run, scorable_rows, identity, facts, dedup)
     chunks, key = staging.chunks, staging.key
     # Rescanning suits rows that are only read: refused ids (an anti join), digests or an incremental comparison
@@ -295,7 +296,10 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         if changes.spec_changes:
             log.info("incremental: the scoring spec differs from the output's (%s): its rows are scored again",
                      "; ".join(changes.spec_changes))
-    if dedup.used or dedup.mode == "auto":
+    if dedup.mode == "auto" and dedup.sample_rows is None:
+        log.info("dedup auto: off (the model scores a row in %.1f us, faster than deduplicating it)",
+                 identity.row_seconds * 1e6)
+    elif dedup.used or dedup.mode == "auto":
         log.info("dedup %s: %s (%s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
                  dedup.sample_rows, dedup.sample_distinct)
     if split.ids.refused_rows:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pyspark.sql import functions as F
 
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.dedup import decide_dedup
+from lakescore.jobs.steps.dedup import MIN_ROW_SECONDS, decide_dedup
 from tests.integration.test_score_job import read_output
 
 
@@ -51,6 +52,13 @@ def test_dedup_scores_each_input_once_and_equals_dedup_off(spark, tmp_path, tiny
     # without a sample: 10 of 50 rows repeat an input.
     decision = decide_dedup("auto", unique, "review_id", 50, distinct=40)
     assert (decision.used, decision.sample_rows, decision.sample_distinct) == (True, 50, 40)
+    # A model faster a row than deduplicating costs is never deduplicated, and its rows are not sampled: reading
+    # these would fail the job.
+    unreadable = unique.withColumn("input_digest", F.raise_error(F.lit("the sample was read")))
+    decision = decide_dedup("auto", unreadable, "review_id", 50, row_seconds=MIN_ROW_SECONDS / 2)
+    assert (decision.used, decision.sample_rows) == (False, None)
+    decision = decide_dedup("auto", unique, "review_id", 50, distinct=40, row_seconds=MIN_ROW_SECONDS * 2)
+    assert (decision.used, decision.sample_rows) == (True, 50)
 
 
 def test_an_incremental_run_decides_dedup_from_its_rows_to_score(spark, tmp_path, tiny_classifier_dir):
