@@ -8,11 +8,13 @@ The workers' per-batch metrics stay on one row per scored input, so the report c
 
 ``auto`` decides once per run, before scoring, from a deterministic sample (rows whose id hashes into
 the sample; about :data:`SAMPLE_ROWS` of them): deduplication pays for its two shuffles when at least
-:data:`MIN_REPEAT` of the sampled rows repeat an input. A model the preflight timed under :data:`MIN_ROW_SECONDS` a
-row is not sampled: its forward passes cost less than deduplicating them would, however often inputs repeat. An incremental run decides from all its rows to
+:data:`MIN_REPEAT` of the sampled rows repeat an input. An incremental run decides from all its rows to
 score instead, whose distinct inputs it estimated while counting them (no job of its own). The decision is
 part of the run key, and the sample (or the estimate over the same pinned rows) is the same on a rerun of the
-same pinned input, so a resumed run decides the same way.
+same pinned input, so a resumed run decides the same way. A model the preflight timed under
+:data:`MIN_ROW_SECONDS` a row is neither sampled nor deduplicated: its forward passes cost less than
+deduplicating them, however often inputs repeat (a model timed near that bound may decide otherwise on a
+rerun, which then scores afresh rather than resuming).
 """
 
 from __future__ import annotations
