@@ -114,12 +114,14 @@ ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""
 
 WORKER_COLUMN = "_worker"
-"""The scoring function's per-batch worker metrics: set on each Arrow batch's first row, null on the others."""
+"""The scoring function's per-batch worker metrics: set on each Arrow batch's first row, null on the others; or, asked
+for tally rows, on a row of their own after each batch (:func:`lakescore.udfs.scoring_udf.make_scoring_function`)."""
 
 WORKER_METRICS = StructType(
     [
         StructField("model_loads", LongType(), nullable=False),
         StructField("arrow_batches", LongType(), nullable=False),
+        StructField("batch_rows", LongType(), nullable=False),
         StructField("model_seconds", DoubleType(), nullable=False),
         StructField("budget_halvings", LongType(), nullable=False),
         StructField("tokens_in", LongType(), nullable=False),
@@ -129,7 +131,8 @@ WORKER_METRICS = StructType(
         StructField("rate_limited", LongType(), nullable=False),
     ]
 )
-"""What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows (``tokens_in`` /
+"""What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows (``batch_rows``:
+the rows the batch scored, with dedup its distinct inputs; ``tokens_in`` /
 ``tokens_out``: prompt and generated tokens of generation heads, 0 for the others; ``requests``, ``retries`` and
 ``rate_limited``: what a head over an endpoint sent, retried and was answered 429, 0 for the others). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""

@@ -68,6 +68,7 @@ def make_scoring_function(
     max_rows: int,
     rows_counter: Optional[RowCounter] = None,
     runner_options: Optional[Mapping[str, Any]] = None,
+    tally_rows: bool = False,
 ) -> ArrowScorer:
     """Build the function ``mapInArrow`` runs for ``spec.task``.
 
@@ -78,7 +79,9 @@ def make_scoring_function(
     ``model_sha256`` of the weights this worker loaded, ``_reason`` / ``_error`` / ``_input`` for
     rows that could not be scored (null input, bad feature value, a forward pass that failed even
     for the row alone), and ``_worker``: this batch's worker metrics on its first row, null on the
-    others (summed by the job for the run report, in classic and Spark Connect sessions alike).
+    others (summed by the job for the run report, in classic and Spark Connect sessions alike). With ``tally_rows``
+    no scored row carries them: each batch is followed by its tally row, every column null but ``model_sha256`` and
+    ``_worker`` (:meth:`ScoredBatch.tally`), for a caller that drops scored rows before counting them (a ranked run).
 
     Each batch is prepared (tokenized, or converted to a float matrix) in a
     background thread while the model runs on the previous one, scored in
@@ -102,7 +105,9 @@ def make_scoring_function(
             if scored is not None:
                 if rows_counter is not None:
                     rows_counter.add(batch.num_rows)
-                yield scored.record_batch([batch.column(name) for name in keep_cols], arrow_schema)
+                yield scored.record_batch([batch.column(name) for name in keep_cols], arrow_schema, not tally_rows)
+                if tally_rows:
+                    yield scored.tally(arrow_schema)
 
     return score
 
@@ -128,21 +133,32 @@ class ScoredBatch:
     retries: int = 0
     rate_limited: int = 0
 
-    def record_batch(self, kept: list[pa.Array], schema: pa.Schema) -> pa.RecordBatch:
-        """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker``, as ``schema`` says."""
+    def record_batch(self, kept: list[pa.Array], schema: pa.Schema, with_metrics: bool = True) -> pa.RecordBatch:
+        """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker`` (this batch's
+        :meth:`metrics` on its first row, or with ``with_metrics`` false on none), as ``schema`` says."""
         n = len(self.reasons)
-        worker = {"model_loads": self.loads, "arrow_batches": 1, "model_seconds": self.seconds, "budget_halvings": self.halvings,
-                  "tokens_in": self.tokens_in, "tokens_out": self.tokens_out, "requests": self.requests,
-                  "retries": self.retries, "rate_limited": self.rate_limited}
+        worker = [self.metrics()] + [None] * (n - 1) if with_metrics else [None] * n
         arrays = kept + self.predictions + [
             pa.repeat(pa.scalar(self.sha256, pa.string()), n),  # in Arrow's C++: a Python list costs per row
             pa.array(self.reasons, type=pa.string()),
             pa.array(self.errors, type=pa.string()),
             pa.array(self.raw_inputs, type=pa.string()),
-            pa.array([worker] + [None] * (n - 1), type=schema.field(WORKER_COLUMN).type),
+            pa.array(worker, type=schema.field(WORKER_COLUMN).type),
         ]
         arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def tally(self, schema: pa.Schema) -> pa.RecordBatch:
+        """One row of ``schema`` holding this batch's :meth:`metrics` in ``_worker`` and its ``model_sha256``, every
+        other column null."""
+        values = {"model_sha256": [self.sha256], WORKER_COLUMN: [self.metrics()]}
+        return pa.RecordBatch.from_arrays([pa.array(values.get(f.name, [None]), type=f.type) for f in schema], schema=schema)
+
+    def metrics(self) -> dict[str, Any]:
+        """This batch's :data:`~lakescore.schemas.output.WORKER_METRICS`."""
+        return {"model_loads": self.loads, "arrow_batches": 1, "batch_rows": len(self.reasons), "model_seconds": self.seconds,
+                "budget_halvings": self.halvings, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+                "requests": self.requests, "retries": self.retries, "rate_limited": self.rate_limited}
 
 
 def score_batches(

@@ -1,5 +1,5 @@
 """Step 5, account: every input row is in exactly one of the output and the errors table (or, with ``rank``,
-ranked out: :mod:`lakescore.jobs.steps.rank` counts those on each key's first staged row).
+ranked out: :mod:`lakescore.jobs.steps.rank` says how those are counted).
 
 The staged rows are counted by reason in one aggregation; with the id check's counts
 that gives the output and error rows, the reasons and the error rate. The same aggregation
@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.steps.prepare import Plan
-from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN
+from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN, is_tally, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
@@ -82,19 +82,34 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     ids = plan.split.ids
     table = snapshot.table()
     fresh = ~F.col(CHUNK_COLUMN).isin(sorted(plan.done)) if plan.done else F.lit(True)
+    with_tallies = plan.ranked and ranks_with_tallies(plan.changes is not None, plan.dedup.used)
+    counted = ~is_tally() if with_tallies else F.lit(True)  # a tally row is a batch's metrics, no input row
     metrics = [F.sum(F.when(fresh, F.col(f"{WORKER_COLUMN}.{f.name}"))).alias(f.name) for f in WORKER_METRICS.fields]
     # a ranked chunk stages its kept rows only: the rows it scored are those and the ones ranked out
-    tallies = [F.sum(RANKED_OUT_COLUMN).alias("ranked_out"),
-               F.sum(F.when(fresh, F.col(RANKED_OUT_COLUMN))).alias("ranked_out_scored")] if plan.ranked else []
-    tallies += [F.sum(PASSES_COLUMN).alias("passes")] if plan.ranked and plan.dedup.used else []
+    if with_tallies:
+        tallies = [F.sum(F.col(f"{WORKER_COLUMN}.batch_rows")).alias("tallied")]
+    elif plan.ranked:
+        tallies = [F.sum(RANKED_OUT_COLUMN).alias("ranked_out"), F.sum(F.when(fresh, F.col(RANKED_OUT_COLUMN))).alias("ranked_out_scored")]
+        tallies += [F.sum(PASSES_COLUMN).alias("passes")] if plan.dedup.used else []
+    else:
+        tallies = []
     groups = table.groupBy(ERROR_COLUMNS[0]).agg(
-        F.count(F.lit(1)).alias("rows"), F.count(F.when(fresh, True)).alias("rows_scored"), *metrics, *tallies
+        F.count(F.when(counted, True)).alias("rows"), F.count(F.when(fresh & counted, True)).alias("rows_scored"),
+        *metrics, *tallies
     ).collect()
-    by_reason = {r[0]: int(r["rows"]) for r in groups}
-    staged = table.drop(CHUNK_COLUMN)
+    by_reason = {r[0]: int(r["rows"]) for r in groups if r["rows"]}
+    staged = table.where(counted).drop(CHUNK_COLUMN) if with_tallies else table.drop(CHUNK_COLUMN)
     staged_rows = sum(by_reason.values())
-    ranked_out = sum(int(r["ranked_out"] or 0) for r in groups) if plan.ranked else None
-    if staged_rows + (ranked_out or 0) != plan.scorable_rows:
+    fresh_rows = sum(int(r["rows_scored"]) for r in groups)
+    if with_tallies:  # the scoring function counted every row it scored, kept or not
+        scored_rows = sum(int(r["tallied"] or 0) for r in groups)
+        ranked_out = scored_rows - staged_rows
+        rows_scored = sum(int(r["batch_rows"] or 0) for r in groups)
+    else:
+        ranked_out = sum(int(r["ranked_out"] or 0) for r in groups) if plan.ranked else None
+        scored_rows = staged_rows + (ranked_out or 0)
+        rows_scored = fresh_rows + sum(int(r["ranked_out_scored"] or 0) for r in groups if plan.ranked)
+    if scored_rows != plan.scorable_rows or (ranked_out or 0) < 0:
         raise RuntimeError(
             f"staging {plan.staging.location} holds {staged_rows} rows"
             + (f" and {ranked_out} ranked out" if plan.ranked else "")
@@ -125,7 +140,7 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
         forward_passes_saved=saved,
         ranked_out=ranked_out,
-        workers=_worker_totals(groups, plan.identity.preflight_loads),
+        workers=_worker_totals(groups, rows_scored, plan.identity.preflight_loads),
     )
     if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (ranked_out or 0):
         raise RuntimeError(
@@ -142,14 +157,14 @@ def _passes_saved(table: DataFrame, scored_rows: int) -> int:
     return scored_rows - scored.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count()
 
 
-def _worker_totals(groups: list, preflight_loads: int) -> dict[str, Any]:
-    """The report's ``workers`` figures from the per-reason sums of :func:`account_rows`'s aggregation."""
-    total = {name: sum(r[name] or 0 for r in groups) for name in ("rows_scored", *WORKER_METRICS.fieldNames())}
-    total["rows_scored"] += sum(r.asDict().get("ranked_out_scored") or 0 for r in groups)
+def _worker_totals(groups: list, rows_scored: int, preflight_loads: int) -> dict[str, Any]:
+    """The report's ``workers`` figures from the per-reason sums of :func:`account_rows`'s aggregation, with the
+    ``rows_scored`` it counted."""
+    total = {name: sum(r[name] or 0 for r in groups) for name in WORKER_METRICS.fieldNames()}
     return {
         "model_loads": int(total["model_loads"]) + preflight_loads,
         "arrow_batches": int(total["arrow_batches"]),
-        "rows_scored": int(total["rows_scored"]),
+        "rows_scored": rows_scored,
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
         **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_out"] else {}),

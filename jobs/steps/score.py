@@ -25,7 +25,7 @@ from lakescore.jobs.steps.context import RunContext, ScoringLayout, scoring_layo
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.preflight import stop_served_engines
-from lakescore.jobs.steps.rank import chunk_columns, keep_top
+from lakescore.jobs.steps.rank import chunk_columns, keep_top, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
@@ -60,6 +60,7 @@ def score_dataframe(
     rows_counter: Optional[RowCounter] = None,
     layout: Optional[ScoringLayout] = None,
     key_col: Optional[str] = None,
+    tally_rows: bool = False,
 ) -> DataFrame:
     """Lazily score ``df``: columns per :func:`lakescore.schemas.output.scored_schema` (``keep_cols`` as
     they are, e.g. the id; predictions; ``model_sha256``; ``_reason``/``_error``/``_input`` for unscored rows).
@@ -69,7 +70,8 @@ def score_dataframe(
     the input's partitions are unknown), so a one-file input still uses every core.
     ``rows_counter`` receives each batch's rows (live progress; classic sessions only). ``key_col``: the column
     identifying each row (kept, or read only for this), for a task whose runner seeds per-row draws from it
-    (generation's sampling).
+    (generation's sampling). ``tally_rows``: each Arrow batch's worker metrics on a row of their own
+    (:func:`~lakescore.udfs.scoring_udf.make_scoring_function`), for a caller that drops scored rows.
 
     With ``resources.scoring`` set and a master that honours resource profiles, the
     scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
@@ -101,6 +103,7 @@ def score_dataframe(
         max_rows=cfg.scoring.max_batch_rows,
         rows_counter=rows_counter,
         runner_options=runner_options,
+        tally_rows=tally_rows,
     )
     return df.select(*[column(c).alias(passed[c]) for c in read]).mapInArrow(scorer, schema, profile=profile)
 
@@ -160,7 +163,7 @@ def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
 
 def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLayout) -> DataFrame:
     """The rows of ``chunk`` to stage (lazy): its rows scored, once per distinct input when deduplicating; with
-    ``rank`` only each key's kept rows and the rows that failed (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
+    ``rank`` only each key's kept rows, the rows that failed and any tally rows (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     cfg = run.cfg
     if plan.prepared is not None:
         part = plan.prepared.chunk(chunk)
@@ -169,8 +172,12 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     else:
         part = plan.scorable
 
+    incremental = plan.changes is not None
+    tallied = plan.ranked and ranks_with_tallies(incremental, plan.dedup.used)
+
     def score(df: DataFrame, keep: list[str], key: Optional[str] = None) -> DataFrame:  # key: the row's (default keep[0])
-        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0])
+        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0],
+                               tally_rows=tallied)
 
     mark = _REPRESENTATIVE if plan.dedup.used and plan.ranked else None
     if plan.dedup.used:
@@ -179,7 +186,7 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
         scored = score(part.withColumn(_ROW_KEY, row_key(cfg.id_cols)), plan.kept_columns(cfg.row_cols), _ROW_KEY)
     else:
         scored = score(part, plan.kept_columns(cfg.row_cols))
-    return keep_top(cfg, scored, plan.changes is not None, mark) if plan.ranked else scored
+    return keep_top(cfg, scored, incremental, mark) if plan.ranked else scored
 
 
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:

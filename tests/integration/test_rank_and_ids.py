@@ -12,6 +12,7 @@ from pyspark.sql.window import Window
 from lakescore.jobs.config import load_config
 from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.rank import keep_top
 from lakescore.jobs.steps.read import model_input
 from lakescore.schemas.contracts import InputContractError
 
@@ -144,6 +145,55 @@ def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_ch
     touched = int(merge.metrics["numTargetRowsInserted"]) + int(merge.metrics["numTargetRowsUpdated"])
     assert touched == 4 * TOP_K  # only the changed keys' rows were written
     assert int(merge.metrics["numTargetRowsDeleted"]) >= 1  # user 7's deleted best row, at least
+
+
+def test_top_k_ranks_before_the_shuffle_and_counts_every_scored_row(spark, tmp_path, linear_program):
+    """Neither incremental nor dedup: each key's best rows are kept in every partition before the shuffle, failed
+    rows all stay (more of one key than top_k), and the rows scored are counted from each batch's tally row."""
+    source, output = tmp_path / "candidates", tmp_path / "top"
+    unscorable = [(11, f"i{j:02d}", None, 1.0, 1.0, 1.0) for j in range(TOP_K + 2)]  # no f1: each row is an error
+    rows = _candidates(range(10)) + unscorable
+    _write(spark, rows, source)
+
+    def config(run_id, **flags):
+        return load_config(flags={
+            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(linear_program),
+            "id_col": ["user_id", "item_id"], "feature_cols": ["f1", "f2", "f3", "f4"],
+            "rank": {"partition_by": ["user_id"], "order_by": "prediction", "top_k": TOP_K}, "run_id": run_id,
+            "write.chunk_rows": 90, "scoring.arrow_max_records_per_batch": 16, **flags,
+        })
+
+    cfg = config("r0")
+    worker = "struct<batch_rows:bigint>"
+    scored = spark.createDataFrame(
+        [(1, "a", 0.5, None, None), (1, "b", 0.9, None, None), (1, "c", 0.7, None, None), (1, None, None, None, (3,))]
+        + [(2, f"e{j}", None, "bad_input", None) for j in range(TOP_K + 1)],
+        f"user_id long, item_id string, prediction double, _reason string, _worker {worker}")
+    kept = keep_top(cfg.model_copy(update={"rank": cfg.rank.model_copy(update={"top_k": 2})}), scored, incremental=False)
+    assert "WindowGroupLimit" in kept._jdf.queryExecution().executedPlan().toString()
+    assert {(r.item_id, r["rank"]) for r in kept.where("user_id = 1").collect()} == {(None, None), ("b", 1), ("c", 2)}
+    assert kept.where("user_id = 2").count() == TOP_K + 1
+
+    # A run that fails a check leaves staging holding each key's kept rows, the failed rows and one tally row per
+    # Arrow batch; the rerun resumes every chunk and counts what the first one scored.
+    failed = run_scoring(config("r1", max_error_rate=0.0), spark)
+    assert failed.status == "error_rate_exceeded", failed.error
+    assert (failed.output_rows, failed.ranked_out, failed.error_rows) == (10 * TOP_K, 200 - 10 * TOP_K, len(unscorable))
+    assert failed.workers["rows_scored"] == len(rows) and failed.workers["arrow_batches"] >= 3
+    (staged,) = [p for p in (tmp_path / "_lakescore_staging" / "top").iterdir() if not p.name.endswith(("_rows", "_changes"))]
+    staged = spark.read.format("delta").load(str(staged))
+    tallies = staged.where(F.col("rank").isNull() & F.col("_reason").isNull())
+    assert tallies.count() == failed.workers["arrow_batches"] and tallies.where(F.col("user_id").isNotNull()).count() == 0
+    assert staged.count() == 10 * TOP_K + len(unscorable) + failed.workers["arrow_batches"]
+    first = run_scoring(config("r1", max_error_rate=0.1), spark)
+    _accounted(first)
+    assert first.chunks["skipped"] == first.chunks["total"] == 3 and first.workers["rows_scored"] == 0
+    assert (first.output_rows, first.ranked_out, first.error_rows) == (10 * TOP_K, 200 - 10 * TOP_K, len(unscorable))
+    columns = ["user_id", "item_id", "prediction", "rank"]
+    reference = _reference(spark, [r for r in rows if r not in unscorable])
+    pd.testing.assert_frame_equal(_output(spark, output)[columns], reference[columns], check_dtype=False)
+    errors = spark.read.format("delta").load(str(tmp_path / "top_errors")).toPandas()
+    assert sorted(errors.item_id) == [r[1] for r in unscorable] and set(errors.user_id) == {11}
 
 
 def test_composite_ids_dead_letter_and_merge_row_by_row_without_rank(spark, tmp_path, linear_program):
