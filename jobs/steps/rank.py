@@ -5,10 +5,10 @@ Within a key (the values of ``rank.partition_by``) rows are ordered by ``rank.or
 ``rank.descending`` is false), equal values by the id column(s) ascending, so a ranking never depends on partitioning
 or retries: Spark's ``row_number()`` over that window (or ``rank()``, the same numbers where ids are unique). A
 ranked run cuts its chunks by the key (:func:`~lakescore.jobs.steps.staging.chunk_column` of ``rank.partition_by``),
-so each key's rows are scored in one chunk, ranked there (:func:`keep_top`) and only the kept rows are staged: the one shuffle by key ranks them, and a
-resumed run's staged chunks are already ranked. Rows past ``top_k`` are ranked out: neither staged, published nor
-errors, so ``input = kept + output + errors + ranked_out``. Rows that failed to score are errors, staged as they are,
-and take no place in a ranking.
+so each key's rows are scored in one chunk, ranked there (:func:`keep_top`) and only the kept rows are staged: the
+one shuffle by key ranks them, and a resumed run's staged chunks are already ranked. Rows past ``top_k`` are ranked
+out: neither staged, published nor errors, so ``input = kept + output + errors + ranked_out``. Rows that failed to
+score are errors, staged as they are, and take no place in a ranking.
 
 How ranked-out rows are counted decides what the shuffle moves (:func:`ranks_with_tallies`). Where nothing needs a
 total over a key's rows, the ranking is ``rank() <= top_k`` alone, which Spark keeps in every input partition before
