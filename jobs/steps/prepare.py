@@ -40,8 +40,10 @@ RESCAN_CHUNKS = 8
 """Up to this many chunks, a run whose rows to score are a plain scan of its pinned input reads the input once per chunk
 instead of writing a prepared copy: a scan costs a small fraction of writing the rows (BENCHMARKS.md, issue 46)."""
 
-RANKED_STAGING = 2
-"""What a ranked run's staging holds, part of its key: 2, each key's kept rows, chunks cut by key (1: every scored row)."""
+STAGED_LAYOUT = 3
+"""What staged rows hold, part of every run's staging key, so that no run resumes chunks a release staged otherwise: 3,
+worker metrics with ``batch_rows`` and a ranked run's tally rows (2: a ranked run's kept rows, chunks cut by key; 1:
+every scored row)."""
 
 
 @dataclass(frozen=True)
@@ -209,9 +211,8 @@ def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, d
     :func:`~lakescore.jobs.steps.staging.timed_chunks` count at the speed the preflight measured, or a nearby count
     an earlier attempt of the same run already staged under (it measured another speed)."""
     cfg = run.cfg
-    # Staged rows carry the digest when deduplicating; a ranked run's are its kept rows (chunks cut by key), a layout
-    # a run key of a release that staged every scored row must not resume.
-    layout = {**facts, "dedup": dedup.used, **({"ranked_staging": RANKED_STAGING} if cfg.rank.enabled else {})}
+    # Staged rows carry the digest when deduplicating
+    layout = {**facts, "dedup": dedup.used, "staged_layout": STAGED_LAYOUT}
 
     def staging_of(chunks: int) -> Staging:
         return Staging.for_output(run.spark, cfg.output, cfg.write.staging, run_key({**layout, "chunks": chunks}), chunks)
