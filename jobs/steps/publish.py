@@ -25,12 +25,12 @@ from typing import Any, Optional
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType
+from pyspark.sql.types import BinaryType, BooleanType, DateType, NumericType, StringType, StructType, TimestampNTZType, TimestampType
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.hadoop_files import FILE_STATUS
 from lakescore.jobs.platform.tables import (
-    DELETION_VECTORS, MERGE_OP, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, read_input,
+    DELETION_VECTORS, MERGE_OP, STATS_COLUMNS, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, read_input,
     write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
@@ -43,7 +43,7 @@ from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.contracts import FILE_COLUMN
 from lakescore.schemas.output import (
-    DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
+    DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
 )
 
 __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
@@ -121,7 +121,8 @@ def publish(
     if merging:
         delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
     else:
-        commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=_new_output_properties(cfg),
+        properties = _new_output_properties(cfg, rows.schema, _write_mode(run, plan)[1])
+        commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=properties,
                             overwrite_schema=targets.replaces_layout)
         if commit.rows is not None and commit.rows != accounting.output_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
@@ -213,12 +214,25 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     return errors
 
 
-def _new_output_properties(cfg: JobConfig) -> dict[str, str]:
-    """Delta properties of an output this run creates: deletion vectors for incremental outputs
-    (``write.deletion_vectors``), so later MERGEs write what changed, not every file it touches."""
+_UNFILTERED = (*[c for c in IDENTITY_COLUMNS if c != "run_id"], *INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN)
+"""Output columns Delta keeps no statistics on: the model's identity, the same on every row of a run, and the
+digests, hex text no reader filters by. Delta collects a string column's minimum and maximum row by row as it writes,
+which cost as much as the rest of writing a cheap model's output (BENCHMARKS.md, issue 46)."""
+_STATS_TYPES = (NumericType, StringType, BooleanType, DateType, TimestampType, TimestampNTZType)
+
+
+def _new_output_properties(cfg: JobConfig, schema: StructType, partition_by: Optional[str]) -> dict[str, str]:
+    """Delta properties of an output this run creates with ``schema`` (partitioned by ``partition_by``): statistics
+    on the columns readers filter by (``delta.dataSkippingStatsColumns``: the ids and key columns, the predictions
+    Delta keeps statistics for, rank and run id, unless it is the partition column; none of :data:`_UNFILTERED`), and
+    deletion vectors for incremental outputs (``write.deletion_vectors``), so later MERGEs write what changed, not
+    every file it touches."""
+    skipped = {*_UNFILTERED, partition_by}  # a partition column has no statistics, and Delta refuses to be asked for any
+    filtered = [f.name for f in schema if f.name not in skipped and isinstance(f.dataType, _STATS_TYPES)]
+    properties = {STATS_COLUMNS: ",".join("`" + name.replace("`", "``") + "`" for name in filtered)}
     if cfg.write.mode == "incremental" and cfg.write.deletion_vectors:
-        return {DELETION_VECTORS: "true"}
-    return {}
+        properties[DELETION_VECTORS] = "true"
+    return properties
 
 
 def _overwrite(run: RunContext, plan: Plan, rows: DataFrame, ref: str, txn: Optional[tuple[str, int]],

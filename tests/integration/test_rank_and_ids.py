@@ -4,6 +4,8 @@ reference (ties included) on every run, an incremental one re-ranking only the k
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from pyspark.sql import functions as F
@@ -194,6 +196,13 @@ def test_top_k_ranks_before_the_shuffle_and_counts_every_scored_row(spark, tmp_p
     pd.testing.assert_frame_equal(_output(spark, output)[columns], reference[columns], check_dtype=False)
     errors = spark.read.format("delta").load(str(tmp_path / "top_errors")).toPandas()
     assert sorted(errors.item_id) == [r[1] for r in unscorable] and set(errors.user_id) == {11}
+    # The new output records statistics on the columns readers filter by, not on the model's identity strings.
+    filtered = ["user_id", "item_id", "prediction", "rank", "run_id"]
+    properties = spark.sql(f"DESCRIBE DETAIL delta.`{output}`").first().properties
+    assert properties["delta.dataSkippingStatsColumns"] == ",".join(f"`{c}`" for c in filtered)
+    actions = [json.loads(line) for log in (output / "_delta_log").glob("*.json") for line in log.read_text().splitlines()]
+    adds = [action["add"] for action in actions if "add" in action]
+    assert adds and all(sorted(json.loads(a["stats"])["minValues"]) == sorted(filtered) for a in adds)
 
 
 def test_composite_ids_dead_letter_and_merge_row_by_row_without_rank(spark, tmp_path, linear_program):

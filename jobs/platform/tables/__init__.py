@@ -36,7 +36,8 @@ from lakescore.jobs.platform.tables.reads import (
     table_names,
 )
 from lakescore.jobs.platform.tables.writes import (
-    WRITE_MODES, write_delta, DELETION_VECTORS, MERGE_OP, MergeCommit, merge_delta, delete_path, drop_delta,
+    WRITE_MODES, write_delta, DELETION_VECTORS, STATS_COLUMNS, MERGE_OP, MergeCommit, merge_delta, delete_path,
+    drop_delta,
 )
 from lakescore.jobs.references import is_path, local_ref
 
@@ -44,7 +45,7 @@ __all__ = [
     "TableError", "OutputColumnsError", "cause_chain", "unreadable_input", "storage_refusal", "failure_reason",
     "check_writable_path", "column", "is_path", "local_ref", "TableRef", "read_input", "read_pinned",
     "read_files", "check_output_target", "DeltaCommit", "WriteConflictError", "is_commit_conflict",
-    "WRITE_MODES", "write_delta", "DELETION_VECTORS", "MERGE_OP", "MergeCommit", "merge_delta", "HistoryEntry",
+    "WRITE_MODES", "write_delta", "DELETION_VECTORS", "STATS_COLUMNS", "MERGE_OP", "MergeCommit", "merge_delta", "HistoryEntry",
     "delta_history", "last_commit", "own_commit", "last_commit_stamp", "delta_detail", "table_id",
     "load_file_lists", "is_delta", "delete_path", "drop_delta", "table_names", "run_metadata",
     "staging_metadata",

@@ -92,6 +92,9 @@ def write_delta(
 DELETION_VECTORS = "delta.enableDeletionVectors"
 """The Delta table property that lets ``MERGE``, ``UPDATE`` and ``DELETE`` mark rows deleted instead of rewriting files."""
 
+STATS_COLUMNS = "delta.dataSkippingStatsColumns"
+"""The Delta table property naming the columns whose minimum, maximum and null count each file records (comma-separated)."""
+
 
 MERGE_OP = "_lakescore_op"
 """The column of a :func:`merge_delta` source saying what each row does: ``upsert`` or ``delete``."""
