@@ -66,13 +66,17 @@ def uneven_last_wave(partitions: int, slots: int) -> bool:
 def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: Optional[float], interval: float) -> Optional[int]:
     """Tasks to repartition ``rows`` rows read in ``planned`` partitions into before scoring
     (:func:`progress_partitions`), or ``None`` to score them as read: kept when they fill every slot in even waves
-    and either are already that many or each of their tasks scores within ``interval`` seconds at ``row_seconds``
-    per row (``None``: unknown), since then the shuffle would cost more than the progress it shows.
+    and either are more than that many or each of their tasks scores within ``interval`` seconds at ``row_seconds``
+    per row (``None``: unknown), since then the shuffle would cost more than the progress it shows. Planned
+    partitions as many as wanted are spread too: a split may hold no rows (a Parquet file of one row group read in
+    two splits), and with long tasks an idle slot costs more than the shuffle.
 
     >>> scoring_tasks(1, 2, 12000, 0.01, 15), scoring_tasks(4, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, 1e-3, 15)
     (8, None, 8)
     >>> scoring_tasks(3, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, None, 15), scoring_tasks(40, 2, 10**7, None, 15)
     (8, 8, None)
+    >>> scoring_tasks(2, 2, 750, 0.5, 15), scoring_tasks(2, 2, 750, 1e-3, 15)  # slow images in two splits; a fast model
+    (2, None)
     >>> scoring_tasks(0, 2, 0, 2e-6, 15)  # an empty input (nothing changed in an incremental run)
     2
     """
@@ -81,7 +85,7 @@ def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: Optional[flo
     if idle_slot:
         return wanted
     long_tasks = row_seconds is None or rows / planned * row_seconds > interval
-    return wanted if planned < wanted and long_tasks else None
+    return wanted if planned <= wanted and long_tasks else None
 
 
 class ProgressReporter:
