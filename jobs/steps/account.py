@@ -100,7 +100,6 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     by_reason = {r[0]: int(r["rows"]) for r in groups if r["rows"]}
     staged = table.where(counted).drop(CHUNK_COLUMN) if with_tallies else table.drop(CHUNK_COLUMN)
     staged_rows = sum(by_reason.values())
-    fresh_rows = sum(int(r["rows_scored"]) for r in groups)
     if with_tallies:  # the scoring function counted every row it scored, kept or not
         scored_rows = sum(int(r["tallied"] or 0) for r in groups)
         ranked_out = scored_rows - staged_rows
@@ -108,7 +107,7 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     else:
         ranked_out = sum(int(r["ranked_out"] or 0) for r in groups) if plan.ranked else None
         scored_rows = staged_rows + (ranked_out or 0)
-        rows_scored = fresh_rows + sum(int(r["ranked_out_scored"] or 0) for r in groups if plan.ranked)
+        rows_scored = sum(int(r["rows_scored"]) + (int(r["ranked_out_scored"] or 0) if plan.ranked else 0) for r in groups)
     if scored_rows != plan.scorable_rows or (ranked_out or 0) < 0:
         raise RuntimeError(
             f"staging {plan.staging.location} holds {staged_rows} rows"

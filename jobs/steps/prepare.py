@@ -211,7 +211,7 @@ def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, d
     :func:`~lakescore.jobs.steps.staging.timed_chunks` count at the speed the preflight measured, or a nearby count
     an earlier attempt of the same run already staged under (it measured another speed)."""
     cfg = run.cfg
-    # Staged rows carry the digest when deduplicating
+    # what the staged rows hold: the digest when deduplicating, and the release's layout (STAGED_LAYOUT)
     layout = {**facts, "dedup": dedup.used, "staged_layout": STAGED_LAYOUT}
 
     def staging_of(chunks: int) -> Staging:

@@ -34,6 +34,7 @@ from lakescore.jobs.platform.tables import (
     write_delta,
 )
 from lakescore.jobs.platform.step_hooks import at_point
+from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.report.text import drift_text
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
@@ -229,7 +230,7 @@ def _new_output_properties(cfg: JobConfig, schema: StructType, partition_by: Opt
     every file it touches."""
     skipped = {*_UNFILTERED, partition_by}  # a partition column has no statistics, and Delta refuses to be asked for any
     filtered = [f.name for f in schema if f.name not in skipped and isinstance(f.dataType, _STATS_TYPES)]
-    properties = {STATS_COLUMNS: ",".join("`" + name.replace("`", "``") + "`" for name in filtered)}
+    properties = {STATS_COLUMNS: ",".join(map(quote_identifier, filtered))}
     if cfg.write.mode == "incremental" and cfg.write.deletion_vectors:
         properties[DELETION_VECTORS] = "true"
     return properties
