@@ -30,7 +30,8 @@ from lakescore.udfs.batching import BatchPolicy, plan_batches
 
 __all__ = [
     "DEFAULT_MAX_BATCH_PIXELS", "DEFAULT_MAX_BATCH_IMAGES", "ImageFailure", "ImageHeader", "Chunk", "Preprocessed",
-    "pixel_limit", "read_header", "row_index", "decode_image", "describe_image", "preprocess_chunks", "preflight_image",
+    "pixel_limit", "read_header", "row_index", "image_tokens", "decode_image", "describe_image", "preprocess_chunks",
+    "preflight_image",
 ]
 
 DEFAULT_MAX_BATCH_PIXELS = 1 << 24
@@ -38,6 +39,8 @@ DEFAULT_MAX_BATCH_PIXELS = 1 << 24
 are a few times its size): many thumbnails, one or two camera photos, or one huge image alone."""
 DEFAULT_MAX_BATCH_IMAGES = 64
 """Images one preprocessing chunk holds at most."""
+VALUES_PER_TOKEN = 16 * 16 * 3
+"""What one token of an image's model input is, in values: a 16x16 RGB patch, a ViT-B/16 token."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,17 @@ def row_index(rows: Sequence[int] | np.ndarray, like):
     import torch
 
     return torch.as_tensor(rows, dtype=torch.long)
+
+
+def image_tokens(pixel_values) -> int:
+    """The tokens one image counts for against the forward batch's token budget (``scoring.max_batch_tokens``): its
+    model input's values per :data:`VALUES_PER_TOKEN`, at least one. ``pixel_values`` holds every image of a batch
+    in one shape (:class:`Preprocessed`)."""
+    # Counted like text so that the CPU budget that keeps a text batch's activations in cache does the same for
+    # images; a batch of 256 images was no faster and held twice the memory (BENCHMARKS.md, issue 49).
+    if pixel_values is None or not len(pixel_values):
+        return 1
+    return max(1, -(-int(np.prod(pixel_values.shape[1:])) // VALUES_PER_TOKEN))
 
 
 def preflight_image() -> bytes:

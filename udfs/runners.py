@@ -28,8 +28,8 @@ from lakescore.udfs.batching import (
     AdaptiveBudget, BatchPolicy, Scored, row_lengths, score_matrix, score_present, score_texts, tokenize_present,
 )
 from lakescore.udfs.images import (
-    DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, pixel_limit,
-    preprocess_chunks, row_index,
+    DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, image_tokens,
+    pixel_limit, preprocess_chunks, row_index,
 )
 
 __all__ = [
@@ -263,21 +263,25 @@ class ImageRunner:
         return PreparedImages(values, images, paths)
 
     def score(self, prepared: PreparedImages, budget: AdaptiveBudget) -> Scored:
-        # The processor gives every image one shape, so a row costs the same in the forward: batches are cut by rows
-        # (``max_rows``, and the budget as it halves after an out-of-memory error).
+        # The processor gives every image one shape, so every row costs the same tokens (:func:`image_tokens`), and the
+        # budget cuts batches of equal rows (as it halves after an out-of-memory error too).
         images = prepared.images
         present = np.flatnonzero(images.ok)
 
         def take(rows: np.ndarray, width: int):
             return {"pixel_values": images.pixel_values[row_index(present[rows], images.pixel_values)]}
 
-        scored = score_present(images.ok, np.ones(len(present), dtype=np.int64), take, self.head.forward, budget,
+        scored = score_present(images.ok, self._costs(images, len(present)), take, self.head.forward, budget,
                                invalid_reason="null_input")
         return _refuse(scored, images.failures)
 
     def row_costs(self, prepared: PreparedImages) -> np.ndarray:
-        """One per image to score (every image has one shape; batches are cut by rows)."""
-        return np.ones(int(np.count_nonzero(prepared.images.ok)), dtype=np.int64)
+        """Each image to score's tokens (:func:`~lakescore.udfs.images.image_tokens`; every image has one shape)."""
+        return self._costs(prepared.images, int(np.count_nonzero(prepared.images.ok)))
+
+    @staticmethod
+    def _costs(images: Preprocessed, rows: int) -> np.ndarray:
+        return np.full(rows, image_tokens(images.pixel_values), dtype=np.int64)
 
     def raw_inputs(self, prepared: PreparedImages, scored: Scored) -> list[Optional[str]]:
         if prepared.paths is not None:

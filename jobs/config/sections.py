@@ -63,7 +63,8 @@ class ScoringConfig(Section):
 
     max_batch_tokens: Optional[int] = Field(None, ge=1)
     """Padded tokens per forward batch (rows x longest row); default per device (cpu 1024; ``generate`` on cpu 8192,
-    counting each row's prompt plus ``generate.max_new_tokens``)."""
+    counting each row's prompt plus ``generate.max_new_tokens``). An image counts one token per 16x16 patch of its
+    model input (196 at 224x224)."""
     max_batch_rows: int = Field(256, ge=1)
     """Rows per forward batch at most, however short they are."""
     arrow_max_records_per_batch: int = Field(4096, ge=1, json_schema_extra=JOB_ONLY)

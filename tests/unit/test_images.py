@@ -21,7 +21,7 @@ from pyspark.sql.types import LongType, StructField
 from lakescore.schemas.output import prediction_columns, scored_schema
 from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, score_texts
-from lakescore.udfs.images import decode_image, pixel_limit, preprocess_chunks, read_header
+from lakescore.udfs.images import decode_image, image_tokens, pixel_limit, preprocess_chunks, read_header
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task
@@ -266,6 +266,27 @@ def test_a_big_image_is_preprocessed_apart_from_small_ones_and_rows_come_back_in
     # rows per chunk are bounded too
     prepared, _ = _run(ImageRunner(head, ["image"], max_batch_images=3), values)
     assert [len(c.rows) for c in prepared.images.chunks] == [3, 2]
+
+
+def test_an_image_counts_its_patches_against_the_token_budget_as_text_counts_tokens(vit_dir, images):
+    assert image_tokens(np.zeros((2, 3, 224, 224), np.float32)) == 196 and image_tokens(np.zeros((1, 3, 8, 8))) == 1
+    head = _head("image_classify", vit_dir)  # 32x32 inputs: 4 tokens an image
+    forwards = []
+
+    model_forward = head.forward
+
+    def forward(features):  # the real forward, counting the rows of each batch
+        forwards.append(len(features["pixel_values"]))
+        return model_forward(features)
+
+    head.forward = forward
+    runner = ImageRunner(head, ["image"])
+    values = [images[name] for name in ("rgb.jpg", "gray.png", "rgba.webp", "palette.gif", "cmyk.jpg")]
+    prepared, scored = _run(runner, values, BatchPolicy(max_tokens=8, max_rows=256))
+    assert forwards == [2, 2, 1] and scored.ok.all()
+    assert runner.row_costs(prepared).tolist() == [4] * 5
+    _, by_rows = _run(ImageRunner(_head("image_classify", vit_dir), ["image"]), values, BatchPolicy(max_tokens=10**6, max_rows=256))
+    assert np.allclose(scored.outputs, by_rows.outputs, atol=1e-6)
 
 
 def test_an_image_the_processor_rejects_is_refused_alone_and_mixed_shapes_fail_once(images):
