@@ -275,7 +275,7 @@ def image_tokens(pixel_values) -> int:
     model input's values per :data:`VALUES_PER_TOKEN`, at least one. ``pixel_values`` holds every image of a batch
     in one shape (:class:`Preprocessed`)."""
     # Counted like text so that the CPU budget that keeps a text batch's activations in cache does the same for
-    # images; a batch of 256 images was no faster and held twice the memory (BENCHMARKS.md, issue 49).
+    # images: batches of the row cap were no faster and held far more memory (BENCHMARKS.md, issue 49).
     if pixel_values is None or not len(pixel_values):
         return 1
     return max(1, -(-int(np.prod(pixel_values.shape[1:])) // VALUES_PER_TOKEN))

@@ -233,7 +233,8 @@ def image_bytes(column: pa.Array, name: str) -> list[Optional[memoryview]]:
 
 class ImageRunner:
     """Image heads: one binary column of encoded images, decoded and preprocessed per Arrow batch in chunks bounded
-    by decoded pixels and rows (:func:`~lakescore.udfs.images.preprocess_chunks`), then scored in batches of rows.
+    by decoded pixels and rows (:func:`~lakescore.udfs.images.preprocess_chunks`), then scored in batches cut by the
+    token budget, each image counting its patches (:func:`~lakescore.udfs.images.image_tokens`).
     A second input column, when given, holds the path each image was read from (``lakescore.jobs.steps.read.read_image_files``):
     a null image with a path is ``missing_file``, and the errors table shows the path.
 

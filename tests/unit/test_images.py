@@ -271,9 +271,7 @@ def test_a_big_image_is_preprocessed_apart_from_small_ones_and_rows_come_back_in
 def test_an_image_counts_its_patches_against_the_token_budget_as_text_counts_tokens(vit_dir, images):
     assert image_tokens(np.zeros((2, 3, 224, 224), np.float32)) == 196 and image_tokens(np.zeros((1, 3, 8, 8))) == 1
     head = _head("image_classify", vit_dir)  # 32x32 inputs: 4 tokens an image
-    forwards = []
-
-    model_forward = head.forward
+    forwards, model_forward = [], head.forward
 
     def forward(features):  # the real forward, counting the rows of each batch
         forwards.append(len(features["pixel_values"]))
