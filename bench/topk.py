@@ -44,8 +44,8 @@ from bench.fast_path import verdict
 
 __all__ = [
     "W6", "W6_USERS", "W6_CANDIDATES", "W6_TOP_K", "W6_REPEATS", "W6Result", "FEATURES", "w6_chunks", "make_w6_data",
-    "make_w6_model", "peer_commands", "run_w6", "compare_top", "w6_lines", "W7", "W7Result", "make_w7_model", "run_w7",
-    "compare_scores", "w7_lines",
+    "make_w6_model", "peer_commands", "run_w6", "compare_top", "outputs_line", "rows_per_second", "w6_lines", "W7",
+    "W7Result", "make_w7_model", "run_w7", "compare_scores", "w7_lines",
 ]
 
 W6 = "W6"
@@ -190,15 +190,18 @@ def run_w6(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     return result
 
 
-def compare_top(ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "item_id", "rank")) -> dict:
-    """lakescore's ranked rows (its Delta output) against the window job's, on (``user_id``, ``item_id``, ``rank``):
-    rows in both, rows only in either, and the largest score difference over the rows in both."""
+def compare_top(ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "item_id", "rank"),
+                score_col: str = "prediction") -> dict:
+    """lakescore's ranked rows (its Delta output, its score in ``score_col``) against the window job's (``score``), on
+    (``user_id``, ``item_id``, ``rank``): rows in both, rows only in either, and the largest score difference over the
+    rows in both."""
     key = list(key)
-    mine = pq.read_table(delta_files(ours), columns=[*key, "prediction"]).to_pandas()
+    mine = pq.read_table(delta_files(ours), columns=[*key, score_col]).to_pandas()
     other = pq.read_table(delta_files(theirs), columns=[*key, "score"]).to_pandas()
-    both = mine.merge(other, on=key)
+    both = mine.merge(other, on=key, suffixes=("_ours", "_theirs"))
+    ours_col, theirs_col = (f"score_{side}" for side in ("ours", "theirs")) if score_col == "score" else (score_col, "score")
     return {"matched": len(both), "only_lakescore": len(mine) - len(both), "only_window": len(other) - len(both),
-            "max_score_delta": float((both["prediction"] - both["score"]).abs().max()) if len(both) else None}
+            "max_score_delta": float((both[ours_col] - both[theirs_col]).abs().max()) if len(both) else None}
 
 
 def _peak_mib(run: PeerRun) -> float:
@@ -222,17 +225,19 @@ def w6_lines(result: W6Result) -> list[str]:
                      + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
     lines += filter(None, [result.whole_line(W6, "window", "the window job's", WALL_TARGET)])
     lines += _memory_lines(result)
-    lines += _outputs_line(result.equal, "W6", "the window job", "(user_id, item_id, rank)",
+    lines += outputs_line(result.equal, "W6", "the window job", "(user_id, item_id, rank)",
                            f"the same rows, scores within {SCORE_TOLERANCE:g}")
     return lines
 
 
-def _outputs_line(eq: Optional[dict], workload: str, peer: str, rows: str, target: str) -> list[str]:
-    """The line comparing lakescore's output rows with ``peer``'s (:func:`compare_top`'s ``eq``), none without one."""
+def outputs_line(eq: Optional[dict], workload: str, peer: str, rows: str, target: str,
+                 tolerance: float = SCORE_TOLERANCE) -> list[str]:
+    """The line comparing lakescore's output rows with ``peer``'s (:func:`compare_top`'s ``eq``; scores within
+    ``tolerance``), none without one."""
     if not eq:
         return []
     same = eq["only_lakescore"] == 0 and eq["only_window"] == 0
-    close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= SCORE_TOLERANCE
+    close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= tolerance
     delta = "-" if eq["max_score_delta"] is None else f"{eq['max_score_delta']:.2e}"
     return [f"{workload} outputs, lakescore vs {peer}: {eq['matched']:,} {rows} rows in both, {eq['only_lakescore']} "
             f"only in lakescore's, {eq['only_window']} only in {peer}'s; largest score difference {delta}   target "
@@ -345,5 +350,5 @@ def w7_lines(result: W7Result) -> list[str]:
                      f"predict_batch_udf by hand {theirs:.1f} us; lakescore's ceiling on a model of no cost "
                      f"{1e6 / ours:,.0f} rows/s")
     lines += filter(None, [result.whole_line(W7, "batch", "the predict_batch_udf job's", W7_TARGET)])
-    lines += _outputs_line(result.equal, "W7", "the hand job", "(user_id, item_id)", "the same rows and scores")
+    lines += outputs_line(result.equal, "W7", "the hand job", "(user_id, item_id)", "the same rows and scores")
     return lines

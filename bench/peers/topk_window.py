@@ -44,7 +44,8 @@ def make_predict_fn(model_path: str):
     return load
 
 
-def _session(master: str):
+def hand_session(master: str):
+    """The hand jobs' Spark session (this module's docstring says what it has and lacks)."""
     from pyspark.sql import SparkSession
 
     from lakescore.jobs.config import ScoringConfig, SparkConfig
@@ -87,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from pyspark.sql.window import Window
 
     features = args.features.split(",")
-    spark = _session(args.master)
+    spark = hand_session(args.master)
     try:
         started = time.perf_counter()
         score = predict_batch_udf(make_predict_fn(args.model), return_type=DoubleType(), batch_size=args.batch)
