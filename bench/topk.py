@@ -196,12 +196,11 @@ def compare_top(ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "it
     (``user_id``, ``item_id``, ``rank``): rows in both, rows only in either, and the largest score difference over the
     rows in both."""
     key = list(key)
-    mine = pq.read_table(delta_files(ours), columns=[*key, score_col]).to_pandas()
-    other = pq.read_table(delta_files(theirs), columns=[*key, "score"]).to_pandas()
-    both = mine.merge(other, on=key, suffixes=("_ours", "_theirs"))
-    ours_col, theirs_col = (f"score_{side}" for side in ("ours", "theirs")) if score_col == "score" else (score_col, "score")
+    mine = pq.read_table(delta_files(ours), columns=[*key, score_col]).to_pandas().rename(columns={score_col: "ours"})
+    other = pq.read_table(delta_files(theirs), columns=[*key, "score"]).to_pandas().rename(columns={"score": "theirs"})
+    both = mine.merge(other, on=key)
     return {"matched": len(both), "only_lakescore": len(mine) - len(both), "only_window": len(other) - len(both),
-            "max_score_delta": float((both[ours_col] - both[theirs_col]).abs().max()) if len(both) else None}
+            "max_score_delta": float((both["ours"] - both["theirs"]).abs().max()) if len(both) else None}
 
 
 def _peak_mib(run: PeerRun) -> float:
