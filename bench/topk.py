@@ -44,7 +44,8 @@ from bench.fast_path import verdict
 
 __all__ = [
     "W6", "W6_USERS", "W6_CANDIDATES", "W6_TOP_K", "W6_REPEATS", "W6Result", "FEATURES", "w6_chunks", "make_w6_data",
-    "make_w6_model", "peer_commands", "run_w6", "compare_top", "outputs_line", "rows_per_second", "w6_lines", "W7",
+    "make_w6_model", "rate_text", "lakescore_command", "peer_commands", "run_w6", "compare_top", "outputs_line",
+    "rows_per_second", "w6_lines", "W7",
     "W7Result", "make_w7_model", "run_w7", "compare_scores", "w7_lines",
 ]
 
@@ -143,20 +144,33 @@ class W6Result(PeerRuns):
         return super().ok and (self.tenth is None or self.tenth.ok)
 
 
+def rate_text(peer: str, rate: float) -> str:
+    """A run's rate as its line prints it: lakescore's over its scoring stage, a hand job's from read to written
+    table."""
+    return f"{rate:,.0f} rows/s ({'scoring stage' if peer == 'lakescore' else 'read to written table'})"
+
+
+def lakescore_command(source: Path, model: Path, run_dir: Path, *task_args: str) -> list[str]:
+    """``lakescore score`` of a ranking workload over ``source`` with ``model``, ids ``[user_id, item_id]`` and
+    ``task_args`` (the task, its input columns, ``rank``); its output, report, warehouse, metastore and model cache go
+    under ``run_dir``."""
+    return [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
+            "--output", str(run_dir / "delta"), "--model", str(model), "--id-col", "user_id,item_id", *task_args,
+            "--report", str(run_dir / "report.json"),
+            # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
+            "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
+            "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
+            "--set", f"model.cache_dir={run_dir / 'model_cache'}"]
+
+
 def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[str, list[str]]:
     """Each W6 peer's command line over ``source``; its files go under ``run_dir``. ``top_k`` 0: W7's, no ranking
     (the hand job then only scores and writes)."""
     rank = ["--set", "rank.partition_by=user_id", "--set", "rank.order_by=prediction",
             "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"] if top_k else []
     return {
-        "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
-                      "--output", str(run_dir / "delta"), "--task", "tabular", "--model", str(model),
-                      "--id-col", "user_id,item_id", "--feature-cols", ",".join(FEATURES), *rank,
-                      "--report", str(run_dir / "report.json"),
-                      # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
-                      "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-                      "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
-                      "--set", f"model.cache_dir={run_dir / 'model_cache'}"],
+        "lakescore": lakescore_command(source, model, run_dir, "--task", "tabular",
+                                       "--feature-cols", ",".join(FEATURES), *rank),
         "window": [sys.executable, "-m", "bench.peers.topk_window", "--input", str(source), "--features", ",".join(FEATURES),
                    "--model", str(model), "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"),
                    "--top-k", str(top_k)],
@@ -177,9 +191,6 @@ def run_w6(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
 
     def commands(source: Path, peers: tuple[str, ...]) -> dict:
         return {peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer]) for peer in peers}
-
-    def rate_text(peer: str, rate: float) -> str:
-        return f"{rate:,.0f} rows/s ({'scoring stage' if peer == 'lakescore' else 'read to written table'})"
 
     result.runs = run_alternately(W6, commands(sources[W6], ("lakescore", "window")), written, rows_per_second,
                                   rate_text, runs_dir, env, {}, repo, repeats)
@@ -310,9 +321,6 @@ def run_w7(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     # top_k 0: W6's commands without ranking; the hand job is W6's window peer, then only predict_batch_udf + a write
     commands = {peer: (lambda run_dir, own=own: peer_commands(source, model, run_dir, 0)[own])
                 for peer, own in (("lakescore", "lakescore"), ("batch", "window"))}
-
-    def rate_text(peer: str, rate: float) -> str:
-        return f"{rate:,.0f} rows/s ({'scoring stage' if peer == 'lakescore' else 'read to written table'})"
 
     result = W7Result(users=users, candidates=candidates)
     result.runs = run_alternately(W7, commands, {"lakescore": "report.json", "batch": "timings.json"},

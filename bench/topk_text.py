@@ -30,7 +30,9 @@ import pyarrow.parquet as pq
 
 from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
 from bench.data import FILES, review_bodies
-from bench.topk import CATALOG, ITEM_STEP, WALL_TARGET, compare_top, outputs_line, rows_per_second
+from bench.topk import (
+    CATALOG, ITEM_STEP, WALL_TARGET, compare_top, lakescore_command, outputs_line, rate_text, rows_per_second,
+)
 
 __all__ = [
     "W6T", "W6T_USERS", "W6T_CANDIDATES", "W6T_TOP_K", "SCORE_TOLERANCE", "W6TResult", "make_w6t_data",
@@ -89,16 +91,9 @@ class W6TResult(PeerRuns):
 def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[str, list[str]]:
     """Each W6T peer's command line over ``source``; its files go under ``run_dir``."""
     return {
-        "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
-                      "--output", str(run_dir / "delta"), "--task", "classify", "--model", str(model),
-                      "--id-col", "user_id,item_id", "--text-col", "text",
-                      "--set", "rank.partition_by=user_id", "--set", "rank.order_by=score",
-                      "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}",
-                      "--report", str(run_dir / "report.json"),
-                      # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
-                      "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-                      "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
-                      "--set", f"model.cache_dir={run_dir / 'model_cache'}"],
+        "lakescore": lakescore_command(source, model, run_dir, "--task", "classify", "--text-col", "text",
+                                       "--set", "rank.partition_by=user_id", "--set", "rank.order_by=score",
+                                       "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"),
         "window": [sys.executable, "-m", "bench.peers.topk_text_window", "--input", str(source), "--model", str(model),
                    "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"),
                    "--top-k", str(top_k)],
@@ -114,9 +109,6 @@ def run_w6t(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     rows = make_w6t_data(source, users, candidates)
     print(f"W6T: {users:,} users x {candidates} candidate texts = {rows:,} rows, top {top_k} per user; model {model}",
           flush=True)
-
-    def rate_text(peer: str, rate: float) -> str:
-        return f"{rate:,.0f} rows/s ({'scoring stage' if peer == 'lakescore' else 'read to written table'})"
 
     commands = {peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer])
                 for peer in ("lakescore", "window")}

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -67,32 +67,36 @@ def hand_session(master: str):
     return spark
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def hand_job_parser(prog: str, input_help: str, model_help: str, top_k_help: str) -> argparse.ArgumentParser:
+    """The arguments every hand-written ranking job takes (its own are added by its caller)."""
     from lakescore.jobs.config import ScoringConfig, SparkConfig
 
-    parser = argparse.ArgumentParser(prog="bench.peers.topk_window")
-    parser.add_argument("--input", required=True, help="Parquet directory with user_id, item_id and the features")
-    parser.add_argument("--features", required=True, help="feature columns in the program's order, comma-separated")
-    parser.add_argument("--model", required=True, help="a TorchScript program (.pt)")
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--input", required=True, help=input_help)
+    parser.add_argument("--model", required=True, help=model_help)
     parser.add_argument("--output", required=True, help="Delta path to overwrite")
     parser.add_argument("--timings", required=True, help="JSON file to write the timings to")
-    parser.add_argument("--top-k", type=int, required=True, help="rows kept per user (0: no ranking, W7)")
+    parser.add_argument("--top-k", type=int, required=True, help=top_k_help)
     parser.add_argument("--batch", type=int, default=ScoringConfig().max_batch_rows, help="rows per forward")
     parser.add_argument("--master", default=SparkConfig().master, help="Spark master (lakescore's default)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def run_hand_job(args: argparse.Namespace, load: Callable, model_input: Callable) -> int:
+    """Score ``args.input`` with ``predict_batch_udf`` over ``load`` (its input: ``model_input()``, a column built once
+    the session exists), keep each user's best ``args.top_k`` rows by score then ``item_id`` (0: every row, no rank),
+    overwrite ``args.output`` in Delta and write ``args.timings``."""
     import pyarrow.parquet as pq
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType
     from pyspark.sql.window import Window
 
-    features = args.features.split(",")
     spark = hand_session(args.master)
     try:
         started = time.perf_counter()
-        score = predict_batch_udf(make_predict_fn(args.model), return_type=DoubleType(), batch_size=args.batch)
-        scored = spark.read.parquet(args.input).select("user_id", "item_id", score(F.struct(*features)).alias("score"))
+        score = predict_batch_udf(load, return_type=DoubleType(), batch_size=args.batch)
+        scored = spark.read.parquet(args.input).select("user_id", "item_id", score(model_input()).alias("score"))
         top = scored
         if args.top_k:  # 0: W7, score and write only
             best = Window.partitionBy("user_id").orderBy(F.desc("score"), F.asc("item_id"))
@@ -101,11 +105,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seconds = time.perf_counter() - started
     finally:
         spark.stop()
-    rows = pq.ParquetDataset(args.input).files  # the row count from the footers: no second Spark job
+    files = pq.ParquetDataset(args.input).files  # the row count from the footers: no second Spark job
     with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"rows": sum(pq.ParquetFile(f).metadata.num_rows for f in rows), "job_seconds": seconds,
+        json.dump({"rows": sum(pq.ParquetFile(f).metadata.num_rows for f in files), "job_seconds": seconds,
                    "batch": args.batch, "top_k": args.top_k, "master": args.master}, handle)
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = hand_job_parser("bench.peers.topk_window", "Parquet directory with user_id, item_id and the features",
+                             "a TorchScript program (.pt)", "rows kept per user (0: no ranking, W7)")
+    parser.add_argument("--features", required=True, help="feature columns in the program's order, comma-separated")
+    args = parser.parse_args(argv)
+    from pyspark.sql import functions as F
+
+    features = args.features.split(",")
+    return run_hand_job(args, make_predict_fn(args.model), lambda: F.struct(*features))
 
 
 if __name__ == "__main__":
