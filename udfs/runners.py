@@ -34,7 +34,7 @@ from lakescore.udfs.images import (
 
 __all__ = [
     "RowFailure", "PreparedTexts", "PreparedPrompts", "PreparedImages", "TextRunner", "PromptRunner", "MatrixRunner",
-    "ImageRunner", "decode_texts",
+    "ImageRunner", "ImagePromptRunner", "decode_texts",
 ]
 
 
@@ -292,6 +292,87 @@ class ImageRunner:
             None if reason is None else describe_image(prepared.values[i], headers.get(i))
             for i, reason in enumerate(scored.reasons)
         ]
+
+
+@dataclass
+class PreparedImagePrompts:
+    """An (image, prompt) batch ready to generate from: each row's prompt (``None`` where it or its image failed), key
+    and raw input as the errors table shows it, the head's features of the rows that run, and the refused rows."""
+
+    prompts: list[Optional[str]]
+    keys: list[str]
+    raw: list[Optional[str]]
+    features: Any
+    refused: dict[int, RowFailure] = field(default_factory=dict)
+
+
+class ImagePromptRunner:
+    """Generation over images (:mod:`lakescore.udfs.heads.image_prompts`): a binary column of encoded images, then
+    (optionally) the path each was read from, then the rendered prompt; the row's id (``key_col``) seeds its sampling.
+
+    Each row's image is checked (header), decoded and processed with its prompt by the model's processor alone, then
+    dropped, so one batch holds one decoded image at a time; an image that fails is that row's dead letter, with the
+    image tasks' reasons (:mod:`lakescore.udfs.images`: ``null_input``, ``invalid_image``, ``image_too_large``,
+    ``missing_file``, and ``prepare_error`` for one the processor rejects). ``max_image_pixels``: as the image tasks'.
+    """
+
+    def __init__(self, head, input_cols: Sequence[str], *, key_col: Optional[str] = None,
+                 max_image_pixels: Optional[int] = None) -> None:
+        self.image_col, *middle, self.prompt_col = input_cols
+        self.path_col = middle[0] if middle else None
+        self.head, self.key_col = head, key_col
+        self.limit = pixel_limit(max_image_pixels)
+
+    def prepare(self, batch: pa.RecordBatch) -> PreparedImagePrompts:
+        from lakescore.udfs.images import decode_image, read_header
+
+        values = image_bytes(batch.column(self.image_col), self.image_col)
+        prompts, refused = decode_texts(batch.column(self.prompt_col))
+        paths = batch.column(self.path_col).to_pylist() if self.path_col else [None] * len(values)
+        keys = ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()] if self.key_col else [
+            "" if p is None else p for p in prompts]
+        raw: list[Optional[str]] = []
+        rows, present = [], []
+        for i, (value, prompt, path) in enumerate(zip(values, prompts, paths)):
+            header, failure = read_header(value, self.limit)
+            raw.append(path if path is not None else describe_image(value, header))
+            if value is None and path is not None:
+                failure = ImageFailure("missing_file", f"no file at {path}")
+            if i in refused or prompt is None:
+                continue
+            image = decode_image(value) if failure is None else failure
+            if isinstance(image, ImageFailure):
+                refused[i] = RowFailure(image.reason, image.error, raw[i])
+                continue
+            try:
+                rows.append(self.head.process(image, prompt))
+            except Exception as exc:  # the processor (or chat template) rejects this row: its neighbours run
+                refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], raw[i])
+                continue
+            finally:
+                del image
+            present.append(i)
+        running = set(present)
+        runs = [prompts[i] if i in running else None for i in range(len(values))]
+        features = self.head.prepare(rows, [keys[i] for i in present]) if present else None
+        return PreparedImagePrompts(runs, keys, raw, features, refused)
+
+    def score(self, prepared: PreparedImagePrompts, budget: AdaptiveBudget) -> Scored:
+        return _refuse(self.head.score_prompts(prepared.prompts, budget, prepared.keys, prepared.features), prepared.refused)
+
+    def row_costs(self, prepared: PreparedImagePrompts) -> np.ndarray:
+        """Each row's tokens (its image's tokens as the processor expands them, and its prompt's) plus the tokens it
+        may generate, as the generation batches are planned."""
+        return _no_rows() if prepared.features is None else np.asarray(self.head.row_cost(prepared.features), dtype=np.int64)
+
+    def raw_inputs(self, prepared: PreparedImagePrompts, scored: Scored) -> list[Optional[str]]:
+        return [None if reason is None else prepared.raw[i] for i, reason in enumerate(scored.reasons)]
+
+    def token_counts(self, scored: Scored) -> tuple[int, int]:
+        """Prompt tokens read (image tokens included) and tokens generated over the batch's scored rows."""
+        from lakescore.udfs.heads.generate import token_counts
+
+        return token_counts(scored.outputs, scored.ok)
 
 
 def _no_rows() -> np.ndarray:

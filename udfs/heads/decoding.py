@@ -295,8 +295,10 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
-def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[str], decoding: Decoding) -> list[Decoded]:
-    """Decode one batch of left-padded prompts: each row's new tokens, text and finish reason, in row order."""
+def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[str], decoding: Decoding,
+             prefill: Optional[dict[str, Any]] = None) -> list[Decoded]:
+    """Decode one batch of left-padded prompts: each row's new tokens, text and finish reason, in row order.
+    ``prefill``: more inputs the model reads with the prompts only (a vision-language model's ``pixel_values``)."""
     device = str(model.device)
     ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
@@ -305,7 +307,7 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
     with torch.inference_mode():
         most = decoding.options.max_new_tokens
         start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps
-        logits, step = start(model, ids, mask, most)
+        logits, step = start(model, ids, mask, most, **_on_device(prefill, device))
         active = list(range(len(states)))
         for made in range(1, most + 1):
             tokens = decoding.pick(logits, [states[i] for i in active])
@@ -338,11 +340,13 @@ def _keeps_last_logits(model) -> dict[str, int]:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
-def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, Step]:
-    """Prefill a decoder-only model's cache with the prompts; the step that extends it one token a row."""
-    cache = _preallocated_cache(model.config, ids.shape[1] + new_tokens)
+def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **prefill) -> tuple[torch.Tensor, Step]:
+    """Prefill a decoder-only model's cache with the prompts (and ``prefill``'s inputs); the step that extends it one
+    token a row."""
+    cache = _preallocated_cache(_text_config(model.config), ids.shape[1] + new_tokens)
     last = _keeps_last_logits(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache, use_cache=True, **last)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache, use_cache=True,
+                **last, **prefill)
     state = {"mask": mask}
 
     def step(tokens: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
@@ -405,6 +409,16 @@ class _PreallocatedLayer:
         self.reorder_cache(indices)
 
 
+def _text_config(config):
+    """The language model's config of a vision-language model's (``text_config``), else ``config`` itself: what the
+    cache's layers follow."""
+    return getattr(config, "text_config", None) or config
+
+
+def _on_device(inputs: Optional[dict[str, Any]], device: str) -> dict[str, Any]:
+    return {name: to_device(value, device) for name, value in (inputs or {}).items()}
+
+
 def _preallocated_cache(config, capacity: int):
     """transformers' ``DynamicCache`` for ``config``, its plain full-attention layers written in place into buffers of
     ``capacity`` tokens (sliding-window and other special layers stay transformers' own)."""
@@ -417,7 +431,7 @@ def _preallocated_cache(config, capacity: int):
     return cache
 
 
-def _seq2seq_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, Step]:
+def _seq2seq_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **_prefill) -> tuple[torch.Tensor, Step]:
     """Encode the prompts once; the decoder steps from the decoder start token, cross-attending to them."""
     from transformers import DynamicCache, EncoderDecoderCache
 
@@ -448,9 +462,11 @@ def _decoder_start(model) -> int:
     return int(start)
 
 
-def choice_logprobs(model, input_ids: np.ndarray, attention_mask: np.ndarray, choices: Sequence[Sequence[int]], pad: int) -> np.ndarray:
+def choice_logprobs(model, input_ids: np.ndarray, attention_mask: np.ndarray, choices: Sequence[Sequence[int]], pad: int,
+                    prefill: Optional[dict[str, Any]] = None) -> np.ndarray:
     """float64 (rows, choices): for each left-padded prompt and each choice's token ids, the sum of the choice
-    tokens' log-probabilities, each given the prompt and the choice tokens before it."""
+    tokens' log-probabilities, each given the prompt and the choice tokens before it. ``prefill``: more inputs of the
+    prompts, one entry per row along their first axis (a vision-language model's ``pixel_values``), repeated per choice."""
     device = str(model.device)
     ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
@@ -474,7 +490,8 @@ def choice_logprobs(model, input_ids: np.ndarray, attention_mask: np.ndarray, ch
             full_mask = torch.cat([mask.repeat_interleave(k, 0), present], dim=1)
             full = torch.cat([ids.repeat_interleave(k, 0), targets], dim=1)
             tail = {"logits_to_keep": width + 1} if _keeps_last_logits(model) else {}
-            logits = model(input_ids=full, attention_mask=full_mask, position_ids=_positions(full_mask), **tail).logits
+            extra = {name: value.repeat_interleave(k, 0) for name, value in _on_device(prefill, device).items()}
+            logits = model(input_ids=full, attention_mask=full_mask, position_ids=_positions(full_mask), **tail, **extra).logits
             logits = logits[:, logits.shape[1] - width - 1 : -1]  # the positions that predict the choice tokens
         logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
         return (logprobs.double() * present).sum(-1).view(rows, k).cpu().numpy()
