@@ -216,6 +216,16 @@ def check_context(spec: Any, model_dir: Path, config: dict) -> None:
     ``tokenizer_config.json`` give (:func:`model_context`)."""
     from lakescore.udfs.models.model_fit import read_json
 
+    if getattr(spec, "input_kind", None) == "image" and "vision_config" not in config:
+        # every vision-language model transformers loads (LLaVA, Idefics3, Qwen2-VL, Gemma 3, ...) has a vision tower
+        from lakescore.udfs.models.errors import UnfitModelError
+
+        raise UnfitModelError(
+            f"task {spec.task} with image_col: {model_dir} is a {config.get('model_type') or 'model'} "
+            f"({', '.join(config.get('architectures') or ()) or 'no architectures'}) with no vision tower "
+            "(no vision_config in config.json), not a vision-language model"
+        )
+    config = config.get("text_config") or config if getattr(spec, "input_kind", None) == "image" else config
     limit = (read_json(model_dir / "tokenizer_config.json") or {}).get("model_max_length")
     positions = config.get("max_position_embeddings") or config.get("n_positions")
     ints = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in (positions, limit)]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
-__all__ = ["named", "InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = ["named", "InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "IMAGE_PROMPT", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
 
 def named(ref: str) -> Any:
@@ -66,6 +66,9 @@ class InputKind:
     file_extensions: tuple[str, ...] = ()
     """The file name extensions (lower case) a folder input of this kind reads (``input_format`` ``images``); ``()``:
     this kind reads tables only."""
+    prompted: bool = False
+    """The kind reads a rendered prompt (``generate.prompt_template``, required) beside its column: the job adds the
+    prompt as the last input column."""
     timed_rows: int = 64
     """Copies of the preflight sample the preflight scores as one batch, timed (the fastest of a few calls, so a first
     call's warm-up is not counted): the model's seconds per row, by which the scoring stage decides whether shuffling
@@ -109,6 +112,12 @@ IMAGE = InputKind(
     timed_rows=8,  # an image costs milliseconds at least: a few tell that
 )
 """One binary column of encoded images (a folder of image files is read as one: ``input_format`` ``images``)."""
+IMAGE_PROMPT = InputKind(  # not timed: a row is a whole generation
+    "image", "lakescore.udfs.runners:ImagePromptRunner", (*IMAGE.worker_imports, "transformers.models.auto.processing_auto"),
+    row_keys=True, column_setting="image_col", runner_settings=IMAGE.runner_settings, file_extensions=IMAGE.file_extensions,
+    prompted=True, timed_rows=0,
+)
+"""Images read as :data:`IMAGE` reads them, each with its row's prompt rendered from ``generate.prompt_template``."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,9 @@ class Task:
     loader: str | Callable[[ModelSpec, Path], Any]
     """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use)."""
     summary: str = ""
+    other_inputs: tuple[InputKind, ...] = ()
+    """Input kinds the task reads besides :attr:`input_kind`, each when its column setting is given (``generate`` reads
+    images with prompts when ``image_col`` is set): :meth:`input_kind_for`."""
     backends: tuple[str, ...] = ("torch", "onnx")
     """What can run this task's forward (:mod:`lakescore.udfs.models.backends`); config validation reads it."""
     forward_imports: tuple[str, ...] | None = None
@@ -182,7 +194,17 @@ class Task:
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
     half-wired."""
 
-    def worker_imports(self, backend: str) -> tuple[str, ...]:
+    def input_kind_for(self, setting: Callable[[str], Any]) -> InputKind:
+        """The input kind a run reads: the first of :attr:`other_inputs` whose column setting ``setting(name)`` gives,
+        else :attr:`input_kind`."""
+        return next((kind for kind in self.other_inputs if setting(kind.column_setting)), self.input_kind)
+
+    def input_kind_of(self, spec: Any) -> InputKind:
+        """The input kind a worker's :class:`ModelSpec` reads (its ``input_kind`` names one of :attr:`other_inputs`)."""
+        named_kind = getattr(spec, "input_kind", None)
+        return next((kind for kind in self.other_inputs if kind.name == named_kind), self.input_kind)
+
+    def worker_imports(self, backend: str, kind: Optional[InputKind] = None) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
         kind's and the forward's. A daemon imports them once before forking workers
         (:mod:`lakescore.jobs.platform.local.python_daemon`)."""
@@ -192,7 +214,7 @@ class Task:
             from lakescore.udfs.models.backends import WORKER_IMPORTS
 
             forward = WORKER_IMPORTS[backend]
-        return ("lakescore.udfs.scoring_udf", *self.input_kind.worker_imports, *forward)
+        return ("lakescore.udfs.scoring_udf", *(kind or self.input_kind).worker_imports, *forward)
 
     def output_profile(self, options: Any = None) -> OutputProfile:
         """The profiled output columns of a run with the task's own settings ``options`` (``generate``:
@@ -267,7 +289,8 @@ TASKS: dict[str, Task] = {
         ),
         Task(
             "generate", PROMPT, "lakescore.udfs.heads.generators:load_generator",
-            "a language model over each prompt: text, a choice, or JSON", backends=("torch",),
+            "a language model over each prompt (with ``image_col``, a vision-language model over each image and prompt): "
+            "text, a choice, or JSON", other_inputs=(IMAGE_PROMPT,), backends=("torch",),
             options_section="generate", optional_outputs=("choice_logprobs",), setting_outputs={"token_logprobs": "logprobs"},
             output_value_sets={"finish_reason": ("stop", "length", "choice")},
             validation_options={"max_length_stops": ("finish_reason", "length")}, profile=_generated_profile,

@@ -186,7 +186,7 @@ def score_batches(
     else:
         return
     model, resolved, loads = model_for_this_worker(spec)
-    runner = get_task(spec.task).input_kind.runner(model.scorer, tuple(input_cols), **(runner_options or {}))
+    runner = get_task(spec.task).input_kind_of(spec).runner(model.scorer, tuple(input_cols), **(runner_options or {}))
     budget = AdaptiveBudget(batch_policy(model, resolved.device, max_tokens, max_rows))
     for batch, prepared in prefetch(itertools.chain([first], batches), runner.prepare):
         if batch.num_rows == 0:
@@ -251,7 +251,7 @@ def make_preflight_function(
         row: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
         try:
             model, resolved, loads = model_for_this_worker(spec)
-            kind = get_task(spec.task).input_kind
+            kind = get_task(spec.task).input_kind_of(spec)
             rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")

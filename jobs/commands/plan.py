@@ -248,7 +248,7 @@ def _sample(run, sample_rows: int):
     from lakescore.udfs.registry import get_task
 
     columns = [column(c) for c in run.input_cols]
-    if get_task(run.cfg.task).input_kind.row_keys:
+    if run.cfg.input_kind.row_keys:
         columns.append(row_key(run.cfg.id_cols))
     return run.source.select(*[c.alias(f"c{i}") for i, c in enumerate(columns)]).limit(sample_rows).toArrow()
 
@@ -260,7 +260,7 @@ def _runner(run, cfg: JobConfig):
     from lakescore.udfs.scoring_udf import batch_policy, model_for_this_worker
 
     model, resolved, _ = model_for_this_worker(run.spec)
-    kind = get_task(cfg.task).input_kind
+    kind = cfg.input_kind
     options = {name: getattr(cfg.scoring, name) for name in kind.runner_settings}
     columns = tuple(f"c{i}" for i in range(len(run.input_cols)))
     if kind.row_keys:  # the key follows the input columns in the sample (_sample)

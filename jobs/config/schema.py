@@ -65,7 +65,8 @@ class JobConfig(Section):
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
     image_col: Optional[Text] = Field(None, json_schema_extra=cli("--image-col"))
-    """The image column to score (image tasks: ``image_classify``, ``image_embed``): binary, each value a file's bytes
+    """The image column to score (image tasks: ``image_classify``, ``image_embed``; ``generate`` with
+    ``generate.prompt_template``: a vision-language model reads each image with its row's prompt): binary, each value a file's bytes
     in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
     (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``: local
     in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a missing
@@ -135,11 +136,12 @@ class JobConfig(Section):
             given = sorted(getattr(self, section).model_fields_set)
             if given and section != task.options_section:
                 raise ConfigError(f"{section}.{given[0]} applies to task {section}, not {self.task!r}")
-        if self.input_format == "images" and not task.input_kind.file_extensions:
+        kind = self.input_kind
+        if self.input_format == "images" and not kind.file_extensions:
             readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
             raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
         for option in _RUNNER_SETTINGS:
-            if getattr(self.scoring, option) is not None and option not in task.input_kind.runner_settings:
+            if getattr(self.scoring, option) is not None and option not in kind.runner_settings:
                 readers = ", ".join(name for name in TASKS if option in get_task(name).input_kind.runner_settings)
                 raise ConfigError(f"scoring.{option} applies to task {readers}, not {self.task!r}")
         if self.scoring.dedup == "on" and not self.deterministic:
@@ -148,7 +150,7 @@ class JobConfig(Section):
                 "draws each row's text on its own; use dedup auto or off, or temperature 0"
             )
         reduced = self.model.quantize if self.model.quantize != "none" else self.model.dtype
-        if reduced != "float32" and not task.input_kind.is_text:  # a lossy path runs only where its tolerance check does
+        if reduced != "float32" and not kind.is_text:  # a lossy path runs only where its tolerance check does
             raise ConfigError(
                 f"{reduced} is checked against float32 on a sample of the input before a run scores, which lakescore "
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
@@ -183,6 +185,8 @@ class JobConfig(Section):
         else:
             required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
         missing = [flag for flag, value in required if not value]
+        if self.input_kind.prompted and not self.prompt_template:
+            missing.append("generate.prompt_template (--prompt-template), the prompt each image is read with")
         if missing:
             raise ConfigError("missing required setting(s): " + ", ".join(missing))
         if setting and self.input_col in self.id_cols:
@@ -226,7 +230,13 @@ class JobConfig(Section):
     def column_setting(self) -> Optional[str]:
         """The setting naming the task's one input column (``text_col``, ``image_col``), per the task registry;
         ``None`` for a task that reads numeric feature columns."""
-        return get_task(self.task).input_kind.column_setting
+        return self.input_kind.column_setting
+
+    @property
+    def input_kind(self):
+        """The :class:`~lakescore.udfs.registry.InputKind` this run reads, per the task registry: the task's own, or
+        another it reads when that kind's column setting is given (``generate`` with ``image_col``)."""
+        return get_task(self.task).input_kind_for(lambda setting: getattr(self, setting, None))
 
     @property
     def input_col(self) -> Optional[str]:
@@ -236,7 +246,7 @@ class JobConfig(Section):
     @property
     def prompt_template(self) -> Optional[str]:
         """The template each row's prompt is rendered from, for a task that reads prompts (else ``None``)."""
-        return self.generate.prompt_template if get_task(self.task).input_kind.row_keys else None
+        return self.generate.prompt_template if self.input_kind.row_keys else None
 
     @property
     def deterministic(self) -> bool:

@@ -32,7 +32,7 @@ from lakescore.jobs.steps.rank import key_digest
 from lakescore.jobs.steps.context import RunContext
 from lakescore.jobs.steps.read import file_bytes
 from lakescore.jobs.steps.staging import Staging
-from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN
+from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN
 from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
 from lakescore.udfs.models.model_source import ModelSpec
 
@@ -95,9 +95,13 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool) -> Column:
     instead, so that dedup keeps each missing file's row (and its path in the errors table) apart.
     """
     if one_column:
-        digest = F.sha2(column(input_cols[0]), 256)
-        if len(input_cols) > 1:
-            digest = F.coalesce(digest, F.sha2(F.concat(F.lit("missing file: "), column(input_cols[1])), 256))
+        prompted = input_cols[-1] == PROMPT_COLUMN and len(input_cols) > 1  # an image with its prompt: both count
+        files = input_cols[:-1] if prompted else input_cols
+        digest = F.sha2(column(files[0]), 256)
+        if len(files) > 1:
+            digest = F.coalesce(digest, F.sha2(F.concat(F.lit("missing file: "), column(files[1])), 256))
+        if prompted:
+            digest = F.sha2(F.concat(digest, F.lit("\n"), F.coalesce(F.sha2(column(PROMPT_COLUMN), 256), F.lit(""))), 256)
         return digest
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 

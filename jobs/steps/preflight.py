@@ -237,7 +237,7 @@ class ExecutorPreflight:
 
 def precision_check_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[str]:
     """Up to :data:`SAMPLE_ROWS` non-null texts of the input for a reduced-precision text model; ``[]`` otherwise."""
-    if not spec.reduced_precision or not get_task(spec.task).input_kind.is_text:
+    if not spec.reduced_precision or not get_task(spec.task).input_kind_of(spec).is_text:
         return []
     text = column(input_cols[0])
     return [r[0] for r in source.select(text).where(text.isNotNull()).limit(SAMPLE_ROWS).collect()]

@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     """The worker-side model key for ``cfg``: its ``model`` section's settings, the task, the feature columns and the
     task's own settings section (``generate``)."""
-    return ModelSpec.of(cfg.task, cfg.model, feature_cols, cfg.task_options())
+    kind = cfg.input_kind
+    other = kind.name if kind is not get_task(cfg.task).input_kind else None
+    return ModelSpec.of(cfg.task, cfg.model, feature_cols, cfg.task_options(), other)
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
@@ -63,7 +65,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     """
     check_table_names(cfg)
     spec = model_spec(cfg)
-    worker_imports = get_task(cfg.task).worker_imports(spec.backend)
+    worker_imports = get_task(cfg.task).worker_imports(spec.backend, cfg.input_kind)
     if spec.source is not None and is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
@@ -98,9 +100,8 @@ def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optiona
     (:func:`~lakescore.jobs.platform.tables.read_files`): ``(DataFrame, None, other files ignored)``."""
     if cfg.input_format != "images":
         return (*read_pinned(spark, cfg.input, cfg.input_format), None)
-    source, ignored = read_files(spark, cfg.input, get_task(cfg.task).input_kind.file_extensions)
-    log.info("input folder %s: %d other file(s) ignored (not %s)", cfg.input, ignored,
-             "/".join(get_task(cfg.task).input_kind.file_extensions))
+    source, ignored = read_files(spark, cfg.input, cfg.input_kind.file_extensions)
+    log.info("input folder %s: %d other file(s) ignored (not %s)", cfg.input, ignored, "/".join(cfg.input_kind.file_extensions))
     return with_empty_files(source), None, ignored
 
 
@@ -265,11 +266,15 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
         if name not in source.columns:
             raise InputContractError(f"rank.partition_by column {name!r} not found in {where}; available columns: "
                                      f"{', '.join(source.columns)}")
-    if cfg.prompt_template:
+    kind = cfg.input_kind
+    if cfg.prompt_template and not kind.prompted:
         return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:
-        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_cols, cfg.input_col).check(source.schema, where)
-        return one_column_input(cfg, source, where)
+        one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(source.schema, where)
+        source, input_cols = one_column_input(cfg, source, where)
+        if kind.prompted:  # the prompt each image is read with: the last input column
+            return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (*input_cols, PROMPT_COLUMN)
+        return source, input_cols
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_cols, features).check(source.schema, where)
     return source, features
@@ -293,7 +298,7 @@ def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[Dat
     """``source`` and the model's input columns for a task reading ``cfg.input_col`` (its contract checked): the
     column itself, or for a string column of a kind that reads files (images) the files' bytes read from the paths
     (:func:`read_image_files`), then the paths."""
-    reads_files = get_task(cfg.task).input_kind.file_extensions
+    reads_files = cfg.input_kind.file_extensions
     if reads_files and isinstance(source.schema[cfg.input_col].dataType, StringType):
         files = read_image_files(source, cfg.input_col, cfg.scoring.arrow_max_bytes_per_batch, where)
         return files, (IMAGE_COLUMN, cfg.input_col)

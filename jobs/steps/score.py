@@ -90,7 +90,7 @@ def score_dataframe(
     schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols], asked=cfg.asked_outputs())
     read = list(dict.fromkeys([*keep_cols, *input_cols, *([key_col] if key_col else [])]))  # an input column may be kept too (transform)
     passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
-    kind = get_task(spec.task).input_kind
+    kind = get_task(spec.task).input_kind_of(spec)
     runner_options = {name: getattr(cfg.scoring, name) for name in kind.runner_settings}
     if kind.row_keys and key_col is not None:
         runner_options["key_col"] = passed[key_col]
@@ -182,7 +182,7 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     mark = _REPRESENTATIVE if plan.dedup.used and plan.ranked else None
     if plan.dedup.used:
         scored = score_deduplicated(part, score, cfg.id_cols, plan.row_columns(cfg.row_cols), run.input_cols, mark)
-    elif len(cfg.id_cols) > 1 and get_task(cfg.task).input_kind.row_keys:  # one value per row to seed its draws from
+    elif len(cfg.id_cols) > 1 and cfg.input_kind.row_keys:  # one value per row to seed its draws from
         scored = score(part.withColumn(_ROW_KEY, row_key(cfg.id_cols)), plan.kept_columns(cfg.row_cols), _ROW_KEY)
     else:
         scored = score(part, plan.kept_columns(cfg.row_cols))

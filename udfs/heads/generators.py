@@ -18,6 +18,10 @@ def load_generator(spec: Any, model_dir: Optional[Path]) -> Any:
         from lakescore.udfs.endpoint_generate import load_remote_generator
 
         return load_remote_generator(spec, model_dir)
+    if getattr(spec, "input_kind", None) == "image":  # image_col: a vision-language model over each image and prompt
+        from lakescore.udfs.heads.image_prompts import load_image_prompt_generator
+
+        return load_image_prompt_generator(spec, model_dir)
     from lakescore.udfs.heads.generate import load_generator as load_in_process
 
     return load_in_process(spec, model_dir)

@@ -82,6 +82,8 @@ class _SpecMethods:
         options = facts.pop("generate")
         if options is not None:
             facts["generate"] = options.identity()
+        if facts["input_kind"] is None:  # the task's own input: digests stay as they were before the field existed
+            del facts["input_kind"]
         return facts
 
     def scoring_settings(self) -> dict:
@@ -105,13 +107,15 @@ class _SpecMethods:
         return replace(self, quantize="none", dtype="float32", expect_sha256=None)
 
     @classmethod
-    def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), generate: Any = None) -> "ModelSpec":
+    def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), generate: Any = None,
+           input_kind: Optional[str] = None) -> "ModelSpec":
         """The spec of ``task`` with the ``model`` section's settings (the weights digest pin in lower case) and, for
-        ``generate``, its :class:`~lakescore.udfs.generate_options.GenerateOptions`."""
+        ``generate``, its :class:`~lakescore.udfs.generate_options.GenerateOptions`; ``input_kind``: the name of
+        another input kind the task reads than its own (:attr:`lakescore.udfs.registry.Task.other_inputs`)."""
         settings = {name: getattr(model, name) for name in _MODEL_SETTINGS}
         pin = settings["expect_sha256"]
         settings["expect_sha256"] = pin.lower() if pin else None
-        return cls(task=task, **settings, feature_cols=feature_cols, generate=generate)
+        return cls(task=task, **settings, feature_cols=feature_cols, generate=generate, input_kind=input_kind)
 
 
 _MODEL_SETTINGS = tuple(name for name in ModelOptions.model_fields if name not in DRIVER_ONLY)
@@ -130,6 +134,7 @@ def _spec_fields() -> Iterator[tuple]:
             yield name, info.annotation, field(default=info.default, compare=name != "cache_dir")
     yield "feature_cols", "tuple[str, ...]", field(default=())
     yield "generate", "Optional[GenerateOptions]", field(default=None)  # a name only: the options import this module
+    yield "input_kind", "Optional[str]", field(default=None)
 
 
 ModelSpec = make_dataclass("ModelSpec", list(_spec_fields()), bases=(_SpecMethods,), frozen=True)
