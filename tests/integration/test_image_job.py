@@ -245,3 +245,56 @@ def _the_comparison_reads_files_once_after_the_pre_check(spark, cfg) -> None:
     join = plan.index("Join FullOuter")
     assert plan.count(f"{FUNCTION}(") == 1 and plan.index(f"{FUNCTION}(") < join, plan
     assert plan.index(f"{STATUS_FUNCTION}(") > join, plan
+
+
+def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transformers_does_by_hand(spark, tmp_path, capsys):
+    """``lakescore score --task generate --image-col`` over a column of paths, the prompt rendered from another column:
+    each row's text is transformers' greedy ``generate`` run by hand with the processor; a corrupt image and a missing
+    file are that row's dead letters; a language model that reads no images is refused in one line before compute."""
+    import torch
+    import transformers
+
+    from lakescore.jobs.cli import main
+    from tests.tiny_generators import CHAT_TEMPLATE, save_causal, train_tokenizer
+    from tests.tiny_vlms import tiny_llava
+
+    model_dir = tiny_llava(tmp_path / "llava")
+    root = tmp_path / "products"
+    root.mkdir()
+    images = {1: picture(40, 30, 8), 2: picture(30, 44, 9), 4: picture(36, 36, 10)}
+    for i, image in images.items():
+        image.save(root / f"{i}.png")
+    (root / "3.png").write_bytes(b"not a png")
+    rows = [(i, str(root / f"{i}.png"), name) for i, name in ((1, "lamp"), (2, "mug"), (3, "chair"), (4, "desk"), (5, "rug"))]
+    source, output = tmp_path / "catalog", tmp_path / "captions"
+    spark.createDataFrame(pd.DataFrame(rows, columns=["sku", "photo", "name"]), "sku long, photo string, name string") \
+        .write.format("delta").save(str(source))
+    template = "Caption this photo of a {name}."
+    flags = ["--task", "generate", "--input", str(source), "--output", str(output), "--id-col", "sku", "--image-col", "photo",
+             "--prompt-template", template, "--max-new-tokens", "6", "--set", "max_error_rate=0.5", "--set", "spark.master=local[2]"]
+    assert main(["score", "--model", str(model_dir), *flags]) == 0
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("sku").reset_index(drop=True)
+    assert out["sku"].tolist() == [1, 2, 4]
+    processor = transformers.AutoProcessor.from_pretrained(model_dir)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    for sku, text, tokens in zip(out["sku"], out["generated_text"], out["prompt_tokens"]):
+        messages = [{"role": "user", "content": [{"type": "image", "image": images[sku]},
+                                                 {"type": "text", "text": template.format(name=dict((r[0], r[2]) for r in rows)[sku])}]}]
+        inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                               return_tensors="pt")
+        with torch.no_grad():
+            new = model.generate(**inputs, do_sample=False, max_new_tokens=6)[0, inputs["input_ids"].shape[1]:]
+        assert (text, tokens) == (processor.decode(new, skip_special_tokens=True), inputs["input_ids"].shape[1])
+    errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("sku")
+    assert errors.loc[3, "reason"] == "invalid_image" and errors.loc[3, "input"] == str(root / "3.png")
+    assert errors.loc[5, "reason"] == "missing_file"
+
+    tokenizer = train_tokenizer("bos")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    text_only = save_causal(tmp_path / "llama", tokenizer)
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    code = main(["score", "--model", str(text_only), *flags[:5], str(refused), *flags[6:]])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1, err
+    assert "not a vision-language model" in err[0] and not refused.exists()
