@@ -110,9 +110,11 @@ def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, .
     """``df`` with the model's input columns, its contract checked (no Spark job): each row's prompt rendered from
     ``prompt_template`` in Spark as the job renders it, the text or image column (an image column of paths: the
     files' bytes, read on the executors), or the feature columns."""
-    kind = get_task(cfg.task).input_kind
-    if cfg.prompt_template:
+    kind = cfg.input_kind
+    if cfg.prompt_template and not kind.prompted:
         return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (PROMPT_COLUMN,)
+    if kind.prompted and not cfg.prompt_template:
+        raise ConfigError(f"task {cfg.task!r} with {kind.column_setting} reads each image with a prompt: pass prompt_template")
     if kind.one_column and not cfg.input_col:
         hint = " (or prompt_template)" if kind.row_keys else ""
         raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
@@ -120,7 +122,10 @@ def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, .
         FeatureInputContract(cfg.id_cols, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
         return df, tuple(cfg.feature_cols)
     one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(df.schema, "the DataFrame")
-    return one_column_input(cfg, df, "the DataFrame")
+    df, input_cols = one_column_input(cfg, df, "the DataFrame")
+    if kind.prompted:  # the prompt each image is read with, as the job renders it
+        return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (*input_cols, PROMPT_COLUMN)
+    return df, input_cols
 
 
 def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]] = None, **options: Any):

@@ -289,6 +289,13 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     assert errors.loc[3, "reason"] == "invalid_image" and errors.loc[3, "input"] == str(root / "3.png")
     assert errors.loc[5, "reason"] == "missing_file"
 
+    # The Python API over a binary column: the same texts.
+    frame = pd.DataFrame({"sku": [1, 2], "photo": [(root / "1.png").read_bytes(), (root / "2.png").read_bytes()],
+                          "name": ["lamp", "mug"]})
+    lazily = transform(spark.createDataFrame(frame, "sku long, photo binary, name string"), task="generate", model=model_dir,
+                       image_col="photo", id_col="sku", prompt_template=template, max_new_tokens=6).toPandas()
+    assert lazily.sort_values("sku")["generated_text"].tolist() == out["generated_text"].tolist()[:2]
+
     tokenizer = train_tokenizer("bos")
     tokenizer.chat_template = CHAT_TEMPLATE
     text_only = save_causal(tmp_path / "llama", tokenizer)
