@@ -4,6 +4,9 @@ tower; Idefics3, SmolVLM's: pixel-shuffled tokens between marker tokens, tiles b
 weights here (:mod:`tests.tiny_vlms`), and scored through the real runner and batching core."""
 
 import functools
+import json
+
+import jsonschema
 
 import pyarrow as pa
 import pytest
@@ -131,6 +134,16 @@ def test_sampling_and_choices_behave_as_for_text(vlm_dir):
     scored = runner.score(runner.prepare(batch_of([image, image], ["is it good?", "is it bad?"])), AdaptiveBudget(BatchPolicy(4096, 64)))
     assert [o.finish_reason for o in scored.outputs] == ["choice", "choice"]
     assert all(o.text in ("good", "bad") and len(o.choice_logprobs) == 2 for o in scored.outputs)
+    schema = {"type": "object", "properties": {"label": {"type": "string"}, "stars": {"type": "integer"}},
+              "required": ["label", "stars"]}
+    shaped = load(vlm_dir, max_new_tokens=40, json_schema=json.dumps(schema))
+    runner = ImagePromptRunner(shaped, ["image", "prompt"])
+    scored = runner.score(runner.prepare(batch_of([image, image], ["the label?", "stars?"])), AdaptiveBudget(BatchPolicy(4096, 64)))
+    assert scored.ok.all(), scored.errors
+    assert any(o.finish_reason == "stop" for o in scored.outputs)
+    for out in scored.outputs:
+        if out.finish_reason == "stop":  # complete JSON; a row cut by max_new_tokens is a prefix of it
+            jsonschema.validate(json.loads(out.text), schema)
 
 
 def test_the_chat_puts_the_image_part_then_the_prompt_in_one_user_message():
