@@ -164,3 +164,20 @@ def test_a_language_model_that_reads_no_images_is_refused_in_one_line(tmp_path):
     message = str(refused.value)
     assert "\n" not in message and "not a vision-language model" in message and "llama" in message
     require_vision_language({"model_type": "llava"}, tmp_path)  # a vision-language model passes
+
+
+def test_image_col_makes_generate_read_images_with_a_prompt_it_requires():
+    from lakescore.jobs.config import ConfigError, load_config
+    from lakescore.jobs.steps.read import model_spec
+
+    flags = {"task": "generate", "input": "shop.products", "output": "shop.captions", "id_col": "sku",
+             "model.source": "/models/vlm", "image_col": "photo", "scoring.max_image_pixels": 10_000}
+    cfg = load_config(flags={**flags, "generate.prompt_template": "Caption the {category}."})
+    cfg.require_for_scoring()
+    assert cfg.input_kind.prompted and cfg.prompt_template == "Caption the {category}."
+    assert model_spec(cfg).input_kind == "image" and model_spec(load_config(flags={**flags, "image_col": None,
+                                                                           "scoring.max_image_pixels": None})).input_kind is None
+    with pytest.raises(ConfigError, match="generate.prompt_template"):
+        load_config(flags=flags).require_for_scoring()
+    with pytest.raises(ConfigError, match="scoring.max_image_pixels applies"):  # text prompts read no images
+        load_config(flags={**flags, "image_col": None, "text_col": "body"})

@@ -72,9 +72,10 @@ def test_every_task_and_backend_names_importable_modules():
     """A misspelt module would only print a line in every executor's log: import them all here."""
     for task in TASKS.values():
         for backend in task.backends:
-            names = task.worker_imports(backend)
-            assert names[0] == "lakescore.udfs.scoring_udf"
-            assert python_daemon.preload(names) == list(names), (task.name, backend)
+            for kind in (task.input_kind, *task.other_inputs):
+                names = task.worker_imports(backend, kind)
+                assert names[0] == "lakescore.udfs.scoring_udf"
+                assert python_daemon.preload(names) == list(names), (task.name, backend, kind.runner_ref)
 
 
 def test_the_onnx_backend_preloads_no_torch():
