@@ -179,5 +179,8 @@ def test_image_col_makes_generate_read_images_with_a_prompt_it_requires():
                                                                            "scoring.max_image_pixels": None})).input_kind is None
     with pytest.raises(ConfigError, match="generate.prompt_template"):
         load_config(flags=flags).require_for_scoring()
+    with pytest.raises(ConfigError, match="images are not sent to a server yet"):
+        load_config(flags={**flags, "generate.prompt_template": "x", "generate.endpoint.url": "http://localhost:1/v1",
+                           "generate.endpoint.model": "m"})
     with pytest.raises(ConfigError, match="scoring.max_image_pixels applies"):  # text prompts read no images
         load_config(flags={**flags, "image_col": None, "text_col": "body"})
