@@ -323,3 +323,30 @@ def test_the_readme_generate_commands_give_the_model_what_they_show(tmp_path):
                        for literal, name in template_parts(labels.generate.prompt_template))
     assert rendered == "Review: Arrived late.\nSentiment:" and labels.generate.choices == ("positive", "negative", "mixed")
     assert fields.generate.max_new_tokens == 96 and '"delivery_days"' in fields.generate.json_schema
+
+
+def test_the_readme_image_prompt_commands_load_as_they_show(tmp_path):
+    """The README's images-with-prompts commands, run by bash as pasted, through the real CLI parser: both read images
+    with a prompt (a binary column, a folder), and the receipts' JSON schema loads."""
+    import json
+    import subprocess
+
+    from lakescore.jobs.cli import _config_flags, _parser
+
+    commands = _readme_block("# captions for every product photo", "bash")
+    shell = "lakescore() { printf '%s\\0' \"$@\"; printf '\\1'; }\n" + commands
+    out = subprocess.run(["bash", "-c", shell], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    captions, receipts = [load_config(None, (args := _parser().parse_args(argv)).overrides, _config_flags(args))
+                          for argv in [c.split("\0")[:-1] for c in out.split("\1")[:-1]]]
+    for cfg in (captions, receipts):
+        cfg.require_for_scoring()
+        assert cfg.input_kind.prompted and cfg.prompt_template
+    assert (captions.image_col, receipts.image_col) == ("photo", "content")
+    assert json.loads(receipts.generate.json_schema)["required"] == ["merchant", "total"]
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text(encoding="utf-8")
+    for name in ("captions", "receipts"):
+        at = guide.index(f"# conf/{name}.yaml")
+        (tmp_path / f"{name}.yaml").write_text(guide[at:guide.index("```", at)], encoding="utf-8")
+        cfg = load_config(tmp_path / f"{name}.yaml")
+        cfg.require_for_scoring()
+        assert cfg.input_kind.prompted
