@@ -260,7 +260,9 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     cfg = run.cfg
     theirs = _renamed(cfg.id_cols, "previous_id")
     output = read_input(run.spark, cfg.output, "delta", version=previous_version)
-    prechecked = FILE_COLUMN in scorable.columns and set(FILE_COLUMNS) <= set(output.columns)
+    # an image read with a prompt changes with its prompt too, which the file's status does not tell: read every file
+    prechecked = (FILE_COLUMN in scorable.columns and set(FILE_COLUMNS) <= set(output.columns)
+                  and PROMPT_COLUMN not in run.input_cols)
     stored = [DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, *(FILE_COLUMNS if prechecked else [])]
     previous = output.select(*[column(c).alias(theirs[c]) for c in cfg.id_cols],
                              *[column(name).alias(_PREVIOUS[name]) for name in stored])

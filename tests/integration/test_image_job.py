@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -272,9 +273,13 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     template = "Caption this photo of a {name}."
     flags = ["--task", "generate", "--input", str(source), "--output", str(output), "--id-col", "sku", "--image-col", "photo",
              "--prompt-template", template, "--max-new-tokens", "6", "--set", "max_error_rate=0.5", "--set", "spark.master=local[2]"]
-    assert main(["score", "--model", str(model_dir), *flags]) == 0
+    assert main(["score", "--model", str(model_dir), *flags, "--write-mode", "incremental"]) == 0
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("sku").reset_index(drop=True)
     assert out["sku"].tolist() == [1, 2, 4]
+    for sku, digest in zip(out["sku"], out["input_digest"]):  # the image's bytes and its prompt
+        prompt = template.format(name=dict((r[0], r[2]) for r in rows)[sku])
+        image = hashlib.sha256((root / f"{sku}.png").read_bytes()).hexdigest()
+        assert digest == hashlib.sha256(f"{image}\n{hashlib.sha256(prompt.encode()).hexdigest()}".encode()).hexdigest()
     processor = transformers.AutoProcessor.from_pretrained(model_dir)
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     for sku, text, tokens in zip(out["sku"], out["generated_text"], out["prompt_tokens"]):
@@ -288,6 +293,15 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("sku")
     assert errors.loc[3, "reason"] == "invalid_image" and errors.loc[3, "input"] == str(root / "3.png")
     assert errors.loc[5, "reason"] == "missing_file"
+
+    # Incremental: one product renamed, its photo unchanged on disk: its prompt changed, so it alone is generated again.
+    renamed = [(sku, photo, "lamp shade" if sku == 1 else name) for sku, photo, name in rows]
+    spark.createDataFrame(pd.DataFrame(renamed, columns=["sku", "photo", "name"]), "sku long, photo string, name string") \
+        .write.format("delta").mode("overwrite").save(str(source))
+    assert main(["score", "--model", str(model_dir), *flags, "--write-mode", "incremental", "--set", "max_error_rate=0.9",
+                 "--report", str(tmp_path / "again.json")]) == 0  # (the two dead-lettered rows are tried again)
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert (again["rows_kept"], again["rows_scored"]) == (2, 1), again
 
     # The Python API over a binary column: the same texts.
     frame = pd.DataFrame({"sku": [1, 2], "photo": [(root / "1.png").read_bytes(), (root / "2.png").read_bytes()],
