@@ -119,7 +119,7 @@ def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, .
     if not kind.one_column:
         FeatureInputContract(cfg.id_cols, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
         return df, tuple(cfg.feature_cols)
-    one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(df.schema, "the DataFrame")
+    one_column_contract(kind.name, cfg.id_cols, cfg.input_col, cfg.text_pair_col).check(df.schema, "the DataFrame")
     return one_column_input(cfg, df, "the DataFrame")
 
 

@@ -268,7 +268,8 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
     if cfg.prompt_template:
         return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:
-        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_cols, cfg.input_col).check(source.schema, where)
+        one_column_contract(get_task(cfg.task).input_kind.name, cfg.id_cols, cfg.input_col,
+                            cfg.text_pair_col).check(source.schema, where)
         return one_column_input(cfg, source, where)
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_cols, features).check(source.schema, where)
@@ -292,7 +293,9 @@ def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, w
 def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` and the model's input columns for a task reading ``cfg.input_col`` (its contract checked): the
     column itself, or for a string column of a kind that reads files (images) the files' bytes read from the paths
-    (:func:`read_image_files`), then the paths."""
+    (:func:`read_image_files`), then the paths; for text pairs, the text column then ``text_pair_col``."""
+    if cfg.text_pair_col is not None:
+        return source, (cfg.input_col, cfg.text_pair_col)
     reads_files = get_task(cfg.task).input_kind.file_extensions
     if reads_files and isinstance(source.schema[cfg.input_col].dataType, StringType):
         files = read_image_files(source, cfg.input_col, cfg.scoring.arrow_max_bytes_per_batch, where)
