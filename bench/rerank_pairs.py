@@ -10,8 +10,8 @@ best ``top_k`` passages by the logit's sigmoid are kept:
 
 1. ``lakescore``: ``lakescore score --task classify --text-col query --text-pair-col text`` with ``id_col``
    ``[user_id, item_id]`` and ``rank`` (``partition_by: [user_id]``, ``order_by: score``, ``top_k``), every guarantee on;
-2. ``window``: :mod:`bench.peers.rerank_pairs_window`, ``predict_batch_udf`` over the two text columns (the tokenizer
-   pads each batch of pairs to its longest pair), a window ``row_number()`` per query, a Delta overwrite.
+2. ``window``: :mod:`bench.peers.rerank_pairs_window`, ``predict_batch_udf`` over the two text columns in batches of
+   :data:`W9_WINDOW_BATCH` pairs (the tokenizer pads each to its longest pair), a window ``row_number()`` per query, a Delta overwrite.
 
 They run alternately (``repeats`` each) in the same sitting; figures are medians. Target: the hand job's wall time over
 lakescore's >= :data:`W9_WALL_TARGET`; both outputs hold the same (``user_id``, ``item_id``, ``rank``) rows with scores
@@ -43,6 +43,9 @@ W9 = "W9"
 W9_QUERIES, W9_PASSAGES, W9_TOP_K = 1000, 50, 5
 W9_WALL_TARGET = 1.5  # issue 59: the hand job's wall time over lakescore's
 W9_SEED = 20261129
+W9_WINDOW_BATCH = 64
+"""The hand job's rows per forward: at lakescore's default of 256, a batch padded to one long passage's 512 tokens
+holds gigabytes of attention per Python worker, and the kernel killed the job on the 24 GiB bench machine."""
 
 
 def make_w9_data(path: Path, queries: int, passages: int = W9_PASSAGES, files: int = FILES) -> int:
@@ -85,7 +88,7 @@ def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[
                                        "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"),
         "window": [sys.executable, "-m", "bench.peers.rerank_pairs_window", "--input", str(source), "--model", str(model),
                    "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"),
-                   "--top-k", str(top_k)],
+                   "--top-k", str(top_k), "--batch", str(W9_WINDOW_BATCH)],
     }
 
 
