@@ -83,6 +83,26 @@ def test_invalid_utf8_on_either_side_is_refused_with_both_sides_shown(minilm_cro
     assert raw == [{"query": "ok", "passage": "p\\xfe"}, {"query": "q\\xff", "passage": "fine"}]
 
 
+def test_a_reduced_precision_run_is_checked_on_pairs(minilm_cross_encoder_dir):
+    """The preflight's tolerance check scores the run's sample of pairs both ways (here bfloat16 against float32):
+    figures from pairs, and a refusal when the tolerance is tighter than they are."""
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
+    from tests.unit.test_backends import _preflight_row
+
+    spec = ModelSpec("classify", str(minilm_cross_encoder_dir), dtype="bfloat16", max_seq_length=64)
+    sample = list(zip(QUERIES, PASSAGES))
+    model_cache.clear()
+    try:
+        passed = _preflight_row(spec, sample, Tolerance())
+        refused = _preflight_row(spec, sample, Tolerance(max_prob_delta=1e-9))
+    finally:
+        model_cache.clear()
+    figures = json.loads(passed["fidelity"])
+    assert passed["error"] is None and figures["agreement"] == 1.0 and 0 < figures["prob_delta_max"] < 0.02, figures
+    assert refused["error_type"] == QuantizationToleranceError.__name__
+
+
 @pytest.mark.parametrize("setting", [{"text_pair_col": "passage", "task": "embed"}])
 def test_text_pair_col_is_refused_for_tasks_that_read_one_text(setting):
     from lakescore.jobs.config import ConfigError, config_from_mapping
