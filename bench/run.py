@@ -22,7 +22,9 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   window ``row_number()`` + a Delta write, :mod:`bench.topk`; W7, on request only: W6's rows through a program returning
   its first feature, no ranking, lakescore against ``predict_batch_udf`` + a Delta write: the overhead per row; W6T, on
   request only: W6's job over texts with a MiniLM classifier, lakescore ``--task classify`` with ``rank`` against
-  ``predict_batch_udf`` + the window + a Delta write, :mod:`bench.topk_text`);
+  ``predict_batch_udf`` + the window + a Delta write, :mod:`bench.topk_text`; W9, on request only: (query, passage)
+  pairs reranked by a cross-encoder, lakescore ``--task classify --text-pair-col`` with ``rank`` against
+  ``predict_batch_udf`` over both columns + the window + a Delta write, :mod:`bench.rerank_pairs`);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
   ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
@@ -33,7 +35,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w6-users`` [W6_USERS], default 200,000: W6 users; ``--w6-candidates`` [W6_CANDIDATES], default 50: candidate rows
   per user; ``--w6-top-k`` [W6_TOP_K], default 10: rows kept per user; ``--w6-repeats`` [W6_REPEATS], default 2: runs
   per W6 peer (W7 uses the same four, W6T as many); ``--w6t-users`` [W6T_USERS], default 600: W6T users, 20 candidate
-  texts each;
+  texts each; ``--w9-queries`` [W9_QUERIES], default 1,000: W9 queries, 50 passages each;
 * ``--w1l-rows`` [W1L_ROWS], default 60,000; ``--w1l-repeats`` [W1L_REPEATS], default 2; ``--w1l-peers`` [W1L_PEERS],
   default ``ad``: workload W1L (not in the default ``--workloads``; ``make bench WORKLOADS=W1L``): W1's generator at
   that many rows, its peers alternating (a, d, a, d), target (d) >= 1.1x (a) whole process; with a fast pair
@@ -95,6 +97,7 @@ from bench.fast_path import LARGE_WORKLOAD as W1L
 from bench.scale import incremental_line, scale_lines
 from bench.scale_flat import W3T, W3T_ROWS, W3TResult, run_w3t, w3t_lines
 from bench.topk_text import W6T, W6T_USERS, W6TResult, run_w6t, w6t_lines
+from bench.rerank_pairs import W9, W9_QUERIES, W9Result, run_w9, w9_lines
 from bench.suite import PEERS, Job, model_cache_dir, peer_command, schedule
 
 __all__ = ["main"]
@@ -144,6 +147,8 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"runs per W6 peer [W6_REPEATS; default {W6_REPEATS}]")
     parser.add_argument("--w6t-users", type=int, default=_env_int("W6T_USERS", W6T_USERS),
                         help=f"W6T users [W6T_USERS; default {W6T_USERS:,}]")
+    parser.add_argument("--w9-queries", type=int, default=_env_int("W9_QUERIES", W9_QUERIES),
+                        help=f"W9 queries [W9_QUERIES; default {W9_QUERIES:,}]")
     parser.add_argument("--w1l-rows", type=int, default=_env_int("W1L_ROWS", W1L_ROWS),
                         help=f"W1L rows [W1L_ROWS; default {W1L_ROWS:,}]")
     parser.add_argument("--w1l-repeats", type=int, default=_env_int("W1L_REPEATS", W1L_REPEATS),
@@ -217,14 +222,14 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W4E, W5, W6, W7, W6T, W1L, W3T):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w5, run_w6, run_w7, run_w6t, W1L, run_w3t
+            elif workload in (W3, C1, W4, W4E, W5, W6, W7, W6T, W9, W1L, W3T):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w5, run_w6, run_w7, run_w6t, run_w9, W1L, run_w3t
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
                 raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W5}, {W6}, "
-                                 f"{W7}, {W6T}, {W1L}, {W3T})")
+                                 f"{W7}, {W6T}, {W9}, {W1L}, {W3T})")
     return jobs
 
 
@@ -399,6 +404,18 @@ def _w6t_section(w6t: Optional[W6TResult]) -> list[str]:
             *[f"- {line}" for line in w6t_lines(w6t)], ""]
 
 
+def _w9_section(w9: Optional[W9Result]) -> list[str]:
+    if w9 is None:
+        return []
+    return ["## W9: (query, passage) pairs reranked (issue 59)", "",
+            "`bench/rerank_pairs.py`: seeded queries x W1 review passages scored as pairs by all-MiniLM-L6-v2's body "
+            "under W6T's seeded one-logit head, each query's best passages kept. `lakescore`: `lakescore score --task "
+            "classify --text-col query --text-pair-col text` with `rank` end to end, validation on; `window`: `python -m "
+            "bench.peers.rerank_pairs_window`, `predict_batch_udf` over both columns (each batch of pairs padded to its "
+            "longest), the same window and Delta overwrite as W6's. Alternate runs in one sitting, medians.", "",
+            *[f"- {line}" for line in w9_lines(w9)], ""]
+
+
 KEPT_SECTIONS = "## Findings that hold across runs"
 """Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
 replaces what is above it and keeps the rest."""
@@ -415,7 +432,8 @@ def _kept_sections(path: Path) -> str:
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
               w3: Optional[W3Result] = None, c1: Optional[C1Result] = None, w4: Optional[W4Result] = None,
               w5: Optional[W5Result] = None, w6: Optional[W6Result] = None, w3t: Optional[W3TResult] = None,
-              w7: Optional[W7Result] = None, w4e: Optional[W4EResult] = None, w6t: Optional[W6TResult] = None) -> str:
+              w7: Optional[W7Result] = None, w4e: Optional[W4EResult] = None, w6t: Optional[W6TResult] = None,
+              w9: Optional[W9Result] = None) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [f"- validate + Delta write <= {100 * SHARE_TARGET:.0f}% of lakescore's wall time at 12,000 rows (W1)",
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
@@ -479,6 +497,7 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
         *_w6_section(w6),
         *_w7_section(w7),
         *_w6t_section(w6t),
+        *_w9_section(w9),
         "## Targets (from the spec; reported, not enforced)",
         "",
         *targets,
@@ -517,6 +536,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args.w6_top_k) if W6 in wanted else None
     w7 = run_w7(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates) if W7 in wanted else None
     w6t = run_w6t(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6t_users) if W6T in wanted else None
+    w9 = run_w9(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w9_queries) if W9 in wanted else None
     w3t = run_w3t(data_dir, runs_dir, env, REPO, args.repeats, args.w3t_rows) if W3T in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
@@ -543,10 +563,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *w7_lines(w7)]), flush=True)
     if w6t is not None:
         print("\n".join(["", *w6t_lines(w6t)]), flush=True)
+    if w9 is not None:
+        print("\n".join(["", *w9_lines(w9)]), flush=True)
     if w3t is not None:
         print("\n".join(["", *w3t_lines(w3t)]), flush=True)
     body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in [*planned, *scaled])
-    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7, w4e, w6t)
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7, w4e, w6t, w9)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(json.dumps({
         "facts": facts, "equivalence": equivalence,
@@ -561,6 +583,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.markdown != "-":
         Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w4e or w5 or w6 or w3t or w7 or w6t
-    extra = (w3, c1, w4, w4e, w5, w6, w3t, w7, w6t)
+    ran = results or w3 or c1 or w4 or w4e or w5 or w6 or w3t or w7 or w6t or w9
+    extra = (w3, c1, w4, w4e, w5, w6, w3t, w7, w6t, w9)
     return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in extra) else 1

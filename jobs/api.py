@@ -121,7 +121,7 @@ def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, .
     if not kind.one_column:
         FeatureInputContract(cfg.id_cols, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
         return df, tuple(cfg.feature_cols)
-    one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(df.schema, "the DataFrame")
+    one_column_contract(kind.name, cfg.id_cols, cfg.input_col, cfg.text_pair_col).check(df.schema, "the DataFrame")
     df, input_cols = one_column_input(cfg, df, "the DataFrame")
     if kind.prompted:  # the prompt each image is read with, as the job renders it
         return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (*input_cols, PROMPT_COLUMN)

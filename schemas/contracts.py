@@ -66,18 +66,23 @@ class _IdContract:
 
 @dataclass(frozen=True)
 class TextInputContract(_IdContract):
-    """A text task's input: id columns (string, integer or decimal) and a string text column."""
+    """A text task's input: id columns (string, integer or decimal), a string text column and, for pairs, a second
+    string column (``text_pair_col``)."""
 
     text_col: str
+    text_pair_col: Optional[str] = None
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or ill-typed column.
 
         Column names match exactly (case-sensitive), as Delta writes them.
         """
-        fields = _fields_present(schema, source, [*_id_roles(self.id_cols), ("text column", self.text_col)])
+        texts = [("text column", self.text_col), ("text_pair_col column", self.text_pair_col)]
+        fields = _fields_present(schema, source, [*_id_roles(self.id_cols), *texts])
         _require_ids(fields, self.id_cols, source)
-        _require(fields[self.text_col], (StringType,), f"text column {self.text_col!r} in {source}", "string")
+        for role, name in texts:
+            if name is not None:
+                _require(fields[name], (StringType,), f"{role} {name!r} in {source}", "string")
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,12 @@ class ImageInputContract(_IdContract):
                  "binary (encoded image bytes) or string (paths of image files)")
 
 
-def one_column_contract(kind: str, id_cols: tuple[str, ...], column: str) -> "TextInputContract | ImageInputContract":
-    """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes)."""
+def one_column_contract(kind: str, id_cols: tuple[str, ...], column: str,
+                        pair_col: Optional[str] = None) -> "TextInputContract | ImageInputContract":
+    """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes), and
+    for text pairs the second string column ``pair_col``."""
+    if pair_col is not None:
+        return TextInputContract(id_cols, column, pair_col)
     return {"text": TextInputContract, "image": ImageInputContract}[kind](id_cols, column)
 
 

@@ -97,6 +97,15 @@ def _save_with_minilm_tokenizer(model, target: Path, minilm_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_cross_encoder_dir(tmp_path_factory) -> Path:
+    """A cross-encoder: MiniLM's body under a seeded one-logit sequence-classification head (bench W6T's model,
+    :func:`bench.topk_text.make_w6t_model`), saved with its tokenizer."""
+    from bench.topk_text import make_w6t_model
+
+    return make_w6t_model(tmp_path_factory.mktemp("minilm-cross-encoder"))
+
+
+@pytest.fixture(scope="session")
 def tiny_causal_lm_dir(tmp_path_factory) -> Path:
     """A tiny seeded Llama-shaped decoder with a trained byte-level BPE tokenizer (no chat template), saved with
     ``save_pretrained``: the generate task's real loading and decoding run on it."""

@@ -346,9 +346,9 @@ def prefetch(items: Iterable[T], work: Callable[[T], R]) -> Iterator[tuple[T, R]
             item = following
 
 
-def _valid_mask(texts: Sequence[Optional[str]]) -> np.ndarray:
-    """True where a text can be scored: a string (null arrives as ``None`` or NaN)."""
-    return np.fromiter((isinstance(t, str) for t in texts), dtype=bool, count=len(texts))
+def _valid_mask(texts: Sequence[Any]) -> np.ndarray:
+    """True where a text can be scored: a string, or a ``(text, text_pair)`` tuple (null arrives as ``None`` or NaN)."""
+    return np.fromiter((isinstance(t, (str, tuple)) for t in texts), dtype=bool, count=len(texts))
 
 
 def row_lengths(mask) -> np.ndarray:

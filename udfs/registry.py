@@ -189,6 +189,9 @@ class Task:
     model_check: Optional[str] = None
     """``"module:function"``, ``check(spec, model_dir, config)``: the driver's check of the task's settings against
     the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.models.model_source.UnfitModelError`."""
+    pairs: bool = False
+    """Whether the task reads a second text column (``text_pair_col``) and scores each row's two texts as one pair, as a
+    cross-encoder does; config validation refuses ``text_pair_col`` for the other tasks."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -267,7 +270,7 @@ TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("classify", TEXT, "lakescore.udfs.heads.classify:load_classifier", "sequence classification: label, score, probs",
-             profile=_LABELLED, architectures=("ForSequenceClassification",)),
+             profile=_LABELLED, architectures=("ForSequenceClassification",), pairs=True),
         Task(
             "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED,

@@ -49,11 +49,13 @@ class RowFailure:
 
 @dataclass
 class PreparedTexts:
-    """A text batch ready to score: the texts (``None`` where null or refused), their tokenization, refused rows."""
+    """A text batch ready to score: the texts (``None`` where null or refused; a ``(text, text_pair)`` tuple per row
+    for pairs), their tokenization, refused rows, and for pairs each row's raw input (both sides, as JSON)."""
 
-    texts: list[Optional[str]]
+    texts: list[Any]
     features: Any
     refused: dict[int, RowFailure] = field(default_factory=dict)
+    shown: Optional[list[str]] = None
 
 
 def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFailure]]:
@@ -78,9 +80,11 @@ def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFa
     return texts, refused
 
 
-def refuse_untokenizable(texts: list[Optional[str]], refused: dict[int, RowFailure], tokenize_one: Callable[[int], Any]) -> None:
+def refuse_untokenizable(texts: list[Any], refused: dict[int, RowFailure], tokenize_one: Callable[[int], Any],
+                         shown: Optional[Sequence[str]] = None) -> None:
     """Try ``tokenize_one(i)`` on each present text alone; one that raises becomes ``None`` in ``texts`` and a
-    ``prepare_error`` in ``refused``, so the batch can be tokenized again without it."""
+    ``prepare_error`` in ``refused`` (its raw input ``shown[i]``, else the text), so the batch can be tokenized again
+    without it."""
     for i, text in enumerate(texts):
         if text is None:
             continue
@@ -88,7 +92,7 @@ def refuse_untokenizable(texts: list[Optional[str]], refused: dict[int, RowFailu
             tokenize_one(i)
         except Exception as exc:
             texts[i] = None
-            refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], text)
+            refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], text if shown is None else shown[i])
 
 
 def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
@@ -98,21 +102,46 @@ def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
     return scored
 
 
+def pair_texts(first: pa.Array, second: pa.Array, names: Sequence[str]) -> tuple[list[Any], dict[int, RowFailure], list[str]]:
+    """Each row's ``(text, text_pair)`` from two string columns, ``None`` where either side is null, empty or refused
+    (``null_input``, or ``invalid_text`` for bytes that are not UTF-8), and each row's raw input: both sides as a JSON
+    object keyed by ``names`` (a null side left out, as Spark's ``to_json`` writes it)."""
+    (left, left_refused), (right, right_refused) = decode_texts(first), decode_texts(second)
+    shown = [_json_object(names, sides) for sides in zip(left, right)]
+    refused: dict[int, RowFailure] = {}
+    for i in sorted({*left_refused, *right_refused}):
+        failure = left_refused.get(i) or right_refused[i]
+        sides = (left_refused[i].raw if i in left_refused else left[i],
+                 right_refused[i].raw if i in right_refused else right[i])
+        refused[i] = RowFailure(failure.reason, failure.error, _json_object(names, sides))
+    texts = [(a, b) if a and b and i not in refused else None for i, (a, b) in enumerate(zip(left, right))]
+    return texts, refused, shown
+
+
 class TextRunner:
-    """Text heads: one string column, decoded and tokenized once per Arrow batch."""
+    """Text heads: one string column, or two read as pairs (``text_pair_col``), decoded and tokenized once per Arrow
+    batch. A pair goes to the tokenizer as ``(text, text_pair)``, as the text-classification pipeline passes
+    ``{"text": ..., "text_pair": ...}``: one sequence with the model's separator, its tokens counted whole by the
+    token budget and truncated longest side first."""
 
     def __init__(self, head, input_cols: Sequence[str]) -> None:
-        (self.text_col,) = input_cols
+        self.text_col, *pair = input_cols
+        self.pair_col = pair[0] if pair else None
         self.head = head
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedTexts:
-        texts, refused = decode_texts(batch.column(self.text_col))
+        shown = None
+        if self.pair_col is None:
+            texts, refused = decode_texts(batch.column(self.text_col))
+        else:
+            texts, refused, shown = pair_texts(batch.column(self.text_col), batch.column(self.pair_col),
+                                               (self.text_col, self.pair_col))
         try:
             features = tokenize_present(texts, self.head)
         except Exception:  # one text the tokenizer rejects: find it, keep its neighbours
-            refuse_untokenizable(texts, refused, lambda i: tokenize_present([texts[i]], self.head))
+            refuse_untokenizable(texts, refused, lambda i: tokenize_present([texts[i]], self.head), shown)
             features = tokenize_present(texts, self.head)
-        return PreparedTexts(texts, features, refused)
+        return PreparedTexts(texts, features, refused, shown)
 
     def score(self, prepared: PreparedTexts, budget: AdaptiveBudget) -> Scored:
         return _refuse(score_texts(prepared.texts, self.head, budget, prepared.features), prepared.refused)
@@ -122,7 +151,8 @@ class TextRunner:
         return _no_rows() if prepared.features is None else row_lengths(prepared.features["attention_mask"])
 
     def raw_inputs(self, prepared: PreparedTexts, scored: Scored) -> list[Optional[str]]:
-        raw = [None if reason is None else prepared.texts[i] for i, reason in enumerate(scored.reasons)]
+        shown = prepared.shown if prepared.shown is not None else prepared.texts
+        raw = [None if reason is None else shown[i] for i, reason in enumerate(scored.reasons)]
         for i, failure in prepared.refused.items():
             raw[i] = failure.raw
         return raw
@@ -373,6 +403,11 @@ class ImagePromptRunner:
         from lakescore.udfs.heads.generate import token_counts
 
         return token_counts(scored.outputs, scored.ok)
+
+
+def _json_object(names: Sequence[str], values: Sequence[Optional[str]]) -> str:
+    """``values`` as one JSON object keyed by ``names``, nulls left out, written as Spark's ``to_json`` writes it."""
+    return json.dumps({n: v for n, v in zip(names, values) if v is not None}, ensure_ascii=False, separators=(",", ":"))
 
 
 def _no_rows() -> np.ndarray:

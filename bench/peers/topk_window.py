@@ -83,8 +83,8 @@ def hand_job_parser(prog: str, input_help: str, model_help: str, top_k_help: str
 
 
 def run_hand_job(args: argparse.Namespace, load: Callable, model_input: Callable) -> int:
-    """Score ``args.input`` with ``predict_batch_udf`` over ``load`` (its input: ``model_input()``, a column built once
-    the session exists), keep each user's best ``args.top_k`` rows by score then ``item_id`` (0: every row, no rank),
+    """Score ``args.input`` with ``predict_batch_udf`` over ``load`` (its input: ``model_input()``, a column or a tuple
+    of columns built once the session exists), keep each user's best ``args.top_k`` rows by score then ``item_id`` (0: every row, no rank),
     overwrite ``args.output`` in Delta and write ``args.timings``."""
     import pyarrow.parquet as pq
     from pyspark.ml.functions import predict_batch_udf
@@ -96,7 +96,9 @@ def run_hand_job(args: argparse.Namespace, load: Callable, model_input: Callable
     try:
         started = time.perf_counter()
         score = predict_batch_udf(load, return_type=DoubleType(), batch_size=args.batch)
-        scored = spark.read.parquet(args.input).select("user_id", "item_id", score(model_input()).alias("score"))
+        inputs = model_input()
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        scored = spark.read.parquet(args.input).select("user_id", "item_id", score(*inputs).alias("score"))
         top = scored
         if args.top_k:  # 0: W7, score and write only
             best = Window.partitionBy("user_id").orderBy(F.desc("score"), F.asc("item_id"))

@@ -64,6 +64,10 @@ class JobConfig(Section):
     text_col: Optional[Text] = Field(None, json_schema_extra=cli("--text-col", sweep=True))
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
+    text_pair_col: Optional[Text] = Field(None, json_schema_extra=cli("--text-pair-col"))
+    """``classify``: a second string column; each row's ``text_col`` and this column go to the model as one pair
+    (query and passage, as a cross-encoder reads them), truncated longest side first; a row with either side null or
+    empty is ``null_input``."""
     image_col: Optional[Text] = Field(None, json_schema_extra=cli("--image-col"))
     """The image column to score (image tasks: ``image_classify``, ``image_embed``; ``generate`` with
     ``generate.prompt_template``: a vision-language model reads each image with its row's prompt): binary, each value a file's bytes
@@ -137,6 +141,9 @@ class JobConfig(Section):
             if given and section != task.options_section:
                 raise ConfigError(f"{section}.{given[0]} applies to task {section}, not {self.task!r}")
         kind = self.input_kind
+        if self.text_pair_col is not None and not task.pairs:
+            readers = ", ".join(name for name in TASKS if get_task(name).pairs)
+            raise ConfigError(f"text_pair_col applies to task {readers}, not {self.task!r}")
         if self.input_format == "images" and not kind.file_extensions:
             readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
             raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
@@ -194,6 +201,8 @@ class JobConfig(Section):
             raise ConfigError("missing required setting(s): " + ", ".join(missing))
         if setting and self.input_col in self.id_cols:
             raise ConfigError(f"id_col and {setting} must differ, both are {self.input_col!r}")
+        if self.text_pair_col is not None and self.text_pair_col in (*self.id_cols, self.input_col):
+            raise ConfigError(f"text_pair_col {self.text_pair_col!r} must differ from id_col and {setting}")
         for other in _COLUMN_SETTINGS:
             if other != setting and getattr(self, other):
                 readers = [get_task(name) for name in TASKS if get_task(name).input_kind.column_setting == other]

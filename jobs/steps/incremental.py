@@ -86,14 +86,17 @@ class Changes:
     is the input)."""
 
 
-def input_digest(input_cols: tuple[str, ...], one_column: bool) -> Column:
-    """SHA-256 (hex) of what the model sees: the text itself, an image's bytes, or the features as a JSON array of
-    doubles in model order.
+def input_digest(input_cols: tuple[str, ...], one_column: bool, pair: bool = False) -> Column:
+    """SHA-256 (hex) of what the model sees: the text itself, an image's bytes, a text pair's two sides as a JSON
+    array (``pair``), or the features as a JSON array of doubles in model order.
 
     A null text or image digests to null (such a row is dead-lettered, and null-safe comparison keeps it apart from
     any value). An image read from a path (``input_cols``: the bytes, then the path) that is missing digests its path
     instead, so that dedup keeps each missing file's row (and its path in the errors table) apart.
     """
+    if pair:
+        sides = [column(c) for c in input_cols]
+        return F.when(sides[0].isNotNull() & sides[1].isNotNull(), F.sha2(F.to_json(F.array(*sides)), 256))
     if one_column:
         prompted = input_cols[-1] == PROMPT_COLUMN and len(input_cols) > 1  # an image with its prompt: both count
         files = input_cols[:-1] if prompted else input_cols
@@ -185,7 +188,8 @@ def find_changes(
     """
     cfg = run.cfg
     if previous_version is None or cfg.write.full_rescore:
-        digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
+        digested = scorable.withColumn(DIGEST_COLUMN, input_digest(
+            run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
         no_ids = run.source.select(*id_columns(cfg.id_cols)).limit(0)  # planned empty: no Python RDD, no job
         return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
                        distinct_to_score=None, spec=spec, spec_changes=None, model_sha256=model_sha256,
@@ -266,7 +270,7 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     stored = [DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, *(FILE_COLUMNS if prechecked else [])]
     previous = output.select(*[column(c).alias(theirs[c]) for c in cfg.id_cols],
                              *[column(name).alias(_PREVIOUS[name]) for name in stored])
-    digest = input_digest(run.input_cols, cfg.column_setting is not None)
+    digest = input_digest(run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None)
     # With the pre-check the files are read after the join, only for the rows it leaves; else every row's before it.
     rows = scorable.drop(IMAGE_COLUMN) if prechecked else scorable.withColumn(DIGEST_COLUMN, digest)
     joined = rows.join(previous, same_values(cfg.id_cols, theirs), "full_outer")
@@ -307,7 +311,8 @@ def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_vers
     or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no stored
     score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""
     cfg = run.cfg
-    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
+    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(
+        run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
     keys = list(cfg.rank.partition_by)
     theirs = _renamed(keys, "previous_key")
     output = read_input(run.spark, cfg.output, "delta", version=previous_version)

@@ -18,9 +18,10 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
@@ -235,9 +236,14 @@ class ExecutorPreflight:
             raise
 
 
-def precision_check_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[str]:
-    """Up to :data:`SAMPLE_ROWS` non-null texts of the input for a reduced-precision text model; ``[]`` otherwise."""
+def precision_check_sample(source: DataFrame, spec: ModelSpec, input_cols: Sequence[str]) -> list[Any]:
+    """Up to :data:`SAMPLE_ROWS` non-null texts of the input (``(text, text_pair)`` tuples for pairs: two text
+    columns) for a reduced-precision text model; ``[]`` otherwise."""
     if not spec.reduced_precision or not get_task(spec.task).input_kind_of(spec).is_text:
         return []
-    text = column(input_cols[0])
-    return [r[0] for r in source.select(text).where(text.isNotNull()).limit(SAMPLE_ROWS).collect()]
+    texts = [column(c) for c in input_cols]
+    present = texts[0].isNotNull()
+    for side in texts[1:]:  # a pair with a null or empty side is not scored
+        present &= side.isNotNull() & (F.length(side) > 0) & (F.length(texts[0]) > 0)
+    rows = source.select(*texts).where(present).limit(SAMPLE_ROWS).collect()
+    return [r[0] if len(texts) == 1 else tuple(r) for r in rows]

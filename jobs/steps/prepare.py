@@ -247,7 +247,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
                     changes.table.drop()  # compared for a model no worker loads: no run reads it
             changes = _compare_with_output(run, targets, split, identity.sha256, scoring)
         scorable_rows = changes.rows_to_score
-    digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None))
+    digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(
+        run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
     mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
     dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None,
                          identity.row_seconds)

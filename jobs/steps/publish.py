@@ -259,8 +259,8 @@ def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[st
 def _raw_input(run: RunContext):
     """The errors table's ``input`` for rows refused before scoring: the text, an image's path or its size and SHA-256
     (as :func:`~lakescore.udfs.images.describe_image` shows it without its header, never the bytes), or the features
-    as JSON."""
-    if not run.cfg.column_setting:
+    (or a text pair's two sides) as JSON."""
+    if not run.cfg.column_setting or run.cfg.text_pair_col:
         return F.to_json(F.struct(*[column(c) for c in run.input_cols]))
     shown = run.input_cols[-1]  # an image read from a path: the path (the file is not read for it)
     value = column(shown)

@@ -270,7 +270,7 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
     if cfg.prompt_template and not kind.prompted:
         return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
     if cfg.column_setting:
-        one_column_contract(kind.name, cfg.id_cols, cfg.input_col).check(source.schema, where)
+        one_column_contract(kind.name, cfg.id_cols, cfg.input_col, cfg.text_pair_col).check(source.schema, where)
         source, input_cols = one_column_input(cfg, source, where)
         if kind.prompted:  # the prompt each image is read with: the last input column
             return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (*input_cols, PROMPT_COLUMN)
@@ -297,7 +297,9 @@ def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, w
 def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` and the model's input columns for a task reading ``cfg.input_col`` (its contract checked): the
     column itself, or for a string column of a kind that reads files (images) the files' bytes read from the paths
-    (:func:`read_image_files`), then the paths."""
+    (:func:`read_image_files`), then the paths; for text pairs, the text column then ``text_pair_col``."""
+    if cfg.text_pair_col is not None:
+        return source, (cfg.input_col, cfg.text_pair_col)
     reads_files = cfg.input_kind.file_extensions
     if reads_files and isinstance(source.schema[cfg.input_col].dataType, StringType):
         files = read_image_files(source, cfg.input_col, cfg.scoring.arrow_max_bytes_per_batch, where)

@@ -257,3 +257,59 @@ def test_plan_of_a_generate_run_keys_its_sample_by_the_composite_id(spark, tmp_p
     prompt_tokens = [len(ids) for ids in tokenizer([f"Review: {body}\nSummary:" for *_, body in rows])["input_ids"]]
     assert (plan["rows"], plan["sample_rows"]) == (3, 3)
     assert plan["tokens"] == sum(prompt_tokens) + 3 * 4
+
+
+def test_query_passage_pairs_ranked_per_query_equal_cross_encoder_and_rerank_on_a_changed_passage(
+        spark, tmp_path, minilm_cross_encoder_dir):
+    """A cross-encoder run (``text_pair_col``) ranked per query: the kept pairs and their order equal
+    ``CrossEncoder.predict`` ranked by a window per query; a null or empty side is dead-lettered with both sides shown;
+    an incremental run after one passage changed scores that query's pairs alone (the digest covers both sides)."""
+    from sentence_transformers import CrossEncoder
+
+    source, output, top_k = tmp_path / "pairs", tmp_path / "reranked", 3
+    queries = {1: "is the blender loud?", 2: "how fast is delivery", 3: "Rückgabe ohne Quittung möglich?"}
+    passages = ["It is quieter than my old one.", "Delivery took three days to Berlin.", "Returns need a receipt.",
+                "The motor is very loud on full power.", "Versand dauerte eine Woche.", "Works fine, no complaints."]
+    rows = [(q, p, queries[q], text) for q in queries for p, text in enumerate(passages)]
+    rows += [(4, 0, "a query", None), (4, 1, "", "a passage")]
+    schema = "query_id long, passage_id long, query string, passage string"
+    spark.createDataFrame(rows, schema).write.format("delta").save(str(source))
+    cross_encoder = CrossEncoder(str(minilm_cross_encoder_dir), device="cpu")
+
+    def reference(rows) -> pd.DataFrame:
+        frame = pd.DataFrame([r for r in rows if r[2] and r[3]], columns=["query_id", "passage_id", "query", "passage"])
+        frame["score"] = cross_encoder.predict(list(zip(frame["query"], frame["passage"])))
+        frame = frame.sort_values(["query_id", "score", "passage_id"], ascending=[True, False, True])
+        frame["rank"] = frame.groupby("query_id").cumcount() + 1
+        return frame[frame["rank"] <= top_k].reset_index(drop=True)
+
+    def run(run_id):
+        report = run_scoring(load_config(flags={
+            "input": str(source), "output": str(output), "task": "classify", "model.source": str(minilm_cross_encoder_dir),
+            "id_col": ["query_id", "passage_id"], "text_col": "query", "text_pair_col": "passage",
+            "rank": {"partition_by": ["query_id"], "order_by": "score", "top_k": top_k}, "write.mode": "incremental",
+            "max_error_rate": 0.5, "run_id": run_id,  # the two dead letters are tried again on every run
+        }), spark)
+        _accounted(report)
+        out = spark.read.format("delta").load(str(output)).toPandas()
+        return report, out.sort_values(["query_id", "rank"]).reset_index(drop=True)
+
+    def assert_equal(out, expected):
+        assert out[["query_id", "passage_id", "rank"]].values.tolist() == expected[["query_id", "passage_id", "rank"]].values.tolist()
+        assert (out["score"] - expected["score"]).abs().max() < 1e-5
+
+    first, out = run("r1")
+    assert first.error_reasons == {"null_input": 2} and first.rows_scored == 18
+    assert_equal(out, reference(rows))
+    errors = spark.read.format("delta").load(str(tmp_path / "reranked_errors")).toPandas()
+    shown = {int(p): json.loads(i) for p, i in errors[["passage_id", "input"]].itertuples(index=False)}
+    assert shown == {0: {"query": "a query"}, 1: {"query": "", "passage": "a passage"}}
+
+    worst_of_2 = reference(rows).query("query_id == 2")["passage_id"].tolist()
+    changed_id = next(p for p in range(len(passages)) if p not in worst_of_2)  # a ranked-out passage of query 2
+    rows = [(q, p, qt, "Delivery was next day, very fast." if (q, p) == (2, changed_id) else t) for q, p, qt, t in rows]
+    spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(source))
+    second, out = run("r2")
+    assert second.rows_scored == len(passages)  # query 2's pairs alone: only its passage changed
+    assert_equal(out, reference(rows))
+    assert set(out[out.run_id == "r2"].query_id) == {2}

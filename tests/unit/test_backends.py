@@ -64,6 +64,18 @@ def test_onnx_classify_equals_torch(tiny_classifier_dir, onnx_cache_dir):
     assert (onnx_out.argmax(1) == torch_out.argmax(1)).all()
 
 
+def test_onnx_classify_pairs_equal_torch(tiny_classifier_dir, onnx_cache_dir):
+    """Pairs reach the graph as one sequence with its ``token_type_ids``: ONNX equals torch on them (the graph is the
+    one the test above exported)."""
+    pairs = list(zip(UNSEEN, reversed(UNSEEN)))
+    torch_out = _scored("classify", tiny_classifier_dir, onnx_cache_dir, pairs)
+    onnx_out = _scored("classify", tiny_classifier_dir, onnx_cache_dir, pairs, backend="onnx")
+    assert np.abs(onnx_out - torch_out).max() < 1e-6
+    # the tiny model's probabilities move little, but the second text moves them far more than ONNX differs from torch
+    alone = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN, backend="onnx")
+    assert np.abs(onnx_out - alone).max() > 1e-5
+
+
 def test_onnx_ner_equals_the_pipeline(tiny_ner_dir, onnx_cache_dir):
     from transformers import pipeline
 

@@ -51,3 +51,30 @@ def test_summary_lines_of_a_hand_built_result():
     result.equal["max_score_delta"] = 1e-3
     text = "\n".join(w6t_lines(result))
     assert "10.0 / 20.0 s = 0.50x   target >= 1x: NOT met" in text and "scores within 1e-05: NOT met" in text
+
+
+def test_w9_pairs_are_seeded_contiguous_per_file_with_one_query_per_id(tmp_path):
+    from bench.rerank_pairs import make_w9_data
+
+    one, again = tmp_path / "one", tmp_path / "again"
+    assert make_w9_data(one, 8, 5, files=4) == make_w9_data(again, 8, 5, files=4) == 40
+    table = pq.read_table(one)
+    assert table.column_names == ["user_id", "item_id", "query", "text"] and table.equals(pq.read_table(again))
+    frame = table.to_pandas()
+    assert len(frame.drop_duplicates(["user_id", "item_id"])) == 40
+    assert (frame.groupby("user_id")["query"].nunique() == 1).all() and frame["query"].nunique() == 8
+    assert frame["text"].nunique() > 30  # each pair its own passage
+
+
+def test_w9_lines_name_the_target_and_peak_memory():
+    from bench.rerank_pairs import W9Result, w9_lines
+
+    report = {"workers": {"rows_scored": 1000}, "step_seconds": {"score_stage": 4.0}}
+    result = W9Result(queries=20, passages=50, top_k=5)
+    result.runs = {"lakescore": [PeerRun(Measurement(0, 20.0, 2**30), report, 250.0)],
+                   "window": [PeerRun(Measurement(0, 25.0, 2**31), {"rows": 1000, "job_seconds": 20.0}, 50.0)]}
+    result.equal = {"matched": 100, "only_lakescore": 0, "only_window": 0, "max_score_delta": 2e-7}
+    text = "\n".join(w9_lines(result))
+    assert "20 queries x 50 W1 review passages = 1,000 pairs" in text
+    assert "25.0 / 20.0 s = 1.25x   target >= 1.5x: NOT met" in text and "peak RSS 2048 MiB" in text
+
