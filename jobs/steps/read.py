@@ -50,7 +50,8 @@ log = logging.getLogger(__name__)
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     """The worker-side model key for ``cfg``: its ``model`` section's settings, the task, the feature columns and the
     task's own settings section (``generate``)."""
-    return ModelSpec.of(cfg.task, cfg.model, feature_cols, cfg.task_options())
+    section = get_task(cfg.task).options_section
+    return ModelSpec.of(cfg.task, cfg.model, feature_cols, **({section: cfg.task_options()} if section else {}))
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
@@ -167,7 +168,7 @@ def check_targets(run: RunContext) -> Targets:
 
     def schema(incremental: bool, files: bool) -> StructType:
         return output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked, file_status=files,
-                             asked=cfg.asked_outputs())
+                             asked=cfg.asked_outputs(), chunked=cfg.chunked)
 
     planned = schema(incremental, files)
     try:
