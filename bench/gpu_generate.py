@@ -134,7 +134,7 @@ def spec_for(model: Path, new_tokens: int, device: str, dtype: str, concurrency:
 
     server = None if concurrency is None else ServerOptions(engine="transformers", args=SERVE_ARGS, concurrency=concurrency)
     options = GenerateOptions(max_new_tokens=new_tokens, server=server)
-    return ModelSpec.of("generate", ModelOptions(source=str(model), device=device, dtype=dtype), (), options)
+    return ModelSpec.of("generate", ModelOptions(source=str(model), device=device, dtype=dtype), (), generate=options)
 
 
 def rate(figures: dict) -> float:

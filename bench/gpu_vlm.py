@@ -47,7 +47,7 @@ def spec_for(model: Path, new_tokens: int, device: str, dtype: str) -> Any:
     from lakescore.udfs.models.model_source import ModelSpec
 
     return ModelSpec.of("generate", ModelOptions(source=str(model), device=device, dtype=dtype), (),
-                        GenerateOptions(max_new_tokens=new_tokens), input_kind="image")
+                        input_kind="image", generate=GenerateOptions(max_new_tokens=new_tokens))
 
 
 def lakescore_worker(spec: Any, table: pa.Table, arrow_rows: int = 4096) -> dict:

@@ -98,7 +98,7 @@ def transform(
         raise ConfigError(f"transform keeps one id column, got {list(cfg.id_cols)}; omit id_col to keep every column")
     keep = [id_col] if id_col else list(df.columns)
     df, input_cols = _model_input(cfg, df)
-    taken = sorted(set(keep) & set(scored_schema(task, asked=cfg.asked_outputs()).names))
+    taken = sorted(set(keep) & set(scored_schema(task, asked=cfg.asked_outputs(), chunked=cfg.chunked).names))
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
     spec = _resolved_spec(df.sparkSession, cfg, input_cols)

@@ -19,6 +19,9 @@ __all__ = [
     "FILE_COLUMNS",
     "RANK_COLUMN",
     "KEY_DIGEST_COLUMN",
+    "CHUNK_COLUMNS",
+    "CHUNKS_COLUMN",
+    "staged_prediction_fields",
     "ERROR_COLUMNS",
     "WORKER_COLUMN",
     "WORKER_METRICS",
@@ -82,6 +85,19 @@ ASKED_PREDICTIONS: dict[str, list[StructField]] = {
 """Output columns a task writes only when one of its settings asks for them (the task registry's
 ``Task.setting_outputs`` names the setting), after its :data:`PREDICTIONS`, in this order; a run that does not ask
 has no such column at all."""
+
+CHUNK_COLUMNS = [
+    StructField("chunk_index", IntegerType(), nullable=False),
+    StructField("chunk_start", IntegerType(), nullable=True),
+    StructField("chunk_end", IntegerType(), nullable=True),
+]
+"""What a chunked run (``embed.chunk``) writes after the id column(s), before the predictions: the chunk's place in its
+document (0, 1, ...; -1 for the document's own vector) and its character offsets in the input text, so that
+``text[chunk_start:chunk_end]`` is the chunk. The output's rows are identified by the ids and ``chunk_index``."""
+
+CHUNKS_COLUMN = "chunks"
+"""The staged column of a chunked run: one row per document, its chunks as a list of :data:`CHUNK_COLUMNS` and
+predictions; the publish writes one row per element."""
 
 IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 """Columns every output row carries so anyone can tell which model and run produced it."""
@@ -147,17 +163,27 @@ def prediction_fields(task: str, asked: Sequence[str] = ()) -> list[StructField]
     return PREDICTIONS[task] + [f for name, f in extra.items() if name in asked]
 
 
+def staged_prediction_fields(task: str, asked: Sequence[str] = (), chunked: bool = False) -> list[StructField]:
+    """The prediction fields as the scoring function stages them: :func:`prediction_fields`, or for a ``chunked`` run
+    the one :data:`CHUNKS_COLUMN` holding each chunk's :data:`CHUNK_COLUMNS` and predictions."""
+    fields = prediction_fields(task, asked)
+    if not chunked:
+        return fields
+    return [StructField(CHUNKS_COLUMN, ArrayType(StructType(CHUNK_COLUMNS + fields), containsNull=False), nullable=True)]
+
+
 def prediction_columns(task: str, asked: Sequence[str] = ()) -> list[str]:
     """Names of the columns holding the model's output for ``task`` (with the ``asked`` optional ones)."""
     return [f.name for f in prediction_fields(task, asked)]
 
 
-def scored_schema(task: str, *kept: StructField, asked: Sequence[str] = ()) -> StructType:
+def scored_schema(task: str, *kept: StructField, asked: Sequence[str] = (), chunked: bool = False) -> StructType:
     """What the scoring function returns: the ``kept`` input columns (the job: the id), predictions (with the
-    ``asked`` optional ones), ``model_sha256``, :data:`ERROR_COLUMNS`, then :data:`WORKER_COLUMN`."""
+    ``asked`` optional ones; ``chunked``: :func:`staged_prediction_fields`), ``model_sha256``, :data:`ERROR_COLUMNS`,
+    then :data:`WORKER_COLUMN`."""
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in kept]
-        + prediction_fields(task, asked)
+        + staged_prediction_fields(task, asked, chunked)
         + [StructField("model_sha256", StringType(), nullable=False)]
         + [StructField(name, StringType(), nullable=True) for name in ERROR_COLUMNS]
         + [StructField(WORKER_COLUMN, WORKER_METRICS, nullable=True)]
@@ -165,17 +191,18 @@ def scored_schema(task: str, *kept: StructField, asked: Sequence[str] = ()) -> S
 
 
 def output_schema(task: str, *row_fields: StructField, incremental: bool = False, ranked: bool = False,
-                  file_status: bool = False, asked: Sequence[str] = ()) -> StructType:
+                  file_status: bool = False, asked: Sequence[str] = (), chunked: bool = False) -> StructType:
     """The Delta table's schema: the ``row_fields`` (the id column(s), then a ranked run's other key columns) as they
-    were in the input, predictions (with the ``asked`` optional ones), with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
+    were in the input, with ``chunked`` the :data:`CHUNK_COLUMNS`, predictions (with the ``asked`` optional ones), with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
     ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`; with ``incremental``
     and ``file_status`` the :data:`FILE_COLUMNS`).
 
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when an id or key column's name collides
     with an output column.
     """
-    taken = (prediction_columns(task, asked) + list(IDENTITY_COLUMNS) + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS)
-             + [WORKER_COLUMN] + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else []))
+    taken = (([f.name for f in CHUNK_COLUMNS] if chunked else []) + prediction_columns(task, asked) + list(IDENTITY_COLUMNS)
+             + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS) + [WORKER_COLUMN]
+             + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else []))
     files = list(FILE_COLUMNS.items()) if incremental and file_status else []
     taken += [name for name, _ in files]
     for field in row_fields:
@@ -184,6 +211,7 @@ def output_schema(task: str, *row_fields: StructField, incremental: bool = False
     extra = [*INCREMENTAL_COLUMNS, *([KEY_DIGEST_COLUMN] if ranked else [])] if incremental else []
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in row_fields]
+        + ([StructField(f.name, f.dataType, nullable=True) for f in CHUNK_COLUMNS] if chunked else [])
         + prediction_fields(task, asked)
         + ([StructField(RANK_COLUMN, IntegerType(), nullable=True)] if ranked else [])
         + [StructField(name, StringType(), nullable=True) for name in IDENTITY_COLUMNS]

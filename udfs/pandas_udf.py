@@ -30,7 +30,7 @@ __all__ = ["make_pandas_udf", "return_type"]
 def return_type(task: str, options: Any = None) -> DataType:
     """The UDF's Spark type: the task's one output column's type, else a struct of its output columns (those its
     settings ``options`` ask for included)."""
-    fields = get_task(task).output_fields_for(options)
+    fields = get_task(task).staged_fields_for(options)
     return fields[0].dataType if len(fields) == 1 else StructType(fields)
 
 
@@ -43,7 +43,7 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
     task = get_task(spec.task)
     options = task.options_of(spec)
     spark_type = return_type(spec.task, options)
-    fields = task.output_fields_for(options)
+    fields = task.staged_fields_for(options)
     arrow_types = task.output_arrow_types_for(options)
     names = [f"x{i}" for i in range(1 if task.input_kind.one_column else len(spec.feature_cols))]
 

@@ -192,6 +192,10 @@ class Task:
     pairs: bool = False
     """Whether the task reads a second text column (``text_pair_col``) and scores each row's two texts as one pair, as a
     cross-encoder does; config validation refuses ``text_pair_col`` for the other tasks."""
+    expands: Optional[str] = None
+    """The boolean property of the task's own settings section that makes one input row many output rows (``embed``:
+    ``chunked``, a document and its chunks, :data:`lakescore.schemas.output.CHUNK_COLUMNS`): the scoring function then
+    stages one row per input with the rows it becomes in one list column, and the publish writes them one per row."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -239,6 +243,11 @@ class Task:
         return tuple(column for column, setting in self.setting_outputs.items()
                      if options is not None and getattr(options, setting, False))
 
+    def chunked(self, options: Any = None) -> bool:
+        """Whether a run with the task's settings ``options`` makes several output rows of one input row
+        (:attr:`expands`)."""
+        return bool(self.expands and options is not None and getattr(options, self.expands))
+
     def output_fields_for(self, options: Any = None) -> list["StructField"]:
         """The prediction columns a run with the task's settings ``options`` writes, in output order
         (:mod:`lakescore.schemas.output`): the task's own, then those its settings ask for."""
@@ -247,10 +256,18 @@ class Task:
         return prediction_fields(self.name, self.asked_outputs(options))
 
     def output_arrow_types_for(self, options: Any = None) -> list[pa.DataType]:
-        """The Arrow types of :meth:`output_fields_for`, as the scoring function's batches carry them."""
+        """The Arrow types of :meth:`staged_fields_for`, as the scoring function's batches carry them."""
         from pyspark.sql.pandas.types import to_arrow_type
 
-        return [to_arrow_type(field.dataType) for field in self.output_fields_for(options)]
+        return [to_arrow_type(field.dataType) for field in self.staged_fields_for(options)]
+
+    def staged_fields_for(self, options: Any = None) -> list["StructField"]:
+        """The prediction columns as the scoring function returns them (one row per input row): those of
+        :meth:`output_fields_for`, or for a run that makes many rows of one (:meth:`chunked`) the one list of them
+        (:func:`lakescore.schemas.output.staged_prediction_fields`)."""
+        from lakescore.schemas.output import staged_prediction_fields
+
+        return staged_prediction_fields(self.name, self.asked_outputs(options), self.chunked(options))
 
     @property
     def output_fields(self) -> list["StructField"]:
@@ -273,7 +290,8 @@ TASKS: dict[str, Task] = {
              profile=_LABELLED, architectures=("ForSequenceClassification",), pairs=True),
         Task(
             "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
-            model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED,
+            model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED, options_section="embed",
+            expands="chunked",
         ),
         Task("ner", TEXT, "lakescore.udfs.heads.ner:load_token_classifier", "token classification: entities per text",
              architectures=("ForTokenClassification",)),

@@ -128,6 +128,9 @@ class TextRunner:
         self.text_col, *pair = input_cols
         self.pair_col = pair[0] if pair else None
         self.head = head
+        # a head that makes many rows of one text (embed.chunk: a document, its chunks) prepares and scores its
+        # documents itself (lakescore.udfs.chunking); its chunks go through the same batching core
+        self.documents = hasattr(head, "score_documents")
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedTexts:
         shown = None
@@ -136,6 +139,8 @@ class TextRunner:
         else:
             texts, refused, shown = pair_texts(batch.column(self.text_col), batch.column(self.pair_col),
                                                (self.text_col, self.pair_col))
+        if self.documents:
+            return self.head.prepare(texts, refused)
         try:
             features = tokenize_present(texts, self.head)
         except Exception:  # one text the tokenizer rejects: find it, keep its neighbours
@@ -144,10 +149,13 @@ class TextRunner:
         return PreparedTexts(texts, features, refused, shown)
 
     def score(self, prepared: PreparedTexts, budget: AdaptiveBudget) -> Scored:
+        if self.documents:
+            return _refuse(self.head.score_documents(prepared, budget), prepared.refused)
         return _refuse(score_texts(prepared.texts, self.head, budget, prepared.features), prepared.refused)
 
     def row_costs(self, prepared: PreparedTexts) -> np.ndarray:
-        """Tokens of each row to score, as the batching core plans them (``lakescore plan`` counts with this)."""
+        """Tokens of each row to score, as the batching core plans them (``lakescore plan`` counts with this; a
+        chunked run's rows are its chunks)."""
         return _no_rows() if prepared.features is None else row_lengths(prepared.features["attention_mask"])
 
     def raw_inputs(self, prepared: PreparedTexts, scored: Scored) -> list[Optional[str]]:

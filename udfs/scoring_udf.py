@@ -315,12 +315,14 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     the model while the check runs, then freed."""
     reference_spec = spec.float32_reference()
     reference = get_task(spec.task).load(reference_spec, model.model_dir)
+    # a head over chunks is checked on its embedder: the chunks of a sample text are texts like any other
+    reference, scorer = getattr(reference, "embedder", reference), getattr(model.scorer, "embedder", model.scorer)
     policy = BatchPolicy(default_max_tokens(reference_spec.device), 256)
     texts = list(sample)
     expected = score_texts(texts, reference, policy).outputs
     del reference
     _return_freed_memory()
-    return model.scorer.fidelity(expected, score_texts(texts, model.scorer, policy).outputs)
+    return scorer.fidelity(expected, score_texts(texts, scorer, policy).outputs)
 
 
 def _return_freed_memory() -> None:

@@ -206,6 +206,10 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
         price_per_core_hour=cfg.resources.price_per_core_hour, price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
     )
     plan.update(sample_rows=table.num_rows, device=device, max_batch_tokens=policy.max_tokens, cores=resources.cores)
+    owners = getattr(prepared, "owner", None)
+    if owners is not None:  # a chunked run (embed.chunk): the rows to score are documents, each costing its chunks
+        plan["chunks_to_embed"] = plan["rows_to_score"]
+        plan["rows_to_score"] = round(len(np.unique(owners)) * rows / table.num_rows)
     if cfg.write.mode == "incremental":
         plan["note"] = "incremental: every row counted; a run scores only the new and changed ones"
     return plan
@@ -225,6 +229,7 @@ def format_plan(plan: Mapping[str, Any]) -> str:
     memory = plan.get("peak_memory_mib")
     rows = [
         ("rows", f"{plan['rows']:,} ({plan['rows_to_score']:,} to score; {plan['sample_rows']:,} sampled)"),
+    ] + ([("chunks", f"{plan['chunks_to_embed']:,} to embed (embed.chunk)")] if plan.get("chunks_to_embed") is not None else []) + [
         ("tokens", f"{plan['tokens']:,} ({plan['padded_tokens']:,} padded, budget {plan['max_batch_tokens']:,} per batch)"),
         ("forward batches", f"{plan['forward_batches']:,} in {plan['chunks']} chunk(s) on {plan['slots']} slot(s)"),
         ("scoring stage", f"{seconds['score_stage']:,.1f} s ({plan['cost_from']})"),

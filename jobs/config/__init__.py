@@ -28,7 +28,7 @@ from lakescore.jobs.config.loading import config_from_mapping, load_config
 from lakescore.jobs.config.options import Option, config_options
 from lakescore.jobs.config.schema import JobConfig
 from lakescore.jobs.config.sections import (
-    DriftConfig, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, ScoringResources, SparkConfig,
+    DriftConfig, EmbedConfig, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, ScoringResources, SparkConfig,
     ValidationConfig, WriteConfig, spark_size_mib,
 )
 from lakescore.jobs.config.values import DEDUP_MODES, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, WRITE_MODES
@@ -38,6 +38,6 @@ from lakescore.udfs.settings import ConfigError
 __all__ = [
     "ConfigError", "JobConfig", "Option", "config_from_mapping", "config_options", "load_config", "spark_size_mib",
     "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEDUP_MODES", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS", "RUN_ID",
-    "RUN_ID_MAX", "ModelConfig", "SparkConfig", "ScoringConfig", "ScoringResources", "ResourcesConfig", "GenerateConfig",
+    "RUN_ID_MAX", "ModelConfig", "SparkConfig", "ScoringConfig", "ScoringResources", "ResourcesConfig", "GenerateConfig", "EmbedConfig",
     "DriftConfig", "ValidationConfig", "WriteConfig", "RankConfig",
 ]

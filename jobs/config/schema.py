@@ -12,13 +12,14 @@ from pydantic import Field, model_validator
 
 from lakescore.jobs.config.hints import is_section, unwrapped
 from lakescore.jobs.config.sections import (
-    DRIFT_READS, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, SparkConfig, ValidationConfig,
+    DRIFT_READS, EmbedConfig, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, SparkConfig, ValidationConfig,
     WriteConfig,
 )
 from lakescore.jobs.config.values import (
     FILE_COLUMNS, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, IdColumns, Names, TaskName, comma_items, shown,
 )
 from lakescore.schemas.id_columns import id_names
+from lakescore.schemas.output import CHUNK_COLUMNS
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
@@ -102,6 +103,7 @@ class JobConfig(Section):
     write: WriteConfig = Field(default_factory=WriteConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
     rank: RankConfig = Field(default_factory=RankConfig)
 
     @model_validator(mode="before")
@@ -165,6 +167,9 @@ class JobConfig(Section):
                 f"{reduced} is checked against float32 on a sample of the input before a run scores, which lakescore "
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
             )
+        if self.rank.enabled and self.chunked:
+            raise ConfigError("rank keeps the best rows of a key, and embed.chunk makes a document many rows whose "
+                              "embedding is no order; drop rank or embed.chunk")
         if self.rank.enabled:
             fields = {f.name: f for f in self.output_fields()}
             if self.rank.order_by not in fields:
@@ -276,6 +281,17 @@ class JobConfig(Section):
         """The prediction columns this run writes: the task's own, then those its settings ask for
         (:meth:`~lakescore.udfs.registry.Task.output_fields_for`)."""
         return get_task(self.task).output_fields_for(self.task_options())
+
+    @property
+    def chunked(self) -> bool:
+        """Whether an input row becomes many output rows (``embed.chunk``: a document, its chunks), identified by the
+        ids and ``chunk_index``."""
+        return get_task(self.task).chunked(self.task_options())
+
+    @property
+    def output_key_cols(self) -> tuple[str, ...]:
+        """The columns identifying an output row: the id column(s), and for a chunked run ``chunk_index``."""
+        return (*self.id_cols, CHUNK_COLUMNS[0].name) if self.chunked else self.id_cols
 
     def asked_outputs(self) -> tuple[str, ...]:
         """The optional prediction columns this run's task settings ask for (``token_logprobs``)."""

@@ -12,6 +12,7 @@ from lakescore.jobs.config.values import (
     WRITE_MODES, LogLevel, Names, NullFractions, OnOff, SparkConf, ValueRanges, shown,
 )
 from lakescore.udfs.batching import default_max_tokens
+from lakescore.udfs.embed_options import EmbedOptions
 from lakescore.udfs.generate_options import GenerateOptions
 from lakescore.udfs.model_options import ModelOptions
 from lakescore.udfs.settings import JOB_ONLY, ConfigError, Fraction, Number, Section, Text, checked, cli
@@ -159,6 +160,9 @@ class ResourcesConfig(Section):
 
 GenerateConfig = GenerateOptions
 """The ``generate`` section, declared on the executors' side (:mod:`lakescore.udfs.generate_options`)."""
+
+EmbedConfig = EmbedOptions
+"""The ``embed`` section, declared on the executors' side (:mod:`lakescore.udfs.embed_options`)."""
 
 
 def _baseline(value: str) -> Optional[str]:

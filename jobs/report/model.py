@@ -57,6 +57,9 @@ class RunReport:
     """``input_format`` ``images``: files under the input folder that are not images (by extension), not read; ``None``
     for table inputs."""
     output_rows: Optional[int] = None
+    output_chunks: Optional[int] = None
+    """A chunked run (``embed.chunk``): the output rows its ``output_rows`` documents became (their chunks, and
+    document vectors); ``None`` for other runs."""
     error_rows: Optional[int] = None
     rows_kept: Optional[int] = None
     """Input rows whose output row was current and was not scored again (0 outside incremental mode)."""
@@ -136,7 +139,10 @@ class RunReport:
             where = f"Delta version {self.delta_version}" if self.delta_version is not None else "not published"
             if self.delta_version is None and self.status == "succeeded":
                 where = "unchanged: no new version"
-            lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})")
+            lines.append(f"  {self.input_rows} input rows -> {self.output_rows} rows for {self.output} ({where})"
+                         if self.output_chunks is None else
+                         f"  {self.input_rows} input documents -> {self.output_rows} documents in {self.output_chunks} "
+                         f"chunk rows for {self.output} ({where})")
         if self.ranked_out is not None:
             lines.append(f"  top-K per key: {self.ranked_out} scored rows ranked out, not published")
         if self.ignored_files:

@@ -21,7 +21,8 @@ from pyspark.sql import functions as F
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN, is_tally, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
-from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
+from lakescore.jobs.platform.tables import column
+from lakescore.schemas.output import CHUNKS_COLUMN, DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 
 __all__ = ["Accounting", "account_rows"]
 
@@ -50,6 +51,9 @@ class Accounting:
     ranked_out: Optional[int] = None
     """With ``rank``: scored rows past their key's ``top_k`` (:mod:`lakescore.jobs.steps.rank`), neither staged nor
     published; ``None`` without ``rank``."""
+    output_chunks: Optional[int] = None
+    """A chunked run (``embed.chunk``): the rows its :attr:`output_rows` documents become in the output (their chunks,
+    and document vectors); ``None`` for a run whose input rows are its output rows."""
     workers: dict[str, Any] = field(default_factory=dict)
     """What scoring took in this attempt: ``model_loads`` (preflight included), ``arrow_batches``, ``rows_scored``,
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
@@ -65,10 +69,22 @@ class Accounting:
         return self.error_rows / self.rows_considered if self.rows_considered else 0.0
 
     @property
+    def published_rows(self) -> int:
+        """The rows the output receives from this run: :attr:`output_chunks` for a chunked run, else
+        :attr:`output_rows`."""
+        return self.output_rows if self.output_chunks is None else self.output_chunks
+
+    @property
     def published(self) -> DataFrame:
         """The staged rows that were scored (what the output receives, before identity columns); with ``rank``
-        those its ranking kept, the only scored rows staged."""
-        return self.staged.where(F.col(ERROR_COLUMNS[0]).isNull())
+        those its ranking kept, the only scored rows staged; a chunked run's one row per chunk (each document's
+        :data:`~lakescore.schemas.output.CHUNKS_COLUMN` spread over rows of its own, beside the document's columns)."""
+        scored = self.staged.where(F.col(ERROR_COLUMNS[0]).isNull())
+        if CHUNKS_COLUMN not in scored.columns:
+            return scored
+        one = "__lakescore_chunk"
+        rows = scored.select(*[column(c) for c in scored.columns if c != CHUNKS_COLUMN], F.explode(CHUNKS_COLUMN).alias(one))
+        return rows.select(*[column(c) for c in rows.columns if c != one], F.col(f"{one}.*"))
 
 
 def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
@@ -93,9 +109,11 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         tallies += [F.sum(PASSES_COLUMN).alias("passes")] if plan.dedup.used else []
     else:
         tallies = []
+    chunked = CHUNKS_COLUMN in table.columns
+    chunks = [F.sum(F.size(CHUNKS_COLUMN)).alias("chunks")] if chunked else []  # a null list (unscored) is not summed
     groups = table.groupBy(ERROR_COLUMNS[0]).agg(
         F.count(F.when(counted, True)).alias("rows"), F.count(F.when(fresh & counted, True)).alias("rows_scored"),
-        *metrics, *tallies
+        *metrics, *tallies, *chunks
     ).collect()
     by_reason = {r[0]: int(r["rows"]) for r in groups if r["rows"]}
     staged = table.where(counted).drop(CHUNK_COLUMN) if with_tallies else table.drop(CHUNK_COLUMN)
@@ -139,6 +157,7 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
         forward_passes_saved=saved,
         ranked_out=ranked_out,
+        output_chunks=sum(int(r["chunks"] or 0) for r in groups if r[0] is None) if chunked else None,
         workers=_worker_totals(groups, rows_scored, plan.identity.preflight_loads),
     )
     if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (ranked_out or 0):

@@ -78,7 +78,7 @@ def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows:
     if outputs.score and profiles[BASELINE].get("score_bins"):  # no bins: the baseline has no score to cut them at
         figures["score_psi"] = round(psi(profiles[RUN]["score_bins"], profiles[BASELINE]["score_bins"]), 6)
     if outputs.embedding:
-        cosine, compared = _id_cosine_percentile(rows, baseline, cfg.id_cols, outputs.embedding)
+        cosine, compared = _id_cosine_percentile(rows, baseline, cfg.output_key_cols, outputs.embedding)
         figures["id_cosine_p5"] = None if cosine is None else round(cosine, 6)
         drift["ids_compared"] = compared
     drift["exceeded"] = exceeded(figures, bounds)

@@ -33,12 +33,15 @@ from lakescore.jobs.steps.context import RunContext
 from lakescore.jobs.steps.read import file_bytes
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN
-from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
+from lakescore.schemas.output import (
+    CHUNK_COLUMNS, DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION,
+)
 from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
+CHUNK_INDEX = CHUNK_COLUMNS[0].name
 _PREVIOUS = {name: f"__lakescore_previous_{name}"
              for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN, *FILE_COLUMNS)}
 _KEY_DIGEST = "__lakescore_key_digest"
@@ -264,6 +267,8 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     cfg = run.cfg
     theirs = _renamed(cfg.id_cols, "previous_id")
     output = read_input(run.spark, cfg.output, "delta", version=previous_version)
+    if CHUNK_INDEX in output.columns:  # a chunked output: a document's rows share its digest; its first chunk stands for it
+        output = output.where(F.col(CHUNK_INDEX) == 0)
     # an image read with a prompt changes with its prompt too, which the file's status does not tell: read every file
     prechecked = (FILE_COLUMN in scorable.columns and set(FILE_COLUMNS) <= set(output.columns)
                   and PROMPT_COLUMN not in run.input_cols)

@@ -44,7 +44,7 @@ from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.contracts import FILE_COLUMN
 from lakescore.schemas.output import (
-    DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
+    CHUNK_COLUMNS, DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
 )
 
 __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
@@ -79,6 +79,7 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
         incremental += [file[field].alias(name) for field, name in zip(("path", *FILE_STATUS.names), FILE_COLUMNS)]
     return accounting.published.select(
         *id_columns(cfg.row_cols),
+        *([F.col(f.name) for f in CHUNK_COLUMNS] if cfg.chunked else []),
         *[F.col(f.name) for f in cfg.output_fields()],
         *([F.col(RANK_COLUMN)] if cfg.rank.enabled else []),
         F.lit(identity.model_id).alias("model_id"),
@@ -125,8 +126,8 @@ def publish(
         properties = _new_output_properties(cfg, rows.schema, _write_mode(run, plan)[1])
         commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=properties,
                             overwrite_schema=targets.replaces_layout)
-        if commit.rows is not None and commit.rows != accounting.output_rows:
-            raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.output_rows}")
+        if commit.rows is not None and commit.rows != accounting.published_rows:
+            raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.published_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
     at_point("publish_committed")
     errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref, txn).version
@@ -152,15 +153,18 @@ def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: Dat
     if accounting.output_rows == 0 and accounting.error_rows == 0 and not deleting_missing:
         return None, 0
     removed = _ids_to_remove(run, plan, accounting, rows)
+    if cfg.chunked:  # a document's rows are replaced whole: its chunks this run wrote none of go too
+        removed = _stale_chunks(run, plan, removed, rows)
+    keys = cfg.output_key_cols
     source = rows.withColumn(MERGE_OP, F.lit("upsert")).unionByName(
         removed.withColumn(MERGE_OP, F.lit("delete")), allowMissingColumns=True
     )
-    commit = merge_delta(source, cfg.output, cfg.id_cols, rows.columns, f"lakescore_changes_{plan.staging.key}", tag,
+    commit = merge_delta(source, cfg.output, keys, rows.columns, f"lakescore_changes_{plan.staging.key}", tag,
                          accounting.snapshot.publish_txn)
-    if commit.inserted + commit.updated != accounting.output_rows:
+    if commit.inserted + commit.updated != accounting.published_rows:
         raise RuntimeError(
             f"merged {commit.inserted} new and {commit.updated} updated rows into {cfg.output} "
-            f"but validated {accounting.output_rows}"
+            f"but validated {accounting.published_rows}"
         )
     return commit.version, commit.deleted
 
@@ -186,6 +190,17 @@ def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting, rows: Da
     output = read_input(run.spark, cfg.output, "delta", version=plan.changes.previous_version)
     stale = output.join(reranked, same_values(keys, theirs, null_safe=True), "left_semi").select(*id_columns(ids))
     return removed.unionByName(stale).distinct().join(rows.select(*id_columns(ids)), on=ids, how="left_anti")
+
+
+def _stale_chunks(run: RunContext, plan: Plan, removed: DataFrame, rows: DataFrame) -> DataFrame:
+    """A chunked output's rows to delete, as ids and ``chunk_index``: every row of the documents in ``removed`` (ids
+    whose input failed or left) and of the documents this run scored again that ``rows`` (its upserts) do not replace,
+    e.g. the last chunks of a shortened document."""
+    ids, keyed = list(run.cfg.id_cols), list(run.cfg.output_key_cols)
+    documents = removed.unionByName(rows.select(*id_columns(ids))).distinct()
+    output = read_input(run.spark, run.cfg.output, "delta", version=plan.changes.previous_version)
+    return (output.select(*id_columns(keyed)).join(documents, on=ids, how="left_semi")
+            .join(rows.select(*id_columns(keyed)), on=keyed, how="left_anti"))
 
 
 def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]],

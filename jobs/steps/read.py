@@ -52,7 +52,9 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     task's own settings section (``generate``)."""
     kind = cfg.input_kind
     other = kind.name if kind is not get_task(cfg.task).input_kind else None
-    return ModelSpec.of(cfg.task, cfg.model, feature_cols, cfg.task_options(), other)
+    section = get_task(cfg.task).options_section
+    return ModelSpec.of(cfg.task, cfg.model, feature_cols, input_kind=other,
+                        **({section: cfg.task_options()} if section else {}))
 
 
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
@@ -168,7 +170,7 @@ def check_targets(run: RunContext) -> Targets:
 
     def schema(incremental: bool, files: bool) -> StructType:
         return output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked, file_status=files,
-                             asked=cfg.asked_outputs())
+                             asked=cfg.asked_outputs(), chunked=cfg.chunked)
 
     planned = schema(incremental, files)
     try:

@@ -95,6 +95,7 @@ def assemble_report(
         input_rows=accounting.input_rows,
         ignored_files=run.ignored_files,
         output_rows=accounting.output_rows,
+        output_chunks=accounting.output_chunks,
         error_rows=accounting.error_rows,
         rows_kept=accounting.rows_kept,
         rows_scored=accounting.output_rows + (accounting.ranked_out or 0),

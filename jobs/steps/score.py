@@ -87,7 +87,7 @@ def score_dataframe(
     if partitions or profile is not None or planned is None or planned < target:
         df = df.repartition(target)
     # the kept columns' own names
-    schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols], asked=cfg.asked_outputs())
+    schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols], asked=cfg.asked_outputs(), chunked=cfg.chunked)
     read = list(dict.fromkeys([*keep_cols, *input_cols, *([key_col] if key_col else [])]))  # an input column may be kept too (transform)
     passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
     kind = get_task(spec.task).input_kind_of(spec)

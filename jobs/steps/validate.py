@@ -33,7 +33,7 @@ def validate_rows(
     }
     facts = OutputFacts(
         schema=targets.output_schema,
-        expected_rows=accounting.output_rows,
+        expected_rows=accounting.published_rows,
         prediction_columns=tuple(f.name for f in cfg.output_fields() if f.name not in task.optional_outputs),
         model_sha256=plan.identity.sha256,
         run_id=plan.run_id,

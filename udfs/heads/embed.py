@@ -42,7 +42,7 @@ from lakescore.udfs.models.model_source import POOLING_MODES, ModelSpec, refuse_
 from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = [
-    "SentenceEmbedder", "SentenceConfig", "load_embedder", "sentence_config", "dual_tower_text_config", "prompt_text", "pool",
+    "SentenceEmbedder", "SentenceConfig", "load_embedder", "load_sentence_embedder", "sentence_config", "dual_tower_text_config", "prompt_text", "pool",
     "KIND", "TEXT_TOWER", "POOLING_MODES",
 ]
 
@@ -133,6 +133,7 @@ class SentenceEmbedder:
         self, forward: Forward, tokenizer: Any, max_seq_length: int, pooling: tuple[str, ...], normalize: bool, prompt: str = "",
     ) -> None:
         self._forward = forward
+        self.tokenizer = tokenizer  # the chunker splits documents with it (lakescore.udfs.chunking)
         self._encode = BatchEncoder(tokenizer, max_seq_length)
         self.max_seq_length = max_seq_length
         self.pooling = pooling
@@ -216,7 +217,21 @@ def _pooling_modes(config: dict, model_dir: Path) -> tuple[str, ...]:
     return modes
 
 
-def load_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
+def load_embedder(spec: ModelSpec, model_dir: Path) -> Any:
+    """Load the embedding model in ``model_dir`` as ``spec`` configures it (:func:`load_sentence_embedder`); with
+    ``embed.chunk`` (``spec.embed``) over chunks of each text (:func:`~lakescore.udfs.chunking.chunked_embedder`).
+    Raises as :func:`load_sentence_embedder` does, and ``ValueError`` for chunk settings the model cannot take."""
+    head = load_sentence_embedder(spec, model_dir)
+    options = spec.embed
+    if options is None or not options.chunked:
+        return head
+    from lakescore.udfs.chunking import chunked_embedder
+
+    chunk = options.chunk
+    return chunked_embedder(head, chunk.max_tokens, chunk.overlap_tokens, chunk.max_chunks, chunk.document_vector == "mean")
+
+
+def load_sentence_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
     """Load the embedding model in ``model_dir`` as ``spec`` configures it.
 
     Only safetensors weights load unless ``spec.allow_pickle``; remote code runs only with

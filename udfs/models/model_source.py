@@ -79,9 +79,10 @@ class _SpecMethods:
         as its settings by name, and only when set: a spec of another task keeps the facts (and digests) it had
         before the field existed."""
         facts = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
-        options = facts.pop("generate")
-        if options is not None:
-            facts["generate"] = options.identity()
+        for section in _TASK_SECTIONS:
+            options = facts.pop(section)
+            if options is not None and options.identity():
+                facts[section] = options.identity()
         if facts["input_kind"] is None:  # the task's own input: digests stay as they were before the field existed
             del facts["input_kind"]
         return facts
@@ -107,15 +108,16 @@ class _SpecMethods:
         return replace(self, quantize="none", dtype="float32", expect_sha256=None)
 
     @classmethod
-    def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), generate: Any = None,
-           input_kind: Optional[str] = None) -> "ModelSpec":
-        """The spec of ``task`` with the ``model`` section's settings (the weights digest pin in lower case) and, for
-        ``generate``, its :class:`~lakescore.udfs.generate_options.GenerateOptions`; ``input_kind``: the name of
-        another input kind the task reads than its own (:attr:`lakescore.udfs.registry.Task.other_inputs`)."""
+    def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), input_kind: Optional[str] = None,
+           **task_options: Any) -> "ModelSpec":
+        """The spec of ``task`` with the ``model`` section's settings (the weights digest pin in lower case) and the
+        task's own section by its name (``generate=``: :class:`~lakescore.udfs.generate_options.GenerateOptions`,
+        ``embed=``: :class:`~lakescore.udfs.embed_options.EmbedOptions`); ``input_kind``: the name of another input
+        kind the task reads than its own (:attr:`lakescore.udfs.registry.Task.other_inputs`)."""
         settings = {name: getattr(model, name) for name in _MODEL_SETTINGS}
         pin = settings["expect_sha256"]
         settings["expect_sha256"] = pin.lower() if pin else None
-        return cls(task=task, **settings, feature_cols=feature_cols, generate=generate, input_kind=input_kind)
+        return cls(task=task, **settings, feature_cols=feature_cols, input_kind=input_kind, **task_options)
 
 
 _MODEL_SETTINGS = tuple(name for name in ModelOptions.model_fields if name not in DRIVER_ONLY)
@@ -134,7 +136,13 @@ def _spec_fields() -> Iterator[tuple]:
             yield name, info.annotation, field(default=info.default, compare=name != "cache_dir")
     yield "feature_cols", "tuple[str, ...]", field(default=())
     yield "generate", "Optional[GenerateOptions]", field(default=None)  # a name only: the options import this module
+    yield "embed", "Optional[EmbedOptions]", field(default=None)
     yield "input_kind", "Optional[str]", field(default=None)
+
+
+_TASK_SECTIONS = ("generate", "embed")
+"""The spec's fields holding a task's own settings section, each counted in :meth:`~_SpecMethods.identity` only when
+it says something (so a spec without one keeps the digests it had before the field existed)."""
 
 
 ModelSpec = make_dataclass("ModelSpec", list(_spec_fields()), bases=(_SpecMethods,), frozen=True)
@@ -144,8 +152,8 @@ ModelSpec.__doc__ = """Everything a worker needs to load the same model the driv
 Small, frozen and picklable: it is what crosses to the executors, never the model itself. It is also the process-wide
 cache key. Its fields are the ``model`` section's (:class:`~lakescore.udfs.model_options.ModelOptions`, declared
 there once) but :data:`~lakescore.udfs.model_options.DRIVER_ONLY`, plus the ``task``, a tabular model's
-``feature_cols`` (in the order the program takes them) and the ``generate`` task's settings
-(:class:`~lakescore.udfs.generate_options.GenerateOptions`).
+``feature_cols`` (in the order the program takes them) and the ``generate`` and ``embed`` tasks' settings
+(:class:`~lakescore.udfs.generate_options.GenerateOptions`, :class:`~lakescore.udfs.embed_options.EmbedOptions`).
 """
 
 
