@@ -419,14 +419,31 @@ def _w9_section(w9: Optional[W9Result]) -> list[str]:
 KEPT_SECTIONS = "## Findings that hold across runs"
 """Where the hand-written part of BENCHMARKS.md starts (findings, design measurements, history, GPU figures): a run
 replaces what is above it and keeps the rest."""
+CURRENT_SECTION = "## Current figures"
+"""BENCHMARKS.md's first screen, kept by hand (one current figure per workload, each with its command): a run keeps it
+above what it writes, since a run of some workloads does not replace every row."""
+RUN_SECTION = "## The last full `make bench` run"
+"""Where a run's own part of the document starts."""
 
 
-def _kept_sections(path: Path) -> str:
-    """The hand-written tail of the Markdown report at ``path`` (from :data:`KEPT_SECTIONS`), to keep after a new run;
-    empty when the file or the heading is missing."""
-    text = path.read_text() if path.exists() else ""
-    start = text.find(KEPT_SECTIONS)
-    return "\n" + text[start:] if start >= 0 else ""
+def _section(text: str, heading: str) -> str:
+    """``text`` from ``heading`` up to the next ``## `` heading (or the end); empty without ``heading``."""
+    start = text.find(heading)
+    if start < 0:
+        return ""
+    stop = text.find("\n## ", start + len(heading))
+    return text[start:stop + 1] if stop >= 0 else text[start:]
+
+
+def compose(document: str, previous: str) -> str:
+    """BENCHMARKS.md after a run: ``document`` (a run's own text, title first), with ``previous``'s current figures
+    placed before its :data:`RUN_SECTION` and ``previous``'s hand-written tail (from :data:`KEPT_SECTIONS`) after it."""
+    current = _section(previous, CURRENT_SECTION).rstrip("\n")
+    at = document.find(RUN_SECTION)
+    if current and at >= 0:
+        document = document[:at] + current + "\n\n" + document[at:]
+    kept = previous.find(KEPT_SECTIONS)
+    return document + ("\n" + previous[kept:] if kept >= 0 else "")
 
 
 def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[str, str], body: str,
@@ -439,6 +456,13 @@ def _markdown(facts: dict[str, str], args: argparse.Namespace, described: dict[s
                 f"- min cosine (lakescore vs plain loop, per review_id) >= {COSINE_TARGET}", *target_lines()]
     return "\n".join([
         "# lakescore benchmarks",
+        "",
+        "The current figure for each workload first; below it, the last full `make bench` run as it wrote itself, the "
+        "findings that hold across runs, design measurements, Ray Data and Daft side by side, the history of full runs "
+        "and the GPU figures. Every sitting behind a figure, with its account, is in "
+        "[bench/SITTINGS.md](bench/SITTINGS.md).",
+        "",
+        RUN_SECTION,
         "",
         "Written by `make bench` (`bench/`). Every number is one whole process, started fresh: rows/s is the "
         "input's rows over the process's wall time (start-up, model loads, scoring and writing included); peak "
@@ -581,7 +605,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  for r in results],
     }, indent=2))
     if args.markdown != "-":
-        Path(args.markdown).write_text(document + _kept_sections(Path(args.markdown)))
+        previous = Path(args.markdown).read_text() if Path(args.markdown).exists() else ""
+        Path(args.markdown).write_text(compose(document, previous))
         print(f"\nwritten: {args.markdown}", flush=True)
     ran = results or w3 or c1 or w4 or w4e or w5 or w6 or w3t or w7 or w6t or w9
     extra = (w3, c1, w4, w4e, w5, w6, w3t, w7, w6t, w9)
