@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lakescore.udfs.engine_server import EngineServer, _alive, engine_command, free_port, served_name
+from lakescore.udfs.remote.engine import EngineServer, _alive, engine_command, free_port, served_name
 
 
 def test_each_engines_command_line_serves_the_model_on_loopback_with_the_users_flags_last():
@@ -49,7 +49,7 @@ def test_the_watchdog_stops_its_engine_when_the_watched_process_ends():
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     engine_pid_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"lakescore-watch-{os.getpid()}.pid"
     engine = f"import os, time; open({str(engine_pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    watchdog = subprocess.Popen([sys.executable, "-m", "lakescore.udfs.engine_server", "watch", str(parent.pid), "--",
+    watchdog = subprocess.Popen([sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(parent.pid), "--",
                                  sys.executable, "-c", engine], start_new_session=True)
     try:
         deadline = time.monotonic() + 30

@@ -2,7 +2,7 @@
 
 The first Python worker of a host that needs the engine starts it, under a host-wide file lock, on a free loopback
 port, and waits for its health check; the others find it through the lock's state file and send their rows to it.
-The engine runs under a small watchdog (``python -m lakescore.udfs.engine_server watch``) in a process group of its
+The engine runs under a small watchdog (``python -m lakescore.udfs.remote.engine watch``) in a process group of its
 own, which stops it when the executor's Python daemon (the worker's parent) goes: when the executor's work ends or
 the job fails, no engine outlives it. :func:`stop_engines` stops a host's engines at once (the job calls it when a
 run ends). A crashed engine is started again once per process (:meth:`EngineServer.recover`), and the rows that were
@@ -32,7 +32,8 @@ from typing import Iterator, Optional, Sequence
 from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
-    "EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "stop_engines_task", "HOST",
+    "EngineServer", "EngineStartError", "engine_command", "engine_env", "free_port", "healthy", "stop_engines",
+    "stop_engines_task", "HOST",
 ]
 
 HOST = "127.0.0.1"
@@ -205,7 +206,7 @@ class EngineServer:
         for _ in range(3):  # a port taken between free_port() and the engine's bind: another port
             port = free_port()
             command = engine_command(self.engine, self.model, self.name, port, self.args)
-            watchdog = [sys.executable, "-m", "lakescore.udfs.engine_server", "watch", str(self.watch_pid), "--", *command]
+            watchdog = [sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(self.watch_pid), "--", *command]
             with open(self.log_path, "ab") as log:
                 process = subprocess.Popen(watchdog, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True, env=self.env)
@@ -258,6 +259,15 @@ def stop_engines(folder: Optional[Path] = None) -> int:
     return stopped
 
 
+def engine_env() -> Optional[dict[str, str]]:
+    """The engine's environment: this worker's, with ``CUDA_VISIBLE_DEVICES`` the GPU Spark gave the task (the scoring
+    stage's resource profile), so the engine takes that GPU as in-process scoring does; ``None`` (inherit) without one."""
+    from lakescore.udfs.models.devices import task_gpu_address
+
+    address = task_gpu_address()
+    return None if address is None else {**os.environ, "CUDA_VISIBLE_DEVICES": address}
+
+
 def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
     """Run ``command`` until it exits or ``parent`` does (then stop it: SIGTERM, SIGKILL after a grace period); a
     SIGTERM to this watchdog stops it too. The command's exit status, or 0 when stopped."""
@@ -290,7 +300,7 @@ def stop_engines_task(batches):
     yield pa.RecordBatch.from_pylist([{"stopped": stop_engines()}], schema=pa.schema([("stopped", pa.int32())]))
 
 
-if __name__ == "__main__":  # the watchdog: python -m lakescore.udfs.engine_server watch <pid> -- <command...>
+if __name__ == "__main__":  # the watchdog: python -m lakescore.udfs.remote.engine watch <pid> -- <command...>
     if len(sys.argv) < 5 or sys.argv[1] != "watch" or sys.argv[3] != "--":
-        sys.exit("usage: python -m lakescore.udfs.engine_server watch <pid> -- <command...>")
+        sys.exit("usage: python -m lakescore.udfs.remote.engine watch <pid> -- <command...>")
     sys.exit(watch(int(sys.argv[2]), sys.argv[4:]))

@@ -1,6 +1,6 @@
 """Settings of the generate task's remote engines: an OpenAI-compatible endpoint (``generate.endpoint``) and a
 served engine started on each executor host (``generate.server``). Plain pydantic, importable without the HTTP
-client, so the config and the driver read them without it (:mod:`lakescore.udfs.endpoint` is the client)."""
+client, so the config and the driver read them without it (:mod:`lakescore.udfs.remote.client` is the client)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ executor, few enough that a shared endpoint queues them rather than refusing the
 MODELS_LISTING = "/v1/models"
 """Where an endpoint's model files would be named: a model served elsewhere has no files here, so its identity's
 ``files`` hold, under this name, what the endpoint's ``/v1/models`` says of it (canonical JSON,
-:func:`~lakescore.udfs.endpoint_generate.models_listing`)."""
+:func:`~lakescore.udfs.remote.generate.models_listing`)."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
