@@ -165,7 +165,8 @@ def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[
 
     if endpoint is not None:
         return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint)), None
-    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, env=engine_env())
+    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, env=engine_env(),
+                          python=server.python)
     url = engine.url()
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has

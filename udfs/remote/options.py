@@ -122,9 +122,15 @@ class ServerOptions(_Client):
     """Seconds the engine may take to answer its health check (loading weights, compiling) before the task fails."""
     api: Literal[ENDPOINT_APIS] = "completions"
     """As ``generate.endpoint.api``."""
+    python: Optional[Text] = None
+    """The Python interpreter that runs the engine (``<python> -m vllm.entrypoints.openai.api_server``, ``-m
+    sglang.launch_server``, ``-m transformers.cli.transformers serve``), so the engine can live in an environment of its
+    own (``build/engines/vllm/bin/python``; a relative path is taken from the worker's working directory). Default: the
+    engine's command beside the job's own interpreter (``vllm serve``, ``transformers serve``), else on ``PATH``."""
 
     def identity(self) -> dict:
-        """What changes an output besides the model's files: the engine, its flags and the API."""
+        """What changes an output besides the model's files: the engine, its flags and the API. Where the engine is
+        installed (``python``) is left out, as the path of the default command is: a path names no version."""
         return {"engine": self.engine, "args": list(self.args), "api": self.api}
 
 
