@@ -142,12 +142,12 @@ class RemoteHead:
             error = future.exception()
             if error is None:
                 outputs[i] = future.result()
-            elif isinstance(error, EndpointError):
-                reasons[i], errors[i] = "endpoint_error", str(error)[:2000]
             elif isinstance(error, EndpointDown):
                 raise error
-            else:
-                reasons[i], errors[i] = "endpoint_error", f"{type(error).__name__}: {error}"[:2000]
+            else:  # every text from a server passes the one scrubber before it reaches the errors table
+                text = str(error) if isinstance(error, EndpointError) else f"{type(error).__name__}: {error}"
+                reasons[i] = getattr(error, "reason", "endpoint_error") if isinstance(error, EndpointError) else "endpoint_error"
+                errors[i] = self.client.scrub(text)[:2000]
         return Scored(outputs, reasons, errors)
 
     def close(self) -> None:
