@@ -32,6 +32,7 @@ from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
 from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.engine import EngineServer, healthy
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.served_models import RateLimitingProxy, TransformersServe, python_processes_named
@@ -240,14 +241,24 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
                     return
             time.sleep(0.05)
 
+    # another run's engine on this host, for the same model (its own copy marks its processes), owned by a live
+    # process that is not this run's executor: the run's end must leave it serving (issue 57: it was stopped)
+    neighbours_model = shutil.copytree(tiny_causal_lm_dir, tmp_path / "neighbours-model")
+    neighbour = EngineServer("transformers", str(neighbours_model), startup_timeout_s=300, owner=os.getpid(),
+                             watch_pid=os.getpid())
+    neighbour.url()
     killed: list[int] = []
     killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
     killer.start()
-    report = run_scoring(_config(source, output, **{
-        "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
-        "scoring.partitions": 1,
-    }), spark)
-    killer.join()
+    try:
+        report = run_scoring(_config(source, output, **{
+            "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
+            "scoring.partitions": 1,
+        }), spark)
+        killer.join()
+        assert healthy(neighbour.port) and python_processes_named(str(neighbours_model))  # the neighbour still serves
+    finally:
+        neighbour.stop()
     assert report.status == "succeeded", report.error
     assert len(killed) == 1, killed  # the engine died mid-run, and was started again
     out = read_output(spark, str(output))

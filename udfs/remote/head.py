@@ -161,12 +161,12 @@ def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[
     host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
     (``None`` for an endpoint). :class:`~lakescore.udfs.remote.client.EndpointRefused` for a key named but not set;
     :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
-    from lakescore.udfs.remote.engine import HOST, EngineServer, engine_env
+    from lakescore.udfs.remote.engine import HOST, EngineServer, engine_gpus, task_gpus
 
     if endpoint is not None:
         return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint)), None
-    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, env=engine_env(),
-                          python=server.python)
+    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, python=server.python,
+                          gpus=engine_gpus(server.args, task_gpus()))
     url = engine.url()
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has
