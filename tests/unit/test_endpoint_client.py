@@ -420,3 +420,57 @@ def test_the_preflight_says_what_happened(server):
     script.answers, script.delay = [_ok()], 1.0
     with pytest.raises(EndpointRefused, match=r"timed out on the preflight's request \(0 retries\)"):
         _head(url, timeout_s=0.2, max_retries=0).score(["p"])
+
+
+def test_a_key_typed_into_api_key_env_is_refused_before_compute_and_never_echoed(tmp_path):
+    """Before: ``sk_live_...`` is a valid variable name, accepted, echoed on the console and written into the report."""
+    import subprocess
+    import sys
+
+    from lakescore.jobs.config import ConfigError, load_config
+
+    typed = "sk_live_51HqLakescoreNotAName0123"
+    flags = {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "task": "generate", "id_col": "id",
+             "generate.prompt_template": "{x}", "generate.endpoint.url": "https://a.example.com/v1",
+             "generate.endpoint.model": "m"}
+    assert load_config(flags={**flags, "generate.endpoint.api_key_env": "LLM_API_KEY"}).secret_env_names() == ("LLM_API_KEY",)
+    for value in (typed, "hf_abcdefghijklmnopqrstuvwxyz0123", "sk-live-51Hq", "A" * 65):
+        with pytest.raises(ConfigError) as refused:
+            load_config(flags={**flags, "generate.endpoint.api_key_env": value})
+        assert value not in str(refused.value) and "is not shown here" in str(refused.value)
+    run = subprocess.run([sys.executable, "-m", "lakescore.jobs.cli", "score", "--input", flags["input"], "--output",
+                          flags["output"], "--task", "generate", "--id-col", "id", "--set", "generate.prompt_template={x}",
+                          "--set", "generate.endpoint.url=https://a.example.com/v1", "--set", "generate.endpoint.model=m",
+                          "--set", f"generate.endpoint.api_key_env={typed}"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "api_key_env must name the environment variable" in run.stderr
+    assert typed not in run.stdout + run.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_session_lakescore_builds_hides_the_keys_variable():
+    import re
+
+    from lakescore.jobs.platform.session import SPARK_REDACTION_DEFAULT, redaction_regex
+
+    assert not re.search(SPARK_REDACTION_DEFAULT, "spark.executorEnv.LLM_API_KEY")  # Spark's default shows it
+    hidden = redaction_regex(None, ["LLM_API_KEY"])
+    assert re.search(hidden, "spark.executorEnv.LLM_API_KEY") and re.search(hidden, "spark.ssl.keyPassword")
+    assert not re.search(hidden, "spark.executorEnv.LLM_API_KEY_HINT") and not re.search(hidden, "spark.app.name")
+    assert redaction_regex("(?i)mine", ["K"]).startswith("(?i)mine|") and redaction_regex(None, []) is None
+    # the warning for a session lakescore did not build: tests/integration/test_endpoint_job.py, on a real session
+
+
+def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_with_it(server):
+    """Before: ``EndpointGenerator.close()`` was never called; a dropped head's pool and connections stayed open for
+    the worker's life."""
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.model_cache import HoldsResources, LoadedModel, ServedElsewhere
+
+    script, url = server
+    head = _head(url, concurrency=2)
+    assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources)  # the head protocol, not getattr
+    assert head.score_prompts(["a", "b"], None).reasons == [None, None]
+    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0}
+    key = object()
+    model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
+    model_cache.clear()  # what the worker's exit runs too (atexit)
+    assert head.pool._shutdown and head.client.http.is_closed
