@@ -474,3 +474,20 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
     model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
     model_cache.clear()  # what the worker's exit runs too (atexit)
     assert head.pool._shutdown and head.client.http.is_closed
+
+
+def test_the_conf_examples_the_docs_name_exist_load_and_say_what_the_docs_show():
+    """Before: docs/generation.md named conf/reviews-endpoint.yaml and conf/reviews-vllm.yaml, which did not exist."""
+    import re
+    from pathlib import Path
+
+    from lakescore.jobs.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    shown = re.findall(r"```yaml\n# (conf/[\w.-]+\.yaml)\n(.*?)```", (repo / "docs/generation.md").read_text(), re.S)
+    assert {path for path, _ in shown} == {"conf/reviews-endpoint.yaml", "conf/reviews-vllm.yaml"}
+    for path, body in shown:
+        assert (repo / path).read_text().split("\n", 1)[1] == body, path
+        cfg = load_config(repo / path)
+        assert (cfg.generate.endpoint or cfg.generate.server) is not None
+    assert load_config(repo / "conf/reviews-endpoint.yaml").secret_env_names() == ("LLM_API_KEY",)

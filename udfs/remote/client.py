@@ -2,7 +2,7 @@
 
 Each row's request is built from the generate settings (:func:`request_body`), sent by a pool of threads bounded per
 task (``concurrency``), through a host-wide rate limit (:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a
-timeout per request and retries on 429, 5xx, timeouts and lost connections: exponential backoff with jitter, or the
+timeout per request and retries on the statuses of :data:`RETRY_STATUSES`, timeouts and lost connections: exponential backoff with jitter, or the
 server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
 with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
 raises :class:`EndpointDown` for every row in flight, which fails the task and the run in one line.
