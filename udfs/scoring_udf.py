@@ -132,6 +132,7 @@ class ScoredBatch:
     requests: int = 0
     retries: int = 0
     rate_limited: int = 0
+    unmetered: int = 0
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema, with_metrics: bool = True) -> pa.RecordBatch:
         """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker`` (this batch's
@@ -158,7 +159,8 @@ class ScoredBatch:
         """This batch's :data:`~lakescore.schemas.output.WORKER_METRICS`."""
         return {"model_loads": self.loads, "arrow_batches": 1, "batch_rows": len(self.reasons), "model_seconds": self.seconds,
                 "budget_halvings": self.halvings, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-                "requests": self.requests, "retries": self.retries, "rate_limited": self.rate_limited}
+                "requests": self.requests, "retries": self.retries, "rate_limited": self.rate_limited,
+                "unmetered": self.unmetered}
 
 
 def score_batches(
@@ -205,22 +207,29 @@ def score_batches(
         loads = 0
 
 
-def _traffic(head: Any) -> dict[str, int]:
-    """The requests a head over an endpoint sent so far in this process, its retries and 429s (zeros for the others)."""
-    if isinstance(head, ServedElsewhere):
-        counts = head.request_counts()
-        return {name: int(counts.get(name, 0)) for name in ("requests", "retries", "rate_limited")}
-    return {"requests": 0, "retries": 0, "rate_limited": 0}
+TRAFFIC = ("requests", "retries", "rate_limited", "unmetered")
+"""What a head over an endpoint counts of its requests besides the tokens (which the runner counts from the rows)."""
+
+
+def _traffic(head: Any, names: Sequence[str] = TRAFFIC) -> dict[str, int]:
+    """The requests a head over an endpoint sent so far in this process, its retries, 429s and answers without
+    ``usage`` (zeros for the others); ``names`` may ask for its ``tokens_in`` and ``tokens_out`` too."""
+    counts = head.request_counts() if isinstance(head, ServedElsewhere) else {}
+    return {name: int(counts.get(name, 0)) for name in names}
 
 
 PREFLIGHT_SCHEMA = (
     "host string, pid int, device string, sha256 string, revision string, seconds double, loaded boolean, "
-    "error_type string, error string, fidelity string, files string, row_seconds double"
+    "error_type string, error string, fidelity string, files string, row_seconds double, traffic string"
 )
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
 ``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded
-(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`)."""
+(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`); ``traffic``: what a
+head over an endpoint sent for the preflight (JSON of :data:`PREFLIGHT_TRAFFIC`), which the run's figures and cost
+include."""
+
+PREFLIGHT_TRAFFIC = (*TRAFFIC, "tokens_in", "tokens_out")
 
 
 def make_preflight_function(
@@ -254,7 +263,12 @@ def make_preflight_function(
         try:
             model, resolved, loads = model_for_this_worker(spec)
             kind = get_task(spec.task).input_kind
-            rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
+            sent = _traffic(model.scorer, PREFLIGHT_TRAFFIC)
+            try:
+                rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
+            finally:  # a refused preflight's request was sent too
+                now = _traffic(model.scorer, PREFLIGHT_TRAFFIC)
+                row["traffic"] = json.dumps({name: now[name] - sent[name] for name in PREFLIGHT_TRAFFIC})
             if rows != 1:
                 raise RuntimeError(f"the model returned {rows} rows for one input")
             if kind.timed_rows:

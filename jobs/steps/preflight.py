@@ -66,6 +66,9 @@ class ModelIdentity:
     (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
+    traffic: dict = field(default_factory=dict)
+    """What a head over an endpoint sent for the preflight, summed over its tasks (requests, retries, 429s, answers
+    without usage, tokens): part of the run's figures and cost. Empty for the others."""
     row_seconds: Optional[float] = None
     """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
     :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
@@ -128,9 +131,18 @@ def preflight_model(
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),
+        traffic=_summed(r.traffic for r in rows),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )
+
+
+def _summed(traffics) -> dict:
+    total: dict = {}
+    for text in traffics:
+        for name, count in json.loads(text or "{}").items():
+            total[name] = total.get(name, 0) + int(count)
+    return total if total.get("requests") else {}
 
 
 def stop_served_engines(run: "RunContext") -> None:

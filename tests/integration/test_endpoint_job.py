@@ -119,7 +119,10 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         workers = report.workers
         # (the preflight's request may be the one a 429 met: the executors' preflight counts in no row)
         assert 1 <= workers["rate_limited"] <= proxy.refused and workers["retries"] >= workers["rate_limited"]
-        assert workers["tokens_out"] == out["completion_tokens"].sum() and workers["tokens_in"] == out["prompt_tokens"].sum()
+        preflight = workers["preflight"]  # the executors' preflight requests: counted and billed as the rows' are
+        assert preflight["requests"] >= 1 and workers["requests"] >= preflight["requests"] + 6
+        assert workers["tokens_out"] == out["completion_tokens"].sum() + preflight["tokens_out"]
+        assert workers["tokens_in"] == out["prompt_tokens"].sum() + preflight["tokens_in"]
         token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
         assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
         assert "the endpoint's tokens" in report.summary()
@@ -136,7 +139,17 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
                                                        "max_error_rate": 1.0}), spark)
         assert again.status == "succeeded", again.error
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
-        assert not again.workers.get("requests")  # the preflight's request aside, none
+        assert again.workers["requests"] == again.workers["preflight"]["requests"]  # the preflight's, none for rows
+
+        # /v1/models failing (503) on a rerun is no news: nothing is scored or billed again (issue 57: "scoring spec
+        # changed, every row scored again", and once more when the listing came back)
+        proxy.models_status = 503
+        outage = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
+                                                        "max_error_rate": 1.0}), spark)
+        proxy.models_status = None
+        assert outage.status == "succeeded", outage.error
+        assert outage.rows_kept == 6 and not outage.spec_changes and outage.model_sha256 == report.model_sha256
+        assert outage.workers["requests"] == outage.workers["preflight"]["requests"]
 
         # The server now says something else of the model behind the same name: every row is scored again, and the
         # output's commit records the new entry.

@@ -469,7 +469,8 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
     head = _head(url, concurrency=2)
     assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources)  # the head protocol, not getattr
     assert head.score_prompts(["a", "b"], None).reasons == [None, None]
-    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0}
+    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6,
+                                     "tokens_out": 4}
     key = object()
     model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
     model_cache.clear()  # what the worker's exit runs too (atexit)
@@ -491,3 +492,24 @@ def test_the_conf_examples_the_docs_name_exist_load_and_say_what_the_docs_show()
         cfg = load_config(repo / path)
         assert (cfg.generate.endpoint or cfg.generate.server) is not None
     assert load_config(repo / "conf/reviews-endpoint.yaml").secret_env_names() == ("LLM_API_KEY",)
+
+
+def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usage_says_it_is_incomplete():
+    """Before: the preflight's requests and tokens were left out of the run's figures and cost, and answers without
+    ``usage`` were billed as 0 tokens with nothing said."""
+    from lakescore.jobs.cost import SessionResources, cost_text, run_cost
+    from lakescore.jobs.steps.account import _worker_totals
+    from lakescore.schemas.output import WORKER_METRICS
+
+    group = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    group.update(arrow_batches=2, tokens_in=30, tokens_out=20, requests=10, retries=1, unmetered=2)
+    preflight = {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6, "tokens_out": 4}
+    workers = _worker_totals([group], 10, 0, preflight)
+    assert (workers["requests"], workers["tokens_in"], workers["tokens_out"], workers["unmetered"]) == (12, 36, 24, 2)
+    assert workers["preflight"] == preflight
+    assert "preflight" not in _worker_totals([group], 10, 0, {}) and _worker_totals([group], 10, 0)["requests"] == 10
+    price = Price(input=2.0, output=10.0)
+    cost = run_cost(seconds=10, stage_seconds=5, worker_seconds=4, rows_scored=10, resources=SessionResources(2, 2, 1),
+                    token_cost=price.cost(36, 24), token_cost_unmetered=workers["unmetered"])
+    assert cost["token_cost"] == pytest.approx(3.12e-4) and cost["token_cost_unmetered"] == 2
+    assert cost_text(cost).endswith("the endpoint's tokens (incomplete: 2 answers had no usage)")
