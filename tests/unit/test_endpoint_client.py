@@ -147,7 +147,8 @@ def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
     assert "ConnectError" in line
     with pytest.raises(EndpointDown):  # every later row too, without a request
         client.complete(GenerateOptions(), "p")
-    assert client.stats.requests == 3
+    assert len(waits) == 2  # three attempts, the third stopped it
+    assert client.stats.requests == client.stats.retries == 0  # none reached a server: nothing to count or pay
 
 
 def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(server):
@@ -513,3 +514,51 @@ def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usag
                     token_cost=price.cost(36, 24), token_cost_unmetered=workers["unmetered"])
     assert cost["token_cost"] == pytest.approx(3.12e-4) and cost["token_cost_unmetered"] == 2
     assert cost_text(cost).endswith("the endpoint's tokens (incomplete: 2 answers had no usage)")
+
+
+def test_the_requests_counted_are_the_requests_the_server_received():
+    """Before: an attempt that never reached the server (a kept-alive connection the server closed as the request
+    came, its idle timeout racing the request, as uvicorn's does after a pause) was counted as a request and a retry,
+    so the run's figures exceeded what the server saw (issue 57: 45 against 40, 50 against 49)."""
+    import select
+
+    received: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real servers answer
+
+        def log_message(self, *args):
+            pass
+
+        def handle(self):  # one answer per connection; the next request finds the connection closing, unread
+            self.handle_one_request()
+            select.select([self.connection], [], [], 2.0)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            received.append(1)
+            data = json.dumps(_ok()[2]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.handle_error = lambda *args: None
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        head = _head(f"http://127.0.0.1:{httpd.server_address[1]}/v1", concurrency=2, max_consecutive_failures=100)
+        scored = head.score_prompts([f"row {i}" for i in range(8)], None)
+        counts = head.request_counts()
+        head.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert scored.reasons == [None] * 8
+    assert counts["requests"] == len(received) == 8 and counts["retries"] == 0
