@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.spark_adapter import default_parallelism
-from lakescore.jobs.platform.tables import run_metadata
+from lakescore.jobs.platform.tables import column, run_metadata
 from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import (
     CHANGES_LAYOUT, Changes, ScoringSpec, find_changes, input_digest, recorded_spec,
 )
-from lakescore.jobs.steps.preflight import ModelIdentity
+from lakescore.jobs.steps.preflight import ModelIdentity, preflight_model, stop_served_engines, summed_traffic
 from lakescore.jobs.steps.context import RunContext, Targets
 from lakescore.jobs.steps.staging import (
     Staging, changed_rows, nearby_chunk_counts, planned_chunks, prepared_rows, run_key,
@@ -37,7 +38,7 @@ from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec, mode
 from lakescore.udfs.remote.head import endpoint_identity
 from lakescore.udfs.remote.options import MODELS_LISTING
 
-__all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run"]
+__all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run", "probe_endpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -331,3 +332,31 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     if split.ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())
     return plan
+
+
+def probe_endpoint(run: RunContext, plan: Plan) -> Plan:
+    """``plan``, after the second part of the preflight of a model served elsewhere: the executors send the sample
+    with every setting of the run (:class:`~lakescore.udfs.remote.client.EndpointRefused` naming what happened, before
+    any row), and the plan's identity counts those requests in the run's figures and cost. Only when the plan has
+    chunks left to score whose rows have an input to send: a run with nothing to score (or only null inputs, which are
+    dead-lettered without a request) sends the endpoint nothing. Other models probed already."""
+    if not plan.identity.probe_deferred or not _rows_to_send(run, plan):
+        return plan
+    try:
+        probed = preflight_model(run.spark, plan.spec, run.layout)
+    except BaseException:
+        stop_served_engines(run)
+        raise
+    traffic = summed_traffic(json.dumps(t) for t in (plan.identity.traffic, probed.traffic))
+    return dataclasses.replace(plan, identity=dataclasses.replace(plan.identity, traffic=traffic, probe_deferred=False))
+
+
+def _rows_to_send(run: RunContext, plan: Plan) -> bool:
+    """Whether ``plan`` has chunks left whose rows include one with an input (a null one is ``null_input``, never sent).
+    Rows behind the refused-id anti join are taken to: finding out would cost a shuffle of the input."""
+    if not plan.scorable_rows or len(plan.done) == plan.chunks:
+        return False
+    if plan.changes is None and plan.split.ids.refused_rows:
+        return True
+    present = F.coalesce(*[column(c) for c in run.input_cols]).isNotNull()
+    return bool(plan.scorable.where(present).limit(1).count())

@@ -109,6 +109,7 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         report = run_scoring(cfg, spark)
         record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
         assert report.status == "succeeded", report.error
+        assert report.workers["requests"] == proxy.posts  # the report counts what the server saw, no more
         # what /v1/models says is the model's identity, less what the server draws for each answer
         assert report.model_listing == {"answered": True, "entry": {**entry, "permission": [{"allow_logprobs": True}]}}
         out = read_output(spark, str(output))
@@ -135,11 +136,13 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         # Incremental: nothing changed (the listing's drawn permission aside), so nothing is sent (the null row is tried
         # again, as every row without an output is, and dead-lettered again without a request).
         proxy.models = listed("modelperm-2")
+        posts = proxy.posts
         again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                        "max_error_rate": 1.0}), spark)
         assert again.status == "succeeded", again.error
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
-        assert again.workers["requests"] == again.workers["preflight"]["requests"]  # the preflight's, none for rows
+        # nothing to score: the preflight read /v1/models and sent no paid request (issue 57: it sent its probe anyway)
+        assert proxy.posts == posts and "requests" not in again.workers and "preflight" not in again.workers
 
         # /v1/models failing (503) on a rerun is no news: nothing is scored or billed again (issue 57: "scoring spec
         # changed, every row scored again", and once more when the listing came back)
@@ -149,17 +152,20 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         proxy.models_status = None
         assert outage.status == "succeeded", outage.error
         assert outage.rows_kept == 6 and not outage.spec_changes and outage.model_sha256 == report.model_sha256
-        assert outage.workers["requests"] == outage.workers["preflight"]["requests"]
+        assert proxy.posts == posts and "requests" not in outage.workers
 
         # The server now says something else of the model behind the same name: every row is scored again, and the
         # output's commit records the new entry.
         proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
         proxy.every = 10_000  # (429s are the first run's to prove; the suite too: this run is about what it rescores)
+        posts = proxy.posts
         changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                          "max_error_rate": 1.0, "validation.enabled": False}), spark)
         assert changed.status == "succeeded", changed.error
         assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
         assert changed.spec_changes == ["the endpoint /v1/models changed"]
+        # rows to score: the preflight's probe went out after the plan, and is counted as the server counted it
+        assert changed.workers["preflight"]["requests"] >= 1 and changed.workers["requests"] == proxy.posts - posts
         (commit,) = delta_history(spark, str(output), 1)
         assert json.loads(commit.spec["files"]["/v1/models"])["entry"]["root"] == "tiny-v2"
         assert read_output(spark, str(output))["generated_text"].tolist() == expected

@@ -516,6 +516,31 @@ def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usag
     assert cost_text(cost).endswith("the endpoint's tokens (incomplete: 2 answers had no usage)")
 
 
+def test_the_preflight_reads_the_models_listing_and_sends_its_paid_request_only_when_asked(server):
+    """Before: every preflight task sent its sample to the endpoint, even for a run with nothing to score (an unchanged
+    incremental rerun). Now its first part only reads ``/v1/models``; the driver asks for the probe once rows will be
+    scored (:func:`~lakescore.jobs.steps.preflight.probe_endpoint`), and that probe's request is counted."""
+    import pyarrow as pa
+
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.model_source import ModelSpec
+    from lakescore.udfs.scoring_udf import make_preflight_function
+
+    script, url = server
+    options = GenerateOptions(max_new_tokens=8, endpoint=EndpointOptions(url=url, model="tiny"))
+    spec = ModelSpec("generate", None, generate=options)
+    rows = [pa.record_batch({"id": pa.array([0])})]
+    try:
+        (listed,) = list(make_preflight_function(spec, probe=False)(iter(rows))).pop().to_pylist()
+        assert listed["error"] is None and listed["probed"] is False and listed["sha256"]
+        assert script.seen == [] and json.loads(listed["files"])  # /v1/models read, no paid request
+        (probed,) = list(make_preflight_function(spec)(iter(rows))).pop().to_pylist()
+        assert probed["error"] is None and probed["probed"] is True and probed["sha256"] == listed["sha256"]
+        assert len(script.seen) == 1 and json.loads(probed["traffic"])["requests"] == 1
+    finally:
+        model_cache.clear()
+
+
 def test_the_requests_counted_are_the_requests_the_server_received():
     """Before: an attempt that never reached the server (a kept-alive connection the server closed as the request
     came, its idle timeout racing the request, as uvicorn's does after a pause) was counted as a request and a retry,
