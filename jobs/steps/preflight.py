@@ -6,7 +6,9 @@ profile, loads the model where it will score, hashes its weights and scores one 
 float16) is also checked against float32 on a sample of the run's own input (:data:`SAMPLE_ROWS` rows): outside
 ``model.quantize_*`` tolerance, the run fails here, before any row is scored. It runs in a background
 job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
-score next find the model in their cache. The driver itself never imports torch.
+score next find the model in their cache. The driver itself never imports torch. A head over an endpoint only reads
+its ``/v1/models`` here: its paid sample request waits for a plan with rows to send
+(:func:`~lakescore.jobs.steps.prepare.probe_endpoint`).
 """
 
 from __future__ import annotations
