@@ -6,7 +6,9 @@ profile, loads the model where it will score, hashes its weights and scores one 
 float16) is also checked against float32 on a sample of the run's own input (:data:`SAMPLE_ROWS` rows): outside
 ``model.quantize_*`` tolerance, the run fails here, before any row is scored. It runs in a background
 job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
-score next find the model in their cache. The driver itself never imports torch.
+score next find the model in their cache. The driver itself never imports torch. A head over an endpoint only reads
+its ``/v1/models`` here: its paid sample request waits for a plan with rows to send
+(:func:`~lakescore.jobs.steps.prepare.probe_endpoint`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import RunContext, ScoringLayout
-from lakescore.udfs.endpoint import EndpointRefused
-from lakescore.udfs.engine_server import EngineStartError, stop_engines_task
+from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.engine import EngineStartError, stop_engines_task
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
@@ -37,7 +39,7 @@ from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 __all__ = [
     "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
-    "raise_worker_failure", "stop_served_engines",
+    "raise_worker_failure", "stop_served_engines", "summed_traffic",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,9 +69,15 @@ class ModelIdentity:
     (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
+    traffic: dict = field(default_factory=dict)
+    """What a head over an endpoint sent for the preflight, summed over its tasks (requests, retries, 429s, answers
+    without usage, tokens): part of the run's figures and cost. Empty for the others."""
     row_seconds: Optional[float] = None
     """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
     :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
+    probe_deferred: bool = False
+    """A head over an endpoint sent no request yet: :func:`probe_endpoint` sends the sample once the plan has rows to
+    score."""
 
 
 def preflight_model(
@@ -79,6 +87,7 @@ def preflight_model(
     tag: Optional[str] = None,
     sample: Sequence[str] = (),
     tolerance: Optional[Tolerance] = None,
+    probe: bool = True,
 ) -> ModelIdentity:
     """Load the model where it will score, in the executors' Python workers, and score one sample there.
 
@@ -92,7 +101,8 @@ def preflight_model(
     With a reduced-precision ``spec`` (``spec.reduced_precision``) and a ``sample`` of input texts, one task also
     compares its outputs with float32's on the sample (for int8 the float32 graph, checked against torch at export);
     outside ``tolerance`` it raises :class:`~lakescore.udfs.models.quantize.QuantizationToleranceError`
-    naming the figures.
+    naming the figures. ``probe`` false: a head over an endpoint sends no request here (its identity is what its
+    ``/v1/models`` says) and the identity says :attr:`ModelIdentity.probe_deferred`.
 
     Raises :class:`~lakescore.udfs.models.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and
@@ -100,7 +110,7 @@ def preflight_model(
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
     tasks = layout.partitions or default_parallelism(spark)
-    probe = make_preflight_function(spec, sample, tolerance)
+    probe = make_preflight_function(spec, sample, tolerance, probe)
     with job_tag(spark, tag) if tag else nullcontext():  # this thread's job below, nothing the caller's thread runs
         rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
     raise_worker_failure(spec, rows)
@@ -129,20 +139,33 @@ def preflight_model(
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),
+        traffic=summed_traffic(r.traffic for r in rows), probe_deferred=not all(r.probed for r in rows),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )
 
 
+def summed_traffic(traffics) -> dict:
+    """The preflight tasks' ``traffic`` (JSON texts) summed; empty when no request was sent."""
+    total: dict = {}
+    for text in traffics:
+        for name, count in json.loads(text or "{}").items():
+            total[name] = total.get(name, 0) + int(count)
+    return total if total.get("requests") else {}
+
+
 def stop_served_engines(run: "RunContext") -> None:
-    """With ``generate.server``: stop the engines the executors started for the run (one small task per scoring slot,
-    as the preflight started them), once its rows are scored or it failed. Where a task misses a host, the engine's
-    watchdog stops it with the executor. A failure here is logged, never the run's."""
+    """With ``generate.server``: stop the engines the run's executors started (one small task per scoring slot, under
+    the scoring stage's resource profile, as the preflight started them), once its rows are scored or it failed; an
+    engine belongs to its executor, so another run's engine on the same host is never stopped
+    (:func:`~lakescore.udfs.remote.engine.stop_engines`). Where a task misses a host, the engine's watchdog stops it
+    with the executor. A failure here is logged, never the run's."""
     if getattr(run.spec.generate, "server", None) is None:
         return
     tasks = run.layout.partitions or default_parallelism(run.spark)
     try:
-        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(stop_engines_task, "stopped int").collect()
+        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(
+            stop_engines_task, "stopped int", profile=run.layout.profile).collect()
         log.info("stopped %d served engine(s)", sum(r.stopped for r in stopped))
     except Exception as exc:  # noqa: BLE001 (the run's outcome is decided; the watchdogs stop what is left)
         log.warning("could not stop the served engines: %s", exc)
@@ -201,7 +224,8 @@ class ExecutorPreflight:
             run.worker_start.wait()
         if self._cancelled.is_set():  # the block failed meanwhile: start no job (its error is what propagates)
             raise RuntimeError("preflight cancelled")
-        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance())
+        # a head over an endpoint only reads /v1/models here: its paid request waits for a plan with rows to score
+        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance(), probe=False)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:

@@ -22,7 +22,7 @@ from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import RunContext, Targets
-from lakescore.udfs.endpoint_options import MODELS_LISTING
+from lakescore.udfs.remote.options import MODELS_LISTING
 
 __all__ = ["StepClock", "assemble_report", "failure_report"]
 
@@ -125,6 +125,7 @@ def assemble_report(
             rows_scored=accounting.output_rows, resources=session_resources(run.spark, cfg, run.layout.profile is not None),
             gpus=identity.gpus, price_per_core_hour=cfg.resources.price_per_core_hour,
             price_per_gpu_hour=cfg.resources.price_per_gpu_hour, token_cost=_token_cost(cfg, accounting.workers),
+            token_cost_unmetered=accounting.workers.get("unmetered") or 0,
         ),
         spark=session_facts(run.spark),
         started_at=clock.started_at,
@@ -138,7 +139,7 @@ def assemble_report(
 def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
     """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
     ``None`` without a price."""
-    price = getattr(getattr(cfg.task_options(), "endpoint", None), "price", None)
+    price = getattr(cfg.endpoint(), "price", None)
     return None if price is None else price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
 
 
@@ -161,7 +162,7 @@ def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -
         task=cfg.task,
         input=cfg.input,
         output=cfg.output,
-        model_id=cfg.model.source or getattr(getattr(cfg.task_options(), "endpoint", None), "model", None),
+        model_id=cfg.model.source or getattr(cfg.endpoint(), "model", None),
         model_revision=cfg.model.revision,
         model_sha256=None,
         failed_step=getattr(exc, "lakescore_step", None),

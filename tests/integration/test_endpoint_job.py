@@ -31,7 +31,8 @@ from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
-from lakescore.udfs.endpoint import EndpointRefused
+from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.engine import EngineServer, healthy
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.served_models import RateLimitingProxy, TransformersServe, python_processes_named
@@ -108,6 +109,7 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         report = run_scoring(cfg, spark)
         record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
         assert report.status == "succeeded", report.error
+        assert report.workers["requests"] == proxy.posts  # the report counts what the server saw, no more
         # what /v1/models says is the model's identity, less what the server draws for each answer
         assert report.model_listing == {"answered": True, "entry": {**entry, "permission": [{"allow_logprobs": True}]}}
         out = read_output(spark, str(output))
@@ -118,7 +120,10 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         workers = report.workers
         # (the preflight's request may be the one a 429 met: the executors' preflight counts in no row)
         assert 1 <= workers["rate_limited"] <= proxy.refused and workers["retries"] >= workers["rate_limited"]
-        assert workers["tokens_out"] == out["completion_tokens"].sum() and workers["tokens_in"] == out["prompt_tokens"].sum()
+        preflight = workers["preflight"]  # the executors' preflight requests: counted and billed as the rows' are
+        assert preflight["requests"] >= 1 and workers["requests"] >= preflight["requests"] + 6
+        assert workers["tokens_out"] == out["completion_tokens"].sum() + preflight["tokens_out"]
+        assert workers["tokens_in"] == out["prompt_tokens"].sum() + preflight["tokens_in"]
         token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
         assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
         assert "the endpoint's tokens" in report.summary()
@@ -131,21 +136,36 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         # Incremental: nothing changed (the listing's drawn permission aside), so nothing is sent (the null row is tried
         # again, as every row without an output is, and dead-lettered again without a request).
         proxy.models = listed("modelperm-2")
+        posts = proxy.posts
         again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                        "max_error_rate": 1.0}), spark)
         assert again.status == "succeeded", again.error
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
-        assert not again.workers.get("requests")  # the preflight's request aside, none
+        # nothing to score: the preflight read /v1/models and sent no paid request (issue 57: it sent its probe anyway)
+        assert proxy.posts == posts and "requests" not in again.workers and "preflight" not in again.workers
+
+        # /v1/models failing (503) on a rerun is no news: nothing is scored or billed again (issue 57: "scoring spec
+        # changed, every row scored again", and once more when the listing came back)
+        proxy.models_status = 503
+        outage = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
+                                                        "max_error_rate": 1.0}), spark)
+        proxy.models_status = None
+        assert outage.status == "succeeded", outage.error
+        assert outage.rows_kept == 6 and not outage.spec_changes and outage.model_sha256 == report.model_sha256
+        assert proxy.posts == posts and "requests" not in outage.workers
 
         # The server now says something else of the model behind the same name: every row is scored again, and the
         # output's commit records the new entry.
         proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
         proxy.every = 10_000  # (429s are the first run's to prove; the suite too: this run is about what it rescores)
+        posts = proxy.posts
         changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                          "max_error_rate": 1.0, "validation.enabled": False}), spark)
         assert changed.status == "succeeded", changed.error
         assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
         assert changed.spec_changes == ["the endpoint /v1/models changed"]
+        # rows to score: the preflight's probe went out after the plan, and is counted as the server counted it
+        assert changed.workers["preflight"]["requests"] >= 1 and changed.workers["requests"] == proxy.posts - posts
         (commit,) = delta_history(spark, str(output), 1)
         assert json.loads(commit.spec["files"]["/v1/models"])["entry"]["root"] == "tiny-v2"
         assert read_output(spark, str(output))["generated_text"].tolist() == expected
@@ -233,21 +253,31 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
             for path in Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log"):
                 text = path.read_text(errors="replace")[started.get(path, 0):]
                 if text.count("Request received") >= 3:
-                    engines = [pid for pid in python_processes_named(str(model)) if "engine_server" not in _cmdline(pid)]
+                    engines = [pid for pid in python_processes_named(str(model)) if "remote.engine" not in _cmdline(pid)]
                     for pid in engines:
                         os.kill(pid, signal.SIGKILL)
                     killed.extend(engines)
                     return
             time.sleep(0.05)
 
+    # another run's engine on this host, for the same model (its own copy marks its processes), owned by a live
+    # process that is not this run's executor: the run's end must leave it serving (issue 57: it was stopped)
+    neighbours_model = shutil.copytree(tiny_causal_lm_dir, tmp_path / "neighbours-model")
+    neighbour = EngineServer("transformers", str(neighbours_model), startup_timeout_s=300, owner=os.getpid(),
+                             watch_pid=os.getpid())
+    neighbour.url()
     killed: list[int] = []
     killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
     killer.start()
-    report = run_scoring(_config(source, output, **{
-        "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
-        "scoring.partitions": 1,
-    }), spark)
-    killer.join()
+    try:
+        report = run_scoring(_config(source, output, **{
+            "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
+            "scoring.partitions": 1,
+        }), spark)
+        killer.join()
+        assert healthy(neighbour.port) and python_processes_named(str(neighbours_model))  # the neighbour still serves
+    finally:
+        neighbour.stop()
     assert report.status == "succeeded", report.error
     assert len(killed) == 1, killed  # the engine died mid-run, and was started again
     out = read_output(spark, str(output))
@@ -267,3 +297,36 @@ def _cmdline(pid: int) -> str:
 
 
 
+
+
+def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_report(spark, tmp_path, served, caplog):
+    """Issue 57: with ``spark.eventLog.enabled`` and the key in ``spark.executorEnv.<NAME>``, the event log held it
+    in plain text (the environment update, every job start and stage submission), as did the UI's Environment tab.
+    The session lakescore builds redacts it; a session it did not build gets one warning line."""
+    import subprocess
+    import sys
+
+    from lakescore.jobs.platform.session import warn_if_shown
+
+    with caplog.at_level("WARNING", logger="lakescore.jobs.platform.session"):
+        warn_if_shown(spark, [KEY_ENV])  # this test session was built without the name: it would show the key
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        f"this session's spark.redaction.regex does not match {KEY_ENV}"]
+
+    source, output, work = tmp_path / "reviews", tmp_path / "summaries", tmp_path / "run"
+    _write(spark, _reviews(4), source)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.integration.key_hidden_run", served.url, str(served.model_dir), str(source),
+         str(output), str(work), KEY_ENV], input=KEY, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != KEY_ENV},
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    environment = json.loads((work / "environment.json").read_text())
+    shown = dict(map(tuple, environment["sparkProperties"]))
+    assert shown[f"spark.executorEnv.{KEY_ENV}"] == "*********(redacted)"  # the key reached the executors, hidden
+    assert list(work.glob("events/*")), "no event log was written"
+    leaks = [str(p) for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert leaks == [] and KEY not in run.stdout + run.stderr
+    for table in (output, Path(f"{output}_errors"), Path(f"{output}_metrics")):
+        if table.exists():
+            assert KEY not in spark.read.format("delta").load(str(table)).toPandas().to_json()
