@@ -131,16 +131,21 @@ class Generator:
                     ids[i] = _cut_left(row, limit, self.tokenizer.bos_token_id)
             if self.options.truncate == "left":
                 overflow[:] = 0
+        return self.padded(ids, overflow, list(keys) if keys is not None else list(prompts))
+
+    def padded(self, ids: Sequence[Sequence[int]], overflow: np.ndarray, keys: Sequence[str]) -> dict[str, Any]:
+        """Prompts' token ``ids`` left-padded into ``input_ids`` / ``attention_mask`` (int64 numpy), with per row
+        :data:`PROMPT_TOKENS`, ``overflow`` as :data:`OVERFLOW` and ``keys`` as :data:`ROW_KEY`."""
         lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=len(ids))
         width = max(1, int(lengths.max())) if len(ids) else 1
         input_ids = np.full((len(ids), width), self.pad_token_id, dtype=np.int64)
         mask = np.zeros((len(ids), width), dtype=np.int64)
         for i, row in enumerate(ids):
-            if row:
+            if len(row):
                 input_ids[i, width - len(row):] = row
                 mask[i, width - len(row):] = 1
         row_keys = np.empty(len(ids), dtype=object)
-        row_keys[:] = list(keys) if keys is not None else list(prompts)
+        row_keys[:] = list(keys)
         return {"input_ids": input_ids, "attention_mask": mask, PROMPT_TOKENS: lengths, OVERFLOW: overflow, ROW_KEY: row_keys}
 
     def row_cost(self, features: Mapping[str, Any]) -> np.ndarray:
@@ -153,15 +158,21 @@ class Generator:
 
     # -- the forward -------------------------------------------------------------------------------------------
 
+    def prefill(self, features: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+        """More inputs the model reads with a batch's prompts only (a vision-language model's image tensors); ``None``
+        for text."""
+        return None
+
     def forward(self, features: Mapping[str, Any]) -> np.ndarray:
         """One :class:`Generation` per row of a batch, as a 1-D object array."""
         from lakescore.udfs.heads.decoding import choice_logprobs, generate
 
         prompt_tokens = np.asarray(features[PROMPT_TOKENS])
+        prefill = self.prefill(features)
         rows = np.empty(len(prompt_tokens), dtype=object)
         if self.choice_ids:
             logprobs = choice_logprobs(self.model, features["input_ids"], features["attention_mask"], self.choice_ids,
-                                       self.pad_token_id)
+                                       self.pad_token_id, prefill)
             if self.options.choice_score == "mean":  # per token: a choice of more tokens is not marked down for its length
                 logprobs = logprobs / np.array([len(c) for c in self.choice_ids], dtype=np.float64)
             for i, row in enumerate(logprobs):
@@ -169,7 +180,8 @@ class Generator:
                 rows[i] = Generation(self.options.choices[best], "choice", int(prompt_tokens[i]), len(self.choice_ids[best]),
                                      tuple(float(v) for v in row), tuple(self.choice_ids[best]))
             return rows
-        decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]), self.decoding)
+        decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]),
+                           self.decoding, prefill)
         for i, row in enumerate(decoded):
             rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids),
                                  None if row.logprobs is None else tuple(row.logprobs))

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.generate_options import GenerateOptions
-from lakescore.udfs.heads.generate import OVERFLOW, PROMPT_TOKENS, ROW_KEY, Generation, Generator
+from lakescore.udfs.heads.generate import Generator
 from lakescore.udfs.models.errors import UnfitModelError
 from lakescore.udfs.models.model_source import ModelSpec
 
@@ -72,45 +72,18 @@ class ImagePromptGenerator(Generator):
         lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=len(ids))
         limit = self.prompt_limit
         overflow = np.where(lengths > limit, lengths, 0) if limit is not None else np.zeros(len(ids), dtype=np.int64)
-        width = max(1, int(lengths.max())) if len(ids) else 1
-        input_ids = np.full((len(ids), width), self.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(ids), width), dtype=np.int64)
-        for i, row in enumerate(ids):
-            input_ids[i, width - len(row):] = row
-            mask[i, width - len(row):] = 1
-        row_keys = np.empty(len(ids), dtype=object)
-        row_keys[:] = list(keys)
+        features = self.padded(ids, overflow, keys)
         vision = np.empty(len(rows), dtype=object)
         vision[:] = [{k: v for k, v in row.items() if k not in TEXT_KEYS} for row in rows]
-        return {"input_ids": input_ids, "attention_mask": mask, PROMPT_TOKENS: lengths, OVERFLOW: overflow,
-                ROW_KEY: row_keys, VISION: vision}
+        features[VISION] = vision
+        return features
 
     def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> dict[str, Any]:
         raise TypeError("the image generate head reads (image, prompt) rows: use prepare(), through ImagePromptRunner")
 
-    def forward(self, features: Mapping[str, Any]) -> np.ndarray:
-        """One :class:`Generation` per row of a batch, the rows' image inputs joined for the prefill."""
-        from lakescore.udfs.heads.decoding import choice_logprobs, generate
-
-        prompt_tokens = np.asarray(features[PROMPT_TOKENS])
-        vision = join_rows(list(features[VISION]))
-        rows = np.empty(len(prompt_tokens), dtype=object)
-        if self.choice_ids:
-            logprobs = choice_logprobs(self.model, features["input_ids"], features["attention_mask"], self.choice_ids,
-                                       self.pad_token_id, vision)
-            if self.options.choice_score == "mean":
-                logprobs = logprobs / np.array([len(c) for c in self.choice_ids], dtype=np.float64)
-            for i, row in enumerate(logprobs):
-                best = int(np.argmax(row))
-                rows[i] = Generation(self.options.choices[best], "choice", int(prompt_tokens[i]), len(self.choice_ids[best]),
-                                     tuple(float(v) for v in row), tuple(self.choice_ids[best]))
-            return rows
-        decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]),
-                           self.decoding, vision)
-        for i, row in enumerate(decoded):
-            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids),
-                                 None if row.logprobs is None else tuple(row.logprobs))
-        return rows
+    def prefill(self, features: Mapping[str, Any]) -> dict[str, Any]:
+        """The rows' image inputs joined for the prefill (:func:`join_rows`)."""
+        return join_rows(list(features[VISION]))
 
     def score(self, values: Sequence[Any]) -> np.ndarray:
         """Convenience for a few rows (the executors' preflight): ``values`` of encoded image bytes, or
