@@ -104,7 +104,7 @@ def serve_transformers(model: Path, log: Path, env: dict[str, str], cpus: Option
                        args: Sequence[str] = (), timeout_s: float = 300) -> tuple[subprocess.Popen, str]:
     """``transformers serve <model> <args>`` on a free loopback port, offline, on ``cpus`` (all: ``None``), in a
     process group of its own, once it answers ``/health``: the process and its OpenAI base URL."""
-    from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
+    from lakescore.udfs.remote.engine import HOST, engine_command, free_port, healthy
 
     port = free_port()
     with open(log, "ab") as out:

@@ -127,7 +127,7 @@ def lakescore_worker(spec: Any, texts: list[str], arrow_rows: int = 4096, second
 
 def spec_for(model: Path, new_tokens: int, device: str, dtype: str, concurrency: Optional[int]) -> Any:
     """The worker's model spec: served by ``transformers serve`` (``concurrency`` given) or loaded in-process."""
-    from lakescore.udfs.endpoint_options import ServerOptions
+    from lakescore.udfs.remote.options import ServerOptions
     from lakescore.udfs.generate_options import GenerateOptions
     from lakescore.udfs.model_options import ModelOptions
     from lakescore.udfs.models.model_source import ModelSpec
@@ -201,7 +201,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         stop_server(server)
 
     # 2. lakescore's worker, the engine started by lakescore
-    from lakescore.udfs.engine_server import stop_engines
+    from lakescore.udfs.remote.engine import stop_engines
 
     served_spec = spec_for(model, args.new_tokens, args.device, args.dtype, args.concurrency)
     try:

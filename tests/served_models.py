@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
-from lakescore.udfs.engine_server import HOST, engine_command, free_port, healthy
+from lakescore.udfs.remote.engine import HOST, engine_command, free_port, healthy
 
 
 class TransformersServe:

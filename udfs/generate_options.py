@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from lakescore.udfs.endpoint_options import EndpointOptions, ServerOptions, unsupported_settings
+from lakescore.udfs.remote.options import EndpointOptions, ServerOptions, unsupported_settings
 from lakescore.udfs.registry import TASKS
 from lakescore.udfs.settings import ConfigError, Number, Section, Strings, Text, checked, cli
 

@@ -25,8 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import RunContext, ScoringLayout
-from lakescore.udfs.endpoint import EndpointRefused
-from lakescore.udfs.engine_server import EngineStartError, stop_engines_task
+from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.engine import EngineStartError, stop_engines_task
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance

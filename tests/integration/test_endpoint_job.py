@@ -31,7 +31,7 @@ from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
-from lakescore.udfs.endpoint import EndpointRefused
+from lakescore.udfs.remote.client import EndpointRefused
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.served_models import RateLimitingProxy, TransformersServe, python_processes_named
@@ -233,7 +233,7 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
             for path in Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log"):
                 text = path.read_text(errors="replace")[started.get(path, 0):]
                 if text.count("Request received") >= 3:
-                    engines = [pid for pid in python_processes_named(str(model)) if "engine_server" not in _cmdline(pid)]
+                    engines = [pid for pid in python_processes_named(str(model)) if "remote.engine" not in _cmdline(pid)]
                     for pid in engines:
                         os.kill(pid, signal.SIGKILL)
                     killed.extend(engines)

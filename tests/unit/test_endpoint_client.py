@@ -13,12 +13,12 @@ from typing import Optional
 
 import pytest
 
-from lakescore.udfs.endpoint import (
+from lakescore.udfs.remote.client import (
     EndpointClient, EndpointDown, EndpointError, backoff, parse_completion, request_body, retry_after,
 )
-from lakescore.udfs.endpoint_options import EndpointOptions, Price
+from lakescore.udfs.remote.options import EndpointOptions, Price
 from lakescore.udfs.generate_options import GenerateOptions
-from lakescore.udfs.rate_limit import HostRateLimit
+from lakescore.udfs.remote.rate_limit import HostRateLimit
 
 KEY = "sk-test-0123456789abcdef"
 
@@ -241,7 +241,7 @@ def test_the_spec_identity_names_the_model_not_how_it_is_called_and_keeps_older_
 
 
 def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(server):
-    from lakescore.udfs.endpoint_generate import EndpointGenerator
+    from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.registry import get_task
 
     script, url = server
@@ -273,8 +273,8 @@ def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(s
 def test_the_models_listing_is_canonical_and_leaves_out_what_each_answer_makes_afresh():
     import email.utils
 
-    from lakescore.udfs.endpoint import Reply
-    from lakescore.udfs.endpoint_generate import endpoint_identity, models_listing
+    from lakescore.udfs.remote.client import Reply
+    from lakescore.udfs.remote.generate import endpoint_identity, models_listing
 
     now = 1_800_000_000
     date = {"date": email.utils.formatdate(now, usegmt=True)}
@@ -298,8 +298,8 @@ def test_the_models_listing_is_canonical_and_leaves_out_what_each_answer_makes_a
 
 
 def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(server):
-    from lakescore.udfs.endpoint import EndpointRefused
-    from lakescore.udfs.endpoint_generate import EndpointGenerator
+    from lakescore.udfs.remote.client import EndpointRefused
+    from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.registry import get_task
 
     options = GenerateOptions(max_new_tokens=4, logprobs=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lakescore.udfs.engine_server import EngineServer, _alive, engine_command, free_port, served_name
+from lakescore.udfs.remote.engine import EngineServer, _alive, engine_command, free_port, served_name
 
 
 def test_each_engines_command_line_serves_the_model_on_loopback_with_the_users_flags_last():
@@ -49,7 +49,7 @@ def test_the_watchdog_stops_its_engine_when_the_watched_process_ends():
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     engine_pid_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"lakescore-watch-{os.getpid()}.pid"
     engine = f"import os, time; open({str(engine_pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    watchdog = subprocess.Popen([sys.executable, "-m", "lakescore.udfs.engine_server", "watch", str(parent.pid), "--",
+    watchdog = subprocess.Popen([sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(parent.pid), "--",
                                  sys.executable, "-c", engine], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
@@ -69,3 +69,25 @@ def test_the_watchdog_stops_its_engine_when_the_watched_process_ends():
         parent.kill()
         watchdog.kill()
         engine_pid_file.unlink(missing_ok=True)
+
+
+def test_generate_server_python_runs_each_engine_as_a_module_of_that_interpreter(tmp_path):
+    python = "/envs/vllm/bin/python"
+    assert engine_command("vllm", "/models/q", "q", 8123, ["--dtype", "float32"], python=python) == [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/q", "--host", "127.0.0.1", "--port", "8123",
+        "--served-model-name", "q", "--dtype", "float32"]
+    assert engine_command("sglang", "/models/q", "q", 8124, python=python)[:3] == [python, "-m", "sglang.launch_server"]
+    assert engine_command("transformers", "/m", "/m", 8125, python=python) == [
+        python, "-m", "transformers.cli.transformers", "serve", "/m", "--host", "127.0.0.1", "--port", "8125"]
+    # the module form serves as the command does: the job's own interpreter runs transformers serve that way
+    from lakescore.udfs.remote.options import ServerOptions
+
+    assert ServerOptions(engine="vllm").python is None  # unset: today's commands
+    assert ServerOptions(engine="vllm", python="build/engines/vllm/bin/python").python == "build/engines/vllm/bin/python"
+    # an interpreter that is not there: one line naming it, before anything is started
+    missing = EngineServer("transformers", "/m", python=str(tmp_path / "nope" / "python"))
+    from lakescore.udfs.remote.engine import EngineStartError
+
+    with pytest.raises(EngineStartError, match=r"^generate.server.python: .*nope/python is not an executable on "):
+        missing.url()
+    assert missing.state_path != EngineServer("transformers", "/m").state_path  # another environment, another engine

@@ -11,6 +11,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 FORBIDDEN = {
     "lakescore.udfs": ("lakescore.jobs",),
+    # the remote heads know requests and answers, not the scoring loop that drives every head
+    "lakescore.udfs.remote": ("lakescore.udfs.scoring_udf", "lakescore.udfs.runners", "lakescore.udfs.pandas_udf"),
+    # the settings load without the HTTP client or the engine's launcher (the config and the driver read them)
+    "lakescore.udfs.remote.options": ("lakescore.udfs.remote.client", "lakescore.udfs.remote.engine",
+                                      "lakescore.udfs.remote.head", "lakescore.udfs.remote.generate"),
     "lakescore.schemas": ("lakescore.jobs", "lakescore.udfs"),
     "lakescore.jobs.platform": ("lakescore.jobs.steps", "lakescore.jobs.commands", "lakescore.jobs.cli",
                                 "lakescore.jobs.api", "lakescore.jobs.score_job"),
@@ -110,6 +115,7 @@ def test_the_graph_is_read_whole():
     assert len(graph) > 80
     assert "lakescore.jobs.steps.read" in graph["lakescore.jobs.score_job"]
     assert "lakescore.udfs.models.model_source" in graph["lakescore.udfs.models.model_cache"]
+    assert {"lakescore.udfs.remote.client", "lakescore.udfs.remote.engine"} <= graph["lakescore.udfs.remote.head"]
 
 
 def test_no_import_cycle():

@@ -1,5 +1,5 @@
 """Which generator a generate run scores with: the model in this process (:mod:`lakescore.udfs.heads.generate`), or
-requests to an endpoint or to this host's served engine (:mod:`lakescore.udfs.endpoint_generate`)."""
+requests to an endpoint or to this host's served engine (:mod:`lakescore.udfs.remote.generate`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def load_generator(spec: Any, model_dir: Optional[Path]) -> Any:
     from lakescore.udfs.generate_options import GenerateOptions
 
     if (spec.generate or GenerateOptions()).remote:
-        from lakescore.udfs.endpoint_generate import load_remote_generator
+        from lakescore.udfs.remote.generate import load_remote_generator
 
         return load_remote_generator(spec, model_dir)
     from lakescore.udfs.heads.generate import load_generator as load_in_process

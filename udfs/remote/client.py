@@ -1,7 +1,7 @@
 """The OpenAI-compatible client behind ``generate.endpoint`` and ``generate.server``: one request per row.
 
 Each row's request is built from the generate settings (:func:`request_body`), sent by a pool of threads bounded per
-task (``concurrency``), through a host-wide rate limit (:class:`~lakescore.udfs.rate_limit.HostRateLimit`), with a
+task (``concurrency``), through a host-wide rate limit (:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a
 timeout per request and retries on 429, 5xx, timeouts and lost connections: exponential backoff with jitter, or the
 server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
 with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from lakescore.udfs.endpoint_options import EndpointOptions, ServerOptions
+from lakescore.udfs.remote.options import EndpointOptions, ServerOptions
 from lakescore.udfs.models.model_source import ModelSourceError
-from lakescore.udfs.rate_limit import HostRateLimit
+from lakescore.udfs.remote.rate_limit import HostRateLimit
 
 __all__ = [
     "EndpointError", "EndpointDown", "EndpointRefused", "Reply", "Completion", "ClientStats", "EndpointClient",

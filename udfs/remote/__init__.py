@@ -1,0 +1,17 @@
+"""Scoring over the wire: an OpenAI-compatible endpoint (``generate.endpoint``) or an engine lakescore serves on each
+executor host (``generate.server``).
+
+One place for everything remote, shared by every remote head:
+
+- :mod:`~lakescore.udfs.remote.options`: the settings (plain pydantic; importable without the HTTP client);
+- :mod:`~lakescore.udfs.remote.client`: the one HTTP client (httpx): retries, ``Retry-After``, the circuit breaker,
+  the key's scrubber and the request counts the run reports;
+- :mod:`~lakescore.udfs.remote.rate_limit`: the requests- and tokens-per-minute limit shared by a host's processes;
+- :mod:`~lakescore.udfs.remote.engine`: a served engine's whole life (start, health, restart, stop, watchdog);
+- :mod:`~lakescore.udfs.remote.head`: what every remote head shares (the client it opens, its identity from
+  ``/v1/models``, its thread pool, the head protocol's remote features, ``close``);
+- :mod:`~lakescore.udfs.remote.generate`: the ``generate`` head. Another task's head sits beside it (an ``embed`` head
+  over ``/v1/embeddings`` would be ``remote/embed.py``), built on :class:`~lakescore.udfs.remote.head.RemoteHead`.
+
+Nothing here imports the HTTP client at import time but :mod:`client`, and nothing here imports ``lakescore.jobs``.
+"""

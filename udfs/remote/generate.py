@@ -1,0 +1,135 @@
+"""The ``generate`` head over an OpenAI-compatible server: an endpoint (``generate.endpoint``) or the engine served on
+this host (``generate.server``, :mod:`lakescore.udfs.remote.engine`).
+
+It takes the place of :class:`~lakescore.udfs.heads.generate.Generator` behind the prompt runner: no tokenizer and no
+weights here, each present prompt one request (:mod:`lakescore.udfs.remote.client`), the rows of a batch in flight together
+(``concurrency`` of them). The output columns are the in-process head's (:func:`~lakescore.udfs.heads.generate.generation_columns`);
+``prompt_tokens`` and ``completion_tokens`` are what the server's ``usage`` reports. A row the server fails is
+``endpoint_error``; the run stops on :class:`~lakescore.udfs.remote.client.EndpointDown`.
+
+The executors' preflight (:meth:`EndpointGenerator.score`) sends one request with every setting of the run: a setting
+the server refuses, or ignores where the answer shows it (no log-probabilities, text that is not the schema's JSON),
+is refused there, in one line, before any row is sent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from lakescore.udfs.batching import Scored
+from lakescore.udfs.heads.generate import Generation, generation_columns
+from lakescore.udfs.remote.client import Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused, Unhonoured
+from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
+
+__all__ = ["EndpointGenerator", "load_remote_generator", "endpoint_identity", "models_listing"]
+
+PROMPTS, KEYS = "prompts", "keys"
+"""Feature keys: the present prompts and their row keys (what sampled rows' seeds derive from)."""
+
+
+class EndpointGenerator(RemoteHead):
+    """The generate head for prompts answered by ``client`` under the generate settings ``options``: ``tokenize``
+    keeps the prompts, ``score_prompts`` sends them, ``columns`` writes the task's output columns."""
+
+    padding_side = "left"
+
+    def __init__(self, client: EndpointClient, options: Any, output_types: Sequence[Any], revision: Optional[str] = None,
+                 server: Any = None) -> None:
+        self.options, self._output_types = options, output_types
+        super().__init__(client, revision, server)
+
+    # -- the runner's interface ------------------------------------------------------------------------------------
+
+    def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> dict[str, Any]:
+        """The prompts as they are (the server tokenizes) and each row's key."""
+        rows = np.empty(len(prompts), dtype=object)
+        rows[:] = list(prompts)
+        row_keys = np.empty(len(prompts), dtype=object)
+        row_keys[:] = list(keys) if keys is not None else list(prompts)
+        return {PROMPTS: rows, KEYS: row_keys}
+
+    def row_cost(self, features: Mapping[str, Any]) -> np.ndarray:
+        """One per row: the server plans its own batches."""
+        return np.ones(len(features[PROMPTS]), dtype=np.int64)
+
+    def score_prompts(self, prompts: Sequence[Optional[str]], policy: Any, keys: Optional[Sequence[str]] = None,
+                      features: Optional[Mapping[str, Any]] = None) -> Scored:
+        """Send every present prompt, ``concurrency`` at a time: each row's :class:`Generation`, ``null_input`` for a
+        null prompt, ``endpoint_error`` with the status and message for a row the server failed.
+        :class:`EndpointDown` (the run stops) when the endpoint failed too many requests in a row."""
+        reasons: list[Optional[str]] = [None if isinstance(p, str) else "null_input" for p in prompts]
+        present = [i for i, reason in enumerate(reasons) if reason is None]
+        return self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i]), present, reasons)
+
+    def _one(self, prompt: str, key: Optional[str]) -> Generation:
+        seed = None
+        if not self.options.greedy:
+            from lakescore.udfs.heads.seeds import row_seed
+
+            seed = row_seed(self.options.seed, "" if key is None else str(key))
+        completion = self.client.complete(self.options, prompt, seed)
+        self._check_json(completion)
+        if self.options.logprobs and completion.token_logprobs is None:
+            raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
+        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
+                          token_logprobs=completion.token_logprobs if self.options.logprobs else None)
+
+    def _check_json(self, completion: Completion) -> None:
+        """A finished text under ``json_schema`` must be JSON that validates: the row's :class:`EndpointError`
+        otherwise (a text cut at ``max_new_tokens`` is kept, ``length``, as in-process)."""
+        if self.options.json_schema is None or completion.finish_reason == "length":
+            return
+        from jsonschema import ValidationError, validate
+
+        try:
+            validate(json.loads(completion.text), json.loads(self.options.json_schema))
+        except (ValueError, ValidationError) as exc:
+            message = exc.message if isinstance(exc, ValidationError) else str(exc)
+            raise Unhonoured("generate.json_schema (response_format)",
+                             f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
+
+    def columns(self, outputs: np.ndarray, ok: np.ndarray):
+        return generation_columns(outputs, ok, self._output_types, self.options.logprobs)
+
+    def score(self, prompts: list[str]) -> np.ndarray:
+        """The executors' preflight: ``prompts`` sent with every setting of the run; :class:`EndpointRefused` in one
+        line when the server refuses one, or its answer shows it ignored one."""
+        outputs = np.empty(len(prompts), dtype=object)
+        for i, prompt in enumerate(prompts):
+            outputs[i] = self._preflight_one(prompt)
+        return outputs
+
+    def _preflight_one(self, prompt: str) -> Generation:
+        where = self.where
+        try:
+            return self._one(prompt, prompt)
+        except EndpointDown as exc:
+            raise EndpointRefused(str(exc)) from None
+        except Unhonoured as exc:
+            raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
+        except EndpointError as exc:
+            raise EndpointRefused(f"{where} refused the run's settings: {exc}") from None
+
+    @staticmethod
+    def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        from lakescore.udfs.heads.generate import Generator
+
+        return Generator.fidelity(reference, outputs)
+
+
+def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGenerator:
+    """The head for ``spec.generate.endpoint`` (``model_dir`` ``None``: no files here), or for ``spec.generate.server``:
+    this host's engine serving ``model_dir``, started when no process of the host has started it yet.
+    :class:`EndpointRefused` for a setting no request can carry, or a key named but not set;
+    :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
+    from lakescore.udfs.registry import get_task
+
+    options = spec.generate
+    types = get_task(spec.task).output_arrow_types_for(options)
+    client, engine = open_client(options.endpoint, options.server, model_dir)
+    revision = options.endpoint.revision if options.endpoint is not None else spec.revision
+    return EndpointGenerator(client, options, types, revision, server=engine)

@@ -1,0 +1,179 @@
+"""What every remote head shares: the client it opens (an endpoint, or this host's served engine), the model's
+identity from ``/v1/models``, the thread pool that keeps ``concurrency`` requests in flight, the features only a
+remote head has (request counts, ``close``) as methods of the head protocol, and ``close``.
+
+A task's remote head (:mod:`~lakescore.udfs.remote.generate`; an ``embed`` head over ``/v1/embeddings`` beside it)
+subclasses :class:`RemoteHead` and adds how one row becomes a request and an answer becomes its output.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from lakescore.udfs.batching import Scored
+from lakescore.udfs.remote.client import EndpointClient, EndpointDown, EndpointError, Reply
+from lakescore.udfs.remote.options import MODELS_LISTING
+
+__all__ = [
+    "RemoteHead", "open_client", "endpoint_identity", "models_listing", "canonical_entry", "canonical_json",
+    "PER_ANSWER_S",
+]
+
+
+PER_ANSWER_S = 60.0
+"""A ``created`` this close to the ``/v1/models`` answer's own time is the answer's time, not the model's (vLLM's and
+LMDeploy's servers, for two, stamp every answer with the time it was made): it is left out of the identity."""
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as one stable JSON text: keys sorted, no blanks, characters as they are. Equal values give equal texts
+    whatever order or layout the server wrote them in."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_entry(entry: Mapping[str, Any], answered_at: float) -> dict[str, Any]:
+    """A ``/v1/models`` entry as the model's identity takes it: every field the server gives (``id``, ``created``,
+    ``owned_by``, ``root``, ``max_model_len``, ...) but those made afresh for each answer, which would make every run
+    look like a new model: ``created`` when it is within :data:`PER_ANSWER_S` of ``answered_at`` (the answer's
+    ``Date``), and the ``id`` and ``created`` of each ``permission`` entry (vLLM draws them per answer)."""
+    kept = json.loads(json.dumps(dict(entry)))  # plain JSON values: what the report and the commit metadata hold
+    created = kept.get("created")
+    if isinstance(created, (int, float)) and not isinstance(created, bool) and abs(created - answered_at) <= PER_ANSWER_S:
+        del kept["created"]
+    if isinstance(kept.get("permission"), list):
+        kept["permission"] = [{k: v for k, v in p.items() if k not in ("id", "created")} if isinstance(p, dict) else p
+                              for p in kept["permission"]]
+    return kept
+
+
+def models_listing(reply: Optional[Reply], model: str) -> str:
+    """What ``/v1/models`` says of ``model``, as canonical JSON (:func:`canonical_json`): ``{"answered": false}`` when
+    the server did not answer it (404, an error, not JSON), ``{"answered": true, "entry": null}`` when its answer does
+    not list the model (``transformers serve`` lists its hub cache, not what it serves), else ``{"answered": true,
+    "entry": {...}}`` with the model's entry (:func:`canonical_entry`)."""
+    if reply is None:
+        return canonical_json({"answered": False})
+    answered_at = time.time()
+    date = reply.headers.get("date")
+    if date:
+        try:
+            answered_at = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError):
+            pass
+    models = reply.body.get("data") if isinstance(reply.body, Mapping) else None
+    entry = next((m for m in (models if isinstance(models, list) else ())
+                  if isinstance(m, Mapping) and m.get("id") == model), None)
+    return canonical_json({"answered": True, "entry": None if entry is None else canonical_entry(entry, answered_at)})
+
+
+def endpoint_identity(model: str, listing: str, revision: Optional[str]) -> str:
+    """The digest recorded as ``model_sha256`` for a model served elsewhere: its name, what ``/v1/models`` says of it
+    (``listing``, :func:`models_listing`) and the user's ``revision``. A name alone cannot prove the weights behind
+    it did not change; this is what the server lets a client see."""
+    facts = {"model": model, "listing": json.loads(listing), "revision": revision}
+    return hashlib.sha256(canonical_json(facts).encode()).hexdigest()
+
+
+
+class RemoteHead:
+    """A head whose rows are answered by ``client`` (an endpoint, or the engine ``server`` on this host): its identity
+    (``sha256``, ``files``, ``revision``), ``concurrency`` requests in flight, its request counts and ``close``."""
+
+    def __init__(self, client: EndpointClient, revision: Optional[str] = None, server: Any = None) -> None:
+        self.client, self.revision, self.server = client, revision, server
+        """``server``: the engine served on this host (:class:`~lakescore.udfs.remote.engine.EngineServer`), or ``None``."""
+        self.pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="lakescore-endpoint")
+        self.listing = self._listing()
+        """What ``/v1/models`` said of the model when this head was made (:func:`models_listing`)."""
+        self.sha256 = endpoint_identity(client.model, self.listing, revision)
+        self.files = {MODELS_LISTING: self.listing}
+        """The identity's stand-in for the model's files (a model served elsewhere has none here): part of the scoring
+        spec that incremental runs compare and commit, and of the run report."""
+
+    def _listing(self) -> str:
+        """One ``GET /v1/models`` (the preflight's first request; the request that follows proves the model answers)."""
+        return models_listing(self.client.get("/models"), self.client.model)
+
+    @property
+    def where(self) -> str:
+        return f"endpoint {self.client.url} (model {self.client.model})"
+
+    def is_current(self) -> bool:
+        """Whether ``/v1/models`` still says what it said when this head was made: the model cache asks before it
+        hands the head to a task, so a run never scores under another run's identity of the model. Only an answer
+        that differs counts: one that fails now (a passing error, a server that never answers it) is no news."""
+        if self.server is not None or not json.loads(self.listing)["answered"]:
+            return True
+        reply = self.client.get("/models")
+        return reply is None or models_listing(reply, self.client.model) == self.listing
+
+    def request_counts(self) -> dict[str, int]:
+        """The head protocol's request counts: what this process's client sent, retried and was answered 429."""
+        stats = self.client.stats
+        return {"requests": stats.requests, "retries": stats.retries, "rate_limited": stats.rate_limited}
+
+    def default_max_tokens(self, device: str) -> int:
+        return 1 << 30  # batches are cut by the Arrow batch; the server batches the requests itself
+
+    def send(self, items: Sequence[Any], one: Callable[[Any], Any], present: Sequence[int],
+             reasons: list[Optional[str]]) -> Scored:
+        """``one(items[i])`` for each ``i`` in ``present``, ``concurrency`` at a time: the outputs, with ``reasons`` (and
+        the scrubbed error) ``endpoint_error`` for a row the server failed; :class:`EndpointDown` (the run stops) when
+        the endpoint failed too many requests in a row."""
+        n = len(items)
+        errors: list[Optional[str]] = [None] * n
+        outputs = np.empty(n, dtype=object)
+        futures: dict[Future, int] = {self.pool.submit(one, i): i for i in present}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        down = next((f.exception() for f in done if isinstance(f.exception(), EndpointDown)), None)
+        if down is not None:
+            for future in pending:
+                future.cancel()
+            raise down
+        for future, i in futures.items():
+            error = future.exception()
+            if error is None:
+                outputs[i] = future.result()
+            elif isinstance(error, EndpointError):
+                reasons[i], errors[i] = "endpoint_error", str(error)[:2000]
+            elif isinstance(error, EndpointDown):
+                raise error
+            else:
+                reasons[i], errors[i] = "endpoint_error", f"{type(error).__name__}: {error}"[:2000]
+        return Scored(outputs, reasons, errors)
+
+    def close(self) -> None:
+        """Stop the thread pool and close the client's connections."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+
+def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[EndpointClient, Any]:
+    """The client for ``endpoint`` (:class:`~lakescore.udfs.remote.options.EndpointOptions`), or for ``server``: this
+    host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
+    (``None`` for an endpoint). :class:`~lakescore.udfs.remote.client.EndpointRefused` for a key named but not set;
+    :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
+    from lakescore.udfs.remote.engine import HOST, EngineServer, engine_env
+
+    if endpoint is not None:
+        return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint)), None
+    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, env=engine_env(),
+                          python=server.python)
+    url = engine.url()
+
+    def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has
+        if not engine.recover():
+            return False
+        client.url = f"http://{HOST}:{engine.port}/v1"
+        return True
+
+    client = EndpointClient(server, url, engine.name, recover=recover)
+    return client, engine
