@@ -47,7 +47,8 @@ def serve_vllm(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[i
         raise SystemExit(f"W4V needs vLLM: {python} is absent (make engine-vllm builds it)")
     port = free_port()
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-               str(model), "--host", HOST, "--port", str(port), "--dtype", "float32", "--max-model-len", "1024"]
+               str(model), "--host", HOST, "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+               "--gpu-memory-utilization", "0.2"]  # vLLM CPU checks this share of memory is free at start
     with open(log, "ab") as out:
         process = subprocess.Popen(_pinned(command, cpus), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**env, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,

@@ -28,8 +28,9 @@ STARTUP_S = 1200.0
 """vLLM loads, then compiles and warms up before /health answers: minutes on 2 cores, more on a shared machine."""
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 """1 GiB of KV cache (vLLM's CPU default takes several), offline, no usage report."""
-SERVE_ARGS = ("--dtype", "float32", "--max-model-len", "512")
-"""The flags every engine of the tier runs with (float32: the in-process reference's dtype)."""
+SERVE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--gpu-memory-utilization", "0.1")
+"""The flags every engine of the tier runs with: float32 (the in-process reference's dtype); and a tenth of the host's
+memory, which on the CPU backend vLLM checks is free at start (its default, 0.92, fails on a shared machine)."""
 
 
 def engine_env() -> dict[str, str]:
@@ -118,7 +119,7 @@ OFFLINE = """
 import json, sys
 from vllm import LLM, SamplingParams
 spec = json.loads(sys.argv[1])
-llm = LLM(model=spec["model"], dtype="float32", max_model_len=512)
+llm = LLM(model=spec["model"], dtype="float32", max_model_len=512, gpu_memory_utilization=0.1)
 params = SamplingParams(temperature=0.0, max_tokens=spec["max_new_tokens"])
 outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
 print("RESULT " + json.dumps([o.outputs[0].text for o in outputs]), flush=True)
