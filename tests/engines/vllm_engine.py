@@ -33,6 +33,14 @@ SERVE_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--gpu-memory-util
 memory, which on the CPU backend vLLM checks is free at start (its default, 0.92, fails on a shared machine)."""
 
 
+def equal_texts(ours: list[str], theirs: list[str]) -> tuple[int, int]:
+    """How many rows hold the same text, and how many once a character cut at ``max_new_tokens`` is left out: vLLM's
+    detokenizer holds back an incomplete UTF-8 sequence at the end, transformers' ``decode`` writes it as U+FFFD (a
+    random byte-level model's texts end so often)."""
+    same = sum(a == b for a, b in zip(ours, theirs))
+    return same, sum(a.rstrip("\ufffd") == b.rstrip("\ufffd") for a, b in zip(ours, theirs))
+
+
 def engine_env() -> dict[str, str]:
     return {**os.environ, **ENGINE_ENV}
 
