@@ -18,7 +18,7 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import (
-    VllmServer, equal_texts, needs_vllm, offline_texts, start_offline_generate, vllm_processes,
+    SERVE_ARGS, VllmServer, equal_texts, needs_vllm, offline_texts, start_offline_generate, vllm_processes,
 )
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
@@ -42,7 +42,9 @@ def vllm(vllm_llama_dir, module_tmp_path):
     prompts = [TEMPLATE.format(body=body) for body in _reviews()["body"]]
     offline_log = module_tmp_path / "offline.log"
     offline = start_offline_generate(vllm_llama_dir, prompts, NEW_TOKENS, offline_log)
-    server = VllmServer(vllm_llama_dir, module_tmp_path / "vllm.log", NAME)
+    # JSON without free whitespace: a random model would fill max_new_tokens with the blanks JSON allows
+    server = VllmServer(vllm_llama_dir, module_tmp_path / "vllm.log", NAME,
+                        args=(*SERVE_ARGS, "--structured-outputs-config", '{"disable_any_whitespace": true}'))
     try:
         server.start()
         server.offline = offline_texts(offline, offline_log)
@@ -86,7 +88,7 @@ def test_an_endpoint_run_gives_vllms_own_offline_texts_and_its_token_logprobs(sp
 
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["good", "bad"]},
-                                           "stars": {"type": "integer"}}, "required": ["label", "stars"],
+                                           "stars": {"type": "integer", "enum": [1, 2, 3, 4, 5]}}, "required": ["label", "stars"],
           "additionalProperties": False}
 
 

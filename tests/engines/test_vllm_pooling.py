@@ -18,7 +18,8 @@ NAME = "minilm"
 
 @pytest.fixture(scope="module")
 def pooling(minilm_dir, module_tmp_path):
-    server = VllmServer(minilm_dir, module_tmp_path / "vllm.log", NAME, args=("--runner", "pooling"))
+    server = VllmServer(minilm_dir, module_tmp_path / "vllm.log", NAME,  # (MiniLM's own length: its 256 positions)
+                        args=("--runner", "pooling", "--dtype", "float32", "--gpu-memory-utilization", "0.1"))
     try:
         yield server.start()
     finally:

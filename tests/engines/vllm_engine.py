@@ -78,10 +78,10 @@ def vllm_processes() -> list[str]:
 
 
 class VllmServer:
-    """``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` on a free loopback port, in a session of its
-    own; :meth:`stop` ends every process of that session."""
+    """``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` with ``args`` on a free loopback port, in a
+    session of its own; :meth:`stop` ends every process of that session."""
 
-    def __init__(self, model_dir: Path, log: Path, name: str, args: Sequence[str] = ()) -> None:
+    def __init__(self, model_dir: Path, log: Path, name: str, args: Sequence[str] = SERVE_ARGS) -> None:
         self.model_dir, self.log, self.name, self.args = model_dir, log, name, tuple(args)
         self.port = free_port()
         self.process: Optional[subprocess.Popen] = None
@@ -92,7 +92,7 @@ class VllmServer:
 
     def start(self, timeout: float = STARTUP_S) -> "VllmServer":
         command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                   "--served-model-name", self.name, "--host", HOST, "--port", str(self.port), *SERVE_ARGS, *self.args]
+                   "--served-model-name", self.name, "--host", HOST, "--port", str(self.port), *self.args]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=engine_env(),
                                             start_new_session=True)
