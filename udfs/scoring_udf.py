@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType
 
 from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
-from lakescore.udfs.models.model_cache import LoadedModel, get_model
+from lakescore.udfs.models.model_cache import LoadedModel, ServedElsewhere, get_model
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.models.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
@@ -207,8 +207,10 @@ def score_batches(
 
 def _traffic(head: Any) -> dict[str, int]:
     """The requests a head over an endpoint sent so far in this process, its retries and 429s (zeros for the others)."""
-    stats = getattr(getattr(head, "client", None), "stats", None)
-    return {name: int(getattr(stats, name, 0)) for name in ("requests", "retries", "rate_limited")}
+    if isinstance(head, ServedElsewhere):
+        counts = head.request_counts()
+        return {name: int(counts.get(name, 0)) for name in ("requests", "retries", "rate_limited")}
+    return {"requests": 0, "retries": 0, "rate_limited": 0}
 
 
 PREFLIGHT_SCHEMA = (

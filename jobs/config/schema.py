@@ -250,6 +250,15 @@ class JobConfig(Section):
         section = get_task(self.task).options_section
         return getattr(self, section) if section else None
 
+    def endpoint(self) -> Any:
+        """The task's remote endpoint settings (``generate.endpoint``), or ``None``: one place that knows where they are."""
+        return getattr(self.task_options(), "endpoint", None)
+
+    def secret_env_names(self) -> tuple[str, ...]:
+        """The environment variables that hold the run's secrets (the endpoint's ``api_key_env``)."""
+        endpoint = self.endpoint()
+        return (endpoint.api_key_env,) if endpoint is not None and endpoint.api_key_env else ()
+
     def output_fields(self) -> list:
         """The prediction columns this run writes: the task's own, then those its settings ask for
         (:meth:`~lakescore.udfs.registry.Task.output_fields_for`)."""

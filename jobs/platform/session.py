@@ -20,6 +20,11 @@ On this host's own masters (``local[…]``, ``local-cluster[…]``) the session 
 on top (:mod:`lakescore.jobs.platform.local.accelerations`: class archive, JVM flags, the worker daemon); on any
 other master it is built from ``spark:`` config alone.
 
+A session lakescore builds hides the environment variables that hold the run's secrets (``generate.endpoint.api_key_env``)
+wherever Spark shows its configuration: their names join ``spark.redaction.regex``, so ``spark.executorEnv.<NAME>`` is
+redacted in the UI's Environment tab, its REST API and the event log (:func:`redaction_regex`). A session it takes as
+it is gets one warning line when it would show them (:func:`warn_if_shown`).
+
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
@@ -41,7 +47,10 @@ from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coor
 from lakescore.jobs.platform.local.accelerations import accelerations_for
 from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
-__all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs"]
+__all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "redaction_regex", "warn_if_shown"]
+
+SPARK_REDACTION_DEFAULT = r"(?i)secret|password|token|access[.]?key"
+"""Spark's own default ``spark.redaction.regex``: a conf whose name or value matches it is redacted where shown."""
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +90,34 @@ def session_source(environ: Mapping[str, str], has_active_session: bool, remote:
     return "build"
 
 
+def redaction_regex(current: Optional[str], secret_names: Sequence[str]) -> Optional[str]:
+    """``current`` (Spark's default when unset) extended to match the names of the environment variables holding
+    secrets, so ``spark.executorEnv.<NAME>`` is redacted; ``None`` when there are none (the setting left alone)."""
+    if not secret_names:
+        return None
+    names = "|".join(re.escape(name) for name in secret_names)
+    return f"{current or SPARK_REDACTION_DEFAULT}|spark[.]executorEnv[.](?:{names})$"
+
+
+def warn_if_shown(spark: SparkSession, secret_names: Sequence[str]) -> None:
+    """One warning line when a session lakescore did not build would show ``spark.executorEnv.<NAME>`` of a secret's
+    variable in its UI and event log (its ``spark.redaction.regex`` does not match the name)."""
+    if not secret_names:
+        return
+    try:
+        pattern = spark.conf.get("spark.redaction.regex", SPARK_REDACTION_DEFAULT) or SPARK_REDACTION_DEFAULT
+        shown = [n for n in secret_names if not re.search(pattern, f"spark.executorEnv.{n}")]
+    except Exception:  # noqa: BLE001 (a conf this client cannot read, or a Java-only pattern: nothing to judge)
+        return
+    if shown:
+        log.warning("this session's spark.redaction.regex does not match %s: a key set as spark.executorEnv.%s would be "
+                    "shown in the Spark UI and event log; add it to spark.redaction.regex, or use the platform's secrets "
+                    "(docs/generation.md, \"The key\")", ", ".join(shown), shown[0])
+
+
 def get_or_create_session(
-    cfg: SparkConfig, refs: Iterable[Optional[str]] = (), worker_imports: Sequence[str] = ()
+    cfg: SparkConfig, refs: Iterable[Optional[str]] = (), worker_imports: Sequence[str] = (),
+    secret_names: Sequence[str] = (),
 ) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
@@ -91,20 +126,25 @@ def get_or_create_session(
     when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
     Spark resolves them from Maven at start-up (with a warning). On this host's own masters a built session's Python
     daemon imports ``worker_imports`` before forking workers (:func:`~lakescore.jobs.platform.local.accelerations.accelerations_for`).
+    ``secret_names``: environment variables holding secrets, hidden in a built session (:func:`redaction_regex`), warned
+    of in a taken one (:func:`warn_if_shown`).
     """
     active = SparkSession.getActiveSession()
     source = session_source(os.environ, active is not None, cfg.remote)
     if source == "active":
         log.info("using the existing SparkSession (%s)", session_facts(active))
+        warn_if_shown(active, secret_names)
         return active, False
     if source in ("databricks", "spark-submit"):
         spark = SparkSession.builder.getOrCreate()
         log.info("using the %s SparkSession (%s)", source, session_facts(spark))
+        warn_if_shown(spark, secret_names)
         return spark, False
     if source == "connect":
         builder = SparkSession.builder.remote(cfg.remote) if cfg.remote else SparkSession.builder
         spark = builder.getOrCreate()  # no remote given: pyspark reads SPARK_REMOTE itself
         log.info("using the Spark Connect session of %s (%s)", cfg.remote or os.environ["SPARK_REMOTE"], session_facts(spark))
+        warn_if_shown(spark, secret_names)
         return spark, True
 
     # Python workers must start this interpreter, or pandas UDFs fail with ModuleNotFoundError.
@@ -116,6 +156,9 @@ def get_or_create_session(
     verbose = is_verbose()
     driver_log, executor_log = quiet_java_options(cfg.master, verbose, start_run_log(metastore.parent / "logs"))
     confs = jar_confs(cfg, refs, cfg.conf)
+    hidden = redaction_regex(confs.get("spark.redaction.regex"), secret_names)
+    if hidden is not None:
+        confs["spark.redaction.regex"] = hidden
     fast = accelerations_for(cfg, confs, worker_imports)
     confs = {**fast.defaults, **confs, **fast.confs}
     user_java_options = confs.get("spark.driver.extraJavaOptions", "")

@@ -134,14 +134,17 @@ def preflight_model(
 
 
 def stop_served_engines(run: "RunContext") -> None:
-    """With ``generate.server``: stop the engines the executors started for the run (one small task per scoring slot,
-    as the preflight started them), once its rows are scored or it failed. Where a task misses a host, the engine's
-    watchdog stops it with the executor. A failure here is logged, never the run's."""
+    """With ``generate.server``: stop the engines the run's executors started (one small task per scoring slot, under
+    the scoring stage's resource profile, as the preflight started them), once its rows are scored or it failed; an
+    engine belongs to its executor, so another run's engine on the same host is never stopped
+    (:func:`~lakescore.udfs.remote.engine.stop_engines`). Where a task misses a host, the engine's watchdog stops it
+    with the executor. A failure here is logged, never the run's."""
     if getattr(run.spec.generate, "server", None) is None:
         return
     tasks = run.layout.partitions or default_parallelism(run.spark)
     try:
-        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(stop_engines_task, "stopped int").collect()
+        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(
+            stop_engines_task, "stopped int", profile=run.layout.profile).collect()
         log.info("stopped %d served engine(s)", sum(r.stopped for r in stopped))
     except Exception as exc:  # noqa: BLE001 (the run's outcome is decided; the watchdogs stop what is left)
         log.warning("could not stop the served engines: %s", exc)

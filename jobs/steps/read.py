@@ -65,11 +65,11 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     spec = model_spec(cfg)
     worker_imports = get_task(cfg.task).worker_imports(spec.backend)
     if spec.source is not None and is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
-        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
+        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names())[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
     # a missing local model fails here, before the session; an endpoint's model (no source) has no files here
     model_dir = resolve_model_dir(spec.source, spec.revision) if spec.source is not None else None
-    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports)[0]
+    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names())[0]
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
     try:

@@ -137,7 +137,7 @@ def assemble_report(
 def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
     """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
     ``None`` without a price."""
-    price = getattr(getattr(cfg.task_options(), "endpoint", None), "price", None)
+    price = getattr(cfg.endpoint(), "price", None)
     return None if price is None else price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
 
 
@@ -160,7 +160,7 @@ def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -
         task=cfg.task,
         input=cfg.input,
         output=cfg.output,
-        model_id=cfg.model.source or getattr(getattr(cfg.task_options(), "endpoint", None), "model", None),
+        model_id=cfg.model.source or getattr(cfg.endpoint(), "model", None),
         model_revision=cfg.model.revision,
         model_sha256=None,
         failed_step=getattr(exc, "lakescore_step", None),

@@ -32,6 +32,7 @@ from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
 from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.engine import EngineServer, healthy
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.served_models import RateLimitingProxy, TransformersServe, python_processes_named
@@ -240,14 +241,24 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
                     return
             time.sleep(0.05)
 
+    # another run's engine on this host, for the same model (its own copy marks its processes), owned by a live
+    # process that is not this run's executor: the run's end must leave it serving (issue 57: it was stopped)
+    neighbours_model = shutil.copytree(tiny_causal_lm_dir, tmp_path / "neighbours-model")
+    neighbour = EngineServer("transformers", str(neighbours_model), startup_timeout_s=300, owner=os.getpid(),
+                             watch_pid=os.getpid())
+    neighbour.url()
     killed: list[int] = []
     killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
     killer.start()
-    report = run_scoring(_config(source, output, **{
-        "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
-        "scoring.partitions": 1,
-    }), spark)
-    killer.join()
+    try:
+        report = run_scoring(_config(source, output, **{
+            "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
+            "scoring.partitions": 1,
+        }), spark)
+        killer.join()
+        assert healthy(neighbour.port) and python_processes_named(str(neighbours_model))  # the neighbour still serves
+    finally:
+        neighbour.stop()
     assert report.status == "succeeded", report.error
     assert len(killed) == 1, killed  # the engine died mid-run, and was started again
     out = read_output(spark, str(output))
@@ -267,3 +278,36 @@ def _cmdline(pid: int) -> str:
 
 
 
+
+
+def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_report(spark, tmp_path, served, caplog):
+    """Issue 57: with ``spark.eventLog.enabled`` and the key in ``spark.executorEnv.<NAME>``, the event log held it
+    in plain text (the environment update, every job start and stage submission), as did the UI's Environment tab.
+    The session lakescore builds redacts it; a session it did not build gets one warning line."""
+    import subprocess
+    import sys
+
+    from lakescore.jobs.platform.session import warn_if_shown
+
+    with caplog.at_level("WARNING", logger="lakescore.jobs.platform.session"):
+        warn_if_shown(spark, [KEY_ENV])  # this test session was built without the name: it would show the key
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        f"this session's spark.redaction.regex does not match {KEY_ENV}"]
+
+    source, output, work = tmp_path / "reviews", tmp_path / "summaries", tmp_path / "run"
+    _write(spark, _reviews(4), source)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.integration.key_hidden_run", served.url, str(served.model_dir), str(source),
+         str(output), str(work), KEY_ENV], input=KEY, capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != KEY_ENV},
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    environment = json.loads((work / "environment.json").read_text())
+    shown = dict(map(tuple, environment["sparkProperties"]))
+    assert shown[f"spark.executorEnv.{KEY_ENV}"] == "*********(redacted)"  # the key reached the executors, hidden
+    assert list(work.glob("events/*")), "no event log was written"
+    leaks = [str(p) for p in tmp_path.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert leaks == [] and KEY not in run.stdout + run.stderr
+    for table in (output, Path(f"{output}_errors"), Path(f"{output}_metrics")):
+        if table.exists():
+            assert KEY not in spark.read.format("delta").load(str(table)).toPandas().to_json()

@@ -32,6 +32,10 @@ class Script:
     auth: list[Optional[str]] = field(default_factory=list)
     models: Optional[dict] = field(default_factory=lambda: {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1}]})
     """What ``GET /v1/models`` answers; ``None``: 404."""
+    delay: float = 0.0
+    """Seconds each ``POST`` waits before it answers (a server slower than the client's timeout)."""
+    echo_headers: bool = False
+    """Answer every ``POST`` 400 with the request's headers in the error, as some servers and proxies do."""
 
 
 def _ok(text: str = "hello", finish: str = "stop") -> tuple[int, dict, dict]:
@@ -56,6 +60,12 @@ def server():
             length = int(self.headers.get("Content-Length") or 0)
             script.seen.append(json.loads(self.rfile.read(length)))
             script.auth.append(self.headers.get("Authorization"))
+            if script.delay:
+                import time
+
+                time.sleep(script.delay)
+            if script.echo_headers:
+                return self._answer(400, {}, {"error": {"message": f"bad request; headers were {dict(self.headers)}"}})
             index = min(len(script.seen) - 1, len(script.answers) - 1)
             self._answer(*script.answers[index])
 
@@ -70,6 +80,7 @@ def server():
             self.wfile.write(data)
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.handle_error = lambda *args: None  # a client that timed out and left: not the test's failure
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield script, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
@@ -171,7 +182,6 @@ def test_a_response_is_read_as_the_row_with_its_stop_string_cut():
     assert (completion.text, completion.prompt_tokens, completion.completion_tokens) == ("good stay.", 4, 2)
     chat = {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}
     assert (parse_completion(chat, "chat").text, parse_completion(chat, "chat").finish_reason) == ("x", "length")
-    assert parse_completion({"choices": [{"text": "x", "finish_reason": "content_filter"}]}, "completions").finish_reason == "stop"
     with pytest.raises(ValueError, match="no text"):
         parse_completion({"error": "x"}, "completions")
 
@@ -313,7 +323,7 @@ def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(s
         {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []},
         {"token": "b", "logprob": -1.25, "bytes": [98], "top_logprobs": []}]}}]}
     assert parse_completion(chat, "chat").token_logprobs == (-0.5, -1.25)
-    assert parse_completion({"choices": [{"text": "ab", "logprobs": None}]}, "completions").token_logprobs is None
+    assert parse_completion({"choices": [{"text": "ab", "finish_reason": "stop", "logprobs": None}]}, "completions").token_logprobs is None
 
     script, url = server
     types = get_task("generate").output_arrow_types_for(options)
@@ -326,3 +336,158 @@ def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(s
     script.answers = [_ok()]  # a server that takes the field and returns none: refused before any row
     with pytest.raises(EndpointRefused, match=r"\(model tiny\) does not honour generate.logprobs: the response holds no "):
         head.score(["lakescore preflight"])
+
+
+def _head(url, options=None, **settings):
+    from lakescore.udfs.registry import get_task
+    from lakescore.udfs.remote.generate import EndpointGenerator
+
+    options = options or GenerateOptions(max_new_tokens=8)
+    client = EndpointClient(EndpointOptions(url=url, model="tiny", **settings), url, "tiny", sleep=lambda s: None)
+    return EndpointGenerator(client, options, get_task("generate").output_arrow_types_for(options))
+
+
+def test_an_answer_is_published_only_when_it_is_whole_and_well_formed(server):
+    """The probe's bad answers (issue 57): a filtered empty text, no usage, impossible usage. Before: published as
+    ``("", "stop")``, as 0 and 0 tokens, and as -7 and 999999 tokens."""
+    script, url = server
+    filtered = (200, {}, {"choices": [{"text": "", "finish_reason": "content_filter"}],
+                          "usage": {"prompt_tokens": 3, "completion_tokens": 0}})
+    unmetered = (200, {}, {"choices": [{"text": "no usage", "finish_reason": "stop"}]})
+    impossible = (200, {}, {"choices": [{"text": "x", "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": -7, "completion_tokens": 999999}})
+    too_many = (200, {}, {"choices": [{"text": "x", "finish_reason": "length"}],
+                          "usage": {"prompt_tokens": 3, "completion_tokens": 999999}})
+    empty = (200, {}, {"choices": [{"text": "", "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+    script.answers = [filtered, unmetered, impossible, too_many, empty]
+    head = _head(url, concurrency=1, max_retries=0)  # one at a time: the script's order is the rows'
+    scored = head.score_prompts(["a", "b", "c", "d", "e"], None)
+    assert scored.reasons == ["endpoint_unfinished", None, "endpoint_error", "endpoint_error", None]
+    assert scored.errors[0] == "HTTP 200: the server ended the answer with finish_reason 'content_filter'"
+    assert "impossible (prompt_tokens -7)" in scored.errors[2] and "999999 completion tokens, 8 allowed" in scored.errors[3]
+    text, finish, prompt_tokens, completion_tokens = (c.to_pylist() for c in head.columns(scored.outputs, scored.ok)[:4])
+    assert (text[1], finish[1], prompt_tokens[1], completion_tokens[1]) == ("no usage", "stop", None, None)  # unknown, not 0
+    assert (text[4], finish[4], prompt_tokens[4], completion_tokens[4]) == ("", "stop", 3, 1)  # a model that stops at once
+    stats = head.client.stats
+    assert (stats.tokens_in, stats.tokens_out, stats.unmetered) == (3, 1, 1)  # nothing impossible billed; one unmetered
+    assert head.client.gate.failures == 0  # the empty answer last: a good answer resets the breaker
+
+
+def test_a_malformed_answer_counts_toward_the_circuit_breaker(server):
+    """A gateway that answers 200 with a body that is no OpenAI answer stops the run after the bound, as bad JSON does
+    (before: every row's request went out)."""
+    script, url = server
+    script.answers = [(200, {}, {"status": "ok", "result": "a gateway's own page"})]
+    head = _head(url, concurrency=1, max_consecutive_failures=3)
+    with pytest.raises(EndpointDown, match=r"failed 3 requests in a row; last: HTTP 200: a malformed answer: the response "):
+        head.score_prompts([str(i) for i in range(20)], None)
+    assert len(script.seen) == 3
+
+
+def test_a_server_that_echoes_the_request_headers_never_puts_the_key_in_an_error(server):
+    from lakescore.udfs.remote.client import scrub
+    from lakescore.udfs.registry import get_task
+    from lakescore.udfs.remote.generate import EndpointGenerator
+
+    script, url = server
+    script.echo_headers = True
+    options = GenerateOptions(max_new_tokens=4)
+    client = EndpointClient(EndpointOptions(url=url, model="tiny"), url, "tiny", api_key=KEY, sleep=lambda s: None)
+    head = EndpointGenerator(client, options, get_task("generate").output_arrow_types)
+    scored = head.score_prompts(["a"], None)
+    assert script.auth == [f"Bearer {KEY}"] and scored.reasons == ["endpoint_error"]
+    assert KEY not in scored.errors[0] and "'Authorization': '***'" in scored.errors[0]
+    # any Authorization value or bearer token, whatever key it is
+    assert scrub('{"authorization": "Bearer other-token"} and bearer xyz.abc') == '{"authorization": "***"} and bearer ***'
+    assert scrub("Authorization: Basic dXNlcjpwYXNz") == "Authorization: ***"
+    assert scrub("a key k-1 twice k-1", ("k-1",)) == "a key *** twice ***"
+
+
+def test_the_preflight_says_what_happened(server):
+    """Rate limited, timed out and malformed are worded as such (before: all three "refused the run's settings")."""
+    from lakescore.udfs.remote.client import EndpointRefused
+
+    script, url = server
+    script.answers = [(429, {"Retry-After": "0"}, {"error": {"message": "slow down"}})]
+    with pytest.raises(EndpointRefused, match=r"\(model tiny\) rate limited the preflight's request \(429 after 1 retries\)"):
+        _head(url, max_retries=1).score(["p"])
+    script.answers = [(200, {}, {"unexpected": True})]
+    with pytest.raises(EndpointRefused, match=r"answered the preflight's request with a malformed answer: the response holds"):
+        _head(url).score(["p"])
+    script.answers = [(400, {}, {"error": {"message": "top_k is not supported"}})]
+    with pytest.raises(EndpointRefused, match=r"refused the run's settings: HTTP 400: top_k is not supported"):
+        _head(url).score(["p"])
+    script.answers, script.delay = [_ok()], 1.0
+    with pytest.raises(EndpointRefused, match=r"timed out on the preflight's request \(0 retries\)"):
+        _head(url, timeout_s=0.2, max_retries=0).score(["p"])
+
+
+def test_a_key_typed_into_api_key_env_is_refused_before_compute_and_never_echoed(tmp_path):
+    """Before: ``sk_live_...`` is a valid variable name, accepted, echoed on the console and written into the report."""
+    import subprocess
+    import sys
+
+    from lakescore.jobs.config import ConfigError, load_config
+
+    typed = "sk_live_51HqLakescoreNotAName0123"
+    flags = {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "task": "generate", "id_col": "id",
+             "generate.prompt_template": "{x}", "generate.endpoint.url": "https://a.example.com/v1",
+             "generate.endpoint.model": "m"}
+    assert load_config(flags={**flags, "generate.endpoint.api_key_env": "LLM_API_KEY"}).secret_env_names() == ("LLM_API_KEY",)
+    for value in (typed, "hf_abcdefghijklmnopqrstuvwxyz0123", "sk-live-51Hq", "A" * 65):
+        with pytest.raises(ConfigError) as refused:
+            load_config(flags={**flags, "generate.endpoint.api_key_env": value})
+        assert value not in str(refused.value) and "is not shown here" in str(refused.value)
+    run = subprocess.run([sys.executable, "-m", "lakescore.jobs.cli", "score", "--input", flags["input"], "--output",
+                          flags["output"], "--task", "generate", "--id-col", "id", "--set", "generate.prompt_template={x}",
+                          "--set", "generate.endpoint.url=https://a.example.com/v1", "--set", "generate.endpoint.model=m",
+                          "--set", f"generate.endpoint.api_key_env={typed}"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "api_key_env must name the environment variable" in run.stderr
+    assert typed not in run.stdout + run.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_session_lakescore_builds_hides_the_keys_variable():
+    import re
+
+    from lakescore.jobs.platform.session import SPARK_REDACTION_DEFAULT, redaction_regex
+
+    assert not re.search(SPARK_REDACTION_DEFAULT, "spark.executorEnv.LLM_API_KEY")  # Spark's default shows it
+    hidden = redaction_regex(None, ["LLM_API_KEY"])
+    assert re.search(hidden, "spark.executorEnv.LLM_API_KEY") and re.search(hidden, "spark.ssl.keyPassword")
+    assert not re.search(hidden, "spark.executorEnv.LLM_API_KEY_HINT") and not re.search(hidden, "spark.app.name")
+    assert redaction_regex("(?i)mine", ["K"]).startswith("(?i)mine|") and redaction_regex(None, []) is None
+    # the warning for a session lakescore did not build: tests/integration/test_endpoint_job.py, on a real session
+
+
+def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_with_it(server):
+    """Before: ``EndpointGenerator.close()`` was never called; a dropped head's pool and connections stayed open for
+    the worker's life."""
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.model_cache import HoldsResources, LoadedModel, ServedElsewhere
+
+    script, url = server
+    head = _head(url, concurrency=2)
+    assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources)  # the head protocol, not getattr
+    assert head.score_prompts(["a", "b"], None).reasons == [None, None]
+    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0}
+    key = object()
+    model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
+    model_cache.clear()  # what the worker's exit runs too (atexit)
+    assert head.pool._shutdown and head.client.http.is_closed
+
+
+def test_the_conf_examples_the_docs_name_exist_load_and_say_what_the_docs_show():
+    """Before: docs/generation.md named conf/reviews-endpoint.yaml and conf/reviews-vllm.yaml, which did not exist."""
+    import re
+    from pathlib import Path
+
+    from lakescore.jobs.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    shown = re.findall(r"```yaml\n# (conf/[\w.-]+\.yaml)\n(.*?)```", (repo / "docs/generation.md").read_text(), re.S)
+    assert {path for path, _ in shown} == {"conf/reviews-endpoint.yaml", "conf/reviews-vllm.yaml"}
+    for path, body in shown:
+        assert (repo / path).read_text().split("\n", 1)[1] == body, path
+        cfg = load_config(repo / path)
+        assert (cfg.generate.endpoint or cfg.generate.server) is not None
+    assert load_config(repo / "conf/reviews-endpoint.yaml").secret_env_names() == ("LLM_API_KEY",)

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lakescore.udfs.remote.engine import EngineServer, _alive, engine_command, first_error, free_port, served_name
+from lakescore.udfs.remote.engine import (
+    EngineServer, _alive, engine_command, engine_gpus, executor_pid, first_error, free_port, served_name,
+    tensor_parallel_size,
+)
 
 
 def test_each_engines_command_line_serves_the_model_on_loopback_with_the_users_flags_last():
@@ -38,11 +41,59 @@ def test_requests_name_the_model_as_each_engine_knows_it():
     assert served_name("transformers", "/models/tiny") == "/models/tiny"
 
 
-def test_one_host_one_state_file_per_engine_model_and_flags():
-    a, b = EngineServer("vllm", "/m", ["--x"]), EngineServer("vllm", "/m", ["--x"])
-    assert a.state_path == b.state_path and a.lock_path == b.lock_path
-    assert EngineServer("vllm", "/m", ["--y"]).state_path != a.state_path
+def test_one_state_file_per_engine_model_flags_executor_and_gpu():
+    a, b = EngineServer("vllm", "/m", ["--x"], owner=11), EngineServer("vllm", "/m", ["--x"], owner=11)
+    assert a.state_path == b.state_path and a.lock_path == b.lock_path  # one executor's workers share one engine
+    assert EngineServer("vllm", "/m", ["--y"], owner=11).state_path != a.state_path
+    assert EngineServer("vllm", "/m", ["--x"], owner=12).state_path != a.state_path  # another run's executor: its own
+    gpu0, gpu1 = (EngineServer("vllm", "/m", ["--x"], owner=11, gpus=[g]) for g in ("0", "1"))
+    assert len({gpu0.state_path, gpu1.state_path, a.state_path}) == 3 and gpu1.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert EngineServer("vllm", "/m").owner == executor_pid()
     assert 0 < free_port() < 65536
+
+
+def test_each_gpu_a_task_holds_gets_its_own_engine_unless_the_args_ask_for_tensor_parallelism():
+    assert engine_gpus([], ("0",)) == ("0",) and engine_gpus([], ("3",)) == ("3",)
+    assert engine_gpus(["--max-model-len", "4096"], ("2", "5")) == ("2",)  # one engine per GPU: the task's first
+    assert engine_gpus([], ()) is None  # no GPU: the engine sees what the executor sees
+    assert tensor_parallel_size(["--tensor-parallel-size", "2"]) == 2 and tensor_parallel_size(["-tp=4"]) == 4
+    assert tensor_parallel_size(["--tp-size", "2"]) == 2 and tensor_parallel_size(["--tp", "x"]) == 1
+    assert tensor_parallel_size(["--dtype", "float32"]) == 1
+    assert engine_gpus(["--tensor-parallel-size", "2"], ("4", "5", "6")) == ("4", "5")  # one engine spans them
+    assert engine_gpus(["--tensor-parallel-size", "1"], ("4", "5")) == ("4",)
+    assert engine_gpus(["--tp", "4"], ("4", "5")) is None  # the task holds fewer: the engine sees the executor's
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+
+
+def test_a_run_stops_only_its_own_engines_and_those_left_behind_never_a_live_neighbours(tmp_path):
+    """Before: stop_engines stopped every engine of the host, other runs' included, and counted one engine once per
+    task that found it."""
+    import json
+
+    from lakescore.udfs.remote.engine import stop_engines
+
+    mine, neighbour, neighbours_engine, orphan = _sleeper(), _sleeper(), _sleeper(), _sleeper()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a driver that was killed: its executor is no more
+    try:
+        my_engine = _sleeper()
+        for name, engine, owner in (("a", my_engine, mine.pid), ("b", neighbours_engine, neighbour.pid),
+                                    ("c", orphan, gone.pid)):
+            (tmp_path / f"lakescore-engine-{name}.json").write_text(json.dumps(
+                {"pid": engine.pid, "pgid": engine.pid, "port": 1, "owner": owner}))
+        assert stop_engines(owner=mine.pid, folder=tmp_path) == 1  # its own, counted once
+        assert stop_engines(owner=mine.pid, folder=tmp_path) == 0
+        for process in (my_engine, orphan):
+            process.wait(timeout=20)
+        assert neighbours_engine.poll() is None and _alive(neighbours_engine.pid)  # a live run's engine: untouched
+        assert sorted(p.name for p in tmp_path.glob("*.json")) == ["lakescore-engine-b.json"]
+    finally:
+        for process in (mine, neighbour, neighbours_engine, orphan, my_engine):
+            process.kill()
+            process.wait()
 
 
 def test_the_watchdog_stops_its_engine_when_the_watched_process_ends():

@@ -203,11 +203,13 @@ def generation_columns(outputs: np.ndarray, ok: np.ndarray, types: Sequence[pa.D
     run asked for ``token_logprobs``: ``types`` has its type last) that column too."""
     ok = np.asarray(ok, dtype=bool)
     rows = [o if good else Generation("", "", 0, 0) for o, good in zip(outputs, ok)]
+    metered = np.array([r.prompt_tokens is not None for r in rows], dtype=bool)
     columns = (
         string_column([r.text for r in rows], ok),
         string_column([r.finish_reason for r in rows], ok),
-        scalar_column(np.array([r.prompt_tokens for r in rows], dtype=np.int64), ok, types[2]),
-        scalar_column(np.array([r.completion_tokens for r in rows], dtype=np.int64), ok, types[3]),
+        # a remote answer without usage: its token counts are unknown (null), not 0
+        scalar_column(np.array([r.prompt_tokens or 0 for r in rows], dtype=np.int64), ok & metered, types[2]),
+        scalar_column(np.array([r.completion_tokens or 0 for r in rows], dtype=np.int64), ok & metered, types[3]),
         python_column([None if r.choice_logprobs is None else list(r.choice_logprobs) for r in rows], ok, types[4]),
     )
     if not logprobs:
@@ -285,7 +287,7 @@ def _refused_prompts(features: Mapping[str, Any], head: Generator) -> dict[int, 
 def token_counts(outputs: np.ndarray, ok: np.ndarray) -> tuple[int, int]:
     """Prompt tokens in and completion tokens out over the scored rows of one batch: the run's token figures."""
     rows = [o for o, good in zip(outputs, np.asarray(ok, dtype=bool)) if good]
-    return sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
+    return sum(r.prompt_tokens or 0 for r in rows), sum(r.completion_tokens or 0 for r in rows)
 
 
 def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:

@@ -18,18 +18,41 @@ force a reload on the executors.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, hub_revision, model_file_digests, resolve_model_dir, verify_sha256, weights_sha256,
 )
 from lakescore.udfs.registry import get_task
 
-__all__ = ["LoadedModel", "get_model", "clear"]
+__all__ = ["LoadedModel", "get_model", "clear", "ServedElsewhere", "HoldsResources"]
+
+
+@runtime_checkable
+class ServedElsewhere(Protocol):
+    """The head protocol's part for a model answered over the wire (:class:`~lakescore.udfs.remote.head.RemoteHead`):
+    whether the server still names the model this head was made for, and what it sent."""
+
+    def is_current(self) -> bool: ...
+
+    def request_counts(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class HoldsResources(Protocol):
+    """A head that holds threads or connections: closed when the cache drops it, and at the worker's exit."""
+
+    def close(self) -> None: ...
+
+
+def _drop(loaded: Optional["LoadedModel"]) -> None:
+    if loaded is not None and isinstance(loaded.scorer, HoldsResources):
+        loaded.scorer.close()
 
 
 @dataclass(frozen=True)
@@ -51,8 +74,10 @@ class LoadedModel:
     def is_current(self) -> bool:
         """Whether ``model_dir`` still holds the files this model was loaded from; a model served elsewhere: whether its
         head says the server still names the same model (``is_current``, where it has one)."""
+        if isinstance(self.scorer, ServedElsewhere) and not self.scorer.is_current():
+            return False
         if self.model_dir is None:
-            return bool(getattr(self.scorer, "is_current", lambda: True)())
+            return True
         try:
             return weights_sha256(self.model_dir) == self.sha256 and model_file_digests(self.model_dir) == self.files
         except (OSError, ModelSourceError):  # the directory went away or lost its weights: load again, and fail there
@@ -77,12 +102,13 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
             verify_sha256(cached.sha256, spec.expect_sha256, spec.source)
             _cache[key] = cached
             return cached, False
-        del cached  # edited in place since it was loaded: free it before loading the files as they are now
+        _drop(cached)  # edited in place since it was loaded: free it (its threads and connections too) before loading
+        del cached
         if spec.source is None:  # a model served elsewhere: no files here; the head says which model answers
             scorer = get_task(spec.task).load(key, None)
             # the server names another model than the run's preflight found (its /v1/models entry changed): refused
-            verify_sha256(scorer.sha256, spec.expect_sha256, getattr(scorer, "where", "served elsewhere"))
-            loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision, dict(getattr(scorer, "files", {})))
+            verify_sha256(scorer.sha256, spec.expect_sha256, scorer.where)
+            loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision, dict(scorer.files))
             _cache[key] = loaded
             return loaded, True
         model_dir = resolve_model_dir(spec.source, spec.revision)
@@ -97,6 +123,13 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
 
 
 def clear() -> None:
-    """Drop every cached model (tests, or a long-lived process switching models)."""
+    """Drop every cached model (tests, a long-lived process switching models, the worker's exit), closing the heads
+    that hold threads or connections."""
     with _lock:
+        dropped = list(_cache.values())
         _cache.clear()
+    for loaded in dropped:
+        _drop(loaded)
+
+
+atexit.register(clear)  # a worker that exits normally closes its heads' connections (a forked one's end closes them too)

@@ -2,7 +2,7 @@
 
 Each row's request is built from the generate settings (:func:`request_body`), sent by a pool of threads bounded per
 task (``concurrency``), through a host-wide rate limit (:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a
-timeout per request and retries on 429, 5xx, timeouts and lost connections: exponential backoff with jitter, or the
+timeout per request and retries on the statuses of :data:`RETRY_STATUSES`, timeouts and lost connections: exponential backoff with jitter, or the
 server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
 with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
 raises :class:`EndpointDown` for every row in flight, which fails the task and the run in one line.
@@ -21,6 +21,7 @@ import email.utils
 import json
 import os
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from lakescore.udfs.remote.rate_limit import HostRateLimit
 
 __all__ = [
     "EndpointError", "EndpointDown", "EndpointRefused", "Reply", "Completion", "ClientStats", "EndpointClient",
-    "request_body", "parse_completion", "token_logprobs", "retry_after", "backoff", "Unhonoured",
+    "request_body", "parse_completion", "token_logprobs", "retry_after", "backoff", "Unhonoured", "Malformed",
+    "Unfinished", "scrub", "FINISHED",
 ]
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -44,13 +46,52 @@ ESTIMATED_CHARS_PER_TOKEN = 4
 thumb for English; the guess is settled from ``usage`` after)."""
 
 
+FINISHED = ("stop", "length")
+"""The ``finish_reason`` of a whole answer: the model stopped, or reached ``max_tokens``. Any other (``content_filter``,
+``abort``, ``tool_calls``) is an answer that is not the model's whole text: dead-lettered ``endpoint_unfinished``."""
+
+_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+|(bearer\s+)[^\s\"',}\]]+")
+
+
+def scrub(text: str, secrets: Sequence[str] = ()) -> str:
+    """``text`` without any of ``secrets`` and without any ``Authorization`` value or bearer token in it: the one
+    scrubber every text from a server passes before it reaches a table, a log or the report (a server or a proxy may
+    echo the request's headers in its error)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return _AUTHORIZATION.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
+
+
 class EndpointError(RuntimeError):
     """One row's request failed for good: ``status`` (``None`` for a connection error or timeout) and the server's
-    message. The row is dead-lettered ``endpoint_error``."""
+    message; ``kind`` says what happened (``status``: the server's error status, ``rate_limited``: 429 after every retry,
+    ``timeout``, ``connection``, ``malformed``: a 200 whose body is not a whole OpenAI answer). The row is dead-lettered
+    ``endpoint_error``."""
 
-    def __init__(self, status: Optional[int], message: str) -> None:
+    reason = "endpoint_error"
+
+    def __init__(self, status: Optional[int], message: str, kind: Optional[str] = None) -> None:
         self.status, self.message = status, message
+        self.kind = kind or ("rate_limited" if status == 429 else "status" if status is not None else "connection")
         super().__init__(f"HTTP {status}: {message}" if status is not None else message)
+
+
+class Malformed(ValueError):
+    """A 200 answer that is not a whole, well-formed answer to the request (no text, no or an unknown
+    ``finish_reason``, impossible ``usage``): the row's error, and a failure toward ``max_consecutive_failures``."""
+
+
+class Unfinished(EndpointError):
+    """A well-formed answer the server did not finish (``finish_reason`` ``content_filter``, ``abort``, ...): the row
+    is dead-lettered ``endpoint_unfinished`` with that reason, never published as ``stop``. The server works: this is
+    no failure toward ``max_consecutive_failures``."""
+
+    reason = "endpoint_unfinished"
+
+    def __init__(self, finish_reason: str) -> None:
+        self.finish_reason = finish_reason
+        super().__init__(200, f"the server ended the answer with finish_reason {finish_reason!r}", kind="unfinished")
 
 
 class Unhonoured(EndpointError):
@@ -83,13 +124,19 @@ class Reply:
 @dataclass(frozen=True)
 class Completion:
     """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
-    reports and, where the response holds them, each generated token's log-probability."""
+    reports (``None`` for both when the answer has no ``usage``: unknown, not 0) and, where the response holds them,
+    each generated token's log-probability."""
 
     text: str
     finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: Optional[int]
+    completion_tokens: Optional[int]
     token_logprobs: Optional[tuple[float, ...]] = None
+
+    @property
+    def tokens(self) -> Optional[int]:
+        """Prompt and completion tokens together, as ``usage`` said; ``None`` when it said nothing."""
+        return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
 
 
 @dataclass
@@ -103,6 +150,8 @@ class ClientStats:
     failed: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
+    unmetered: int = 0
+    """Answers published without ``usage``: their tokens are unknown, so a cost from ``usage`` is incomplete."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -171,23 +220,47 @@ def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed:
     return body
 
 
-def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()) -> Completion:
-    """One response's :class:`Completion`; ``ValueError`` naming what the response lacks. The text is cut before the
-    first ``stop`` string the server left in it (some servers keep it), and a finish other than ``length`` is
-    ``stop``."""
+def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = (),
+                     max_tokens: Optional[int] = None) -> Completion:
+    """One response's :class:`Completion`, only when it is a whole, well-formed answer to the request:
+    :class:`Malformed` naming what it lacks (no text, no ``finish_reason``, ``usage`` that is not two whole numbers of
+    at least 0, or more completion tokens than the request's ``max_tokens``), :class:`Unfinished` for a
+    ``finish_reason`` other than :data:`FINISHED`. The text is cut before the first ``stop`` string the server left in it
+    (some servers keep it). An answer without ``usage`` has unknown (``None``) tokens."""
     try:
         choice = body["choices"][0]
         text = choice["message"]["content"] if api == "chat" else choice["text"]
     except (KeyError, IndexError, TypeError):
-        raise ValueError(f"the response holds no {'message' if api == 'chat' else 'text'}: {json.dumps(body)[:300]}") from None
-    text = text or ""
+        raise Malformed(f"the response holds no {'message' if api == 'chat' else 'text'}: {json.dumps(body)[:300]}") from None
+    if text is not None and not isinstance(text, str):
+        raise Malformed(f"the response's text is not a string: {json.dumps(text)[:100]}")
+    finish = choice.get("finish_reason") if isinstance(choice, Mapping) else None
+    if not isinstance(finish, str) or not finish:
+        raise Malformed(f"the response has no finish_reason: {json.dumps(body)[:300]}")
+    if finish not in FINISHED:
+        raise Unfinished(finish)
+    text = text or ""  # a model that stops at once: an empty text, finished, as in-process
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     if cut >= 0:
         text = text[:cut]
-    finish = "length" if choice.get("finish_reason") == "length" else "stop"
-    usage = body.get("usage") or {}
-    return Completion(text, finish, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                      token_logprobs(choice, api))
+    prompt_tokens, completion_tokens = _usage(body.get("usage"), max_tokens)
+    return Completion(text, finish, prompt_tokens, completion_tokens, token_logprobs(choice, api))
+
+
+def _usage(usage: Any, max_tokens: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+    """``usage``'s prompt and completion tokens; ``(None, None)`` when the answer has none; :class:`Malformed` when
+    they cannot be true (not whole numbers, below 0, more completion tokens than were allowed)."""
+    if usage is None:
+        return None, None
+    counts = []
+    for name in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(name) if isinstance(usage, Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise Malformed(f"the response's usage is impossible ({name} {json.dumps(value)}): {json.dumps(usage)[:200]}")
+        counts.append(value)
+    if max_tokens is not None and counts[1] > max_tokens:
+        raise Malformed(f"the response's usage is impossible ({counts[1]} completion tokens, {max_tokens} allowed)")
+    return counts[0], counts[1]
 
 
 def token_logprobs(choice: Mapping[str, Any], api: str) -> Optional[tuple[float, ...]]:
@@ -263,6 +336,7 @@ class EndpointClient:
             limits=httpx2.Limits(max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency),
         )
         self._transport_errors = (httpx2.TransportError,)
+        self._timeouts = (httpx2.TimeoutException,)
 
     @staticmethod
     def key_from_env(settings: EndpointOptions) -> Optional[str]:
@@ -279,8 +353,8 @@ class EndpointClient:
         return key
 
     def scrub(self, text: str) -> str:
-        """``text`` without the API key (a server may echo it in an error)."""
-        return text.replace(self._key, "***") if self._key else text
+        """``text`` without the API key or any ``Authorization`` value (:func:`scrub`)."""
+        return scrub(text, (self._key,) if self._key else ())
 
     def close(self) -> None:
         self.http.close()
@@ -306,9 +380,12 @@ class EndpointClient:
                 return None
         return None
 
-    def post(self, body: Mapping[str, Any], estimated_tokens: int = 0) -> Reply:
-        """``POST`` ``body`` to the API, retried as the settings say; :class:`EndpointError` once it failed for good,
-        :class:`EndpointDown` past the bound of failures in a row."""
+    def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
+             parse: Optional[Callable[[Mapping[str, Any]], Any]] = None) -> Any:
+        """``POST`` ``body`` to the API, retried as the settings say; what ``parse`` makes of the answer's JSON (the
+        :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
+        that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
+        bound of failures in a row. ``parse``'s result, when it has ``tokens``, settles the token limit."""
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
             self.gate.check()
@@ -316,54 +393,60 @@ class EndpointClient:
             self.stats.add(requests=1)
             status: Optional[int] = None
             wait: Optional[float] = None
+            kind: Optional[str] = None
             try:
                 response = self.http.post(self.url + self.path, content=json.dumps(body))
             except self._transport_errors as exc:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                kind = "timeout" if isinstance(exc, self._timeouts) else "connection"
                 if self.recover is not None and self.recover():
                     self.stats.add(retries=1)
                     continue
             else:
                 status = response.status_code
                 if status == 200:
+                    kind = "malformed"
                     try:
-                        reply = Reply(response.json())
-                    except ValueError:
-                        message = f"a response that is not JSON: {response.text[:200]!r}"
+                        payload = response.json()
+                        result = parse(payload) if parse is not None else Reply(payload)
+                    except Unfinished as exc:  # the server works; the row's answer is not the model's whole text
+                        self.gate.success()
+                        self.stats.add(failed=1)
+                        raise exc from None
+                    except ValueError as exc:  # not JSON (json's error is a ValueError), or Malformed
+                        message = (f"a malformed answer: {exc}" if isinstance(exc, Malformed)
+                                   else f"a response that is not JSON: {response.text[:200]!r}")
                     else:
                         self.gate.success()
-                        usage = reply.body.get("usage") or {}
-                        actual = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
-                        self.limit.settle(estimated_tokens, actual or estimated_tokens)
-                        return reply
+                        tokens = getattr(result, "tokens", None)
+                        self.limit.settle(estimated_tokens, estimated_tokens if tokens is None else tokens)
+                        return result
                 else:
                     message = _server_message(response)
                     wait = retry_after(response.headers)
             message = self.scrub(message)
-            retryable = status is None or status in RETRY_STATUSES
+            retryable = kind in ("timeout", "connection") or status in RETRY_STATUSES
             if status == 429:
                 self.stats.add(rate_limited=1)
             else:
                 self.gate.failure(f"HTTP {status}: {message}" if status else message)
             if not retryable or attempt == attempts - 1:
                 self.stats.add(failed=1)
-                raise EndpointError(status, message)
+                raise EndpointError(status, message, kind)
             self.stats.add(retries=1)
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
 
     def complete(self, options: Any, prompt: str, seed: Optional[int] = None) -> Completion:
-        """One prompt's :class:`Completion` under the generate settings ``options`` (errors as :meth:`post`; a
-        response without what was asked for is the row's :class:`EndpointError`)."""
+        """One prompt's :class:`Completion` under the generate settings ``options`` (errors as :meth:`post`)."""
         body = request_body(options, self.model, self.api, prompt, seed)
         estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
-        reply = self.post(body, estimate)
-        try:
-            completion = parse_completion(reply.body, self.api, options.stop)
-        except ValueError as exc:
-            self.stats.add(failed=1)
-            raise EndpointError(200, self.scrub(str(exc))) from None
-        self.stats.add(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens)
+        completion = self.post(body, estimate, lambda answer: parse_completion(answer, self.api, options.stop,
+                                                                               options.max_new_tokens))
+        if completion.tokens is None:
+            self.stats.add(unmetered=1)
+        else:
+            self.stats.add(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens)
         return completion
 
 

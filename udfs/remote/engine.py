@@ -1,12 +1,17 @@
 """A served engine per executor host (``generate.server``): vLLM, SGLang or ``transformers serve``, started by lakescore.
 
-The first Python worker of a host that needs the engine starts it, under a host-wide file lock, on a free loopback
-port, and waits for its health check; the others find it through the lock's state file and send their rows to it.
+This module owns an engine's whole life. The first Python worker of an executor that needs the engine starts it,
+under a file lock (``filelock``), on a free loopback port, and waits for its health check; the executor's other
+workers find it through the lock's state file and send their rows to it. An engine belongs to the Spark executor
+that started it (:func:`executor_pid`, recorded in its state as ``owner``) and, on a host with GPUs, to the GPU of the
+task that started it (:func:`engine_gpus`): two runs on one host (two applications, so two executors) each start and
+stop their own engine, and each GPU a scoring task holds gets its own.
+
 The engine runs under a small watchdog (``python -m lakescore.udfs.remote.engine watch``) in a process group of its
 own, which stops it when the executor's Python daemon (the worker's parent) goes: when the executor's work ends or
-the job fails, no engine outlives it. :func:`stop_engines` stops a host's engines at once (the job calls it when a
-run ends). A crashed engine is started again once per process (:meth:`EngineServer.recover`), and the rows that were
-in flight are retried.
+the job fails, no engine outlives it. :func:`stop_engines` stops the engines of its own executor when a run ends, and
+those whose executor is gone (left behind by a killed driver), never a live neighbour's. A crashed engine is started
+again once per process (:meth:`EngineServer.recover`), and the rows that were in flight are retried.
 
 vLLM and SGLang are optional installs with their own CUDA requirements; their command lines are built here
 (:func:`engine_command`) and unit-tested, but neither can run on the machines lakescore is tested on.
@@ -14,7 +19,6 @@ vLLM and SGLang are optional installs with their own CUDA requirements; their co
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -26,15 +30,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
+
+from filelock import FileLock
 
 from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
-    "EngineServer", "EngineStartError", "engine_command", "engine_env", "free_port", "healthy", "stop_engines",
-    "stop_engines_task", "HOST",
+    "EngineServer", "EngineStartError", "engine_command", "engine_gpus", "executor_pid", "free_port",
+    "healthy", "stop_engines", "stop_engines_task", "tensor_parallel_size", "HOST",
 ]
 
 HOST = "127.0.0.1"
@@ -125,16 +130,67 @@ def _alive(pid: int) -> bool:
 def healthy(port: int, timeout: float = 2.0) -> bool:
     """Whether the engine on ``port`` answers ``GET /health`` with 200 (vLLM, SGLang and ``transformers serve`` all
     serve it)."""
-    import http.client
+    import httpx2
 
-    connection = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
-        connection.request("GET", "/health")
-        return connection.getresponse().status == 200
-    except OSError:
+        return httpx2.get(f"http://{HOST}:{port}/health", timeout=timeout).status_code == 200
+    except httpx2.HTTPError:
         return False
-    finally:
-        connection.close()
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def executor_pid() -> int:
+    """The Spark executor this Python worker serves (the parent of its Python daemon, the JVM): what owns an engine.
+    Two applications on one host have two; the workers of one executor share it. Without ``/proc``: the parent."""
+    parent = os.getppid()
+    return _parent_of(parent) or parent
+
+
+def tensor_parallel_size(args: Sequence[str]) -> int:
+    """The tensor-parallel degree the engine's own ``args`` ask for (vLLM's ``--tensor-parallel-size``/``-tp``,
+    SGLang's ``--tp-size``/``--tp``); 1 when they ask for none."""
+    names = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+    args = list(args)
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in names:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                return max(1, int(value))
+            except ValueError:
+                return 1
+    return 1
+
+
+def engine_gpus(args: Sequence[str], task_gpus: Sequence[str]) -> Optional[tuple[str, ...]]:
+    """The GPUs an engine started by a task holding ``task_gpus`` (Spark's addresses) runs on: the task's first GPU,
+    so each GPU a scoring task holds gets its own engine and a task sends its rows to its GPU's engine; with tensor
+    parallelism in ``args`` (:func:`tensor_parallel_size` of N > 1), N of the task's GPUs (it must hold them) for one
+    engine that spans them. ``None``: no GPU assigned (the engine sees what the executor sees)."""
+    if not task_gpus:
+        return None
+    wanted = tensor_parallel_size(args)
+    if wanted > 1:
+        return tuple(task_gpus[:wanted]) if len(task_gpus) >= wanted else None
+    return (task_gpus[0],)
+
+
+def task_gpus() -> tuple[str, ...]:
+    """The GPU addresses Spark gave the running task (the scoring stage's resource profile); ``()`` without one."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return ()
+    context = TaskContext.get()
+    gpu = None if context is None else context.resources().get("gpu")
+    return tuple(gpu.addresses) if gpu is not None else ()
 
 
 def _stop_group(pgid: int, grace: float = 15.0) -> None:
@@ -157,22 +213,26 @@ def _stop_group(pgid: int, grace: float = 15.0) -> None:
 
 
 class EngineServer:
-    """The engine for (``engine``, ``model``, ``args``) on this host: started once, found by every process after.
+    """The engine for (``engine``, ``model``, ``args``, ``python``) of one executor (``owner``) and GPU set (``gpus``):
+    started once, found by every process of the executor after.
 
     :meth:`url` starts it when no live, healthy one is recorded, and returns its OpenAI base URL; :meth:`recover`
     starts it again once when it crashed; :meth:`stop` stops it.
     """
 
     def __init__(self, engine: str, model: str, args: Sequence[str] = (), startup_timeout_s: float = 600.0,
-                 env: Optional[dict[str, str]] = None, watch_pid: Optional[int] = None, python: Optional[str] = None) -> None:
+                 gpus: Optional[Sequence[str]] = None, watch_pid: Optional[int] = None, python: Optional[str] = None,
+                 owner: Optional[int] = None) -> None:
         self.engine, self.model, self.args = engine, model, tuple(args)
         self.python = None if python is None else os.path.abspath(python)
         self.startup_timeout_s = startup_timeout_s
-        self.env = env
+        self.gpus = None if gpus is None else tuple(gpus)
+        self.env = None if self.gpus is None else {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(self.gpus)}
         self.watch_pid = watch_pid if watch_pid is not None else os.getppid()
         """The process whose end stops the engine: the worker's parent, the executor's Python daemon."""
+        self.owner = owner if owner is not None else executor_pid()
         self.name = served_name(engine, model)
-        key = json.dumps([engine, model, list(self.args), self.python])
+        key = json.dumps([engine, model, list(self.args), self.python, self.owner, self.gpus])
         stem = STATE_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:16]
         self.state_path = _state_dir() / f"{stem}.json"
         self.lock_path = _state_dir() / f"{stem}.lock"
@@ -182,14 +242,8 @@ class EngineServer:
         self._log_from = 0
         """Where the log of this process's last start begins (the log file gathers every start's)."""
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self) -> FileLock:
+        return FileLock(str(self.lock_path))
 
     def _state(self) -> Optional[dict]:
         try:
@@ -239,7 +293,7 @@ class EngineServer:
             with open(self.log_path, "ab") as log:
                 process = subprocess.Popen(watchdog, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True, env=self.env)
-            state = {"pid": process.pid, "pgid": process.pid, "port": port, "command": command}
+            state = {"pid": process.pid, "pgid": process.pid, "port": port, "command": command, "owner": self.owner}
             deadline = time.monotonic() + self.startup_timeout_s
             while time.monotonic() < deadline:
                 if process.poll() is not None:
@@ -284,29 +338,26 @@ class EngineServer:
                 self.state_path.unlink(missing_ok=True)
 
 
-def stop_engines(folder: Optional[Path] = None) -> int:
-    """Stop every engine lakescore started on this host; how many were running."""
+def stop_engines(owner: Optional[int] = None, folder: Optional[Path] = None) -> int:
+    """Stop the engines of executor ``owner`` (default: this worker's, :func:`executor_pid`) on this host, and any whose
+    executor is gone (left behind by a killed driver); never a live executor's. How many of ``owner``'s were running:
+    each is counted once, by the process that stopped it under its lock."""
+    owner = executor_pid() if owner is None else owner
     stopped = 0
     for path in sorted(Path(folder or _state_dir()).glob(f"{STATE_PREFIX}*.json")):
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if _alive(state["pid"]):
-            _stop_group(state["pgid"])
-            stopped += 1
-        path.unlink(missing_ok=True)
+        with FileLock(str(path.with_suffix(".lock"))):
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            mine = state.get("owner") == owner
+            if not mine and _alive(state.get("owner") or 0):
+                continue  # a live neighbour's engine
+            if _alive(state["pid"]):
+                _stop_group(state["pgid"])
+                stopped += mine
+            path.unlink(missing_ok=True)
     return stopped
-
-
-def engine_env() -> Optional[dict[str, str]]:
-    """The engine's environment: this worker's, with ``CUDA_VISIBLE_DEVICES`` the GPU Spark gave the task (the scoring
-    stage's resource profile), so the engine takes that GPU as in-process scoring does; ``None`` (inherit) without one."""
-    from lakescore.udfs.models.devices import task_gpu_address
-
-    address = task_gpu_address()
-    return None if address is None else {**os.environ, "CUDA_VISIBLE_DEVICES": address}
-
 
 def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
     """Run ``command`` until it exits or ``parent`` does (then stop it: SIGTERM, SIGKILL after a grace period); a

@@ -112,7 +112,7 @@ class EndpointGenerator(RemoteHead):
         except Unhonoured as exc:
             raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
         except EndpointError as exc:
-            raise EndpointRefused(f"{where} refused the run's settings: {exc}") from None
+            raise EndpointRefused(f"{where} {_what_happened(exc, self.client.settings.max_retries)}") from None
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
@@ -133,3 +133,20 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
     client, engine = open_client(options.endpoint, options.server, model_dir)
     revision = options.endpoint.revision if options.endpoint is not None else spec.revision
     return EndpointGenerator(client, options, types, revision, server=engine)
+
+
+def _what_happened(error: EndpointError, retries: int) -> str:
+    """The preflight's words for a request that failed for good: what happened, not always "refused"."""
+    if error.kind == "rate_limited":
+        return f"rate limited the preflight's request (429 after {retries} retries): {error.message}"
+    if error.kind == "timeout":
+        return f"timed out on the preflight's request ({retries} retries): {error.message}"
+    if error.kind == "connection":
+        return f"could not be reached ({retries} retries): {error.message}"
+    if error.kind == "malformed":
+        return f"answered the preflight's request with {error.message}"
+    if error.kind == "unfinished":
+        return f"did not finish the preflight's answer: {error.message}"
+    if error.status is not None and 400 <= error.status < 500:
+        return f"refused the run's settings: {error}"
+    return f"failed the preflight's request: {error}"

@@ -142,12 +142,12 @@ class RemoteHead:
             error = future.exception()
             if error is None:
                 outputs[i] = future.result()
-            elif isinstance(error, EndpointError):
-                reasons[i], errors[i] = "endpoint_error", str(error)[:2000]
             elif isinstance(error, EndpointDown):
                 raise error
-            else:
-                reasons[i], errors[i] = "endpoint_error", f"{type(error).__name__}: {error}"[:2000]
+            else:  # every text from a server passes the one scrubber before it reaches the errors table
+                text = str(error) if isinstance(error, EndpointError) else f"{type(error).__name__}: {error}"
+                reasons[i] = getattr(error, "reason", "endpoint_error") if isinstance(error, EndpointError) else "endpoint_error"
+                errors[i] = self.client.scrub(text)[:2000]
         return Scored(outputs, reasons, errors)
 
     def close(self) -> None:
@@ -161,12 +161,12 @@ def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[
     host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
     (``None`` for an endpoint). :class:`~lakescore.udfs.remote.client.EndpointRefused` for a key named but not set;
     :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
-    from lakescore.udfs.remote.engine import HOST, EngineServer, engine_env
+    from lakescore.udfs.remote.engine import HOST, EngineServer, engine_gpus, task_gpus
 
     if endpoint is not None:
         return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint)), None
-    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, env=engine_env(),
-                          python=server.python)
+    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, python=server.python,
+                          gpus=engine_gpus(server.args, task_gpus()))
     url = engine.url()
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has

@@ -30,7 +30,17 @@ MODELS_LISTING = "/v1/models"
 ``files`` hold, under this name, what the endpoint's ``/v1/models`` says of it (canonical JSON,
 :func:`~lakescore.udfs.remote.generate.models_listing`)."""
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+"""An environment variable's name as keys are named (POSIX's convention: upper case, digits, ``_``). A lower-case value
+is more likely a key typed here by mistake (``sk_live_...``, ``hf_...``) than a variable's name."""
+
+
+def _key_env_problem(value: str) -> Optional[str]:
+    # the value is never quoted back: it may be the key itself, and the error reaches the console and the logs
+    if _ENV_NAME.fullmatch(value) and len(value) <= 64:
+        return None
+    return ("must name the environment variable that holds the key (upper case, digits, _, e.g. LLM_API_KEY); the value "
+            "given is not one and is not shown here, in case it is the key itself")
 
 
 Args = Annotated[tuple[Text, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
@@ -69,7 +79,8 @@ class _Client(Section):
     timeout_s: Number = Field(120.0, gt=0)
     """Seconds one request may take before it is retried."""
     max_retries: int = Field(6, ge=0, le=50)
-    """Retries of a request answered 429 or 5xx, or lost to a connection error or timeout: exponential backoff with
+    """Retries of a request answered 408, 409, 429, 500, 502, 503 or 504 (the client's ``RETRY_STATUSES``), or lost to
+    a connection error or timeout: exponential backoff with
     jitter, or what the server's ``Retry-After`` says; then the row is dead-lettered ``endpoint_error``."""
     max_consecutive_failures: int = Field(16, ge=1)
     """Failed requests in a row (429s aside) after which the run stops: a dead or refusing endpoint does not burn
@@ -92,11 +103,10 @@ class EndpointOptions(_Client):
     api: Literal[ENDPOINT_APIS] = "completions"
     """``completions`` (the prompt as it is) or ``chat`` (the server's chat template, the system prompt as the system
     message)."""
-    api_key_env: Annotated[Optional[Text], checked(
-        lambda v: None if _ENV_NAME.fullmatch(v) else f"must name an environment variable (letters, digits, _), got {v!r}"
-    )] = None
-    """The name of the environment variable holding the API key (on clusters, set ``spark.executorEnv.<NAME>``); the key
-    itself is never in the config, logs, reports or tables."""
+    api_key_env: Annotated[Optional[Text], checked(_key_env_problem)] = None
+    """The name of the environment variable holding the API key, in upper case (``LLM_API_KEY``); on clusters, see
+    docs/generation.md "The key" for how the executors get it without showing it. The key itself is never in the
+    config, logs, reports or tables: a value that is not such a name is refused without being shown."""
     revision: Optional[Text] = None
     """A version the user vouches for (a name alone cannot prove the weights behind it did not change): part of the
     model's identity, recorded as ``model_revision``."""

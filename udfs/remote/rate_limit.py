@@ -2,20 +2,20 @@
 
 Spark runs each concurrent task of an executor in its own Python worker process, so a limit held in one process's
 memory would let each task spend the whole allowance. The allowance lives in a small file instead: two token buckets
-(requests, tokens) refilled continuously at their per-minute rates, read and debited under an exclusive ``flock``.
+(requests, tokens) refilled continuously at their per-minute rates, read and debited under a file lock (``filelock``).
 A bucket starts full, so a run may burst one minute's allowance, as the providers' own limits allow.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
+
+from filelock import FileLock
 
 __all__ = ["HostRateLimit"]
 
@@ -35,6 +35,7 @@ class HostRateLimit:
         self.rpm, self.tpm = requests_per_minute, tokens_per_minute
         digest = hashlib.sha256(f"{key}\x00{requests_per_minute}\x00{tokens_per_minute}".encode()).hexdigest()[:16]
         self.path = Path(folder or tempfile.gettempdir()) / f"lakescore-rate-{digest}.json"
+        self.lock = FileLock(str(self.path.with_suffix(".lock")))
         self.clock, self.sleep = clock, sleep
         self.waited = 0.0
         """Seconds this process spent waiting for the allowance."""
@@ -80,14 +81,11 @@ class HostRateLimit:
 
     def _update(self, change: Callable[[dict], float]) -> float:
         """Read the buckets under the host-wide lock, refill them for the time passed, apply ``change``, write back."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            raw = os.read(fd, 4096)
+        with self.lock:
             now = self.clock()
             try:
-                state = json.loads(raw) if raw else None
-            except ValueError:  # a torn write from a killed process: start full again
+                state = json.loads(self.path.read_text())
+            except (OSError, ValueError):  # none yet, or a torn write from a killed process: start full again
                 state = None
             if state is None:
                 state = {"at": now, "requests": float(self.rpm or 0), "tokens": float(self.tpm or 0)}
@@ -98,9 +96,5 @@ class HostRateLimit:
                 state["tokens"] = min(float(self.tpm), state["tokens"] + passed * self.tpm / 60.0)
             state["at"] = now
             result = change(state)
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps(state).encode())
+            self.path.write_text(json.dumps(state))
             return result
-        finally:
-            os.close(fd)  # closing releases the lock
