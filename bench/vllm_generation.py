@@ -52,7 +52,7 @@ def serve_vllm(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[i
     with open(log, "ab") as out:
         process = subprocess.Popen(_pinned(command, cpus), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**env, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
-                                        "VLLM_NO_USAGE_STATS": "1"})
+                                        "VLLM_NO_USAGE_STATS": "1", **_bind(cpus)})
     deadline = time.monotonic() + timeout_s
     while not healthy(port):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -60,6 +60,12 @@ def serve_vllm(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[i
             raise RuntimeError(f"vLLM did not start: {log.read_text(errors='replace')[-2000:]}")
         time.sleep(1.0)
     return process, f"http://{HOST}:{port}/v1"
+
+
+def _bind(cpus: Optional[set[int]]) -> dict[str, str]:
+    """vLLM's CPU backend binds its OpenMP threads to cores itself (and keeps one back) unless told which: the pinned
+    ones, so it neither leaves them nor reaches past them."""
+    return {} if cpus is None else {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cpus)))}
 
 
 def run_w4v(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4V_ROWS) -> W4EResult:
