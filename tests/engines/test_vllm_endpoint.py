@@ -43,8 +43,9 @@ def vllm(vllm_llama_dir, module_tmp_path):
     offline_log = module_tmp_path / "offline.log"
     offline = start_offline_generate(vllm_llama_dir, prompts, NEW_TOKENS, offline_log)
     # JSON without free whitespace: a random model would fill max_new_tokens with the blanks JSON allows
+    structured = '{"backend": "xgrammar", "disable_any_whitespace": true}'
     server = VllmServer(vllm_llama_dir, module_tmp_path / "vllm.log", NAME,
-                        args=(*SERVE_ARGS, "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'))
+                        args=(*SERVE_ARGS, "--structured-outputs-config", structured))
     try:
         server.start()
         server.offline = offline_texts(offline, offline_log)
