@@ -514,7 +514,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
                args.w4_batch_tokens) if W4 in wanted else None
     w4e = run_w4e(data_dir, runs_dir, env, REPO, W4E_REPEATS, args.w4e_rows) if W4E in wanted else None
-    w4v = run_w4v(data_dir, runs_dir, env, REPO, W4V_REPEATS, W4V_ROWS) if W4V in wanted else None  # on request only
+    w4v = (run_w4v(data_dir, runs_dir, env, REPO, _env_int("W4V_REPEATS", W4V_REPEATS), _env_int("W4V_ROWS", W4V_ROWS))
+           if W4V in wanted else None)  # on request only
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
                 args.w6_top_k) if W6 in wanted else None
