@@ -65,7 +65,8 @@ def _api_servers(model: Path) -> dict[int, int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if "vllm.entrypoints.openai.api_server" in command and str(model) in command and fields[0] != "Z":
+        server = command.split()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # (not its watchdog)
+        if server and str(model) in command and fields[0] != "Z":
             found[int(entry.name)] = int(fields[3])
     return found
 
