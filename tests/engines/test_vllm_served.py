@@ -83,24 +83,27 @@ def test_a_served_vllm_killed_mid_run_is_restarted_and_leaves_no_process(spark, 
     sessions: set[int] = set()
     killed: list[int] = []
 
-    def kill_the_engine_mid_run() -> None:  # once the engine answered some rows: its API server, SIGKILL
-        deadline = time.monotonic() + 2 * STARTUP_S
-        while time.monotonic() < deadline:
+    ended = threading.Event()
+
+    def kill_the_engine_mid_run() -> None:  # once the engine answered some rows: its API server, SIGKILL; then watch
+        while not ended.is_set():  # every engine's session, the restarted one's too, until the run ends
             servers = _api_servers(model)
             sessions.update(servers.values())
             logs = [p.read_text(errors="replace") for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log")]
             # (this engine's log: other runs' engines on the host log requests too)
-            if servers and any(str(model) in log and log.count("POST /v1/completions") >= 4 for log in logs):
+            if not killed and servers and any(str(model) in log and log.count("POST /v1/completions") >= 4 for log in logs):
                 for pid in servers:
                     os.kill(pid, signal.SIGKILL)
                 killed.extend(servers)
-                return
             time.sleep(0.2)
 
     killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
     killer.start()
-    report = run_scoring(_config(source, output, model, **{"generate.server.concurrency": 2}), spark)
-    killer.join()
+    try:
+        report = run_scoring(_config(source, output, model, **{"generate.server.concurrency": 2}), spark)
+    finally:
+        ended.set()
+        killer.join()
     sessions.update(_api_servers(model).values())
     assert report.status == "succeeded", report.error
     assert len(killed) == 1, killed
