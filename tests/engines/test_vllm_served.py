@@ -129,8 +129,9 @@ def test_an_engine_that_cannot_start_ends_the_run_quoting_vllms_error(spark, tmp
     model = save_causal(tmp_path / "head-dim-16", train_tokenizer("bos"))  # hidden 64 over 4 heads
     source, output = tmp_path / "reviews", tmp_path / "out"
     _write(spark, pd.DataFrame({"review_id": [1, 2], "body": reviews(2, seed=3)}), source)
+    args = ["--dtype", "float32", "--max-model-len", "128", "--gpu-memory-utilization", "0.1"]  # (its 160 positions)
     with pytest.raises(Exception) as failed:
-        run_scoring(_config(source, output, model), spark)
+        run_scoring(_config(source, output, model, **{"generate.max_new_tokens": 4, "generate.server.args": args}), spark)
     line = one_line(failed.value)
     assert "head_dim=16" in line, line
     assert "\n" not in line and not output.exists()

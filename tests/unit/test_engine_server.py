@@ -175,3 +175,7 @@ def test_the_engines_first_error_line_is_its_root_cause():
     assert first_error("usage: api_server.py [-h]\napi_server.py: error: unrecognized arguments: --bogus\n") == (
         "error: unrecognized arguments: --bogus")
     assert first_error("INFO: Started server process\nDeprecationWarning: old\n") is None
+    pydantic = ("E pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                "  Value error, User-specified max_model_len (512) is greater than the derived max_model_len\n")
+    assert first_error(pydantic) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: "
+                                     "Value error, User-specified max_model_len (512) is greater than the derived max_model_len")

@@ -59,13 +59,20 @@ _ERROR_LINE = re.compile(r"(?:^|[\s\]])((?:[A-Za-z_][\w.]*(?:Error|Exception)|er
 ``ERROR ... [core.py:..] RuntimeError: ...``), or argparse's ``prog: error: ...``."""
 
 
+_DETAIL_BELOW = re.compile(r"\d+ validation errors? for \S+$")
+
+
 def first_error(log: str) -> Optional[str]:
     """The first line of ``log`` that states an error, from the error's name on: the root cause. What follows it in an
     engine's log is its consequence (vLLM's API server ends with ``EngineDeadError: ... See stack trace (above)``)."""
-    for line in log.splitlines():
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
         found = _ERROR_LINE.search(line.strip())
         if found:
-            return found.group(1)[:500]
+            error = found.group(1)
+            if _DETAIL_BELOW.search(error):  # pydantic's "1 validation error for X": the reason is the next line
+                error += ": " + next((" ".join(l.split()) for l in lines[i + 1:] if l.strip()), "")
+            return error[:500]
     return None
 
 
