@@ -87,13 +87,16 @@ def run_cost(
     price_per_core_hour: Optional[float] = None,
     price_per_gpu_hour: Optional[float] = None,
     token_cost: Optional[float] = None,
+    token_cost_unmetered: int = 0,
 ) -> dict[str, Any]:
     """The report's ``cost`` of a run that ran ``seconds`` (wall), its scoring stage ``stage_seconds`` (wall), whose
     workers scored ``rows_scored`` rows in ``worker_seconds`` of forward passes (summed over tasks), on a session of
     ``resources`` with ``gpus`` GPUs (0: the model ran on CPUs): ``cores``, ``stage_cores``, ``gpus``,
     ``core_seconds`` and ``gpu_seconds`` (``run``, ``score_stage``, ``model``: module docstring),
     ``rows_per_core_second`` and, with a price set, ``cost`` and ``cost_per_million_rows``; ``token_cost``: what an
-    endpoint charged for the run's tokens (``None``: no endpoint price), part of ``cost``.
+    endpoint charged for the run's tokens (``None``: no endpoint price), part of ``cost``; ``token_cost_unmetered``:
+    answers that came without ``usage``, whose tokens the token cost cannot hold (recorded, so the cost says it is
+    incomplete).
 
     >>> c = run_cost(seconds=20, stage_seconds=8, worker_seconds=6, rows_scored=1000,
     ...              resources=SessionResources(2, 2, 1), price_per_core_hour=0.36)
@@ -117,6 +120,8 @@ def run_cost(
     if token_cost is not None:
         cost["token_cost"] = round(token_cost, 6)
         total += token_cost
+        if token_cost_unmetered:
+            cost["token_cost_unmetered"] = int(token_cost_unmetered)
     cost.update(
         price_per_core_hour=price_per_core_hour, price_per_gpu_hour=price_per_gpu_hour, cost=round(total, 6),
         cost_per_million_rows=round(total * 1e6 / rows_scored, 4) if rows_scored else None,
@@ -137,6 +142,8 @@ def cost_text(cost: Mapping[str, Any]) -> str:
         text += f"; cost {cost['cost']:,.4g}" + (f" ({per_million:,.4g} per million rows)" if per_million is not None else "")
         if cost.get("token_cost") is not None:
             text += f", of which {cost['token_cost']:,.4g} the endpoint's tokens"
+            if cost.get("token_cost_unmetered"):
+                text += f" (incomplete: {cost['token_cost_unmetered']} answers had no usage)"
     return text
 
 

@@ -29,7 +29,7 @@ from lakescore.jobs.report.text import kept_trace
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.drift import start_drift
-from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
+from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run, probe_endpoint
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
@@ -67,6 +67,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
             identity = preflight.identity()
     with clock.step("prepare"):
         plan = plan_run(run, targets, split, identity, early)
+        plan = probe_endpoint(run, plan)  # a model served elsewhere: its paid sample request, only with rows to score
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
         throughput = score_into_staging(run, plan)

@@ -129,12 +129,14 @@ WORKER_METRICS = StructType(
         StructField("requests", LongType(), nullable=False),
         StructField("retries", LongType(), nullable=False),
         StructField("rate_limited", LongType(), nullable=False),
+        StructField("unmetered", LongType(), nullable=False),
     ]
 )
 """What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows (``batch_rows``:
 the rows the batch scored, with dedup its distinct inputs; ``tokens_in`` /
 ``tokens_out``: prompt and generated tokens of generation heads, 0 for the others; ``requests``, ``retries`` and
-``rate_limited``: what a head over an endpoint sent, retried and was answered 429, 0 for the others). They travel
+``rate_limited``: what a head over an endpoint sent, retried and was answered 429, 0 for the others; ``unmetered``:
+its answers published without ``usage``, whose tokens are unknown). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""
 
 def prediction_fields(task: str, asked: Sequence[str] = ()) -> list[StructField]:

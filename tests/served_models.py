@@ -66,6 +66,8 @@ class RateLimitingProxy:
         proxy = self
         self.upstream_port, self.every, self.retry_after = upstream_port, every, retry_after
         self.models: dict | None = None
+        self.models_status: int | None = None
+        """With a status set, ``GET /v1/models`` is answered with it and no listing (an outage of the listing alone)."""
         self.requests = self.posts = self.refused = 0
         self.authorizations: list[str] = []
         self.lock = threading.Lock()
@@ -91,6 +93,9 @@ class RateLimitingProxy:
                     data = b'{"error": {"message": "rate limited"}}'
                     self.send_response(429)
                     self.send_header("Retry-After", str(proxy.retry_after))
+                elif body is None and self.path.rstrip("/") == "/v1/models" and proxy.models_status is not None:
+                    data = b'{"error": {"message": "unavailable"}}'
+                    self.send_response(proxy.models_status)
                 elif body is None and self.path.rstrip("/") == "/v1/models" and proxy.models is not None:
                     data = json.dumps(proxy.models).encode()
                     self.send_response(200)

@@ -132,6 +132,7 @@ class ScoredBatch:
     requests: int = 0
     retries: int = 0
     rate_limited: int = 0
+    unmetered: int = 0
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema, with_metrics: bool = True) -> pa.RecordBatch:
         """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker`` (this batch's
@@ -158,7 +159,8 @@ class ScoredBatch:
         """This batch's :data:`~lakescore.schemas.output.WORKER_METRICS`."""
         return {"model_loads": self.loads, "arrow_batches": 1, "batch_rows": len(self.reasons), "model_seconds": self.seconds,
                 "budget_halvings": self.halvings, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-                "requests": self.requests, "retries": self.retries, "rate_limited": self.rate_limited}
+                "requests": self.requests, "retries": self.retries, "rate_limited": self.rate_limited,
+                "unmetered": self.unmetered}
 
 
 def score_batches(
@@ -205,30 +207,43 @@ def score_batches(
         loads = 0
 
 
-def _traffic(head: Any) -> dict[str, int]:
-    """The requests a head over an endpoint sent so far in this process, its retries and 429s (zeros for the others)."""
-    if isinstance(head, ServedElsewhere):
-        counts = head.request_counts()
-        return {name: int(counts.get(name, 0)) for name in ("requests", "retries", "rate_limited")}
-    return {"requests": 0, "retries": 0, "rate_limited": 0}
+TRAFFIC = ("requests", "retries", "rate_limited", "unmetered")
+"""What a head over an endpoint counts of its requests besides the tokens (which the runner counts from the rows)."""
+
+
+def _traffic(head: Any, names: Sequence[str] = TRAFFIC) -> dict[str, int]:
+    """The requests a head over an endpoint sent so far in this process, its retries, 429s and answers without
+    ``usage`` (zeros for the others); ``names`` may ask for its ``tokens_in`` and ``tokens_out`` too."""
+    counts = head.request_counts() if isinstance(head, ServedElsewhere) else {}
+    return {name: int(counts.get(name, 0)) for name in names}
 
 
 PREFLIGHT_SCHEMA = (
     "host string, pid int, device string, sha256 string, revision string, seconds double, loaded boolean, "
-    "error_type string, error string, fidelity string, files string, row_seconds double"
+    "error_type string, error string, fidelity string, files string, row_seconds double, traffic string, probed boolean"
 )
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
 ``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded
-(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`)."""
+(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`); ``traffic``: what a
+head over an endpoint sent for the preflight (JSON of :data:`PREFLIGHT_TRAFFIC`), which the run's figures and cost
+include; ``probed``: whether the task scored its sample (false: a head over an endpoint whose request waits for
+``probe``, :func:`make_preflight_function`)."""
+
+PREFLIGHT_TRAFFIC = (*TRAFFIC, "tokens_in", "tokens_out")
 
 
 def make_preflight_function(
     spec: ModelSpec,
     sample: Sequence[str] = (),
     tolerance: Optional[Tolerance] = None,
+    probe: bool = True,
 ) -> ArrowScorer:
     """Build the function a preflight ``mapInArrow`` runs: load ``spec`` in this worker and score one sample.
+
+    ``probe`` false: a head over an endpoint (:class:`~lakescore.udfs.models.model_cache.ServedElsewhere`) is made (its
+    ``/v1/models`` identity) but sends no request, and its row says ``probed`` false; the driver sends the sample in a
+    second preflight once it knows rows will be scored, so a run with nothing to score pays for nothing.
 
     Input rows are ignored (one small partition per task). Each task yields one
     row of :data:`PREFLIGHT_SCHEMA`: host, pid, the device it resolved, the
@@ -254,10 +269,17 @@ def make_preflight_function(
         try:
             model, resolved, loads = model_for_this_worker(spec)
             kind = get_task(spec.task).input_kind
-            rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
-            if rows != 1:
-                raise RuntimeError(f"the model returned {rows} rows for one input")
-            if kind.timed_rows:
+            row["probed"] = probe or not isinstance(model.scorer, ServedElsewhere)
+            if row["probed"]:
+                sent = _traffic(model.scorer, PREFLIGHT_TRAFFIC)
+                try:
+                    rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
+                finally:  # a refused preflight's request was sent too
+                    now = _traffic(model.scorer, PREFLIGHT_TRAFFIC)
+                    row["traffic"] = json.dumps({name: now[name] - sent[name] for name in PREFLIGHT_TRAFFIC})
+                if rows != 1:
+                    raise RuntimeError(f"the model returned {rows} rows for one input")
+            if kind.timed_rows and row["probed"]:
                 row["row_seconds"] = _seconds_per_row(model, kind.preflight_sample(spec, kind.timed_rows), kind.timed_rows)
             row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
                        files=json.dumps(model.files, sort_keys=True))

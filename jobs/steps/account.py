@@ -139,7 +139,7 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
         forward_passes_saved=saved,
         ranked_out=ranked_out,
-        workers=_worker_totals(groups, rows_scored, plan.identity.preflight_loads),
+        workers=_worker_totals(groups, rows_scored, plan.identity.preflight_loads, plan.identity.traffic),
     )
     if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (ranked_out or 0):
         raise RuntimeError(
@@ -156,10 +156,12 @@ def _passes_saved(table: DataFrame, scored_rows: int) -> int:
     return scored_rows - scored.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count()
 
 
-def _worker_totals(groups: list, rows_scored: int, preflight_loads: int) -> dict[str, Any]:
+def _worker_totals(groups: list, rows_scored: int, preflight_loads: int, preflight: Optional[dict] = None) -> dict[str, Any]:
     """The report's ``workers`` figures from the per-reason sums of :func:`account_rows`'s aggregation, with the
-    ``rows_scored`` it counted."""
-    total = {name: sum(r[name] or 0 for r in groups) for name in WORKER_METRICS.fieldNames()}
+    ``rows_scored`` it counted; ``preflight``: what a head over an endpoint sent for the preflight, counted in (its
+    requests are paid for as the rows' are) and named apart as ``preflight``."""
+    preflight = preflight or {}
+    total = {name: sum(r[name] or 0 for r in groups) + int(preflight.get(name) or 0) for name in WORKER_METRICS.fieldNames()}
     return {
         "model_loads": int(total["model_loads"]) + preflight_loads,
         "arrow_batches": int(total["arrow_batches"]),
@@ -168,4 +170,6 @@ def _worker_totals(groups: list, rows_scored: int, preflight_loads: int) -> dict
         "budget_halvings": int(total["budget_halvings"]),
         **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_out"] else {}),
         **({name: int(total[name]) for name in ("requests", "retries", "rate_limited")} if total["requests"] else {}),
+        **({"unmetered": int(total["unmetered"])} if total["unmetered"] else {}),
+        **({"preflight": {name: int(count) for name, count in preflight.items()}} if preflight.get("requests") else {}),
     }

@@ -6,7 +6,9 @@ profile, loads the model where it will score, hashes its weights and scores one 
 float16) is also checked against float32 on a sample of the run's own input (:data:`SAMPLE_ROWS` rows): outside
 ``model.quantize_*`` tolerance, the run fails here, before any row is scored. It runs in a background
 job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
-score next find the model in their cache. The driver itself never imports torch.
+score next find the model in their cache. The driver itself never imports torch. A head over an endpoint only reads
+its ``/v1/models`` here: its paid sample request waits for a plan with rows to send
+(:func:`~lakescore.jobs.steps.prepare.probe_endpoint`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 __all__ = [
     "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
-    "raise_worker_failure", "stop_served_engines",
+    "raise_worker_failure", "stop_served_engines", "summed_traffic",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,9 +68,15 @@ class ModelIdentity:
     (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
+    traffic: dict = field(default_factory=dict)
+    """What a head over an endpoint sent for the preflight, summed over its tasks (requests, retries, 429s, answers
+    without usage, tokens): part of the run's figures and cost. Empty for the others."""
     row_seconds: Optional[float] = None
     """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
     :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
+    probe_deferred: bool = False
+    """A head over an endpoint sent no request yet: :func:`probe_endpoint` sends the sample once the plan has rows to
+    score."""
 
 
 def preflight_model(
@@ -78,6 +86,7 @@ def preflight_model(
     tag: Optional[str] = None,
     sample: Sequence[str] = (),
     tolerance: Optional[Tolerance] = None,
+    probe: bool = True,
 ) -> ModelIdentity:
     """Load the model where it will score, in the executors' Python workers, and score one sample there.
 
@@ -91,7 +100,8 @@ def preflight_model(
     With a reduced-precision ``spec`` (``spec.reduced_precision``) and a ``sample`` of input texts, one task also
     compares its outputs with float32's on the sample (for int8 the float32 graph, checked against torch at export);
     outside ``tolerance`` it raises :class:`~lakescore.udfs.models.quantize.QuantizationToleranceError`
-    naming the figures.
+    naming the figures. ``probe`` false: a head over an endpoint sends no request here (its identity is what its
+    ``/v1/models`` says) and the identity says :attr:`ModelIdentity.probe_deferred`.
 
     Raises :class:`~lakescore.udfs.models.model_source.ModelIntegrityError` when a worker's weights
     differ from ``spec.expect_sha256`` or two workers hashed different weights, and
@@ -99,7 +109,7 @@ def preflight_model(
     not load the model or score the sample. Returns the identity every worker agreed on.
     """
     tasks = layout.partitions or default_parallelism(spark)
-    probe = make_preflight_function(spec, sample, tolerance)
+    probe = make_preflight_function(spec, sample, tolerance, probe)
     with job_tag(spark, tag) if tag else nullcontext():  # this thread's job below, nothing the caller's thread runs
         rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
     raise_worker_failure(spec, rows)
@@ -128,9 +138,19 @@ def preflight_model(
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),
+        traffic=summed_traffic(r.traffic for r in rows), probe_deferred=not all(r.probed for r in rows),
         precision_check=None if checked is None else {
             "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )
+
+
+def summed_traffic(traffics) -> dict:
+    """The preflight tasks' ``traffic`` (JSON texts) summed; empty when no request was sent."""
+    total: dict = {}
+    for text in traffics:
+        for name, count in json.loads(text or "{}").items():
+            total[name] = total.get(name, 0) + int(count)
+    return total if total.get("requests") else {}
 
 
 def stop_served_engines(run: "RunContext") -> None:
@@ -203,7 +223,8 @@ class ExecutorPreflight:
             run.worker_start.wait()
         if self._cancelled.is_set():  # the block failed meanwhile: start no job (its error is what propagates)
             raise RuntimeError("preflight cancelled")
-        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance())
+        # a head over an endpoint only reads /v1/models here: its paid request waits for a plan with rows to score
+        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance(), probe=False)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:

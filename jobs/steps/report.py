@@ -124,6 +124,7 @@ def assemble_report(
             rows_scored=accounting.output_rows, resources=session_resources(run.spark, cfg, run.layout.profile is not None),
             gpus=identity.gpus, price_per_core_hour=cfg.resources.price_per_core_hour,
             price_per_gpu_hour=cfg.resources.price_per_gpu_hour, token_cost=_token_cost(cfg, accounting.workers),
+            token_cost_unmetered=accounting.workers.get("unmetered") or 0,
         ),
         spark=session_facts(run.spark),
         started_at=clock.started_at,

@@ -109,6 +109,7 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         report = run_scoring(cfg, spark)
         record_run(spark, cfg, report)  # the JSON and HTML report, and the metrics table's row
         assert report.status == "succeeded", report.error
+        assert report.workers["requests"] == proxy.posts  # the report counts what the server saw, no more
         # what /v1/models says is the model's identity, less what the server draws for each answer
         assert report.model_listing == {"answered": True, "entry": {**entry, "permission": [{"allow_logprobs": True}]}}
         out = read_output(spark, str(output))
@@ -119,7 +120,10 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         workers = report.workers
         # (the preflight's request may be the one a 429 met: the executors' preflight counts in no row)
         assert 1 <= workers["rate_limited"] <= proxy.refused and workers["retries"] >= workers["rate_limited"]
-        assert workers["tokens_out"] == out["completion_tokens"].sum() and workers["tokens_in"] == out["prompt_tokens"].sum()
+        preflight = workers["preflight"]  # the executors' preflight requests: counted and billed as the rows' are
+        assert preflight["requests"] >= 1 and workers["requests"] >= preflight["requests"] + 6
+        assert workers["tokens_out"] == out["completion_tokens"].sum() + preflight["tokens_out"]
+        assert workers["tokens_in"] == out["prompt_tokens"].sum() + preflight["tokens_in"]
         token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
         assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
         assert "the endpoint's tokens" in report.summary()
@@ -132,21 +136,36 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         # Incremental: nothing changed (the listing's drawn permission aside), so nothing is sent (the null row is tried
         # again, as every row without an output is, and dead-lettered again without a request).
         proxy.models = listed("modelperm-2")
+        posts = proxy.posts
         again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                        "max_error_rate": 1.0}), spark)
         assert again.status == "succeeded", again.error
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
-        assert not again.workers.get("requests")  # the preflight's request aside, none
+        # nothing to score: the preflight read /v1/models and sent no paid request (issue 57: it sent its probe anyway)
+        assert proxy.posts == posts and "requests" not in again.workers and "preflight" not in again.workers
+
+        # /v1/models failing (503) on a rerun is no news: nothing is scored or billed again (issue 57: "scoring spec
+        # changed, every row scored again", and once more when the listing came back)
+        proxy.models_status = 503
+        outage = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
+                                                        "max_error_rate": 1.0}), spark)
+        proxy.models_status = None
+        assert outage.status == "succeeded", outage.error
+        assert outage.rows_kept == 6 and not outage.spec_changes and outage.model_sha256 == report.model_sha256
+        assert proxy.posts == posts and "requests" not in outage.workers
 
         # The server now says something else of the model behind the same name: every row is scored again, and the
         # output's commit records the new entry.
         proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
         proxy.every = 10_000  # (429s are the first run's to prove; the suite too: this run is about what it rescores)
+        posts = proxy.posts
         changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
                                                          "max_error_rate": 1.0, "validation.enabled": False}), spark)
         assert changed.status == "succeeded", changed.error
         assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
         assert changed.spec_changes == ["the endpoint /v1/models changed"]
+        # rows to score: the preflight's probe went out after the plan, and is counted as the server counted it
+        assert changed.workers["preflight"]["requests"] >= 1 and changed.workers["requests"] == proxy.posts - posts
         (commit,) = delta_history(spark, str(output), 1)
         assert json.loads(commit.spec["files"]["/v1/models"])["entry"]["root"] == "tiny-v2"
         assert read_output(spark, str(output))["generated_text"].tolist() == expected

@@ -147,7 +147,8 @@ def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
     assert "ConnectError" in line
     with pytest.raises(EndpointDown):  # every later row too, without a request
         client.complete(GenerateOptions(), "p")
-    assert client.stats.requests == 3
+    assert len(waits) == 2  # three attempts, the third stopped it
+    assert client.stats.requests == client.stats.retries == 0  # none reached a server: nothing to count or pay
 
 
 def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(server):
@@ -469,7 +470,8 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
     head = _head(url, concurrency=2)
     assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources)  # the head protocol, not getattr
     assert head.score_prompts(["a", "b"], None).reasons == [None, None]
-    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0}
+    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6,
+                                     "tokens_out": 4}
     key = object()
     model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
     model_cache.clear()  # what the worker's exit runs too (atexit)
@@ -491,3 +493,98 @@ def test_the_conf_examples_the_docs_name_exist_load_and_say_what_the_docs_show()
         cfg = load_config(repo / path)
         assert (cfg.generate.endpoint or cfg.generate.server) is not None
     assert load_config(repo / "conf/reviews-endpoint.yaml").secret_env_names() == ("LLM_API_KEY",)
+
+
+def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usage_says_it_is_incomplete():
+    """Before: the preflight's requests and tokens were left out of the run's figures and cost, and answers without
+    ``usage`` were billed as 0 tokens with nothing said."""
+    from lakescore.jobs.cost import SessionResources, cost_text, run_cost
+    from lakescore.jobs.steps.account import _worker_totals
+    from lakescore.schemas.output import WORKER_METRICS
+
+    group = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    group.update(arrow_batches=2, tokens_in=30, tokens_out=20, requests=10, retries=1, unmetered=2)
+    preflight = {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6, "tokens_out": 4}
+    workers = _worker_totals([group], 10, 0, preflight)
+    assert (workers["requests"], workers["tokens_in"], workers["tokens_out"], workers["unmetered"]) == (12, 36, 24, 2)
+    assert workers["preflight"] == preflight
+    assert "preflight" not in _worker_totals([group], 10, 0, {}) and _worker_totals([group], 10, 0)["requests"] == 10
+    price = Price(input=2.0, output=10.0)
+    cost = run_cost(seconds=10, stage_seconds=5, worker_seconds=4, rows_scored=10, resources=SessionResources(2, 2, 1),
+                    token_cost=price.cost(36, 24), token_cost_unmetered=workers["unmetered"])
+    assert cost["token_cost"] == pytest.approx(3.12e-4) and cost["token_cost_unmetered"] == 2
+    assert cost_text(cost).endswith("the endpoint's tokens (incomplete: 2 answers had no usage)")
+
+
+def test_the_preflight_reads_the_models_listing_and_sends_its_paid_request_only_when_asked(server):
+    """Before: every preflight task sent its sample to the endpoint, even for a run with nothing to score (an unchanged
+    incremental rerun). Now its first part only reads ``/v1/models``; the driver asks for the probe once rows will be
+    scored (:func:`~lakescore.jobs.steps.preflight.probe_endpoint`), and that probe's request is counted."""
+    import pyarrow as pa
+
+    from lakescore.udfs.models import model_cache
+    from lakescore.udfs.models.model_source import ModelSpec
+    from lakescore.udfs.scoring_udf import make_preflight_function
+
+    script, url = server
+    options = GenerateOptions(max_new_tokens=8, endpoint=EndpointOptions(url=url, model="tiny"))
+    spec = ModelSpec("generate", None, generate=options)
+    rows = [pa.record_batch({"id": pa.array([0])})]
+    try:
+        (listed,) = list(make_preflight_function(spec, probe=False)(iter(rows))).pop().to_pylist()
+        assert listed["error"] is None and listed["probed"] is False and listed["sha256"]
+        assert script.seen == [] and json.loads(listed["files"])  # /v1/models read, no paid request
+        (probed,) = list(make_preflight_function(spec)(iter(rows))).pop().to_pylist()
+        assert probed["error"] is None and probed["probed"] is True and probed["sha256"] == listed["sha256"]
+        assert len(script.seen) == 1 and json.loads(probed["traffic"])["requests"] == 1
+    finally:
+        model_cache.clear()
+
+
+def test_the_requests_counted_are_the_requests_the_server_received():
+    """Before: an attempt that never reached the server (a kept-alive connection the server closed as the request
+    came, its idle timeout racing the request, as uvicorn's does after a pause) was counted as a request and a retry,
+    so the run's figures exceeded what the server saw (issue 57: 45 against 40, 50 against 49)."""
+    import select
+
+    received: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real servers answer
+
+        def log_message(self, *args):
+            pass
+
+        def handle(self):  # one answer per connection; the next request finds the connection closing, unread
+            self.handle_one_request()
+            select.select([self.connection], [], [], 2.0)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            received.append(1)
+            data = json.dumps(_ok()[2]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.handle_error = lambda *args: None
+    httpd.block_on_close = False  # a connection no request came back to waits out its select: not the test's time
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        head = _head(f"http://127.0.0.1:{httpd.server_address[1]}/v1", concurrency=2, max_consecutive_failures=100)
+        scored = head.score_prompts([f"row {i}" for i in range(8)], None)
+        counts = head.request_counts()
+        head.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert scored.reasons == [None] * 8
+    assert counts["requests"] == len(received) == 8 and counts["retries"] == 0

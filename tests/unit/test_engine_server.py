@@ -84,7 +84,11 @@ def test_a_run_stops_only_its_own_engines_and_those_left_behind_never_a_live_nei
                                     ("c", orphan, gone.pid)):
             (tmp_path / f"lakescore-engine-{name}.json").write_text(json.dumps(
                 {"pid": engine.pid, "pgid": engine.pid, "port": 1, "owner": owner}))
+        started = time.monotonic()
         assert stop_engines(owner=mine.pid, folder=tmp_path) == 1  # its own, counted once
+        # the stopped processes are zombies until their parent (here: this test) reaps them, as an engine's watchdog is
+        # when another worker stops it: not waited for (before: the whole 15 s grace, for each engine)
+        assert time.monotonic() - started < 10
         assert stop_engines(owner=mine.pid, folder=tmp_path) == 0
         for process in (my_engine, orphan):
             process.wait(timeout=20)

@@ -40,6 +40,8 @@ class ServedElsewhere(Protocol):
 
     def is_current(self) -> bool: ...
 
+    def listed(self) -> bool: ...
+
     def request_counts(self) -> dict[str, int]: ...
 
 
@@ -48,6 +50,15 @@ class HoldsResources(Protocol):
     """A head that holds threads or connections: closed when the cache drops it, and at the worker's exit."""
 
     def close(self) -> None: ...
+
+
+def _as_the_run_names_it(loaded: "LoadedModel", expect_sha256: Optional[str]) -> "LoadedModel":
+    """``loaded``, or, for a model served elsewhere whose ``/v1/models`` this worker could not read, the same head under
+    the identity the run pinned: a failed listing is no news (the driver kept the last one, ``listing_outage_kept``)."""
+    if (expect_sha256 and loaded.model_dir is None and isinstance(loaded.scorer, ServedElsewhere)
+            and not loaded.scorer.listed()):
+        return dataclasses.replace(loaded, sha256=expect_sha256)
+    return loaded
 
 
 def _drop(loaded: Optional["LoadedModel"]) -> None:
@@ -99,18 +110,20 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
     with _lock:
         cached = _cache.pop(key, None)
         if cached is not None and cached.is_current():
-            verify_sha256(cached.sha256, spec.expect_sha256, spec.source)
+            named = _as_the_run_names_it(cached, spec.expect_sha256)
+            verify_sha256(named.sha256, spec.expect_sha256, spec.source)
             _cache[key] = cached
-            return cached, False
+            return named, False
         _drop(cached)  # edited in place since it was loaded: free it (its threads and connections too) before loading
         del cached
         if spec.source is None:  # a model served elsewhere: no files here; the head says which model answers
             scorer = get_task(spec.task).load(key, None)
-            # the server names another model than the run's preflight found (its /v1/models entry changed): refused
-            verify_sha256(scorer.sha256, spec.expect_sha256, scorer.where)
             loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision, dict(scorer.files))
+            named = _as_the_run_names_it(loaded, spec.expect_sha256)
+            # the server names another model than the run's preflight found (its /v1/models entry changed): refused
+            verify_sha256(named.sha256, spec.expect_sha256, scorer.where)
             _cache[key] = loaded
-            return loaded, True
+            return named, True
         model_dir = resolve_model_dir(spec.source, spec.revision)
         sha256 = weights_sha256(model_dir)
         verify_sha256(sha256, spec.expect_sha256, spec.source)

@@ -337,6 +337,9 @@ class EndpointClient:
         )
         self._transport_errors = (httpx2.TransportError,)
         self._timeouts = (httpx2.TimeoutException,)
+        self._received = (httpx2.ReadTimeout,)
+        """A transport error after which the server holds the request (and may bill it): it was sent whole and no
+        answer came in time."""
 
     @staticmethod
     def key_from_env(settings: EndpointOptions) -> Optional[str]:
@@ -390,7 +393,6 @@ class EndpointClient:
         for attempt in range(attempts):
             self.gate.check()
             self.limit.acquire(estimated_tokens)
-            self.stats.add(requests=1)
             status: Optional[int] = None
             wait: Optional[float] = None
             kind: Optional[str] = None
@@ -399,10 +401,17 @@ class EndpointClient:
             except self._transport_errors as exc:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 kind = "timeout" if isinstance(exc, self._timeouts) else "connection"
+                # Counted only where the server has the request (it timed out on the answer): an attempt that never
+                # reached it (refused, a kept-alive connection it closed as the request came) is neither a request
+                # nor a retry, or the run's figures and cost would exceed what the server received.
+                received = isinstance(exc, self._received)
+                self.stats.add(requests=int(received))
                 if self.recover is not None and self.recover():
-                    self.stats.add(retries=1)
+                    self.stats.add(retries=int(received))
                     continue
             else:
+                received = True
+                self.stats.add(requests=1)
                 status = response.status_code
                 if status == 200:
                     kind = "malformed"
@@ -433,7 +442,7 @@ class EndpointClient:
             if not retryable or attempt == attempts - 1:
                 self.stats.add(failed=1)
                 raise EndpointError(status, message, kind)
-            self.stats.add(retries=1)
+            self.stats.add(retries=int(received))
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
 

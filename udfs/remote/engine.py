@@ -200,6 +200,31 @@ def task_gpus() -> tuple[str, ...]:
     return tuple(gpu.addresses) if gpu is not None else ()
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. A zombie (exited, its parent not yet reaping it: an engine's
+    watchdog started by another Python worker than the one stopping it) does not: waiting for it to vanish would wait
+    out the whole grace period on every stop."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return True
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 def _stop_group(pgid: int, grace: float = 15.0) -> None:
     """SIGTERM the process group ``pgid`` (watchdog and engine), SIGKILL what is left after ``grace`` seconds."""
     try:
@@ -208,9 +233,7 @@ def _stop_group(pgid: int, grace: float = 15.0) -> None:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not _group_alive(pgid):
             return
         time.sleep(0.1)
     try:

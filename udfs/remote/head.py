@@ -115,10 +115,16 @@ class RemoteHead:
         reply = self.client.get("/models")
         return reply is None or models_listing(reply, self.client.model) == self.listing
 
+    def listed(self) -> bool:
+        """Whether ``/v1/models`` answered when this head was made (else the head has no news of the model)."""
+        return bool(json.loads(self.listing)["answered"])
+
     def request_counts(self) -> dict[str, int]:
-        """The head protocol's request counts: what this process's client sent, retried and was answered 429."""
+        """The head protocol's request counts: what this process's client sent, retried, was answered 429 and
+        answered without ``usage`` (``unmetered``), and the tokens ``usage`` reported."""
         stats = self.client.stats
-        return {"requests": stats.requests, "retries": stats.retries, "rate_limited": stats.rate_limited}
+        return {"requests": stats.requests, "retries": stats.retries, "rate_limited": stats.rate_limited,
+                "unmetered": stats.unmetered, "tokens_in": stats.tokens_in, "tokens_out": stats.tokens_out}
 
     def default_max_tokens(self, device: str) -> int:
         return 1 << 30  # batches are cut by the Arrow batch; the server batches the requests itself
