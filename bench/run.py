@@ -17,6 +17,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   W4: generation, lakescore ``--task generate`` against a plain ``model.generate`` loop, :mod:`bench.generation`;
   W4E: generation through an endpoint, lakescore with ``generate.endpoint`` against a loop of concurrent requests to the
   same ``transformers serve``, :mod:`bench.endpoint_generation`;
+  W4V, on request only: W4E's two peers against one vLLM server (``make engine-vllm``), :mod:`bench.vllm_generation`;
   W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`;
   W6, on request only: top-K recommendations, lakescore ``--task tabular`` with ``rank`` against ``predict_batch_udf`` + a
   window ``row_number()`` + a Delta write, :mod:`bench.topk`; W7, on request only: W6's rows through a program returning
@@ -86,6 +87,7 @@ from bench.report import (
 from bench.fast_path import target_lines
 from bench.classifier import C1, C1Result, c1_lines, run_c1
 from bench.endpoint_generation import W4E, W4E_REPEATS, W4E_ROWS, W4EResult, run_w4e, w4e_lines
+from bench.vllm_generation import W4V, W4V_REPEATS, W4V_ROWS, run_w4v, w4v_lines
 from bench.generation import W4, W4_REPEATS, W4_ROWS, W4Result, run_w4, w4_lines
 from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w5_lines
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
@@ -222,13 +224,13 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                                     f"first {args.naive_rows:,} of the {args.rows:,} W1 rows"))
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W4E, W5, W6, W7, W6T, W9, W1L, W3T):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w5, run_w6, run_w7, run_w6t, run_w9, W1L, run_w3t
+            elif workload in (W3, C1, W4, W4E, W4V, W5, W6, W7, W6T, W9, W1L, W3T):
+                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w4v, run_w5, run_w6, run_w7, run_w6t, run_w9, W1L, run_w3t
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
-                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W5}, {W6}, "
+                raise SystemExit(f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W4V}, {W5}, {W6}, "
                                  f"{W7}, {W6T}, {W9}, {W1L}, {W3T})")
     return jobs
 
@@ -555,6 +557,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w4 = run_w4(data_dir, runs_dir, env, REPO, args.w4_repeats, args.w4_rows,
                args.w4_batch_tokens) if W4 in wanted else None
     w4e = run_w4e(data_dir, runs_dir, env, REPO, W4E_REPEATS, args.w4e_rows) if W4E in wanted else None
+    w4v = (run_w4v(data_dir, runs_dir, env, REPO, _env_int("W4V_REPEATS", W4V_REPEATS), _env_int("W4V_ROWS", W4V_ROWS))
+           if W4V in wanted else None)  # on request only
     w5 = run_w5(data_dir, runs_dir, env, REPO, args.w5_repeats, args.w5_rows, args.w5_input) if W5 in wanted else None
     w6 = run_w6(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6_users, args.w6_candidates,
                 args.w6_top_k) if W6 in wanted else None
@@ -579,6 +583,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(["", *w4_lines(w4)]), flush=True)
     if w4e is not None:
         print("\n".join(["", *w4e_lines(w4e)]), flush=True)
+    if w4v is not None:  # (not written into BENCHMARKS.md: its figures go there by hand, with the machine's load)
+        print("\n".join(["", *w4v_lines(w4v)]), flush=True)
     if w5 is not None:
         print("\n".join(["", *w5_lines(w5)]), flush=True)
     if w6 is not None:
@@ -608,6 +614,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         previous = Path(args.markdown).read_text() if Path(args.markdown).exists() else ""
         Path(args.markdown).write_text(compose(document, previous))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w4e or w5 or w6 or w3t or w7 or w6t or w9
-    extra = (w3, c1, w4, w4e, w5, w6, w3t, w7, w6t, w9)
+    ran = results or w3 or c1 or w4 or w4e or w4v or w5 or w6 or w3t or w7 or w6t or w9
+    extra = (w3, c1, w4, w4e, w4v, w5, w6, w3t, w7, w6t, w9)
     return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in extra) else 1

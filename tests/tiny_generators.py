@@ -47,13 +47,15 @@ def train_tokenizer(post: str, extra: tuple[str, ...] = ()):
     return tokenizer
 
 
-def save_causal(target, tokenizer, vocab_size=None):
+def save_causal(target, tokenizer, vocab_size=None, hidden_size=64, heads=4, context=CONTEXT):
+    """A seeded 2-layer Llama; ``hidden_size / heads`` is its head_dim (vLLM's CPU attention takes 32, 64 or 128)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=vocab_size or len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT, initializer_range=0.2,
+        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=context,
+        initializer_range=0.2,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     LlamaForCausalLM(config).save_pretrained(target)

@@ -230,7 +230,7 @@ def test_the_config_takes_an_endpoint_without_a_model_and_refuses_what_no_reques
             "generate.endpoint.url": "https://api.example.com/v1", "generate.endpoint.model": "m"}
     cfg = load_config(flags=base)
     cfg.require_for_scoring()  # no model.source: the endpoint's model is the server's
-    with pytest.raises(ConfigError, match="generate.choices over an endpoint needs each choice's log-probability"):
+    with pytest.raises(ConfigError, match="generate.choices is refused over an endpoint: a choice's log-probability given the prompt"):
         load_config(flags={**base, "generate.choices": ["yes", "no"]})
     with pytest.raises(ConfigError, match="exclude each other"):
         load_config(flags={**base, "generate.server.engine": "vllm"})

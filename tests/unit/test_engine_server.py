@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from lakescore.udfs.remote.engine import (
-    EngineServer, _alive, engine_command, engine_gpus, executor_pid, free_port, served_name, tensor_parallel_size,
+    EngineServer, _alive, engine_command, engine_gpus, executor_pid, first_error, free_port, served_name,
+    tensor_parallel_size,
 )
 
 
@@ -145,3 +146,40 @@ def test_generate_server_python_runs_each_engine_as_a_module_of_that_interpreter
     with pytest.raises(EngineStartError, match=r"^generate.server.python: .*nope/python is not an executable on "):
         missing.url()
     assert missing.state_path != EngineServer("transformers", "/m").state_path  # another environment, another engine
+
+
+def test_an_engine_killed_outright_leaves_none_of_its_children_behind(tmp_path):
+    # vLLM's API server forks an engine core and workers: SIGKILL the server and they stay, unless the watchdog ends them
+    pids = tmp_path / "pids"
+    engine = ("import os, subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(120)']); open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(120)")
+    watchdog = subprocess.Popen([sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(os.getpid()), "--",
+                                 sys.executable, "-c", engine], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pids.exists() or len(pids.read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the engine never started"
+            time.sleep(0.1)
+        server, child = map(int, pids.read_text().split())
+        os.kill(server, 9)
+        assert watchdog.wait(timeout=30) != 0  # the engine's own end
+        assert not _alive(child), "the engine's child outlived it"
+    finally:
+        watchdog.kill()
+
+
+def test_the_engines_first_error_line_is_its_root_cause():
+    vllm = ("(APIServer pid=1) WARNING [system_utils.py:255] Found ulimit of 20000 and failed with error current limit\n"
+            "(Worker pid=7) ERROR 11-28 19:33:00 [multiproc_executor.py:1063] Traceback (most recent call last):\n"
+            "(Worker pid=7) ERROR 11-28 19:33:00 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention "
+            "configuration: head_dim=16 isa=2\n"
+            "(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered "
+            "an issue. See stack trace (above) for the root cause.\n")
+    assert first_error(vllm) == "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2"
+    assert first_error("usage: api_server.py [-h]\napi_server.py: error: unrecognized arguments: --bogus\n") == (
+        "error: unrecognized arguments: --bogus")
+    assert first_error("INFO: Started server process\nDeprecationWarning: old\n") is None
+    pydantic = ("E pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                "  Value error, User-specified max_model_len (512) is greater than the derived max_model_len\n")
+    assert first_error(pydantic) == ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: "
+                                     "Value error, User-specified max_model_len (512) is greater than the derived max_model_len")

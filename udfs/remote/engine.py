@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,7 +50,30 @@ LOG_TAIL = 2000
 
 
 class EngineStartError(ModelSourceError):
-    """The engine exited or did not answer its health check in time: one line with the command and its log's end."""
+    """The engine exited or did not answer its health check in time: one line with the command, the engine's own error
+    and its log's end."""
+
+
+_ERROR_LINE = re.compile(r"(?:^|[\s\]])((?:[A-Za-z_][\w.]*(?:Error|Exception)|error): \S.*)$")
+"""A line that states an error: ``RuntimeError: ...`` (a traceback's last line, or a log line ending in one, as vLLM's
+``ERROR ... [core.py:..] RuntimeError: ...``), or argparse's ``prog: error: ...``."""
+
+
+_DETAIL_BELOW = re.compile(r"\d+ validation errors? for \S+$")
+
+
+def first_error(log: str) -> Optional[str]:
+    """The first line of ``log`` that states an error, from the error's name on: the root cause. What follows it in an
+    engine's log is its consequence (vLLM's API server ends with ``EngineDeadError: ... See stack trace (above)``)."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        found = _ERROR_LINE.search(line.strip())
+        if found:
+            error = found.group(1)
+            if _DETAIL_BELOW.search(error):  # pydantic's "1 validation error for X": the reason is the next line
+                error += ": " + next((" ".join(l.split()) for l in lines[i + 1:] if l.strip()), "")
+            return error[:500]
+    return None
 
 
 def free_port() -> int:
@@ -245,6 +269,8 @@ class EngineServer:
         self.log_path = _state_dir() / f"{stem}.log"
         self.restarts = 0
         self.port: Optional[int] = None
+        self._log_from = 0
+        """Where the log of this process's last start begins (the log file gathers every start's)."""
 
     def _locked(self) -> FileLock:
         return FileLock(str(self.lock_path))
@@ -290,6 +316,7 @@ class EngineServer:
             raise EngineStartError(f"generate.server.python: {self.python} is not an executable on {socket.gethostname()}")
         last_error = ""
         for _ in range(3):  # a port taken between free_port() and the engine's bind: another port
+            self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
             port = free_port()
             command = engine_command(self.engine, self.model, self.name, port, self.args, python=self.python)
             watchdog = [sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(self.watch_pid), "--", *command]
@@ -312,14 +339,25 @@ class EngineServer:
                 break
         timed_out = process.returncode in (None, -signal.SIGTERM, -signal.SIGKILL)
         why = f"did not answer /health within {self.startup_timeout_s:.0f} s" if timed_out else f"exited with {process.returncode}"
-        raise EngineStartError(f"generate.server: {' '.join(command)} {why}; its log ends: {last_error}")
+        error = self.error()
+        raise EngineStartError(f"generate.server: {' '.join(command)} {why}; "
+                               f"{f'its error: {error}; ' if error else ''}its log ends: {last_error}")
 
-    def _log_tail(self) -> str:
+    def _log(self) -> str:
+        """The log of this process's last start of the engine."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_from)
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
-        return " ".join(text[-LOG_TAIL:].split())
+
+    def _log_tail(self) -> str:
+        return " ".join(self._log()[-LOG_TAIL:].split())
+
+    def error(self) -> Optional[str]:
+        """The engine's own first error line since this process last started it (:func:`first_error`), if any."""
+        return first_error(self._log())
 
     def stop(self) -> None:
         """Stop this host's engine for these settings, if one runs."""
@@ -362,16 +400,52 @@ def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
         stopping = True
 
     signal.signal(signal.SIGTERM, stop)
-    while child.poll() is None:
-        if stopping or not _alive(parent):
-            child.terminate()
+    try:
+        while child.poll() is None:
+            if stopping or not _alive(parent):
+                child.terminate()
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                return 0
+            time.sleep(poll_s)
+        return child.returncode
+    finally:
+        _end_group_but_this()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (read from ``/proc``; none where there is no ``/proc``)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _end_group_but_this(grace: float = 15.0) -> None:
+    """Stop what the engine left in the watchdog's process group: an engine's own children (vLLM's engine core and
+    workers) outlive it when it is killed or crashes, and nothing else would stop them. SIGTERM, SIGKILL after
+    ``grace`` seconds."""
+    group, own = os.getpgrp(), os.getpid()
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        left = [pid for pid in _group_members(group) if pid != own]
+        for pid in left:
             try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            return 0
-        time.sleep(poll_s)
-    return child.returncode
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [pid for pid in _group_members(group) if pid != own]
+        if not left:
+            return
 
 
 def stop_engines_task(batches):

@@ -176,8 +176,9 @@ def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[
     url = engine.url()
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has
-        if not engine.recover():
-            return False
+        if not engine.recover():  # down again after its restart: the run stops, quoting the engine's own error
+            raise EndpointDown(f"generate.server: the {engine.engine} engine serving {engine.name} stopped again after "
+                               f"its restart; its error: {engine.error() or 'none in its log ' + str(engine.log_path)}")
         client.url = f"http://{HOST}:{engine.port}/v1"
         return True
 

@@ -148,12 +148,13 @@ def unsupported_settings(options: Any, api: str) -> list[str]:
     """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses it."""
     refused = []
     if options.choices:
-        # exact over an endpoint only through each choice's log-probability given the prompt (the completions API's
-        # echo with logprobs), which transformers serve, the one server the tests run, does not return: not built
-        refused.append("generate.choices over an endpoint needs each choice's log-probability given the prompt (echo with "
-                       "logprobs), which lakescore does not request: transformers serve, the server it is tested against, "
-                       "returns no log-probabilities; run choices in-process, or ask for one word with generate.json_schema "
-                       "(an enum)")
+        # vLLM returns prompt log-probabilities (echo with logprobs), but over the completions API the prompt and the
+        # choice go as one text the server tokenizes together, where in-process choices tokenize them apart (and apply
+        # the chat template): the scores would not be in-process choices' scores
+        refused.append("generate.choices is refused over an endpoint: a choice's log-probability given the prompt would "
+                       "come from the prompt and the choice sent as one text (echo with logprobs), which the server "
+                       "tokenizes together, where in-process choices tokenize them apart, so the scores could differ; "
+                       "run choices in-process, or ask for one word with generate.json_schema (an enum)")
     if options.truncate != "none":
         refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
     if options.chat_template == "never" and api == "chat":
