@@ -10,7 +10,9 @@ tiny seeded Llama-shaped model on CPU, offline, started once for the module.
 * the endpoint killed mid-run: the run stops in one line naming it, nothing published, and the rerun resumes the
   staged chunks;
 * a served engine (``generate.server.engine: transformers``) started by the job, killed mid-run and restarted once,
-  with no engine process left when the run ends.
+  with no engine process left when the run ends;
+* two ``lakescore score`` processes with ``generate.server`` on this host at once: the one that ends first leaves the
+  other's engine serving, and both publish every row.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +31,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.step_hooks import BARRIER_ENV
 from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
@@ -296,16 +301,99 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _engine_processes(model: Path) -> set[int]:
+    """The processes of the engine serving ``model`` (its watchdog and the server: their command lines hold the
+    engine's ``serve <model>``, the CLI's ``--model <model>`` does not)."""
+    return set(python_processes_named(f"serve {model} "))
 
+
+def test_two_runs_with_served_engines_on_one_host_at_once_both_succeed(spark, tmp_path, tiny_causal_lm_dir):
+    """Issue 57: a run's end stopped every engine on the host, so a concurrent run's engine died mid-run.
+
+    Two CLI processes (two driver JVMs: two executors, each owning its engine) each serve their own copy of the model
+    (its path marks the engine's processes). Both are held at ``score_stage`` (their preflights have started their
+    engines and probed them); run A goes on to its end, which stops its engines, while run B still waits with all
+    its rows to score; B's engine must still be the one it started, serving, when B goes on."""
+    frame = _reviews(8)
+    frame["body"] = frame["body"].fillna("the room was quiet")
+    expected, _ = _expected(tiny_causal_lm_dir, frame)
+    runs = {}
+    for name in ("a", "b"):
+        work = tmp_path / name
+        work.mkdir()
+        source, output = work / "reviews.parquet", work / "summaries"
+        frame.to_parquet(source)
+        model = shutil.copytree(tiny_causal_lm_dir, work / "model")
+        command = [
+            str(Path(sys.executable).with_name("lakescore")), "score", "--task", "generate", "--input", str(source),
+            "--output", str(output), "--model", str(model), "--id-col", "review_id", "--prompt-template", TEMPLATE,
+            "--max-new-tokens", "6", "--report", str(work / "run.json"),
+            "--set", "generate.server.engine=transformers", "--set", "generate.server.concurrency=1",
+            "--set", "scoring.partitions=1", "--set", "validation.enabled=false", "--set", "spark.master=local[1]",
+            "--set", f"spark.warehouse_dir={work / 'warehouse'}", "--set", f"spark.metastore_dir={work / 'metastore'}",
+            "--set", "spark.conf.spark.ui.enabled=false", "--set", "spark.conf.spark.sql.shuffle.partitions=1",
+        ]
+        barrier = work / "barrier"
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
+               BARRIER_ENV: f"score_stage:2:{barrier}"}
+        log = open(work / "cli.log", "wb")
+        process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        runs[name] = {"process": process, "log": log, "barrier": barrier, "model": model, "output": output, "work": work}
+
+    def cli_log(name: str) -> str:
+        return (runs[name]["work"] / "cli.log").read_text(errors="replace")
+
+    def wait_for(done, what: str, seconds: float = 300) -> None:
+        deadline = time.monotonic() + seconds
+        while not done():
+            exited = {n: r["process"].returncode for n, r in runs.items() if r["process"].poll() is not None}
+            assert not exited or what.endswith("exit"), f"a run exited {exited} before {what}:\n" + "\n".join(
+                cli_log(n)[-3000:] for n in exited)
+            assert time.monotonic() < deadline, f"no {what} within {seconds:.0f} s"
+            time.sleep(0.1)
+
+    try:
+        wait_for(lambda: all(list(r["barrier"].glob("arrived-*")) for r in runs.values()), "arrival of both runs")
+        engines = {name: _engine_processes(run["model"]) for name, run in runs.items()}
+        assert engines["a"] and engines["b"], engines  # each run's preflight started its own engine
+
+        (runs["a"]["barrier"] / "arrived-test").write_text("")  # run A goes on to its end; B waits, nothing scored
+        wait_for(lambda: runs["a"]["process"].poll() is not None, "run A's exit")
+        assert runs["a"]["process"].returncode == 0, cli_log("a")[-5000:]
+        # A's end stopped its own engine (its log says so, below) and not B's (issue 57: it did): the processes B's
+        # preflight started are still there, none restarted
+        assert _engine_processes(runs["b"]["model"]) == engines["b"], cli_log("a")[-3000:]
+
+        (runs["b"]["barrier"] / "arrived-test").write_text("")  # run B scores every row on the engine it started
+        wait_for(lambda: runs["b"]["process"].poll() is not None, "run B's exit")
+        assert runs["b"]["process"].returncode == 0, cli_log("b")[-5000:]
+    finally:
+        for run in runs.values():
+            if run["process"].poll() is None:
+                os.killpg(run["process"].pid, signal.SIGKILL)
+                run["process"].wait()
+            run["log"].close()
+
+    for name, run in runs.items():
+        report = json.loads((run["work"] / "run.json").read_text())
+        assert report["status"] == "succeeded", (name, report.get("error"))
+        out = read_output(spark, str(run["output"]))
+        assert out["review_id"].tolist() == frame["review_id"].tolist()  # every row scored and published
+        assert out["generated_text"].tolist() == expected
+        assert not Path(f"{run['output']}_errors").exists() or spark.read.format("delta").load(
+            f"{run['output']}_errors").count() == 0
+        assert "stopped 1 served engine(s)" in cli_log(name), cli_log(name)[-3000:]  # its own, once
+    deadline = time.monotonic() + 30
+    while any(_engine_processes(r["model"]) for r in runs.values()):  # no engine of either outlives its run
+        assert time.monotonic() < deadline, {n: _engine_processes(r["model"]) for n, r in runs.items()}
+        time.sleep(0.2)
 
 
 def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_report(spark, tmp_path, served, caplog):
     """Issue 57: with ``spark.eventLog.enabled`` and the key in ``spark.executorEnv.<NAME>``, the event log held it
     in plain text (the environment update, every job start and stage submission), as did the UI's Environment tab.
     The session lakescore builds redacts it; a session it did not build gets one warning line."""
-    import subprocess
-    import sys
-
     from lakescore.jobs.platform.session import warn_if_shown
 
     with caplog.at_level("WARNING", logger="lakescore.jobs.platform.session"):
