@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-__all__ = ["id_names"]
+__all__ = ["id_names", "CHUNK_INDEX"]
 
 
 def id_names(id_col: Optional[Union[str, Sequence[str]]]) -> tuple[str, ...]:
@@ -14,3 +14,7 @@ def id_names(id_col: Optional[Union[str, Sequence[str]]]) -> tuple[str, ...]:
     if id_col is None:
         return ()
     return (id_col,) if isinstance(id_col, str) else tuple(id_col)
+
+
+CHUNK_INDEX = "chunk_index"
+"""The column that, after a document's id columns, identifies each of its rows in a chunked output (``embed.chunk``)."""

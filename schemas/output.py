@@ -9,6 +9,7 @@ from pyspark.sql.types import (
 )
 
 from lakescore.schemas.contracts import InputContractError
+from lakescore.schemas.id_columns import CHUNK_INDEX
 
 __all__ = [
     "PREDICTIONS",
@@ -87,7 +88,7 @@ ASKED_PREDICTIONS: dict[str, list[StructField]] = {
 has no such column at all."""
 
 CHUNK_COLUMNS = [
-    StructField("chunk_index", IntegerType(), nullable=False),
+    StructField(CHUNK_INDEX, IntegerType(), nullable=False),
     StructField("chunk_start", IntegerType(), nullable=True),
     StructField("chunk_end", IntegerType(), nullable=True),
 ]

@@ -175,6 +175,8 @@ class PreparedDocuments:
     owner: np.ndarray
     features: Any
     refused: dict[int, Any] = field(default_factory=dict)
+    shown: None = None
+    """What the errors table shows of a row, where it is not the text itself (pairs): a document is shown as it is."""
 
 
 class ChunkedEmbedder:

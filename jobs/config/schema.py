@@ -18,8 +18,7 @@ from lakescore.jobs.config.sections import (
 from lakescore.jobs.config.values import (
     FILE_COLUMNS, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, IdColumns, Names, TaskName, comma_items, shown,
 )
-from lakescore.schemas.id_columns import id_names
-from lakescore.schemas.output import CHUNK_COLUMNS
+from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
@@ -300,7 +299,7 @@ class JobConfig(Section):
     @property
     def output_key_cols(self) -> tuple[str, ...]:
         """The columns identifying an output row: the id column(s), and for a chunked run ``chunk_index``."""
-        return (*self.id_cols, CHUNK_COLUMNS[0].name) if self.chunked else self.id_cols
+        return (*self.id_cols, CHUNK_INDEX) if self.chunked else self.id_cols
 
     def asked_outputs(self) -> tuple[str, ...]:
         """The optional prediction columns this run's task settings ask for (``token_logprobs``)."""

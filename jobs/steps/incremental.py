@@ -33,15 +33,13 @@ from lakescore.jobs.steps.context import RunContext
 from lakescore.jobs.steps.read import file_bytes
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN
-from lakescore.schemas.output import (
-    CHUNK_COLUMNS, DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION,
-)
+from lakescore.schemas.id_columns import CHUNK_INDEX
+from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
 from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
-CHUNK_INDEX = CHUNK_COLUMNS[0].name
 _PREVIOUS = {name: f"__lakescore_previous_{name}"
              for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN, *FILE_COLUMNS)}
 _KEY_DIGEST = "__lakescore_key_digest"
