@@ -13,8 +13,9 @@ the job fails, no engine outlives it. :func:`stop_engines` stops the engines of 
 those whose executor is gone (left behind by a killed driver), never a live neighbour's. A crashed engine is started
 again once per process (:meth:`EngineServer.recover`), and the rows that were in flight are retried.
 
-vLLM and SGLang are optional installs with their own CUDA requirements; their command lines are built here
-(:func:`engine_command`) and unit-tested, but neither can run on the machines lakescore is tested on.
+vLLM and SGLang are optional installs with their own requirements; their command lines are built here
+(:func:`engine_command`). vLLM's CPU build runs in its own environment in the engine tier (``make test-engines``);
+SGLang's command line is unit-tested only.
 """
 
 from __future__ import annotations
