@@ -128,20 +128,23 @@ class RateLimitingProxy:
         self.httpd.server_close()
 
 
-def python_processes_named(marker: str) -> list[int]:
-    """Pids of this user's processes whose command line holds ``marker`` (an engine's model path), this one aside."""
+def live_processes() -> list[tuple[int, str]]:
+    """``(pid, command line)`` of this user's processes that are running (zombies left out), this one aside."""
+    import psutil
+
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter(["pid", "cmdline", "status", "uids"]):
+        info = proc.info
+        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE or info["uids"] is None:
             continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in command and state != "Z":
-            found.append(int(entry.name))
+        if info["uids"].real == os.getuid() and info["cmdline"]:
+            found.append((info["pid"], " ".join(info["cmdline"])))
     return found
 
 
-__all__ = ["TransformersServe", "transformers_serve", "RateLimitingProxy", "python_processes_named"]
+def python_processes_named(marker: str) -> list[int]:
+    """Pids of this user's processes whose command line holds ``marker`` (an engine's model path), this one aside."""
+    return [pid for pid, command in live_processes() if marker in command]
+
+
+__all__ = ["TransformersServe", "transformers_serve", "RateLimitingProxy", "live_processes", "python_processes_named"]

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import pytest
 
 from lakescore.udfs.remote.engine import HOST, free_port, healthy
+from tests.served_models import live_processes
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / "build" / "engines" / "vllm" / "bin" / "python"
@@ -62,19 +63,7 @@ def session_processes(sid: int) -> list[int]:
 
 def vllm_processes() -> list[str]:
     """Command lines of this user's live processes that run vLLM (the API server, ``VLLM::EngineCore`` and workers)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            uid = (entry / "status").read_text().split("\nUid:")[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z" and int(uid) == os.getuid() and ("vllm" in command.lower() or "VLLM::" in command):
-            found.append(command.strip())
-    return found
+    return [command for _, command in live_processes() if "vllm" in command.lower()]
 
 
 class VllmServer:
