@@ -132,16 +132,24 @@ def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     server, url = serve_transformers(model, runs_dir / f"{W4E}-serve.log", env, server_cpus)
     print(f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}; "
           f"{_cpus_text(result.cpus)}", flush=True)
+    return run_against_server(W4E, result, table, model, server, url, runs_dir, env, repo, repeats, peer_cpus)
+
+
+def run_against_server(name: str, result: W4EResult, table: Path, model: Path, server: subprocess.Popen, url: str,
+                       runs_dir: Path, env: dict[str, str], repo: Path, repeats: int,
+                       peer_cpus: Optional[set[int]]) -> W4EResult:
+    """``result`` with both peers run alternately against the started ``server`` at ``url`` (``repeats`` times each, on
+    ``peer_cpus``) and their first good outputs compared row by row; the server is stopped at the end."""
     try:
         commands = {peer: (lambda run_dir, peer=peer: _pinned(peer_commands(table, model, url, run_dir)[peer], peer_cpus))
                     for peer in ("lakescore", "loop")}
         result.runs = run_alternately(
-            W4E, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
+            name, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
             lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {}, repo, repeats,
         )
     finally:
         stop_server(server)
-    result.equal = compare_first_good(runs_dir, W4E, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
+    result.equal = compare_first_good(runs_dir, name, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
                                       compare_texts)
     return result
 

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from bench.alternating import compare_first_good, run_alternately
-from bench.endpoint_generation import CONCURRENCY, W4EResult, _cpus_text, _pinned, peer_commands, split_cpus, stop_server
+from bench.endpoint_generation import CONCURRENCY, W4EResult, _cpus_text, _pinned, run_against_server, split_cpus
 from bench.fast_path import verdict
-from bench.generation import MODEL_SHAPE, compare_texts, make_w4_data, make_w4_model, tokens_per_second
+from bench.generation import MODEL_SHAPE, make_w4_data, make_w4_model
 
 __all__ = ["W4V", "W4V_ROWS", "W4V_REPEATS", "run_w4v", "w4v_lines", "serve_vllm", "VLLM_PYTHON"]
 
@@ -81,18 +80,7 @@ def run_w4v(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     server, url = serve_vllm(model, runs_dir / f"{W4V}-serve.log", env, server_cpus)
     print(f"W4V: vLLM answered /health after {time.monotonic() - started:.0f} s; {rows:,} prompts through it at {url}; "
           f"{_cpus_text(result.cpus)}", flush=True)
-    try:
-        commands = {peer: (lambda run_dir, peer=peer: _pinned(peer_commands(table, model, url, run_dir)[peer], peer_cpus))
-                    for peer in ("lakescore", "loop")}
-        result.runs = run_alternately(
-            W4V, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
-            lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {}, repo, repeats,
-        )
-    finally:
-        stop_server(server)
-    result.equal = compare_first_good(runs_dir, W4V, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
-                                      compare_texts)
-    return result
+    return run_against_server(W4V, result, table, model, server, url, runs_dir, env, repo, repeats, peer_cpus)
 
 
 def w4v_lines(result: W4EResult) -> list[str]:
