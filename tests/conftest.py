@@ -39,6 +39,17 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for a module, as a Spark task with one CPU runs: steadier on a shared machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def module_tmp_path(tmp_path_factory, request) -> Iterator[Path]:
     """A folder for one test module's shared fixtures, deleted when the module ends unless one of its tests failed
     (pyproject's retention policy does this for ``tmp_path``; a module's big tables and models would otherwise stay

@@ -23,13 +23,7 @@ from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named_columns
 from tests.tiny_generators import CHAT_TEMPLATE, CONTEXT, reviews, save_causal, train_tokenizer
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as a Spark task with one CPU runs: steadier on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

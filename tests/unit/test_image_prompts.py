@@ -10,7 +10,6 @@ import jsonschema
 
 import pyarrow as pa
 import pytest
-import torch
 import transformers
 
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, plan_batches
@@ -25,12 +24,7 @@ from tests.tiny_vlms import tiny_idefics3, tiny_llava
 PROMPTS = ["Describe the film.", "a", "is the food good or bad?", "price", "what would the staff say about it?", "ok"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=["llava", "idefics3"])
