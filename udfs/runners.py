@@ -383,7 +383,7 @@ class ImagePromptRunner:
                 refused[i] = RowFailure(image.reason, image.error, raw[i])
                 continue
             try:
-                rows.append(self.head.process(image, prompt))
+                rows.append(self.head.process(image, prompt, value))  # a remote head sends the bytes as read
             except Exception as exc:  # the processor (or chat template) rejects this row: its neighbours run
                 refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], raw[i])
                 continue

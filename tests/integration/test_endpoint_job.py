@@ -418,3 +418,60 @@ def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_repo
     for table in (output, Path(f"{output}_errors"), Path(f"{output}_metrics")):
         if table.exists():
             assert KEY not in spark.read.format("delta").load(str(table)).toPandas().to_json()
+
+
+def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_bad_image_is_dead_lettered(spark, tmp_path):
+    """``--task generate --image-col`` over a folder, through ``transformers serve`` running the tiny LLaVA: each image
+    goes as the chat API's ``image_url`` part before the prompt (a PNG and a JPEG as they are, a BMP and an RGBA PNG as
+    PNG of the pixels lakescore decoded), each text and prompt token count equal to transformers' greedy ``generate`` by
+    hand on the image lakescore decodes; a corrupt and an empty file are dead-lettered with the in-process reasons and
+    never sent."""
+    import torch
+    import transformers
+
+    from lakescore.udfs.images import decode_image
+    from tests.tiny_vision import encoded, picture
+    from tests.tiny_vlms import tiny_llava
+
+    model_dir = tiny_llava(tmp_path / "llava")
+    root = tmp_path / "photos"
+    root.mkdir()
+    files = {"1.png": encoded(picture(40, 30, 8), "PNG"), "2.jpg": encoded(picture(30, 44, 9), "JPEG", quality=90),
+             "3.bmp": encoded(picture(36, 36, 10), "BMP"), "4.png": encoded(picture(33, 47, 11).convert("RGBA"), "PNG"),
+             "5.png": b"not a png", "6.png": b""}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    prompt = "Caption this product photo."
+    server = TransformersServe(model_dir, tmp_path / "serve.log").start()
+    try:
+        report = run_scoring(load_config(flags={
+            "input": str(root), "input_format": "images", "output": str(tmp_path / "captions"), "task": "generate",
+            "generate.prompt_template": prompt, "generate.max_new_tokens": 6, "max_error_rate": 0.5,
+            "spark.master": "local[2]", "generate.endpoint.url": server.url, "generate.endpoint.model": str(model_dir),
+            "generate.endpoint.api": "chat",
+        }), spark)
+    finally:
+        server.kill()
+    assert report.status == "succeeded", report.error
+    assert report.error_reasons == {"invalid_image": 1, "null_input": 1}
+    workers = report.workers  # the bad and the empty file cost no request
+    assert workers["requests"] - workers["preflight"]["requests"] - workers["retries"] == 4
+    out = spark.read.format("delta").load(str(tmp_path / "captions")).toPandas()
+    out = out.assign(name=[p.rsplit("/", 1)[1] for p in out["path"]]).sort_values("name")
+    assert out["name"].tolist() == ["1.png", "2.jpg", "3.bmp", "4.png"]
+    processor = transformers.AutoProcessor.from_pretrained(model_dir)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+    same = []
+    for name, text, tokens in zip(out["name"], out["generated_text"], out["prompt_tokens"]):
+        messages = [{"role": "user", "content": [{"type": "image", "image": decode_image(files[name])},
+                                                 {"type": "text", "text": prompt}]}]
+        inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                               return_tensors="pt")
+        with torch.no_grad():
+            new = model.generate(**inputs, do_sample=False, max_new_tokens=6)[0, inputs["input_ids"].shape[1]:]
+        assert tokens == inputs["input_ids"].shape[1]  # the server's usage: the image's tokens and the prompt's
+        same.append(text == processor.decode(new, skip_special_tokens=True))
+    assert all(same), same  # one engine (transformers) on both sides: no near-tie can split them
+    errors = spark.read.format("delta").load(str(tmp_path / "captions_errors")).toPandas()
+    reasons = dict(zip([p.rsplit("/", 1)[1] for p in errors["path"]], errors["reason"]))
+    assert reasons == {"5.png": "invalid_image", "6.png": "null_input"}

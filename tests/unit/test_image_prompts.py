@@ -173,8 +173,11 @@ def test_image_col_makes_generate_read_images_with_a_prompt_it_requires():
                                                                            "scoring.max_image_pixels": None})).input_kind is None
     with pytest.raises(ConfigError, match="generate.prompt_template"):
         load_config(flags=flags).require_for_scoring()
-    with pytest.raises(ConfigError, match="images are not sent to a server yet"):
-        load_config(flags={**flags, "generate.prompt_template": "x", "generate.endpoint.url": "http://localhost:1/v1",
-                           "generate.endpoint.model": "m"})
+    endpoint = {"generate.prompt_template": "x", "generate.endpoint.url": "http://localhost:1/v1", "generate.endpoint.model": "m"}
+    with pytest.raises(ConfigError, match="image_col with generate.endpoint.api completions: .* set generate.endpoint.api: chat"):
+        load_config(flags={**flags, **endpoint})
+    with pytest.raises(ConfigError, match="image_col with generate.server.api completions"):
+        load_config(flags={**flags, "generate.prompt_template": "x", "generate.server.engine": "vllm"})
+    load_config(flags={**flags, **endpoint, "generate.endpoint.api": "chat"}).require_for_scoring()  # images go as chat parts
     with pytest.raises(ConfigError, match="scoring.max_image_pixels applies"):  # text prompts read no images
         load_config(flags={**flags, "image_col": None, "text_col": "body"})

@@ -14,11 +14,16 @@ def load_generator(spec: Any, model_dir: Optional[Path]) -> Any:
     the in-process one; each raises as its own loader says."""
     from lakescore.udfs.generate_options import GenerateOptions
 
+    images = getattr(spec, "input_kind", None) == "image"  # image_col: a vision-language model over each image and prompt
     if (spec.generate or GenerateOptions()).remote:
+        if images:
+            from lakescore.udfs.remote.image_prompts import load_remote_image_generator
+
+            return load_remote_image_generator(spec, model_dir)
         from lakescore.udfs.remote.generate import load_remote_generator
 
         return load_remote_generator(spec, model_dir)
-    if getattr(spec, "input_kind", None) == "image":  # image_col: a vision-language model over each image and prompt
+    if images:
         from lakescore.udfs.heads.image_prompts import load_image_prompt_generator
 
         return load_image_prompt_generator(spec, model_dir)

@@ -59,9 +59,10 @@ class ImagePromptGenerator(Generator):
         return self.processor.apply_chat_template(chat_messages(prompt, self.options.system_prompt),
                                                   add_generation_prompt=True, tokenize=False)
 
-    def process(self, image, prompt: str) -> dict[str, Any]:
-        """The processor's inputs for one row (RGB ``image``, ``prompt``): ``input_ids`` and the image's tensors,
-        with a batch axis of one. The chat template carries its special tokens: the processor adds none."""
+    def process(self, image, prompt: str, encoded: Optional[bytes] = None) -> dict[str, Any]:
+        """The processor's inputs for one row (RGB ``image``, ``prompt``; ``encoded``, the file's bytes, is for a remote
+        head): ``input_ids`` and the image's tensors, with a batch axis of one. The chat template carries its special
+        tokens: the processor adds none."""
         return dict(self.processor(images=[image], text=[self.prompt_text(prompt)], add_special_tokens=False,
                                    return_tensors="pt"))
 

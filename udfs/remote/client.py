@@ -190,14 +190,19 @@ def retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Opti
     return None if seconds is None else min(MAX_RETRY_AFTER_S, max(0.0, seconds))
 
 
-def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None) -> dict[str, Any]:
+def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None,
+                 image: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The request for one prompt under the generate settings ``options``: every setting mapped to its request
-    field, none dropped (a server that cannot honour one refuses it, and the preflight says so)."""
+    field, none dropped (a server that cannot honour one refuses it, and the preflight says so). ``image``: a content
+    part (``{"type": "image_url", ...}``) the user message holds before the prompt's text part (chat only)."""
     body: dict[str, Any] = {"model": endpoint_model, "max_tokens": options.max_new_tokens, "temperature": options.temperature}
     system = options.system_prompt
+    if image is not None and api != "chat":
+        raise ValueError("an image is sent through the chat API only")
     if api == "chat":
+        user = prompt if image is None else [dict(image), {"type": "text", "text": prompt}]
         body["messages"] = ([{"role": "system", "content": system}] if system is not None else []) + [
-            {"role": "user", "content": prompt}]
+            {"role": "user", "content": user}]
     else:
         body["prompt"] = prompt if system is None else f"{system}\n\n{prompt}"
     if options.top_p < 1:
@@ -446,9 +451,12 @@ class EndpointClient:
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
 
-    def complete(self, options: Any, prompt: str, seed: Optional[int] = None) -> Completion:
-        """One prompt's :class:`Completion` under the generate settings ``options`` (errors as :meth:`post`)."""
-        body = request_body(options, self.model, self.api, prompt, seed)
+    def complete(self, options: Any, prompt: str, seed: Optional[int] = None,
+                 image: Optional[Mapping[str, Any]] = None) -> Completion:
+        """One prompt's :class:`Completion` under the generate settings ``options``, with ``image`` (a content part)
+        before it where given (errors as :meth:`post`). The tokens-per-minute guess counts the prompt's text only (an
+        image's tokens are the server's to count); ``usage`` settles it."""
+        body = request_body(options, self.model, self.api, prompt, seed, image)
         estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
         completion = self.post(body, estimate, lambda answer: parse_completion(answer, self.api, options.stop,
                                                                                options.max_new_tokens))

@@ -65,13 +65,14 @@ class EndpointGenerator(RemoteHead):
         present = [i for i, reason in enumerate(reasons) if reason is None]
         return self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i]), present, reasons)
 
-    def _one(self, prompt: str, key: Optional[str]) -> Generation:
+    def _one(self, prompt: str, key: Optional[str], image: Optional[Mapping[str, Any]] = None) -> Generation:
+        """One row's request (``image``: a content part sent before the prompt) and its :class:`Generation`."""
         seed = None
         if not self.options.greedy:
             from lakescore.udfs.heads.seeds import row_seed
 
             seed = row_seed(self.options.seed, "" if key is None else str(key))
-        completion = self.client.complete(self.options, prompt, seed)
+        completion = self.client.complete(self.options, prompt, seed, image)
         self._check_json(completion)
         if self.options.logprobs and completion.token_logprobs is None:
             raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
@@ -103,10 +104,10 @@ class EndpointGenerator(RemoteHead):
             outputs[i] = self._preflight_one(prompt)
         return outputs
 
-    def _preflight_one(self, prompt: str) -> Generation:
+    def _preflight_one(self, prompt: str, image: Optional[Mapping[str, Any]] = None) -> Generation:
         where = self.where
         try:
-            return self._one(prompt, prompt)
+            return self._one(prompt, prompt, image)
         except EndpointDown as exc:
             raise EndpointRefused(str(exc)) from None
         except Unhonoured as exc:
@@ -121,9 +122,10 @@ class EndpointGenerator(RemoteHead):
         return Generator.fidelity(reference, outputs)
 
 
-def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGenerator:
-    """The head for ``spec.generate.endpoint`` (``model_dir`` ``None``: no files here), or for ``spec.generate.server``:
-    this host's engine serving ``model_dir``, started when no process of the host has started it yet.
+def load_remote_generator(spec: Any, model_dir: Optional[Path], head: type = EndpointGenerator) -> EndpointGenerator:
+    """The ``head`` (an :class:`EndpointGenerator` class) for ``spec.generate.endpoint`` (``model_dir`` ``None``: no
+    files here), or for ``spec.generate.server``: this host's engine serving ``model_dir``, started when no process of
+    the host has started it yet.
     :class:`EndpointRefused` for a setting no request can carry, or a key named but not set;
     :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
     from lakescore.udfs.registry import get_task
@@ -132,7 +134,7 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path]) -> EndpointGener
     types = get_task(spec.task).output_arrow_types_for(options)
     client, engine = open_client(options.endpoint, options.server, model_dir)
     revision = options.endpoint.revision if options.endpoint is not None else spec.revision
-    return EndpointGenerator(client, options, types, revision, server=engine)
+    return head(client, options, types, revision, server=engine)
 
 
 def _what_happened(error: EndpointError, retries: int) -> str:
