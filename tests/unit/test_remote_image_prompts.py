@@ -58,3 +58,21 @@ def test_a_chat_request_holds_the_image_then_the_prompt_in_one_user_message():
     assert request_body(options, "m", "chat", "Caption it.")["messages"][1] == {"role": "user", "content": "Caption it."}
     with pytest.raises(ValueError, match="chat API only"):
         request_body(options, "m", "completions", "Caption it.", image=part)
+
+
+def test_the_docs_endpoint_example_loads_and_completions_is_refused_before_compute(tmp_path):
+    from pathlib import Path
+
+    from lakescore.jobs.config import ConfigError, load_config
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text(encoding="utf-8")
+    at = guide.index("# the captions above, by a vision-language model a team serves")
+    example = guide[at:guide.index("```", at)]
+    (tmp_path / "captions.yaml").write_text(example, encoding="utf-8")
+    cfg = load_config(tmp_path / "captions.yaml")
+    cfg.require_for_scoring()
+    assert cfg.input_kind.prompted and cfg.generate.endpoint.api == "chat"
+    (tmp_path / "completions.yaml").write_text(example.replace("api: chat", "api: completions"), encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path / "completions.yaml")
+    assert "\n" not in str(refused.value) and "set generate.endpoint.api: chat" in str(refused.value)

@@ -58,7 +58,7 @@ def image_payload(encoded: bytes | memoryview, image: Any) -> ImagePayload:
         # An alpha channel or a transparent colour is dropped by the in-process decode (Pillow's convert("RGB")) but
         # composited on white by vLLM: sent as PNG of the decoded pixels, every server reads what in-process reads.
         # A multi-frame file's first frame is what in-process reads; OpenAI's API takes no animated GIF.
-        # (EXIF orientation needs no re-encoding: vLLM, transformers' load_image and hosted APIs apply it, as in-process.)
+        # (EXIF orientation needs no re-encoding: vLLM and transformers' load_image apply it, as in-process does.)
         transparent = source.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in source.info
     if fmt in SENT_AS_IS and frames == 1 and not transparent:
         return ImagePayload(encoded, SENT_AS_IS[fmt])
