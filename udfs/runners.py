@@ -352,6 +352,8 @@ class ImagePromptRunner:
     dropped, so one batch holds one decoded image at a time; an image that fails is that row's dead letter, with the
     image tasks' reasons (:mod:`lakescore.udfs.images`: ``null_input``, ``invalid_image``, ``image_too_large``,
     ``missing_file``, and ``prepare_error`` for one the processor rejects). ``max_image_pixels``: as the image tasks'.
+    A remote head (:mod:`lakescore.udfs.remote.image_prompts`) takes the file's bytes with the decoded image, and sends
+    them rather than processing them.
     """
 
     def __init__(self, head, input_cols: Sequence[str], *, key_col: Optional[str] = None,

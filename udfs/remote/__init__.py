@@ -12,6 +12,8 @@ One place for everything remote, shared by every remote head:
   ``/v1/models``, its thread pool, the head protocol's remote features, ``close``);
 - :mod:`~lakescore.udfs.remote.generate`: the ``generate`` head. Another task's head sits beside it (an ``embed`` head
   over ``/v1/embeddings`` would be ``remote/embed.py``), built on :class:`~lakescore.udfs.remote.head.RemoteHead`.
+- :mod:`~lakescore.udfs.remote.image_prompts`: the ``generate`` head over images (``image_col``): each image as the chat
+  API's ``image_url`` part before its prompt.
 
 Nothing here imports the HTTP client at import time but :mod:`client`, and nothing here imports ``lakescore.jobs``.
 """
