@@ -148,12 +148,12 @@ class JobConfig(Section):
         if self.input_format == "images" and not kind.file_extensions:
             readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
             raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
-        remote = next(((name, getattr(self.task_options(), name)) for name in ("endpoint", "server")
-                       if getattr(self.task_options(), name, None) is not None), None)
-        if kind.prompted and remote is not None and remote[1].api != "chat":
-            raise ConfigError(f"{kind.column_setting} with generate.{remote[0]}.api {remote[1].api}: an image is sent as a "
-                              f"chat message's image_url part, which the completions API has no place for; set "
-                              f"generate.{remote[0]}.api: chat")
+        for name in ("endpoint", "server") if kind.prompted else ():
+            remote = getattr(self.task_options(), name, None)
+            if remote is not None and remote.api != "chat":
+                raise ConfigError(f"{kind.column_setting} with generate.{name}.api {remote.api}: an image is sent as a chat "
+                                  f"message's image_url part, which the completions API has no place for; set "
+                                  f"generate.{name}.api: chat")
         for option in _RUNNER_SETTINGS:
             if getattr(self.scoring, option) is not None and option not in kind.runner_settings:
                 readers = ", ".join(name for name in TASKS if option in get_task(name).input_kind.runner_settings)
