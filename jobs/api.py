@@ -28,7 +28,7 @@ from lakescore.udfs.models.model_source import (
     weights_sha256,
 )
 from lakescore.udfs.pandas_udf import make_pandas_udf
-from lakescore.udfs.registry import TASK_OPTION_SECTIONS, get_task
+from lakescore.udfs.registry import TASK_NAMES, TASK_OPTION_SECTIONS, get_task
 
 __all__ = ["score", "transform", "pandas_udf"]
 
@@ -42,6 +42,12 @@ _OPTIONS.update({  # a task section's own sections (generate.endpoint, generate.
 """The keyword options of :func:`transform` and :func:`pandas_udf`, by field name: every ``model.*`` setting but the
 source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (``generate.*``: ``max_new_tokens``, ...,
 and ``endpoint`` / ``server`` as dicts)."""
+_TASK_SUBSECTIONS = {
+    (o.section.split(".")[0], o.section.split(".")[1]): Option(".".join(o.section.split(".")[:2]), dict, None, "")
+    for o in config_options() if o.section.split(".")[0] in TASK_OPTION_SECTIONS and o.section.count(".") >= 1
+}
+"""A task section's own sections by ``(task section, keyword)``: where two tasks share a keyword (``endpoint``,
+``server``), the run's task takes its own (``generate.endpoint`` or ``embed.endpoint``)."""
 
 
 def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
@@ -154,8 +160,9 @@ def _notebook_config(
     unknown or bad settings, or a feature task without ``feature_cols``."""
     section = dict(model) if isinstance(model, Mapping) else {"source": str(model)}
     tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
+    own = get_task(task).options_section if task in TASK_NAMES else None
     for key, value in options.items():
-        option = _OPTIONS.get(key)
+        option = _TASK_SUBSECTIONS.get((own, key)) or _OPTIONS.get(key)
         if option is None:
             taken = [name for name, o in _OPTIONS.items() if not o.job_only]
             close = difflib.get_close_matches(key, taken, n=1)

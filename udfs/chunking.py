@@ -192,7 +192,7 @@ class ChunkedEmbedder:
         """:func:`prepare_documents` (the text runner's preparation of a batch, run ahead in a thread)."""
         return prepare_documents(texts, self, refused)
 
-    def score_documents(self, prepared: "PreparedDocuments", budget: Any) -> "Scored":
+    def score_prepared(self, prepared: "PreparedDocuments", budget: Any) -> "Scored":
         """:func:`embed_documents` of prepared documents."""
         return embed_documents(prepared.texts, self, budget, prepared)
 

@@ -1,4 +1,6 @@
-"""The ``embed`` task's settings (the config schema's ``embed`` section): chunked embedding of long documents.
+"""The ``embed`` task's settings (the config schema's ``embed`` section): chunked embedding of long documents, and an
+OpenAI-compatible ``/v1/embeddings`` endpoint or a served engine in place of the model loaded here (the generate
+task's remote settings, :mod:`lakescore.udfs.remote.options`, spelled the same).
 
 Declared on the executors' side, as the ``generate`` section is: the workers' chunker
 (:mod:`lakescore.udfs.chunking`) takes :class:`ChunkOptions` as it is. ``docs/documents.md`` describes the rows a
@@ -10,6 +12,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from lakescore.udfs.remote.options import EmbedEndpointOptions, EmbedServerOptions
 from lakescore.udfs.settings import ConfigError, Section, cli
 
 __all__ = ["ChunkOptions", "EmbedOptions", "DOCUMENT_VECTORS", "DEFAULT_MAX_CHUNKS"]
@@ -55,13 +58,39 @@ class EmbedOptions(Section):
     """The ``embed`` task's own settings."""
 
     chunk: ChunkOptions = Field(default_factory=ChunkOptions)
+    endpoint: Optional[EmbedEndpointOptions] = None
+    """Embed through an OpenAI-compatible ``/v1/embeddings`` endpoint instead of a model loaded here (``--model`` is not
+    needed); see ``docs/embedding.md``."""
+    server: Optional[EmbedServerOptions] = None
+    """Serve the model (``--model``) with an engine lakescore starts once per executor host (vLLM's pooling runner, or
+    SGLang) and send each host's rows to its ``/v1/embeddings``; see ``docs/embedding.md``."""
+
+    @model_validator(mode="after")
+    def _remote(self) -> "EmbedOptions":
+        if self.endpoint is not None and self.server is not None:
+            raise ConfigError("embed.endpoint and embed.server exclude each other: a model is called, or served here")
+        if self.remote and self.chunked:
+            # chunks are cut by the model's own tokenizer, which an endpoint does not lend: one rule for both remote heads
+            raise ConfigError("embed.chunk with embed.endpoint / embed.server: chunks are cut by the model's tokenizer "
+                              "in-process; embed long documents in-process (drop the endpoint or server)")
+        return self
 
     @property
     def chunked(self) -> bool:
         """Whether one input row becomes many output rows (a document, its chunks)."""
         return self.chunk.enabled
 
+    @property
+    def remote(self) -> bool:
+        """Whether an endpoint or a served engine embeds, rather than a model loaded in the worker."""
+        return self.endpoint is not None or self.server is not None
+
     def identity(self) -> dict[str, Any]:
-        """What a spec digest covers: the chunk settings when chunking is on, else nothing (so an unchunked run's
-        digests stay as they were before the section existed)."""
-        return {"chunk": self.chunk.model_dump()} if self.chunked else {}
+        """What a spec digest covers: the chunk settings when chunking is on, an endpoint or server by what names the
+        model that answers; else nothing (so an in-process, unchunked run's digests stay as they were before the
+        section existed)."""
+        facts: dict[str, Any] = {"chunk": self.chunk.model_dump()} if self.chunked else {}
+        for name in ("endpoint", "server"):
+            if getattr(self, name) is not None:
+                facts[name] = getattr(self, name).identity()
+        return facts

@@ -128,9 +128,10 @@ class TextRunner:
         self.text_col, *pair = input_cols
         self.pair_col = pair[0] if pair else None
         self.head = head
-        # a head that makes many rows of one text (embed.chunk: a document, its chunks) prepares and scores its
-        # documents itself (lakescore.udfs.chunking); its chunks go through the same batching core
-        self.documents = hasattr(head, "score_documents")
+        # a head that prepares and scores its rows itself: one that makes many rows of one text (embed.chunk: a
+        # document, its chunks, which go through the same batching core, lakescore.udfs.chunking), or one whose rows
+        # are requests of many texts to a server (lakescore.udfs.remote.embed)
+        self.own_batches = hasattr(head, "score_prepared")
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedTexts:
         shown = None
@@ -139,7 +140,7 @@ class TextRunner:
         else:
             texts, refused, shown = pair_texts(batch.column(self.text_col), batch.column(self.pair_col),
                                                (self.text_col, self.pair_col))
-        if self.documents:
+        if self.own_batches:
             return self.head.prepare(texts, refused)
         try:
             features = tokenize_present(texts, self.head)
@@ -149,8 +150,8 @@ class TextRunner:
         return PreparedTexts(texts, features, refused, shown)
 
     def score(self, prepared: PreparedTexts, budget: AdaptiveBudget) -> Scored:
-        if self.documents:
-            return _refuse(self.head.score_documents(prepared, budget), prepared.refused)
+        if self.own_batches:
+            return _refuse(self.head.score_prepared(prepared, budget), prepared.refused)
         return _refuse(score_texts(prepared.texts, self.head, budget, prepared.features), prepared.refused)
 
     def row_costs(self, prepared: PreparedTexts) -> np.ndarray:

@@ -194,11 +194,15 @@ def score_batches(
         if batch.num_rows == 0:
             yield batch, None
             continue
-        started, halvings, sent = time.perf_counter(), budget.halvings, _traffic(model.scorer)
+        started, halvings, sent = time.perf_counter(), budget.halvings, _traffic(model.scorer, PREFLIGHT_TRAFFIC)
         scored = runner.score(prepared, budget)
         seconds = time.perf_counter() - started
-        tokens_in, tokens_out = runner.token_counts(scored) if hasattr(runner, "token_counts") and scored.ok.any() else (0, 0)
-        traffic = {name: count - sent[name] for name, count in _traffic(model.scorer).items()}
+        traffic = {name: count - sent[name] for name, count in _traffic(model.scorer, PREFLIGHT_TRAFFIC).items()}
+        # the runner counts a row's tokens where a row is a request (generate); where a request carries many rows
+        # (a remote embed head) the tokens are what the server's usage reported for the batch's requests
+        usage = traffic.pop("tokens_in"), traffic.pop("tokens_out")
+        counted = hasattr(runner, "token_counts")
+        tokens_in, tokens_out = runner.token_counts(scored) if counted and scored.ok.any() else (0, 0) if counted else usage
         yield batch, ScoredBatch(
             _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
             runner.raw_inputs(prepared, scored), seconds=seconds, halvings=budget.halvings - halvings, loads=loads,
@@ -279,7 +283,7 @@ def make_preflight_function(
                     row["traffic"] = json.dumps({name: now[name] - sent[name] for name in PREFLIGHT_TRAFFIC})
                 if rows != 1:
                     raise RuntimeError(f"the model returned {rows} rows for one input")
-            if kind.timed_rows and row["probed"]:
+            if kind.timed_rows and row["probed"] and not isinstance(model.scorer, ServedElsewhere):  # (no paid requests)
                 row["row_seconds"] = _seconds_per_row(model, kind.preflight_sample(spec, kind.timed_rows), kind.timed_rows)
             row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
                        files=json.dumps(model.files, sort_keys=True))

@@ -134,7 +134,7 @@ def preflight_model(
     if checked is not None:
         log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
     return ModelIdentity(
-        model_id=spec.source if spec.source is not None else spec.generate.endpoint.model,  # an endpoint's: its name
+        model_id=spec.source if spec.source is not None else _remote(spec, "endpoint").model,  # an endpoint's: its name
         revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
@@ -154,13 +154,18 @@ def summed_traffic(traffics) -> dict:
     return total if total.get("requests") else {}
 
 
+def _remote(spec: ModelSpec, name: str) -> Any:
+    """The task's ``endpoint`` or ``server`` section (``generate.server``, ``embed.server``), or ``None``."""
+    return getattr(get_task(spec.task).options_of(spec), name, None)
+
+
 def stop_served_engines(run: "RunContext") -> None:
-    """With ``generate.server``: stop the engines the run's executors started (one small task per scoring slot, under
+    """With a served engine (``generate.server``, ``embed.server``): stop the engines the run's executors started (one small task per scoring slot, under
     the scoring stage's resource profile, as the preflight started them), once its rows are scored or it failed; an
     engine belongs to its executor, so another run's engine on the same host is never stopped
     (:func:`~lakescore.udfs.remote.engine.stop_engines`). Where a task misses a host, the engine's watchdog stops it
     with the executor. A failure here is logged, never the run's."""
-    if getattr(run.spec.generate, "server", None) is None:
+    if _remote(run.spec, "server") is None:
         return
     tasks = run.layout.partitions or default_parallelism(run.spark)
     try:

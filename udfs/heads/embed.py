@@ -42,7 +42,7 @@ from lakescore.udfs.models.model_source import POOLING_MODES, ModelSpec, refuse_
 from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = [
-    "SentenceEmbedder", "SentenceConfig", "load_embedder", "load_sentence_embedder", "sentence_config", "dual_tower_text_config", "prompt_text", "pool",
+    "SentenceEmbedder", "SentenceConfig", "load_embedder", "load_sentence_embedder", "served_embedding", "sentence_config", "dual_tower_text_config", "prompt_text", "pool",
     "KIND", "TEXT_TOWER", "POOLING_MODES",
 ]
 
@@ -219,10 +219,16 @@ def _pooling_modes(config: dict, model_dir: Path) -> tuple[str, ...]:
 
 def load_embedder(spec: ModelSpec, model_dir: Path) -> Any:
     """Load the embedding model in ``model_dir`` as ``spec`` configures it (:func:`load_sentence_embedder`); with
-    ``embed.chunk`` (``spec.embed``) over chunks of each text (:func:`~lakescore.udfs.chunking.chunked_embedder`).
+    ``embed.chunk`` (``spec.embed``) over chunks of each text (:func:`~lakescore.udfs.chunking.chunked_embedder`); with
+    ``embed.endpoint`` or ``embed.server``, the head over a server's ``/v1/embeddings``
+    (:func:`~lakescore.udfs.remote.embed.load_remote_embedder`; ``model_dir`` ``None`` for an endpoint).
     Raises as :func:`load_sentence_embedder` does, and ``ValueError`` for chunk settings the model cannot take."""
-    head = load_sentence_embedder(spec, model_dir)
     options = spec.embed
+    if options is not None and options.remote:  # embed.endpoint / embed.server: requests to a server's /v1/embeddings
+        from lakescore.udfs.remote.embed import load_remote_embedder
+
+        return load_remote_embedder(spec, model_dir)
+    head = load_sentence_embedder(spec, model_dir)
     if options is None or not options.chunked:
         return head
     from lakescore.udfs.chunking import chunked_embedder
@@ -256,10 +262,31 @@ def load_sentence_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder
     if config.do_lower_case:
         _lowercase_first(tokenizer)
     forward = load_forward(spec, config.transformer_dir, KIND, tokenizer.model_input_names)
+    max_length = _max_length(spec, config, tokenizer)
+    return SentenceEmbedder(forward, tokenizer, max_length, config.pooling, config.normalize, prompt)
+
+
+def _max_length(spec: ModelSpec, config: SentenceConfig, tokenizer: Any) -> int:
+    """The tokens a text is truncated at: ``model.max_seq_length``, else the model's ``max_seq_length``, within its
+    positions and the tokenizer's limit (:func:`~lakescore.udfs.heads.hf_models.truncation_limit`)."""
     facts = model_facts(config.transformer_dir)
     limit_spec = spec if spec.max_seq_length is not None else _with_max_seq_length(spec, config.max_seq_length)
-    max_length = truncation_limit(limit_spec, facts.max_position_embeddings, tokenizer)
-    return SentenceEmbedder(forward, tokenizer, max_length, config.pooling, config.normalize, prompt)
+    return truncation_limit(limit_spec, facts.max_position_embeddings, tokenizer)
+
+
+def served_embedding(spec: ModelSpec, model_dir: Path) -> tuple[int, bool, str]:
+    """What the in-process head reads of ``model_dir`` besides the weights, for a served engine to embed as it does:
+    the tokens a text is truncated at, whether the vectors are normalised, and the prompt every text is prefixed with.
+    ``ValueError`` for a model this head would not run as a sentence-transformers one (a dual-tower model, modules
+    beyond Transformer, Pooling and Normalize), and as :func:`load_sentence_embedder` raises."""
+    require_directory(model_dir, "embed")
+    prompt = prompt_text(spec, model_dir)
+    config = None if dual_tower_text_config(model_dir) is not None and not (model_dir / "modules.json").is_file() \
+        else sentence_config(spec, model_dir)
+    if config is None:
+        raise ValueError(f"{model_dir} is not a Transformer, Pooling[, Normalize] embedding model (a dual-tower model, or "
+                         "modules beyond those); embed.server runs only those, embed it in-process")
+    return _max_length(spec, config, load_tokenizer(spec, config.transformer_dir)), config.normalize, prompt
 
 
 def dual_tower_text_config(model_dir: Path) -> Optional[dict]:

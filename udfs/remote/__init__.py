@@ -1,5 +1,5 @@
-"""Scoring over the wire: an OpenAI-compatible endpoint (``generate.endpoint``) or an engine lakescore serves on each
-executor host (``generate.server``).
+"""Scoring over the wire: an OpenAI-compatible endpoint (``generate.endpoint``, ``embed.endpoint``) or an engine
+lakescore serves on each executor host (``generate.server``, ``embed.server``).
 
 One place for everything remote, shared by every remote head:
 
@@ -10,8 +10,9 @@ One place for everything remote, shared by every remote head:
 - :mod:`~lakescore.udfs.remote.engine`: a served engine's whole life (start, health, restart, stop, watchdog);
 - :mod:`~lakescore.udfs.remote.head`: what every remote head shares (the client it opens, its identity from
   ``/v1/models``, its thread pool, the head protocol's remote features, ``close``);
-- :mod:`~lakescore.udfs.remote.generate`: the ``generate`` head. Another task's head sits beside it (an ``embed`` head
-  over ``/v1/embeddings`` would be ``remote/embed.py``), built on :class:`~lakescore.udfs.remote.head.RemoteHead`.
+- :mod:`~lakescore.udfs.remote.generate`: the ``generate`` head; :mod:`~lakescore.udfs.remote.embed`: the ``embed``
+  head over ``/v1/embeddings`` (``embed.endpoint``, ``embed.server``). Each is built on
+  :class:`~lakescore.udfs.remote.head.RemoteHead`.
 - :mod:`~lakescore.udfs.remote.image_prompts`: the ``generate`` head over images (``image_col``): each image as the chat
   API's ``image_url`` part before its prompt.
 

@@ -327,7 +327,7 @@ class EndpointClient:
         import httpx2
 
         self.settings, self.url, self.model = settings, url.rstrip("/"), model
-        self.api = settings.api
+        self.api = getattr(settings, "api", None)  # generate's: which route prompts go to (an embed head names its own)
         self._key = api_key
         self.recover, self.sleep = recover, sleep
         self.stats = ClientStats()
@@ -355,7 +355,7 @@ class EndpointClient:
         key = os.environ.get(settings.api_key_env)
         if not key:
             raise EndpointRefused(
-                f"generate.endpoint.api_key_env names {settings.api_key_env}, which is not set on this host "
+                f"the endpoint's api_key_env names {settings.api_key_env}, which is not set on this host "
                 f"(on a cluster set spark.executorEnv.{settings.api_key_env})"
             )
         return key
@@ -389,8 +389,8 @@ class EndpointClient:
         return None
 
     def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
-             parse: Optional[Callable[[Mapping[str, Any]], Any]] = None) -> Any:
-        """``POST`` ``body`` to the API, retried as the settings say; what ``parse`` makes of the answer's JSON (the
+             parse: Optional[Callable[[Mapping[str, Any]], Any]] = None, path: Optional[str] = None) -> Any:
+        """``POST`` ``body`` to the API (``path``, default the generate API's :attr:`path`), retried as the settings say; what ``parse`` makes of the answer's JSON (the
         :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
         that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
         bound of failures in a row. ``parse``'s result, when it has ``tokens``, settles the token limit."""
@@ -402,7 +402,7 @@ class EndpointClient:
             wait: Optional[float] = None
             kind: Optional[str] = None
             try:
-                response = self.http.post(self.url + self.path, content=json.dumps(body))
+                response = self.http.post(self.url + (path or self.path), content=json.dumps(body))
             except self._transport_errors as exc:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 kind = "timeout" if isinstance(exc, self._timeouts) else "connection"

@@ -2,7 +2,7 @@
 identity from ``/v1/models``, the thread pool that keeps ``concurrency`` requests in flight, the features only a
 remote head has (request counts, ``close``) as methods of the head protocol, and ``close``.
 
-A task's remote head (:mod:`~lakescore.udfs.remote.generate`; an ``embed`` head over ``/v1/embeddings`` beside it)
+A task's remote head (:mod:`~lakescore.udfs.remote.generate`; :mod:`~lakescore.udfs.remote.embed` over ``/v1/embeddings``)
 subclasses :class:`RemoteHead` and adds how one row becomes a request and an answer becomes its output.
 """
 
@@ -177,7 +177,7 @@ def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has
         if not engine.recover():  # down again after its restart: the run stops, quoting the engine's own error
-            raise EndpointDown(f"generate.server: the {engine.engine} engine serving {engine.name} stopped again after "
+            raise EndpointDown(f"the served {engine.engine} engine serving {engine.name} stopped again after "
                                f"its restart; its error: {engine.error() or 'none in its log ' + str(engine.log_path)}")
         client.url = f"http://{HOST}:{engine.port}/v1"
         return True

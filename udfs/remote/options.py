@@ -1,5 +1,7 @@
-"""Settings of the generate task's remote engines: an OpenAI-compatible endpoint (``generate.endpoint``) and a
-served engine started on each executor host (``generate.server``). Plain pydantic, importable without the HTTP
+"""Settings of a task's remote engines: an OpenAI-compatible endpoint (``generate.endpoint``, ``embed.endpoint``) and a
+served engine started on each executor host (``generate.server``, ``embed.server``). One pair of base classes
+(:class:`RemoteEndpoint`, :class:`ServedEngine`) spells every key both tasks share; each task's class adds only what
+its requests need (generate: ``api``, a price of generated tokens). Plain pydantic, importable without the HTTP
 client, so the config and the driver read them without it (:mod:`lakescore.udfs.remote.client` is the client)."""
 
 from __future__ import annotations
@@ -8,13 +10,13 @@ import re
 from typing import Annotated, Any, Literal, Optional
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
-from lakescore.udfs.settings import Number, Section, Text, checked
+from lakescore.udfs.settings import ConfigError, Number, Section, Text, checked
 
 __all__ = [
-    "ENDPOINT_APIS", "ENGINES", "Price", "EndpointOptions", "ServerOptions", "DEFAULT_CONCURRENCY", "MODELS_LISTING",
-    "unsupported_settings",
+    "ENDPOINT_APIS", "ENGINES", "InputPrice", "Price", "RemoteEndpoint", "ServedEngine", "EndpointOptions", "ServerOptions",
+    "EmbedEndpointOptions", "EmbedServerOptions", "DEFAULT_CONCURRENCY", "MODELS_LISTING", "unsupported_settings",
 ]
 
 ENDPOINT_APIS = ("completions", "chat")
@@ -52,17 +54,27 @@ def _url_problem(value: str) -> Optional[str]:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return f"must be an http:// or https:// base URL, got {value!r}"
     if parts.username or parts.password:
-        return "holds credentials; give the key through generate.endpoint.api_key_env"
+        return "holds credentials; give the key through the endpoint's api_key_env"
     if parts.query or parts.fragment:
         return "must be a base URL without a query or fragment"
     return None
 
 
-class Price(Section):
-    """What the endpoint charges, per million tokens: the run's cost is reported from each response's ``usage``."""
+class InputPrice(Section):
+    """What the endpoint charges per million prompt tokens (an embedding endpoint's only tokens): the run's cost is
+    reported from each response's ``usage``."""
 
     input: Number = Field(ge=0)
     """Per million prompt tokens."""
+
+    def cost(self, tokens_in: int, tokens_out: int = 0) -> float:
+        """The price of ``tokens_in`` prompt tokens (an embedding has no generated tokens)."""
+        return tokens_in * self.input / 1e6
+
+
+class Price(InputPrice):
+    """What the endpoint charges, per million tokens: the run's cost is reported from each response's ``usage``."""
+
     output: Number = Field(ge=0)
     """Per million generated tokens."""
 
@@ -92,17 +104,15 @@ class _Client(Section):
     one executor host; default: no limit."""
 
 
-class EndpointOptions(_Client):
-    """An OpenAI-compatible endpoint: a hosted API, a model serving endpoint, a team's vLLM cluster."""
+class RemoteEndpoint(_Client):
+    """An OpenAI-compatible endpoint: a hosted API, a model serving endpoint, a team's vLLM cluster. What every task's
+    ``endpoint`` section holds (``generate.endpoint``, ``embed.endpoint``)."""
 
     url: Annotated[Text, checked(_url_problem)]
-    """The base URL, usually ending ``/v1`` (``https://api.example.com/v1``); requests go to ``<url>/completions`` or
-    ``<url>/chat/completions``."""
+    """The base URL, usually ending ``/v1`` (``https://api.example.com/v1``); requests go to ``<url>/completions``,
+    ``<url>/chat/completions`` (generate) or ``<url>/embeddings`` (embed)."""
     model: Text
     """The served model's name, as requests name it."""
-    api: Literal[ENDPOINT_APIS] = "completions"
-    """``completions`` (the prompt as it is) or ``chat`` (the server's chat template, the system prompt as the system
-    message)."""
     api_key_env: Annotated[Optional[Text], checked(_key_env_problem)] = None
     """The name of the environment variable holding the API key, in upper case (``LLM_API_KEY``); on clusters, see
     docs/generation.md "The key" for how the executors get it without showing it. The key itself is never in the
@@ -110,6 +120,20 @@ class EndpointOptions(_Client):
     revision: Optional[Text] = None
     """A version the user vouches for (a name alone cannot prove the weights behind it did not change): part of the
     model's identity, recorded as ``model_revision``."""
+
+    def identity(self) -> dict:
+        """What names the model that answers: its name and the user's revision. Where the endpoint is, how it is
+        called and what it costs change no output."""
+        return {"model": self.model, "revision": self.revision}
+
+
+class EndpointOptions(RemoteEndpoint):
+    """An OpenAI-compatible endpoint that generates (``generate.endpoint``): a hosted API, a model serving endpoint, a
+    team's vLLM cluster."""
+
+    api: Literal[ENDPOINT_APIS] = "completions"
+    """``completions`` (the prompt as it is) or ``chat`` (the server's chat template, the system prompt as the system
+    message)."""
     price: Optional[Price] = None
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
 
@@ -119,19 +143,26 @@ class EndpointOptions(_Client):
         return {"model": self.model, "api": self.api, "revision": self.revision}
 
 
-class ServerOptions(_Client):
-    """A served engine lakescore starts once per executor host, on a free local port, for the rows of that host."""
+class EmbedEndpointOptions(RemoteEndpoint):
+    """An OpenAI-compatible ``/v1/embeddings`` endpoint (``embed.endpoint``): a hosted API, a team's vLLM pooling
+    server."""
+
+    price: Optional[InputPrice] = None
+    """``{input: ..}`` per million prompt tokens: the run's cost in the report, summary, history and metrics."""
+
+
+class ServedEngine(_Client):
+    """A served engine lakescore starts once per executor host, on a free local port, for the rows of that host. What
+    every task's ``server`` section holds (``generate.server``, ``embed.server``)."""
 
     engine: Literal[ENGINES]
     """``vllm`` (``vllm serve``), ``sglang`` (``python -m sglang.launch_server``) or ``transformers`` (``transformers
-    serve``). vLLM and SGLang are optional installs with their own CUDA requirements."""
+    serve``, generate only). vLLM and SGLang are optional installs with their own CUDA requirements."""
     args: Args = ()
     """The engine's own command-line flags, passed as they are (``[--max-model-len, "4096"]``); lakescore sets the model,
     host and port."""
     startup_timeout_s: Number = Field(600.0, gt=0)
     """Seconds the engine may take to answer its health check (loading weights, compiling) before the task fails."""
-    api: Literal[ENDPOINT_APIS] = "completions"
-    """As ``generate.endpoint.api``."""
     python: Optional[Text] = None
     """The Python interpreter that runs the engine (``<python> -m vllm.entrypoints.openai.api_server``, ``-m
     sglang.launch_server``, ``-m transformers.cli.transformers serve``), so the engine can live in an environment of its
@@ -139,9 +170,38 @@ class ServerOptions(_Client):
     engine's command beside the job's own interpreter (``vllm serve``, ``transformers serve``), else on ``PATH``."""
 
     def identity(self) -> dict:
+        """What changes an output besides the model's files: the engine and its flags. Where the engine is installed
+        (``python``) is left out, as the path of the default command is: a path names no version."""
+        return {"engine": self.engine, "args": list(self.args)}
+
+
+class ServerOptions(ServedEngine):
+    """A served engine that generates (``generate.server``), started once per executor host."""
+
+    api: Literal[ENDPOINT_APIS] = "completions"
+    """As ``generate.endpoint.api``."""
+
+    def identity(self) -> dict:
         """What changes an output besides the model's files: the engine, its flags and the API. Where the engine is
         installed (``python``) is left out, as the path of the default command is: a path names no version."""
         return {"engine": self.engine, "args": list(self.args), "api": self.api}
+
+
+EMBEDDING_ENGINES = ("vllm", "sglang")
+"""The engines that serve ``/v1/embeddings``: ``transformers serve`` has no such route."""
+
+
+class EmbedServerOptions(ServedEngine):
+    """A served engine that embeds (``embed.server``), started once per executor host on ``/v1/embeddings``: vLLM's
+    pooling runner (lakescore adds ``--runner pooling`` unless ``args`` name a runner) or SGLang (``--is-embedding``
+    added likewise)."""
+
+    @model_validator(mode="after")
+    def _serves_embeddings(self) -> "EmbedServerOptions":
+        if self.engine not in EMBEDDING_ENGINES:
+            raise ConfigError(f"embed.server.engine {self.engine}: `transformers serve` has no /v1/embeddings route; "
+                              f"use {' or '.join(EMBEDDING_ENGINES)}, or embed in-process (drop embed.server)")
+        return self
 
 
 def unsupported_settings(options: Any, api: str) -> list[str]:
