@@ -289,7 +289,7 @@ TASKS: dict[str, Task] = {
         Task("classify", TEXT, "lakescore.udfs.heads.classify:load_classifier", "sequence classification: label, score, probs",
              profile=_LABELLED, architectures=("ForSequenceClassification",), pairs=True),
         Task(
-            "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
+            "embed", TEXT, "lakescore.udfs.heads.embedders:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED, options_section="embed",
             expands="chunked",
         ),

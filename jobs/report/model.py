@@ -173,6 +173,8 @@ class RunReport:
         if self.workers.get("tokens_out"):
             rate = f", {self.workers['tokens_per_second']:.1f} tokens/s" if self.workers.get("tokens_per_second") else ""
             lines.append(f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt tokens{rate}")
+        elif self.workers.get("tokens_in"):  # an embedding server's usage: prompt tokens only
+            lines.append(f"  sent {int(self.workers['tokens_in'])} prompt tokens")
         if self.workers.get("requests"):  # an endpoint or served engine: what the rows cost in requests
             lines.append(f"  sent {int(self.workers['requests'])} requests, {int(self.workers.get('retries') or 0)} retried "
                          f"({int(self.workers.get('rate_limited') or 0)} answered 429)")

@@ -54,6 +54,7 @@ def _embed_run(spark, tmp_path, texts, **flags):
     started = time.monotonic()
     report = run_scoring(cfg, spark)
     print(f"embed run ({', '.join(k for k in flags if k.endswith(('.url', '.engine')))}): {time.monotonic() - started:.1f} s")
+    assert report.status == "succeeded", report.error
     return report, read_output(spark, str(output))
 
 
@@ -75,7 +76,6 @@ def test_embed_server_serves_minilm_with_vllm_and_leaves_no_process(spark, tmp_p
         "model.source": str(model), "embed.server.engine": "vllm", "embed.server.python": str(python),
         "embed.server.args": ["--dtype", "float32", "--gpu-memory-utilization", "0.1"],  # lakescore adds --runner pooling
         "embed.server.startup_timeout_s": STARTUP_S})
-    assert report.status == "succeeded", report.error
     assert report.error_reasons == {"null_input": 1}
     _assert_sentence_transformers_vectors(out, texts, sentence_transformer)
     assert report.workers["requests"] >= 2 and report.workers["tokens_in"] > 0
@@ -116,7 +116,6 @@ def test_the_pooling_runner_gives_sentence_transformers_vectors_and_truncates_ov
 def test_embed_endpoint_scores_through_vllms_embeddings(pooling, spark, tmp_path, texts, sentence_transformer):
     report, out = _embed_run(spark, tmp_path, texts, **{
         "embed.endpoint.url": pooling.url, "embed.endpoint.model": NAME, "embed.endpoint.price": {"input": PRICE}})
-    assert report.status == "succeeded", report.error
     assert report.error_reasons == {"null_input": 1}
     _assert_sentence_transformers_vectors(out, texts, sentence_transformer)
     # the present texts (33, or the distinct ones where dedup scored each once), at most 8 a request; and the preflight's

@@ -99,3 +99,17 @@ def test_a_notebook_call_takes_endpoint_as_the_tasks_own_section():
     generate = _notebook_config("generate", "unused", None, {"endpoint": endpoint}, text_col="body")
     assert embed.embed.endpoint.model == "m" and embed.generate.endpoint is None
     assert generate.generate.endpoint.model == "m" and generate.embed.endpoint is None
+
+
+def test_the_conf_example_the_docs_show_exists_and_loads():
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    shown = re.findall(r"```yaml\n# (conf/[\w.-]+\.yaml)\n(.*?)```", (repo / "docs/embedding.md").read_text(), re.S)
+    assert [path for path, _ in shown] == ["conf/embed-vllm.yaml"]
+    path, body = shown[0]
+    assert (repo / path).read_text().split("\n", 1)[1] == body
+    cfg = load_config(repo / path)
+    cfg.require_for_scoring()
+    assert cfg.embed.server.engine == "vllm" and cfg.task == "embed"

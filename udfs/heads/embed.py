@@ -219,16 +219,10 @@ def _pooling_modes(config: dict, model_dir: Path) -> tuple[str, ...]:
 
 def load_embedder(spec: ModelSpec, model_dir: Path) -> Any:
     """Load the embedding model in ``model_dir`` as ``spec`` configures it (:func:`load_sentence_embedder`); with
-    ``embed.chunk`` (``spec.embed``) over chunks of each text (:func:`~lakescore.udfs.chunking.chunked_embedder`); with
-    ``embed.endpoint`` or ``embed.server``, the head over a server's ``/v1/embeddings``
-    (:func:`~lakescore.udfs.remote.embed.load_remote_embedder`; ``model_dir`` ``None`` for an endpoint).
+    ``embed.chunk`` (``spec.embed``) over chunks of each text (:func:`~lakescore.udfs.chunking.chunked_embedder`).
     Raises as :func:`load_sentence_embedder` does, and ``ValueError`` for chunk settings the model cannot take."""
-    options = spec.embed
-    if options is not None and options.remote:  # embed.endpoint / embed.server: requests to a server's /v1/embeddings
-        from lakescore.udfs.remote.embed import load_remote_embedder
-
-        return load_remote_embedder(spec, model_dir)
     head = load_sentence_embedder(spec, model_dir)
+    options = spec.embed
     if options is None or not options.chunked:
         return head
     from lakescore.udfs.chunking import chunked_embedder

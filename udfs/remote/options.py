@@ -100,8 +100,8 @@ class _Client(Section):
     requests_per_minute: Optional[int] = Field(None, ge=1)
     """Requests per minute, shared by the tasks on one executor host; default: no limit."""
     tokens_per_minute: Optional[int] = Field(None, ge=1)
-    """Tokens (prompt plus ``max_new_tokens`` ahead, settled from ``usage`` after) per minute, shared by the tasks on
-    one executor host; default: no limit."""
+    """Tokens (prompt plus generate's ``max_new_tokens`` ahead, settled from ``usage`` after) per minute, shared by the
+    tasks on one executor host; default: no limit."""
 
 
 class RemoteEndpoint(_Client):
