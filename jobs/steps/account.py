@@ -187,7 +187,7 @@ def _worker_totals(groups: list, rows_scored: int, preflight_loads: int, preflig
         "rows_scored": rows_scored,
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
-        **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_out"] else {}),
+        **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_in"] or total["tokens_out"] else {}),
         **({name: int(total[name]) for name in ("requests", "retries", "rate_limited")} if total["requests"] else {}),
         **({"unmetered": int(total["unmetered"])} if total["unmetered"] else {}),
         **({"preflight": {name: int(count) for name, count in preflight.items()}} if preflight.get("requests") else {}),

@@ -50,7 +50,7 @@ def _embed_run(spark, tmp_path, texts, **flags):
     spark.createDataFrame(frame, "review_id long, body string").write.format("delta").save(str(source))
     cfg = load_config(flags={"input": str(source), "output": str(output), "task": "embed", "id_col": "review_id",
                              "text_col": "body", "spark.master": "local[2]", "scoring.partitions": 1,
-                             "scoring.max_batch_rows": 8, **flags})  # several requests per Arrow batch
+                             "scoring.max_batch_rows": 8, "max_error_rate": 0.1, **flags})  # 8: several requests a batch
     started = time.monotonic()
     report = run_scoring(cfg, spark)
     print(f"embed run ({', '.join(k for k in flags if k.endswith(('.url', '.engine')))}): {time.monotonic() - started:.1f} s")

@@ -113,3 +113,17 @@ def test_the_conf_example_the_docs_show_exists_and_loads():
     cfg = load_config(repo / path)
     cfg.require_for_scoring()
     assert cfg.embed.server.engine == "vllm" and cfg.task == "embed"
+
+
+def test_an_embedding_servers_prompt_tokens_reach_the_runs_figures_without_generated_ones():
+    """Before: the report's tokens were kept only when some were generated, so an embed run's went unreported and
+    unbilled."""
+    from lakescore.jobs.steps.account import _worker_totals
+    from lakescore.schemas.output import WORKER_METRICS
+
+    group = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    group.update(arrow_batches=1, tokens_in=300, requests=5)
+    workers = _worker_totals([group], 33, 0, {"requests": 1, "tokens_in": 4})
+    assert (workers["requests"], workers["tokens_in"], workers["tokens_out"]) == (6, 304, 0)
+    in_process = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    assert "tokens_in" not in _worker_totals([in_process], 33, 0)  # in-process embed: no tokens, as before
