@@ -25,7 +25,7 @@ from tests.integration.test_score_job import read_output
 pytestmark = needs_vllm
 
 NAME = "minilm"
-PRICE = 0.02
+PRICE = 20.0
 """Per million prompt tokens (``embed.endpoint.price.input``)."""
 
 
@@ -124,4 +124,4 @@ def test_embed_endpoint_scores_through_vllms_embeddings(pooling, spark, tmp_path
     assert report.workers["retries"] == 0
     tokens = report.workers["tokens_in"]
     assert tokens > 256  # the long text counts as its 256 truncated tokens, the others as theirs
-    assert report.cost["token_cost"] == pytest.approx(tokens * PRICE / 1e6, rel=1e-3)
+    assert report.cost["token_cost"] == pytest.approx(tokens * PRICE / 1e6, abs=1e-6)  # (the report rounds to 6 places)

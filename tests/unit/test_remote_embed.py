@@ -86,7 +86,8 @@ def test_model_settings_a_server_cannot_honour_are_refused_before_any_request():
     endpoint = {"embed.endpoint.url": "http://127.0.0.1:9/v1", "embed.endpoint.model": "minilm"}
     for flags, refusal in (({"model.pooling": "cls"}, "a served model pools as its own configuration says"),
                            ({"model.normalize": False}, "comes normalised from the server's pooler"),
-                           ({"model.prompt_name": "query"}, "which an endpoint does not lend")):
+                           ({"model.prompt_name": "query"}, "which an endpoint does not lend"),
+                           ({"model.dtype": "bfloat16"}, "a served model runs at the server's precision")):
         with pytest.raises(ValueError, match=refusal):
             load_remote_embedder(model_spec(load_config(flags={**BASE, **endpoint, **flags})), None)
 

@@ -245,6 +245,9 @@ def load_remote_embedder(spec: Any, model_dir: Optional[Path]) -> EndpointEmbedd
     options = spec.embed
     if spec.pooling is not None:
         raise ValueError(f"model.pooling {spec.pooling!r}: a served model pools as its own configuration says; drop it")
+    if spec.reduced_precision:
+        raise ValueError(f"{spec.reduced_precision} (model.dtype / model.quantize) is how a model runs here; a served "
+                         "model runs at the server's precision (its own flags, e.g. vLLM's --dtype): drop it")
     if spec.normalize is False:
         raise ValueError("model.normalize false: a served embedding comes normalised from the server's pooler; embed "
                          "in-process for unnormalised vectors")
