@@ -280,7 +280,7 @@ class JobConfig(Section):
         return getattr(self, section) if section else None
 
     def endpoint(self) -> Any:
-        """The task's remote endpoint settings (``generate.endpoint``), or ``None``: one place that knows where they are."""
+        """The task's remote endpoint settings (``generate.endpoint``, ``embed.endpoint``), or ``None``: one place that knows where they are."""
         return getattr(self.task_options(), "endpoint", None)
 
     def secret_env_names(self) -> tuple[str, ...]:
