@@ -76,6 +76,9 @@ def run_sweep(
     from lakescore.udfs.batching import BatchPolicy, is_out_of_memory, score_texts
     from lakescore.udfs.models.model_cache import get_model
 
+    if getattr(cfg.task_options(), "remote", False):  # before the missing settings: an endpoint run names no model files
+        raise ConfigError("sweep tunes the token budget of a model loaded here; with an endpoint or a served engine the "
+                          "server batches the requests itself, so there is nothing to sweep")
     missing = [k for k, v in (("input", cfg.input), ("model.source", cfg.model.source), ("text_col", cfg.text_col)) if not v]
     if missing:
         raise ConfigError("missing required setting(s) for sweep: " + ", ".join(missing))

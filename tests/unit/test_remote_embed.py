@@ -128,3 +128,11 @@ def test_an_embedding_servers_prompt_tokens_reach_the_runs_figures_without_gener
     assert (workers["requests"], workers["tokens_in"], workers["tokens_out"]) == (6, 304, 0)
     in_process = {name: 0 for name in WORKER_METRICS.fieldNames()}
     assert "tokens_in" not in _worker_totals([in_process], 33, 0)  # in-process embed: no tokens, as before
+
+
+@pytest.mark.parametrize("flags", [ENDPOINT, {"model.source": "/m", "embed.server.engine": "vllm"}])
+def test_sweep_refuses_a_model_served_elsewhere_before_any_session_or_request(flags):
+    from lakescore.jobs.commands.sweep import run_sweep
+
+    with pytest.raises(ConfigError, match="nothing to sweep"):
+        run_sweep(load_config(flags={**BASE, **flags}))  # no spark given: a session would be started after the check
