@@ -71,7 +71,16 @@ def drift_text(drift: dict[str, Any]) -> str:
 
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name); an
-    error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`)."""
+    error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`); one whose text
+    cannot be had because Spark's JVM stopped says so."""
+    try:
+        return _one_line(exc)
+    except Exception as lost:  # py4j's errors ask the JVM for their text: one that died (out of memory) cannot answer
+        return (f"{type(exc).__name__}: Spark's JVM stopped before it could say why ({type(lost).__name__}: "
+                f"{' '.join(str(lost).split())[:200]}); its last lines are in the driver's log")
+
+
+def _one_line(exc: BaseException) -> str:
     from lakescore.jobs.platform.tables import failure_reason
 
     worker = _worker_line(exc)

@@ -61,3 +61,22 @@ def test_python_errors_a_full_or_read_only_filesystem_and_lakescores_own():
     except TableError as own:
         assert failure_reason(own) is None and one_line(own) == "cannot write output '/data/out': no space left on device"
         assert cause_chain(own) == ["cannot write output '/data/out': no space left on device", "[Errno 28] No space left on device"]
+
+
+def test_an_error_from_a_jvm_that_stopped_is_still_one_line():
+    # py4j's error asks its JVM for its text; here the JVM's port is closed, as after the JVM died out of memory
+    import socket
+
+    from types import SimpleNamespace
+
+    from py4j.java_gateway import GatewayClient
+    from py4j.protocol import Py4JJavaError
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exc = Py4JJavaError("An error occurred while calling o42.collectToPython.\n", 
+                         SimpleNamespace(_target_id="o7", _gateway_client=GatewayClient(port=port)))
+    line = one_line(exc)
+    assert line.startswith("Py4JJavaError: Spark's JVM stopped before it could say why") and "driver's log" in line
+    assert "\n" not in line
