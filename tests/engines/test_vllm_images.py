@@ -21,7 +21,7 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import (
-    ENGINE_ENV, STARTUP_S, VLLM_PYTHON, engine_env, equal_texts, needs_vllm, offline_texts, session_processes,
+    ENGINE_ENV, STARTUP_S, VLLM_PYTHON, engine_env, equal_texts, needs_vllm, offline_texts, assert_sessions_end,
 )
 from tests.served_models import live_processes
 
@@ -148,10 +148,5 @@ def test_a_served_vllm_reads_each_image_with_its_prompt_as_its_offline_generate_
     print(f"served vLLM (images) vs transformers' in-process greedy: {same} of {len(NAMES)} texts equal, {same_but_cut} "
           f"but for a last character cut at max_new_tokens; rows that differ: {differ}; the run took {served_s:.0f} s")
 
-    deadline = time.monotonic() + 60
-    left = [pid for sid in sessions for pid in session_processes(sid)]
-    while left:
-        assert time.monotonic() < deadline, f"vLLM processes outlived the run: {left}"
-        time.sleep(0.5)
-        left = [pid for sid in sessions for pid in session_processes(sid)]
+    assert_sessions_end(sessions)
     assert not _vllm_sessions(model)

@@ -22,7 +22,7 @@ from lakescore.jobs.config import load_config
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import (
-    ENGINE_ENV, SERVE_ARGS, STARTUP_S, VLLM_PYTHON, equal_texts, needs_vllm, session_processes,
+    ENGINE_ENV, SERVE_ARGS, STARTUP_S, VLLM_PYTHON, equal_texts, needs_vllm, assert_sessions_end,
 )
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
@@ -114,12 +114,7 @@ def test_a_served_vllm_killed_mid_run_is_restarted_and_leaves_no_process(spark, 
     print(f"served vLLM vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
           "a last character cut at max_new_tokens")
     assert same_but_cut / len(expected) >= 0.75
-    deadline = time.monotonic() + 60
-    left = [pid for sid in sessions for pid in session_processes(sid)]
-    while left:
-        assert time.monotonic() < deadline, f"vLLM processes outlived the run: {left}"
-        time.sleep(0.5)
-        left = [pid for sid in sessions for pid in session_processes(sid)]
+    assert_sessions_end(sessions)
     assert len(sessions) == 2  # the first engine and the one started after the kill
 
 

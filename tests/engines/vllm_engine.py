@@ -61,6 +61,17 @@ def session_processes(sid: int) -> list[int]:
     return found
 
 
+def assert_sessions_end(sessions, seconds: float = 60.0) -> None:
+    """Wait up to ``seconds`` for every process of the sessions ``sessions`` (servers and what they forked) to end;
+    fail naming those still alive."""
+    deadline = time.monotonic() + seconds
+    left = [pid for sid in sessions for pid in session_processes(sid)]
+    while left:
+        assert time.monotonic() < deadline, f"vLLM processes outlived the run: {left}"
+        time.sleep(0.5)
+        left = [pid for sid in sessions for pid in session_processes(sid)]
+
+
 def vllm_processes() -> list[str]:
     """Command lines of this user's live processes that run vLLM (the API server, ``VLLM::EngineCore`` and workers)."""
     return [command for _, command in live_processes() if "vllm" in command.lower()]
