@@ -117,7 +117,7 @@ def warn_if_shown(spark: SparkSession, secret_names: Sequence[str]) -> None:
 
 def get_or_create_session(
     cfg: SparkConfig, refs: Iterable[Optional[str]] = (), worker_imports: Sequence[str] = (),
-    secret_names: Sequence[str] = (),
+    secret_names: Sequence[str] = (), run_defaults: Optional[Mapping[str, str]] = None,
 ) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
@@ -127,7 +127,8 @@ def get_or_create_session(
     Spark resolves them from Maven at start-up (with a warning). On this host's own masters a built session's Python
     daemon imports ``worker_imports`` before forking workers (:func:`~lakescore.jobs.platform.local.accelerations.accelerations_for`).
     ``secret_names``: environment variables holding secrets, hidden in a built session (:func:`redaction_regex`), warned
-    of in a taken one (:func:`warn_if_shown`).
+    of in a taken one (:func:`warn_if_shown`). ``run_defaults``: settings the run's input needs, in a built session
+    only, below the user's ``spark.conf``.
     """
     active = SparkSession.getActiveSession()
     source = session_source(os.environ, active is not None, cfg.remote)
@@ -160,7 +161,7 @@ def get_or_create_session(
     if hidden is not None:
         confs["spark.redaction.regex"] = hidden
     fast = accelerations_for(cfg, confs, worker_imports)
-    confs = {**fast.defaults, **confs, **fast.confs}
+    confs = {**fast.defaults, **(run_defaults or {}), **confs, **fast.confs}
     user_java_options = confs.get("spark.driver.extraJavaOptions", "")
     java_options = [f"-Dderby.system.home={metastore.parent}", *fast.driver_java_options]
     confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, user_java_options])

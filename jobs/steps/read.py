@@ -57,6 +57,21 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
                         **({section: cfg.task_options()} if section else {}))
 
 
+IMAGE_READER_BATCH_ROWS = 64
+"""Rows Spark's vectorized Parquet and ORC readers put in one batch in a session built for a run that reads images:
+the reader reserves a whole batch of the image column at once (4,096 rows by default, so hundreds of megabytes of
+pictures written as one row group, as pandas writes them) in a heap a local driver shares with its tasks, and dies out
+of memory. An image costs far more to decode and score than to read in small batches."""
+
+
+def session_defaults(cfg: JobConfig) -> dict[str, str]:
+    """The Spark settings a session built for ``cfg``'s run starts with (the user's ``spark.conf`` overrides them)."""
+    if not cfg.input_kind.file_extensions:
+        return {}
+    rows = str(IMAGE_READER_BATCH_ROWS)
+    return {"spark.sql.parquet.columnarReaderBatchSize": rows, "spark.sql.orc.columnarReaderBatchSize": rows}
+
+
 def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
     """Resolve the model, take or build the session, read ``cfg.input`` pinned to one snapshot
     (:func:`~lakescore.jobs.platform.tables.read_pinned`) and check its contract.
@@ -69,11 +84,13 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     spec = model_spec(cfg)
     worker_imports = get_task(cfg.task).worker_imports(spec.backend, cfg.input_kind)
     if spec.source is not None and is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
-        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names())[0]
+        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(),
+                                               session_defaults(cfg))[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
     # a missing local model fails here, before the session; an endpoint's model (no source) has no files here
     model_dir = resolve_model_dir(spec.source, spec.revision) if spec.source is not None else None
-    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names())[0]
+    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(),
+                                           session_defaults(cfg))[0]
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
     try:

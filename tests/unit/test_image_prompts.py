@@ -181,3 +181,18 @@ def test_image_col_makes_generate_read_images_with_a_prompt_it_requires():
     load_config(flags={**flags, **endpoint, "generate.endpoint.api": "chat"}).require_for_scoring()  # images go as chat parts
     with pytest.raises(ConfigError, match="scoring.max_image_pixels applies"):  # text prompts read no images
         load_config(flags={**flags, "image_col": None, "text_col": "body"})
+
+
+def test_a_session_built_for_an_image_run_reads_its_tables_in_small_batches():
+    # Spark's vectorized reader reserves a whole batch of the image column at once: 4,096 rows of pictures written as
+    # one row group killed a local driver's 1 GiB heap (bench/SITTINGS.md, W10 at 1,500 images)
+    from lakescore.jobs.config import load_config
+    from lakescore.jobs.steps.read import IMAGE_READER_BATCH_ROWS, session_defaults
+
+    base = {"input": "shop.products", "output": "shop.out", "id_col": "sku", "model.source": "/m"}
+    for flags in ({"task": "generate", "image_col": "photo", "generate.prompt_template": "Caption it."},
+                  {"task": "image_classify", "image_col": "photo"}):
+        defaults = session_defaults(load_config(flags={**base, **flags}))
+        assert defaults["spark.sql.parquet.columnarReaderBatchSize"] == str(IMAGE_READER_BATCH_ROWS)
+        assert defaults["spark.sql.orc.columnarReaderBatchSize"] == str(IMAGE_READER_BATCH_ROWS)
+    assert session_defaults(load_config(flags={**base, "task": "embed", "text_col": "body"})) == {}  # texts: Spark's own
