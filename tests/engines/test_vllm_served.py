@@ -84,12 +84,21 @@ def test_a_served_vllm_killed_mid_run_is_restarted_and_leaves_no_process(spark, 
     killed: list[int] = []
 
     ended = threading.Event()
+    # engines append to their host's log, one file per model path: a past run's lines (a reused pytest directory) are
+    # not this run's requests
+    logs_dir = Path(os.environ.get("TMPDIR", "/tmp"))
+    before = {p: p.stat().st_size for p in logs_dir.glob("lakescore-engine-*.log")}
+
+    def new_lines(path: Path) -> str:
+        with open(path, "rb") as log:
+            log.seek(before.get(path, 0))
+            return log.read().decode(errors="replace")
 
     def kill_the_engine_mid_run() -> None:  # once the engine answered some rows: its API server, SIGKILL; then watch
         while not ended.is_set():  # every engine's session, the restarted one's too, until the run ends
             servers = _api_servers(model)
             sessions.update(servers.values())
-            logs = [p.read_text(errors="replace") for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log")]
+            logs = [new_lines(p) for p in logs_dir.glob("lakescore-engine-*.log")]
             # (this engine's log: other runs' engines on the host log requests too)
             if not killed and servers and any(str(model) in log and log.count("POST /v1/completions") >= 4 for log in logs):
                 for pid in servers:
