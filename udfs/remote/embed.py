@@ -140,8 +140,8 @@ class EndpointEmbedder(RemoteHead):
         reasons: list[Optional[str]] = [None if isinstance(t, str) and i not in prepared.refused else "null_input"
                                         for i, t in enumerate(texts)]
         present = [i for i, reason in enumerate(reasons) if reason is None]
-        max_rows = getattr(getattr(budget, "policy", budget), "max_rows", len(present) or 1)
-        requests = [[present[k] for k in rows] for rows in cut_requests([len(texts[i]) for i in present], max_rows)]
+        requests = [[present[k] for k in rows]
+                    for rows in cut_requests([len(texts[i]) for i in present], budget.policy.max_rows)]
         sent = self.send(requests, lambda k: self._embed([texts[i] for i in requests[k]]), range(len(requests)),
                          [None] * len(requests))
         outputs = np.empty(len(texts), dtype=object)

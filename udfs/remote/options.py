@@ -138,9 +138,8 @@ class EndpointOptions(RemoteEndpoint):
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
 
     def identity(self) -> dict:
-        """What names the model that answers: its name, the API (which decides the prompt's wrapping) and the user's
-        revision. Where the endpoint is, how it is called and what it costs change no output."""
-        return {"model": self.model, "api": self.api, "revision": self.revision}
+        """:meth:`RemoteEndpoint.identity` and the API, which decides the prompt's wrapping."""
+        return {**super().identity(), "api": self.api}
 
 
 class EmbedEndpointOptions(RemoteEndpoint):
@@ -182,9 +181,8 @@ class ServerOptions(ServedEngine):
     """As ``generate.endpoint.api``."""
 
     def identity(self) -> dict:
-        """What changes an output besides the model's files: the engine, its flags and the API. Where the engine is
-        installed (``python``) is left out, as the path of the default command is: a path names no version."""
-        return {"engine": self.engine, "args": list(self.args), "api": self.api}
+        """:meth:`ServedEngine.identity` and the API."""
+        return {**super().identity(), "api": self.api}
 
 
 EMBEDDING_ENGINES = ("vllm", "sglang")
