@@ -201,8 +201,10 @@ def score_batches(
         # the runner counts a row's tokens where a row is a request (generate); where a request carries many rows
         # (a remote embed head) the tokens are what the server's usage reported for the batch's requests
         usage = traffic.pop("tokens_in"), traffic.pop("tokens_out")
-        counted = hasattr(runner, "token_counts")
-        tokens_in, tokens_out = runner.token_counts(scored) if counted and scored.ok.any() else (0, 0) if counted else usage
+        if hasattr(runner, "token_counts"):
+            tokens_in, tokens_out = runner.token_counts(scored) if scored.ok.any() else (0, 0)
+        else:
+            tokens_in, tokens_out = usage
         yield batch, ScoredBatch(
             _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
             runner.raw_inputs(prepared, scored), seconds=seconds, halvings=budget.halvings - halvings, loads=loads,
