@@ -76,6 +76,8 @@ def one_line(exc: BaseException) -> str:
     try:
         return _one_line(exc)
     except Exception as lost:  # py4j's errors ask the JVM for their text: one that died (out of memory) cannot answer
+        if type(lost).__module__.split(".")[0] != "py4j" and not isinstance(lost, ConnectionError):
+            raise  # lakescore's own fault, not a JVM gone
         return (f"{type(exc).__name__}: Spark's JVM stopped before it could say why ({type(lost).__name__}: "
                 f"{' '.join(str(lost).split())[:200]}); its last lines are in the driver's log")
 
