@@ -127,9 +127,9 @@ def lakescore_worker(spec: Any, texts: list[str], arrow_rows: int = 4096, second
 
 def spec_for(model: Path, new_tokens: int, device: str, dtype: str, concurrency: Optional[int]) -> Any:
     """The worker's model spec: served by ``transformers serve`` (``concurrency`` given) or loaded in-process."""
-    from lakescore.udfs.remote.options import ServerOptions
-    from lakescore.udfs.generate_options import GenerateOptions
-    from lakescore.udfs.model_options import ModelOptions
+    from lakescore.udfs.options.remote import ServerOptions
+    from lakescore.udfs.options.generate import GenerateOptions
+    from lakescore.udfs.options.model import ModelOptions
     from lakescore.udfs.models.model_source import ModelSpec
 
     server = None if concurrency is None else ServerOptions(engine="transformers", args=SERVE_ARGS, concurrency=concurrency)

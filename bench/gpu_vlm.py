@@ -42,8 +42,8 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def spec_for(model: Path, new_tokens: int, device: str, dtype: str) -> Any:
-    from lakescore.udfs.generate_options import GenerateOptions
-    from lakescore.udfs.model_options import ModelOptions
+    from lakescore.udfs.options.generate import GenerateOptions
+    from lakescore.udfs.options.model import ModelOptions
     from lakescore.udfs.models.model_source import ModelSpec
 
     return ModelSpec.of("generate", ModelOptions(source=str(model), device=device, dtype=dtype), (),

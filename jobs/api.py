@@ -24,8 +24,8 @@ from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, Inp
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import (
-    ModelSourceError, ModelSpec, is_remote, refuse_pickle_weights, require_directory, resolve_model_dir, verify_sha256,
-    weights_sha256,
+    ModelSourceError, ModelSpec, needs_staging, refuse_pickle_weights, require_directory, resolve_model_dir,
+    verify_sha256, weights_sha256,
 )
 from lakescore.udfs.pandas_udf import make_pandas_udf
 from lakescore.udfs.registry import TASK_NAMES, TASK_OPTION_SECTIONS, get_task
@@ -188,7 +188,7 @@ def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: 
     spec = model_spec(cfg, () if cfg.column_setting else feature_cols)
     if spec.source is None:  # generate.endpoint: no files here; the workers' first request is its check
         return spec
-    if is_remote(spec.source):
+    if needs_staging(spec.source):
         if spark is None:
             raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from lakescore.udfs.settings import ConfigError
+from lakescore.udfs.options.base import ConfigError
 
 __all__ = [
     "TableNameError", "TableName", "quote_identifier", "parse_table_name", "has_path_separator", "require_catalog_accepts",

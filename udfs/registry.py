@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from lakescore.udfs.models.model_source import ModelSpec
+from lakescore.udfs.options.generate import FINISH_REASONS
 
 if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before any Spark or model work
     import pyarrow as pa
@@ -153,7 +154,8 @@ class Task:
     name: str
     input_kind: InputKind
     loader: str | Callable[[ModelSpec, Path], Any]
-    """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use)."""
+    """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use): the head in this
+    process over :attr:`input_kind`."""
     summary: str = ""
     other_inputs: tuple[InputKind, ...] = ()
     """Input kinds the task reads besides :attr:`input_kind`, each when its column setting is given (``generate`` reads
@@ -196,6 +198,9 @@ class Task:
     """The boolean property of the task's own settings section that makes one input row many output rows (``embed``:
     ``chunked``, a document and its chunks, :data:`lakescore.schemas.output.CHUNK_COLUMNS`): the scoring function then
     stages one row per input with the rows it becomes in one list column, and the publish writes them one per row."""
+    other_loaders: Mapping[tuple[str, bool], str] = field(default_factory=dict)
+    """The task's other heads' loaders (``"module:function"``), by the input kind they read and whether they score
+    over the wire (the task's own settings say ``remote``: an endpoint or a served engine): :meth:`load` chooses."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -225,13 +230,17 @@ class Task:
 
     def output_profile(self, options: Any = None) -> OutputProfile:
         """The profiled output columns of a run with the task's own settings ``options`` (``generate``:
-        :class:`~lakescore.udfs.generate_options.GenerateOptions`; ``None`` for tasks without a section)."""
+        :class:`~lakescore.udfs.options.generate.GenerateOptions`; ``None`` for tasks without a section)."""
         return self.profile(options) if callable(self.profile) else self.profile
 
-    def load(self, spec: ModelSpec, model_dir: Path) -> Any:
-        """The head for ``spec`` from the files in ``model_dir``; loader errors propagate."""
-        loader = named(self.loader) if isinstance(self.loader, str) else self.loader
-        return loader(spec, model_dir)
+    def load(self, spec: ModelSpec, model_dir: Optional[Path]) -> Any:
+        """The head for ``spec`` from the files in ``model_dir`` (``None`` for an endpoint): the one of
+        :attr:`other_loaders` for the input kind ``spec`` reads and whether its settings are remote, else
+        :attr:`loader`; loader errors propagate."""
+        options = self.options_of(spec)
+        key = (self.input_kind_of(spec).name, bool(options is not None and options.remote))
+        loader = self.other_loaders.get(key, self.loader)
+        return (named(loader) if isinstance(loader, str) else loader)(spec, model_dir)
 
     def options_of(self, holder: Any) -> Any:
         """The task's own settings section of ``holder`` (the job's config or a worker's :class:`ModelSpec`, which both
@@ -289,9 +298,9 @@ TASKS: dict[str, Task] = {
         Task("classify", TEXT, "lakescore.udfs.heads.classify:load_classifier", "sequence classification: label, score, probs",
              profile=_LABELLED, architectures=("ForSequenceClassification",), pairs=True),
         Task(
-            "embed", TEXT, "lakescore.udfs.heads.embedders:load_embedder", "sentence embeddings, as sentence-transformers",
+            "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED, options_section="embed",
-            expands="chunked",
+            expands="chunked", other_loaders={("text", True): "lakescore.udfs.remote.embed:load_remote_embedder"},
         ),
         Task("ner", TEXT, "lakescore.udfs.heads.ner:load_token_classifier", "token classification: entities per text",
              architectures=("ForTokenClassification",)),
@@ -309,17 +318,22 @@ TASKS: dict[str, Task] = {
             backends=("torch",), forward_imports=("torch",), profile=OutputProfile(score="prediction"),
         ),
         Task(
-            "generate", PROMPT, "lakescore.udfs.heads.generators:load_generator",
+            "generate", PROMPT, "lakescore.udfs.heads.generate:load_generator",
             "a language model over each prompt (with ``image_col``, a vision-language model over each image and prompt): "
             "text, a choice, or JSON", other_inputs=(IMAGE_PROMPT,), backends=("torch",),
             options_section="generate", optional_outputs=("choice_logprobs",), setting_outputs={"token_logprobs": "logprobs"},
-            output_value_sets={"finish_reason": ("stop", "length", "choice")},
+            output_value_sets={"finish_reason": FINISH_REASONS},
             validation_options={"max_length_stops": ("finish_reason", "length")}, profile=_generated_profile,
             # causal or encoder-decoder language models: the class names of transformers' AutoModelForCausalLM and
             # AutoModelForSeq2SeqLM (tests/unit/test_heads.py checks them against transformers' own mappings)
             architectures=("CausalLM", "LMHead", "ConditionalGeneration", "MTModel", "EncoderDecoder", "GenerationDecoder",
                            "TextToText"),
-            model_check="lakescore.udfs.generate_options:check_context",
+            model_check="lakescore.udfs.options.generate:check_context",
+            other_loaders={
+                ("image", False): "lakescore.udfs.heads.image_prompts:load_image_prompt_generator",
+                ("text", True): "lakescore.udfs.remote.generate:load_remote_generator",
+                ("image", True): "lakescore.udfs.remote.image_prompts:load_remote_image_generator",
+            },
         ),
     )
 }

@@ -32,8 +32,8 @@ from lakescore.jobs.config.sections import (
     ValidationConfig, WriteConfig, spark_size_mib,
 )
 from lakescore.jobs.config.values import DEDUP_MODES, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, WRITE_MODES
-from lakescore.udfs.model_options import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS
-from lakescore.udfs.settings import ConfigError
+from lakescore.udfs.options.model import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS
+from lakescore.udfs.options.base import ConfigError
 
 __all__ = [
     "ConfigError", "JobConfig", "Option", "config_from_mapping", "config_options", "load_config", "spark_size_mib",

@@ -14,7 +14,7 @@ from lakescore.jobs.config.hints import choices_of, is_section, unwrapped
 from lakescore.jobs.config.messages import message
 from lakescore.jobs.config.options import declared
 from lakescore.jobs.config.schema import SHORTHANDS, JobConfig, shorthand
-from lakescore.udfs.settings import ConfigError
+from lakescore.udfs.options.base import ConfigError
 
 
 def load_config(

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from lakescore.jobs.config.hints import bounds_text, choices_of, is_section
 from lakescore.jobs.config.options import declared
-from lakescore.udfs.settings import ConfigError, as_number
+from lakescore.udfs.options.base import ConfigError, as_number
 
 
 _EXPECTED = {

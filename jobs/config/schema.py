@@ -22,7 +22,7 @@ from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
-from lakescore.udfs.settings import ConfigError, Fraction, Section, Text, checked, cli
+from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 
 
 def _run_date(value: str) -> Optional[str]:
@@ -365,7 +365,7 @@ def shorthand(key: str, value: Any) -> Any:
 
 def lists_from_text(key: str, value: Any) -> Any:
     """Section ``key``'s list settings given as text (``a,b``) as their items: the executors' sections
-    (:mod:`lakescore.udfs.settings`) take lists only, so the config reads the text form at its boundary."""
+    (:mod:`lakescore.udfs.options.base`) take lists only, so the config reads the text form at its boundary."""
     section = JobConfig.model_fields.get(key)
     if section is None or not isinstance(value, Mapping) or not is_section(section.annotation):
         return value

@@ -1,5 +1,5 @@
-"""The config schema's sections besides the executors' own (``model``: :mod:`lakescore.udfs.model_options`,
-``generate``: :mod:`lakescore.udfs.generate_options`), which it takes as they are declared there."""
+"""The config schema's sections besides the executors' own (``model``: :mod:`lakescore.udfs.options.model`,
+``generate``: :mod:`lakescore.udfs.options.generate`), which it takes as they are declared there."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from lakescore.jobs.config.values import (
     WRITE_MODES, LogLevel, Names, NullFractions, OnOff, SparkConf, ValueRanges, shown,
 )
 from lakescore.udfs.batching import default_max_tokens
-from lakescore.udfs.embed_options import EmbedOptions
-from lakescore.udfs.generate_options import GenerateOptions
-from lakescore.udfs.model_options import ModelOptions
-from lakescore.udfs.settings import JOB_ONLY, ConfigError, Fraction, Number, Section, Text, checked, cli
+from lakescore.udfs.options.embed import EmbedOptions
+from lakescore.udfs.options.generate import GenerateOptions
+from lakescore.udfs.options.model import ModelOptions
+from lakescore.udfs.options.base import JOB_ONLY, ConfigError, Fraction, Number, Section, Text, checked, cli
 
 
 ModelConfig = ModelOptions
-"""The ``model`` section, declared on the executors' side (:mod:`lakescore.udfs.model_options`)."""
+"""The ``model`` section, declared on the executors' side (:mod:`lakescore.udfs.options.model`)."""
 
 
 class SparkConfig(Section):
@@ -159,10 +159,10 @@ class ResourcesConfig(Section):
 
 
 GenerateConfig = GenerateOptions
-"""The ``generate`` section, declared on the executors' side (:mod:`lakescore.udfs.generate_options`)."""
+"""The ``generate`` section, declared on the executors' side (:mod:`lakescore.udfs.options.generate`)."""
 
 EmbedConfig = EmbedOptions
-"""The ``embed`` section, declared on the executors' side (:mod:`lakescore.udfs.embed_options`)."""
+"""The ``embed`` section, declared on the executors' side (:mod:`lakescore.udfs.options.embed`)."""
 
 
 def _baseline(value: str) -> Optional[str]:

@@ -1,5 +1,5 @@
 """The config's value types: what YAML, ``--set``, flags and the Python API may hand each kind of job setting, and the
-choices they are checked against (the executors' sections take theirs from :mod:`lakescore.udfs.settings`)."""
+choices they are checked against (the executors' sections take theirs from :mod:`lakescore.udfs.options.base`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 from pydantic import AfterValidator, BeforeValidator
 
 from lakescore.udfs.registry import TASK_NAMES
-from lakescore.udfs.settings import Fraction, Number, Text, as_text, checked, invalid
+from lakescore.udfs.options.base import Fraction, Number, Text, as_text, checked, invalid
 
 
 TASKS = TASK_NAMES

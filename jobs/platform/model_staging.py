@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 from lakescore.jobs.config import ConfigError
 from lakescore.jobs.platform.spark_adapter import NotOnConnect, remote_files
 from lakescore.udfs.models.model_source import (
-    ModelSourceError, ModelSpec, is_mlflow_uri, is_remote, register_staged, shipped_name, stage_once,
+    ModelSourceError, ModelSpec, is_mlflow_uri, needs_staging, register_staged, shipped_name, stage_once,
 )
 
 __all__ = ["stage_model", "stage_remote_model"]
@@ -52,7 +52,7 @@ def stage_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> Model
     """
     if is_mlflow_uri(spec.source):
         return _stage_mlflow_model(spark, spec, cache_root)
-    if is_remote(spec.source):
+    if needs_staging(spec.source):
         stage_remote_model(spark, spec.source, cache_root)
     return spec
 

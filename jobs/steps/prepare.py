@@ -36,7 +36,7 @@ from lakescore.schemas.contracts import FILE_COLUMN, InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
 from lakescore.udfs.remote.head import endpoint_identity
-from lakescore.udfs.remote.options import MODELS_LISTING
+from lakescore.udfs.options.remote import MODELS_LISTING
 
 __all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run", "probe_endpoint"]
 

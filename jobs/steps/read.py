@@ -35,8 +35,8 @@ from lakescore.schemas.contracts import (
     resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
-from lakescore.udfs.generate_options import template_columns, template_parts
-from lakescore.udfs.models.model_source import ModelSpec, is_remote, resolve_model_dir
+from lakescore.udfs.options.generate import template_columns, template_parts
+from lakescore.udfs.models.model_source import ModelSpec, needs_staging, resolve_model_dir
 from lakescore.udfs.registry import get_task
 
 __all__ = [
@@ -83,7 +83,7 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     check_table_names(cfg)
     spec = model_spec(cfg)
     worker_imports = get_task(cfg.task).worker_imports(spec.backend, cfg.input_kind)
-    if spec.source is not None and is_remote(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
+    if spec.source is not None and needs_staging(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
         spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(),
                                                session_defaults(cfg))[0]
         spec = stage_model(spark, spec, Path(cfg.model.cache_dir))

@@ -22,7 +22,7 @@ from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import RunContext, Targets
-from lakescore.udfs.remote.options import MODELS_LISTING
+from lakescore.udfs.options.remote import MODELS_LISTING
 
 __all__ = ["StepClock", "assemble_report", "failure_report"]
 

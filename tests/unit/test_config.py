@@ -308,7 +308,7 @@ def test_the_readme_generate_commands_give_the_model_what_they_show(tmp_path):
     import subprocess
 
     from lakescore.jobs.cli import _config_flags, _parser
-    from lakescore.udfs.generate_options import template_parts
+    from lakescore.udfs.options.generate import template_parts
 
     (tmp_path / "summaries.yaml").write_text(_readme_block("# summaries.yaml", "yaml"), encoding="utf-8")
     commands = _readme_block("# Labels:", "bash")

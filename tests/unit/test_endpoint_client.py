@@ -16,8 +16,8 @@ import pytest
 from lakescore.udfs.remote.client import (
     EndpointClient, EndpointDown, EndpointError, backoff, parse_completion, request_body, retry_after,
 )
-from lakescore.udfs.remote.options import EndpointOptions, Price
-from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.options.remote import EndpointOptions, Price
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
 KEY = "sk-test-0123456789abcdef"
@@ -104,7 +104,7 @@ def test_a_429_is_retried_after_what_retry_after_says_and_counted(server):
     assert waits == [7.0, 0.25]
     assert (client.stats.requests, client.stats.retries, client.stats.rate_limited, client.stats.failed) == (3, 2, 2, 0)
     assert (client.stats.tokens_in, client.stats.tokens_out) == (3, 2)
-    assert client.gate.failures == 0  # 429s are the server's pace, not failures
+    assert client.breaker.failures == 0  # 429s are the server's pace, not failures
 
 
 def test_5xx_backs_off_exponentially_then_the_row_fails_with_the_servers_message(server):
@@ -127,9 +127,9 @@ def test_a_rows_own_4xx_is_not_retried_and_a_success_resets_the_failures_in_a_ro
     client = _client(url, waits)
     with pytest.raises(EndpointError, match="HTTP 400: prompt is too long"):
         client.complete(GenerateOptions(), "p")
-    assert waits == [] and client.gate.failures == 1
+    assert waits == [] and client.breaker.failures == 1
     client.complete(GenerateOptions(), "p")
-    assert client.gate.failures == 0
+    assert client.breaker.failures == 0
 
 
 def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
@@ -371,7 +371,7 @@ def test_an_answer_is_published_only_when_it_is_whole_and_well_formed(server):
     assert (text[4], finish[4], prompt_tokens[4], completion_tokens[4]) == ("", "stop", 3, 1)  # a model that stops at once
     stats = head.client.stats
     assert (stats.tokens_in, stats.tokens_out, stats.unmetered) == (3, 1, 1)  # nothing impossible billed; one unmetered
-    assert head.client.gate.failures == 0  # the empty answer last: a good answer resets the breaker
+    assert head.client.breaker.failures == 0  # the empty answer last: a good answer resets the breaker
 
 
 def test_a_malformed_answer_counts_toward_the_circuit_breaker(server):

@@ -135,7 +135,7 @@ def test_generate_server_python_runs_each_engine_as_a_module_of_that_interpreter
     assert engine_command("transformers", "/m", "/m", 8125, python=python) == [
         python, "-m", "transformers.cli.transformers", "serve", "/m", "--host", "127.0.0.1", "--port", "8125"]
     # the module form serves as the command does: the job's own interpreter runs transformers serve that way
-    from lakescore.udfs.remote.options import ServerOptions
+    from lakescore.udfs.options.remote import ServerOptions
 
     assert ServerOptions(engine="vllm").python is None  # unset: today's commands
     assert ServerOptions(engine="vllm", python="build/engines/vllm/bin/python").python == "build/engines/vllm/bin/python"

@@ -13,7 +13,7 @@ import pytest
 import transformers
 
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, plan_batches
-from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.heads.image_prompts import chat_messages, load_image_prompt_generator, require_vision_language
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.runners import ImagePromptRunner

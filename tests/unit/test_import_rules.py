@@ -13,9 +13,9 @@ FORBIDDEN = {
     "lakescore.udfs": ("lakescore.jobs",),
     # the remote heads know requests and answers, not the scoring loop that drives every head
     "lakescore.udfs.remote": ("lakescore.udfs.scoring_udf", "lakescore.udfs.runners", "lakescore.udfs.pandas_udf"),
-    # the settings load without the HTTP client or the engine's launcher (the config and the driver read them)
-    "lakescore.udfs.remote.options": ("lakescore.udfs.remote.client", "lakescore.udfs.remote.engine",
-                                      "lakescore.udfs.remote.head", "lakescore.udfs.remote.generate"),
+    # the settings load without the HTTP client, the engine's launcher or a head (the config and the driver read them)
+    "lakescore.udfs.options": ("lakescore.udfs.remote", "lakescore.udfs.heads", "lakescore.udfs.scoring_udf",
+                               "lakescore.udfs.runners", "lakescore.udfs.pandas_udf"),
     "lakescore.schemas": ("lakescore.jobs", "lakescore.udfs"),
     "lakescore.jobs.platform": ("lakescore.jobs.steps", "lakescore.jobs.commands", "lakescore.jobs.cli",
                                 "lakescore.jobs.api", "lakescore.jobs.score_job"),

@@ -25,7 +25,7 @@ def test_the_digest_follows_the_settings_that_change_the_numbers_only():
 
 
 def test_every_generation_setting_is_in_the_digest():
-    from lakescore.udfs.generate_options import GenerateOptions
+    from lakescore.udfs.options.generate import GenerateOptions
 
     spec = ModelSpec(task="generate", source="/models/llm", generate=GenerateOptions())
     same = ScoringSpec.of(spec, {}).digest

@@ -74,10 +74,28 @@ def test_expect_sha256_match_loads_and_mismatch_refuses_naming_both(minilm_dir):
 
 
 def test_remote_uris_are_told_from_paths_and_hub_ids():
-    from lakescore.udfs.models.model_source import is_remote
+    from lakescore.udfs.models.model_source import needs_staging
 
-    assert is_remote("s3a://bucket/models/x") and is_remote("dbfs:/models/x") and is_remote("file:/tmp/x")
-    assert not is_remote("/models/x") and not is_remote("org/model") and not is_remote("C:\\models")
+    assert needs_staging("s3a://bucket/models/x") and needs_staging("dbfs:/models/x") and needs_staging("file:/tmp/x")
+    assert not needs_staging("/models/x") and not needs_staging("org/model") and not needs_staging("C:\\models")
+
+
+def test_the_spec_takes_the_model_sections_settings_in_order_with_their_defaults():
+    """``ModelSpec`` is written out field by field (so an editor and a type checker see them): each ``model.*`` setting
+    a worker reads is a field, in the section's order and with its default; ``cache_dir`` is outside the cache key."""
+    from dataclasses import MISSING, fields
+
+    from lakescore.udfs.models.model_source import MODEL_SETTINGS, ModelSpec
+    from lakescore.udfs.options.model import ModelOptions
+
+    spec_fields = {f.name: f for f in fields(ModelSpec)}
+    names = list(spec_fields)
+    assert names[0] == "task" and names[1 : 1 + len(MODEL_SETTINGS)] == list(MODEL_SETTINGS)
+    assert names[1 + len(MODEL_SETTINGS) :] == ["feature_cols", "generate", "embed", "input_kind"]
+    assert spec_fields["source"].default is MISSING
+    for name in MODEL_SETTINGS[1:]:
+        assert spec_fields[name].default == ModelOptions.model_fields[name].default, name
+    assert [name for name, f in spec_fields.items() if not f.compare] == ["cache_dir"]
 
 
 _COPIER = """

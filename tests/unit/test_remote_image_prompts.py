@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.images import decode_image
 from lakescore.udfs.remote.client import request_body
 from lakescore.udfs.remote.image_prompts import image_payload

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import python_column, scalar_column, string_column
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_present, take_rows
-from lakescore.udfs.generate_options import (  # re-exported: the head's settings, importable without numpy
+from lakescore.udfs.options.generate import (  # re-exported: the head's settings, importable without numpy
     CHAT_TEMPLATE_MODES, FINISH_REASONS, TRUNCATE_MODES, GenerateOptions, template_columns, template_parts,
 )
 from lakescore.udfs.heads.seeds import row_seed  # re-exported: callers took it from the head
@@ -317,7 +317,7 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     from transformers import AutoConfig
 
     from lakescore.udfs.models.backends import ModelKind, load_torch_model
-    from lakescore.udfs.generate_options import model_context, require_room
+    from lakescore.udfs.options.generate import model_context, require_room
     from lakescore.udfs.heads.hf_models import load_tokenizer
     from lakescore.udfs.models.model_source import refuse_pickle_weights, require_directory
     from lakescore.udfs.registry import get_task

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from lakescore.udfs.generate_options import GenerateOptions
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.heads.generate import Generator
 from lakescore.udfs.models.errors import UnfitModelError
 from lakescore.udfs.models.model_source import ModelSpec
@@ -131,7 +131,7 @@ def load_image_prompt_generator(spec: ModelSpec, model_dir: Path) -> ImagePrompt
     vision-language model, or whose processor has no chat template."""
     from transformers import AutoConfig, AutoProcessor
 
-    from lakescore.udfs.generate_options import model_context, require_room
+    from lakescore.udfs.options.generate import model_context, require_room
     from lakescore.udfs.models.backends import ModelKind, load_torch_model
     from lakescore.udfs.models.model_source import refuse_pickle_weights, require_directory
     from lakescore.udfs.registry import get_task

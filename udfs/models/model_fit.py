@@ -15,26 +15,14 @@ what does not fit.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
+from lakescore.udfs.models.json_files import NO_TOKENIZER_LIMIT, read_json
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named
 
 __all__ = ["check_model_fits", "read_json", "architectures", "NO_TOKENIZER_LIMIT"]
-
-NO_TOKENIZER_LIMIT = 1_000_000
-"""A ``tokenizer.model_max_length`` at or above this records no limit (transformers' placeholder is 1e30)."""
-
-
-def read_json(path: Path) -> Optional[dict[str, Any]]:
-    """The JSON object in ``path``; ``None`` when it is absent or not a JSON object (the executors' load reports why)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def architectures(config: dict[str, Any]) -> tuple[str, ...]:

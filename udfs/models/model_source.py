@@ -26,19 +26,23 @@ The weights digest is what every output row carries as ``model_sha256``:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import field, fields, make_dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from lakescore.udfs.models.errors import ModelIntegrityError, ModelSourceError, UnfitModelError
-from lakescore.udfs.model_options import BACKENDS, DEVICES, DRIVER_ONLY, DTYPES, POOLING_MODES, QUANTIZATIONS, ModelOptions
+from lakescore.udfs.options.model import BACKENDS, DEVICES, DRIVER_ONLY, DTYPES, POOLING_MODES, QUANTIZATIONS, ModelOptions
+
+if TYPE_CHECKING:  # the sections' types only: they are built by the config, never here
+    from lakescore.udfs.options.embed import EmbedOptions
+    from lakescore.udfs.options.generate import GenerateOptions
 
 __all__ = [
     "ModelSourceError",
     "ModelIntegrityError",
     "UnfitModelError",
     "ModelSpec",
-    "is_remote",
+    "needs_staging",
     "is_mlflow_uri",
     "shipped_name",
     "resolve_model_dir",
@@ -71,8 +75,38 @@ PICKLE_SUFFIXES = (".bin", ".pth", ".ckpt")
 _CHUNK = 8 << 20
 
 
-class _SpecMethods:
-    """What :class:`ModelSpec` computes from its fields."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything a worker needs to load the same model the driver chose.
+
+    Small, frozen and picklable: it is what crosses to the executors, never the model itself. It is also the
+    process-wide cache key. Its fields are the ``model`` section's (:class:`~lakescore.udfs.options.model.ModelOptions`,
+    in its order and with its defaults; tests/unit/test_model_source.py keeps them in step) but
+    :data:`~lakescore.udfs.options.model.DRIVER_ONLY`, plus the ``task``, a tabular model's ``feature_cols`` (in the
+    order the program takes them), the ``generate`` and ``embed`` tasks' settings
+    (:class:`~lakescore.udfs.options.generate.GenerateOptions`, :class:`~lakescore.udfs.options.embed.EmbedOptions`)
+    and the name of another input kind the task reads than its own (``input_kind``).
+    """
+
+    task: str
+    source: str
+    revision: Optional[str] = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    expect_sha256: Optional[str] = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    cache_dir: str = field(default="~/.cache/lakescore/models", compare=False)  # where, not what: outside the key
+    max_seq_length: Optional[int] = None
+    pooling: Optional[str] = None
+    normalize: Optional[bool] = None
+    prompt_name: Optional[str] = None
+    backend: str = "torch"
+    quantize: str = "none"
+    feature_cols: tuple[str, ...] = ()
+    generate: Optional[GenerateOptions] = None
+    embed: Optional[EmbedOptions] = None
+    input_kind: Optional[str] = None
 
     def identity(self) -> dict:
         """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key. ``generate`` counts
@@ -111,53 +145,24 @@ class _SpecMethods:
     def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), input_kind: Optional[str] = None,
            **task_options: Any) -> "ModelSpec":
         """The spec of ``task`` with the ``model`` section's settings (the weights digest pin in lower case) and the
-        task's own section by its name (``generate=``: :class:`~lakescore.udfs.generate_options.GenerateOptions`,
-        ``embed=``: :class:`~lakescore.udfs.embed_options.EmbedOptions`); ``input_kind``: the name of another input
+        task's own section by its name (``generate=``: :class:`~lakescore.udfs.options.generate.GenerateOptions`,
+        ``embed=``: :class:`~lakescore.udfs.options.embed.EmbedOptions`); ``input_kind``: the name of another input
         kind the task reads than its own (:attr:`lakescore.udfs.registry.Task.other_inputs`)."""
-        settings = {name: getattr(model, name) for name in _MODEL_SETTINGS}
+        settings = {name: getattr(model, name) for name in MODEL_SETTINGS}  # the section's fields, by their names
         pin = settings["expect_sha256"]
         settings["expect_sha256"] = pin.lower() if pin else None
         return cls(task=task, **settings, feature_cols=feature_cols, input_kind=input_kind, **task_options)
 
 
-_MODEL_SETTINGS = tuple(name for name in ModelOptions.model_fields if name not in DRIVER_ONLY)
-"""The ``model`` section's settings a worker reads: the spec's fields besides the task's."""
-
-
-def _spec_fields() -> Iterator[tuple]:
-    """The spec's fields: the task, then each of :data:`_MODEL_SETTINGS` as the section declares it (``source``
-    required; ``cache_dir`` outside equality, hashing and :meth:`~_SpecMethods.identity`), then what the job derives."""
-    yield "task", str
-    for name in _MODEL_SETTINGS:
-        info = ModelOptions.model_fields[name]
-        if name == "source":  # what the spec is of: the one setting without a default
-            yield name, str
-        else:
-            yield name, info.annotation, field(default=info.default, compare=name != "cache_dir")
-    yield "feature_cols", "tuple[str, ...]", field(default=())
-    yield "generate", "Optional[GenerateOptions]", field(default=None)  # a name only: the options import this module
-    yield "embed", "Optional[EmbedOptions]", field(default=None)
-    yield "input_kind", "Optional[str]", field(default=None)
-
+MODEL_SETTINGS = tuple(name for name in ModelOptions.model_fields if name not in DRIVER_ONLY)
+"""The ``model`` section's settings a worker reads: the spec's fields after ``task``, up to ``feature_cols``."""
 
 _TASK_SECTIONS = ("generate", "embed")
-"""The spec's fields holding a task's own settings section, each counted in :meth:`~_SpecMethods.identity` only when
+"""The spec's fields holding a task's own settings section, each counted in :meth:`~ModelSpec.identity` only when
 it says something (so a spec without one keeps the digests it had before the field existed)."""
 
 
-ModelSpec = make_dataclass("ModelSpec", list(_spec_fields()), bases=(_SpecMethods,), frozen=True)
-ModelSpec.__module__ = __name__  # pickled by name: executors import it from here
-ModelSpec.__doc__ = """Everything a worker needs to load the same model the driver chose.
-
-Small, frozen and picklable: it is what crosses to the executors, never the model itself. It is also the process-wide
-cache key. Its fields are the ``model`` section's (:class:`~lakescore.udfs.model_options.ModelOptions`, declared
-there once) but :data:`~lakescore.udfs.model_options.DRIVER_ONLY`, plus the ``task``, a tabular model's
-``feature_cols`` (in the order the program takes them) and the ``generate`` and ``embed`` tasks' settings
-(:class:`~lakescore.udfs.generate_options.GenerateOptions`, :class:`~lakescore.udfs.embed_options.EmbedOptions`).
-"""
-
-
-def is_remote(source: str) -> bool:
+def needs_staging(source: str) -> bool:
     """True for a URI (``scheme:/...``: Hadoop filesystems, MLflow) that must be staged to local disk first."""
     scheme, sep, _ = source.partition(":")
     return bool(sep) and len(scheme) > 1 and scheme.replace("+", "").replace("-", "").isalnum()
@@ -188,7 +193,7 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
 
     Raises :class:`ModelSourceError` naming the source when none of these works.
     """
-    if is_remote(source):
+    if needs_staging(source):
         staged = staged_copy(source, revision)
         if staged is None:
             raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.model_staging)")

@@ -3,7 +3,7 @@ lakescore serves on each executor host (``generate.server``, ``embed.server``).
 
 One place for everything remote, shared by every remote head:
 
-- :mod:`~lakescore.udfs.remote.options`: the settings (plain pydantic; importable without the HTTP client);
+- the settings live in :mod:`~lakescore.udfs.options.remote` (plain pydantic; importable without the HTTP client);
 - :mod:`~lakescore.udfs.remote.client`: the one HTTP client (httpx): retries, ``Retry-After``, the circuit breaker,
   the key's scrubber and the request counts the run reports;
 - :mod:`~lakescore.udfs.remote.rate_limit`: the requests- and tokens-per-minute limit shared by a host's processes;

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from lakescore.udfs.remote.options import EndpointOptions, ServerOptions
+from lakescore.udfs.options.remote import EndpointOptions, ServerOptions
 from lakescore.udfs.models.model_source import ModelSourceError
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
@@ -285,7 +285,7 @@ def token_logprobs(choice: Mapping[str, Any], api: str) -> Optional[tuple[float,
         return None
 
 
-class _Gate:
+class _CircuitBreaker:
     """Counts failed requests in a row across a process's threads; past the bound every request raises
     :class:`EndpointDown`."""
 
@@ -331,7 +331,7 @@ class EndpointClient:
         self._key = api_key
         self.recover, self.sleep = recover, sleep
         self.stats = ClientStats()
-        self.gate = _Gate(settings.max_consecutive_failures, f"{self.url} (model {model})")
+        self.breaker = _CircuitBreaker(settings.max_consecutive_failures, f"{self.url} (model {model})")
         self.limit = HostRateLimit(f"{self.url}\x00{model}", settings.requests_per_minute, settings.tokens_per_minute)
         headers = {"Content-Type": "application/json"}
         if api_key:
@@ -396,7 +396,7 @@ class EndpointClient:
         bound of failures in a row. ``parse``'s result, when it has ``tokens``, settles the token limit."""
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
-            self.gate.check()
+            self.breaker.check()
             self.limit.acquire(estimated_tokens)
             status: Optional[int] = None
             wait: Optional[float] = None
@@ -424,14 +424,14 @@ class EndpointClient:
                         payload = response.json()
                         result = parse(payload) if parse is not None else Reply(payload)
                     except Unfinished as exc:  # the server works; the row's answer is not the model's whole text
-                        self.gate.success()
+                        self.breaker.success()
                         self.stats.add(failed=1)
                         raise exc from None
                     except ValueError as exc:  # not JSON (json's error is a ValueError), or Malformed
                         message = (f"a malformed answer: {exc}" if isinstance(exc, Malformed)
                                    else f"a response that is not JSON: {response.text[:200]!r}")
                     else:
-                        self.gate.success()
+                        self.breaker.success()
                         tokens = getattr(result, "tokens", None)
                         self.limit.settle(estimated_tokens, estimated_tokens if tokens is None else tokens)
                         return result
@@ -443,7 +443,7 @@ class EndpointClient:
             if status == 429:
                 self.stats.add(rate_limited=1)
             else:
-                self.gate.failure(f"HTTP {status}: {message}" if status else message)
+                self.breaker.failure(f"HTTP {status}: {message}" if status else message)
             if not retryable or attempt == attempts - 1:
                 self.stats.add(failed=1)
                 raise EndpointError(status, message, kind)

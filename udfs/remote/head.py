@@ -20,7 +20,7 @@ import numpy as np
 
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.remote.client import EndpointClient, EndpointDown, EndpointError, Reply
-from lakescore.udfs.remote.options import MODELS_LISTING
+from lakescore.udfs.options.remote import MODELS_LISTING
 
 __all__ = [
     "RemoteHead", "open_client", "endpoint_identity", "models_listing", "canonical_entry", "canonical_json",
@@ -163,7 +163,7 @@ class RemoteHead:
 
 
 def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[EndpointClient, Any]:
-    """The client for ``endpoint`` (:class:`~lakescore.udfs.remote.options.EndpointOptions`), or for ``server``: this
+    """The client for ``endpoint`` (:class:`~lakescore.udfs.options.remote.EndpointOptions`), or for ``server``: this
     host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
     (``None`` for an endpoint). :class:`~lakescore.udfs.remote.client.EndpointRefused` for a key named but not set;
     :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""

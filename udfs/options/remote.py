@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from lakescore.udfs.settings import ConfigError, Number, Section, Text, checked
+from lakescore.udfs.options.base import ConfigError, Number, Section, Text, checked
 
 __all__ = [
     "ENDPOINT_APIS", "ENGINES", "InputPrice", "Price", "RemoteEndpoint", "ServedEngine", "EndpointOptions", "ServerOptions",

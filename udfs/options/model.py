@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import Field, model_validator
 
 from lakescore.udfs.models.quantize import Tolerance
-from lakescore.udfs.settings import ConfigError, Fraction, Section, Text, checked, cli
+from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 
 __all__ = ["ModelOptions", "DRIVER_ONLY", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS", "POOLING_MODES"]
 

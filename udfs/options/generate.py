@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from lakescore.udfs.remote.options import EndpointOptions, ServerOptions, unsupported_settings
-from lakescore.udfs.registry import TASKS
-from lakescore.udfs.settings import ConfigError, Number, Section, Strings, Text, checked, cli
+from lakescore.udfs.models.json_files import NO_TOKENIZER_LIMIT, read_json
+from lakescore.udfs.options.base import ConfigError, Number, Section, Strings, Text, checked, cli
+from lakescore.udfs.options.remote import EndpointOptions, ServerOptions, unsupported_settings
 
 __all__ = [
     "GenerateOptions", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "CHOICE_SCORES", "FINISH_REASONS", "template_parts",
@@ -27,7 +27,7 @@ TRUNCATE_MODES = ("none", "left")
 CHOICE_SCORES = ("sum", "mean")
 """How ``choices`` are compared: ``sum`` of a choice's token log-probabilities (its probability as a continuation), or
 their ``mean`` per token (which does not favour choices of fewer tokens)."""
-FINISH_REASONS = TASKS["generate"].output_value_sets["finish_reason"]
+FINISH_REASONS = ("stop", "length", "choice")
 """``stop``: EOS, a stop string or the end of the JSON schema; ``length``: ``max_new_tokens`` reached; ``choice``: scored."""
 
 
@@ -189,9 +189,7 @@ def _check_json_schema(schema: dict) -> None:
 def model_context(positions: Optional[int], max_seq_length: Optional[int], tokenizer_limit: Optional[int]) -> Optional[int]:
     """The tokens a prompt plus its new tokens may hold: the smallest of the model's positions,
     ``model.max_seq_length`` and the tokenizer's ``model_max_length`` (one at or over
-    :data:`~lakescore.udfs.models.model_fit.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
-    from lakescore.udfs.models.model_fit import NO_TOKENIZER_LIMIT
-
+    :data:`~lakescore.udfs.models.json_files.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
     if tokenizer_limit is not None and tokenizer_limit >= NO_TOKENIZER_LIMIT:
         tokenizer_limit = None
     limits = [v for v in (positions, max_seq_length, tokenizer_limit) if v]
@@ -214,8 +212,6 @@ def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
 def check_context(spec: Any, model_dir: Path, config: dict) -> None:
     """The driver's :func:`require_room`, on the context ``config`` (the model's ``config.json``) and its
     ``tokenizer_config.json`` give (:func:`model_context`)."""
-    from lakescore.udfs.models.model_fit import read_json
-
     if getattr(spec, "input_kind", None) == "image" and "vision_config" not in config:
         # every vision-language model transformers loads (LLaVA, Idefics3, Qwen2-VL, Gemma 3, ...) has a vision tower
         from lakescore.udfs.models.errors import UnfitModelError

@@ -1,6 +1,6 @@
 """The ``embed`` task's settings (the config schema's ``embed`` section): chunked embedding of long documents, and an
 OpenAI-compatible ``/v1/embeddings`` endpoint or a served engine in place of the model loaded here (the generate
-task's remote settings, :mod:`lakescore.udfs.remote.options`, spelled the same).
+task's remote settings, :mod:`lakescore.udfs.options.remote`, spelled the same).
 
 Declared on the executors' side, as the ``generate`` section is: the workers' chunker
 (:mod:`lakescore.udfs.chunking`) takes :class:`ChunkOptions` as it is. ``docs/documents.md`` describes the rows a
@@ -12,8 +12,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from lakescore.udfs.remote.options import EmbedEndpointOptions, EmbedServerOptions
-from lakescore.udfs.settings import ConfigError, Section, cli
+from lakescore.udfs.options.remote import EmbedEndpointOptions, EmbedServerOptions
+from lakescore.udfs.options.base import ConfigError, Section, cli
 
 __all__ = ["ChunkOptions", "EmbedOptions", "DOCUMENT_VECTORS", "DEFAULT_MAX_CHUNKS"]
 

@@ -1,8 +1,8 @@
 """What the config schema's sections are built from: the base section, the value types YAML, ``--set``, flags and the
 Python API hand each kind of setting, and :class:`ConfigError`.
 
-It lives in ``udfs`` because the executors' settings objects (:class:`~lakescore.udfs.model_options.ModelOptions`,
-:class:`~lakescore.udfs.generate_options.GenerateOptions`) are sections of the schema
+It lives in ``udfs`` because the executors' settings objects (:class:`~lakescore.udfs.options.model.ModelOptions`,
+:class:`~lakescore.udfs.options.generate.GenerateOptions`) are sections of the schema
 (:mod:`lakescore.jobs.config`), declared once on this side of the driver/executor line.
 """
 
