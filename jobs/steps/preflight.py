@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import RunContext, ScoringLayout
-from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.answers import EndpointRefused
 from lakescore.udfs.remote.engine import EngineStartError, stop_engines_task
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError

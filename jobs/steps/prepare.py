@@ -337,7 +337,7 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
 
 def probe_endpoint(run: RunContext, plan: Plan) -> Plan:
     """``plan``, after the second part of the preflight of a model served elsewhere: the executors send the sample
-    with every setting of the run (:class:`~lakescore.udfs.remote.client.EndpointRefused` naming what happened, before
+    with every setting of the run (:class:`~lakescore.udfs.remote.answers.EndpointRefused` naming what happened, before
     any row), and the plan's identity counts those requests in the run's figures and cost. Only when the plan has
     chunks left to score whose rows have an input to send: a run with nothing to score (or only null inputs, which are
     dead-lettered without a request) sends the endpoint nothing. Other models probed already."""

@@ -36,7 +36,7 @@ from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
-from lakescore.udfs.remote.client import EndpointRefused
+from lakescore.udfs.remote.answers import EndpointRefused
 from lakescore.udfs.remote.engine import EngineServer, healthy
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output

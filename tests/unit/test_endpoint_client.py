@@ -13,9 +13,9 @@ from typing import Optional
 
 import pytest
 
-from lakescore.udfs.remote.client import (
-    EndpointClient, EndpointDown, EndpointError, backoff, parse_completion, request_body, retry_after,
-)
+from lakescore.udfs.remote.answers import EndpointDown, EndpointError
+from lakescore.udfs.remote.client import EndpointClient, backoff, retry_after
+from lakescore.udfs.remote.completions import complete, parse_completion, request_body
 from lakescore.udfs.options.remote import EndpointOptions, Price
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.remote.rate_limit import HostRateLimit
@@ -99,7 +99,7 @@ def test_a_429_is_retried_after_what_retry_after_says_and_counted(server):
                       (429, {"retry-after-ms": "250"}, {"error": {"message": "slow down"}}), _ok("fine")]
     waits: list[float] = []
     client = _client(url, waits)
-    completion = client.complete(GenerateOptions(max_new_tokens=4), "a prompt")
+    completion = complete(client, GenerateOptions(max_new_tokens=4), "a prompt")
     assert (completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens) == ("fine", "stop", 3, 2)
     assert waits == [7.0, 0.25]
     assert (client.stats.requests, client.stats.retries, client.stats.rate_limited, client.stats.failed) == (3, 2, 2, 0)
@@ -113,7 +113,7 @@ def test_5xx_backs_off_exponentially_then_the_row_fails_with_the_servers_message
     waits: list[float] = []
     client = _client(url, waits, max_retries=3)
     with pytest.raises(EndpointError) as failed:
-        client.complete(GenerateOptions(), "p")
+        complete(client, GenerateOptions(), "p")
     assert failed.value.status == 503 and failed.value.message == "engine overloaded"
     assert str(failed.value) == "HTTP 503: engine overloaded"
     assert len(waits) == 3 and all(0.5 * 2 ** i / 2 <= w <= 0.5 * 2 ** i for i, w in enumerate(waits))
@@ -126,10 +126,28 @@ def test_a_rows_own_4xx_is_not_retried_and_a_success_resets_the_failures_in_a_ro
     waits: list[float] = []
     client = _client(url, waits)
     with pytest.raises(EndpointError, match="HTTP 400: prompt is too long"):
-        client.complete(GenerateOptions(), "p")
+        complete(client, GenerateOptions(), "p")
     assert waits == [] and client.breaker.failures == 1
-    client.complete(GenerateOptions(), "p")
+    complete(client, GenerateOptions(), "p")
     assert client.breaker.failures == 0
+
+
+@pytest.mark.parametrize("status", [408, 409])
+def test_408_and_409_are_retried_and_then_the_servers_failure_not_the_contents(server, status):
+    """One meaning for 408 and 409 everywhere: retried as a passing failure, and once retries are spent neither a
+    refusal of the content (an embed request is not split over them) nor of the run's settings (the preflight)."""
+    from lakescore.udfs.remote.answers import content_refused, what_happened
+
+    script, url = server
+    script.answers = [(status, {}, {"error": {"message": "try again"}})]
+    waits: list[float] = []
+    client = _client(url, waits, max_retries=2)
+    with pytest.raises(EndpointError) as failed:
+        complete(client, GenerateOptions(), "p")
+    assert len(waits) == 2 and (client.stats.requests, client.stats.retries, client.stats.failed) == (3, 2, 1)
+    assert not content_refused(failed.value)
+    assert what_happened(failed.value, 2).startswith("failed the preflight's request")
+    assert content_refused(EndpointError(400, "too long"))  # a 4xx of the content's own: split, refused
 
 
 def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
@@ -141,12 +159,12 @@ def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
     waits: list[float] = []
     client = _client(url, waits, max_consecutive_failures=3, max_retries=5)
     with pytest.raises(EndpointDown) as down:
-        client.complete(GenerateOptions(), "p")
+        complete(client, GenerateOptions(), "p")
     line = str(down.value)
     assert "\n" not in line and url in line and "model tiny" in line and "3 requests in a row" in line
     assert "ConnectError" in line
     with pytest.raises(EndpointDown):  # every later row too, without a request
-        client.complete(GenerateOptions(), "p")
+        complete(client, GenerateOptions(), "p")
     assert len(waits) == 2  # three attempts, the third stopped it
     assert client.stats.requests == client.stats.retries == 0  # none reached a server: nothing to count or pay
 
@@ -156,7 +174,7 @@ def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(s
     script.answers = [(401, {}, {"error": {"message": f"Incorrect API key provided: {KEY}"}})]
     client = _client(url, [], key=KEY)
     with pytest.raises(EndpointError) as failed:
-        client.complete(GenerateOptions(), "p")
+        complete(client, GenerateOptions(), "p")
     assert KEY not in str(failed.value) and "***" in str(failed.value)
     assert script.auth == [f"Bearer {KEY}"] and KEY not in json.dumps(script.seen)
 
@@ -309,7 +327,7 @@ def test_the_models_listing_is_canonical_and_leaves_out_what_each_answer_makes_a
 
 
 def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(server):
-    from lakescore.udfs.remote.client import EndpointRefused
+    from lakescore.udfs.remote.answers import EndpointRefused
     from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.registry import get_task
 
@@ -406,7 +424,7 @@ def test_a_server_that_echoes_the_request_headers_never_puts_the_key_in_an_error
 
 def test_the_preflight_says_what_happened(server):
     """Rate limited, timed out and malformed are worded as such (before: all three "refused the run's settings")."""
-    from lakescore.udfs.remote.client import EndpointRefused
+    from lakescore.udfs.remote.answers import EndpointRefused
 
     script, url = server
     script.answers = [(429, {"Retry-After": "0"}, {"error": {"message": "slow down"}})]

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from lakescore.jobs.config import ConfigError, load_config
-from lakescore.udfs.remote.client import Malformed
-from lakescore.udfs.remote.embed import cut_requests, parse_embeddings, served_args
+from lakescore.udfs.remote.answers import Malformed
+from lakescore.udfs.remote.embed import cut_requests, served_args
+from lakescore.udfs.remote.embeddings import parse_embeddings
 
 BASE = {"input": "db.reviews", "output": "db.embeddings", "task": "embed", "id_col": "id", "text_col": "body"}
 ENDPOINT = {"embed.endpoint.url": "https://api.example.com/v1", "embed.endpoint.model": "minilm"}

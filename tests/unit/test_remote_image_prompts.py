@@ -11,7 +11,7 @@ from PIL import Image
 
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.images import decode_image
-from lakescore.udfs.remote.client import request_body
+from lakescore.udfs.remote.completions import request_body
 from lakescore.udfs.remote.image_prompts import image_payload
 from tests.tiny_vision import encoded, picture
 

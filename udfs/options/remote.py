@@ -91,8 +91,8 @@ class _Client(Section):
     timeout_s: Number = Field(120.0, gt=0)
     """Seconds one request may take before it is retried."""
     max_retries: int = Field(6, ge=0, le=50)
-    """Retries of a request answered 408, 409, 429, 500, 502, 503 or 504 (the client's ``RETRY_STATUSES``), or lost to
-    a connection error or timeout: exponential backoff with
+    """Retries of a request answered 408, 409, 429, 500, 502, 503 or 504 (``RETRY_STATUSES`` of
+    :mod:`lakescore.udfs.remote.answers`), or lost to a connection error or timeout: exponential backoff with
     jitter, or what the server's ``Retry-After`` says; then the row is dead-lettered ``endpoint_error``."""
     max_consecutive_failures: int = Field(16, ge=1)
     """Failed requests in a row (429s aside) after which the run stops: a dead or refusing endpoint does not burn

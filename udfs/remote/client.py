@@ -1,9 +1,11 @@
-"""The OpenAI-compatible client behind ``generate.endpoint`` and ``generate.server``: one request per row.
+"""The OpenAI-compatible client behind ``generate.endpoint``/``server`` and ``embed.endpoint``/``server``: the
+transport every remote API shares, whatever its wire format (:mod:`~lakescore.udfs.remote.completions`,
+:mod:`~lakescore.udfs.remote.embeddings`).
 
-Each row's request is built from the generate settings (:func:`request_body`), sent by a pool of threads bounded per
-task (``concurrency``), through a host-wide rate limit (:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a
-timeout per request and retries on the statuses of :data:`RETRY_STATUSES`, timeouts and lost connections: exponential backoff with jitter, or the
-server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
+Each request is sent by a pool of threads bounded per task (``concurrency``), through a host-wide rate limit
+(:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a timeout per request and retries on what
+:func:`~lakescore.udfs.remote.answers.retryable` says (statuses, timeouts and lost connections): exponential backoff
+with jitter, or the server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
 with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
 raises :class:`EndpointDown` for every row in flight, which fails the task and the run in one line.
 
@@ -27,28 +29,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from lakescore.udfs.options.remote import EndpointOptions, ServerOptions
-from lakescore.udfs.models.model_source import ModelSourceError
+from lakescore.udfs.options.remote import RemoteEndpoint, ServedEngine
+from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Malformed, Unfinished, retryable
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
-__all__ = [
-    "EndpointError", "EndpointDown", "EndpointRefused", "Reply", "Completion", "ClientStats", "EndpointClient",
-    "request_body", "parse_completion", "token_logprobs", "retry_after", "backoff", "Unhonoured", "Malformed",
-    "Unfinished", "scrub", "FINISHED",
-]
+__all__ = ["Reply", "ClientStats", "EndpointClient", "retry_after", "backoff", "scrub", "ESTIMATED_CHARS_PER_TOKEN"]
 
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
-"""Statuses a request is retried on: the server's overload or a passing failure, never the request's own fault."""
 MAX_RETRY_AFTER_S = 300.0
 """The longest ``Retry-After`` honoured; a server asking for more is waited this long."""
 ESTIMATED_CHARS_PER_TOKEN = 4
 """How a prompt's tokens are guessed for the tokens-per-minute limit before the server counts them (OpenAI's rule of
 thumb for English; the guess is settled from ``usage`` after)."""
 
-
-FINISHED = ("stop", "length")
-"""The ``finish_reason`` of a whole answer: the model stopped, or reached ``max_tokens``. Any other (``content_filter``,
-``abort``, ``tool_calls``) is an answer that is not the model's whole text: dead-lettered ``endpoint_unfinished``."""
 
 _AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+|(bearer\s+)[^\s\"',}\]]+")
 
@@ -63,80 +55,12 @@ def scrub(text: str, secrets: Sequence[str] = ()) -> str:
     return _AUTHORIZATION.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
 
 
-class EndpointError(RuntimeError):
-    """One row's request failed for good: ``status`` (``None`` for a connection error or timeout) and the server's
-    message; ``kind`` says what happened (``status``: the server's error status, ``rate_limited``: 429 after every retry,
-    ``timeout``, ``connection``, ``malformed``: a 200 whose body is not a whole OpenAI answer). The row is dead-lettered
-    ``endpoint_error``."""
-
-    reason = "endpoint_error"
-
-    def __init__(self, status: Optional[int], message: str, kind: Optional[str] = None) -> None:
-        self.status, self.message = status, message
-        self.kind = kind or ("rate_limited" if status == 429 else "status" if status is not None else "connection")
-        super().__init__(f"HTTP {status}: {message}" if status is not None else message)
-
-
-class Malformed(ValueError):
-    """A 200 answer that is not a whole, well-formed answer to the request (no text, no or an unknown
-    ``finish_reason``, impossible ``usage``): the row's error, and a failure toward ``max_consecutive_failures``."""
-
-
-class Unfinished(EndpointError):
-    """A well-formed answer the server did not finish (``finish_reason`` ``content_filter``, ``abort``, ...): the row
-    is dead-lettered ``endpoint_unfinished`` with that reason, never published as ``stop``. The server works: this is
-    no failure toward ``max_consecutive_failures``."""
-
-    reason = "endpoint_unfinished"
-
-    def __init__(self, finish_reason: str) -> None:
-        self.finish_reason = finish_reason
-        super().__init__(200, f"the server ended the answer with finish_reason {finish_reason!r}", kind="unfinished")
-
-
-class Unhonoured(EndpointError):
-    """A response that shows the server ignored one of the run's settings (``setting``): the row's error, and in the
-    preflight the run's refusal."""
-
-    def __init__(self, setting: str, message: str) -> None:
-        self.setting = setting
-        super().__init__(200, message)
-
-
-class EndpointDown(RuntimeError):
-    """The endpoint failed ``max_consecutive_failures`` requests in a row: the run stops, in one line naming the
-    endpoint and the last error. Not a row's failure: it is never dead-lettered."""
-
-
-class EndpointRefused(ModelSourceError):
-    """The preflight found a setting the endpoint cannot honour, or an endpoint that does not answer: one line, before
-    any row is sent (a model source that cannot serve the run)."""
-
-
 @dataclass(frozen=True)
 class Reply:
     """A successful response's JSON body, and its headers (lower-case names)."""
 
     body: Mapping[str, Any]
     headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
-    reports (``None`` for both when the answer has no ``usage``: unknown, not 0) and, where the response holds them,
-    each generated token's log-probability."""
-
-    text: str
-    finish_reason: str
-    prompt_tokens: Optional[int]
-    completion_tokens: Optional[int]
-    token_logprobs: Optional[tuple[float, ...]] = None
-
-    @property
-    def tokens(self) -> Optional[int]:
-        """Prompt and completion tokens together, as ``usage`` said; ``None`` when it said nothing."""
-        return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
 
 
 @dataclass
@@ -190,101 +114,6 @@ def retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Opti
     return None if seconds is None else min(MAX_RETRY_AFTER_S, max(0.0, seconds))
 
 
-def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None,
-                 image: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    """The request for one prompt under the generate settings ``options``: every setting mapped to its request
-    field, none dropped (a server that cannot honour one refuses it, and the preflight says so). ``image``: a content
-    part (``{"type": "image_url", ...}``) the user message holds before the prompt's text part (chat only)."""
-    body: dict[str, Any] = {"model": endpoint_model, "max_tokens": options.max_new_tokens, "temperature": options.temperature}
-    system = options.system_prompt
-    if image is not None and api != "chat":
-        raise ValueError("an image is sent through the chat API only")
-    if api == "chat":
-        user = prompt if image is None else [dict(image), {"type": "text", "text": prompt}]
-        body["messages"] = ([{"role": "system", "content": system}] if system is not None else []) + [
-            {"role": "user", "content": user}]
-    else:
-        body["prompt"] = prompt if system is None else f"{system}\n\n{prompt}"
-    if options.top_p < 1:
-        body["top_p"] = options.top_p
-    if seed is not None and not options.greedy:
-        body["seed"] = seed
-    if options.stop:
-        body["stop"] = list(options.stop)
-    if getattr(options, "logprobs", False):  # the chosen tokens' log-probabilities: a flag in chat, a count in completions
-        body["logprobs"] = True if api == "chat" else 1
-    if options.json_schema is not None:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "row", "schema": json.loads(options.json_schema), "strict": True}}
-    # vLLM's and SGLang's names for the sampling settings the OpenAI API lacks
-    for setting, name, neutral in (("top_k", "top_k", 0), ("repetition_penalty", "repetition_penalty", 1.0),
-                                   ("min_new_tokens", "min_tokens", 0), ("stop_token_ids", "stop_token_ids", ())):
-        value = getattr(options, setting, None)
-        if value is not None and value != neutral:
-            body[name] = list(value) if isinstance(value, tuple) else value
-    return body
-
-
-def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = (),
-                     max_tokens: Optional[int] = None) -> Completion:
-    """One response's :class:`Completion`, only when it is a whole, well-formed answer to the request:
-    :class:`Malformed` naming what it lacks (no text, no ``finish_reason``, ``usage`` that is not two whole numbers of
-    at least 0, or more completion tokens than the request's ``max_tokens``), :class:`Unfinished` for a
-    ``finish_reason`` other than :data:`FINISHED`. The text is cut before the first ``stop`` string the server left in it
-    (some servers keep it). An answer without ``usage`` has unknown (``None``) tokens."""
-    try:
-        choice = body["choices"][0]
-        text = choice["message"]["content"] if api == "chat" else choice["text"]
-    except (KeyError, IndexError, TypeError):
-        raise Malformed(f"the response holds no {'message' if api == 'chat' else 'text'}: {json.dumps(body)[:300]}") from None
-    if text is not None and not isinstance(text, str):
-        raise Malformed(f"the response's text is not a string: {json.dumps(text)[:100]}")
-    finish = choice.get("finish_reason") if isinstance(choice, Mapping) else None
-    if not isinstance(finish, str) or not finish:
-        raise Malformed(f"the response has no finish_reason: {json.dumps(body)[:300]}")
-    if finish not in FINISHED:
-        raise Unfinished(finish)
-    text = text or ""  # a model that stops at once: an empty text, finished, as in-process
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-    if cut >= 0:
-        text = text[:cut]
-    prompt_tokens, completion_tokens = _usage(body.get("usage"), max_tokens)
-    return Completion(text, finish, prompt_tokens, completion_tokens, token_logprobs(choice, api))
-
-
-def _usage(usage: Any, max_tokens: Optional[int]) -> tuple[Optional[int], Optional[int]]:
-    """``usage``'s prompt and completion tokens; ``(None, None)`` when the answer has none; :class:`Malformed` when
-    they cannot be true (not whole numbers, below 0, more completion tokens than were allowed)."""
-    if usage is None:
-        return None, None
-    counts = []
-    for name in ("prompt_tokens", "completion_tokens"):
-        value = usage.get(name) if isinstance(usage, Mapping) else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise Malformed(f"the response's usage is impossible ({name} {json.dumps(value)}): {json.dumps(usage)[:200]}")
-        counts.append(value)
-    if max_tokens is not None and counts[1] > max_tokens:
-        raise Malformed(f"the response's usage is impossible ({counts[1]} completion tokens, {max_tokens} allowed)")
-    return counts[0], counts[1]
-
-
-def token_logprobs(choice: Mapping[str, Any], api: str) -> Optional[tuple[float, ...]]:
-    """The generated tokens' log-probabilities in a response's ``choice``: the chat API's ``logprobs.content[].logprob``,
-    the completions API's ``logprobs.token_logprobs``; ``None`` when it holds none (a server that ignored the
-    request's ``logprobs``)."""
-    found = choice.get("logprobs")
-    if not isinstance(found, Mapping):
-        return None
-    try:
-        if api == "chat":
-            content = found.get("content")
-            return None if content is None else tuple(float(token["logprob"]) for token in content)
-        values = found.get("token_logprobs")
-        return None if values is None else tuple(float(v) for v in values)
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 class _CircuitBreaker:
     """Counts failed requests in a row across a process's threads; past the bound every request raises
     :class:`EndpointDown`."""
@@ -315,19 +144,18 @@ class _CircuitBreaker:
 
 
 class EndpointClient:
-    """Requests to one OpenAI-compatible server, as ``settings`` (:class:`EndpointOptions` or, for a served engine,
-    :class:`ServerOptions` with its ``url`` and ``model`` given) bound them.
+    """Requests to one OpenAI-compatible server, as ``settings`` (an endpoint's or, for a served engine, its
+    settings with its ``url`` and ``model`` given) bound them.
 
     ``recover``: called after a connection error (a served engine restarts a crashed process through it); True when it
     brought the server back, and the request is then retried without counting as a failure.
     """
 
-    def __init__(self, settings: EndpointOptions | ServerOptions, url: str, model: str, *, api_key: Optional[str] = None,
+    def __init__(self, settings: RemoteEndpoint | ServedEngine, url: str, model: str, *, api_key: Optional[str] = None,
                  recover: Optional[Callable[[], bool]] = None, sleep: Callable[[float], None] = time.sleep) -> None:
         import httpx2
 
         self.settings, self.url, self.model = settings, url.rstrip("/"), model
-        self.api = getattr(settings, "api", None)  # generate's: which route prompts go to (an embed head names its own)
         self._key = api_key
         self.recover, self.sleep = recover, sleep
         self.stats = ClientStats()
@@ -347,7 +175,7 @@ class EndpointClient:
         answer came in time."""
 
     @staticmethod
-    def key_from_env(settings: EndpointOptions) -> Optional[str]:
+    def key_from_env(settings: RemoteEndpoint) -> Optional[str]:
         """The API key from the environment variable ``settings.api_key_env`` names; ``EndpointRefused`` when it is
         named but not set (on a cluster: ``spark.executorEnv.<NAME>``)."""
         if settings.api_key_env is None:
@@ -367,10 +195,6 @@ class EndpointClient:
     def close(self) -> None:
         self.http.close()
 
-    @property
-    def path(self) -> str:
-        return "/chat/completions" if self.api == "chat" else "/completions"
-
     def get(self, path: str) -> Optional[Reply]:
         """``GET <url><path>``; ``None`` when the server does not answer it with JSON. Only a 429 is asked again (up to
         ``max_retries`` times, after what its ``Retry-After`` says): a server's pace, not its answer."""
@@ -389,8 +213,8 @@ class EndpointClient:
         return None
 
     def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
-             parse: Optional[Callable[[Mapping[str, Any]], Any]] = None, path: Optional[str] = None) -> Any:
-        """``POST`` ``body`` to the API (``path``, default the generate API's :attr:`path`), retried as the settings say; what ``parse`` makes of the answer's JSON (the
+             parse: Optional[Callable[[Mapping[str, Any]], Any]] = None, path: str = "/completions") -> Any:
+        """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's JSON (the
         :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
         that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
         bound of failures in a row. ``parse``'s result, when it has ``tokens``, settles the token limit."""
@@ -402,7 +226,7 @@ class EndpointClient:
             wait: Optional[float] = None
             kind: Optional[str] = None
             try:
-                response = self.http.post(self.url + (path or self.path), content=json.dumps(body))
+                response = self.http.post(self.url + path, content=json.dumps(body))
             except self._transport_errors as exc:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 kind = "timeout" if isinstance(exc, self._timeouts) else "connection"
@@ -439,33 +263,17 @@ class EndpointClient:
                     message = _server_message(response)
                     wait = retry_after(response.headers)
             message = self.scrub(message)
-            retryable = kind in ("timeout", "connection") or status in RETRY_STATUSES
+            again = retryable(kind, status)
             if status == 429:
                 self.stats.add(rate_limited=1)
             else:
                 self.breaker.failure(f"HTTP {status}: {message}" if status else message)
-            if not retryable or attempt == attempts - 1:
+            if not again or attempt == attempts - 1:
                 self.stats.add(failed=1)
                 raise EndpointError(status, message, kind)
             self.stats.add(retries=int(received))
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
-
-    def complete(self, options: Any, prompt: str, seed: Optional[int] = None,
-                 image: Optional[Mapping[str, Any]] = None) -> Completion:
-        """One prompt's :class:`Completion` under the generate settings ``options``, with ``image`` (a content part)
-        before it where given (errors as :meth:`post`). The tokens-per-minute guess counts the prompt's text only (an
-        image's tokens are the server's to count); ``usage`` settles it."""
-        body = request_body(options, self.model, self.api, prompt, seed, image)
-        estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
-        completion = self.post(body, estimate, lambda answer: parse_completion(answer, self.api, options.stop,
-                                                                               options.max_new_tokens))
-        if completion.tokens is None:
-            self.stats.add(unmetered=1)
-        else:
-            self.stats.add(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens)
-        return completion
-
 
 def _server_message(response: Any) -> str:
     """The error a response carries: OpenAI's ``{"error": {"message": ..}}``, FastAPI's ``{"detail": ..}``, else its

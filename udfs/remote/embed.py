@@ -9,31 +9,27 @@ preflight (:meth:`EndpointEmbedder.score`) sends one such request, and a server 
 one line. The output is the in-process head's ``embedding`` column, L2-normalised here as in-process normalises it.
 
 A request that fails for good is settled by what failed: a status the server gives the request's content (a 4xx
-other than 429) is split in halves and each sent again, down to the one text it refuses (dead-lettered
+other than 408, 409 and 429: :func:`~lakescore.udfs.remote.answers.content_refused`) is split in halves and each sent again, down to the one text it refuses (dead-lettered
 ``endpoint_error`` alone); anything else (429, 5xx, timeouts, lost connections, after their retries, or a malformed
 answer) dead-letters every row of the request, as the server, not a text, failed. ``usage.prompt_tokens`` is the run's
-tokens (and its cost with ``price.input``); :class:`~lakescore.udfs.remote.client.EndpointDown` stops the run.
+tokens (and its cost with ``price.input``); :class:`~lakescore.udfs.remote.answers.EndpointDown` stops the run.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from lakescore.udfs.batching import Scored
-from lakescore.udfs.remote.client import (
-    ESTIMATED_CHARS_PER_TOKEN, EndpointClient, EndpointDown, EndpointError, EndpointRefused, Malformed,
-)
+from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, content_refused, what_happened
+from lakescore.udfs.remote.client import EndpointClient
+from lakescore.udfs.remote.embeddings import SERVER_LIMIT, post_embeddings
 from lakescore.udfs.remote.head import RemoteHead, open_client
 
-__all__ = ["EndpointEmbedder", "Embeddings", "load_remote_embedder", "cut_requests", "parse_embeddings", "REQUEST_CHARS",
-           "SERVER_LIMIT", "served_args"]
-
-EMBEDDINGS = "/embeddings"
+__all__ = ["EndpointEmbedder", "load_remote_embedder", "cut_requests", "REQUEST_CHARS", "served_args"]
 
 REQUEST_CHARS = 1 << 20
 """Characters one request carries at most (a text longer than this goes alone). Requests are cut by inputs
@@ -41,25 +37,6 @@ REQUEST_CHARS = 1 << 20
 characters is wrong by a factor for other scripts than English. The server truncates each input at the model's limit,
 so its work per input is bounded whatever a text's length; this bound keeps a request's body of a size every server
 takes."""
-
-SERVER_LIMIT = -1
-"""``truncate_prompt_tokens`` when no limit is known here (an endpoint without ``model.max_seq_length``): vLLM's
-"the model's own limit" (its ``max_model_len``)."""
-
-
-@dataclass(frozen=True)
-class Embeddings:
-    """One request's answer: a vector per input, in input order, and the prompt tokens ``usage`` reports (``None``
-    when the answer has no ``usage``)."""
-
-    vectors: np.ndarray
-    prompt_tokens: Optional[int]
-
-    @property
-    def tokens(self) -> Optional[int]:
-        """What the host's tokens-per-minute limit settles with."""
-        return self.prompt_tokens
-
 
 def cut_requests(lengths: Sequence[int], max_inputs: int, max_chars: int = REQUEST_CHARS) -> list[list[int]]:
     """The positions ``0..len(lengths)-1`` in requests of at most ``max_inputs`` inputs and ``max_chars`` characters
@@ -76,33 +53,6 @@ def cut_requests(lengths: Sequence[int], max_inputs: int, max_chars: int = REQUE
     if current:
         requests.append(current)
     return requests
-
-
-def parse_embeddings(body: Mapping[str, Any], inputs: int) -> Embeddings:
-    """A ``/v1/embeddings`` answer's vectors, only when it is a whole answer to a request of ``inputs`` texts: one
-    vector per ``index`` ``0..inputs-1``, all of one length, finite numbers; :class:`Malformed` naming what it lacks
-    otherwise (or ``usage`` whose ``prompt_tokens`` is not a whole number of at least 0)."""
-    data = body.get("data") if isinstance(body, Mapping) else None
-    if not isinstance(data, list) or len(data) != inputs:
-        found = len(data) if isinstance(data, list) else "no"
-        raise Malformed(f"the response holds {found} embeddings for {inputs} inputs: {json.dumps(body)[:300]}")
-    by_index: dict[int, Any] = {}
-    for row in data:
-        index = row.get("index") if isinstance(row, Mapping) else None
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < inputs or index in by_index:
-            raise Malformed(f"the response's embeddings are not indexed 0..{inputs - 1}: {json.dumps(row)[:200]}")
-        by_index[index] = row.get("embedding")
-    try:
-        vectors = np.array([by_index[i] for i in range(inputs)], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise Malformed("the response's embeddings are not lists of numbers of one length") from None
-    if vectors.ndim != 2 or vectors.shape[1] == 0 or not np.isfinite(vectors).all():
-        raise Malformed(f"the response's embeddings are not finite vectors of one length (shape {vectors.shape})")
-    usage = body.get("usage")
-    tokens = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
-    if usage is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
-        raise Malformed(f"the response's usage is impossible (prompt_tokens {json.dumps(tokens)}): {json.dumps(usage)[:200]}")
-    return Embeddings(vectors.astype(np.float32), tokens)
 
 
 @dataclass
@@ -164,8 +114,7 @@ class EndpointEmbedder(RemoteHead):
         try:
             return list(self._post(texts))
         except EndpointError as exc:
-            refused_content = exc.kind == "status" and exc.status is not None and 400 <= exc.status < 500 and exc.status != 429
-            if len(texts) == 1 or not refused_content:
+            if len(texts) == 1 or not content_refused(exc):
                 return [exc] * len(texts)
         half = len(texts) // 2
         return self._embed(texts[:half]) + self._embed(texts[half:])
@@ -173,16 +122,7 @@ class EndpointEmbedder(RemoteHead):
     def _post(self, texts: list[str]) -> np.ndarray:
         """One request of ``texts``: their vectors, normalised as the head says (errors as the client's ``post``)."""
         inputs = [self.prompt + text for text in texts] if self.prompt else texts
-        body = {"model": self.client.model, "input": inputs, "truncate_prompt_tokens": self.truncate_to,
-                "encoding_format": "float"}
-        estimate = sum(len(text) // ESTIMATED_CHARS_PER_TOKEN + 1 for text in inputs)
-        if self.truncate_to > 0:
-            estimate = min(estimate, self.truncate_to * len(inputs))
-        answer = self.client.post(body, estimate, lambda reply: parse_embeddings(reply, len(inputs)), path=EMBEDDINGS)
-        if answer.prompt_tokens is None:
-            self.client.stats.add(unmetered=1)
-        else:
-            self.client.stats.add(tokens_in=answer.prompt_tokens)
+        answer = post_embeddings(self.client, inputs, self.truncate_to)
         if not self.normalize:
             return answer.vectors
         from lakescore.udfs.heads.embed import l2_normalize
@@ -210,14 +150,12 @@ class EndpointEmbedder(RemoteHead):
         except EndpointDown as exc:
             raise EndpointRefused(str(exc)) from None
         except EndpointError as exc:
-            if exc.kind == "status" and exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+            if content_refused(exc):
                 raise EndpointRefused(
                     f"{where} refused the preflight's embeddings request: {exc}; lakescore's requests carry "
                     f"truncate_prompt_tokens {self.truncate_to} (vLLM's and SGLang's extension), so that texts past the "
                     "model's limit are truncated as in-process rather than refused: use a server that takes it") from None
-            from lakescore.udfs.remote.generate import _what_happened
-
-            raise EndpointRefused(f"{where} {_what_happened(exc, self.client.settings.max_retries)}") from None
+            raise EndpointRefused(f"{where} {what_happened(exc, self.client.settings.max_retries)}") from None
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:

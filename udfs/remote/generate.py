@@ -2,10 +2,10 @@
 this host (``generate.server``, :mod:`lakescore.udfs.remote.engine`).
 
 It takes the place of :class:`~lakescore.udfs.heads.generate.Generator` behind the prompt runner: no tokenizer and no
-weights here, each present prompt one request (:mod:`lakescore.udfs.remote.client`), the rows of a batch in flight together
+weights here, each present prompt one request (:mod:`lakescore.udfs.remote.completions`), the rows of a batch in flight together
 (``concurrency`` of them). The output columns are the in-process head's (:func:`~lakescore.udfs.heads.generate.generation_columns`);
 ``prompt_tokens`` and ``completion_tokens`` are what the server's ``usage`` reports. A row the server fails is
-``endpoint_error``; the run stops on :class:`~lakescore.udfs.remote.client.EndpointDown`.
+``endpoint_error``; the run stops on :class:`~lakescore.udfs.remote.answers.EndpointDown`.
 
 The executors' preflight (:meth:`EndpointGenerator.score`) sends one request with every setting of the run: a setting
 the server refuses, or ignores where the answer shows it (no log-probabilities, text that is not the schema's JSON),
@@ -22,7 +22,9 @@ import numpy as np
 
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.heads.generate import Generation, generation_columns
-from lakescore.udfs.remote.client import Completion, EndpointClient, EndpointDown, EndpointError, EndpointRefused, Unhonoured
+from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Unhonoured, what_happened
+from lakescore.udfs.remote.client import EndpointClient
+from lakescore.udfs.remote.completions import Completion, complete
 from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
 
 __all__ = ["EndpointGenerator", "load_remote_generator", "endpoint_identity", "models_listing"]
@@ -72,7 +74,7 @@ class EndpointGenerator(RemoteHead):
             from lakescore.udfs.heads.seeds import row_seed
 
             seed = row_seed(self.options.seed, "" if key is None else str(key))
-        completion = self.client.complete(self.options, prompt, seed, image)
+        completion = complete(self.client, self.options, prompt, seed, image)
         self._check_json(completion)
         if self.options.logprobs and completion.token_logprobs is None:
             raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
@@ -113,7 +115,7 @@ class EndpointGenerator(RemoteHead):
         except Unhonoured as exc:
             raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
         except EndpointError as exc:
-            raise EndpointRefused(f"{where} {_what_happened(exc, self.client.settings.max_retries)}") from None
+            raise EndpointRefused(f"{where} {what_happened(exc, self.client.settings.max_retries)}") from None
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
@@ -135,20 +137,3 @@ def load_remote_generator(spec: Any, model_dir: Optional[Path], head: type = End
     client, engine = open_client(options.endpoint, options.server, model_dir)
     revision = options.endpoint.revision if options.endpoint is not None else spec.revision
     return head(client, options, types, revision, server=engine)
-
-
-def _what_happened(error: EndpointError, retries: int) -> str:
-    """The preflight's words for a request that failed for good: what happened, not always "refused"."""
-    if error.kind == "rate_limited":
-        return f"rate limited the preflight's request (429 after {retries} retries): {error.message}"
-    if error.kind == "timeout":
-        return f"timed out on the preflight's request ({retries} retries): {error.message}"
-    if error.kind == "connection":
-        return f"could not be reached ({retries} retries): {error.message}"
-    if error.kind == "malformed":
-        return f"answered the preflight's request with {error.message}"
-    if error.kind == "unfinished":
-        return f"did not finish the preflight's answer: {error.message}"
-    if error.status is not None and 400 <= error.status < 500:
-        return f"refused the run's settings: {error}"
-    return f"failed the preflight's request: {error}"

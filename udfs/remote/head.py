@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import Scored
-from lakescore.udfs.remote.client import EndpointClient, EndpointDown, EndpointError, Reply
+from lakescore.udfs.remote.answers import EndpointDown, EndpointError
+from lakescore.udfs.remote.client import EndpointClient, Reply
 from lakescore.udfs.options.remote import MODELS_LISTING
 
 __all__ = [
@@ -165,7 +166,7 @@ class RemoteHead:
 def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[EndpointClient, Any]:
     """The client for ``endpoint`` (:class:`~lakescore.udfs.options.remote.EndpointOptions`), or for ``server``: this
     host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
-    (``None`` for an endpoint). :class:`~lakescore.udfs.remote.client.EndpointRefused` for a key named but not set;
+    (``None`` for an endpoint). :class:`~lakescore.udfs.remote.answers.EndpointRefused` for a key named but not set;
     :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
     from lakescore.udfs.remote.engine import HOST, EngineServer, engine_gpus, task_gpus
 
