@@ -8,7 +8,8 @@ so installing lakescore needs no JDK. :func:`file_functions` registers both in a
 session (:func:`~lakescore.jobs.platform.spark_adapter.add_jar`) unless the session has the class already. Added to
 the running session, not to ``spark.jars`` at start: that works in every session, those lakescore does not build too
 (a notebook, spark-submit, Databricks, Spark Connect), and leaves a built driver's classpath, and so its class
-archive (:mod:`~lakescore.jobs.platform.local.class_archive`), as it was.
+archive (:mod:`~lakescore.jobs.platform.local.class_archive`), as it was. :func:`file_bytes` and :func:`file_status`
+are the two as columns, read by Python on the executors where a Spark Connect server refuses the jar.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from pathlib import Path
 from typing import Optional
 
 from pyspark.errors import AnalysisException
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from lakescore.jobs.platform.spark_adapter import add_jar, is_connect
 
-__all__ = ["FUNCTION", "JAVA_CLASS", "STATUS_FUNCTION", "STATUS_CLASS", "FILE_STATUS", "JAR", "file_functions"]
+__all__ = [
+    "FUNCTION", "JAVA_CLASS", "STATUS_FUNCTION", "STATUS_CLASS", "FILE_STATUS", "JAR", "file_functions", "file_bytes",
+    "file_status",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +72,51 @@ def file_functions(spark: SparkSession) -> bool:
 def _register(spark: SparkSession) -> None:
     spark.udf.registerJavaFunction(FUNCTION, JAVA_CLASS, BinaryType())
     spark.udf.registerJavaFunction(STATUS_FUNCTION, STATUS_CLASS, FILE_STATUS)
+
+
+def file_bytes(spark: SparkSession, path: Column, max_bytes: int) -> Column:
+    """The bytes of the file ``path`` names, read on the executors by :func:`file_functions`' reader; null for a null
+    path, a missing file or a directory."""
+    return F.call_function(FUNCTION, path) if file_functions(spark) else _file_reader(max_bytes)(path)
+
+
+def file_status(spark: SparkSession, path: Column) -> Column:
+    """The :data:`FILE_STATUS` of the file ``path`` names, from its filesystem
+    on the executors without reading it; null (or null fields) for a null path, a missing file or a directory."""
+    return F.call_function(STATUS_FUNCTION, path) if file_functions(spark) else _status_reader()(path)
+
+
+def _file_reader(max_bytes: int):
+    """A pandas UDF: paths -> file bytes (local, ``file:`` and ``dbfs:/`` paths), each input batch returned in slices of
+    at most ``max_bytes`` (Spark pairs an iterator UDF's output with its input row by row)."""
+    from typing import Iterator
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def read(batches):
+        from lakescore.udfs.image_files import read_in_slices
+
+        for paths in batches:
+            for part in read_in_slices(paths.tolist(), max_bytes):
+                yield pd.Series(part, dtype=object)
+
+    read.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}  # the UDF's kind, for PySpark
+    return pandas_udf(read, BinaryType())
+
+
+def _status_reader():
+    """A pandas UDF: paths -> :data:`FILE_STATUS` (local, ``file:`` and
+    ``dbfs:/`` paths), null fields where there is no file."""
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def stat(paths):
+        from lakescore.udfs.image_files import file_status
+
+        found = [file_status(path) for path in paths.tolist()]
+        return pd.DataFrame({name: pd.array([None if f is None else f[i] for f in found], dtype="Int64")
+                             for i, name in enumerate(FILE_STATUS.names)})
+
+    stat.__annotations__ = {"paths": pd.Series, "return": pd.DataFrame}  # the UDF's kind, for PySpark
+    return pandas_udf(stat, FILE_STATUS)

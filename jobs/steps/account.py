@@ -18,7 +18,7 @@ from typing import Any, Optional
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.steps.prepare import Plan
+from lakescore.jobs.steps.context import Plan
 from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN, is_tally, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.jobs.platform.tables import column

@@ -7,7 +7,7 @@ path, length and modification time, and a file with all three unchanged keeps it
 rsync's quick check, a file rewritten with the same length and its time set back counts as unchanged). The output as
 it was before this run (read at its pinned version) is joined on the id: a row is scored when its id is not in the
 output, its digest differs, or its output row carries other weights (``model_sha256``) or another scoring spec
-(``spec_digest``, :class:`ScoringSpec`: every setting that changes the numbers, the digests of the model's files
+(``spec_digest``, :class:`~lakescore.jobs.steps.context.ScoringSpec`: every setting that changes the numbers, the digests of the model's files
 besides its weights as the executors loaded them, and :data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other
 row is kept as it is. Output ids no longer in the input are counted (and deleted at publish with
 ``write.delete_missing``). A run on a missing output, or with ``write.full_rescore``, scores every row. With ``rank``
@@ -17,27 +17,23 @@ the other keys' rows are kept.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
 from typing import Optional
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.hadoop_files import file_bytes
 from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.rank import key_digest
-from lakescore.jobs.steps.context import RunContext
-from lakescore.jobs.steps.read import file_bytes
+from lakescore.jobs.steps.context import Changes, RunContext, ScoringSpec
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN
 from lakescore.schemas.id_columns import CHUNK_INDEX
-from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, OUTPUT_VERSION
-from lakescore.udfs.models.model_source import ModelSpec
+from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN
 
-__all__ = ["CHANGES_LAYOUT", "Changes", "ScoringSpec", "input_digest", "recorded_spec", "find_changes"]
+__all__ = ["CHANGES_LAYOUT", "input_digest", "recorded_spec", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
 _PREVIOUS = {name: f"__lakescore_previous_{name}"
@@ -55,36 +51,6 @@ CHANGES_LAYOUT = 3
 """What the changes table holds, part of its key: 3, the rows to score, the missing ids and the rows kept after their
 file was read, flagged (2 had no rows kept, 1 held the rows to score alone). A run resumed by a release with another
 layout joins again instead of misreading the table."""
-
-
-@dataclass(frozen=True)
-class Changes:
-    """What an incremental run scores, keeps and finds missing. ``to_score`` rows + ``rows_kept`` = the scorable rows."""
-
-    to_score: DataFrame
-    """The scorable rows (input columns and :data:`DIGEST_COLUMN`) that need the model this run."""
-    rows_to_score: int
-    rows_kept: int
-    """Scorable rows whose output row is current: same digest, weights and spec. Not scored, not rewritten."""
-    rows_missing: int
-    """Output rows whose id is not in the input at all."""
-    missing_ids: DataFrame
-    """Those ids, in one column named as the id column."""
-    distinct_to_score: Optional[int]
-    """Distinct inputs among the rows to score, estimated (``approx_count_distinct``, a null input counting as
-    one) in the job that counts them; ``None`` when there is no output yet and nothing was counted."""
-    spec: "ScoringSpec"
-    """What this run scores with besides the weights; its digest is every scored row's ``spec_digest``."""
-    spec_changes: Optional[list[str]]
-    """What differs from the scoring spec the output's last run recorded (:meth:`ScoringSpec.changes_since`): every
-    row of the output is scored again. ``None`` when nothing differs, or there is no output yet."""
-    model_sha256: str
-    """The weights an output row must carry to be current (it is scored again otherwise)."""
-    previous_version: Optional[int]
-    """The output version compared with (``None``: no output yet, every row is new)."""
-    table: Optional[Staging] = None
-    """Where ``to_score`` and ``missing_ids`` were written once (``None`` when there is no output yet and ``to_score``
-    is the input)."""
 
 
 def input_digest(input_cols: tuple[str, ...], one_column: bool, pair: bool = False) -> Column:
@@ -108,55 +74,6 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool, pair: bool = Fal
             digest = F.sha2(F.concat(digest, F.lit("\n"), F.coalesce(F.sha2(column(PROMPT_COLUMN), 256), F.lit(""))), 256)
         return digest
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
-
-
-@dataclass(frozen=True)
-class ScoringSpec:
-    """Everything besides the input and the weights that a prediction depends on, in three parts: ``settings`` (the
-    configured ones that change numbers, :meth:`~lakescore.udfs.models.model_source.ModelSpec.scoring_settings`), ``files``
-    (the digests of the model's other files, configs and tokenizer included, as the workers loaded them; for a model
-    served elsewhere, what the endpoint's ``/v1/models`` said of it) and
-    ``output_version`` (:data:`~lakescore.schemas.output.OUTPUT_VERSION`). What a worker resolves from these (its
-    ``max_seq_length``, pooling, normalisation, prompt, label map) follows from them, so editing any file the model
-    reads changes the digest."""
-
-    parts: dict
-
-    @classmethod
-    def of(cls, spec: ModelSpec, model_files: dict) -> "ScoringSpec":
-        parts = {"settings": spec.scoring_settings(), "files": dict(model_files), "output_version": OUTPUT_VERSION}
-        return cls(json.loads(json.dumps(parts, default=str)))  # as a commit's metadata gives it back: lists, not tuples
-
-    @property
-    def digest(self) -> str:
-        """SHA-256 (hex) of :attr:`parts`: the ``spec_digest`` of every row scored with this spec."""
-        return hashlib.sha256(json.dumps(self.parts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
-
-    def changes_since(self, previous: Optional[dict]) -> Optional[list[str]]:
-        """What differs from ``previous`` (the parts an earlier run recorded), one phrase each, e.g.
-        ``max_seq_length 256 -> 8`` or ``file sentence_bert_config.json changed``; ``None`` when nothing does."""
-        if previous == self.parts:
-            return None
-        if not isinstance(previous, dict):
-            return ["the output's scoring spec was not recorded (written by an earlier lakescore)"]
-        changes = []
-        before, after = previous.get("settings") or {}, self.parts["settings"]
-        for key in sorted(set(before) | set(after)):
-            if before.get(key) != after.get(key):
-                changes.append(f"{key} {_shown(before.get(key))} -> {_shown(after.get(key))}")
-        before, after = previous.get("files") or {}, self.parts["files"]
-        for name in sorted(set(before) | set(after)):
-            if before.get(name) != after.get(name):
-                what = "added" if name not in before else "removed" if name not in after else "changed"
-                # a model served elsewhere has no files: what stands for them is the endpoint's answer (/v1/models)
-                changes.append(f"{'the endpoint' if name.startswith('/') else 'file'} {name} {what}")
-        if previous.get("output_version") != self.parts["output_version"]:
-            changes.append(f"lakescore output version {previous.get('output_version')} -> {self.parts['output_version']}")
-        return changes or ["the scoring spec's layout"]
-
-
-def _shown(value) -> str:
-    return json.dumps(value)
 
 
 def recorded_spec(spark, output: str, version: int) -> Optional[dict]:

@@ -19,7 +19,6 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -27,7 +26,7 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
-from lakescore.jobs.steps.context import RunContext, ScoringLayout
+from lakescore.jobs.steps.context import ModelIdentity, RunContext, ScoringLayout
 from lakescore.udfs.remote.answers import EndpointRefused
 from lakescore.udfs.remote.engine import EngineStartError, stop_engines_task
 from lakescore.udfs.models.model_fit import check_model_fits
@@ -38,7 +37,7 @@ from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 
 __all__ = [
-    "ModelIdentity", "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
+    "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
     "raise_worker_failure", "stop_served_engines", "summed_traffic",
 ]
 
@@ -50,34 +49,6 @@ SAMPLE_ROWS = 256
 _OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError,
                                             EndpointRefused, EngineStartError)}
 """Worker errors whose message is the operator's whole line: raised on the driver as they are."""
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """Who scored: written into every row and into the report."""
-
-    model_id: str
-    revision: Optional[str]
-    sha256: str
-    preflight_loads: int = 0
-    """Python workers that loaded the model during the preflight (the run report's ``workers.model_loads`` adds the scoring stage's)."""
-    precision_check: Optional[dict] = None
-    """A reduced-precision run's check against float32 (``path``, ``sample_rows`` and the head's figures, e.g.
-    ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
-    model_files: dict = field(default_factory=dict)
-    """The digests of the model's files besides its weights as the executors loaded them
-    (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
-    gpus: int = 0
-    """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
-    traffic: dict = field(default_factory=dict)
-    """What a head over an endpoint sent for the preflight, summed over its tasks (requests, retries, 429s, answers
-    without usage, tokens): part of the run's figures and cost. Empty for the others."""
-    row_seconds: Optional[float] = None
-    """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
-    :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
-    probe_deferred: bool = False
-    """A head over an endpoint sent no request yet: :func:`probe_endpoint` sends the sample once the plan has rows to
-    score."""
 
 
 def preflight_model(

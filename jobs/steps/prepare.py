@@ -12,33 +12,29 @@ import dataclasses
 import json
 import logging
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
-from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.spark_adapter import default_parallelism
 from lakescore.jobs.platform.tables import column, run_metadata
-from lakescore.jobs.steps.dead_letter import IdCheck, check_ids, split_by_id
+from lakescore.jobs.steps.dead_letter import check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
-from lakescore.jobs.steps.incremental import (
-    CHANGES_LAYOUT, Changes, ScoringSpec, find_changes, input_digest, recorded_spec,
-)
-from lakescore.jobs.steps.preflight import ModelIdentity, preflight_model, stop_served_engines, summed_traffic
-from lakescore.jobs.steps.context import RunContext, Targets
+from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, find_changes, input_digest, recorded_spec
+from lakescore.jobs.steps.preflight import preflight_model, stop_served_engines, summed_traffic
+from lakescore.jobs.steps.context import Changes, IdSplit, ModelIdentity, Plan, RunContext, ScoringSpec, Targets
 from lakescore.jobs.steps.staging import (
     Staging, changed_rows, nearby_chunk_counts, planned_chunks, prepared_rows, run_key,
 )
-from lakescore.schemas.contracts import FILE_COLUMN, InputContractError
+from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
-from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec, model_file_digests, weights_sha256
+from lakescore.udfs.models.model_source import ModelSourceError, model_file_digests, weights_sha256
 from lakescore.udfs.remote.head import endpoint_identity
 from lakescore.udfs.options.remote import MODELS_LISTING
 
-__all__ = ["IdSplit", "Plan", "new_run_id", "check_input_ids", "compare_early", "plan_run", "probe_endpoint"]
+__all__ = ["new_run_id", "check_input_ids", "compare_early", "plan_run", "probe_endpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -50,96 +46,6 @@ STAGED_LAYOUT = 3
 """What staged rows hold, part of every run's staging key, so that no run resumes chunks a release staged otherwise: 3,
 worker metrics with ``batch_rows`` and a ranked run's tally rows (2: a ranked run's kept rows, chunks cut by key; 1:
 every scored row)."""
-
-
-@dataclass(frozen=True)
-class IdSplit:
-    """The id check's counts, the rows that can be scored and the rows refused for their id."""
-
-    ids: IdCheck
-    scorable: DataFrame
-    refused: DataFrame
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How this run scores: its id, the model pinned to the weights the executors hashed, the chunks."""
-
-    run_id: str
-    identity: ModelIdentity
-    spec: ModelSpec
-    """The model spec pinned to ``identity.sha256``: a worker with other weights fails its task."""
-    split: IdSplit
-    chunks: int
-    staging: Staging
-    done: frozenset[int]
-    """Chunks an earlier attempt of the same run already committed to staging."""
-    changes: Optional[Changes] = None
-    """``write.mode: incremental``: the rows to score, kept and missing (``None`` in the other modes: score every row)."""
-    dedup: Dedup = Dedup("off", False)
-    """What ``scoring.dedup`` decided: whether identical inputs are scored once per chunk."""
-    digested: Optional[DataFrame] = None
-    """The scorable rows with their digest, when deduplicating outside incremental mode."""
-    prepared: Optional[Staging] = None
-    """More than one chunk: where the rows to score are written once, partitioned by chunk, so the input is
-    scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
-    rescanned: bool = False
-    """More than one chunk without :attr:`prepared`: each chunk reads its rows from the pinned input
-    (:func:`~lakescore.jobs.steps.staging.chunk_column` of :func:`~lakescore.jobs.steps.rank.chunk_columns`)."""
-    prepared_ready: bool = False
-    """Whether an earlier attempt of the same run already wrote :attr:`prepared`."""
-    file_status: bool = False
-    """The output rows store each file's path, length and modification time (:attr:`Targets.file_status`): the rows
-    to score carry :data:`~lakescore.schemas.contracts.FILE_COLUMN` into staging."""
-    ranked: bool = False
-    """``rank``: the chunks are cut by the rank key and only each key's kept rows are staged
-    (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
-    tag: Optional[str] = None
-    """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
-    :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
-
-    @property
-    def input_scans(self) -> int:
-        """Reads of the rows to score by the scoring step: one per chunk left for a one-chunk or :attr:`rescanned`
-        run, else one (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt wrote it."""
-        left = self.chunks - len(self.done)
-        if left == 0 or self.prepared_ready:
-            return 0
-        return left if self.prepared is None else 1
-
-    @property
-    def changed(self) -> Optional[Staging]:
-        """Incremental mode on an existing output: the table the rows to score and the missing ids were written to
-        once (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
-        return self.changes.table if self.changes is not None else None
-
-    @property
-    def scorable(self) -> DataFrame:
-        """The rows this run scores: every scorable row, or in incremental mode the new and changed ones
-        (with their digest; with their digest too when deduplicating)."""
-        if self.changes is not None:
-            return self.changes.to_score
-        return self.digested if self.digested is not None else self.split.scorable
-
-    @property
-    def scorable_rows(self) -> int:
-        return self.changes.rows_to_score if self.changes is not None else self.split.ids.rows - self.split.ids.refused_rows
-
-    @property
-    def rows_kept(self) -> int:
-        """Scorable rows whose output row is current and stays as it is (incremental mode; else 0)."""
-        return self.changes.rows_kept if self.changes is not None else 0
-
-    def kept_columns(self, row_cols: Sequence[str]) -> list[str]:
-        """The input columns the scoring function copies into staging: :meth:`row_columns`, and the digest in
-        incremental mode or when deduplicating."""
-        digest = [DIGEST_COLUMN] if self.changes is not None or self.dedup.used else []
-        return [*self.row_columns(row_cols), *digest]
-
-    def row_columns(self, row_cols: Sequence[str]) -> list[str]:
-        """The input columns each output row takes from its own input row: ``row_cols`` (the id column(s), a ranked
-        run's key columns), and with :attr:`file_status` :data:`~lakescore.schemas.contracts.FILE_COLUMN`."""
-        return [*row_cols, *([FILE_COLUMN] if self.file_status else [])]
 
 
 def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: ScoringSpec) -> dict:

@@ -3,7 +3,7 @@
 What is published is the staging snapshot pinned after the last chunk, the one accounting counted
 and GX validated (:class:`~lakescore.jobs.steps.staging.StagedSnapshot`): its output row count is
 known before the commit, and Delta's own metric of the commit is checked against it afterwards. Each
-commit is tagged with the run (:attr:`~lakescore.jobs.steps.prepare.Plan.tag`) and found in the
+commit is tagged with the run (:attr:`~lakescore.jobs.steps.context.Plan.tag`) and found in the
 history by that tag, never taken as "the latest" (another writer's, under concurrency). The output
 and errors commits are idempotent per snapshot (:attr:`~lakescore.jobs.steps.staging.StagedSnapshot.publish_txn`):
 a rerun after the driver died past a commit does not commit it again.
@@ -35,30 +35,27 @@ from lakescore.jobs.platform.tables import (
 )
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.references import quote_identifier
-from lakescore.jobs.report.text import drift_text
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
-from lakescore.jobs.steps.prepare import Plan
-from lakescore.jobs.steps.context import RunContext, Targets
+from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.contracts import FILE_COLUMN
 from lakescore.schemas.output import (
     CHUNK_COLUMNS, DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
 )
 
-__all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes"]
+__all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes", "refusal"]
 
 
 @dataclass(frozen=True)
 class Outcome:
     """How the run ended: ``succeeded`` (published at ``delta_version``), ``validation_failed``, ``error_rate_exceeded``
-    or ``drift_exceeded``."""
+    or ``drift_exceeded`` (the report step words why: :func:`~lakescore.jobs.steps.report.refusal_reason`)."""
 
     status: str
     delta_version: Optional[int] = None
     errors_delta_version: Optional[int] = None
-    error: Optional[str] = None
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's ``MERGE`` deleted (missing ids with ``write.delete_missing``, and ids
     whose input now fails: they are in the errors table). ``None`` in the other modes."""
@@ -113,10 +110,9 @@ def publish(
     concurrent run won (the errors table is then left as it was).
     """
     cfg = run.cfg
-    refusal = _refusal(cfg, targets, accounting, validation, drift)
-    if refusal is not None:  # the errors table stays with the output it describes
-        status, error = refusal
-        return Outcome(status, error=error)
+    refused = refusal(cfg, accounting, validation, drift)
+    if refused is not None:  # the errors table stays with the output it describes
+        return Outcome(refused)
     tag, txn = plan.tag, accounting.snapshot.publish_txn
     at_point("publish_commit")
     merging = plan.changes is not None and targets.previous_version is not None and not cfg.write.full_rescore
@@ -203,21 +199,15 @@ def _stale_chunks(run: RunContext, plan: Plan, removed: DataFrame, rows: DataFra
             .join(rows.select(*id_columns(keyed)), on=keyed, how="left_anti"))
 
 
-def _refusal(cfg, targets: Targets, accounting: Accounting, validation: Optional[dict[str, Any]],
-             drift: Optional[dict[str, Any]] = None) -> Optional[tuple[str, str]]:
-    """``(status, reason)`` when the run must not publish (error rate, then validation, then drift); ``None`` when it
-    may."""
+def refusal(cfg, accounting: Accounting, validation: Optional[dict[str, Any]],
+            drift: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """The status of a run that must not publish (error rate, then validation, then drift); ``None`` when it may."""
     if accounting.error_rate > cfg.max_error_rate:
-        kept = f" ({accounting.rows_kept} unchanged rows kept, not counted)" if accounting.rows_kept else ""
-        return "error_rate_exceeded", (
-            f"{accounting.error_rows} of {accounting.rows_considered} rows ({accounting.error_rate:.4%}) could not be "
-            f"scored{kept}, above max_error_rate {cfg.max_error_rate:.4%}; their reasons are in the run's report and its "
-            f"staging {accounting.snapshot.staging.location}, not in {targets.errors_ref}. The output was not published."
-        )
+        return "error_rate_exceeded"
     if validation is not None and not validation["success"]:
-        return "validation_failed", "the output failed validation and was not published"
+        return "validation_failed"
     if drift is not None and drift["exceeded"]:
-        return "drift_exceeded", f"drift past its bounds {drift_text(drift)}. The output was not published."
+        return "drift_exceeded"
     return None
 
 

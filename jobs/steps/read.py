@@ -14,12 +14,12 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import StringType, StructType
 
 from lakescore.jobs.config import ConfigError, JobConfig
-from lakescore.jobs.platform.hadoop_files import FILE_STATUS, FUNCTION, STATUS_FUNCTION, file_functions
+from lakescore.jobs.platform.hadoop_files import FILE_STATUS, file_bytes, file_status
 from lakescore.jobs.platform.model_staging import stage_model
 from lakescore.jobs.platform.session import get_or_create_session
 from lakescore.jobs.references import parse_table_name, require_catalog_accepts
@@ -41,7 +41,7 @@ from lakescore.udfs.registry import get_task
 
 __all__ = [
     "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
-    "check_targets", "check_drift_baseline", "check_paths_writable", "file_bytes", "file_status",
+    "check_targets", "check_drift_baseline", "check_paths_writable",
 ]
 
 log = logging.getLogger(__name__)
@@ -344,54 +344,6 @@ def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: st
     status = file_status(source.sparkSession, path)
     described = F.struct(path.alias("path"), *[status[f.name].alias(f.name) for f in FILE_STATUS.fields])
     return source.withColumn(FILE_COLUMN, described).withColumn(IMAGE_COLUMN, file_bytes(source.sparkSession, path, max_bytes))
-
-
-def file_bytes(spark: SparkSession, path: Column, max_bytes: int) -> Column:
-    """The bytes of the file ``path`` names, read on the executors (see :func:`read_image_files`); null for a null
-    path, a missing file or a directory."""
-    return F.call_function(FUNCTION, path) if file_functions(spark) else _file_reader(max_bytes)(path)
-
-
-def file_status(spark: SparkSession, path: Column) -> Column:
-    """The :data:`~lakescore.jobs.platform.hadoop_files.FILE_STATUS` of the file ``path`` names, from its filesystem
-    on the executors without reading it; null (or null fields) for a null path, a missing file or a directory."""
-    return F.call_function(STATUS_FUNCTION, path) if file_functions(spark) else _status_reader()(path)
-
-
-def _file_reader(max_bytes: int):
-    """A pandas UDF: paths -> file bytes (local, ``file:`` and ``dbfs:/`` paths), each input batch returned in slices of
-    at most ``max_bytes`` (Spark pairs an iterator UDF's output with its input row by row)."""
-    from typing import Iterator
-
-    import pandas as pd
-    from pyspark.sql.functions import pandas_udf
-
-    def read(batches):
-        from lakescore.udfs.image_files import read_in_slices
-
-        for paths in batches:
-            for part in read_in_slices(paths.tolist(), max_bytes):
-                yield pd.Series(part, dtype=object)
-
-    read.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}  # the UDF's kind, for PySpark
-    return pandas_udf(read, BinaryType())
-
-
-def _status_reader():
-    """A pandas UDF: paths -> :data:`~lakescore.jobs.platform.hadoop_files.FILE_STATUS` (local, ``file:`` and
-    ``dbfs:/`` paths), null fields where there is no file."""
-    import pandas as pd
-    from pyspark.sql.functions import pandas_udf
-
-    def stat(paths):
-        from lakescore.udfs.image_files import file_status
-
-        found = [file_status(path) for path in paths.tolist()]
-        return pd.DataFrame({name: pd.array([None if f is None else f[i] for f in found], dtype="Int64")
-                             for i, name in enumerate(FILE_STATUS.names)})
-
-    stat.__annotations__ = {"paths": pd.Series, "return": pd.DataFrame}  # the UDF's kind, for PySpark
-    return pandas_udf(stat, FILE_STATUS)
 
 
 def storage_refs(cfg: JobConfig) -> tuple[str, ...]:

@@ -17,14 +17,13 @@ from lakescore.jobs.platform.step_hooks import at_step
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import run_cost, session_resources
 from lakescore.jobs.report.model import RunReport, software_versions
-from lakescore.jobs.report.text import one_line
+from lakescore.jobs.report.text import drift_text, one_line
 from lakescore.jobs.steps.account import Accounting
-from lakescore.jobs.steps.prepare import Plan
 from lakescore.jobs.steps.publish import Outcome
-from lakescore.jobs.steps.context import RunContext, Targets
+from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.udfs.options.remote import MODELS_LISTING
 
-__all__ = ["StepClock", "assemble_report", "failure_report"]
+__all__ = ["StepClock", "assemble_report", "failure_report", "refusal_reason"]
 
 
 class StepClock:
@@ -130,10 +129,28 @@ def assemble_report(
         spark=session_facts(run.spark),
         started_at=clock.started_at,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        error=outcome.error,
+        error=refusal_reason(outcome.status, cfg, targets, accounting, drift),
         versions=software_versions(run.spark.version),
         profile=profile,
     )
+
+
+def refusal_reason(status: str, cfg: JobConfig, targets: Optional[Targets], accounting: Accounting,
+                   drift: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """Why a run with ``status`` (:func:`~lakescore.jobs.steps.publish.refusal`'s) was not published, in one line;
+    ``None`` for a run that published."""
+    if status == "error_rate_exceeded":
+        kept = f" ({accounting.rows_kept} unchanged rows kept, not counted)" if accounting.rows_kept else ""
+        return (
+            f"{accounting.error_rows} of {accounting.rows_considered} rows ({accounting.error_rate:.4%}) could not be "
+            f"scored{kept}, above max_error_rate {cfg.max_error_rate:.4%}; their reasons are in the run's report and its "
+            f"staging {accounting.snapshot.staging.location}, not in {targets.errors_ref}. The output was not published."
+        )
+    if status == "validation_failed":
+        return "the output failed validation and was not published"
+    if status == "drift_exceeded":
+        return f"drift past its bounds {drift_text(drift)}. The output was not published."
+    return None
 
 
 def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:

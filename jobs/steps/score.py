@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -21,7 +21,7 @@ from lakescore.jobs.platform.progress import ProgressReporter, scoring_tasks
 from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.platform.step_hooks import at_point
 from lakescore.jobs.platform.tables import column
-from lakescore.jobs.steps.context import RunContext, ScoringLayout, scoring_layout
+from lakescore.jobs.steps.context import Plan, RunContext, ScoringLayout, scoring_layout
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.preflight import stop_served_engines
@@ -32,9 +32,6 @@ from lakescore.schemas.output import scored_schema
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
-
-if TYPE_CHECKING:
-    from lakescore.jobs.steps.prepare import Plan
 
 __all__ = ["score_dataframe", "score_into_staging", "pin_staging"]
 
@@ -195,7 +192,7 @@ def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     (:func:`~lakescore.jobs.platform.progress.progress_partitions`). Over Spark Connect,
     where the planned partitions are unknown without a job, the layout stays as configured. A cheap model scores
     the input's own partitions (:func:`~lakescore.jobs.platform.progress.scoring_tasks`, at the speed the preflight
-    measured: :attr:`~lakescore.jobs.steps.preflight.ModelIdentity.row_seconds`)."""
+    measured: :attr:`~lakescore.jobs.steps.context.ModelIdentity.row_seconds`)."""
     if run.layout.partitions is not None:
         return run.layout
     planned = partition_count(plan.scorable)

@@ -11,8 +11,7 @@ from typing import Any, Optional
 from pyspark.sql import DataFrame
 
 from lakescore.jobs.steps.account import Accounting
-from lakescore.jobs.steps.prepare import Plan
-from lakescore.jobs.steps.context import RunContext, Targets
+from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.schemas.expectations import OutputFacts, UserExpectations, validate_output
 from lakescore.udfs.registry import get_task
 

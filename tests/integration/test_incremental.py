@@ -19,7 +19,8 @@ from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV
 from lakescore.jobs.platform.tables import TableError
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.score_job import run_scoring
-from lakescore.jobs.steps.preflight import ExecutorPreflight, ModelIdentity
+from lakescore.jobs.steps.context import ModelIdentity
+from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.udfs.models.model_source import ModelSourceError, model_file_digests

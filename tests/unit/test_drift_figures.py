@@ -17,7 +17,8 @@ from lakescore.jobs.report.text import drift_text
 from lakescore.jobs.report.html import render_html
 from lakescore.jobs.steps.drift import EMPTY_BIN_SHARE, exceeded, js_distance, psi
 from lakescore.jobs.steps.metrics import METRICS_SCHEMA, metrics_row
-from lakescore.jobs.steps.publish import _refusal
+from lakescore.jobs.steps.publish import refusal
+from lakescore.jobs.steps.report import refusal_reason
 from lakescore.udfs.registry import OutputProfile, get_task
 
 
@@ -82,8 +83,12 @@ def test_the_drift_line_and_the_refusal_carry_every_figure_on_one_line():
         "no baseline: the output does not exist yet"
     cfg = load_config(flags={"task": "classify", "validation.drift.max_label_js": 0.2})
 
-    class Counted:  # the accounting facts _refusal reads
+    class Counted:  # the accounting facts the refusal reads
         error_rate, error_rows, rows_considered, rows_kept = 0.0, 0, 100, 0
+
+    def _refusal(cfg, targets, accounting, validation, drift):  # the publish's decision, worded by the report step
+        status = refusal(cfg, accounting, validation, drift)
+        return None if status is None else (status, refusal_reason(status, cfg, targets, accounting, drift))
 
     status, reason = _refusal(cfg, None, Counted(), {"success": True}, DRIFT)
     assert status == "drift_exceeded" and "\n" not in reason

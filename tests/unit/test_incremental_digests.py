@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from lakescore.jobs.steps.incremental import ScoringSpec
+from lakescore.jobs.steps.context import ScoringSpec
 from lakescore.schemas.output import OUTPUT_VERSION
 from lakescore.udfs.models.model_source import ModelSpec, model_file_digests
 
