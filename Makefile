@@ -86,15 +86,15 @@ demo:
 clean:
 	rm -rf .lakescore spark-warehouse metastore_db derby.log .pytest_cache
 
-# Rebuild the path column's Hadoop file reader (jobs/platform/java/) into the jar the wheel ships, so installing
+# Rebuild the path column's Hadoop file reader (jobs/platform/files/java/) into the jar the wheel ships, so installing
 # lakescore needs no JDK. Its manifest records the sources' SHA-256 (a unit test compares it with the sources).
 .PHONY: jar
-JAVA_SRC := $(sort $(wildcard jobs/platform/java/lakescore/*.java))
-FILE_READER_JAR := jobs/platform/java/lakescore-hadoop-files.jar
+JAVA_SRC := $(sort $(wildcard jobs/platform/files/java/lakescore/*.java))
+FILE_READER_JAR := jobs/platform/files/java/lakescore-hadoop-files.jar
 jar:
 	rm -rf build/jar && mkdir -p build/jar/classes
 	javac --release 17 -Xlint:-options -d build/jar/classes \
-	    -cp "$$($(PY) -c 'from lakescore.jobs.platform.jars import find_spark_home; print(find_spark_home())')/jars/*" $(JAVA_SRC)
+	    -cp "$$($(PY) -c 'from lakescore.jobs.platform.spark.jars import find_spark_home; print(find_spark_home())')/jars/*" $(JAVA_SRC)
 	printf 'Source-SHA256: %s\n' "$$(cat $(JAVA_SRC) | sha256sum | cut -d' ' -f1)" > build/jar/MANIFEST.MF
 	jar --create --date=2000-01-01T00:00:00Z --file $(FILE_READER_JAR) --manifest build/jar/MANIFEST.MF -C build/jar/classes .
 
@@ -131,7 +131,7 @@ package: wheel env-archive
 
 wheel: $(WHEEL) $(LAUNCHER)
 
-$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*/*.py jobs/*/*.properties jobs/platform/java/*.jar udfs/*.py udfs/*/*.py schemas/*.py)
+$(WHEEL): pyproject.toml setup.py README.md $(wildcard lakescore/*.py jobs/*.py jobs/*/*.py jobs/*/*/*.py jobs/*/*/*/*.py jobs/*/*/*.properties jobs/platform/files/java/*.jar udfs/*.py udfs/*/*.py schemas/*.py)
 	rm -rf build/lib build/bdist.* dist/lakescore-*.whl
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 

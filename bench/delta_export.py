@@ -41,7 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     from lakescore.jobs.config import config_from_mapping
-    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark.session import get_or_create_session
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     with tempfile.TemporaryDirectory(prefix="bench-delta-export-") as scratch:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from lakescore.jobs.platform.local import python_daemon
+from lakescore.jobs.platform.spark.local import python_daemon
 
 __all__ = ["Measurement", "run_measured", "wait_until_gone"]
 
@@ -139,7 +139,7 @@ def memory_sample(root: int) -> tuple[int, int, int]:
     """``(tree PSS, largest private bytes of one Python worker, that worker's shared bytes)`` right now.
 
     A worker is a process the Python daemon forked, not the daemon: lakescore's daemon holds the imported
-    runtime privately until it forks the workers that share it (:mod:`lakescore.jobs.platform.local.python_daemon`)."""
+    runtime privately until it forks the workers that share it (:mod:`lakescore.jobs.platform.spark.local.python_daemon`)."""
     pss, private, shared = 0, 0, 0
     for pid in tree_pids(root):
         rollup = smaps_rollup(pid)

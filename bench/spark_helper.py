@@ -35,7 +35,7 @@ def _session(app_name: str):
     from pyspark.sql import SparkSession
 
     from lakescore.jobs.config import ScoringConfig
-    from lakescore.jobs.platform.spark_adapter import set_log_level
+    from lakescore.jobs.platform.spark.adapter import set_log_level
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_from_mapping, config_options
-from lakescore.jobs.platform.model_staging import stage_model
+from lakescore.jobs.platform.files.model_staging import stage_model
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_and_record
 from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts

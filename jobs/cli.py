@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from lakescore.jobs.commands.demo import DEMO_ROWS
-from lakescore.jobs.platform.interrupts import EXIT_INTERRUPTED, was_interrupted
-from lakescore.jobs.platform.interrupts import install as install_interrupt_handlers
+from lakescore.jobs.platform.spark.interrupts import EXIT_INTERRUPTED, was_interrupted
+from lakescore.jobs.platform.spark.interrupts import install as install_interrupt_handlers
 from lakescore.jobs.report.text import before_compute, kept_trace, one_line
 from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
-from lakescore.jobs.platform.console import configure_logging, log_jvm_to_file
+from lakescore.jobs.platform.spark.console import configure_logging, log_jvm_to_file
 
 __all__ = ["main", "run"]
 
@@ -179,7 +179,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     from lakescore.jobs.commands.history import find_run, format_history, format_run, run_history
-    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark.session import get_or_create_session
 
     cfg = _config(args, {"output": args.output, "errors": args.errors})
     spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
@@ -191,8 +191,8 @@ def _history(args: argparse.Namespace) -> int:
 
 def _fetch_jars(args: argparse.Namespace) -> int:
     from lakescore.jobs.commands.fetch_jars import build_archive
-    from lakescore.jobs.platform.jars import delta_coordinate, fetch_jars, s3a_coordinate
-    from lakescore.jobs.platform.session import jar_confs
+    from lakescore.jobs.platform.spark.jars import delta_coordinate, fetch_jars, s3a_coordinate
+    from lakescore.jobs.platform.spark.session import jar_confs
 
     cfg = _config(args)
     coordinates = [delta_coordinate()] + ([s3a_coordinate()] if args.s3a else [])
@@ -262,8 +262,8 @@ def run() -> None:
 
 
 def _spare_the_exit_collection() -> None:
-    """The process ends next: :func:`lakescore.jobs.platform.local.accelerations.spare_the_exit_collection`."""
-    from lakescore.jobs.platform.local.accelerations import spare_the_exit_collection
+    """The process ends next: :func:`lakescore.jobs.platform.spark.local.own_host.spare_the_exit_collection`."""
+    from lakescore.jobs.platform.spark.local.own_host import spare_the_exit_collection
 
     spare_the_exit_collection()
 

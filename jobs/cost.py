@@ -60,7 +60,7 @@ def session_cores(master: Optional[str], executor_cores: int, driver_cores: int 
 def session_resources(spark, cfg, profiled: bool) -> SessionResources:
     """:class:`SessionResources` of ``spark`` for the run ``cfg`` describes; ``profiled``: the scoring stage runs on
     ``resources.scoring``'s profile (its ``task_cpus`` / ``task_gpus``), else on the session's task settings."""
-    from lakescore.jobs.platform.spark_adapter import default_parallelism, session_facts
+    from lakescore.jobs.platform.spark.adapter import default_parallelism, session_facts
 
     def conf_number(key: str, default: float) -> float:
         try:

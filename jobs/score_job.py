@@ -20,10 +20,10 @@ from typing import Optional
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.console import run_log
-from lakescore.jobs.platform.interrupts import was_interrupted
-from lakescore.jobs.platform.local.accelerations import import_late_modules_meanwhile
-from lakescore.jobs.platform.step_hooks import at_point
+from lakescore.jobs.platform.spark.console import run_log
+from lakescore.jobs.platform.spark.interrupts import was_interrupted
+from lakescore.jobs.platform.spark.local.own_host import import_late_modules_meanwhile
+from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.report.text import kept_trace
 from lakescore.jobs.report.files import write_report

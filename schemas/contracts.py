@@ -42,7 +42,7 @@ PROMPT_COLUMN = "_lakescore_prompt"
 
 FILE_COLUMN = "_lakescore_file"
 """The column each row's file is described in, for an image column of paths: a struct of its ``path``, ``length`` and
-``modified`` time (:data:`~lakescore.jobs.platform.hadoop_files.FILE_STATUS`), got without reading the file (an
+``modified`` time (:data:`~lakescore.jobs.platform.files.hadoop_files.FILE_STATUS`), got without reading the file (an
 incremental output stores it, :data:`~lakescore.schemas.output.FILE_COLUMNS`)."""
 IMAGE_COLUMN = "_lakescore_image"
 """The column the bytes of each row's image file are added to the input as, for an image column of paths (never

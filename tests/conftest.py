@@ -13,7 +13,7 @@ import pytest
 os.environ["PYSPARK_PYTHON"] = sys.executable
 # No machine here reaches a model hub; a test that tried would hang on retries instead of failing.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The job's test hooks (jobs/platform/step_hooks.py) act only where the suite turns them on; runs it starts inherit this.
+# The job's test hooks (jobs/testing_hooks.py) act only where the suite turns them on; runs it starts inherit this.
 os.environ["LAKESCORE_TEST_HOOKS"] = "1"
 
 

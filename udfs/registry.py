@@ -219,7 +219,7 @@ class Task:
     def worker_imports(self, backend: str, kind: Optional[InputKind] = None) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
         kind's and the forward's. A daemon imports them once before forking workers
-        (:mod:`lakescore.jobs.platform.local.python_daemon`)."""
+        (:mod:`lakescore.jobs.platform.spark.local.python_daemon`)."""
         if self.forward_imports is not None:
             forward = self.forward_imports
         else:

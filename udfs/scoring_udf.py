@@ -50,7 +50,7 @@ ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 class RowCounter(Protocol):
     """What the scoring workers add each batch's rows to, for live progress on the driver.
 
-    A classic session's accumulator (:func:`lakescore.jobs.platform.spark_adapter.rows_counter`);
+    A classic session's accumulator (:func:`lakescore.jobs.platform.spark.adapter.rows_counter`);
     ``None`` where there is none (Spark Connect). The run report never depends on it: worker
     metrics travel in the scored rows (:data:`~lakescore.schemas.output.WORKER_COLUMN`).
     """

@@ -14,7 +14,7 @@ from bench.model import model_dir
 def score_frame(frame):
     """``review_id`` and ``embedding`` of every row of ``frame``."""
     import lakescore
-    from lakescore.jobs.platform.spark_adapter import default_parallelism
+    from lakescore.jobs.platform.spark.adapter import default_parallelism
 
     embed = lakescore.pandas_udf(task="embed", model=model_dir())
     frame = frame.repartition(default_parallelism(frame.sparkSession))

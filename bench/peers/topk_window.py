@@ -49,8 +49,8 @@ def hand_session(master: str):
     from pyspark.sql import SparkSession
 
     from lakescore.jobs.config import ScoringConfig, SparkConfig
-    from lakescore.jobs.platform.session import jar_confs
-    from lakescore.jobs.platform.spark_adapter import set_log_level
+    from lakescore.jobs.platform.spark.session import jar_confs
+    from lakescore.jobs.platform.spark.adapter import set_log_level
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (

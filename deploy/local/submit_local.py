@@ -55,11 +55,11 @@ def _tooling():
     sys.path.insert(0, str(REPO))
     try:
         from lakescore.jobs import config
-        from lakescore.jobs.platform import jars
-        from lakescore.jobs.platform.local import accelerations
+        from lakescore.jobs.platform.spark import jars
+        from lakescore.jobs.platform.spark.local import own_host
     finally:
         sys.path.pop(0)
-    return config, jars, accelerations
+    return config, jars, own_host
 
 
 def _delta_jars() -> list[Path]:
@@ -111,10 +111,10 @@ def build_command(
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(work / "warehouse"),
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
-        # A one-host cluster's JVMs run C1-only, as lakescore's own local-cluster sessions (jobs/platform/session.py).
+        # A one-host cluster's JVMs run C1-only, as lakescore's own local-cluster sessions (jobs/platform/spark/session.py).
         "spark.driver.extraJavaOptions": " ".join([f"-Dderby.system.home={work}", *java_options]),
         "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",  # as lakescore's own local sessions (jobs/platform/session.py)
+        "spark.databricks.delta.snapshotPartitions": "2",  # as lakescore's own local sessions (jobs/platform/spark/session.py)
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": (work / "spark-events").as_uri(),
         "spark.eventLog.compress": "false",  # plain JSON lines: the test reads which executors ran tasks

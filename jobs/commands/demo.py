@@ -84,7 +84,7 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
     from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
-    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark.session import get_or_create_session
 
     spark, _ = get_or_create_session(cfg.spark)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DEMO_DATABASE}")

@@ -1,6 +1,6 @@
 """``lakescore fetch-jars``' JVM class archive: trained once per host by a small Spark job in a child process.
 
-:mod:`lakescore.jobs.platform.local.class_archive` names the archive and starts sessions from it; the training job
+:mod:`lakescore.jobs.platform.spark.local.class_archive` names the archive and starts sessions from it; the training job
 lives here, with the command that runs it, so the platform never runs a session of its own.
 """
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-from lakescore.jobs.platform.local.class_archive import archive_path
+from lakescore.jobs.platform.spark.local.class_archive import archive_path
 
 __all__ = ["build_archive"]
 
@@ -54,8 +54,8 @@ def _train(dump_to: Path, jars_dir: str, scratch: Path) -> None:
     from pyspark.sql import functions as F
 
     from lakescore.jobs.config import SparkConfig
-    from lakescore.jobs.platform.session import get_or_create_session
-    from lakescore.jobs.platform.spark_adapter import stop_classic_jvm
+    from lakescore.jobs.platform.spark.session import get_or_create_session
+    from lakescore.jobs.platform.spark.adapter import stop_classic_jvm
     from lakescore.jobs.platform.tables import last_commit, own_commit, read_pinned, table_id, write_delta
 
     cfg = SparkConfig(

@@ -163,7 +163,7 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     """
     from lakescore.jobs.config import ConfigError
     from lakescore.jobs.cost import session_resources
-    from lakescore.jobs.platform.spark_adapter import session_facts
+    from lakescore.jobs.platform.spark.adapter import session_facts
     from lakescore.jobs.steps.read import open_input
     from lakescore.jobs.steps.staging import planned_chunks
 

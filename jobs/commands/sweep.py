@@ -71,7 +71,7 @@ def run_sweep(
 ) -> list[SweepPoint]:
     """Sweep ``budgets`` over ``sample_rows`` rows of ``cfg.input``'s ``cfg.text_col``."""
     from lakescore.jobs.steps.read import model_spec
-    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.jobs.platform.tables import read_input
     from lakescore.udfs.batching import BatchPolicy, is_out_of_memory, score_texts
     from lakescore.udfs.models.model_cache import get_model

@@ -1,1 +1,4 @@
-"""Platform adapters: the Spark session, the console (log4j2, JVM stderr, logging), jars, resource profiles, Delta/metastore I/O, model staging, progress."""
+"""Platform adapters, one subpackage per thing adapted: :mod:`~lakescore.jobs.platform.spark` (the session, its
+classic / Spark Connect adapter, console, jars, resource profiles, progress, interrupts, this host's own-master
+tuning), :mod:`~lakescore.jobs.platform.tables` (Delta and metastore I/O) and :mod:`~lakescore.jobs.platform.files`
+(the executors' file reader, model staging)."""

@@ -129,8 +129,8 @@ def kept_trace(exc: BaseException) -> Optional[str]:
     """The log file that now holds ``exc``'s full traceback (written there once), or ``None``: an interruption or a
     refusal before compute says everything in its one line, and a session lakescore did not build (or ``-v``) has no
     such file."""
-    from lakescore.jobs.platform.console import keep_trace
-    from lakescore.jobs.platform.interrupts import was_interrupted
+    from lakescore.jobs.platform.spark.console import keep_trace
+    from lakescore.jobs.platform.spark.interrupts import was_interrupted
 
     if was_interrupted(exc) or before_compute(exc):
         return None

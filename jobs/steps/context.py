@@ -25,8 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.profiles import scoring_profile
-from lakescore.jobs.platform.spark_adapter import cancel_tagged, job_tag
+from lakescore.jobs.platform.spark.profiles import scoring_profile
+from lakescore.jobs.platform.spark.adapter import cancel_tagged, job_tag
 from lakescore.jobs.steps.dead_letter import IdCheck
 from lakescore.jobs.steps.dedup import Dedup
 from lakescore.jobs.steps.staging import Staging, input_fingerprint
@@ -52,7 +52,7 @@ class ScoringLayout:
 
 
 def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
-    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.profiles` decides the profile, once)."""
+    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.spark.profiles` decides the profile, once)."""
     profile = scoring_profile(spark, cfg.resources.scoring) if cfg.resources.scoring.requested else None
     partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
     return ScoringLayout(profile, partitions)
@@ -61,7 +61,7 @@ def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
 class PythonWorkerStart:
     """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
 
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.local.python_daemon`), while the
+    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.spark.local.python_daemon`), while the
     driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot: they
     then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
     One task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker

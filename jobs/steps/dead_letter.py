@@ -15,7 +15,7 @@ from typing import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.spark_adapter import partition_count
+from lakescore.jobs.platform.spark.adapter import partition_count
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import ERROR_COLUMNS

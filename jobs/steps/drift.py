@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.background import in_background
+from lakescore.jobs.platform.spark.background import in_background
 from lakescore.jobs.platform.tables import TableError, read_input
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.ids import row_key

@@ -22,8 +22,8 @@ from typing import Optional
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform import spark_adapter
-from lakescore.jobs.platform.hadoop_files import file_bytes
+from lakescore.jobs.platform.spark import adapter as spark_adapter
+from lakescore.jobs.platform.files.hadoop_files import file_bytes
 from lakescore.jobs.platform.tables import column, delta_history, read_input
 from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.rank import key_digest
@@ -154,7 +154,7 @@ def _count_columns() -> list[Column]:
 
 def _write_counting(changed: Staging, rows: DataFrame) -> Optional[dict]:
     """Write ``rows`` to ``changed`` and return :func:`_count_columns` of them, computed by the write itself
-    (:func:`~lakescore.jobs.platform.spark_adapter.observed`: no second job over the table); ``None`` where the
+    (:func:`~lakescore.jobs.platform.spark.adapter.observed`: no second job over the table); ``None`` where the
     session cannot (Spark Connect: the caller counts the table)."""
     observed_rows, counts = spark_adapter.observed(rows, *_count_columns())
     changed.write(observed_rows)

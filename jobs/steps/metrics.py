@@ -26,9 +26,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.errors import AnalysisException
 
-from lakescore.jobs.platform.background import in_background
+from lakescore.jobs.platform.spark.background import in_background
 from lakescore.jobs.config import RUN_ID, JobConfig
-from lakescore.jobs.platform.interrupts import was_interrupted
+from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import TableError, TableRef, read_input, write_delta
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.report.text import one_line

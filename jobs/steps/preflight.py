@@ -24,7 +24,7 @@ from typing import Any, Iterator, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.spark_adapter import cancel_tagged, default_parallelism, job_tag
+from lakescore.jobs.platform.spark.adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import ModelIdentity, RunContext, ScoringLayout
 from lakescore.udfs.remote.answers import EndpointRefused
@@ -66,8 +66,8 @@ def preflight_model(
     parallelism) under the scoring stage's resource profile, before any input row
     is scored: a model that cannot load fails the run here, and the workers that
     score next find it in their cache. Its Spark job carries ``tag``
-    (:func:`~lakescore.jobs.platform.spark_adapter.job_tag`), so another thread can cancel it
-    (:func:`~lakescore.jobs.platform.spark_adapter.cancel_tagged`), in classic and Connect sessions alike.
+    (:func:`~lakescore.jobs.platform.spark.adapter.job_tag`), so another thread can cancel it
+    (:func:`~lakescore.jobs.platform.spark.adapter.cancel_tagged`), in classic and Connect sessions alike.
 
     With a reduced-precision ``spec`` (``spec.reduced_precision``) and a ``sample`` of input texts, one task also
     compares its outputs with float32's on the sample (for int8 the float32 graph, checked against torch at export);

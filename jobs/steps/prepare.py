@@ -18,7 +18,7 @@ from typing import Optional
 
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.spark_adapter import default_parallelism
+from lakescore.jobs.platform.spark.adapter import default_parallelism
 from lakescore.jobs.platform.tables import column, run_metadata
 from lakescore.jobs.steps.dead_letter import check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup

@@ -28,12 +28,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, BooleanType, DateType, NumericType, StringType, StructType, TimestampNTZType, TimestampType
 
 from lakescore.jobs.config import RUN_ID, JobConfig
-from lakescore.jobs.platform.hadoop_files import FILE_STATUS
+from lakescore.jobs.platform.files.hadoop_files import FILE_STATUS
 from lakescore.jobs.platform.tables import (
     DELETION_VECTORS, MERGE_OP, STATS_COLUMNS, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, read_input,
     write_delta,
 )
-from lakescore.jobs.platform.step_hooks import at_point
+from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows

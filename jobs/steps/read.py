@@ -19,11 +19,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType
 
 from lakescore.jobs.config import ConfigError, JobConfig
-from lakescore.jobs.platform.hadoop_files import FILE_STATUS, file_bytes, file_status
-from lakescore.jobs.platform.model_staging import stage_model
-from lakescore.jobs.platform.session import get_or_create_session
+from lakescore.jobs.platform.files.hadoop_files import FILE_STATUS, file_bytes, file_status
+from lakescore.jobs.platform.files.model_staging import stage_model
+from lakescore.jobs.platform.spark.session import get_or_create_session
 from lakescore.jobs.references import parse_table_name, require_catalog_accepts
-from lakescore.jobs.platform.spark_adapter import NotOnConnect, can_delete_paths, rows_counter
+from lakescore.jobs.platform.spark.adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
     OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
     read_files, read_input, read_pinned,
@@ -329,7 +329,7 @@ def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[Dat
 def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:
     """``source`` plus the bytes of the file each row's ``path_col`` names (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`;
     null for a null path or a missing file), read lazily on the executors through the Hadoop filesystem of the path's
-    scheme (:mod:`lakescore.jobs.platform.hadoop_files`), with the session's ``spark.hadoop.*`` settings, and the
+    scheme (:mod:`lakescore.jobs.platform.files.hadoop_files`), with the session's ``spark.hadoop.*`` settings, and the
     path with the file's length and modification time (:data:`~lakescore.schemas.contracts.FILE_COLUMN`, got without
     reading it). Only the Spark jobs that need the bytes read them (the digest, the scoring). Where a Spark Connect
     server refuses that reader's jar, Python reads local, ``file:`` and ``dbfs:/`` paths

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
 
-from lakescore.jobs.platform.spark_adapter import session_facts
-from lakescore.jobs.platform.step_hooks import at_step
+from lakescore.jobs.platform.spark.adapter import session_facts
+from lakescore.jobs.testing_hooks import at_step
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import run_cost, session_resources
 from lakescore.jobs.report.model import RunReport, software_versions
@@ -44,7 +44,7 @@ class StepClock:
     def step(self, name: str) -> Iterator[None]:
         """Time the block as step ``name`` (added to the step's earlier time, if any).
 
-        Test-only hooks (:mod:`lakescore.jobs.platform.step_hooks`) run first, outside the timing.
+        Test-only hooks (:mod:`lakescore.jobs.testing_hooks`) run first, outside the timing.
         """
         start = time.perf_counter()
         try:

@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from lakescore.jobs.platform.background import in_background
+from lakescore.jobs.platform.spark.background import in_background
 from lakescore.jobs.platform.tables import column
 
 __all__ = [

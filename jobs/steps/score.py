@@ -1,7 +1,7 @@
 """Step 4, score: the chunks not yet staged go through the model on the executors into staging.
 
 The scoring stage is a ``mapInArrow`` over the scorable rows (:mod:`lakescore.udfs.scoring_udf`),
-on its own resource profile when one is configured (:mod:`lakescore.jobs.platform.profiles`),
+on its own resource profile when one is configured (:mod:`lakescore.jobs.platform.spark.profiles`),
 one Delta commit per chunk (:mod:`lakescore.jobs.steps.staging`), so a rerun resumes.
 """
 
@@ -17,9 +17,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.progress import ProgressReporter, scoring_tasks
-from lakescore.jobs.platform.spark_adapter import default_parallelism, partition_count, stage_progress
-from lakescore.jobs.platform.step_hooks import at_point
+from lakescore.jobs.platform.spark.progress import ProgressReporter, scoring_tasks
+from lakescore.jobs.platform.spark.adapter import default_parallelism, partition_count, stage_progress
+from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import Plan, RunContext, ScoringLayout, scoring_layout
 from lakescore.jobs.steps.dedup import score_deduplicated
@@ -71,7 +71,7 @@ def score_dataframe(
     (:func:`~lakescore.udfs.scoring_udf.make_scoring_function`), for a caller that drops scored rows.
 
     With ``resources.scoring`` set and a master that honours resource profiles, the
-    scoring stage runs with that profile (:mod:`lakescore.jobs.platform.profiles`) on
+    scoring stage runs with that profile (:mod:`lakescore.jobs.platform.spark.profiles`) on
     ``resources.scoring.partitions`` (else as above) tasks, always behind a
     repartition: a profile covers a whole stage, and reading and preprocessing
     must keep the default, full-CPU parallelism. Elsewhere (``local[...]``) a
@@ -189,9 +189,9 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     """A few scoring tasks per slot unless configured, so progress moves before the first wave of tasks ends
     (accumulators merge when a task ends), but never so many that task overhead dominates
-    (:func:`~lakescore.jobs.platform.progress.progress_partitions`). Over Spark Connect,
+    (:func:`~lakescore.jobs.platform.spark.progress.progress_partitions`). Over Spark Connect,
     where the planned partitions are unknown without a job, the layout stays as configured. A cheap model scores
-    the input's own partitions (:func:`~lakescore.jobs.platform.progress.scoring_tasks`, at the speed the preflight
+    the input's own partitions (:func:`~lakescore.jobs.platform.spark.progress.scoring_tasks`, at the speed the preflight
     measured: :attr:`~lakescore.jobs.steps.context.ModelIdentity.row_seconds`)."""
     if run.layout.partitions is not None:
         return run.layout

@@ -48,7 +48,7 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.references import parse_table_name
 from lakescore.jobs.platform.tables import (
     column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,

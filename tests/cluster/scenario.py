@@ -8,7 +8,7 @@ executor local-cluster on the shared test machine) on ``MASTER`` with a GPU task
 same profile that reports each task's ``TaskContext`` resources. Executors get
 fake GPUs ``0`` and ``1`` from a discovery script (there is no real GPU; the
 model runs on CPU). Prints one JSON object on the last stdout line: the run
-report, the warnings :mod:`lakescore.jobs.platform.profiles` logged, the probe's per-task
+report, the warnings :mod:`lakescore.jobs.platform.spark.profiles` logged, the probe's per-task
 resources, and every stage with its resource profile id (Spark's REST API).
 """
 
@@ -30,11 +30,11 @@ def main(master: str, workdir: Path) -> dict:
     from pyspark import TaskContext
 
     from lakescore.jobs.config import load_config
-    from lakescore.jobs.platform.profiles import scoring_profile
+    from lakescore.jobs.platform.spark.profiles import scoring_profile
     from lakescore.jobs.steps.read import model_spec
     from lakescore.jobs.steps.score import score_dataframe
-    from lakescore.jobs.platform.session import get_or_create_session
-    from lakescore.jobs.platform.spark_adapter import rows_counter
+    from lakescore.jobs.platform.spark.session import get_or_create_session
+    from lakescore.jobs.platform.spark.adapter import rows_counter
 
     warnings: list[str] = []
 
@@ -42,7 +42,7 @@ def main(master: str, workdir: Path) -> dict:
         def emit(self, record):
             warnings.append(record.getMessage())
 
-    logging.getLogger("lakescore.jobs.platform.profiles").addHandler(Keep(logging.WARNING))
+    logging.getLogger("lakescore.jobs.platform.spark.profiles").addHandler(Keep(logging.WARNING))
 
     script = workdir / "gpus.sh"
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')

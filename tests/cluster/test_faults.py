@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lakescore.jobs.platform.local import python_daemon
-from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV, BARRIER_ENV
+from lakescore.jobs.platform.spark.local import python_daemon
+from lakescore.jobs.testing_hooks import ANNOUNCE_ENV, BARRIER_ENV
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, executors, procs_now
 from tests.integration.test_score_job import reviews_frame
 

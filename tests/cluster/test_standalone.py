@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from lakescore.jobs.platform.local import python_daemon
+from lakescore.jobs.platform.spark.local import python_daemon
 from tests.cluster.processes import CliRun, descendants, procs_now
 from tests.cluster.test_submit_local import _delta_snapshot
 

@@ -14,7 +14,7 @@ def spark_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark(spark_dirs):
-    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.udfs.registry import get_task
 
     session, created = get_or_create_session(

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.local.accelerations import local_java_options
-from lakescore.jobs.platform.session import jar_confs
+from lakescore.jobs.platform.spark.local.own_host import local_java_options
+from lakescore.jobs.platform.spark.session import jar_confs
 
 START_SECONDS = 240
 

@@ -1,6 +1,6 @@
 """Run a scoring job in a thread held at one of its steps, so a test can change the world meanwhile.
 
-The job waits at ``step`` on the test barrier (:data:`~lakescore.jobs.platform.step_hooks.BARRIER_ENV`, two
+The job waits at ``step`` on the test barrier (:data:`~lakescore.jobs.testing_hooks.BARRIER_ENV`, two
 parties): once it has arrived, ``meanwhile()`` runs in the test's thread (an upstream commit, a write to
 staging), then the test arrives too and the job goes on.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_scoring
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.score_job import run_scoring
 from tests.integration.test_pinned_publish import _accounts

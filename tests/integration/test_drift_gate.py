@@ -23,8 +23,8 @@ import pytest
 from scipy.spatial.distance import jensenshannon
 
 from lakescore.jobs.cli import main
-from lakescore.jobs.platform.interrupts import was_interrupted
-from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+from lakescore.jobs.platform.spark.interrupts import was_interrupted
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.api import score
 from tests.conftest import LABELS
 from tests.integration.test_score_job import read_output, reviews_frame

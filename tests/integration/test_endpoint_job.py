@@ -31,7 +31,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.platform.step_hooks import BARRIER_ENV
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
@@ -394,9 +394,9 @@ def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_repo
     """Issue 57: with ``spark.eventLog.enabled`` and the key in ``spark.executorEnv.<NAME>``, the event log held it
     in plain text (the environment update, every job start and stage submission), as did the UI's Environment tab.
     The session lakescore builds redacts it; a session it did not build gets one warning line."""
-    from lakescore.jobs.platform.session import warn_if_shown
+    from lakescore.jobs.platform.spark.session import warn_if_shown
 
-    with caplog.at_level("WARNING", logger="lakescore.jobs.platform.session"):
+    with caplog.at_level("WARNING", logger="lakescore.jobs.platform.spark.session"):
         warn_if_shown(spark, [KEY_ENV])  # this test session was built without the name: it would show the key
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         f"this session's spark.redaction.regex does not match {KEY_ENV}"]

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from lakescore import transform
-from lakescore.jobs.platform.hadoop_files import FUNCTION, STATUS_FUNCTION
+from lakescore.jobs.platform.files.hadoop_files import FUNCTION, STATUS_FUNCTION
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from lakescore.schemas.output import FILE_COLUMNS

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.platform.step_hooks import ANNOUNCE_ENV
+from lakescore.jobs.testing_hooks import ANNOUNCE_ENV
 from lakescore.jobs.platform.tables import TableError
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.score_job import run_scoring

@@ -7,14 +7,14 @@ import subprocess
 import sys
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.local.class_archive import archive_path
-from lakescore.jobs.platform.session import jar_confs
+from lakescore.jobs.platform.spark.local.class_archive import archive_path
+from lakescore.jobs.platform.spark.session import jar_confs
 
 # -Xshare:on turns "archive unusable, start without it" into a JVM that refuses to start.
 PROBE = """
 import sys
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.session import get_or_create_session
+from lakescore.jobs.platform.spark.session import get_or_create_session
 conf = {"spark.driver.extraJavaOptions": "-Xshare:on", "spark.ui.enabled": "false"}
 spark, _ = get_or_create_session(SparkConfig(master="local[1]", warehouse_dir=sys.argv[1], conf=conf))
 jvm = spark.sparkContext._jvm

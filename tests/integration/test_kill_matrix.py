@@ -1,7 +1,7 @@
 """Kill the driver at every named point of a run, rerun the same command, and get exactly the uninterrupted result.
 
 Each case runs ``lakescore score`` as a subprocess with ``LAKESCORE_TEST_KILL=<point>``
-(:mod:`lakescore.jobs.platform.step_hooks`): the driver SIGKILLs itself there, as a platform kills a
+(:mod:`lakescore.jobs.testing_hooks`): the driver SIGKILLs itself there, as a platform kills a
 driver (no ``finally``, no shutdown hook). The same command is then rerun (in this process, on the
 test session's Spark: one JVM start per case, not two) and must: exit 0; put every input id exactly
 once in output or errors; publish the predictions of one uninterrupted reference run (made once per
@@ -32,7 +32,7 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.cli import main
-from lakescore.jobs.platform.step_hooks import KILL_ENV
+from lakescore.jobs.testing_hooks import KILL_ENV
 from lakescore.jobs.platform.tables import delta_history
 from tests.conftest import TinyTabular
 

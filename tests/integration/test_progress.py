@@ -7,8 +7,8 @@ import logging
 import sys
 import time
 
-from lakescore.jobs.platform.progress import ProgressReporter
-from lakescore.jobs.platform.spark_adapter import stage_progress
+from lakescore.jobs.platform.spark.progress import ProgressReporter
+from lakescore.jobs.platform.spark.adapter import stage_progress
 
 
 def count_rows_slowly(spark, rows, tasks: int) -> None:

@@ -230,8 +230,8 @@ def test_progress_line_reports_rows_rate_and_eta(spark):
     import re
     import time
 
-    from lakescore.jobs.platform.progress import ProgressReporter
-    from lakescore.jobs.platform.spark_adapter import rows_counter, stage_progress
+    from lakescore.jobs.platform.spark.progress import ProgressReporter
+    from lakescore.jobs.platform.spark.adapter import rows_counter, stage_progress
 
     rows = rows_counter(spark)
     spark.range(250, numPartitions=2).foreach(lambda _: rows.add(1))  # workers add, as in scoring
@@ -255,7 +255,7 @@ def test_observed_aggregates_come_with_the_write_or_not_at_all(spark, tmp_path, 
     ``None`` after a bounded wait (and counts in a job of its own) instead of Spark's endless ``Observation.get``."""
     from pyspark.sql import functions as F
 
-    from lakescore.jobs.platform import spark_adapter
+    from lakescore.jobs.platform.spark import adapter as spark_adapter
 
     df = spark.range(0, 1000)
     rows, aggregated = spark_adapter.observed(df, F.count(F.lit(1)).alias("n"), F.max("id").alias("top"))

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from lakescore.jobs.platform.local import python_daemon
+from lakescore.jobs.platform.spark.local import python_daemon
 from lakescore.jobs.steps.context import PythonWorkerStart, ScoringLayout
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.read import open_input
@@ -17,7 +17,7 @@ from lakescore.jobs.steps.read import open_input
 
 def test_workers_fork_from_a_daemon_that_imported_torch(spark):
     """The session the tests share is built as `lakescore score` builds one. Each worker's parent is the daemon
-    run as :mod:`lakescore.jobs.platform.local.python_daemon`, with torch's library already mapped: imported there,
+    run as :mod:`lakescore.jobs.platform.spark.local.python_daemon`, with torch's library already mapped: imported there,
     before the fork, not by the worker. pyspark comes from the installed package, not the zip Spark puts first on
     the workers' path (the same files, uncompiled)."""
     PythonWorkerStart(spark, ScoringLayout(None, None)).wait()

@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lakescore.jobs.platform.local import python_daemon
+from lakescore.jobs.platform.spark.local import python_daemon
 from tests.cluster.processes import CliRun, cpu_seconds, descendants, procs_now
 from tests.conftest import TinyTabular
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakescore.jobs.platform.local.class_archive import archive_path, classpath_digest, start_options
+from lakescore.jobs.platform.spark.local.class_archive import archive_path, classpath_digest, start_options
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from lakescore.jobs.cli import EXIT_BAD_INPUT, run
-from lakescore.jobs.platform.jars import delta_coordinate
+from lakescore.jobs.platform.spark.jars import delta_coordinate
 
 
 def test_a_failed_run_raises_system_exit_with_the_cli_code(monkeypatch, capsys):

@@ -12,8 +12,8 @@ PROBE = """
 import atexit, gc, sys
 import lakescore.jobs.cli as cli
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.local.accelerations import accelerations_for
-accelerations_for(SparkConfig(master={master!r}, class_archive=False), {{}})  # what session building asks
+from lakescore.jobs.platform.spark.local.own_host import own_host_tuning
+own_host_tuning(SparkConfig(master={master!r}, class_archive=False), {{}})  # what session building asks
 cli.main = lambda: {code}
 atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count()))
 cli.run()

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from lakescore.jobs.platform import console
-from lakescore.jobs.platform.local import accelerations
+from lakescore.jobs.platform.spark import console
+from lakescore.jobs.platform.spark.local import own_host
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ def test_jvm_stderr_copy_drops_only_the_incubator_line(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(sys, "stderr", out)
     jvm = io.BytesIO(b"WARNING: Using incubator modules: jdk.incubator.vector\n26/11/23 WARN TaskSetManager: Lost task\n")
-    accelerations._copy_stderr(jvm)
+    own_host._copy_stderr(jvm)
     assert out.getvalue() == "26/11/23 WARN TaskSetManager: Lost task\n"
 
 

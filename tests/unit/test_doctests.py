@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize("module", [
-    "lakescore.jobs.platform.console", "lakescore.jobs.platform.progress", "lakescore.jobs.platform.tables.refs",
+    "lakescore.jobs.platform.spark.console", "lakescore.jobs.platform.spark.progress", "lakescore.jobs.platform.tables.refs",
     "lakescore.jobs.report.model", "lakescore.schemas.column_names", "lakescore.jobs.cost", "lakescore.jobs.references",
 ])
 def test_docstring_examples(module):

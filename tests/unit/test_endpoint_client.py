@@ -468,7 +468,7 @@ def test_a_key_typed_into_api_key_env_is_refused_before_compute_and_never_echoed
 def test_the_session_lakescore_builds_hides_the_keys_variable():
     import re
 
-    from lakescore.jobs.platform.session import SPARK_REDACTION_DEFAULT, redaction_regex
+    from lakescore.jobs.platform.spark.session import SPARK_REDACTION_DEFAULT, redaction_regex
 
     assert not re.search(SPARK_REDACTION_DEFAULT, "spark.executorEnv.LLM_API_KEY")  # Spark's default shows it
     hidden = redaction_regex(None, ["LLM_API_KEY"])

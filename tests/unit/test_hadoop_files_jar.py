@@ -9,7 +9,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from lakescore.jobs.platform.hadoop_files import JAR, JAVA_CLASS
+from lakescore.jobs.platform.files.hadoop_files import JAR, JAVA_CLASS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def _manifest(jar: Path) -> dict[str, str]:
 
 
 def test_the_committed_jar_is_built_from_the_current_sources():
-    sources = sorted((REPO / "jobs" / "platform" / "java" / "lakescore").glob("*.java"))  # the Makefile's JAVA_SRC
+    sources = sorted((REPO / "jobs" / "platform" / "files" / "java" / "lakescore").glob("*.java"))  # the Makefile's JAVA_SRC
     assert sources
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()
     assert _manifest(JAR).get("Source-SHA256") == digest, "the Java sources changed since the jar was built: run make jar"
@@ -36,7 +36,7 @@ def test_the_committed_jar_is_built_from_the_current_sources():
 
 def test_the_jar_is_package_data_of_the_wheel():
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    package = "lakescore.jobs.platform"
-    relative = JAR.relative_to(REPO / setuptools["package-dir"]["lakescore.jobs"] / "platform").as_posix()
+    package = "lakescore.jobs.platform.files"
+    relative = JAR.relative_to(REPO / setuptools["package-dir"]["lakescore.jobs"] / "platform" / "files").as_posix()
     assert package in setuptools["packages"]
     assert any(fnmatch.fnmatch(relative, pattern) for pattern in setuptools["package-data"][package]), relative

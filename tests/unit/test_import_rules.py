@@ -18,7 +18,11 @@ FORBIDDEN = {
                                "lakescore.udfs.runners", "lakescore.udfs.pandas_udf"),
     "lakescore.schemas": ("lakescore.jobs", "lakescore.udfs"),
     "lakescore.jobs.platform": ("lakescore.jobs.steps", "lakescore.jobs.commands", "lakescore.jobs.cli",
-                                "lakescore.jobs.api", "lakescore.jobs.score_job"),
+                                "lakescore.jobs.api", "lakescore.jobs.score_job", "lakescore.jobs.testing_hooks"),
+    # the session and its adapter are what table I/O and file staging stand on, never the other way
+    "lakescore.jobs.platform.spark": ("lakescore.jobs.platform.tables", "lakescore.jobs.platform.files"),
+    # the test hooks stand alone: the steps call them, they call nothing of the job
+    "lakescore.jobs.testing_hooks": ("lakescore.jobs", "lakescore.udfs", "lakescore.schemas"),
     "lakescore.jobs.config": ("lakescore.jobs.platform", "lakescore.jobs.steps", "lakescore.jobs.commands"),
     "lakescore.jobs.steps": ("lakescore.jobs.commands", "lakescore.jobs.cli", "lakescore.jobs.api",
                              "lakescore.jobs.score_job"),

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, fetch_jars, hadoop_version, s3a_coordinate
-from lakescore.jobs.platform.session import jar_confs, needs_s3a
+from lakescore.jobs.platform.spark.jars import cached_jars, delta_coordinate, fetch_jars, hadoop_version, s3a_coordinate
+from lakescore.jobs.platform.spark.session import jar_confs, needs_s3a
 
 
 def fake_fetched(jars_dir: Path, coordinate: str, names=("a.jar", "b.jar"), complete=True) -> list[Path]:

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from lakescore.jobs.platform.local.accelerations import LOCAL_MODE_JAVA_OPTIONS, local_java_options, one_host_cluster_java_options
+from lakescore.jobs.platform.spark.local.own_host import LOCAL_MODE_JAVA_OPTIONS, local_java_options, one_host_cluster_java_options
 
 
 @pytest.mark.parametrize(
@@ -55,18 +55,18 @@ def test_a_cluster_master_gets_no_acceleration_at_all(master, tmp_path):
     """No JVM flag, class archive, Delta default, daemon or quiet gateway reaches a cluster lakescore does not own,
     even with an archive on disk and both keys on (their defaults)."""
     from lakescore.jobs.config import SparkConfig
-    from lakescore.jobs.platform.local.accelerations import Accelerations, accelerations_for
+    from lakescore.jobs.platform.spark.local.own_host import OwnHostTuning, own_host_tuning
 
     cfg = SparkConfig(master=master, jars_dir=str(tmp_path), class_archive=True, worker_preload=True)
-    assert accelerations_for(cfg, {}, ("torch",)) == Accelerations()
+    assert own_host_tuning(cfg, {}, ("torch",)) == OwnHostTuning()
 
 
 @pytest.mark.parametrize("master, local", [("local[2]", True), ("local", True), ("local-cluster[2,1,1024]", False)])
 def test_this_hosts_own_masters_get_the_jvm_flags_and_the_daemon(master, local):
     from lakescore.jobs.config import SparkConfig
-    from lakescore.jobs.platform.local.accelerations import OWN_HOST_DEFAULTS, accelerations_for
+    from lakescore.jobs.platform.spark.local.own_host import OWN_HOST_DEFAULTS, own_host_tuning
 
-    fast = accelerations_for(SparkConfig(master=master, class_archive=False), {}, ("torch",))
+    fast = own_host_tuning(SparkConfig(master=master, class_archive=False), {}, ("torch",))
     assert LOCAL_MODE_JAVA_OPTIONS in fast.driver_java_options and fast.quiet_gateway
     assert "spark.python.daemon.module" in fast.confs
     assert fast.defaults == OWN_HOST_DEFAULTS

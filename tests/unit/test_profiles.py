@@ -3,7 +3,7 @@
 import pytest
 
 from lakescore.jobs.config import ConfigError, ScoringResources, load_config
-from lakescore.jobs.platform.profiles import ProfileError, build_profile, plan_profile, supports_profiles
+from lakescore.jobs.platform.spark.profiles import ProfileError, build_profile, plan_profile, supports_profiles
 
 GPU_EXECUTORS = {"spark.executor.resource.gpu.amount": "1"}
 DYNAMIC = {"spark.dynamicAllocation.enabled": "true"}

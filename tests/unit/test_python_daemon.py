@@ -11,8 +11,8 @@ import pyspark
 import pytest
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.local import python_daemon
-from lakescore.jobs.platform.local.accelerations import worker_preload_confs
+from lakescore.jobs.platform.spark.local import python_daemon
+from lakescore.jobs.platform.spark.local.own_host import worker_preload_confs
 from lakescore.udfs.registry import TASKS, get_task
 
 
@@ -25,7 +25,7 @@ def test_preload_keeps_stdout_for_the_port_and_survives_a_failing_import(tmp_pat
         f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
-        from lakescore.jobs.platform.local.python_daemon import preload
+        from lakescore.jobs.platform.spark.local.python_daemon import preload
         imported = preload(["noisy_module", "broken_module", " json ", ""])
         print("PORT", ",".join(imported))
         """
@@ -81,7 +81,7 @@ def test_every_task_and_backend_names_importable_modules():
 def test_the_onnx_backend_preloads_no_torch():
     """A worker on the ONNX backend never imports torch; its daemon must not either (a fresh interpreter)."""
     names = [n for task in TASKS.values() for backend in task.backends if backend == "onnx" for n in task.worker_imports(backend)]
-    code = f"import sys; from lakescore.jobs.platform.local.python_daemon import preload; preload({names!r}); print('torch' in sys.modules)"
+    code = f"import sys; from lakescore.jobs.platform.spark.local.python_daemon import preload; preload({names!r}); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
@@ -100,7 +100,7 @@ def test_the_daemon_is_told_from_the_jvm_that_names_it():
 def test_preloaded_objects_are_frozen_before_the_fork():
     """After the preload the daemon freezes what it imported, so collections in its workers leave those pages shared."""
     code = (
-        "import gc; from lakescore.jobs.platform.local.python_daemon import freeze_for_fork, preload; "
+        "import gc; from lakescore.jobs.platform.spark.local.python_daemon import freeze_for_fork, preload; "
         "preload(['json', 'decimal']); before = gc.get_freeze_count(); freeze_for_fork(); "
         "print(before, gc.get_freeze_count() > 1000, gc.isenabled())"
     )

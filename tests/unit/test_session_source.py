@@ -2,7 +2,7 @@
 
 import pytest
 
-from lakescore.jobs.platform.session import session_source
+from lakescore.jobs.platform.spark.session import session_source
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ADAPTER = REPO / "jobs" / "platform" / "spark_adapter.py"
+ADAPTER = REPO / "jobs" / "platform" / "spark" / "adapter.py"
 PACKAGES = ("lakescore", "jobs", "udfs", "schemas", "bench")
 
 CLASSIC_ONLY = {

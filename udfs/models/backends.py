@@ -34,7 +34,7 @@ WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
     "onnx": (),
 }
 """Backend -> the modules its forward imports in a worker (with the text tokenizers; torch's are the costly
-ones): what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.local.python_daemon`).
+ones): what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.spark.local.python_daemon`).
 Not ``onnxruntime``: its import starts a native thread, which a fork would not carry, and it is cheap anyway."""
 
 

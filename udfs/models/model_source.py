@@ -4,7 +4,7 @@ A source is one of
 
 * a local directory or file (``/models/x``, ``./model.pt2``);
 * a Hadoop filesystem URI (``s3a://``, ``dbfs:/``, ``abfss://``, ``file:/``, ...):
-  the job stages it to local disk with Spark (:mod:`lakescore.jobs.platform.model_staging`;
+  the job stages it to local disk with Spark (:mod:`lakescore.jobs.platform.files.model_staging`;
   executors get it through Spark's files, copied once per host) and workers load the
   staged copy (:func:`staged_copy`);
 * an MLflow model URI (``models:/name/version``, ``models:/name@alias``, ``runs:/id/path``):
@@ -196,7 +196,7 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
     if needs_staging(source):
         staged = staged_copy(source, revision)
         if staged is None:
-            raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.model_staging)")
+            raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.files.model_staging)")
         return staged
     path = Path(source).expanduser()
     if path.exists():

@@ -15,7 +15,7 @@ each working in classic and Spark Connect sessions: :func:`read_input` / :func:`
 from its one row parser) and :func:`delta_detail`. Delta's SQL runs everywhere; for a path in a classic session the
 same operation runs through Delta's ``DeltaTable`` API instead (:meth:`TableRef.delta_api`), which skips the
 metastore lookup SQL makes for ``delta.`<path>```. Filesystem calls go through
-:mod:`lakescore.jobs.platform.spark_adapter`.
+:mod:`lakescore.jobs.platform.spark.adapter`.
 """
 
 from __future__ import annotations

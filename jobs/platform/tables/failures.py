@@ -9,7 +9,7 @@ from typing import Optional
 from pyspark.errors import AnalysisException
 from pyspark.sql.types import StructType
 
-from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 
 
 class TableError(ValueError):
@@ -32,7 +32,7 @@ _UNREADABLE_FILE = re.compile(
 def cause_chain(exc: BaseException) -> list[str]:
     """What ``exc`` and everything behind it said, outermost first, one line each: Python's chain (``__cause__``,
     else ``__context__``) and, for an error raised in the JVM, its Java causes
-    (:func:`~lakescore.jobs.platform.spark_adapter.java_causes`), or where only the error's text came back (Spark
+    (:func:`~lakescore.jobs.platform.spark.adapter.java_causes`), or where only the error's text came back (Spark
     Connect, a JVM that is gone) that text's first line and the ``Caused by:`` lines of its text and of the stack
     trace it carries (Spark Connect's ``getStackTrace()``, the server's). The last is the root cause."""
     chain: list[str] = []

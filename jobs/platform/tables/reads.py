@@ -12,8 +12,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from lakescore.jobs.platform.background import in_background
-from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.spark.background import in_background
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.references import quote_identifier
 from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
 from lakescore.schemas.output import column_types
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def check_writable_path(spark: SparkSession, ref: str, what: str) -> None:
     """Before any compute: a file can be created where the path ``ref`` will be written (the output, the errors
     table, staging), as the session's Hadoop filesystem sees it
-    (:func:`~lakescore.jobs.platform.spark_adapter.probe_write`); :class:`TableError` naming the refusal otherwise.
+    (:func:`~lakescore.jobs.platform.spark.adapter.probe_write`); :class:`TableError` naming the refusal otherwise.
     Over Spark Connect nothing is probed."""
     try:
         spark_adapter.probe_write(spark, ref)
@@ -175,7 +175,7 @@ def _load_file_lists(spark: SparkSession, refs: list["str | TableRef"]) -> None:
 
 def is_delta(spark: SparkSession, ref: "str | TableRef") -> bool:
     """Whether ``ref`` (a path or a table) is a Delta table: a path has a Delta log with a commit
-    (:func:`~lakescore.jobs.platform.spark_adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
+    (:func:`~lakescore.jobs.platform.spark.adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
     ref = TableRef.parse(ref)
     known = spark_adapter.is_delta_path(spark, ref.text) if ref.is_path else None
     if known is not None:

@@ -8,7 +8,7 @@ from typing import Optional
 
 from pyspark.sql import SparkSession
 
-from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.references import TableName, is_path, local_ref, parse_table_name, quote_identifier
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from typing import Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from lakescore.jobs.platform import spark_adapter
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.platform.tables.failures import WriteConflictError, first_line, is_commit_conflict
 from lakescore.jobs.platform.tables.history import own_entry
@@ -244,7 +244,7 @@ def _recording_empty_commits(spark: SparkSession, wanted: bool):
 def delete_path(spark: SparkSession, ref: str) -> bool:
     """Delete the directory ``ref`` recursively (any Hadoop filesystem); True if something was deleted.
 
-    Classic sessions only (:func:`lakescore.jobs.platform.spark_adapter.can_delete_paths`).
+    Classic sessions only (:func:`lakescore.jobs.platform.spark.adapter.can_delete_paths`).
     """
     return spark_adapter.delete_path(spark, ref)
 

@@ -9,7 +9,7 @@ At default verbosity a session lakescore builds starts quiet:
 * on this host's own masters, the one line log4j cannot reach, ``WARNING: Using incubator modules:
   jdk.incubator.vector`` (the JVM itself prints it for the module Spark's launcher adds), is dropped from the
   gateway JVM's stderr, which is otherwise copied through unchanged
-  (:func:`lakescore.jobs.platform.local.accelerations.launch_quiet_gateway`);
+  (:func:`lakescore.jobs.platform.spark.local.own_host.launch_quiet_gateway`);
 * Python logging shows lakescore's INFO lines and other libraries' warnings only;
 * for the CLI (:func:`log_jvm_to_file`), the JVM's warnings and errors, stack traces and all, go to a log
   file of the session's own (:func:`run_log`) instead of the console, and so does the traceback of a

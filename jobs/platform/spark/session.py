@@ -7,17 +7,17 @@ is used as is: no jars added, no master or metastore set, nothing reconfigured,
 never stopped here (``jobs/launcher.py`` stops a spark-submit application's own
 at exit). With ``spark.remote`` (``--remote sc://host:port``) or ``SPARK_REMOTE`` set, the
 session is a Spark Connect client of that server, which owns jars, Delta and the metastore;
-either kind runs the same job (:mod:`lakescore.jobs.platform.spark_adapter`). Built locally, the session has the Delta extension and catalog, a Hive
+either kind runs the same job (:mod:`lakescore.jobs.platform.spark.adapter`). Built locally, the session has the Delta extension and catalog, a Hive
 metastore in an embedded Derby database under ``spark.metastore_dir`` and
 managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
 metastore tables. For the CLI its driver JVM logs to ``logs/`` beside the metastore
-(:func:`lakescore.jobs.platform.console.start_run_log`).
+(:func:`lakescore.jobs.platform.spark.console.start_run_log`).
 It gets the Hadoop S3A connector only when the job touches ``s3a://`` (or
 ``spark.s3a`` says so): its ~620 MiB of jars add seconds to every start and, in
 local mode, are copied into each session's scratch directory.
 
 On this host's own masters (``local[…]``, ``local-cluster[…]``) the session gets lakescore's local accelerators
-on top (:mod:`lakescore.jobs.platform.local.accelerations`: class archive, JVM flags, the worker daemon); on any
+on top (:mod:`lakescore.jobs.platform.spark.local.own_host`: class archive, JVM flags, the worker daemon); on any
 other master it is built from ``spark:`` config alone.
 
 A session lakescore builds hides the environment variables that hold the run's secrets (``generate.endpoint.api_key_env``)
@@ -40,12 +40,12 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from pyspark.sql import SparkSession
 
-from lakescore.jobs.platform import interrupts
+from lakescore.jobs.platform.spark import interrupts
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.console import is_verbose, quiet_java_options, start_run_log
-from lakescore.jobs.platform.jars import cached_jars, delta_coordinate, s3a_coordinate
-from lakescore.jobs.platform.local.accelerations import accelerations_for
-from lakescore.jobs.platform.spark_adapter import session_facts, set_log_level, start_quiet_classic_jvm
+from lakescore.jobs.platform.spark.console import is_verbose, quiet_java_options, start_run_log
+from lakescore.jobs.platform.spark.jars import cached_jars, delta_coordinate, s3a_coordinate
+from lakescore.jobs.platform.spark.local.own_host import own_host_tuning
+from lakescore.jobs.platform.spark.adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
 __all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "redaction_regex", "warn_if_shown"]
 
@@ -125,7 +125,7 @@ def get_or_create_session(
     tables / paths the job reads and writes; a built session gets the S3A connector jars
     when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
     Spark resolves them from Maven at start-up (with a warning). On this host's own masters a built session's Python
-    daemon imports ``worker_imports`` before forking workers (:func:`~lakescore.jobs.platform.local.accelerations.accelerations_for`).
+    daemon imports ``worker_imports`` before forking workers (:func:`~lakescore.jobs.platform.spark.local.own_host.own_host_tuning`).
     ``secret_names``: environment variables holding secrets, hidden in a built session (:func:`redaction_regex`), warned
     of in a taken one (:func:`warn_if_shown`). ``run_defaults``: settings the run's input needs, in a built session
     only, below the user's ``spark.conf``.
@@ -160,7 +160,7 @@ def get_or_create_session(
     hidden = redaction_regex(confs.get("spark.redaction.regex"), secret_names)
     if hidden is not None:
         confs["spark.redaction.regex"] = hidden
-    fast = accelerations_for(cfg, confs, worker_imports)
+    fast = own_host_tuning(cfg, confs, worker_imports)
     confs = {**fast.defaults, **(run_defaults or {}), **confs, **fast.confs}
     user_java_options = confs.get("spark.driver.extraJavaOptions", "")
     java_options = [f"-Dderby.system.home={metastore.parent}", *fast.driver_java_options]

@@ -3,19 +3,19 @@
 ``local``, ``local[…]`` and ``local-cluster[…]`` (:func:`own_host`) run every JVM and Python process of the job on this
 host, started by lakescore for this one job, so lakescore tunes them for short runs:
 
-* the driver JVM starts from the host's class-data-sharing archive (:mod:`~lakescore.jobs.platform.local.class_archive`),
+* the driver JVM starts from the host's class-data-sharing archive (:mod:`~lakescore.jobs.platform.spark.local.class_archive`),
   with C1-only JIT and, on small heaps, the serial collector (:func:`local_java_options`); a ``local-cluster``'s
   executor JVMs run C1-only too;
 * Delta rebuilds table state with few tasks (:data:`OWN_HOST_DEFAULTS`);
 * executors fork Python workers from a daemon that imported the scoring runtime first
-  (:mod:`~lakescore.jobs.platform.local.python_daemon`, :func:`worker_preload_confs`);
+  (:mod:`~lakescore.jobs.platform.spark.local.python_daemon`, :func:`worker_preload_confs`);
 * the gateway JVM's stderr passes through a filter that drops one start-up notice (:func:`launch_quiet_gateway`);
 * the driver imports what the run's last steps need in the background (:func:`import_late_modules_meanwhile`), and
   the process ends without a last garbage collection (:func:`spare_the_exit_collection`).
 
 Never on ``spark://``, ``yarn``, ``k8s://``, Databricks, a spark-submit-provided or a Connect session: there the
 cluster's own Spark runs as its operators configured it (Spark documents ``spark.python.daemon.module`` as
-experimental). Session building asks :func:`accelerations_for` once and applies what it returns; the late imports
+experimental). Session building asks :func:`own_host_tuning` once and applies what it returns; the late imports
 and the exit collection apply only after this process built such a session.
 """
 
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import IO, Mapping, Sequence
 
 from lakescore.jobs.config import SparkConfig, spark_size_mib
-from lakescore.jobs.platform.local import class_archive, python_daemon
+from lakescore.jobs.platform.spark.local import class_archive, python_daemon
 
 __all__ = [
-    "Accelerations", "accelerations_for", "own_host", "OWN_HOST_DEFAULTS", "LOCAL_MODE_JAVA_OPTIONS",
+    "OwnHostTuning", "own_host_tuning", "own_host", "OWN_HOST_DEFAULTS", "LOCAL_MODE_JAVA_OPTIONS",
     "local_java_options", "one_host_cluster_java_options", "worker_preload_confs", "launch_quiet_gateway", "JVM_NOISE",
     "import_late_modules_meanwhile", "spare_the_exit_collection",
 ]
@@ -46,7 +46,7 @@ _built = {"own_host_session": False}
 
 
 @dataclass(frozen=True)
-class Accelerations:
+class OwnHostTuning:
     """What a session lakescore builds gets on top of its own settings; empty for any master but this host's own."""
 
     defaults: dict[str, str] = field(default_factory=dict)
@@ -59,19 +59,19 @@ class Accelerations:
     """Start the gateway JVM through :func:`launch_quiet_gateway` (when not verbose)."""
 
 
-def accelerations_for(cfg: SparkConfig, confs: Mapping[str, str], worker_imports: Sequence[str] = ()) -> Accelerations:
-    """The accelerations for a session built from ``cfg`` whose settings so far are ``confs`` (jars included: the
+def own_host_tuning(cfg: SparkConfig, confs: Mapping[str, str], worker_imports: Sequence[str] = ()) -> OwnHostTuning:
+    """The tuning for a session built from ``cfg`` whose settings so far are ``confs`` (jars included: the
     class archive is per classpath) and whose Python workers import ``worker_imports``: none unless ``cfg.master``
     is this host's own (:func:`own_host`)."""
     if not own_host(cfg.master):
-        return Accelerations()
+        return OwnHostTuning()
     _built["own_host_session"] = True
     local = not cfg.master.startswith("local-cluster[")
     driver = local_java_options(confs.get("spark.driver.memory", "1g"), confs.get("spark.driver.extraJavaOptions", "")) if local else []
     driver += one_host_cluster_java_options(cfg.master)
     if cfg.class_archive:
         driver += class_archive.start_options(cfg.jars_dir, confs)
-    return Accelerations(
+    return OwnHostTuning(
         defaults=dict(OWN_HOST_DEFAULTS),
         confs=worker_preload_confs(cfg, worker_imports),
         driver_java_options=driver,
@@ -135,7 +135,7 @@ def own_host(master: str) -> bool:
 
 
 def worker_preload_confs(cfg: SparkConfig, worker_imports: Sequence[str]) -> dict[str, str]:
-    """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.local.python_daemon`
+    """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.spark.local.python_daemon`
     with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off,
     ``cfg.conf`` names its own daemon module or the master is not this host's own (:func:`own_host`)."""
     if not worker_imports or not cfg.worker_preload or "spark.python.daemon.module" in cfg.conf or not own_host(cfg.master):

@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping, Optional
 
-from lakescore.jobs.platform.jars import find_spark_home
+from lakescore.jobs.platform.spark.jars import find_spark_home
 
 __all__ = ["archive_path", "start_options", "ARCHIVE_DIR_NAME"]
 

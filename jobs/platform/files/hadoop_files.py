@@ -5,10 +5,10 @@ the local filesystem in local mode), with the executors' Hadoop settings (``spar
 The function (``lakescore.HadoopFileBytes``, its source in ``java/``), and its companion giving each file's length and
 modification time without reading it (``lakescore.HadoopFileStatus``), ship compiled in :data:`JAR` (``make jar``),
 so installing lakescore needs no JDK. :func:`file_functions` registers both in a session, adding the jar to the
-session (:func:`~lakescore.jobs.platform.spark_adapter.add_jar`) unless the session has the class already. Added to
+session (:func:`~lakescore.jobs.platform.spark.adapter.add_jar`) unless the session has the class already. Added to
 the running session, not to ``spark.jars`` at start: that works in every session, those lakescore does not build too
 (a notebook, spark-submit, Databricks, Spark Connect), and leaves a built driver's classpath, and so its class
-archive (:mod:`~lakescore.jobs.platform.local.class_archive`), as it was. :func:`file_bytes` and :func:`file_status`
+archive (:mod:`~lakescore.jobs.platform.spark.local.class_archive`), as it was. :func:`file_bytes` and :func:`file_status`
 are the two as columns, read by Python on the executors where a Spark Connect server refuses the jar.
 """
 
@@ -23,7 +23,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-from lakescore.jobs.platform.spark_adapter import add_jar, is_connect
+from lakescore.jobs.platform.spark.adapter import add_jar, is_connect
 
 __all__ = [
     "FUNCTION", "JAVA_CLASS", "STATUS_FUNCTION", "STATUS_CLASS", "FILE_STATUS", "JAR", "file_functions", "file_bytes",

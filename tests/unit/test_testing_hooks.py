@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from lakescore.jobs.platform import step_hooks
+from lakescore.jobs import testing_hooks as step_hooks
 
 
 def test_unset_hooks_neither_write_nor_kill(tmp_path, monkeypatch):
@@ -44,7 +44,7 @@ def test_hooks_stay_off_without_the_suites_switch(tmp_path, monkeypatch):
 
 def test_kill_needs_the_suites_switch():
     """A process with ``LAKESCORE_TEST_KILL`` naming the point it reaches lives on without the switch, dies with it."""
-    code = "from lakescore.jobs.platform.step_hooks import at_point; at_point('publish_commit'); print('alive')"
+    code = "from lakescore.jobs.testing_hooks import at_point; at_point('publish_commit'); print('alive')"
     env = {k: v for k, v in os.environ.items() if k != step_hooks.ENABLE_ENV}
     env[step_hooks.KILL_ENV] = "publish_commit"
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

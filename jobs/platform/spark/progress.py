@@ -1,6 +1,6 @@
 """Progress while the scoring stage runs: rows, %, rows/s, ETA, chunk k/n, tasks.
 
-Tasks come from the session (:func:`lakescore.jobs.platform.spark_adapter.stage_progress`).
+Tasks come from the session (:func:`lakescore.jobs.platform.spark.adapter.stage_progress`).
 Rows come from the workers' ``rows`` accumulator in a classic session, which Spark merges on the
 driver as each task finishes, so the figures move once per finished task. To make them move
 early, :func:`progress_partitions` cuts a chunk into a few tasks per slot, so the first tasks end

@@ -181,11 +181,11 @@ def partition_count(df: DataFrame) -> Optional[int]:
 
 def start_quiet_classic_jvm(settings: Mapping[str, str]) -> None:
     """Start the classic SparkContext of a session lakescore builds, with ``settings``, its JVM's stderr
-    passing through :func:`lakescore.jobs.platform.local.accelerations.launch_quiet_gateway`'s filter; the session
+    passing through :func:`lakescore.jobs.platform.spark.local.own_host.launch_quiet_gateway`'s filter; the session
     builder then picks that context up."""
     from pyspark import SparkConf, SparkContext
 
-    from lakescore.jobs.platform.local.accelerations import launch_quiet_gateway
+    from lakescore.jobs.platform.spark.local.own_host import launch_quiet_gateway
 
     conf = SparkConf().setAll(list(settings.items()))
     SparkContext(conf=conf, gateway=launch_quiet_gateway(conf))

@@ -8,7 +8,7 @@ Models load from local files. Two kinds of source need staging first:
   In a classic session the copy uses the Hadoop ``FileSystem`` (Spark's own credentials and
   connectors) and executors fetch the URI themselves (``addFile``: Spark's fetch cache copies once
   per host); over Spark Connect Spark reads the files for the client and the client ships its copy
-  (:mod:`lakescore.jobs.platform.spark_adapter`);
+  (:mod:`lakescore.jobs.platform.spark.adapter`);
 * an MLflow model URI: pinned to a registry version and downloaded by MLflow's client
   (:mod:`lakescore.udfs.models.mlflow_source`), then shipped.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import ConfigError
-from lakescore.jobs.platform.spark_adapter import NotOnConnect, remote_files
+from lakescore.jobs.platform.spark.adapter import NotOnConnect, remote_files
 from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, is_mlflow_uri, needs_staging, register_staged, shipped_name, stage_once,
 )

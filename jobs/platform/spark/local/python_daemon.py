@@ -8,7 +8,7 @@ is forked with them already imported, so it only loads the weights, and the
 imported modules' memory is shared copy-on-write between the workers instead of copied into each
 (frozen out of the garbage collector's reach first, :func:`freeze_for_fork`).
 
-Sessions lakescore builds set both on this host's own masters (:func:`lakescore.jobs.platform.local.accelerations.worker_preload_confs`);
+Sessions lakescore builds set both on this host's own masters (:func:`lakescore.jobs.platform.spark.local.own_host.worker_preload_confs`);
 the modules come from the task registry (:meth:`lakescore.udfs.registry.Task.worker_imports`).
 A module that fails to import is reported on stderr and left out: the worker imports it again
 where the failure reaches the run as a task error, as it would without this daemon.
@@ -36,7 +36,7 @@ IMPORTS_ENV = "LAKESCORE_WORKER_IMPORTS"
 
 def runs_daemon(argv: Sequence[str]) -> bool:
     """Whether a process with arguments ``argv`` (``/proc/<pid>/cmdline`` split at NULs) is this daemon or a
-    worker forked from it: ``python -m lakescore.jobs.platform.local.python_daemon ...``. The driver JVM's own command
+    worker forked from it: ``python -m lakescore.jobs.platform.spark.local.python_daemon ...``. The driver JVM's own command
     line names the module too, in its ``spark.python.daemon.module`` setting; that is not a match."""
     return any(argv[i] == "-m" and argv[i + 1] == __name__ for i in range(len(argv) - 1))
 
