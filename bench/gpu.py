@@ -167,7 +167,7 @@ def run_bare(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: int
             planned.append({k: torch.as_tensor(v).to(DEVICE) for k, v in chunk.items()})
 
     def forward(inputs):
-        states = model(**inputs).last_hidden_state
+        states = model(**inputs).last_hidden_state  # noqa: F821 (called before the `del model` below)
         mask = inputs["attention_mask"].unsqueeze(-1).to(states.dtype)
         vectors = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
         return torch.nn.functional.normalize(vectors.float(), dim=1)

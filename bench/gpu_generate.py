@@ -76,7 +76,7 @@ def build_model(target: Path, shape: dict, dtype: str, device: str) -> dict[str,
     parameters = 0
     for path in target.glob("*.safetensors"):
         with safe_open(path, "np") as weights:
-            parameters += sum(int(np.prod(weights.get_slice(k).get_shape())) for k in weights.keys())
+            parameters += sum(int(np.prod(weights.get_slice(k).get_shape())) for k in weights)
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     return {"parameters": parameters, "vocab": vocab, "seconds": time.perf_counter() - began}
 

@@ -90,7 +90,7 @@ def w5_images(rows: int, seed: int = W5_SEED) -> Iterator[tuple[str, bytes]]:
     rng = np.random.default_rng(seed)
     low, high = np.log(SIDES[0]), np.log(SIDES[1])
     for i in range(rows):
-        width, height = (int(round(v)) for v in np.exp(rng.uniform(low, high, size=2)))
+        width, height = (round(v) for v in np.exp(rng.uniform(low, high, size=2)))
         fmt = _choice(rng, {name: share for name, (share, _, _) in FORMATS.items()})
         mode = _choice(rng, FORMATS[fmt][1])
         image = _picture(rng, width, height)

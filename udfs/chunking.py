@@ -201,7 +201,7 @@ class ChunkedEmbedder:
         ``chunk_end``, ``embedding``; with a document vector first its row, ``chunk_index`` -1), null where not ``ok``."""
         documents = [outputs[i] for i in np.flatnonzero(ok)]
         index, start, end, vectors, counts = [], [], [], [], []
-        for i, document in zip(np.flatnonzero(ok), documents):
+        for _i, document in zip(np.flatnonzero(ok), documents):
             rows = list(enumerate(document.spans))
             if document.document_vector is not None:
                 index.append(-1), start.append(0), end.append(document.spans[-1][1])

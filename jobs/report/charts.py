@@ -72,7 +72,7 @@ def timeline_chart(key: str, steps: Sequence[tuple[str, float]]) -> str:
     figure, axes = _figure(height=0.5 + 0.35 * len(steps))
     with matplotlib.rc_context(_STYLE):
         start = 0.0
-        for y, (name, seconds) in enumerate(steps):
+        for y, (_name, seconds) in enumerate(steps):
             axes.barh(y, seconds, left=start, color=PALETTE[y % len(PALETTE)])
             axes.text(start + seconds, y, f" {seconds:.1f} s", va="center", fontsize=8)
             start += seconds

@@ -27,7 +27,7 @@ class CliRun:
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                **(env or {})}
         self.log = log
-        self._out = open(log, "wb")
+        self._out = open(log, "wb")  # noqa: SIM115 (the process writes it until wait() closes it)
         self.started = time.time()
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -42,7 +42,7 @@ class CliRun:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"lakescore ran over {RUN_TIMEOUT} s:\n{self.text()[-4000:]}")
+            raise AssertionError(f"lakescore ran over {RUN_TIMEOUT} s:\n{self.text()[-4000:]}") from None
         finally:
             self._out.close()
         self.seconds = round(time.time() - self.started, 1)

@@ -270,7 +270,7 @@ def test_rerun_same_run_date_replaces_rows_with_one_commit_per_run(worker_killed
 
 
 def test_failed_validation_exits_1_and_leaves_the_output_untouched(worker_killed_run, cluster_input):
-    root, source, frame = cluster_input
+    root, source, _frame = cluster_input
     _, first_code, _, output, _ = worker_killed_run
     assert first_code == 0
     commits_before = delta_commits(output)

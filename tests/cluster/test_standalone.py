@@ -112,7 +112,7 @@ def test_packaged_job_runs_on_a_standalone_cluster_with_sparks_own_daemon(tmp_pa
     assert result["status"] == "succeeded", result
     assert result["input_rows"] == result["output_rows"] == ROWS
     assert result["spark"]["master"] == master_url
-    schema, files = _delta_snapshot(output)
+    _schema, files = _delta_snapshot(output)
     table = pq.ParquetDataset([str(f) for f in files]).read()
     assert sorted(table.column("review_id").to_pylist()) == list(range(1, ROWS + 1))
     assert {len(e) for e in table.column("embedding").to_pylist()} == {384}

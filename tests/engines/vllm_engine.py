@@ -138,7 +138,7 @@ def start_offline_generate(model_dir: Path, prompts: list[str], max_new_tokens: 
     """vLLM's own offline ``LLM.generate`` of ``prompts`` (greedy, the server's dtype and length), in the engine's
     environment; :func:`offline_texts` reads its answer."""
     spec = json.dumps({"model": str(model_dir), "prompts": prompts, "max_new_tokens": max_new_tokens})
-    out = open(log, "wb")
+    out = open(log, "wb")  # noqa: SIM115 (the engine's process writes it; offline_texts reads it)
     return subprocess.Popen([str(VLLM_PYTHON), "-c", OFFLINE, spec], stdout=out, stderr=subprocess.STDOUT,
                             env=engine_env(), start_new_session=True)
 
@@ -151,7 +151,7 @@ def offline_texts(process: subprocess.Popen, log: Path, timeout: float = STARTUP
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     text = log.read_text(errors="replace")
-    line = next((l for l in text.splitlines() if l.startswith("RESULT ")), None)
+    line = next((row for row in text.splitlines() if row.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"vLLM's offline generate failed: {text[-3000:]}")
     return json.loads(line[len("RESULT "):])

@@ -142,7 +142,7 @@ def _transform_refusals(df, minilm_dir, tmp_path):
 
 
 def test_pandas_udf_embeds_in_a_select(spark, reviews, minilm_dir, sentence_transformer):
-    frame, df = reviews
+    _frame, df = reviews
     embed = lakescore.pandas_udf(task="embed", model=minilm_dir, max_batch_tokens=512)
     rows = df.select("review_id", "body", embed("body").alias("vector")).toPandas().sort_values("review_id")
     present = rows["body"].notna()

@@ -336,7 +336,7 @@ def test_two_runs_with_served_engines_on_one_host_at_once_both_succeed(spark, tm
         barrier = work / "barrier"
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
                BARRIER_ENV: f"score_stage:2:{barrier}"}
-        log = open(work / "cli.log", "wb")
+        log = open(work / "cli.log", "wb")  # noqa: SIM115 (the run writes it while the test holds it at the barrier)
         process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         runs[name] = {"process": process, "log": log, "barrier": barrier, "model": model, "output": output, "work": work}

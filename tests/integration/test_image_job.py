@@ -277,14 +277,14 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("sku").reset_index(drop=True)
     assert out["sku"].tolist() == [1, 2, 4]
     for sku, digest in zip(out["sku"], out["input_digest"]):  # the image's bytes and its prompt
-        prompt = template.format(name=dict((r[0], r[2]) for r in rows)[sku])
+        prompt = template.format(name={r[0]: r[2] for r in rows}[sku])
         image = hashlib.sha256((root / f"{sku}.png").read_bytes()).hexdigest()
         assert digest == hashlib.sha256(f"{image}\n{hashlib.sha256(prompt.encode()).hexdigest()}".encode()).hexdigest()
     processor = transformers.AutoProcessor.from_pretrained(model_dir)
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     for sku, text, tokens in zip(out["sku"], out["generated_text"], out["prompt_tokens"]):
         messages = [{"role": "user", "content": [{"type": "image", "image": images[sku]},
-                                                 {"type": "text", "text": template.format(name=dict((r[0], r[2]) for r in rows)[sku])}]}]
+                                                 {"type": "text", "text": template.format(name={r[0]: r[2] for r in rows}[sku])}]}]
         inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
                                                return_tensors="pt")
         with torch.no_grad():

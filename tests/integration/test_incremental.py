@@ -279,7 +279,8 @@ def test_column_names_delta_or_spark_find_awkward_are_scored_and_an_id_column_de
     frame = _texts(12).rename(columns={"review_id": "review.id", "body": "review text"})
     frame = pd.concat([frame, frame.tail(1)], ignore_index=True)  # id 12 twice: both rows refused
     frame.to_parquet(source / "part-0.parquet")
-    awkward = lambda **flags: config(**{"input": str(source), "id_col": "review.id", "text_col": "review text", **flags})  # noqa: E731
+    def awkward(**flags):
+        return config(**{"input": str(source), "id_col": "review.id", "text_col": "review text", **flags})
 
     first = run_scoring(awkward(run_id="r1", **{"write.chunk_rows": 5}), spark)
     assert _accounts(first) == (0, 11, 2, 0, 0) and first.chunks["total"] == 3
@@ -371,10 +372,12 @@ def test_a_failed_preflight_abandons_the_comparison_and_raises_its_own_error(spa
 
     run = open_input(config(model=broken, run_id="r2"), spark)
     started = time.monotonic()
-    with pytest.raises(ModelSourceError, match="failed to load or score a sample on executor"):
-        with ExecutorPreflight(run) as preflight:
-            with preflight.abandoned_if_it_fails():
-                spark.range(1, numPartitions=1).mapInPandas(slow, "id long").collect()
+    with (
+        pytest.raises(ModelSourceError, match="failed to load or score a sample on executor"),
+        ExecutorPreflight(run) as preflight,
+        preflight.abandoned_if_it_fails(),
+    ):
+        spark.range(1, numPartitions=1).mapInPandas(slow, "id long").collect()
     assert time.monotonic() - started < 60
 
     with pytest.raises(ModelSourceError, match="failed to load or score a sample on executor"):

@@ -96,7 +96,7 @@ def _killed_run(args: list[str], workdir: Path, point: str) -> tuple[int, float,
     except subprocess.TimeoutExpired:  # a failure, never a "SIGKILL": this kill is the test's, not the point's
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"the run did not reach {point} within {KILLED_RUN_TIMEOUT} s:\n{out.decode(errors='replace')[-3000:]}")
+        raise AssertionError(f"the run did not reach {point} within {KILLED_RUN_TIMEOUT} s:\n{out.decode(errors='replace')[-3000:]}") from None
     seconds = time.monotonic() - started
     try:  # what the driver left running (its JVM exits when the driver's pipe closes): gone before the rerun
         os.killpg(proc.pid, signal.SIGKILL)

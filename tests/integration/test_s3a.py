@@ -128,7 +128,7 @@ def test_score_s3a_parquet_into_s3a_delta_and_a_column_of_s3a_paths(tmp_path, s3
 
 
 def test_missing_s3a_prefix_fails_before_compute_with_exit_2(tmp_path, s3, minilm_dir):
-    endpoint, client = s3
+    endpoint, _client = s3
     result = run_cli(tmp_path, endpoint, "--input", f"s3a://{BUCKET}/no-such-prefix", "--output", str(tmp_path / "o"),
                      "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body")
     assert result.returncode == 2, result.stderr[-3000:]

@@ -176,6 +176,6 @@ def test_incremental_over_connect_pins_the_input_chunks_once_and_merges(server, 
     assert (second["rows_kept"], second["rows_scored"], second["error_rows"]) == (ROWS - 3, 1, 1)
     assert (second["rows_missing"], second["rows_deleted"], second["input_version"]) == (1, 1, 1)
     history = spark.sql(f"DESCRIBE HISTORY delta.`{output}`").select("operation").collect()
-    assert [r[0] for r in history][0] == "MERGE"
+    assert next(r[0] for r in history) == "MERGE"
     out = spark.read.format("delta").load(str(output)).toPandas()
     assert len(out) == ROWS - 2 and 2 not in set(out["review_id"]) and not list(server.warehouse.glob("inc_stage_*"))

@@ -80,9 +80,8 @@ def test_a_failing_step_cancels_the_preflight_waiting_for_its_worker(spark, job_
     try:
         queued = dataclasses.replace(run, worker_start=PythonWorkerStart(spark, run.layout))
         preflight = ExecutorPreflight(queued)
-        with pytest.raises(ValueError, match="a driver check failed"):
-            with preflight:
-                raise ValueError("a driver check failed")
+        with pytest.raises(ValueError, match="a driver check failed"), preflight:
+            raise ValueError("a driver check failed")
         with pytest.raises(RuntimeError, match="preflight cancelled"):
             preflight.identity()
     finally:

@@ -484,7 +484,7 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
     from lakescore.udfs.models import model_cache
     from lakescore.udfs.models.model_cache import HoldsResources, LoadedModel, ServedElsewhere
 
-    script, url = server
+    _script, url = server
     head = _head(url, concurrency=2)
     assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources)  # the head protocol, not getattr
     assert head.score_prompts(["a", "b"], None).reasons == [None, None]

@@ -303,7 +303,8 @@ def test_a_tokenizer_the_grammar_engine_cannot_use_is_refused_in_one_line(tmp_pa
 
 
 def test_max_new_tokens_over_the_context_is_refused_on_the_drivers_copy_of_the_config(causal_dir, tmp_path):
-    spec = lambda most, **kw: ModelSpec("generate", str(causal_dir), generate=GenerateOptions(max_new_tokens=most), **kw)
+    def spec(most, **kw):
+        return ModelSpec("generate", str(causal_dir), generate=GenerateOptions(max_new_tokens=most), **kw)
     check_model_fits(spec(CONTEXT - 1), causal_dir)
     for refused, context in ((spec(CONTEXT), CONTEXT), (spec(60, max_seq_length=50), 50)):
         with pytest.raises(UnfitModelError, match=rf"task generate: generate.max_new_tokens \d+ leaves no room for a prompt "

@@ -89,7 +89,7 @@ def test_a_row_costs_its_image_tokens_prompt_and_new_tokens(vlm_dir):
     expected = [reference_length(vlm_dir, im, p) + 5 for im, p in zip(images, PROMPTS[:3])]
     assert costs.tolist() == expected
     if "idefics3" in str(vlm_dir):  # its processor tiles a bigger image: more image tokens
-        assert len(set(c - len(p) for c, p in zip(costs.tolist(), PROMPTS[:3]))) > 1
+        assert len({c - len(p) for c, p in zip(costs.tolist(), PROMPTS[:3])}) > 1
 
 
 def reference_length(model_dir, image, prompt):

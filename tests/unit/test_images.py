@@ -174,7 +174,7 @@ def test_image_classify_equals_the_pipeline(model, request, images, image_files)
     model_dir = request.getfixturevalue(model)
     head = _head("image_classify", model_dir)
     names = list(images)
-    prepared, scored = _run(ImageRunner(head, ["image"]), [images[n] for n in names])
+    _prepared, scored = _run(ImageRunner(head, ["image"]), [images[n] for n in names])
     assert scored.ok.all()
     pipe = transformers.pipeline("image-classification", model=str(model_dir), top_k=None)
     expected = np.stack([_pipeline_probs(pipe, image_files / n, head.labels) for n in names])
@@ -353,7 +353,7 @@ def test_image_files_are_read_by_path_and_uri_and_a_missing_one_is_none(images, 
     budget = len(images["rgb.jpg"]) + len(images["gray.png"])
     slices = list(read_in_slices(paths, budget))
     assert [len(s) for s in slices] == [4, 1]  # the third file would exceed the budget: it starts the next slice
-    assert sum(slices, []) == [images["rgb.jpg"], None, images["gray.png"], None, images["cmyk.tiff"]]
+    assert [value for part in slices for value in part] == [images["rgb.jpg"], None, images["gray.png"], None, images["cmyk.tiff"]]
 
 
 def test_a_files_status_is_its_length_and_time_in_milliseconds_without_reading_it(image_files):

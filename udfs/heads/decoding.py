@@ -203,7 +203,7 @@ def _matcher_call(method, *args):
     try:
         return method(*args)
     except BaseException as exc:  # noqa: BLE001
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)) or isinstance(exc, Exception):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, Exception)):
             raise
         raise GrammarError(f"the grammar engine failed: {exc}") from None
 

@@ -41,12 +41,14 @@ def check_model_fits(spec: ModelSpec, model_dir: Path) -> None:
     task = get_task(spec.task)
     names = architectures(config)
     # a model with its own code ("auto_map") may name its classes as it likes; the executors' load still checks weights
-    if task.architectures and names and "auto_map" not in config:
-        if not any(part in name for name in names for part in task.architectures):
-            raise UnfitModelError(
-                f"task {spec.task}: {model_dir} holds a {', '.join(names)} (config.json architectures), not a "
-                f"{' / '.join('…' + part for part in task.architectures)} model; its weights have no trained head for "
-                f"{spec.task}"
-            )
+    if (
+        task.architectures and names and "auto_map" not in config
+        and not any(part in name for name in names for part in task.architectures)
+    ):
+        raise UnfitModelError(
+            f"task {spec.task}: {model_dir} holds a {', '.join(names)} (config.json architectures), not a "
+            f"{' / '.join('…' + part for part in task.architectures)} model; its weights have no trained head for "
+            f"{spec.task}"
+        )
     if task.model_check:
         named(task.model_check)(spec, Path(model_dir), config)

@@ -72,7 +72,7 @@ def first_error(log: str) -> Optional[str]:
         if found:
             error = found.group(1)
             if _DETAIL_BELOW.search(error):  # pydantic's "1 validation error for X": the reason is the next line
-                error += ": " + next((" ".join(l.split()) for l in lines[i + 1:] if l.strip()), "")
+                error += ": " + next((" ".join(below.split()) for below in lines[i + 1:] if below.strip()), "")
             return error[:500]
     return None
 

@@ -223,5 +223,5 @@ class ProgressReporter:
 def _clock(seconds: Optional[float]) -> str:
     if seconds is None:
         return "…"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}:{secs:02d}"

@@ -49,7 +49,7 @@ def read_input(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto", ve
         if ref.is_path and fmt == "auto":
             fmt = "delta" if is_delta(spark, ref) else "parquet"
         df = ref.load(reader.format(fmt) if ref.is_path else reader)
-        df.schema  # a Spark Connect DataFrame is analysed only when asked: fail here, before compute
+        df.schema  # noqa: B018 (a Spark Connect DataFrame is analysed only when asked: fail here, before compute)
         return df
     except AnalysisException as exc:
         if not ref.is_path and is_not_found(exc):
