@@ -128,9 +128,9 @@ def run_w3t(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
 
     said = lambda size, r: f"{r:,.0f} input rows/s"  # noqa: E731
     result.full = run_alternately(f"{W3T}-full", {s: (lambda d, s=s: _command(tables[s][0], model, d)) for s in sizes},
-                                  {s: "report.json" for s in sizes}, rate, said, runs_dir, env, {}, repo, 1)
+                                  dict.fromkeys(sizes, "report.json"), rate, said, runs_dir, env, {}, repo, 1)
     seeded = {s: _nightly(tables[s][1], model, runs_dir / f"{W3T}-full-{s}-1") for s in sizes if result.full[s][0].ok}
-    result.runs = run_alternately(f"{W3T}-incremental", seeded, {s: "report.json" for s in seeded}, rate, said,
+    result.runs = run_alternately(f"{W3T}-incremental", seeded, dict.fromkeys(seeded, "report.json"), rate, said,
                                   runs_dir, env, {}, repo, repeats)
     return result
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -349,7 +348,7 @@ def w7_lines(result: W7Result) -> list[str]:
         lines += [line] if line else []
     report = next((r.report for r in result.good("lakescore")), None)
     if report:
-        lines.append(f"W7 lakescore's step seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
+        lines.append("W7 lakescore's step seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
     overhead = {peer: sorted(_overhead_us(r, rows) for r in result.good(peer)) for peer in ("lakescore", "batch")}
     if overhead["lakescore"] and overhead["batch"]:
         ours, theirs = (values[len(values) // 2] for values in (overhead["lakescore"], overhead["batch"]))

@@ -250,7 +250,6 @@ def _sample(run, sample_rows: int):
     the row, its key as the job passes it (:func:`~lakescore.jobs.steps.ids.row_key`: a composite id's JSON)."""
     from lakescore.jobs.platform.tables import column
     from lakescore.jobs.steps.ids import row_key
-    from lakescore.udfs.registry import get_task
 
     columns = [column(c) for c in run.input_cols]
     if run.cfg.input_kind.row_keys:
@@ -261,7 +260,6 @@ def _sample(run, sample_rows: int):
 def _runner(run, cfg: JobConfig):
     """The model loaded in this process as a worker loads it, its runner for the sample's columns, the batch policy a
     scoring task uses, and the device it resolved."""
-    from lakescore.udfs.registry import get_task
     from lakescore.udfs.scoring_udf import batch_policy, model_for_this_worker
 
     model, resolved, _ = model_for_this_worker(run.spec)

@@ -159,7 +159,7 @@ def _profiles(sides: Mapping[str, DataFrame], outputs: OutputProfile) -> dict[st
     found = both.groupBy(_SIDE).agg(F.count(F.lit(1)).alias("rows"), *[
         F.percentile_approx(F.col(name), list(DECILES)).alias(name) for name in numbers
     ]).collect()
-    profiles = {side: {"rows": 0, **{name: None for name in numbers}} for side in sides}
+    profiles = {side: {"rows": 0, **dict.fromkeys(numbers)} for side in sides}
     for row in found:
         profiles[row[_SIDE]].update({k: v for k, v in row.asDict().items() if k != _SIDE})
     for profile in profiles.values():

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.references import parse_table_name
 from lakescore.jobs.platform.tables import (
-    column, delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
+    delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
     table_id, table_names, write_delta,
 )
 from lakescore.jobs.steps.ids import id_hash

@@ -90,7 +90,7 @@ def test_top_rows_the_same_set_or_not(tmp_path):
 
 
 def test_the_comparisons_import_neither_ray_nor_daft():
-    import bench.peers.compare  # noqa: F401
+    import bench.peers.compare
     import bench.peers.side_by_side  # noqa: F401
 
     assert not {"ray", "daft"} & set(sys.modules)

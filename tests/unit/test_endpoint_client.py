@@ -520,7 +520,7 @@ def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usag
     from lakescore.jobs.steps.account import _worker_totals
     from lakescore.schemas.output import WORKER_METRICS
 
-    group = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    group = dict.fromkeys(WORKER_METRICS.fieldNames(), 0)
     group.update(arrow_batches=2, tokens_in=30, tokens_out=20, requests=10, retries=1, unmetered=2)
     preflight = {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6, "tokens_out": 4}
     workers = _worker_totals([group], 10, 0, preflight)

@@ -75,7 +75,7 @@ def test_an_error_from_a_jvm_that_stopped_is_still_one_line():
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    exc = Py4JJavaError("An error occurred while calling o42.collectToPython.\n", 
+    exc = Py4JJavaError("An error occurred while calling o42.collectToPython.\n",
                          SimpleNamespace(_target_id="o7", _gateway_client=GatewayClient(port=port)))
     line = one_line(exc)
     assert line.startswith("Py4JJavaError: Spark's JVM stopped before it could say why") and "driver's log" in line

@@ -123,11 +123,11 @@ def test_an_embedding_servers_prompt_tokens_reach_the_runs_figures_without_gener
     from lakescore.jobs.steps.account import _worker_totals
     from lakescore.schemas.output import WORKER_METRICS
 
-    group = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    group = dict.fromkeys(WORKER_METRICS.fieldNames(), 0)
     group.update(arrow_batches=1, tokens_in=300, requests=5)
     workers = _worker_totals([group], 33, 0, {"requests": 1, "tokens_in": 4})
     assert (workers["requests"], workers["tokens_in"], workers["tokens_out"]) == (6, 304, 0)
-    in_process = {name: 0 for name in WORKER_METRICS.fieldNames()}
+    in_process = dict.fromkeys(WORKER_METRICS.fieldNames(), 0)
     assert "tokens_in" not in _worker_totals([in_process], 33, 0)  # in-process embed: no tokens, as before
 
 

@@ -16,7 +16,7 @@ what does not fit.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from lakescore.udfs.models.json_files import NO_TOKENIZER_LIMIT, read_json
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError

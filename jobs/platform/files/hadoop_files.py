@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, SparkSession
