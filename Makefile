@@ -58,7 +58,7 @@ lint: typecheck-tree
 	$(call LINT_STEP,ruff check,$(RUFF) check --output-format concise --no-fix .); \
 	$(call LINT_STEP,ruff format,$(RUFF) format --check --output-format concise .); \
 	$(call LINT_STEP,mypy,$(MYPY)); \
-	if [ $$status != 0 ]; then echo "make lint failed: make format fixes formatting and import order"; fi; \
+	if [ $$status != 0 ]; then echo "make lint failed: make format fixes formatting, import order and old-style annotations; the rest by hand"; fi; \
 	exit $$status
 
 format:
