@@ -42,7 +42,8 @@ test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 # Lint: ruff's rules and its formatting over the whole tree, then mypy over the package (settings: pyproject.toml).
-# One line per check when it passes; when one fails, its first 30 lines, and make fails (make test runs this first).
+# One line per check when it passes; when one fails, its first 30 lines (no mypy notes: run .venv/bin/mypy for them),
+# and make fails (make test runs this first).
 # make format rewrites the tree: ruff's safe fixes (import order, pyupgrade), then the formatter.
 RUFF := $(VENV)/bin/ruff
 MYPY := $(VENV)/bin/mypy
@@ -51,7 +52,7 @@ TYPECHECK_PATHS := sed -E 's,build/typecheck/lakescore/(jobs|udfs|schemas)/,\1/,
 LINT_SUMMARY := grep -a -E '^(All checks passed|Found [0-9]+ error|[0-9]+ files? (would be|already)|Success:)' | tail -n 1
 define LINT_STEP
 if out=$$($(2) 2>&1); then echo "$(1): $$(echo "$$out" | $(LINT_SUMMARY))"; \
-else echo "$$out" | $(TYPECHECK_PATHS) | head -n 30; echo "$(1): FAILED: $$(echo "$$out" | $(LINT_SUMMARY))"; status=1; fi
+else echo "$$out" | grep -a -v ': note: ' | $(TYPECHECK_PATHS) | head -n 30; echo "$(1): FAILED: $$(echo "$$out" | $(LINT_SUMMARY))"; status=1; fi
 endef
 lint: typecheck-tree
 	@status=0; \
