@@ -23,6 +23,7 @@ from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
+from lakescore.udfs.options.remote import MESSAGES_API
 
 
 def _run_date(value: str) -> Optional[str]:
@@ -150,7 +151,7 @@ class JobConfig(Section):
             raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
         for name in ("endpoint", "server") if kind.prompted else ():
             remote = getattr(self.task_options(), name, None)
-            if remote is not None and remote.api != "chat":
+            if remote is not None and remote.api not in ("chat", MESSAGES_API):
                 raise ConfigError(f"{kind.column_setting} with generate.{name}.api {remote.api}: an image is sent as a chat "
                                   f"message's image_url part, which the completions API has no place for; set "
                                   f"generate.{name}.api: chat")

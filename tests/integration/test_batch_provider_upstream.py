@@ -1,6 +1,8 @@
-"""The test suite's Batch API provider in front of a real model server: a batch's answers, through OpenAI's Batches and
-Anthropic's Message Batches, are the ones the upstream gives each body per row (``transformers serve`` over a tiny
-seeded decoder with a chat template; greedy, so the same body gives the same text)."""
+"""The test suite's Batch API provider in front of a real model server (``transformers serve`` over a tiny seeded
+decoder with a chat template, started once; greedy, so the same body gives the same text): a batch's answers, through
+OpenAI's Batches and Anthropic's Message Batches, are the ones the upstream gives each body per row; and a lakescore
+run with ``generate.endpoint.api: messages`` through the provider's ``/v1/messages`` equals a chat endpoint run on
+the upstream itself (real Spark + Delta)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import anthropic
 import openai
 import pytest
 
-from tests.providers import batch_provider
+from lakescore.jobs.score_job import run_scoring
+from tests.integration.test_endpoint_job import KEY, KEY_ENV, TEMPLATE, _config, _reviews, _write
+from tests.integration.test_score_job import read_output
+from tests.providers import Faults, batch_provider
 from tests.served_models import transformers_serve
 from tests.tiny_generators import CHAT_TEMPLATE, reviews, save_causal, train_tokenizer
 
@@ -60,3 +65,45 @@ def test_batch_answers_through_the_upstream_equal_its_per_row_chat_completions(s
         row = messages.messages.create(**requests[0]["params"])  # per row through the provider's /v1/messages
         assert row.content[0].text == per_row["row-0"] and row.usage.input_tokens > 0
         assert provider.executions == {custom_id: 2 for custom_id in bodies}  # once per batch kind
+
+
+@pytest.fixture
+def executor_key(spark):
+    """The key in the executors' environment, as ``spark.executorEnv.<NAME>`` puts it there (as test_endpoint_job's)."""
+    environment = spark.sparkContext.environment
+    environment[KEY_ENV] = KEY
+    yield
+    environment.pop(KEY_ENV, None)
+
+
+def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark, tmp_path, served_chat, executor_key):
+    """``generate.endpoint.api: messages`` through the provider's ``/v1/messages`` (each request run on the upstream as
+    a chat completion): texts, stop reasons and prompt tokens equal the upstream's own chat completions for the same
+    rows' prompts; the key goes as ``x-api-key``, a 429 is retried, and the prompt tokens the provider reports read
+    from cache count among the prompt's."""
+    server, model = served_chat
+    source, frame = tmp_path / "reviews", _reviews(4)
+    _write(spark, frame, source)
+    faults = Faults(refuse_every=3, retry_after_s=0, cached_prompt_tokens=2)
+    with batch_provider(server.url, key=KEY, faults=faults) as provider:
+        report = run_scoring(_config(source, tmp_path / "messages", **{
+            "generate.endpoint.url": provider.url, "generate.endpoint.model": model, "generate.system_prompt": "Sum up.",
+            "generate.endpoint.api": "messages", "generate.endpoint.api_key_env": KEY_ENV,
+            "generate.endpoint.price": {"input": 3.0, "output": 15.0}}), spark)
+        assert report.status == "succeeded", report.error
+        assert provider.key_headers["x-api-key"] >= 4 and provider.key_headers["authorization"] == 0
+    got = read_output(spark, str(tmp_path / "messages")).dropna(subset=["generated_text"])
+    direct = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    expected = []
+    for body in frame["body"].dropna():
+        messages = [{"role": "system", "content": "Sum up."}, {"role": "user", "content": TEMPLATE.format(body=body)}]
+        answer = direct.chat.completions.create(model=model, max_tokens=6, temperature=0.0, messages=messages)
+        expected.append((answer.choices[0].message.content, answer.choices[0].finish_reason, answer.usage.prompt_tokens,
+                         answer.usage.completion_tokens))
+    columns = ["generated_text", "finish_reason", "prompt_tokens", "completion_tokens"]
+    assert list(got[columns].itertuples(index=False, name=None)) == expected and len(expected) == 3
+    workers = report.workers
+    assert workers["rate_limited"] >= 1
+    assert workers["tokens_in"] == got["prompt_tokens"].sum() + workers["preflight"]["tokens_in"]
+    assert report.cost["token_cost"] == pytest.approx((workers["tokens_in"] * 3 + workers["tokens_out"] * 15) / 1e6)
+    assert KEY not in got.to_json()

@@ -208,6 +208,10 @@ def messages_to_chat(params: dict) -> dict:
             body[key] = params[key]
     if params.get("stop_sequences"):
         body["stop"] = params["stop_sequences"]
+    output_format = (params.get("output_config") or {}).get("format")
+    if output_format and output_format.get("type") == "json_schema":
+        body["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "row", "schema": output_format["schema"], "strict": True}}
     return body
 
 
@@ -307,6 +311,8 @@ class BatchProvider:
         self.delivered: set[str] = set()
         self.submissions: Counter[str] = Counter()
         self.row_requests = 0
+        self.key_headers: Counter[str] = Counter()
+        """Requests by the header that carried the key (``x-api-key``, ``authorization``; ``none``: no valid key)."""
         self.lock = threading.Lock()
         self.folder = Path(tempfile.mkdtemp(prefix="batch-provider-"))
         self.files: dict[str, dict] = {}
@@ -778,14 +784,17 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(payload)
 
         def _authorize(self, anthropic: bool) -> None:
-            if anthropic:
+            by_header = "x-api-key" if self.headers.get("x-api-key") == provider.key else \
+                "authorization" if self.headers.get("Authorization") == f"Bearer {provider.key}" else None
+            with provider.lock:
+                provider.key_headers[by_header or "none"] += 1
+            if anthropic or (by_header == "x-api-key" and self.path.rstrip("/") == "/v1/models"):
                 # The anthropic client from 2.x sends its key as a bearer token; the API takes either header.
-                keys = (self.headers.get("x-api-key"), self.headers.get("Authorization"))
-                if keys[0] != provider.key and keys[1] != f"Bearer {provider.key}":
+                if by_header is None:
                     raise HttpError(401, _anthropic_error(401, "invalid x-api-key"))
                 if not self.headers.get("anthropic-version"):
                     raise HttpError(400, _anthropic_error(400, "anthropic-version: header is required"))
-            elif self.headers.get("Authorization") != f"Bearer {provider.key}":
+            elif by_header != "authorization":
                 raise HttpError(401, {"error": {"message": "Incorrect API key provided.",
                                                 "type": "invalid_request_error", "param": None,
                                                 "code": "invalid_api_key"}})

@@ -17,11 +17,15 @@ from lakescore.udfs.options.base import ConfigError, Number, Section, Text, chec
 __all__ = [
     "ENDPOINT_APIS", "ENGINES", "InputPrice", "Price", "RemoteEndpoint", "ServedEngine", "EndpointOptions", "ServerOptions",
     "EmbedEndpointOptions", "EmbedServerOptions", "DEFAULT_CONCURRENCY", "MODELS_LISTING", "unsupported_settings",
+    "MESSAGES_API",
 ]
 
 ENDPOINT_APIS = ("completions", "chat")
 """``completions``: the prompt as it is (``/v1/completions``); ``chat``: the prompt as the user message, the system
 prompt as the system message, the server's chat template between them (``/v1/chat/completions``)."""
+MESSAGES_API = "messages"
+"""Anthropic's Messages API (``/v1/messages``, :mod:`~lakescore.udfs.remote.messages`): a generate endpoint's third
+API, with its own key header; an engine lakescore serves speaks the OpenAI ones only."""
 ENGINES = ("vllm", "sglang", "transformers")
 DEFAULT_CONCURRENCY = 16
 """Requests one task keeps in flight: enough to keep a continuous-batching engine's batch full with a few tasks per
@@ -91,7 +95,7 @@ class _Client(Section):
     timeout_s: Number = Field(120.0, gt=0)
     """Seconds one request may take before it is retried."""
     max_retries: int = Field(6, ge=0, le=50)
-    """Retries of a request answered 408, 409, 429, 500, 502, 503 or 504 (``RETRY_STATUSES`` of
+    """Retries of a request answered 408, 409, 429, 500, 502, 503, 504 or 529 (``RETRY_STATUSES`` of
     :mod:`lakescore.udfs.remote.answers`), or lost to a connection error or timeout: exponential backoff with
     jitter, or what the server's ``Retry-After`` says; then the row is dead-lettered ``endpoint_error``."""
     max_consecutive_failures: int = Field(16, ge=1)
@@ -131,9 +135,10 @@ class EndpointOptions(RemoteEndpoint):
     """An OpenAI-compatible endpoint that generates (``generate.endpoint``): a hosted API, a model serving endpoint, a
     team's vLLM cluster."""
 
-    api: Literal[ENDPOINT_APIS] = "completions"
-    """``completions`` (the prompt as it is) or ``chat`` (the server's chat template, the system prompt as the system
-    message)."""
+    api: Literal[(*ENDPOINT_APIS, MESSAGES_API)] = "completions"
+    """``completions`` (the prompt as it is), ``chat`` (the server's chat template, the system prompt as the system
+    message) or ``messages`` (Anthropic's Messages API: ``<url>/messages``, the key sent as ``x-api-key`` with
+    ``anthropic-version``; the prompt as the user message, the system prompt as ``system``)."""
     price: Optional[Price] = None
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
 
@@ -215,6 +220,22 @@ def unsupported_settings(options: Any, api: str) -> list[str]:
                        "run choices in-process, or ask for one word with generate.json_schema (an enum)")
     if options.truncate != "none":
         refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
-    if options.chat_template == "never" and api == "chat":
+    if options.chat_template == "never" and api in ("chat", MESSAGES_API):
         refused.append("generate.chat_template: never needs the completions API")
+    if api == MESSAGES_API:
+        refused.extend(_messages_unsupported(options))
+    return refused
+
+
+def _messages_unsupported(options: Any) -> list[str]:
+    """The generate settings Anthropic's Messages API has no field for (or no such value), each as its refusal."""
+    refused = []
+    if options.logprobs:
+        refused.append("generate.logprobs: Anthropic's Messages API returns no log-probabilities; use api chat or "
+                       "completions with a server that does")
+    for name, neutral in (("repetition_penalty", 1.0), ("min_new_tokens", 0), ("stop_token_ids", ())):
+        if getattr(options, name) != neutral:
+            refused.append(f"generate.{name}: Anthropic's Messages API has no such setting (api messages)")
+    if options.temperature > 1:
+        refused.append(f"generate.temperature {options.temperature}: Anthropic's Messages API takes 0 to 1")
     return refused

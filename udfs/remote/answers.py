@@ -17,8 +17,9 @@ __all__ = [
     "retryable", "content_refused", "what_happened",
 ]
 
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
-"""Statuses a request is retried on: the server's overload or a passing failure, never the request's own fault.
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+"""Statuses a request is retried on: the server's overload or a passing failure, never the request's own fault (529:
+Anthropic's ``overloaded_error``).
 408 (the server timed out waiting) and 409 (a conflict with the server's state, e.g. a concurrent request) say
 nothing of the content, so they are retried and, once retries are spent, failed as the server's, like a 5xx."""
 

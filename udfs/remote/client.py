@@ -33,7 +33,8 @@ from lakescore.udfs.options.remote import RemoteEndpoint, ServedEngine
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Malformed, Unfinished, retryable
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
-__all__ = ["Reply", "ClientStats", "EndpointClient", "retry_after", "backoff", "scrub", "ESTIMATED_CHARS_PER_TOKEN"]
+__all__ = ["Reply", "ClientStats", "EndpointClient", "retry_after", "backoff", "scrub", "ESTIMATED_CHARS_PER_TOKEN",
+           "bearer_headers"]
 
 MAX_RETRY_AFTER_S = 300.0
 """The longest ``Retry-After`` honoured; a server asking for more is waited this long."""
@@ -42,17 +43,18 @@ ESTIMATED_CHARS_PER_TOKEN = 4
 thumb for English; the guess is settled from ``usage`` after)."""
 
 
-_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+|(bearer\s+)[^\s\"',}\]]+")
+_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+|(bearer\s+)[^\s\"',}\]]+"
+                            r"|(x-api-key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}\]]+")
 
 
 def scrub(text: str, secrets: Sequence[str] = ()) -> str:
-    """``text`` without any of ``secrets`` and without any ``Authorization`` value or bearer token in it: the one
-    scrubber every text from a server passes before it reaches a table, a log or the report (a server or a proxy may
+    """``text`` without any of ``secrets`` and without any ``Authorization`` or ``x-api-key`` value or bearer token in
+    it: the one scrubber every text from a server passes before it reaches a table, a log or the report (a server or a proxy may
     echo the request's headers in its error)."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
-    return _AUTHORIZATION.sub(lambda m: (m.group(1) or m.group(2)) + "***", text)
+    return _AUTHORIZATION.sub(lambda m: (m.group(1) or m.group(2) or m.group(3)) + "***", text)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,11 @@ class ClientStats:
         with self.lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
+
+
+def bearer_headers(key: Optional[str]) -> dict[str, str]:
+    """The OpenAI APIs' key header: ``Authorization: Bearer <key>``, where a key is set."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def backoff(attempt: int, base: float = 0.5, cap: float = 30.0, rng: Callable[[], float] = random.random) -> float:
@@ -148,11 +155,13 @@ class EndpointClient:
     settings with its ``url`` and ``model`` given) bound them.
 
     ``recover``: called after a connection error (a served engine restarts a crashed process through it); True when it
-    brought the server back, and the request is then retried without counting as a failure.
+    brought the server back, and the request is then retried without counting as a failure. ``auth``: the headers
+    every request carries for the key (the API's wire format says where the key goes; OpenAI's by default).
     """
 
     def __init__(self, settings: RemoteEndpoint | ServedEngine, url: str, model: str, *, api_key: Optional[str] = None,
-                 recover: Optional[Callable[[], bool]] = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 recover: Optional[Callable[[], bool]] = None, sleep: Callable[[float], None] = time.sleep,
+                 auth: Optional[Callable[[Optional[str]], Mapping[str, str]]] = None) -> None:
         import httpx2
 
         self.settings, self.url, self.model = settings, url.rstrip("/"), model
@@ -161,9 +170,7 @@ class EndpointClient:
         self.stats = ClientStats()
         self.breaker = _CircuitBreaker(settings.max_consecutive_failures, f"{self.url} (model {model})")
         self.limit = HostRateLimit(f"{self.url}\x00{model}", settings.requests_per_minute, settings.tokens_per_minute)
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+        headers = {"Content-Type": "application/json", **(auth or bearer_headers)(api_key)}
         self.http = httpx2.Client(
             headers=headers, timeout=httpx2.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
             limits=httpx2.Limits(max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency),

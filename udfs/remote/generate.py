@@ -22,10 +22,12 @@ import numpy as np
 
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.heads.generate import Generation, generation_columns
+from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Unhonoured, what_happened
 from lakescore.udfs.remote.client import EndpointClient
-from lakescore.udfs.remote.completions import Completion, complete
+from lakescore.udfs.remote.completions import Completion, api_of, complete
 from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
+from lakescore.udfs.options.remote import MESSAGES_API
 
 __all__ = ["EndpointGenerator", "load_remote_generator", "endpoint_identity", "models_listing"]
 
@@ -42,6 +44,8 @@ class EndpointGenerator(RemoteHead):
     def __init__(self, client: EndpointClient, options: Any, output_types: Sequence[Any], revision: Optional[str] = None,
                  server: Any = None) -> None:
         self.options, self._output_types = options, output_types
+        # The wire format of the client's API: Anthropic's Messages, or the OpenAI completions and chat APIs.
+        self._complete = messages.complete if api_of(client.settings) == MESSAGES_API else complete
         super().__init__(client, revision, server)
 
     # -- the runner's interface ------------------------------------------------------------------------------------
@@ -74,7 +78,7 @@ class EndpointGenerator(RemoteHead):
             from lakescore.udfs.heads.seeds import row_seed
 
             seed = row_seed(self.options.seed, "" if key is None else str(key))
-        completion = complete(self.client, self.options, prompt, seed, image)
+        completion = self._complete(self.client, self.options, prompt, seed, image)
         self._check_json(completion)
         if self.options.logprobs and completion.token_logprobs is None:
             raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")

@@ -19,9 +19,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import Scored
+from lakescore.udfs.options.remote import MESSAGES_API, MODELS_LISTING, EndpointOptions
+from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError
-from lakescore.udfs.remote.client import EndpointClient, Reply
-from lakescore.udfs.options.remote import MODELS_LISTING
+from lakescore.udfs.remote.client import EndpointClient, Reply, bearer_headers
 
 __all__ = [
     "RemoteHead", "open_client", "endpoint_identity", "models_listing", "canonical_entry", "canonical_json",
@@ -171,7 +172,10 @@ def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[
     from lakescore.udfs.remote.engine import HOST, EngineServer, engine_gpus, task_gpus
 
     if endpoint is not None:
-        return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=EndpointClient.key_from_env(endpoint)), None
+        auth = messages.auth_headers if isinstance(endpoint, EndpointOptions) and endpoint.api == MESSAGES_API \
+            else bearer_headers
+        key = EndpointClient.key_from_env(endpoint)
+        return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=key, auth=auth), None
     engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, python=server.python,
                           gpus=engine_gpus(server.args, task_gpus()))
     url = engine.url()
