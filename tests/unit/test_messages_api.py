@@ -1,8 +1,11 @@
 """``generate.endpoint.api: messages``: Anthropic's Messages API as lakescore sends and reads it (udfs/remote/messages.py),
 the settings it cannot carry refused before compute, and the head through the test suite's provider (tests/providers,
-cheap mode: answers computed in-process) with its key in ``x-api-key``, 429s retried, stop reasons and cached tokens."""
+cheap mode: answers computed in-process) with its key in ``x-api-key``, 429s retried, stop reasons and cached tokens;
+and Anthropic's Message Batches wire format (udfs/remote/message_batches.py) against the same provider."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -106,3 +109,41 @@ def test_the_head_speaks_messages_with_its_key_in_x_api_key_and_retries_a_429():
         assert refused.value.status == 401 and "sk-ant-test-0123" not in str(refused.value)
         head.close()
     assert scrub('{"x-api-key": "sk-ant-abc"} x-api-key: sk-ant-def') == '{"x-api-key": "***"} x-api-key: ***'
+
+
+def test_a_message_batch_goes_out_and_each_result_line_is_a_result_a_retry_or_dead():
+    """The Message Batches wire format (udfs/remote/message_batches.py) through lakescore's client against the
+    provider: submitted as the per-row path's params, polled until ended, every line classified from its results."""
+    import time
+
+    import httpx2
+
+    from lakescore.udfs.options.remote import EndpointOptions
+    from lakescore.udfs.remote import message_batches as mb
+    from lakescore.udfs.remote.client import EndpointClient
+    from lakescore.udfs.remote.messages import auth_headers
+    from tests.providers import Pick
+
+    options = GenerateOptions(max_new_tokens=2)
+    ids = [f"ls-{i}" for i in range(6)]
+    faults = Faults(status={500: Pick({"ls-1"}), 400: Pick({"ls-2"})}, expired=Pick({"ls-3"}), vanish=Pick({"ls-4"}))
+    with batch_provider(cheap=True, faults=faults) as provider:
+        settings = EndpointOptions(url=provider.url, model="claude-x", api="messages")
+        client = EndpointClient(settings, provider.url, "claude-x", api_key=provider.key, auth=auth_headers)
+        body = mb.batch_body((line_id, request_body(options, "claude-x", f"{line_id} says hi")) for line_id in ids)
+        created = client.post(body, path=mb.BATCHES_PATH).body
+        assert not mb.ended(created) and created["request_counts"]["processing"] == 6
+        deadline = time.monotonic() + 30
+        while not mb.ended(batch := client.get(f"{mb.BATCHES_PATH}/{created['id']}").body):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with httpx2.Client(headers=auth_headers(provider.key)) as http:
+            results = mb.parse_results(http.get(batch["results_url"]).text)
+        client.close()
+    outcomes = {line_id: mb.classify(results[line_id]) if line_id in results else mb.absent() for line_id in ids}
+    assert {line_id: outcome.kind for line_id, outcome in outcomes.items()} == {
+        "ls-0": "result", "ls-1": "retry", "ls-2": "dead", "ls-3": "retry", "ls-4": "retry", "ls-5": "result"}
+    assert outcomes["ls-2"].message == "invalid_request_error: injected 400"
+    assert parse_message(json.loads(outcomes["ls-5"].body)).text == "ls-5 says"
+    with pytest.raises(ValueError, match="line 1 has no custom_id"):
+        mb.parse_results('{"result": {"type": "expired"}}\n')
