@@ -1,7 +1,8 @@
-"""``generate.endpoint.api: messages``: Anthropic's Messages API as lakescore sends and reads it (udfs/remote/messages.py),
-the settings it cannot carry refused before compute, and the head through the test suite's provider (tests/providers,
-cheap mode: answers computed in-process) with its key in ``x-api-key``, 429s retried, stop reasons and cached tokens;
-and Anthropic's Message Batches wire format (udfs/remote/message_batches.py) against the same provider."""
+"""``generate.endpoint.api: messages``: Anthropic's Messages API as lakescore sends and reads it
+(udfs/remote/messages.py), the settings it cannot carry refused before compute, and the head through the test suite's
+provider (tests/providers, cheap mode: answers computed in-process) with its key in ``x-api-key``, 429s retried, stop
+reasons and cached tokens; and Anthropic's Message Batches wire format (udfs/remote/message_batches.py) against the
+same provider."""
 
 from __future__ import annotations
 

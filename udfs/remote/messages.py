@@ -68,8 +68,8 @@ def request_body(options: Any, endpoint_model: str, prompt: str,
 
 
 def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens: Optional[int] = None) -> Completion:
-    """One Message's :class:`~lakescore.udfs.remote.completions.Completion`, only when it is a whole, well-formed answer:
-    :class:`~lakescore.udfs.remote.answers.Malformed` naming what it lacks (no content, no ``stop_reason``, ``usage``
+    """One Message's :class:`~lakescore.udfs.remote.completions.Completion`, only when it is a whole, well-formed
+    answer: :class:`~lakescore.udfs.remote.answers.Malformed` naming what it lacks (no content, no ``stop_reason``, ``usage``
     that is not whole numbers of at least 0, more output tokens than ``max_tokens``),
     :class:`~lakescore.udfs.remote.answers.Unfinished` for a stop reason outside :data:`STOP_REASONS`. The text is its
     text blocks' together, cut before the first ``stop`` string left in it."""
@@ -120,8 +120,8 @@ def complete(client: EndpointClient, options: Any, prompt: str, seed: Optional[i
     counts the tokens."""
     body = request_body(options, client.model, prompt, image)
     estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
-    completion = client.post(body, estimate, lambda answer: parse_message(answer, options.stop, options.max_new_tokens),
-                             MESSAGES_PATH)
+    completion = client.post(body, estimate,
+                             lambda answer: parse_message(answer, options.stop, options.max_new_tokens), MESSAGES_PATH)
     if completion.tokens is None:
         client.stats.add(unmetered=1)
     else:
