@@ -69,8 +69,8 @@ def request_body(options: Any, endpoint_model: str, prompt: str,
 
 def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens: Optional[int] = None) -> Completion:
     """One Message's :class:`~lakescore.udfs.remote.completions.Completion`, only when it is a whole, well-formed
-    answer: :class:`~lakescore.udfs.remote.answers.Malformed` naming what it lacks (no content, no ``stop_reason``, ``usage``
-    that is not whole numbers of at least 0, more output tokens than ``max_tokens``),
+    answer: :class:`~lakescore.udfs.remote.answers.Malformed` naming what it lacks (no content, no ``stop_reason``,
+    ``usage`` that is not whole numbers of at least 0, more output tokens than ``max_tokens``),
     :class:`~lakescore.udfs.remote.answers.Unfinished` for a stop reason outside :data:`STOP_REASONS`. The text is its
     text blocks' together, cut before the first ``stop`` string left in it."""
     content = body.get("content") if isinstance(body, Mapping) else None
