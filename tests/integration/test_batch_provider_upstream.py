@@ -87,7 +87,8 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     faults = Faults(refuse_every=3, retry_after_s=0, cached_prompt_tokens=2)
     with batch_provider(server.url, key=KEY, faults=faults) as provider:
         report = run_scoring(_config(source, tmp_path / "messages", **{
-            "generate.endpoint.url": provider.url, "generate.endpoint.model": model, "generate.system_prompt": "Sum up.",
+            "generate.endpoint.url": provider.url, "generate.endpoint.model": model,
+            "generate.system_prompt": "Sum up.",
             "generate.endpoint.api": "messages", "generate.endpoint.api_key_env": KEY_ENV,
             "generate.endpoint.price": {"input": 3.0, "output": 15.0}}), spark)
         assert report.status == "succeeded", report.error

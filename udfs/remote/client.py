@@ -43,14 +43,14 @@ ESTIMATED_CHARS_PER_TOKEN = 4
 thumb for English; the guess is settled from ``usage`` after)."""
 
 
-_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+|(bearer\s+)[^\s\"',}\]]+"
-                            r"|(x-api-key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}\]]+")
+_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+"
+                            r"|(bearer\s+)[^\s\"',}\]]+|(x-api-key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}\]]+")
 
 
 def scrub(text: str, secrets: Sequence[str] = ()) -> str:
     """``text`` without any of ``secrets`` and without any ``Authorization`` or ``x-api-key`` value or bearer token in
-    it: the one scrubber every text from a server passes before it reaches a table, a log or the report (a server or a proxy may
-    echo the request's headers in its error)."""
+    it: the one scrubber every text from a server passes before it reaches a table, a log or the report (a server or a
+    proxy may echo the request's headers in its error)."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
