@@ -34,22 +34,36 @@ def served_chat(module_tmp_path):
 def test_batch_answers_through_the_upstream_equal_its_per_row_chat_completions(served_chat):
     server, model = served_chat
     texts = reviews(4, seed=5)
-    bodies = {f"row-{i}": {"model": model, "max_tokens": 6, "temperature": 0.0,
-                           "messages": [{"role": "user", "content": text}]} for i, text in enumerate(texts)}
+    bodies = {
+        f"row-{i}": {
+            "model": model,
+            "max_tokens": 6,
+            "temperature": 0.0,
+            "messages": [{"role": "user", "content": text}],
+        }
+        for i, text in enumerate(texts)
+    }
     direct = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
-    per_row = {custom_id: direct.chat.completions.create(**body).choices[0].message.content
-               for custom_id, body in bodies.items()}
+    per_row = {
+        custom_id: direct.chat.completions.create(**body).choices[0].message.content
+        for custom_id, body in bodies.items()
+    }
     with batch_provider(server.url) as provider:
         client = openai.OpenAI(base_url=provider.url, api_key=provider.key, max_retries=0)
-        lines = "".join(json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                                    "body": body}) + "\n" for custom_id, body in bodies.items())
+        lines = "".join(
+            json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
+            for custom_id, body in bodies.items()
+        )
         uploaded = client.files.create(file=("rows.jsonl", io.BytesIO(lines.encode())), purpose="batch")
-        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                      completion_window="24h")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         messages = anthropic.Anthropic(base_url=provider.root, api_key=provider.key, max_retries=0)
         # Anthropic's Messages params (anthropic 2.x) have no temperature: the upstream's default, greedy, answers.
-        requests = [{"custom_id": custom_id, "params": {key: body[key] for key in ("model", "max_tokens", "messages")}}
-                    for custom_id, body in bodies.items()]
+        requests = [
+            {"custom_id": custom_id, "params": {key: body[key] for key in ("model", "max_tokens", "messages")}}
+            for custom_id, body in bodies.items()
+        ]
         message_batch = messages.messages.batches.create(requests=requests)
         deadline = time.monotonic() + 120
         while (batch := client.batches.retrieve(batch.id)).status != "completed":
@@ -59,12 +73,14 @@ def test_batch_answers_through_the_upstream_equal_its_per_row_chat_completions(s
         batched = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"] for line in output}
         assert batched == per_row and any(per_row.values())
         provider.wait(message_batch.id)
-        results = {item.custom_id: item.result.message.content[0].text
-                   for item in messages.messages.batches.results(message_batch.id)}
+        results = {
+            item.custom_id: item.result.message.content[0].text
+            for item in messages.messages.batches.results(message_batch.id)
+        }
         assert results == per_row
         row = messages.messages.create(**requests[0]["params"])  # per row through the provider's /v1/messages
         assert row.content[0].text == per_row["row-0"] and row.usage.input_tokens > 0
-        assert provider.executions == {custom_id: 2 for custom_id in bodies}  # once per batch kind
+        assert provider.executions == dict.fromkeys(bodies, 2)  # once per batch kind
 
 
 @pytest.fixture
@@ -86,11 +102,21 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     _write(spark, frame, source)
     faults = Faults(refuse_every=3, retry_after_s=0, cached_prompt_tokens=2)
     with batch_provider(server.url, key=KEY, faults=faults) as provider:
-        report = run_scoring(_config(source, tmp_path / "messages", **{
-            "generate.endpoint.url": provider.url, "generate.endpoint.model": model,
-            "generate.system_prompt": "Sum up.",
-            "generate.endpoint.api": "messages", "generate.endpoint.api_key_env": KEY_ENV,
-            "generate.endpoint.price": {"input": 3.0, "output": 15.0}}), spark)
+        report = run_scoring(
+            _config(
+                source,
+                tmp_path / "messages",
+                **{
+                    "generate.endpoint.url": provider.url,
+                    "generate.endpoint.model": model,
+                    "generate.system_prompt": "Sum up.",
+                    "generate.endpoint.api": "messages",
+                    "generate.endpoint.api_key_env": KEY_ENV,
+                    "generate.endpoint.price": {"input": 3.0, "output": 15.0},
+                },
+            ),
+            spark,
+        )
         assert report.status == "succeeded", report.error
         assert provider.key_headers["x-api-key"] >= 4 and provider.key_headers["authorization"] == 0
     got = read_output(spark, str(tmp_path / "messages")).dropna(subset=["generated_text"])
@@ -99,8 +125,14 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     for body in frame["body"].dropna():
         messages = [{"role": "system", "content": "Sum up."}, {"role": "user", "content": TEMPLATE.format(body=body)}]
         answer = direct.chat.completions.create(model=model, max_tokens=6, temperature=0.0, messages=messages)
-        expected.append((answer.choices[0].message.content, answer.choices[0].finish_reason, answer.usage.prompt_tokens,
-                         answer.usage.completion_tokens))
+        expected.append(
+            (
+                answer.choices[0].message.content,
+                answer.choices[0].finish_reason,
+                answer.usage.prompt_tokens,
+                answer.usage.completion_tokens,
+            )
+        )
     columns = ["generated_text", "finish_reason", "prompt_tokens", "completion_tokens"]
     assert list(got[columns].itertuples(index=False, name=None)) == expected and len(expected) == 3
     workers = report.workers

@@ -25,13 +25,14 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 HOST = "127.0.0.1"
@@ -39,11 +40,23 @@ OPENAI_BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embedd
 DAY_S = 24 * 3600
 CHEAP_MODEL = "cheap-echo"
 ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
 }
-OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-                      429: "rate_limit_exceeded", 500: "server_error", 503: "server_error"}
+OPENAI_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    500: "server_error",
+    503: "server_error",
+}
 
 
 @dataclass(frozen=True)
@@ -109,8 +122,12 @@ class HttpUpstream:
         self.base_url, self.timeout = base_url.rstrip("/"), timeout
 
     def call(self, path: str, body: dict) -> tuple[int, dict]:
-        request = urllib.request.Request(self.base_url + path.removeprefix("/v1"), data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            self.base_url + path.removeprefix("/v1"),
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as answer:
                 return answer.status, json.loads(answer.read())
@@ -146,11 +163,16 @@ class CheapUpstream:
         if path == "/v1/embeddings":
             inputs = body.get("input")
             inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
-            data = [{"object": "embedding", "index": i, "embedding": _vector(str(text))}
-                    for i, text in enumerate(inputs)]
+            data = [
+                {"object": "embedding", "index": i, "embedding": _vector(str(text))} for i, text in enumerate(inputs)
+            ]
             tokens = sum(len(str(text).split()) + 1 for text in inputs)
-            return 200, {"object": "list", "data": data, "model": model,
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+            return 200, {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
         words = _prompt_text(body).split()
         limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         text, finish = " ".join(words[:limit]), "length" if len(words) > limit else "stop"
@@ -159,11 +181,23 @@ class CheapUpstream:
         ident = "cmpl-" + uuid.uuid4().hex[:24]
         if path == "/v1/completions":
             choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-            return 200, {"id": ident, "object": "text_completion", "created": created, "model": model,
-                         "choices": [choice], "usage": usage}
+            return 200, {
+                "id": ident,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-        return 200, {"id": "chatcmpl-" + ident[5:], "object": "chat.completion", "created": created, "model": model,
-                     "choices": [choice], "usage": usage}
+        return 200, {
+            "id": "chatcmpl-" + ident[5:],
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": usage,
+        }
 
 
 def _vector(text: str) -> list[float]:
@@ -210,8 +244,10 @@ def messages_to_chat(params: dict) -> dict:
         body["stop"] = params["stop_sequences"]
     output_format = (params.get("output_config") or {}).get("format")
     if output_format and output_format.get("type") == "json_schema":
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "row", "schema": output_format["schema"], "strict": True}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "row", "schema": output_format["schema"], "strict": True},
+        }
     return body
 
 
@@ -224,11 +260,19 @@ def chat_to_message(answer: dict, model: str) -> dict:
     prompt = int(usage.get("prompt_tokens") or 0)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     return {
-        "id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model,
+        "id": "msg_" + uuid.uuid4().hex[:24],
+        "type": "message",
+        "role": "assistant",
+        "model": model,
         "content": [{"type": "text", "text": text}],
-        "stop_reason": "max_tokens" if choice.get("finish_reason") == "length" else "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": prompt - cached, "output_tokens": int(usage.get("completion_tokens") or 0),
-                  "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0},
+        "stop_reason": "max_tokens" if choice.get("finish_reason") == "length" else "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt - cached,
+            "output_tokens": int(usage.get("completion_tokens") or 0),
+            "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0,
+        },
     }
 
 
@@ -239,8 +283,14 @@ def _iso(seconds: float | None) -> str | None:
 
 
 def _openai_error(status: int, message: str, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": OPENAI_ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": None, "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": OPENAI_ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": None,
+            "code": code,
+        }
+    }
 
 
 def _anthropic_error(status: int, message: str) -> dict:
@@ -296,10 +346,20 @@ class BatchProvider:
     again after a result for them was delivered (a client that pays twice); :meth:`request_counts` gives the
     provider's own counts. ``min_seconds`` keeps every batch running at least that long, so clients poll."""
 
-    def __init__(self, upstream: str | None = None, *, cheap: bool = False, key: str = "sk-test-batch-key",
-                 port: int = 0, min_seconds: float = 0.0, concurrency: int = 4, batch_slots: int = 2,
-                 max_requests_per_file: int = 50_000, max_bytes_per_file: int = 200 * 1024 * 1024,
-                 faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str | None = None,
+        *,
+        cheap: bool = False,
+        key: str = "sk-test-batch-key",
+        port: int = 0,
+        min_seconds: float = 0.0,
+        concurrency: int = 4,
+        batch_slots: int = 2,
+        max_requests_per_file: int = 50_000,
+        max_bytes_per_file: int = 200 * 1024 * 1024,
+        faults: Faults | None = None,
+    ) -> None:
         if (upstream is None) == (not cheap):
             raise ValueError("a BatchProvider needs an upstream URL or cheap=True, not both")
         self.upstream: Upstream = CheapUpstream() if cheap else HttpUpstream(upstream or "")
@@ -334,7 +394,7 @@ class BatchProvider:
         """The OpenAI base URL."""
         return self.root + "/v1"
 
-    def __enter__(self) -> "BatchProvider":
+    def __enter__(self) -> BatchProvider:
         self.thread.start()
         return self
 
@@ -367,9 +427,17 @@ class BatchProvider:
     def _store_file(self, data: bytes, filename: str, purpose: str) -> dict:
         file_id = "file-" + uuid.uuid4().hex[:24]
         (self.folder / file_id).write_bytes(data)
-        record = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-                  "filename": filename, "purpose": purpose, "status": "processed", "expires_at": None,
-                  "status_details": None}
+        record = {
+            "id": file_id,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
         with self.lock:
             self.files[file_id] = record
         return record
@@ -384,20 +452,37 @@ class BatchProvider:
     # OpenAI batches
 
     def _openai_view(self, batch: _Batch) -> dict:
-        times = {f"{name}_at": int(batch.times[name]) if name in batch.times else None
-                 for name in ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")}
+        times = {
+            f"{name}_at": int(batch.times[name]) if name in batch.times else None
+            for name in ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+        }
         usage = None
         if batch.usage:
-            usage = {"input_tokens": batch.usage["input"],
-                     "input_tokens_details": {"cached_tokens": batch.usage["cached"]},
-                     "output_tokens": batch.usage["output"], "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": batch.usage["input"] + batch.usage["output"]}
-        return {"id": batch.id, "object": "batch", "endpoint": batch.endpoint, "model": batch.model,
-                "errors": None if batch.errors is None else {"object": "list", "data": batch.errors},
-                "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
-                "status": batch.status, "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
-                "created_at": int(batch.created_at), "expires_at": int(batch.created_at) + DAY_S, **times,
-                "request_counts": self._counts(batch), "metadata": batch.metadata, "usage": usage}
+            usage = {
+                "input_tokens": batch.usage["input"],
+                "input_tokens_details": {"cached_tokens": batch.usage["cached"]},
+                "output_tokens": batch.usage["output"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": batch.usage["input"] + batch.usage["output"],
+            }
+        return {
+            "id": batch.id,
+            "object": "batch",
+            "endpoint": batch.endpoint,
+            "model": batch.model,
+            "errors": None if batch.errors is None else {"object": "list", "data": batch.errors},
+            "input_file_id": batch.input_file_id,
+            "completion_window": batch.completion_window,
+            "status": batch.status,
+            "output_file_id": batch.output_file_id,
+            "error_file_id": batch.error_file_id,
+            "created_at": int(batch.created_at),
+            "expires_at": int(batch.created_at) + DAY_S,
+            **times,
+            "request_counts": self._counts(batch),
+            "metadata": batch.metadata,
+            "usage": usage,
+        }
 
     def _counts(self, batch: _Batch) -> dict[str, int]:
         if batch.kind == "openai":
@@ -409,15 +494,25 @@ class BatchProvider:
     def create_openai_batch(self, body: dict) -> dict:
         endpoint, file_id = body.get("endpoint"), body.get("input_file_id")
         if endpoint not in OPENAI_BATCH_ENDPOINTS:
-            raise HttpError(400, _openai_error(400, f"Invalid endpoint {endpoint!r}: one of "
-                                                    f"{', '.join(OPENAI_BATCH_ENDPOINTS)}", "invalid_value"))
+            raise HttpError(
+                400,
+                _openai_error(
+                    400, f"Invalid endpoint {endpoint!r}: one of {', '.join(OPENAI_BATCH_ENDPOINTS)}", "invalid_value"
+                ),
+            )
         if body.get("completion_window") != "24h":
             raise HttpError(400, _openai_error(400, "completion_window must be '24h'", "invalid_value"))
         record = self._file(str(file_id))
         if record["purpose"] != "batch":
             raise HttpError(400, _openai_error(400, f"File {file_id} has purpose {record['purpose']!r}, not 'batch'"))
-        batch = _Batch("openai", "batch_" + uuid.uuid4().hex[:24], time.time(), endpoint=endpoint,
-                       input_file_id=str(file_id), metadata=body.get("metadata"))
+        batch = _Batch(
+            "openai",
+            "batch_" + uuid.uuid4().hex[:24],
+            time.time(),
+            endpoint=endpoint,
+            input_file_id=str(file_id),
+            metadata=body.get("metadata"),
+        )
         self._register(batch)
         view = self._openai_view(batch)
         threading.Thread(target=self._guarded, args=(self._run_openai, batch), daemon=True, name=batch.id).start()
@@ -427,7 +522,7 @@ class BatchProvider:
         """Run a batch; a fault of this server's own ends the batch failed with its reason rather than hanging it."""
         try:
             run(batch)
-        except Exception as error:  # noqa: BLE001: any fault here is the test server's, reported on the batch
+        except Exception as error:  # noqa: BLE001 (any fault here is the test server's, reported on the batch)
             with self.lock:
                 batch.errors = [{"code": "server_error", "line": None, "param": None, "message": repr(error)}]
                 batch.status = "ended" if batch.kind == "anthropic" else "failed"
@@ -445,9 +540,14 @@ class BatchProvider:
         errors, lines, seen, models = [], [], set(), set()
         size = path.stat().st_size
         if size > self.max_bytes_per_file:
-            errors.append({"code": "file_too_large", "line": None, "param": None,
-                           "message": f"The input file is {size} bytes; at most {self.max_bytes_per_file} are "
-                                      f"allowed."})
+            errors.append(
+                {
+                    "code": "file_too_large",
+                    "line": None,
+                    "param": None,
+                    "message": f"The input file is {size} bytes; at most {self.max_bytes_per_file} are allowed.",
+                }
+            )
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.strip():
@@ -456,32 +556,67 @@ class BatchProvider:
                     line = json.loads(raw)
                     custom_id, method, url, request = line["custom_id"], line["method"], line["url"], line["body"]
                 except (ValueError, KeyError, TypeError):
-                    errors.append({"code": "invalid_json_line", "line": number, "param": None,
-                                   "message": "This line is not valid JSON or lacks custom_id, method, url or body."})
+                    errors.append(
+                        {
+                            "code": "invalid_json_line",
+                            "line": number,
+                            "param": None,
+                            "message": "This line is not valid JSON or lacks custom_id, method, url or body.",
+                        }
+                    )
                     continue
                 if custom_id in seen:
-                    errors.append({"code": "duplicate_custom_id", "line": number, "param": "custom_id",
-                                   "message": f"The custom_id {custom_id!r} is used by more than one request."})
+                    errors.append(
+                        {
+                            "code": "duplicate_custom_id",
+                            "line": number,
+                            "param": "custom_id",
+                            "message": f"The custom_id {custom_id!r} is used by more than one request.",
+                        }
+                    )
                 if method != "POST":
-                    errors.append({"code": "invalid_method", "line": number, "param": "method",
-                                   "message": "Only POST requests are supported in a batch."})
+                    errors.append(
+                        {
+                            "code": "invalid_method",
+                            "line": number,
+                            "param": "method",
+                            "message": "Only POST requests are supported in a batch.",
+                        }
+                    )
                 if url != batch.endpoint:
-                    errors.append({"code": "mismatched_endpoint", "line": number, "param": "url",
-                                   "message": f"The url {url!r} does not match the batch's endpoint "
-                                              f"{batch.endpoint!r}."})
+                    errors.append(
+                        {
+                            "code": "mismatched_endpoint",
+                            "line": number,
+                            "param": "url",
+                            "message": f"The url {url!r} does not match the batch's endpoint {batch.endpoint!r}.",
+                        }
+                    )
                 models.add(request.get("model"))
                 if len(models) > 1:
-                    errors.append({"code": "mismatched_model", "line": number, "param": "body.model",
-                                   "message": "Every request in a batch must use the same model."})
+                    errors.append(
+                        {
+                            "code": "mismatched_model",
+                            "line": number,
+                            "param": "body.model",
+                            "message": "Every request in a batch must use the same model.",
+                        }
+                    )
                     models = {request.get("model")}
                 seen.add(custom_id)
                 lines.append((custom_id, url, request))
         if not lines and not errors:
             errors.append({"code": "empty_file", "line": None, "param": None, "message": "The input file is empty."})
         if len(lines) > self.max_requests_per_file:
-            errors.append({"code": "too_many_requests", "line": None, "param": None,
-                           "message": f"The input file holds {len(lines)} requests; at most "
-                                      f"{self.max_requests_per_file} are allowed."})
+            errors.append(
+                {
+                    "code": "too_many_requests",
+                    "line": None,
+                    "param": None,
+                    "message": f"The input file holds {len(lines)} requests; at most "
+                    f"{self.max_requests_per_file} are allowed.",
+                }
+            )
         if errors:
             with self.lock:
                 batch.errors, batch.status, batch.times["failed"] = errors[:100], "failed", time.time()
@@ -511,33 +646,44 @@ class BatchProvider:
         if self.faults.shuffle:
             rng.shuffle(output)
             rng.shuffle(errors)
-        output_id = self._store_file(b"".join(output), f"{batch.id}_output.jsonl", "batch_output")["id"] if output \
-            else None
-        error_id = self._store_file(b"".join(errors), f"{batch.id}_error.jsonl", "batch_output")["id"] if errors \
-            else None
+        output_id = (
+            self._store_file(b"".join(output), f"{batch.id}_output.jsonl", "batch_output")["id"] if output else None
+        )
+        error_id = (
+            self._store_file(b"".join(errors), f"{batch.id}_error.jsonl", "batch_output")["id"] if errors else None
+        )
         with self.lock:
             batch.output_file_id, batch.error_file_id = output_id, error_id
             final = "cancelled" if batch.cancel.is_set() else "expired" if batch.expire else "completed"
             batch.status, batch.times[final] = final, time.time()
 
     def _openai_line(self, batch: _Batch, outcome: _Outcome, output: list, errors: list) -> None:
-        line: dict[str, Any] = {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": outcome.custom_id,
-                                "response": None, "error": None}
+        line: dict[str, Any] = {
+            "id": "batch_req_" + uuid.uuid4().hex[:24],
+            "custom_id": outcome.custom_id,
+            "response": None,
+            "error": None,
+        }
         if outcome.kind == "vanished":
             batch.counts["completed"] += 1
             return
         if outcome.kind in ("expired", "canceled"):
             if outcome.kind == "expired" and not self.faults.expired_in_error_file:
                 return
-            code, message = (("batch_expired", "This request could not be executed before the completion window "
-                                               "expired.") if outcome.kind == "expired" else
-                             ("batch_cancelled", "This request was not executed: the batch was cancelled."))
+            code, message = (
+                ("batch_expired", "This request could not be executed before the completion window expired.")
+                if outcome.kind == "expired"
+                else ("batch_cancelled", "This request was not executed: the batch was cancelled.")
+            )
             line["error"] = {"code": code, "message": message}
             batch.counts["failed"] += 1
             errors.append(json.dumps(line).encode() + b"\n")
             return
-        line["response"] = {"status_code": outcome.status, "request_id": "req_" + uuid.uuid4().hex[:24],
-                            "body": outcome.body}
+        line["response"] = {
+            "status_code": outcome.status,
+            "request_id": "req_" + uuid.uuid4().hex[:24],
+            "body": outcome.body,
+        }
         ok = 200 <= outcome.status < 300
         batch.counts["completed" if ok else "failed"] += 1
         (output if ok else errors).append(json.dumps(line).encode() + b"\n")
@@ -569,8 +715,11 @@ class BatchProvider:
         attempt = self.submissions[custom_id]
         for status, pick in faults.status.items():
             if pick.hits(custom_id, attempt):
-                body = (_anthropic_error(status, f"injected {status}") if batch.kind == "anthropic"
-                        else _openai_error(status, f"injected {status} for {custom_id}"))
+                body = (
+                    _anthropic_error(status, f"injected {status}")
+                    if batch.kind == "anthropic"
+                    else _openai_error(status, f"injected {status} for {custom_id}")
+                )
                 return _Outcome(custom_id, "http", status, body)
         if batch.kind == "anthropic":
             for kind, pick in (("expired", faults.expired), ("canceled", faults.canceled)):
@@ -606,8 +755,12 @@ class BatchProvider:
         with self.lock:
             batch = self.batches.get(batch_id)
         if batch is None or batch.kind != kind:
-            raise HttpError(404, _openai_error(404, f"No such batch: {batch_id}") if kind == "openai"
-                            else _anthropic_error(404, f"No such message batch: {batch_id}"))
+            raise HttpError(
+                404,
+                _openai_error(404, f"No such batch: {batch_id}")
+                if kind == "openai"
+                else _anthropic_error(404, f"No such message batch: {batch_id}"),
+            )
         return batch
 
     def _listing(self, kind: str, after: str | None, before: str | None, limit: int) -> tuple[list[_Batch], bool]:
@@ -616,9 +769,9 @@ class BatchProvider:
             newest_first = [batch for batch in reversed(self.batches.values()) if batch.kind == kind]
         ids = [batch.id for batch in newest_first]
         if after in ids:
-            newest_first = newest_first[ids.index(after) + 1:]
+            newest_first = newest_first[ids.index(after) + 1 :]
         elif before in ids:
-            older = newest_first[:ids.index(before)]
+            older = newest_first[: ids.index(before)]
             return older[-limit:], len(older) > limit
         return newest_first[:limit], len(newest_first) > limit
 
@@ -629,8 +782,9 @@ class BatchProvider:
         if not isinstance(requests, list) or not requests:
             raise HttpError(400, _anthropic_error(400, "requests: a non-empty list is required"))
         if size > self.max_bytes_per_file:
-            raise HttpError(413, _anthropic_error(413, f"Request exceeds the maximum size of "
-                                                       f"{self.max_bytes_per_file} bytes"))
+            raise HttpError(
+                413, _anthropic_error(413, f"Request exceeds the maximum size of {self.max_bytes_per_file} bytes")
+            )
         if len(requests) > self.max_requests_per_file:
             raise HttpError(400, _anthropic_error(400, f"requests: at most {self.max_requests_per_file} requests"))
         seen = set()
@@ -642,11 +796,18 @@ class BatchProvider:
             if custom_id in seen:
                 raise HttpError(400, _anthropic_error(400, f"requests.{index}.custom_id: {custom_id!r} is not unique"))
             if not isinstance(params, dict) or not all(key in params for key in ("model", "max_tokens", "messages")):
-                raise HttpError(400, _anthropic_error(400, f"requests.{index}.params: model, max_tokens and messages "
-                                                           f"are required"))
+                raise HttpError(
+                    400, _anthropic_error(400, f"requests.{index}.params: model, max_tokens and messages are required")
+                )
             seen.add(custom_id)
-        batch = _Batch("anthropic", "msgbatch_" + uuid.uuid4().hex[:24], time.time(), status="in_progress",
-                       requests=requests, total=len(requests))
+        batch = _Batch(
+            "anthropic",
+            "msgbatch_" + uuid.uuid4().hex[:24],
+            time.time(),
+            status="in_progress",
+            requests=requests,
+            total=len(requests),
+        )
         with self.lock:
             for custom_id in seen:
                 self.submissions[custom_id] += 1
@@ -691,11 +852,18 @@ class BatchProvider:
 
     def _anthropic_view(self, batch: _Batch) -> dict:
         ended = batch.status == "ended"
-        return {"id": batch.id, "type": "message_batch", "processing_status": batch.status,
-                "request_counts": self._counts(batch), "created_at": _iso(batch.created_at),
-                "expires_at": _iso(batch.created_at + DAY_S), "ended_at": _iso(batch.times.get("ended")),
-                "cancel_initiated_at": _iso(batch.times.get("cancelling")), "archived_at": None,
-                "results_url": f"{self.root}/v1/messages/batches/{batch.id}/results" if ended else None}
+        return {
+            "id": batch.id,
+            "type": "message_batch",
+            "processing_status": batch.status,
+            "request_counts": self._counts(batch),
+            "created_at": _iso(batch.created_at),
+            "expires_at": _iso(batch.created_at + DAY_S),
+            "ended_at": _iso(batch.times.get("ended")),
+            "cancel_initiated_at": _iso(batch.times.get("cancelling")),
+            "archived_at": None,
+            "results_url": f"{self.root}/v1/messages/batches/{batch.id}/results" if ended else None,
+        }
 
     def cancel_anthropic(self, batch_id: str) -> dict:
         batch = self._batch(batch_id, "anthropic")
@@ -725,8 +893,10 @@ class BatchProvider:
 
 def _multipart(content_type: str, data: bytes) -> dict[str, tuple[str | None, bytes]]:
     """A ``multipart/form-data`` body's fields: name -> (filename, bytes)."""
-    boundary = next((part.split("=", 1)[1].strip('"') for part in content_type.split(";")
-                     if part.strip().startswith("boundary=")), None)
+    boundary = next(
+        (part.split("=", 1)[1].strip('"') for part in content_type.split(";") if part.strip().startswith("boundary=")),
+        None,
+    )
     if boundary is None:
         raise HttpError(400, _openai_error(400, "Expected multipart/form-data with a boundary"))
     fields = {}
@@ -734,8 +904,14 @@ def _multipart(content_type: str, data: bytes) -> dict[str, tuple[str | None, by
         if part.startswith(b"--"):
             break
         head, _, body = part.lstrip(b"\r\n").partition(b"\r\n\r\n")
-        disposition = next((line for line in head.decode(errors="replace").split("\r\n")
-                            if line.lower().startswith("content-disposition")), "")
+        disposition = next(
+            (
+                line
+                for line in head.decode(errors="replace").split("\r\n")
+                if line.lower().startswith("content-disposition")
+            ),
+            "",
+        )
         attributes = dict(item.strip().split("=", 1) for item in disposition.split(";")[1:] if "=" in item)
         name = attributes.get("name", "").strip('"')
         filename = attributes["filename"].strip('"') if "filename" in attributes else None
@@ -771,8 +947,11 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
                 status, body, raw = error.status, error.body, None
             except (ValueError, KeyError, TypeError) as error:
                 status = 400
-                body = (_anthropic_error(400, f"malformed request: {error}") if anthropic
-                        else _openai_error(400, f"malformed request: {error}"))
+                body = (
+                    _anthropic_error(400, f"malformed request: {error}")
+                    if anthropic
+                    else _openai_error(400, f"malformed request: {error}")
+                )
                 raw = None
             payload = raw if raw is not None else json.dumps(body).encode()
             self.send_response(status)
@@ -784,8 +963,13 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(payload)
 
         def _authorize(self, anthropic: bool) -> None:
-            by_header = "x-api-key" if self.headers.get("x-api-key") == provider.key else \
-                "authorization" if self.headers.get("Authorization") == f"Bearer {provider.key}" else None
+            by_header = (
+                "x-api-key"
+                if self.headers.get("x-api-key") == provider.key
+                else "authorization"
+                if self.headers.get("Authorization") == f"Bearer {provider.key}"
+                else None
+            )
             with provider.lock:
                 provider.key_headers[by_header or "none"] += 1
             if anthropic or (by_header == "x-api-key" and self.path.rstrip("/") == "/v1/models"):
@@ -795,9 +979,17 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
                 if not self.headers.get("anthropic-version"):
                     raise HttpError(400, _anthropic_error(400, "anthropic-version: header is required"))
             elif by_header != "authorization":
-                raise HttpError(401, {"error": {"message": "Incorrect API key provided.",
-                                                "type": "invalid_request_error", "param": None,
-                                                "code": "invalid_api_key"}})
+                raise HttpError(
+                    401,
+                    {
+                        "error": {
+                            "message": "Incorrect API key provided.",
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": "invalid_api_key",
+                        }
+                    },
+                )
 
         def _route(self, method: str, path: str, query: dict, data: bytes) -> tuple[int, dict, bytes | None]:
             parts = path.split("/")[2:]  # after "/v1"
@@ -810,8 +1002,12 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
                 return self._message_batches(method, parts[2:], query, json_body, len(data))
             if method == "POST" and "/" + "/".join(["v1", *parts]) in (*OPENAI_BATCH_ENDPOINTS, "/v1/messages"):
                 if provider.refuse_this_row():
-                    raise HttpError(429, _anthropic_error(429, "rate limited") if parts == ["messages"]
-                                    else _openai_error(429, "rate limited"))
+                    raise HttpError(
+                        429,
+                        _anthropic_error(429, "rate limited")
+                        if parts == ["messages"]
+                        else _openai_error(429, "rate limited"),
+                    )
                 if parts == ["messages"]:
                     return 200, provider.message(json_body), None
                 status, answer = provider.upstream.call(path, json_body)
@@ -851,24 +1047,42 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
                 limit = max(1, min(100, int(query.get("limit", 20))))
                 listed, more = provider._listing("openai", query.get("after"), None, limit)
                 data = [provider._openai_view(batch) for batch in listed]
-                return 200, {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                             "last_id": data[-1]["id"] if data else None, "has_more": more}, None
+                return (
+                    200,
+                    {
+                        "object": "list",
+                        "data": data,
+                        "first_id": data[0]["id"] if data else None,
+                        "last_id": data[-1]["id"] if data else None,
+                        "has_more": more,
+                    },
+                    None,
+                )
             if method == "GET" and len(rest) == 1:
                 return 200, provider._openai_view(provider._batch(rest[0], "openai")), None
             if method == "POST" and rest[1:] == ["cancel"]:
                 return 200, provider.cancel_openai(rest[0]), None
             raise HttpError(404, _openai_error(404, "No such route"))
 
-        def _message_batches(self, method: str, rest: list[str], query: dict, body: dict,
-                             size: int) -> tuple[int, dict, bytes | None]:
+        def _message_batches(
+            self, method: str, rest: list[str], query: dict, body: dict, size: int
+        ) -> tuple[int, dict, bytes | None]:
             if method == "POST" and not rest:
                 return 200, provider.create_anthropic_batch(body, size), None
             if method == "GET" and not rest:
                 limit = max(1, min(1000, int(query.get("limit", 20))))
                 listed, more = provider._listing("anthropic", query.get("after_id"), query.get("before_id"), limit)
                 data = [provider._anthropic_view(batch) for batch in listed]
-                return 200, {"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
-                             "last_id": data[-1]["id"] if data else None}, None
+                return (
+                    200,
+                    {
+                        "data": data,
+                        "has_more": more,
+                        "first_id": data[0]["id"] if data else None,
+                        "last_id": data[-1]["id"] if data else None,
+                    },
+                    None,
+                )
             batch = provider._batch(rest[0], "anthropic")
             if method == "GET" and len(rest) == 1:
                 return 200, provider._anthropic_view(batch), None
@@ -909,10 +1123,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-requests-per-file", type=int, default=50_000)
     parser.add_argument("--max-bytes-per-file", type=int, default=200 * 1024 * 1024)
     args = parser.parse_args(argv)
-    provider = BatchProvider(args.upstream, cheap=args.cheap, key=args.key, port=args.port,
-                             min_seconds=args.min_seconds, concurrency=args.concurrency,
-                             max_requests_per_file=args.max_requests_per_file,
-                             max_bytes_per_file=args.max_bytes_per_file)
+    provider = BatchProvider(
+        args.upstream,
+        cheap=args.cheap,
+        key=args.key,
+        port=args.port,
+        min_seconds=args.min_seconds,
+        concurrency=args.concurrency,
+        max_requests_per_file=args.max_requests_per_file,
+        max_bytes_per_file=args.max_bytes_per_file,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with provider:

@@ -22,8 +22,11 @@ MODEL = "cheap-echo"
 def _lines(ids, endpoint="/v1/chat/completions", model=MODEL, max_tokens=4) -> bytes:
     out = []
     for custom_id in ids:
-        body = {"model": model, "max_tokens": max_tokens,
-                "messages": [{"role": "user", "content": f"{custom_id} says hello to the batch world"}]}
+        body = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": f"{custom_id} says hello to the batch world"}],
+        }
         out.append(json.dumps({"custom_id": custom_id, "method": "POST", "url": endpoint, "body": body}))
     return ("\n".join(out) + "\n").encode()
 
@@ -34,8 +37,9 @@ def _client(provider) -> openai.OpenAI:
 
 def _submit(client, data: bytes, **extra):
     uploaded = client.files.create(file=("requests.jsonl", io.BytesIO(data)), purpose="batch")
-    return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                 **extra)
+    return client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h", **extra
+    )
 
 
 def _wait(client, batch_id: str, timeout: float = 30.0, seen: set | None = None):
@@ -76,14 +80,15 @@ def test_an_openai_batch_goes_through_files_and_batches_and_comes_back_shuffled_
         assert client.files.delete(batch.input_file_id).deleted
         with pytest.raises(openai.NotFoundError):
             client.files.retrieve(batch.input_file_id)
-        assert provider.executions == {custom_id: 1 for custom_id in ids}
+        assert provider.executions == dict.fromkeys(ids, 1)
         assert provider.request_counts()[created.id] == {"total": 20, "completed": 20, "failed": 0}
 
 
 def test_error_lines_and_vanished_lines_and_their_resubmission_run_each_line_once_per_attempt():
     ids = [f"row-{i}" for i in range(8)]
-    faults = Faults(status={429: Pick({"row-1"}), 500: Pick({"row-2"}), 400: Pick({"row-3"}, times=None)},
-                    vanish=Pick({"row-4"}))
+    faults = Faults(
+        status={429: Pick({"row-1"}), 500: Pick({"row-2"}), 400: Pick({"row-3"}, times=None)}, vanish=Pick({"row-4"})
+    )
     with batch_provider(cheap=True, faults=faults) as provider:
         client = _client(provider)
         batch = _wait(client, _submit(client, _lines(ids)).id)
@@ -126,8 +131,12 @@ def test_a_file_the_provider_cannot_take_fails_validation_with_each_reason_and_l
         batch = _wait(client, _submit(client, bad).id)
         assert batch.status == "failed" and batch.failed_at and batch.output_file_id is None
         found = {(error.code, error.line) for error in batch.errors.data}
-        assert found == {("duplicate_custom_id", 2), ("mismatched_endpoint", 3), ("mismatched_model", 4),
-                         ("too_many_requests", None)}
+        assert found == {
+            ("duplicate_custom_id", 2),
+            ("mismatched_endpoint", 3),
+            ("mismatched_model", 4),
+            ("too_many_requests", None),
+        }
         assert provider.executions == {}
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=provider.url, api_key="wrong", max_retries=0).batches.list()
@@ -153,8 +162,9 @@ def _anthropic(provider, key=None) -> anthropic.Anthropic:
 def test_anthropic_messages_answer_per_row_with_stop_reasons_and_cached_tokens_apart():
     with batch_provider(cheap=True, faults=Faults(cached_prompt_tokens=2)) as provider:
         client = _anthropic(provider)
-        message = client.messages.create(model=MODEL, max_tokens=3, system="be brief",
-                                         messages=[{"role": "user", "content": "one two three four"}])
+        message = client.messages.create(
+            model=MODEL, max_tokens=3, system="be brief", messages=[{"role": "user", "content": "one two three four"}]
+        )
         assert message.type == "message" and message.role == "assistant" and message.content[0].text == "be brief one"
         assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 3
         # OpenAI's prompt_tokens (7) hold the cached ones; Anthropic's input_tokens leave them out.
@@ -162,8 +172,9 @@ def test_anthropic_messages_answer_per_row_with_stop_reasons_and_cached_tokens_a
         short = client.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
         assert short.stop_reason == "end_turn" and short.content[0].text == "hi"
         with pytest.raises(anthropic.AuthenticationError):
-            _anthropic(provider, key="wrong").messages.create(model=MODEL, max_tokens=3,
-                                                              messages=[{"role": "user", "content": "x"}])
+            _anthropic(provider, key="wrong").messages.create(
+                model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "x"}]
+            )
         provider.faults.refuse_every = 1
         with pytest.raises(anthropic.RateLimitError):
             client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "x"}])
@@ -171,13 +182,21 @@ def test_anthropic_messages_answer_per_row_with_stop_reasons_and_cached_tokens_a
 
 def test_anthropic_message_batches_end_with_succeeded_errored_expired_and_canceled_results():
     ids = [f"row-{i}" for i in range(8)]
-    faults = Faults(status={500: Pick({"row-1"}), 400: Pick({"row-2"})}, expired=Pick({"row-3"}),
-                    canceled=Pick({"row-4"}), vanish=Pick({"row-5"}))
+    faults = Faults(
+        status={500: Pick({"row-1"}), 400: Pick({"row-2"})},
+        expired=Pick({"row-3"}),
+        canceled=Pick({"row-4"}),
+        vanish=Pick({"row-5"}),
+    )
     with batch_provider(cheap=True, min_seconds=0.3, faults=faults) as provider:
         client = _anthropic(provider)
-        requests = [{"custom_id": custom_id,
-                     "params": {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": custom_id}]}}
-                    for custom_id in ids]
+        requests = [
+            {
+                "custom_id": custom_id,
+                "params": {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": custom_id}]},
+            }
+            for custom_id in ids
+        ]
         created = client.messages.batches.create(requests=requests)
         assert created.processing_status == "in_progress" and created.request_counts.processing == 8
         assert created.results_url is None
@@ -197,12 +216,15 @@ def test_anthropic_message_batches_end_with_succeeded_errored_expired_and_cancel
         assert [b.id for b in page.data] == [created.id] and page.last_id == created.id and not page.has_more
         with pytest.raises(anthropic.BadRequestError):
             client.messages.batches.create(requests=requests[:1] * 2)  # a custom_id twice is refused at once
-        assert provider.executions == {custom_id: 1 for custom_id in ("row-0", "row-5", "row-6", "row-7")}
+        assert provider.executions == dict.fromkeys(("row-0", "row-5", "row-6", "row-7"), 1)
 
 
 def test_the_standalone_provider_serves_until_it_is_stopped(tmp_path):
-    process = subprocess.Popen([sys.executable, "-m", "tests.providers.batch_provider", "--cheap", "--key", "k1"],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.providers.batch_provider", "--cheap", "--key", "k1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = process.stdout.readline()
         url = line.split()[3]

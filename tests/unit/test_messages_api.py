@@ -20,25 +20,54 @@ PNG = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K
 
 
 def test_every_generate_setting_the_api_has_becomes_its_request_field():
-    options = GenerateOptions(max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=40, seed=3, stop=("\n\n",),
-                              system_prompt="Be brief.", json_schema='{"type": "object"}')
+    options = GenerateOptions(
+        max_new_tokens=9,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        seed=3,
+        stop=("\n\n",),
+        system_prompt="Be brief.",
+        json_schema='{"type": "object"}',
+    )
     assert request_body(options, "claude-x", "Hi", image=PNG) == {
-        "model": "claude-x", "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "system": "Be brief.",
+        "model": "claude-x",
+        "max_tokens": 9,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "system": "Be brief.",
         "stop_sequences": ["\n\n"],
-        "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
-            {"type": "text", "text": "Hi"}]}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+                    {"type": "text", "text": "Hi"},
+                ],
+            }
+        ],
         "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
     }
     assert request_body(GenerateOptions(max_new_tokens=4), "m", "Hi") == {
-        "model": "m", "max_tokens": 4, "temperature": 0.0, "messages": [{"role": "user", "content": "Hi"}]}
+        "model": "m",
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     assert auth_headers("k") == {"anthropic-version": "2023-06-01", "x-api-key": "k"}
     assert "Authorization" not in auth_headers("k") and auth_headers(None) == {"anthropic-version": "2023-06-01"}
 
 
 def _message(reason="end_turn", text="ok", usage=None):
-    return {"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": text}],
-            "stop_reason": reason, "usage": usage or {"input_tokens": 5, "output_tokens": 2}}
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": reason,
+        "usage": usage or {"input_tokens": 5, "output_tokens": 2},
+    }
 
 
 def test_stop_reasons_map_and_every_prompt_token_is_counted_cached_or_not():
@@ -47,8 +76,16 @@ def test_stop_reasons_map_and_every_prompt_token_is_counted_cached_or_not():
     assert parse_message(_message("max_tokens")).finish_reason == "length"
     with pytest.raises(Unfinished, match="refusal"):
         parse_message(_message("refusal"))
-    cached = parse_message(_message(usage={"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 40,
-                                           "cache_creation_input_tokens": 7}))
+    cached = parse_message(
+        _message(
+            usage={
+                "input_tokens": 3,
+                "output_tokens": 2,
+                "cache_read_input_tokens": 40,
+                "cache_creation_input_tokens": 7,
+            }
+        )
+    )
     assert (cached.prompt_tokens, cached.completion_tokens) == (50, 2)
     assert parse_message({**_message(), "usage": None}).tokens is None  # unknown, not 0
     assert parse_message(_message(text="a\n\nb"), stop=("\n\n",)).text == "a"
@@ -63,33 +100,45 @@ def test_stop_reasons_map_and_every_prompt_token_is_counted_cached_or_not():
 def test_the_settings_the_messages_api_cannot_carry_are_refused_in_one_line_before_compute():
     from lakescore.jobs.config import ConfigError, load_config
 
-    base = {"task": "generate", "input": "in", "output": "out", "id_col": "id", "text_col": "body",
-            "generate.endpoint.url": "https://api.anthropic.com/v1", "generate.endpoint.model": "claude-x",
-            "generate.endpoint.api": "messages"}
+    base = {
+        "task": "generate",
+        "input": "in",
+        "output": "out",
+        "id_col": "id",
+        "text_col": "body",
+        "generate.endpoint.url": "https://api.anthropic.com/v1",
+        "generate.endpoint.model": "claude-x",
+        "generate.endpoint.api": "messages",
+    }
     load_config(flags=base).require_for_scoring()
     for setting, value, message in (
-            ("generate.logprobs", True, "generate.logprobs: Anthropic's Messages API returns no log-probabilities"),
-            ("generate.repetition_penalty", 1.2, "generate.repetition_penalty: Anthropic's Messages API has no such"),
-            ("generate.temperature", 1.5, "generate.temperature 1.5: Anthropic's Messages API takes 0 to 1"),
-            ("generate.chat_template", "never", "generate.chat_template: never needs the completions API")):
+        ("generate.logprobs", True, "generate.logprobs: Anthropic's Messages API returns no log-probabilities"),
+        ("generate.repetition_penalty", 1.2, "generate.repetition_penalty: Anthropic's Messages API has no such"),
+        ("generate.temperature", 1.5, "generate.temperature 1.5: Anthropic's Messages API takes 0 to 1"),
+        ("generate.chat_template", "never", "generate.chat_template: never needs the completions API"),
+    ):
         with pytest.raises(ConfigError, match=message):
             load_config(flags={**base, setting: value})
     with pytest.raises(ConfigError, match="generate.server.api"):
-        load_config(flags={k: v for k, v in base.items() if not k.startswith("generate.endpoint")}
-                    | {"generate.server.engine": "vllm", "generate.server.api": "messages", "model.source": "m"})
+        load_config(
+            flags={k: v for k, v in base.items() if not k.startswith("generate.endpoint")}
+            | {"generate.server.engine": "vllm", "generate.server.api": "messages", "model.source": "m"}
+        )
 
 
 def test_the_head_speaks_messages_with_its_key_in_x_api_key_and_retries_a_429():
+    from lakescore.udfs.options.remote import EndpointOptions
     from lakescore.udfs.registry import get_task
     from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.remote.head import open_client
-    from lakescore.udfs.options.remote import EndpointOptions
 
     options = GenerateOptions(max_new_tokens=3)
-    with batch_provider(cheap=True, key="sk-ant-test-0123", faults=Faults(refuse_every=2, retry_after_s=0,
-                                                                           cached_prompt_tokens=2)) as provider:
-        settings = EndpointOptions(url=provider.url, model="claude-x", api="messages", api_key_env="ANT_TEST_KEY",
-                                   concurrency=1)
+    with batch_provider(
+        cheap=True, key="sk-ant-test-0123", faults=Faults(refuse_every=2, retry_after_s=0, cached_prompt_tokens=2)
+    ) as provider:
+        settings = EndpointOptions(
+            url=provider.url, model="claude-x", api="messages", api_key_env="ANT_TEST_KEY", concurrency=1
+        )
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("ANT_TEST_KEY", provider.key)
             client, _ = open_client(settings, None, None)
@@ -98,7 +147,11 @@ def test_the_head_speaks_messages_with_its_key_in_x_api_key_and_retries_a_429():
         assert scored.reasons == [None, None, "null_input"]
         first, second = scored.outputs[0], scored.outputs[1]
         assert (first.text, first.finish_reason, second.text, second.finish_reason) == (
-            "one two three", "length", "hi", "stop")
+            "one two three",
+            "length",
+            "hi",
+            "stop",
+        )
         assert (first.prompt_tokens, first.completion_tokens) == (5, 3)  # the 2 read from cache count among them
         counts = head.request_counts()
         assert counts["rate_limited"] >= 1 and counts["retries"] >= counts["rate_limited"]
@@ -143,7 +196,13 @@ def test_a_message_batch_goes_out_and_each_result_line_is_a_result_a_retry_or_de
         client.close()
     outcomes = {line_id: mb.classify(results[line_id]) if line_id in results else mb.absent() for line_id in ids}
     assert {line_id: outcome.kind for line_id, outcome in outcomes.items()} == {
-        "ls-0": "result", "ls-1": "retry", "ls-2": "dead", "ls-3": "retry", "ls-4": "retry", "ls-5": "result"}
+        "ls-0": "result",
+        "ls-1": "retry",
+        "ls-2": "dead",
+        "ls-3": "retry",
+        "ls-4": "retry",
+        "ls-5": "result",
+    }
     assert outcomes["ls-2"].message == "invalid_request_error: injected 400"
     assert parse_message(json.loads(outcomes["ls-5"].body)).text == "ls-5 says"
     with pytest.raises(ValueError, match="line 1 has no custom_id"):

@@ -17,7 +17,7 @@ from lakescore.udfs.options.base import ConfigError, Number, Section, Text, chec
 __all__ = [
     "ENDPOINT_APIS", "ENGINES", "InputPrice", "Price", "RemoteEndpoint", "ServedEngine", "EndpointOptions", "ServerOptions",
     "EmbedEndpointOptions", "EmbedServerOptions", "DEFAULT_CONCURRENCY", "MODELS_LISTING", "unsupported_settings",
-    "MESSAGES_API",
+    "MESSAGES_API", "GENERATE_ENDPOINT_APIS",
 ]
 
 ENDPOINT_APIS = ("completions", "chat")
@@ -26,6 +26,8 @@ prompt as the system message, the server's chat template between them (``/v1/cha
 MESSAGES_API = "messages"
 """Anthropic's Messages API (``/v1/messages``, :mod:`~lakescore.udfs.remote.messages`): a generate endpoint's third
 API, with its own key header; an engine lakescore serves speaks the OpenAI ones only."""
+GENERATE_ENDPOINT_APIS = (*ENDPOINT_APIS, MESSAGES_API)
+"""The APIs a generate endpoint speaks."""
 ENGINES = ("vllm", "sglang", "transformers")
 DEFAULT_CONCURRENCY = 16
 """Requests one task keeps in flight: enough to keep a continuous-batching engine's batch full with a few tasks per
@@ -135,7 +137,7 @@ class EndpointOptions(RemoteEndpoint):
     """An OpenAI-compatible endpoint that generates (``generate.endpoint``): a hosted API, a model serving endpoint, a
     team's vLLM cluster."""
 
-    api: Literal[(*ENDPOINT_APIS, MESSAGES_API)] = "completions"
+    api: Literal[GENERATE_ENDPOINT_APIS] = "completions"
     """``completions`` (the prompt as it is), ``chat`` (the server's chat template, the system prompt as the system
     message) or ``messages`` (Anthropic's Messages API: ``<url>/messages``, the key sent as ``x-api-key`` with
     ``anthropic-version``; the prompt as the user message, the system prompt as ``system``)."""

@@ -14,12 +14,24 @@ the like: dead-lettered with the provider's message)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 __all__ = [
-    "RESULT", "RETRY", "DEAD", "BATCHES_PATH", "MAX_REQUESTS", "MAX_BYTES", "RETRYABLE_ERROR_TYPES", "LineOutcome",
-    "batch_body", "ended", "parse_results", "classify", "absent",
+    "RESULT",
+    "RETRY",
+    "DEAD",
+    "BATCHES_PATH",
+    "MAX_REQUESTS",
+    "MAX_BYTES",
+    "RETRYABLE_ERROR_TYPES",
+    "LineOutcome",
+    "batch_body",
+    "ended",
+    "parse_results",
+    "classify",
+    "absent",
 ]
 
 RESULT, RETRY, DEAD = "result", "retry", "dead"
@@ -41,8 +53,8 @@ class LineOutcome:
     or a dead line's)."""
 
     kind: str
-    body: Optional[str] = None
-    message: Optional[str] = None
+    body: str | None = None
+    message: str | None = None
 
 
 def batch_body(lines: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
@@ -63,8 +75,11 @@ def parse_results(text: str) -> dict[str, dict]:
         if not raw.strip():
             continue
         line = json.loads(raw)
-        if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str) \
-                or not isinstance(line.get("result"), dict):
+        if (
+            not isinstance(line, dict)
+            or not isinstance(line.get("custom_id"), str)
+            or not isinstance(line.get("result"), dict)
+        ):
             raise ValueError(f"result line {number} has no custom_id or result: {raw[:200]}")
         lines[line["custom_id"]] = line
     return lines
@@ -90,8 +105,10 @@ def classify(line: Mapping[str, Any]) -> LineOutcome:
     error = result.get("error") if isinstance(result.get("error"), Mapping) else {}
     inner = error.get("error") if isinstance(error.get("error"), Mapping) else {}
     error_type, message = inner.get("type"), inner.get("message")
-    reason = " ".join(f"{error_type + ': ' if error_type else ''}{message or ''}".split())[:500] or \
-        f"a result of type {kind!r} without an error"
+    reason = (
+        " ".join(f"{error_type + ': ' if error_type else ''}{message or ''}".split())[:500]
+        or f"a result of type {kind!r} without an error"
+    )
     if kind == "errored" and error_type not in RETRYABLE_ERROR_TYPES and error_type is not None:
         return LineOutcome(DEAD, None, reason)
     return LineOutcome(RETRY, None, reason)

@@ -13,14 +13,23 @@ apart."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lakescore.udfs.remote.answers import Malformed, Unfinished
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
 from lakescore.udfs.remote.completions import Completion
 
-__all__ = ["ANTHROPIC_VERSION", "MESSAGES_PATH", "STOP_REASONS", "auth_headers", "request_body", "image_block",
-           "parse_message", "complete"]
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "MESSAGES_PATH",
+    "STOP_REASONS",
+    "auth_headers",
+    "request_body",
+    "image_block",
+    "parse_message",
+    "complete",
+]
 
 ANTHROPIC_VERSION = "2023-06-01"
 """The ``anthropic-version`` every request names: the Messages API's version, unchanged since it was published."""
@@ -30,7 +39,7 @@ STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "leng
 """Anthropic's ``stop_reason`` of a whole answer, as the ``finish_reason`` the output holds."""
 
 
-def auth_headers(key: Optional[str]) -> dict[str, str]:
+def auth_headers(key: str | None) -> dict[str, str]:
     """The headers of every request: the API's version, and the key (where one is set) as ``x-api-key``."""
     return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
 
@@ -44,16 +53,21 @@ def image_block(part: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "base64", "media_type": head[5:-7], "data": data}}
 
 
-def request_body(options: Any, endpoint_model: str, prompt: str,
-                 image: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def request_body(
+    options: Any, endpoint_model: str, prompt: str, image: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The Messages request for one prompt under the generate settings ``options``: the prompt as the user message
     (``image``, an ``image_url`` content part, as an image block before it), the system prompt as ``system``, the
     stop strings as ``stop_sequences``, ``json_schema`` as structured output (``output_config.format``). The settings
     this API has no field for are refused before any compute
     (:func:`~lakescore.udfs.options.remote.unsupported_settings`); a row's seed has none either."""
     user: Any = prompt if image is None else [image_block(image), {"type": "text", "text": prompt}]
-    body: dict[str, Any] = {"model": endpoint_model, "max_tokens": options.max_new_tokens,
-                            "messages": [{"role": "user", "content": user}], "temperature": options.temperature}
+    body: dict[str, Any] = {
+        "model": endpoint_model,
+        "max_tokens": options.max_new_tokens,
+        "messages": [{"role": "user", "content": user}],
+        "temperature": options.temperature,
+    }
     if options.system_prompt is not None:
         body["system"] = options.system_prompt
     if options.top_p < 1:
@@ -67,7 +81,7 @@ def request_body(options: Any, endpoint_model: str, prompt: str,
     return body
 
 
-def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens: Optional[int] = None) -> Completion:
+def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens: int | None = None) -> Completion:
     """One Message's :class:`~lakescore.udfs.remote.completions.Completion`, only when it is a whole, well-formed
     answer: :class:`~lakescore.udfs.remote.answers.Malformed` naming what it lacks (no content, no ``stop_reason``,
     ``usage`` that is not whole numbers of at least 0, more output tokens than ``max_tokens``),
@@ -92,7 +106,7 @@ def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens:
     return Completion(text, STOP_REASONS[reason], prompt_tokens, output_tokens)
 
 
-def _usage(usage: Any, max_tokens: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None]:
     """All the prompt's tokens (input, cache read, cache written) and the output tokens; ``(None, None)`` without
     ``usage``; :class:`Malformed` when they cannot be true."""
     if usage is None:
@@ -103,25 +117,29 @@ def _usage(usage: Any, max_tokens: Optional[int]) -> tuple[Optional[int], Option
         if value is None and name.startswith("cache_"):
             value = 0
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise Malformed(f"the response's usage is impossible ({name} {json.dumps(value)}): "
-                            f"{json.dumps(usage)[:200]}")
+            raise Malformed(
+                f"the response's usage is impossible ({name} {json.dumps(value)}): {json.dumps(usage)[:200]}"
+            )
         counts[name] = value
     if max_tokens is not None and counts["output_tokens"] > max_tokens:
-        raise Malformed(f"the response's usage is impossible ({counts['output_tokens']} output tokens, "
-                        f"{max_tokens} allowed)")
+        raise Malformed(
+            f"the response's usage is impossible ({counts['output_tokens']} output tokens, {max_tokens} allowed)"
+        )
     prompt = counts["input_tokens"] + counts["cache_read_input_tokens"] + counts["cache_creation_input_tokens"]
     return prompt, counts["output_tokens"]
 
 
-def complete(client: EndpointClient, options: Any, prompt: str, seed: Optional[int] = None,
-             image: Optional[Mapping[str, Any]] = None) -> Completion:
+def complete(
+    client: EndpointClient, options: Any, prompt: str, seed: int | None = None, image: Mapping[str, Any] | None = None
+) -> Completion:
     """One prompt's :class:`~lakescore.udfs.remote.completions.Completion` through ``client`` (errors as its ``post``);
     ``seed`` has no place in the Messages API and is not sent. ``usage`` settles the tokens-per-minute guess and
     counts the tokens."""
     body = request_body(options, client.model, prompt, image)
     estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
-    completion = client.post(body, estimate,
-                             lambda answer: parse_message(answer, options.stop, options.max_new_tokens), MESSAGES_PATH)
+    completion = client.post(
+        body, estimate, lambda answer: parse_message(answer, options.stop, options.max_new_tokens), MESSAGES_PATH
+    )
     if completion.tokens is None:
         client.stats.add(unmetered=1)
     else:
