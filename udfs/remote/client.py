@@ -5,8 +5,8 @@ transport every remote API shares, whatever its wire format (:mod:`~lakescore.ud
 Each request is sent by a pool of threads bounded per task (``concurrency``), through a host-wide rate limit
 (:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a timeout per request and retries on what
 :func:`~lakescore.udfs.remote.answers.retryable` says (statuses, timeouts and lost connections): exponential backoff
-with jitter, or the server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError` (dead-lettered ``endpoint_error``
-with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
+with jitter, or the server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError`
+(dead-lettered ``endpoint_error`` with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
 raises :class:`EndpointDown` for every row in flight, which fails the task and the run in one line.
 
 HTTP is httpx2, which ``transformers`` already brings (through ``huggingface_hub``): pooled keep-alive connections
@@ -221,8 +221,8 @@ class EndpointClient:
 
     def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
              parse: Optional[Callable[[Mapping[str, Any]], Any]] = None, path: str = "/completions") -> Any:
-        """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's JSON (the
-        :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
+        """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's
+        JSON. :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
         that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
         bound of failures in a row. ``parse``'s result, when it has ``tokens``, settles the token limit."""
         attempts = self.settings.max_retries + 1

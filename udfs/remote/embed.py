@@ -9,9 +9,9 @@ preflight (:meth:`EndpointEmbedder.score`) sends one such request, and a server 
 one line. The output is the in-process head's ``embedding`` column, L2-normalised here as in-process normalises it.
 
 A request that fails for good is settled by what failed: a status the server gives the request's content (a 4xx
-other than 408, 409 and 429: :func:`~lakescore.udfs.remote.answers.content_refused`) is split in halves and each sent again, down to the one text it refuses (dead-lettered
-``endpoint_error`` alone); anything else (429, 5xx, timeouts, lost connections, after their retries, or a malformed
-answer) dead-letters every row of the request, as the server, not a text, failed. ``usage.prompt_tokens`` is the run's
+other than 408, 409 and 429: :func:`~lakescore.udfs.remote.answers.content_refused`) is split in halves and each
+sent again, down to the one text it refuses (dead-lettered ``endpoint_error`` alone); anything else (408, 409, 429,
+5xx, timeouts, lost connections, after their retries, or a malformed answer) dead-letters every row of the request, as the server, not a text, failed. ``usage.prompt_tokens`` is the run's
 tokens (and its cost with ``price.input``); :class:`~lakescore.udfs.remote.answers.EndpointDown` stops the run.
 """
 

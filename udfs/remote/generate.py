@@ -2,8 +2,9 @@
 this host (``generate.server``, :mod:`lakescore.udfs.remote.engine`).
 
 It takes the place of :class:`~lakescore.udfs.heads.generate.Generator` behind the prompt runner: no tokenizer and no
-weights here, each present prompt one request (:mod:`lakescore.udfs.remote.completions`), the rows of a batch in flight together
-(``concurrency`` of them). The output columns are the in-process head's (:func:`~lakescore.udfs.heads.generate.generation_columns`);
+weights here, each present prompt one request (:mod:`lakescore.udfs.remote.completions`), the rows of a batch in
+flight together (``concurrency`` of them). The output columns are the in-process head's
+(:func:`~lakescore.udfs.heads.generate.generation_columns`);
 ``prompt_tokens`` and ``completion_tokens`` are what the server's ``usage`` reports. A row the server fails is
 ``endpoint_error``; the run stops on :class:`~lakescore.udfs.remote.answers.EndpointDown`.
 
