@@ -10,6 +10,7 @@ from pyspark.sql.types import (
 
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.id_columns import CHUNK_INDEX
+from lakescore.schemas.traffic import Traffic
 
 __all__ = [
     "PREDICTIONS",
@@ -141,18 +142,13 @@ WORKER_METRICS = StructType(
         StructField("batch_rows", LongType(), nullable=False),
         StructField("model_seconds", DoubleType(), nullable=False),
         StructField("budget_halvings", LongType(), nullable=False),
-        StructField("tokens_in", LongType(), nullable=False),
-        StructField("tokens_out", LongType(), nullable=False),
-        StructField("requests", LongType(), nullable=False),
-        StructField("retries", LongType(), nullable=False),
-        StructField("rate_limited", LongType(), nullable=False),
-        StructField("unmetered", LongType(), nullable=False),
+        *(StructField(name, LongType(), nullable=False) for name in Traffic.names()),
     ]
 )
 """What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows (``batch_rows``:
 the rows the batch scored, with dedup its distinct inputs; ``tokens_in`` /
 ``tokens_out``: prompt and generated tokens of generation heads (an embedding server's: its ``usage``'s prompt
-tokens), 0 for the others; ``requests``, ``retries`` and
+tokens), 0 for the others (the counters of :class:`~lakescore.schemas.traffic.Traffic`); ``requests``, ``retries`` and
 ``rate_limited``: what a head over an endpoint sent, retried and was answered 429, 0 for the others; ``unmetered``:
 its answers published without ``usage``, whose tokens are unknown). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol, TYPE_CHECKING, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column
+from lakescore.udfs.batching import AdaptiveBudget, Scored, TextHead
 
 if TYPE_CHECKING:
-    from lakescore.udfs.batching import Scored
+    from lakescore.udfs.heads.protocol import ChecksFidelity
 
 __all__ = [
     "ChunkError", "TooManyChunks", "Chunker", "Span", "DocumentChunks", "PreparedDocuments", "ChunkedEmbedder",
@@ -33,6 +34,17 @@ __all__ = [
 ]
 
 Span = tuple[int, int]
+
+
+@runtime_checkable
+class ChunkableEmbedder(TextHead, Protocol):
+    """What chunking reads of an embedder besides the text head: the tokenizer the windows are cut with, the tokens
+    the model reads (``max_seq_length``) and the prompt prepended to every text (a
+    :class:`~lakescore.udfs.heads.embed.SentenceEmbedder`)."""
+
+    tokenizer: Any
+    max_seq_length: int
+    prompt: str
 """A chunk as ``(start, end)`` character offsets into its text."""
 
 
@@ -184,7 +196,7 @@ class ChunkedEmbedder:
     (:class:`~lakescore.udfs.heads.embed.SentenceEmbedder`, through the batching core, so chunks of all the batch's
     documents share forward batches), the vectors gathered back per document. Built by :func:`chunked_embedder`."""
 
-    def __init__(self, embedder: Any, chunker: Chunker, document_vector: bool = False) -> None:
+    def __init__(self, embedder: ChunkableEmbedder, chunker: Chunker, document_vector: bool = False) -> None:
         self.embedder, self.chunker, self.document_vector = embedder, chunker, document_vector
         self.padding_side = embedder.padding_side
 
@@ -192,7 +204,7 @@ class ChunkedEmbedder:
         """:func:`prepare_documents` (the text runner's preparation of a batch, run ahead in a thread)."""
         return prepare_documents(texts, self, refused)
 
-    def score_prepared(self, prepared: "PreparedDocuments", budget: Any) -> "Scored":
+    def score_prepared(self, prepared: "PreparedDocuments", budget: AdaptiveBudget) -> Scored:
         """:func:`embed_documents` of prepared documents."""
         return embed_documents(prepared.texts, self, budget, prepared)
 
@@ -236,20 +248,19 @@ class ChunkedEmbedder:
         return scored.outputs
 
 
-def chunked_embedder(embedder: Any, max_tokens: int, overlap_tokens: int = 0, max_chunks: int = 1000,
+def chunked_embedder(embedder: TextHead, max_tokens: int, overlap_tokens: int = 0, max_chunks: int = 1000,
                      document_vector: bool = False) -> ChunkedEmbedder:
     """``embedder`` (a loaded :class:`~lakescore.udfs.heads.embed.SentenceEmbedder`) over chunks of at most
     ``max_tokens`` tokens. Raises ``ValueError`` for ``max_tokens`` above the tokens the model reads
     (``max_seq_length``: its chunks would be truncated) or settings that leave no text in a window."""
+    if not isinstance(embedder, ChunkableEmbedder) or embedder.tokenizer is None:
+        raise ValueError("embed.chunk splits with the model's own tokenizer, which this model's loader does not expose")
     if max_tokens > embedder.max_seq_length:
         raise ValueError(
             f"embed.chunk.max_tokens {max_tokens} is above the {embedder.max_seq_length} tokens the model reads, "
             "which would truncate every full chunk; set it at most that"
         )
-    tokenizer = getattr(embedder, "tokenizer", None)
-    if tokenizer is None:
-        raise ValueError("embed.chunk splits with the model's own tokenizer, which this model's loader does not expose")
-    return ChunkedEmbedder(embedder, Chunker(tokenizer, max_tokens, overlap_tokens, max_chunks, embedder.prompt),
+    return ChunkedEmbedder(embedder, Chunker(embedder.tokenizer, max_tokens, overlap_tokens, max_chunks, embedder.prompt),
                            document_vector)
 
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     import pyarrow as pa
     from pyspark.sql.types import StructField
 
+    from lakescore.udfs.heads.protocol import Head
+
 __all__ = ["named", "InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "IMAGE_PROMPT", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
 
 
@@ -153,7 +155,7 @@ class Task:
 
     name: str
     input_kind: InputKind
-    loader: str | Callable[[ModelSpec, Path], Any]
+    loader: str | Callable[[ModelSpec, Optional[Path]], Head]
     """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use): the head in this
     process over :attr:`input_kind`."""
     summary: str = ""
@@ -211,10 +213,9 @@ class Task:
         else :attr:`input_kind`."""
         return next((kind for kind in self.other_inputs if setting(kind.column_setting)), self.input_kind)
 
-    def input_kind_of(self, spec: Any) -> InputKind:
+    def input_kind_of(self, spec: ModelSpec) -> InputKind:
         """The input kind a worker's :class:`ModelSpec` reads (its ``input_kind`` names one of :attr:`other_inputs`)."""
-        named_kind = getattr(spec, "input_kind", None)
-        return next((kind for kind in self.other_inputs if kind.name == named_kind), self.input_kind)
+        return next((kind for kind in self.other_inputs if kind.name == spec.input_kind), self.input_kind)
 
     def worker_imports(self, backend: str, kind: Optional[InputKind] = None) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
@@ -233,7 +234,7 @@ class Task:
         :class:`~lakescore.udfs.options.generate.GenerateOptions`; ``None`` for tasks without a section)."""
         return self.profile(options) if callable(self.profile) else self.profile
 
-    def load(self, spec: ModelSpec, model_dir: Optional[Path]) -> Any:
+    def load(self, spec: ModelSpec, model_dir: Optional[Path]) -> Head:
         """The head for ``spec`` from the files in ``model_dir`` (``None`` for an endpoint): the one of
         :attr:`other_loaders` for the input kind ``spec`` reads and whether its settings are remote, else
         :attr:`loader`; loader errors propagate."""

@@ -4,7 +4,7 @@ A runner sits between an Arrow batch and the batching core (:mod:`lakescore.udfs
 ``prepare`` turns the batch into what the head takes (decoded and tokenized text, or a float
 matrix) and may run ahead in a thread; ``score`` runs the core with the task's token budget;
 ``raw_inputs`` gives the input of every row that could not be scored, as text for the errors
-table; a runner whose head reads and writes tokens (generation) also counts them (``token_counts``).
+table; a runner whose head reads and writes tokens (generation) also counts them (:class:`CountsTokens`).
 One runner per input kind (:mod:`lakescore.udfs.registry`), never per task.
 
 Preparation fails per row, never per batch: a text that is not valid UTF-8 (Parquet and Spark
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -31,11 +31,22 @@ from lakescore.udfs.images import (
     DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, image_tokens,
     pixel_limit, preprocess_chunks, row_index,
 )
+from lakescore.udfs.heads.protocol import (
+    ImageInputHead, ImagePromptHead, MatrixHead, PreparesBatches, PromptHead, TextHead,
+)
 
 __all__ = [
     "RowFailure", "PreparedTexts", "PreparedPrompts", "PreparedImages", "TextRunner", "PromptRunner", "MatrixRunner",
-    "ImageRunner", "ImagePromptRunner", "decode_texts",
+    "ImageRunner", "ImagePromptRunner", "decode_texts", "CountsTokens",
 ]
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A runner whose rows each are one generation or request: it counts a batch's prompt tokens read and tokens
+    generated from its scored rows (the others' tokens, where any, are what the server's ``usage`` reported)."""
+
+    def token_counts(self, scored: Scored) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True)
@@ -124,14 +135,14 @@ class TextRunner:
     ``{"text": ..., "text_pair": ...}``: one sequence with the model's separator, its tokens counted whole by the
     token budget and truncated longest side first."""
 
-    def __init__(self, head, input_cols: Sequence[str]) -> None:
+    def __init__(self, head: TextHead | PreparesBatches, input_cols: Sequence[str]) -> None:
         self.text_col, *pair = input_cols
         self.pair_col = pair[0] if pair else None
         self.head = head
         # a head that prepares and scores its rows itself: one that makes many rows of one text (embed.chunk: a
         # document, its chunks, which go through the same batching core, lakescore.udfs.chunking), or one whose rows
         # are requests of many texts to a server (lakescore.udfs.remote.embed)
-        self.own_batches = hasattr(head, "score_prepared")
+        self.preparing_head: Optional[PreparesBatches] = head if isinstance(head, PreparesBatches) else None
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedTexts:
         shown = None
@@ -140,8 +151,8 @@ class TextRunner:
         else:
             texts, refused, shown = pair_texts(batch.column(self.text_col), batch.column(self.pair_col),
                                                (self.text_col, self.pair_col))
-        if self.own_batches:
-            return self.head.prepare(texts, refused)
+        if self.preparing_head is not None:
+            return self.preparing_head.prepare(texts, refused)
         try:
             features = tokenize_present(texts, self.head)
         except Exception:  # one text the tokenizer rejects: find it, keep its neighbours
@@ -150,8 +161,8 @@ class TextRunner:
         return PreparedTexts(texts, features, refused, shown)
 
     def score(self, prepared: PreparedTexts, budget: AdaptiveBudget) -> Scored:
-        if self.own_batches:
-            return _refuse(self.head.score_prepared(prepared, budget), prepared.refused)
+        if self.preparing_head is not None:
+            return _refuse(self.preparing_head.score_prepared(prepared, budget), prepared.refused)
         return _refuse(score_texts(prepared.texts, self.head, budget, prepared.features), prepared.refused)
 
     def row_costs(self, prepared: PreparedTexts) -> np.ndarray:
@@ -170,7 +181,7 @@ class TextRunner:
 class MatrixRunner:
     """Tabular heads: numeric feature columns as one float64 matrix (nulls become NaN)."""
 
-    def __init__(self, head, input_cols: Sequence[str]) -> None:
+    def __init__(self, head: MatrixHead, input_cols: Sequence[str]) -> None:
         self.head, self.feature_cols = head, tuple(input_cols)
 
     def prepare(self, batch: pa.RecordBatch) -> np.ndarray:
@@ -209,7 +220,7 @@ class PromptRunner:
     """Generation heads (:mod:`lakescore.udfs.heads.generate`): one string column of rendered prompts, and the row's id
     (``key_col``) as the key its sampling generator is seeded from, so a row draws the same text in any batch."""
 
-    def __init__(self, head, input_cols: Sequence[str], *, key_col: Optional[str] = None) -> None:
+    def __init__(self, head: PromptHead, input_cols: Sequence[str], *, key_col: Optional[str] = None) -> None:
         (self.prompt_col,) = input_cols
         self.head, self.key_col = head, key_col
 
@@ -282,7 +293,7 @@ class ImageRunner:
     """
 
     def __init__(
-        self, head, input_cols: Sequence[str], *, max_image_pixels: Optional[int] = None,
+        self, head: ImageInputHead, input_cols: Sequence[str], *, max_image_pixels: Optional[int] = None,
         max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS, max_batch_images: int = DEFAULT_MAX_BATCH_IMAGES,
     ) -> None:
         self.image_col, *path_col = input_cols
@@ -357,7 +368,7 @@ class ImagePromptRunner:
     them rather than processing them.
     """
 
-    def __init__(self, head, input_cols: Sequence[str], *, key_col: Optional[str] = None,
+    def __init__(self, head: ImagePromptHead, input_cols: Sequence[str], *, key_col: Optional[str] = None,
                  max_image_pixels: Optional[int] = None) -> None:
         self.image_col, *middle, self.prompt_col = input_cols
         self.path_col = middle[0] if middle else None

@@ -33,11 +33,16 @@ from pyspark import TaskContext
 from pyspark.sql.types import StructType
 
 from lakescore.schemas.output import WORKER_COLUMN
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
-from lakescore.udfs.models.model_cache import LoadedModel, ServedElsewhere, get_model
+from lakescore.udfs.heads.protocol import (
+    ChecksFidelity, ChunksDocuments, Head, MetersTraffic, PlansOwnBudget, ServedElsewhere,
+)
+from lakescore.udfs.models.model_cache import LoadedModel, get_model
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.models.quantize import Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
+from lakescore.udfs.runners import CountsTokens
 
 __all__ = [
     "RowCounter", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
@@ -117,7 +122,8 @@ class ScoredBatch:
     """One Arrow batch's outcome, row *i* for input row *i*: the task's prediction arrays (null where a
     row was not scored), the weights digest, and per row the reason, error text and raw input of unscored rows;
     then what scoring the batch cost: model seconds, token-budget halvings, model loads (1 on the batch that loaded it),
-    and for generation the prompt tokens read and tokens generated."""
+    and what a head over the wire sent for it (:class:`~lakescore.schemas.traffic.Traffic`: for generation the prompt
+    tokens read and tokens generated too)."""
 
     predictions: list[pa.Array]
     sha256: str
@@ -127,12 +133,7 @@ class ScoredBatch:
     seconds: float = 0.0
     halvings: int = 0
     loads: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    requests: int = 0
-    retries: int = 0
-    rate_limited: int = 0
-    unmetered: int = 0
+    traffic: Traffic = Traffic()
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema, with_metrics: bool = True) -> pa.RecordBatch:
         """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker`` (this batch's
@@ -158,9 +159,7 @@ class ScoredBatch:
     def metrics(self) -> dict[str, Any]:
         """This batch's :data:`~lakescore.schemas.output.WORKER_METRICS`."""
         return {"model_loads": self.loads, "arrow_batches": 1, "batch_rows": len(self.reasons), "model_seconds": self.seconds,
-                "budget_halvings": self.halvings, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
-                "requests": self.requests, "retries": self.retries, "rate_limited": self.rate_limited,
-                "unmetered": self.unmetered}
+                "budget_halvings": self.halvings, **self.traffic.as_dict()}
 
 
 def score_batches(
@@ -194,34 +193,26 @@ def score_batches(
         if batch.num_rows == 0:
             yield batch, None
             continue
-        started, halvings, sent = time.perf_counter(), budget.halvings, _traffic(model.scorer, PREFLIGHT_TRAFFIC)
+        started, halvings, sent = time.perf_counter(), budget.halvings, _traffic(model.scorer)
         scored = runner.score(prepared, budget)
         seconds = time.perf_counter() - started
-        traffic = {name: count - sent[name] for name, count in _traffic(model.scorer, PREFLIGHT_TRAFFIC).items()}
+        traffic = _traffic(model.scorer) - sent
         # the runner counts a row's tokens where a row is a request (generate); where a request carries many rows
         # (a remote embed head) the tokens are what the server's usage reported for the batch's requests
-        usage = traffic.pop("tokens_in"), traffic.pop("tokens_out")
-        if hasattr(runner, "token_counts"):
+        if isinstance(runner, CountsTokens):
             tokens_in, tokens_out = runner.token_counts(scored) if scored.ok.any() else (0, 0)
-        else:
-            tokens_in, tokens_out = usage
+            traffic = dataclasses.replace(traffic, tokens_in=tokens_in, tokens_out=tokens_out)
         yield batch, ScoredBatch(
             _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
             runner.raw_inputs(prepared, scored), seconds=seconds, halvings=budget.halvings - halvings, loads=loads,
-            tokens_in=tokens_in, tokens_out=tokens_out, **traffic,
+            traffic=traffic,
         )
         loads = 0
 
 
-TRAFFIC = ("requests", "retries", "rate_limited", "unmetered")
-"""What a head over an endpoint counts of its requests besides the tokens (which the runner counts from the rows)."""
-
-
-def _traffic(head: Any, names: Sequence[str] = TRAFFIC) -> dict[str, int]:
-    """The requests a head over an endpoint sent so far in this process, its retries, 429s and answers without
-    ``usage`` (zeros for the others); ``names`` may ask for its ``tokens_in`` and ``tokens_out`` too."""
-    counts = head.request_counts() if isinstance(head, ServedElsewhere) else {}
-    return {name: int(counts.get(name, 0)) for name in names}
+def _traffic(head: Head) -> Traffic:
+    """What a head over the wire sent so far in this process (nothing for the others)."""
+    return head.traffic() if isinstance(head, MetersTraffic) else Traffic()
 
 
 PREFLIGHT_SCHEMA = (
@@ -232,12 +223,9 @@ PREFLIGHT_SCHEMA = (
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
 ``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded
 (a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`); ``traffic``: what a
-head over an endpoint sent for the preflight (JSON of :data:`PREFLIGHT_TRAFFIC`), which the run's figures and cost
+head over an endpoint sent for the preflight (JSON of :class:`~lakescore.schemas.traffic.Traffic`), which the run's figures and cost
 include; ``probed``: whether the task scored its sample (false: a head over an endpoint whose request waits for
 ``probe``, :func:`make_preflight_function`)."""
-
-PREFLIGHT_TRAFFIC = (*TRAFFIC, "tokens_in", "tokens_out")
-
 
 def make_preflight_function(
     spec: ModelSpec,
@@ -277,12 +265,11 @@ def make_preflight_function(
             kind = get_task(spec.task).input_kind_of(spec)
             row["probed"] = probe or not isinstance(model.scorer, ServedElsewhere)
             if row["probed"]:
-                sent = _traffic(model.scorer, PREFLIGHT_TRAFFIC)
+                sent = _traffic(model.scorer)
                 try:
                     rows = np.asarray(model.scorer.score(kind.preflight_sample(spec))).shape[0]
                 finally:  # a refused preflight's request was sent too
-                    now = _traffic(model.scorer, PREFLIGHT_TRAFFIC)
-                    row["traffic"] = json.dumps({name: now[name] - sent[name] for name in PREFLIGHT_TRAFFIC})
+                    row["traffic"] = json.dumps((_traffic(model.scorer) - sent).as_dict())
                 if rows != 1:
                     raise RuntimeError(f"the model returned {rows} rows for one input")
             if kind.timed_rows and row["probed"] and not isinstance(model.scorer, ServedElsewhere):  # (no paid requests)
@@ -346,7 +333,10 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     reference_spec = spec.float32_reference()
     reference = get_task(spec.task).load(reference_spec, model.model_dir)
     # a head over chunks is checked on its embedder: the chunks of a sample text are texts like any other
-    reference, scorer = getattr(reference, "embedder", reference), getattr(model.scorer, "embedder", model.scorer)
+    reference = reference.embedder if isinstance(reference, ChunksDocuments) else reference
+    scorer = model.scorer.embedder if isinstance(model.scorer, ChunksDocuments) else model.scorer
+    if not isinstance(scorer, ChecksFidelity):
+        raise ValueError(f"the {spec.task} head has no reduced-precision check; run it at float32")
     policy = BatchPolicy(default_max_tokens(reference_spec.device), 256)
     texts = list(sample)
     expected = score_texts(texts, reference, policy).outputs
@@ -394,7 +384,7 @@ def batch_policy(model: LoadedModel, device: str, max_tokens: Optional[int], max
     """The forward batches' bounds for ``model`` on ``device``: ``max_tokens`` (default: the head's own
     ``default_max_tokens(device)`` where it has one, else :func:`~lakescore.udfs.batching.default_max_tokens`) and
     ``max_rows``."""
-    default = getattr(model.scorer, "default_max_tokens", default_max_tokens)  # a head may plan its own batches
+    default = model.scorer.default_max_tokens if isinstance(model.scorer, PlansOwnBudget) else default_max_tokens
     return BatchPolicy(max_tokens or default(device), max_rows)
 
 

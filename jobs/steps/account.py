@@ -23,6 +23,7 @@ from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN, is_tally
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.jobs.platform.tables import column
 from lakescore.schemas.output import CHUNKS_COLUMN, DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
+from lakescore.schemas.traffic import Traffic
 
 __all__ = ["Accounting", "account_rows"]
 
@@ -181,14 +182,17 @@ def _worker_totals(groups: list, rows_scored: int, preflight_loads: int, preflig
     requests are paid for as the rows' are) and named apart as ``preflight``."""
     preflight = preflight or {}
     total = {name: sum(r[name] or 0 for r in groups) + int(preflight.get(name) or 0) for name in WORKER_METRICS.fieldNames()}
+    traffic = Traffic.of(total)
     return {
         "model_loads": int(total["model_loads"]) + preflight_loads,
         "arrow_batches": int(total["arrow_batches"]),
         "rows_scored": rows_scored,
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
-        **({"tokens_in": int(total["tokens_in"]), "tokens_out": int(total["tokens_out"])} if total["tokens_in"] or total["tokens_out"] else {}),
-        **({name: int(total[name]) for name in ("requests", "retries", "rate_limited")} if total["requests"] else {}),
-        **({"unmetered": int(total["unmetered"])} if total["unmetered"] else {}),
+        **({"tokens_in": traffic.tokens_in, "tokens_out": traffic.tokens_out}
+           if traffic.tokens_in or traffic.tokens_out else {}),
+        **({"requests": traffic.requests, "retries": traffic.retries, "rate_limited": traffic.rate_limited}
+           if traffic.requests else {}),
+        **({"unmetered": traffic.unmetered} if traffic.unmetered else {}),
         **({"preflight": {name: int(count) for name, count in preflight.items()}} if preflight.get("requests") else {}),
     }

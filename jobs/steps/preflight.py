@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark.adapter import cancel_tagged, default_parallelism, job_tag
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import ModelIdentity, RunContext, ScoringLayout
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.remote.answers import EndpointRefused
 from lakescore.udfs.remote.engine import EngineStartError, stop_engines_task
 from lakescore.udfs.models.model_fit import check_model_fits
@@ -117,12 +118,10 @@ def preflight_model(
 
 
 def summed_traffic(traffics) -> dict:
-    """The preflight tasks' ``traffic`` (JSON texts) summed; empty when no request was sent."""
-    total: dict = {}
-    for text in traffics:
-        for name, count in json.loads(text or "{}").items():
-            total[name] = total.get(name, 0) + int(count)
-    return total if total.get("requests") else {}
+    """The preflight tasks' ``traffic`` (JSON texts of :class:`~lakescore.schemas.traffic.Traffic`) summed; empty when
+    no request was sent."""
+    total = sum((Traffic.of(json.loads(text or "{}")) for text in traffics), Traffic())
+    return total.as_dict() if total.requests else {}
 
 
 def _remote(spec: ModelSpec, name: str) -> Any:

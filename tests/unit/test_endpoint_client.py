@@ -102,8 +102,8 @@ def test_a_429_is_retried_after_what_retry_after_says_and_counted(server):
     completion = complete(client, GenerateOptions(max_new_tokens=4), "a prompt")
     assert (completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens) == ("fine", "stop", 3, 2)
     assert waits == [7.0, 0.25]
-    assert (client.stats.requests, client.stats.retries, client.stats.rate_limited, client.stats.failed) == (3, 2, 2, 0)
-    assert (client.stats.tokens_in, client.stats.tokens_out) == (3, 2)
+    assert (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.traffic.rate_limited, client.stats.failed) == (3, 2, 2, 0)
+    assert (client.stats.traffic.tokens_in, client.stats.traffic.tokens_out) == (3, 2)
     assert client.breaker.failures == 0  # 429s are the server's pace, not failures
 
 
@@ -117,7 +117,7 @@ def test_5xx_backs_off_exponentially_then_the_row_fails_with_the_servers_message
     assert failed.value.status == 503 and failed.value.message == "engine overloaded"
     assert str(failed.value) == "HTTP 503: engine overloaded"
     assert len(waits) == 3 and all(0.5 * 2 ** i / 2 <= w <= 0.5 * 2 ** i for i, w in enumerate(waits))
-    assert (client.stats.requests, client.stats.retries, client.stats.failed) == (4, 3, 1)
+    assert (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.failed) == (4, 3, 1)
 
 
 def test_a_rows_own_4xx_is_not_retried_and_a_success_resets_the_failures_in_a_row(server):
@@ -144,7 +144,7 @@ def test_408_and_409_are_retried_and_then_the_servers_failure_not_the_contents(s
     client = _client(url, waits, max_retries=2)
     with pytest.raises(EndpointError) as failed:
         complete(client, GenerateOptions(), "p")
-    assert len(waits) == 2 and (client.stats.requests, client.stats.retries, client.stats.failed) == (3, 2, 1)
+    assert len(waits) == 2 and (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.failed) == (3, 2, 1)
     assert not content_refused(failed.value)
     assert what_happened(failed.value, 2).startswith("failed the preflight's request")
     assert content_refused(EndpointError(400, "too long"))  # a 4xx of the content's own: split, refused
@@ -166,7 +166,7 @@ def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
     with pytest.raises(EndpointDown):  # every later row too, without a request
         complete(client, GenerateOptions(), "p")
     assert len(waits) == 2  # three attempts, the third stopped it
-    assert client.stats.requests == client.stats.retries == 0  # none reached a server: nothing to count or pay
+    assert client.stats.traffic.requests == client.stats.traffic.retries == 0  # none reached a server: nothing to count or pay
 
 
 def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(server):
@@ -388,7 +388,7 @@ def test_an_answer_is_published_only_when_it_is_whole_and_well_formed(server):
     assert (text[1], finish[1], prompt_tokens[1], completion_tokens[1]) == ("no usage", "stop", None, None)  # unknown, not 0
     assert (text[4], finish[4], prompt_tokens[4], completion_tokens[4]) == ("", "stop", 3, 1)  # a model that stops at once
     stats = head.client.stats
-    assert (stats.tokens_in, stats.tokens_out, stats.unmetered) == (3, 1, 1)  # nothing impossible billed; one unmetered
+    assert (stats.traffic.tokens_in, stats.traffic.tokens_out, stats.traffic.unmetered) == (3, 1, 1)  # nothing impossible billed; one unmetered
     assert head.client.breaker.failures == 0  # the empty answer last: a good answer resets the breaker
 
 
@@ -482,13 +482,14 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
     """Before: ``EndpointGenerator.close()`` was never called; a dropped head's pool and connections stayed open for
     the worker's life."""
     from lakescore.udfs.models import model_cache
-    from lakescore.udfs.models.model_cache import HoldsResources, LoadedModel, ServedElsewhere
+    from lakescore.udfs.heads.protocol import HoldsResources, MetersTraffic, ServedElsewhere
+    from lakescore.udfs.models.model_cache import LoadedModel
 
     _script, url = server
     head = _head(url, concurrency=2)
-    assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources)  # the head protocol, not getattr
+    assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources) and isinstance(head, MetersTraffic)
     assert head.score_prompts(["a", "b"], None).reasons == [None, None]
-    assert head.request_counts() == {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6,
+    assert head.traffic().as_dict() == {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6,
                                      "tokens_out": 4}
     key = object()
     model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
@@ -599,7 +600,7 @@ def test_the_requests_counted_are_the_requests_the_server_received():
     try:
         head = _head(f"http://127.0.0.1:{httpd.server_address[1]}/v1", concurrency=2, max_consecutive_failures=100)
         scored = head.score_prompts([f"row {i}" for i in range(8)], None)
-        counts = head.request_counts()
+        counts = head.traffic().as_dict()
         head.close()
     finally:
         httpd.shutdown()

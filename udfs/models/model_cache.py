@@ -23,33 +23,15 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Optional
 
+from lakescore.udfs.heads.protocol import Head, HoldsResources, ServedElsewhere
 from lakescore.udfs.models.model_source import (
     ModelSourceError, ModelSpec, hub_revision, model_file_digests, resolve_model_dir, verify_sha256, weights_sha256,
 )
 from lakescore.udfs.registry import get_task
 
-__all__ = ["LoadedModel", "get_model", "clear", "ServedElsewhere", "HoldsResources"]
-
-
-@runtime_checkable
-class ServedElsewhere(Protocol):
-    """The head protocol's part for a model answered over the wire (:class:`~lakescore.udfs.remote.head.RemoteHead`):
-    whether the server still names the model this head was made for, and what it sent."""
-
-    def is_current(self) -> bool: ...
-
-    def listed(self) -> bool: ...
-
-    def request_counts(self) -> dict[str, int]: ...
-
-
-@runtime_checkable
-class HoldsResources(Protocol):
-    """A head that holds threads or connections: closed when the cache drops it, and at the worker's exit."""
-
-    def close(self) -> None: ...
+__all__ = ["LoadedModel", "get_model", "clear"]
 
 
 def _as_the_run_names_it(loaded: "LoadedModel", expect_sha256: Optional[str]) -> "LoadedModel":
@@ -70,8 +52,8 @@ def _drop(loaded: Optional["LoadedModel"]) -> None:
 class LoadedModel:
     """A ready scorer plus the identity of the weights it runs."""
 
-    scorer: Any
-    """The task head: ``forward``, ``columns(outputs, ok)``, ``score(inputs)`` (and ``tokenize`` for text heads)."""
+    scorer: Head
+    """The task head (:mod:`lakescore.udfs.heads.protocol`)."""
     model_dir: Optional[Path]
     """Where the files are; ``None`` for a model served elsewhere (``generate.endpoint``), whose head names its
     identity (``sha256``, ``revision``)."""

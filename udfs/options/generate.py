@@ -212,7 +212,7 @@ def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
 def check_context(spec: Any, model_dir: Path, config: dict) -> None:
     """The driver's :func:`require_room`, on the context ``config`` (the model's ``config.json``) and its
     ``tokenizer_config.json`` give (:func:`model_context`)."""
-    if getattr(spec, "input_kind", None) == "image" and "vision_config" not in config:
+    if spec.input_kind == "image" and "vision_config" not in config:
         # every vision-language model transformers loads (LLaVA, Idefics3, Qwen2-VL, Gemma 3, ...) has a vision tower
         from lakescore.udfs.models.errors import UnfitModelError
 
@@ -221,7 +221,7 @@ def check_context(spec: Any, model_dir: Path, config: dict) -> None:
             f"({', '.join(config.get('architectures') or ()) or 'no architectures'}) with no vision tower "
             "(no vision_config in config.json), not a vision-language model"
         )
-    config = config.get("text_config") or config if getattr(spec, "input_kind", None) == "image" else config
+    config = config.get("text_config") or config if spec.input_kind == "image" else config
     limit = (read_json(model_dir / "tokenizer_config.json") or {}).get("model_max_length")
     positions = config.get("max_position_embeddings") or config.get("n_positions")
     ints = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in (positions, limit)]

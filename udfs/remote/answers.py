@@ -8,12 +8,13 @@ the heads read them.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol
 
 from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
-    "EndpointError", "EndpointDown", "EndpointRefused", "Malformed", "Unfinished", "Unhonoured", "RETRY_STATUSES",
+    "Answer", "EndpointError", "EndpointDown", "EndpointRefused", "Malformed", "Unfinished", "Unhonoured",
+    "RETRY_STATUSES",
     "retryable", "content_refused", "what_happened",
 ]
 
@@ -22,6 +23,14 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 Anthropic's ``overloaded_error``).
 408 (the server timed out waiting) and 409 (a conflict with the server's state, e.g. a concurrent request) say
 nothing of the content, so they are retried and, once retries are spent, failed as the server's, like a 5xx."""
+
+
+class Answer(Protocol):
+    """A parsed answer: the tokens its ``usage`` reported (``None``: it reported none), which settle the host's
+    tokens-per-minute limit."""
+
+    @property
+    def tokens(self) -> Optional[int]: ...
 
 
 def retryable(kind: Optional[str], status: Optional[int]) -> bool:
@@ -38,9 +47,9 @@ def content_refused(error: "EndpointError") -> bool:
 
 class EndpointError(RuntimeError):
     """One row's request failed for good: ``status`` (``None`` for a connection error or timeout) and the server's
-    message; ``kind`` says what happened (``status``: the server's error status, ``rate_limited``: 429 after every retry,
-    ``timeout``, ``connection``, ``malformed``: a 200 whose body is not a whole OpenAI answer). The row is dead-lettered
-    ``endpoint_error``."""
+    message; ``kind`` says what happened (``status``: the server's error status, ``rate_limited``: 429 after every
+    retry, ``timeout``, ``connection``, ``malformed``: a 200 whose body is not a whole OpenAI answer). The row is
+    dead-lettered ``endpoint_error``."""
 
     reason = "endpoint_error"
 

@@ -27,10 +27,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.options.remote import RemoteEndpoint, ServedEngine
-from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Malformed, Unfinished, retryable
+from lakescore.udfs.remote.answers import (
+    Answer, EndpointDown, EndpointError, EndpointRefused, Malformed, Unfinished, retryable,
+)
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
 __all__ = ["Reply", "ClientStats", "EndpointClient", "retry_after", "backoff", "scrub", "ESTIMATED_CHARS_PER_TOKEN",
@@ -65,25 +68,25 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+A = TypeVar("A", bound=Answer)
+
+
 @dataclass
 class ClientStats:
-    """What one process's client sent: requests, retries, of which answered 429, rows failed for good, and the
-    tokens ``usage`` reported."""
+    """What one process's client sent (:class:`~lakescore.schemas.traffic.Traffic`), and the rows it failed for
+    good; its threads add to it together."""
 
-    requests: int = 0
-    retries: int = 0
-    rate_limited: int = 0
+    traffic: Traffic = Traffic()
     failed: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    unmetered: int = 0
-    """Answers published without ``usage``: their tokens are unknown, so a cost from ``usage`` is incomplete."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, **counts: int) -> None:
+    def add(self, traffic: Traffic) -> None:
         with self.lock:
-            for name, value in counts.items():
-                setattr(self, name, getattr(self, name) + value)
+            self.traffic = self.traffic + traffic
+
+    def fail(self) -> None:
+        with self.lock:
+            self.failed += 1
 
 
 def bearer_headers(key: Optional[str]) -> dict[str, str]:
@@ -219,12 +222,12 @@ class EndpointClient:
                 return None
         return None
 
-    def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
-             parse: Optional[Callable[[Mapping[str, Any]], Any]] = None, path: str = "/completions") -> Any:
+    def post(self, body: Mapping[str, Any], estimated_tokens: int, parse: Callable[[Mapping[str, Any]], A],
+             path: str) -> A:
         """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's
         JSON. :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
         that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
-        bound of failures in a row. ``parse``'s result, when it has ``tokens``, settles the token limit."""
+        bound of failures in a row. The answer's ``tokens`` settle the token limit."""
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
             self.breaker.check()
@@ -241,29 +244,29 @@ class EndpointClient:
                 # reached it (refused, a kept-alive connection it closed as the request came) is neither a request
                 # nor a retry, or the run's figures and cost would exceed what the server received.
                 received = isinstance(exc, self._received)
-                self.stats.add(requests=int(received))
+                self.stats.add(Traffic(requests=int(received)))
                 if self.recover is not None and self.recover():
-                    self.stats.add(retries=int(received))
+                    self.stats.add(Traffic(retries=int(received)))
                     continue
             else:
                 received = True
-                self.stats.add(requests=1)
+                self.stats.add(Traffic(requests=1))
                 status = response.status_code
                 if status == 200:
                     kind = "malformed"
                     try:
                         payload = response.json()
-                        result = parse(payload) if parse is not None else Reply(payload)
+                        result = parse(payload)
                     except Unfinished as exc:  # the server works; the row's answer is not the model's whole text
                         self.breaker.success()
-                        self.stats.add(failed=1)
+                        self.stats.fail()
                         raise exc from None
                     except ValueError as exc:  # not JSON (json's error is a ValueError), or Malformed
                         message = (f"a malformed answer: {exc}" if isinstance(exc, Malformed)
                                    else f"a response that is not JSON: {response.text[:200]!r}")
                     else:
                         self.breaker.success()
-                        tokens = getattr(result, "tokens", None)
+                        tokens = result.tokens
                         self.limit.settle(estimated_tokens, estimated_tokens if tokens is None else tokens)
                         return result
                 else:
@@ -272,13 +275,13 @@ class EndpointClient:
             message = self.scrub(message)
             again = retryable(kind, status)
             if status == 429:
-                self.stats.add(rate_limited=1)
+                self.stats.add(Traffic(rate_limited=1))
             else:
                 self.breaker.failure(f"HTTP {status}: {message}" if status else message)
             if not again or attempt == attempts - 1:
-                self.stats.add(failed=1)
+                self.stats.fail()
                 raise EndpointError(status, message, kind)
-            self.stats.add(retries=int(received))
+            self.stats.add(Traffic(retries=int(received)))
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from lakescore.schemas.traffic import Traffic
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.options.remote import EndpointOptions, ServerOptions
 from lakescore.udfs.remote.answers import Malformed, Unfinished
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
@@ -43,7 +45,7 @@ class Completion:
         return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
 
 
-def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None,
+def request_body(options: GenerateOptions, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None,
                  image: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The request for one prompt under the generate settings ``options``: every setting mapped to its request
     field, none dropped (a server that cannot honour one refuses it, and the preflight says so). ``image``: a content
@@ -64,15 +66,16 @@ def request_body(options: Any, endpoint_model: str, api: str, prompt: str, seed:
         body["seed"] = seed
     if options.stop:
         body["stop"] = list(options.stop)
-    if getattr(options, "logprobs", False):  # the chosen tokens' log-probabilities: a flag in chat, a count in completions
+    if options.logprobs:  # the chosen tokens' log-probabilities: a flag in chat, a count in completions
         body["logprobs"] = True if api == "chat" else 1
     if options.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "row", "schema": json.loads(options.json_schema), "strict": True}}
     # vLLM's and SGLang's names for the sampling settings the OpenAI API lacks
-    for setting, name, neutral in (("top_k", "top_k", 0), ("repetition_penalty", "repetition_penalty", 1.0),
-                                   ("min_new_tokens", "min_tokens", 0), ("stop_token_ids", "stop_token_ids", ())):
-        value = getattr(options, setting, None)
+    for value, name, neutral in ((options.top_k, "top_k", 0),
+                                 (options.repetition_penalty, "repetition_penalty", 1.0),
+                                 (options.min_new_tokens, "min_tokens", 0),
+                                 (options.stop_token_ids, "stop_token_ids", ())):
         if value is not None and value != neutral:
             body[name] = list(value) if isinstance(value, tuple) else value
     return body
@@ -149,7 +152,7 @@ def completions_path(api: str) -> str:
     return "/chat/completions" if api == "chat" else "/completions"
 
 
-def complete(client: EndpointClient, options: Any, prompt: str, seed: Optional[int] = None,
+def complete(client: EndpointClient, options: GenerateOptions, prompt: str, seed: Optional[int] = None,
              image: Optional[Mapping[str, Any]] = None) -> Completion:
     """One prompt's :class:`Completion` under the generate settings ``options``, with ``image`` (a content part)
     before it where given (errors as the client's ``post``). The tokens-per-minute guess counts the prompt's text only
@@ -160,8 +163,8 @@ def complete(client: EndpointClient, options: Any, prompt: str, seed: Optional[i
     completion = client.post(body, estimate, lambda answer: parse_completion(answer, api, options.stop,
                                                                              options.max_new_tokens),
                              completions_path(api))
-    if completion.tokens is None:
-        client.stats.add(unmetered=1)
+    if completion.prompt_tokens is None or completion.completion_tokens is None:
+        client.stats.add(Traffic(unmetered=1))
     else:
-        client.stats.add(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens)
+        client.stats.add(Traffic(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens))
     return completion

@@ -19,15 +19,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from lakescore.udfs.batching import Scored
+from lakescore.udfs.batching import AdaptiveBudget, Scored
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, content_refused, what_happened
 from lakescore.udfs.remote.client import EndpointClient
 from lakescore.udfs.remote.embeddings import SERVER_LIMIT, post_embeddings
 from lakescore.udfs.remote.head import RemoteHead, open_client
+
+if TYPE_CHECKING:
+    from lakescore.udfs.remote.engine import EngineServer
 
 __all__ = ["EndpointEmbedder", "load_remote_embedder", "cut_requests", "REQUEST_CHARS", "served_args"]
 
@@ -73,7 +77,7 @@ class EndpointEmbedder(RemoteHead):
     padding_side = "right"
 
     def __init__(self, client: EndpointClient, truncate_to: int, normalize: bool = True, prompt: str = "",
-                 revision: Optional[str] = None, server: Any = None) -> None:
+                 revision: Optional[str] = None, server: Optional[EngineServer] = None) -> None:
         self.truncate_to, self.normalize, self.prompt = truncate_to, normalize, prompt
         super().__init__(client, revision, server)
 
@@ -83,7 +87,7 @@ class EndpointEmbedder(RemoteHead):
         """The texts as they are (the server tokenizes)."""
         return PreparedRequests(list(texts), dict(refused or {}))
 
-    def score_prepared(self, prepared: PreparedRequests, budget: Any) -> Scored:
+    def score_prepared(self, prepared: PreparedRequests, budget: AdaptiveBudget) -> Scored:
         """Send every present text, in requests of at most ``budget``'s rows (:func:`cut_requests`): each row's vector,
         ``null_input`` for a null text, ``endpoint_error`` as the module says for a row the server failed."""
         texts = prepared.texts
@@ -175,7 +179,7 @@ def served_args(engine: str, args: Sequence[str]) -> tuple[str, ...]:
     return args
 
 
-def load_remote_embedder(spec: Any, model_dir: Optional[Path]) -> EndpointEmbedder:
+def load_remote_embedder(spec: ModelSpec, model_dir: Optional[Path]) -> EndpointEmbedder:
     """The head for ``spec.embed.endpoint`` (``model_dir`` ``None``: no files here), or for ``spec.embed.server``: this
     host's engine serving ``model_dir``, started when no process of the host has started it yet. ``ValueError`` for
     model settings a server cannot honour; :class:`EndpointRefused` for a key named but not set;

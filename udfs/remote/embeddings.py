@@ -12,6 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.remote.answers import Malformed
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
 
@@ -62,7 +63,8 @@ def parse_embeddings(body: Mapping[str, Any], inputs: int) -> Embeddings:
     usage = body.get("usage")
     tokens = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
     if usage is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
-        raise Malformed(f"the response's usage is impossible (prompt_tokens {json.dumps(tokens)}): {json.dumps(usage)[:200]}")
+        raise Malformed(f"the response's usage is impossible (prompt_tokens {json.dumps(tokens)}): "
+                        f"{json.dumps(usage)[:200]}")
     return Embeddings(vectors.astype(np.float32), tokens)
 
 
@@ -76,7 +78,7 @@ def post_embeddings(client: EndpointClient, inputs: Sequence[str], truncate_to: 
         estimate = min(estimate, truncate_to * len(inputs))
     answer = client.post(body, estimate, lambda reply: parse_embeddings(reply, len(inputs)), path=EMBEDDINGS)
     if answer.prompt_tokens is None:
-        client.stats.add(unmetered=1)
+        client.stats.add(Traffic(unmetered=1))
     else:
-        client.stats.add(tokens_in=answer.prompt_tokens)
+        client.stats.add(Traffic(tokens_in=answer.prompt_tokens))
     return answer

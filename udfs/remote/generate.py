@@ -17,18 +17,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.heads.generate import Generation, generation_columns
+from lakescore.udfs.models.model_source import ModelSpec
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Unhonoured, what_happened
 from lakescore.udfs.remote.client import EndpointClient
 from lakescore.udfs.remote.completions import Completion, api_of, complete
 from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
 from lakescore.udfs.options.remote import MESSAGES_API
+
+if TYPE_CHECKING:
+    from lakescore.udfs.remote.engine import EngineServer
 
 __all__ = ["EndpointGenerator", "load_remote_generator", "endpoint_identity", "models_listing"]
 
@@ -42,8 +47,8 @@ class EndpointGenerator(RemoteHead):
 
     padding_side = "left"
 
-    def __init__(self, client: EndpointClient, options: Any, output_types: Sequence[Any], revision: Optional[str] = None,
-                 server: Any = None) -> None:
+    def __init__(self, client: EndpointClient, options: GenerateOptions, output_types: Sequence[Any],
+                 revision: Optional[str] = None, server: Optional[EngineServer] = None) -> None:
         self.options, self._output_types = options, output_types
         # The wire format of the client's API: Anthropic's Messages, or the OpenAI completions and chat APIs.
         self._complete = messages.complete if api_of(client.settings) == MESSAGES_API else complete
@@ -129,7 +134,8 @@ class EndpointGenerator(RemoteHead):
         return Generator.fidelity(reference, outputs)
 
 
-def load_remote_generator(spec: Any, model_dir: Optional[Path], head: type = EndpointGenerator) -> EndpointGenerator:
+def load_remote_generator(spec: ModelSpec, model_dir: Optional[Path],
+                          head: type = EndpointGenerator) -> EndpointGenerator:
     """The ``head`` (an :class:`EndpointGenerator` class) for ``spec.generate.endpoint`` (``model_dir`` ``None``: no
     files here), or for ``spec.generate.server``: this host's engine serving ``model_dir``, started when no process of
     the host has started it yet.

@@ -14,15 +14,19 @@ import json
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.batching import Scored
-from lakescore.udfs.options.remote import MESSAGES_API, MODELS_LISTING, EndpointOptions
+from lakescore.udfs.options.remote import MESSAGES_API, MODELS_LISTING, EndpointOptions, RemoteEndpoint, ServedEngine
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError
 from lakescore.udfs.remote.client import EndpointClient, Reply, bearer_headers
+
+if TYPE_CHECKING:
+    from lakescore.udfs.remote.engine import EngineServer
 
 __all__ = [
     "RemoteHead", "open_client", "endpoint_identity", "models_listing", "canonical_entry", "canonical_json",
@@ -89,7 +93,8 @@ class RemoteHead:
     """A head whose rows are answered by ``client`` (an endpoint, or the engine ``server`` on this host): its identity
     (``sha256``, ``files``, ``revision``), ``concurrency`` requests in flight, its request counts and ``close``."""
 
-    def __init__(self, client: EndpointClient, revision: Optional[str] = None, server: Any = None) -> None:
+    def __init__(self, client: EndpointClient, revision: Optional[str] = None,
+                 server: Optional[EngineServer] = None) -> None:
         self.client, self.revision, self.server = client, revision, server
         """``server``: the engine served on this host (:class:`~lakescore.udfs.remote.engine.EngineServer`), or ``None``."""
         self.pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="lakescore-endpoint")
@@ -121,12 +126,9 @@ class RemoteHead:
         """Whether ``/v1/models`` answered when this head was made (else the head has no news of the model)."""
         return bool(json.loads(self.listing)["answered"])
 
-    def request_counts(self) -> dict[str, int]:
-        """The head protocol's request counts: what this process's client sent, retried, was answered 429 and
-        answered without ``usage`` (``unmetered``), and the tokens ``usage`` reported."""
-        stats = self.client.stats
-        return {"requests": stats.requests, "retries": stats.retries, "rate_limited": stats.rate_limited,
-                "unmetered": stats.unmetered, "tokens_in": stats.tokens_in, "tokens_out": stats.tokens_out}
+    def traffic(self) -> Traffic:
+        """What this process's client sent so far (:class:`~lakescore.udfs.heads.protocol.MetersTraffic`)."""
+        return self.client.stats.traffic
 
     def default_max_tokens(self, device: str) -> int:
         return 1 << 30  # batches are cut by the Arrow batch; the server batches the requests itself
@@ -154,7 +156,7 @@ class RemoteHead:
                 raise error
             else:  # every text from a server passes the one scrubber before it reaches the errors table
                 text = str(error) if isinstance(error, EndpointError) else f"{type(error).__name__}: {error}"
-                reasons[i] = getattr(error, "reason", "endpoint_error") if isinstance(error, EndpointError) else "endpoint_error"
+                reasons[i] = error.reason if isinstance(error, EndpointError) else "endpoint_error"
                 errors[i] = self.client.scrub(text)[:2000]
         return Scored(outputs, reasons, errors)
 
@@ -164,7 +166,8 @@ class RemoteHead:
         self.client.close()
 
 
-def open_client(endpoint: Any, server: Any, model_dir: Optional[Path]) -> tuple[EndpointClient, Any]:
+def open_client(endpoint: Optional[RemoteEndpoint], server: Optional[ServedEngine],
+                model_dir: Optional[Path]) -> tuple[EndpointClient, Optional[EngineServer]]:
     """The client for ``endpoint`` (:class:`~lakescore.udfs.options.remote.EndpointOptions`), or for ``server``: this
     host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
     (``None`` for an endpoint). :class:`~lakescore.udfs.remote.answers.EndpointRefused` for a key named but not set;

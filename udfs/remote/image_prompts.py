@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import Scored
+from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.remote.generate import KEYS, EndpointGenerator, load_remote_generator
 
 __all__ = ["SENT_AS_IS", "ImagePayload", "image_payload", "EndpointImageGenerator", "load_remote_image_generator"]
@@ -117,7 +118,7 @@ class EndpointImageGenerator(EndpointGenerator):
         return outputs
 
 
-def load_remote_image_generator(spec: Any, model_dir: Optional[Path]) -> EndpointImageGenerator:
+def load_remote_image_generator(spec: ModelSpec, model_dir: Optional[Path]) -> EndpointImageGenerator:
     """The image head for ``spec.generate.endpoint`` or ``spec.generate.server``, raising as
     :func:`~lakescore.udfs.remote.generate.load_remote_generator` does."""
     return load_remote_generator(spec, model_dir, EndpointImageGenerator)
