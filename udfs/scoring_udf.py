@@ -223,9 +223,10 @@ PREFLIGHT_SCHEMA = (
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
 ``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded
 (a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`); ``traffic``: what a
-head over an endpoint sent for the preflight (JSON of :class:`~lakescore.schemas.traffic.Traffic`), which the run's figures and cost
-include; ``probed``: whether the task scored its sample (false: a head over an endpoint whose request waits for
-``probe``, :func:`make_preflight_function`)."""
+head over an endpoint sent for the preflight (JSON of :class:`~lakescore.schemas.traffic.Traffic`), which the run's
+figures and cost include; ``probed``: whether the task scored its sample (false: a head over an endpoint whose request
+waits for ``probe``, :func:`make_preflight_function`)."""
+
 
 def make_preflight_function(
     spec: ModelSpec,

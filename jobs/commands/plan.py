@@ -206,10 +206,11 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
         price_per_core_hour=cfg.resources.price_per_core_hour, price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
     )
     plan.update(sample_rows=table.num_rows, device=device, max_batch_tokens=policy.max_tokens, cores=resources.cores)
-    owners = getattr(prepared, "owner", None)
-    if owners is not None:  # a chunked run (embed.chunk): the rows to score are documents, each costing its chunks
-        plan["chunks_to_embed"] = plan["rows_to_score"]
-        plan["rows_to_score"] = round(len(np.unique(owners)) * rows / table.num_rows)
+    from lakescore.udfs.chunking import PreparedDocuments
+
+    if isinstance(prepared, PreparedDocuments):  # a chunked run (embed.chunk): the rows to score are documents
+        plan["chunks_to_embed"] = plan["rows_to_score"]  # each costing its chunks
+        plan["rows_to_score"] = round(len(np.unique(prepared.owner)) * rows / table.num_rows)
     if cfg.write.mode == "incremental":
         plan["note"] = "incremental: every row counted; a run scores only the new and changed ones"
     return plan

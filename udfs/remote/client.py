@@ -6,8 +6,9 @@ Each request is sent by a pool of threads bounded per task (``concurrency``), th
 (:class:`~lakescore.udfs.remote.rate_limit.HostRateLimit`), with a timeout per request and retries on what
 :func:`~lakescore.udfs.remote.answers.retryable` says (statuses, timeouts and lost connections): exponential backoff
 with jitter, or the server's ``Retry-After``. A row that still fails is the row's :class:`EndpointError`
-(dead-lettered ``endpoint_error`` with the status and the server's message); past ``max_consecutive_failures`` failed requests in a row the client
-raises :class:`EndpointDown` for every row in flight, which fails the task and the run in one line.
+(dead-lettered ``endpoint_error`` with the status and the server's message); past ``max_consecutive_failures``
+failed requests in a row the client raises :class:`EndpointDown` for every row in flight, which fails the task and
+the run in one line.
 
 HTTP is httpx2, which ``transformers`` already brings (through ``huggingface_hub``): pooled keep-alive connections
 shared by threads, timeouts, proxies and system certificates. The retry loop is our own rather than the ``openai``
