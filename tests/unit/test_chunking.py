@@ -36,7 +36,10 @@ def embedder(minilm_dir):
 
 
 def test_chunk_vectors_are_sentence_transformers_encode_of_each_span(embedder, sentence_transformer):
+    from lakescore.udfs.heads.protocol import ChunksDocuments, PreparesBatches
+
     head = chunked_embedder(embedder, max_tokens=32, overlap_tokens=8, document_vector=True)
+    assert isinstance(head, ChunksDocuments) and isinstance(head, PreparesBatches) and head.embedder is embedder
     scored = embed_documents(DOCUMENTS, head, BatchPolicy(256, 64))
     assert scored.reasons == [None, None, None, "null_input", None]
     tokenizer = sentence_transformer.tokenizer

@@ -22,7 +22,7 @@ def _heads():
     from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.remote.image_prompts import EndpointImageGenerator
 
-    remote = {p.MetersTraffic, p.ServedElsewhere, p.PlansOwnBudget, p.HoldsResources, p.ChecksFidelity}
+    remote = {p.MetersTraffic, p.PlansOwnBudget, p.HoldsResources, p.ChecksFidelity}
     return {
         SequenceClassifier: {p.ChecksFidelity},
         TokenClassifier: {p.ChecksFidelity},
@@ -39,7 +39,9 @@ def _heads():
     }
 
 
-OPT_IN = (p.PreparesBatches, p.MetersTraffic, p.ServedElsewhere, p.PlansOwnBudget, p.ChecksFidelity, p.HoldsResources)
+OPT_IN = (p.PreparesBatches, p.MetersTraffic, p.PlansOwnBudget, p.ChecksFidelity, p.HoldsResources)
+"""The parts made of methods only, which a class can be checked against; those with data (``ServedElsewhere``'s
+identity, ``ChunksDocuments``' embedder) are checked on made heads (test_endpoint_client.py, test_chunking.py)."""
 
 
 @pytest.mark.parametrize("head", list(_heads()), ids=lambda head: head.__name__)

@@ -120,8 +120,16 @@ class MetersTraffic(Protocol):
 
 @runtime_checkable
 class ServedElsewhere(Protocol):
-    """A model answered over the wire: whether the server still names the model this head was made for, and whether
-    it named one at all when the head was made."""
+    """A model answered over the wire: its identity in place of model files (``sha256``, ``revision``, ``files``,
+    ``where`` it is served), whether the server still names the model this head was made for, and whether it named
+    one at all when the head was made."""
+
+    sha256: str
+    revision: Optional[str]
+    files: dict[str, str]
+
+    @property
+    def where(self) -> str: ...
 
     def is_current(self) -> bool: ...
 

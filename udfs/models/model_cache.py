@@ -100,6 +100,8 @@ def get_model(spec: ModelSpec) -> tuple[LoadedModel, bool]:
         del cached
         if spec.source is None:  # a model served elsewhere: no files here; the head says which model answers
             scorer = get_task(spec.task).load(key, None)
+            if not isinstance(scorer, ServedElsewhere):
+                raise TypeError(f"the {spec.task} head loaded without model files is not served elsewhere")
             loaded = LoadedModel(scorer, None, scorer.sha256, scorer.revision, dict(scorer.files))
             named = _as_the_run_names_it(loaded, spec.expect_sha256)
             # the server names another model than the run's preflight found (its /v1/models entry changed): refused
