@@ -153,7 +153,7 @@ def test_the_head_speaks_messages_with_its_key_in_x_api_key_and_retries_a_429():
             "stop",
         )
         assert (first.prompt_tokens, first.completion_tokens) == (5, 3)  # the 2 read from cache count among them
-        counts = head.request_counts()
+        counts = head.traffic().as_dict()
         assert counts["rate_limited"] >= 1 and counts["retries"] >= counts["rate_limited"]
         assert counts["tokens_in"] == 5 + 2 and counts["tokens_out"] == 4
         assert provider.key_headers["x-api-key"] >= 3 and provider.key_headers["authorization"] == 0

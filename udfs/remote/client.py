@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, overload
 
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.options.remote import RemoteEndpoint, ServedEngine
@@ -67,6 +67,11 @@ class Reply:
 
     body: Mapping[str, Any]
     headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> Optional[int]:
+        """None: a body no API's parser read, whose tokens are unknown."""
+        return None
 
 
 A = TypeVar("A", bound=Answer)
@@ -223,10 +228,18 @@ class EndpointClient:
                 return None
         return None
 
+    @overload
     def post(self, body: Mapping[str, Any], estimated_tokens: int, parse: Callable[[Mapping[str, Any]], A],
-             path: str) -> A:
+             path: str = ...) -> A: ...
+
+    @overload
+    def post(self, body: Mapping[str, Any], estimated_tokens: int = ..., parse: None = ..., path: str = ...) -> Reply:
+        ...
+
+    def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
+             parse: Optional[Callable[[Mapping[str, Any]], Answer]] = None, path: str = "/completions") -> Answer:
         """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's
-        JSON. :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
+        JSON (the :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
         that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
         bound of failures in a row. The answer's ``tokens`` settle the token limit."""
         attempts = self.settings.max_retries + 1
@@ -257,7 +270,7 @@ class EndpointClient:
                     kind = "malformed"
                     try:
                         payload = response.json()
-                        result = parse(payload)
+                        result = parse(payload) if parse is not None else Reply(payload)
                     except Unfinished as exc:  # the server works; the row's answer is not the model's whole text
                         self.breaker.success()
                         self.stats.fail()

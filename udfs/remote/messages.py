@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.remote.answers import Malformed, Unfinished
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
 from lakescore.udfs.remote.completions import Completion
@@ -140,8 +141,8 @@ def complete(
     completion = client.post(
         body, estimate, lambda answer: parse_message(answer, options.stop, options.max_new_tokens), MESSAGES_PATH
     )
-    if completion.tokens is None:
-        client.stats.add(unmetered=1)
+    if completion.prompt_tokens is None or completion.completion_tokens is None:
+        client.stats.add(Traffic(unmetered=1))
     else:
-        client.stats.add(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens)
+        client.stats.add(Traffic(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens))
     return completion
