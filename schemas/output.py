@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from pyspark.sql.types import (
-    ArrayType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField, StructType,
+    ArrayType, BooleanType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField, StructType,
 )
 
 from lakescore.schemas.contracts import InputContractError
@@ -25,6 +25,10 @@ __all__ = [
     "CHUNKS_COLUMN",
     "staged_prediction_fields",
     "ERROR_COLUMNS",
+    "ID_REASONS",
+    "SERVER_REASONS",
+    "carries",
+    "CARRY_COLUMNS",
     "WORKER_COLUMN",
     "WORKER_METRICS",
     "prediction_fields",
@@ -131,6 +135,31 @@ files and settings: it is part of every incremental row's ``spec_digest``, so su
 ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""
 
+ID_REASONS = frozenset({"null_id", "duplicate_id"})
+"""Reasons of rows refused for their id before scoring: found again from the input on every run, never carried."""
+SERVER_REASONS = frozenset({"endpoint_error", "endpoint_unfinished"})
+"""Reasons that may be the server's fault rather than the row's (a 5xx, a timeout, a refused connection, a rate limit
+outlasting its retries, an answer the server aborted): an incremental run scores such a row again. Any other reason
+is the row's own (a null or undecodable input, one too long, a forward pass that raised on the row alone): it fails
+again on the same input, weights and spec, so an incremental run carries its dead letter instead (:func:`carries`)."""
+
+
+def carries(reason: str) -> bool:
+    """Whether an incremental run keeps a row dead-lettered with ``reason`` last run as it is, without scoring it
+    again, while its input, weights and scoring spec are unchanged (``write.retry_failed`` scores it all the same).
+    The one place that decides which failures are the row's own: every reason but :data:`ID_REASONS` and
+    :data:`SERVER_REASONS`."""
+    return reason not in ID_REASONS and reason not in SERVER_REASONS
+
+
+CARRY_COLUMNS = (
+    ("input_digest", StringType()), ("model_sha256", StringType()), ("spec_digest", StringType()),
+    ("first_run_id", StringType()), ("carried", BooleanType()),
+)
+"""The errors table's columns in ``write.mode: incremental``, after ``run_id``: the row's input digest, the weights
+and scoring spec it failed under (what the next run compares to carry it), the run that first dead-lettered it, and
+whether this run carried it from an earlier one instead of scoring it."""
+
 WORKER_COLUMN = "_worker"
 """The scoring function's per-batch worker metrics: set on each Arrow batch's first row, null on the others; or, asked
 for tally rows, on a row of their own after each batch (:func:`lakescore.udfs.scoring_udf.make_scoring_function`)."""
@@ -220,8 +249,9 @@ def output_schema(task: str, *row_fields: StructField, incremental: bool = False
     )
 
 
-def errors_schema(*id_fields: StructField) -> StructType:
-    """The dead-letter table: the id column(s), raw input (text, or the features as JSON), reason code, error text, run id."""
+def errors_schema(*id_fields: StructField, incremental: bool = False) -> StructType:
+    """The dead-letter table: the id column(s), raw input (text, or the features as JSON), reason code, error text,
+    run id (with ``incremental``, then the :data:`CARRY_COLUMNS`)."""
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in id_fields]
         + [
@@ -230,6 +260,7 @@ def errors_schema(*id_fields: StructField) -> StructType:
             StructField("error", StringType(), nullable=True),
             StructField("run_id", StringType(), nullable=True),
         ]
+        + ([StructField(name, kind, nullable=True) for name, kind in CARRY_COLUMNS] if incremental else [])
     )
 
 

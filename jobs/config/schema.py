@@ -84,7 +84,9 @@ class JobConfig(Section):
     """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
     max_error_rate: Fraction = 0.001
     """Fail the run (publishing nothing; the errors table is left as it was, the rows' reasons are in the report and
-    the run's staging) when more rows than this fraction fail."""
+    the run's staging) when this run's new failures are more than this fraction of the input's rows (the output's
+    scope: in ``write.mode: incremental`` the kept rows count, and failures carried from an earlier run, not scored
+    again, count in the rows but not as new failures: ``write.retry_failed``)."""
     report: Optional[Text] = Field(None, json_schema_extra=cli("--report", "JSON"))
     """Where to write the JSON run report (the HTML page goes beside it)."""
     run_date: Annotated[Optional[Text], checked(_run_date)] = Field(

@@ -238,6 +238,12 @@ class WriteConfig(Section):
     full_rescore: bool = Field(False, json_schema_extra=cli("--full-rescore"))
     """``incremental`` only: score every input row and replace the output with them in one overwrite commit, instead
     of comparing; also turns an output written by ``overwrite`` / ``replace_run`` into an incremental one."""
+    retry_failed: bool = Field(False, json_schema_extra=cli("--retry-failed"))
+    """``incremental`` only: score again the rows the errors table holds from the last run with a reason of the row's
+    own (``null_input``, ``prompt_too_long``, ``scoring_error``, ...) although their input, weights and scoring spec are
+    unchanged. By default such a row is not scored again: its dead letter is carried to this run's errors table
+    (``carried``, ``first_run_id``) and does not count toward ``max_error_rate``. Rows an endpoint failed
+    (``endpoint_error``, ``endpoint_unfinished``) are scored again either way."""
     deletion_vectors: bool = True
     """``incremental`` only: an output this mode creates gets Delta deletion vectors (``delta.enableDeletionVectors``),
     so each later ``MERGE`` writes the changed rows and marks the old ones deleted instead of rewriting every data
@@ -261,7 +267,7 @@ class WriteConfig(Section):
 
     @model_validator(mode="after")
     def _incremental_only(self) -> "WriteConfig":
-        for key in ("delete_missing", "full_rescore"):
+        for key in ("delete_missing", "full_rescore", "retry_failed"):
             if getattr(self, key) and self.mode != "incremental":
                 raise ConfigError(f"write.{key} applies to write.mode incremental only, not {self.mode!r}")
         return self

@@ -182,9 +182,13 @@ def _accounting(report: Mapping[str, Any]) -> str:
     if report.get("ranked_out") is not None:  # rank: scored, then cut to each key's top_k
         rows += [("  ranked out (not published)", f"{report['ranked_out']:,}")]
     rows += [("errors", f"{errors:,}")] + [(f"  {reason}", f"{count:,}") for reason, count in reasons]
+    if report.get("rows_carried"):  # dead letters of earlier runs, not scored again: apart from this run's failures
+        rows += [("  carried from earlier runs (not scored again)", f"{report['rows_carried']:,}")]
     if incremental:
         rows += [("output ids missing from the input", f"{report['rows_missing']:,}"),
                  ("deleted from the output", f"{report.get('rows_deleted') or 0:,}")]
+        if report.get("chunk_rows_deleted") is not None:  # a chunked run: the counts above are documents
+            rows += [("  chunk rows deleted", f"{report['chunk_rows_deleted']:,}")]
     title = "Rows: input = kept + scored + errors" if incremental else "Rows: input = scored + errors"
     changed = report.get("spec_changes")
     note = f"<p class=note>The scoring spec changed, so every row was scored again: {_e('; '.join(changed))}.</p>" if changed else ""

@@ -75,7 +75,14 @@ class RunReport:
     nothing differs."""
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's MERGE deleted (missing ids with ``write.delete_missing``, ids whose
-    input now fails); ``None`` in the other modes."""
+    input now fails), documents for a chunked run; ``None`` in the other modes."""
+    chunk_rows_deleted: Optional[int] = None
+    """Incremental mode, a chunked run: the chunk rows the MERGE deleted (the deleted documents' and the shortened
+    ones' last chunks); ``None`` for other runs."""
+    rows_carried: Optional[int] = None
+    """Incremental mode: rows an earlier run dead-lettered for a reason of their own, unchanged since, not scored
+    again: their dead letters are carried in the errors table (counted in ``error_rows`` and ``error_reasons``, not
+    toward ``max_error_rate``); ``None`` in the other modes."""
     input_scans: Optional[int] = None
     """Reads of the rows to score by the scoring step: 1 for a run of any number of chunks (they are written once,
     partitioned by chunk, and each chunk reads its partition), 0 when a resumed run finds them written or nothing
@@ -148,9 +155,11 @@ class RunReport:
         if self.ignored_files:
             lines.append(f"  {self.ignored_files} file(s) in the input folder ignored: not images")
         if self.rows_missing is not None:
+            chunk_rows = f" ({self.chunk_rows_deleted} chunk rows)" if self.chunk_rows_deleted is not None else ""
+            carried = f", {self.rows_carried} dead letters carried (not scored again)" if self.rows_carried else ""
             lines.append(
-                f"  incremental: {self.rows_kept} kept, {self.rows_scored} scored, {self.rows_missing} missing from the "
-                f"input, {self.rows_deleted or 0} deleted from the output"
+                f"  incremental: {self.rows_kept} kept, {self.rows_scored} scored{carried}, {self.rows_missing} "
+                f"missing from the input, {self.rows_deleted or 0} deleted from the output{chunk_rows}"
             )
         if self.spec_changes:
             lines.append(f"  scoring spec changed, every row scored again: {'; '.join(self.spec_changes)}")

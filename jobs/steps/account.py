@@ -31,7 +31,8 @@ __all__ = ["Accounting", "account_rows"]
 @dataclass(frozen=True)
 class Accounting:
     """Where this run's input rows went. ``input_rows == rows_kept + output_rows + error_rows + ranked_out`` always
-    (``rows_kept`` is 0 outside ``write.mode: incremental``, ``ranked_out`` without ``rank``)."""
+    (``rows_kept`` is 0 outside ``write.mode: incremental``, ``ranked_out`` without ``rank``; ``error_rows`` counts the
+    dead letters carried from an earlier run, ``rows_carried``, with this run's)."""
 
     staged: DataFrame
     """Every staged row (scored or not) of :attr:`snapshot`, with the scoring function's columns."""
@@ -41,9 +42,13 @@ class Accounting:
     output_rows: int
     error_rows: int
     reasons: dict[str, int]
-    """Reason code -> rows, for every row in the errors table."""
+    """Reason code -> rows, for every row in the errors table (carried ones too)."""
     rows_kept: int = 0
     """Incremental mode: input rows whose output row was current and stays as it is (not scored)."""
+    rows_carried: int = 0
+    """Incremental mode: input rows an earlier run dead-lettered for a reason of their own, with the same input,
+    weights and spec: not scored, their dead letter carried (counted in :attr:`error_rows`, not in
+    :attr:`new_error_rows`)."""
     rows_missing: int = 0
     """Incremental mode: output rows whose id is not in the input (deleted at publish with ``write.delete_missing``)."""
     forward_passes_saved: Optional[int] = None
@@ -60,14 +65,16 @@ class Accounting:
     ``model_seconds``, ``budget_halvings``; chunks staged by an earlier attempt are not counted."""
 
     @property
-    def rows_considered(self) -> int:
-        """The input rows this run looked at: every row, less the kept ones (incremental mode)."""
-        return self.input_rows - self.rows_kept
+    def new_error_rows(self) -> int:
+        """This run's failures: the error rows less the dead letters carried from an earlier run."""
+        return self.error_rows - self.rows_carried
 
     @property
     def error_rate(self) -> float:
-        """Errors among :attr:`rows_considered` (0 when it looked at none)."""
-        return self.error_rows / self.rows_considered if self.rows_considered else 0.0
+        """The error-rate gate's figure: :attr:`new_error_rows` among every input row, kept and carried ones included
+        (the output's scope; 0 for no input). A carried dead letter passed the gate of the run that found it, and
+        an unchanged row kept is as much part of what the output holds as a scored one."""
+        return self.new_error_rows / self.input_rows if self.input_rows else 0.0
 
     @property
     def published_rows(self) -> int:
@@ -140,6 +147,8 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         reasons["null_id"] = ids.null_id_rows
     if ids.refused_rows - ids.null_id_rows:
         reasons["duplicate_id"] = ids.refused_rows - ids.null_id_rows
+    for reason, rows in (plan.changes.carried_reasons if plan.changes is not None else {}).items():
+        reasons[reason] = reasons.get(reason, 0) + rows
     scored = staged_rows - unscored + (ranked_out or 0)
     if not plan.dedup.used:
         saved = None
@@ -152,9 +161,10 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         snapshot=snapshot,
         input_rows=ids.rows,
         output_rows=staged_rows - unscored,
-        error_rows=ids.refused_rows + unscored,
+        error_rows=ids.refused_rows + unscored + plan.rows_carried,
         reasons=dict(sorted(reasons.items())),
         rows_kept=plan.rows_kept,
+        rows_carried=plan.rows_carried,
         rows_missing=plan.changes.rows_missing if plan.changes is not None else 0,
         forward_passes_saved=saved,
         ranked_out=ranked_out,
@@ -164,7 +174,8 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (ranked_out or 0):
         raise RuntimeError(
             f"row accounting broken: {accounting.input_rows} in, {accounting.rows_kept} kept, "
-            f"{accounting.output_rows} scored, {accounting.error_rows} errors, {ranked_out or 0} ranked out"
+            f"{accounting.output_rows} scored, {accounting.error_rows} errors ({accounting.rows_carried} carried), "
+            f"{ranked_out or 0} ranked out"
         )
     return accounting
 

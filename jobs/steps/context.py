@@ -22,12 +22,13 @@ from typing import Optional, Sequence
 
 from pyspark.resource import ResourceProfile
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.spark.profiles import scoring_profile
 from lakescore.jobs.platform.spark.adapter import cancel_tagged, job_tag
-from lakescore.jobs.steps.dead_letter import IdCheck
+from lakescore.jobs.steps.dead_letter import CARRIED, IdCheck
 from lakescore.jobs.steps.dedup import Dedup
 from lakescore.jobs.steps.staging import Staging, input_fingerprint
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN
@@ -164,6 +165,12 @@ class Targets:
     """The output rows this run writes store each file's path, length and modification time
     (:data:`~lakescore.schemas.output.FILE_COLUMNS`): an incremental run over an image column of paths, without
     ``rank``, into an output that has those columns or does not exist yet (or that a full rescore rewrites)."""
+    errors_layout_replaced: bool = False
+    """The errors table holds the other write layout (with or without the incremental carry columns,
+    :data:`~lakescore.schemas.output.CARRY_COLUMNS`) and this run's overwrite of it replaces its columns too."""
+    errors_carried: bool = False
+    """Incremental mode on an existing output whose errors table has the carry columns: its dead letters of the row's
+    own fault are carried, not scored again, while their input, weights and spec are unchanged."""
 
 
 @dataclass(frozen=True)
@@ -254,7 +261,8 @@ def _shown(value) -> str:
 
 @dataclass(frozen=True)
 class Changes:
-    """What an incremental run scores, keeps and finds missing. ``to_score`` rows + ``rows_kept`` = the scorable rows."""
+    """What an incremental run scores, keeps, carries and finds missing. ``rows_to_score`` + ``rows_kept`` +
+    ``rows_carried`` = the scorable rows."""
 
     to_score: DataFrame
     """The scorable rows (input columns and :data:`DIGEST_COLUMN`) that need the model this run."""
@@ -280,6 +288,18 @@ class Changes:
     table: Optional[Staging] = None
     """Where ``to_score`` and ``missing_ids`` were written once (``None`` when there is no output yet and ``to_score``
     is the input)."""
+    rows_carried: int = 0
+    """Scorable rows dead-lettered by an earlier run for a reason of their own, with the same digest, weights and
+    spec: not scored, their dead letter carried to this run's errors table (:meth:`carried`)."""
+    carried_reasons: dict[str, int] = field(default_factory=dict)
+    """Reason -> carried rows."""
+
+    def carried(self) -> Optional[DataFrame]:
+        """The carried rows (the input's columns, :data:`DIGEST_COLUMN` and
+        :data:`~lakescore.jobs.steps.dead_letter.CARRIED`); ``None`` when none."""
+        if not self.rows_carried or self.table is None:
+            return None
+        return self.table.table().where(F.col(CARRIED).isNotNull())
 
 
 @dataclass(frozen=True)
@@ -350,6 +370,11 @@ class Plan:
     def rows_kept(self) -> int:
         """Scorable rows whose output row is current and stays as it is (incremental mode; else 0)."""
         return self.changes.rows_kept if self.changes is not None else 0
+
+    @property
+    def rows_carried(self) -> int:
+        """Scorable rows whose dead letter is carried from an earlier run, not scored (incremental mode; else 0)."""
+        return self.changes.rows_carried if self.changes is not None else 0
 
     def kept_columns(self, row_cols: Sequence[str]) -> list[str]:
         """The input columns the scoring function copies into staging: :meth:`row_columns`, and the digest in

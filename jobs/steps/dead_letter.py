@@ -4,7 +4,9 @@ Two kinds reach it. Rows refused before scoring because of their id (``null_id``
 ``duplicate_id``: every copy of an id that appears more than once, since which copy
 is "right" cannot be known), and rows the workers could not score (``null_input``,
 ``bad_feature_value``, ``scoring_error`` with the exception text). Every input row
-lands in exactly one of the output and the errors table.
+lands in exactly one of the output and the errors table. In ``write.mode: incremental`` a third kind is carried: a
+row an earlier run dead-lettered for a reason of its own (:func:`~lakescore.schemas.output.carries`), unchanged
+since, keeps its dead letter without being scored again.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark.adapter import partition_count
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import any_null, id_columns
-from lakescore.schemas.output import ERROR_COLUMNS
+from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS
 
-__all__ = ["IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows"]
+__all__ = ["CARRIED", "IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows", "carried_rows"]
 
 _BROADCAST_LIMIT = 1_000_000
+CARRIED = "__lakescore_carried"
+"""The incremental changes table's column holding the dead letter (``input``, ``reason``, ``error``, ``first_run_id``)
+of a row carried from the last run's errors table, null on every other row
+(:func:`~lakescore.jobs.steps.incremental.find_changes`)."""
 
 
 @dataclass(frozen=True)
@@ -75,19 +81,21 @@ def split_by_id(source: DataFrame, id_cols: Sequence[str], check: IdCheck) -> tu
     return scorable, refused
 
 
-def refused_rows(refused: DataFrame, id_cols: Sequence[str], raw_input: Column, run_id: str) -> DataFrame:
-    """Refused rows in the errors table's shape."""
+def refused_rows(refused: DataFrame, id_cols: Sequence[str], raw_input: Column, run_id: str,
+                 *carry: Column) -> DataFrame:
+    """Refused rows in the errors table's shape (``carry``: its incremental columns)."""
     return refused.select(
         *id_columns(id_cols),
         raw_input.cast("string").alias("input"),
         F.col("reason"),
         F.lit(None).cast("string").alias("error"),
         F.lit(run_id).alias("run_id"),
+        *carry,
     )
 
 
-def unscored_rows(scored: DataFrame, id_cols: Sequence[str], run_id: str) -> DataFrame:
-    """Rows the workers could not score, in the errors table's shape."""
+def unscored_rows(scored: DataFrame, id_cols: Sequence[str], run_id: str, *carry: Column) -> DataFrame:
+    """Rows the workers could not score, in the errors table's shape (``carry``: its incremental columns)."""
     reason, error, raw = ERROR_COLUMNS
     return scored.where(F.col(reason).isNotNull()).select(
         *id_columns(id_cols),
@@ -95,4 +103,24 @@ def unscored_rows(scored: DataFrame, id_cols: Sequence[str], run_id: str) -> Dat
         F.col(reason).alias("reason"),
         F.col(error).alias("error"),
         F.lit(run_id).alias("run_id"),
+        *carry,
+    )
+
+
+def carried_rows(carried: DataFrame, id_cols: Sequence[str], run_id: str, model_sha256: str, spec: str) -> DataFrame:
+    """The dead letters an incremental run carried from an earlier run's errors table (``carried``: the changes table's
+    carried rows, :meth:`~lakescore.jobs.steps.incremental.Changes.carried`), in the errors table's incremental shape:
+    as they were found, under this run's id, with the run that first found them, marked ``carried``."""
+    letter = F.col(CARRIED)
+    return carried.select(
+        *id_columns(id_cols),
+        letter["input"].alias("input"),
+        letter["reason"].alias("reason"),
+        letter["error"].alias("error"),
+        F.lit(run_id).alias("run_id"),
+        F.col(DIGEST_COLUMN).alias("input_digest"),
+        F.lit(model_sha256).alias("model_sha256"),
+        F.lit(spec).alias("spec_digest"),
+        letter["first_run_id"].alias("first_run_id"),
+        F.lit(True).alias("carried"),
     )

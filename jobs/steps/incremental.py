@@ -13,6 +13,11 @@ row is kept as it is. Output ids no longer in the input are counted (and deleted
 ``write.delete_missing``). A run on a missing output, or with ``write.full_rescore``, scores every row. With ``rank``
 the comparison is by key instead (:func:`~lakescore.jobs.steps.rank.key_digest`): every row of a key with a new, changed or deleted row is scored,
 the other keys' rows are kept.
+
+A row the errors table holds from the last run with a reason of the row's own
+(:func:`~lakescore.schemas.output.carries`) under the same digest, weights and spec is carried instead of scored: its
+dead letter goes to this run's errors table as it was, marked ``carried`` (``write.retry_failed`` scores it again;
+not with ``rank``, whose keys are scored whole).
 """
 
 from __future__ import annotations
@@ -25,13 +30,16 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.platform.files.hadoop_files import file_bytes
 from lakescore.jobs.platform.tables import column, delta_history, read_input
+from lakescore.jobs.steps.dead_letter import CARRIED
 from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.rank import key_digest
 from lakescore.jobs.steps.context import Changes, RunContext, ScoringSpec
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN
 from lakescore.schemas.id_columns import CHUNK_INDEX
-from lakescore.schemas.output import DIGEST_COLUMN, FILE_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN
+from lakescore.schemas.output import (
+    DIGEST_COLUMN, FILE_COLUMNS, ID_REASONS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, SERVER_REASONS,
+)
 
 __all__ = ["CHANGES_LAYOUT", "input_digest", "recorded_spec", "find_changes"]
 
@@ -44,12 +52,15 @@ _MISSING = "__lakescore_missing"
 _KEPT = "__lakescore_kept"
 """The changes table's flag on an input row whose file was read and digested and found current: kept, not scored
 (:func:`_changed_or_missing` says why it is in the table at all)."""
+_DEAD_LETTER = ("input", "reason", "error", "first_run_id")
+"""The fields of the changes table's :data:`~lakescore.jobs.steps.dead_letter.CARRIED` dead letter."""
 DISTINCT_RSD = 0.01
 """Relative standard deviation of the distinct-input estimate (Spark's HyperLogLog++ then keeps 2^14 registers, about
 13 KiB a task)."""
-CHANGES_LAYOUT = 3
-"""What the changes table holds, part of its key: 3, the rows to score, the missing ids and the rows kept after their
-file was read, flagged (2 had no rows kept, 1 held the rows to score alone). A run resumed by a release with another
+CHANGES_LAYOUT = 4
+"""What the changes table holds, part of its key: 4, the rows to score, the missing ids, the rows kept after their
+file was read and the rows carried with their dead letter, flagged (3 had no rows carried, 2 no rows kept, 1 held the
+rows to score alone). A run resumed by a release with another
 layout joins again instead of misreading the table."""
 
 
@@ -89,12 +100,14 @@ def recorded_spec(spark, output: str, version: int) -> Optional[dict]:
 
 def find_changes(
     run: RunContext, scorable: DataFrame, scorable_rows: int, refused: Optional[DataFrame], model_sha256: str,
-    spec: ScoringSpec, previous_version: Optional[int], changed: Staging,
+    spec: ScoringSpec, previous_version: Optional[int], changed: Staging, errors: Optional[str] = None,
 ) -> Changes:
     """Split ``scorable`` (``scorable_rows`` rows) into rows to score and rows kept against the output at
     ``previous_version`` for weights ``model_sha256`` and scoring ``spec``, and find the output's ids missing from the
     input (``refused``: the input rows refused for a null or duplicated id, ``None`` when there are none). With
-    ``write.full_rescore`` (or no output yet) every row is to score and nothing is compared.
+    ``write.full_rescore`` (or no output yet) every row is to score and nothing is compared. ``errors``: the errors
+    table whose dead letters of the row's own fault are carried (:func:`_dead_letters`), ``None`` when there is none
+    with the carry columns; nothing is carried with ``write.retry_failed`` or ``rank``.
 
     When the output exists, one full outer join of the scorable rows with the output's ids finds both (for an image
     column of paths, with a pre-check of each file's path, length and modification time that reads only the files
@@ -115,13 +128,20 @@ def find_changes(
     counts = None
     if not changed.exists():
         compare = _changed_keys_or_missing if cfg.rank.enabled else _changed_or_missing
-        counts = _write_counting(changed, compare(run, scorable, previous_version, model_sha256, spec.digest))
+        rows = compare(run, scorable, previous_version, model_sha256, spec.digest)
+        carrying = errors is not None and not cfg.write.retry_failed and not cfg.rank.enabled
+        dead = _dead_letters(run, errors, model_sha256, spec.digest) if carrying else None
+        counts = _write_counting(changed, _with_carried(cfg.id_cols, rows, dead))
     table = changed.table()
-    to_score = table.where(_to_score()).drop(_MISSING, _KEPT)
+    to_score = table.where(_to_score()).drop(_MISSING, _KEPT, CARRIED)
     missing = table.where(F.col(_MISSING)).select(*id_columns(cfg.id_cols))
     if counts is None:  # a rerun found the table, or a Connect session, which counts in a job of its own
         counts = table.agg(*_count_columns()).first().asDict()
-    rows_to_score, rows_missing = int(counts["to_score"]), int(counts["missing"])
+    rows_to_score, rows_missing, rows_carried = int(counts["to_score"]), int(counts["missing"]), int(counts["carried"])
+    carried_reasons = {}
+    if rows_carried:  # a small job over the carried rows only, for the report's reasons
+        by_reason = table.where(F.col(CARRIED).isNotNull()).groupBy(F.col(f"{CARRIED}.reason")).count().collect()
+        carried_reasons = {r[0]: int(r[1]) for r in by_reason}
     if refused is not None:
         ours = _renamed(cfg.id_cols, "input_id")
         missing = missing.join(refused.select(*[column(c).alias(ours[c]) for c in cfg.id_cols]),
@@ -129,24 +149,26 @@ def find_changes(
         rows_missing = missing.count()
     # A changed spec makes every output row one to score: with none to score, there is no change to explain.
     spec_changes = spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)) if rows_to_score else None
-    return Changes(to_score=to_score, rows_to_score=rows_to_score, rows_kept=scorable_rows - rows_to_score,
+    kept = scorable_rows - rows_to_score - rows_carried
+    return Changes(to_score=to_score, rows_to_score=rows_to_score, rows_kept=kept,
                    rows_missing=rows_missing, missing_ids=missing, distinct_to_score=int(counts["distinct"] or 0),
                    spec=spec, spec_changes=spec_changes, model_sha256=model_sha256, previous_version=previous_version,
-                   table=changed)
+                   table=changed, rows_carried=rows_carried, carried_reasons=dict(sorted(carried_reasons.items())))
 
 
 def _to_score() -> Column:
-    """The changes table's rows to score: neither a missing id nor a row kept after its file was read."""
-    return ~F.col(_MISSING) & ~F.col(_KEPT)
+    """The changes table's rows to score: neither a missing id, a row kept after its file was read nor one carried."""
+    return ~F.col(_MISSING) & ~F.col(_KEPT) & F.col(CARRIED).isNull()
 
 
 def _count_columns() -> list[Column]:
-    """The changes table's counts: rows to score, missing ids, distinct inputs among the rows to score (a null input
-    counting as one)."""
+    """The changes table's counts: rows to score, missing ids, rows carried, distinct inputs among the rows to score (a
+    null input counting as one)."""
     scored = _to_score()
     return [
         F.count(F.when(scored, 1)).alias("to_score"),
         F.count(F.when(F.col(_MISSING), 1)).alias("missing"),
+        F.count(F.col(CARRIED)).alias("carried"),
         (F.approx_count_distinct(F.when(scored, column(DIGEST_COLUMN)), DISTINCT_RSD)
          + F.max(F.when(scored, column(DIGEST_COLUMN).isNull().cast("int")))).alias("distinct"),
     ]
@@ -159,6 +181,43 @@ def _write_counting(changed: Staging, rows: DataFrame) -> Optional[dict]:
     observed_rows, counts = spark_adapter.observed(rows, *_count_columns())
     changed.write(observed_rows)
     return counts()
+
+
+def _dead_letters(run: RunContext, errors: str, model_sha256: str, spec: str) -> DataFrame:
+    """The rows of the errors table ``errors`` (at its current version: only a publish of this output rewrites it)
+    that a run with weights ``model_sha256`` and scoring spec ``spec`` carries when their input is unchanged: a reason
+    of the row's own (:func:`~lakescore.schemas.output.carries`), found under the same weights and spec. Their id
+    columns renamed (:func:`_renamed`, ``dead_id``), their digest and :data:`_DEAD_LETTER`; one row per id."""
+    ids = run.cfg.id_cols
+    theirs = _renamed(ids, "dead_id")
+    rows = read_input(run.spark, errors, "delta").where(
+        ~F.col("reason").isin(*sorted(ID_REASONS | SERVER_REASONS)) & (F.col("model_sha256") == F.lit(model_sha256))
+        & (F.col("spec_digest") == F.lit(spec))
+    )
+    first = F.coalesce(F.col("first_run_id"), F.col("run_id")).alias(_DEAD["first_run_id"])
+    return rows.select(*[column(c).alias(theirs[c]) for c in ids], F.col("input_digest").alias(_DEAD_DIGEST),
+                       *[F.col(name).alias(_DEAD[name]) for name in _DEAD_LETTER[:-1]], first) \
+        .dropDuplicates(list(theirs.values()))
+
+
+_DEAD_DIGEST = "__lakescore_dead_digest"
+_DEAD = {name: f"__lakescore_dead_{name}" for name in _DEAD_LETTER}
+"""Private names of the dead letter's columns beside the input's (whose own may be named ``input`` or ``error``)."""
+
+
+def _with_carried(id_cols, rows: DataFrame, dead: Optional[DataFrame]) -> DataFrame:
+    """``rows`` (the changes table's) with :data:`CARRIED`: the dead letter of ``dead`` (:func:`_dead_letters`) whose id
+    and digest an input row to score has; null elsewhere, and everywhere when ``dead`` is ``None``."""
+    kind = "struct<" + ",".join(f"{name}:string" for name in _DEAD_LETTER) + ">"
+    if dead is None:
+        return rows.withColumn(CARRIED, F.lit(None).cast(kind))
+    theirs = _renamed(id_cols, "dead_id")
+    scored = ~F.col(_MISSING) & ~F.col(_KEPT)
+    on = same_values(id_cols, theirs) & column(DIGEST_COLUMN).eqNullSafe(F.col(_DEAD_DIGEST)) & scored
+    joined = rows.join(dead, on, "left")
+    letter = F.when(F.col(_DEAD["reason"]).isNotNull(),
+                    F.struct(*[F.col(_DEAD[name]).alias(name) for name in _DEAD_LETTER]))
+    return joined.select(*[column(c) for c in rows.columns], letter.alias(CARRIED))
 
 
 def _renamed(names, prefix: str) -> dict[str, str]:
@@ -223,8 +282,9 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
 
 def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str,
                              spec: str) -> DataFrame:
-    """With ``rank``: every row of each key (``rank.partition_by``) that changed, and the output rows of keys with no
-    row in ``digested`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`).
+    """With ``rank``: every row of each key (``rank.partition_by``) that changed, and the output rows whose id is not
+    in ``scorable`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`): a gone key's, or a changed
+    key's that no row to score has.
 
     A key changed when its :func:`~lakescore.jobs.steps.rank.key_digest` differs from the one its output rows carry (a row new, changed or
     gone, a row that failed to score last time, other rank settings), or they carry other weights or another spec,
@@ -248,9 +308,15 @@ def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_vers
         F.lit(False),
     )
     changed = joined.where(F.col(_KEY_DIGEST).isNotNull() & ~current).select(*[column(k).alias(theirs[k]) for k in keys])
-    gone = joined.where(F.col(_KEY_DIGEST).isNull()).select(*[F.col(theirs[k]) for k in keys])
+    touched = joined.where(~current).select(*[F.col(theirs[k]) for k in keys])  # changed, or gone from the input
     to_score = digested.join(changed, same_values(keys, theirs, null_safe=True), "left_semi")
-    missing = output.join(gone, same_values(keys, theirs, null_safe=True), "left_semi").select(*[
+    # An output row whose id left the input is missing whether its key left with it or kept other rows (then the key
+    # changed): the output rows of every touched key that no row to score has.
+    scored_ids = _renamed(cfg.id_cols, "scored_id")
+    missing = output.join(touched, same_values(keys, theirs, null_safe=True), "left_semi").join(
+        to_score.select(*[column(c).alias(scored_ids[c]) for c in cfg.id_cols]), same_values(cfg.id_cols, scored_ids),
+        "left_anti",
+    ).select(*[
         (column(c) if c in cfg.id_cols else F.lit(None)).cast(digested.schema[c].dataType).alias(c) for c in digested.columns
     ])
     return to_score.withColumn(_MISSING, F.lit(False)).unionByName(missing.withColumn(_MISSING, F.lit(True))) \

@@ -68,7 +68,8 @@ def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: Sc
     if cfg.rank.enabled:  # the staged rows carry its key columns; an incremental comparison is by its keys
         facts["rank"] = cfg.rank.model_dump(mode="json")
     if cfg.write.mode == "incremental":
-        facts.update(mode="incremental", previous_version=targets.previous_version, full_rescore=cfg.write.full_rescore)
+        facts.update(mode="incremental", previous_version=targets.previous_version, full_rescore=cfg.write.full_rescore,
+                     retry_failed=cfg.write.retry_failed)
     if targets.file_status:  # the staged rows carry each file's status
         facts["file_status"] = True
     return facts
@@ -82,7 +83,9 @@ def _compare_with_output(run: RunContext, targets: Targets, split: IdSplit, mode
     changed = changed_rows(run.spark, cfg.output, cfg.write.staging, key)
     refused = split.refused if split.ids.refused_rows else None
     scorable_rows = split.ids.rows - split.ids.refused_rows
-    return find_changes(run, split.scorable, scorable_rows, refused, model_sha256, scoring, targets.previous_version, changed)
+    errors = targets.errors_ref if targets.errors_carried else None
+    return find_changes(run, split.scorable, scorable_rows, refused, model_sha256, scoring, targets.previous_version,
+                        changed, errors)
 
 
 def new_run_id() -> str:
@@ -224,8 +227,9 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
                  split.ids.rows, cfg.input, cfg.output, plan.run_id)
     if changes is not None:
         log.info(
-            "incremental: %d row(s) to score, %d kept, %d output id(s) missing from the input (output version %s)",
-            changes.rows_to_score, changes.rows_kept, changes.rows_missing, changes.previous_version,
+            "incremental: %d row(s) to score, %d kept, %d dead letter(s) carried, %d output id(s) missing from the "
+            "input (output version %s)", changes.rows_to_score, changes.rows_kept, changes.rows_carried,
+            changes.rows_missing, changes.previous_version,
         )
         if changes.spec_changes:
             log.info("incremental: the scoring spec differs from the output's (%s): its rows are scored again",

@@ -36,7 +36,7 @@ from lakescore.jobs.platform.tables import (
 from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.steps.account import Accounting
-from lakescore.jobs.steps.dead_letter import refused_rows, unscored_rows
+from lakescore.jobs.steps.dead_letter import carried_rows, refused_rows, unscored_rows
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
@@ -58,7 +58,11 @@ class Outcome:
     errors_delta_version: Optional[int] = None
     rows_deleted: Optional[int] = None
     """Incremental mode: output rows the run's ``MERGE`` deleted (missing ids with ``write.delete_missing``, and ids
-    whose input now fails: they are in the errors table). ``None`` in the other modes."""
+    whose input now fails: they are in the errors table); documents for a chunked run (every row of each gone).
+    ``None`` in the other modes."""
+    chunk_rows_deleted: Optional[int] = None
+    """Incremental mode, a chunked run: the output rows its ``MERGE`` deleted, the chunk rows of the documents it
+    deleted and of the documents it scored again that have fewer chunks now; ``None`` for other runs."""
     staging_removed: tuple[str, ...] = ()
     """Staging locations of the output's earlier runs that no run can resume any more, removed after the publish."""
 
@@ -116,8 +120,9 @@ def publish(
     tag, txn = plan.tag, accounting.snapshot.publish_txn
     at_point("publish_commit")
     merging = plan.changes is not None and targets.previous_version is not None and not cfg.write.full_rescore
+    chunk_rows_deleted = None
     if merging:
-        delta_version, deleted = apply_changes(run, plan, accounting, rows, tag)
+        delta_version, deleted, chunk_rows_deleted = apply_changes(run, plan, accounting, rows, tag)
     else:
         properties = _new_output_properties(cfg, rows.schema, _write_mode(run, plan)[1])
         commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=properties,
@@ -125,30 +130,36 @@ def publish(
         if commit.rows is not None and commit.rows != accounting.published_rows:
             raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.published_rows}")
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
+        chunk_rows_deleted = deleted if cfg.chunked else None
     at_point("publish_committed")
-    errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref, txn).version
+    errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref, txn,
+                                overwrite_schema=targets.errors_layout_replaced).version
     at_point("errors_committed")
     own = [table for table in (plan.prepared, plan.changed, plan.staging) if table is not None]
     stale = drop_stale_staging(run.spark, cfg.output, cfg.write.staging, run.started, {t.location for t in own})
     for table in own:
         table.drop()
     return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted,
-                   staging_removed=tuple(stale))
+                   chunk_rows_deleted=chunk_rows_deleted, staging_removed=tuple(stale))
 
 
-def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame, tag: str) -> tuple[Optional[int], int]:
+def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame,
+                  tag: str) -> tuple[Optional[int], int, Optional[int]]:
     """Incremental mode on an existing output: one ``MERGE`` that upserts ``rows`` (this run's scored rows) and deletes
     the ids whose input now fails (errors table) and, with ``write.delete_missing``, the ids missing from the input.
 
-    Returns ``(version, rows deleted)``; ``(None, 0)`` when there is nothing to apply (nothing scored, no error, no
-    deletion): no commit, so readers and downstream consumers of the output's versions see no change.
+    Returns ``(version, rows deleted, chunk rows deleted)``: a chunked run's rows deleted are documents (every row of
+    each gone), its chunk rows Delta's count (``None`` for other runs); ``(None, 0, 0 or None)`` when there is
+    nothing to apply (nothing scored, no new error, no deletion; a carried dead letter has no output row): no commit,
+    so readers and downstream consumers of the output's versions see no change.
     Raises ``RuntimeError`` when Delta's own counts say the merge wrote another number of rows than were validated.
     """
     cfg, changes = run.cfg, plan.changes
     deleting_missing = cfg.write.delete_missing and changes.rows_missing > 0
-    if accounting.output_rows == 0 and accounting.error_rows == 0 and not deleting_missing:
-        return None, 0
+    if accounting.output_rows == 0 and accounting.new_error_rows == 0 and not deleting_missing:
+        return None, 0, (0 if cfg.chunked else None)
     removed = _ids_to_remove(run, plan, accounting, rows)
+    documents = removed
     if cfg.chunked:  # a document's rows are replaced whole: its chunks this run wrote none of go too
         removed = _stale_chunks(run, plan, removed, rows)
     keys = cfg.output_key_cols
@@ -162,7 +173,15 @@ def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: Dat
             f"merged {commit.inserted} new and {commit.updated} updated rows into {cfg.output} "
             f"but validated {accounting.published_rows}"
         )
-    return commit.version, commit.deleted
+    if not cfg.chunked:
+        return commit.version, commit.deleted, None
+    # Delta counts chunk rows; the guarantees count documents: those of the ids removed that the output held
+    gone = 0
+    if commit.deleted:
+        held = read_input(run.spark, cfg.output, "delta", version=changes.previous_version)
+        held = held.select(*id_columns(cfg.id_cols))
+        gone = documents.distinct().join(held, on=list(cfg.id_cols), how="left_semi").count()
+    return commit.version, gone, commit.deleted
 
 
 def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame) -> DataFrame:
@@ -212,11 +231,25 @@ def refusal(cfg, accounting: Accounting, validation: Optional[dict[str, Any]],
 
 
 def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
-    """This run's rows for the errors table: rows refused for their id, and rows the workers could not score."""
-    cfg = run.cfg
-    errors = unscored_rows(accounting.staged, cfg.id_cols, plan.run_id)
+    """This run's rows for the errors table: rows refused for their id, rows the workers could not score, and in
+    incremental mode the dead letters carried from an earlier run, each with the
+    :data:`~lakescore.schemas.output.CARRY_COLUMNS` (the next run's comparison)."""
+    cfg, changes = run.cfg, plan.changes
+    if changes is None:
+        carry, digest = (), None
+    else:
+        carry = (F.lit(changes.model_sha256).alias("model_sha256"), F.lit(changes.spec.digest).alias("spec_digest"),
+                 F.lit(plan.run_id).alias("first_run_id"), F.lit(False).alias("carried"))
+        digest = F.col(DIGEST_COLUMN).alias("input_digest")
+    errors = unscored_rows(accounting.staged, cfg.id_cols, plan.run_id, *([digest, *carry] if carry else []))
     if plan.split.ids.refused_rows:
-        errors = refused_rows(plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id).unionByName(errors)
+        no_digest = F.lit(None).cast("string").alias("input_digest")
+        errors = refused_rows(plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id,
+                              *([no_digest, *carry] if carry else [])).unionByName(errors)
+    carried = changes.carried() if changes is not None else None
+    if carried is not None:
+        errors = errors.unionByName(carried_rows(carried, cfg.id_cols, plan.run_id, changes.model_sha256,
+                                                 changes.spec.digest))
     return errors
 
 

@@ -25,8 +25,8 @@ from lakescore.jobs.platform.spark.session import get_or_create_session
 from lakescore.jobs.references import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark.adapter import NotOnConnect, can_delete_paths, rows_counter
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_path, last_commit,
-    read_files, read_input, read_pinned,
+    OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_delta,
+    is_path, last_commit, read_files, read_input, read_pinned,
 )
 from lakescore.jobs.steps.context import PythonWorkerStart, RunContext, Targets, scoring_layout
 from lakescore.jobs.steps.staging import staging_location
@@ -212,12 +212,27 @@ def check_targets(run: RunContext) -> Targets:
 def _targets(run: RunContext, planned: StructType, previous_version: Optional[int], replaces_layout: bool,
              file_status: bool) -> Targets:
     """:class:`Targets` for ``planned``, once the errors table and the paths the run writes are checked too."""
-    planned_errors = errors_schema(*run.id_fields)
-    errors_ref = run.cfg.errors_ref()
-    check_output_target(run.spark, errors_ref, planned_errors, version=False)  # overwritten whole: no version needed
+    cfg = run.cfg
+    incremental = cfg.write.mode == "incremental"
+    planned_errors = errors_schema(*run.id_fields, incremental=incremental)
+    errors_ref = cfg.errors_ref()
+    errors_layout_replaced = False
+    try:
+        # overwritten whole: no version needed
+        check_output_target(run.spark, errors_ref, planned_errors, version=False)
+    except OutputColumnsError as mismatch:
+        # An errors table of the other write layout (with or without the incremental carry columns) is replaced whole,
+        # columns too, by an overwrite; replace_run keeps other runs' rows, so it never replaces it.
+        other = errors_schema(*run.id_fields, incremental=not incremental)
+        if cfg.write.mode == "replace_run" or column_types(mismatch.existing) != column_types(other):
+            raise
+        errors_layout_replaced = True
     check_paths_writable(run)
     check_drift_baseline(run, previous_version)
-    return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout, file_status)
+    carried = (incremental and not errors_layout_replaced and previous_version is not None
+               and is_delta(run.spark, errors_ref))
+    return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout, file_status,
+                   errors_layout_replaced, carried)
 
 
 def check_drift_baseline(run: RunContext, latest: Optional[int]) -> None:

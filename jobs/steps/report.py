@@ -23,7 +23,7 @@ from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.udfs.options.remote import MODELS_LISTING
 
-__all__ = ["StepClock", "assemble_report", "failure_report", "refusal_reason"]
+__all__ = ["StepClock", "assemble_report", "failure_report", "refusal_reason", "gate_text"]
 
 
 class StepClock:
@@ -101,6 +101,8 @@ def assemble_report(
         ranked_out=accounting.ranked_out,
         rows_missing=accounting.rows_missing if plan.changes is not None else None,
         rows_deleted=outcome.rows_deleted,
+        chunk_rows_deleted=outcome.chunk_rows_deleted,
+        rows_carried=accounting.rows_carried if plan.changes is not None else None,
         spec_changes=plan.changes.spec_changes if plan.changes is not None else None,
         dedup=plan.dedup.as_report(accounting.forward_passes_saved),
         input_scans=plan.input_scans,
@@ -140,17 +142,28 @@ def refusal_reason(status: str, cfg: JobConfig, targets: Optional[Targets], acco
     """Why a run with ``status`` (:func:`~lakescore.jobs.steps.publish.refusal`'s) was not published, in one line;
     ``None`` for a run that published."""
     if status == "error_rate_exceeded":
-        kept = f" ({accounting.rows_kept} unchanged rows kept, not counted)" if accounting.rows_kept else ""
         return (
-            f"{accounting.error_rows} of {accounting.rows_considered} rows ({accounting.error_rate:.4%}) could not be "
-            f"scored{kept}, above max_error_rate {cfg.max_error_rate:.4%}; their reasons are in the run's report and its "
-            f"staging {accounting.snapshot.staging.location}, not in {targets.errors_ref}. The output was not published."
+            f"{gate_text(accounting)}, above max_error_rate {cfg.max_error_rate:.4%}; their reasons are in the run's "
+            f"report and its staging {accounting.snapshot.staging.location}, not in {targets.errors_ref}. The output "
+            "was not published."
         )
     if status == "validation_failed":
         return "the output failed validation and was not published"
     if status == "drift_exceeded":
         return f"drift past its bounds {drift_text(drift)}. The output was not published."
     return None
+
+
+def gate_text(accounting: Accounting) -> str:
+    """What the error-rate gate measured, its numerator and denominator
+    (:attr:`~lakescore.jobs.steps.account.Accounting.error_rate`), e.g. ``3 new failures of 1,203 rows in the output's
+    scope (0.2494%; 1,195 kept unchanged, 5 dead letters carried from earlier runs, not new)``."""
+    new = accounting.new_error_rows
+    aside = [f"{accounting.rows_kept:,} kept unchanged"] if accounting.rows_kept else []
+    if accounting.rows_carried:
+        aside.append(f"{accounting.rows_carried:,} dead letters carried from earlier runs, not new")
+    return (f"{new:,} new failure{'' if new == 1 else 's'} of {accounting.input_rows:,} rows in the output's scope "
+            f"({accounting.error_rate:.4%}{'; ' + ', '.join(aside) if aside else ''})")
 
 
 def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:

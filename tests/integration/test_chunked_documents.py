@@ -77,6 +77,10 @@ def test_chunked_documents_publish_whole_and_an_incremental_run_replaces_them_wh
     second = run_scoring(cfg, spark)
     assert second.status == "succeeded", (second.error, second.validation)
     assert (second.rows_kept, second.rows_scored, second.error_rows, second.rows_missing) == (1, 2, 2, 1)
+    assert second.rows_carried == 2 and second.workers["rows_scored"] == 2  # 5 and 6 fail as before: not sent again
+    # every count in documents: 4 removed whole (its chunk rows named as such, with 3's stale last chunks beside them)
+    assert second.rows_deleted == 1 and second.chunk_rows_deleted == len(before.loc[4]) + len(before.loc[3]) - 2
+    assert f"1 deleted from the output ({second.chunk_rows_deleted} chunk rows)" in second.summary()
     rows = _output(spark, output)
     assert set(rows.review_id) == {1, 2, 3}  # the removed document left no row
     assert list(rows[rows.review_id == 3].chunk_index) == [-1, 0]  # the shortened one no stale chunk

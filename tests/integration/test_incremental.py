@@ -149,25 +149,43 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     # Delta's MERGE unpersists the source it checkpointed; the JVM's notice of it stays off the console.
     assert "locally checkpointed" not in _jvm_console(spark, capsys)
 
-    # The error-rate gate counts the rows this run looked at (not the kept ones): id 5, not in the output, is
-    # looked at again and fails again, 1 of 1; nothing is merged, the output keeps its version.
-    gated = run_scoring(config(run_id="r4", **{"write.delete_missing": True}), spark)
-    assert gated.status == "error_rate_exceeded" and "1 of 1 rows (100.0000%) could not be scored (10 unchanged rows kept, not counted)" in gated.error
-    assert gated.delta_version is None and spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 2
-
-    # delete_missing: ids 3 and 4 go; id 5 is still dead-lettered. A session that chose how Delta's MERGE
-    # materializes its source keeps its choice.
+    # id 5's null text, unchanged under the same weights and spec, fails again whatever the run: it is not scored
+    # again (no row reaches a worker) but carried, with its reason and the run that found it, and a failure carried is
+    # no new failure: the strictest gate passes. delete_missing: ids 3 and 4 go. A session that chose how Delta's
+    # MERGE materializes its source keeps its choice.
+    errors_table = f"delta.`{output}_errors`"
     spark.conf.set(_MATERIALIZE_SOURCE, "none")
     try:
-        fourth = run_scoring(config(run_id="r4", max_error_rate=1.0, **{"write.delete_missing": True}), spark)
+        fourth = run_scoring(config(run_id="r4", max_error_rate=0.0, **{"write.delete_missing": True}), spark)
         assert spark.conf.get(_MATERIALIZE_SOURCE) == "none"
     finally:
         spark.conf.unset(_MATERIALIZE_SOURCE)
-    assert _accounts(fourth) == (10, 0, 1, 2, 2)
+    assert _accounts(fourth) == (10, 0, 1, 2, 2) and fourth.error_reasons == {"null_input": 1}
+    assert fourth.rows_carried == 1 and fourth.workers["rows_scored"] == 0
+    assert "1 dead letters carried (not scored again)" in fourth.summary()
+    assert ("carried from earlier runs (not scored again)", "1") in _accounting_rows(_html(fourth, tmp_path / "r4.json"))
+    dead = spark.sql(f"SELECT review_id, reason, run_id, first_run_id, carried FROM {errors_table}").collect()
+    assert [tuple(r) for r in dead] == [(5, "null_input", "r4", "r3", True)]
     merge = spark.sql(f"DESCRIBE HISTORY delta.`{output}` LIMIT 1").first()
     assert merge["operation"] == "MERGE" and int(merge["operationMetrics"]["materializeSourceTimeMs"]) <= 5
     incremental = read_output(spark, str(output)).set_index("review_id")
     assert sorted(incremental.index) == [1, 2] + list(range(6, 14))
+
+    # write.retry_failed scores id 5 again: it fails again, a new failure this time, which the gate counts among
+    # every row of the output's scope (kept ones included) and says so; nothing is merged, the output keeps its version.
+    versions = spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count()
+    gated = run_scoring(config(run_id="r5", max_error_rate=0.05, **{"write.retry_failed": True}), spark)
+    assert gated.status == "error_rate_exceeded" and gated.workers["rows_scored"] == 1 and gated.rows_carried == 0
+    assert "1 new failure of 11 rows in the output's scope (9.0909%; 10 kept unchanged), above max_error_rate" in gated.error
+    assert gated.delta_version is None and spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == versions
+
+    # A reason that may be the server's fault (an endpoint's 5xx or timeout) is never carried: the row is scored again.
+    spark.sql(f"UPDATE {errors_table} SET reason = 'endpoint_error' WHERE review_id = 5")
+    transient = run_scoring(config(run_id="r5t"), spark)
+    assert _accounts(transient) == (10, 0, 1, 0, 0) and transient.rows_carried == 0
+    assert transient.workers["rows_scored"] == 1 and transient.error_reasons == {"null_input": 1}
+    dead = spark.sql(f"SELECT review_id, reason, run_id, first_run_id, carried FROM {errors_table}").collect()
+    assert [tuple(r) for r in dead] == [(5, "null_input", "r5t", "r5t", False)]
 
     # The incremental output equals a full rescore of the same input.
     full = run_scoring(config(output=tmp_path / "full", **{"write.mode": "overwrite"}), spark)
@@ -179,13 +197,13 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
 
     # Other weights: every row is scored again.
     other = _retrained(tiny_classifier_dir, tmp_path / "retrained")
-    fifth = run_scoring(config(model=other, run_id="r5"), spark)
+    fifth = run_scoring(config(model=other, run_id="r6"), spark)
     assert _accounts(fifth) == (0, 10, 1, 0, 0)
     after = read_output(spark, str(output))
-    assert set(after["model_sha256"]) == {fifth.model_sha256} != {first.model_sha256} and set(after["run_id"]) == {"r5"}
+    assert set(after["model_sha256"]) == {fifth.model_sha256} != {first.model_sha256} and set(after["run_id"]) == {"r6"}
 
     # Another scoring spec (same weights): every row is scored again too.
-    sixth = run_scoring(config(model=other, run_id="r6", **{"model.max_seq_length": 16}), spark)
+    sixth = run_scoring(config(model=other, run_id="r7", **{"model.max_seq_length": 16}), spark)
     assert _accounts(sixth) == (0, 10, 1, 0, 0)
     assert sixth.spec_changes == ["max_seq_length null -> 16"] and "max_seq_length null -> 16" in sixth.summary()
 
@@ -194,7 +212,7 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     remaining = incremental.reset_index()[["review_id"]].merge(edited, on="review_id")
     duplicated = pd.concat([remaining, remaining[remaining["review_id"] == 6].assign(body="a second row for id 6")])
     _write_input(spark, duplicated, source)
-    seventh = run_scoring(config(model=other, run_id="r7", max_error_rate=1.0, **{"model.max_seq_length": 16,
+    seventh = run_scoring(config(model=other, run_id="r8", max_error_rate=1.0, **{"model.max_seq_length": 16,
                                                                                    "write.delete_missing": True}), spark)
     assert _accounts(seventh) == (9, 0, 2, 0, 1)
     assert sorted(read_output(spark, str(output))["review_id"]) == [1, 2] + list(range(7, 14))

@@ -147,6 +147,8 @@ def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_ch
     touched = int(merge.metrics["numTargetRowsInserted"]) + int(merge.metrics["numTargetRowsUpdated"])
     assert touched == 4 * TOP_K  # only the changed keys' rows were written
     assert int(merge.metrics["numTargetRowsDeleted"]) >= 1  # user 7's deleted best row, at least
+    # user 7's best row left the input while its key stayed: missing from the input, and among the rows deleted
+    assert second.rows_missing == 1 and second.rows_deleted == int(merge.metrics["numTargetRowsDeleted"])
 
 
 def test_top_k_ranks_before_the_shuffle_and_counts_every_scored_row(spark, tmp_path, linear_program):
