@@ -101,11 +101,11 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     edited = frame.copy()
     edited.loc[edited["review_id"] == 1, "body"] = "the food was awful"
     _write(spark, edited, source)
-    # (the two dead-lettered rows are tried again, as every row without an output is)
+    # (the two dead-lettered rows failed for their own reason: carried, not tried again)
     again = run_scoring(_config(source, output, tiny_causal_lm_dir, **{"write.mode": "incremental", "max_error_rate": 0.9,
                                                                        **logprobs}), spark)
     assert again.status == "succeeded", again.error
-    assert (again.rows_kept, again.rows_scored) == (7, 1)
+    assert (again.rows_kept, again.rows_scored, again.rows_carried) == (7, 1, 2)
     rerun = read_output(spark, str(output))
     assert rerun.loc[rerun["review_id"] != 1, "generated_text"].tolist() == out.loc[out["review_id"] != 1, "generated_text"].tolist()
     new_prompt = TEMPLATE.format(**edited.iloc[0].to_dict())

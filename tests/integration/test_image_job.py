@@ -299,9 +299,9 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     spark.createDataFrame(pd.DataFrame(renamed, columns=["sku", "photo", "name"]), "sku long, photo string, name string") \
         .write.format("delta").mode("overwrite").save(str(source))
     assert main(["score", "--model", str(model_dir), *flags, "--write-mode", "incremental", "--set", "max_error_rate=0.9",
-                 "--report", str(tmp_path / "again.json")]) == 0  # (the two dead-lettered rows are tried again)
+                 "--report", str(tmp_path / "again.json")]) == 0  # (the two dead-lettered rows are carried, not tried again)
     again = json.loads((tmp_path / "again.json").read_text())
-    assert (again["rows_kept"], again["rows_scored"]) == (2, 1), again
+    assert (again["rows_kept"], again["rows_scored"], again["rows_carried"]) == (2, 1, 2), again
 
     # The Python API over a binary column: the same texts.
     frame = pd.DataFrame({"sku": [1, 2], "photo": [(root / "1.png").read_bytes(), (root / "2.png").read_bytes()],

@@ -13,7 +13,8 @@ from typing import Optional
 
 import pytest
 
-from lakescore.udfs.remote.answers import EndpointDown, EndpointError
+from lakescore.schemas.output import SERVER_REASONS, carries
+from lakescore.udfs.remote.answers import EndpointDown, EndpointError, Unfinished
 from lakescore.udfs.remote.client import EndpointClient, backoff, retry_after
 from lakescore.udfs.remote.completions import complete, parse_completion, request_body
 from lakescore.udfs.options.remote import EndpointOptions, Price
@@ -607,3 +608,17 @@ def test_the_requests_counted_are_the_requests_the_server_received():
         httpd.server_close()
     assert scored.reasons == [None] * 8
     assert counts["requests"] == len(received) == 8 and counts["retries"] == 0
+
+
+
+def test_a_row_the_endpoint_failed_is_scored_again_and_a_row_s_own_failure_is_carried():
+    # Every reason an endpoint's failure is dead-lettered with may be the server's (a 5xx, a timeout, a refused
+    # connection, a rate limit outlasting its retries, an aborted answer): an incremental run never carries it.
+    for error in (EndpointError(503, "overloaded"), EndpointError(None, "timed out", "timeout"),
+                  EndpointError(429, "slow down"), Unfinished("abort")):
+        assert error.reason in SERVER_REASONS and not carries(error.reason)
+    # A row's own failure fails again on the same input, weights and spec: carried. The id's are found from the input.
+    for reason in ("null_input", "invalid_text", "prepare_error", "prompt_too_long", "too_many_chunks", "scoring_error",
+                   "generation_error", "bad_feature_value", "invalid_image", "image_too_large", "missing_file"):
+        assert carries(reason), reason
+    assert not carries("null_id") and not carries("duplicate_id")
