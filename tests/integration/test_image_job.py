@@ -299,7 +299,7 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     spark.createDataFrame(pd.DataFrame(renamed, columns=["sku", "photo", "name"]), "sku long, photo string, name string") \
         .write.format("delta").mode("overwrite").save(str(source))
     assert main(["score", "--model", str(model_dir), *flags, "--write-mode", "incremental", "--set", "max_error_rate=0.9",
-                 "--report", str(tmp_path / "again.json")]) == 0  # (the two dead-lettered rows are carried, not tried again)
+                 "--report", str(tmp_path / "again.json")]) == 0  # (the two dead-lettered rows are carried)
     again = json.loads((tmp_path / "again.json").read_text())
     assert (again["rows_kept"], again["rows_scored"], again["rows_carried"]) == (2, 1, 2), again
 

@@ -163,7 +163,8 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert _accounts(fourth) == (10, 0, 1, 2, 2) and fourth.error_reasons == {"null_input": 1}
     assert fourth.rows_carried == 1 and fourth.workers["rows_scored"] == 0
     assert "1 dead letters carried (not scored again)" in fourth.summary()
-    assert ("carried from earlier runs (not scored again)", "1") in _accounting_rows(_html(fourth, tmp_path / "r4.json"))
+    page = _html(fourth, tmp_path / "r4.json")
+    assert ("carried from earlier runs (not scored again)", "1") in _accounting_rows(page)
     dead = spark.sql(f"SELECT review_id, reason, run_id, first_run_id, carried FROM {errors_table}").collect()
     assert [tuple(r) for r in dead] == [(5, "null_input", "r4", "r3", True)]
     merge = spark.sql(f"DESCRIBE HISTORY delta.`{output}` LIMIT 1").first()
@@ -176,7 +177,8 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     versions = spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count()
     gated = run_scoring(config(run_id="r5", max_error_rate=0.05, **{"write.retry_failed": True}), spark)
     assert gated.status == "error_rate_exceeded" and gated.workers["rows_scored"] == 1 and gated.rows_carried == 0
-    assert "1 new failure of 11 rows in the output's scope (9.0909%; 10 kept unchanged), above max_error_rate" in gated.error
+    gate = "1 new failure of 11 rows in the output's scope (9.0909%; 10 kept unchanged), above max_error_rate"
+    assert gate in gated.error
     assert gated.delta_version is None and spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == versions
 
     # A reason that may be the server's fault (an endpoint's 5xx or timeout) is never carried: the row is scored again.
