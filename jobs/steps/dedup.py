@@ -2,8 +2,9 @@
 
 Two rows are identical when their :data:`~lakescore.schemas.output.DIGEST_COLUMN` (the SHA-256 of what the
 model sees, :func:`lakescore.jobs.steps.incremental.input_digest`) is equal. A deduplicated chunk groups
-its rows by digest, scores one row per digest and joins the outputs back on the digest (null-safe: every
-null input shares one dead-letter outcome), so each input row still gets its own output or error row.
+its rows by digest, scores one row per digest and joins the outputs back on the digest, so each input row still gets
+its own output or error row. A row whose digest is null (every input null) is never grouped with another: it is
+scored on its own, so a dead letter always shows its own row's input.
 The workers' per-batch metrics stay on one row per scored input, so the report counts them once.
 
 ``auto`` decides once per run, before scoring, from a deterministic sample (rows whose id hashes into
@@ -42,6 +43,8 @@ pays for it, and its sample is a job on the run's critical path."""
 
 _REPRESENTATIVE = "__lakescore_representative_id"
 _ROW_DIGEST = "__lakescore_row_digest"
+_GROUP = "__lakescore_dedup_group"
+_ROW_GROUP = "__lakescore_row_dedup_group"
 
 
 @dataclass(frozen=True)
@@ -98,13 +101,16 @@ def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], 
     ``score(part, [*row_cols, DIGEST_COLUMN])`` would, one row per row of ``part``; with ``mark``, also a boolean column
     of that name, true on the one row per distinct input that was scored for it (a ranked run counts them per key).
     """
-    distinct = part.groupBy(column(DIGEST_COLUMN)).agg(
-        *[F.first(column(c)).alias(c) for c in input_cols], F.min(row_key(id_cols)).alias(_REPRESENTATIVE)
+    # The group: the digest, or for a null digest the row's own key (a digest is hex, so never "row ...").
+    group = F.coalesce(column(DIGEST_COLUMN), F.concat(F.lit("row "), row_key(id_cols).cast("string")))
+    distinct = part.groupBy(group.alias(_GROUP)).agg(
+        *[F.first(column(c)).alias(c) for c in input_cols], F.min(row_key(id_cols)).alias(_REPRESENTATIVE),
+        F.first(column(DIGEST_COLUMN)).alias(DIGEST_COLUMN),
     )
-    scored = score(distinct, [_REPRESENTATIVE, DIGEST_COLUMN])
-    rows = part.select(*[column(c) for c in row_cols], column(DIGEST_COLUMN).alias(_ROW_DIGEST))
-    joined = rows.join(scored, F.col(_ROW_DIGEST).eqNullSafe(column(DIGEST_COLUMN)), "inner")
-    outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN)]
+    scored = score(distinct, [_REPRESENTATIVE, DIGEST_COLUMN, _GROUP])
+    rows = part.select(*[column(c) for c in row_cols], column(DIGEST_COLUMN).alias(_ROW_DIGEST), group.alias(_ROW_GROUP))
+    joined = rows.join(scored, F.col(_ROW_GROUP) == F.col(_GROUP), "inner")
+    outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN, _GROUP)]
     worker = F.when(row_key(id_cols) == F.col(_REPRESENTATIVE), F.col(WORKER_COLUMN)).alias(WORKER_COLUMN)
     marked = [(row_key(id_cols) == F.col(_REPRESENTATIVE)).alias(mark)] if mark else []
     return joined.select(*[column(c) for c in row_cols], F.col(_ROW_DIGEST).alias(DIGEST_COLUMN),

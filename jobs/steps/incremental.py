@@ -68,21 +68,23 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool, pair: bool = Fal
     """SHA-256 (hex) of what the model sees: the text itself, an image's bytes, a text pair's two sides as a JSON
     array (``pair``), or the features as a JSON array of doubles in model order.
 
-    A null text or image digests to null (such a row is dead-lettered, and null-safe comparison keeps it apart from
-    any value). An image read from a path (``input_cols``: the bytes, then the path) that is missing digests its path
-    instead, so that dedup keeps each missing file's row (and its path in the errors table) apart.
+    The digest sees every input it is given, so rows that differ in any input never share a digest (nor, under dedup,
+    a dead letter): a pair's null side is JSON ``null`` in its array, an image read from a path (``input_cols``: the
+    bytes, then the path) that is missing digests its path, and an image with its prompt digests the prompt whatever
+    the image. Only a row whose every input is null (one text, one image) digests to null: dedup scores such a row
+    on its own, and null-safe comparison keeps it apart from any value.
     """
-    if pair:
-        sides = [column(c) for c in input_cols]
-        return F.when(sides[0].isNotNull() & sides[1].isNotNull(), F.sha2(F.to_json(F.array(*sides)), 256))
+    if pair:  # to_json writes a null side as null and a side "null" as "null"; rows with both sides digest as before
+        return F.sha2(F.to_json(F.array(*[column(c) for c in input_cols])), 256)
     if one_column:
         prompted = input_cols[-1] == PROMPT_COLUMN and len(input_cols) > 1  # an image with its prompt: both count
         files = input_cols[:-1] if prompted else input_cols
         digest = F.sha2(column(files[0]), 256)
         if len(files) > 1:
             digest = F.coalesce(digest, F.sha2(F.concat(F.lit("missing file: "), column(files[1])), 256))
-        if prompted:
-            digest = F.sha2(F.concat(digest, F.lit("\n"), F.coalesce(F.sha2(column(PROMPT_COLUMN), 256), F.lit(""))), 256)
+        if prompted:  # a null image (and no path) still digests its prompt: the prompt is that row's own input
+            digest = F.sha2(F.concat(F.coalesce(digest, F.lit("null image")), F.lit("\n"),
+                                     F.coalesce(F.sha2(column(PROMPT_COLUMN), 256), F.lit(""))), 256)
         return digest
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 

@@ -84,3 +84,23 @@ def test_an_incremental_run_decides_dedup_from_its_rows_to_score(spark, tmp_path
     two = run("n2")
     assert (two.rows_kept, two.rows_scored) == (20, 6)
     assert two.dedup == {"mode": "auto", "used": True, "sample_rows": 6, "sample_distinct": 2, "forward_passes_saved": 4}
+
+
+def test_a_pair_with_a_null_side_keeps_its_own_dead_letter_under_dedup(spark, tmp_path, tiny_classifier_dir):
+    """A null side is part of what the digest sees: rows whose other side differs never share a dead letter (issue 65:
+    row b's errors-table input was row a's)."""
+    rows = [("a", None, "P-a"), ("b", "Q-b", None), ("c", "Q-c", None), ("d", None, None), ("e", None, None),
+            ("f", "Q-f", "P-f"), ("g", "Q-f", "P-f")]
+    source = tmp_path / "pairs"
+    spark.createDataFrame(rows, "pair_id string, query string, passage string").write.format("delta").save(str(source))
+    report = run_scoring(load_config(flags={
+        "input": str(source), "output": str(tmp_path / "scores"), "task": "classify", "model.source": str(tiny_classifier_dir),
+        "id_col": "pair_id", "text_col": "query", "text_pair_col": "passage", "max_error_rate": 0.9, "scoring.dedup": "on",
+    }), spark)
+    assert report.status == "succeeded", report.error
+    assert (report.output_rows, report.error_rows) == (2, 5)
+    errors = spark.read.format("delta").load(str(tmp_path / "scores_errors")).toPandas().set_index("pair_id")
+    assert errors["input"].to_dict() == {
+        "a": '{"passage":"P-a"}', "b": '{"query":"Q-b"}', "c": '{"query":"Q-c"}', "d": "{}", "e": "{}"}
+    assert set(errors["reason"]) == {"null_input"}
+    assert report.dedup["forward_passes_saved"] == 1  # f and g share their input
