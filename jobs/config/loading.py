@@ -39,6 +39,9 @@ def load_config(
         if not sep or not key.strip():
             raise ConfigError(f"--set expects dotted.key=value, got {item!r}")
         key = key.strip()
+        if not raw.strip():  # an unset shell variable: refused rather than read as null, which switches features off
+            raise ConfigError(f"--set {key}= gives no value (an unset variable?): give one, or leave the --set out "
+                              "for the default")
         _assign(tree, key, raw if _takes_text(key) else _parse_scalar(raw))
     for key, value in (flags or {}).items():
         if value is not None:
@@ -66,7 +69,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as dup:
+        raise ConfigError(f"config file {path} gives key {dup.key!r} twice (lines {dup.first} and {dup.second}): "
+                          "keep one") from None
     except (yaml.YAMLError, ValueError) as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -74,6 +80,34 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+class _DuplicateKey(Exception):
+    """A mapping of the config file that gives ``key`` on lines ``first`` and ``second`` (1-based)."""
+
+    def __init__(self, key: Any, first: int, second: int) -> None:
+        super().__init__(key, first, second)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives a key twice (PyYAML keeps the last silently, so a typo'd
+    copy would change the run). A merge key (``<<``) may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base constructor names it
+                pass
+        return super().construct_mapping(node, deep)
 
 
 def _takes_text(dotted: str) -> bool:

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lakescore.jobs.config import ConfigError, config_from_mapping, load_config
 
@@ -95,7 +96,7 @@ def test_unknown_top_level_key_from_set():
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
         ("model.pooling=median", r"model.pooling must be one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken, got 'median'"),
-        ("model.prompt_name=", r"model.prompt_name must name one of the model's prompts, got an empty string"),
+        ("model.prompt_name=", r"--set model.prompt_name= gives no value"),  # the schema refuses "" from a file too
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
         ("spark.s3a=auto", r"spark.s3a must be true or false"),
@@ -121,6 +122,36 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(write(tmp_path, "input: [unclosed\n"))
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_a_key_given_twice_in_the_file_is_refused_naming_it_and_both_lines(tmp_path):
+    # PyYAML keeps the last copy silently: a pasted line would change the run (issue 65).
+    path = write(tmp_path, "task: embed\nembed:\n  chunk:\n    max_tokens: 64\n    overlap: 8\n    max_tokens: 32\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"config file {path} gives key 'max_tokens' twice (lines 4 and 6): keep one"
+    with pytest.raises(ConfigError, match=r"gives key 'task' twice \(lines 1 and 3\)"):
+        load_config(write(tmp_path, "task: embed\ninput: db.t\ntask: classify\n"))
+    # The same key in two sections is no duplicate, nor is a merged key (`<<`) given again, as YAML intends.
+    cfg = load_config(write(tmp_path, "task: embed\nembed: {chunk: {max_tokens: 9}}\nmodel: {max_seq_length: 9}\n"))
+    assert (cfg.embed.chunk.max_tokens, cfg.model.max_seq_length) == (9, 9)
+    from lakescore.jobs.config.loading import _UniqueKeyLoader
+
+    merged = yaml.load("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n", Loader=_UniqueKeyLoader)  # noqa: S506
+    assert merged["b"] == {"x": 3, "y": 2}
+
+
+@pytest.mark.parametrize("key", ["embed.chunk.max_tokens", "embed.chunk.max_chunks", "generate.system_prompt", "task",
+                                 "generate.max_new_tokens", "model.source"])
+def test_an_empty_set_value_is_refused_for_every_key(key, tmp_path):
+    # An unset shell variable (--set embed.chunk.max_tokens=$CHUNK) must not switch chunking off (issue 65).
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError) as err:
+            load_config(overrides=[f"{key}={empty}"])
+        assert str(err.value) == (f"--set {key}= gives no value (an unset variable?): give one, or leave the --set "
+                                  "out for the default")
+    with pytest.raises(ConfigError, match=r"^model.prompt_name must name one of the model's prompts, got an empty string"):
+        load_config(write(tmp_path, "model: {prompt_name: ''}\n"))
 
 
 def test_require_for_scoring_lists_every_missing_setting():
