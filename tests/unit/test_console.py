@@ -14,12 +14,13 @@ from lakescore.jobs.platform.spark.local import own_host
 
 @pytest.fixture(autouse=True)
 def restore_logging():
-    root, own = logging.getLogger(), logging.getLogger("lakescore")
-    saved = (list(root.handlers), root.level, own.level)
+    root, own, warned = logging.getLogger(), logging.getLogger("lakescore"), logging.getLogger("py.warnings")
+    saved = (list(root.handlers), root.level, own.level, list(warned.handlers), warned.propagate)
     yield
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
     own.setLevel(saved[2])
+    warned.handlers[:], warned.propagate = saved[3], saved[4]
     logging.captureWarnings(False)
 
 
@@ -84,3 +85,27 @@ def test_the_run_log_is_the_clis_choice_and_keeps_a_failures_traceback_once(tmp_
     assert console.keep_trace(error) == path == console.keep_trace(error) == console.run_log()
     text = path.read_text()
     assert text.count("Traceback (most recent call last)") == 1 and "RuntimeError: boom" in text
+
+
+def test_third_party_warnings_go_to_the_run_log_not_the_console(tmp_path, monkeypatch):
+    """Issue 65: Pillow's DecompressionBombWarning reached an image run's console, from the driver and through the
+    gateway JVM's stderr from the Python workers. With a run log both go there; the JVM's own lines still pass."""
+    import warnings
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    monkeypatch.setattr(console, "_run_log", {"wanted": True, "path": tmp_path / "run.log"})
+    console.configure_logging(verbose=False, terminal=True)
+    warnings.warn("Image size (95000000 pixels) exceeds limit", UserWarning)
+    jvm = io.BytesIO(
+        b"/site-packages/PIL/Image.py:3402: DecompressionBombWarning: Image size (95000000 pixels) exceeds limit\n"
+        b"  warnings.warn(\n26/11/23 WARN TaskSetManager: Lost task\n\tat org.apache.spark.Executor.run\n")
+    own_host._copy_stderr(jvm)
+    assert out.getvalue() == "26/11/23 WARN TaskSetManager: Lost task\n\tat org.apache.spark.Executor.run\n"
+    logged = (tmp_path / "run.log").read_text()
+    assert "WARN py.warnings: " in logged and "UserWarning: Image size (95000000 pixels) exceeds limit" in logged
+    assert "DecompressionBombWarning: Image size" in logged and "  warnings.warn(\n" in logged
+    # without a log file (the API, a notebook) a warning is shown as before, one line
+    monkeypatch.setattr(console, "_run_log", {"wanted": False, "path": None})
+    warnings.warn("still shown", UserWarning)
+    assert "still shown" in out.getvalue()

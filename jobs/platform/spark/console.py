@@ -10,7 +10,9 @@ At default verbosity a session lakescore builds starts quiet:
   jdk.incubator.vector`` (the JVM itself prints it for the module Spark's launcher adds), is dropped from the
   gateway JVM's stderr, which is otherwise copied through unchanged
   (:func:`lakescore.jobs.platform.spark.local.own_host.launch_quiet_gateway`);
-* Python logging shows lakescore's INFO lines and other libraries' warnings only;
+* Python logging shows lakescore's INFO lines and other libraries' warnings only; Python's own warnings (a library's
+  ``warnings.warn``: Pillow's ``DecompressionBombWarning``, deprecations), on the driver and from the Python workers
+  whose stderr the gateway JVM passes on, go to the log file instead, where there is one (:func:`to_run_log`);
 * for the CLI (:func:`log_jvm_to_file`), the JVM's warnings and errors, stack traces and all, go to a log
   file of the session's own (:func:`run_log`) instead of the console, and so does the traceback of a
   failure (:func:`keep_trace`): the console gets the one line that names the cause and that file.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
 from datetime import datetime, timezone
@@ -39,6 +42,10 @@ QUIET_LOG4J2 = Path(__file__).with_name("log4j2-quiet.properties")
 """The log4j2 configuration of quiet sessions."""
 
 _LAKESCORE = "lakescore"
+
+PYTHON_WARNING = re.compile(rb"^\S.*:\d+: \w*Warning: ")
+"""A Python warning as ``warnings`` prints it on stderr (``file.py:12: DecompressionBombWarning: ...``), followed by
+indented lines of its source."""
 
 
 def is_verbose() -> bool:
@@ -92,6 +99,32 @@ def run_log() -> Optional[Path]:
     """The log file of the session lakescore built in this process, once something was written to it; else ``None``."""
     path = _run_log["path"]
     return path if path is not None and path.exists() else None
+
+
+def to_run_log(text: str) -> bool:
+    """Append ``text`` to the session's log file; ``False`` (nothing written) where there is none, or it cannot be
+    written."""
+    path = _run_log["path"]
+    if path is None:
+        return False
+    try:
+        with open(path, "a", encoding="utf-8") as log_file:
+            log_file.write(text)
+    except OSError:
+        return False
+    return True
+
+
+class _WarningsToRunLog(logging.Handler):
+    """Python warnings (``logging.captureWarnings``: the ``py.warnings`` logger) into the session's log file, one
+    timestamped line each; where there is no log file, to the root logger's handlers, as any library's warning."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%y/%m/%d %H:%M:%S")
+        if not to_run_log(f"{stamp} WARN {record.name}: {record.getMessage()}\n"):
+            for handler in logging.getLogger().handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
 
 
 def keep_trace(exc: BaseException) -> Optional[Path]:
@@ -160,3 +193,10 @@ def configure_logging(verbose: bool, terminal: Optional[bool] = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if not verbose:
         logging.captureWarnings(True)  # Python warnings become WARNING records: one line each, no source echo
+        # a library's warning (Pillow's DecompressionBombWarning, a deprecation) is no news of the run: the log file
+        warnings_logger = logging.getLogger("py.warnings")
+        warnings_logger.handlers[:] = [_WarningsToRunLog()]
+        warnings_logger.propagate = False
+    else:
+        logging.getLogger("py.warnings").handlers[:] = []
+        logging.getLogger("py.warnings").propagate = True

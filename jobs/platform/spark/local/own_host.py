@@ -154,7 +154,8 @@ def launch_quiet_gateway(conf):
     """Start the Py4J gateway JVM for ``conf`` (a ``SparkConf``) with :data:`JVM_NOISE` dropped from its stderr.
 
     Every other line the JVM (or a Python worker it forks) writes to stderr is copied, as
-    it comes, to this process's current ``sys.stderr`` by a daemon thread.
+    it comes, to this process's current ``sys.stderr`` by a daemon thread, but a Python worker's warning
+    (:data:`~lakescore.jobs.platform.spark.console.PYTHON_WARNING`), which goes to the run's log file where there is one.
     """
     from pyspark.java_gateway import launch_gateway
 
@@ -167,8 +168,14 @@ def launch_quiet_gateway(conf):
 
 
 def _copy_stderr(source: IO[bytes]) -> None:
+    from lakescore.jobs.platform.spark.console import PYTHON_WARNING, to_run_log
+
+    warning = False  # inside a Python worker's warning: its first line, then its indented source lines
     for line in iter(source.readline, b""):
         if line.startswith(JVM_NOISE):
+            continue
+        warning = bool(PYTHON_WARNING.match(line)) or (warning and line.startswith(b"  "))
+        if warning and to_run_log(line.decode("utf-8", "replace")):  # a library's warning: the log, not the console
             continue
         try:
             sys.stderr.write(line.decode("utf-8", "replace"))
