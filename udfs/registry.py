@@ -302,6 +302,7 @@ TASKS: dict[str, Task] = {
             "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
             model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED, options_section="embed",
             expands="chunked", other_loaders={("text", True): "lakescore.udfs.remote.embed:load_remote_embedder"},
+            model_check="lakescore.udfs.options.embed:check_chunk_limit",
         ),
         Task("ner", TEXT, "lakescore.udfs.heads.ner:load_token_classifier", "token classification: entities per text",
              architectures=("ForTokenClassification",)),

@@ -130,3 +130,32 @@ def test_settings_a_model_cannot_take_are_refused(embedder):
         chunked_embedder(embedder, max_tokens=32, overlap_tokens=30)
     with pytest.raises(ValueError, match="leaves no token of text"):
         chunked_embedder(embedder, max_tokens=2)
+
+
+def test_max_tokens_above_the_models_limit_is_refused_on_the_driver_from_its_files(embedder, minilm_dir, tmp_path):
+    """Issue 65: the driver reads the limit the executors' load uses (256 for MiniLM: its sentence_bert_config) from the
+    model's files, so the run fails in one line before any executor loads the model."""
+    from lakescore.udfs.options.embed import ChunkOptions, EmbedOptions
+    from lakescore.udfs.models.model_fit import check_model_fits
+    from lakescore.udfs.models.model_source import UnfitModelError
+
+    def spec(most, **kw):
+        return ModelSpec("embed", str(minilm_dir), embed=EmbedOptions(chunk=ChunkOptions(max_tokens=most)), **kw)
+
+    check_model_fits(spec(embedder.max_seq_length), minilm_dir)
+    with pytest.raises(UnfitModelError) as refused:
+        check_model_fits(spec(embedder.max_seq_length + 1), minilm_dir)
+    assert str(refused.value) == (
+        f"task embed: embed.chunk.max_tokens {embedder.max_seq_length + 1} is above the {embedder.max_seq_length} tokens "
+        f"the model reads, which would truncate every full chunk; set it at most {embedder.max_seq_length} ({minilm_dir})")
+    with pytest.raises(UnfitModelError, match="above the 64 tokens"):  # model.max_seq_length lowers it, as on executors
+        check_model_fits(spec(65, max_seq_length=64), minilm_dir)
+    # the tokenizer's own limit counts too, as the executors' truncation_limit reads it
+    copy = tmp_path / "minilm"
+    shutil.copytree(minilm_dir, copy)
+    settings = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**settings, "model_max_length": 100}))
+    (copy / "sentence_bert_config.json").unlink()
+    assert load_embedder(ModelSpec("embed", str(copy)), copy).max_seq_length == 100
+    with pytest.raises(UnfitModelError, match="above the 100 tokens"):
+        check_model_fits(spec(101), copy)

@@ -8,6 +8,7 @@ chunked run writes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
@@ -15,7 +16,7 @@ from pydantic import Field, model_validator
 from lakescore.udfs.options.remote import EmbedEndpointOptions, EmbedServerOptions
 from lakescore.udfs.options.base import ConfigError, Section, cli
 
-__all__ = ["ChunkOptions", "EmbedOptions", "DOCUMENT_VECTORS", "DEFAULT_MAX_CHUNKS"]
+__all__ = ["ChunkOptions", "EmbedOptions", "DOCUMENT_VECTORS", "DEFAULT_MAX_CHUNKS", "check_chunk_limit", "chunk_limit_error"]
 
 DOCUMENT_VECTORS = ("none", "mean")
 DEFAULT_MAX_CHUNKS = 1000
@@ -94,3 +95,54 @@ class EmbedOptions(Section):
             if getattr(self, name) is not None:
                 facts[name] = getattr(self, name).identity()
         return facts
+
+
+def chunk_limit_error(max_tokens: int, limit: int) -> str:
+    """The one line for an ``embed.chunk.max_tokens`` above the ``limit`` tokens the model reads, on the driver and the
+    executors alike."""
+    return (f"embed.chunk.max_tokens {max_tokens} is above the {limit} tokens the model reads, which would truncate every "
+            f"full chunk; set it at most {limit}")
+
+
+def check_chunk_limit(spec: Any, model_dir: Path, config: dict) -> None:
+    """The driver's check of ``embed.chunk.max_tokens`` against the tokens the model reads, from its own files as the
+    executors' load computes it (:func:`lakescore.udfs.heads.hf_models.truncation_limit`): the smallest of
+    ``model.max_seq_length`` (else ``sentence_bert_config.json``'s), ``max_position_embeddings`` and the tokenizer's
+    ``model_max_length``. :class:`~lakescore.udfs.models.errors.UnfitModelError` before any executor starts; a model
+    read otherwise (modules beyond Transformer and Pooling, a dual tower, a served model) is left to the executors."""
+    from lakescore.udfs.models.errors import UnfitModelError
+    from lakescore.udfs.models.json_files import NO_TOKENIZER_LIMIT, read_json
+
+    options = spec.embed
+    if options is None or not options.chunked or options.remote:
+        return
+    folder = _transformer_folder(model_dir)
+    if folder is None or ("text_config" in config and "vision_config" in config):
+        return
+    transformer = model_dir / folder
+    sentence = read_json(transformer / "sentence_bert_config.json") or {}
+    facts = read_json(transformer / "config.json") or {}
+    tokenizer = (read_json(transformer / "tokenizer_config.json") or {}).get("model_max_length")
+    limits = [spec.max_seq_length or sentence.get("max_seq_length"), facts.get("max_position_embeddings"),
+              tokenizer if isinstance(tokenizer, int) and tokenizer < NO_TOKENIZER_LIMIT else None]
+    known = [v for v in limits if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    if known and options.chunk.max_tokens > min(known):
+        raise UnfitModelError(f"task {spec.task}: {chunk_limit_error(options.chunk.max_tokens, min(known))} ({model_dir})")
+
+
+def _transformer_folder(model_dir: Path) -> Optional[str]:
+    """The Transformer module's folder in ``model_dir`` (``""``: the model's own), or ``None`` for a sentence-transformers
+    model with modules beyond Transformer, Pooling and Normalize (its limit is sentence-transformers' to read)."""
+    import json
+
+    path = model_dir / "modules.json"
+    if not path.is_file():
+        return ""
+    try:
+        modules = json.loads(path.read_text(encoding="utf-8"))
+        kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    except (OSError, ValueError, AttributeError):
+        return None
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        return None
+    return str(modules[0].get("path", ""))
