@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protoco
 
 import numpy as np
 
+from lakescore.schemas.reasons import BAD_FEATURE_VALUE, NULL_INPUT, SCORING_ERROR
+
 __all__ = [
     "DEFAULT_MAX_BATCH_TOKENS",
     "default_max_tokens",
@@ -212,7 +214,7 @@ def score_texts(
     """
     valid = _valid_mask(texts)
     if not valid.any():
-        return _unscored(len(texts), valid, "null_input")
+        return _unscored(len(texts), valid, NULL_INPUT)
     if features is None:
         features = tokenize_present(texts, head)
     lengths = row_lengths(features["attention_mask"])
@@ -220,7 +222,7 @@ def score_texts(
     def take(rows: np.ndarray, width: int):
         return take_rows(features, rows, width, head.padding_side)
 
-    return score_present(valid, lengths, take, head.forward, policy, invalid_reason="null_input")
+    return score_present(valid, lengths, take, head.forward, policy, invalid_reason=NULL_INPUT)
 
 
 def score_matrix(matrix: np.ndarray, head, policy: BatchPolicy | AdaptiveBudget) -> Scored:
@@ -234,7 +236,7 @@ def score_matrix(matrix: np.ndarray, head, policy: BatchPolicy | AdaptiveBudget)
     present = matrix[valid]
     return score_present(
         valid, np.ones(len(present), dtype=np.int64), lambda rows, width: present[rows], head.forward, policy,
-        invalid_reason="bad_feature_value",
+        invalid_reason=BAD_FEATURE_VALUE,
     )
 
 
@@ -246,7 +248,7 @@ def score_present(
     policy: BatchPolicy | AdaptiveBudget,
     *,
     invalid_reason: str,
-    error_reason: str = "scoring_error",
+    error_reason: str = SCORING_ERROR,
 ) -> Scored:
     """The core every head scores through: plan, run, retry, scatter back.
 

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column
+from lakescore.schemas.reasons import CHUNK_TOO_SMALL, NULL_INPUT, PREPARE_ERROR, TOO_MANY_CHUNKS
 from lakescore.udfs.batching import AdaptiveBudget, Scored, TextHead
 
 if TYPE_CHECKING:
@@ -49,15 +50,16 @@ class ChunkableEmbedder(TextHead, Protocol):
 
 
 class ChunkError(ValueError):
-    """A document that cannot be chunked (the reason code of its dead letter is :attr:`reason`)."""
+    """A document no window of ``max_tokens`` fits (its special tokens and prompt leave no room for the text's next
+    token): dead-lettered ``chunk_too_small``; the reason code of its dead letter is :attr:`reason`."""
 
-    reason = "chunk_error"
+    reason = CHUNK_TOO_SMALL
 
 
 class TooManyChunks(ChunkError):
     """A document that would make more chunks than ``max_chunks``: dead-lettered, never truncated."""
 
-    reason = "too_many_chunks"
+    reason = TOO_MANY_CHUNKS
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ class Chunker:
                 # becomes a token): one token less
                 last -= 1
                 if last <= first:
-                    raise ChunkError(f"no window from character {start} fits in {self.max_tokens} tokens")
+                    raise ChunkError(f"no window from character {start} fits in embed.chunk.max_tokens {self.max_tokens} "
+                                     "(special tokens and prompt included): raise it")
             spans.append((start, end))
             if len(spans) > self.max_chunks:
                 raise TooManyChunks(f"more than embed.chunk.max_chunks {self.max_chunks} chunks")
@@ -255,11 +258,10 @@ def chunked_embedder(embedder: TextHead, max_tokens: int, overlap_tokens: int = 
     (``max_seq_length``: its chunks would be truncated) or settings that leave no text in a window."""
     if not isinstance(embedder, ChunkableEmbedder) or embedder.tokenizer is None:
         raise ValueError("embed.chunk splits with the model's own tokenizer, which this model's loader does not expose")
-    if max_tokens > embedder.max_seq_length:
-        raise ValueError(
-            f"embed.chunk.max_tokens {max_tokens} is above the {embedder.max_seq_length} tokens the model reads, "
-            "which would truncate every full chunk; set it at most that"
-        )
+    if max_tokens > embedder.max_seq_length:  # the driver refuses it first where the model's files say the limit
+        from lakescore.udfs.options.embed import chunk_limit_error
+
+        raise ValueError(chunk_limit_error(max_tokens, embedder.max_seq_length))
     return ChunkedEmbedder(embedder, Chunker(embedder.tokenizer, max_tokens, overlap_tokens, max_chunks, embedder.prompt),
                            document_vector)
 
@@ -282,7 +284,7 @@ def prepare_documents(texts: list[Optional[str]], head: ChunkedEmbedder, refused
             refused[i] = RowFailure(exc.reason, str(exc), text)
             continue
         except Exception as exc:  # the tokenizer's own failure: this document only
-            refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], text)
+            refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text)
             continue
         chunk_texts.extend(text[start:end] for start, end in spans[i])
         owner.extend([i] * len(spans[i]))
@@ -300,7 +302,7 @@ def embed_documents(texts: list[Optional[str]], head: ChunkedEmbedder, budget: A
     prepared = prepared or prepare_documents(texts, head)
     n = len(texts)
     outputs = np.empty(n, dtype=object)
-    reasons: list[Optional[str]] = ["null_input" if text is None else None for text in texts]
+    reasons: list[Optional[str]] = [NULL_INPUT if text is None else None for text in texts]
     errors: list[Optional[str]] = [None] * n
     for i, failure in prepared.refused.items():
         reasons[i], errors[i] = failure.reason, failure.error

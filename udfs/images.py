@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import BatchPolicy, plan_batches
+from lakescore.schemas.reasons import IMAGE_TOO_LARGE, INVALID_IMAGE, NULL_INPUT, PREPARE_ERROR
 
 __all__ = [
     "DEFAULT_MAX_BATCH_PIXELS", "DEFAULT_MAX_BATCH_IMAGES", "ImageFailure", "ImageHeader", "Chunk", "Preprocessed",
@@ -109,7 +110,7 @@ def read_header(data: Optional[bytes], limit: int) -> tuple[Optional[ImageHeader
     """``data``'s header (``None`` where unreadable) and why the row cannot be scored (``None`` where it can): null or
     empty, not an image, or more than ``limit`` pixels. Only the header is read."""
     if not data:
-        return None, ImageFailure("null_input", "no image bytes" if data is not None else "null image")
+        return None, ImageFailure(NULL_INPUT, "no image bytes" if data is not None else "null image")
     try:
         with _open(data) as image:
             header = ImageHeader(str(image.format), image.mode, *image.size)
@@ -117,7 +118,7 @@ def read_header(data: Optional[bytes], limit: int) -> tuple[Optional[ImageHeader
         return None, _failure(exc)
     if header.pixels > limit:
         return header, ImageFailure(
-            "image_too_large", f"{header.width}x{header.height} = {header.pixels} pixels, above the limit of {limit}"
+            IMAGE_TOO_LARGE, f"{header.width}x{header.height} = {header.pixels} pixels, above the limit of {limit}"
         )
     return header, None
 
@@ -148,10 +149,10 @@ def _failure(exc: Exception) -> ImageFailure:
     from PIL import Image
 
     if isinstance(exc, Image.DecompressionBombError):
-        return ImageFailure("image_too_large", str(exc))
+        return ImageFailure(IMAGE_TOO_LARGE, str(exc))
     if isinstance(exc, Image.UnidentifiedImageError):  # its text names the BytesIO object: say it plainly
-        return ImageFailure("invalid_image", "not an image format Pillow reads")
-    return ImageFailure("invalid_image", f"{type(exc).__name__}: {exc}"[:2000])
+        return ImageFailure(INVALID_IMAGE, "not an image format Pillow reads")
+    return ImageFailure(INVALID_IMAGE, f"{type(exc).__name__}: {exc}"[:2000])
 
 
 def describe_image(data: Optional[bytes], header: Optional[ImageHeader] = None) -> Optional[str]:
@@ -230,7 +231,7 @@ def _preprocess_chunk(values, rows: np.ndarray, preprocess: Callable[[list], Any
             parts.append(preprocess([image]))
             kept.append(row)
         except Exception as exc:
-            failures[row] = ImageFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000])
+            failures[row] = ImageFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000])
     return kept, (_concatenate(parts) if parts else None)
 
 

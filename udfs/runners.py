@@ -31,6 +31,7 @@ from lakescore.udfs.images import (
     DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, image_tokens,
     pixel_limit, preprocess_chunks, row_index,
 )
+from lakescore.schemas.reasons import INVALID_TEXT, MISSING_FILE, NULL_INPUT, PREPARE_ERROR
 from lakescore.udfs.heads.protocol import (
     ImageInputHead, ImagePromptHead, MatrixHead, PreparesBatches, PromptHead, TextHead,
 )
@@ -87,7 +88,7 @@ def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFa
             texts.append(None if value is None else value.decode("utf-8"))
         except UnicodeDecodeError as exc:
             texts.append(None)
-            refused[i] = RowFailure("invalid_text", f"not valid UTF-8: {exc}", value.decode("utf-8", "backslashreplace"))
+            refused[i] = RowFailure(INVALID_TEXT, f"not valid UTF-8: {exc}", value.decode("utf-8", "backslashreplace"))
     return texts, refused
 
 
@@ -103,7 +104,7 @@ def refuse_untokenizable(texts: list[Any], refused: dict[int, RowFailure], token
             tokenize_one(i)
         except Exception as exc:
             texts[i] = None
-            refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], text if shown is None else shown[i])
+            refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text if shown is None else shown[i])
 
 
 def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
@@ -310,7 +311,7 @@ class ImageRunner:
         paths = batch.column(self.path_col).to_pylist()
         for i, (value, path) in enumerate(zip(values, paths)):
             if value is None and path is not None:
-                images.failures[i] = ImageFailure("missing_file", f"no file at {path}")
+                images.failures[i] = ImageFailure(MISSING_FILE, f"no file at {path}")
         return PreparedImages(values, images, paths)
 
     def score(self, prepared: PreparedImages, budget: AdaptiveBudget) -> Scored:
@@ -323,7 +324,7 @@ class ImageRunner:
             return {"pixel_values": images.pixel_values[row_index(present[rows], images.pixel_values)]}
 
         scored = score_present(images.ok, self._costs(images, len(present)), take, self.head.forward, budget,
-                               invalid_reason="null_input")
+                               invalid_reason=NULL_INPUT)
         return _refuse(scored, images.failures)
 
     def row_costs(self, prepared: PreparedImages) -> np.ndarray:
@@ -389,7 +390,7 @@ class ImagePromptRunner:
             header, failure = read_header(value, self.limit)
             raw.append(path if path is not None else describe_image(value, header))
             if value is None and path is not None:
-                failure = ImageFailure("missing_file", f"no file at {path}")
+                failure = ImageFailure(MISSING_FILE, f"no file at {path}")
             if i in refused or prompt is None:
                 continue
             image = decode_image(value) if failure is None else failure
@@ -399,7 +400,7 @@ class ImagePromptRunner:
             try:
                 rows.append(self.head.process(image, prompt, value))  # a remote head sends the bytes as read
             except Exception as exc:  # the processor (or chat template) rejects this row: its neighbours run
-                refused[i] = RowFailure("prepare_error", f"{type(exc).__name__}: {exc}"[:2000], raw[i])
+                refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], raw[i])
                 continue
             finally:
                 del image

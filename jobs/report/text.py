@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID
+
 __all__ = [
     "UNFINISHED", "nothing_scored_text", "precision_check_text", "dead_letters_place", "drift_gated", "drift_text", "one_line",
     "before_compute", "kept_trace",
@@ -24,7 +26,7 @@ def nothing_scored_text(report: dict[str, Any]) -> Optional[str]:
     if scored != 0 or report.get("status") in UNFINISHED:
         return None
     reasons = report.get("error_reasons") or {}
-    refused = sum(reasons.get(reason, 0) for reason in ("null_id", "duplicate_id"))
+    refused = sum(reasons.get(reason, 0) for reason in (NULL_ID, DUPLICATE_ID))
     kept = report.get("rows_kept") or 0
     if (report.get("input_rows") or 0) - kept - refused > 0:
         return "no row scored: every row to score was dead-lettered"

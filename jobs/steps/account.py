@@ -23,6 +23,7 @@ from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN, is_tally
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
 from lakescore.jobs.platform.tables import column
 from lakescore.schemas.output import CHUNKS_COLUMN, DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
+from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID
 from lakescore.schemas.traffic import Traffic
 
 __all__ = ["Accounting", "account_rows"]
@@ -144,9 +145,9 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     reasons = {k: v for k, v in by_reason.items() if k is not None}
     unscored = sum(reasons.values())
     if ids.null_id_rows:
-        reasons["null_id"] = ids.null_id_rows
+        reasons[NULL_ID] = ids.null_id_rows
     if ids.refused_rows - ids.null_id_rows:
-        reasons["duplicate_id"] = ids.refused_rows - ids.null_id_rows
+        reasons[DUPLICATE_ID] = ids.refused_rows - ids.null_id_rows
     for reason, rows in (plan.changes.carried_reasons if plan.changes is not None else {}).items():
         reasons[reason] = reasons.get(reason, 0) + rows
     scored = staged_rows - unscored + (ranked_out or 0)

@@ -21,6 +21,7 @@ from lakescore.jobs.platform.spark.adapter import partition_count
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS
+from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID
 
 __all__ = ["CARRIED", "IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows", "carried_rows"]
 
@@ -75,8 +76,8 @@ def split_by_id(source: DataFrame, id_cols: Sequence[str], check: IdCheck) -> tu
     if check.refused_ids <= _BROADCAST_LIMIT:
         duplicated = F.broadcast(duplicated)
     scorable = present.join(duplicated, on=ids, how="left_anti")
-    refused = source.where(any_null(ids)).withColumn("reason", F.lit("null_id")).unionByName(
-        present.join(duplicated, on=ids, how="left_semi").withColumn("reason", F.lit("duplicate_id"))
+    refused = source.where(any_null(ids)).withColumn("reason", F.lit(NULL_ID)).unionByName(
+        present.join(duplicated, on=ids, how="left_semi").withColumn("reason", F.lit(DUPLICATE_ID))
     )
     return scorable, refused
 

@@ -125,6 +125,18 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     assert gated.status == "validation_failed" and gated.delta_version is None
     assert any(c["column"] == "finish_reason" for c in gated.validation["failed"])
 
+    # JSON cut at max_new_tokens is no answer: 3 tokens hold no whole object, so each row is dead-lettered
+    # json_incomplete with its cut text kept in the errors table, and none is published (issue 65).
+    schema = {"type": "object", "properties": {"stars": {"type": "integer"}}, "required": ["stars"]}
+    cut = run_scoring(_config(source, tmp_path / "json", tiny_causal_lm_dir, **{
+        "generate.json_schema": schema, "generate.max_new_tokens": 3, "max_error_rate": 1.0}), spark)
+    assert cut.error_reasons == {"null_input": 1, "prompt_too_long": 1, "json_incomplete": 8}, cut.error
+    assert cut.output_rows == 0
+    cut_rows = spark.read.format("delta").load(f"{tmp_path / 'json'}_errors").where("reason = 'json_incomplete'").toPandas()
+    assert set(cut_rows["input"]) <= {TEMPLATE.format(**row) for row in frame.to_dict("records")}  # each its own prompt
+    for error in cut_rows["error"]:
+        assert error.startswith("the text reached max_new_tokens (3 tokens) before its JSON was complete; the cut text: {")
+
     # A sequence classifier is no language model: transformers would give it a random LM head. Refused before compute.
     unfit = tmp_path / "unfit"
     capsys.readouterr()

@@ -275,7 +275,8 @@ def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(s
     from lakescore.udfs.registry import get_task
 
     script, url = server
-    script.answers = [_ok('{"stars": 3}'), (400, {}, {"error": {"message": "prompt too long"}}), _ok("not json")]
+    script.answers = [_ok('{"stars": 3}'), (400, {}, {"error": {"message": "prompt too long"}}), _ok("not json"),
+                      _ok('{"sta', "length")]
     options = GenerateOptions(max_new_tokens=4, json_schema='{"type": "object", "required": ["stars"]}')
     settings = EndpointOptions(url=url, model="tiny", concurrency=1)  # one at a time: the script's order is the rows'
     head = EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types)
@@ -286,12 +287,16 @@ def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(s
     script.models = None
     assert EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types).listing \
         == '{"answered":false}'
-    scored = head.score_prompts(["a", "b", None, "c"], None)
-    assert scored.reasons == [None, "endpoint_error", "null_input", "endpoint_error"]
+    scored = head.score_prompts(["a", "b", None, "c", "d"], None)
+    # A text that is not the schema's JSON is never published: its own reason, the text kept in the error (issue 65).
+    assert scored.reasons == [None, "endpoint_error", "null_input", "json_invalid", "json_incomplete"]
     assert scored.outputs[0].text == '{"stars": 3}' and scored.errors[1] == "HTTP 400: prompt too long"
-    assert scored.errors[3].startswith("HTTP 200: the text is not JSON valid against generate.json_schema")
+    assert scored.errors[3].startswith("the text is not JSON valid against generate.json_schema: ")
+    assert scored.errors[3].endswith("; the text: not json")
+    assert scored.errors[4] == 'the text reached max_new_tokens (2 tokens) before its JSON was complete; the cut text: {"sta'
     columns = head.columns(scored.outputs, scored.ok)
-    assert columns[0].to_pylist() == ['{"stars": 3}', None, None, None] and columns[3].to_pylist() == [2, None, None, None]
+    assert columns[0].to_pylist() == ['{"stars": 3}', None, None, None, None]
+    assert columns[3].to_pylist() == [2, None, None, None, None]
 
     script.answers = [(503, {}, {"error": {"message": "down"}})]
     dead = EndpointGenerator(EndpointClient(EndpointOptions(url=url, model="tiny", max_retries=0, max_consecutive_failures=2),
@@ -622,3 +627,28 @@ def test_a_row_the_endpoint_failed_is_scored_again_and_a_row_s_own_failure_is_ca
                    "generation_error", "bad_feature_value", "invalid_image", "image_too_large", "missing_file"):
         assert carries(reason), reason
     assert not carries("null_id") and not carries("duplicate_id")
+
+
+def test_a_model_the_server_does_not_serve_is_named_with_what_it_lists(server):
+    """Issue 65: a wrong ``embed.endpoint.model`` answered 404 was followed by a hint about truncate_prompt_tokens; the
+    preflight's line now says the endpoint does not serve the model and names what ``/v1/models`` lists."""
+    from lakescore.udfs.remote.client import EndpointRefused
+    from lakescore.udfs.remote.embed import EndpointEmbedder
+    from lakescore.udfs.remote.generate import EndpointGenerator
+    from lakescore.udfs.registry import get_task
+
+    script, url = server
+    script.answers = [(404, {}, {"error": {"message": "The model `nope` does not exist.", "code": 404}})]
+    settings = EndpointOptions(url=url, model="nope", max_retries=0)
+    embedder = EndpointEmbedder(EndpointClient(settings, url, "nope"), truncate_to=128)
+    with pytest.raises(EndpointRefused) as refused:
+        embedder.score(["a text"])
+    assert str(refused.value) == (f"endpoint {url} (model nope) does not serve the model 'nope' (the preflight's request: "
+                                  "HTTP 404: The model `nope` does not exist.); it lists tiny")
+    generator = EndpointGenerator(EndpointClient(settings, url, "nope"), GenerateOptions(max_new_tokens=4),
+                                  get_task("generate").output_arrow_types)
+    with pytest.raises(EndpointRefused, match=r"does not serve the model 'nope' \(the preflight's request: HTTP 404: .*\); it lists tiny$"):
+        generator.score(["a prompt"])
+    script.answers = [(400, {}, {"error": {"message": "input too long"}})]  # any other refusal keeps its own hint
+    with pytest.raises(EndpointRefused, match="truncate_prompt_tokens 128"):
+        embedder.score(["a text"])

@@ -475,3 +475,20 @@ def test_a_prompt_the_chat_template_rejects_is_refused_and_its_batch_generates(t
     assert prepared.keys == ["1", "2", "3", "4"]
     alone = score_prompts(["good food", "slow"], head, BatchPolicy(1024, 256))
     assert [scored.outputs[i].token_ids for i in (0, 3)] == [o.token_ids for o in alone.outputs]
+
+
+def test_a_json_text_cut_or_not_json_is_dead_lettered_never_published(causal_dir):
+    """Issue 65: a ``json_schema`` row cut at ``max_new_tokens`` is ``json_incomplete`` and one a ``stop`` string cut
+    short is ``json_invalid``, each with its text kept whole in the error; the rows that completed are published."""
+    prompts = reviews(4, seed=6)
+    cut = score_prompts(prompts, load(causal_dir, max_new_tokens=3, json_schema=json.dumps(SCHEMA)), BatchPolicy(100_000, 256))
+    free = score_prompts(prompts, load(causal_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA)), BatchPolicy(100_000, 256))
+    assert cut.reasons == ["json_incomplete"] * 4 and free.ok.all()
+    for error, whole in zip(cut.errors, free.outputs):  # greedy: the cut text is the start of the whole one
+        head, _, text = error.partition("; the cut text: ")
+        assert head == "the text reached max_new_tokens (3 tokens) before its JSON was complete"
+        assert text and whole.text.startswith(text)
+    stopped = score_prompts(prompts, load(causal_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA), stop=(",",)),
+                            BatchPolicy(100_000, 256))
+    assert set(stopped.reasons) == {"json_invalid"}
+    assert all(e.startswith("the text is not JSON valid against generate.json_schema: ") for e in stopped.errors)

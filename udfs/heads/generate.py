@@ -14,7 +14,8 @@ Decoder-only (``AutoModelForCausalLM``) and encoder-decoder (``AutoModelForSeq2S
 by the model's ``config.is_encoder_decoder``. Rows are batched by the core of
 :mod:`lakescore.udfs.batching` (length-sorted, left-padded, the token budget counting prompt plus
 ``max_new_tokens``, out-of-memory back-off) through :func:`score_prompts`, which adds the two per-row
-failures of generation: ``prompt_too_long`` and ``generation_error``.
+failures of generation: ``prompt_too_long`` and ``generation_error``, and with ``json_schema`` a text that is not
+the schema's JSON (``json_incomplete``: cut at ``max_new_tokens``; ``json_invalid``), never published.
 
 This module imports no model library at import time: :class:`GenerateOptions` hangs off the
 :class:`~lakescore.udfs.models.model_source.ModelSpec` the driver builds.
@@ -35,10 +36,14 @@ from lakescore.udfs.options.generate import (  # re-exported: the head's setting
 )
 from lakescore.udfs.heads.seeds import row_seed  # re-exported: callers took it from the head
 from lakescore.udfs.models.model_source import ModelSpec
+from lakescore.schemas.reasons import (
+    EMPTY_PROMPT, GENERATION_ERROR, JSON_INCOMPLETE, JSON_INVALID, NULL_INPUT, PROMPT_TOO_LONG,
+)
 
 __all__ = [
     "GenerateOptions", "Generation", "Generator", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "FINISH_REASONS",
     "template_parts", "template_columns", "score_prompts", "token_counts", "load_generator", "generation_columns", "row_seed",
+    "json_failure", "refuse_unfinished_json",
 ]
 
 
@@ -263,7 +268,7 @@ def score_prompts(
         texts = [prompts[i] for i in present]
         features = head.tokenize(texts, None if keys is None else [keys[i] for i in present]) if texts else None
     if features is None:
-        return Scored(np.zeros((n, 0), dtype=np.float32), ["null_input"] * n, [None] * n)
+        return Scored(np.zeros((n, 0), dtype=np.float32), [NULL_INPUT] * n, [None] * n)
     refused = _refused_prompts(features, head)
     fits = np.ones(len(present), dtype=bool)
     fits[list(refused)] = False
@@ -276,9 +281,44 @@ def score_prompts(
         return take_rows(fitting, rows, max(1, int(fitting[PROMPT_TOKENS][rows].max())), head.padding_side)
 
     scored = score_present(runs, head.row_cost(fitting), take, head.forward, policy,
-                           invalid_reason="null_input", error_reason="generation_error")
+                           invalid_reason=NULL_INPUT, error_reason=GENERATION_ERROR)
     for j, (reason, error) in refused.items():
         scored.reasons[present[j]], scored.errors[present[j]] = reason, error
+    return refuse_unfinished_json(scored, head.options.json_schema)
+
+
+def json_failure(row: Generation, json_schema: str) -> Optional[tuple[str, str]]:
+    """Why a ``json_schema`` run's ``row`` is not its answer, as ``(reason, error)``, or ``None`` when its text is JSON
+    that validates: ``json_incomplete`` for a text cut at ``max_new_tokens`` (``finish_reason`` ``length``),
+    ``json_invalid`` for a finished text that is not the schema's JSON (a ``stop`` string cut it, or a server ignored
+    the schema). The error ends with the text itself, whole, so the errors table keeps what the model wrote."""
+    import json
+
+    from jsonschema import ValidationError, validate
+
+    if row.finish_reason == "length":
+        return JSON_INCOMPLETE, (f"the text reached max_new_tokens ({row.completion_tokens} tokens) before its JSON was "
+                                 f"complete; the cut text: {row.text}")
+    try:
+        validate(json.loads(row.text), json.loads(json_schema))
+    except (ValueError, ValidationError) as exc:
+        message = exc.message if isinstance(exc, ValidationError) else str(exc)
+        return JSON_INVALID, f"the text is not JSON valid against generate.json_schema: {message[:300]}; the text: {row.text}"
+    return None
+
+
+def refuse_unfinished_json(scored: Scored, json_schema: Optional[str], scrub=None) -> Scored:
+    """``scored`` with every generated row that :func:`json_failure` finds not the ``json_schema``'s answer turned into
+    that row's dead letter (``scrub``: what an error passes through before the errors table, for a server's text); as
+    it is without a schema. In-process and over a server alike: a JSON run never publishes a text that is not its
+    JSON."""
+    if json_schema is None:
+        return scored
+    for i, row in enumerate(scored.outputs):
+        if scored.reasons[i] is None and isinstance(row, Generation):
+            failure = json_failure(row, json_schema)
+            if failure is not None:
+                scored.reasons[i], scored.errors[i] = failure[0], failure[1] if scrub is None else scrub(failure[1])
     return scored
 
 
@@ -287,12 +327,12 @@ def _refused_prompts(features: Mapping[str, Any], head: Generator) -> dict[int, 
     ``truncate: none``) and ``empty_prompt`` (no token at all: a tokenizer that adds no special tokens, on "")."""
     refused: dict[int, tuple[str, str]] = {}
     for j in np.flatnonzero(np.asarray(features[OVERFLOW]) > 0):
-        refused[int(j)] = ("prompt_too_long", (
+        refused[int(j)] = (PROMPT_TOO_LONG, (
             f"the prompt has {int(features[OVERFLOW][j])} tokens; with max_new_tokens {head.options.max_new_tokens} it "
             f"exceeds the model's context of {head.context} tokens (generate.truncate: left cuts it instead)"
         ))
     for j in np.flatnonzero(np.asarray(features[PROMPT_TOKENS]) == 0):
-        refused[int(j)] = ("empty_prompt", "the prompt has no tokens; a language model needs at least one to continue")
+        refused[int(j)] = (EMPTY_PROMPT, "the prompt has no tokens; a language model needs at least one to continue")
     return refused
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Optional, Protocol
 
 from lakescore.udfs.models.model_source import ModelSourceError
+from lakescore.schemas.reasons import ENDPOINT_ERROR, ENDPOINT_UNFINISHED
 
 __all__ = [
     "Answer", "EndpointError", "EndpointDown", "EndpointRefused", "Malformed", "Unfinished", "Unhonoured",
@@ -51,7 +52,7 @@ class EndpointError(RuntimeError):
     retry, ``timeout``, ``connection``, ``malformed``: a 200 whose body is not a whole OpenAI answer). The row is
     dead-lettered ``endpoint_error``."""
 
-    reason = "endpoint_error"
+    reason = ENDPOINT_ERROR
 
     def __init__(self, status: Optional[int], message: str, kind: Optional[str] = None) -> None:
         self.status, self.message = status, message
@@ -69,7 +70,7 @@ class Unfinished(EndpointError):
     is dead-lettered ``endpoint_unfinished`` with that reason, never published as ``stop``. The server works: this is
     no failure toward ``max_consecutive_failures``."""
 
-    reason = "endpoint_unfinished"
+    reason = ENDPOINT_UNFINISHED
 
     def __init__(self, finish_reason: str) -> None:
         self.finish_reason = finish_reason

@@ -29,6 +29,7 @@ from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointR
 from lakescore.udfs.remote.client import EndpointClient
 from lakescore.udfs.remote.embeddings import SERVER_LIMIT, post_embeddings
 from lakescore.udfs.remote.head import RemoteHead, open_client
+from lakescore.schemas.reasons import NULL_INPUT
 
 if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer
@@ -91,7 +92,7 @@ class EndpointEmbedder(RemoteHead):
         """Send every present text, in requests of at most ``budget``'s rows (:func:`cut_requests`): each row's vector,
         ``null_input`` for a null text, ``endpoint_error`` as the module says for a row the server failed."""
         texts = prepared.texts
-        reasons: list[Optional[str]] = [None if isinstance(t, str) and i not in prepared.refused else "null_input"
+        reasons: list[Optional[str]] = [None if isinstance(t, str) and i not in prepared.refused else NULL_INPUT
                                         for i, t in enumerate(texts)]
         present = [i for i, reason in enumerate(reasons) if reason is None]
         requests = [[present[k] for k in rows]
@@ -154,6 +155,9 @@ class EndpointEmbedder(RemoteHead):
         except EndpointDown as exc:
             raise EndpointRefused(str(exc)) from None
         except EndpointError as exc:
+            not_served = self.not_served(exc)
+            if not_served:  # a wrong model is no matter of truncate_prompt_tokens
+                raise EndpointRefused(not_served) from None
             if content_refused(exc):
                 raise EndpointRefused(
                     f"{where} refused the preflight's embeddings request: {exc}; lakescore's requests carry "

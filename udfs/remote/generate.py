@@ -6,7 +6,8 @@ weights here, each present prompt one request (:mod:`lakescore.udfs.remote.compl
 flight together (``concurrency`` of them). The output columns are the in-process head's
 (:func:`~lakescore.udfs.heads.generate.generation_columns`);
 ``prompt_tokens`` and ``completion_tokens`` are what the server's ``usage`` reports. A row the server fails is
-``endpoint_error``; the run stops on :class:`~lakescore.udfs.remote.answers.EndpointDown`.
+``endpoint_error``, a text that is not the ``json_schema``'s JSON ``json_incomplete`` or ``json_invalid``; the run stops on
+:class:`~lakescore.udfs.remote.answers.EndpointDown`.
 
 The executors' preflight (:meth:`EndpointGenerator.score`) sends one request with every setting of the run: a setting
 the server refuses, or ignores where the answer shows it (no log-probabilities, text that is not the schema's JSON),
@@ -15,22 +16,22 @@ is refused there, in one line, before any row is sent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from lakescore.udfs.batching import Scored
-from lakescore.udfs.heads.generate import Generation, generation_columns
+from lakescore.udfs.heads.generate import Generation, generation_columns, json_failure, refuse_unfinished_json
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Unhonoured, what_happened
 from lakescore.udfs.remote.client import EndpointClient
-from lakescore.udfs.remote.completions import Completion, api_of, complete
+from lakescore.udfs.remote.completions import api_of, complete
 from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
 from lakescore.udfs.options.remote import MESSAGES_API
+from lakescore.schemas.reasons import NULL_INPUT
 
 if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer
@@ -73,9 +74,10 @@ class EndpointGenerator(RemoteHead):
         """Send every present prompt, ``concurrency`` at a time: each row's :class:`Generation`, ``null_input`` for a
         null prompt, ``endpoint_error`` with the status and message for a row the server failed.
         :class:`EndpointDown` (the run stops) when the endpoint failed too many requests in a row."""
-        reasons: list[Optional[str]] = [None if isinstance(p, str) else "null_input" for p in prompts]
+        reasons: list[Optional[str]] = [None if isinstance(p, str) else NULL_INPUT for p in prompts]
         present = [i for i, reason in enumerate(reasons) if reason is None]
-        return self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i]), present, reasons)
+        sent = self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i]), present, reasons)
+        return refuse_unfinished_json(sent, self.options.json_schema, self.client.scrub)
 
     def _one(self, prompt: str, key: Optional[str], image: Optional[Mapping[str, Any]] = None) -> Generation:
         """One row's request (``image``: a content part sent before the prompt) and its :class:`Generation`."""
@@ -85,25 +87,20 @@ class EndpointGenerator(RemoteHead):
 
             seed = row_seed(self.options.seed, "" if key is None else str(key))
         completion = self._complete(self.client, self.options, prompt, seed, image)
-        self._check_json(completion)
         if self.options.logprobs and completion.token_logprobs is None:
             raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
         return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
                           token_logprobs=completion.token_logprobs if self.options.logprobs else None)
 
-    def _check_json(self, completion: Completion) -> None:
-        """A finished text under ``json_schema`` must be JSON that validates: the row's :class:`EndpointError`
-        otherwise (a text cut at ``max_new_tokens`` is kept, ``length``, as in-process)."""
-        if self.options.json_schema is None or completion.finish_reason == "length":
+    def _check_json(self, row: Generation) -> None:
+        """The preflight's check: a finished text under ``json_schema`` that is not the schema's JSON shows the server
+        ignored ``response_format`` (:class:`Unhonoured`); a text cut at ``max_new_tokens`` shows nothing. A row's text
+        is checked after its batch, :func:`~lakescore.udfs.heads.generate.refuse_unfinished_json`."""
+        if self.options.json_schema is None or row.finish_reason == "length":
             return
-        from jsonschema import ValidationError, validate
-
-        try:
-            validate(json.loads(completion.text), json.loads(self.options.json_schema))
-        except (ValueError, ValidationError) as exc:
-            message = exc.message if isinstance(exc, ValidationError) else str(exc)
-            raise Unhonoured("generate.json_schema (response_format)",
-                             f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
+        failure = json_failure(row, self.options.json_schema)
+        if failure is not None:
+            raise Unhonoured("generate.json_schema (response_format)", failure[1][:500])
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray):
         return generation_columns(outputs, ok, self._output_types, self.options.logprobs)
@@ -119,13 +116,16 @@ class EndpointGenerator(RemoteHead):
     def _preflight_one(self, prompt: str, image: Optional[Mapping[str, Any]] = None) -> Generation:
         where = self.where
         try:
-            return self._one(prompt, prompt, image)
+            row = self._one(prompt, prompt, image)
+            self._check_json(row)
+            return row
         except EndpointDown as exc:
             raise EndpointRefused(str(exc)) from None
         except Unhonoured as exc:
             raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
         except EndpointError as exc:
-            raise EndpointRefused(f"{where} {what_happened(exc, self.client.settings.max_retries)}") from None
+            raise EndpointRefused(self.not_served(exc) or f"{where} {what_happened(exc, self.client.settings.max_retries)}") \
+                from None
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:

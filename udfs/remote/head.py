@@ -24,6 +24,7 @@ from lakescore.udfs.options.remote import MESSAGES_API, MODELS_LISTING, Endpoint
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError
 from lakescore.udfs.remote.client import EndpointClient, Reply, bearer_headers
+from lakescore.schemas.reasons import ENDPOINT_ERROR
 
 if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer
@@ -106,8 +107,24 @@ class RemoteHead:
         spec that incremental runs compare and commit, and of the run report."""
 
     def _listing(self) -> str:
-        """One ``GET /v1/models`` (the preflight's first request; the request that follows proves the model answers)."""
-        return models_listing(self.client.get("/models"), self.client.model)
+        """One ``GET /v1/models`` (the preflight's first request; the request that follows proves the model answers).
+        Keeps the ids it lists in :attr:`served`, for :meth:`not_served`."""
+        reply = self.client.get("/models")
+        models = reply.body.get("data") if reply is not None and isinstance(reply.body, Mapping) else None
+        self.served: tuple[str, ...] = tuple(str(m["id"]) for m in (models if isinstance(models, list) else ())
+                                             if isinstance(m, Mapping) and "id" in m)
+        """The model ids ``/v1/models`` listed when this head was made (none when it did not answer)."""
+        return models_listing(reply, self.client.model)
+
+    def not_served(self, error: EndpointError) -> Optional[str]:
+        """The preflight's line for a request the server failed because it does not serve :attr:`client`'s model (a
+        404, or an error that says the model is not found), naming what it lists; ``None`` for any other failure."""
+        said = error.message.lower()
+        if error.status != 404 and not (error.status is not None and "model" in said
+                                        and ("not found" in said or "does not exist" in said)):
+            return None
+        listed = f"; it lists {', '.join(self.served[:10])}{' ...' if len(self.served) > 10 else ''}" if self.served else ""
+        return f"{self.where} does not serve the model {self.client.model!r} (the preflight's request: {error}){listed}"
 
     @property
     def where(self) -> str:
@@ -156,7 +173,7 @@ class RemoteHead:
                 raise error
             else:  # every text from a server passes the one scrubber before it reaches the errors table
                 text = str(error) if isinstance(error, EndpointError) else f"{type(error).__name__}: {error}"
-                reasons[i] = error.reason if isinstance(error, EndpointError) else "endpoint_error"
+                reasons[i] = error.reason if isinstance(error, EndpointError) else ENDPOINT_ERROR
                 errors[i] = self.client.scrub(text)[:2000]
         return Scored(outputs, reasons, errors)
 

@@ -21,8 +21,10 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from lakescore.udfs.batching import Scored
+from lakescore.udfs.heads.generate import refuse_unfinished_json
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.remote.generate import KEYS, EndpointGenerator, load_remote_generator
+from lakescore.schemas.reasons import NULL_INPUT
 
 __all__ = ["SENT_AS_IS", "ImagePayload", "image_payload", "EndpointImageGenerator", "load_remote_image_generator"]
 
@@ -96,11 +98,12 @@ class EndpointImageGenerator(EndpointGenerator):
                       features: Optional[Mapping[str, Any]] = None) -> Scored:
         """Send each present row (a prompt whose image :meth:`prepare` holds, in order) with its image, ``concurrency``
         at a time: results as :meth:`EndpointGenerator.score_prompts`."""
-        reasons: list[Optional[str]] = [None if isinstance(p, str) else "null_input" for p in prompts]
+        reasons: list[Optional[str]] = [None if isinstance(p, str) else NULL_INPUT for p in prompts]
         present = [i for i, reason in enumerate(reasons) if reason is None]
         images = {} if features is None else dict(zip(present, features[IMAGES]))
-        return self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i],
+        sent = self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i],
                                                       images[i].content_part()), present, reasons)
+        return refuse_unfinished_json(sent, self.options.json_schema, self.client.scrub)
 
     def score(self, values: Sequence[Any]) -> np.ndarray:
         """The executors' preflight: ``values`` of encoded image bytes, or ``(bytes, prompt)`` pairs, sent with every
