@@ -21,9 +21,10 @@ from lakescore.jobs.platform.spark.adapter import partition_count
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS
-from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID
+from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID, NULL_INPUT
 
-__all__ = ["CARRIED", "IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows", "carried_rows"]
+__all__ = ["CARRIED", "IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows", "carried_rows",
+           "name_null_prompt_columns"]
 
 _BROADCAST_LIMIT = 1_000_000
 CARRIED = "__lakescore_carried"
@@ -125,3 +126,21 @@ def carried_rows(carried: DataFrame, id_cols: Sequence[str], run_id: str, model_
         letter["first_run_id"].alias("first_run_id"),
         F.lit(True).alias("carried"),
     )
+
+
+def name_null_prompt_columns(errors: DataFrame, source: DataFrame, id_cols: Sequence[str], names: Sequence[str]) -> DataFrame:
+    """``errors`` (the errors table's shape) with each null prompt's dead letter (``null_input`` with neither input nor
+    error: a column the prompt template names was null, so no prompt was rendered) naming the first of the template's
+    columns ``names`` that is null on that row, and showing the row's values of those columns as JSON (nulls left
+    out). The worker sees the rendered prompt only; the columns are read from the pinned ``source``, for these rows
+    alone (a broadcast join), when there are any."""
+    blank = (F.col("reason") == NULL_INPUT) & F.col("input").isNull() & F.col("error").isNull()
+    aliases = [f"__lakescore_template_{i}" for i in range(len(names))]
+    values = source.select(*id_columns(id_cols), *[column(n).alias(a) for n, a in zip(names, aliases)])
+    named = values.join(F.broadcast(errors.where(blank).drop("input", "error")), on=list(id_cols))
+    first_null = F.coalesce(*[F.when(F.col(a).isNull(), F.lit(n)) for n, a in zip(names, aliases)])
+    shown = {
+        "input": F.to_json(F.struct(*[F.col(a).alias(n) for n, a in zip(names, aliases)])).alias("input"),
+        "error": F.concat(F.lit("the prompt template's column '"), first_null, F.lit("' is null on this row")).alias("error"),
+    }
+    return errors.where(~blank).unionByName(named.select(*[shown.get(c, column(c)) for c in errors.columns]))

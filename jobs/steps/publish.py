@@ -36,11 +36,13 @@ from lakescore.jobs.platform.tables import (
 from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.steps.account import Accounting
-from lakescore.jobs.steps.dead_letter import carried_rows, refused_rows, unscored_rows
+from lakescore.jobs.steps.dead_letter import carried_rows, name_null_prompt_columns, refused_rows, unscored_rows
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.contracts import FILE_COLUMN
+from lakescore.schemas.reasons import NULL_INPUT
+from lakescore.udfs.generate_options import template_columns
 from lakescore.schemas.output import (
     CHUNK_COLUMNS, DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
 )
@@ -231,9 +233,9 @@ def refusal(cfg, accounting: Accounting, validation: Optional[dict[str, Any]],
 
 
 def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFrame:
-    """This run's rows for the errors table: rows refused for their id, rows the workers could not score, and in
-    incremental mode the dead letters carried from an earlier run, each with the
-    :data:`~lakescore.schemas.output.CARRY_COLUMNS` (the next run's comparison)."""
+    """This run's rows for the errors table: rows refused for their id, rows the workers could not score (a null
+    prompt's naming its template's null column), and in incremental mode the dead letters carried from an earlier run,
+    each with the :data:`~lakescore.schemas.output.CARRY_COLUMNS` (the next run's comparison)."""
     cfg, changes = run.cfg, plan.changes
     if changes is None:
         carry, digest = (), None
@@ -242,6 +244,9 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
                  F.lit(plan.run_id).alias("first_run_id"), F.lit(False).alias("carried"))
         digest = F.col(DIGEST_COLUMN).alias("input_digest")
     errors = unscored_rows(accounting.staged, cfg.id_cols, plan.run_id, *([digest, *carry] if carry else []))
+    named = template_columns(cfg.prompt_template) if cfg.prompt_template else ()
+    if named and accounting.reasons.get(NULL_INPUT):  # a null prompt's dead letter names its template's null column
+        errors = name_null_prompt_columns(errors, run.source, cfg.id_cols, named)
     if plan.split.ids.refused_rows:
         no_digest = F.lit(None).cast("string").alias("input_digest")
         errors = refused_rows(plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id,

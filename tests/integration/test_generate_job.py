@@ -90,6 +90,9 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("review_id")
     assert errors.loc[7, "input"] == TEMPLATE.format(**frame.iloc[6].to_dict())  # the rendered prompt, as the model got it
     assert "exceeds the model's context of 160 tokens" in errors.loc[7, "error"]
+    # A null prompt's dead letter names the template's null column and shows the row's own values (issue 65).
+    assert errors.loc[4, "error"] == "the prompt template's column 'body' is null on this row"
+    assert errors.loc[4, "input"] == '{"title":"stay 4","stars":2}'
 
     # The Python API on prompts already rendered: the same text.
     rendered = spark.createDataFrame(pd.DataFrame({"review_id": scored["review_id"].tolist(), "prompt": prompts}))
@@ -133,7 +136,7 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(spark, tmp_p
     assert cut.error_reasons == {"null_input": 1, "prompt_too_long": 1, "json_incomplete": 8}, cut.error
     assert cut.output_rows == 0
     cut_rows = spark.read.format("delta").load(f"{tmp_path / 'json'}_errors").where("reason = 'json_incomplete'").toPandas()
-    assert set(cut_rows["input"]) <= {TEMPLATE.format(**row) for row in frame.to_dict("records")}  # each its own prompt
+    assert set(cut_rows["input"]) <= {TEMPLATE.format(**row) for row in edited.to_dict("records")}  # each its own prompt
     for error in cut_rows["error"]:
         assert error.startswith("the text reached max_new_tokens (3 tokens) before its JSON was complete; the cut text: {")
 
