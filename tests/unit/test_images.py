@@ -406,3 +406,21 @@ def test_a_batch_of_big_images_is_held_once_by_arrow_while_decoded_one_chunk_at_
         tracemalloc.stop()
     assert prepared.images.ok.all() and len(prepared.images.chunks) == 8
     assert peak < sum(len(b) for b in big) / 2, peak  # to_pylist copies would hold all of them at once
+
+
+def test_an_rgba_image_loses_its_alpha_and_an_animated_gif_is_its_first_frame():
+    """What README's Images section says (issue 65): the alpha channel is dropped, each pixel's colour kept as stored
+    (not blended onto a background), and a multi-frame file is read at its first frame."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGBA", (4, 4), (10, 20, 30, 0)).save(buffer, "PNG")
+    image = decode_image(buffer.getvalue())
+    assert (image.mode, image.getpixel((0, 0))) == ("RGB", (10, 20, 30))
+    frames = [Image.new("RGB", (4, 4), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    assert Image.open(io.BytesIO(buffer.getvalue())).n_frames == 2
+    assert decode_image(buffer.getvalue()).getpixel((0, 0)) == (255, 0, 0)
