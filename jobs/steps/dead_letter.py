@@ -24,6 +24,7 @@ from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS
 from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID, NULL_INPUT
 
 __all__ = ["CARRIED", "IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows", "carried_rows",
+           "name_null_column",
            "name_null_prompt_columns"]
 
 _BROADCAST_LIMIT = 1_000_000
@@ -128,13 +129,25 @@ def carried_rows(carried: DataFrame, id_cols: Sequence[str], run_id: str, model_
     )
 
 
+def _blank_null_input() -> Column:
+    """A ``null_input`` dead letter with neither input nor error: the worker saw a null value and nothing else."""
+    return (F.col("reason") == NULL_INPUT) & F.col("input").isNull() & F.col("error").isNull()
+
+
+def name_null_column(errors: DataFrame, setting: str, name: str) -> DataFrame:
+    """``errors`` with each null text's dead letter (:func:`_blank_null_input`) naming the input column ``name`` (the
+    value of the setting ``setting``, e.g. ``text_col``) that is null on that row."""
+    said = F.lit(f"the {setting} column {name!r} is null on this row")
+    return errors.withColumn("error", F.when(_blank_null_input(), said).otherwise(F.col("error")))
+
+
 def name_null_prompt_columns(errors: DataFrame, source: DataFrame, id_cols: Sequence[str], names: Sequence[str]) -> DataFrame:
     """``errors`` (the errors table's shape) with each null prompt's dead letter (``null_input`` with neither input nor
     error: a column the prompt template names was null, so no prompt was rendered) naming the first of the template's
     columns ``names`` that is null on that row, and showing the row's values of those columns as JSON (nulls left
     out). The worker sees the rendered prompt only; the columns are read from the pinned ``source``, for these rows
     alone (a broadcast join), when there are any."""
-    blank = (F.col("reason") == NULL_INPUT) & F.col("input").isNull() & F.col("error").isNull()
+    blank = _blank_null_input()
     aliases = [f"__lakescore_template_{i}" for i in range(len(names))]
     values = source.select(*id_columns(id_cols), *[column(n).alias(a) for n, a in zip(names, aliases)])
     named = values.join(F.broadcast(errors.where(blank).drop("input", "error")), on=list(id_cols))

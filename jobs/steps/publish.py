@@ -36,7 +36,9 @@ from lakescore.jobs.platform.tables import (
 from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.steps.account import Accounting
-from lakescore.jobs.steps.dead_letter import carried_rows, name_null_prompt_columns, refused_rows, unscored_rows
+from lakescore.jobs.steps.dead_letter import (
+    carried_rows, name_null_column, name_null_prompt_columns, refused_rows, unscored_rows,
+)
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
@@ -247,6 +249,8 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     named = template_columns(cfg.prompt_template) if cfg.prompt_template else ()
     if named and accounting.reasons.get(NULL_INPUT):  # a null prompt's dead letter names its template's null column
         errors = name_null_prompt_columns(errors, run.source, cfg.id_cols, named)
+    elif cfg.column_setting and not cfg.text_pair_col and accounting.reasons.get(NULL_INPUT):
+        errors = name_null_column(errors, cfg.column_setting, cfg.input_col)
     if plan.split.ids.refused_rows:
         no_digest = F.lit(None).cast("string").alias("input_digest")
         errors = refused_rows(plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id,

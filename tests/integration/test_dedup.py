@@ -43,6 +43,7 @@ def test_dedup_scores_each_input_once_and_equals_dedup_off(spark, tmp_path, tiny
     # Dead-lettering stays per row: each null text has its own error row.
     errors = spark.read.format("delta").load(str(tmp_path / "on_errors")).toPandas()
     assert sorted(errors["review_id"]) == [7, 9] and set(errors["reason"]) == {"null_input"}
+    assert set(errors["error"]) == {"the text_col column 'body' is null on this row"}  # it names the column (issue 65)
 
     # auto on inputs that do not repeat: no shuffle.
     unique = spark.createDataFrame([(i, f"t{i}", f"d{i}") for i in range(50)], "review_id long, body string, input_digest string")
