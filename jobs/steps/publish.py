@@ -44,7 +44,7 @@ from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
 from lakescore.schemas.contracts import FILE_COLUMN
 from lakescore.schemas.reasons import NULL_INPUT
-from lakescore.udfs.generate_options import template_columns
+from lakescore.udfs.options.generate import template_columns
 from lakescore.schemas.output import (
     CHUNK_COLUMNS, DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
 )
