@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from lakescore.udfs.batching import BatchPolicy, plan_batches
 from lakescore.schemas.reasons import IMAGE_TOO_LARGE, INVALID_IMAGE, NULL_INPUT, PREPARE_ERROR
+from lakescore.udfs.batching import BatchPolicy, plan_batches
 
 __all__ = [
     "DEFAULT_MAX_BATCH_PIXELS", "DEFAULT_MAX_BATCH_IMAGES", "ImageFailure", "ImageHeader", "Chunk", "Preprocessed",

@@ -69,7 +69,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as dup:
         raise ConfigError(f"config file {path} gives key {dup.key!r} twice (lines {dup.first} and {dup.second}): "
                           "keep one") from None

@@ -135,9 +135,9 @@ def test_settings_a_model_cannot_take_are_refused(embedder):
 def test_max_tokens_above_the_models_limit_is_refused_on_the_driver_from_its_files(embedder, minilm_dir, tmp_path):
     """Issue 65: the driver reads the limit the executors' load uses (256 for MiniLM: its sentence_bert_config) from the
     model's files, so the run fails in one line before any executor loads the model."""
-    from lakescore.udfs.options.embed import ChunkOptions, EmbedOptions
     from lakescore.udfs.models.model_fit import check_model_fits
     from lakescore.udfs.models.model_source import UnfitModelError
+    from lakescore.udfs.options.embed import ChunkOptions, EmbedOptions
 
     def spec(most, **kw):
         return ModelSpec("embed", str(minilm_dir), embed=EmbedOptions(chunk=ChunkOptions(max_tokens=most)), **kw)

@@ -137,7 +137,7 @@ def test_a_key_given_twice_in_the_file_is_refused_naming_it_and_both_lines(tmp_p
     assert (cfg.embed.chunk.max_tokens, cfg.model.max_seq_length) == (9, 9)
     from lakescore.jobs.config.loading import _UniqueKeyLoader
 
-    merged = yaml.load("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n", Loader=_UniqueKeyLoader)  # noqa: S506
+    merged = yaml.load("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n", Loader=_UniqueKeyLoader)
     assert merged["b"] == {"x": 3, "y": 2}
 
 

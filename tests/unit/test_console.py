@@ -96,7 +96,7 @@ def test_third_party_warnings_go_to_the_run_log_not_the_console(tmp_path, monkey
     monkeypatch.setattr(sys, "stderr", out)
     monkeypatch.setattr(console, "_run_log", {"wanted": True, "path": tmp_path / "run.log"})
     console.configure_logging(verbose=False, terminal=True)
-    warnings.warn("Image size (95000000 pixels) exceeds limit", UserWarning)
+    warnings.warn("Image size (95000000 pixels) exceeds limit", UserWarning, stacklevel=1)
     jvm = io.BytesIO(
         b"/site-packages/PIL/Image.py:3402: DecompressionBombWarning: Image size (95000000 pixels) exceeds limit\n"
         b"  warnings.warn(\n26/11/23 WARN TaskSetManager: Lost task\n\tat org.apache.spark.Executor.run\n")
@@ -107,5 +107,5 @@ def test_third_party_warnings_go_to_the_run_log_not_the_console(tmp_path, monkey
     assert "DecompressionBombWarning: Image size" in logged and "  warnings.warn(\n" in logged
     # without a log file (the API, a notebook) a warning is shown as before, one line
     monkeypatch.setattr(console, "_run_log", {"wanted": False, "path": None})
-    warnings.warn("still shown", UserWarning)
+    warnings.warn("still shown", UserWarning, stacklevel=1)
     assert "still shown" in out.getvalue()

@@ -632,10 +632,10 @@ def test_a_row_the_endpoint_failed_is_scored_again_and_a_row_s_own_failure_is_ca
 def test_a_model_the_server_does_not_serve_is_named_with_what_it_lists(server):
     """Issue 65: a wrong ``embed.endpoint.model`` answered 404 was followed by a hint about truncate_prompt_tokens; the
     preflight's line now says the endpoint does not serve the model and names what ``/v1/models`` lists."""
-    from lakescore.udfs.remote.client import EndpointRefused
+    from lakescore.udfs.registry import get_task
+    from lakescore.udfs.remote.answers import EndpointRefused
     from lakescore.udfs.remote.embed import EndpointEmbedder
     from lakescore.udfs.remote.generate import EndpointGenerator
-    from lakescore.udfs.registry import get_task
 
     script, url = server
     script.answers = [(404, {}, {"error": {"message": "The model `nope` does not exist.", "code": 404}})]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional, Protocol
 
-from lakescore.udfs.models.model_source import ModelSourceError
 from lakescore.schemas.reasons import ENDPOINT_ERROR, ENDPOINT_UNFINISHED
+from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
     "Answer", "EndpointError", "EndpointDown", "EndpointRefused", "Malformed", "Unfinished", "Unhonoured",

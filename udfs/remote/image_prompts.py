@@ -20,11 +20,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from lakescore.schemas.reasons import NULL_INPUT
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.heads.generate import refuse_unfinished_json
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.remote.generate import KEYS, EndpointGenerator, load_remote_generator
-from lakescore.schemas.reasons import NULL_INPUT
 
 __all__ = ["SENT_AS_IS", "ImagePayload", "image_payload", "EndpointImageGenerator", "load_remote_image_generator"]
 
