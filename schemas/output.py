@@ -5,11 +5,20 @@ from __future__ import annotations
 from typing import Sequence
 
 from pyspark.sql.types import (
-    ArrayType, BooleanType, DoubleType, FloatType, IntegerType, LongType, StringType, StructField, StructType,
+    ArrayType,
+    BooleanType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
 )
 
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.id_columns import CHUNK_INDEX
+from lakescore.schemas.reasons import DUPLICATE_ID, ENDPOINT_ERROR, ENDPOINT_UNFINISHED, NULL_ID
 from lakescore.schemas.traffic import Traffic
 
 __all__ = [
@@ -135,9 +144,9 @@ files and settings: it is part of every incremental row's ``spec_digest``, so su
 ERROR_COLUMNS = ("_reason", "_error", "_input")
 """What the scoring function adds for rows it could not score: reason code, error text, raw input."""
 
-ID_REASONS = frozenset({"null_id", "duplicate_id"})
+ID_REASONS = frozenset({NULL_ID, DUPLICATE_ID})
 """Reasons of rows refused for their id before scoring: found again from the input on every run, never carried."""
-SERVER_REASONS = frozenset({"endpoint_error", "endpoint_unfinished"})
+SERVER_REASONS = frozenset({ENDPOINT_ERROR, ENDPOINT_UNFINISHED})
 """Reasons that may be the server's fault rather than the row's (a 5xx, a timeout, a refused connection, a rate limit
 outlasting its retries, an answer the server aborted): an incremental run scores such a row again. Any other reason
 is the row's own (a null or undecodable input, one too long, a forward pass that raised on the row alone): it fails

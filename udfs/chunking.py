@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, TYPE_CHECKING, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 
-from lakescore.udfs.arrow_columns import list_column
 from lakescore.schemas.reasons import CHUNK_TOO_SMALL, NULL_INPUT, PREPARE_ERROR, TOO_MANY_CHUNKS
+from lakescore.udfs.arrow_columns import list_column
 from lakescore.udfs.batching import AdaptiveBudget, Scored, TextHead
 
 if TYPE_CHECKING:

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from lakescore.schemas.reasons import NULL_INPUT
 from lakescore.udfs.batching import AdaptiveBudget, Scored
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, content_refused, what_happened
 from lakescore.udfs.remote.client import EndpointClient
 from lakescore.udfs.remote.embeddings import SERVER_LIMIT, post_embeddings
 from lakescore.udfs.remote.head import RemoteHead, open_client
-from lakescore.schemas.reasons import NULL_INPUT
 
 if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from lakescore.schemas.reasons import ENDPOINT_ERROR
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.options.remote import MESSAGES_API, MODELS_LISTING, EndpointOptions, RemoteEndpoint, ServedEngine
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError
 from lakescore.udfs.remote.client import EndpointClient, Reply, bearer_headers
-from lakescore.schemas.reasons import ENDPOINT_ERROR
 
 if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer
