@@ -4,7 +4,8 @@ Exit codes: 0 success; 1 the run failed a check (validation, error rate, drift) 
 published nothing; 2 a configuration, input or model problem (found before any
 compute, or an input file Spark cannot read); 3 any other failure; 130 interrupted
 (SIGINT / SIGTERM: the chunks staged so far are kept, and rerunning the same
-command resumes). Failures print one line, ``lakescore: error: <reason>`` (or
+command resumes); 75 a ``generate.endpoint.batch`` run with ``wait: false`` whose batches still run at the provider
+(the same command run later collects them). Failures print one line, ``lakescore: error: <reason>`` (or
 ``lakescore: interrupted ...``), on stderr (``--verbose`` adds the traceback);
 with ``--report`` a failed run still writes its JSON report (``status: failed``).
 """
@@ -235,6 +236,10 @@ def _failure(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one line an operator reads for ``exc``."""
     from lakescore.jobs.platform.tables import unreadable_input
 
+    from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
+
+    if isinstance(exc, BatchesPending):
+        return EXIT_PENDING, f"lakescore: pending: {exc}"
     if was_interrupted(exc):
         staged = getattr(exc, "lakescore_chunks", None)
         where = f"after {staged[0]} of {staged[1]} chunks were staged" if staged else f"during {getattr(exc, 'lakescore_step', 'start-up')}"

@@ -23,7 +23,7 @@ from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
 )
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
-from lakescore.udfs.options.remote import MESSAGES_API
+from lakescore.udfs.options.remote import MESSAGES_API, EndpointOptions
 
 
 def _run_date(value: str) -> Optional[str]:
@@ -183,6 +183,8 @@ class JobConfig(Section):
             if fields[self.rank.order_by].dataType.typeName() in ("array", "struct", "map"):
                 raise ConfigError(f"rank.order_by {self.rank.order_by!r} holds {fields[self.rank.order_by].dataType.simpleString()}"
                                   "; rank by a column of single values (a number or a string)")
+        if self.provider_batch:
+            self._check_provider_batch()
         if self.write.mode == "incremental" and self.validation.min_rows is not None:
             raise ConfigError(
                 "validation.min_rows counts the rows a run publishes, which in write.mode incremental are only the "
@@ -281,6 +283,24 @@ class JobConfig(Section):
         else ``None``."""
         section = get_task(self.task).options_section
         return getattr(self, section) if section else None
+
+    @property
+    def provider_batch(self) -> bool:
+        """Whether the rows go through the endpoint provider's Batch API (``generate.endpoint.batch``)."""
+        endpoint = self.endpoint()
+        return isinstance(endpoint, EndpointOptions) and endpoint.batch is not None
+
+    def _check_provider_batch(self) -> None:
+        """Refuse, in one line before compute, what a provider batch run cannot do."""
+        if self.rank.enabled:
+            raise ConfigError("rank keeps the best rows of a key as the rows are scored; a provider batch "
+                              "(generate.endpoint.batch) returns them in any order, hours later: drop rank or batch")
+        if self.input_kind.prompted:
+            raise ConfigError(f"{self.input_kind.column_setting} with generate.endpoint.batch: images with prompts go "
+                              "through the per-row endpoint only (drop generate.endpoint.batch)")
+        if self.scoring.dedup == "on":
+            raise ConfigError("scoring.dedup on with generate.endpoint.batch: each row's line is sent as its own request "
+                              "(its custom_id); set scoring.dedup off or auto")
 
     def endpoint(self) -> Any:
         """The task's remote endpoint settings (``generate.endpoint``, ``embed.endpoint``), or ``None``: one place that knows where they are."""

@@ -114,6 +114,10 @@ class RunReport:
     ``figures`` (``label_js``, ``score_psi``, ``id_cosine_p5``, as the task's outputs allow), ``bounds``, ``exceeded``,
     ``baseline_version``, ``gated`` (whether a bound applied), ``note`` (why there was no comparison), and the
     ``profiles`` of both sides; ``None`` for a task without a profiled output."""
+    provider_batch: Optional[dict[str, Any]] = None
+    """A run through the provider's Batch API (``generate.endpoint.batch``): its ``batches`` (id, round, lines,
+    state), ``lines_submitted``, ``lines_resubmitted`` and ``retry_reasons`` (lines by the reason they were sent
+    again), and with a price ``token_cost_per_row`` (the same tokens at the per-row price) and ``saving``."""
     step_seconds: dict[str, float] = field(default_factory=dict)
     workers: dict[str, float] = field(default_factory=dict)
     cost: Optional[dict[str, Any]] = None
@@ -170,6 +174,11 @@ class RunReport:
             lines.append(f"  {precision_check_text(self.precision_check)}")
         if self.dedup and self.dedup.get("used"):
             lines.append(f"  dedup: {self.dedup['forward_passes_saved']} forward passes saved (identical inputs scored once)")
+        if self.provider_batch:
+            batch = self.provider_batch
+            saving = f", saving {batch['saving']:,.4g} against the per-row price" if batch.get("saving") is not None else ""
+            lines.append(f"  provider batch: {len(batch['batches'])} batch(es), {batch['lines_submitted']} lines submitted, "
+                         f"{batch['lines_resubmitted']} resubmitted{saving}")
         if self.chunks and self.chunks.get("skipped"):
             lines.append(f"  resumed: {self.chunks['skipped']} of {self.chunks['total']} chunks were already staged")
         nothing = nothing_scored_text(vars(self))

@@ -184,7 +184,8 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         scorable_rows = changes.rows_to_score
     digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(
         run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
-    mode = cfg.scoring.dedup if cfg.deterministic else "off"  # sampled rows draw on their own: never shared
+    # sampled rows draw on their own: never shared; a provider batch sends each row's own line (its custom_id)
+    mode = cfg.scoring.dedup if cfg.deterministic and not cfg.provider_batch else "off"
     dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None,
                          identity.row_seconds)
     staging = _staging(run, scorable_rows, identity, facts, dedup)

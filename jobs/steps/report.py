@@ -19,6 +19,8 @@ from lakescore.jobs.cost import run_cost, session_resources
 from lakescore.jobs.report.model import RunReport, software_versions
 from lakescore.jobs.report.text import drift_text, one_line
 from lakescore.jobs.steps.account import Accounting
+from lakescore.jobs.steps.batch_ledger import BatchLedger
+from lakescore.jobs.steps.provider_batch import batch_summary
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.udfs.options.remote import MODELS_LISTING
@@ -118,6 +120,7 @@ def assemble_report(
         previous_delta_version=targets.previous_version,
         validation=validation,
         drift=drift,
+        provider_batch=_provider_batch(run, plan, accounting.workers),
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
         workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
         cost=run_cost(
@@ -170,7 +173,23 @@ def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
     """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
     ``None`` without a price."""
     price = getattr(cfg.endpoint(), "price", None)
-    return None if price is None else price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
+    if price is None:
+        return None
+    cost = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
+    return cost * price.batch if cfg.provider_batch else cost  # a provider batch's tokens at its batch price
+
+
+def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A provider batch run's batches, lines and resubmissions from its ledger, and what the batch price saved."""
+    cfg = run.cfg
+    if not cfg.provider_batch:
+        return None
+    summary = batch_summary(BatchLedger(run.spark, cfg.output, cfg.write.staging, plan.staging.key))
+    price = cfg.endpoint().price
+    if price is not None:
+        per_row = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
+        summary.update(token_cost_per_row=round(per_row, 6), saving=round(per_row * (1 - price.batch), 6))
+    return summary
 
 
 def _with_token_rate(workers: dict[str, Any], stage_seconds: Optional[float]) -> dict[str, Any]:

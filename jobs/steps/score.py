@@ -25,6 +25,7 @@ from lakescore.jobs.steps.context import Plan, RunContext, ScoringLayout, scorin
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.preflight import stop_served_engines
+from lakescore.jobs.steps.provider_batch import stage_through_batches
 from lakescore.jobs.steps.rank import chunk_columns, keep_top, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
 from lakescore.schemas.column_names import resolvable_name
@@ -124,6 +125,10 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
         try:
             if plan.prepared is not None and todo and not plan.prepared_ready:
                 _write_chunked_rows(run, plan)
+            if cfg.provider_batch:  # the provider's Batch API: the rows go out as files
+                stage_through_batches(run, plan, todo, lambda chunk: _chunk_rows(run, plan, chunk))
+                staged += len(todo)
+                todo = []
             for chunk in todo:
                 progress.chunk(chunk)
                 at_point(f"chunk_commit:{chunk}")
@@ -162,13 +167,7 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     """The rows of ``chunk`` to stage (lazy): its rows scored, once per distinct input when deduplicating; with
     ``rank`` only each key's kept rows, the rows that failed and any tally rows (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     cfg = run.cfg
-    if plan.prepared is not None:
-        part = plan.prepared.chunk(chunk)
-    elif plan.rescanned:
-        part = plan.scorable.where(chunk_column(chunk_columns(cfg), plan.chunks) == chunk)
-    else:
-        part = plan.scorable
-
+    part = _chunk_rows(run, plan, chunk)
     incremental = plan.changes is not None
     tallied = plan.ranked and ranks_with_tallies(incremental, plan.dedup.used)
 
@@ -184,6 +183,16 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     else:
         scored = score(part, plan.kept_columns(cfg.row_cols))
     return keep_top(cfg, scored, incremental, mark) if plan.ranked else scored
+
+
+def _chunk_rows(run: "RunContext", plan: "Plan", chunk: int) -> DataFrame:
+    """The rows of ``chunk`` to score (lazy): its partition of the prepared rows, its share of a rescanned input, or
+    every scorable row of a one-chunk run."""
+    if plan.prepared is not None:
+        return plan.prepared.chunk(chunk)
+    if plan.rescanned:
+        return plan.scorable.where(chunk_column(chunk_columns(run.cfg), plan.chunks) == chunk)
+    return plan.scorable
 
 
 def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field, model_validator
 
 from lakescore.udfs.options.base import ConfigError, Number, Section, Text, checked
+from lakescore.udfs.options.batch import BatchOptions
 
 __all__ = [
     "ENDPOINT_APIS", "ENGINES", "InputPrice", "Price", "RemoteEndpoint", "ServedEngine", "EndpointOptions", "ServerOptions",
@@ -83,6 +84,8 @@ class Price(InputPrice):
 
     output: Number = Field(ge=0)
     """Per million generated tokens."""
+    batch: Number = Field(0.5, gt=0, le=1)
+    """The share of these prices the provider charges for tokens sent through its Batch API (``endpoint.batch``)."""
 
     def cost(self, tokens_in: int, tokens_out: int) -> float:
         """The price of ``tokens_in`` prompt and ``tokens_out`` generated tokens."""
@@ -143,6 +146,9 @@ class EndpointOptions(RemoteEndpoint):
     ``anthropic-version``; the prompt as the user message, the system prompt as ``system``)."""
     price: Optional[Price] = None
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
+    batch: Optional[BatchOptions] = None
+    """Send the rows through the provider's Batch API (files of requests, at its batch price) instead of one request
+    per row; see ``docs/generation.md`` "Provider batches"."""
 
     def identity(self) -> dict:
         """:meth:`RemoteEndpoint.identity` and the API, which decides the prompt's wrapping."""

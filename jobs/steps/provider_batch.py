@@ -1,0 +1,298 @@
+"""Step 4 through a provider's Batch API (``generate.endpoint.batch``): the rows' requests go out as files, every line
+comes back exactly once, and a killed driver resumes without paying twice.
+
+The driver holds batch ids and states only; the executors render, upload, create and download
+(:mod:`lakescore.udfs.batch_udfs`). One loop, each pass reading the ledger first
+(:mod:`~lakescore.jobs.steps.batch_ledger`):
+
+1. **submit** what no batch holds yet: every row's line not in the ledger (round 0), and each line whose last round
+   ended without an answer and has resubmissions left (the next round). Before a round is submitted the provider's
+   batch list is read for batches of this run (``metadata``): a file whose batch the provider holds but the ledger
+   does not (a kill between create and record) is not sent again. The submit stage's lines are appended to the
+   ledger as it commits;
+2. **poll** every batch not known ended (``poll_interval_s``), each terminal state recorded the moment it is seen;
+   one line of progress per poll. A ``failed`` batch (the provider's validation) stops the run in one line quoting the
+   provider; ``wait: false`` stops it with :class:`BatchesPending` once everything is submitted and one poll shows a
+   batch still running; an interrupt leaves the submitted batches running, and says so;
+3. **collect** every ended batch not collected: its lines' outcomes appended to the ledger.
+
+When no line is left to send and every batch is collected, each chunk's rows are joined to their lines' last
+outcomes by ``custom_id`` and staged (:meth:`~lakescore.jobs.steps.staging.Staging.commit_chunk`) as the per-row path
+stages them: accounting, validation, publish and report run unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.window import Window
+
+from lakescore.jobs.platform.spark.interrupts import was_interrupted
+from lakescore.jobs.testing_hooks import at_point
+from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.batch_ledger import BatchLedger, BatchState
+from lakescore.jobs.steps.ids import row_key
+from lakescore.schemas.column_names import resolvable_name
+from lakescore.schemas.output import scored_schema
+from lakescore.udfs.registry import get_task
+from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path
+from lakescore.udfs.batch_udfs import (
+    CUSTOM_ID, LINE, OUTCOME_SCHEMA, SUBMITTED_SCHEMA, make_download_function, make_render_function,
+    make_result_function, make_submit_function,
+)
+
+if TYPE_CHECKING:
+    from lakescore.jobs.steps.context import Plan, RunContext
+    from lakescore.udfs.remote.batch_client import BatchClient
+
+__all__ = ["BatchesPending", "BatchRefused", "EXIT_PENDING", "stage_through_batches", "provider_batches", "batch_summary"]
+
+log = logging.getLogger(__name__)
+
+EXIT_PENDING = 75
+"""The exit code of a ``batch.wait: false`` run whose batches still run (``EX_TEMPFAIL``: try again later)."""
+
+_CHUNK = "__lakescore_batch_chunk"
+_KEY = "__lakescore_row_key"
+
+
+class BatchesPending(RuntimeError):
+    """``batch.wait: false``: every line is submitted and batches still run at the provider; the same command run
+    later collects them. Not a failure: the CLI exits :data:`EXIT_PENDING`."""
+
+
+class BatchRefused(RuntimeError):
+    """The provider ended a batch ``failed`` (its validation of the file): one line quoting the provider."""
+
+
+def _api(cfg: Any) -> str:
+    return cfg.endpoint().api
+
+
+def _driver_client(endpoint: Any) -> "BatchClient":
+    """The driver's client (it polls, lists and cancels): the key from the driver's own environment."""
+    from lakescore.udfs.remote.batch_client import BatchClient
+    from lakescore.udfs.remote.answers import EndpointRefused
+
+    key = None
+    if endpoint.api_key_env:
+        key = os.environ.get(endpoint.api_key_env)
+        if not key:
+            raise EndpointRefused(f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} (api_key_env) "
+                                  "is not set in the driver's environment")
+    return BatchClient(endpoint.url, key, timeout_s=endpoint.timeout_s, max_retries=endpoint.max_retries)
+
+
+def stage_through_batches(run: "RunContext", plan: "Plan", todo: Sequence[int],
+                          chunk_rows: Callable[[int], DataFrame]) -> None:
+    """Stage the chunks ``todo`` of ``plan`` through the provider's Batch API (module docstring); ``chunk_rows(c)``
+    gives chunk ``c``'s rows to score. Raises :class:`BatchesPending` (``wait: false``) or :class:`BatchRefused`."""
+    if not todo:
+        return
+    cfg = run.cfg
+    endpoint = cfg.endpoint()
+    settings = endpoint.batch
+    ledger = BatchLedger(run.spark, cfg.output, cfg.write.staging, plan.staging.key)
+    keep = plan.kept_columns(cfg.row_cols)
+    rows = functools.reduce(DataFrame.unionByName, [chunk_rows(c).withColumn(_CHUNK, F.lit(c)) for c in todo])
+    key_col = keep[0]
+    if len(cfg.id_cols) > 1:  # one value per row to seed its draws from, as the per-row path seeds them
+        rows, key_col = rows.withColumn(_KEY, row_key(cfg.id_cols)), _KEY
+    read = list(dict.fromkeys([*keep, *run.input_cols, key_col, _CHUNK]))
+    passed = {name: resolvable_name(name) for name in read}
+    rows = rows.select(*[column(c).alias(passed[c]) for c in read])
+    prompt_col = passed[run.input_cols[0]]
+    out = T.StructType([*rows.schema.fields, T.StructField(CUSTOM_ID, T.StringType()), T.StructField(LINE, T.BinaryType())])
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    render = make_render_function(plan.spec.generate, endpoint.model, endpoint.api, request_path(endpoint.url, endpoint.api),
+                                  prompt_col, passed[key_col], to_arrow_schema(out), settings.max_bytes_per_file)
+    rendered = rows.mapInArrow(render, out)
+    client = _driver_client(endpoint)
+    try:
+        while True:
+            sent = _submit(run, ledger, rendered, client, settings, endpoint)
+            states = ledger.states()
+            collected = ledger.collected_batches()
+            if not sent and all(s.batch_id in collected or s.status == "failed" for s in states):
+                _refuse_failed(states)
+                break
+            states = _poll(ledger, client, states, settings)
+            _collect(run, ledger, states, collected, endpoint)
+    finally:
+        client.close()
+    _stage(run, plan, ledger, rendered, todo, keep, passed, prompt_col, settings)
+
+
+def _submit(run: "RunContext", ledger: BatchLedger, rendered: DataFrame, client: "BatchClient", settings: Any,
+            endpoint: Any) -> int:
+    """Submit every line no live batch holds and every line due a resubmission; the lines submitted."""
+    lines = ledger.lines()
+    failed = ledger.ended().where(F.col("status") == "failed").select("batch_id")
+    live = lines.join(failed, "batch_id", "left_anti")  # a failed batch ran none of its lines: they are unsent
+    sendable = rendered.where(F.col(LINE).isNotNull()).select(
+        F.col(CUSTOM_ID).alias("custom_id"), F.col(_CHUNK).cast("int").alias("chunk"), F.col(LINE).alias("line"))
+    first = sendable.join(live.select("custom_id").distinct(), "custom_id", "left_anti").withColumn("round", F.lit(0))
+    due = (ledger.outcomes().where((F.col("kind") == RETRY) & (F.col("round") < settings.max_resubmits))
+           .select("custom_id", (F.col("round") + 1).alias("round"))
+           .join(live.select("custom_id", "round"), ["custom_id", "round"], "left_anti"))
+    again = sendable.join(due, "custom_id")
+    to_send = first.unionByName(again)
+    counts = {int(r["round"]): int(r["n"]) for r in to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n")).collect()}
+    for round_, n in sorted(counts.items()):
+        at_point("batch_submit")
+        known = _provider_parts(client, ledger.run_key, round_)
+        parts = max(1, math.ceil(n / settings.max_requests_per_file))
+        submit = make_submit_function(endpoint.url, endpoint.api_key_env, request_path(endpoint.url, endpoint.api),
+                                      settings.completion_window, ledger.run_key, round_, settings.max_requests_per_file,
+                                      settings.max_bytes_per_file, known)
+        # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts
+        submitted = (to_send.where(F.col("round") == round_).select("custom_id", "chunk", "line")
+                     .repartition(parts, "custom_id").sortWithinPartitions("custom_id")
+                     .mapInArrow(submit, _spark_schema(SUBMITTED_SCHEMA)))
+        ledger.append_lines(submitted)
+        at_point("batches_recorded")
+        log.info("provider batch: %d line(s) of round %d submitted%s", n, round_,
+                 f" ({len(known)} file(s) found already held by the provider)" if known else "")
+    return sum(counts.values())
+
+
+def _provider_parts(client: "BatchClient", run_key: str, round_: int) -> dict[str, dict[str, str]]:
+    """The provider's batches of ``run_key``'s round ``round_`` by file (``metadata``): part -> batch and input file;
+    a ``failed`` one left out (it ran nothing: its file is sent again)."""
+    held: dict[str, dict[str, str]] = {}
+    for batch in client.batches():
+        metadata = batch.get("metadata") or {}
+        if (metadata.get("lakescore_run") == run_key and metadata.get("lakescore_round") == str(round_)
+                and batch.get("status") != "failed" and metadata.get("lakescore_part") not in held):
+            held[metadata["lakescore_part"]] = {"batch_id": str(batch["id"]), "input_file_id": str(batch["input_file_id"])}
+    return held
+
+
+def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], settings: Any) -> list[BatchState]:
+    """Poll every batch not known ended until each is (``wait: false``: :class:`BatchesPending` after one pass that
+    finds one running), recording each terminal state the moment it is seen; the states then."""
+    running = {s.batch_id: s for s in states if s.status is None}
+    ended = {s.batch_id: s for s in states if s.status is not None}
+    try:
+        while running:
+            at_point("batch_polling")
+            seen: Counter = Counter()
+            done = total = 0
+            for batch_id, state in list(running.items()):
+                batch = client.get(batch_id)
+                status = str(batch.get("status"))
+                counts = batch.get("request_counts") or {}
+                done += int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
+                total += int(counts.get("total") or state.lines)
+                seen[status] += 1
+                if status in TERMINAL_STATES:
+                    ledger.record_ended(batch, state.round)
+                    ended[batch_id] = BatchState(batch_id, state.round, state.lines, status, batch.get("output_file_id"),
+                                                 batch.get("error_file_id"), counts.get("completed"), counts.get("failed"))
+                    del running[batch_id]
+                    if status == "failed":
+                        _refuse_failed([ended[batch_id]], batch)
+            for state in ended.values():
+                seen[state.status] += 0
+            log.info("provider batches: %s; %d of %d running line(s) done",
+                     ", ".join(f"{n} {status}" for status, n in sorted(seen.items()) if n) or "none running", done, total)
+            if running:
+                if not settings.wait:
+                    lines = sum(s.lines for s in running.values())
+                    raise BatchesPending(f"{len(running)} provider batch(es) ({lines} lines) still running; run the same "
+                                         "command again to collect them")
+                time.sleep(settings.poll_interval_s)
+    except BaseException as exc:
+        if was_interrupted(exc) and running:
+            log.warning("interrupted: %d provider batch(es) left running at the provider (submitted, so paid for); "
+                        "run the same command again to collect them, or `lakescore batches --cancel` to cancel them",
+                        len(running))
+        raise
+    return sorted(ended.values(), key=lambda s: (s.round, s.batch_id))
+
+
+def _refuse_failed(states: Sequence[BatchState], batch: Optional[dict] = None) -> None:
+    failed = [s for s in states if s.status == "failed"]
+    if not failed:
+        return
+    errors = ((batch or {}).get("errors") or {}).get("data") or []
+    said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict)) or "no reason given"
+    raise BatchRefused(f"the provider failed batch {failed[0].batch_id} (its validation of the file, no line ran): "
+                       f"{said[:500]}")
+
+
+def _collect(run: "RunContext", ledger: BatchLedger, states: Sequence[BatchState], collected: set[str],
+             endpoint: Any) -> None:
+    """Download every ended, uncollected batch's files and append its lines' outcomes to the ledger."""
+    ended = {s.batch_id: {"status": s.status, "output_file_id": s.output_file_id, "error_file_id": s.error_file_id}
+             for s in states if s.status in ENDED_STATES and s.batch_id not in collected}
+    if not ended:
+        return
+    at_point("batch_collect")
+    download = make_download_function(endpoint.url, endpoint.api_key_env, ended)
+    lines = ledger.lines().where(F.col("batch_id").isin(list(ended))).select("custom_id", "batch_id", "round")
+    ledger.append_outcomes(lines.repartition(len(ended), "batch_id").mapInArrow(download, _spark_schema(OUTCOME_SCHEMA)))
+    log.info("provider batch: collected %d ended batch(es)", len(ended))
+
+
+def _stage(run: "RunContext", plan: "Plan", ledger: BatchLedger, rendered: DataFrame, todo: Sequence[int],
+           keep: Sequence[str], passed: dict[str, str], prompt_col: str, settings: Any) -> None:
+    """Each chunk's rows joined to their lines' last outcomes and staged, one commit per chunk."""
+    cfg = run.cfg
+    last = Window.partitionBy("custom_id").orderBy(F.col("round").desc())
+    final = (ledger.outcomes().withColumn("_n", F.row_number().over(last)).where(F.col("_n") == 1)
+             .select(F.col("custom_id").alias(CUSTOM_ID), "kind", "status", "body", "message", "round"))
+    pending = final.where((F.col("kind") == RETRY) & (F.col("round") < settings.max_resubmits)).limit(1).count()
+    if pending:
+        raise RuntimeError("provider batch: a line due a resubmission was left unsent (a bug: nothing is staged)")
+    spec = plan.spec
+    task = get_task(spec.task)
+    types = task.output_arrow_types_for(task.options_of(spec))
+    kept = [T.StructField(c, rendered.schema[passed[c]].dataType, rendered.schema[passed[c]].nullable) for c in keep]
+    schema = scored_schema(cfg.task, *kept, asked=cfg.asked_outputs(), chunked=cfg.chunked)  # the kept columns' own names
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    result = make_result_function(spec.generate, _api(cfg), plan.identity.sha256, [passed[c] for c in keep], prompt_col,
+                                  types, to_arrow_schema(schema), settings.max_bytes_per_file, settings.max_resubmits)
+    for chunk in todo:
+        at_point(f"chunk_commit:{chunk}")
+        rows = (rendered.where(F.col(_CHUNK) == chunk).drop(LINE).join(final, CUSTOM_ID, "left")
+                .select(*[passed[c] for c in keep], prompt_col, "kind", "status", "body", "message", "round"))
+        plan.staging.commit_chunk(rows.mapInArrow(result, schema), chunk, plan.tag)
+        at_point(f"chunk_committed:{chunk}")
+        log.info("chunk %d/%d staged from the provider's batches", chunk + 1, plan.chunks)
+
+
+def _spark_schema(schema: Any) -> T.StructType:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema)
+
+
+def provider_batches(ledger: BatchLedger) -> list[BatchState]:
+    """The run's batches as its ledger holds them (``lakescore batches``)."""
+    return ledger.states()
+
+
+def batch_summary(ledger: BatchLedger) -> dict[str, Any]:
+    """What the report says of a batch run: its batches (id, round, lines, state), the lines submitted, and the lines
+    resubmitted by reason (the message of the outcome each resubmission followed)."""
+    states = ledger.states()
+    resent = (ledger.outcomes().where(F.col("kind") == RETRY).groupBy("message").agg(F.count(F.lit(1)).alias("n"))
+              .collect())
+    return {
+        "batches": [{"id": s.batch_id, "round": s.round, "lines": s.lines, "status": s.status} for s in states],
+        "lines_submitted": sum(s.lines for s in states if s.status != "failed"),
+        "lines_resubmitted": sum(s.lines for s in states if s.round > 0 and s.status != "failed"),
+        "retry_reasons": {str(r["message"]): int(r["n"]) for r in resent},
+    }

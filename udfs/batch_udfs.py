@@ -1,0 +1,264 @@
+"""The executors' side of a provider batch run: four ``mapInArrow`` functions, so that prompts are rendered and files
+written, uploaded and downloaded where the rows live, and the driver holds only batch ids and states.
+
+* :func:`make_render_function`: each row's request line (:mod:`~lakescore.udfs.remote.batch_files`), its body exactly
+  the per-row path's (:func:`~lakescore.udfs.remote.completions.request_body`, the row's seed from its key).
+* :func:`make_submit_function`: a partition's lines (sorted by ``custom_id``) cut into files, each uploaded and its
+  batch created, ``metadata`` naming the run and the file (:func:`~lakescore.udfs.remote.batch_files.part_digest`);
+  a file whose batch the provider already holds (``known``: a rerun after a kill between create and record) is not
+  sent again. One row out per line: which file and batch hold it.
+* :func:`make_download_function`: the lines of ended batches, one task per batch, matched by ``custom_id`` against
+  the batch's output and error files: one outcome per line (:func:`~lakescore.udfs.remote.batch_files.classify`).
+* :func:`make_result_function`: each row and its final outcome made the task's output row, as the per-row path
+  makes it (:class:`~lakescore.udfs.scoring_udf.ScoredBatch`): published from its answer, or dead-lettered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from itertools import groupby
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from lakescore.udfs.remote.batch_files import (
+    DEAD, RESULT, absent, batch_line, canonical, classify, custom_id, cut_files, parse_jsonl, part_digest,
+)
+
+__all__ = [
+    "RENDERED_FIELDS", "SUBMITTED_SCHEMA", "OUTCOME_SCHEMA", "make_render_function", "make_submit_function",
+    "make_download_function", "make_result_function", "row_body", "TOO_LARGE",
+]
+
+ArrowFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+CUSTOM_ID, LINE = "__lakescore_custom_id", "__lakescore_line"
+RENDERED_FIELDS = ((CUSTOM_ID, pa.string()), (LINE, pa.binary()))
+"""What :func:`make_render_function` adds to each row: its line id and its line (both null for a null prompt; the line
+null too where it is larger than a file may be, :data:`TOO_LARGE`)."""
+TOO_LARGE = "the row's request line is larger than a batch file may be (generate.endpoint.batch.max_bytes_per_file {limit})"
+
+SUBMITTED_SCHEMA = pa.schema([("custom_id", pa.string()), ("chunk", pa.int32()), ("round", pa.int32()),
+                              ("part", pa.string()), ("batch_id", pa.string()), ("input_file_id", pa.string())])
+"""One row per submitted line (the ledger's lines)."""
+OUTCOME_SCHEMA = pa.schema([("custom_id", pa.string()), ("batch_id", pa.string()), ("round", pa.int32()),
+                            ("kind", pa.string()), ("status", pa.int32()), ("body", pa.string()),
+                            ("message", pa.string())])
+"""One row per collected line (the ledger's outcomes)."""
+
+
+def row_body(options: Any, model: str, api: str, prompt: str, key: str) -> dict[str, Any]:
+    """The request the per-row path sends for a row keyed ``key`` (its seed, for sampled rows, from that key)."""
+    from lakescore.udfs.remote.completions import request_body
+
+    seed = None
+    if not options.greedy:
+        from lakescore.udfs.heads.seeds import row_seed
+
+        seed = row_seed(options.seed, key)
+    return request_body(options, model, api, prompt, seed)
+
+
+def make_render_function(options: Any, model: str, api: str, path: str, prompt_col: str, key_col: str,
+                         out_schema: pa.Schema, max_bytes: int) -> ArrowFunction:
+    """Each batch's columns as they came, and each row's :data:`RENDERED_FIELDS` (``out_schema``: the input's fields
+    then those two)."""
+
+    def render(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            prompts = batch.column(prompt_col).to_pylist()
+            keys = batch.column(key_col).to_pylist()
+            ids: list[Optional[str]] = []
+            lines: list[Optional[bytes]] = []
+            for prompt, key in zip(prompts, keys):
+                if prompt is None:
+                    ids.append(None)
+                    lines.append(None)
+                    continue
+                body = canonical(row_body(options, model, api, prompt, "" if key is None else str(key)))
+                line_id = custom_id("" if key is None else str(key), body)
+                line = batch_line(line_id, path, body)
+                ids.append(line_id)
+                lines.append(line if len(line) <= max_bytes else None)
+            arrays = [*batch.columns, pa.array(ids, pa.string()), pa.array(lines, pa.binary())]
+            yield pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+    return render
+
+
+def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, completion_window: str, run_key: str,
+                         round_: int, max_requests: int, max_bytes: int, known: Mapping[str, Mapping[str, str]],
+                         client_factory: Optional[Callable[[], Any]] = None) -> ArrowFunction:
+    """Upload a partition's ``(custom_id, chunk, line)`` rows (sorted by ``custom_id``) as files of round ``round_``
+    and create their batches; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
+    "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``)."""
+
+    def submit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        client = None
+        rows: list[tuple[str, int, bytes]] = []
+        for batch in batches:
+            rows.extend(zip(batch.column("custom_id").to_pylist(), batch.column("chunk").to_pylist(),
+                            batch.column("line").to_pylist()))
+        chunks = {line_id: chunk for line_id, chunk, _ in rows}
+        try:
+            for part in cut_files(((line_id, line) for line_id, _, line in rows), max_requests, max_bytes):
+                ids = [line_id for line_id, _ in part]
+                digest = part_digest(run_key, round_, ids)
+                held = known.get(digest)
+                if held is not None:
+                    batch_id, file_id = held["batch_id"], held["input_file_id"]
+                else:
+                    client = client or (client_factory() if client_factory else _client(url, key_env))
+                    with tempfile.TemporaryFile() as spooled:  # a file may be 200 MB: on disk, not in memory
+                        for _, line in part:
+                            spooled.write(line)
+                        spooled.seek(0)
+                        file_id = client.upload(f"lakescore-{run_key}-{round_}-{digest}.jsonl", spooled)
+                    created = client.create(file_id, endpoint_path, completion_window,
+                                            {"lakescore_run": run_key, "lakescore_part": digest,
+                                             "lakescore_round": str(round_)})
+                    batch_id = str(created["id"])
+                n = len(ids)
+                yield pa.RecordBatch.from_arrays([
+                    pa.array(ids, pa.string()), pa.array([chunks[i] for i in ids], pa.int32()),
+                    pa.array([round_] * n, pa.int32()), pa.array([digest] * n, pa.string()),
+                    pa.array([batch_id] * n, pa.string()), pa.array([file_id] * n, pa.string()),
+                ], schema=SUBMITTED_SCHEMA)
+        finally:
+            if client is not None:
+                client.close()
+
+    return submit
+
+
+def make_download_function(url: str, key_env: Optional[str], ended: Mapping[str, Mapping[str, Any]],
+                           client_factory: Optional[Callable[[], Any]] = None) -> ArrowFunction:
+    """The :data:`OUTCOME_SCHEMA` row of each ``(custom_id, batch_id, round)`` line of an ended batch (``ended``:
+    batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's files, downloaded once per task
+    and batch. Rows of one batch must come together (the stage sorts by batch)."""
+
+    def download(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        client = None
+        rows: list[tuple[str, str, int]] = []
+        for batch in batches:
+            rows.extend(zip(batch.column("custom_id").to_pylist(), batch.column("batch_id").to_pylist(),
+                            batch.column("round").to_pylist()))
+        try:
+            for batch_id, group in groupby(sorted(rows, key=lambda r: r[1]), key=lambda r: r[1]):
+                state = ended[batch_id]
+                client = client or (client_factory() if client_factory else _client(url, key_env))
+                found: dict[str, dict] = {}
+                for file_key in ("error_file_id", "output_file_id"):  # an output line wins over an error line
+                    if state.get(file_key):
+                        found.update(parse_jsonl(client.content(state[file_key])))
+                out: list[tuple] = []
+                for line_id, _, round_ in group:
+                    line = found.get(line_id)
+                    outcome = classify(line) if line is not None else absent(state["status"])
+                    out.append((line_id, batch_id, round_, outcome.kind, outcome.status, outcome.body,
+                                outcome.message if outcome.message is None else client.scrub(outcome.message)))
+                yield pa.RecordBatch.from_arrays([pa.array(list(c), f.type) for c, f in zip(zip(*out), OUTCOME_SCHEMA)],
+                                                 schema=OUTCOME_SCHEMA)
+        finally:
+            if client is not None:
+                client.close()
+
+    return download
+
+
+def _client(url: str, key_env: Optional[str]) -> Any:
+    from lakescore.udfs.remote.batch_client import BatchClient
+
+    key = os.environ.get(key_env) if key_env else None
+    if key_env and not key:
+        raise RuntimeError(f"the endpoint's api_key_env names {key_env}, which is not set on this host "
+                           f"(on a cluster set spark.executorEnv.{key_env})")
+    return BatchClient(url, key)
+
+
+def make_result_function(options: Any, api: str, sha256: str, keep_cols: Sequence[str], prompt_col: str,
+                         output_types: Sequence[pa.DataType], out_schema: pa.Schema, max_bytes: int,
+                         max_resubmits: int) -> ArrowFunction:
+    """Each row (``keep_cols``, its prompt, and its final outcome: ``kind``, ``status``, ``body``, ``message``,
+    ``round``, null where it was never sent) as the task's output row (``out_schema``,
+    :func:`~lakescore.schemas.output.scored_schema`): published from a result the answer's checks pass, else
+    dead-lettered as the per-row path would (``endpoint_error`` / ``endpoint_unfinished``), a line past
+    ``max_resubmits`` ``endpoint_error`` naming its last reason, a null prompt ``null_input``. Each Arrow batch's
+    first row carries its worker metrics: tokens from the answers' ``usage``, each line sent counted a request."""
+    from lakescore.udfs.heads.generate import Generation, generation_columns
+    from lakescore.udfs.remote.answers import EndpointError, Malformed
+    from lakescore.udfs.scoring_udf import ScoredBatch
+
+    def result(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            prompts = batch.column(prompt_col).to_pylist()
+            kinds, bodies = batch.column("kind").to_pylist(), batch.column("body").to_pylist()
+            messages, rounds = batch.column("message").to_pylist(), batch.column("round").to_pylist()
+            outputs = np.empty(n, dtype=object)
+            reasons: list[Optional[str]] = [None] * n
+            errors: list[Optional[str]] = [None] * n
+            tokens_in = tokens_out = unmetered = requests = 0
+            for i in range(n):
+                if prompts[i] is None:
+                    reasons[i] = "null_input"
+                    continue
+                requests += 0 if rounds[i] is None else rounds[i] + 1
+                kind = kinds[i]
+                if kind is None:  # never sent: its line cannot go in a file
+                    reasons[i], errors[i] = "endpoint_error", TOO_LARGE.format(limit=max_bytes)
+                elif kind == RESULT:
+                    try:
+                        outputs[i] = _generation(Generation, json.loads(bodies[i]), options, api)
+                    except (EndpointError, ValueError) as exc:  # what the per-row path dead-letters, as it words it
+                        reasons[i] = exc.reason if isinstance(exc, EndpointError) else "endpoint_error"
+                        errors[i] = (f"a malformed answer: {exc}" if isinstance(exc, Malformed) else str(exc))[:2000]
+                        continue
+                    if outputs[i].prompt_tokens is None:
+                        unmetered += 1
+                    else:
+                        tokens_in += outputs[i].prompt_tokens
+                        tokens_out += outputs[i].completion_tokens
+                elif kind == DEAD:
+                    reasons[i], errors[i] = "endpoint_error", f"the provider's batch refused the line: {messages[i]}"
+                else:
+                    reasons[i] = "endpoint_error"
+                    errors[i] = (f"the provider's batch ended the line without an answer {max_resubmits + 1} times; "
+                                 f"last: {messages[i]}")
+            ok = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
+            predictions = (list(generation_columns(outputs, ok, output_types, options.logprobs)) if ok.any()
+                           else [pa.nulls(n, t) for t in output_types])
+            raw = [None if reasons[i] is None else prompts[i] for i in range(n)]
+            scored = ScoredBatch(predictions, sha256, reasons, errors, raw, tokens_in=tokens_in, tokens_out=tokens_out,
+                                 requests=requests, retries=sum(r or 0 for r, p in zip(rounds, prompts) if p is not None),
+                                 unmetered=unmetered)
+            yield scored.record_batch([batch.column(name) for name in keep_cols], out_schema)
+
+    return result
+
+
+def _generation(generation: type, body: Mapping[str, Any], options: Any, api: str) -> Any:
+    """A result body's :class:`~lakescore.udfs.heads.generate.Generation`, checked as the per-row path checks an
+    answer (:func:`~lakescore.udfs.remote.completions.parse_completion`, the JSON schema, the log-probabilities)."""
+    from lakescore.udfs.remote.answers import Unhonoured
+    from lakescore.udfs.remote.completions import parse_completion
+
+    completion = parse_completion(body, api, options.stop, options.max_new_tokens)
+    if options.json_schema is not None and completion.finish_reason != "length":
+        from jsonschema import ValidationError, validate
+
+        try:
+            validate(json.loads(completion.text), json.loads(options.json_schema))
+        except (ValueError, ValidationError) as exc:
+            message = exc.message if isinstance(exc, ValidationError) else str(exc)
+            raise Unhonoured("generate.json_schema (response_format)",
+                             f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
+    if options.logprobs and completion.token_logprobs is None:
+        raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
+    return generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
+                      token_logprobs=completion.token_logprobs if options.logprobs else None)

@@ -1,0 +1,120 @@
+"""The wire of an OpenAI-style Batch API: upload a file (``POST /files``, purpose ``batch``), create a batch
+(``POST /batches``), read one (``GET /batches/{id}``), list them (``GET /batches``), cancel one, read a file's content.
+
+httpx2, as the per-row client (:mod:`lakescore.udfs.remote.client`), and for its reasons: the one key scrubber, the
+same retry rule (its statuses, backoff and ``Retry-After``), and no ``openai`` package at run time (the official
+client would bring its own retry loop and a dependency for six plain calls). The key is read where the client is made
+(the driver polls, the executors upload and download) and sent only in the ``Authorization`` header.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional
+
+from lakescore.udfs.remote.answers import RETRY_STATUSES
+from lakescore.udfs.remote.client import backoff, retry_after, scrub
+
+__all__ = ["BatchApiError", "BatchClient"]
+
+
+class BatchApiError(RuntimeError):
+    """A Batch API call failed for good: ``status`` (``None``: no answer) and the provider's message, scrubbed."""
+
+    def __init__(self, status: Optional[int], message: str, call: str) -> None:
+        self.status, self.message, self.call = status, message, call
+        super().__init__(f"{call}: HTTP {status}: {message}" if status is not None else f"{call}: {message}")
+
+
+class BatchClient:
+    """Calls to one provider's Files and Batches API at ``url`` (the base URL, e.g. ``https://api.openai.com/v1``)
+    with ``api_key``, each retried ``max_retries`` times on a retryable status or a lost connection."""
+
+    def __init__(self, url: str, api_key: Optional[str], *, timeout_s: float = 120.0, max_retries: int = 6,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        import httpx2
+
+        self.url, self._key, self.max_retries, self.sleep = url.rstrip("/"), api_key, max_retries, sleep
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx2.Client(headers=headers, timeout=httpx2.Timeout(timeout_s, connect=min(10.0, timeout_s)))
+        self._transport_errors = (httpx2.TransportError,)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, (self._key,) if self._key else ())
+
+    def _call(self, method: str, path: str, call: str, **kwargs: Any) -> Any:
+        """One call, retried as the module says; the response (2xx), else :class:`BatchApiError`."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self.http.request(method, self.url + path, **kwargs)
+            except self._transport_errors as exc:
+                if attempt == self.max_retries:
+                    raise BatchApiError(None, self.scrub(f"{type(exc).__name__}: {exc}"), call) from None
+                self.sleep(backoff(attempt))
+                continue
+            if 200 <= response.status_code < 300:
+                return response
+            if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                wait = retry_after(response.headers)
+                self.sleep(backoff(attempt) if wait is None else wait)
+                continue
+            raise BatchApiError(response.status_code, self.scrub(_message(response)), call)
+        raise AssertionError("unreachable")
+
+    def upload(self, name: str, content: "bytes | BinaryIO") -> str:
+        """Upload ``content`` (bytes, or a binary file object at its start) as the batch input file ``name``; its id."""
+        response = self._call("POST", "/files", "upload a batch file", files={"file": (name, content, "application/jsonl")},
+                              data={"purpose": "batch"})
+        return str(response.json()["id"])
+
+    def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: Mapping[str, str]) -> dict:
+        """Create the batch of the uploaded file ``input_file_id`` against ``endpoint`` (``/v1/chat/completions``)."""
+        body = {"input_file_id": input_file_id, "endpoint": endpoint, "completion_window": completion_window,
+                "metadata": dict(metadata)}
+        return self._call("POST", "/batches", "create a batch", content=json.dumps(body),
+                          headers={"Content-Type": "application/json"}).json()
+
+    def get(self, batch_id: str) -> dict:
+        """The batch ``batch_id`` as the provider holds it now (its ``status``, ``request_counts``, file ids)."""
+        return self._call("GET", f"/batches/{batch_id}", f"read batch {batch_id}").json()
+
+    def batches(self, page: int = 100) -> Iterator[dict]:
+        """Every batch the provider lists for this key, newest first (``GET /batches``, page by page)."""
+        after: Optional[str] = None
+        while True:
+            params: dict[str, Any] = {"limit": page, **({"after": after} if after else {})}
+            listing = self._call("GET", "/batches", "list batches", params=params).json()
+            data = listing.get("data") or []
+            yield from data
+            if not listing.get("has_more") or not data:
+                return
+            after = data[-1]["id"]
+
+    def cancel(self, batch_id: str) -> dict:
+        """Ask the provider to cancel ``batch_id`` (its lines done so far stay in its output file)."""
+        return self._call("POST", f"/batches/{batch_id}/cancel", f"cancel batch {batch_id}").json()
+
+    def content(self, file_id: str) -> str:
+        """The text of the provider's file ``file_id`` (a batch's output or error file)."""
+        return self._call("GET", f"/files/{file_id}/content", f"download file {file_id}").text
+
+
+def _message(response: Any) -> str:
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    message: Any = None
+    if isinstance(payload, Mapping):
+        error = payload.get("error")
+        message = error.get("message") if isinstance(error, Mapping) else error
+        message = message or payload.get("detail") or payload.get("message")
+    if message is None:
+        message = response.text or response.reason_phrase
+    if not isinstance(message, str):
+        message = json.dumps(message)
+    return " ".join(message.split())[:500]

@@ -1,0 +1,191 @@
+"""OpenAI Batch API files, as pure functions: each row's request line, the files a run's lines are cut into, and what
+each line of a result file means.
+
+A line is ``{"custom_id", "method": "POST", "url", "body"}``, its ``body`` exactly what the per-row path sends for the
+row (:func:`~lakescore.udfs.remote.completions.request_body`). Its ``custom_id`` is a digest of the row's key and of that
+body (:func:`custom_id`): a rerun over the same rows with the same settings makes the same ids, and a row whose request
+changed gets another. Files are cut in the order the lines come, within both the provider's limits (:func:`cut_files`);
+a file is named by the digest of its round and ids (:func:`part_digest`), which its batch carries in ``metadata`` so
+a rerun finds a batch created but not recorded.
+
+A result line is one of three things (:func:`classify`): a **result** (the provider answered the request, 200: the
+row is published from it, or dead-lettered for what it holds, and never sent again), a **retry** (the provider ended
+the line without an answer: an error line with a retryable status, 429 or 5xx; an expired or cancelled batch's
+unfinished line; a line absent from both files), or **dead** (the request's own fault, a 4xx: dead-lettered with the
+provider's message). :func:`next_step` decides a retry's fate: resent in a new round, or dead past ``max_resubmits``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from urllib.parse import urlsplit
+
+from lakescore.udfs.remote.answers import RETRY_STATUSES
+
+__all__ = [
+    "RESULT", "RETRY", "DEAD", "LineOutcome", "custom_id", "batch_line", "request_path", "cut_files", "part_digest",
+    "parse_jsonl", "classify", "absent", "next_step", "RETRYABLE_LINE_CODES", "TERMINAL_STATES", "ENDED_STATES",
+]
+
+RESULT, RETRY, DEAD = "result", "retry", "dead"
+"""What a submitted line ended as (:class:`LineOutcome`)."""
+
+RETRYABLE_LINE_CODES = frozenset({"batch_expired", "batch_cancelled", "rate_limit_exceeded", "server_error",
+                                  "timeout", "internal_error"})
+"""Error codes of an error-file line without a status that mean the provider ended the line unanswered."""
+
+
+ENDED_STATES = frozenset({"completed", "expired", "cancelled"})
+"""Batch states whose output and error files are final: the lines they hold are collected."""
+TERMINAL_STATES = ENDED_STATES | {"failed"}
+"""Batch states the provider never leaves (``failed``: the file did not pass its validation; no line ran)."""
+
+
+@dataclass(frozen=True)
+class LineOutcome:
+    """What one submitted line ended as: ``kind`` (:data:`RESULT`, :data:`RETRY`, :data:`DEAD`), the status the
+    provider gave it (``None``: none), the response's body as JSON text (a result), and the provider's message (a
+    retry's or a dead line's reason)."""
+
+    kind: str
+    status: Optional[int] = None
+    body: Optional[str] = None
+    message: Optional[str] = None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical(body: Mapping[str, Any]) -> str:
+    """``body`` as one stable JSON text (keys sorted, no blanks): what a line's digest and the file hold."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def custom_id(row_key: str, body: str) -> str:
+    """The line id of the row keyed ``row_key`` whose request is ``body`` (:func:`canonical`): the same for the same
+    row and request in every run, 44 characters (providers take 64).
+
+    >>> custom_id("42", '{"prompt":"hi"}') == custom_id("42", '{"prompt":"hi"}'), custom_id("42", "{}") == custom_id("43", "{}")
+    (True, False)
+    """
+    return f"ls-{_digest(row_key)[:20]}-{_digest(body)[:20]}"
+
+
+def request_path(base_url: str, api: str) -> str:
+    """The ``url`` of a line (and the batch's ``endpoint``): the base URL's path and the API's route, e.g.
+    ``/v1/chat/completions``."""
+    route = {"chat": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}[api]
+    return urlsplit(base_url).path.rstrip("/") + route
+
+
+def batch_line(line_id: str, path: str, body: str) -> bytes:
+    """One request line of a batch file (UTF-8, ending in a newline); ``body`` is :func:`canonical` JSON text."""
+    return ('{"custom_id":' + json.dumps(line_id) + ',"method":"POST","url":' + json.dumps(path) + ',"body":' + body
+            + "}\n").encode("utf-8")
+
+
+def cut_files(lines: Iterable[tuple[str, bytes]], max_requests: int, max_bytes: int) -> Iterator[list[tuple[str, bytes]]]:
+    """``(custom_id, line)`` pairs cut, in their order, into files of at most ``max_requests`` lines and
+    ``max_bytes`` bytes; a line longer than ``max_bytes`` alone cannot go in any: :class:`ValueError` (the caller
+    dead-letters such a row before cutting).
+
+    >>> [len(f) for f in cut_files([(str(i), b"x" * 10) for i in range(7)], 3, 25)]
+    [2, 2, 2, 1]
+    """
+    part: list[tuple[str, bytes]] = []
+    size = 0
+    for line_id, line in lines:
+        if len(line) > max_bytes:
+            raise ValueError(f"line {line_id} is {len(line)} bytes, more than a file's {max_bytes}")
+        if part and (len(part) >= max_requests or size + len(line) > max_bytes):
+            yield part
+            part, size = [], 0
+        part.append((line_id, line))
+        size += len(line)
+    if part:
+        yield part
+
+
+def part_digest(run_key: str, round_: int, line_ids: Sequence[str]) -> str:
+    """The name of one file of round ``round_`` of run ``run_key`` holding ``line_ids`` (in file order): what its
+    batch's ``metadata`` carries, 32 hex digits."""
+    return _digest(f"{run_key}\x00{round_}\x00" + "\n".join(line_ids))[:32]
+
+
+def parse_jsonl(text: str) -> dict[str, dict]:
+    """The lines of a result (output or error) file by ``custom_id``; a blank line is skipped, a line that is not a
+    JSON object with a ``custom_id`` is :class:`ValueError` (a provider's file that cannot be read is not guessed at)."""
+    lines: dict[str, dict] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        line = json.loads(raw)
+        if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
+            raise ValueError(f"result line {number} has no custom_id: {raw[:200]}")
+        lines[line["custom_id"]] = line
+    return lines
+
+
+def _message(error: Any, body: Any) -> Optional[str]:
+    """The provider's words for a line's failure: its ``error.message`` (with the code), or the body's."""
+    for holder in (error, body.get("error") if isinstance(body, Mapping) else None):
+        if isinstance(holder, Mapping):
+            code, message = holder.get("code"), holder.get("message")
+            if message or code:
+                return " ".join(f"{code + ': ' if code else ''}{message or ''}".split())[:500]
+        elif isinstance(holder, str) and holder:
+            return holder[:500]
+    return None
+
+
+def classify(line: Mapping[str, Any]) -> LineOutcome:
+    """What a line of a result file means (module docstring): a 200 response is a :data:`RESULT` with its body; an
+    error with a retryable status or code a :data:`RETRY`; any other a :data:`DEAD` with the provider's message.
+
+    >>> classify({"custom_id": "a", "response": {"status_code": 200, "body": {"choices": []}}}).kind
+    'result'
+    >>> classify({"custom_id": "a", "response": {"status_code": 429, "body": {}}, "error": None}).kind
+    'retry'
+    >>> classify({"custom_id": "a", "response": None, "error": {"code": "batch_expired", "message": "expired"}}).kind
+    'retry'
+    >>> classify({"custom_id": "a", "response": {"status_code": 400, "body": {"error": {"message": "bad"}}}}).message
+    'bad'
+    """
+    response = line.get("response")
+    error = line.get("error")
+    status = response.get("status_code") if isinstance(response, Mapping) else None
+    status = status if isinstance(status, int) and not isinstance(status, bool) else None
+    body = response.get("body") if isinstance(response, Mapping) else None
+    if status == 200 and isinstance(body, Mapping) and not error:
+        return LineOutcome(RESULT, 200, json.dumps(body, ensure_ascii=False))
+    message = _message(error, body) or (f"HTTP {status}" if status is not None else "an error line without a message")
+    code = error.get("code") if isinstance(error, Mapping) else None
+    if (status is not None and (status in RETRY_STATUSES or status >= 500)) or (status is None and (
+            code in RETRYABLE_LINE_CODES or code is None)):
+        return LineOutcome(RETRY, status, None, message)
+    return LineOutcome(DEAD, status, None, message)
+
+
+def absent(batch_status: str) -> LineOutcome:
+    """A line found in neither file of a batch that ended ``batch_status``: unfinished (an expired or cancelled batch's
+    rest), or lost by the provider (a completed batch's): retried."""
+    if batch_status == "completed":
+        return LineOutcome(RETRY, None, None, "absent from the completed batch's output and error files")
+    return LineOutcome(RETRY, None, None, f"not done when the batch ended {batch_status}")
+
+
+def next_step(outcome_kind: str, round_: int, max_resubmits: int) -> str:
+    """What becomes of a line that ended ``outcome_kind`` in round ``round_`` (0: first sent): ``"done"`` (a result or
+    a dead line: staged as it is), ``"resend"`` (a retry with resubmissions left) or ``"dead"`` (a retry past
+    ``max_resubmits``).
+
+    >>> next_step("retry", 0, 3), next_step("retry", 3, 3), next_step("result", 0, 3)
+    ('resend', 'dead', 'done')
+    """
+    if outcome_kind != RETRY:
+        return "done"
+    return "resend" if round_ < max_resubmits else "dead"
