@@ -43,6 +43,11 @@ KILL_ENV = "LAKESCORE_TEST_KILL"
 POINTS = {
     "chunk_commit:<k>": "right before chunk k's staging commit (with @seconds: during it)",
     "chunk_committed:<k>": "after chunk k's staging commit, before the next chunk",
+    "batch_submit": "a provider batch run: before a round of lines is submitted (generate.endpoint.batch)",
+    "batch_created": "on the executor, right after a provider batch is created, before the ledger records it",
+    "batches_recorded": "a round's batches recorded in the ledger, before polling",
+    "batch_polling": "each pass of polling the provider's batches",
+    "batch_collect": "before the ended batches' files are downloaded",
     "staging_pinned": "every chunk staged and the staging snapshot pinned, before accounting",
     "validation_running": "accounting done, right before the GX suite runs (with @seconds: during it)",
     "publish_commit": "the publish decided, right before the output's commit",

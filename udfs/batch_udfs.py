@@ -30,7 +30,7 @@ from lakescore.udfs.remote.batch_files import (
 
 __all__ = [
     "RENDERED_FIELDS", "SUBMITTED_SCHEMA", "OUTCOME_SCHEMA", "make_render_function", "make_submit_function",
-    "make_download_function", "make_result_function", "row_body", "TOO_LARGE",
+    "make_download_function", "make_result_function", "row_body", "TOO_LARGE", "held_parts",
 ]
 
 ArrowFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -91,10 +91,12 @@ def make_render_function(options: Any, model: str, api: str, path: str, prompt_c
 
 def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, completion_window: str, run_key: str,
                          round_: int, max_requests: int, max_bytes: int, known: Mapping[str, Mapping[str, str]],
-                         client_factory: Optional[Callable[[], Any]] = None) -> ArrowFunction:
+                         client_factory: Optional[Callable[[], Any]] = None,
+                         on_created: Optional[Callable[[], None]] = None) -> ArrowFunction:
     """Upload a partition's ``(custom_id, chunk, line)`` rows (sorted by ``custom_id``) as files of round ``round_``
     and create their batches; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
-    "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``)."""
+    "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``); a retried
+    task asks the provider again. ``on_created``: called after each batch is created (the test hooks)."""
 
     def submit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
@@ -103,11 +105,15 @@ def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, c
             rows.extend(zip(batch.column("custom_id").to_pylist(), batch.column("chunk").to_pylist(),
                             batch.column("line").to_pylist()))
         chunks = {line_id: chunk for line_id, chunk, _ in rows}
+        held_now: Optional[Mapping[str, Mapping[str, str]]] = None
         try:
             for part in cut_files(((line_id, line) for line_id, _, line in rows), max_requests, max_bytes):
                 ids = [line_id for line_id, _ in part]
                 digest = part_digest(run_key, round_, ids)
-                held = known.get(digest)
+                if held_now is None and _retried_task():  # an earlier attempt of this task may have created some
+                    client = client or (client_factory() if client_factory else _client(url, key_env))
+                    held_now = {**known, **held_parts(client, run_key, round_)}
+                held = (held_now or known).get(digest)
                 if held is not None:
                     batch_id, file_id = held["batch_id"], held["input_file_id"]
                 else:
@@ -121,6 +127,8 @@ def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, c
                                             {"lakescore_run": run_key, "lakescore_part": digest,
                                              "lakescore_round": str(round_)})
                     batch_id = str(created["id"])
+                    if on_created is not None:
+                        on_created()
                 n = len(ids)
                 yield pa.RecordBatch.from_arrays([
                     pa.array(ids, pa.string()), pa.array([chunks[i] for i in ids], pa.int32()),
@@ -132,6 +140,25 @@ def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, c
                 client.close()
 
     return submit
+
+
+def _retried_task() -> bool:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is not None and context.attemptNumber() > 0
+
+
+def held_parts(client: Any, run_key: str, round_: int) -> dict[str, dict[str, str]]:
+    """The provider's batches of ``run_key``'s round ``round_`` by file (their ``metadata``): part digest -> batch and
+    input file; a ``failed`` one left out (it ran nothing: its file is sent again)."""
+    held: dict[str, dict[str, str]] = {}
+    for batch in client.batches():
+        metadata = batch.get("metadata") or {}
+        if (metadata.get("lakescore_run") == run_key and metadata.get("lakescore_round") == str(round_)
+                and batch.get("status") != "failed" and metadata.get("lakescore_part") not in held):
+            held[metadata["lakescore_part"]] = {"batch_id": str(batch["id"]), "input_file_id": str(batch["input_file_id"])}
+    return held
 
 
 def make_download_function(url: str, key_env: Optional[str], ended: Mapping[str, Mapping[str, Any]],

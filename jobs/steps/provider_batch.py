@@ -46,7 +46,7 @@ from lakescore.schemas.output import scored_schema
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path
 from lakescore.udfs.batch_udfs import (
-    CUSTOM_ID, LINE, OUTCOME_SCHEMA, SUBMITTED_SCHEMA, make_download_function, make_render_function,
+    CUSTOM_ID, LINE, OUTCOME_SCHEMA, SUBMITTED_SCHEMA, held_parts, make_download_function, make_render_function,
     make_result_function, make_submit_function,
 )
 
@@ -150,11 +150,11 @@ def _submit(run: "RunContext", ledger: BatchLedger, rendered: DataFrame, client:
     counts = {int(r["round"]): int(r["n"]) for r in to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n")).collect()}
     for round_, n in sorted(counts.items()):
         at_point("batch_submit")
-        known = _provider_parts(client, ledger.run_key, round_)
+        known = held_parts(client, ledger.run_key, round_)
         parts = max(1, math.ceil(n / settings.max_requests_per_file))
         submit = make_submit_function(endpoint.url, endpoint.api_key_env, request_path(endpoint.url, endpoint.api),
                                       settings.completion_window, ledger.run_key, round_, settings.max_requests_per_file,
-                                      settings.max_bytes_per_file, known)
+                                      settings.max_bytes_per_file, known, on_created=_batch_created)
         # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts
         submitted = (to_send.where(F.col("round") == round_).select("custom_id", "chunk", "line")
                      .repartition(parts, "custom_id").sortWithinPartitions("custom_id")
@@ -166,16 +166,10 @@ def _submit(run: "RunContext", ledger: BatchLedger, rendered: DataFrame, client:
     return sum(counts.values())
 
 
-def _provider_parts(client: "BatchClient", run_key: str, round_: int) -> dict[str, dict[str, str]]:
-    """The provider's batches of ``run_key``'s round ``round_`` by file (``metadata``): part -> batch and input file;
-    a ``failed`` one left out (it ran nothing: its file is sent again)."""
-    held: dict[str, dict[str, str]] = {}
-    for batch in client.batches():
-        metadata = batch.get("metadata") or {}
-        if (metadata.get("lakescore_run") == run_key and metadata.get("lakescore_round") == str(round_)
-                and batch.get("status") != "failed" and metadata.get("lakescore_part") not in held):
-            held[metadata["lakescore_part"]] = {"batch_id": str(batch["id"]), "input_file_id": str(batch["input_file_id"])}
-    return held
+def _batch_created() -> None:
+    """On the executor, after each batch it creates: the test hook point ``batch_created`` (the task killed between a
+    batch's create and its record)."""
+    at_point("batch_created")
 
 
 def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], settings: Any) -> list[BatchState]:

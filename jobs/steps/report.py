@@ -176,7 +176,12 @@ def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
     if price is None:
         return None
     cost = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
-    return cost * price.batch if cfg.provider_batch else cost  # a provider batch's tokens at its batch price
+    if not cfg.provider_batch:
+        return cost
+    # a provider batch's lines at its batch price; the preflight's one request per executor went per row
+    probe = workers.get("preflight") or {}
+    per_row = price.cost(int(probe.get("tokens_in") or 0), int(probe.get("tokens_out") or 0))
+    return per_row + (cost - per_row) * price.batch
 
 
 def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -188,7 +193,7 @@ def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> Opt
     price = cfg.endpoint().price
     if price is not None:
         per_row = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
-        summary.update(token_cost_per_row=round(per_row, 6), saving=round(per_row * (1 - price.batch), 6))
+        summary.update(token_cost_per_row=round(per_row, 6), saving=round(per_row - (_token_cost(cfg, workers) or 0), 6))
     return summary
 
 

@@ -1,0 +1,165 @@
+"""``generate.endpoint.batch`` (issue 67) on real Spark + Delta against the test suite's Batch API provider
+(:mod:`tests.providers`), which executes each line on ``transformers serve`` running the tiny seeded Llama-shaped
+model, started once for the module:
+
+* results shuffled, some lines answered 500 in the error file, some absent from both files, the first batch expired
+  with half its lines done: every row published once with the text the per-row endpoint gives it (transformers' own
+  greedy ``generate``), no line with a result executed twice, the provider's line counts equal to the report's, the
+  tokens at half price;
+* the run killed between a batch's create and its record (the submit task dies), then killed again while it polls,
+  then run again: the provider holds each file's batch once, every line ran once, every row published;
+* ``batch.wait: false``: the run submits and stops pending; the same run later collects, submitting nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lakescore.jobs.config import load_config
+from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
+from tests.integration.test_generate_job import _reference_texts
+from tests.integration.test_score_job import read_output
+from tests.providers import Faults, Pick, batch_provider
+from tests.served_models import TransformersServe
+
+TEMPLATE = "Review: {body}\nSummary:"
+KEY_ENV = "LAKESCORE_TEST_BATCH_KEY"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_causal_lm_dir, module_tmp_path):
+    server = TransformersServe(tiny_causal_lm_dir, module_tmp_path / "serve.log").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def provider_key(spark, monkeypatch):
+    """The provider's key in the driver's environment (it polls) and the executors' (they upload and download)."""
+    from tests.providers.batch_provider import BatchProvider
+
+    key = BatchProvider.__init__.__kwdefaults__["key"]
+    monkeypatch.setenv(KEY_ENV, key)
+    environment = spark.sparkContext.environment
+    environment[KEY_ENV] = key
+    yield key
+    environment.pop(KEY_ENV, None)
+
+
+def _reviews(n: int) -> pd.DataFrame:
+    rows = [(i, f"the food was good and room {i} was quiet") for i in range(1, n + 1)]
+    rows[2] = (3, None)  # null_input, never sent
+    return pd.DataFrame(rows, columns=["review_id", "body"])
+
+
+def _write(spark, frame: pd.DataFrame, path: Path) -> None:
+    spark.createDataFrame(frame, "review_id long, body string").write.format("delta").mode("overwrite").save(str(path))
+
+
+def _flags(source: Path, output: Path, url: str, model_dir: Path, **batch) -> dict:
+    return {
+        "input": str(source), "output": str(output), "task": "generate", "id_col": "review_id",
+        "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": 6, "max_error_rate": 0.5,
+        "spark.master": "local[2]", "generate.endpoint.url": url, "generate.endpoint.model": str(model_dir),
+        "generate.endpoint.api_key_env": KEY_ENV, "generate.endpoint.price": {"input": 2.0, "output": 10.0},
+        "generate.endpoint.batch": {"max_requests_per_file": 4, "poll_interval_s": 0.2, **batch},
+    }
+
+
+def test_a_batch_run_publishes_every_row_once_with_the_per_row_text_at_half_price(
+    spark, tmp_path, served, tiny_causal_lm_dir, provider_key,
+):
+    source, output = tmp_path / "reviews", tmp_path / "summaries"
+    frame = _reviews(12)
+    _write(spark, frame, source)
+    faults = Faults(status={500: Pick(fraction=0.2, seed=1)}, vanish=Pick(fraction=0.2, seed=2), expire_batches=1)
+    with batch_provider(served.url, faults=faults) as provider:
+        report = run_scoring(load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir)), spark)
+        assert report.status == "succeeded", report.error
+        out = read_output(spark, str(output))
+        present = frame[frame["body"].notna()]
+        expected, prompt_tokens = _reference_texts(tiny_causal_lm_dir, [TEMPLATE.format(**r) for r in present.to_dict(
+            "records")], 6)
+        published = out[out["generated_text"].notna()]
+        assert published["review_id"].tolist() == present["review_id"].tolist()  # every row once
+        assert published["generated_text"].tolist() == expected
+        assert published["prompt_tokens"].tolist() == prompt_tokens
+        assert report.error_reasons == {"null_input": 1}
+        assert provider.executed_after_result == []  # no line with a result ran again
+        assert set(provider.delivered) and len(provider.delivered) == len(present)
+        batch = report.provider_batch
+        counts = provider.request_counts()
+        assert {b["id"] for b in batch["batches"]} == set(counts)
+        assert batch["lines_submitted"] == sum(c["total"] for c in counts.values())
+        assert batch["lines_resubmitted"] == batch["lines_submitted"] - len(present) > 0
+        assert any("expired" in reason for reason in batch["retry_reasons"])
+        assert any("absent" in reason for reason in batch["retry_reasons"])
+        assert any("500" in reason for reason in batch["retry_reasons"])
+        workers = report.workers
+        probe = workers.get("preflight") or {"tokens_in": 0, "tokens_out": 0}
+        assert workers["tokens_out"] - probe["tokens_out"] == published["completion_tokens"].sum()
+        per_row = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
+        probe_cost = (probe["tokens_in"] * 2.0 + probe["tokens_out"] * 10.0) / 1e6
+        assert report.cost["token_cost"] == pytest.approx(probe_cost + (per_row - probe_cost) / 2, abs=1e-6)
+        assert batch["saving"] == pytest.approx(per_row - report.cost["token_cost"], abs=1e-6)
+        assert "provider batch:" in report.summary()
+
+
+def _score(flags: dict, env: dict) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "lakescore.jobs.cli", "score"]
+    for key, value in flags.items():
+        import json
+
+        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, dict) else value}"]
+    return subprocess.run(args, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+
+
+def test_a_killed_run_resumes_without_submitting_a_batch_twice(spark, tmp_path, served, tiny_causal_lm_dir,
+                                                               provider_key):
+    source, output = tmp_path / "reviews", tmp_path / "summaries"
+    frame = _reviews(10)
+    _write(spark, frame, source)
+    with batch_provider(served.url, faults=Faults(), min_seconds=2) as provider:
+        flags = _flags(source, output, provider.url, tiny_causal_lm_dir)
+        env = {KEY_ENV: provider_key, "LAKESCORE_TEST_HOOKS": "1"}
+        # the submit task dies right after its first batch is created, before anything recorded it
+        died = _score(flags, {**env, "LAKESCORE_TEST_KILL": "batch_created"})
+        assert died.returncode != 0 and len(provider.batches) >= 1, died.stderr[-2000:]
+        # the driver killed while it polls
+        died = _score(flags, {**env, "LAKESCORE_TEST_KILL": "batch_polling"})
+        assert died.returncode == -9, died.stderr[-2000:]
+        held = set(provider.batches)
+        done = _score(flags, env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert set(provider.batches) == held  # the rerun polled what the provider held: nothing submitted again
+        assert max(provider.submissions.values()) == 1 and len(provider.submissions) == 9
+        assert max(provider.executions.values()) == 1
+        out = read_output(spark, str(output))
+        assert out["generated_text"].notna().sum() == 9 and len(out) == 10
+
+
+def test_wait_false_submits_and_returns_then_a_later_run_collects(spark, tmp_path, served, tiny_causal_lm_dir,
+                                                                  provider_key):
+    source, output = tmp_path / "reviews", tmp_path / "summaries"
+    _write(spark, _reviews(5), source)
+    with batch_provider(served.url, min_seconds=3) as provider:
+        cfg = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, wait=False))
+        with pytest.raises(BatchesPending, match="still running"):
+            run_scoring(cfg, spark)
+        submitted = set(provider.batches)
+        assert submitted and not (tmp_path / "summaries" / "_delta_log").exists()
+        for batch_id in submitted:
+            provider.wait(batch_id)
+        report = run_scoring(cfg, spark)
+        assert report.status == "succeeded" and set(provider.batches) == submitted
+        assert report.output_rows == 5 and report.error_reasons == {"null_input": 1}
+    assert EXIT_PENDING == 75
+    time.sleep(0)
