@@ -1,4 +1,5 @@
-"""``lakescore`` command line: ``score``, ``plan``, ``demo``, ``sweep``, ``history`` and ``fetch-jars [--s3a]``.
+"""``lakescore`` command line: ``score``, ``plan``, ``demo``, ``sweep``, ``history``, ``batches`` and
+``fetch-jars [--s3a]``.
 
 Exit codes: 0 success; 1 the run failed a check (validation, error rate, drift) and
 published nothing; 2 a configuration, input or model problem (found before any
@@ -77,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument("--run", metavar="RUN_ID", help="show this run's report and where its HTML is")
     history.add_argument("--errors", help="its dead-letter table (default: <output>_errors)")
     history.add_argument("--limit", type=int, default=20, help="newest runs to list (default: 20)")
+
+    batches = commands.add_parser(
+        "batches", parents=[common],
+        help="list the provider batches of a generate.endpoint.batch output, or --cancel them",
+    )
+    batches.add_argument("--cancel", action="store_true", help="cancel the batches still running (lines done are kept)")
 
     fetch = commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
     fetch.add_argument(
@@ -190,6 +197,16 @@ def _history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _batches(args: argparse.Namespace) -> int:
+    from lakescore.jobs.commands.batches import format_batches, list_batches
+    from lakescore.jobs.platform.session import get_or_create_session
+
+    cfg = _config(args)
+    spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
+    print(format_batches(list_batches(spark, cfg, cancel=args.cancel), cfg.output))
+    return EXIT_OK
+
+
 def _fetch_jars(args: argparse.Namespace) -> int:
     from lakescore.jobs.commands.fetch_jars import build_archive
     from lakescore.jobs.platform.spark.jars import delta_coordinate, fetch_jars, s3a_coordinate
@@ -214,7 +231,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_from_py4j)
         log_jvm_to_file()  # a session built from here on keeps the JVM's stack traces off the console
-    handlers = {"score": _score, "plan": _plan, "demo": _demo, "sweep": _sweep, "history": _history, "fetch-jars": _fetch_jars}
+    handlers = {"score": _score, "plan": _plan, "demo": _demo, "sweep": _sweep, "history": _history,
+                "batches": _batches, "fetch-jars": _fetch_jars}
     install_interrupt_handlers()
     try:
         return handlers[args.command](args)

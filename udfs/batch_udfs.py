@@ -39,7 +39,8 @@ CUSTOM_ID, LINE = "__lakescore_custom_id", "__lakescore_line"
 RENDERED_FIELDS = ((CUSTOM_ID, pa.string()), (LINE, pa.binary()))
 """What :func:`make_render_function` adds to each row: its line id and its line (both null for a null prompt; the line
 null too where it is larger than a file may be, :data:`TOO_LARGE`)."""
-TOO_LARGE = "the row's request line is larger than a batch file may be (generate.endpoint.batch.max_bytes_per_file {limit})"
+TOO_LARGE = ("the row's request line is larger than a batch file may be "
+             "(generate.endpoint.batch.max_bytes_per_file {limit})")
 
 SUBMITTED_SCHEMA = pa.schema([("custom_id", pa.string()), ("chunk", pa.int32()), ("round", pa.int32()),
                               ("part", pa.string()), ("batch_id", pa.string()), ("input_file_id", pa.string())])
@@ -157,7 +158,8 @@ def held_parts(client: Any, run_key: str, round_: int) -> dict[str, dict[str, st
         metadata = batch.get("metadata") or {}
         if (metadata.get("lakescore_run") == run_key and metadata.get("lakescore_round") == str(round_)
                 and batch.get("status") != "failed" and metadata.get("lakescore_part") not in held):
-            held[metadata["lakescore_part"]] = {"batch_id": str(batch["id"]), "input_file_id": str(batch["input_file_id"])}
+            held[metadata["lakescore_part"]] = {"batch_id": str(batch["id"]),
+                                                "input_file_id": str(batch["input_file_id"])}
     return held
 
 
@@ -261,9 +263,9 @@ def make_result_function(options: Any, api: str, sha256: str, keep_cols: Sequenc
             predictions = (list(generation_columns(outputs, ok, output_types, options.logprobs)) if ok.any()
                            else [pa.nulls(n, t) for t in output_types])
             raw = [None if reasons[i] is None else prompts[i] for i in range(n)]
+            resent = sum(r or 0 for r, p in zip(rounds, prompts) if p is not None)
             scored = ScoredBatch(predictions, sha256, reasons, errors, raw, tokens_in=tokens_in, tokens_out=tokens_out,
-                                 requests=requests, retries=sum(r or 0 for r, p in zip(rounds, prompts) if p is not None),
-                                 unmetered=unmetered)
+                                 requests=requests, retries=resent, unmetered=unmetered)
             yield scored.record_batch([batch.column(name) for name in keep_cols], out_schema)
 
     return result

@@ -1,8 +1,8 @@
 """The ledger of a provider batch run: what was submitted, what the provider said of it, what came back, durable beside
 the run's staging so a rerun reads it before it sends anything.
 
-Three append-only Delta tables per output, beside its staging tables (:func:`~lakescore.jobs.steps.staging.staging_location`
-with the suffixes ``batch_lines``, ``batches``, ``batch_outcomes``), each row naming its run key:
+Three append-only Delta tables per output, beside its staging tables
+(:func:`~lakescore.jobs.steps.staging.staging_location` with the suffixes ``batch_lines``, ``batches``, ``batch_outcomes``), each row naming its run key:
 
 * **lines**: one row per submitted line: its ``custom_id``, chunk, round (0: first sent), file (``part`` digest),
   batch and input file; appended by the stage that uploads the files and creates the batches, as that stage commits
@@ -41,7 +41,8 @@ BATCHES_SCHEMA = T.StructType([
     T.StructField("run_key", T.StringType()), T.StructField("batch_id", T.StringType()),
     T.StructField("round", T.IntegerType()), T.StructField("status", T.StringType()),
     T.StructField("output_file_id", T.StringType()), T.StructField("error_file_id", T.StringType()),
-    T.StructField("total", T.LongType()), T.StructField("completed", T.LongType()), T.StructField("failed", T.LongType()),
+    T.StructField("total", T.LongType()), T.StructField("completed", T.LongType()),
+    T.StructField("failed", T.LongType()),
     T.StructField("message", T.StringType()), T.StructField("recorded_at", T.TimestampType()),
 ])
 OUTCOMES_SCHEMA = T.StructType([
@@ -101,7 +102,8 @@ class BatchLedger:
 
     def append_lines(self, submitted: DataFrame) -> None:
         """Append what the submit stage yields (its lines, each in its file and batch), in one commit."""
-        self._append("batch_lines", submitted.select(F.lit(self.run_key).alias("run_key"), *submitted.columns), LINES_SCHEMA)
+        self._append("batch_lines", submitted.select(F.lit(self.run_key).alias("run_key"), *submitted.columns),
+                     LINES_SCHEMA)
 
     def append_outcomes(self, collected: DataFrame) -> None:
         """Append what the download stage yields (one outcome per line), in one commit."""
@@ -112,7 +114,8 @@ class BatchLedger:
         """Append the terminal state of ``batch`` (the provider's object) at once."""
         counts = batch.get("request_counts") or {}
         errors = (batch.get("errors") or {}).get("data") or []
-        message = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))[:2000] or None
+        said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))
+        message = said[:2000] or None
         row = (self.run_key, str(batch["id"]), round_, str(batch["status"]), batch.get("output_file_id"),
                batch.get("error_file_id"), counts.get("total"), counts.get("completed"), counts.get("failed"), message)
         df = self.spark.createDataFrame([row], T.StructType(BATCHES_SCHEMA.fields[:-1])).withColumn(

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from lakescore.jobs.steps.context import Plan, RunContext
     from lakescore.udfs.remote.batch_client import BatchClient
 
-__all__ = ["BatchesPending", "BatchRefused", "EXIT_PENDING", "stage_through_batches", "provider_batches", "batch_summary"]
+__all__ = ["BatchesPending", "BatchRefused", "EXIT_PENDING", "stage_through_batches", "driver_client", "batch_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _api(cfg: Any) -> str:
     return cfg.endpoint().api
 
 
-def _driver_client(endpoint: Any) -> "BatchClient":
+def driver_client(endpoint: Any) -> "BatchClient":
     """The driver's client (it polls, lists and cancels): the key from the driver's own environment."""
     from lakescore.udfs.remote.batch_client import BatchClient
     from lakescore.udfs.remote.answers import EndpointRefused
@@ -87,8 +87,8 @@ def _driver_client(endpoint: Any) -> "BatchClient":
     if endpoint.api_key_env:
         key = os.environ.get(endpoint.api_key_env)
         if not key:
-            raise EndpointRefused(f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} (api_key_env) "
-                                  "is not set in the driver's environment")
+            raise EndpointRefused(f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} "
+                                  "(api_key_env) is not set in the driver's environment")
     return BatchClient(endpoint.url, key, timeout_s=endpoint.timeout_s, max_retries=endpoint.max_retries)
 
 
@@ -111,13 +111,14 @@ def stage_through_batches(run: "RunContext", plan: "Plan", todo: Sequence[int],
     passed = {name: resolvable_name(name) for name in read}
     rows = rows.select(*[column(c).alias(passed[c]) for c in read])
     prompt_col = passed[run.input_cols[0]]
-    out = T.StructType([*rows.schema.fields, T.StructField(CUSTOM_ID, T.StringType()), T.StructField(LINE, T.BinaryType())])
+    out = T.StructType([*rows.schema.fields, T.StructField(CUSTOM_ID, T.StringType()),
+                        T.StructField(LINE, T.BinaryType())])
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    render = make_render_function(plan.spec.generate, endpoint.model, endpoint.api, request_path(endpoint.url, endpoint.api),
-                                  prompt_col, passed[key_col], to_arrow_schema(out), settings.max_bytes_per_file)
+    render = make_render_function(plan.spec.generate, endpoint.model, endpoint.api,
+                                  request_path(endpoint.url, endpoint.api), prompt_col, passed[key_col], to_arrow_schema(out), settings.max_bytes_per_file)
     rendered = rows.mapInArrow(render, out)
-    client = _driver_client(endpoint)
+    client = driver_client(endpoint)
     try:
         while True:
             sent = _submit(run, ledger, rendered, client, settings, endpoint)
@@ -147,14 +148,16 @@ def _submit(run: "RunContext", ledger: BatchLedger, rendered: DataFrame, client:
            .join(live.select("custom_id", "round"), ["custom_id", "round"], "left_anti"))
     again = sendable.join(due, "custom_id")
     to_send = first.unionByName(again)
-    counts = {int(r["round"]): int(r["n"]) for r in to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n")).collect()}
+    per_round = to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n")).collect()
+    counts = {int(r["round"]): int(r["n"]) for r in per_round}
     for round_, n in sorted(counts.items()):
         at_point("batch_submit")
         known = held_parts(client, ledger.run_key, round_)
         parts = max(1, math.ceil(n / settings.max_requests_per_file))
         submit = make_submit_function(endpoint.url, endpoint.api_key_env, request_path(endpoint.url, endpoint.api),
-                                      settings.completion_window, ledger.run_key, round_, settings.max_requests_per_file,
-                                      settings.max_bytes_per_file, known, on_created=_batch_created)
+                                      settings.completion_window, ledger.run_key, round_,
+                                      settings.max_requests_per_file, settings.max_bytes_per_file, known,
+                                      on_created=_batch_created)
         # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts
         submitted = (to_send.where(F.col("round") == round_).select("custom_id", "chunk", "line")
                      .repartition(parts, "custom_id").sortWithinPartitions("custom_id")
@@ -191,20 +194,21 @@ def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], 
                 seen[status] += 1
                 if status in TERMINAL_STATES:
                     ledger.record_ended(batch, state.round)
-                    ended[batch_id] = BatchState(batch_id, state.round, state.lines, status, batch.get("output_file_id"),
-                                                 batch.get("error_file_id"), counts.get("completed"), counts.get("failed"))
+                    ended[batch_id] = BatchState(batch_id, state.round, state.lines, status,
+                                                 batch.get("output_file_id"), batch.get("error_file_id"),
+                                                 counts.get("completed"), counts.get("failed"))
                     del running[batch_id]
                     if status == "failed":
                         _refuse_failed([ended[batch_id]], batch)
             for state in ended.values():
                 seen[state.status] += 0
-            log.info("provider batches: %s; %d of %d running line(s) done",
-                     ", ".join(f"{n} {status}" for status, n in sorted(seen.items()) if n) or "none running", done, total)
+            states_seen = ", ".join(f"{n} {status}" for status, n in sorted(seen.items()) if n)
+            log.info("provider batches: %s; %d of %d running line(s) done", states_seen or "none running", done, total)
             if running:
                 if not settings.wait:
                     lines = sum(s.lines for s in running.values())
-                    raise BatchesPending(f"{len(running)} provider batch(es) ({lines} lines) still running; run the same "
-                                         "command again to collect them")
+                    raise BatchesPending(f"{len(running)} provider batch(es) ({lines} lines) still running; run the "
+                                         "same command again to collect them")
                 time.sleep(settings.poll_interval_s)
     except BaseException as exc:
         if was_interrupted(exc) and running:
@@ -235,7 +239,8 @@ def _collect(run: "RunContext", ledger: BatchLedger, states: Sequence[BatchState
     at_point("batch_collect")
     download = make_download_function(endpoint.url, endpoint.api_key_env, ended)
     lines = ledger.lines().where(F.col("batch_id").isin(list(ended))).select("custom_id", "batch_id", "round")
-    ledger.append_outcomes(lines.repartition(len(ended), "batch_id").mapInArrow(download, _spark_schema(OUTCOME_SCHEMA)))
+    outcomes = lines.repartition(len(ended), "batch_id").mapInArrow(download, _spark_schema(OUTCOME_SCHEMA))
+    ledger.append_outcomes(outcomes)
     log.info("provider batch: collected %d ended batch(es)", len(ended))
 
 
@@ -253,7 +258,8 @@ def _stage(run: "RunContext", plan: "Plan", ledger: BatchLedger, rendered: DataF
     task = get_task(spec.task)
     types = task.output_arrow_types_for(task.options_of(spec))
     kept = [T.StructField(c, rendered.schema[passed[c]].dataType, rendered.schema[passed[c]].nullable) for c in keep]
-    schema = scored_schema(cfg.task, *kept, asked=cfg.asked_outputs(), chunked=cfg.chunked)  # the kept columns' own names
+    # the kept columns under their own names, as the per-row path stages them
+    schema = scored_schema(cfg.task, *kept, asked=cfg.asked_outputs(), chunked=cfg.chunked)
     from pyspark.sql.pandas.types import to_arrow_schema
 
     result = make_result_function(spec.generate, _api(cfg), plan.identity.sha256, [passed[c] for c in keep], prompt_col,
@@ -271,11 +277,6 @@ def _spark_schema(schema: Any) -> T.StructType:
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(schema)
-
-
-def provider_batches(ledger: BatchLedger) -> list[BatchState]:
-    """The run's batches as its ledger holds them (``lakescore batches``)."""
-    return ledger.states()
 
 
 def batch_summary(ledger: BatchLedger) -> dict[str, Any]:

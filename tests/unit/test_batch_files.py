@@ -36,7 +36,8 @@ def test_line_body_is_the_per_row_request_and_ids_are_stable() -> None:
 
     body = row_body(options, "m", "chat", "hello", "42")
     assert body == request_body(options, "m", "chat", "hello", row_seed(3, "42"))
-    line = json.loads(batch_line(custom_id("42", canonical(body)), request_path(ENDPOINT["url"], "chat"), canonical(body)))
+    line_id = custom_id("42", canonical(body))
+    line = json.loads(batch_line(line_id, request_path(ENDPOINT["url"], "chat"), canonical(body)))
     assert line == {"custom_id": custom_id("42", canonical(body)), "method": "POST", "url": "/v1/chat/completions",
                     "body": body}
     assert custom_id("42", canonical(body)) == custom_id("42", canonical(dict(reversed(list(body.items())))))
@@ -124,10 +125,11 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
             "usage": {"prompt_tokens": 3, "completion_tokens": 2}}}}
 
     output = [answer(lines[3], "four"), answer(lines[0], "zero")]  # shuffled
-    errors = [{"custom_id": lines[1]["custom_id"], "response": {"status_code": 500, "body": {"error": {"message": "oops"}}},
-               "error": None},
-              {"custom_id": lines[2]["custom_id"], "response": {"status_code": 400, "body": {"error": {"message": "bad"}}},
-               "error": None}]
+    def failed(line, status, message):
+        return {"custom_id": line["custom_id"], "error": None,
+                "response": {"status_code": status, "body": {"error": {"message": message}}}}
+
+    errors = [failed(lines[1], 500, "oops"), failed(lines[2], 400, "bad")]
     files = {"out": "\n".join(map(json.dumps, output)), "err": "\n".join(map(json.dumps, errors))}
 
     class Files:  # the provider's files as the download stage reads them

@@ -512,7 +512,8 @@ def test_the_conf_examples_the_docs_name_exist_load_and_say_what_the_docs_show()
 
     repo = Path(__file__).resolve().parents[2]
     shown = re.findall(r"```yaml\n# (conf/[\w.-]+\.yaml)\n(.*?)```", (repo / "docs/generation.md").read_text(), re.S)
-    assert {path for path, _ in shown} == {"conf/reviews-endpoint.yaml", "conf/reviews-vllm.yaml"}
+    assert {path for path, _ in shown} == {"conf/reviews-endpoint.yaml", "conf/reviews-vllm.yaml",
+                                           "conf/reviews-batch.yaml"}
     for path, body in shown:
         assert (repo / path).read_text().split("\n", 1)[1] == body, path
         cfg = load_config(repo / path)

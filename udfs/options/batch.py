@@ -26,7 +26,8 @@ class BatchOptions(Section):
     max_bytes_per_file: int = Field(200 * 1024 * 1024, ge=1024, le=2 * 1024**3)
     """Bytes per uploaded file at most (OpenAI's limit: 200 MB); a row whose one line is larger is dead-lettered."""
     completion_window: Literal[COMPLETION_WINDOWS] = "24h"
-    """How long the provider may take for a batch; what it has not done by then comes back expired and is resubmitted."""
+    """How long the provider may take for a batch; what it has not done by then comes back expired and is sent
+    again."""
     poll_interval_s: Number = Field(30.0, ge=0.05, le=3600)
     """Seconds between two polls of the batches' states."""
     max_resubmits: int = Field(3, ge=0, le=20)

@@ -67,8 +67,8 @@ class BatchClient:
 
     def upload(self, name: str, content: "bytes | BinaryIO") -> str:
         """Upload ``content`` (bytes, or a binary file object at its start) as the batch input file ``name``; its id."""
-        response = self._call("POST", "/files", "upload a batch file", files={"file": (name, content, "application/jsonl")},
-                              data={"purpose": "batch"})
+        response = self._call("POST", "/files", "upload a batch file",
+                              files={"file": (name, content, "application/jsonl")}, data={"purpose": "batch"})
         return str(response.json()["id"])
 
     def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: Mapping[str, str]) -> dict:

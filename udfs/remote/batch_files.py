@@ -69,8 +69,10 @@ def custom_id(row_key: str, body: str) -> str:
     """The line id of the row keyed ``row_key`` whose request is ``body`` (:func:`canonical`): the same for the same
     row and request in every run, 44 characters (providers take 64).
 
-    >>> custom_id("42", '{"prompt":"hi"}') == custom_id("42", '{"prompt":"hi"}'), custom_id("42", "{}") == custom_id("43", "{}")
-    (True, False)
+    >>> custom_id("42", '{"prompt":"hi"}') == custom_id("42", '{"prompt":"hi"}')
+    True
+    >>> custom_id("42", "{}") == custom_id("43", "{}")
+    False
     """
     return f"ls-{_digest(row_key)[:20]}-{_digest(body)[:20]}"
 
@@ -88,7 +90,8 @@ def batch_line(line_id: str, path: str, body: str) -> bytes:
             + "}\n").encode("utf-8")
 
 
-def cut_files(lines: Iterable[tuple[str, bytes]], max_requests: int, max_bytes: int) -> Iterator[list[tuple[str, bytes]]]:
+def cut_files(lines: Iterable[tuple[str, bytes]], max_requests: int,
+              max_bytes: int) -> Iterator[list[tuple[str, bytes]]]:
     """``(custom_id, line)`` pairs cut, in their order, into files of at most ``max_requests`` lines and
     ``max_bytes`` bytes; a line longer than ``max_bytes`` alone cannot go in any: :class:`ValueError` (the caller
     dead-letters such a row before cutting).
@@ -118,7 +121,8 @@ def part_digest(run_key: str, round_: int, line_ids: Sequence[str]) -> str:
 
 def parse_jsonl(text: str) -> dict[str, dict]:
     """The lines of a result (output or error) file by ``custom_id``; a blank line is skipped, a line that is not a
-    JSON object with a ``custom_id`` is :class:`ValueError` (a provider's file that cannot be read is not guessed at)."""
+    JSON object with a ``custom_id`` is :class:`ValueError` (a provider's file that cannot be read is not guessed
+    at)."""
     lines: dict[str, dict] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
