@@ -20,8 +20,8 @@ os.environ["LAKESCORE_TEST_HOOKS"] = "1"
 SLOWEST_FIRST = (
     "integration/test_incremental.py", "integration/test_tasks_and_faults.py", "integration/test_spark_connect.py",
     "cluster/test_faults.py", "integration/test_s3a.py", "integration/test_bad_inputs.py", "integration/test_kill_matrix.py",
-    "integration/test_generate_job.py", "integration/test_endpoint_job.py", "integration/test_image_job.py",
-    "integration/test_batch_provider_upstream.py",
+    "integration/test_generate_job.py", "integration/test_endpoint_job.py", "integration/test_provider_batch.py",
+    "integration/test_image_job.py", "integration/test_batch_provider_upstream.py",
     "integration/test_chunked_documents.py", "integration/test_score_job.py",
     "cluster/test_submit_local.py", "scale/test_flat_memory.py", "cluster/test_standalone.py",
     "integration/test_api.py", "integration/test_rank_and_ids.py", "integration/test_drift_gate.py",

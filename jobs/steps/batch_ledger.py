@@ -110,17 +110,20 @@ class BatchLedger:
         self._append("batch_outcomes", collected.select(F.lit(self.run_key).alias("run_key"), *collected.columns),
                      OUTCOMES_SCHEMA)
 
-    def record_ended(self, batch: dict, round_: int) -> None:
-        """Append the terminal state of ``batch`` (the provider's object) at once."""
-        counts = batch.get("request_counts") or {}
-        errors = (batch.get("errors") or {}).get("data") or []
-        said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))
-        message = said[:2000] or None
-        row = (self.run_key, str(batch["id"]), round_, str(batch["status"]), batch.get("output_file_id"),
-               batch.get("error_file_id"), counts.get("total"), counts.get("completed"), counts.get("failed"), message)
-        df = self.spark.createDataFrame([row], T.StructType(BATCHES_SCHEMA.fields[:-1])).withColumn(
-            "recorded_at", F.current_timestamp())
-        self._append("batches", df, BATCHES_SCHEMA)
+    def record_ended(self, ended: list[tuple[dict, int]]) -> None:
+        """Append the terminal states of ``ended`` (the provider's batch objects, each with its round) in one commit, as
+        soon as a poll finds them."""
+        rows = []
+        for batch, round_ in ended:
+            counts = batch.get("request_counts") or {}
+            errors = (batch.get("errors") or {}).get("data") or []
+            said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))
+            rows.append((self.run_key, str(batch["id"]), round_, str(batch["status"]), batch.get("output_file_id"),
+                         batch.get("error_file_id"), counts.get("total"), counts.get("completed"), counts.get("failed"),
+                         said[:2000] or None))
+        if rows:
+            df = self.spark.createDataFrame(rows, T.StructType(BATCHES_SCHEMA.fields[:-1]))
+            self._append("batches", df.withColumn("recorded_at", F.current_timestamp()), BATCHES_SCHEMA)
 
     def _append(self, table: str, df: DataFrame, schema: T.StructType) -> None:
         write_delta(df.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]), self.location(table), "append")

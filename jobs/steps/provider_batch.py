@@ -185,6 +185,7 @@ def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], 
             at_point("batch_polling")
             seen: Counter = Counter()
             done = total = 0
+            found: list[tuple[dict, int]] = []
             for batch_id, state in list(running.items()):
                 batch = client.get(batch_id)
                 status = str(batch.get("status"))
@@ -193,13 +194,15 @@ def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], 
                 total += int(counts.get("total") or state.lines)
                 seen[status] += 1
                 if status in TERMINAL_STATES:
-                    ledger.record_ended(batch, state.round)
+                    found.append((batch, state.round))
                     ended[batch_id] = BatchState(batch_id, state.round, state.lines, status,
                                                  batch.get("output_file_id"), batch.get("error_file_id"),
                                                  counts.get("completed"), counts.get("failed"))
                     del running[batch_id]
-                    if status == "failed":
-                        _refuse_failed([ended[batch_id]], batch)
+            ledger.record_ended(found)  # the moment this pass saw them, before anything else can fail
+            for batch, _ in found:
+                if batch.get("status") == "failed":
+                    _refuse_failed([ended[str(batch["id"])]], batch)
             for state in ended.values():
                 seen[state.status] += 0
             states_seen = ", ".join(f"{n} {status}" for status, n in sorted(seen.items()) if n)

@@ -2,13 +2,13 @@
 (:mod:`tests.providers`), which executes each line on ``transformers serve`` running the tiny seeded Llama-shaped
 model, started once for the module:
 
-* results shuffled, some lines answered 500 in the error file, some absent from both files, the first batch expired
-  with half its lines done: every row published once with the text the per-row endpoint gives it (transformers' own
-  greedy ``generate``), no line with a result executed twice, the provider's line counts equal to the report's, the
-  tokens at half price;
+* ``batch.wait: false`` while the provider holds the batches: the run submits and stops pending, publishing nothing;
+  the same run then collects them, submitting none again. Results shuffled, some lines answered 500 in the error file,
+  some absent from both files, the first batch expired with half its lines done: every row published once with the
+  text the per-row endpoint gives it (transformers' own greedy ``generate``), no line with a result executed twice, the
+  provider's line counts equal to the report's, the tokens at half price;
 * the run killed between a batch's create and its record (the submit task dies), then killed again while it polls,
   then run again: the provider holds each file's batch once, every line ran once, every row published;
-* ``batch.wait: false``: the run submits and stops pending; the same run later collects, submitting nothing.
 """
 
 from __future__ import annotations
@@ -74,16 +74,27 @@ def _flags(source: Path, output: Path, url: str, model_dir: Path, **batch) -> di
     }
 
 
-def test_a_batch_run_publishes_every_row_once_with_the_per_row_text_at_half_price(
+def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_per_row_text_at_half_price(
     spark, tmp_path, served, tiny_causal_lm_dir, provider_key,
 ):
     source, output = tmp_path / "reviews", tmp_path / "summaries"
     frame = _reviews(12)
     _write(spark, frame, source)
     faults = Faults(status={500: Pick(fraction=0.2, seed=1)}, vanish=Pick(fraction=0.2, seed=2), expire_batches=1)
-    with batch_provider(served.url, faults=faults) as provider:
+    with batch_provider(served.url, faults=faults, batch_slots=2) as provider:
+        held = [provider.slots.acquire() for _ in range(2)]  # every batch stays in_progress until released
+        pending = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, wait=False))
+        with pytest.raises(BatchesPending, match="still running; run the same command again"):
+            run_scoring(pending, spark)
+        submitted = set(provider.batches)
+        assert submitted and not (output / "_delta_log").exists()  # submitted, nothing published
+        for _ in held:
+            provider.slots.release()
+        # the same run, waiting: it polls what the first submitted and submits only the resubmissions
         report = run_scoring(load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir)), spark)
         assert report.status == "succeeded", report.error
+        round0 = {b["id"] for b in report.provider_batch["batches"] if b["round"] == 0}
+        assert round0 == submitted
         out = read_output(spark, str(output))
         present = frame[frame["body"].notna()]
         expected, prompt_tokens = _reference_texts(tiny_causal_lm_dir, [TEMPLATE.format(**r) for r in present.to_dict(
@@ -151,23 +162,6 @@ def test_a_killed_run_resumes_without_submitting_a_batch_twice(spark, tmp_path, 
         assert len(report.provider_batch["batches"]) == len(held)
         out = read_output(spark, str(output))
         assert out["generated_text"].notna().sum() == 9 and report.error_reasons == {"null_input": 1}
-
-
-def test_wait_false_submits_and_returns_then_a_later_run_collects(spark, tmp_path, served, tiny_causal_lm_dir,
-                                                                  provider_key):
-    source, output = tmp_path / "reviews", tmp_path / "summaries"
-    _write(spark, _reviews(5), source)
-    with batch_provider(served.url, min_seconds=40) as provider:  # still running when the first run polls
-        cfg = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, wait=False))
-        with pytest.raises(BatchesPending, match="still running"):
-            run_scoring(cfg, spark)
-        submitted = set(provider.batches)
-        assert submitted and not (tmp_path / "summaries" / "_delta_log").exists()
-        for batch_id in submitted:
-            provider.wait(batch_id, timeout=180)
-        report = run_scoring(cfg, spark)
-        assert report.status == "succeeded" and set(provider.batches) == submitted
-        assert report.output_rows == 5 and report.error_reasons == {"null_input": 1}
 
 
 def test_pending_exit_code() -> None:
