@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from lakescore.jobs.commands.batches import format_batches, list_batches
 from lakescore.jobs.config import load_config
 from lakescore.jobs.platform.step_hooks import ENABLE_ENV, KILL_ENV
 from lakescore.jobs.score_job import run_scoring
@@ -110,6 +111,8 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         counts = provider.request_counts()
         assert {b["id"] for b in batch["batches"]} == set(counts)
         assert batch["lines_submitted"] == sum(c["total"] for c in counts.values())
+        probe_requests = (report.workers.get("preflight") or {}).get("requests", 0)
+        assert report.workers["requests"] - probe_requests == batch["lines_submitted"]  # each row's lines, counted
         assert batch["lines_resubmitted"] == batch["lines_submitted"] - len(present) > 0
         assert any("expired" in reason for reason in batch["retry_reasons"])
         assert any("absent" in reason for reason in batch["retry_reasons"])
@@ -162,6 +165,9 @@ def test_a_killed_run_resumes_without_submitting_a_batch_twice(spark, tmp_path, 
         assert len(report.provider_batch["batches"]) == len(held)
         out = read_output(spark, str(output))
         assert out["generated_text"].notna().sum() == 9 and report.error_reasons == {"null_input": 1}
+        listed = list_batches(spark, cfg)  # lakescore batches: the ledger's batches, every one ended
+        assert {row.batch_id for row in listed} == held and all(row.status == "completed" for row in listed)
+        assert all(batch_id in format_batches(listed) for batch_id in held)
 
 
 def test_pending_exit_code() -> None:
