@@ -199,7 +199,7 @@ def _history(args: argparse.Namespace) -> int:
 
 def _batches(args: argparse.Namespace) -> int:
     from lakescore.jobs.commands.batches import format_batches, list_batches
-    from lakescore.jobs.platform.session import get_or_create_session
+    from lakescore.jobs.platform.spark.session import get_or_create_session
 
     cfg = _config(args)
     spark, _ = get_or_create_session(cfg.spark, (cfg.output,))

@@ -18,19 +18,37 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import groupby
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.remote.batch_files import (
-    DEAD, RESULT, absent, batch_line, canonical, classify, custom_id, cut_files, parse_jsonl, part_digest,
+    DEAD,
+    RESULT,
+    absent,
+    batch_line,
+    canonical,
+    classify,
+    custom_id,
+    cut_files,
+    parse_jsonl,
+    part_digest,
 )
 
 __all__ = [
-    "RENDERED_FIELDS", "SUBMITTED_SCHEMA", "OUTCOME_SCHEMA", "make_render_function", "make_submit_function",
-    "make_download_function", "make_result_function", "row_body", "TOO_LARGE", "held_parts",
+    "RENDERED_FIELDS",
+    "SUBMITTED_SCHEMA",
+    "OUTCOME_SCHEMA",
+    "make_render_function",
+    "make_submit_function",
+    "make_download_function",
+    "make_result_function",
+    "row_body",
+    "TOO_LARGE",
+    "held_parts",
 ]
 
 ArrowFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -39,15 +57,32 @@ CUSTOM_ID, LINE = "__lakescore_custom_id", "__lakescore_line"
 RENDERED_FIELDS = ((CUSTOM_ID, pa.string()), (LINE, pa.binary()))
 """What :func:`make_render_function` adds to each row: its line id and its line (both null for a null prompt; the line
 null too where it is larger than a file may be, :data:`TOO_LARGE`)."""
-TOO_LARGE = ("the row's request line is larger than a batch file may be "
-             "(generate.endpoint.batch.max_bytes_per_file {limit})")
+TOO_LARGE = (
+    "the row's request line is larger than a batch file may be (generate.endpoint.batch.max_bytes_per_file {limit})"
+)
 
-SUBMITTED_SCHEMA = pa.schema([("custom_id", pa.string()), ("chunk", pa.int32()), ("round", pa.int32()),
-                              ("part", pa.string()), ("batch_id", pa.string()), ("input_file_id", pa.string())])
+SUBMITTED_SCHEMA = pa.schema(
+    [
+        ("custom_id", pa.string()),
+        ("chunk", pa.int32()),
+        ("round", pa.int32()),
+        ("part", pa.string()),
+        ("batch_id", pa.string()),
+        ("input_file_id", pa.string()),
+    ]
+)
 """One row per submitted line (the ledger's lines)."""
-OUTCOME_SCHEMA = pa.schema([("custom_id", pa.string()), ("batch_id", pa.string()), ("round", pa.int32()),
-                            ("kind", pa.string()), ("status", pa.int32()), ("body", pa.string()),
-                            ("message", pa.string())])
+OUTCOME_SCHEMA = pa.schema(
+    [
+        ("custom_id", pa.string()),
+        ("batch_id", pa.string()),
+        ("round", pa.int32()),
+        ("kind", pa.string()),
+        ("status", pa.int32()),
+        ("body", pa.string()),
+        ("message", pa.string()),
+    ]
+)
 """One row per collected line (the ledger's outcomes)."""
 
 
@@ -63,8 +98,9 @@ def row_body(options: Any, model: str, api: str, prompt: str, key: str) -> dict[
     return request_body(options, model, api, prompt, seed)
 
 
-def make_render_function(options: Any, model: str, api: str, path: str, prompt_col: str, key_col: str,
-                         out_schema: pa.Schema, max_bytes: int) -> ArrowFunction:
+def make_render_function(
+    options: Any, model: str, api: str, path: str, prompt_col: str, key_col: str, out_schema: pa.Schema, max_bytes: int
+) -> ArrowFunction:
     """Each batch's columns as they came, and each row's :data:`RENDERED_FIELDS` (``out_schema``: the input's fields
     then those two)."""
 
@@ -72,8 +108,8 @@ def make_render_function(options: Any, model: str, api: str, path: str, prompt_c
         for batch in batches:
             prompts = batch.column(prompt_col).to_pylist()
             keys = batch.column(key_col).to_pylist()
-            ids: list[Optional[str]] = []
-            lines: list[Optional[bytes]] = []
+            ids: list[str | None] = []
+            lines: list[bytes | None] = []
             for prompt, key in zip(prompts, keys):
                 if prompt is None:
                     ids.append(None)
@@ -90,10 +126,19 @@ def make_render_function(options: Any, model: str, api: str, path: str, prompt_c
     return render
 
 
-def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, completion_window: str, run_key: str,
-                         round_: int, max_requests: int, max_bytes: int, known: Mapping[str, Mapping[str, str]],
-                         client_factory: Optional[Callable[[], Any]] = None,
-                         on_created: Optional[Callable[[], None]] = None) -> ArrowFunction:
+def make_submit_function(
+    url: str,
+    key_env: str | None,
+    endpoint_path: str,
+    completion_window: str,
+    run_key: str,
+    round_: int,
+    max_requests: int,
+    max_bytes: int,
+    known: Mapping[str, Mapping[str, str]],
+    client_factory: Callable[[], Any] | None = None,
+    on_created: Callable[[], None] | None = None,
+) -> ArrowFunction:
     """Upload a partition's ``(custom_id, chunk, line)`` rows (sorted by ``custom_id``) as files of round ``round_``
     and create their batches; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
     "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``); a retried
@@ -103,10 +148,15 @@ def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, c
         client = None
         rows: list[tuple[str, int, bytes]] = []
         for batch in batches:
-            rows.extend(zip(batch.column("custom_id").to_pylist(), batch.column("chunk").to_pylist(),
-                            batch.column("line").to_pylist()))
+            rows.extend(
+                zip(
+                    batch.column("custom_id").to_pylist(),
+                    batch.column("chunk").to_pylist(),
+                    batch.column("line").to_pylist(),
+                )
+            )
         chunks = {line_id: chunk for line_id, chunk, _ in rows}
-        held_now: Optional[Mapping[str, Mapping[str, str]]] = None
+        held_now: Mapping[str, Mapping[str, str]] | None = None
         try:
             for part in cut_files(((line_id, line) for line_id, _, line in rows), max_requests, max_bytes):
                 ids = [line_id for line_id, _ in part]
@@ -124,18 +174,27 @@ def make_submit_function(url: str, key_env: Optional[str], endpoint_path: str, c
                             spooled.write(line)
                         spooled.seek(0)
                         file_id = client.upload(f"lakescore-{run_key}-{round_}-{digest}.jsonl", spooled)
-                    created = client.create(file_id, endpoint_path, completion_window,
-                                            {"lakescore_run": run_key, "lakescore_part": digest,
-                                             "lakescore_round": str(round_)})
+                    created = client.create(
+                        file_id,
+                        endpoint_path,
+                        completion_window,
+                        {"lakescore_run": run_key, "lakescore_part": digest, "lakescore_round": str(round_)},
+                    )
                     batch_id = str(created["id"])
                     if on_created is not None:
                         on_created()
                 n = len(ids)
-                yield pa.RecordBatch.from_arrays([
-                    pa.array(ids, pa.string()), pa.array([chunks[i] for i in ids], pa.int32()),
-                    pa.array([round_] * n, pa.int32()), pa.array([digest] * n, pa.string()),
-                    pa.array([batch_id] * n, pa.string()), pa.array([file_id] * n, pa.string()),
-                ], schema=SUBMITTED_SCHEMA)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array(ids, pa.string()),
+                        pa.array([chunks[i] for i in ids], pa.int32()),
+                        pa.array([round_] * n, pa.int32()),
+                        pa.array([digest] * n, pa.string()),
+                        pa.array([batch_id] * n, pa.string()),
+                        pa.array([file_id] * n, pa.string()),
+                    ],
+                    schema=SUBMITTED_SCHEMA,
+                )
         finally:
             if client is not None:
                 client.close()
@@ -156,15 +215,25 @@ def held_parts(client: Any, run_key: str, round_: int) -> dict[str, dict[str, st
     held: dict[str, dict[str, str]] = {}
     for batch in client.batches():
         metadata = batch.get("metadata") or {}
-        if (metadata.get("lakescore_run") == run_key and metadata.get("lakescore_round") == str(round_)
-                and batch.get("status") != "failed" and metadata.get("lakescore_part") not in held):
-            held[metadata["lakescore_part"]] = {"batch_id": str(batch["id"]),
-                                                "input_file_id": str(batch["input_file_id"])}
+        if (
+            metadata.get("lakescore_run") == run_key
+            and metadata.get("lakescore_round") == str(round_)
+            and batch.get("status") != "failed"
+            and metadata.get("lakescore_part") not in held
+        ):
+            held[metadata["lakescore_part"]] = {
+                "batch_id": str(batch["id"]),
+                "input_file_id": str(batch["input_file_id"]),
+            }
     return held
 
 
-def make_download_function(url: str, key_env: Optional[str], ended: Mapping[str, Mapping[str, Any]],
-                           client_factory: Optional[Callable[[], Any]] = None) -> ArrowFunction:
+def make_download_function(
+    url: str,
+    key_env: str | None,
+    ended: Mapping[str, Mapping[str, Any]],
+    client_factory: Callable[[], Any] | None = None,
+) -> ArrowFunction:
     """The :data:`OUTCOME_SCHEMA` row of each ``(custom_id, batch_id, round)`` line of an ended batch (``ended``:
     batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's files, downloaded once per task
     and batch. Rows of one batch must come together (the stage sorts by batch)."""
@@ -173,8 +242,13 @@ def make_download_function(url: str, key_env: Optional[str], ended: Mapping[str,
         client = None
         rows: list[tuple[str, str, int]] = []
         for batch in batches:
-            rows.extend(zip(batch.column("custom_id").to_pylist(), batch.column("batch_id").to_pylist(),
-                            batch.column("round").to_pylist()))
+            rows.extend(
+                zip(
+                    batch.column("custom_id").to_pylist(),
+                    batch.column("batch_id").to_pylist(),
+                    batch.column("round").to_pylist(),
+                )
+            )
         try:
             for batch_id, group in groupby(sorted(rows, key=lambda r: r[1]), key=lambda r: r[1]):
                 state = ended[batch_id]
@@ -187,10 +261,20 @@ def make_download_function(url: str, key_env: Optional[str], ended: Mapping[str,
                 for line_id, _, round_ in group:
                     line = found.get(line_id)
                     outcome = classify(line) if line is not None else absent(state["status"])
-                    out.append((line_id, batch_id, round_, outcome.kind, outcome.status, outcome.body,
-                                outcome.message if outcome.message is None else client.scrub(outcome.message)))
-                yield pa.RecordBatch.from_arrays([pa.array(list(c), f.type) for c, f in zip(zip(*out), OUTCOME_SCHEMA)],
-                                                 schema=OUTCOME_SCHEMA)
+                    out.append(
+                        (
+                            line_id,
+                            batch_id,
+                            round_,
+                            outcome.kind,
+                            outcome.status,
+                            outcome.body,
+                            outcome.message if outcome.message is None else client.scrub(outcome.message),
+                        )
+                    )
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(list(c), f.type) for c, f in zip(zip(*out), OUTCOME_SCHEMA)], schema=OUTCOME_SCHEMA
+                )
         finally:
             if client is not None:
                 client.close()
@@ -198,19 +282,29 @@ def make_download_function(url: str, key_env: Optional[str], ended: Mapping[str,
     return download
 
 
-def _client(url: str, key_env: Optional[str]) -> Any:
+def _client(url: str, key_env: str | None) -> Any:
     from lakescore.udfs.remote.batch_client import BatchClient
 
     key = os.environ.get(key_env) if key_env else None
     if key_env and not key:
-        raise RuntimeError(f"the endpoint's api_key_env names {key_env}, which is not set on this host "
-                           f"(on a cluster set spark.executorEnv.{key_env})")
+        raise RuntimeError(
+            f"the endpoint's api_key_env names {key_env}, which is not set on this host "
+            f"(on a cluster set spark.executorEnv.{key_env})"
+        )
     return BatchClient(url, key)
 
 
-def make_result_function(options: Any, api: str, sha256: str, keep_cols: Sequence[str], prompt_col: str,
-                         output_types: Sequence[pa.DataType], out_schema: pa.Schema, max_bytes: int,
-                         max_resubmits: int) -> ArrowFunction:
+def make_result_function(
+    options: Any,
+    api: str,
+    sha256: str,
+    keep_cols: Sequence[str],
+    prompt_col: str,
+    output_types: Sequence[pa.DataType],
+    out_schema: pa.Schema,
+    max_bytes: int,
+    max_resubmits: int,
+) -> ArrowFunction:
     """Each row (``keep_cols``, its prompt, and its final outcome: ``kind``, ``status``, ``body``, ``message``,
     ``round``, null where it was never sent) as the task's output row (``out_schema``,
     :func:`~lakescore.schemas.output.scored_schema`): published from a result the answer's checks pass, else
@@ -230,8 +324,8 @@ def make_result_function(options: Any, api: str, sha256: str, keep_cols: Sequenc
             kinds, bodies = batch.column("kind").to_pylist(), batch.column("body").to_pylist()
             messages, rounds = batch.column("message").to_pylist(), batch.column("round").to_pylist()
             outputs = np.empty(n, dtype=object)
-            reasons: list[Optional[str]] = [None] * n
-            errors: list[Optional[str]] = [None] * n
+            reasons: list[str | None] = [None] * n
+            errors: list[str | None] = [None] * n
             tokens_in = tokens_out = unmetered = requests = 0
             for i in range(n):
                 if prompts[i] is None:
@@ -257,15 +351,30 @@ def make_result_function(options: Any, api: str, sha256: str, keep_cols: Sequenc
                     reasons[i], errors[i] = "endpoint_error", f"the provider's batch refused the line: {messages[i]}"
                 else:
                     reasons[i] = "endpoint_error"
-                    errors[i] = (f"the provider's batch ended the line without an answer {max_resubmits + 1} times; "
-                                 f"last: {messages[i]}")
+                    errors[i] = (
+                        f"the provider's batch ended the line without an answer {max_resubmits + 1} times; "
+                        f"last: {messages[i]}"
+                    )
             ok = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
-            predictions = (list(generation_columns(outputs, ok, output_types, options.logprobs)) if ok.any()
-                           else [pa.nulls(n, t) for t in output_types])
+            predictions = (
+                list(generation_columns(outputs, ok, output_types, options.logprobs))
+                if ok.any()
+                else [pa.nulls(n, t) for t in output_types]
+            )
             raw = [None if reasons[i] is None else prompts[i] for i in range(n)]
             resent = sum(r or 0 for r, p in zip(rounds, prompts) if p is not None)
-            scored = ScoredBatch(predictions, sha256, reasons, errors, raw, tokens_in=tokens_in, tokens_out=tokens_out,
-                                 requests=requests, retries=resent, unmetered=unmetered)
+            scored = ScoredBatch(
+                predictions,
+                sha256,
+                reasons,
+                errors,
+                raw,
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                requests=requests,
+                retries=resent,
+                unmetered=unmetered,
+            )
             yield scored.record_batch([batch.column(name) for name in keep_cols], out_schema)
 
     return result
@@ -285,9 +394,16 @@ def _generation(generation: type, body: Mapping[str, Any], options: Any, api: st
             validate(json.loads(completion.text), json.loads(options.json_schema))
         except (ValueError, ValidationError) as exc:
             message = exc.message if isinstance(exc, ValidationError) else str(exc)
-            raise Unhonoured("generate.json_schema (response_format)",
-                             f"the text is not JSON valid against generate.json_schema: {message}"[:500]) from None
+            raise Unhonoured(
+                "generate.json_schema (response_format)",
+                f"the text is not JSON valid against generate.json_schema: {message}"[:500],
+            ) from None
     if options.logprobs and completion.token_logprobs is None:
         raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
-    return generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
-                      token_logprobs=completion.token_logprobs if options.logprobs else None)
+    return generation(
+        completion.text,
+        completion.finish_reason,
+        completion.prompt_tokens,
+        completion.completion_tokens,
+        token_logprobs=completion.token_logprobs if options.logprobs else None,
+    )

@@ -6,7 +6,6 @@ far stay in their output files, and the next run collects them and resubmits the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -38,8 +37,11 @@ def list_batches(spark: SparkSession, cfg: JobConfig, cancel: bool = False) -> l
     if not cfg.provider_batch:
         raise ConfigError("lakescore batches reads a run with generate.endpoint.batch; this config has none")
     ledger = BatchLedger(spark, cfg.output, cfg.write.staging, "")
-    lines = ledger.lines(every_run=True).groupBy("run_key", "batch_id").agg(
-        F.min("round").alias("round"), F.count(F.lit(1)).alias("lines"))
+    lines = (
+        ledger.lines(every_run=True)
+        .groupBy("run_key", "batch_id")
+        .agg(F.min("round").alias("round"), F.count(F.lit(1)).alias("lines"))
+    )
     ended = ledger.ended(every_run=True).dropDuplicates(["batch_id"]).select("batch_id", "status")
     rows = lines.join(ended, "batch_id", "left").orderBy("run_key", "round", "batch_id").collect()
     client = driver_client(endpoint) if any(r["status"] is None for r in rows) else None
@@ -51,15 +53,24 @@ def list_batches(spark: SparkSession, cfg: JobConfig, cancel: bool = False) -> l
                 status = str(client.get(r["batch_id"]).get("status"))
                 if cancel and status in ("validating", "in_progress", "finalizing"):
                     status, cancelled = str(client.cancel(r["batch_id"]).get("status")), True
-            found.append(BatchRow(r["run_key"], r["batch_id"], int(r["round"]), int(r["lines"]), status or "unknown",
-                                  recorded, cancelled))
+            found.append(
+                BatchRow(
+                    r["run_key"],
+                    r["batch_id"],
+                    int(r["round"]),
+                    int(r["lines"]),
+                    status or "unknown",
+                    recorded,
+                    cancelled,
+                )
+            )
     finally:
         if client is not None:
             client.close()
     return found
 
 
-def format_batches(rows: list[BatchRow], output: Optional[str] = None) -> str:
+def format_batches(rows: list[BatchRow], output: str | None = None) -> str:
     """One line per batch, newest run last."""
     if not rows:
         return f"no provider batches recorded for {output}" if output else "no provider batches recorded"

@@ -20,7 +20,6 @@ of what was paid for, line by line, which ``lakescore batches`` lists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,26 +30,44 @@ from lakescore.jobs.steps.staging import staging_location
 
 __all__ = ["BatchLedger", "BatchState", "LINES_SCHEMA", "BATCHES_SCHEMA", "OUTCOMES_SCHEMA"]
 
-LINES_SCHEMA = T.StructType([
-    T.StructField("run_key", T.StringType()), T.StructField("custom_id", T.StringType()),
-    T.StructField("chunk", T.IntegerType()), T.StructField("round", T.IntegerType()),
-    T.StructField("part", T.StringType()), T.StructField("batch_id", T.StringType()),
-    T.StructField("input_file_id", T.StringType()),
-])
-BATCHES_SCHEMA = T.StructType([
-    T.StructField("run_key", T.StringType()), T.StructField("batch_id", T.StringType()),
-    T.StructField("round", T.IntegerType()), T.StructField("status", T.StringType()),
-    T.StructField("output_file_id", T.StringType()), T.StructField("error_file_id", T.StringType()),
-    T.StructField("total", T.LongType()), T.StructField("completed", T.LongType()),
-    T.StructField("failed", T.LongType()),
-    T.StructField("message", T.StringType()), T.StructField("recorded_at", T.TimestampType()),
-])
-OUTCOMES_SCHEMA = T.StructType([
-    T.StructField("run_key", T.StringType()), T.StructField("custom_id", T.StringType()),
-    T.StructField("batch_id", T.StringType()), T.StructField("round", T.IntegerType()),
-    T.StructField("kind", T.StringType()), T.StructField("status", T.IntegerType()),
-    T.StructField("body", T.StringType()), T.StructField("message", T.StringType()),
-])
+LINES_SCHEMA = T.StructType(
+    [
+        T.StructField("run_key", T.StringType()),
+        T.StructField("custom_id", T.StringType()),
+        T.StructField("chunk", T.IntegerType()),
+        T.StructField("round", T.IntegerType()),
+        T.StructField("part", T.StringType()),
+        T.StructField("batch_id", T.StringType()),
+        T.StructField("input_file_id", T.StringType()),
+    ]
+)
+BATCHES_SCHEMA = T.StructType(
+    [
+        T.StructField("run_key", T.StringType()),
+        T.StructField("batch_id", T.StringType()),
+        T.StructField("round", T.IntegerType()),
+        T.StructField("status", T.StringType()),
+        T.StructField("output_file_id", T.StringType()),
+        T.StructField("error_file_id", T.StringType()),
+        T.StructField("total", T.LongType()),
+        T.StructField("completed", T.LongType()),
+        T.StructField("failed", T.LongType()),
+        T.StructField("message", T.StringType()),
+        T.StructField("recorded_at", T.TimestampType()),
+    ]
+)
+OUTCOMES_SCHEMA = T.StructType(
+    [
+        T.StructField("run_key", T.StringType()),
+        T.StructField("custom_id", T.StringType()),
+        T.StructField("batch_id", T.StringType()),
+        T.StructField("round", T.IntegerType()),
+        T.StructField("kind", T.StringType()),
+        T.StructField("status", T.IntegerType()),
+        T.StructField("body", T.StringType()),
+        T.StructField("message", T.StringType()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -61,11 +78,11 @@ class BatchState:
     batch_id: str
     round: int
     lines: int
-    status: Optional[str] = None
-    output_file_id: Optional[str] = None
-    error_file_id: Optional[str] = None
-    completed: Optional[int] = None
-    failed: Optional[int] = None
+    status: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    completed: int | None = None
+    failed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +91,7 @@ class BatchLedger:
 
     spark: SparkSession
     output: str
-    configured: Optional[str]
+    configured: str | None
     run_key: str
 
     def location(self, table: str) -> str:
@@ -102,13 +119,17 @@ class BatchLedger:
 
     def append_lines(self, submitted: DataFrame) -> None:
         """Append what the submit stage yields (its lines, each in its file and batch), in one commit."""
-        self._append("batch_lines", submitted.select(F.lit(self.run_key).alias("run_key"), *submitted.columns),
-                     LINES_SCHEMA)
+        self._append(
+            "batch_lines", submitted.select(F.lit(self.run_key).alias("run_key"), *submitted.columns), LINES_SCHEMA
+        )
 
     def append_outcomes(self, collected: DataFrame) -> None:
         """Append what the download stage yields (one outcome per line), in one commit."""
-        self._append("batch_outcomes", collected.select(F.lit(self.run_key).alias("run_key"), *collected.columns),
-                     OUTCOMES_SCHEMA)
+        self._append(
+            "batch_outcomes",
+            collected.select(F.lit(self.run_key).alias("run_key"), *collected.columns),
+            OUTCOMES_SCHEMA,
+        )
 
     def record_ended(self, ended: list[tuple[dict, int]]) -> None:
         """Append the terminal states of ``ended`` (the provider's batch objects, each with its round) in one commit, as
@@ -118,9 +139,20 @@ class BatchLedger:
             counts = batch.get("request_counts") or {}
             errors = (batch.get("errors") or {}).get("data") or []
             said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))
-            rows.append((self.run_key, str(batch["id"]), round_, str(batch["status"]), batch.get("output_file_id"),
-                         batch.get("error_file_id"), counts.get("total"), counts.get("completed"), counts.get("failed"),
-                         said[:2000] or None))
+            rows.append(
+                (
+                    self.run_key,
+                    str(batch["id"]),
+                    round_,
+                    str(batch["status"]),
+                    batch.get("output_file_id"),
+                    batch.get("error_file_id"),
+                    counts.get("total"),
+                    counts.get("completed"),
+                    counts.get("failed"),
+                    said[:2000] or None,
+                )
+            )
         if rows:
             df = self.spark.createDataFrame(rows, T.StructType(BATCHES_SCHEMA.fields[:-1]))
             self._append("batches", df.withColumn("recorded_at", F.current_timestamp()), BATCHES_SCHEMA)
@@ -132,12 +164,28 @@ class BatchLedger:
         """Every batch of this run: its lines, round and terminal state when recorded (a handful of rows per batch
         reach the driver, never a line)."""
         batches = self.lines().groupBy("batch_id").agg(F.min("round").alias("round"), F.count(F.lit(1)).alias("lines"))
-        ended = self.ended().dropDuplicates(["batch_id"]).select(
-            "batch_id", "status", "output_file_id", "error_file_id", "completed", "failed")
+        ended = (
+            self.ended()
+            .dropDuplicates(["batch_id"])
+            .select("batch_id", "status", "output_file_id", "error_file_id", "completed", "failed")
+        )
         rows = batches.join(ended, "batch_id", "left").collect()
-        return sorted((BatchState(r["batch_id"], int(r["round"]), int(r["lines"]), r["status"], r["output_file_id"],
-                                  r["error_file_id"], r["completed"], r["failed"]) for r in rows),
-                      key=lambda s: (s.round, s.batch_id))
+        return sorted(
+            (
+                BatchState(
+                    r["batch_id"],
+                    int(r["round"]),
+                    int(r["lines"]),
+                    r["status"],
+                    r["output_file_id"],
+                    r["error_file_id"],
+                    r["completed"],
+                    r["failed"],
+                )
+                for r in rows
+            ),
+            key=lambda s: (s.round, s.batch_id),
+        )
 
     def collected_batches(self) -> set[str]:
         """Batches whose lines' outcomes are recorded."""

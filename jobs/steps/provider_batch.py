@@ -29,7 +29,8 @@ import math
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -37,18 +38,25 @@ from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
 from lakescore.jobs.platform.spark.interrupts import was_interrupted
-from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.batch_ledger import BatchLedger, BatchState
 from lakescore.jobs.steps.ids import row_key
+from lakescore.jobs.testing_hooks import at_point
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
+from lakescore.udfs.batch_udfs import (
+    CUSTOM_ID,
+    LINE,
+    OUTCOME_SCHEMA,
+    SUBMITTED_SCHEMA,
+    held_parts,
+    make_download_function,
+    make_render_function,
+    make_result_function,
+    make_submit_function,
+)
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path
-from lakescore.udfs.batch_udfs import (
-    CUSTOM_ID, LINE, OUTCOME_SCHEMA, SUBMITTED_SCHEMA, held_parts, make_download_function, make_render_function,
-    make_result_function, make_submit_function,
-)
 
 if TYPE_CHECKING:
     from lakescore.jobs.steps.context import Plan, RunContext
@@ -78,22 +86,25 @@ def _api(cfg: Any) -> str:
     return cfg.endpoint().api
 
 
-def driver_client(endpoint: Any) -> "BatchClient":
+def driver_client(endpoint: Any) -> BatchClient:
     """The driver's client (it polls, lists and cancels): the key from the driver's own environment."""
-    from lakescore.udfs.remote.batch_client import BatchClient
     from lakescore.udfs.remote.answers import EndpointRefused
+    from lakescore.udfs.remote.batch_client import BatchClient
 
     key = None
     if endpoint.api_key_env:
         key = os.environ.get(endpoint.api_key_env)
         if not key:
-            raise EndpointRefused(f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} "
-                                  "(api_key_env) is not set in the driver's environment")
+            raise EndpointRefused(
+                f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} "
+                "(api_key_env) is not set in the driver's environment"
+            )
     return BatchClient(endpoint.url, key, timeout_s=endpoint.timeout_s, max_retries=endpoint.max_retries)
 
 
-def stage_through_batches(run: "RunContext", plan: "Plan", todo: Sequence[int],
-                          chunk_rows: Callable[[int], DataFrame]) -> None:
+def stage_through_batches(
+    run: RunContext, plan: Plan, todo: Sequence[int], chunk_rows: Callable[[int], DataFrame]
+) -> None:
     """Stage the chunks ``todo`` of ``plan`` through the provider's Batch API (module docstring); ``chunk_rows(c)``
     gives chunk ``c``'s rows to score. Raises :class:`BatchesPending` (``wait: false``) or :class:`BatchRefused`."""
     if not todo:
@@ -111,12 +122,21 @@ def stage_through_batches(run: "RunContext", plan: "Plan", todo: Sequence[int],
     passed = {name: resolvable_name(name) for name in read}
     rows = rows.select(*[column(c).alias(passed[c]) for c in read])
     prompt_col = passed[run.input_cols[0]]
-    out = T.StructType([*rows.schema.fields, T.StructField(CUSTOM_ID, T.StringType()),
-                        T.StructField(LINE, T.BinaryType())])
+    out = T.StructType(
+        [*rows.schema.fields, T.StructField(CUSTOM_ID, T.StringType()), T.StructField(LINE, T.BinaryType())]
+    )
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    render = make_render_function(plan.spec.generate, endpoint.model, endpoint.api,
-                                  request_path(endpoint.url, endpoint.api), prompt_col, passed[key_col], to_arrow_schema(out), settings.max_bytes_per_file)
+    render = make_render_function(
+        plan.spec.generate,
+        endpoint.model,
+        endpoint.api,
+        request_path(endpoint.url, endpoint.api),
+        prompt_col,
+        passed[key_col],
+        to_arrow_schema(out),
+        settings.max_bytes_per_file,
+    )
     rendered = rows.mapInArrow(render, out)
     client = driver_client(endpoint)
     try:
@@ -134,18 +154,23 @@ def stage_through_batches(run: "RunContext", plan: "Plan", todo: Sequence[int],
     _stage(run, plan, ledger, rendered, todo, keep, passed, prompt_col, settings)
 
 
-def _submit(run: "RunContext", ledger: BatchLedger, rendered: DataFrame, client: "BatchClient", settings: Any,
-            endpoint: Any) -> int:
+def _submit(
+    run: RunContext, ledger: BatchLedger, rendered: DataFrame, client: BatchClient, settings: Any, endpoint: Any
+) -> int:
     """Submit every line no live batch holds and every line due a resubmission; the lines submitted."""
     lines = ledger.lines()
     failed = ledger.ended().where(F.col("status") == "failed").select("batch_id")
     live = lines.join(failed, "batch_id", "left_anti")  # a failed batch ran none of its lines: they are unsent
     sendable = rendered.where(F.col(LINE).isNotNull()).select(
-        F.col(CUSTOM_ID).alias("custom_id"), F.col(_CHUNK).cast("int").alias("chunk"), F.col(LINE).alias("line"))
+        F.col(CUSTOM_ID).alias("custom_id"), F.col(_CHUNK).cast("int").alias("chunk"), F.col(LINE).alias("line")
+    )
     first = sendable.join(live.select("custom_id").distinct(), "custom_id", "left_anti").withColumn("round", F.lit(0))
-    due = (ledger.outcomes().where((F.col("kind") == RETRY) & (F.col("round") < settings.max_resubmits))
-           .select("custom_id", (F.col("round") + 1).alias("round"))
-           .join(live.select("custom_id", "round"), ["custom_id", "round"], "left_anti"))
+    due = (
+        ledger.outcomes()
+        .where((F.col("kind") == RETRY) & (F.col("round") < settings.max_resubmits))
+        .select("custom_id", (F.col("round") + 1).alias("round"))
+        .join(live.select("custom_id", "round"), ["custom_id", "round"], "left_anti")
+    )
     again = sendable.join(due, "custom_id")
     to_send = first.unionByName(again)
     per_round = to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n")).collect()
@@ -154,18 +179,34 @@ def _submit(run: "RunContext", ledger: BatchLedger, rendered: DataFrame, client:
         at_point("batch_submit")
         known = held_parts(client, ledger.run_key, round_)
         parts = max(1, math.ceil(n / settings.max_requests_per_file))
-        submit = make_submit_function(endpoint.url, endpoint.api_key_env, request_path(endpoint.url, endpoint.api),
-                                      settings.completion_window, ledger.run_key, round_,
-                                      settings.max_requests_per_file, settings.max_bytes_per_file, known,
-                                      on_created=_batch_created)
+        submit = make_submit_function(
+            endpoint.url,
+            endpoint.api_key_env,
+            request_path(endpoint.url, endpoint.api),
+            settings.completion_window,
+            ledger.run_key,
+            round_,
+            settings.max_requests_per_file,
+            settings.max_bytes_per_file,
+            known,
+            on_created=_batch_created,
+        )
         # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts
-        submitted = (to_send.where(F.col("round") == round_).select("custom_id", "chunk", "line")
-                     .repartition(parts, "custom_id").sortWithinPartitions("custom_id")
-                     .mapInArrow(submit, _spark_schema(SUBMITTED_SCHEMA)))
+        submitted = (
+            to_send.where(F.col("round") == round_)
+            .select("custom_id", "chunk", "line")
+            .repartition(parts, "custom_id")
+            .sortWithinPartitions("custom_id")
+            .mapInArrow(submit, _spark_schema(SUBMITTED_SCHEMA))
+        )
         ledger.append_lines(submitted)
         at_point("batches_recorded")
-        log.info("provider batch: %d line(s) of round %d submitted%s", n, round_,
-                 f" ({len(known)} file(s) found already held by the provider)" if known else "")
+        log.info(
+            "provider batch: %d line(s) of round %d submitted%s",
+            n,
+            round_,
+            f" ({len(known)} file(s) found already held by the provider)" if known else "",
+        )
     return sum(counts.values())
 
 
@@ -175,7 +216,7 @@ def _batch_created() -> None:
     at_point("batch_created")
 
 
-def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], settings: Any) -> list[BatchState]:
+def _poll(ledger: BatchLedger, client: BatchClient, states: list[BatchState], settings: Any) -> list[BatchState]:
     """Poll every batch not known ended until each is (``wait: false``: :class:`BatchesPending` after one pass that
     finds one running), recording each terminal state the moment it is seen; the states then."""
     running = {s.batch_id: s for s in states if s.status is None}
@@ -195,9 +236,16 @@ def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], 
                 seen[status] += 1
                 if status in TERMINAL_STATES:
                     found.append((batch, state.round))
-                    ended[batch_id] = BatchState(batch_id, state.round, state.lines, status,
-                                                 batch.get("output_file_id"), batch.get("error_file_id"),
-                                                 counts.get("completed"), counts.get("failed"))
+                    ended[batch_id] = BatchState(
+                        batch_id,
+                        state.round,
+                        state.lines,
+                        status,
+                        batch.get("output_file_id"),
+                        batch.get("error_file_id"),
+                        counts.get("completed"),
+                        counts.get("failed"),
+                    )
                     del running[batch_id]
             ledger.record_ended(found)  # the moment this pass saw them, before anything else can fail
             for batch, _ in found:
@@ -210,33 +258,42 @@ def _poll(ledger: BatchLedger, client: "BatchClient", states: list[BatchState], 
             if running:
                 if not settings.wait:
                     lines = sum(s.lines for s in running.values())
-                    raise BatchesPending(f"{len(running)} provider batch(es) ({lines} lines) still running; run the "
-                                         "same command again to collect them")
+                    raise BatchesPending(
+                        f"{len(running)} provider batch(es) ({lines} lines) still running; run the "
+                        "same command again to collect them"
+                    )
                 time.sleep(settings.poll_interval_s)
     except BaseException as exc:
         if was_interrupted(exc) and running:
-            log.warning("interrupted: %d provider batch(es) left running at the provider (submitted, so paid for); "
-                        "run the same command again to collect them, or `lakescore batches --cancel` to cancel them",
-                        len(running))
+            log.warning(
+                "interrupted: %d provider batch(es) left running at the provider (submitted, so paid for); "
+                "run the same command again to collect them, or `lakescore batches --cancel` to cancel them",
+                len(running),
+            )
         raise
     return sorted(ended.values(), key=lambda s: (s.round, s.batch_id))
 
 
-def _refuse_failed(states: Sequence[BatchState], batch: Optional[dict] = None) -> None:
+def _refuse_failed(states: Sequence[BatchState], batch: dict | None = None) -> None:
     failed = [s for s in states if s.status == "failed"]
     if not failed:
         return
     errors = ((batch or {}).get("errors") or {}).get("data") or []
     said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict)) or "no reason given"
-    raise BatchRefused(f"the provider failed batch {failed[0].batch_id} (its validation of the file, no line ran): "
-                       f"{said[:500]}")
+    raise BatchRefused(
+        f"the provider failed batch {failed[0].batch_id} (its validation of the file, no line ran): {said[:500]}"
+    )
 
 
-def _collect(run: "RunContext", ledger: BatchLedger, states: Sequence[BatchState], collected: set[str],
-             endpoint: Any) -> None:
+def _collect(
+    run: RunContext, ledger: BatchLedger, states: Sequence[BatchState], collected: set[str], endpoint: Any
+) -> None:
     """Download every ended, uncollected batch's files and append its lines' outcomes to the ledger."""
-    ended = {s.batch_id: {"status": s.status, "output_file_id": s.output_file_id, "error_file_id": s.error_file_id}
-             for s in states if s.status in ENDED_STATES and s.batch_id not in collected}
+    ended = {
+        s.batch_id: {"status": s.status, "output_file_id": s.output_file_id, "error_file_id": s.error_file_id}
+        for s in states
+        if s.status in ENDED_STATES and s.batch_id not in collected
+    }
     if not ended:
         return
     at_point("batch_collect")
@@ -247,13 +304,26 @@ def _collect(run: "RunContext", ledger: BatchLedger, states: Sequence[BatchState
     log.info("provider batch: collected %d ended batch(es)", len(ended))
 
 
-def _stage(run: "RunContext", plan: "Plan", ledger: BatchLedger, rendered: DataFrame, todo: Sequence[int],
-           keep: Sequence[str], passed: dict[str, str], prompt_col: str, settings: Any) -> None:
+def _stage(
+    run: RunContext,
+    plan: Plan,
+    ledger: BatchLedger,
+    rendered: DataFrame,
+    todo: Sequence[int],
+    keep: Sequence[str],
+    passed: dict[str, str],
+    prompt_col: str,
+    settings: Any,
+) -> None:
     """Each chunk's rows joined to their lines' last outcomes and staged, one commit per chunk."""
     cfg = run.cfg
     last = Window.partitionBy("custom_id").orderBy(F.col("round").desc())
-    final = (ledger.outcomes().withColumn("_n", F.row_number().over(last)).where(F.col("_n") == 1)
-             .select(F.col("custom_id").alias(CUSTOM_ID), "kind", "status", "body", "message", "round"))
+    final = (
+        ledger.outcomes()
+        .withColumn("_n", F.row_number().over(last))
+        .where(F.col("_n") == 1)
+        .select(F.col("custom_id").alias(CUSTOM_ID), "kind", "status", "body", "message", "round")
+    )
     pending = final.where((F.col("kind") == RETRY) & (F.col("round") < settings.max_resubmits)).limit(1).count()
     if pending:
         raise RuntimeError("provider batch: a line due a resubmission was left unsent (a bug: nothing is staged)")
@@ -265,12 +335,25 @@ def _stage(run: "RunContext", plan: "Plan", ledger: BatchLedger, rendered: DataF
     schema = scored_schema(cfg.task, *kept, asked=cfg.asked_outputs(), chunked=cfg.chunked)
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    result = make_result_function(spec.generate, _api(cfg), plan.identity.sha256, [passed[c] for c in keep], prompt_col,
-                                  types, to_arrow_schema(schema), settings.max_bytes_per_file, settings.max_resubmits)
+    result = make_result_function(
+        spec.generate,
+        _api(cfg),
+        plan.identity.sha256,
+        [passed[c] for c in keep],
+        prompt_col,
+        types,
+        to_arrow_schema(schema),
+        settings.max_bytes_per_file,
+        settings.max_resubmits,
+    )
     for chunk in todo:
         at_point(f"chunk_commit:{chunk}")
-        rows = (rendered.where(F.col(_CHUNK) == chunk).drop(LINE).join(final, CUSTOM_ID, "left")
-                .select(*[passed[c] for c in keep], prompt_col, "kind", "status", "body", "message", "round"))
+        rows = (
+            rendered.where(F.col(_CHUNK) == chunk)
+            .drop(LINE)
+            .join(final, CUSTOM_ID, "left")
+            .select(*[passed[c] for c in keep], prompt_col, "kind", "status", "body", "message", "round")
+        )
         plan.staging.commit_chunk(rows.mapInArrow(result, schema), chunk, plan.tag)
         at_point(f"chunk_committed:{chunk}")
         log.info("chunk %d/%d staged from the provider's batches", chunk + 1, plan.chunks)
@@ -286,8 +369,9 @@ def batch_summary(ledger: BatchLedger) -> dict[str, Any]:
     """What the report says of a batch run: its batches (id, round, lines, state), the lines submitted, and the lines
     resubmitted by reason (the message of the outcome each resubmission followed)."""
     states = ledger.states()
-    resent = (ledger.outcomes().where(F.col("kind") == RETRY).groupBy("message").agg(F.count(F.lit(1)).alias("n"))
-              .collect())
+    resent = (
+        ledger.outcomes().where(F.col("kind") == RETRY).groupBy("message").agg(F.count(F.lit(1)).alias("n")).collect()
+    )
     return {
         "batches": [{"id": s.batch_id, "round": s.round, "lines": s.lines, "status": s.status} for s in states],
         "lines_submitted": sum(s.lines for s in states if s.status != "failed"),

@@ -23,9 +23,9 @@ import pytest
 
 from lakescore.jobs.commands.batches import format_batches, list_batches
 from lakescore.jobs.config import load_config
-from lakescore.jobs.platform.step_hooks import ENABLE_ENV, KILL_ENV
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
+from lakescore.jobs.testing_hooks import ENABLE_ENV, KILL_ENV
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.providers import Faults, Pick, batch_provider
@@ -67,16 +67,28 @@ def _write(spark, frame: pd.DataFrame, path: Path) -> None:
 
 def _flags(source: Path, output: Path, url: str, model_dir: Path, **batch) -> dict:
     return {
-        "input": str(source), "output": str(output), "task": "generate", "id_col": "review_id",
-        "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": 6, "max_error_rate": 0.5,
-        "spark.master": "local[2]", "generate.endpoint.url": url, "generate.endpoint.model": str(model_dir),
-        "generate.endpoint.api_key_env": KEY_ENV, "generate.endpoint.price": {"input": 2.0, "output": 10.0},
+        "input": str(source),
+        "output": str(output),
+        "task": "generate",
+        "id_col": "review_id",
+        "generate.prompt_template": TEMPLATE,
+        "generate.max_new_tokens": 6,
+        "max_error_rate": 0.5,
+        "spark.master": "local[2]",
+        "generate.endpoint.url": url,
+        "generate.endpoint.model": str(model_dir),
+        "generate.endpoint.api_key_env": KEY_ENV,
+        "generate.endpoint.price": {"input": 2.0, "output": 10.0},
         "generate.endpoint.batch": {"max_requests_per_file": 4, "poll_interval_s": 0.2, **batch},
     }
 
 
 def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_per_row_text_at_half_price(
-    spark, tmp_path, served, tiny_causal_lm_dir, provider_key,
+    spark,
+    tmp_path,
+    served,
+    tiny_causal_lm_dir,
+    provider_key,
 ):
     source, output = tmp_path / "reviews", tmp_path / "summaries"
     frame = _reviews(12)
@@ -98,8 +110,9 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         assert round0 == submitted
         out = read_output(spark, str(output))
         present = frame[frame["body"].notna()]
-        expected, prompt_tokens = _reference_texts(tiny_causal_lm_dir, [TEMPLATE.format(**r) for r in present.to_dict(
-            "records")], 6)
+        expected, prompt_tokens = _reference_texts(
+            tiny_causal_lm_dir, [TEMPLATE.format(**r) for r in present.to_dict("records")], 6
+        )
         published = out[out["generated_text"].notna()]
         assert published["review_id"].tolist() == present["review_id"].tolist()  # every row once
         assert published["generated_text"].tolist() == expected
@@ -136,8 +149,9 @@ def _score(flags: dict, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(args, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 
-def test_a_killed_run_resumes_without_submitting_a_batch_twice(spark, tmp_path, served, tiny_causal_lm_dir,
-                                                               provider_key):
+def test_a_killed_run_resumes_without_submitting_a_batch_twice(
+    spark, tmp_path, served, tiny_causal_lm_dir, provider_key
+):
     source, output = tmp_path / "reviews", tmp_path / "summaries"
     frame = _reviews(10)
     _write(spark, frame, source)
@@ -148,7 +162,7 @@ def test_a_killed_run_resumes_without_submitting_a_batch_twice(spark, tmp_path, 
         environment = spark.sparkContext.environment
         environment[KILL_ENV] = "batch_created"
         try:
-            with pytest.raises(Exception):
+            with pytest.raises(Exception):  # noqa: B017 (a dead task arrives as whatever Spark wraps it in)
                 run_scoring(cfg, spark)
         finally:
             environment.pop(KILL_ENV, None)

@@ -11,14 +11,31 @@ import pyarrow as pa
 import pytest
 
 from lakescore.jobs.config import ConfigError, load_config
+from lakescore.udfs.batch_udfs import (
+    CUSTOM_ID,
+    LINE,
+    OUTCOME_SCHEMA,
+    make_download_function,
+    make_render_function,
+    make_result_function,
+    row_body,
+)
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.remote.batch_files import (
-    DEAD, RESULT, RETRY, absent, batch_line, canonical, classify, custom_id, cut_files, next_step, parse_jsonl,
-    part_digest, request_path,
-)
-from lakescore.udfs.batch_udfs import (
-    CUSTOM_ID, LINE, OUTCOME_SCHEMA, make_download_function, make_render_function, make_result_function, row_body,
+    DEAD,
+    RESULT,
+    RETRY,
+    absent,
+    batch_line,
+    canonical,
+    classify,
+    custom_id,
+    cut_files,
+    next_step,
+    parse_jsonl,
+    part_digest,
+    request_path,
 )
 from lakescore.udfs.remote.completions import request_body
 
@@ -30,16 +47,21 @@ def _options(**settings) -> GenerateOptions:
 
 
 def test_line_body_is_the_per_row_request_and_ids_are_stable() -> None:
-    options = _options(temperature=0.7, seed=3, stop=["\n"], max_new_tokens=9, system_prompt="be brief",
-                       json_schema={"type": "object"})
+    options = _options(
+        temperature=0.7, seed=3, stop=["\n"], max_new_tokens=9, system_prompt="be brief", json_schema={"type": "object"}
+    )
     from lakescore.udfs.heads.seeds import row_seed
 
     body = row_body(options, "m", "chat", "hello", "42")
     assert body == request_body(options, "m", "chat", "hello", row_seed(3, "42"))
     line_id = custom_id("42", canonical(body))
     line = json.loads(batch_line(line_id, request_path(ENDPOINT["url"], "chat"), canonical(body)))
-    assert line == {"custom_id": custom_id("42", canonical(body)), "method": "POST", "url": "/v1/chat/completions",
-                    "body": body}
+    assert line == {
+        "custom_id": custom_id("42", canonical(body)),
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": body,
+    }
     assert custom_id("42", canonical(body)) == custom_id("42", canonical(dict(reversed(list(body.items())))))
     assert custom_id("42", canonical(body)) != custom_id("43", canonical(body))
     other = row_body(options.model_copy(update={"max_new_tokens": 10}), "m", "chat", "hello", "42")
@@ -63,36 +85,76 @@ def test_files_stay_within_both_limits_in_order(max_requests: int, max_bytes: in
 
 def test_part_digest_names_round_and_lines() -> None:
     assert part_digest("k", 0, ["a", "b"]) == part_digest("k", 0, ["a", "b"])
-    assert len({part_digest("k", 0, ["a", "b"]), part_digest("k", 1, ["a", "b"]), part_digest("k", 0, ["a"]),
-                part_digest("j", 0, ["a", "b"])}) == 4
+    assert (
+        len(
+            {
+                part_digest("k", 0, ["a", "b"]),
+                part_digest("k", 1, ["a", "b"]),
+                part_digest("k", 0, ["a"]),
+                part_digest("j", 0, ["a", "b"]),
+            }
+        )
+        == 4
+    )
 
 
 def test_result_lines_classified_as_the_contract_says() -> None:
     ok = {"custom_id": "a", "response": {"status_code": 200, "body": {"choices": [{"text": "hi"}]}}, "error": None}
     assert classify(ok) == classify(ok) and classify(ok).kind == RESULT and json.loads(classify(ok).body)["choices"]
     for status in (408, 429, 500, 503):
-        assert classify({"custom_id": "a", "response": {"status_code": status, "body": {"error": {"message": "busy"}}},
-                         "error": None}).kind == RETRY
+        assert (
+            classify(
+                {
+                    "custom_id": "a",
+                    "response": {"status_code": status, "body": {"error": {"message": "busy"}}},
+                    "error": None,
+                }
+            ).kind
+            == RETRY
+        )
     expired = classify({"custom_id": "a", "response": None, "error": {"code": "batch_expired", "message": "late"}})
     assert (expired.kind, expired.message) == (RETRY, "batch_expired: late")
-    refused = classify({"custom_id": "a", "response": {"status_code": 400, "body": {"error": {
-        "message": "max_tokens is too large", "code": "invalid_value"}}}, "error": None})
+    refused = classify(
+        {
+            "custom_id": "a",
+            "response": {
+                "status_code": 400,
+                "body": {"error": {"message": "max_tokens is too large", "code": "invalid_value"}},
+            },
+            "error": None,
+        }
+    )
     assert (refused.kind, refused.status, refused.message) == (DEAD, 400, "invalid_value: max_tokens is too large")
     assert absent("completed").kind == RETRY and "absent" in absent("completed").message
     assert "expired" in absent("expired").message
     assert [next_step(k, r, 2) for k, r in [(RESULT, 0), (DEAD, 0), (RETRY, 0), (RETRY, 1), (RETRY, 2)]] == [
-        "done", "done", "resend", "resend", "dead"]
+        "done",
+        "done",
+        "resend",
+        "resend",
+        "dead",
+    ]
     with pytest.raises(ValueError, match="no custom_id"):
         parse_jsonl('{"response": {}}\n')
 
 
 def test_batch_settings_are_bounded_and_refuse_what_cannot_work() -> None:
-    for wrong in ({"max_requests_per_file": 0}, {"completion_window": "1h"}, {"poll_interval": 5},
-                  {"max_bytes_per_file": 10}):
+    for wrong in (
+        {"max_requests_per_file": 0},
+        {"completion_window": "1h"},
+        {"poll_interval": 5},
+        {"max_bytes_per_file": 10},
+    ):
         with pytest.raises(ValueError):  # pydantic's ValidationError, which the config loader words as one line
             GenerateOptions(endpoint={**ENDPOINT, "batch": wrong})
-    base = ["task=generate", "input=in", "output=out", "id_col=id", "text_col=t",
-            f"generate.endpoint={json.dumps(ENDPOINT)}"]
+    base = [
+        "task=generate",
+        "input=in",
+        "output=out",
+        "id_col=id",
+        "text_col=t",
+        f"generate.endpoint={json.dumps(ENDPOINT)}",
+    ]
     cfg = load_config(None, base)
     assert cfg.provider_batch and cfg.endpoint().batch.max_bytes_per_file == 200 * 1024 * 1024
     assert cfg.endpoint().batch.wait and cfg.endpoint().batch.max_resubmits == 3
@@ -120,14 +182,26 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
     assert lines[0]["body"]["messages"][-1]["content"] == "p0"
 
     def answer(line, text):
-        return {"custom_id": line["custom_id"], "error": None, "response": {"status_code": 200, "body": {
-            "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2}}}}
+        return {
+            "custom_id": line["custom_id"],
+            "error": None,
+            "response": {
+                "status_code": 200,
+                "body": {
+                    "choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                },
+            },
+        }
 
     output = [answer(lines[3], "four"), answer(lines[0], "zero")]  # shuffled
+
     def failed(line, status, message):
-        return {"custom_id": line["custom_id"], "error": None,
-                "response": {"status_code": status, "body": {"error": {"message": message}}}}
+        return {
+            "custom_id": line["custom_id"],
+            "error": None,
+            "response": {"status_code": status, "body": {"error": {"message": message}}},
+        }
 
     errors = [failed(lines[1], 500, "oops"), failed(lines[2], 400, "bad")]
     files = {"out": "\n".join(map(json.dumps, output)), "err": "\n".join(map(json.dumps, errors))}
@@ -142,11 +216,16 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
         def close(self):
             pass
 
-    download = make_download_function("http://x/v1", None, {"b1": {"status": "completed", "output_file_id": "out",
-                                                                   "error_file_id": "err"}}, client_factory=Files)
+    download = make_download_function(
+        "http://x/v1",
+        None,
+        {"b1": {"status": "completed", "output_file_id": "out", "error_file_id": "err"}},
+        client_factory=Files,
+    )
     sent = [line["custom_id"] for line in lines]
-    batch = pa.record_batch([pa.array(sent), pa.array(["b1"] * 5), pa.array([0] * 5, pa.int32())],
-                            names=["custom_id", "batch_id", "round"])
+    batch = pa.record_batch(
+        [pa.array(sent), pa.array(["b1"] * 5), pa.array([0] * 5, pa.int32())], names=["custom_id", "batch_id", "round"]
+    )
     outcomes = pa.Table.from_batches(list(download(iter([batch]))), schema=OUTCOME_SCHEMA).to_pylist()
     by_id = {o["custom_id"]: o for o in outcomes}
     assert [by_id[i]["kind"] for i in sent] == [RESULT, RETRY, DEAD, RESULT, RETRY]
@@ -155,22 +234,34 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
     # the last round of each line, as the driver joins them: the 500 ended dead after its resubmissions
     final = {**by_id, sent[1]: {**by_id[sent[1]], "round": 3}}
     types = get_task("generate").output_arrow_types_for(options)
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from lakescore.schemas.output import scored_schema
     from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from lakescore.schemas.output import scored_schema
 
     out_schema = to_arrow_schema(scored_schema("generate", T.StructField("id", T.StringType())))
     result = make_result_function(options, "chat", "sha", ["id"], "prompt", types, out_schema, 10_000, 3)
     columns = {"id": rendered.column("id"), "prompt": rendered.column("prompt")}
     rows = [final.get(i) if i is not None else None for i in ids]
-    for name, kind in (("kind", pa.string()), ("status", pa.int32()), ("body", pa.string()), ("message", pa.string()),
-                       ("round", pa.int32())):
+    for name, kind in (
+        ("kind", pa.string()),
+        ("status", pa.int32()),
+        ("body", pa.string()),
+        ("message", pa.string()),
+        ("round", pa.int32()),
+    ):
         columns[name] = pa.array([None if r is None else r[name] for r in rows], kind)
     staged = pa.Table.from_batches(list(result(iter([pa.record_batch(list(columns.values()), names=list(columns))]))))
     staged = staged.to_pylist()
     assert [r["generated_text"] for r in staged] == ["zero", None, None, None, "four", None]
-    assert [r["_reason"] for r in staged] == [None, "null_input", "endpoint_error", "endpoint_error", None,
-                                              "endpoint_error"]
+    assert [r["_reason"] for r in staged] == [
+        None,
+        "null_input",
+        "endpoint_error",
+        "endpoint_error",
+        None,
+        "endpoint_error",
+    ]
     assert "bad" in staged[3]["_error"] and "4 times" in staged[2]["_error"] and "oops" in staged[2]["_error"]
     worker = staged[0]["_worker"]
     assert (worker["tokens_in"], worker["tokens_out"], worker["requests"], worker["retries"]) == (6, 4, 8, 3)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, BinaryIO, Callable, Iterator, Mapping, Optional
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 from lakescore.udfs.remote.answers import RETRY_STATUSES
 from lakescore.udfs.remote.client import backoff, retry_after, scrub
@@ -22,7 +23,7 @@ __all__ = ["BatchApiError", "BatchClient"]
 class BatchApiError(RuntimeError):
     """A Batch API call failed for good: ``status`` (``None``: no answer) and the provider's message, scrubbed."""
 
-    def __init__(self, status: Optional[int], message: str, call: str) -> None:
+    def __init__(self, status: int | None, message: str, call: str) -> None:
         self.status, self.message, self.call = status, message, call
         super().__init__(f"{call}: HTTP {status}: {message}" if status is not None else f"{call}: {message}")
 
@@ -31,8 +32,15 @@ class BatchClient:
     """Calls to one provider's Files and Batches API at ``url`` (the base URL, e.g. ``https://api.openai.com/v1``)
     with ``api_key``, each retried ``max_retries`` times on a retryable status or a lost connection."""
 
-    def __init__(self, url: str, api_key: Optional[str], *, timeout_s: float = 120.0, max_retries: int = 6,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        *,
+        timeout_s: float = 120.0,
+        max_retries: int = 6,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         import httpx2
 
         self.url, self._key, self.max_retries, self.sleep = url.rstrip("/"), api_key, max_retries, sleep
@@ -65,18 +73,28 @@ class BatchClient:
             raise BatchApiError(response.status_code, self.scrub(_message(response)), call)
         raise AssertionError("unreachable")
 
-    def upload(self, name: str, content: "bytes | BinaryIO") -> str:
+    def upload(self, name: str, content: bytes | BinaryIO) -> str:
         """Upload ``content`` (bytes, or a binary file object at its start) as the batch input file ``name``; its id."""
-        response = self._call("POST", "/files", "upload a batch file",
-                              files={"file": (name, content, "application/jsonl")}, data={"purpose": "batch"})
+        response = self._call(
+            "POST",
+            "/files",
+            "upload a batch file",
+            files={"file": (name, content, "application/jsonl")},
+            data={"purpose": "batch"},
+        )
         return str(response.json()["id"])
 
     def create(self, input_file_id: str, endpoint: str, completion_window: str, metadata: Mapping[str, str]) -> dict:
         """Create the batch of the uploaded file ``input_file_id`` against ``endpoint`` (``/v1/chat/completions``)."""
-        body = {"input_file_id": input_file_id, "endpoint": endpoint, "completion_window": completion_window,
-                "metadata": dict(metadata)}
-        return self._call("POST", "/batches", "create a batch", content=json.dumps(body),
-                          headers={"Content-Type": "application/json"}).json()
+        body = {
+            "input_file_id": input_file_id,
+            "endpoint": endpoint,
+            "completion_window": completion_window,
+            "metadata": dict(metadata),
+        }
+        return self._call(
+            "POST", "/batches", "create a batch", content=json.dumps(body), headers={"Content-Type": "application/json"}
+        ).json()
 
     def get(self, batch_id: str) -> dict:
         """The batch ``batch_id`` as the provider holds it now (its ``status``, ``request_counts``, file ids)."""
@@ -84,7 +102,7 @@ class BatchClient:
 
     def batches(self, page: int = 100) -> Iterator[dict]:
         """Every batch the provider lists for this key, newest first (``GET /batches``, page by page)."""
-        after: Optional[str] = None
+        after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": page, **({"after": after} if after else {})}
             listing = self._call("GET", "/batches", "list batches", params=params).json()

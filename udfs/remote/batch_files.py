@@ -19,22 +19,38 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from lakescore.udfs.remote.answers import RETRY_STATUSES
 
 __all__ = [
-    "RESULT", "RETRY", "DEAD", "LineOutcome", "custom_id", "batch_line", "request_path", "cut_files", "part_digest",
-    "parse_jsonl", "classify", "absent", "next_step", "RETRYABLE_LINE_CODES", "TERMINAL_STATES", "ENDED_STATES",
+    "RESULT",
+    "RETRY",
+    "DEAD",
+    "LineOutcome",
+    "custom_id",
+    "batch_line",
+    "request_path",
+    "cut_files",
+    "part_digest",
+    "parse_jsonl",
+    "classify",
+    "absent",
+    "next_step",
+    "RETRYABLE_LINE_CODES",
+    "TERMINAL_STATES",
+    "ENDED_STATES",
 ]
 
 RESULT, RETRY, DEAD = "result", "retry", "dead"
 """What a submitted line ended as (:class:`LineOutcome`)."""
 
-RETRYABLE_LINE_CODES = frozenset({"batch_expired", "batch_cancelled", "rate_limit_exceeded", "server_error",
-                                  "timeout", "internal_error"})
+RETRYABLE_LINE_CODES = frozenset(
+    {"batch_expired", "batch_cancelled", "rate_limit_exceeded", "server_error", "timeout", "internal_error"}
+)
 """Error codes of an error-file line without a status that mean the provider ended the line unanswered."""
 
 
@@ -51,9 +67,9 @@ class LineOutcome:
     retry's or a dead line's reason)."""
 
     kind: str
-    status: Optional[int] = None
-    body: Optional[str] = None
-    message: Optional[str] = None
+    status: int | None = None
+    body: str | None = None
+    message: str | None = None
 
 
 def _digest(text: str) -> str:
@@ -86,12 +102,14 @@ def request_path(base_url: str, api: str) -> str:
 
 def batch_line(line_id: str, path: str, body: str) -> bytes:
     """One request line of a batch file (UTF-8, ending in a newline); ``body`` is :func:`canonical` JSON text."""
-    return ('{"custom_id":' + json.dumps(line_id) + ',"method":"POST","url":' + json.dumps(path) + ',"body":' + body
-            + "}\n").encode("utf-8")
+    return (
+        '{"custom_id":' + json.dumps(line_id) + ',"method":"POST","url":' + json.dumps(path) + ',"body":' + body + "}\n"
+    ).encode("utf-8")
 
 
-def cut_files(lines: Iterable[tuple[str, bytes]], max_requests: int,
-              max_bytes: int) -> Iterator[list[tuple[str, bytes]]]:
+def cut_files(
+    lines: Iterable[tuple[str, bytes]], max_requests: int, max_bytes: int
+) -> Iterator[list[tuple[str, bytes]]]:
     """``(custom_id, line)`` pairs cut, in their order, into files of at most ``max_requests`` lines and
     ``max_bytes`` bytes; a line longer than ``max_bytes`` alone cannot go in any: :class:`ValueError` (the caller
     dead-letters such a row before cutting).
@@ -134,7 +152,7 @@ def parse_jsonl(text: str) -> dict[str, dict]:
     return lines
 
 
-def _message(error: Any, body: Any) -> Optional[str]:
+def _message(error: Any, body: Any) -> str | None:
     """The provider's words for a line's failure: its ``error.message`` (with the code), or the body's."""
     for holder in (error, body.get("error") if isinstance(body, Mapping) else None):
         if isinstance(holder, Mapping):
@@ -168,8 +186,9 @@ def classify(line: Mapping[str, Any]) -> LineOutcome:
         return LineOutcome(RESULT, 200, json.dumps(body, ensure_ascii=False))
     message = _message(error, body) or (f"HTTP {status}" if status is not None else "an error line without a message")
     code = error.get("code") if isinstance(error, Mapping) else None
-    if (status is not None and (status in RETRY_STATUSES or status >= 500)) or (status is None and (
-            code in RETRYABLE_LINE_CODES or code is None)):
+    if (status is not None and (status in RETRY_STATUSES or status >= 500)) or (
+        status is None and (code in RETRYABLE_LINE_CODES or code is None)
+    ):
         return LineOutcome(RETRY, status, None, message)
     return LineOutcome(DEAD, status, None, message)
 
