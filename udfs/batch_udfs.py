@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import groupby
 from typing import Any
 
@@ -51,7 +51,7 @@ __all__ = [
     "held_parts",
 ]
 
-ArrowFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+ArrowFunction = Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]
 
 CUSTOM_ID, LINE = "__lakescore_custom_id", "__lakescore_line"
 RENDERED_FIELDS = ((CUSTOM_ID, pa.string()), (LINE, pa.binary()))
@@ -104,7 +104,7 @@ def make_render_function(
     """Each batch's columns as they came, and each row's :data:`RENDERED_FIELDS` (``out_schema``: the input's fields
     then those two)."""
 
-    def render(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def render(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             prompts = batch.column(prompt_col).to_pylist()
             keys = batch.column(key_col).to_pylist()
@@ -144,7 +144,7 @@ def make_submit_function(
     "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``); a retried
     task asks the provider again. ``on_created``: called after each batch is created (the test hooks)."""
 
-    def submit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def submit(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
         rows: list[tuple[str, int, bytes]] = []
         for batch in batches:
@@ -238,7 +238,7 @@ def make_download_function(
     batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's files, downloaded once per task
     and batch. Rows of one batch must come together (the stage sorts by batch)."""
 
-    def download(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def download(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
         rows: list[tuple[str, str, int]] = []
         for batch in batches:
@@ -315,7 +315,7 @@ def make_result_function(
     from lakescore.udfs.remote.answers import EndpointError, Malformed
     from lakescore.udfs.scoring_udf import ScoredBatch
 
-    def result(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def result(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             n = batch.num_rows
             if n == 0:
