@@ -313,6 +313,7 @@ def make_result_function(
     first row carries its worker metrics: tokens from the answers' ``usage``, each line sent counted a request."""
     from lakescore.udfs.heads.generate import Generation, generation_columns
     from lakescore.udfs.remote.answers import EndpointError, Malformed
+    from lakescore.schemas.traffic import Traffic
     from lakescore.udfs.scoring_udf import ScoredBatch
 
     def result(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -369,11 +370,9 @@ def make_result_function(
                 reasons,
                 errors,
                 raw,
-                tokens_in=tokens_in,
-                tokens_out=tokens_out,
-                requests=requests,
-                retries=resent,
-                unmetered=unmetered,
+                traffic=Traffic(
+                    tokens_in=tokens_in, tokens_out=tokens_out, requests=requests, retries=resent, unmetered=unmetered
+                ),
             )
             yield scored.record_batch([batch.column(name) for name in keep_cols], out_schema)
 
