@@ -311,9 +311,10 @@ def make_result_function(
     dead-lettered as the per-row path would (``endpoint_error`` / ``endpoint_unfinished``), a line past
     ``max_resubmits`` ``endpoint_error`` naming its last reason, a null prompt ``null_input``. Each Arrow batch's
     first row carries its worker metrics: tokens from the answers' ``usage``, each line sent counted a request."""
-    from lakescore.udfs.heads.generate import Generation, generation_columns
-    from lakescore.udfs.remote.answers import EndpointError, Malformed
+    from lakescore.schemas.reasons import ENDPOINT_ERROR, NULL_INPUT
     from lakescore.schemas.traffic import Traffic
+    from lakescore.udfs.heads.generate import Generation, generation_columns, json_failure
+    from lakescore.udfs.remote.answers import EndpointError, Malformed
     from lakescore.udfs.scoring_udf import ScoredBatch
 
     def result(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -330,28 +331,31 @@ def make_result_function(
             tokens_in = tokens_out = unmetered = requests = 0
             for i in range(n):
                 if prompts[i] is None:
-                    reasons[i] = "null_input"
+                    reasons[i] = NULL_INPUT
                     continue
                 requests += 0 if rounds[i] is None else rounds[i] + 1
                 kind = kinds[i]
                 if kind is None:  # never sent: its line cannot go in a file
-                    reasons[i], errors[i] = "endpoint_error", TOO_LARGE.format(limit=max_bytes)
+                    reasons[i], errors[i] = ENDPOINT_ERROR, TOO_LARGE.format(limit=max_bytes)
                 elif kind == RESULT:
                     try:
                         outputs[i] = _generation(Generation, json.loads(bodies[i]), options, api)
                     except (EndpointError, ValueError) as exc:  # what the per-row path dead-letters, as it words it
-                        reasons[i] = exc.reason if isinstance(exc, EndpointError) else "endpoint_error"
+                        reasons[i] = exc.reason if isinstance(exc, EndpointError) else ENDPOINT_ERROR
                         errors[i] = (f"a malformed answer: {exc}" if isinstance(exc, Malformed) else str(exc))[:2000]
                         continue
+                    failure = json_failure(outputs[i], options.json_schema) if options.json_schema else None
+                    if failure is not None:  # cut or invalid JSON: the per-row path's dead letter, its text kept
+                        reasons[i], errors[i] = failure
                     if outputs[i].prompt_tokens is None:
                         unmetered += 1
                     else:
                         tokens_in += outputs[i].prompt_tokens
                         tokens_out += outputs[i].completion_tokens
                 elif kind == DEAD:
-                    reasons[i], errors[i] = "endpoint_error", f"the provider's batch refused the line: {messages[i]}"
+                    reasons[i], errors[i] = ENDPOINT_ERROR, f"the provider's batch refused the line: {messages[i]}"
                 else:
-                    reasons[i] = "endpoint_error"
+                    reasons[i] = ENDPOINT_ERROR
                     errors[i] = (
                         f"the provider's batch ended the line without an answer {max_resubmits + 1} times; "
                         f"last: {messages[i]}"
@@ -381,22 +385,12 @@ def make_result_function(
 
 def _generation(generation: type, body: Mapping[str, Any], options: Any, api: str) -> Any:
     """A result body's :class:`~lakescore.udfs.heads.generate.Generation`, checked as the per-row path checks an
-    answer (:func:`~lakescore.udfs.remote.completions.parse_completion`, the JSON schema, the log-probabilities)."""
+    answer (:func:`~lakescore.udfs.remote.completions.parse_completion`, the log-probabilities); the caller checks its
+    JSON as every path does (:func:`~lakescore.udfs.heads.generate.json_failure`)."""
     from lakescore.udfs.remote.answers import Unhonoured
     from lakescore.udfs.remote.completions import parse_completion
 
     completion = parse_completion(body, api, options.stop, options.max_new_tokens)
-    if options.json_schema is not None and completion.finish_reason != "length":
-        from jsonschema import ValidationError, validate
-
-        try:
-            validate(json.loads(completion.text), json.loads(options.json_schema))
-        except (ValueError, ValidationError) as exc:
-            message = exc.message if isinstance(exc, ValidationError) else str(exc)
-            raise Unhonoured(
-                "generate.json_schema (response_format)",
-                f"the text is not JSON valid against generate.json_schema: {message}"[:500],
-            ) from None
     if options.logprobs and completion.token_logprobs is None:
         raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
     return generation(
