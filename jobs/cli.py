@@ -17,7 +17,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from lakescore.jobs.commands.demo import DEMO_ROWS
 from lakescore.jobs.platform.spark.interrupts import EXIT_INTERRUPTED, was_interrupted
@@ -27,6 +27,7 @@ from lakescore.jobs.commands.sweep import SAMPLE_ROWS
 from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
 from lakescore.jobs.platform.spark.console import configure_logging, log_jvm_to_file
+from lakescore.jobs.steps.clock import RunStop, StepClock
 
 __all__ = ["main", "run"]
 
@@ -135,12 +136,12 @@ def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig
     return cfg.model_copy(update={"input": local_ref(cfg.input), "output": local_ref(cfg.output)})
 
 
-def _score(args: argparse.Namespace) -> int:
+def _score(args: argparse.Namespace, clock: StepClock) -> int:
     from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
 
     cfg = _config(args)
-    report = run_and_record(cfg)
+    report = run_and_record(cfg, clock=clock)
     print(report.summary())
     if cfg.report:
         print(report_location(report, cfg.report))
@@ -160,11 +161,11 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace, clock: StepClock) -> int:
     from lakescore.jobs.commands.demo import run_demo
 
     cfg = _config(args)
-    report = run_demo(cfg, rows=args.rows, report_path=args.report)
+    report = run_demo(cfg, rows=args.rows, report_path=args.report, clock=clock)
     return EXIT_OK if report.status == "succeeded" else EXIT_VALIDATION_FAILED
 
 
@@ -231,8 +232,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_not_from_py4j)
         log_jvm_to_file()  # a session built from here on keeps the JVM's stack traces off the console
-    handlers = {"score": _score, "plan": _plan, "demo": _demo, "sweep": _sweep, "history": _history,
-                "batches": _batches, "fetch-jars": _fetch_jars}
+    clock = StepClock()  # a scoring run's (score, demo): where it stopped, for the failure line
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "score": lambda a: _score(a, clock), "plan": _plan, "demo": lambda a: _demo(a, clock), "sweep": _sweep,
+        "history": _history, "batches": _batches, "fetch-jars": _fetch_jars,
+    }
     install_interrupt_handlers()
     try:
         return handlers[args.command](args)
@@ -241,7 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         if args.verbose:
             log.exception("failed")
-        code, line = _failure(exc)
+        code, line = _failure(exc, clock.stop_of(exc))
         print(line, file=sys.stderr)
         return code
 
@@ -250,8 +254,8 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
     return "py4j" not in record.pathname.replace("\\", "/").split("/")
 
 
-def _failure(exc: BaseException) -> tuple[int, str]:
-    """The exit code and the one line an operator reads for ``exc``."""
+def _failure(exc: BaseException, stop: Optional[RunStop] = None) -> tuple[int, str]:
+    """The exit code and the one line an operator reads for ``exc``, which stopped a run at ``stop`` (when it did)."""
     from lakescore.jobs.platform.tables import unreadable_input
 
     from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
@@ -259,15 +263,17 @@ def _failure(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, BatchesPending):
         return EXIT_PENDING, f"lakescore: pending: {exc}"
     if was_interrupted(exc):
-        staged = getattr(exc, "lakescore_chunks", None)
-        where = f"after {staged[0]} of {staged[1]} chunks were staged" if staged else f"during {getattr(exc, 'lakescore_step', 'start-up')}"
+        staged = stop.chunks_staged if stop is not None else None
+        where = (f"after {staged[0]} of {staged[1]} chunks were staged" if staged
+                 else f"during {stop.step if stop is not None else 'start-up'}")
         return EXIT_INTERRUPTED, f"lakescore: interrupted {where}; rerun the same command to resume"
     kept = kept_trace(exc)
     details = f" (details: {kept})" if kept else ""
     unreadable = unreadable_input(exc)
     if unreadable is not None:
         return EXIT_BAD_INPUT, f"lakescore: error: {unreadable}{details}"
-    return (EXIT_BAD_INPUT if before_compute(exc) else EXIT_FAILED), f"lakescore: error: {one_line(exc)}{details}"
+    line = one_line(exc, stop.step if stop is not None else None)
+    return (EXIT_BAD_INPUT if before_compute(exc) else EXIT_FAILED), f"lakescore: error: {line}{details}"
 
 
 def run() -> None:

@@ -34,7 +34,8 @@ from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.metrics import record_run, record_stopped_run
-from lakescore.jobs.steps.report import StepClock, assemble_report, failure_report
+from lakescore.jobs.steps.clock import StepClock
+from lakescore.jobs.steps.report import assemble_report, failure_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import pin_staging, score_into_staging
 from lakescore.jobs.steps.validate import validate_rows
@@ -42,7 +43,7 @@ from lakescore.jobs.steps.validate import validate_rows
 __all__ = ["run_scoring", "run_and_record"]
 
 
-def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
+def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Optional[StepClock] = None) -> RunReport:
     """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.model.RunReport`.
 
     Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
@@ -50,9 +51,10 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     before any compute when the run cannot succeed, :class:`~lakescore.jobs.platform.tables.WriteConflictError`
     when a concurrent run won the publish. A failed validation, an exceeded error rate or drift past a bound does
     not raise: the report's ``status`` is ``validation_failed`` / ``error_rate_exceeded`` / ``drift_exceeded`` and
-    the output is untouched.
+    the output is untouched. ``clock`` (default: a new one) times the steps and, when the run raises, says where it
+    stopped (:meth:`~lakescore.jobs.steps.clock.StepClock.stop_of`).
     """
-    clock = StepClock()
+    clock = clock if clock is not None else StepClock()
     with clock.step("startup"):  # a refused setting's failure report still says when the run started
         cfg.require_for_scoring()
         run = open_input(cfg, spark)
@@ -70,7 +72,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
         plan = probe_endpoint(run, plan)  # a model served elsewhere: its paid sample request, only with rows to score
         clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
     with clock.step("score_stage"):
-        throughput = score_into_staging(run, plan)
+        throughput = score_into_staging(run, plan, clock)
         snapshot = pin_staging(run, plan)  # accounting, GX and the publish read this one version
         at_point("staging_pinned")
     with clock.step("validate"):
@@ -90,18 +92,19 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunRepo
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 
-def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunReport:
+def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Optional[StepClock] = None) -> RunReport:
     """:func:`run_scoring`, then the run recorded as every entry point (CLI, API, demo) records it: its report (JSON and
     HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed`` or
-    ``interrupted``, where and why), then the exception goes on."""
+    ``interrupted``, where and why: ``clock``, default a new one, says where it stopped), then the exception goes on."""
+    clock = clock if clock is not None else StepClock()
     try:
-        report = run_scoring(cfg, spark)
+        report = run_scoring(cfg, spark, clock)
     except BaseException as exc:  # a scheduler still finds a report saying where and why
         if cfg.report:
-            failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
+            failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed", clock)
             failed.log_file = kept_trace(exc) or _text(run_log())
             write_report(failed, cfg.report)
-        record_stopped_run(spark, cfg, exc)
+        record_stopped_run(spark, cfg, exc, clock)
         raise
     report.log_file = _text(run_log())
     record_run(spark, cfg, report)

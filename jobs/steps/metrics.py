@@ -33,6 +33,7 @@ from lakescore.jobs.platform.tables import TableError, TableRef, read_input, wri
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.report.files import write_report
+from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.report import failure_report
 
 __all__ = [
@@ -195,12 +196,13 @@ def record_run(spark: Optional[SparkSession], cfg: JobConfig, report: RunReport)
         recording.result()
 
 
-def record_stopped_run(spark: Optional[SparkSession], cfg: JobConfig, exc: BaseException) -> None:
-    """:func:`record_metrics` for a run that raised ``exc``: ``interrupted`` or ``failed``, no row counts; nothing for
-    a run stopped before its plan named it."""
-    if not getattr(exc, "lakescore_facts", {}).get("run_id"):
+def record_stopped_run(spark: Optional[SparkSession], cfg: JobConfig, exc: BaseException, clock: StepClock) -> None:
+    """:func:`record_metrics` for a run that raised ``exc``, stopping ``clock``'s run: ``interrupted`` or ``failed``,
+    no row counts; nothing for a run stopped before its plan named it."""
+    stop = clock.stop_of(exc)
+    if stop is None or not stop.facts.get("run_id"):
         return
-    report = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed")
+    report = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed", clock)
     record_metrics(spark or SparkSession.getActiveSession(), cfg, report)
 
 

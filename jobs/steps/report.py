@@ -1,19 +1,13 @@
-"""Step 8, report: the :class:`~lakescore.jobs.report.model.RunReport` of a finished run, and the step clock.
-
-:class:`StepClock` times the named steps (``startup``, ``read_check``, ``prepare``,
-``score_stage``, ``validate``, ``publish``) for the report's ``step_seconds``.
-"""
+"""Step 8, report: the :class:`~lakescore.jobs.report.model.RunReport` of a finished run (:func:`assemble_report`), or
+of one that raised (:func:`failure_report`, from where the step clock says it stopped)."""
 
 from __future__ import annotations
 
 import json
-import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from lakescore.jobs.platform.spark.adapter import session_facts
-from lakescore.jobs.testing_hooks import at_step
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import run_cost, session_resources
 from lakescore.jobs.report.model import RunReport, software_versions
@@ -21,49 +15,12 @@ from lakescore.jobs.report.text import drift_text, one_line
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.batch_ledger import BatchLedger
 from lakescore.jobs.steps.provider_batch import batch_summary
+from lakescore.jobs.steps.clock import RunStop, StepClock
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.udfs.options.remote import MODELS_LISTING
 
-__all__ = ["StepClock", "assemble_report", "failure_report", "refusal_reason", "gate_text"]
-
-
-class StepClock:
-    """Wall seconds per named step, and of the whole run since the clock was made."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.seconds: dict[str, float] = {}
-        self.facts: dict[str, Any] = {}
-        """What the run knows so far (run id, staging location), for the report of a run that fails later."""
-
-    def note(self, **facts: Any) -> None:
-        """Remember ``facts`` for :func:`failure_report`."""
-        self.facts.update(facts)
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        """Time the block as step ``name`` (added to the step's earlier time, if any).
-
-        Test-only hooks (:mod:`lakescore.jobs.testing_hooks`) run first, outside the timing.
-        """
-        start = time.perf_counter()
-        try:
-            at_step(name)  # what a hook raises (a test's interrupt at a barrier) stops the run in this step too
-            start = time.perf_counter()
-            yield
-        except BaseException as exc:
-            if getattr(exc, "lakescore_step", None) is None:
-                exc.lakescore_step = name  # the failure report names the step the run died in
-                exc.lakescore_facts = dict(self.facts)
-                exc.lakescore_clock = self  # and when the run started, how long it ran, its steps' times
-            raise
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+__all__ = ["assemble_report", "failure_report", "refusal_reason", "gate_text"]
 
 
 def assemble_report(
@@ -205,11 +162,15 @@ def _with_token_rate(workers: dict[str, Any], stage_seconds: Optional[float]) ->
     return {**workers, "tokens_per_second": round(workers["tokens_out"] / stage_seconds, 1)}
 
 
-def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -> RunReport:
-    """The report of a run that raised ``exc``: what it was asked to do, when it started, how long it ran and its
-    steps' times so far, the step it stopped in and the one-line reason; no row counts (none were determined)."""
-    facts = getattr(exc, "lakescore_facts", {})
-    clock: Optional[StepClock] = getattr(exc, "lakescore_clock", None)
+def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed",
+                   clock: Optional[StepClock] = None) -> RunReport:
+    """The report of a run that raised ``exc``: what it was asked to do and the one-line reason; when ``exc`` stopped
+    it in a step of ``clock`` (:meth:`~lakescore.jobs.steps.clock.StepClock.stop_of`), also when it started, how long
+    it ran and its steps' times so far, the step it stopped in and what is staged; no row counts (none were
+    determined)."""
+    stop = clock.stop_of(exc) if clock is not None else None
+    facts = stop.facts if stop is not None else {}
+    clock = clock if stop is not None else None
     return RunReport(
         run_id=facts.get("run_id") or cfg.resolved_run_id() or "",
         status=status,
@@ -219,22 +180,21 @@ def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed") -
         model_id=cfg.model.source or getattr(cfg.endpoint(), "model", None),
         model_revision=cfg.model.revision,
         model_sha256=None,
-        failed_step=getattr(exc, "lakescore_step", None),
-        chunks=_chunks(exc, facts),
+        failed_step=stop.step if stop is not None else None,
+        chunks=_chunks(stop) if stop is not None else None,
         seconds=round(clock.elapsed(), 3) if clock else None,
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()} if clock else {},
         started_at=clock.started_at if clock else None,
         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        error=one_line(exc),
+        error=one_line(exc, stop.step if stop is not None else None),
     )
 
 
-def _chunks(exc: BaseException, facts: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _chunks(stop: RunStop) -> Optional[dict[str, Any]]:
     """What is staged for a rerun to resume from: the staging table, and chunks staged of the total when known."""
-    if "staging" not in facts:
+    if "staging" not in stop.facts:
         return None
-    chunks = {"total": facts.get("chunks"), "staging": facts["staging"]}
-    staged = getattr(exc, "lakescore_chunks", None)
-    if staged is not None:
-        chunks["staged"] = staged[0]
+    chunks = {"total": stop.facts.get("chunks"), "staging": stop.facts["staging"]}
+    if stop.chunks_staged is not None:
+        chunks["staged"] = stop.chunks_staged[0]
     return chunks

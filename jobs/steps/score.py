@@ -21,6 +21,7 @@ from lakescore.jobs.platform.spark.progress import ProgressReporter, scoring_tas
 from lakescore.jobs.platform.spark.adapter import default_parallelism, partition_count, stage_progress
 from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.platform.tables import column
+from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.context import Plan, RunContext, ScoringLayout, scoring_layout
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
@@ -106,9 +107,10 @@ def score_dataframe(
     return df.select(*[column(c).alias(passed[c]) for c in read]).mapInArrow(scorer, schema, profile=profile)
 
 
-def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int]]:
+def score_into_staging(run: RunContext, plan: Plan, clock: StepClock) -> list[tuple[float, int]]:
     """Score every chunk of ``plan`` not yet committed to its staging table, one commit per chunk; with nothing to
-    score, commit nothing (no staging table: :func:`pin_staging`).
+    score, commit nothing (no staging table: :func:`pin_staging`). Stopped, it tells ``clock`` how many chunks it
+    staged.
 
     Returns the progress samples ``(seconds, rows scored)`` for the report's throughput chart.
     """
@@ -136,8 +138,8 @@ def score_into_staging(run: "RunContext", plan: "Plan") -> list[tuple[float, int
                 at_point(f"chunk_committed:{chunk}")
                 staged += 1
                 log.info("chunk %d/%d staged", chunk + 1, plan.chunks)
-        except BaseException as exc:
-            exc.lakescore_chunks = (staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
+        except BaseException:
+            clock.stopped_while_scoring(staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise
         finally:
             stop_served_engines(run)  # generate.server: every row is sent, or the run failed

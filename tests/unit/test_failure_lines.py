@@ -49,8 +49,7 @@ def test_python_errors_a_full_or_read_only_filesystem_and_lakescores_own():
     full = OSError(errno.ENOSPC, "No space left on device", "/data/reports/run.json")
     assert one_line(full) == "no space left on device writing /data/reports/run.json"
     read_only = OSError(errno.EROFS, "Read-only file system")
-    read_only.lakescore_step = "publish"  # what the step clock marks a run's error with
-    assert one_line(read_only) == "read-only file system during publish"
+    assert one_line(read_only, "publish") == "read-only file system during publish"  # the step the clock says it stopped
     missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "/data/x")
     assert failure_reason(missing) is None and one_line(missing) == "FileNotFoundError: [Errno 2] No such file or directory: '/data/x'"
     try:  # lakescore's own refusal says it all, whatever it was raised from

@@ -13,7 +13,8 @@ from pyspark.sql import types as T
 from lakescore.jobs.config import load_config
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.report.html import render_html
-from lakescore.jobs.steps.report import StepClock, failure_report
+from lakescore.jobs.steps.clock import StepClock
+from lakescore.jobs.steps.report import failure_report
 from lakescore.jobs.steps.report_data import summarize_column, summarize_input
 
 XSS = "<script>alert(1)</script>"
@@ -178,10 +179,9 @@ def test_an_interrupted_run_reports_what_is_known_and_nothing_about_rows():
         with clock.step("startup"):
             time.sleep(0.01)
         with clock.step("score_stage"):
-            raised_here = KeyboardInterrupt("SIGINT")
-            raised_here.lakescore_chunks = (2, 4)
-            raise raised_here
-    failed = failure_report(cfg, raised.value, "interrupted")
+            clock.stopped_while_scoring(2, 4)
+            raise KeyboardInterrupt("SIGINT")
+    failed = failure_report(cfg, raised.value, "interrupted", clock)
     assert failed.started_at == clock.started_at and failed.seconds >= failed.step_seconds["startup"] >= 0.01
     assert list(failed.step_seconds) == ["startup", "score_stage"] and failed.failed_step == "score_stage"
     assert (failed.input_rows, failed.output_rows, failed.error_rows, failed.validation) == (None, None, None, None)

@@ -91,10 +91,11 @@ def storage_refusal(text: str) -> Optional[str]:
     return next((name for pattern, name in _STORAGE_REFUSALS if pattern.search(text)), None)
 
 
-def failure_reason(exc: BaseException) -> Optional[str]:
+def failure_reason(exc: BaseException, step: Optional[str] = None) -> Optional[str]:
     """One line saying what failed and its root cause, for an error Spark raised: an input file it cannot read
     (:func:`unreadable_input`); a write the filesystem refused (:func:`storage_refusal`), e.g. ``no space left on
-    device writing file:/data/out`` (a Python ``OSError`` too; ``during <step>`` where no path is named); any other
+    device writing file:/data/out`` (a Python ``OSError`` too; ``during <step>``, the run's ``step`` it stopped,
+    where no path is named); any other
     as its outermost message and its root cause. ``None`` for other errors: lakescore's own say it in their message."""
     from_spark = type(exc).__module__.split(".", 1)[0] in ("py4j", "pyspark")
     if not from_spark and not isinstance(exc, OSError):
@@ -106,7 +107,7 @@ def failure_reason(exc: BaseException) -> Optional[str]:
     root = chain[-1]
     refused = next((r for r in map(storage_refusal, reversed(chain)) if r), None)
     if refused is not None:
-        where, step = _written_path(exc, chain), getattr(exc, "lakescore_step", None)
+        where = _written_path(exc, chain)
         return f"{refused} writing {where}" if where else f"{refused} during {step}" if step else refused
     if not from_spark:
         return None
