@@ -29,8 +29,7 @@ from lakescore.jobs.report.text import kept_trace
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.steps.account import account_rows
 from lakescore.jobs.steps.drift import start_drift
-from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run, probe_endpoint
-from lakescore.jobs.steps.preflight import ExecutorPreflight
+from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
 from lakescore.jobs.steps.metrics import record_run, record_stopped_run
@@ -38,6 +37,7 @@ from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.report import assemble_report, failure_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import pin_staging, score_into_staging
+from lakescore.jobs.steps.served_model import ServedModel
 from lakescore.jobs.steps.validate import validate_rows
 
 __all__ = ["run_scoring", "run_and_record"]
@@ -59,22 +59,25 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Opt
         cfg.require_for_scoring()
         run = open_input(cfg, spark)
     _import_late_modules_meanwhile(cfg)
-    with ExecutorPreflight(run) as preflight:  # the executors load the model while the driver checks
-        with clock.step("read_check"):
-            targets = check_targets(run)
+    with ServedModel(run) as model:  # the model on the executors, to its last scored row: its engines stop on exit
+        with model.preflight() as preflight:  # the executors load the model while the driver checks
+            with clock.step("read_check"):
+                targets = check_targets(run)
+            with clock.step("prepare"):
+                split = check_input_ids(run)
+                with preflight.abandoned_if_it_fails():  # incremental: compare while the executors still load the model
+                    early = compare_early(run, targets, split)
+                identity = preflight.identity()
         with clock.step("prepare"):
-            split = check_input_ids(run)
-            with preflight.abandoned_if_it_fails():  # incremental: compare while the executors still load the model
-                early = compare_early(run, targets, split)
-            identity = preflight.identity()
-    with clock.step("prepare"):
-        plan = plan_run(run, targets, split, identity, early)
-        plan = probe_endpoint(run, plan)  # a model served elsewhere: its paid sample request, only with rows to score
-        clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
-    with clock.step("score_stage"):
-        throughput = score_into_staging(run, plan, clock)
-        snapshot = pin_staging(run, plan)  # accounting, GX and the publish read this one version
-        at_point("staging_pinned")
+            identity = model.identity(targets, identity)  # an endpoint's listing outage: the output's last listing
+            plan = plan_run(run, targets, split, identity, early)
+            plan = model.probe(plan)  # a model served elsewhere: its paid sample request, only with rows to score
+            clock.note(run_id=plan.run_id, staging=plan.staging.location, chunks=plan.chunks)
+        with clock.step("score_stage"):
+            throughput = score_into_staging(run, plan, clock)
+            model.stop()  # every row is sent
+            snapshot = pin_staging(run, plan)  # accounting, GX and the publish read this one version
+            at_point("staging_pinned")
     with clock.step("validate"):
         targets_loading = load_targets(run, targets)  # for the publish's commits, while the run validates
         accounting = account_rows(plan, snapshot)
@@ -92,7 +95,8 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Opt
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 
-def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Optional[StepClock] = None) -> RunReport:
+def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None,
+                   clock: Optional[StepClock] = None) -> RunReport:
     """:func:`run_scoring`, then the run recorded as every entry point (CLI, API, demo) records it: its report (JSON and
     HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed`` or
     ``interrupted``, where and why: ``clock``, default a new one, says where it stopped), then the exception goes on."""

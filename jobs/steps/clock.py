@@ -45,7 +45,8 @@ class StepClock:
         self.facts.update(facts)
 
     def stopped_while_scoring(self, staged: int, chunks: int) -> None:
-        """The scoring step stopped with ``staged`` of ``chunks`` chunks staged: its error's :class:`RunStop` says so."""
+        """The scoring step stopped with ``staged`` of ``chunks`` chunks staged: its error's :class:`RunStop` says
+        so."""
         self._staged = (staged, chunks)
 
     @contextmanager

@@ -197,8 +197,8 @@ class ModelIdentity:
     """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
     :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
     probe_deferred: bool = False
-    """A head over an endpoint sent no request yet: :func:`~lakescore.jobs.steps.prepare.probe_endpoint` sends the sample once the plan has rows to
-    score."""
+    """A head over an endpoint sent no request yet: :meth:`~lakescore.jobs.steps.served_model.ServedModel.probe`
+    sends the sample once the plan has rows to score."""
 
 
 @dataclass(frozen=True)

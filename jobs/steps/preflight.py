@@ -7,8 +7,8 @@ float16) is also checked against float32 on a sample of the run's own input (:da
 ``model.quantize_*`` tolerance, the run fails here, before any row is scored. It runs in a background
 job while the driver checks targets and ids (:class:`ExecutorPreflight`); the workers that
 score next find the model in their cache. The driver itself never imports torch. A head over an endpoint only reads
-its ``/v1/models`` here: its paid sample request waits for a plan with rows to send
-(:func:`~lakescore.jobs.steps.prepare.probe_endpoint`).
+its ``/v1/models`` here when its paid sample request waits for a plan with rows to send
+(:meth:`~lakescore.jobs.steps.served_model.ServedModel.probe`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import ModelIdentity, RunContext, ScoringLayout
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.remote.answers import EndpointRefused
-from lakescore.udfs.remote.engine import EngineStartError, stop_engines_task
+from lakescore.udfs.remote.engine import EngineStartError
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
@@ -39,7 +39,7 @@ from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
 __all__ = [
     "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
-    "raise_worker_failure", "stop_served_engines", "summed_traffic",
+    "raise_worker_failure", "remote_options", "summed_traffic",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def preflight_model(
     if checked is not None:
         log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
     return ModelIdentity(
-        model_id=spec.source if spec.source is not None else _remote(spec, "endpoint").model,  # an endpoint's: its name
+        model_id=spec.source if spec.source is not None else remote_options(spec, "endpoint").model,  # an endpoint's: its name
         revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
@@ -124,26 +124,9 @@ def summed_traffic(traffics) -> dict:
     return total.as_dict() if total.requests else {}
 
 
-def _remote(spec: ModelSpec, name: str) -> Any:
+def remote_options(spec: ModelSpec, name: str) -> Any:
     """The task's ``endpoint`` or ``server`` section (``generate.server``, ``embed.server``), or ``None``."""
     return getattr(get_task(spec.task).options_of(spec), name, None)
-
-
-def stop_served_engines(run: "RunContext") -> None:
-    """With a served engine (``generate.server``, ``embed.server``): stop the engines the run's executors started (one small task per scoring slot, under
-    the scoring stage's resource profile, as the preflight started them), once its rows are scored or it failed; an
-    engine belongs to its executor, so another run's engine on the same host is never stopped
-    (:func:`~lakescore.udfs.remote.engine.stop_engines`). Where a task misses a host, the engine's watchdog stops it
-    with the executor. A failure here is logged, never the run's."""
-    if _remote(run.spec, "server") is None:
-        return
-    tasks = run.layout.partitions or default_parallelism(run.spark)
-    try:
-        stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(
-            stop_engines_task, "stopped int", profile=run.layout.profile).collect()
-        log.info("stopped %d served engine(s)", sum(r.stopped for r in stopped))
-    except Exception as exc:  # noqa: BLE001 (the run's outcome is decided; the watchdogs stop what is left)
-        log.warning("could not stop the served engines: %s", exc)
 
 
 def raise_worker_failure(spec: ModelSpec, rows: Sequence) -> None:
@@ -171,10 +154,12 @@ class ExecutorPreflight:
     executor job. The preflight first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input`
     started (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
     before the error propagates. :meth:`identity` waits for the preflight and returns (or raises) its outcome.
+    ``probe`` false: a head over an endpoint sends no request (:func:`preflight_model`'s ``probe``).
     """
 
-    def __init__(self, run: "RunContext") -> None:
+    def __init__(self, run: RunContext, probe: bool = False) -> None:
         self._run = run
+        self._probe = probe
         self._tag = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
         self._pool: Optional[ThreadPoolExecutor] = None
         self._future: Optional[Future] = None
@@ -199,8 +184,7 @@ class ExecutorPreflight:
             run.worker_start.wait()
         if self._cancelled.is_set():  # the block failed meanwhile: start no job (its error is what propagates)
             raise RuntimeError("preflight cancelled")
-        # a head over an endpoint only reads /v1/models here: its paid request waits for a plan with rows to score
-        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance(), probe=False)
+        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance(), self._probe)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
@@ -209,8 +193,6 @@ class ExecutorPreflight:
                 self._run.worker_start.cancel()
             cancel_tagged(self._run.spark, self._tag)
         self._pool.shutdown(wait=True)
-        if exc_type is not None:
-            stop_served_engines(self._run)
 
     def identity(self) -> ModelIdentity:
         """The identity every executor agreed on; the preflight's error if it failed."""

@@ -9,21 +9,18 @@ earlier attempt already committed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.spark.adapter import default_parallelism
-from lakescore.jobs.platform.tables import column, run_metadata
+from lakescore.jobs.platform.tables import run_metadata
 from lakescore.jobs.steps.dead_letter import check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
-from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, find_changes, input_digest, recorded_spec
-from lakescore.jobs.steps.preflight import preflight_model, stop_served_engines, summed_traffic
+from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, find_changes, input_digest
 from lakescore.jobs.steps.context import Changes, IdSplit, ModelIdentity, Plan, RunContext, ScoringSpec, Targets
 from lakescore.jobs.steps.staging import (
     Staging, changed_rows, nearby_chunk_counts, planned_chunks, prepared_rows, run_key,
@@ -31,10 +28,8 @@ from lakescore.jobs.steps.staging import (
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.models.model_source import ModelSourceError, model_file_digests, weights_sha256
-from lakescore.udfs.remote.head import endpoint_identity
-from lakescore.udfs.options.remote import MODELS_LISTING
 
-__all__ = ["new_run_id", "check_input_ids", "compare_early", "plan_run", "probe_endpoint"]
+__all__ = ["new_run_id", "check_input_ids", "compare_early", "plan_run"]
 
 log = logging.getLogger(__name__)
 
@@ -140,32 +135,12 @@ def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, d
     return next((s for s in map(staging_of, nearby_chunk_counts(planned.chunks)) if s.exists()), planned)
 
 
-def listing_outage_kept(run: RunContext, targets: Targets, identity: ModelIdentity) -> ModelIdentity:
-    """``identity``, or, for a model served elsewhere whose ``/v1/models`` did not answer the preflight while it
-    answered the output's last run, the identity under that run's listing: a failed listing is no news (the workers
-    treat it so mid-run), so a passing outage neither rescores nor re-bills the table. The workers, whose own ask
-    failed too, score under it (:mod:`~lakescore.udfs.models.model_cache`)."""
-    listing = identity.model_files.get(MODELS_LISTING)
-    if (listing is None or json.loads(listing).get("answered") or run.cfg.write.mode != "incremental"
-            or targets.previous_version is None):
-        return identity
-    previous = (recorded_spec(run.spark, run.cfg.output, targets.previous_version) or {}).get("files") or {}
-    kept = previous.get(MODELS_LISTING)
-    if not isinstance(kept, str) or not json.loads(kept).get("answered"):
-        return identity
-    endpoint = run.cfg.endpoint()
-    log.warning("the endpoint's %s did not answer; the model is taken as the output's last run listed it", MODELS_LISTING)
-    return dataclasses.replace(identity, sha256=endpoint_identity(endpoint.model, kept, endpoint.revision),
-                               model_files={**identity.model_files, MODELS_LISTING: kept})
-
-
 def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity,
              early: Optional[Changes] = None) -> Plan:
     """The run's plan: run id, pinned spec, the rows to score (in incremental mode: against the output at
     ``targets.previous_version``, ``early``'s when it compared with the weights the executors hashed), chunk count
     and the staging table of this run's key."""
     cfg = run.cfg
-    identity = listing_outage_kept(run, targets, identity)
     # Workers must load exactly the weights the preflight hashed, or fail their task.
     spec = dataclasses.replace(run.spec, expect_sha256=identity.sha256)
     scorable_rows = split.ids.rows - split.ids.refused_rows
@@ -244,31 +219,3 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
     if split.ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())
     return plan
-
-
-def probe_endpoint(run: RunContext, plan: Plan) -> Plan:
-    """``plan``, after the second part of the preflight of a model served elsewhere: the executors send the sample
-    with every setting of the run (:class:`~lakescore.udfs.remote.answers.EndpointRefused` naming what happened, before
-    any row), and the plan's identity counts those requests in the run's figures and cost. Only when the plan has
-    chunks left to score whose rows have an input to send: a run with nothing to score (or only null inputs, which are
-    dead-lettered without a request) sends the endpoint nothing. Other models probed already."""
-    if not plan.identity.probe_deferred or not _rows_to_send(run, plan):
-        return plan
-    try:
-        probed = preflight_model(run.spark, plan.spec, run.layout)
-    except BaseException:
-        stop_served_engines(run)
-        raise
-    traffic = summed_traffic(json.dumps(t) for t in (plan.identity.traffic, probed.traffic))
-    return dataclasses.replace(plan, identity=dataclasses.replace(plan.identity, traffic=traffic, probe_deferred=False))
-
-
-def _rows_to_send(run: RunContext, plan: Plan) -> bool:
-    """Whether ``plan`` has chunks left whose rows include one with an input (a null one is ``null_input``, never sent).
-    Rows behind the refused-id anti join are taken to: finding out would cost a shuffle of the input."""
-    if not plan.scorable_rows or len(plan.done) == plan.chunks:
-        return False
-    if plan.changes is None and plan.split.ids.refused_rows:
-        return True
-    present = F.coalesce(*[column(c) for c in run.input_cols]).isNotNull()
-    return bool(plan.scorable.where(present).limit(1).count())

@@ -25,7 +25,6 @@ from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.context import Plan, RunContext, ScoringLayout, scoring_layout
 from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
-from lakescore.jobs.steps.preflight import stop_served_engines
 from lakescore.jobs.steps.provider_batch import stage_through_batches
 from lakescore.jobs.steps.rank import chunk_columns, keep_top, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
@@ -141,8 +140,6 @@ def score_into_staging(run: RunContext, plan: Plan, clock: StepClock) -> list[tu
         except BaseException:
             clock.stopped_while_scoring(staged, plan.chunks)  # "k of n chunks staged": what a rerun resumes from
             raise
-        finally:
-            stop_served_engines(run)  # generate.server: every row is sent, or the run failed
     return progress.samples()
 
 

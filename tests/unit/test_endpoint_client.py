@@ -545,7 +545,7 @@ def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usag
 def test_the_preflight_reads_the_models_listing_and_sends_its_paid_request_only_when_asked(server):
     """Before: every preflight task sent its sample to the endpoint, even for a run with nothing to score (an unchanged
     incremental rerun). Now its first part only reads ``/v1/models``; the driver asks for the probe once rows will be
-    scored (:func:`~lakescore.jobs.steps.preflight.probe_endpoint`), and that probe's request is counted."""
+    scored (:meth:`~lakescore.jobs.steps.served_model.ServedModel.probe`), and that probe's request is counted."""
     import pyarrow as pa
 
     from lakescore.udfs.models import model_cache

@@ -36,7 +36,7 @@ __all__ = ["LoadedModel", "get_model", "clear"]
 
 def _as_the_run_names_it(loaded: "LoadedModel", expect_sha256: Optional[str]) -> "LoadedModel":
     """``loaded``, or, for a model served elsewhere whose ``/v1/models`` this worker could not read, the same head under
-    the identity the run pinned: a failed listing is no news (the driver kept the last one, ``listing_outage_kept``)."""
+    the identity the run pinned: a failed listing is no news (the driver kept the last one, ``ServedModel.identity``)."""
     if (expect_sha256 and loaded.model_dir is None and isinstance(loaded.scorer, ServedElsewhere)
             and not loaded.scorer.listed()):
         return dataclasses.replace(loaded, sha256=expect_sha256)
