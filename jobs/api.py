@@ -14,18 +14,16 @@ from typing import Any, Mapping, Optional, Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_from_mapping, config_options
-from lakescore.jobs.platform.files.model_staging import stage_model
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_and_record
-from lakescore.jobs.steps.read import model_spec, one_column_input, render_prompts
+from lakescore.jobs.steps.read import model_input, resolve_model
 from lakescore.jobs.steps.context import scoring_layout
 from lakescore.jobs.steps.score import score_dataframe
-from lakescore.schemas.contracts import PROMPT_COLUMN, FeatureInputContract, InputContractError, one_column_contract
+from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import (
-    ModelSourceError, ModelSpec, needs_staging, refuse_pickle_weights, require_directory, resolve_model_dir,
-    verify_sha256, weights_sha256,
+    ModelSourceError, ModelSpec, refuse_pickle_weights, require_directory, verify_sha256, weights_sha256,
 )
 from lakescore.udfs.pandas_udf import make_pandas_udf
 from lakescore.udfs.registry import TASK_NAMES, TASK_OPTION_SECTIONS, get_task
@@ -103,35 +101,13 @@ def transform(
     if len(cfg.id_cols) > 1:
         raise ConfigError(f"transform keeps one id column, got {list(cfg.id_cols)}; omit id_col to keep every column")
     keep = [id_col] if id_col else list(df.columns)
-    df, input_cols = _model_input(cfg, df)
+    df, input_cols = model_input(cfg, df, "the DataFrame")
     taken = sorted(set(keep) & set(scored_schema(task, asked=cfg.asked_outputs(), chunked=cfg.chunked).names))
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
     spec = _resolved_spec(df.sparkSession, cfg, input_cols)
     scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg), key_col=id_col)
     return scored.drop(ERROR_COLUMNS[2], WORKER_COLUMN)
-
-
-def _model_input(cfg: JobConfig, df: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
-    """``df`` with the model's input columns, its contract checked (no Spark job): each row's prompt rendered from
-    ``prompt_template`` in Spark as the job renders it, the text or image column (an image column of paths: the
-    files' bytes, read on the executors), or the feature columns."""
-    kind = cfg.input_kind
-    if cfg.prompt_template and not kind.prompted:
-        return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (PROMPT_COLUMN,)
-    if kind.prompted and not cfg.prompt_template:
-        raise ConfigError(f"task {cfg.task!r} with {kind.column_setting} reads each image with a prompt: pass prompt_template")
-    if kind.one_column and not cfg.input_col:
-        hint = " (or prompt_template)" if kind.row_keys else ""
-        raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
-    if not kind.one_column:
-        FeatureInputContract(cfg.id_cols, tuple(cfg.feature_cols)).check(df.schema, "the DataFrame")
-        return df, tuple(cfg.feature_cols)
-    one_column_contract(kind.name, cfg.id_cols, cfg.input_col, cfg.text_pair_col).check(df.schema, "the DataFrame")
-    df, input_cols = one_column_input(cfg, df, "the DataFrame")
-    if kind.prompted:  # the prompt each image is read with, as the job renders it
-        return render_prompts(cfg.prompt_template, cfg.id_cols, df, "the DataFrame"), (*input_cols, PROMPT_COLUMN)
-    return df, input_cols
 
 
 def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]] = None, **options: Any):
@@ -183,16 +159,17 @@ def _notebook_config(
 
 
 def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: tuple[str, ...]) -> ModelSpec:
-    """The model spec, with a remote model staged to this host first; fails fast when the model is missing or the
-    workers would refuse it (:func:`_check_model`)."""
-    spec = model_spec(cfg, () if cfg.column_setting else feature_cols)
-    if spec.source is None:  # generate.endpoint: no files here; the workers' first request is its check
-        return spec
-    if needs_staging(spec.source):
+    """The model spec (:func:`~lakescore.jobs.steps.read.resolve_model`, a remote model staged through ``spark``);
+    fails fast when the model is missing or the workers would refuse it (:func:`_check_model`)."""
+    def session() -> SparkSession:
         if spark is None:
-            raise ConfigError(f"model {spec.source!r} is remote: start a SparkSession first, so lakescore can stage it")
-        spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
-    _check_model(spec, resolve_model_dir(spec.source, spec.revision), cfg.column_setting is not None)
+            raise ConfigError(
+                f"model {cfg.model.source!r} is remote: start a SparkSession first, so lakescore can stage it")
+        return spark
+
+    spec, model_dir = resolve_model(cfg, session, () if cfg.column_setting else feature_cols)
+    if model_dir is not None:  # None: generate.endpoint, no files here; the workers' first request is its check
+        _check_model(spec, model_dir, cfg.column_setting is not None)
     return spec
 
 

@@ -10,9 +10,10 @@ over the input's rows (a folder of images: one job over its file listing, no fil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -40,7 +41,7 @@ from lakescore.udfs.models.model_source import ModelSpec, needs_staging, resolve
 from lakescore.udfs.registry import get_task
 
 __all__ = [
-    "model_spec", "open_input", "read_source", "check_table_names", "check_writable",
+    "model_spec", "resolve_model", "model_input", "open_input", "read_source", "check_table_names", "check_writable",
     "check_targets", "check_drift_baseline", "check_paths_writable",
 ]
 
@@ -81,16 +82,11 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     :class:`~lakescore.schemas.contracts.InputContractError` for missing or ill-typed columns.
     """
     check_table_names(cfg)
-    spec = model_spec(cfg)
-    worker_imports = get_task(cfg.task).worker_imports(spec.backend, cfg.input_kind)
-    if spec.source is not None and needs_staging(spec.source):  # a Hadoop URI or an MLflow model: staged through the session
-        spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(),
-                                               session_defaults(cfg))[0]
-        spec = stage_model(spark, spec, Path(cfg.model.cache_dir))
-    # a missing local model fails here, before the session; an endpoint's model (no source) has no files here
-    model_dir = resolve_model_dir(spec.source, spec.revision) if spec.source is not None else None
-    spark = spark or get_or_create_session(cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(),
-                                           session_defaults(cfg))[0]
+    worker_imports = get_task(cfg.task).worker_imports(model_spec(cfg).backend, cfg.input_kind)
+    session = functools.cache(lambda: spark or get_or_create_session(
+        cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(), session_defaults(cfg))[0])
+    spec, model_dir = resolve_model(cfg, session)  # a missing local model fails here, before the session
+    spark = session()
     layout = scoring_layout(spark, cfg)
     worker_start = PythonWorkerStart(spark, layout)  # its daemon imports the model runtime while this thread reads
     try:
@@ -105,6 +101,20 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
         cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start,
         ignored_files=ignored, input_pinned=_pinned(cfg, input_version),
     )
+
+
+def resolve_model(cfg: JobConfig, session: Callable[[], SparkSession],
+                  feature_cols: tuple[str, ...] = ()) -> tuple[ModelSpec, Optional[Path]]:
+    """The model spec of ``cfg`` (:func:`model_spec`) and the model's directory on this host: a Hadoop URI or an MLflow
+    model staged first through ``session()`` (called only then), a local one found or
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError`; ``None`` for a model served elsewhere (no source,
+    no files here). The job's run and the Python API resolve their model here."""
+    spec = model_spec(cfg, feature_cols)
+    if spec.source is None:
+        return spec, None
+    if needs_staging(spec.source):
+        spec = stage_model(session(), spec, Path(cfg.model.cache_dir))
+    return spec, resolve_model_dir(spec.source, spec.revision)
 
 
 def _pinned(cfg: JobConfig, input_version: Optional[int]) -> bool:
@@ -290,12 +300,14 @@ def check_paths_writable(run: RunContext) -> None:
             check_writable_path(run.spark, ref, what)
 
 
-def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str, ...]]:
+def model_input(cfg: JobConfig, source: DataFrame, where: Optional[str] = None) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` with the model's input columns, after checking the input contract on the schema (no compute): the
     text or image column, the feature columns, (a prompted task with ``generate.prompt_template``) the rendered
     prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`, or (an image column of paths) each file's
-    bytes, added as :data:`~lakescore.schemas.contracts.IMAGE_COLUMN`, then the paths."""
-    where = f"input {cfg.input!r}"
+    bytes, added as :data:`~lakescore.schemas.contracts.IMAGE_COLUMN`, then the paths. ``where`` names ``source`` in
+    errors (default: the configured input). The job's run and the Python API's ``transform`` resolve their input
+    here; :class:`~lakescore.jobs.config.ConfigError` when the settings name no input column."""
+    where = where or f"input {cfg.input!r}"
     for name in cfg.rank.partition_by:
         if name not in source.columns:
             raise InputContractError(f"rank.partition_by column {name!r} not found in {where}; available columns: "
@@ -303,6 +315,12 @@ def model_input(cfg: JobConfig, source: DataFrame) -> tuple[DataFrame, tuple[str
     kind = cfg.input_kind
     if cfg.prompt_template and not kind.prompted:
         return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
+    if kind.prompted and not cfg.prompt_template:  # the job's config refuses these first (require_for_scoring)
+        raise ConfigError(
+            f"task {cfg.task!r} with {kind.column_setting} reads each image with a prompt: pass prompt_template")
+    if kind.one_column and not cfg.input_col:
+        hint = " (or prompt_template)" if kind.row_keys else ""
+        raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
     if cfg.column_setting:
         one_column_contract(kind.name, cfg.id_cols, cfg.input_col, cfg.text_pair_col).check(source.schema, where)
         source, input_cols = one_column_input(cfg, source, where)
