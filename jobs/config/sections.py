@@ -73,7 +73,10 @@ class ScoringConfig(Section):
     arrow_max_bytes_per_batch: int = Field(64 << 20, ge=1, json_schema_extra=JOB_ONLY)
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
     partitions: Optional[int] = Field(None, ge=1)
-    """Scoring tasks per chunk; default: the cluster's default parallelism when the input has fewer."""
+    """Scoring tasks per chunk. Default: in a scoring run, 4 per task slot of at least 500 rows each, unless the input's
+    own partitions fill every slot in even waves and each scores within ``progress_seconds`` (over Spark Connect: the
+    default parallelism when the input has fewer partitions); in ``transform``, the default parallelism when the input
+    has fewer partitions."""
     max_image_pixels: Optional[int] = Field(None, ge=1)
     """Image tasks: the pixels (width x height, read from the header before decoding) one image may have; a bigger
     one is dead-lettered ``image_too_large``. Default: Pillow's decompression-bomb limit (about 89 million)."""
@@ -117,7 +120,7 @@ class ScoringResources(Section):
     )] = None
     """Off-heap memory per executor of the profile (torch lives here), a Spark size such as ``2g``."""
     partitions: Optional[int] = Field(None, ge=1)
-    """Scoring tasks when the profile applies; default: ``scoring.partitions``, else the default parallelism."""
+    """Scoring tasks when the profile applies; default: ``scoring.partitions`` (or its default)."""
     discovery_script: Annotated[Optional[Text], checked(
         lambda v: None if v.strip() else "must be a path, got an empty string"
     )] = None
