@@ -7,10 +7,11 @@ The steps are ``startup``, ``read_check``, ``prepare``, ``score_stage``, ``valid
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from lakescore.jobs.testing_hooks import at_step
 
@@ -25,7 +26,7 @@ class RunStop:
 
     step: str
     facts: dict[str, Any]
-    chunks_staged: Optional[tuple[int, int]] = None
+    chunks_staged: tuple[int, int] | None = None
 
 
 class StepClock:
@@ -37,8 +38,8 @@ class StepClock:
         self.seconds: dict[str, float] = {}
         self.facts: dict[str, Any] = {}
         """What the run knows so far (run id, staging location), for the report of a run that fails later."""
-        self._stop: Optional[tuple[BaseException, RunStop]] = None
-        self._staged: Optional[tuple[int, int]] = None
+        self._stop: tuple[BaseException, RunStop] | None = None
+        self._staged: tuple[int, int] | None = None
 
     def note(self, **facts: Any) -> None:
         """Remember ``facts`` for the report of a run that fails later (:meth:`stop_of`)."""
@@ -75,7 +76,7 @@ class StepClock:
         self.started = time.perf_counter()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
-    def stop_of(self, exc: BaseException) -> Optional[RunStop]:
+    def stop_of(self, exc: BaseException) -> RunStop | None:
         """Where the run stopped, when ``exc`` is the error that stopped it in one of its steps; else ``None``."""
         return self._stop[1] if self._stop is not None and self._stop[0] is exc else None
 

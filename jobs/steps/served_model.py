@@ -14,7 +14,6 @@ import dataclasses
 import json
 import logging
 from types import TracebackType
-from typing import Optional
 
 from pyspark.sql import functions as F
 
@@ -23,9 +22,9 @@ from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import ModelIdentity, Plan, RunContext, Targets
 from lakescore.jobs.steps.incremental import recorded_spec
 from lakescore.jobs.steps.preflight import ExecutorPreflight, preflight_model, remote_options, summed_traffic
+from lakescore.udfs.options.remote import MODELS_LISTING
 from lakescore.udfs.remote.engine import stop_engines_task
 from lakescore.udfs.remote.head import endpoint_identity
-from lakescore.udfs.options.remote import MODELS_LISTING
 
 __all__ = ["ServedModel"]
 
@@ -40,11 +39,12 @@ class ServedModel:
         self._run = run
         self._stopped = False
 
-    def __enter__(self) -> "ServedModel":
+    def __enter__(self) -> ServedModel:
         return self
 
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def preflight(self) -> ExecutorPreflight:
@@ -60,18 +60,26 @@ class ServedModel:
         own ask failed too, score under it (:mod:`~lakescore.udfs.models.model_cache`)."""
         run = self._run
         listing = identity.model_files.get(MODELS_LISTING)
-        if (listing is None or json.loads(listing).get("answered") or run.cfg.write.mode != "incremental"
-                or targets.previous_version is None):
+        if (
+            listing is None
+            or json.loads(listing).get("answered")
+            or run.cfg.write.mode != "incremental"
+            or targets.previous_version is None
+        ):
             return identity
         previous = (recorded_spec(run.spark, run.cfg.output, targets.previous_version) or {}).get("files") or {}
         kept = previous.get(MODELS_LISTING)
         if not isinstance(kept, str) or not json.loads(kept).get("answered"):
             return identity
         endpoint = run.cfg.endpoint()
-        log.warning("the endpoint's %s did not answer; the model is taken as the output's last run listed it",
-                    MODELS_LISTING)
-        return dataclasses.replace(identity, sha256=endpoint_identity(endpoint.model, kept, endpoint.revision),
-                                   model_files={**identity.model_files, MODELS_LISTING: kept})
+        log.warning(
+            "the endpoint's %s did not answer; the model is taken as the output's last run listed it", MODELS_LISTING
+        )
+        return dataclasses.replace(
+            identity,
+            sha256=endpoint_identity(endpoint.model, kept, endpoint.revision),
+            model_files={**identity.model_files, MODELS_LISTING: kept},
+        )
 
     def probe(self, plan: Plan) -> Plan:
         """``plan``, after the second part of the preflight of a model served elsewhere: the executors send the sample
@@ -99,8 +107,11 @@ class ServedModel:
         self._stopped = True
         tasks = run.layout.partitions or default_parallelism(run.spark)
         try:
-            stopped = run.spark.range(tasks, numPartitions=tasks).mapInArrow(
-                stop_engines_task, "stopped int", profile=run.layout.profile).collect()
+            stopped = (
+                run.spark.range(tasks, numPartitions=tasks)
+                .mapInArrow(stop_engines_task, "stopped int", profile=run.layout.profile)
+                .collect()
+            )
             log.info("stopped %d served engine(s)", sum(r.stopped for r in stopped))
         except Exception as exc:  # noqa: BLE001 (the run's outcome is decided; the watchdogs stop what is left)
             log.warning("could not stop the served engines: %s", exc)
