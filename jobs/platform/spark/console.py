@@ -71,7 +71,7 @@ def quiet_java_options(master: str, verbose: bool, log_file: Optional[Path] = No
     return driver, option if master.startswith("local-cluster") else ""
 
 
-_run_log: dict[str, Any] = {"wanted": False, "path": None}
+_run_log: dict[str, Any] = {"wanted": False, "path": None, "kept": None}
 
 
 def log_jvm_to_file() -> None:
@@ -133,7 +133,7 @@ def keep_trace(exc: BaseException) -> Optional[Path]:
     path = _run_log["path"]
     if path is None:
         return None
-    if not getattr(exc, "lakescore_trace_kept", False):
+    if _run_log.get("kept") is not exc:  # the run's recorder and the CLI both ask: written once
         stamp = datetime.now(timezone.utc).strftime("%y/%m/%d %H:%M:%S")
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:
@@ -141,10 +141,7 @@ def keep_trace(exc: BaseException) -> Optional[Path]:
                 log_file.write(f"{stamp} ERROR lakescore: the run failed\n{trace}")
         except OSError:  # a full disk may be why the run failed: the console line still names the cause
             return run_log()
-        try:
-            exc.lakescore_trace_kept = True
-        except AttributeError:
-            pass
+        _run_log["kept"] = exc
     return path
 
 
