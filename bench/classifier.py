@@ -21,17 +21,49 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["C1", "C1Result", "run_c1", "c1_lines"]
 
 C1 = "C1"
 TRAIN_ROWS, W1_ROWS, W2_ROWS = 2_000, 1_500, 500
 TRAIN_SEED = 7
-_POSITIVE = {"recommended", "perfect", "fantastic", "superb", "brilliant", "solid", "lovely", "worthwhile", "great",
-             "excellent", "impressive", "charming", "reliable", "wonderful", "useful", "sturdy", "good", "nice", "amazing"}
-_NEGATIVE = {"disappointing", "overpriced", "returned", "mediocre", "underwhelming", "terrible", "pointless", "awful",
-             "flawed", "annoying", "useless", "bad", "poor", "meh"}
+_POSITIVE = {
+    "recommended",
+    "perfect",
+    "fantastic",
+    "superb",
+    "brilliant",
+    "solid",
+    "lovely",
+    "worthwhile",
+    "great",
+    "excellent",
+    "impressive",
+    "charming",
+    "reliable",
+    "wonderful",
+    "useful",
+    "sturdy",
+    "good",
+    "nice",
+    "amazing",
+}
+_NEGATIVE = {
+    "disappointing",
+    "overpriced",
+    "returned",
+    "mediocre",
+    "underwhelming",
+    "terrible",
+    "pointless",
+    "awful",
+    "flawed",
+    "annoying",
+    "useless",
+    "bad",
+    "poor",
+    "meh",
+}
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
 
@@ -39,11 +71,11 @@ LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 class C1Result:
     """What the child process measured (``None`` fields when it failed; ``error`` says why)."""
 
-    held_out_accuracy: Optional[float]
+    held_out_accuracy: float | None
     figures: dict[str, dict[str, dict[str, float]]]
     """Path (``int8``, ``bfloat16``) -> workload (``W1``, ``W2``) -> the classify head's fidelity figures against
     float32."""
-    error: Optional[str] = None
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,8 +85,9 @@ class C1Result:
 def run_c1(work_dir: Path, env: dict[str, str], repo: Path) -> C1Result:
     """Build the classifier under ``work_dir`` and measure it in a child process."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "bench.classifier", str(work_dir)], env=env, cwd=repo,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.classifier", str(work_dir)], env=env, cwd=repo, capture_output=True, text=True
+    )
     found = work_dir / "c1.json"
     if done.returncode != 0 or not found.is_file():
         return C1Result(None, {}, error=(done.stderr.strip().splitlines() or ["no output"])[-1])
@@ -69,8 +102,10 @@ def c1_lines(result: C1Result) -> list[str]:
     if not result.ok:
         return [f"C1 int8 / bfloat16 classifier: not measured ({result.error})"]
     limits = Tolerance()
-    lines = [f"C1 model: MiniLM body and pooler, 3-label sentiment head trained (body frozen) on {TRAIN_ROWS:,} bench "
-             f"reviews; held-out accuracy {result.held_out_accuracy:.3f}"]
+    lines = [
+        f"C1 model: MiniLM body and pooler, 3-label sentiment head trained (body frozen) on {TRAIN_ROWS:,} bench "
+        f"reviews; held-out accuracy {result.held_out_accuracy:.3f}"
+    ]
     for path, workloads in result.figures.items():
         for workload, found in workloads.items():
             met = found["agreement"] >= limits.min_agreement and found["prob_delta_p99"] <= limits.max_prob_delta
@@ -103,13 +138,20 @@ def _build(model_dir: Path) -> float:
     tokenizer = AutoTokenizer.from_pretrained(source)
     torch.manual_seed(TRAIN_SEED)
     model = BertForSequenceClassification.from_pretrained(
-        source, num_labels=len(LABELS), id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+        source,
+        num_labels=len(LABELS),
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
     ).eval()
     with torch.no_grad():  # not inference_mode: the head trains on these features below
-        pooled = torch.cat([
-            model.bert(**tokenizer(texts[i:i + 64], padding=True, truncation=True, max_length=48, return_tensors="pt")).pooler_output
-            for i in range(0, len(texts), 64)
-        ])
+        pooled = torch.cat(
+            [
+                model.bert(
+                    **tokenizer(texts[i : i + 64], padding=True, truncation=True, max_length=48, return_tensors="pt")
+                ).pooler_output
+                for i in range(0, len(texts), 64)
+            ]
+        )
     split = TRAIN_ROWS * 4 // 5
     optimizer = torch.optim.Adam(model.classifier.parameters(), lr=0.05)
     for _ in range(300):
@@ -136,10 +178,14 @@ def _measure(work_dir: Path) -> dict:
     classify = get_task("classify")
     policy = BatchPolicy(max_tokens=4096, max_rows=64)
     float32 = ModelSpec("classify", str(model_dir), cache_dir=str(work_dir / "cache"))
-    heads = {name: classify.load(spec, model_dir) for name, spec in (
-        ("float32", float32), ("int8", replace(float32, backend="onnx", quantize="int8")),
-        ("bfloat16", replace(float32, dtype="bfloat16")),
-    )}
+    heads = {
+        name: classify.load(spec, model_dir)
+        for name, spec in (
+            ("float32", float32),
+            ("int8", replace(float32, backend="onnx", quantize="int8")),
+            ("bfloat16", replace(float32, dtype="bfloat16")),
+        )
+    }
     figures: dict[str, dict] = {"int8": {}, "bfloat16": {}}
     for workload, texts in (("W1", list(review_bodies(W1_ROWS))), ("W2", list(short_bodies(W2_ROWS)))):
         reference = np.asarray(score_texts(texts, heads["float32"], policy).outputs)

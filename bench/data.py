@@ -32,16 +32,25 @@ from __future__ import annotations
 
 import random
 import shutil
-from pathlib import Path
 from collections import Counter
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 __all__ = [
-    "FILES", "W1_LOG_MEAN", "W1_LOG_SIGMA", "W1_STOCK_SHARE", "W3_STOCK_SHARE", "STOCK_REVIEWS", "review_bodies",
-    "short_bodies", "write_table", "repetition", "changed_table",
+    "FILES",
+    "W1_LOG_MEAN",
+    "W1_LOG_SIGMA",
+    "W1_STOCK_SHARE",
+    "W3_STOCK_SHARE",
+    "STOCK_REVIEWS",
+    "review_bodies",
+    "short_bodies",
+    "write_table",
+    "repetition",
+    "changed_table",
 ]
 
 FILES = 4
@@ -58,22 +67,64 @@ W3_STOCK_SHARE = 0.18
 """W3: share of stock one-liners; the spec asks for >= 15% of rows sharing their text with another row."""
 _MIN_WORDS, _MAX_WORDS = 4, 1500
 
-_PRODUCTS = ["kettle", "backpack", "desk lamp", "blender", "pair of running shoes", "headset", "tent",
-             "coffee grinder", "office chair", "phone case", "water bottle", "keyboard", "rice cooker",
-             "paperback", "yoga mat", "toaster", "drill", "monitor stand", "suitcase", "air purifier"]
-_OPENERS = ["I bought this {p} for my {who}", "We have used the {p} for {n} weeks now",
-            "Ordered the {p} after reading a lot of reviews", "This is my second {p} from this brand",
-            "Picked up the {p} on sale", "The {p} replaced an old one that finally died"]
-_VERDICTS = ["it works exactly as described", "it feels solid and well made", "setup took about five minutes",
-             "it is quieter than I expected", "it stopped working after a week", "the finish scratches easily",
-             "the battery barely lasts a day", "the instructions were confusing", "a screw was missing from the box",
-             "it looks even better in person", "it is smaller than the photos suggest", "it smells of plastic at first"]
-_DETAILS = ["Customer service answered {speed}.", "Shipping took {n} days and the box was {state}.",
-            "My {who} uses it every day without complaints.", "I compared it with two other brands before buying.",
-            "The color is a little {shade} than on the website.", "For the price it is {verdict} a good deal.",
-            "After {n} weeks it still {cond}.", "The manual is short but readable.",
-            "I would {verdict} recommend it to a friend.", "Cleaning it is {ease}, which matters to me.",
-            "It fits nicely on the {place} and does not wobble.", "Returns were {ease} when the first one arrived broken."]
+_PRODUCTS = [
+    "kettle",
+    "backpack",
+    "desk lamp",
+    "blender",
+    "pair of running shoes",
+    "headset",
+    "tent",
+    "coffee grinder",
+    "office chair",
+    "phone case",
+    "water bottle",
+    "keyboard",
+    "rice cooker",
+    "paperback",
+    "yoga mat",
+    "toaster",
+    "drill",
+    "monitor stand",
+    "suitcase",
+    "air purifier",
+]
+_OPENERS = [
+    "I bought this {p} for my {who}",
+    "We have used the {p} for {n} weeks now",
+    "Ordered the {p} after reading a lot of reviews",
+    "This is my second {p} from this brand",
+    "Picked up the {p} on sale",
+    "The {p} replaced an old one that finally died",
+]
+_VERDICTS = [
+    "it works exactly as described",
+    "it feels solid and well made",
+    "setup took about five minutes",
+    "it is quieter than I expected",
+    "it stopped working after a week",
+    "the finish scratches easily",
+    "the battery barely lasts a day",
+    "the instructions were confusing",
+    "a screw was missing from the box",
+    "it looks even better in person",
+    "it is smaller than the photos suggest",
+    "it smells of plastic at first",
+]
+_DETAILS = [
+    "Customer service answered {speed}.",
+    "Shipping took {n} days and the box was {state}.",
+    "My {who} uses it every day without complaints.",
+    "I compared it with two other brands before buying.",
+    "The color is a little {shade} than on the website.",
+    "For the price it is {verdict} a good deal.",
+    "After {n} weeks it still {cond}.",
+    "The manual is short but readable.",
+    "I would {verdict} recommend it to a friend.",
+    "Cleaning it is {ease}, which matters to me.",
+    "It fits nicely on the {place} and does not wobble.",
+    "Returns were {ease} when the first one arrived broken.",
+]
 _FILL = {
     "who": ["partner", "daughter", "roommate", "father", "colleague", "grandmother", "son"],
     "n": ["two", "three", "five", "ten", "twelve"],
@@ -87,25 +138,144 @@ _FILL = {
 }
 
 
-_HEAD_ADJECTIVES = ["Sturdy", "Flimsy", "Lovely", "Cheap", "Decent", "Solid", "Noisy", "Compact", "Bulky", "Handy",
-                    "Stylish", "Clunky", "Reliable", "Fragile", "Heavy", "Light", "Elegant", "Basic", "Premium",
-                    "Tiny", "Huge", "Quiet", "Sleek", "Awkward", "Simple", "Clever", "Pricey", "Budget", "Shiny",
-                    "Matte", "Rugged", "Delicate", "Smart", "Dated", "Modern", "Classic", "Odd", "Neat", "Bright",
-                    "Dull"]
-_HEAD_CODAS = ["overall", "honestly", "really", "mostly", "truly", "frankly", "basically", "arguably", "definitely",
-               "surely", "seriously", "admittedly", "largely", "generally", "clearly", "apparently", "oddly",
-               "thankfully", "sadly", "luckily"]
-_HEAD_VERDICTS = ["recommended", "disappointing", "overpriced", "perfect", "meh", "returned", "fantastic", "okay",
-                  "superb", "adequate", "mediocre", "brilliant", "underwhelming", "solid", "acceptable", "terrible",
-                  "lovely", "worthwhile", "pointless", "great", "fine", "awful", "excellent", "passable", "impressive",
-                  "flawed", "charming", "reliable", "annoying", "wonderful", "useful", "useless", "sturdy", "good",
-                  "bad", "nice", "poor", "amazing", "decent", "average"]
-STOCK_REVIEWS = ["Great product!", "Love it!", "Works as described.", "Five stars.", "Does the job.",
-                 "Good value for money.", "Not worth it.", "Exactly what I needed.", "Arrived broken.",
-                 "Would buy again.", "Very happy with it.", "Fast shipping.", "As expected.", "Perfect gift.",
-                 "Cheap and cheerful.", "Stopped working.", "Highly recommend!", "Great quality.", "Too small.",
-                 "Returned it.", "Good.", "Excellent!", "OK.", "Awesome product", "Waste of money.",
-                 "Just as pictured.", "Kids love it.", "Better than expected.", "Meh.", "Thank you!"]
+_HEAD_ADJECTIVES = [
+    "Sturdy",
+    "Flimsy",
+    "Lovely",
+    "Cheap",
+    "Decent",
+    "Solid",
+    "Noisy",
+    "Compact",
+    "Bulky",
+    "Handy",
+    "Stylish",
+    "Clunky",
+    "Reliable",
+    "Fragile",
+    "Heavy",
+    "Light",
+    "Elegant",
+    "Basic",
+    "Premium",
+    "Tiny",
+    "Huge",
+    "Quiet",
+    "Sleek",
+    "Awkward",
+    "Simple",
+    "Clever",
+    "Pricey",
+    "Budget",
+    "Shiny",
+    "Matte",
+    "Rugged",
+    "Delicate",
+    "Smart",
+    "Dated",
+    "Modern",
+    "Classic",
+    "Odd",
+    "Neat",
+    "Bright",
+    "Dull",
+]
+_HEAD_CODAS = [
+    "overall",
+    "honestly",
+    "really",
+    "mostly",
+    "truly",
+    "frankly",
+    "basically",
+    "arguably",
+    "definitely",
+    "surely",
+    "seriously",
+    "admittedly",
+    "largely",
+    "generally",
+    "clearly",
+    "apparently",
+    "oddly",
+    "thankfully",
+    "sadly",
+    "luckily",
+]
+_HEAD_VERDICTS = [
+    "recommended",
+    "disappointing",
+    "overpriced",
+    "perfect",
+    "meh",
+    "returned",
+    "fantastic",
+    "okay",
+    "superb",
+    "adequate",
+    "mediocre",
+    "brilliant",
+    "underwhelming",
+    "solid",
+    "acceptable",
+    "terrible",
+    "lovely",
+    "worthwhile",
+    "pointless",
+    "great",
+    "fine",
+    "awful",
+    "excellent",
+    "passable",
+    "impressive",
+    "flawed",
+    "charming",
+    "reliable",
+    "annoying",
+    "wonderful",
+    "useful",
+    "useless",
+    "sturdy",
+    "good",
+    "bad",
+    "nice",
+    "poor",
+    "amazing",
+    "decent",
+    "average",
+]
+STOCK_REVIEWS = [
+    "Great product!",
+    "Love it!",
+    "Works as described.",
+    "Five stars.",
+    "Does the job.",
+    "Good value for money.",
+    "Not worth it.",
+    "Exactly what I needed.",
+    "Arrived broken.",
+    "Would buy again.",
+    "Very happy with it.",
+    "Fast shipping.",
+    "As expected.",
+    "Perfect gift.",
+    "Cheap and cheerful.",
+    "Stopped working.",
+    "Highly recommend!",
+    "Great quality.",
+    "Too small.",
+    "Returned it.",
+    "Good.",
+    "Excellent!",
+    "OK.",
+    "Awesome product",
+    "Waste of money.",
+    "Just as pictured.",
+    "Kids love it.",
+    "Better than expected.",
+    "Meh.",
+    "Thank you!",
+]
 """Stock one-liners, the repeated texts of a review table; drawn with weight 1/rank (Zipf-like)."""
 _STOCK_WEIGHTS = [1 / rank for rank in range(1, len(STOCK_REVIEWS) + 1)]
 
@@ -118,8 +288,9 @@ def _words(rng: random.Random, count: int) -> str:
     """``count`` words of review prose about one product, opening with a high-entropy four-word head
     (640,000 heads per product noun), so that reviews of equal length rarely coincide."""
     product = rng.choice(_PRODUCTS)
-    head = (f"{rng.choice(_HEAD_ADJECTIVES)} {product.split()[-1]}, {rng.choice(_HEAD_VERDICTS)} "
-            f"{rng.choice(_HEAD_CODAS)}.")
+    head = (
+        f"{rng.choice(_HEAD_ADJECTIVES)} {product.split()[-1]}, {rng.choice(_HEAD_VERDICTS)} {rng.choice(_HEAD_CODAS)}."
+    )
     words = (head + " " + _fill(rng, rng.choice(_OPENERS), product) + " and " + rng.choice(_VERDICTS) + ".").split()
     while len(words) < count:
         words.extend(_fill(rng, rng.choice(_DETAILS), product).split())
@@ -127,7 +298,10 @@ def _words(rng: random.Random, count: int) -> str:
 
 
 def review_bodies(
-    rows: int, seed: int = 20261121, log_mean: float = W1_LOG_MEAN, log_sigma: float = W1_LOG_SIGMA,
+    rows: int,
+    seed: int = 20261121,
+    log_mean: float = W1_LOG_MEAN,
+    log_sigma: float = W1_LOG_SIGMA,
     stock_share: float = W1_STOCK_SHARE,
 ) -> Iterator[str]:
     """W1: ``rows`` review texts with log-normal word counts, ``stock_share`` of them stock one-liners
@@ -148,7 +322,7 @@ def short_bodies(rows: int, seed: int = 20261122) -> Iterator[str]:
         yield _words(rng, rng.randint(8, 16))
 
 
-def write_table(bodies: Iterator[str], path: Path, files: int = FILES, ids: Optional[np.ndarray] = None) -> int:
+def write_table(bodies: Iterator[str], path: Path, files: int = FILES, ids: np.ndarray | None = None) -> int:
     """Write ``bodies`` with ids 1..n (or ``ids``) as a directory of ``files`` Parquet files (contiguous ranges);
     return n."""
     frame = pd.DataFrame({"body": list(bodies)})
@@ -165,11 +339,15 @@ def repetition(bodies: list[str]) -> str:
     """How much a table repeats itself: the share of rows whose text another row also has, and distinct texts."""
     counts = Counter(bodies)
     shared = sum(n for n in counts.values() if n > 1)
-    return (f"{shared / max(1, len(bodies)):.1%} of rows share their text with another row; "
-            f"{len(counts):,} distinct texts in {len(bodies):,} rows")
+    return (
+        f"{shared / max(1, len(bodies)):.1%} of rows share their text with another row; "
+        f"{len(counts):,} distinct texts in {len(bodies):,} rows"
+    )
 
 
-def changed_table(source: Path, target: Path, edit: float, insert: float, delete: float, seed: int = 20261123) -> dict[str, int]:
+def changed_table(
+    source: Path, target: Path, edit: float, insert: float, delete: float, seed: int = 20261123
+) -> dict[str, int]:
     """Write ``target``: ``source`` after a day of changes: ``edit`` of its rows get a new text, ``delete`` of them
     disappear, and ``insert`` x its row count new rows (new ids after the largest) arrive. Rows to edit and
     delete are drawn without overlap by a seeded generator. Returns the counts of each change."""
@@ -177,12 +355,13 @@ def changed_table(source: Path, target: Path, edit: float, insert: float, delete
     rng = np.random.default_rng(seed)
     n = len(frame)
     picked = rng.permutation(n)
-    edited, deleted = picked[: round(edit * n)], picked[round(edit * n): round(edit * n) + round(delete * n)]
+    edited, deleted = picked[: round(edit * n)], picked[round(edit * n) : round(edit * n) + round(delete * n)]
     fresh = list(review_bodies(len(edited) + round(insert * n), seed=seed, stock_share=0.0))
     frame.loc[edited, "body"] = [f"Update: {text}" for text in fresh[: len(edited)]]
     frame = frame.drop(index=deleted)
-    added = pd.DataFrame({"review_id": np.arange(n + 1, n + 1 + len(fresh) - len(edited), dtype="int64"),
-                          "body": fresh[len(edited):]})
+    added = pd.DataFrame(
+        {"review_id": np.arange(n + 1, n + 1 + len(fresh) - len(edited), dtype="int64"), "body": fresh[len(edited) :]}
+    )
     frame = pd.concat([frame, added], ignore_index=True)
     write_table(iter(frame["body"]), target, ids=frame["review_id"].to_numpy())
     return {"edited": len(edited), "inserted": len(added), "deleted": len(deleted)}

@@ -15,8 +15,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -28,12 +28,25 @@ def read_delta(table: Path, columns: Sequence[str]) -> pd.DataFrame:
     """``columns`` of the Delta table at ``table`` (latest version), via a Spark process of its own (~10 s)."""
     with tempfile.TemporaryDirectory(prefix="bench-delta-export-") as tmp:
         target = Path(tmp) / "rows"
-        subprocess.run([sys.executable, "-m", "bench.delta_export", "--table", str(table), "--columns", ",".join(columns),
-                        "--to", str(target)], check=True, cwd=Path(__file__).resolve().parent.parent)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.delta_export",
+                "--table",
+                str(table),
+                "--columns",
+                ",".join(columns),
+                "--to",
+                str(target),
+            ],
+            check=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
         return pq.read_table(str(target)).to_pandas()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.delta_export")
     parser.add_argument("--table", required=True)
     parser.add_argument("--columns", required=True, help="comma-separated")
@@ -45,8 +58,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     with tempfile.TemporaryDirectory(prefix="bench-delta-export-") as scratch:
-        cfg = config_from_mapping({"spark": {"app_name": "bench-delta-export", "warehouse_dir": f"{scratch}/warehouse",
-                                             "metastore_dir": f"{scratch}/metastore_db", "worker_preload": False}})
+        cfg = config_from_mapping(
+            {
+                "spark": {
+                    "app_name": "bench-delta-export",
+                    "warehouse_dir": f"{scratch}/warehouse",
+                    "metastore_dir": f"{scratch}/metastore_db",
+                    "worker_preload": False,
+                }
+            }
+        )
         spark, _ = get_or_create_session(cfg.spark, [args.table])
         try:
             spark.read.format("delta").load(args.table).select(*args.columns.split(",")).write.parquet(args.to)

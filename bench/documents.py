@@ -21,8 +21,8 @@ import os
 import random
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from bench.data import _words, write_table
 from bench.model import model_dir
@@ -44,7 +44,7 @@ def make_w8_data(path: Path, documents: int, low: int = 500, high: int = 5000, s
     return write_table(bodies, path)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.documents", description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -60,15 +60,47 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lakescore_dir, loop_dir = args.work / "lakescore", args.work / "loop"
     loop_dir.mkdir(parents=True)
     commands = {
-        "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
-                      "--output", str(lakescore_dir / "delta"), "--model", str(model_dir()), "--task", "embed",
-                      "--id-col", "review_id", "--text-col", "body", "--chunk-tokens", str(args.max_tokens),
-                      "--chunk-overlap", str(args.overlap), "--report", str(lakescore_dir / "report.json"),
-                      "--set", f"spark.warehouse_dir={lakescore_dir / 'warehouse'}",
-                      "--set", f"spark.metastore_dir={lakescore_dir / 'metastore_db'}"],
-        "loop": [sys.executable, "-m", "bench.peers.chunk_loop", "--input", str(source), "--output",
-                 str(loop_dir / "vectors.npz"), "--max-tokens", str(args.max_tokens), "--overlap", str(args.overlap),
-                 "--report", str(loop_dir / "report.json")],
+        "lakescore": [
+            str(Path(sys.prefix) / "bin" / "lakescore"),
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(lakescore_dir / "delta"),
+            "--model",
+            str(model_dir()),
+            "--task",
+            "embed",
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+            "--chunk-tokens",
+            str(args.max_tokens),
+            "--chunk-overlap",
+            str(args.overlap),
+            "--report",
+            str(lakescore_dir / "report.json"),
+            "--set",
+            f"spark.warehouse_dir={lakescore_dir / 'warehouse'}",
+            "--set",
+            f"spark.metastore_dir={lakescore_dir / 'metastore_db'}",
+        ],
+        "loop": [
+            sys.executable,
+            "-m",
+            "bench.peers.chunk_loop",
+            "--input",
+            str(source),
+            "--output",
+            str(loop_dir / "vectors.npz"),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--overlap",
+            str(args.overlap),
+            "--report",
+            str(loop_dir / "report.json"),
+        ],
     }
     for name, command in commands.items():
         measured = run_measured(command, env=env, cwd=Path.cwd(), log_path=args.work / f"{name}.log")
@@ -77,11 +109,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 1
         report = json.loads(((lakescore_dir if name == "lakescore" else loop_dir) / "report.json").read_text())
         chunks = report.get("output_chunks", report.get("chunks"))
-        runs[name] = {"wall_s": round(measured.wall_seconds, 2), "peak_mib": round(measured.peak_rss_bytes / 2**20),
-                      "chunks": chunks}
+        runs[name] = {
+            "wall_s": round(measured.wall_seconds, 2),
+            "peak_mib": round(measured.peak_rss_bytes / 2**20),
+            "chunks": chunks,
+        }
     ratio = runs["loop"]["wall_s"] / runs["lakescore"]["wall_s"]
-    summary = {"workload": W8, "documents": args.documents, **runs, "loop_over_lakescore": round(ratio, 2),
-               "target": WALL_TARGET, "met": ratio >= WALL_TARGET}
+    summary = {
+        "workload": W8,
+        "documents": args.documents,
+        **runs,
+        "loop_over_lakescore": round(ratio, 2),
+        "target": WALL_TARGET,
+        "met": ratio >= WALL_TARGET,
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -22,16 +22,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
 from bench.fast_path import verdict
 from bench.generation import compare_texts, make_w4_data, make_w4_model, tokens_per_second
 
-__all__ = ["W4E", "W4E_ROWS", "W4E_REPEATS", "W4E_NEW_TOKENS", "W4EResult", "run_w4e", "w4e_lines", "peer_commands",
-           "serve_transformers", "stop_server", "split_cpus"]
+__all__ = [
+    "W4E",
+    "W4E_ROWS",
+    "W4E_REPEATS",
+    "W4E_NEW_TOKENS",
+    "W4EResult",
+    "run_w4e",
+    "w4e_lines",
+    "peer_commands",
+    "serve_transformers",
+    "stop_server",
+    "split_cpus",
+]
 
 W4E = "W4E"
 W4E_ROWS = 200
@@ -47,19 +58,19 @@ class W4EResult(PeerRuns):
 
     rows: int
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
-    equal: Optional[dict] = None
-    cpus: tuple[Optional[set[int]], Optional[set[int]]] = (None, None)
+    equal: dict | None = None
+    cpus: tuple[set[int] | None, set[int] | None] = (None, None)
     """The server's CPUs and the peers' (``None``: not pinned)."""
 
 
-def _cpus_text(cpus: tuple[Optional[set[int]], Optional[set[int]]]) -> str:
+def _cpus_text(cpus: tuple[set[int] | None, set[int] | None]) -> str:
     server, peers = cpus
     if server is None:
         return "server and peers share every CPU"
     return f"server on CPU(s) {','.join(map(str, sorted(server)))}, each peer on CPU(s) {','.join(map(str, sorted(peers)))}"
 
 
-def split_cpus(cpus: Optional[set[int]] = None) -> tuple[Optional[set[int]], Optional[set[int]]]:
+def split_cpus(cpus: set[int] | None = None) -> tuple[set[int] | None, set[int] | None]:
     """``(server's CPUs, the peers')``: the first half of this process's CPUs and the rest; ``(None, None)`` (no
     pinning) with a single CPU."""
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
@@ -69,7 +80,7 @@ def split_cpus(cpus: Optional[set[int]] = None) -> tuple[Optional[set[int]], Opt
     return set(cpus[:half]), set(cpus[half:])
 
 
-def _pinned(command: list[str], cpus: Optional[set[int]]) -> list[str]:
+def _pinned(command: list[str], cpus: set[int] | None) -> list[str]:
     """``command`` run on ``cpus`` only (``taskset``; the JVM and Python workers it starts inherit them)."""
     return command if cpus is None else ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
 
@@ -87,30 +98,77 @@ def stop_server(server: subprocess.Popen, grace_s: float = 30) -> None:
 def peer_commands(table: Path, model: Path, url: str, run_dir: Path) -> dict[str, list[str]]:
     """Each W4E peer's command line against the server at ``url``; its files go under ``run_dir``."""
     return {
-        "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(table),
-                      "--output", str(run_dir / "delta"), "--task", "generate", "--id-col", "id", "--text-col", "prompt",
-                      "--set", f"generate.max_new_tokens={W4E_NEW_TOKENS}", "--set", f"generate.endpoint.url={url}",
-                      "--set", f"generate.endpoint.model={model}", "--set", f"generate.endpoint.concurrency={CONCURRENCY}",
-                      "--report", str(run_dir / "report.json"),
-                      "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-                      "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}"],
-        "loop": [sys.executable, "-m", "bench.peers.endpoint_loop", "--input", str(table), "--url", url, "--model", str(model),
-                 "--output", str(run_dir / "generated.parquet"), "--timings", str(run_dir / "timings.json"),
-                 "--max-new-tokens", str(W4E_NEW_TOKENS), "--concurrency", str(CONCURRENCY)],
+        "lakescore": [
+            str(Path(sys.prefix) / "bin" / "lakescore"),
+            "score",
+            "--input",
+            str(table),
+            "--output",
+            str(run_dir / "delta"),
+            "--task",
+            "generate",
+            "--id-col",
+            "id",
+            "--text-col",
+            "prompt",
+            "--set",
+            f"generate.max_new_tokens={W4E_NEW_TOKENS}",
+            "--set",
+            f"generate.endpoint.url={url}",
+            "--set",
+            f"generate.endpoint.model={model}",
+            "--set",
+            f"generate.endpoint.concurrency={CONCURRENCY}",
+            "--report",
+            str(run_dir / "report.json"),
+            "--set",
+            f"spark.warehouse_dir={run_dir / 'warehouse'}",
+            "--set",
+            f"spark.metastore_dir={run_dir / 'metastore_db'}",
+        ],
+        "loop": [
+            sys.executable,
+            "-m",
+            "bench.peers.endpoint_loop",
+            "--input",
+            str(table),
+            "--url",
+            url,
+            "--model",
+            str(model),
+            "--output",
+            str(run_dir / "generated.parquet"),
+            "--timings",
+            str(run_dir / "timings.json"),
+            "--max-new-tokens",
+            str(W4E_NEW_TOKENS),
+            "--concurrency",
+            str(CONCURRENCY),
+        ],
     }
 
 
-def serve_transformers(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[int]] = None,
-                       args: Sequence[str] = (), timeout_s: float = 300) -> tuple[subprocess.Popen, str]:
+def serve_transformers(
+    model: Path,
+    log: Path,
+    env: dict[str, str],
+    cpus: set[int] | None = None,
+    args: Sequence[str] = (),
+    timeout_s: float = 300,
+) -> tuple[subprocess.Popen, str]:
     """``transformers serve <model> <args>`` on a free loopback port, offline, on ``cpus`` (all: ``None``), in a
     process group of its own, once it answers ``/health``: the process and its OpenAI base URL."""
     from lakescore.udfs.remote.engine import HOST, engine_command, free_port, healthy
 
     port = free_port()
     with open(log, "ab") as out:
-        process = subprocess.Popen(_pinned(engine_command("transformers", str(model), str(model), port, args), cpus),
-                                   stdout=out, stderr=subprocess.STDOUT, env={**env, "HF_HUB_OFFLINE": "1"},
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            _pinned(engine_command("transformers", str(model), str(model), port, args), cpus),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "HF_HUB_OFFLINE": "1"},
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     while not healthy(port):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -120,7 +178,9 @@ def serve_transformers(model: Path, log: Path, env: dict[str, str], cpus: Option
     return process, f"http://{HOST}:{port}/v1"
 
 
-def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4E_ROWS) -> W4EResult:
+def run_w4e(
+    data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4E_ROWS
+) -> W4EResult:
     """Build W4's model and ``rows`` prompts, start the server, run both peers alternately against it ``repeats``
     times each (a line per run), compare the first good outputs row by row; the server is stopped at the end."""
     model = make_w4_model(data_dir / "w4e_model")
@@ -130,46 +190,76 @@ def run_w4e(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     server_cpus, peer_cpus = split_cpus()
     result.cpus = (server_cpus, peer_cpus)
     server, url = serve_transformers(model, runs_dir / f"{W4E}-serve.log", env, server_cpus)
-    print(f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}; "
-          f"{_cpus_text(result.cpus)}", flush=True)
+    print(
+        f"W4E: {rows:,} prompts, {W4E_NEW_TOKENS} new tokens, greedy, through transformers serve at {url}; "
+        f"{_cpus_text(result.cpus)}",
+        flush=True,
+    )
     return run_against_server(W4E, result, table, model, server, url, runs_dir, env, repo, repeats, peer_cpus)
 
 
-def run_against_server(name: str, result: W4EResult, table: Path, model: Path, server: subprocess.Popen, url: str,
-                       runs_dir: Path, env: dict[str, str], repo: Path, repeats: int,
-                       peer_cpus: Optional[set[int]]) -> W4EResult:
+def run_against_server(
+    name: str,
+    result: W4EResult,
+    table: Path,
+    model: Path,
+    server: subprocess.Popen,
+    url: str,
+    runs_dir: Path,
+    env: dict[str, str],
+    repo: Path,
+    repeats: int,
+    peer_cpus: set[int] | None,
+) -> W4EResult:
     """``result`` with both peers run alternately against the started ``server`` at ``url`` (``repeats`` times each, on
     ``peer_cpus``) and their first good outputs compared row by row; the server is stopped at the end."""
     try:
-        commands = {peer: (lambda run_dir, peer=peer: _pinned(peer_commands(table, model, url, run_dir)[peer], peer_cpus))
-                    for peer in ("lakescore", "loop")}
+        commands = {
+            peer: (lambda run_dir, peer=peer: _pinned(peer_commands(table, model, url, run_dir)[peer], peer_cpus))
+            for peer in ("lakescore", "loop")
+        }
         result.runs = run_alternately(
-            name, commands, {"lakescore": "report.json", "loop": "timings.json"}, tokens_per_second,
-            lambda peer, rate: f"{rate:.1f} generated tokens/s while generating", runs_dir, env, {}, repo, repeats,
+            name,
+            commands,
+            {"lakescore": "report.json", "loop": "timings.json"},
+            tokens_per_second,
+            lambda peer, rate: f"{rate:.1f} generated tokens/s while generating",
+            runs_dir,
+            env,
+            {},
+            repo,
+            repeats,
         )
     finally:
         stop_server(server)
-    result.equal = compare_first_good(runs_dir, name, result.runs, {"lakescore": "delta", "loop": "generated.parquet"},
-                                      compare_texts)
+    result.equal = compare_first_good(
+        runs_dir, name, result.runs, {"lakescore": "delta", "loop": "generated.parquet"}, compare_texts
+    )
     return result
 
 
 def w4e_lines(result: W4EResult) -> list[str]:
     """The W4E figures and its targets with met / NOT met."""
-    lines = [f"W4E data: {result.rows:,} of W4's review prompts, {W4E_NEW_TOKENS} new tokens each, greedy, through one "
-             f"`transformers serve` (W4's model, CPU); {CONCURRENCY} requests in flight per lakescore task and in the loop; "
-             f"{_cpus_text(result.cpus)}"]
+    lines = [
+        f"W4E data: {result.rows:,} of W4's review prompts, {W4E_NEW_TOKENS} new tokens each, greedy, through one "
+        f"`transformers serve` (W4's model, CPU); {CONCURRENCY} requests in flight per lakescore task and in the loop; "
+        f"{_cpus_text(result.cpus)}"
+    ]
     for peer in ("lakescore", "loop"):
         line = result.peer_line(W4E, peer, "generated tokens/s while generating", 1)
         lines += [line] if line else []
     ours, theirs = result.median("lakescore", "rate"), result.median("loop", "rate")
     if ours and theirs:
-        lines.append(f"W4E generated tokens/s, lakescore's scoring stage vs the request loop: {ours:.1f} vs {theirs:.1f} = "
-                     f"{ours / theirs:.2f}x   target >= {RATE_TARGET:g}x: {verdict(ours / theirs >= RATE_TARGET)}")
+        lines.append(
+            f"W4E generated tokens/s, lakescore's scoring stage vs the request loop: {ours:.1f} vs {theirs:.1f} = "
+            f"{ours / theirs:.2f}x   target >= {RATE_TARGET:g}x: {verdict(ours / theirs >= RATE_TARGET)}"
+        )
     eq = result.equal
     if eq:
         complete = eq["missing_in_lakescore"] == 0 and eq["extra_in_lakescore"] == 0
-        lines.append(f"W4E greedy outputs, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same text; "
-                     f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target all equal: "
-                     f"{verdict(eq['equal'] == eq['matched'] and complete)}")
+        lines.append(
+            f"W4E greedy outputs, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same text; "
+            f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target all equal: "
+            f"{verdict(eq['equal'] == eq['matched'] and complete)}"
+        )
     return lines

@@ -30,8 +30,10 @@ def delta_files(table: Path) -> list[Path]:
         for line in commit.read_text(encoding="utf-8").splitlines():
             action = json.loads(line)
             meta = action.get("metaData")
-            if meta and (meta.get("partitionColumns") or
-                         (meta.get("configuration") or {}).get("delta.columnMapping.mode", "none") != "none"):
+            if meta and (
+                meta.get("partitionColumns")
+                or (meta.get("configuration") or {}).get("delta.columnMapping.mode", "none") != "none"
+            ):
                 raise ValueError(f"{table}: partitioned or column-mapped table; use Spark")
             if "add" in action:
                 if action["add"].get("deletionVector"):
@@ -46,9 +48,15 @@ def min_cosine(ids_a: np.ndarray, vecs_a: np.ndarray, ids_b: np.ndarray, vecs_b:
     """Compare two id-keyed sets of vectors; return counts and the minimum cosine over shared ids."""
     index_b = {int(i): n for n, i in enumerate(ids_b)}
     shared = [(n, index_b[int(i)]) for n, i in enumerate(ids_a) if int(i) in index_b]
-    result = {"rows_a": len(ids_a), "rows_b": len(ids_b), "matched": len(shared),
-              "missing_in_a": len(ids_b) - len(shared), "missing_in_b": len(ids_a) - len(shared),
-              "min_cosine": None, "p1_cosine": None}
+    result = {
+        "rows_a": len(ids_a),
+        "rows_b": len(ids_b),
+        "matched": len(shared),
+        "missing_in_a": len(ids_b) - len(shared),
+        "missing_in_b": len(ids_a) - len(shared),
+        "min_cosine": None,
+        "p1_cosine": None,
+    }
     if shared:
         rows_a, rows_b = (np.fromiter(side, dtype=np.int64) for side in zip(*shared))
         a, b = vecs_a[rows_a].astype(np.float64), vecs_b[rows_b].astype(np.float64)
@@ -63,8 +71,11 @@ def compare(delta_table: Path, reference_npz: Path, id_col: str = "review_id") -
     files = delta_files(delta_table)
     table = pq.read_table(files, columns=[id_col, "embedding"]) if files else None
     ids = table.column(id_col).to_numpy() if table is not None else np.zeros(0, dtype=np.int64)
-    vectors = (np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
-               if table is not None and table.num_rows else np.zeros((0, 0), dtype=np.float32))
+    vectors = (
+        np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+        if table is not None and table.num_rows
+        else np.zeros((0, 0), dtype=np.float32)
+    )
     reference = np.load(reference_npz)
     return min_cosine(reference["ids"], reference["embeddings"], ids, vectors)
 

@@ -10,10 +10,18 @@ like-for-like peer is the plain single-process loop on the same backend and prec
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-__all__ = ["FIXED_WORKLOAD", "LARGE_WORKLOAD", "FAST_TARGETS", "fast_path_lines", "cosine_lines", "target_lines",
-           "verdict", "fixed_cost"]
+__all__ = [
+    "FIXED_WORKLOAD",
+    "LARGE_WORKLOAD",
+    "FAST_TARGETS",
+    "fast_path_lines",
+    "cosine_lines",
+    "target_lines",
+    "verdict",
+    "fixed_cost",
+]
 
 FIXED_WORKLOAD = "F200"
 """The first 200 W1 rows through (d): a run's cost besides scoring."""
@@ -33,11 +41,17 @@ PLAIN_LOOP_OF = {"d": "a", "o": "a", "q": "e", "k": "f"}
 """Each lakescore configuration's plain single-process loop on the same backend and precision."""
 LOSSY_PEERS = ("q", "e", "k", "f")
 """Reduced-precision peers: held to the int8 / bfloat16 tolerance (1st-percentile cosine), not to float32's."""
-_BACKENDS = {"d": "torch float32", "o": "ONNX float32", "q": "ONNX int8", "k": "torch bfloat16",
-             "e": "plain ORT int8 loop", "f": "plain torch bfloat16 loop"}
+_BACKENDS = {
+    "d": "torch float32",
+    "o": "ONNX float32",
+    "q": "ONNX int8",
+    "k": "torch bfloat16",
+    "e": "plain ORT int8 loop",
+    "f": "plain torch bfloat16 loop",
+}
 
 
-def verdict(ok: Optional[bool]) -> str:
+def verdict(ok: bool | None) -> str:
     """A target's outcome as the bench prints it: ``met``, ``NOT met``, or ``-`` when it could not be measured."""
     return "-" if ok is None else "met" if ok else "NOT met"
 
@@ -61,8 +75,10 @@ def fast_path_lines(summaries: Sequence) -> list[str]:
             if peer is not None and peer.median:
                 ratio = fastest.median / peer.median
                 same = " (the plain loop on its backend and precision)" if name != "fastest/a" else ""
-                lines.append(f"{workload} fastest lakescore config ({key}: {_BACKENDS[key]}) / ({other}){same} = "
-                             f"{ratio:.2f}   target >= {FAST_TARGETS[name]:g}: {verdict(ratio >= FAST_TARGETS[name])}")
+                lines.append(
+                    f"{workload} fastest lakescore config ({key}: {_BACKENDS[key]}) / ({other}){same} = "
+                    f"{ratio:.2f}   target >= {FAST_TARGETS[name]:g}: {verdict(ratio >= FAST_TARGETS[name])}"
+                )
     c = by.get(("W2", "c"))
     for key in LAKESCORE_PEERS[1:]:
         mine = by.get(("W2", key))
@@ -72,8 +88,10 @@ def fast_path_lines(summaries: Sequence) -> list[str]:
         s = by.get(("W1", key))
         if s is not None and s.peak_rss_mib:
             limit = FAST_TARGETS["peak_rss_mib"]
-            lines.append(f"W1 ({key}) {_BACKENDS[key]} peak RSS (whole process tree) {s.peak_rss_mib:.0f} MiB   "
-                         f"target <= {limit:.0f} MiB: {verdict(s.peak_rss_mib <= limit)}")
+            lines.append(
+                f"W1 ({key}) {_BACKENDS[key]} peak RSS (whole process tree) {s.peak_rss_mib:.0f} MiB   "
+                f"target <= {limit:.0f} MiB: {verdict(s.peak_rss_mib <= limit)}"
+            )
     return lines + _fixed_lines(by)
 
 
@@ -83,12 +101,14 @@ def _fixed_lines(by: dict) -> list[str]:
     if outside is None:
         return []
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in fixed.step_seconds.items() if k != "in_job")
-    return [f"{FIXED_WORKLOAD} fixed cost of a run ((d) on {fixed.job.rows} rows, median wall {fixed.wall_seconds:.1f} s "
-            f"less its scoring stage): {outside:.1f} s   target <= {FAST_TARGETS['fixed_seconds']:g} s: "
-            f"{verdict(outside <= FAST_TARGETS['fixed_seconds'])}; steps: {steps}"]
+    return [
+        f"{FIXED_WORKLOAD} fixed cost of a run ((d) on {fixed.job.rows} rows, median wall {fixed.wall_seconds:.1f} s "
+        f"less its scoring stage): {outside:.1f} s   target <= {FAST_TARGETS['fixed_seconds']:g} s: "
+        f"{verdict(outside <= FAST_TARGETS['fixed_seconds'])}; steps: {steps}"
+    ]
 
 
-def fixed_cost(summary) -> Optional[float]:
+def fixed_cost(summary) -> float | None:
     """A job's median process wall time less its median scoring stage (``score_stage`` in its report: lakescore's, or
     a plain loop's own clock); ``None`` when it has no good run."""
     if summary is None or not summary.wall_seconds:
@@ -114,7 +134,7 @@ def cosine_lines(equivalence: dict, exact_target: float) -> list[str]:
     return lines
 
 
-def _fmt(value: Optional[float]) -> str:
+def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.7f}"
 
 

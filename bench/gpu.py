@@ -38,7 +38,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -76,7 +76,9 @@ def _vectors(outcomes) -> np.ndarray:
     return np.array([row if row is not None else [np.nan] * width for row in rows], dtype=np.float32)
 
 
-def run_stage(spec, batches: list[pa.RecordBatch], max_tokens: Optional[int], max_rows: int, warm_up: bool = True) -> tuple[float, list]:
+def run_stage(
+    spec, batches: list[pa.RecordBatch], max_tokens: int | None, max_rows: int, warm_up: bool = True
+) -> tuple[float, list]:
     """Seconds of the worker's loop over ``batches`` (the model loaded first; ``warm_up``: one batch run first),
     and its outcomes."""
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -102,14 +104,18 @@ def run_stage(spec, batches: list[pa.RecordBatch], max_tokens: Optional[int], ma
     return time.perf_counter() - started, outcomes
 
 
-def run_stage_twice(spec, batches: list[pa.RecordBatch], max_tokens: Optional[int], max_rows: int) -> tuple[float, float, list]:
+def run_stage_twice(
+    spec, batches: list[pa.RecordBatch], max_tokens: int | None, max_rows: int
+) -> tuple[float, float, list]:
     """The stage's seconds on its first pass (each batch shape new to the GPU's kernels) and on a second pass."""
     first, _ = run_stage(spec, batches, max_tokens, max_rows)
     second, outcomes = run_stage(spec, batches, max_tokens, max_rows, warm_up=False)
     return first, second, outcomes
 
 
-def run_parts(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: int, with_transformers: bool) -> dict[str, float]:
+def run_parts(
+    spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: int, with_transformers: bool
+) -> dict[str, float]:
     """The stage's steps one after another, each timed alone (seconds over all batches): Arrow -> Python strings,
     tokenizing, the head's forward over the planned batches (inputs to the GPU, forward, pooling, vectors back,
     normalizing), output Arrow arrays; with ``with_transformers``, also tokenizing through transformers' own call."""
@@ -129,9 +135,12 @@ def run_parts(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: in
         parts["decode"] += time.perf_counter() - t
         if with_transformers:
             t = time.perf_counter()
-            head._encode._tokenizer(texts, padding=True, truncation="longest_first", max_length=head.max_seq_length,
-                                    return_tensors="np")
-            parts["tokenize_through_transformers"] = parts.get("tokenize_through_transformers", 0.0) + time.perf_counter() - t
+            head._encode._tokenizer(
+                texts, padding=True, truncation="longest_first", max_length=head.max_seq_length, return_tensors="np"
+            )
+            parts["tokenize_through_transformers"] = (
+                parts.get("tokenize_through_transformers", 0.0) + time.perf_counter() - t
+            )
         t = time.perf_counter()
         features = head.tokenize(texts)
         parts["tokenize"] += time.perf_counter() - t
@@ -139,7 +148,9 @@ def run_parts(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: in
         scored = score_texts(texts, head, policy, features)
         parts["head_forward"] += time.perf_counter() - t
         t = time.perf_counter()
-        ScoredBatch(_prediction_arrays(model, scored, types), model.sha256, scored.reasons, scored.errors, [None] * len(texts))
+        ScoredBatch(
+            _prediction_arrays(model, scored, types), model.sha256, scored.reasons, scored.errors, [None] * len(texts)
+        )
         parts["output_arrow"] += time.perf_counter() - t
     return parts
 
@@ -186,16 +197,23 @@ def run_bare(spec, batches: list[pa.RecordBatch], max_tokens: int, max_rows: int
     return seconds
 
 
-def measure(model_dir: Path, label: str, texts: list[str], dtypes: list[str], max_rows_options: list[int],
-            rows_per_batch: int, pooling: Optional[str]) -> None:
+def measure(
+    model_dir: Path,
+    label: str,
+    texts: list[str],
+    dtypes: list[str],
+    max_rows_options: list[int],
+    rows_per_batch: int,
+    pooling: str | None,
+) -> None:
     import torch
 
-    from lakescore.udfs.models import model_cache
     from lakescore.udfs.batching import default_max_tokens
+    from lakescore.udfs.models import model_cache
     from lakescore.udfs.models.model_source import ModelSpec
 
     batches = _arrow_batches(texts, rows_per_batch)
-    reference: Optional[np.ndarray] = None
+    reference: np.ndarray | None = None
     max_tokens = default_max_tokens("cuda")
     for dtype in dtypes:
         spec = ModelSpec(task="embed", source=str(model_dir), device=DEVICE, dtype=dtype, pooling=pooling)
@@ -208,10 +226,19 @@ def measure(model_dir: Path, label: str, texts: list[str], dtypes: list[str], ma
             bare = run_bare(spec, batches, max_tokens, max_rows)
             parts = run_parts(spec, batches, max_tokens, max_rows, with_transformers=reference is vectors)
             record = {
-                "model": label, "dtype": dtype, "rows": len(texts), "max_batch_tokens": max_tokens, "max_batch_rows": max_rows,
-                "stage_rows_per_s": len(texts) / seconds, "bare_rows_per_s": len(texts) / bare,
-                "stage_over_bare": bare / seconds, "stage_s": seconds, "bare_s": bare, "stage_first_pass_s": first,
-                "parts_s": parts, "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
+                "model": label,
+                "dtype": dtype,
+                "rows": len(texts),
+                "max_batch_tokens": max_tokens,
+                "max_batch_rows": max_rows,
+                "stage_rows_per_s": len(texts) / seconds,
+                "bare_rows_per_s": len(texts) / bare,
+                "stage_over_bare": bare / seconds,
+                "stage_s": seconds,
+                "bare_s": bare,
+                "stage_first_pass_s": first,
+                "parts_s": parts,
+                "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
             }
             if reference is not None and dtype != "float32":
                 record["vs_float32"] = SentenceEmbedder.fidelity(reference, vectors)
@@ -220,12 +247,12 @@ def measure(model_dir: Path, label: str, texts: list[str], dtypes: list[str], ma
         torch.cuda.empty_cache()
 
 
-def host_ceiling(model_dir: Path, label: str, texts: list[str], rows_per_batch: int, pooling: Optional[str]) -> None:
+def host_ceiling(model_dir: Path, label: str, texts: list[str], rows_per_batch: int, pooling: str | None) -> None:
     """The stage on one CPU with a forward that returns zeros at once: rows/s per core of everything but the model."""
     import torch
 
-    from lakescore.udfs.models import model_cache
     from lakescore.udfs.batching import default_max_tokens
+    from lakescore.udfs.models import model_cache
     from lakescore.udfs.models.model_source import ModelSpec
 
     global DEVICE
@@ -240,9 +267,19 @@ def host_ceiling(model_dir: Path, label: str, texts: list[str], rows_per_batch: 
     for max_rows in (256, 4096):
         seconds, outcomes = run_stage(spec, batches, max_tokens, max_rows)
         parts = run_parts(spec, batches, max_tokens, max_rows, with_transformers=False)
-        _emit({"model": label, "null_forward": True, "rows": len(texts), "max_batch_tokens": max_tokens,
-               "max_batch_rows": max_rows, "host_rows_per_s_per_core": len(texts) / seconds, "stage_s": seconds,
-               "parts_s": parts, "unscored": sum(r is not None for o in outcomes for r in o.reasons)})
+        _emit(
+            {
+                "model": label,
+                "null_forward": True,
+                "rows": len(texts),
+                "max_batch_tokens": max_tokens,
+                "max_batch_rows": max_rows,
+                "host_rows_per_s_per_core": len(texts) / seconds,
+                "stage_s": seconds,
+                "parts_s": parts,
+                "unscored": sum(r is not None for o in outcomes for r in o.reasons),
+            }
+        )
     model_cache.clear()
 
 
@@ -256,21 +293,34 @@ def oom_backoff(model_dir: Path, texts: list[str], rows: int) -> None:
 
     long_texts = [" ".join(texts[i : i + 60]) for i in range(rows)]
     batches = _arrow_batches(long_texts, rows)
-    spec = ModelSpec(task="embed", source=str(model_dir), device=DEVICE, dtype="float16", pooling="mean", max_seq_length=512)
-    figures: dict[str, Any] = {"model": model_dir.name, "rows": rows, "dtype": "float16", "gpu_total_mib": torch.cuda.get_device_properties(0).total_memory / 2**20}
+    spec = ModelSpec(
+        task="embed", source=str(model_dir), device=DEVICE, dtype="float16", pooling="mean", max_seq_length=512
+    )
+    figures: dict[str, Any] = {
+        "model": model_dir.name,
+        "rows": rows,
+        "dtype": "float16",
+        "gpu_total_mib": torch.cuda.get_device_properties(0).total_memory / 2**20,
+    }
     for name, max_tokens, max_rows in (("oversized", 1 << 26, rows), ("default", None, 256)):
         torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         try:
             seconds, outcomes = run_stage(spec, batches, max_tokens, max_rows, warm_up=False)
         except Exception as exc:  # recorded: the figure is whether it backs off
-            figures[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "seconds": time.perf_counter() - started}
+            figures[name] = {
+                "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                "seconds": time.perf_counter() - started,
+            }
             continue
         reasons = Counter(r for o in outcomes for r in o.reasons if r is not None)
         first_error = next((e for o in outcomes for e in o.errors if e), None)
         figures[name] = {
-            "max_batch_tokens": max_tokens, "seconds": seconds, "halvings": sum(o.halvings for o in outcomes),
-            "unscored_rows": dict(reasons), "first_error": first_error and first_error[:400],
+            "max_batch_tokens": max_tokens,
+            "seconds": seconds,
+            "halvings": sum(o.halvings for o in outcomes),
+            "unscored_rows": dict(reasons),
+            "first_error": first_error and first_error[:400],
             "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20,
         }
         figures.setdefault("vectors", {})[name] = _vectors(outcomes)
@@ -304,19 +354,25 @@ def environment() -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
     return {
         "tokenizer_threads": os.environ.get("RAYON_NUM_THREADS", "all"),
-        "gpu": props and props.name, "gpu_mib": props and props.total_memory / 2**20, "torch": torch.__version__,
-        "transformers": transformers.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "gpu": props and props.name,
+        "gpu_mib": props and props.total_memory / 2**20,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
     }
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minilm", type=Path, required=True, help="the all-MiniLM-L6-v2 directory")
     parser.add_argument("--rows", type=int, default=30000)
     parser.add_argument("--arrow-rows", type=int, default=4096, help="rows per Arrow batch (the job's default)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lakescore-gpu"))
-    parser.add_argument("--dtypes", default="float32,float16,bfloat16", help="comma-separated (bert-base: float32 and float16 of these)")
+    parser.add_argument(
+        "--dtypes", default="float32,float16,bfloat16", help="comma-separated (bert-base: float32 and float16 of these)"
+    )
     parser.add_argument("--max-rows", default="256,4096", help="comma-separated scoring.max_batch_rows values")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--skip-base", action="store_true")
@@ -336,22 +392,47 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.null_forward:
         args.work.mkdir(parents=True, exist_ok=True)
         host_ceiling(args.minilm, "all-MiniLM-L6-v2", texts, args.arrow_rows, None)
-        base = seeded_model(args.work / "bert-base-seeded", args.minilm, hidden_size=768, num_hidden_layers=12,
-                            num_attention_heads=12, intermediate_size=3072)
+        base = seeded_model(
+            args.work / "bert-base-seeded",
+            args.minilm,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+        )
         host_ceiling(base, "bert-base shape, seeded", texts, args.arrow_rows, "mean")
         return
     if not args.skip_minilm:
         measure(args.minilm, "all-MiniLM-L6-v2", texts, dtypes, max_rows, args.arrow_rows, None)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.oom_rows:
-        large = seeded_model(args.work / "bert-large-seeded", args.minilm, hidden_size=1024, num_hidden_layers=24,
-                             num_attention_heads=16, intermediate_size=4096)
+        large = seeded_model(
+            args.work / "bert-large-seeded",
+            args.minilm,
+            hidden_size=1024,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            intermediate_size=4096,
+        )
         oom_backoff(large, texts, args.oom_rows)
     if not args.skip_base:
-        base = seeded_model(args.work / "bert-base-seeded", args.minilm, hidden_size=768, num_hidden_layers=12,
-                            num_attention_heads=12, intermediate_size=3072)
-        measure(base, "bert-base shape, seeded", texts, [d for d in dtypes if d in ("float32", "float16")], max_rows,
-                args.arrow_rows, "mean")
+        base = seeded_model(
+            args.work / "bert-base-seeded",
+            args.minilm,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+        )
+        measure(
+            base,
+            "bert-base shape, seeded",
+            texts,
+            [d for d in dtypes if d in ("float32", "float16")],
+            max_rows,
+            args.arrow_rows,
+            "mean",
+        )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,13 +45,19 @@ import pyarrow.parquet as pq
 from bench.endpoint_generation import serve_transformers, stop_server
 from bench.generation import MODEL_SHAPE, make_w4_model, prompts
 
-GPU_SHAPE = {"hidden_size": 1024, "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
-             "num_key_value_heads": 16, "max_position_embeddings": 4096}
+GPU_SHAPE = {
+    "hidden_size": 1024,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 4096,
+}
 """About 0.52 billion parameters with W4's small vocabulary: a 0.5B-class Llama shape."""
 WARM_PROMPTS = 64
 SERVE_ARGS = ("--continuous-batching",)
 SERVED_TARGET = 0.9
-_OUT: Optional[Path] = None
+_OUT: Path | None = None
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -82,7 +88,9 @@ def build_model(target: Path, shape: dict, dtype: str, device: str) -> dict[str,
 
 
 def write_prompts(path: Path, texts: list[str]) -> Path:
-    pq.write_table(pa.table({"id": pa.array(range(len(texts)), pa.int64()), "prompt": pa.array(texts, pa.string())}), path)
+    pq.write_table(
+        pa.table({"id": pa.array(range(len(texts)), pa.int64()), "prompt": pa.array(texts, pa.string())}), path
+    )
     return path
 
 
@@ -91,15 +99,31 @@ def plain_loop(work: Path, table: Path, url: str, model: Path, new_tokens: int, 
     from bench.peers import endpoint_loop
 
     output, timings = work / f"{name}.parquet", work / f"{name}.json"
-    endpoint_loop.main(["--input", str(table), "--url", url, "--model", str(model), "--output", str(output),
-                        "--timings", str(timings), "--max-new-tokens", str(new_tokens), "--concurrency", str(concurrency)])
+    endpoint_loop.main(
+        [
+            "--input",
+            str(table),
+            "--url",
+            url,
+            "--model",
+            str(model),
+            "--output",
+            str(output),
+            "--timings",
+            str(timings),
+            "--max-new-tokens",
+            str(new_tokens),
+            "--concurrency",
+            str(concurrency),
+        ]
+    )
     figures = json.loads(timings.read_text())
     frame = pq.read_table(output).to_pydict()
     figures["texts"] = dict(zip(frame["id"], frame["generated_text"]))
     return figures
 
 
-def lakescore_worker(spec: Any, texts: list[str], arrow_rows: int = 4096, seconds: Optional[float] = None) -> dict:
+def lakescore_worker(spec: Any, texts: list[str], arrow_rows: int = 4096, seconds: float | None = None) -> dict:
     """lakescore's worker loop (:func:`score_batches`) over ``texts`` in Arrow batches of ``arrow_rows`` (Spark's
     default 4,096), stopping after the batch that passes ``seconds``: seconds from the first batch to the last outcome,
     rows scored, tokens in / out, unscored rows and the texts by row."""
@@ -112,27 +136,35 @@ def lakescore_worker(spec: Any, texts: list[str], arrow_rows: int = 4096, second
     table = pa.table({"id": pa.array(range(len(texts)), pa.int64()), "prompt": pa.array(texts, pa.string())})
     began = time.perf_counter()
     outcomes = []
-    for outcome in score_batches(spec, ["prompt"], table.to_batches(max_chunksize=arrow_rows),
-                                 task.output_arrow_types_for(options), None, 256):
+    for outcome in score_batches(
+        spec, ["prompt"], table.to_batches(max_chunksize=arrow_rows), task.output_arrow_types_for(options), None, 256
+    ):
         outcomes.append(outcome)
         if seconds is not None and time.perf_counter() - began > seconds:
             break
     elapsed = time.perf_counter() - began
     generated = [t for _, scored in outcomes for t in scored.predictions[fields.index("generated_text")].to_pylist()]
-    return {"generate_seconds": elapsed, "rows_done": len(generated), "tokens_out": sum(s.tokens_out for _, s in outcomes),
-            "tokens_in": sum(s.tokens_in for _, s in outcomes),
-            "unscored": sum(r is not None for _, s in outcomes for r in s.reasons),
-            "retries": sum(s.retries for _, s in outcomes), "texts": dict(enumerate(generated))}
+    return {
+        "generate_seconds": elapsed,
+        "rows_done": len(generated),
+        "tokens_out": sum(s.tokens_out for _, s in outcomes),
+        "tokens_in": sum(s.tokens_in for _, s in outcomes),
+        "unscored": sum(r is not None for _, s in outcomes for r in s.reasons),
+        "retries": sum(s.retries for _, s in outcomes),
+        "texts": dict(enumerate(generated)),
+    }
 
 
-def spec_for(model: Path, new_tokens: int, device: str, dtype: str, concurrency: Optional[int]) -> Any:
+def spec_for(model: Path, new_tokens: int, device: str, dtype: str, concurrency: int | None) -> Any:
     """The worker's model spec: served by ``transformers serve`` (``concurrency`` given) or loaded in-process."""
-    from lakescore.udfs.options.remote import ServerOptions
+    from lakescore.udfs.models.model_source import ModelSpec
     from lakescore.udfs.options.generate import GenerateOptions
     from lakescore.udfs.options.model import ModelOptions
-    from lakescore.udfs.models.model_source import ModelSpec
+    from lakescore.udfs.options.remote import ServerOptions
 
-    server = None if concurrency is None else ServerOptions(engine="transformers", args=SERVE_ARGS, concurrency=concurrency)
+    server = (
+        None if concurrency is None else ServerOptions(engine="transformers", args=SERVE_ARGS, concurrency=concurrency)
+    )
     options = GenerateOptions(max_new_tokens=new_tokens, server=server)
     return ModelSpec.of("generate", ModelOptions(source=str(model), device=device, dtype=dtype), (), generate=options)
 
@@ -147,11 +179,16 @@ def agreement(ours: dict, theirs: dict) -> dict:
 
 
 def summary(name: str, figures: dict, rows: int, **extra: Any) -> dict:
-    return {"phase": name, "rows": rows, "tokens_per_s": round(rate(figures), 1),
-            **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in figures.items() if k != "texts"}, **extra}
+    return {
+        "phase": name,
+        "rows": rows,
+        "tokens_per_s": round(rate(figures), 1),
+        **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in figures.items() if k != "texts"},
+        **extra,
+    }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     global _OUT
     parser = argparse.ArgumentParser(prog="bench.gpu_generate")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lakescore-w4g"))
@@ -173,13 +210,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     import transformers
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    emit({"phase": "env", "gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
-          "python": sys.version.split()[0], "host_cpus": os.cpu_count()})
+    emit(
+        {
+            "phase": "env",
+            "gpu": gpu,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": sys.version.split()[0],
+            "host_cpus": os.cpu_count(),
+        }
+    )
     model = args.work / "model"
-    emit({"phase": "model", "shape": args.shape, "dtype": args.dtype,
-          **build_model(model, GPU_SHAPE if args.shape == "gpu" else MODEL_SHAPE, args.dtype, args.device)})
+    emit(
+        {
+            "phase": "model",
+            "shape": args.shape,
+            "dtype": args.dtype,
+            **build_model(model, GPU_SHAPE if args.shape == "gpu" else MODEL_SHAPE, args.dtype, args.device),
+        }
+    )
     texts = prompts(args.prompts + 3 * WARM_PROMPTS)  # a warm-up, the prompts, a probe
-    warm, probe_texts, texts = texts[:WARM_PROMPTS], texts[-2 * WARM_PROMPTS:], texts[WARM_PROMPTS:-2 * WARM_PROMPTS]
+    warm, probe_texts, texts = texts[:WARM_PROMPTS], texts[-2 * WARM_PROMPTS :], texts[WARM_PROMPTS : -2 * WARM_PROMPTS]
     warm_table = write_prompts(args.work / "warm.parquet", warm)
 
     # 1. the plain client against the server started standalone: a warm-up, a probe whose rate sizes N, N prompts
@@ -188,14 +239,28 @@ def main(argv: Optional[list[str]] = None) -> int:
         began = time.perf_counter()
         warmed = plain_loop(args.work, warm_table, url, model, args.new_tokens, args.concurrency, "loop-warm")
         emit(summary("loop_warm_up", warmed, WARM_PROMPTS, start_to_end_s=round(time.perf_counter() - began, 2)))
-        probe = plain_loop(args.work, write_prompts(args.work / "probe.parquet", probe_texts), url, model,
-                           args.new_tokens, args.concurrency, "loop-probe")  # warm: its rate sizes N
+        probe = plain_loop(
+            args.work,
+            write_prompts(args.work / "probe.parquet", probe_texts),
+            url,
+            model,
+            args.new_tokens,
+            args.concurrency,
+            "loop-probe",
+        )  # warm: its rate sizes N
         emit(summary("loop_probe", probe, 2 * WARM_PROMPTS))
         per_prompt = probe["generate_seconds"] / (2 * WARM_PROMPTS)
         rows = min(len(texts), max(WARM_PROMPTS, int(args.phase_seconds / per_prompt) // 64 * 64))
         texts = texts[:rows]
-        loop = plain_loop(args.work, write_prompts(args.work / "prompts.parquet", texts), url, model, args.new_tokens,
-                          args.concurrency, "loop")
+        loop = plain_loop(
+            args.work,
+            write_prompts(args.work / "prompts.parquet", texts),
+            url,
+            model,
+            args.new_tokens,
+            args.concurrency,
+            "loop",
+        )
         emit(summary("loop", loop, rows, concurrency=args.concurrency))
     finally:
         stop_server(server)
@@ -208,12 +273,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         began = time.perf_counter()
         warmed = lakescore_worker(served_spec, warm)
         emit(summary("served_warm_up", warmed, WARM_PROMPTS, start_to_end_s=round(time.perf_counter() - began, 2)))
-        emit(summary("served_probe", lakescore_worker(served_spec, probe_texts), 2 * WARM_PROMPTS))  # as warm as the loop
+        emit(
+            summary("served_probe", lakescore_worker(served_spec, probe_texts), 2 * WARM_PROMPTS)
+        )  # as warm as the loop
         served = lakescore_worker(served_spec, texts)
     finally:
         stopped = stop_engines()
-    emit(summary("served", served, rows, concurrency=args.concurrency, engines_stopped=stopped,
-                 equal_to_loop=agreement(served["texts"], loop["texts"])))
+    emit(
+        summary(
+            "served",
+            served,
+            rows,
+            concurrency=args.concurrency,
+            engines_stopped=stopped,
+            equal_to_loop=agreement(served["texts"], loop["texts"]),
+        )
+    )
     ratio = rate(served) / rate(loop)
     emit({"phase": "target", "served_vs_loop": round(ratio, 3), "target": SERVED_TARGET, "met": ratio >= SERVED_TARGET})
 
@@ -226,8 +301,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         lakescore_worker(in_spec, warm)
         # Arrow batches of 256 (its default forward batch's rows) so a slow backend stops near the phase's seconds
         inprocess = lakescore_worker(in_spec, texts, arrow_rows=256, seconds=args.phase_seconds)
-        emit(summary("inprocess", inprocess, inprocess["rows_done"], equal_to_loop=agreement(inprocess["texts"], loop["texts"]),
-                     served_vs_inprocess=round(rate(served) / rate(inprocess), 3)))
+        emit(
+            summary(
+                "inprocess",
+                inprocess,
+                inprocess["rows_done"],
+                equal_to_loop=agreement(inprocess["texts"], loop["texts"]),
+                served_vs_inprocess=round(rate(served) / rate(inprocess), 3),
+            )
+        )
     return 0
 
 

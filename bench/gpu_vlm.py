@@ -23,14 +23,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 
 from bench.vlm_generation import PROMPT, W10_NEW_TOKENS, make_w10_data, make_w10_model
 
 WARM_ROWS = 32
-_OUT: Optional[Path] = None
+_OUT: Path | None = None
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -42,12 +42,17 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def spec_for(model: Path, new_tokens: int, device: str, dtype: str) -> Any:
+    from lakescore.udfs.models.model_source import ModelSpec
     from lakescore.udfs.options.generate import GenerateOptions
     from lakescore.udfs.options.model import ModelOptions
-    from lakescore.udfs.models.model_source import ModelSpec
 
-    return ModelSpec.of("generate", ModelOptions(source=str(model), device=device, dtype=dtype), (),
-                        input_kind="image", generate=GenerateOptions(max_new_tokens=new_tokens))
+    return ModelSpec.of(
+        "generate",
+        ModelOptions(source=str(model), device=device, dtype=dtype),
+        (),
+        input_kind="image",
+        generate=GenerateOptions(max_new_tokens=new_tokens),
+    )
 
 
 def lakescore_worker(spec: Any, table: pa.Table, arrow_rows: int = 4096) -> dict:
@@ -60,14 +65,29 @@ def lakescore_worker(spec: Any, table: pa.Table, arrow_rows: int = 4096) -> dict
     options = task.options_of(spec)
     fields = [f.name for f in task.output_fields_for(options)]
     began = time.perf_counter()
-    outcomes = list(score_batches(spec, ["image", "prompt"], table.to_batches(max_chunksize=arrow_rows),
-                                  task.output_arrow_types_for(options), None, 256, {"key_col": "id"}))
+    outcomes = list(
+        score_batches(
+            spec,
+            ["image", "prompt"],
+            table.to_batches(max_chunksize=arrow_rows),
+            task.output_arrow_types_for(options),
+            None,
+            256,
+            {"key_col": "id"},
+        )
+    )
     elapsed = time.perf_counter() - began
     ids = [i for batch, _ in outcomes for i in batch.column("id").to_pylist()]
     texts = [t for _, scored in outcomes for t in scored.predictions[fields.index("generated_text")].to_pylist()]
-    return {"generate_seconds": elapsed, "rows": len(texts), "tokens_out": sum(s.tokens_out for _, s in outcomes),
-            "tokens_in": sum(s.tokens_in for _, s in outcomes), "halvings": sum(s.halvings for _, s in outcomes),
-            "unscored": sum(r is not None for _, s in outcomes for r in s.reasons), "texts": dict(zip(ids, texts))}
+    return {
+        "generate_seconds": elapsed,
+        "rows": len(texts),
+        "tokens_out": sum(s.tokens_out for _, s in outcomes),
+        "tokens_in": sum(s.tokens_in for _, s in outcomes),
+        "halvings": sum(s.halvings for _, s in outcomes),
+        "unscored": sum(r is not None for _, s in outcomes for r in s.reasons),
+        "texts": dict(zip(ids, texts)),
+    }
 
 
 def planned_batches(spec: Any, table: pa.Table) -> dict:
@@ -85,10 +105,18 @@ def planned_batches(spec: Any, table: pa.Table) -> dict:
     batches = plan_batches(costs, policy)
     sizes = [len(b) for b in batches]
     tokens = [int(costs[b].sum()) for b in batches]
-    return {"prepare_seconds": prepare_seconds, "budget_tokens": policy.max_tokens, "max_rows": policy.max_rows, "batches": len(batches),
-            "rows_per_batch_max": max(sizes), "rows_per_batch_min": min(sizes), "tokens_per_batch_max": max(tokens),
-            "within_budget": all(t <= policy.max_tokens or s == 1 for t, s in zip(tokens, sizes)),
-            "row_cost_min": int(costs.min()), "row_cost_max": int(costs.max())}
+    return {
+        "prepare_seconds": prepare_seconds,
+        "budget_tokens": policy.max_tokens,
+        "max_rows": policy.max_rows,
+        "batches": len(batches),
+        "rows_per_batch_max": max(sizes),
+        "rows_per_batch_min": min(sizes),
+        "tokens_per_batch_max": max(tokens),
+        "within_budget": all(t <= policy.max_tokens or s == 1 for t, s in zip(tokens, sizes)),
+        "row_cost_min": int(costs.min()),
+        "row_cost_max": int(costs.max()),
+    }
 
 
 def plain_loop(model_dir: Path, frame: Any, device: str, dtype: str, new_tokens: int, batch: int) -> dict:
@@ -104,12 +132,19 @@ def plain_loop(model_dir: Path, frame: Any, device: str, dtype: str, new_tokens:
     texts, tokens, inside = {}, 0, 0.0
     whole = time.perf_counter()
     for start in range(0, len(frame), batch):
-        rows = frame.iloc[start:start + batch]
+        rows = frame.iloc[start : start + batch]
         images = [Image.open(io.BytesIO(b)).convert("RGB") for b in rows["image"]]
-        chats = [processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
-            add_generation_prompt=True, tokenize=False) for p in rows["prompt"]]
-        inputs = processor(images=images, text=chats, padding=True, add_special_tokens=False, return_tensors="pt").to(device)
+        chats = [
+            processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": p}]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for p in rows["prompt"]
+        ]
+        inputs = processor(images=images, text=chats, padding=True, add_special_tokens=False, return_tensors="pt").to(
+            device
+        )
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(getattr(torch, dtype))
         if device.startswith("cuda"):
@@ -120,18 +155,23 @@ def plain_loop(model_dir: Path, frame: Any, device: str, dtype: str, new_tokens:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         inside += time.perf_counter() - began
-        for key, new in zip(rows["id"], out[:, inputs["input_ids"].shape[1]:].tolist()):
+        for key, new in zip(rows["id"], out[:, inputs["input_ids"].shape[1] :].tolist()):
             if eos in new:
                 new = new[: new.index(eos) + 1]
             texts[int(key)] = processor.decode(new, skip_special_tokens=True)
             tokens += len(new)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return {"generate_seconds": inside, "whole_seconds": time.perf_counter() - whole, "rows": len(texts),
-            "tokens_out": tokens, "texts": texts}
+    return {
+        "generate_seconds": inside,
+        "whole_seconds": time.perf_counter() - whole,
+        "rows": len(texts),
+        "tokens_out": tokens,
+        "texts": texts,
+    }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     global _OUT
     parser = argparse.ArgumentParser(prog="bench.gpu_vlm")
     parser.add_argument("--rows", type=int, default=2000)
@@ -155,8 +195,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     frame["prompt"] = [PROMPT.format(category=c) for c in frame["category"]]
     warm, rows = frame.iloc[:WARM_ROWS], frame.iloc[WARM_ROWS:].reset_index(drop=True)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    emit({"phase": "setup", "device": args.device, "gpu": gpu, "torch": torch.__version__, "rows": len(rows),
-          "new_tokens": args.new_tokens, "loop_batch": args.batch})
+    emit(
+        {
+            "phase": "setup",
+            "device": args.device,
+            "gpu": gpu,
+            "torch": torch.__version__,
+            "rows": len(rows),
+            "new_tokens": args.new_tokens,
+            "loop_batch": args.batch,
+        }
+    )
     table = pa.Table.from_pandas(rows[["id", "image", "prompt"]], preserve_index=False)
     warm_table = pa.Table.from_pandas(warm[["id", "image", "prompt"]], preserve_index=False)
     for dtype in args.dtypes.split(","):
@@ -167,9 +216,15 @@ def main(argv: Optional[list[str]] = None) -> int:
             torch.cuda.reset_peak_memory_stats()
         ours = lakescore_worker(spec, table)
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
-        emit({"phase": "lakescore", "dtype": dtype, "peak_gpu_gib": peak,
-              "tokens_per_s": ours["tokens_out"] / ours["generate_seconds"],
-              **{k: v for k, v in ours.items() if k != "texts"}})
+        emit(
+            {
+                "phase": "lakescore",
+                "dtype": dtype,
+                "peak_gpu_gib": peak,
+                "tokens_per_s": ours["tokens_out"] / ours["generate_seconds"],
+                **{k: v for k, v in ours.items() if k != "texts"},
+            }
+        )
         from lakescore.udfs.models.model_cache import clear
 
         clear()
@@ -177,12 +232,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         plain_loop(model, warm, args.device, dtype, args.new_tokens, args.batch)
         theirs = plain_loop(model, rows, args.device, dtype, args.new_tokens, args.batch)
         equal = sum(ours["texts"].get(k) == v for k, v in theirs["texts"].items())
-        emit({"phase": "loop", "dtype": dtype, "tokens_per_s": theirs["tokens_out"] / theirs["generate_seconds"],
-              **{k: v for k, v in theirs.items() if k != "texts"}})
-        emit({"phase": "compare", "dtype": dtype, "texts_equal": equal, "rows": len(theirs["texts"]),
-              "ratio_decode_to_text": theirs["whole_seconds"] / ours["generate_seconds"],
-              "ratio_inside_generate": (ours["tokens_out"] / ours["generate_seconds"])
-              / (theirs["tokens_out"] / theirs["generate_seconds"])})
+        emit(
+            {
+                "phase": "loop",
+                "dtype": dtype,
+                "tokens_per_s": theirs["tokens_out"] / theirs["generate_seconds"],
+                **{k: v for k, v in theirs.items() if k != "texts"},
+            }
+        )
+        emit(
+            {
+                "phase": "compare",
+                "dtype": dtype,
+                "texts_equal": equal,
+                "rows": len(theirs["texts"]),
+                "ratio_decode_to_text": theirs["whole_seconds"] / ours["generate_seconds"],
+                "ratio_inside_generate": (ours["tokens_out"] / ours["generate_seconds"])
+                / (theirs["tokens_out"] / theirs["generate_seconds"]),
+            }
+        )
     return 0
 
 

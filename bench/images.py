@@ -25,24 +25,34 @@ from __future__ import annotations
 import io
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
 from bench.data import FILES
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
 from bench.generation import LOOP_ENV
-from bench.alternating import PeerRun, PeerRuns, run_alternately, compare_first_good
 
 __all__ = [
-    "W5", "W5_ROWS", "W5_REPEATS", "W5_SHAPES", "W5Result", "make_w5_model", "make_w5_data", "w5_images",
-    "peer_commands", "run_w5", "compare_labels", "w5_lines",
+    "W5",
+    "W5_ROWS",
+    "W5_REPEATS",
+    "W5_SHAPES",
+    "W5Result",
+    "make_w5_model",
+    "make_w5_data",
+    "w5_images",
+    "peer_commands",
+    "run_w5",
+    "compare_labels",
+    "w5_lines",
 ]
 
 W5 = "W5"
@@ -52,8 +62,14 @@ W5_SHAPES = ("table", "folder")
 W5_SEED = 20261202
 LOOP_BATCH = 32
 STAGE_TARGET, WHOLE_TARGET, PROB_TOLERANCE = 1.3, 1.0, 1e-4
-MODEL_SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
-               "image_size": 224, "patch_size": 16}
+MODEL_SHAPE = {
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "image_size": 224,
+    "patch_size": 16,
+}
 LABELS = 1000
 SIDES = (64, 1024)
 """Shortest and longest side of a W5 image, in pixels (each side drawn log-uniformly between them)."""
@@ -125,8 +141,15 @@ def make_w5_data(data_dir: Path, rows: int = W5_ROWS) -> dict[str, Path]:
         images.append(data)
     bounds = np.linspace(0, len(images), num=max(1, min(FILES, len(images))) + 1).astype(int)
     for part, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
-        pq.write_table(pa.table({"id": pa.array(np.arange(start + 1, stop + 1), pa.int64()),
-                                 "image": pa.array(images[start:stop], pa.binary())}), table / f"part-{part:05d}.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array(np.arange(start + 1, stop + 1), pa.int64()),
+                    "image": pa.array(images[start:stop], pa.binary()),
+                }
+            ),
+            table / f"part-{part:05d}.parquet",
+        )
     return {"table": table, "folder": folder}
 
 
@@ -160,28 +183,64 @@ class W5Result(PeerRuns):
     shape: str
     images: str
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
-    equal: Optional[dict] = None
+    equal: dict | None = None
 
 
 def peer_commands(source: Path, shape: str, model: Path, run_dir: Path) -> dict[str, list[str]]:
     """Each W5 peer's command line over ``source`` (``shape``: ``table`` or ``folder``); its files go under ``run_dir``."""
     columns = ["--id-col", "id", "--image-col", "image"] if shape == "table" else ["--input-format", "images"]
     return {
-        "lakescore": [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
-                      "--output", str(run_dir / "delta"), "--task", "image_classify", "--model", str(model), *columns,
-                      "--report", str(run_dir / "report.json"),
-                      # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
-                      "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-                      "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
-                      "--set", f"model.cache_dir={run_dir / 'model_cache'}"],
-        "loop": [sys.executable, "-m", "bench.peers.image_loop", "--input", str(source), "--shape", shape,
-                 "--model", str(model), "--output", str(run_dir / "labels.parquet"),
-                 "--timings", str(run_dir / "timings.json"), "--batch", str(LOOP_BATCH)],
+        "lakescore": [
+            str(Path(sys.prefix) / "bin" / "lakescore"),
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(run_dir / "delta"),
+            "--task",
+            "image_classify",
+            "--model",
+            str(model),
+            *columns,
+            "--report",
+            str(run_dir / "report.json"),
+            # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
+            "--set",
+            f"spark.warehouse_dir={run_dir / 'warehouse'}",
+            "--set",
+            f"spark.metastore_dir={run_dir / 'metastore_db'}",
+            "--set",
+            f"model.cache_dir={run_dir / 'model_cache'}",
+        ],
+        "loop": [
+            sys.executable,
+            "-m",
+            "bench.peers.image_loop",
+            "--input",
+            str(source),
+            "--shape",
+            shape,
+            "--model",
+            str(model),
+            "--output",
+            str(run_dir / "labels.parquet"),
+            "--timings",
+            str(run_dir / "timings.json"),
+            "--batch",
+            str(LOOP_BATCH),
+        ],
     }
 
 
-def run_w5(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W5_ROWS,
-           shape: str = "table") -> W5Result:
+def run_w5(
+    data_dir: Path,
+    runs_dir: Path,
+    env: dict[str, str],
+    repo: Path,
+    repeats: int,
+    rows: int = W5_ROWS,
+    shape: str = "table",
+) -> W5Result:
     """Build W5's model and images, run both peers over the ``shape`` input alternately ``repeats`` times each (a line
     per run), compare the first good outputs row by row."""
     if shape not in W5_SHAPES:
@@ -190,15 +249,29 @@ def run_w5(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     sources = make_w5_data(data_dir, rows)
     result = W5Result(rows=rows, shape=shape, images=_describe(sources["table"]))
     print(f"W5: {rows:,} images ({result.images}), read as a {shape}; model {model}", flush=True)
-    commands = {peer: (lambda run_dir, peer=peer: peer_commands(sources[shape], shape, model, run_dir)[peer])
-                for peer in ("lakescore", "loop")}
+    commands = {
+        peer: (lambda run_dir, peer=peer: peer_commands(sources[shape], shape, model, run_dir)[peer])
+        for peer in ("lakescore", "loop")
+    }
     result.runs = run_alternately(
-        W5, commands, {"lakescore": "report.json", "loop": "timings.json"}, images_per_second,
+        W5,
+        commands,
+        {"lakescore": "report.json", "loop": "timings.json"},
+        images_per_second,
         lambda peer, rate: f"{rate:.2f} images/s ({'scoring stage' if peer == 'lakescore' else 'forward'})",
-        runs_dir, env, {"loop": LOOP_ENV}, repo, repeats,
+        runs_dir,
+        env,
+        {"loop": LOOP_ENV},
+        repo,
+        repeats,
     )
-    result.equal = compare_first_good(runs_dir, W5, result.runs, {"lakescore": "delta", "loop": "labels.parquet"},
-                                      lambda ours, theirs: compare_labels(ours, theirs, shape))
+    result.equal = compare_first_good(
+        runs_dir,
+        W5,
+        result.runs,
+        {"lakescore": "delta", "loop": "labels.parquet"},
+        lambda ours, theirs: compare_labels(ours, theirs, shape),
+    )
     return result
 
 
@@ -214,31 +287,45 @@ def _describe(table: Path) -> str:
     formats = pd.Series([f"{f} {m}" for f, m, _ in headers]).value_counts()
     sides = pd.Series([s for _, _, s in headers])
     sizes = pd.Series([len(d) for d in images])
-    return (", ".join(f"{name} {count}" for name, count in formats.items())
-            + f"; longest side median {sides.median():.0f} px (max {sides.max()}); encoded median {sizes.median() / 1e3:.0f} kB, "
-            f"{sizes.sum() / 1e6:.0f} MB in all")
+    return (
+        ", ".join(f"{name} {count}" for name, count in formats.items())
+        + f"; longest side median {sides.median():.0f} px (max {sides.max()}); encoded median {sizes.median() / 1e3:.0f} kB, "
+        f"{sizes.sum() / 1e6:.0f} MB in all"
+    )
 
 
 def compare_labels(delta: Path, loop: Path, shape: str) -> dict:
     """lakescore's labels and probabilities (its Delta output) against the loop's, per image: rows compared, rows with
     the same label, the largest probability difference, ids missing either side."""
     id_col = "id" if shape == "table" else "path"
-    ours = pq.read_table(delta_files(delta), columns=[id_col, "label", "probs"]).to_pandas().rename(columns={id_col: "id"})
+    ours = (
+        pq.read_table(delta_files(delta), columns=[id_col, "label", "probs"]).to_pandas().rename(columns={id_col: "id"})
+    )
     theirs = pd.read_parquet(loop, columns=["id", "label", "probs"])
     if shape == "folder":  # lakescore's id is the file's URI, the loop's its path under the folder
         ours["id"] = ours["id"].str.split("/w5_images/", n=1).str[1]
     both = ours.merge(theirs, on="id", suffixes=("_lakescore", "_loop"))
-    delta_p = np.abs(np.stack(both["probs_lakescore"].map(list)) - np.stack(both["probs_loop"].map(list))) if len(both) else np.zeros(1)
-    return {"matched": len(both), "equal": int((both["label_lakescore"] == both["label_loop"]).sum()),
-            "max_prob_delta": float(delta_p.max()), "missing_in_lakescore": len(theirs) - len(both),
-            "extra_in_lakescore": len(ours) - len(both)}
+    delta_p = (
+        np.abs(np.stack(both["probs_lakescore"].map(list)) - np.stack(both["probs_loop"].map(list)))
+        if len(both)
+        else np.zeros(1)
+    )
+    return {
+        "matched": len(both),
+        "equal": int((both["label_lakescore"] == both["label_loop"]).sum()),
+        "max_prob_delta": float(delta_p.max()),
+        "missing_in_lakescore": len(theirs) - len(both),
+        "extra_in_lakescore": len(ours) - len(both),
+    }
 
 
 def w5_lines(result: W5Result) -> list[str]:
     """The W5 figures and its three targets with met / NOT met."""
-    lines = [f"W5 data: {result.rows:,} images read as a {result.shape} ({result.images}); ViT-base-shaped "
-             f"{MODEL_SHAPE['num_hidden_layers']} x {MODEL_SHAPE['hidden_size']} at {MODEL_SHAPE['image_size']} px, "
-             f"{LABELS} labels, float32"]
+    lines = [
+        f"W5 data: {result.rows:,} images read as a {result.shape} ({result.images}); ViT-base-shaped "
+        f"{MODEL_SHAPE['num_hidden_layers']} x {MODEL_SHAPE['hidden_size']} at {MODEL_SHAPE['image_size']} px, "
+        f"{LABELS} labels, float32"
+    ]
     for peer in ("lakescore", "loop"):
         part = "scoring stage" if peer == "lakescore" else "forward"
         line = result.peer_line(W5, peer, f"images/s of its {part}", 2)
@@ -246,27 +333,35 @@ def w5_lines(result: W5Result) -> list[str]:
     report = next((r.report for r in result.good("lakescore")), None)
     if report:
         workers = report.get("workers") or {}
-        lines.append(f"W5 lakescore's report: {workers.get('rows_scored')} rows scored in {workers.get('arrow_batches')} "
-                     f"Arrow batches, {report.get('error_rows')} error rows; step seconds "
-                     + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
+        lines.append(
+            f"W5 lakescore's report: {workers.get('rows_scored')} rows scored in {workers.get('arrow_batches')} "
+            f"Arrow batches, {report.get('error_rows')} error rows; step seconds "
+            + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items())
+        )
     timings = next((r.report for r in result.good("loop")), None)
     if timings:
-        lines.append(f"W5 loop: load {timings['load_seconds']:.1f} s, decode {timings['decode_seconds']:.1f} s, processor "
-                     f"{timings['preprocess_seconds']:.1f} s, forward {timings['forward_seconds']:.1f} s for "
-                     f"{timings['images']:,} images, batch {timings['batch']}, {timings['threads']} torch threads")
+        lines.append(
+            f"W5 loop: load {timings['load_seconds']:.1f} s, decode {timings['decode_seconds']:.1f} s, processor "
+            f"{timings['preprocess_seconds']:.1f} s, forward {timings['forward_seconds']:.1f} s for "
+            f"{timings['images']:,} images, batch {timings['batch']}, {timings['threads']} torch threads"
+        )
     ours, theirs = result.median("lakescore", "rate"), result.median("loop", "rate")
     if ours and theirs:
-        lines.append(f"W5 images/s, lakescore's scoring stage vs the loop's forward: {ours:.2f} vs {theirs:.2f} = "
-                     f"{ours / theirs:.2f}x   target >= {STAGE_TARGET:g}x: {verdict(ours / theirs >= STAGE_TARGET)}")
+        lines.append(
+            f"W5 images/s, lakescore's scoring stage vs the loop's forward: {ours:.2f} vs {theirs:.2f} = "
+            f"{ours / theirs:.2f}x   target >= {STAGE_TARGET:g}x: {verdict(ours / theirs >= STAGE_TARGET)}"
+        )
     lines += filter(None, [result.whole_line(W5, "loop", "loop's", WHOLE_TARGET)])
     eq = result.equal
     if eq:
         share = eq["equal"] / max(1, eq["matched"])
         complete = eq["missing_in_lakescore"] == 0 and eq["extra_in_lakescore"] == 0
         close = eq["max_prob_delta"] <= PROB_TOLERANCE
-        lines.append(f"W5 labels, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same label "
-                     f"({share:.2%}); largest probability difference {eq['max_prob_delta']:.2e}; "
-                     f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target every label equal, "
-                     f"probabilities within {PROB_TOLERANCE:g} and nothing missing: "
-                     f"{verdict(share == 1.0 and close and complete)}")
+        lines.append(
+            f"W5 labels, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same label "
+            f"({share:.2%}); largest probability difference {eq['max_prob_delta']:.2e}; "
+            f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target every label equal, "
+            f"probabilities within {PROB_TOLERANCE:g} and nothing missing: "
+            f"{verdict(share == 1.0 and close and complete)}"
+        )
     return lines

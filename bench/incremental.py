@@ -27,7 +27,6 @@ import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -41,8 +40,17 @@ from bench.model import model_dir
 from bench.proctree import Measurement, run_measured
 from bench.suite import PEERS, peer_command
 
-__all__ = ["W3", "W3_ROWS", "CHANGES", "W3Result", "make_w3_data", "run_w3", "w3_lines", "token_counts",
-           "repeated_share"]
+__all__ = [
+    "W3",
+    "W3_ROWS",
+    "CHANGES",
+    "W3Result",
+    "make_w3_data",
+    "run_w3",
+    "w3_lines",
+    "token_counts",
+    "repeated_share",
+]
 
 W3 = "W3"
 W3_ROWS = 60_000
@@ -67,17 +75,17 @@ class W3Result:
     repeated_token_share: float
     """Tokens (as the model sees them) in rows whose text an earlier row already had, over all tokens: what dedup can
     save of the model's work."""
-    runs: dict[str, list[tuple[Measurement, Optional[dict]]]] = field(default_factory=dict)
-    equivalence: Optional[dict] = None
+    runs: dict[str, list[tuple[Measurement, dict | None]]] = field(default_factory=dict)
+    equivalence: dict | None = None
 
     def walls(self, name: str) -> list[float]:
         return [m.wall_seconds for m, _ in self.runs.get(name, []) if m.returncode == 0]
 
-    def median_wall(self, name: str) -> Optional[float]:
+    def median_wall(self, name: str) -> float | None:
         walls = self.walls(name)
         return statistics.median(walls) if walls else None
 
-    def report(self, name: str) -> Optional[dict]:
+    def report(self, name: str) -> dict | None:
         return next((r for m, r in self.runs.get(name, []) if m.returncode == 0 and r), None)
 
     @property
@@ -94,15 +102,25 @@ def make_w3_data(data_dir: Path, rows: int = W3_ROWS) -> tuple[Path, Path, dict[
     return first, changed, counts, bodies
 
 
-def run_w3(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W3_ROWS) -> W3Result:
+def run_w3(
+    data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W3_ROWS
+) -> W3Result:
     """Run W3's four kinds of run (the incremental one ``repeats`` times), print a line per run, compare outputs."""
     first, changed, counts, bodies = make_w3_data(data_dir, rows)
-    result = W3Result(rows=rows, changed_rows=sum(pq.read_metadata(str(f)).num_rows for f in changed.glob("*.parquet")),
-                      changes=counts, distinct_texts=len(set(bodies)), repetition=data.repetition(bodies),
-                      repeated_token_share=repeated_share(bodies, token_counts(bodies, model_dir())))
+    result = W3Result(
+        rows=rows,
+        changed_rows=sum(pq.read_metadata(str(f)).num_rows for f in changed.glob("*.parquet")),
+        changes=counts,
+        distinct_texts=len(set(bodies)),
+        repetition=data.repetition(bodies),
+        repeated_token_share=repeated_share(bodies, token_counts(bodies, model_dir())),
+    )
     print(f"W3: {rows:,} rows ({result.repetition}); next night: {counts}", flush=True)
     incremental = ("--write-mode", "incremental")
-    plan = [("full", first, incremental, None), ("full-nodedup", first, (*incremental, "--set", "scoring.dedup=off"), None)]
+    plan = [
+        ("full", first, incremental, None),
+        ("full-nodedup", first, (*incremental, "--set", "scoring.dedup=off"), None),
+    ]
     plan += [("incremental", changed, (*incremental, "--delete-missing"), "full")] * repeats
     plan += [("rescore", changed, (), None)]
     for name, source, flags, seed_from in plan:
@@ -116,13 +134,17 @@ def run_w3(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
             for table in ("delta", "delta_errors"):  # the output and its errors table, as a nightly run finds them
                 if (base / table).is_dir():
                     shutil.copytree(base / table, run_dir / table)
-        measured = run_measured([*peer_command(_LAKESCORE, source, run_dir), *flags], env=env, cwd=repo,
-                                log_path=run_dir / "process.log")
+        measured = run_measured(
+            [*peer_command(_LAKESCORE, source, run_dir), *flags], env=env, cwd=repo, log_path=run_dir / "process.log"
+        )
         report_path = run_dir / "report.json"
         report = json.loads(report_path.read_text()) if report_path.is_file() else None
         result.runs.setdefault(name, []).append((measured, report))
-        print(f"[{W3} {name}] {measured.wall_seconds:.1f} s, peak RSS {measured.peak_rss_bytes / 2**20:.0f} MiB: "
-              f"{'ok' if measured.returncode == 0 else f'FAILED (exit {measured.returncode})'}", flush=True)
+        print(
+            f"[{W3} {name}] {measured.wall_seconds:.1f} s, peak RSS {measured.peak_rss_bytes / 2**20:.0f} MiB: "
+            f"{'ok' if measured.returncode == 0 else f'FAILED (exit {measured.returncode})'}",
+            flush=True,
+        )
     incremental_out, rescore_out = runs_dir / f"{W3}-incremental-1" / "delta", runs_dir / f"{W3}-rescore-1" / "delta"
     if result.report("incremental") and result.report("rescore"):
         try:
@@ -175,68 +197,90 @@ def _read_output(table: Path) -> pd.DataFrame:
 def compare_outputs(incremental: Path, rescore: Path) -> dict:
     """Per-id cosine of the incremental output (a) to the rescore's (b); ids missing either side; weights digests."""
     a, b = _read_output(incremental), _read_output(rescore)
-    found = min_cosine(a["review_id"].to_numpy(), np.stack(a["embedding"].to_numpy()),
-                       b["review_id"].to_numpy(), np.stack(b["embedding"].to_numpy()))
+    found = min_cosine(
+        a["review_id"].to_numpy(),
+        np.stack(a["embedding"].to_numpy()),
+        b["review_id"].to_numpy(),
+        np.stack(b["embedding"].to_numpy()),
+    )
     found["model_sha256"] = sorted(set(a["model_sha256"]) | set(b["model_sha256"]))
     return found
 
 
 def w3_lines(result: W3Result) -> list[str]:
     """The W3 figures and every issue-12 target with met / NOT met."""
-    lines = [f"W3 data: {result.rows:,} reviews, {result.repetition}; the next night's table: {result.changed_rows:,} "
-             f"rows ({result.changes['edited']:,} edited, {result.changes['inserted']:,} new, "
-             f"{result.changes['deleted']:,} deleted)"]
+    lines = [
+        f"W3 data: {result.rows:,} reviews, {result.repetition}; the next night's table: {result.changed_rows:,} "
+        f"rows ({result.changes['edited']:,} edited, {result.changes['inserted']:,} new, "
+        f"{result.changes['deleted']:,} deleted)"
+    ]
     for name in ("full", "full-nodedup", "incremental", "rescore"):
         walls = result.walls(name)
         failed = len(result.runs.get(name, [])) - len(walls)
         if walls:
             peak = max(m.peak_rss_bytes for m, _ in result.runs[name]) / 2**20
-            lines.append(f"W3 {name}: median {statistics.median(walls):.1f} s over {len(walls)} run(s) "
-                         f"(min {min(walls):.1f}, max {max(walls):.1f}), peak RSS {peak:.0f} MiB"
-                         + (f"; {failed} FAILED" if failed else ""))
+            lines.append(
+                f"W3 {name}: median {statistics.median(walls):.1f} s over {len(walls)} run(s) "
+                f"(min {min(walls):.1f}, max {max(walls):.1f}), peak RSS {peak:.0f} MiB"
+                + (f"; {failed} FAILED" if failed else "")
+            )
         elif failed:
             lines.append(f"W3 {name}: FAILED")
     incremental, rescore = result.median_wall("incremental"), result.median_wall("rescore")
     report = result.report("incremental")
     if report:
-        lines.append(f"W3 incremental run's report: {report.get('rows_kept')} kept, {report.get('rows_scored')} scored, "
-                     f"{report.get('rows_missing')} missing, {report.get('rows_deleted')} deleted, "
-                     f"{report.get('error_rows')} errors; step seconds "
-                     + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
+        lines.append(
+            f"W3 incremental run's report: {report.get('rows_kept')} kept, {report.get('rows_scored')} scored, "
+            f"{report.get('rows_missing')} missing, {report.get('rows_deleted')} deleted, "
+            f"{report.get('error_rows')} errors; step seconds "
+            + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items())
+        )
     if incremental and rescore:
         ratio = rescore / incremental
-        lines.append(f"W3 incremental vs full rescore of the changed table: {ratio:.2f}x faster end to end   "
-                     f"target >= {SPEEDUP_TARGET:g}: {verdict(ratio >= SPEEDUP_TARGET)}")
+        lines.append(
+            f"W3 incremental vs full rescore of the changed table: {ratio:.2f}x faster end to end   "
+            f"target >= {SPEEDUP_TARGET:g}: {verdict(ratio >= SPEEDUP_TARGET)}"
+        )
     eq = result.equivalence
     if eq:
         same = eq["missing_in_a"] == 0 and eq["missing_in_b"] == 0 and len(eq["model_sha256"]) == 1
         cosine = eq["min_cosine"]
-        lines.append(f"W3 incremental output vs rescore: {eq['matched']:,} ids matched, {eq['missing_in_a']} missing, "
-                     f"{eq['missing_in_b']} extra, model_sha256 {'one and the same' if len(eq['model_sha256']) == 1 else eq['model_sha256']}, "
-                     f"min per-id cosine {cosine:.7f}   target >= {COSINE_TARGET} and nothing missing or extra: "
-                     f"{verdict(same and cosine is not None and cosine >= COSINE_TARGET)}")
+        lines.append(
+            f"W3 incremental output vs rescore: {eq['matched']:,} ids matched, {eq['missing_in_a']} missing, "
+            f"{eq['missing_in_b']} extra, model_sha256 {'one and the same' if len(eq['model_sha256']) == 1 else eq['model_sha256']}, "
+            f"min per-id cosine {cosine:.7f}   target >= {COSINE_TARGET} and nothing missing or extra: "
+            f"{verdict(same and cosine is not None and cosine >= COSINE_TARGET)}"
+        )
     full = result.report("full")
     if full and full.get("dedup"):
         dedup = full["dedup"]
         saved = dedup.get("forward_passes_saved") or 0
         passes = (full.get("rows_scored") or 0) - saved
-        lines.append(f"W3 full run, dedup {dedup.get('mode')}: used={dedup.get('used')} (sample {dedup.get('sample_rows')} "
-                     f"rows, {dedup.get('sample_distinct')} distinct); forward passes {passes:,} for "
-                     f"{result.distinct_texts:,} distinct texts ({saved:,} saved)   target = distinct texts: "
-                     f"{verdict(passes == result.distinct_texts)}")
+        lines.append(
+            f"W3 full run, dedup {dedup.get('mode')}: used={dedup.get('used')} (sample {dedup.get('sample_rows')} "
+            f"rows, {dedup.get('sample_distinct')} distinct); forward passes {passes:,} for "
+            f"{result.distinct_texts:,} distinct texts ({saved:,} saved)   target = distinct texts: "
+            f"{verdict(passes == result.distinct_texts)}"
+        )
     on, off = result.median_wall("full"), result.median_wall("full-nodedup")
     if on and off:
         share = 1 - result.distinct_texts / result.rows
         tokens = result.repeated_token_share
-        lines.append(f"W3 what dedup can save: {share:.1%} of forward passes, but only {tokens:.1%} of the tokens (the "
-                     "model's tokenizer, cut where the model cuts: repeated texts are mostly short one-liners, and a "
-                     "forward pass costs by its tokens)")
+        lines.append(
+            f"W3 what dedup can save: {share:.1%} of forward passes, but only {tokens:.1%} of the tokens (the "
+            "model's tokenizer, cut where the model cuts: repeated texts are mostly short one-liners, and a "
+            "forward pass costs by its tokens)"
+        )
         gain = 1 - on / off
-        lines.append(f"W3 dedup on vs off, end to end: {gain:.1%} less wall time; share of tokens in repeated texts "
-                     f"{tokens:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it ({DEDUP_SHARE_OF_REPETITION * tokens:.1%}): "
-                     f"{verdict(gain >= DEDUP_SHARE_OF_REPETITION * tokens)}")
+        lines.append(
+            f"W3 dedup on vs off, end to end: {gain:.1%} less wall time; share of tokens in repeated texts "
+            f"{tokens:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it ({DEDUP_SHARE_OF_REPETITION * tokens:.1%}): "
+            f"{verdict(gain >= DEDUP_SHARE_OF_REPETITION * tokens)}"
+        )
     scans = [r.get("input_scans") for _, r in result.runs.get("full", []) + result.runs.get("incremental", []) if r]
     if scans:
-        lines.append(f"W3 input scans per run (report's input_scans, full and incremental runs): {sorted(set(scans))}   "
-                     f"target 1: {verdict(all(s == 1 for s in scans))}")
+        lines.append(
+            f"W3 input scans per run (report's input_scans, full and incremental runs): {sorted(set(scans))}   "
+            f"target 1: {verdict(all(s == 1 for s in scans))}"
+        )
     return lines

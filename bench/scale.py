@@ -10,14 +10,14 @@ the median stage seconds. Like :mod:`bench.report`, nothing here asserts: a targ
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from bench.fast_path import FAST_TARGETS, FIXED_WORKLOAD, LARGE_WORKLOAD, fixed_cost, verdict
 
 __all__ = ["break_even", "stage_rate", "scale_lines", "incremental_line"]
 
 
-def break_even(fixed_d: float, rate_d: float, fixed_a: float, rate_a: float) -> Optional[float]:
+def break_even(fixed_d: float, rate_d: float, fixed_a: float, rate_a: float) -> float | None:
     """Rows from which (d)'s whole process (``fixed_d + n / rate_d`` seconds) is faster than (a)'s (``fixed_a + n /
     rate_a``); 0 when (d) is never slower; ``None`` when (d)'s stage is not the faster (never at these rates).
 
@@ -31,7 +31,7 @@ def break_even(fixed_d: float, rate_d: float, fixed_a: float, rate_a: float) -> 
     return max(0.0, (fixed_d - fixed_a) / (1 / rate_a - 1 / rate_d))
 
 
-def stage_rate(summary) -> Optional[float]:
+def stage_rate(summary) -> float | None:
     """A job's rows over its median scoring-stage seconds (``score_stage`` in its report), or ``None``."""
     seconds = summary.step_seconds.get("score_stage") if summary is not None else None
     return summary.job.rows / seconds if seconds else None
@@ -67,11 +67,12 @@ def scale_lines(summaries: Sequence, facts: Mapping[str, str]) -> list[str]:
             f"{rate_a:.0f} rows/s inside encode, (a)'s fixed cost {fixed_a:.1f} s (process start, imports, table and "
             f"model load, save); break-even, where (d)'s whole process overtakes (a)'s: "
             + ("never at these rates ((d)'s stage is not the faster)" if n is None else f"{n:,.0f} rows")
-            + f"; these figures give d/a {modelled:.2f} at {rows:,} rows")
+            + f"; these figures give d/a {modelled:.2f} at {rows:,} rows"
+        )
     return lines
 
 
-def incremental_line(w3, summaries: Sequence) -> Optional[str]:
+def incremental_line(w3, summaries: Sequence) -> str | None:
     """W3's incremental run (median wall) over F200's whole run (median wall), and what the ratio means; ``None``
     unless both ran."""
     f200 = next((s for s in summaries if s.job.workload == FIXED_WORKLOAD and s.job.peer.key == "d"), None)
@@ -80,7 +81,9 @@ def incremental_line(w3, summaries: Sequence) -> Optional[str]:
         return None
     ratio = incremental / f200.wall_seconds
     scored = (w3.report("incremental") or {}).get("rows_scored")
-    return (f"W3 incremental run over {FIXED_WORKLOAD}'s wall: {incremental:.1f} s / {f200.wall_seconds:.1f} s = "
-            f"{ratio:.2f}x: the nightly run that scores {scored if scored is not None else '?'} changed rows of "
-            f"{w3.rows:,} costs {ratio:.2f} times a {f200.job.rows}-row run, which is almost all fixed cost "
-            f"(1.00x: an incremental nightly costs no more than starting a run)")
+    return (
+        f"W3 incremental run over {FIXED_WORKLOAD}'s wall: {incremental:.1f} s / {f200.wall_seconds:.1f} s = "
+        f"{ratio:.2f}x: the nightly run that scores {scored if scored is not None else '?'} changed rows of "
+        f"{w3.rows:,} costs {ratio:.2f} times a {f200.job.rows}-row run, which is almost all fixed cost "
+        f"(1.00x: an incremental nightly costs no more than starting a run)"
+    )

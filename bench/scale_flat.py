@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -24,8 +24,17 @@ from bench import data
 from bench.alternating import PeerRun, PeerRuns, run_alternately
 from bench.fast_path import verdict
 
-__all__ = ["W3T", "W3T_ROWS", "SMALL_ROWS", "CHANGES", "FLAT_TARGET", "W3TResult", "tabular_tables", "run_w3t",
-           "w3t_lines"]
+__all__ = [
+    "W3T",
+    "W3T_ROWS",
+    "SMALL_ROWS",
+    "CHANGES",
+    "FLAT_TARGET",
+    "W3TResult",
+    "tabular_tables",
+    "run_w3t",
+    "w3t_lines",
+]
 
 W3T = "W3T"
 W3T_ROWS = 1_000_000
@@ -74,7 +83,7 @@ def tabular_tables(rows: int, first: Path, changed: Path, seed: int = _SEED) -> 
     _write(frame, first)
     edits, deletes, inserts = (max(1, round(CHANGES[k] * rows)) for k in ("edit", "delete", "insert"))
     picked = rng.permutation(rows)
-    edited, deleted = picked[:edits], picked[edits: edits + deletes]
+    edited, deleted = picked[:edits], picked[edits : edits + deletes]
     night = frame.copy()
     night.loc[edited, list(FEATURES)] = rng.normal(size=(len(edited), len(FEATURES)))
     night = night.drop(index=deleted)
@@ -95,27 +104,50 @@ def _model(path: Path) -> Path:
 
 
 def _command(source: Path, model: Path, run_dir: Path, *flags: str) -> list[str]:
-    return [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
-            "--output", str(run_dir / "delta"), "--task", "tabular", "--model", str(model),
-            "--id-col", "account_id", "--feature-prefix", "feature_", "--report", str(run_dir / "report.json"),
-            # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
-            "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-            "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}", "--write-mode", "incremental", *flags]
+    return [
+        str(Path(sys.prefix) / "bin" / "lakescore"),
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(run_dir / "delta"),
+        "--task",
+        "tabular",
+        "--model",
+        str(model),
+        "--id-col",
+        "account_id",
+        "--feature-prefix",
+        "feature_",
+        "--report",
+        str(run_dir / "report.json"),
+        # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
+        "--set",
+        f"spark.warehouse_dir={run_dir / 'warehouse'}",
+        "--set",
+        f"spark.metastore_dir={run_dir / 'metastore_db'}",
+        "--write-mode",
+        "incremental",
+        *flags,
+    ]
 
 
 def _nightly(source: Path, model: Path, full_run: Path) -> Callable[[Path], list[str]]:
     """The incremental run's command for a run directory, after copying ``full_run``'s output and errors table there
     (a fresh copy for every repeat, so each run finds the output as the night before left it)."""
+
     def command(run_dir: Path) -> list[str]:
         for table in ("delta", "delta_errors"):
             if (full_run / table).is_dir():
                 shutil.copytree(full_run / table, run_dir / table)
         return _command(source, model, run_dir, "--delete-missing")
+
     return command
 
 
-def run_w3t(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int,
-            rows: int = W3T_ROWS) -> W3TResult:
+def run_w3t(
+    data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W3T_ROWS
+) -> W3TResult:
     """W3T's full run per size, then its incremental runs, ``repeats`` rounds of small and large; a line per run."""
     sizes = {"small": min(SMALL_ROWS, rows), "large": rows}
     model = _model(data_dir / "w3t" / "model.pt")
@@ -127,28 +159,45 @@ def run_w3t(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
         return report["input_rows"] / report["seconds"]
 
     said = lambda size, r: f"{r:,.0f} input rows/s"  # noqa: E731
-    result.full = run_alternately(f"{W3T}-full", {s: (lambda d, s=s: _command(tables[s][0], model, d)) for s in sizes},
-                                  dict.fromkeys(sizes, "report.json"), rate, said, runs_dir, env, {}, repo, 1)
+    result.full = run_alternately(
+        f"{W3T}-full",
+        {s: (lambda d, s=s: _command(tables[s][0], model, d)) for s in sizes},
+        dict.fromkeys(sizes, "report.json"),
+        rate,
+        said,
+        runs_dir,
+        env,
+        {},
+        repo,
+        1,
+    )
     seeded = {s: _nightly(tables[s][1], model, runs_dir / f"{W3T}-full-{s}-1") for s in sizes if result.full[s][0].ok}
-    result.runs = run_alternately(f"{W3T}-incremental", seeded, dict.fromkeys(seeded, "report.json"), rate, said,
-                                  runs_dir, env, {}, repo, repeats)
+    result.runs = run_alternately(
+        f"{W3T}-incremental", seeded, dict.fromkeys(seeded, "report.json"), rate, said, runs_dir, env, {}, repo, repeats
+    )
     return result
 
 
 def w3t_lines(result: W3TResult) -> list[str]:
     """W3T's tables, each size's incremental runs, and the large over small ratio with its target."""
-    lines = [f"{W3T} data: tabular accounts (four float features, a seeded MLP), {result.rows['small']:,} and "
-             f"{result.rows['large']:,} rows; the next night's changes: "
-             + "; ".join(f"{size} {counts}" for size, counts in result.changes.items())]
+    lines = [
+        f"{W3T} data: tabular accounts (four float features, a seeded MLP), {result.rows['small']:,} and "
+        f"{result.rows['large']:,} rows; the next night's changes: "
+        + "; ".join(f"{size} {counts}" for size, counts in result.changes.items())
+    ]
     for size in ("small", "large"):
         full = [r for r in result.full.get(size, []) if r.ok]
         line = result.peer_line(f"{W3T} incremental", size, "input rows/s", 0)
         if line:
-            lines.append(line + (f"; its full run {full[0].measured.wall_seconds:.1f} s" if full else "; its full run FAILED"))
+            lines.append(
+                line + (f"; its full run {full[0].measured.wall_seconds:.1f} s" if full else "; its full run FAILED")
+            )
     small, large = result.median("small", "wall"), result.median("large", "wall")
     if small and large:
         ratio = large / small
-        lines.append(f"{W3T} incremental run, {result.rows['large']:,} rows over {result.rows['small']:,} (0.1% changed): "
-                     f"{large:.1f} s / {small:.1f} s = {ratio:.2f}x   target <= {FLAT_TARGET:g}x: "
-                     f"{verdict(ratio <= FLAT_TARGET)}")
+        lines.append(
+            f"{W3T} incremental run, {result.rows['large']:,} rows over {result.rows['small']:,} (0.1% changed): "
+            f"{large:.1f} s / {small:.1f} s = {ratio:.2f}x   target <= {FLAT_TARGET:g}x: "
+            f"{verdict(ratio <= FLAT_TARGET)}"
+        )
     return lines

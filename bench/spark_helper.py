@@ -23,7 +23,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 __all__ = ["SPARK_PEERS", "main"]
 
@@ -49,7 +49,7 @@ def _session(app_name: str):
     return spark
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.spark_helper")
     parser.add_argument("--peer", required=True, choices=SPARK_PEERS)
     parser.add_argument("--input", required=True, help="Parquet file or directory with review_id, body")

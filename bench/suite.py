@@ -8,9 +8,9 @@ rows/s is the input's row count over that process's wall time, so start-up
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from bench.model import model_dir
 
@@ -38,8 +38,12 @@ PEERS = (
     Peer("f", "plain loop on torch bfloat16 (pandas + ST encode, length-sorted, 1 process): (a) at k's precision"),
     Peer("k", "lakescore score --dtype bfloat16"),
 )
-LAKESCORE_RUNS = {"d": (), "o": ("--backend", "onnx"), "q": ("--backend", "onnx", "--quantize", "int8"),
-                  "k": ("--dtype", "bfloat16")}
+LAKESCORE_RUNS = {
+    "d": (),
+    "o": ("--backend", "onnx"),
+    "q": ("--backend", "onnx", "--quantize", "int8"),
+    "k": ("--dtype", "bfloat16"),
+}
 """The ``lakescore score`` peers: the default (torch float32), the ONNX backends and torch bfloat16."""
 
 
@@ -64,9 +68,19 @@ def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
     """The command line that runs ``peer`` on ``input_path``; its files go under ``run_dir``."""
     python = sys.executable
     if peer.key in "af":
-        return [python, "-m", "bench.peers.plain_loop", "--input", str(input_path),
-                "--output", str(run_dir / "embeddings.npz"), "--dtype", "float32" if peer.key == "a" else "bfloat16",
-                "--report", str(run_dir / "report.json")]
+        return [
+            python,
+            "-m",
+            "bench.peers.plain_loop",
+            "--input",
+            str(input_path),
+            "--output",
+            str(run_dir / "embeddings.npz"),
+            "--dtype",
+            "float32" if peer.key == "a" else "bfloat16",
+            "--report",
+            str(run_dir / "report.json"),
+        ]
     if peer.key == "b":
         return [python, "-m", "bench.spark_helper", "--peer", "naive_udf", "--input", str(input_path)]
     if peer.key == "c":
@@ -76,18 +90,46 @@ def peer_command(peer: Peer, input_path: Path, run_dir: Path) -> list[str]:
     if peer.key == "p":
         return [python, "-m", "bench.spark_helper", "--peer", "lakescore_pandas_udf", "--input", str(input_path)]
     if peer.key == "e":
-        return [python, "-m", "bench.peers.ort_loop", "--input", str(input_path), "--quantize", "int8",
-                "--output", str(run_dir / "embeddings.npz"), "--cache-dir", str(model_cache_dir(run_dir))]
+        return [
+            python,
+            "-m",
+            "bench.peers.ort_loop",
+            "--input",
+            str(input_path),
+            "--quantize",
+            "int8",
+            "--output",
+            str(run_dir / "embeddings.npz"),
+            "--cache-dir",
+            str(model_cache_dir(run_dir)),
+        ]
     if peer.key in LAKESCORE_RUNS:
         # A fresh Delta path, warehouse and Derby metastore per run: embedded Derby is single-process.
-        return [str(Path(sys.prefix) / "bin" / "lakescore"), "score",
-                "--input", str(input_path), "--output", str(run_dir / "delta"),
-                "--task", "embed", "--model", str(model_dir()),
-                "--id-col", "review_id", "--text-col", "body",
-                "--report", str(run_dir / "report.json"),
-                "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-                "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
-                "--set", f"model.cache_dir={model_cache_dir(run_dir)}", *LAKESCORE_RUNS[peer.key]]
+        return [
+            str(Path(sys.prefix) / "bin" / "lakescore"),
+            "score",
+            "--input",
+            str(input_path),
+            "--output",
+            str(run_dir / "delta"),
+            "--task",
+            "embed",
+            "--model",
+            str(model_dir()),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+            "--report",
+            str(run_dir / "report.json"),
+            "--set",
+            f"spark.warehouse_dir={run_dir / 'warehouse'}",
+            "--set",
+            f"spark.metastore_dir={run_dir / 'metastore_db'}",
+            "--set",
+            f"model.cache_dir={model_cache_dir(run_dir)}",
+            *LAKESCORE_RUNS[peer.key],
+        ]
     raise ValueError(f"unknown peer {peer.key!r}")
 
 

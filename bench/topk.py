@@ -28,24 +28,44 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.alternating import PeerRun, PeerRuns, run_alternately, compare_first_good
+from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
 from bench.data import FILES
 from bench.equivalence import delta_files
 from bench.fast_path import verdict
 
 __all__ = [
-    "W6", "W6_USERS", "W6_CANDIDATES", "W6_TOP_K", "W6_REPEATS", "W6Result", "FEATURES", "w6_chunks", "make_w6_data",
-    "make_w6_model", "rate_text", "lakescore_command", "peer_commands", "run_w6", "compare_top", "outputs_line",
-    "rows_per_second", "w6_lines", "W7",
-    "W7Result", "make_w7_model", "run_w7", "compare_scores", "w7_lines",
+    "W6",
+    "W6_USERS",
+    "W6_CANDIDATES",
+    "W6_TOP_K",
+    "W6_REPEATS",
+    "W6Result",
+    "FEATURES",
+    "w6_chunks",
+    "make_w6_data",
+    "make_w6_model",
+    "rate_text",
+    "lakescore_command",
+    "peer_commands",
+    "run_w6",
+    "compare_top",
+    "outputs_line",
+    "rows_per_second",
+    "w6_lines",
+    "W7",
+    "W7Result",
+    "make_w7_model",
+    "run_w7",
+    "compare_scores",
+    "w7_lines",
 ]
 
 W6 = "W6"
@@ -66,8 +86,9 @@ W7 = "W7"
 W7_TARGET = 1.0
 
 
-def w6_chunks(users: int, candidates: int, seed: int = W6_SEED, first_user: int = 0,
-              chunk_users: int = CHUNK_USERS) -> Iterator[pa.Table]:
+def w6_chunks(
+    users: int, candidates: int, seed: int = W6_SEED, first_user: int = 0, chunk_users: int = CHUNK_USERS
+) -> Iterator[pa.Table]:
     """W6's candidate rows of users ``first_user .. first_user + users - 1`` (ids from 1), ``chunk_users`` users a
     table, each drawn from a generator seeded by ``seed`` and its first user: the same rows for the same arguments."""
     for start in range(first_user, first_user + users, chunk_users):
@@ -80,8 +101,13 @@ def w6_chunks(users: int, candidates: int, seed: int = W6_SEED, first_user: int 
         per_user = np.repeat(rng.standard_normal((n, USER_FEATURES), dtype=np.float32), candidates, axis=0)
         per_pair = rng.standard_normal((n * candidates, len(FEATURES) - USER_FEATURES), dtype=np.float32)
         columns = np.hstack([per_user, per_pair])
-        yield pa.table({"user_id": user_ids, "item_id": items.reshape(-1),
-                        **{name: columns[:, i] for i, name in enumerate(FEATURES)}})
+        yield pa.table(
+            {
+                "user_id": user_ids,
+                "item_id": items.reshape(-1),
+                **{name: columns[:, i] for i, name in enumerate(FEATURES)},
+            }
+        )
 
 
 def make_w6_data(path: Path, users: int, candidates: int = W6_CANDIDATES, files: int = FILES) -> int:
@@ -135,8 +161,8 @@ class W6Result(PeerRuns):
     candidates: int
     top_k: int
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
-    tenth: Optional[PeerRun] = None
-    equal: Optional[dict] = None
+    tenth: PeerRun | None = None
+    equal: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -153,31 +179,81 @@ def lakescore_command(source: Path, model: Path, run_dir: Path, *task_args: str)
     """``lakescore score`` of a ranking workload over ``source`` with ``model``, ids ``[user_id, item_id]`` and
     ``task_args`` (the task, its input columns, ``rank``); its output, report, warehouse, metastore and model cache go
     under ``run_dir``."""
-    return [str(Path(sys.prefix) / "bin" / "lakescore"), "score", "--input", str(source),
-            "--output", str(run_dir / "delta"), "--model", str(model), "--id-col", "user_id,item_id", *task_args,
-            "--report", str(run_dir / "report.json"),
-            # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
-            "--set", f"spark.warehouse_dir={run_dir / 'warehouse'}",
-            "--set", f"spark.metastore_dir={run_dir / 'metastore_db'}",
-            "--set", f"model.cache_dir={run_dir / 'model_cache'}"]
+    return [
+        str(Path(sys.prefix) / "bin" / "lakescore"),
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(run_dir / "delta"),
+        "--model",
+        str(model),
+        "--id-col",
+        "user_id,item_id",
+        *task_args,
+        "--report",
+        str(run_dir / "report.json"),
+        # a fresh warehouse and Derby metastore per run: embedded Derby is single-process
+        "--set",
+        f"spark.warehouse_dir={run_dir / 'warehouse'}",
+        "--set",
+        f"spark.metastore_dir={run_dir / 'metastore_db'}",
+        "--set",
+        f"model.cache_dir={run_dir / 'model_cache'}",
+    ]
 
 
 def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[str, list[str]]:
     """Each W6 peer's command line over ``source``; its files go under ``run_dir``. ``top_k`` 0: W7's, no ranking
     (the hand job then only scores and writes)."""
-    rank = ["--set", "rank.partition_by=user_id", "--set", "rank.order_by=prediction",
-            "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"] if top_k else []
+    rank = (
+        [
+            "--set",
+            "rank.partition_by=user_id",
+            "--set",
+            "rank.order_by=prediction",
+            "--set",
+            "rank.descending=true",
+            "--set",
+            f"rank.top_k={top_k}",
+        ]
+        if top_k
+        else []
+    )
     return {
-        "lakescore": lakescore_command(source, model, run_dir, "--task", "tabular",
-                                       "--feature-cols", ",".join(FEATURES), *rank),
-        "window": [sys.executable, "-m", "bench.peers.topk_window", "--input", str(source), "--features", ",".join(FEATURES),
-                   "--model", str(model), "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"),
-                   "--top-k", str(top_k)],
+        "lakescore": lakescore_command(
+            source, model, run_dir, "--task", "tabular", "--feature-cols", ",".join(FEATURES), *rank
+        ),
+        "window": [
+            sys.executable,
+            "-m",
+            "bench.peers.topk_window",
+            "--input",
+            str(source),
+            "--features",
+            ",".join(FEATURES),
+            "--model",
+            str(model),
+            "--output",
+            str(run_dir / "delta"),
+            "--timings",
+            str(run_dir / "timings.json"),
+            "--top-k",
+            str(top_k),
+        ],
     }
 
 
-def run_w6(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, users: int = W6_USERS,
-           candidates: int = W6_CANDIDATES, top_k: int = W6_TOP_K) -> W6Result:
+def run_w6(
+    data_dir: Path,
+    runs_dir: Path,
+    env: dict[str, str],
+    repo: Path,
+    repeats: int,
+    users: int = W6_USERS,
+    candidates: int = W6_CANDIDATES,
+    top_k: int = W6_TOP_K,
+) -> W6Result:
     """Build W6's model and candidates, run both peers alternately ``repeats`` times each (a line per run), lakescore
     once more on a tenth of the users, and compare the first good outputs row by row."""
     model = make_w6_model(data_dir / "w6_model")
@@ -185,23 +261,47 @@ def run_w6(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repe
     rows = make_w6_data(sources[W6], users, candidates)
     make_w6_data(sources[f"{W6}-tenth"], max(1, users // TENTH), candidates)
     result = W6Result(users=users, candidates=candidates, top_k=top_k)
-    print(f"W6: {users:,} users x {candidates} candidates = {rows:,} rows, top {top_k} per user; model {model}", flush=True)
+    print(
+        f"W6: {users:,} users x {candidates} candidates = {rows:,} rows, top {top_k} per user; model {model}",
+        flush=True,
+    )
     written = {"lakescore": "report.json", "window": "timings.json"}
 
     def commands(source: Path, peers: tuple[str, ...]) -> dict:
         return {peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer]) for peer in peers}
 
-    result.runs = run_alternately(W6, commands(sources[W6], ("lakescore", "window")), written, rows_per_second,
-                                  rate_text, runs_dir, env, {}, repo, repeats)
-    tenth = run_alternately(f"{W6}-tenth", commands(sources[f"{W6}-tenth"], ("lakescore",)), written, rows_per_second,
-                            rate_text, runs_dir, env, {}, repo, 1)
+    result.runs = run_alternately(
+        W6,
+        commands(sources[W6], ("lakescore", "window")),
+        written,
+        rows_per_second,
+        rate_text,
+        runs_dir,
+        env,
+        {},
+        repo,
+        repeats,
+    )
+    tenth = run_alternately(
+        f"{W6}-tenth",
+        commands(sources[f"{W6}-tenth"], ("lakescore",)),
+        written,
+        rows_per_second,
+        rate_text,
+        runs_dir,
+        env,
+        {},
+        repo,
+        1,
+    )
     result.tenth = tenth["lakescore"][0]
     result.equal = compare_first_good(runs_dir, W6, result.runs, {"lakescore": "delta", "window": "delta"}, compare_top)
     return result
 
 
-def compare_top(ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "item_id", "rank"),
-                score_col: str = "prediction") -> dict:
+def compare_top(
+    ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "item_id", "rank"), score_col: str = "prediction"
+) -> dict:
     """lakescore's ranked rows (its Delta output, its score in ``score_col``) against the window job's (``score``), on
     (``user_id``, ``item_id``, ``rank``): rows in both, rows only in either, and the largest score difference over the
     rows in both."""
@@ -209,8 +309,12 @@ def compare_top(ours: Path, theirs: Path, key: tuple[str, ...] = ("user_id", "it
     mine = pq.read_table(delta_files(ours), columns=[*key, score_col]).to_pandas().rename(columns={score_col: "ours"})
     other = pq.read_table(delta_files(theirs), columns=[*key, "score"]).to_pandas().rename(columns={"score": "theirs"})
     both = mine.merge(other, on=key)
-    return {"matched": len(both), "only_lakescore": len(mine) - len(both), "only_window": len(other) - len(both),
-            "max_score_delta": float((both["ours"] - both["theirs"]).abs().max()) if len(both) else None}
+    return {
+        "matched": len(both),
+        "only_lakescore": len(mine) - len(both),
+        "only_window": len(other) - len(both),
+        "max_score_delta": float((both["ours"] - both["theirs"]).abs().max()) if len(both) else None,
+    }
 
 
 def _peak_mib(run: PeerRun) -> float:
@@ -220,27 +324,37 @@ def _peak_mib(run: PeerRun) -> float:
 def w6_lines(result: W6Result) -> list[str]:
     """The W6 figures and its three targets with met / NOT met."""
     rows = result.users * result.candidates
-    lines = [f"W6 data: {result.users:,} users x {result.candidates} candidates = {rows:,} rows, {len(FEATURES)} float32 "
-             f"features; TorchScript MLP {len(FEATURES)}-{'-'.join(map(str, HIDDEN))}-1; top {result.top_k} per user"]
+    lines = [
+        f"W6 data: {result.users:,} users x {result.candidates} candidates = {rows:,} rows, {len(FEATURES)} float32 "
+        f"features; TorchScript MLP {len(FEATURES)}-{'-'.join(map(str, HIDDEN))}-1; top {result.top_k} per user"
+    ]
     for peer, what in (("lakescore", "rows/s of its scoring stage"), ("window", "rows/s from read to written table")):
         line = result.peer_line(W6, peer, what, 0)
         lines += [line] if line else []
     report = next((r.report for r in result.good("lakescore")), None)
     if report:
         workers = report.get("workers") or {}
-        lines.append(f"W6 lakescore's report: {workers.get('rows_scored')} rows scored in {workers.get('arrow_batches')} "
-                     f"Arrow batches, {report.get('output_rows')} published, {report.get('ranked_out')} ranked out, "
-                     f"{report.get('error_rows')} error rows; step seconds "
-                     + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
+        lines.append(
+            f"W6 lakescore's report: {workers.get('rows_scored')} rows scored in {workers.get('arrow_batches')} "
+            f"Arrow batches, {report.get('output_rows')} published, {report.get('ranked_out')} ranked out, "
+            f"{report.get('error_rows')} error rows; step seconds "
+            + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items())
+        )
     lines += filter(None, [result.whole_line(W6, "window", "the window job's", WALL_TARGET)])
     lines += _memory_lines(result)
-    lines += outputs_line(result.equal, "W6", "the window job", "(user_id, item_id, rank)",
-                           f"the same rows, scores within {SCORE_TOLERANCE:g}")
+    lines += outputs_line(
+        result.equal,
+        "W6",
+        "the window job",
+        "(user_id, item_id, rank)",
+        f"the same rows, scores within {SCORE_TOLERANCE:g}",
+    )
     return lines
 
 
-def outputs_line(eq: Optional[dict], workload: str, peer: str, rows: str, target: str,
-                 tolerance: float = SCORE_TOLERANCE) -> list[str]:
+def outputs_line(
+    eq: dict | None, workload: str, peer: str, rows: str, target: str, tolerance: float = SCORE_TOLERANCE
+) -> list[str]:
     """The line comparing lakescore's output rows with ``peer``'s (:func:`compare_top`'s ``eq``; scores within
     ``tolerance``), none without one."""
     if not eq:
@@ -248,9 +362,11 @@ def outputs_line(eq: Optional[dict], workload: str, peer: str, rows: str, target
     same = eq["only_lakescore"] == 0 and eq["only_window"] == 0
     close = eq["max_score_delta"] is not None and eq["max_score_delta"] <= tolerance
     delta = "-" if eq["max_score_delta"] is None else f"{eq['max_score_delta']:.2e}"
-    return [f"{workload} outputs, lakescore vs {peer}: {eq['matched']:,} {rows} rows in both, {eq['only_lakescore']} "
-            f"only in lakescore's, {eq['only_window']} only in {peer}'s; largest score difference {delta}   target "
-            f"{target}: {verdict(same and close)}"]
+    return [
+        f"{workload} outputs, lakescore vs {peer}: {eq['matched']:,} {rows} rows in both, {eq['only_lakescore']} "
+        f"only in lakescore's, {eq['only_window']} only in {peer}'s; largest score difference {delta}   target "
+        f"{target}: {verdict(same and close)}"
+    ]
 
 
 def _memory_lines(result: W6Result) -> list[str]:
@@ -262,15 +378,19 @@ def _memory_lines(result: W6Result) -> list[str]:
         if good:
             worst = max(good, key=_peak_mib)
             private = max(r.measured.worker_private_bytes for r in good) / 2**20
-            lines.append(f"W6 {peer} peak RSS at {result.users:,} users: {_peak_mib(worst):.0f} MiB (process tree), "
-                         f"largest Python worker's private memory {private:.0f} MiB")
+            lines.append(
+                f"W6 {peer} peak RSS at {result.users:,} users: {_peak_mib(worst):.0f} MiB (process tree), "
+                f"largest Python worker's private memory {private:.0f} MiB"
+            )
     full, tenth = result.good("lakescore"), result.tenth
     if full and tenth is not None and tenth.ok:
         peak, small = max(_peak_mib(r) for r in full), _peak_mib(tenth)
-        lines.append(f"W6 lakescore peak RSS, {result.users:,} users vs {max(1, result.users // TENTH):,}: {peak:.0f} vs "
-                     f"{small:.0f} MiB = {peak / small:.2f}x (worker private {max(r.measured.worker_private_bytes for r in full) / 2**20:.0f} "
-                     f"vs {tenth.measured.worker_private_bytes / 2**20:.0f} MiB)   target <= {MEMORY_TARGET:g}x: "
-                     f"{verdict(peak / small <= MEMORY_TARGET)}")
+        lines.append(
+            f"W6 lakescore peak RSS, {result.users:,} users vs {max(1, result.users // TENTH):,}: {peak:.0f} vs "
+            f"{small:.0f} MiB = {peak / small:.2f}x (worker private {max(r.measured.worker_private_bytes for r in full) / 2**20:.0f} "
+            f"vs {tenth.measured.worker_private_bytes / 2**20:.0f} MiB)   target <= {MEMORY_TARGET:g}x: "
+            f"{verdict(peak / small <= MEMORY_TARGET)}"
+        )
     elif tenth is not None:
         lines.append(f"W6 lakescore at a tenth of the users: FAILED (exit {tenth.measured.returncode})")
     return lines
@@ -306,25 +426,48 @@ class W7Result(PeerRuns):
     users: int
     candidates: int
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
-    equal: Optional[dict] = None
+    equal: dict | None = None
 
 
-def run_w7(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, users: int = W6_USERS,
-           candidates: int = W6_CANDIDATES) -> W7Result:
+def run_w7(
+    data_dir: Path,
+    runs_dir: Path,
+    env: dict[str, str],
+    repo: Path,
+    repeats: int,
+    users: int = W6_USERS,
+    candidates: int = W6_CANDIDATES,
+) -> W7Result:
     """Run W7's two peers alternately ``repeats`` times each over W6's candidate rows (a line per run) and compare the
     first good outputs row by row."""
     model = make_w7_model(data_dir / "w7_model")
     source = data_dir / "w6"
     rows = _candidate_rows(source, users, candidates)
-    print(f"W7: {rows:,} candidate rows (W6's) through a program returning its first feature; model {model}", flush=True)
+    print(
+        f"W7: {rows:,} candidate rows (W6's) through a program returning its first feature; model {model}", flush=True
+    )
     # top_k 0: W6's commands without ranking; the hand job is W6's window peer, then only predict_batch_udf + a write
-    commands = {peer: (lambda run_dir, own=own: peer_commands(source, model, run_dir, 0)[own])
-                for peer, own in (("lakescore", "lakescore"), ("batch", "window"))}
+    commands = {
+        peer: (lambda run_dir, own=own: peer_commands(source, model, run_dir, 0)[own])
+        for peer, own in (("lakescore", "lakescore"), ("batch", "window"))
+    }
 
     result = W7Result(users=users, candidates=candidates)
-    result.runs = run_alternately(W7, commands, {"lakescore": "report.json", "batch": "timings.json"},
-                                  rows_per_second, rate_text, runs_dir, env, {}, repo, repeats)
-    result.equal = compare_first_good(runs_dir, W7, result.runs, {"lakescore": "delta", "batch": "delta"}, compare_scores)
+    result.runs = run_alternately(
+        W7,
+        commands,
+        {"lakescore": "report.json", "batch": "timings.json"},
+        rows_per_second,
+        rate_text,
+        runs_dir,
+        env,
+        {},
+        repo,
+        repeats,
+    )
+    result.equal = compare_first_good(
+        runs_dir, W7, result.runs, {"lakescore": "delta", "batch": "delta"}, compare_scores
+    )
     return result
 
 
@@ -348,13 +491,18 @@ def w7_lines(result: W7Result) -> list[str]:
         lines += [line] if line else []
     report = next((r.report for r in result.good("lakescore")), None)
     if report:
-        lines.append("W7 lakescore's step seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items()))
+        lines.append(
+            "W7 lakescore's step seconds: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in (report.get("step_seconds") or {}).items())
+        )
     overhead = {peer: sorted(_overhead_us(r, rows) for r in result.good(peer)) for peer in ("lakescore", "batch")}
     if overhead["lakescore"] and overhead["batch"]:
         ours, theirs = (values[len(values) // 2] for values in (overhead["lakescore"], overhead["batch"]))
-        lines.append(f"W7 whole process per row besides the model (fixed cost included): lakescore {ours:.1f} us, "
-                     f"predict_batch_udf by hand {theirs:.1f} us; lakescore's ceiling on a model of no cost "
-                     f"{1e6 / ours:,.0f} rows/s")
+        lines.append(
+            f"W7 whole process per row besides the model (fixed cost included): lakescore {ours:.1f} us, "
+            f"predict_batch_udf by hand {theirs:.1f} us; lakescore's ceiling on a model of no cost "
+            f"{1e6 / ours:,.0f} rows/s"
+        )
     lines += filter(None, [result.whole_line(W7, "batch", "the predict_batch_udf job's", W7_TARGET)])
     lines += outputs_line(result.equal, "W7", "the hand job", "(user_id, item_id)", "the same rows and scores")
     return lines

@@ -22,7 +22,6 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -31,12 +30,28 @@ import pyarrow.parquet as pq
 from bench.alternating import PeerRun, PeerRuns, compare_first_good, run_alternately
 from bench.data import FILES, review_bodies
 from bench.topk import (
-    CATALOG, ITEM_STEP, WALL_TARGET, compare_top, lakescore_command, outputs_line, rate_text, rows_per_second,
+    CATALOG,
+    ITEM_STEP,
+    WALL_TARGET,
+    compare_top,
+    lakescore_command,
+    outputs_line,
+    rate_text,
+    rows_per_second,
 )
 
 __all__ = [
-    "W6T", "W6T_USERS", "W6T_CANDIDATES", "W6T_TOP_K", "SCORE_TOLERANCE", "W6TResult", "make_w6t_data",
-    "make_w6t_model", "peer_commands", "run_w6t", "w6t_lines",
+    "W6T",
+    "W6T_USERS",
+    "W6T_CANDIDATES",
+    "W6T_TOP_K",
+    "SCORE_TOLERANCE",
+    "W6TResult",
+    "make_w6t_data",
+    "make_w6t_model",
+    "peer_commands",
+    "run_w6t",
+    "w6t_lines",
 ]
 
 W6T = "W6T"
@@ -85,50 +100,111 @@ class W6TResult(PeerRuns):
     candidates: int
     top_k: int
     runs: dict[str, list[PeerRun]] = field(default_factory=dict)
-    equal: Optional[dict] = None
+    equal: dict | None = None
 
 
 def peer_commands(source: Path, model: Path, run_dir: Path, top_k: int) -> dict[str, list[str]]:
     """Each W6T peer's command line over ``source``; its files go under ``run_dir``."""
     return {
-        "lakescore": lakescore_command(source, model, run_dir, "--task", "classify", "--text-col", "text",
-                                       "--set", "rank.partition_by=user_id", "--set", "rank.order_by=score",
-                                       "--set", "rank.descending=true", "--set", f"rank.top_k={top_k}"),
-        "window": [sys.executable, "-m", "bench.peers.topk_text_window", "--input", str(source), "--model", str(model),
-                   "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"),
-                   "--top-k", str(top_k)],
+        "lakescore": lakescore_command(
+            source,
+            model,
+            run_dir,
+            "--task",
+            "classify",
+            "--text-col",
+            "text",
+            "--set",
+            "rank.partition_by=user_id",
+            "--set",
+            "rank.order_by=score",
+            "--set",
+            "rank.descending=true",
+            "--set",
+            f"rank.top_k={top_k}",
+        ),
+        "window": [
+            sys.executable,
+            "-m",
+            "bench.peers.topk_text_window",
+            "--input",
+            str(source),
+            "--model",
+            str(model),
+            "--output",
+            str(run_dir / "delta"),
+            "--timings",
+            str(run_dir / "timings.json"),
+            "--top-k",
+            str(top_k),
+        ],
     }
 
 
-def run_w6t(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, users: int = W6T_USERS,
-            candidates: int = W6T_CANDIDATES, top_k: int = W6T_TOP_K) -> W6TResult:
+def run_w6t(
+    data_dir: Path,
+    runs_dir: Path,
+    env: dict[str, str],
+    repo: Path,
+    repeats: int,
+    users: int = W6T_USERS,
+    candidates: int = W6T_CANDIDATES,
+    top_k: int = W6T_TOP_K,
+) -> W6TResult:
     """Build W6T's model and candidates, run both peers alternately ``repeats`` times each (a line per run), and
     compare the first good outputs row by row."""
     model = make_w6t_model(data_dir / "w6t_model")
     source = data_dir / "w6t"
     rows = make_w6t_data(source, users, candidates)
-    print(f"W6T: {users:,} users x {candidates} candidate texts = {rows:,} rows, top {top_k} per user; model {model}",
-          flush=True)
+    print(
+        f"W6T: {users:,} users x {candidates} candidate texts = {rows:,} rows, top {top_k} per user; model {model}",
+        flush=True,
+    )
 
-    commands = {peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer])
-                for peer in ("lakescore", "window")}
+    commands = {
+        peer: (lambda run_dir, peer=peer: peer_commands(source, model, run_dir, top_k)[peer])
+        for peer in ("lakescore", "window")
+    }
     result = W6TResult(users=users, candidates=candidates, top_k=top_k)
-    result.runs = run_alternately(W6T, commands, {"lakescore": "report.json", "window": "timings.json"},
-                                  rows_per_second, rate_text, runs_dir, env, {}, repo, repeats)
-    result.equal = compare_first_good(runs_dir, W6T, result.runs, {"lakescore": "delta", "window": "delta"},
-                                      lambda ours, theirs: compare_top(ours, theirs, score_col="score"))
+    result.runs = run_alternately(
+        W6T,
+        commands,
+        {"lakescore": "report.json", "window": "timings.json"},
+        rows_per_second,
+        rate_text,
+        runs_dir,
+        env,
+        {},
+        repo,
+        repeats,
+    )
+    result.equal = compare_first_good(
+        runs_dir,
+        W6T,
+        result.runs,
+        {"lakescore": "delta", "window": "delta"},
+        lambda ours, theirs: compare_top(ours, theirs, score_col="score"),
+    )
     return result
 
 
 def w6t_lines(result: W6TResult) -> list[str]:
     """The W6T figures and its targets with met / NOT met."""
     rows = result.users * result.candidates
-    lines = [f"W6T data: {result.users:,} users x {result.candidates} candidate W1 review texts = {rows:,} rows; "
-             f"all-MiniLM-L6-v2 body, seeded one-logit head; top {result.top_k} per user by its sigmoid"]
+    lines = [
+        f"W6T data: {result.users:,} users x {result.candidates} candidate W1 review texts = {rows:,} rows; "
+        f"all-MiniLM-L6-v2 body, seeded one-logit head; top {result.top_k} per user by its sigmoid"
+    ]
     for peer, what in (("lakescore", "rows/s of its scoring stage"), ("window", "rows/s from read to written table")):
         line = result.peer_line(W6T, peer, what, 0)
         lines += [line] if line else []
     lines += filter(None, [result.whole_line(W6T, "window", "the predict_batch_udf window job's", WALL_TARGET)])
-    lines += outputs_line(result.equal, W6T, "the window job", "(user_id, item_id, rank)",
-                          f"the same rows, scores within {SCORE_TOLERANCE:g}", SCORE_TOLERANCE)
+    lines += outputs_line(
+        result.equal,
+        W6T,
+        "the window job",
+        "(user_id, item_id, rank)",
+        f"the same rows, scores within {SCORE_TOLERANCE:g}",
+        SCORE_TOLERANCE,
+    )
     return lines

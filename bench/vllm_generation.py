@@ -17,7 +17,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Optional
 
 from bench.endpoint_generation import CONCURRENCY, W4EResult, _cpus_text, _pinned, run_against_server, split_cpus
 from bench.fast_path import verdict
@@ -35,8 +34,14 @@ KV_CACHE_GIB = "2"
 """``VLLM_CPU_KVCACHE_SPACE``: enough for :data:`CONCURRENCY` sequences of W4's length; vLLM's default takes several GiB."""
 
 
-def serve_vllm(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[int]] = None, python: Optional[Path] = None,
-               timeout_s: float = 1800) -> tuple[subprocess.Popen, str]:
+def serve_vllm(
+    model: Path,
+    log: Path,
+    env: dict[str, str],
+    cpus: set[int] | None = None,
+    python: Path | None = None,
+    timeout_s: float = 1800,
+) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server for ``model`` (served under its path, as the peers name it), float32, offline, on ``cpus``,
     in a process group of its own, once it answers ``/health``: the process and its base URL."""
     from lakescore.udfs.remote.engine import HOST, free_port, healthy
@@ -45,13 +50,39 @@ def serve_vllm(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[i
     if not python.exists():
         raise SystemExit(f"W4V needs vLLM: {python} is absent (make engine-vllm builds it)")
     port = free_port()
-    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-               str(model), "--host", HOST, "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
-               "--gpu-memory-utilization", "0.2"]  # vLLM CPU checks this share of memory is free at start
+    command = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        str(model),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--gpu-memory-utilization",
+        "0.2",
+    ]  # vLLM CPU checks this share of memory is free at start
     with open(log, "ab") as out:
-        process = subprocess.Popen(_pinned(command, cpus), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**env, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
-                                        "VLLM_NO_USAGE_STATS": "1", **_bind(cpus)})
+        process = subprocess.Popen(
+            _pinned(command, cpus),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={
+                **env,
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_CPU_KVCACHE_SPACE": KV_CACHE_GIB,
+                "VLLM_NO_USAGE_STATS": "1",
+                **_bind(cpus),
+            },
+        )
     deadline = time.monotonic() + timeout_s
     while not healthy(port):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -61,13 +92,15 @@ def serve_vllm(model: Path, log: Path, env: dict[str, str], cpus: Optional[set[i
     return process, f"http://{HOST}:{port}/v1"
 
 
-def _bind(cpus: Optional[set[int]]) -> dict[str, str]:
+def _bind(cpus: set[int] | None) -> dict[str, str]:
     """vLLM's CPU backend binds its OpenMP threads to cores itself (and keeps one back) unless told which: the pinned
     ones, so it neither leaves them nor reaches past them."""
     return {} if cpus is None else {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cpus)))}
 
 
-def run_w4v(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4V_ROWS) -> W4EResult:
+def run_w4v(
+    data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, repeats: int, rows: int = W4V_ROWS
+) -> W4EResult:
     """Build W4's model and ``rows`` prompts, start vLLM, run both peers alternately against it ``repeats`` times each,
     compare the first good outputs row by row; the server is stopped at the end."""
     model = make_w4_model(data_dir / "w4v_model")
@@ -78,28 +111,37 @@ def run_w4v(data_dir: Path, runs_dir: Path, env: dict[str, str], repo: Path, rep
     result.cpus = (server_cpus, peer_cpus)
     started = time.monotonic()
     server, url = serve_vllm(model, runs_dir / f"{W4V}-serve.log", env, server_cpus)
-    print(f"W4V: vLLM answered /health after {time.monotonic() - started:.0f} s; {rows:,} prompts through it at {url}; "
-          f"{_cpus_text(result.cpus)}", flush=True)
+    print(
+        f"W4V: vLLM answered /health after {time.monotonic() - started:.0f} s; {rows:,} prompts through it at {url}; "
+        f"{_cpus_text(result.cpus)}",
+        flush=True,
+    )
     return run_against_server(W4V, result, table, model, server, url, runs_dir, env, repo, repeats, peer_cpus)
 
 
 def w4v_lines(result: W4EResult) -> list[str]:
     """The W4V figures and its targets with met / NOT met."""
     shape = MODEL_SHAPE
-    lines = [f"W4V data: {result.rows:,} of W4's review prompts, greedy, through one vLLM server (CPU build, float32; W4's "
-             f"model: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, {shape['num_attention_heads']} heads); "
-             f"{CONCURRENCY} requests in flight per lakescore task and in the loop; {_cpus_text(result.cpus)}"]
+    lines = [
+        f"W4V data: {result.rows:,} of W4's review prompts, greedy, through one vLLM server (CPU build, float32; W4's "
+        f"model: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, {shape['num_attention_heads']} heads); "
+        f"{CONCURRENCY} requests in flight per lakescore task and in the loop; {_cpus_text(result.cpus)}"
+    ]
     for peer in ("lakescore", "loop"):
         line = result.peer_line(W4V, peer, "generated tokens/s while generating", 1)
         lines += [line] if line else []
     ours, theirs = result.median("lakescore", "rate"), result.median("loop", "rate")
     if ours and theirs:
-        lines.append(f"W4V generated tokens/s, lakescore's scoring stage vs the request loop: {ours:.1f} vs {theirs:.1f} = "
-                     f"{ours / theirs:.2f}x   target >= {RATE_TARGET:g}x: {verdict(ours / theirs >= RATE_TARGET)}")
+        lines.append(
+            f"W4V generated tokens/s, lakescore's scoring stage vs the request loop: {ours:.1f} vs {theirs:.1f} = "
+            f"{ours / theirs:.2f}x   target >= {RATE_TARGET:g}x: {verdict(ours / theirs >= RATE_TARGET)}"
+        )
     eq = result.equal
     if eq:
         complete = eq["missing_in_lakescore"] == 0 and eq["extra_in_lakescore"] == 0
-        lines.append(f"W4V greedy outputs, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same text; "
-                     f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target all equal: "
-                     f"{verdict(eq['equal'] == eq['matched'] and complete)}")
+        lines.append(
+            f"W4V greedy outputs, lakescore vs the loop: {eq['equal']:,} of {eq['matched']:,} rows the same text; "
+            f"{eq['missing_in_lakescore']} missing, {eq['extra_in_lakescore']} extra   target all equal: "
+            f"{verdict(eq['equal'] == eq['matched'] and complete)}"
+        )
     return lines

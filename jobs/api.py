@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.config import ConfigError, JobConfig, Option, config_from_mapping, config_options
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_and_record
-from lakescore.jobs.steps.read import model_input, resolve_model
 from lakescore.jobs.steps.context import scoring_layout
+from lakescore.jobs.steps.read import model_input, resolve_model
 from lakescore.jobs.steps.score import score_dataframe
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import ERROR_COLUMNS, WORKER_COLUMN, scored_schema
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import (
-    ModelSourceError, ModelSpec, refuse_pickle_weights, require_directory, verify_sha256, weights_sha256,
+    ModelSourceError,
+    ModelSpec,
+    refuse_pickle_weights,
+    require_directory,
+    verify_sha256,
+    weights_sha256,
 )
 from lakescore.udfs.pandas_udf import make_pandas_udf
 from lakescore.udfs.registry import TASK_NAMES, TASK_OPTION_SECTIONS, get_task
@@ -31,24 +37,30 @@ from lakescore.udfs.registry import TASK_NAMES, TASK_OPTION_SECTIONS, get_task
 __all__ = ["score", "transform", "pandas_udf"]
 
 _OPTIONS = {
-    o.name: o for o in config_options() if o.section in ("model", "scoring", *TASK_OPTION_SECTIONS) and o.key != "model.source"
+    o.name: o
+    for o in config_options()
+    if o.section in ("model", "scoring", *TASK_OPTION_SECTIONS) and o.key != "model.source"
 }
-_OPTIONS.update({  # a task section's own sections (generate.endpoint, generate.server): one keyword each, a dict
-    o.section.split(".")[1]: Option(".".join(o.section.split(".")[:2]), dict, None, "")
-    for o in config_options() if o.section.split(".")[0] in TASK_OPTION_SECTIONS and o.section.count(".") >= 1
-})
+_OPTIONS.update(
+    {  # a task section's own sections (generate.endpoint, generate.server): one keyword each, a dict
+        o.section.split(".")[1]: Option(".".join(o.section.split(".")[:2]), dict, None, "")
+        for o in config_options()
+        if o.section.split(".")[0] in TASK_OPTION_SECTIONS and o.section.count(".") >= 1
+    }
+)
 """The keyword options of :func:`transform` and :func:`pandas_udf`, by field name: every ``model.*`` setting but the
 source (their ``model`` argument), every ``scoring.*`` one and the tasks' own (``generate.*``: ``max_new_tokens``, ...,
 and ``endpoint`` / ``server`` as dicts)."""
 _TASK_SUBSECTIONS = {
     (o.section.split(".")[0], o.section.split(".")[1]): Option(".".join(o.section.split(".")[:2]), dict, None, "")
-    for o in config_options() if o.section.split(".")[0] in TASK_OPTION_SECTIONS and o.section.count(".") >= 1
+    for o in config_options()
+    if o.section.split(".")[0] in TASK_OPTION_SECTIONS and o.section.count(".") >= 1
 }
 """A task section's own sections by ``(task section, keyword)``: where two tasks share a keyword (``endpoint``,
 ``server``), the run's task takes its own (``generate.endpoint`` or ``embed.endpoint``)."""
 
 
-def score(spark: Optional[SparkSession] = None, **config: Any) -> RunReport:
+def score(spark: SparkSession | None = None, **config: Any) -> RunReport:
     """Run the whole scoring job and return its report; writes the JSON report when ``report`` is set (for a run that
     raises too, as the CLI does), and the run's row in the metrics table (``validation.metrics``).
 
@@ -72,10 +84,10 @@ def transform(
     *,
     task: str,
     model: str | Path | Mapping[str, Any],
-    text_col: Optional[str] = None,
-    feature_cols: Optional[Sequence[str]] = None,
-    id_col: Optional[str] = None,
-    image_col: Optional[str] = None,
+    text_col: str | None = None,
+    feature_cols: Sequence[str] | None = None,
+    id_col: str | None = None,
+    image_col: str | None = None,
     **options: Any,
 ) -> DataFrame:
     """``df`` scored lazily: no write, no validation, the job's batching core and model cache. ``model``: its source
@@ -106,11 +118,15 @@ def transform(
     if taken:
         raise InputContractError(f"the DataFrame already has column(s) {taken} that task {task!r} writes; rename them")
     spec = _resolved_spec(df.sparkSession, cfg, input_cols)
-    scored = score_dataframe(df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg), key_col=id_col)
+    scored = score_dataframe(
+        df, cfg, spec, keep, input_cols, layout=scoring_layout(df.sparkSession, cfg), key_col=id_col
+    )
     return scored.drop(ERROR_COLUMNS[2], WORKER_COLUMN)
 
 
-def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]] = None, **options: Any):
+def pandas_udf(
+    *, task: str, model: str | Path | Mapping[str, Any], feature_cols: Sequence[str] | None = None, **options: Any
+):
     """An iterator-style pandas UDF that scores with ``model``: ``df.select(udf("body"))``.
 
     Text tasks take one string column; feature tasks one numeric column per ``feature_cols``
@@ -129,8 +145,11 @@ def pandas_udf(*, task: str, model: str | Path | Mapping[str, Any], feature_cols
 
 
 def _notebook_config(
-    task: str, model: str | Path | Mapping[str, Any], feature_cols: Optional[Sequence[str]], options: Mapping[str, Any],
-    **columns: Optional[str],
+    task: str,
+    model: str | Path | Mapping[str, Any],
+    feature_cols: Sequence[str] | None,
+    options: Mapping[str, Any],
+    **columns: str | None,
 ) -> JobConfig:
     """The typed config of a notebook call (``columns``: ``text_col``, ``image_col``, ``id_col``); :class:`ConfigError` for
     unknown or bad settings, or a feature task without ``feature_cols``."""
@@ -158,13 +177,15 @@ def _notebook_config(
     return cfg
 
 
-def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: tuple[str, ...]) -> ModelSpec:
+def _resolved_spec(spark: SparkSession | None, cfg: JobConfig, feature_cols: tuple[str, ...]) -> ModelSpec:
     """The model spec (:func:`~lakescore.jobs.steps.read.resolve_model`, a remote model staged through ``spark``);
     fails fast when the model is missing or the workers would refuse it (:func:`_check_model`)."""
+
     def session() -> SparkSession:
         if spark is None:
             raise ConfigError(
-                f"model {cfg.model.source!r} is remote: start a SparkSession first, so lakescore can stage it")
+                f"model {cfg.model.source!r} is remote: start a SparkSession first, so lakescore can stage it"
+            )
         return spark
 
     spec, model_dir = resolve_model(cfg, session, () if cfg.column_setting else feature_cols)
@@ -175,11 +196,11 @@ def _resolved_spec(spark: Optional[SparkSession], cfg: JobConfig, feature_cols: 
 
 def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> None:
     """Raise :class:`ModelSourceError` here for what the workers' loaders would refuse in the first Spark job: a text
-    or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
-    sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
-    ``expect_sha256``; an architecture of another kind than the task's, or settings the model cannot take
-(:func:`~lakescore.udfs.models.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
-calls have no preflight."""
+        or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
+        sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
+        ``expect_sha256``; an architecture of another kind than the task's, or settings the model cannot take
+    (:func:`~lakescore.udfs.models.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
+    calls have no preflight."""
     if transformers_dir:
         require_directory(model_dir, spec.task)
         refuse_pickle_weights(model_dir, spec.allow_pickle)

@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from lakescore.jobs.commands.demo import DEMO_ROWS
+from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
+from lakescore.jobs.commands.sweep import SAMPLE_ROWS
+from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
+from lakescore.jobs.platform.spark.console import configure_logging, log_jvm_to_file
 from lakescore.jobs.platform.spark.interrupts import EXIT_INTERRUPTED, was_interrupted
 from lakescore.jobs.platform.spark.interrupts import install as install_interrupt_handlers
 from lakescore.jobs.report.text import before_compute, kept_trace, one_line
-from lakescore.jobs.commands.sweep import SAMPLE_ROWS
-from lakescore.jobs.commands.plan import SAMPLE_ROWS as PLAN_SAMPLE_ROWS
-from lakescore.jobs.config import ConfigError, JobConfig, Option, config_options, load_config
-from lakescore.jobs.platform.spark.console import configure_logging, log_jvm_to_file
 from lakescore.jobs.steps.clock import RunStop, StepClock
 
 __all__ = ["main", "run"]
@@ -36,28 +36,41 @@ log = logging.getLogger("lakescore")
 EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_FAILED = 0, 1, 2, 3
 """``EXIT_VALIDATION_FAILED`` covers every "ran, but published nothing" outcome: validation, error rate, drift."""
 
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lakescore", description="Batch model scoring of warehouse tables into Delta.")
+    parser = argparse.ArgumentParser(
+        prog="lakescore", description="Batch model scoring of warehouse tables into Delta."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging and full tracebacks")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--conf", metavar="YAML", help="config file (see conf/local.yaml); flags override it")
     common.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one config key, e.g. --set scoring.max_batch_tokens=4096 (repeatable); a string key takes the "
-             "text after = as it is, any other key's value is read as YAML",
+        "text after = as it is, any other key's value is read as YAML",
     )
 
     score = commands.add_parser("score", parents=[common], help="score a table into Delta")
     _add_config_flags(score, [o for o in config_options() if o.flag])
 
     plan = commands.add_parser(
-        "plan", parents=[common], help="predict a score run from a sample of its input: rows, tokens, seconds, memory, cost"
+        "plan",
+        parents=[common],
+        help="predict a score run from a sample of its input: rows, tokens, seconds, memory, cost",
     )
     _add_config_flags(plan, [o for o in config_options() if o.flag])
-    plan.add_argument("--sample-rows", type=int, default=PLAN_SAMPLE_ROWS,
-                      help=f"input rows to read and prepare (default: {PLAN_SAMPLE_ROWS})")
+    plan.add_argument(
+        "--sample-rows",
+        type=int,
+        default=PLAN_SAMPLE_ROWS,
+        help=f"input rows to read and prepare (default: {PLAN_SAMPLE_ROWS})",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     demo = commands.add_parser("demo", parents=[common], help="score a generated review table with all-MiniLM-L6-v2")
@@ -81,14 +94,18 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument("--limit", type=int, default=20, help="newest runs to list (default: 20)")
 
     batches = commands.add_parser(
-        "batches", parents=[common],
+        "batches",
+        parents=[common],
         help="list the provider batches of a generate.endpoint.batch output, or --cancel them",
     )
     batches.add_argument("--cancel", action="store_true", help="cancel the batches still running (lines done are kept)")
 
-    fetch = commands.add_parser("fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions")
+    fetch = commands.add_parser(
+        "fetch-jars", parents=[common], help="download the Delta jars once, for offline sessions"
+    )
     fetch.add_argument(
-        "--s3a", action="store_true",
+        "--s3a",
+        action="store_true",
         help="also the Hadoop S3A connector for s3a:// paths (hadoop-aws + AWS SDK bundle, ~620 MiB)",
     )
     return parser
@@ -126,7 +143,7 @@ def _config_flags(args: argparse.Namespace) -> dict:
     return {key: getattr(args, key) for key in getattr(args, "config_keys", ())}
 
 
-def _config(args: argparse.Namespace, flags: Optional[dict] = None) -> JobConfig:
+def _config(args: argparse.Namespace, flags: dict | None = None) -> JobConfig:
     """The job config from ``--conf``, ``--set``, the command's config flags and ``flags``; a bare ``input`` /
     ``output`` name that exists locally becomes ``./name`` (:func:`~lakescore.jobs.platform.tables.local_ref`),
     so what is derived from it stays local too."""
@@ -192,8 +209,13 @@ def _history(args: argparse.Namespace) -> int:
 
     cfg = _config(args, {"output": args.output, "errors": args.errors})
     spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
-    records = run_history(spark, cfg.output, cfg.errors_ref(), None if args.run else args.limit,
-                          cfg.metrics_ref() if cfg.validation.metrics else None)
+    records = run_history(
+        spark,
+        cfg.output,
+        cfg.errors_ref(),
+        None if args.run else args.limit,
+        cfg.metrics_ref() if cfg.validation.metrics else None,
+    )
     print(format_run(find_run(records, args.run)) if args.run else format_history(records))
     return EXIT_OK
 
@@ -224,7 +246,7 @@ def _fetch_jars(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     args = _parser().parse_args(argv)
     configure_logging(args.verbose)
@@ -234,8 +256,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log_jvm_to_file()  # a session built from here on keeps the JVM's stack traces off the console
     clock = StepClock()  # a scoring run's (score, demo): where it stopped, for the failure line
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
-        "score": lambda a: _score(a, clock), "plan": _plan, "demo": lambda a: _demo(a, clock), "sweep": _sweep,
-        "history": _history, "batches": _batches, "fetch-jars": _fetch_jars,
+        "score": lambda a: _score(a, clock),
+        "plan": _plan,
+        "demo": lambda a: _demo(a, clock),
+        "sweep": _sweep,
+        "history": _history,
+        "batches": _batches,
+        "fetch-jars": _fetch_jars,
     }
     install_interrupt_handlers()
     try:
@@ -254,18 +281,20 @@ def _not_from_py4j(record: logging.LogRecord) -> bool:
     return "py4j" not in record.pathname.replace("\\", "/").split("/")
 
 
-def _failure(exc: BaseException, stop: Optional[RunStop] = None) -> tuple[int, str]:
+def _failure(exc: BaseException, stop: RunStop | None = None) -> tuple[int, str]:
     """The exit code and the one line an operator reads for ``exc``, which stopped a run at ``stop`` (when it did)."""
     from lakescore.jobs.platform.tables import unreadable_input
-
     from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
 
     if isinstance(exc, BatchesPending):
         return EXIT_PENDING, f"lakescore: pending: {exc}"
     if was_interrupted(exc):
         staged = stop.chunks_staged if stop is not None else None
-        where = (f"after {staged[0]} of {staged[1]} chunks were staged" if staged
-                 else f"during {stop.step if stop is not None else 'start-up'}")
+        where = (
+            f"after {staged[0]} of {staged[1]} chunks were staged"
+            if staged
+            else f"during {stop.step if stop is not None else 'start-up'}"
+        )
         return EXIT_INTERRUPTED, f"lakescore: interrupted {where}; rerun the same command to resume"
     kept = kept_trace(exc)
     details = f" (details: {kept})" if kept else ""

@@ -20,8 +20,9 @@ The definitions, in one place (the report's ``cost``, the summary line, the HTML
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 __all__ = ["SessionResources", "session_cores", "session_resources", "run_cost", "cost_text"]
 
@@ -46,7 +47,7 @@ class SessionResources:
         return self.slots * max(1, self.task_cpus)
 
 
-def session_cores(master: Optional[str], executor_cores: int, driver_cores: int = 1) -> int:
+def session_cores(master: str | None, executor_cores: int, driver_cores: int = 1) -> int:
     """The session's cores: ``executor_cores`` plus ``driver_cores``, except on a ``local[…]`` master, whose driver
     shares its executor's cores.
 
@@ -84,9 +85,9 @@ def run_cost(
     rows_scored: int,
     resources: SessionResources,
     gpus: int = 0,
-    price_per_core_hour: Optional[float] = None,
-    price_per_gpu_hour: Optional[float] = None,
-    token_cost: Optional[float] = None,
+    price_per_core_hour: float | None = None,
+    price_per_gpu_hour: float | None = None,
+    token_cost: float | None = None,
     token_cost_unmetered: int = 0,
 ) -> dict[str, Any]:
     """The report's ``cost`` of a run that ran ``seconds`` (wall), its scoring stage ``stage_seconds`` (wall), whose
@@ -104,26 +105,40 @@ def run_cost(
     ({'run': 40.0, 'score_stage': 16.0, 'model': 6.0}, 25.0, 0.004, 4.0)
     """
     task_gpus = (resources.task_gpus or 1.0) if gpus else 0.0
-    core_seconds = {"run": round(float(seconds * resources.cores), 3),
-                    "score_stage": round(float(stage_seconds * resources.stage_cores), 3),
-                    "model": round(float(worker_seconds * resources.task_cpus), 3)}
-    gpu_seconds = {"run": round(float(seconds * gpus), 3), "score_stage": round(float(stage_seconds * gpus), 3),
-                   "model": round(float(worker_seconds * task_gpus), 3)}
+    core_seconds = {
+        "run": round(float(seconds * resources.cores), 3),
+        "score_stage": round(float(stage_seconds * resources.stage_cores), 3),
+        "model": round(float(worker_seconds * resources.task_cpus), 3),
+    }
+    gpu_seconds = {
+        "run": round(float(seconds * gpus), 3),
+        "score_stage": round(float(stage_seconds * gpus), 3),
+        "model": round(float(worker_seconds * task_gpus), 3),
+    }
     cost: dict[str, Any] = {
-        "cores": resources.cores, "stage_cores": resources.stage_cores, "gpus": gpus, "core_seconds": core_seconds,
+        "cores": resources.cores,
+        "stage_cores": resources.stage_cores,
+        "gpus": gpus,
+        "core_seconds": core_seconds,
         "gpu_seconds": gpu_seconds,
-        "rows_per_core_second": round(rows_scored / core_seconds["run"], 3) if rows_scored and core_seconds["run"] else None,
+        "rows_per_core_second": round(rows_scored / core_seconds["run"], 3)
+        if rows_scored and core_seconds["run"]
+        else None,
     }
     if price_per_core_hour is None and price_per_gpu_hour is None and token_cost is None:
         return cost
-    total = (core_seconds["run"] * (price_per_core_hour or 0.0) + gpu_seconds["run"] * (price_per_gpu_hour or 0.0)) / 3600
+    total = (
+        core_seconds["run"] * (price_per_core_hour or 0.0) + gpu_seconds["run"] * (price_per_gpu_hour or 0.0)
+    ) / 3600
     if token_cost is not None:
         cost["token_cost"] = round(token_cost, 6)
         total += token_cost
         if token_cost_unmetered:
             cost["token_cost_unmetered"] = int(token_cost_unmetered)
     cost.update(
-        price_per_core_hour=price_per_core_hour, price_per_gpu_hour=price_per_gpu_hour, cost=round(total, 6),
+        price_per_core_hour=price_per_core_hour,
+        price_per_gpu_hour=price_per_gpu_hour,
+        cost=round(total, 6),
         cost_per_million_rows=round(total * 1e6 / rows_scored, 4) if rows_scored else None,
     )
     return cost
@@ -139,7 +154,9 @@ def cost_text(cost: Mapping[str, Any]) -> str:
         text += f"; {cost['rows_per_core_second']:,.1f} rows/core-s (whole run)"
     if cost.get("cost") is not None:
         per_million = cost.get("cost_per_million_rows")
-        text += f"; cost {cost['cost']:,.4g}" + (f" ({per_million:,.4g} per million rows)" if per_million is not None else "")
+        text += f"; cost {cost['cost']:,.4g}" + (
+            f" ({per_million:,.4g} per million rows)" if per_million is not None else ""
+        )
         if cost.get("token_cost") is not None:
             text += f", of which {cost['token_cost']:,.4g} the endpoint's tokens"
             if cost.get("token_cost_unmetered"):
@@ -147,13 +164,17 @@ def cost_text(cost: Mapping[str, Any]) -> str:
     return text
 
 
-def _held(seconds: Mapping[str, float], run_units: int, stage_units: Optional[int], unit: str) -> str:
+def _held(seconds: Mapping[str, float], run_units: int, stage_units: int | None, unit: str) -> str:
     """``40.0 whole run (2 cores), 16.0 scoring stage (2 cores), 6.0 in model forward passes`` (a figure the
     report lacks is left out: reports written before the model's figure was split from the stage's)."""
-    def held(units: Optional[int]) -> str:
+
+    def held(units: int | None) -> str:
         return f" ({units} {unit}{'s' if units != 1 else ''})" if units else ""
 
-    parts = [f"{seconds['run']:,.1f} whole run{held(run_units)}", f"{seconds['score_stage']:,.1f} scoring stage{held(stage_units)}"]
+    parts = [
+        f"{seconds['run']:,.1f} whole run{held(run_units)}",
+        f"{seconds['score_stage']:,.1f} scoring stage{held(stage_units)}",
+    ]
     if seconds.get("model") is not None:
         parts.append(f"{seconds['model']:,.1f} in model forward passes")
     return ", ".join(parts)

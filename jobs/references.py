@@ -32,14 +32,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
 from lakescore.udfs.options.base import ConfigError
 
 __all__ = [
-    "TableNameError", "TableName", "quote_identifier", "parse_table_name", "has_path_separator", "require_catalog_accepts",
-    "is_path", "local_ref",
+    "TableNameError",
+    "TableName",
+    "quote_identifier",
+    "parse_table_name",
+    "has_path_separator",
+    "require_catalog_accepts",
+    "is_path",
+    "local_ref",
 ]
 
 MAX_PARTS = 3
@@ -88,7 +94,7 @@ class TableName:
         """The catalog and schema parts quoted (``spark.catalog.databaseExists``); empty when none were given."""
         return ".".join(quote_identifier(p) for p in self.namespace)
 
-    def with_suffix(self, suffix: str) -> "TableName":
+    def with_suffix(self, suffix: str) -> TableName:
         """The table beside this one (same catalog and schema) whose name ends in ``suffix``."""
         return TableName(self.namespace + (self.name + suffix,))
 
@@ -112,10 +118,14 @@ def parse_table_name(text: str, what: str = "table") -> TableName:
         if not part:
             raise TableNameError(f"{where}: empty name part at character {start + 1}")
         if not quoted and "`" in part:
-            raise TableNameError(f"{where}: a backtick inside an unquoted part; quote the part "
-                                 "(`like this`, a backtick inside written twice)")
+            raise TableNameError(
+                f"{where}: a backtick inside an unquoted part; quote the part "
+                "(`like this`, a backtick inside written twice)"
+            )
         if not quoted and part != part.strip():
-            raise TableNameError(f"{where}: space at the start or end of {part!r}; quote the part with backticks if the space is meant")
+            raise TableNameError(
+                f"{where}: space at the start or end of {part!r}; quote the part with backticks if the space is meant"
+            )
         if _CONTROL.search(part):
             raise TableNameError(f"{where}: control character in {part!r}")
         if len(part) > MAX_PART_LENGTH:
@@ -134,7 +144,7 @@ def has_path_separator(text: str) -> bool:
     return any(not quoted and any(c in part for c in "/\\:") for _, part, quoted, _ in _scan(text))
 
 
-def _scan(text: str) -> Iterator[tuple[int, str, bool, Optional[str]]]:
+def _scan(text: str) -> Iterator[tuple[int, str, bool, str | None]]:
     """Each name part of ``text``: ``(start, unquoted text, was quoted, problem or None)``; lenient, so paths scan too."""
     i = 0
     while True:
@@ -151,7 +161,7 @@ def _scan(text: str) -> Iterator[tuple[int, str, bool, Optional[str]]]:
         i += 1  # the dot
 
 
-def _quoted_part(text: str, i: int) -> tuple[str, int, Optional[str]]:
+def _quoted_part(text: str, i: int) -> tuple[str, int, str | None]:
     """The backtick-quoted part starting at ``text[i]``, the index after it (a dot or the end), and any problem."""
     out, j = [], i + 1
     while j < len(text):
@@ -161,7 +171,11 @@ def _quoted_part(text: str, i: int) -> tuple[str, int, Optional[str]]:
         elif text[j] == "`":
             if j + 1 < len(text) and text[j + 1] != ".":
                 end = text.find(".", j)
-                return "".join(out), len(text) if end < 0 else end, f"text after the closing backtick at character {j + 1}"
+                return (
+                    "".join(out),
+                    len(text) if end < 0 else end,
+                    f"text after the closing backtick at character {j + 1}",
+                )
             return "".join(out), j + 1, None
         else:
             out.append(text[j])
@@ -200,7 +214,7 @@ def is_path(ref: str) -> bool:
     return has_path_separator(ref) or os.path.exists(ref)
 
 
-def local_ref(ref: Optional[str]) -> Optional[str]:
+def local_ref(ref: str | None) -> str | None:
     """``ref`` spelled unambiguously: the absolute path of a bare name that exists locally, else ``ref`` as given.
 
     Absolute, because Spark resolves a relative path against the JVM's working directory,

@@ -15,35 +15,33 @@ writes its report and metrics row through :func:`run_and_record`.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.spark.console import run_log
 from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.platform.spark.local.own_host import import_late_modules_meanwhile
-from lakescore.jobs.testing_hooks import at_point
+from lakescore.jobs.report.files import write_report
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.report.text import kept_trace
-from lakescore.jobs.report.files import write_report
 from lakescore.jobs.steps.account import account_rows
+from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.drift import start_drift
+from lakescore.jobs.steps.metrics import record_run, record_stopped_run
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
-from lakescore.jobs.steps.metrics import record_run, record_stopped_run
-from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.report import assemble_report, failure_report
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import pin_staging, score_into_staging
 from lakescore.jobs.steps.served_model import ServedModel
 from lakescore.jobs.steps.validate import validate_rows
+from lakescore.jobs.testing_hooks import at_point
 
 __all__ = ["run_scoring", "run_and_record"]
 
 
-def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Optional[StepClock] = None) -> RunReport:
+def run_scoring(cfg: JobConfig, spark: SparkSession | None = None, clock: StepClock | None = None) -> RunReport:
     """Run one scoring job described by ``cfg`` and return its :class:`~lakescore.jobs.report.model.RunReport`.
 
     Raises :class:`~lakescore.jobs.config.ConfigError`, :class:`~lakescore.schemas.contracts.InputContractError`,
@@ -95,8 +93,7 @@ def run_scoring(cfg: JobConfig, spark: Optional[SparkSession] = None, clock: Opt
     return assemble_report(run, targets, plan, accounting, validation, outcome, clock, profile, drift)
 
 
-def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None,
-                   clock: Optional[StepClock] = None) -> RunReport:
+def run_and_record(cfg: JobConfig, spark: SparkSession | None = None, clock: StepClock | None = None) -> RunReport:
     """:func:`run_scoring`, then the run recorded as every entry point (CLI, API, demo) records it: its report (JSON and
     HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed`` or
     ``interrupted``, where and why: ``clock``, default a new one, says where it stopped), then the exception goes on."""
@@ -115,12 +112,14 @@ def run_and_record(cfg: JobConfig, spark: Optional[SparkSession] = None,
     return report
 
 
-def _text(path) -> Optional[str]:
+def _text(path) -> str | None:
     return str(path) if path is not None else None
 
 
 def _import_late_modules_meanwhile(cfg: JobConfig) -> None:
     """Import what the run's last steps need while the executors work (on this host's own masters): GX when
     validation is on, then the HTML report's charts when a report is written."""
-    modules = (["great_expectations"] if cfg.validation.enabled else []) + (["lakescore.jobs.report.html"] if cfg.report else [])
+    modules = (["great_expectations"] if cfg.validation.enabled else []) + (
+        ["lakescore.jobs.report.html"] if cfg.report else []
+    )
     import_late_modules_meanwhile(modules)

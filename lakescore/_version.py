@@ -1,6 +1,7 @@
 """The installed package's version, in a module of its own: the report reads it without importing the API."""
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 try:
     __version__ = _version("lakescore")

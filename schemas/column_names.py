@@ -17,13 +17,19 @@ or ``%`` are unchanged.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 from pyspark.sql import DataFrame
 
 __all__ = [
-    "DELTA_REFUSED_CHARACTERS", "refused_by_delta", "delta_storable_name", "resolvable_name", "original_name",
-    "renamed_columns", "delta_storable_columns", "original_columns",
+    "DELTA_REFUSED_CHARACTERS",
+    "refused_by_delta",
+    "delta_storable_name",
+    "resolvable_name",
+    "original_name",
+    "renamed_columns",
+    "delta_storable_columns",
+    "original_columns",
 ]
 
 DELTA_REFUSED_CHARACTERS = " ,;{}()\n\t="
@@ -33,7 +39,7 @@ _BARE_NAME_UNSAFE = ".`"
 _ESCAPE = re.compile(r"%([0-9A-F]{2})")
 
 
-def refused_by_delta(names: Iterable[str]) -> Optional[str]:
+def refused_by_delta(names: Iterable[str]) -> str | None:
     """The first of ``names`` that Delta would refuse without column mapping; ``None`` when it stores them all."""
     return next((name for name in names if any(c in DELTA_REFUSED_CHARACTERS for c in name)), None)
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-from typing import Optional, Sequence
 
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
     ByteType,
-    DateType,
     DataType,
+    DateType,
     DecimalType,
     DoubleType,
     FloatType,
@@ -27,8 +26,17 @@ from pyspark.sql.types import (
 from lakescore.schemas.id_columns import id_names
 
 __all__ = [
-    "PROMPT_COLUMN", "IMAGE_COLUMN", "FILE_COLUMN", "InputContractError", "TextInputContract", "ImageInputContract", "PromptInputContract",
-    "FeatureInputContract", "one_column_contract", "resolve_feature_cols", "id_names",
+    "PROMPT_COLUMN",
+    "IMAGE_COLUMN",
+    "FILE_COLUMN",
+    "InputContractError",
+    "TextInputContract",
+    "ImageInputContract",
+    "PromptInputContract",
+    "FeatureInputContract",
+    "one_column_contract",
+    "resolve_feature_cols",
+    "id_names",
 ]
 
 _ID_TYPES = (StringType, LongType, IntegerType, ShortType, ByteType, DecimalType)
@@ -70,7 +78,7 @@ class TextInputContract(_IdContract):
     string column (``text_pair_col``)."""
 
     text_col: str
-    text_pair_col: Optional[str] = None
+    text_pair_col: str | None = None
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or ill-typed column.
@@ -96,12 +104,17 @@ class ImageInputContract(_IdContract):
         """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
         fields = _fields_present(schema, source, [*_id_roles(self.id_cols), ("image column", self.image_col)])
         _require_ids(fields, self.id_cols, source)
-        _require(fields[self.image_col], (BinaryType, StringType), f"image column {self.image_col!r} in {source}",
-                 "binary (encoded image bytes) or string (paths of image files)")
+        _require(
+            fields[self.image_col],
+            (BinaryType, StringType),
+            f"image column {self.image_col!r} in {source}",
+            "binary (encoded image bytes) or string (paths of image files)",
+        )
 
 
-def one_column_contract(kind: str, id_cols: tuple[str, ...], column: str,
-                        pair_col: Optional[str] = None) -> "TextInputContract | ImageInputContract":
+def one_column_contract(
+    kind: str, id_cols: tuple[str, ...], column: str, pair_col: str | None = None
+) -> TextInputContract | ImageInputContract:
     """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes), and
     for text pairs the second string column ``pair_col``."""
     if pair_col is not None:
@@ -122,11 +135,15 @@ class PromptInputContract(_IdContract):
         fields = _fields_present(schema, source, named)
         _require_ids(fields, self.id_cols, source)
         for name in self.template_cols:
-            _require(fields[name], _PROMPT_VALUE_TYPES, f"prompt_template column {name!r} in {source}",
-                     "a string, number, boolean, date or timestamp")
+            _require(
+                fields[name],
+                _PROMPT_VALUE_TYPES,
+                f"prompt_template column {name!r} in {source}",
+                "a string, number, boolean, date or timestamp",
+            )
 
 
-def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Optional[str], source: str) -> tuple[str, ...]:
+def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: str | None, source: str) -> tuple[str, ...]:
     """The feature columns of a tabular task: ``cols`` as named, else every column starting with ``prefix``
     (in the input's column order). Raises :class:`InputContractError` when none is named or found."""
     if cols:
@@ -139,7 +156,9 @@ def resolve_feature_cols(schema: StructType, cols: Sequence[str], prefix: Option
                 f"available columns: {', '.join(schema.names) or '(none)'}"
             )
         return found
-    raise InputContractError("the tabular task needs feature_cols (--feature-cols) or feature_prefix (--feature-prefix)")
+    raise InputContractError(
+        "the tabular task needs feature_cols (--feature-cols) or feature_prefix (--feature-prefix)"
+    )
 
 
 @dataclass(frozen=True)
@@ -150,16 +169,23 @@ class FeatureInputContract(_IdContract):
 
     def check(self, schema: StructType, source: str) -> None:
         """Raise :class:`InputContractError` naming the first missing or non-numeric column."""
-        fields = _fields_present(schema, source, _id_roles(self.id_cols) + [("feature column", c) for c in self.feature_cols])
+        fields = _fields_present(
+            schema, source, _id_roles(self.id_cols) + [("feature column", c) for c in self.feature_cols]
+        )
         _require_ids(fields, self.id_cols, source)
         for name in self.feature_cols:
-            _require(fields[name], _NUMERIC_TYPES, f"feature column {name!r} in {source}", "a number (double, float, integer or decimal)")
+            _require(
+                fields[name],
+                _NUMERIC_TYPES,
+                f"feature column {name!r} in {source}",
+                "a number (double, float, integer or decimal)",
+            )
         for name in self.id_cols:
             if name in self.feature_cols:
                 raise InputContractError(f"id column {name!r} is also listed as a feature column")
 
 
-def _id_roles(id_cols: tuple[str, ...]) -> list[tuple[str, Optional[str]]]:
+def _id_roles(id_cols: tuple[str, ...]) -> list[tuple[str, str | None]]:
     return [("id column", name) for name in id_cols]
 
 
@@ -168,12 +194,14 @@ def _require_ids(fields: dict[str, DataType], id_cols: tuple[str, ...], source: 
         _require(fields[name], _ID_TYPES, f"id column {name!r} in {source}", "string, integer or decimal")
 
 
-def _fields_present(schema: StructType, source: str, columns: list[tuple[str, Optional[str]]]) -> dict[str, DataType]:
+def _fields_present(schema: StructType, source: str, columns: list[tuple[str, str | None]]) -> dict[str, DataType]:
     """The schema's fields by name, after checking every named ``(role, column)`` is there (``None``: not needed)."""
     fields = {f.name: f.dataType for f in schema.fields}
     for role, name in columns:
         if name is not None and name not in fields:
-            raise InputContractError(f"{role} {name!r} not found in {source}; available columns: {', '.join(fields) or '(none)'}")
+            raise InputContractError(
+                f"{role} {name!r} not found in {source}; available columns: {', '.join(fields) or '(none)'}"
+            )
     return fields
 
 

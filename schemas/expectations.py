@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructField, StructType
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class UserExpectations:
     """Checks users add in config (``validation:``) on top of the built-in suite."""
 
-    min_rows: Optional[int] = None
+    min_rows: int | None = None
     value_ranges: dict[str, tuple[float, ...]] = field(default_factory=dict)
     max_null_fraction: dict[str, float] = field(default_factory=dict)
     max_value_share: dict[str, tuple[str, float]] = field(default_factory=dict)
@@ -186,7 +186,7 @@ def _describe(result) -> dict[str, Any]:
     return check
 
 
-def _exception_message(info: dict) -> Optional[str]:
+def _exception_message(info: dict) -> str | None:
     """GX puts one exception record per result, or one per metric keyed by metric id."""
     if info.get("raised_exception"):
         return info.get("exception_message")

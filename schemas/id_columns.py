@@ -3,12 +3,12 @@ reads it without Spark."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 __all__ = ["id_names", "CHUNK_INDEX"]
 
 
-def id_names(id_col: Optional[Union[str, Sequence[str]]]) -> tuple[str, ...]:
+def id_names(id_col: str | Sequence[str] | None) -> tuple[str, ...]:
     """An id as its column names: one name, a composite id's names (in order), or none (``None``). The one place an id
     given as one name becomes the tuple everything past the boundary takes."""
     if id_col is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pyspark.sql.types import (
     ArrayType,
@@ -162,8 +162,11 @@ def carries(reason: str) -> bool:
 
 
 CARRY_COLUMNS = (
-    ("input_digest", StringType()), ("model_sha256", StringType()), ("spec_digest", StringType()),
-    ("first_run_id", StringType()), ("carried", BooleanType()),
+    ("input_digest", StringType()),
+    ("model_sha256", StringType()),
+    ("spec_digest", StringType()),
+    ("first_run_id", StringType()),
+    ("carried", BooleanType()),
 )
 """The errors table's columns in ``write.mode: incremental``, after ``run_id``: the row's input digest, the weights
 and scoring spec it failed under (what the next run compares to carry it), the run that first dead-lettered it, and
@@ -191,13 +194,16 @@ tokens), 0 for the others (the counters of :class:`~lakescore.schemas.traffic.Tr
 its answers published without ``usage``, whose tokens are unknown). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""
 
+
 def prediction_fields(task: str, asked: Sequence[str] = ()) -> list[StructField]:
     """The prediction fields of ``task``, with the :data:`ASKED_PREDICTIONS` named in ``asked``; ``KeyError`` for an
     unknown task, ``ValueError`` for a column ``task`` cannot add."""
     extra = {f.name: f for f in ASKED_PREDICTIONS.get(task, ())}
     unknown = [name for name in asked if name not in extra]
     if unknown:
-        raise ValueError(f"task {task!r} has no optional output column {unknown[0]!r}; it has {sorted(extra) or 'none'}")
+        raise ValueError(
+            f"task {task!r} has no optional output column {unknown[0]!r}; it has {sorted(extra) or 'none'}"
+        )
     return PREDICTIONS[task] + [f for name, f in extra.items() if name in asked]
 
 
@@ -207,7 +213,9 @@ def staged_prediction_fields(task: str, asked: Sequence[str] = (), chunked: bool
     fields = prediction_fields(task, asked)
     if not chunked:
         return fields
-    return [StructField(CHUNKS_COLUMN, ArrayType(StructType(CHUNK_COLUMNS + fields), containsNull=False), nullable=True)]
+    return [
+        StructField(CHUNKS_COLUMN, ArrayType(StructType(CHUNK_COLUMNS + fields), containsNull=False), nullable=True)
+    ]
 
 
 def prediction_columns(task: str, asked: Sequence[str] = ()) -> list[str]:
@@ -228,8 +236,15 @@ def scored_schema(task: str, *kept: StructField, asked: Sequence[str] = (), chun
     )
 
 
-def output_schema(task: str, *row_fields: StructField, incremental: bool = False, ranked: bool = False,
-                  file_status: bool = False, asked: Sequence[str] = (), chunked: bool = False) -> StructType:
+def output_schema(
+    task: str,
+    *row_fields: StructField,
+    incremental: bool = False,
+    ranked: bool = False,
+    file_status: bool = False,
+    asked: Sequence[str] = (),
+    chunked: bool = False,
+) -> StructType:
     """The Delta table's schema: the ``row_fields`` (the id column(s), then a ranked run's other key columns) as they
     were in the input, with ``chunked`` the :data:`CHUNK_COLUMNS`, predictions (with the ``asked`` optional ones), with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
     ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`; with ``incremental``
@@ -238,14 +253,22 @@ def output_schema(task: str, *row_fields: StructField, incremental: bool = False
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when an id or key column's name collides
     with an output column.
     """
-    taken = (([f.name for f in CHUNK_COLUMNS] if chunked else []) + prediction_columns(task, asked) + list(IDENTITY_COLUMNS)
-             + list(INCREMENTAL_COLUMNS) + list(ERROR_COLUMNS) + [WORKER_COLUMN]
-             + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else []))
+    taken = (
+        ([f.name for f in CHUNK_COLUMNS] if chunked else [])
+        + prediction_columns(task, asked)
+        + list(IDENTITY_COLUMNS)
+        + list(INCREMENTAL_COLUMNS)
+        + list(ERROR_COLUMNS)
+        + [WORKER_COLUMN]
+        + ([RANK_COLUMN, KEY_DIGEST_COLUMN] if ranked else [])
+    )
     files = list(FILE_COLUMNS.items()) if incremental and file_status else []
     taken += [name for name, _ in files]
     for field in row_fields:
         if field.name in taken:
-            raise InputContractError(f"id column {field.name!r} collides with an output column ({', '.join(taken)}); rename it")
+            raise InputContractError(
+                f"id column {field.name!r} collides with an output column ({', '.join(taken)}); rename it"
+            )
     extra = [*INCREMENTAL_COLUMNS, *([KEY_DIGEST_COLUMN] if ranked else [])] if incremental else []
     return StructType(
         [StructField(f.name, f.dataType, nullable=True) for f in row_fields]

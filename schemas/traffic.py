@@ -5,8 +5,9 @@ are spelled here once."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Traffic"]
 
@@ -31,7 +32,7 @@ class Traffic:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def of(cls, counts: Mapping[str, Any]) -> "Traffic":
+    def of(cls, counts: Mapping[str, Any]) -> Traffic:
         """The counters ``counts`` holds by name (a JSON object, a row), each missing or null one 0; other keys
         ignored."""
         return cls(**{name: int(counts.get(name) or 0) for name in cls.names()})
@@ -39,8 +40,8 @@ class Traffic:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
-    def __add__(self, other: "Traffic") -> "Traffic":
+    def __add__(self, other: Traffic) -> Traffic:
         return Traffic(*(a + b for a, b in zip(self.as_dict().values(), other.as_dict().values())))
 
-    def __sub__(self, other: "Traffic") -> "Traffic":
+    def __sub__(self, other: Traffic) -> Traffic:
         return Traffic(*(a - b for a, b in zip(self.as_dict().values(), other.as_dict().values())))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,13 +18,26 @@ os.environ["LAKESCORE_TEST_HOOKS"] = "1"
 
 
 SLOWEST_FIRST = (
-    "integration/test_incremental.py", "integration/test_tasks_and_faults.py", "integration/test_spark_connect.py",
-    "cluster/test_faults.py", "integration/test_s3a.py", "integration/test_bad_inputs.py", "integration/test_kill_matrix.py",
-    "integration/test_generate_job.py", "integration/test_endpoint_job.py", "integration/test_provider_batch.py",
-    "integration/test_image_job.py", "integration/test_batch_provider_upstream.py",
-    "integration/test_chunked_documents.py", "integration/test_score_job.py",
-    "cluster/test_submit_local.py", "scale/test_flat_memory.py", "cluster/test_standalone.py",
-    "integration/test_api.py", "integration/test_rank_and_ids.py", "integration/test_drift_gate.py",
+    "integration/test_incremental.py",
+    "integration/test_tasks_and_faults.py",
+    "integration/test_spark_connect.py",
+    "cluster/test_faults.py",
+    "integration/test_s3a.py",
+    "integration/test_bad_inputs.py",
+    "integration/test_kill_matrix.py",
+    "integration/test_generate_job.py",
+    "integration/test_endpoint_job.py",
+    "integration/test_provider_batch.py",
+    "integration/test_image_job.py",
+    "integration/test_batch_provider_upstream.py",
+    "integration/test_chunked_documents.py",
+    "integration/test_score_job.py",
+    "cluster/test_submit_local.py",
+    "scale/test_flat_memory.py",
+    "cluster/test_standalone.py",
+    "integration/test_api.py",
+    "integration/test_rank_and_ids.py",
+    "integration/test_drift_gate.py",
     "unit/test_image_memory.py",
 )
 """The test files that take longest (make test's durations), run first: ``make test`` hands files to its two
@@ -91,8 +104,14 @@ def _tiny_bert(model_class, id2label: dict):
 
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=512, num_labels=len(id2label), id2label=id2label,
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=len(id2label),
+        id2label=id2label,
         label2id={v: k for k, v in id2label.items()},
     )
     return model_class(config).eval()
@@ -201,8 +220,13 @@ def plain_bert_dir(tmp_path_factory, minilm_dir) -> Path:
     path = tmp_path_factory.mktemp("plain-bert")
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
     BertModel(config).eval().save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path

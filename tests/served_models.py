@@ -10,10 +10,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 from lakescore.udfs.remote.engine import HOST, engine_command, free_port, healthy
 
@@ -30,11 +30,13 @@ class TransformersServe:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/v1"
 
-    def start(self, timeout: float = 180.0) -> "TransformersServe":
+    def start(self, timeout: float = 180.0) -> TransformersServe:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         command = engine_command("transformers", str(self.model_dir), str(self.model_dir), self.port)
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while not healthy(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -119,7 +121,7 @@ class RateLimitingProxy:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/v1"
 
-    def __enter__(self) -> "RateLimitingProxy":
+    def __enter__(self) -> RateLimitingProxy:
         self.thread.start()
         return self
 

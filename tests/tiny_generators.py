@@ -19,7 +19,10 @@ CONTEXT = 160
 
 def reviews(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 14))) + rng.choice([".", "!", "?", ""]) for _ in range(n)]
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 14))) + rng.choice([".", "!", "?", ""])
+        for _ in range(n)
+    ]
 
 
 def train_tokenizer(post: str, extra: tuple[str, ...] = ()):
@@ -32,7 +35,9 @@ def train_tokenizer(post: str, extra: tuple[str, ...] = ()):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=400,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     backend.train_from_iterator(reviews(400, seed=0) + ['{"label": "good", "stars": 3, "ok": true}'] * 20, trainer)
@@ -53,10 +58,17 @@ def save_causal(target, tokenizer, vocab_size=None, hidden_size=64, heads=4, con
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=context,
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
         initializer_range=0.2,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     LlamaForCausalLM(config).save_pretrained(target)
     tokenizer.save_pretrained(target)

@@ -25,8 +25,14 @@ def picture(width: int, height: int, seed: int):
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
     tint = rng.uniform(0.2, 1.0, size=3)
-    pixels = np.stack([(x * 255 // max(1, width - 1)) * tint[0], (y * 255 // max(1, height - 1)) * tint[1],
-                       ((x + y) % 64) * 4 * tint[2]], axis=-1)
+    pixels = np.stack(
+        [
+            (x * 255 // max(1, width - 1)) * tint[0],
+            (y * 255 // max(1, height - 1)) * tint[1],
+            ((x + y) % 64) * 4 * tint[2],
+        ],
+        axis=-1,
+    )
     noise = rng.integers(0, 24, size=pixels.shape)
     return Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8))
 
@@ -34,7 +40,9 @@ def picture(width: int, height: int, seed: int):
 def vit_classifier(target, **config):
     """A seeded 3-label ViT classifier (32 x 32 pixels, patches of 8) and its processor, saved in ``target``."""
     torch.manual_seed(0)
-    vit = transformers.ViTConfig(**VISION, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **config)
+    vit = transformers.ViTConfig(
+        **VISION, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **config
+    )
     transformers.ViTForImageClassification(vit).eval().save_pretrained(target)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(target)
     return target
@@ -49,8 +57,14 @@ def tiny_clip(target):
     for special in ("<|startoftext|>", "<|endoftext|>"):
         vocab[special] = len(vocab)
     tokenizer = transformers.CLIPTokenizer(vocab=vocab, merges=[("h", "e"), ("l", "l")], model_max_length=77)
-    text = dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=vocab["<|startoftext|>"],
-                eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"], **TINY)
+    text = dict(
+        vocab_size=len(vocab),
+        max_position_embeddings=77,
+        bos_token_id=vocab["<|startoftext|>"],
+        eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+        **TINY,
+    )
     torch.manual_seed(2)
     model = transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=VISION, projection_dim=16))
     model.eval().save_pretrained(target)

@@ -10,7 +10,8 @@ shape (a list of entity structs per row) have no flat buffer to start from:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,9 @@ def list_column(matrix: np.ndarray, ok: np.ndarray, value_type: pa.DataType) -> 
     offsets = np.zeros(n + 1, dtype=np.int32)
     offsets[1:] = np.cumsum(ok.astype(np.int32) * width)
     return pa.ListArray.from_arrays(
-        pa.array(offsets), pa.array(values, type=value_type), type=pa.list_(pa.field("element", value_type, nullable=False)),
+        pa.array(offsets),
+        pa.array(values, type=value_type),
+        type=pa.list_(pa.field("element", value_type, nullable=False)),
         mask=pa.array(~ok),
     )
 

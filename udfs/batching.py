@@ -22,9 +22,10 @@ for the budget defaults, does not pay torch's two-second import.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -60,7 +61,6 @@ DEFAULT_MAX_BATCH_TOKENS = {"cpu": 1024, "cuda": 65536}
 CPU: the fastest budget ``lakescore sweep`` found for a small encoder; throughput falls as the budget
 grows, since small batches of equal length keep the activations in cache. Run the sweep for other
 models and hardware."""
-
 
 
 def default_max_tokens(device: str) -> int:
@@ -147,7 +147,7 @@ def take_rows(features: Features, rows: np.ndarray, width: int, padding_side: st
     return out
 
 
-def tokenize_present(texts: Sequence[Optional[str]], head: TextHead) -> Optional[Features]:
+def tokenize_present(texts: Sequence[str | None], head: TextHead) -> Features | None:
     """The head's tokenization of the non-null ``texts``, in order; ``None`` when all are null.
 
     What :func:`score_texts` accepts as ``features``, so tokenization can run ahead.
@@ -166,8 +166,8 @@ class Scored:
     """
 
     outputs: np.ndarray
-    reasons: list[Optional[str]]
-    errors: list[Optional[str]]
+    reasons: list[str | None]
+    errors: list[str | None]
 
     @property
     def ok(self) -> np.ndarray:
@@ -200,10 +200,10 @@ class AdaptiveBudget:
 
 
 def score_texts(
-    texts: Sequence[Optional[str]],
+    texts: Sequence[str | None],
     head: TextHead,
     policy: BatchPolicy | AdaptiveBudget,
-    features: Optional[Features] = None,
+    features: Features | None = None,
 ) -> Scored:
     """Score ``texts`` through ``head`` in token-budget batches.
 
@@ -235,7 +235,11 @@ def score_matrix(matrix: np.ndarray, head, policy: BatchPolicy | AdaptiveBudget)
     valid = np.isfinite(matrix).all(axis=1) if matrix.ndim == 2 else np.zeros(len(matrix), dtype=bool)
     present = matrix[valid]
     return score_present(
-        valid, np.ones(len(present), dtype=np.int64), lambda rows, width: present[rows], head.forward, policy,
+        valid,
+        np.ones(len(present), dtype=np.int64),
+        lambda rows, width: present[rows],
+        head.forward,
+        policy,
         invalid_reason=BAD_FEATURE_VALUE,
     )
 
@@ -263,9 +267,9 @@ def score_present(
     budget = policy if isinstance(policy, AdaptiveBudget) else AdaptiveBudget(policy)
     n = len(valid)
     present = np.flatnonzero(valid)
-    reasons: list[Optional[str]] = [None if ok else invalid_reason for ok in valid]
-    errors: list[Optional[str]] = [None] * n
-    outputs: Optional[np.ndarray] = None
+    reasons: list[str | None] = [None if ok else invalid_reason for ok in valid]
+    errors: list[str | None] = [None] * n
+    outputs: np.ndarray | None = None
 
     def run(rows: np.ndarray) -> None:
         nonlocal outputs
@@ -313,7 +317,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """True for an out-of-memory error: torch's CUDA one, Python's ``MemoryError``, or an allocator's message."""
     torch = sys.modules.get("torch")
     oom = getattr(torch.cuda, "OutOfMemoryError", None) if torch is not None else None
-    return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    return (
+        (oom is not None and isinstance(exc, oom))
+        or isinstance(exc, MemoryError)
+        or "out of memory" in str(exc).lower()
+    )
 
 
 def _release_cuda_cache() -> None:

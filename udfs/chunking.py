@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -27,11 +27,19 @@ from lakescore.udfs.arrow_columns import list_column
 from lakescore.udfs.batching import AdaptiveBudget, Scored, TextHead
 
 if TYPE_CHECKING:
-    from lakescore.udfs.heads.protocol import ChecksFidelity
+    pass
 
 __all__ = [
-    "ChunkError", "TooManyChunks", "Chunker", "Span", "DocumentChunks", "PreparedDocuments", "ChunkedEmbedder",
-    "chunked_embedder", "prepare_documents", "embed_documents",
+    "ChunkError",
+    "TooManyChunks",
+    "Chunker",
+    "Span",
+    "DocumentChunks",
+    "PreparedDocuments",
+    "ChunkedEmbedder",
+    "chunked_embedder",
+    "prepare_documents",
+    "embed_documents",
 ]
 
 Span = tuple[int, int]
@@ -46,6 +54,8 @@ class ChunkableEmbedder(TextHead, Protocol):
     tokenizer: Any
     max_seq_length: int
     prompt: str
+
+
 """A chunk as ``(start, end)`` character offsets into its text."""
 
 
@@ -81,7 +91,9 @@ class Chunker:
     def __post_init__(self) -> None:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is None or not getattr(self.tokenizer, "is_fast", False):
-            raise ValueError("embed.chunk needs the model's fast (tokenizers) tokenizer, for the character offsets of its tokens")
+            raise ValueError(
+                "embed.chunk needs the model's fast (tokenizers) tokenizer, for the character offsets of its tokens"
+            )
         from tokenizers import Tokenizer
 
         # a copy that neither truncates nor pads (a tokenizer.json may carry either): every token of the text counts
@@ -134,6 +146,7 @@ class Chunker:
             return [(0, len(text))]
         spans: list[Span] = []
         first = 0
+
         def word_start(k: int) -> int:
             """The first token of token ``k``'s word (a word split into pieces is split between windows only when it
             is longer than a window)."""
@@ -154,8 +167,10 @@ class Chunker:
                 # becomes a token): one token less
                 last -= 1
                 if last <= first:
-                    raise ChunkError(f"no window from character {start} fits in embed.chunk.max_tokens {self.max_tokens} "
-                                     "(special tokens and prompt included): raise it")
+                    raise ChunkError(
+                        f"no window from character {start} fits in embed.chunk.max_tokens {self.max_tokens} "
+                        "(special tokens and prompt included): raise it"
+                    )
             spans.append((start, end))
             if len(spans) > self.max_chunks:
                 raise TooManyChunks(f"more than embed.chunk.max_chunks {self.max_chunks} chunks")
@@ -176,7 +191,7 @@ class DocumentChunks:
 
     spans: list[Span]
     vectors: np.ndarray
-    document_vector: Optional[np.ndarray] = None
+    document_vector: np.ndarray | None = None
 
 
 @dataclass
@@ -184,8 +199,8 @@ class PreparedDocuments:
     """A batch of documents ready to score: each document's chunks as texts, flattened in document order (``owner``:
     the document of each chunk), the chunks' tokenization, and the documents refused before scoring."""
 
-    texts: list[Optional[str]]
-    spans: list[Optional[list[Span]]]
+    texts: list[str | None]
+    spans: list[list[Span] | None]
     chunk_texts: list[str]
     owner: np.ndarray
     features: Any
@@ -203,11 +218,11 @@ class ChunkedEmbedder:
         self.embedder, self.chunker, self.document_vector = embedder, chunker, document_vector
         self.padding_side = embedder.padding_side
 
-    def prepare(self, texts: list[Optional[str]], refused: Optional[dict] = None) -> "PreparedDocuments":
+    def prepare(self, texts: list[str | None], refused: dict | None = None) -> PreparedDocuments:
         """:func:`prepare_documents` (the text runner's preparation of a batch, run ahead in a thread)."""
         return prepare_documents(texts, self, refused)
 
-    def score_prepared(self, prepared: "PreparedDocuments", budget: AdaptiveBudget) -> Scored:
+    def score_prepared(self, prepared: PreparedDocuments, budget: AdaptiveBudget) -> Scored:
         """:func:`embed_documents` of prepared documents."""
         return embed_documents(prepared.texts, self, budget, prepared)
 
@@ -230,8 +245,12 @@ class ChunkedEmbedder:
         embedding = list_column(matrix, np.ones(len(matrix), dtype=bool), pa.float32())
         chunk = pa.StructArray.from_arrays(
             [pa.array(index, pa.int32()), pa.array(start, pa.int32()), pa.array(end, pa.int32()), embedding],
-            fields=[pa.field("chunk_index", pa.int32(), nullable=False), pa.field("chunk_start", pa.int32()),
-                    pa.field("chunk_end", pa.int32()), pa.field("embedding", embedding.type)],
+            fields=[
+                pa.field("chunk_index", pa.int32(), nullable=False),
+                pa.field("chunk_start", pa.int32()),
+                pa.field("chunk_end", pa.int32()),
+                pa.field("embedding", embedding.type),
+            ],
         )
         sizes = np.zeros(len(ok), dtype=np.int32)
         sizes[np.asarray(ok, dtype=bool)] = counts
@@ -251,8 +270,9 @@ class ChunkedEmbedder:
         return scored.outputs
 
 
-def chunked_embedder(embedder: TextHead, max_tokens: int, overlap_tokens: int = 0, max_chunks: int = 1000,
-                     document_vector: bool = False) -> ChunkedEmbedder:
+def chunked_embedder(
+    embedder: TextHead, max_tokens: int, overlap_tokens: int = 0, max_chunks: int = 1000, document_vector: bool = False
+) -> ChunkedEmbedder:
     """``embedder`` (a loaded :class:`~lakescore.udfs.heads.embed.SentenceEmbedder`) over chunks of at most
     ``max_tokens`` tokens. Raises ``ValueError`` for ``max_tokens`` above the tokens the model reads
     (``max_seq_length``: its chunks would be truncated) or settings that leave no text in a window."""
@@ -262,17 +282,18 @@ def chunked_embedder(embedder: TextHead, max_tokens: int, overlap_tokens: int = 
         from lakescore.udfs.options.embed import chunk_limit_error
 
         raise ValueError(chunk_limit_error(max_tokens, embedder.max_seq_length))
-    return ChunkedEmbedder(embedder, Chunker(embedder.tokenizer, max_tokens, overlap_tokens, max_chunks, embedder.prompt),
-                           document_vector)
+    return ChunkedEmbedder(
+        embedder, Chunker(embedder.tokenizer, max_tokens, overlap_tokens, max_chunks, embedder.prompt), document_vector
+    )
 
 
-def prepare_documents(texts: list[Optional[str]], head: ChunkedEmbedder, refused: Optional[dict] = None) -> PreparedDocuments:
+def prepare_documents(texts: list[str | None], head: ChunkedEmbedder, refused: dict | None = None) -> PreparedDocuments:
     """Chunk every present text of ``texts`` and tokenize the chunks; a text the chunker refuses (too many chunks,
     no window that fits) is refused whole, with its reason."""
     from lakescore.udfs.runners import RowFailure
 
     refused = dict(refused or {})
-    spans: list[Optional[list[Span]]] = [None] * len(texts)
+    spans: list[list[Span] | None] = [None] * len(texts)
     chunk_texts: list[str] = []
     owner: list[int] = []
     for i, text in enumerate(texts):
@@ -292,8 +313,9 @@ def prepare_documents(texts: list[Optional[str]], head: ChunkedEmbedder, refused
     return PreparedDocuments(texts, spans, chunk_texts, np.asarray(owner, dtype=np.int64), features, refused)
 
 
-def embed_documents(texts: list[Optional[str]], head: ChunkedEmbedder, budget: Any,
-                    prepared: Optional[PreparedDocuments] = None) -> "Scored":
+def embed_documents(
+    texts: list[str | None], head: ChunkedEmbedder, budget: Any, prepared: PreparedDocuments | None = None
+) -> Scored:
     """Score documents: ``outputs[i]`` is document *i*'s :class:`DocumentChunks`, or ``None`` with its reason where
     it was not scored (null, refused by the chunker, or any of its chunks failed: a document is scored whole or not
     at all)."""
@@ -302,15 +324,18 @@ def embed_documents(texts: list[Optional[str]], head: ChunkedEmbedder, budget: A
     prepared = prepared or prepare_documents(texts, head)
     n = len(texts)
     outputs = np.empty(n, dtype=object)
-    reasons: list[Optional[str]] = [NULL_INPUT if text is None else None for text in texts]
-    errors: list[Optional[str]] = [None] * n
+    reasons: list[str | None] = [NULL_INPUT if text is None else None for text in texts]
+    errors: list[str | None] = [None] * n
     for i, failure in prepared.refused.items():
         reasons[i], errors[i] = failure.reason, failure.error
     if not prepared.chunk_texts:
         return Scored(outputs, reasons, errors)
     scored = score_texts(prepared.chunk_texts, head.embedder, budget, prepared.features)
-    vectors = np.stack([np.asarray(v, dtype=np.float32) for v in scored.outputs]) if scored.outputs.dtype == object \
+    vectors = (
+        np.stack([np.asarray(v, dtype=np.float32) for v in scored.outputs])
+        if scored.outputs.dtype == object
         else np.asarray(scored.outputs, dtype=np.float32)
+    )
     bounds = np.flatnonzero(np.diff(prepared.owner)) + 1
     for rows in np.split(np.arange(len(prepared.owner)), bounds):
         i = int(prepared.owner[rows[0]])
@@ -318,7 +343,9 @@ def embed_documents(texts: list[Optional[str]], head: ChunkedEmbedder, budget: A
         if failed:  # one chunk failed: the whole document is dead-lettered
             k = failed[0]
             reasons[i] = scored.reasons[rows[k]]
-            errors[i] = f"chunk {k} of {len(rows)} ({prepared.spans[i][k][0]}-{prepared.spans[i][k][1]}): {scored.errors[rows[k]]}"
+            errors[i] = (
+                f"chunk {k} of {len(rows)} ({prepared.spans[i][k][0]}-{prepared.spans[i][k][1]}): {scored.errors[rows[k]]}"
+            )
             continue
         mean = _normalised_mean(vectors[rows]) if head.document_vector else None
         outputs[i] = DocumentChunks(prepared.spans[i], vectors[rows], mean)

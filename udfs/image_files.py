@@ -13,19 +13,19 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 __all__ = ["local_path", "read_file", "read_files", "read_in_slices", "file_status"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
-def local_path(path: str) -> Optional[str]:
+def local_path(path: str) -> str | None:
     """``path`` as a path on this host (a local path, ``file:`` URI or ``dbfs:/`` path), or ``None`` for other URIs."""
     scheme = _SCHEME.match(path)
     if scheme is None or len(scheme.group(1)) == 1:  # no scheme, or a Windows drive letter
         return path
-    name, rest = scheme.group(1).lower(), path[scheme.end():]
+    name, rest = scheme.group(1).lower(), path[scheme.end() :]
     if name == "file":
         return re.sub(r"^//(localhost)?(?=/)", "", rest)
     if name == "dbfs":
@@ -36,12 +36,14 @@ def local_path(path: str) -> Optional[str]:
 def _local(path: str) -> str:
     local = local_path(path)
     if local is None:
-        raise OSError(f"cannot read {path!r}: without lakescore's Hadoop file reader only local, file: and dbfs:/ paths "
-                      "are read (the Spark Connect server refused its jar)")
+        raise OSError(
+            f"cannot read {path!r}: without lakescore's Hadoop file reader only local, file: and dbfs:/ paths "
+            "are read (the Spark Connect server refused its jar)"
+        )
     return local
 
 
-def file_status(path: Optional[str]) -> Optional[tuple[int, int]]:
+def file_status(path: str | None) -> tuple[int, int] | None:
     """``(length in bytes, modification time in milliseconds since the epoch)`` of the file at ``path``, as Hadoop's
     local filesystem gives them, without reading it; ``None`` for a null path, a missing file or a directory."""
     if path is None:
@@ -53,7 +55,7 @@ def file_status(path: Optional[str]) -> Optional[tuple[int, int]]:
     return (found.st_size, found.st_mtime_ns // 1_000_000) if stat.S_ISREG(found.st_mode) else None
 
 
-def read_file(path: str) -> Optional[bytes]:
+def read_file(path: str) -> bytes | None:
     """The bytes of the file at ``path`` (see the module docstring), ``None`` when it does not exist."""
     try:
         with open(_local(path), "rb") as handle:
@@ -62,15 +64,15 @@ def read_file(path: str) -> Optional[bytes]:
         return None
 
 
-def read_files(paths: Sequence[Optional[str]]) -> list[Optional[bytes]]:
+def read_files(paths: Sequence[str | None]) -> list[bytes | None]:
     """:func:`read_file` of each path, ``None`` for a null path."""
     return [None if path is None else read_file(path) for path in paths]
 
 
-def read_in_slices(paths: Sequence[Optional[str]], max_bytes: int) -> Iterator[list[Optional[bytes]]]:
+def read_in_slices(paths: Sequence[str | None], max_bytes: int) -> Iterator[list[bytes | None]]:
     """:func:`read_files` of ``paths``, in order, as consecutive slices of at most ``max_bytes`` (a bigger file is a
     slice alone), so that at most one slice of files is held at a time."""
-    slice_: list[Optional[bytes]] = []
+    slice_: list[bytes | None] = []
     size = 0
     for path in paths:
         data = None if path is None else read_file(path)

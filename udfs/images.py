@@ -21,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import io
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +31,19 @@ from lakescore.schemas.reasons import IMAGE_TOO_LARGE, INVALID_IMAGE, NULL_INPUT
 from lakescore.udfs.batching import BatchPolicy, plan_batches
 
 __all__ = [
-    "DEFAULT_MAX_BATCH_PIXELS", "DEFAULT_MAX_BATCH_IMAGES", "ImageFailure", "ImageHeader", "Chunk", "Preprocessed",
-    "pixel_limit", "read_header", "row_index", "image_tokens", "decode_image", "describe_image", "preprocess_chunks",
+    "DEFAULT_MAX_BATCH_PIXELS",
+    "DEFAULT_MAX_BATCH_IMAGES",
+    "ImageFailure",
+    "ImageHeader",
+    "Chunk",
+    "Preprocessed",
+    "pixel_limit",
+    "read_header",
+    "row_index",
+    "image_tokens",
+    "decode_image",
+    "describe_image",
+    "preprocess_chunks",
     "preflight_image",
 ]
 
@@ -91,7 +103,7 @@ class Preprocessed:
     chunks: list[Chunk] = field(default_factory=list)
 
 
-def pixel_limit(max_image_pixels: Optional[int]) -> int:
+def pixel_limit(max_image_pixels: int | None) -> int:
     """The pixels an image may have: ``max_image_pixels``, else Pillow's ``MAX_IMAGE_PIXELS`` (its decompression-bomb
     warning threshold; no limit where the process turned Pillow's off). A limit above Pillow's own raises Pillow's,
     which would otherwise refuse such images in ``Image.open`` before they reach this check."""
@@ -106,7 +118,7 @@ def pixel_limit(max_image_pixels: Optional[int]) -> int:
     return max_image_pixels
 
 
-def read_header(data: Optional[bytes], limit: int) -> tuple[Optional[ImageHeader], Optional[ImageFailure]]:
+def read_header(data: bytes | None, limit: int) -> tuple[ImageHeader | None, ImageFailure | None]:
     """``data``'s header (``None`` where unreadable) and why the row cannot be scored (``None`` where it can): null or
     empty, not an image, or more than ``limit`` pixels. Only the header is read."""
     if not data:
@@ -155,7 +167,7 @@ def _failure(exc: Exception) -> ImageFailure:
     return ImageFailure(INVALID_IMAGE, f"{type(exc).__name__}: {exc}"[:2000])
 
 
-def describe_image(data: Optional[bytes], header: Optional[ImageHeader] = None) -> Optional[str]:
+def describe_image(data: bytes | None, header: ImageHeader | None = None) -> str | None:
     """A row's image as the errors table shows it: format and size when the header was read, the byte count and
     the SHA-256 of the bytes (never the bytes themselves); ``None`` for a null value."""
     if data is None:
@@ -167,7 +179,7 @@ def describe_image(data: Optional[bytes], header: Optional[ImageHeader] = None) 
 
 
 def preprocess_chunks(
-    values: Sequence[Optional[bytes]],
+    values: Sequence[bytes | None],
     preprocess: Callable[[list], Any],
     limit: int,
     policy: BatchPolicy,

@@ -13,7 +13,8 @@ pandas and back (a Python object per array cell on the way out, e.g. per embeddi
 reason the job's errors table records.
 """
 
-from typing import Any, Iterator, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -34,7 +35,7 @@ def return_type(task: str, options: Any = None) -> DataType:
     return fields[0].dataType if len(fields) == 1 else StructType(fields)
 
 
-def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int):
+def make_pandas_udf(spec: ModelSpec, *, max_tokens: int | None, max_rows: int):
     """An iterator-style pandas UDF scoring ``spec``'s task; call it on the input column(s).
 
     ``spec.feature_cols`` names the features of a feature task (one UDF argument each,
@@ -47,8 +48,10 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
     arrow_types = task.output_arrow_types_for(options)
     names = [f"x{i}" for i in range(1 if task.input_kind.one_column else len(spec.feature_cols))]
 
-    def outputs(columns: Iterator[Tuple[pd.Series, ...]]):
-        batches = (pa.RecordBatch.from_arrays([pa.array(c, from_pandas=True) for c in cols], names=names) for cols in columns)
+    def outputs(columns: Iterator[tuple[pd.Series, ...]]):
+        batches = (
+            pa.RecordBatch.from_arrays([pa.array(c, from_pandas=True) for c in cols], names=names) for cols in columns
+        )
         for batch, scored in score_batches(spec, names, batches, arrow_types, max_tokens, max_rows):
             arrays = scored.predictions if scored is not None else [pa.nulls(batch.num_rows, t) for t in arrow_types]
             if len(fields) == 1:
@@ -64,7 +67,7 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: Optional[int], max_rows: int
     # PySpark reads the UDF's kind from its type hints: one series or a tuple of them in,
     # a series (one output column) or a frame (a struct of them) out.
     udf.__annotations__ = {
-        "inputs": Iterator[pd.Series] if one_column else Iterator[Tuple[pd.Series, ...]],
+        "inputs": Iterator[pd.Series] if one_column else Iterator[tuple[pd.Series, ...]],
         "return": Iterator[pd.Series] if len(fields) == 1 else Iterator[pd.DataFrame],
     }
     return pandas_udf(udf, spark_type)

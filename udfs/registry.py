@@ -25,9 +25,10 @@ their head lazily, so the driver and the CLI stay light.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.options.generate import FINISH_REASONS
@@ -38,7 +39,21 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
 
     from lakescore.udfs.heads.protocol import Head
 
-__all__ = ["named", "InputKind", "OutputProfile", "Task", "TEXT", "PROMPT", "FEATURES", "IMAGE", "IMAGE_PROMPT", "TASKS", "TASK_NAMES", "get_task", "named_columns"]
+__all__ = [
+    "named",
+    "InputKind",
+    "OutputProfile",
+    "Task",
+    "TEXT",
+    "PROMPT",
+    "FEATURES",
+    "IMAGE",
+    "IMAGE_PROMPT",
+    "TASKS",
+    "TASK_NAMES",
+    "get_task",
+    "named_columns",
+]
 
 
 def named(ref: str) -> Any:
@@ -61,7 +76,7 @@ class InputKind:
     """Modules every head of this kind imports in a worker, whatever its backend."""
     row_keys: bool = False
     """The runner reads each row's id too (``key_col``), to seed what it draws for the row (generation's sampling)."""
-    column_setting: Optional[str] = None
+    column_setting: str | None = None
     """The config setting naming the one input column (``text_col``, ``image_col``); ``None``: numeric feature columns."""
     runner_settings: tuple[str, ...] = ()
     """The ``scoring.*`` settings this kind's runner takes as keyword arguments (config validation refuses them for
@@ -102,23 +117,42 @@ class InputKind:
         return ["lakescore preflight"] * rows if self.is_text else np.zeros((rows, len(spec.feature_cols)))
 
 
-TEXT = InputKind("text", "lakescore.udfs.runners:TextRunner", ("transformers.tokenization_utils_tokenizers",), column_setting="text_col")
+TEXT = InputKind(
+    "text",
+    "lakescore.udfs.runners:TextRunner",
+    ("transformers.tokenization_utils_tokenizers",),
+    column_setting="text_col",
+)
 PROMPT = InputKind(  # not timed: a batch of prompts is a whole generation each
-    "text", "lakescore.udfs.runners:PromptRunner", ("transformers.tokenization_utils_tokenizers",), row_keys=True,
-    column_setting="text_col", timed_rows=0,
+    "text",
+    "lakescore.udfs.runners:PromptRunner",
+    ("transformers.tokenization_utils_tokenizers",),
+    row_keys=True,
+    column_setting="text_col",
+    timed_rows=0,
 )
 """One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""
 FEATURES = InputKind("features", "lakescore.udfs.runners:MatrixRunner")
 IMAGE = InputKind(
-    "image", "lakescore.udfs.runners:ImageRunner", ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
-    column_setting="image_col", runner_settings=("max_image_pixels",), file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
+    "image",
+    "lakescore.udfs.runners:ImageRunner",
+    ("PIL.Image", "PIL.ImageOps", "transformers.models.auto.image_processing_auto"),
+    column_setting="image_col",
+    runner_settings=("max_image_pixels",),
+    file_extensions=("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff", "tif"),
     timed_rows=8,  # an image costs milliseconds at least: a few tell that
 )
 """One binary column of encoded images (a folder of image files is read as one: ``input_format`` ``images``)."""
 IMAGE_PROMPT = InputKind(  # not timed: a row is a whole generation
-    "image", "lakescore.udfs.runners:ImagePromptRunner", (*IMAGE.worker_imports, "transformers.models.auto.processing_auto"),
-    row_keys=True, column_setting="image_col", runner_settings=IMAGE.runner_settings, file_extensions=IMAGE.file_extensions,
-    prompted=True, timed_rows=0,
+    "image",
+    "lakescore.udfs.runners:ImagePromptRunner",
+    (*IMAGE.worker_imports, "transformers.models.auto.processing_auto"),
+    row_keys=True,
+    column_setting="image_col",
+    runner_settings=IMAGE.runner_settings,
+    file_extensions=IMAGE.file_extensions,
+    prompted=True,
+    timed_rows=0,
 )
 """Images read as :data:`IMAGE` reads them, each with its row's prompt rendered from ``generate.prompt_template``."""
 
@@ -127,13 +161,13 @@ IMAGE_PROMPT = InputKind(  # not timed: a row is a whole generation
 class OutputProfile:
     """Which output columns a run's prediction profile and drift figures read, by what they hold (``None``: none)."""
 
-    label: Optional[str] = None
+    label: str | None = None
     """A categorical prediction: its shares, and the Jensen-Shannon distance between two runs' shares."""
-    score: Optional[str] = None
+    score: str | None = None
     """A numeric prediction: its deciles, and the population stability index between two runs."""
-    embedding: Optional[str] = None
+    embedding: str | None = None
     """A vector: the deciles of its L2 norm, and the cosine between two runs' vectors of one id."""
-    text: Optional[str] = None
+    text: str | None = None
     """Generated text: the deciles of its length in characters."""
 
     @property
@@ -155,7 +189,7 @@ class Task:
 
     name: str
     input_kind: InputKind
-    loader: str | Callable[[ModelSpec, Optional[Path]], Head]
+    loader: str | Callable[[ModelSpec, Path | None], Head]
     """``loader(spec, model_dir) -> head``, or its ``"module:function"`` (imported on first use): the head in this
     process over :attr:`input_kind`."""
     summary: str = ""
@@ -169,7 +203,7 @@ class Task:
     model_options: tuple[str, ...] = ()
     """The ``model.*`` settings only this task reads (see :data:`TASK_MODEL_OPTIONS`); config validation refuses
     them for the other tasks."""
-    options_section: Optional[str] = None
+    options_section: str | None = None
     """The config section (and :class:`ModelSpec` field) holding this task's own settings, e.g. ``generate``."""
     optional_outputs: tuple[str, ...] = ()
     """Output columns that may be null on a scored row (``choice_logprobs`` without ``choices``): the suite does not
@@ -190,13 +224,13 @@ class Task:
     """Parts of a transformers class name that fit this task (``ForSequenceClassification``): a model whose
     ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.models.model_fit`). ``()``: any
     architecture (a base model is read from any checkpoint)."""
-    model_check: Optional[str] = None
+    model_check: str | None = None
     """``"module:function"``, ``check(spec, model_dir, config)``: the driver's check of the task's settings against
     the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.models.model_source.UnfitModelError`."""
     pairs: bool = False
     """Whether the task reads a second text column (``text_pair_col``) and scores each row's two texts as one pair, as a
     cross-encoder does; config validation refuses ``text_pair_col`` for the other tasks."""
-    expands: Optional[str] = None
+    expands: str | None = None
     """The boolean property of the task's own settings section that makes one input row many output rows (``embed``:
     ``chunked``, a document and its chunks, :data:`lakescore.schemas.output.CHUNK_COLUMNS`): the scoring function then
     stages one row per input with the rows it becomes in one list column, and the publish writes them one per row."""
@@ -217,7 +251,7 @@ class Task:
         """The input kind a worker's :class:`ModelSpec` reads (its ``input_kind`` names one of :attr:`other_inputs`)."""
         return next((kind for kind in self.other_inputs if kind.name == spec.input_kind), self.input_kind)
 
-    def worker_imports(self, backend: str, kind: Optional[InputKind] = None) -> tuple[str, ...]:
+    def worker_imports(self, backend: str, kind: InputKind | None = None) -> tuple[str, ...]:
         """The modules a Python worker scoring this task on ``backend`` imports: the scoring runtime, the input
         kind's and the forward's. A daemon imports them once before forking workers
         (:mod:`lakescore.jobs.platform.spark.local.python_daemon`)."""
@@ -234,7 +268,7 @@ class Task:
         :class:`~lakescore.udfs.options.generate.GenerateOptions`; ``None`` for tasks without a section)."""
         return self.profile(options) if callable(self.profile) else self.profile
 
-    def load(self, spec: ModelSpec, model_dir: Optional[Path]) -> Head:
+    def load(self, spec: ModelSpec, model_dir: Path | None) -> Head:
         """The head for ``spec`` from the files in ``model_dir`` (``None`` for an endpoint): the one of
         :attr:`other_loaders` for the input kind ``spec`` reads and whether its settings are remote, else
         :attr:`loader`; loader errors propagate."""
@@ -250,15 +284,18 @@ class Task:
 
     def asked_outputs(self, options: Any = None) -> tuple[str, ...]:
         """The optional output columns (:attr:`setting_outputs`) the task's settings ``options`` ask for."""
-        return tuple(column for column, setting in self.setting_outputs.items()
-                     if options is not None and getattr(options, setting, False))
+        return tuple(
+            column
+            for column, setting in self.setting_outputs.items()
+            if options is not None and getattr(options, setting, False)
+        )
 
     def chunked(self, options: Any = None) -> bool:
         """Whether a run with the task's settings ``options`` makes several output rows of one input row
         (:attr:`expands`)."""
         return bool(self.expands and options is not None and getattr(options, self.expands))
 
-    def output_fields_for(self, options: Any = None) -> list["StructField"]:
+    def output_fields_for(self, options: Any = None) -> list[StructField]:
         """The prediction columns a run with the task's settings ``options`` writes, in output order
         (:mod:`lakescore.schemas.output`): the task's own, then those its settings ask for."""
         from lakescore.schemas.output import prediction_fields
@@ -271,7 +308,7 @@ class Task:
 
         return [to_arrow_type(field.dataType) for field in self.staged_fields_for(options)]
 
-    def staged_fields_for(self, options: Any = None) -> list["StructField"]:
+    def staged_fields_for(self, options: Any = None) -> list[StructField]:
         """The prediction columns as the scoring function returns them (one row per input row): those of
         :meth:`output_fields_for`, or for a run that makes many rows of one (:meth:`chunked`) the one list of them
         (:func:`lakescore.schemas.output.staged_prediction_fields`)."""
@@ -280,7 +317,7 @@ class Task:
         return staged_prediction_fields(self.name, self.asked_outputs(options), self.chunked(options))
 
     @property
-    def output_fields(self) -> list["StructField"]:
+    def output_fields(self) -> list[StructField]:
         """The prediction columns this task writes when its settings ask for no optional one."""
         return self.output_fields_for(None)
 
@@ -296,40 +333,85 @@ _EMBEDDED = OutputProfile(embedding="embedding")
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task("classify", TEXT, "lakescore.udfs.heads.classify:load_classifier", "sequence classification: label, score, probs",
-             profile=_LABELLED, architectures=("ForSequenceClassification",), pairs=True),
         Task(
-            "embed", TEXT, "lakescore.udfs.heads.embed:load_embedder", "sentence embeddings, as sentence-transformers",
-            model_options=("pooling", "normalize", "prompt_name"), profile=_EMBEDDED, options_section="embed",
-            expands="chunked", other_loaders={("text", True): "lakescore.udfs.remote.embed:load_remote_embedder"},
+            "classify",
+            TEXT,
+            "lakescore.udfs.heads.classify:load_classifier",
+            "sequence classification: label, score, probs",
+            profile=_LABELLED,
+            architectures=("ForSequenceClassification",),
+            pairs=True,
+        ),
+        Task(
+            "embed",
+            TEXT,
+            "lakescore.udfs.heads.embed:load_embedder",
+            "sentence embeddings, as sentence-transformers",
+            model_options=("pooling", "normalize", "prompt_name"),
+            profile=_EMBEDDED,
+            options_section="embed",
+            expands="chunked",
+            other_loaders={("text", True): "lakescore.udfs.remote.embed:load_remote_embedder"},
             model_check="lakescore.udfs.options.embed:check_chunk_limit",
         ),
-        Task("ner", TEXT, "lakescore.udfs.heads.ner:load_token_classifier", "token classification: entities per text",
-             architectures=("ForTokenClassification",)),
         Task(
-            "image_classify", IMAGE, "lakescore.udfs.heads.image_classify:load_image_classifier",
-            "image classification: label, score, probs", backends=("torch",), profile=_LABELLED,
+            "ner",
+            TEXT,
+            "lakescore.udfs.heads.ner:load_token_classifier",
+            "token classification: entities per text",
+            architectures=("ForTokenClassification",),
+        ),
+        Task(
+            "image_classify",
+            IMAGE,
+            "lakescore.udfs.heads.image_classify:load_image_classifier",
+            "image classification: label, score, probs",
+            backends=("torch",),
+            profile=_LABELLED,
             architectures=("ForImageClassification",),
         ),
         Task(
-            "image_embed", IMAGE, "lakescore.udfs.heads.image_embed:load_image_embedder",
-            "image embeddings: CLIP-style image tower, else the pooled output", backends=("torch",), profile=_EMBEDDED,
+            "image_embed",
+            IMAGE,
+            "lakescore.udfs.heads.image_embed:load_image_embedder",
+            "image embeddings: CLIP-style image tower, else the pooled output",
+            backends=("torch",),
+            profile=_EMBEDDED,
         ),
         Task(
-            "tabular", FEATURES, "lakescore.udfs.heads.tabular:load_tabular", "a TorchScript / torch.export program",
-            backends=("torch",), forward_imports=("torch",), profile=OutputProfile(score="prediction"),
+            "tabular",
+            FEATURES,
+            "lakescore.udfs.heads.tabular:load_tabular",
+            "a TorchScript / torch.export program",
+            backends=("torch",),
+            forward_imports=("torch",),
+            profile=OutputProfile(score="prediction"),
         ),
         Task(
-            "generate", PROMPT, "lakescore.udfs.heads.generate:load_generator",
+            "generate",
+            PROMPT,
+            "lakescore.udfs.heads.generate:load_generator",
             "a language model over each prompt (with ``image_col``, a vision-language model over each image and prompt): "
-            "text, a choice, or JSON", other_inputs=(IMAGE_PROMPT,), backends=("torch",),
-            options_section="generate", optional_outputs=("choice_logprobs",), setting_outputs={"token_logprobs": "logprobs"},
+            "text, a choice, or JSON",
+            other_inputs=(IMAGE_PROMPT,),
+            backends=("torch",),
+            options_section="generate",
+            optional_outputs=("choice_logprobs",),
+            setting_outputs={"token_logprobs": "logprobs"},
             output_value_sets={"finish_reason": FINISH_REASONS},
-            validation_options={"max_length_stops": ("finish_reason", "length")}, profile=_generated_profile,
+            validation_options={"max_length_stops": ("finish_reason", "length")},
+            profile=_generated_profile,
             # causal or encoder-decoder language models: the class names of transformers' AutoModelForCausalLM and
             # AutoModelForSeq2SeqLM (tests/unit/test_heads.py checks them against transformers' own mappings)
-            architectures=("CausalLM", "LMHead", "ConditionalGeneration", "MTModel", "EncoderDecoder", "GenerationDecoder",
-                           "TextToText"),
+            architectures=(
+                "CausalLM",
+                "LMHead",
+                "ConditionalGeneration",
+                "MTModel",
+                "EncoderDecoder",
+                "GenerationDecoder",
+                "TextToText",
+            ),
             model_check="lakescore.udfs.options.generate:check_context",
             other_loaders={
                 ("image", False): "lakescore.udfs.heads.image_prompts:load_image_prompt_generator",
@@ -364,7 +446,7 @@ def get_task(name: str) -> Task:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}") from None
 
 
-def named_columns(task: str, arrays: Sequence["pa.Array"], options: Any = None) -> Mapping[str, "pa.Array"]:
+def named_columns(task: str, arrays: Sequence[pa.Array], options: Any = None) -> Mapping[str, pa.Array]:
     """A head's output arrays keyed by the output column names of the task with its settings ``options``
     (``ValueError`` on a count mismatch)."""
     names = [f.name for f in get_task(task).output_fields_for(options)]

@@ -17,28 +17,57 @@ scored.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakescore.schemas.reasons import INVALID_TEXT, MISSING_FILE, NULL_INPUT, PREPARE_ERROR
 from lakescore.udfs.batching import (
-    AdaptiveBudget, BatchPolicy, Scored, row_lengths, score_matrix, score_present, score_texts, tokenize_present,
+    AdaptiveBudget,
+    BatchPolicy,
+    Scored,
+    row_lengths,
+    score_matrix,
+    score_present,
+    score_texts,
+    tokenize_present,
+)
+from lakescore.udfs.heads.protocol import (
+    ImageInputHead,
+    ImagePromptHead,
+    MatrixHead,
+    PreparesBatches,
+    PromptHead,
+    TextHead,
 )
 from lakescore.udfs.images import (
-    DEFAULT_MAX_BATCH_IMAGES, DEFAULT_MAX_BATCH_PIXELS, ImageFailure, Preprocessed, describe_image, image_tokens,
-    pixel_limit, preprocess_chunks, row_index,
-)
-from lakescore.schemas.reasons import INVALID_TEXT, MISSING_FILE, NULL_INPUT, PREPARE_ERROR
-from lakescore.udfs.heads.protocol import (
-    ImageInputHead, ImagePromptHead, MatrixHead, PreparesBatches, PromptHead, TextHead,
+    DEFAULT_MAX_BATCH_IMAGES,
+    DEFAULT_MAX_BATCH_PIXELS,
+    ImageFailure,
+    Preprocessed,
+    describe_image,
+    image_tokens,
+    pixel_limit,
+    preprocess_chunks,
+    row_index,
 )
 
 __all__ = [
-    "RowFailure", "PreparedTexts", "PreparedPrompts", "PreparedImages", "TextRunner", "PromptRunner", "MatrixRunner",
-    "ImageRunner", "ImagePromptRunner", "decode_texts", "CountsTokens",
+    "RowFailure",
+    "PreparedTexts",
+    "PreparedPrompts",
+    "PreparedImages",
+    "TextRunner",
+    "PromptRunner",
+    "MatrixRunner",
+    "ImageRunner",
+    "ImagePromptRunner",
+    "decode_texts",
+    "CountsTokens",
 ]
 
 
@@ -56,7 +85,7 @@ class RowFailure:
 
     reason: str
     error: str
-    raw: Optional[str]
+    raw: str | None
 
 
 @dataclass
@@ -67,10 +96,10 @@ class PreparedTexts:
     texts: list[Any]
     features: Any
     refused: dict[int, RowFailure] = field(default_factory=dict)
-    shown: Optional[list[str]] = None
+    shown: list[str] | None = None
 
 
-def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFailure]]:
+def decode_texts(column: pa.Array) -> tuple[list[str | None], dict[int, RowFailure]]:
     """The strings of ``column``, decoded per row: invalid UTF-8 becomes ``None`` plus an ``invalid_text`` failure.
 
     The failure's raw input shows the bytes with Python's ``backslashreplace`` escapes (``\\xff``).
@@ -81,7 +110,7 @@ def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFa
     except UnicodeDecodeError:
         pass
     binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
-    texts: list[Optional[str]] = []
+    texts: list[str | None] = []
     refused: dict[int, RowFailure] = {}
     for i, value in enumerate(column.view(binary).to_pylist()):
         try:
@@ -92,8 +121,12 @@ def decode_texts(column: pa.Array) -> tuple[list[Optional[str]], dict[int, RowFa
     return texts, refused
 
 
-def refuse_untokenizable(texts: list[Any], refused: dict[int, RowFailure], tokenize_one: Callable[[int], Any],
-                         shown: Optional[Sequence[str]] = None) -> None:
+def refuse_untokenizable(
+    texts: list[Any],
+    refused: dict[int, RowFailure],
+    tokenize_one: Callable[[int], Any],
+    shown: Sequence[str] | None = None,
+) -> None:
     """Try ``tokenize_one(i)`` on each present text alone; one that raises becomes ``None`` in ``texts`` and a
     ``prepare_error`` in ``refused`` (its raw input ``shown[i]``, else the text), so the batch can be tokenized again
     without it."""
@@ -104,7 +137,9 @@ def refuse_untokenizable(texts: list[Any], refused: dict[int, RowFailure], token
             tokenize_one(i)
         except Exception as exc:
             texts[i] = None
-            refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text if shown is None else shown[i])
+            refused[i] = RowFailure(
+                PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text if shown is None else shown[i]
+            )
 
 
 def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
@@ -114,7 +149,9 @@ def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
     return scored
 
 
-def pair_texts(first: pa.Array, second: pa.Array, names: Sequence[str]) -> tuple[list[Any], dict[int, RowFailure], list[str]]:
+def pair_texts(
+    first: pa.Array, second: pa.Array, names: Sequence[str]
+) -> tuple[list[Any], dict[int, RowFailure], list[str]]:
     """Each row's ``(text, text_pair)`` from two string columns, ``None`` where either side is null, empty or refused
     (``null_input``, or ``invalid_text`` for bytes that are not UTF-8), and each row's raw input: both sides as a JSON
     object keyed by ``names`` (a null side left out, as Spark's ``to_json`` writes it)."""
@@ -123,8 +160,10 @@ def pair_texts(first: pa.Array, second: pa.Array, names: Sequence[str]) -> tuple
     refused: dict[int, RowFailure] = {}
     for i in sorted({*left_refused, *right_refused}):
         failure = left_refused.get(i) or right_refused[i]
-        sides = (left_refused[i].raw if i in left_refused else left[i],
-                 right_refused[i].raw if i in right_refused else right[i])
+        sides = (
+            left_refused[i].raw if i in left_refused else left[i],
+            right_refused[i].raw if i in right_refused else right[i],
+        )
         refused[i] = RowFailure(failure.reason, failure.error, _json_object(names, sides))
     texts = [(a, b) if a and b and i not in refused else None for i, (a, b) in enumerate(zip(left, right))]
     return texts, refused, shown
@@ -143,15 +182,16 @@ class TextRunner:
         # a head that prepares and scores its rows itself: one that makes many rows of one text (embed.chunk: a
         # document, its chunks, which go through the same batching core, lakescore.udfs.chunking), or one whose rows
         # are requests of many texts to a server (lakescore.udfs.remote.embed)
-        self.preparing_head: Optional[PreparesBatches] = head if isinstance(head, PreparesBatches) else None
+        self.preparing_head: PreparesBatches | None = head if isinstance(head, PreparesBatches) else None
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedTexts:
         shown = None
         if self.pair_col is None:
             texts, refused = decode_texts(batch.column(self.text_col))
         else:
-            texts, refused, shown = pair_texts(batch.column(self.text_col), batch.column(self.pair_col),
-                                               (self.text_col, self.pair_col))
+            texts, refused, shown = pair_texts(
+                batch.column(self.text_col), batch.column(self.pair_col), (self.text_col, self.pair_col)
+            )
         if self.preparing_head is not None:
             return self.preparing_head.prepare(texts, refused)
         try:
@@ -171,7 +211,7 @@ class TextRunner:
         chunked run's rows are its chunks)."""
         return _no_rows() if prepared.features is None else row_lengths(prepared.features["attention_mask"])
 
-    def raw_inputs(self, prepared: PreparedTexts, scored: Scored) -> list[Optional[str]]:
+    def raw_inputs(self, prepared: PreparedTexts, scored: Scored) -> list[str | None]:
         shown = prepared.shown if prepared.shown is not None else prepared.texts
         raw = [None if reason is None else shown[i] for i, reason in enumerate(scored.reasons)]
         for i, failure in prepared.refused.items():
@@ -199,7 +239,7 @@ class MatrixRunner:
         """One per row to score (batches are cut by rows)."""
         return np.ones(int(np.isfinite(matrix).all(axis=1).sum()) if matrix.ndim == 2 else 0, dtype=np.int64)
 
-    def raw_inputs(self, matrix: np.ndarray, scored: Scored) -> list[Optional[str]]:
+    def raw_inputs(self, matrix: np.ndarray, scored: Scored) -> list[str | None]:
         return [
             None if reason is None else json.dumps(dict(zip(self.feature_cols, (_json_number(v) for v in matrix[i]))))
             for i, reason in enumerate(scored.reasons)
@@ -211,7 +251,7 @@ class PreparedPrompts:
     """A prompt batch ready to generate from: the prompts (``None`` where null or refused), each row's key, their
     tokenization, refused rows."""
 
-    prompts: list[Optional[str]]
+    prompts: list[str | None]
     keys: list[str]
     features: Any
     refused: dict[int, RowFailure] = field(default_factory=dict)
@@ -221,31 +261,43 @@ class PromptRunner:
     """Generation heads (:mod:`lakescore.udfs.heads.generate`): one string column of rendered prompts, and the row's id
     (``key_col``) as the key its sampling generator is seeded from, so a row draws the same text in any batch."""
 
-    def __init__(self, head: PromptHead, input_cols: Sequence[str], *, key_col: Optional[str] = None) -> None:
+    def __init__(self, head: PromptHead, input_cols: Sequence[str], *, key_col: str | None = None) -> None:
         (self.prompt_col,) = input_cols
         self.head, self.key_col = head, key_col
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedPrompts:
         prompts, refused = decode_texts(batch.column(self.prompt_col))
-        keys = ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()] if self.key_col else prompts
+        keys = (
+            ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()] if self.key_col else prompts
+        )
         present = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         try:
-            features = self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
+            features = (
+                self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
+            )
         except Exception:  # one prompt the tokenizer (or chat template) rejects: find it, keep its neighbours
             refuse_untokenizable(prompts, refused, lambda i: self.head.tokenize([prompts[i]], [keys[i]]))
             present = [i for i in present if prompts[i] is not None]
-            features = self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
+            features = (
+                self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
+            )
         return PreparedPrompts(prompts, keys, features, refused)
 
     def score(self, prepared: PreparedPrompts, budget: AdaptiveBudget) -> Scored:
         # the head's own scoring: in-process generation, or requests to an endpoint or served engine
-        return _refuse(self.head.score_prompts(prepared.prompts, budget, prepared.keys, prepared.features), prepared.refused)
+        return _refuse(
+            self.head.score_prompts(prepared.prompts, budget, prepared.keys, prepared.features), prepared.refused
+        )
 
     def row_costs(self, prepared: PreparedPrompts) -> np.ndarray:
         """Each prompt's tokens plus the tokens it may generate, as the generation batches are planned."""
-        return _no_rows() if prepared.features is None else np.asarray(self.head.row_cost(prepared.features), dtype=np.int64)
+        return (
+            _no_rows()
+            if prepared.features is None
+            else np.asarray(self.head.row_cost(prepared.features), dtype=np.int64)
+        )
 
-    def raw_inputs(self, prepared: PreparedPrompts, scored: Scored) -> list[Optional[str]]:
+    def raw_inputs(self, prepared: PreparedPrompts, scored: Scored) -> list[str | None]:
         raw = [None if reason is None else prepared.prompts[i] for i, reason in enumerate(scored.reasons)]
         for i, failure in prepared.refused.items():
             raw[i] = failure.raw
@@ -263,12 +315,12 @@ class PreparedImages:
     """An image batch ready to score: the encoded values (``None`` where null) and their preprocessing, and the path
     each was read from (``None``: a binary column)."""
 
-    values: list[Optional[memoryview]]
+    values: list[memoryview | None]
     images: Preprocessed
-    paths: Optional[list[Optional[str]]] = None
+    paths: list[str | None] | None = None
 
 
-def image_bytes(column: pa.Array, name: str) -> list[Optional[memoryview]]:
+def image_bytes(column: pa.Array, name: str) -> list[memoryview | None]:
     """The encoded images of a binary column, one read-only view of the column's own buffer (or ``None``) per row;
     ``TypeError`` for other types. Views, not copies: a batch of big images is held once, by the Arrow batch."""
     if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
@@ -277,9 +329,9 @@ def image_bytes(column: pa.Array, name: str) -> list[Optional[memoryview]]:
     buffer = memoryview(data if data is not None else b"")
     width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
     # positions in the data buffer, of this (maybe sliced) array's rows only
-    offsets = np.frombuffer(column.buffers()[1], dtype=width)[column.offset:column.offset + len(column) + 1]
+    offsets = np.frombuffer(column.buffers()[1], dtype=width)[column.offset : column.offset + len(column) + 1]
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    return [buffer[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(column))]
+    return [buffer[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))]
 
 
 class ImageRunner:
@@ -294,8 +346,13 @@ class ImageRunner:
     """
 
     def __init__(
-        self, head: ImageInputHead, input_cols: Sequence[str], *, max_image_pixels: Optional[int] = None,
-        max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS, max_batch_images: int = DEFAULT_MAX_BATCH_IMAGES,
+        self,
+        head: ImageInputHead,
+        input_cols: Sequence[str],
+        *,
+        max_image_pixels: int | None = None,
+        max_batch_pixels: int = DEFAULT_MAX_BATCH_PIXELS,
+        max_batch_images: int = DEFAULT_MAX_BATCH_IMAGES,
     ) -> None:
         self.image_col, *path_col = input_cols
         self.path_col = path_col[0] if path_col else None
@@ -323,8 +380,9 @@ class ImageRunner:
         def take(rows: np.ndarray, width: int):
             return {"pixel_values": images.pixel_values[row_index(present[rows], images.pixel_values)]}
 
-        scored = score_present(images.ok, self._costs(images, len(present)), take, self.head.forward, budget,
-                               invalid_reason=NULL_INPUT)
+        scored = score_present(
+            images.ok, self._costs(images, len(present)), take, self.head.forward, budget, invalid_reason=NULL_INPUT
+        )
         return _refuse(scored, images.failures)
 
     def row_costs(self, prepared: PreparedImages) -> np.ndarray:
@@ -335,7 +393,7 @@ class ImageRunner:
     def _costs(images: Preprocessed, rows: int) -> np.ndarray:
         return np.full(rows, image_tokens(images.pixel_values), dtype=np.int64)
 
-    def raw_inputs(self, prepared: PreparedImages, scored: Scored) -> list[Optional[str]]:
+    def raw_inputs(self, prepared: PreparedImages, scored: Scored) -> list[str | None]:
         if prepared.paths is not None:
             return [None if reason is None else prepared.paths[i] for i, reason in enumerate(scored.reasons)]
         headers = prepared.images.headers
@@ -350,9 +408,9 @@ class PreparedImagePrompts:
     """An (image, prompt) batch ready to generate from: each row's prompt (``None`` where it or its image failed), key
     and raw input as the errors table shows it, the head's features of the rows that run, and the refused rows."""
 
-    prompts: list[Optional[str]]
+    prompts: list[str | None]
     keys: list[str]
-    raw: list[Optional[str]]
+    raw: list[str | None]
     features: Any
     refused: dict[int, RowFailure] = field(default_factory=dict)
 
@@ -369,8 +427,14 @@ class ImagePromptRunner:
     them rather than processing them.
     """
 
-    def __init__(self, head: ImagePromptHead, input_cols: Sequence[str], *, key_col: Optional[str] = None,
-                 max_image_pixels: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        head: ImagePromptHead,
+        input_cols: Sequence[str],
+        *,
+        key_col: str | None = None,
+        max_image_pixels: int | None = None,
+    ) -> None:
         self.image_col, *middle, self.prompt_col = input_cols
         self.path_col = middle[0] if middle else None
         self.head, self.key_col = head, key_col
@@ -382,9 +446,12 @@ class ImagePromptRunner:
         values = image_bytes(batch.column(self.image_col), self.image_col)
         prompts, refused = decode_texts(batch.column(self.prompt_col))
         paths = batch.column(self.path_col).to_pylist() if self.path_col else [None] * len(values)
-        keys = ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()] if self.key_col else [
-            "" if p is None else p for p in prompts]
-        raw: list[Optional[str]] = []
+        keys = (
+            ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()]
+            if self.key_col
+            else ["" if p is None else p for p in prompts]
+        )
+        raw: list[str | None] = []
         rows, present = [], []
         for i, (value, prompt, path) in enumerate(zip(values, prompts, paths)):
             header, failure = read_header(value, self.limit)
@@ -411,14 +478,20 @@ class ImagePromptRunner:
         return PreparedImagePrompts(runs, keys, raw, features, refused)
 
     def score(self, prepared: PreparedImagePrompts, budget: AdaptiveBudget) -> Scored:
-        return _refuse(self.head.score_prompts(prepared.prompts, budget, prepared.keys, prepared.features), prepared.refused)
+        return _refuse(
+            self.head.score_prompts(prepared.prompts, budget, prepared.keys, prepared.features), prepared.refused
+        )
 
     def row_costs(self, prepared: PreparedImagePrompts) -> np.ndarray:
         """Each row's tokens (its image's tokens as the processor expands them, and its prompt's) plus the tokens it
         may generate, as the generation batches are planned."""
-        return _no_rows() if prepared.features is None else np.asarray(self.head.row_cost(prepared.features), dtype=np.int64)
+        return (
+            _no_rows()
+            if prepared.features is None
+            else np.asarray(self.head.row_cost(prepared.features), dtype=np.int64)
+        )
 
-    def raw_inputs(self, prepared: PreparedImagePrompts, scored: Scored) -> list[Optional[str]]:
+    def raw_inputs(self, prepared: PreparedImagePrompts, scored: Scored) -> list[str | None]:
         return [None if reason is None else prepared.raw[i] for i, reason in enumerate(scored.reasons)]
 
     def token_counts(self, scored: Scored) -> tuple[int, int]:
@@ -428,7 +501,7 @@ class ImagePromptRunner:
         return token_counts(scored.outputs, scored.ok)
 
 
-def _json_object(names: Sequence[str], values: Sequence[Optional[str]]) -> str:
+def _json_object(names: Sequence[str], values: Sequence[str | None]) -> str:
     """``values`` as one JSON object keyed by ``names``, nulls left out, written as Spark's ``to_json`` writes it."""
     return json.dumps({n: v for n, v in zip(names, values) if v is not None}, ensure_ascii=False, separators=(",", ":"))
 

@@ -24,8 +24,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +37,12 @@ from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
 from lakescore.udfs.heads.protocol import (
-    ChecksFidelity, ChunksDocuments, Head, MetersTraffic, PlansOwnBudget, ServedElsewhere,
+    ChecksFidelity,
+    ChunksDocuments,
+    Head,
+    MetersTraffic,
+    PlansOwnBudget,
+    ServedElsewhere,
 )
 from lakescore.udfs.models.model_cache import LoadedModel, get_model
 from lakescore.udfs.models.model_source import ModelSpec
@@ -45,8 +51,16 @@ from lakescore.udfs.registry import get_task
 from lakescore.udfs.runners import CountsTokens
 
 __all__ = [
-    "RowCounter", "ScoredBatch", "score_batches", "make_scoring_function", "make_preflight_function", "PREFLIGHT_SCHEMA",
-    "fidelity_figures", "start_worker", "batch_policy", "model_for_this_worker",
+    "RowCounter",
+    "ScoredBatch",
+    "score_batches",
+    "make_scoring_function",
+    "make_preflight_function",
+    "PREFLIGHT_SCHEMA",
+    "fidelity_figures",
+    "start_worker",
+    "batch_policy",
+    "model_for_this_worker",
 ]
 
 ArrowScorer = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -69,10 +83,10 @@ def make_scoring_function(
     keep_cols: Sequence[str],
     input_cols: Sequence[str],
     schema: StructType,
-    max_tokens: Optional[int],
+    max_tokens: int | None,
     max_rows: int,
-    rows_counter: Optional[RowCounter] = None,
-    runner_options: Optional[Mapping[str, Any]] = None,
+    rows_counter: RowCounter | None = None,
+    runner_options: Mapping[str, Any] | None = None,
     tally_rows: bool = False,
 ) -> ArrowScorer:
     """Build the function ``mapInArrow`` runs for ``spec.task``.
@@ -106,7 +120,9 @@ def make_scoring_function(
     prediction_types = task.output_arrow_types_for(task.options_of(spec))
 
     def score(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch, scored in score_batches(spec, input_cols, batches, prediction_types, max_tokens, max_rows, runner_options):
+        for batch, scored in score_batches(
+            spec, input_cols, batches, prediction_types, max_tokens, max_rows, runner_options
+        ):
             if scored is not None:
                 if rows_counter is not None:
                     rows_counter.add(batch.num_rows)
@@ -127,9 +143,9 @@ class ScoredBatch:
 
     predictions: list[pa.Array]
     sha256: str
-    reasons: list[Optional[str]]
-    errors: list[Optional[str]]
-    raw_inputs: list[Optional[str]]
+    reasons: list[str | None]
+    errors: list[str | None]
+    raw_inputs: list[str | None]
     seconds: float = 0.0
     halvings: int = 0
     loads: int = 0
@@ -140,13 +156,17 @@ class ScoredBatch:
         :meth:`metrics` on its first row, or with ``with_metrics`` false on none), as ``schema`` says."""
         n = len(self.reasons)
         worker = [self.metrics()] + [None] * (n - 1) if with_metrics else [None] * n
-        arrays = kept + self.predictions + [
-            pa.repeat(pa.scalar(self.sha256, pa.string()), n),  # in Arrow's C++: a Python list costs per row
-            pa.array(self.reasons, type=pa.string()),
-            pa.array(self.errors, type=pa.string()),
-            pa.array(self.raw_inputs, type=pa.string()),
-            pa.array(worker, type=schema.field(WORKER_COLUMN).type),
-        ]
+        arrays = (
+            kept
+            + self.predictions
+            + [
+                pa.repeat(pa.scalar(self.sha256, pa.string()), n),  # in Arrow's C++: a Python list costs per row
+                pa.array(self.reasons, type=pa.string()),
+                pa.array(self.errors, type=pa.string()),
+                pa.array(self.raw_inputs, type=pa.string()),
+                pa.array(worker, type=schema.field(WORKER_COLUMN).type),
+            ]
+        )
         arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
@@ -154,12 +174,20 @@ class ScoredBatch:
         """One row of ``schema`` holding this batch's :meth:`metrics` in ``_worker`` and its ``model_sha256``, every
         other column null."""
         values = {"model_sha256": [self.sha256], WORKER_COLUMN: [self.metrics()]}
-        return pa.RecordBatch.from_arrays([pa.array(values.get(f.name, [None]), type=f.type) for f in schema], schema=schema)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(values.get(f.name, [None]), type=f.type) for f in schema], schema=schema
+        )
 
     def metrics(self) -> dict[str, Any]:
         """This batch's :data:`~lakescore.schemas.output.WORKER_METRICS`."""
-        return {"model_loads": self.loads, "arrow_batches": 1, "batch_rows": len(self.reasons), "model_seconds": self.seconds,
-                "budget_halvings": self.halvings, **self.traffic.as_dict()}
+        return {
+            "model_loads": self.loads,
+            "arrow_batches": 1,
+            "batch_rows": len(self.reasons),
+            "model_seconds": self.seconds,
+            "budget_halvings": self.halvings,
+            **self.traffic.as_dict(),
+        }
 
 
 def score_batches(
@@ -167,10 +195,10 @@ def score_batches(
     input_cols: Sequence[str],
     batches: Iterable[pa.RecordBatch],
     prediction_types: Sequence[pa.DataType],
-    max_tokens: Optional[int],
+    max_tokens: int | None,
     max_rows: int,
-    runner_options: Optional[Mapping[str, Any]] = None,
-) -> Iterator[tuple[pa.RecordBatch, Optional[ScoredBatch]]]:
+    runner_options: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[pa.RecordBatch, ScoredBatch | None]]:
     """Score each Arrow batch's ``input_cols`` with this worker's cached model: ``(batch, outcome)`` in order.
 
     The one scoring loop behind both the ``mapInArrow`` function and the pandas UDF
@@ -202,10 +230,19 @@ def score_batches(
         if isinstance(runner, CountsTokens):
             tokens_in, tokens_out = runner.token_counts(scored) if scored.ok.any() else (0, 0)
             traffic = dataclasses.replace(traffic, tokens_in=tokens_in, tokens_out=tokens_out)
-        yield batch, ScoredBatch(
-            _prediction_arrays(model, scored, prediction_types), model.sha256, scored.reasons, scored.errors,
-            runner.raw_inputs(prepared, scored), seconds=seconds, halvings=budget.halvings - halvings, loads=loads,
-            traffic=traffic,
+        yield (
+            batch,
+            ScoredBatch(
+                _prediction_arrays(model, scored, prediction_types),
+                model.sha256,
+                scored.reasons,
+                scored.errors,
+                runner.raw_inputs(prepared, scored),
+                seconds=seconds,
+                halvings=budget.halvings - halvings,
+                loads=loads,
+                traffic=traffic,
+            ),
         )
         loads = 0
 
@@ -231,7 +268,7 @@ waits for ``probe``, :func:`make_preflight_function`)."""
 def make_preflight_function(
     spec: ModelSpec,
     sample: Sequence[str] = (),
-    tolerance: Optional[Tolerance] = None,
+    tolerance: Tolerance | None = None,
     probe: bool = True,
 ) -> ArrowScorer:
     """Build the function a preflight ``mapInArrow`` runs: load ``spec`` in this worker and score one sample.
@@ -273,10 +310,19 @@ def make_preflight_function(
                     row["traffic"] = json.dumps((_traffic(model.scorer) - sent).as_dict())
                 if rows != 1:
                     raise RuntimeError(f"the model returned {rows} rows for one input")
-            if kind.timed_rows and row["probed"] and not isinstance(model.scorer, ServedElsewhere):  # (no paid requests)
-                row["row_seconds"] = _seconds_per_row(model, kind.preflight_sample(spec, kind.timed_rows), kind.timed_rows)
-            row.update(device=resolved.device, sha256=model.sha256, revision=model.revision, loaded=bool(loads),
-                       files=json.dumps(model.files, sort_keys=True))
+            if (
+                kind.timed_rows and row["probed"] and not isinstance(model.scorer, ServedElsewhere)
+            ):  # (no paid requests)
+                row["row_seconds"] = _seconds_per_row(
+                    model, kind.preflight_sample(spec, kind.timed_rows), kind.timed_rows
+                )
+            row.update(
+                device=resolved.device,
+                sha256=model.sha256,
+                revision=model.revision,
+                loaded=bool(loads),
+                files=json.dumps(model.files, sort_keys=True),
+            )
             if resolved.reduced_precision and sample and _first_task():
                 figures = fidelity_figures(resolved, model, sample)
                 row["fidelity"] = json.dumps(figures)
@@ -377,11 +423,13 @@ def _prediction_arrays(model: LoadedModel, scored: Scored, types: Sequence[pa.Da
         return [pa.nulls(len(ok), t) for t in types]
     arrays = list(model.scorer.columns(scored.outputs, ok))
     if len(arrays) != len(types):
-        raise ValueError(f"the {model.scorer.__class__.__name__} head returned {len(arrays)} columns for {len(types)} outputs")
+        raise ValueError(
+            f"the {model.scorer.__class__.__name__} head returned {len(arrays)} columns for {len(types)} outputs"
+        )
     return arrays
 
 
-def batch_policy(model: LoadedModel, device: str, max_tokens: Optional[int], max_rows: int) -> BatchPolicy:
+def batch_policy(model: LoadedModel, device: str, max_tokens: int | None, max_rows: int) -> BatchPolicy:
     """The forward batches' bounds for ``model`` on ``device``: ``max_tokens`` (default: the head's own
     ``default_max_tokens(device)`` where it has one, else :func:`~lakescore.udfs.batching.default_max_tokens`) and
     ``max_rows``."""
@@ -393,7 +441,11 @@ def model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int]
     """The cached model for ``spec`` on the device this task resolved (its GPU, or CPU), the spec it loaded (the
     device and dtype as they run here: float16 on a CPU runs float32), and 1 when this call loaded it (0: it was
     cached)."""
-    from lakescore.udfs.models.devices import bound_tokenizer_threads, effective_dtype, resolve_device  # torch: workers only
+    from lakescore.udfs.models.devices import (  # torch: workers only
+        bound_tokenizer_threads,
+        effective_dtype,
+        resolve_device,
+    )
 
     device = "cpu" if spec.backend == "onnx" else resolve_device(spec.device)  # ORT's CPU build; no torch import
     spec = dataclasses.replace(spec, device=device, dtype=effective_dtype(spec.dtype, device))
@@ -406,7 +458,7 @@ def model_for_this_worker(spec: ModelSpec) -> tuple[LoadedModel, ModelSpec, int]
     return model, spec, int(loaded_now)
 
 
-def _limit_torch_threads(cpus: Optional[int]) -> None:
+def _limit_torch_threads(cpus: int | None) -> None:
     """One torch thread per CPU Spark gave this task, so concurrent tasks do not oversubscribe cores.
 
     Only where torch is loaded already: a worker on the ONNX backend never imports it (its

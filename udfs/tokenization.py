@@ -15,7 +15,8 @@ without a pad token (where that call raises, as before), and input names other t
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class BatchEncoder:
         self._names = tuple(tokenizer.model_input_names)
         self._backend = self._truncating_backend()
 
-    def _truncating_backend(self) -> Optional[Any]:
+    def _truncating_backend(self) -> Any | None:
         tokenizer = self._tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None or not getattr(tokenizer, "is_fast", False) or tokenizer.pad_token_id is None:
@@ -50,16 +51,20 @@ class BatchEncoder:
         from tokenizers import Tokenizer
 
         copy = Tokenizer.from_str(backend.to_str())
-        copy.enable_truncation(self.max_length, strategy="longest_first",
-                               direction=getattr(tokenizer, "truncation_side", "right"))
+        copy.enable_truncation(
+            self.max_length, strategy="longest_first", direction=getattr(tokenizer, "truncation_side", "right")
+        )
         copy.no_padding()
         return copy
 
     def __call__(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         texts = list(texts)
         if self._backend is None or not texts:
-            return dict(self._tokenizer(texts, padding=True, truncation="longest_first", max_length=self.max_length,
-                                        return_tensors="np"))
+            return dict(
+                self._tokenizer(
+                    texts, padding=True, truncation="longest_first", max_length=self.max_length, return_tensors="np"
+                )
+            )
         encodings = self._backend.encode_batch(texts)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         width = int(lengths.max())

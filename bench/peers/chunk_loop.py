@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,8 +23,15 @@ from bench.model import BATCH_SIZE, load_model
 
 def chunk_spans(tokenizer, text: str, max_tokens: int, overlap: int) -> list[tuple[int, int]]:
     """``text``'s windows of ``max_tokens`` tokens (special tokens counted), ``overlap`` shared, as character spans."""
-    encoded = tokenizer(text, max_length=max_tokens, truncation=True, stride=overlap, return_overflowing_tokens=True,
-                        return_offsets_mapping=True, add_special_tokens=True)
+    encoded = tokenizer(
+        text,
+        max_length=max_tokens,
+        truncation=True,
+        stride=overlap,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        add_special_tokens=True,
+    )
     spans = []
     for offsets in encoded["offset_mapping"]:
         real = [(s, e) for s, e in offsets if e > s]
@@ -32,7 +39,7 @@ def chunk_spans(tokenizer, text: str, max_tokens: int, overlap: int) -> list[tup
     return spans
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.chunk_loop")
     parser.add_argument("--input", required=True, help="Parquet file or directory with review_id, body")
     parser.add_argument("--output", required=True, help=".npz to write (ids, chunk_index, embeddings)")
@@ -55,8 +62,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     np.savez(args.output, ids=np.asarray(ids), chunk_index=np.asarray(index), embeddings=vectors)
     if args.report:
         with open(args.report, "w", encoding="utf-8") as out:
-            json.dump({"chunks": len(chunks), "seconds": time.perf_counter() - started,
-                       "step_seconds": {"chunk": encoding - chunked, "score_stage": encoded - encoding}}, out)
+            json.dump(
+                {
+                    "chunks": len(chunks),
+                    "seconds": time.perf_counter() - started,
+                    "step_seconds": {"chunk": encoding - chunked, "score_stage": encoded - encoding},
+                },
+                out,
+            )
     return 0
 
 

@@ -7,8 +7,8 @@ reported as such, never timed as equal work.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,15 +32,21 @@ def read_delta(table: Path, columns: Sequence[str]) -> pd.DataFrame:
 
 def _coverage(ours: pd.DataFrame, theirs: pd.DataFrame, key: list[str]) -> dict:
     both = ours.merge(theirs, on=key, suffixes=("_lakescore", "_peer"))
-    return {"both": both, "matched": len(both), "only_lakescore": len(ours) - len(both), "only_peer": len(theirs) - len(both)}
+    return {
+        "both": both,
+        "matched": len(both),
+        "only_lakescore": len(ours) - len(both),
+        "only_peer": len(theirs) - len(both),
+    }
 
 
 def _verdict(counts: dict, problems: list[str]) -> dict:
     """``counts`` without the merged frame, with ``same`` and the first reason it is not."""
     counts = {k: v for k, v in counts.items() if k != "both"}
     if counts["only_lakescore"] or counts["only_peer"]:
-        problems.insert(0, f"{counts['only_lakescore']} rows only in lakescore's output, "
-                           f"{counts['only_peer']} only in the peer's")
+        problems.insert(
+            0, f"{counts['only_lakescore']} rows only in lakescore's output, {counts['only_peer']} only in the peer's"
+        )
     return {**counts, "same": not problems, "why": "; ".join(problems)}
 
 
@@ -50,8 +56,12 @@ def compare_embeddings(ours: Path, theirs: Path, id_col: str = "review_id", colu
     mine, other = read_delta(ours, [id_col, column]), read_delta(theirs, [id_col, column])
     vectors = lambda frame: np.stack(frame[column].map(np.asarray)) if len(frame) else np.zeros((0, 1))  # noqa: E731
     found = min_cosine(mine[id_col].to_numpy(), vectors(mine), other[id_col].to_numpy(), vectors(other))
-    counts = {"matched": found["matched"], "only_lakescore": found["missing_in_b"], "only_peer": found["missing_in_a"],
-              "min_cosine": found["min_cosine"]}
+    counts = {
+        "matched": found["matched"],
+        "only_lakescore": found["missing_in_b"],
+        "only_peer": found["missing_in_a"],
+        "min_cosine": found["min_cosine"],
+    }
     low = found["min_cosine"] is None or found["min_cosine"] < COSINE_MIN
     return _verdict(counts, [f"lowest cosine {found['min_cosine']} < {COSINE_MIN}"] if low else [])
 
@@ -62,7 +72,9 @@ def compare_labels(ours: Path, theirs: Path, id_col: str = "id", column: str = "
     both = counts["both"]
     counts["equal"] = int((both[f"{column}_lakescore"] == both[f"{column}_peer"]).sum())
     differ = counts["matched"] - counts["equal"]
-    return _verdict(counts, [f"{differ} of {counts['matched']} labels differ"] if differ or not counts["matched"] else [])
+    return _verdict(
+        counts, [f"{differ} of {counts['matched']} labels differ"] if differ or not counts["matched"] else []
+    )
 
 
 def compare_texts(ours: Path, theirs: Path, id_col: str = "id", column: str = "generated_text") -> dict:
@@ -71,7 +83,9 @@ def compare_texts(ours: Path, theirs: Path, id_col: str = "id", column: str = "g
     both = counts["both"]
     counts["equal"] = int((both[f"{column}_lakescore"] == both[f"{column}_peer"]).sum())
     differ = counts["matched"] - counts["equal"]
-    return _verdict(counts, [f"{differ} of {counts['matched']} texts differ"] if differ or not counts["matched"] else [])
+    return _verdict(
+        counts, [f"{differ} of {counts['matched']} texts differ"] if differ or not counts["matched"] else []
+    )
 
 
 def compare_top(ours: Path, theirs: Path, key: Sequence[str] = ("user_id", "item_id", "rank")) -> dict:

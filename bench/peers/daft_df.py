@@ -23,11 +23,11 @@ from __future__ import annotations
 import io
 import sys
 import time
-from typing import Optional, Sequence
-
-from bench.peers.program import peer_arguments, write_timings
+from collections.abc import Sequence
 
 import numpy as np
+
+from bench.peers.program import peer_arguments, write_timings
 
 
 def embeddings(df, args):
@@ -41,14 +41,16 @@ def generations(df, args):
     from daft import col
     from daft.functions import prompt
 
-    text = prompt(col("prompt"), provider="transformers", model=args.model, max_new_tokens=args.max_new_tokens,
-                  do_sample=False)
+    text = prompt(
+        col("prompt"), provider="transformers", model=args.model, max_new_tokens=args.max_new_tokens, do_sample=False
+    )
     return df.select("id", text.alias("generated_text"))
 
 
 def labels(df, args):
     import daft
     from daft import DataType, col
+
     # Imported here, once: Daft builds its instances in threads, and transformers' lazy imports race there.
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
@@ -73,10 +75,10 @@ def labels(df, args):
 
 def top_rows(df, args):
     import daft
+    import torch  # on the main thread, once: a first torch import inside Daft's UDF threads hangs the job
     from daft import DataType, col
     from daft.functions import row_number
     from daft.window import Window
-    import torch  # on the main thread, once: a first torch import inside Daft's UDF threads hangs the job
 
     features = args.features.split(",")
 
@@ -100,7 +102,7 @@ def top_rows(df, args):
 PIPELINES = {"W1": embeddings, "W1L": embeddings, "W4": generations, "W5": labels, "W6": top_rows}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = peer_arguments("bench.peers.daft_df", PIPELINES)
     args = parser.parse_args(argv)
 

@@ -13,13 +13,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional, Sequence
 
 import pandas as pd
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.endpoint_loop")
     parser.add_argument("--input", required=True, help="Parquet file or directory with id, prompt")
     parser.add_argument("--url", required=True, help="the server's OpenAI base URL, ending /v1")
@@ -36,8 +36,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     client = httpx2.Client(timeout=600, limits=httpx2.Limits(max_connections=args.concurrency))
 
     def complete(prompt: str) -> dict:
-        response = client.post(f"{args.url}/completions", json={
-            "model": args.model, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": 0.0})
+        response = client.post(
+            f"{args.url}/completions",
+            json={"model": args.model, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": 0.0},
+        )
         response.raise_for_status()
         return response.json()
 
@@ -47,11 +49,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seconds = time.perf_counter() - began
     usage = [a.get("usage") or {} for a in answers]
     counts = [int(u.get("completion_tokens") or 0) for u in usage]
-    pd.DataFrame({"id": frame["id"], "generated_text": [a["choices"][0]["text"] for a in answers],
-                  "completion_tokens": counts}).to_parquet(args.output, index=False)
+    pd.DataFrame(
+        {"id": frame["id"], "generated_text": [a["choices"][0]["text"] for a in answers], "completion_tokens": counts}
+    ).to_parquet(args.output, index=False)
     with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"generate_seconds": seconds, "tokens_out": sum(counts),
-                   "tokens_in": sum(int(u.get("prompt_tokens") or 0) for u in usage), "concurrency": args.concurrency}, handle)
+        json.dump(
+            {
+                "generate_seconds": seconds,
+                "tokens_out": sum(counts),
+                "tokens_in": sum(int(u.get("prompt_tokens") or 0) for u in usage),
+                "concurrency": args.concurrency,
+            },
+            handle,
+        )
     return 0
 
 

@@ -15,12 +15,12 @@ import argparse
 import json
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.generate_loop")
     parser.add_argument("--input", required=True, help="Parquet file or directory with id, prompt")
     parser.add_argument("--model", required=True, help="a causal language model directory (save_pretrained)")
@@ -41,7 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ids = tokenizer(frame["prompt"].tolist())["input_ids"]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    texts: list[Optional[str]] = [None] * len(ids)
+    texts: list[str | None] = [None] * len(ids)
     counts = [0] * len(ids)
     in_generate = 0.0
     for start in range(0, len(order), args.batch):
@@ -51,14 +51,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with torch.inference_mode():
             out = model.generate(**batch, do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
         in_generate += time.perf_counter() - began
-        for i, new in zip(rows, out[:, batch["input_ids"].shape[1]:].tolist()):
+        for i, new in zip(rows, out[:, batch["input_ids"].shape[1] :].tolist()):
             if eos in new:
                 new = new[: new.index(eos) + 1]
             texts[i], counts[i] = tokenizer.decode(new, skip_special_tokens=True), len(new)
-    pd.DataFrame({"id": frame["id"], "generated_text": texts, "completion_tokens": counts}).to_parquet(args.output, index=False)
+    pd.DataFrame({"id": frame["id"], "generated_text": texts, "completion_tokens": counts}).to_parquet(
+        args.output, index=False
+    )
     with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"generate_seconds": in_generate, "tokens_out": sum(counts), "tokens_in": sum(len(r) for r in ids),
-                   "load_seconds": loaded, "threads": torch.get_num_threads(), "batch": args.batch}, handle)
+        json.dump(
+            {
+                "generate_seconds": in_generate,
+                "tokens_out": sum(counts),
+                "tokens_in": sum(len(r) for r in ids),
+                "load_seconds": loaded,
+                "threads": torch.get_num_threads(),
+                "batch": args.batch,
+            },
+            handle,
+        )
     return 0
 
 

@@ -17,8 +17,8 @@ import io
 import json
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import pandas as pd
 
@@ -34,9 +34,11 @@ def _images(source: str, shape: str) -> Iterator[tuple[object, bytes]]:
         yield path.relative_to(root).as_posix(), path.read_bytes()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.image_loop")
-    parser.add_argument("--input", required=True, help="Parquet file or directory with id, image; or a folder of images")
+    parser.add_argument(
+        "--input", required=True, help="Parquet file or directory with id, image; or a folder of images"
+    )
     parser.add_argument("--shape", choices=("table", "folder"), default="table", help="what --input is")
     parser.add_argument("--model", required=True, help="an image classifier directory (save_pretrained)")
     parser.add_argument("--output", required=True, help="Parquet file to write (id, label, probs)")
@@ -88,9 +90,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run(batch)
     pd.DataFrame({"id": ids, "label": out_labels, "probs": probs}).to_parquet(args.output, index=False)
     with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"forward_seconds": seconds["forward"], "decode_seconds": seconds["decode"],
-                   "preprocess_seconds": seconds["preprocess"], "load_seconds": loaded, "images": len(ids),
-                   "threads": torch.get_num_threads(), "batch": args.batch}, handle)
+        json.dump(
+            {
+                "forward_seconds": seconds["forward"],
+                "decode_seconds": seconds["decode"],
+                "preprocess_seconds": seconds["preprocess"],
+                "load_seconds": loaded,
+                "images": len(ids),
+                "threads": torch.get_num_threads(),
+                "batch": args.batch,
+            },
+            handle,
+        )
     return 0
 
 

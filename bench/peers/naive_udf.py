@@ -30,4 +30,3 @@ def make_udf():
     from pyspark.sql.types import ArrayType, FloatType
 
     return pandas_udf(embed_series, returnType=ArrayType(FloatType()))
-

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -29,17 +29,19 @@ def onnx_spec(quantize: str, cache_dir: Path):
     return ModelSpec("embed", str(model_dir()), backend="onnx", quantize=quantize, cache_dir=str(cache_dir))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.ort_loop")
     parser.add_argument("--input", required=True, help="Parquet file or directory with review_id, body")
     parser.add_argument("--output", required=True, help=".npz to write (ids, embeddings)")
     parser.add_argument("--quantize", default="int8", choices=("none", "int8"))
-    parser.add_argument("--cache-dir", type=Path, required=True, help="lakescore's model.cache_dir (the exported graph)")
+    parser.add_argument(
+        "--cache-dir", type=Path, required=True, help="lakescore's model.cache_dir (the exported graph)"
+    )
     args = parser.parse_args(argv)
 
-    from lakescore.udfs.models.backends import onnx_session
     from lakescore.udfs.heads.embed import KIND, l2_normalize, pool
     from lakescore.udfs.heads.hf_models import load_tokenizer
+    from lakescore.udfs.models.backends import onnx_session
     from lakescore.udfs.models.onnx_export import exported_model
 
     spec = onnx_spec(args.quantize, args.cache_dir)

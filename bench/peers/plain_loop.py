@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,7 @@ import pandas as pd
 from bench.model import BATCH_SIZE, load_model
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.plain_loop")
     parser.add_argument("--input", required=True, help="Parquet file or directory with review_id, body")
     parser.add_argument("--output", required=True, help=".npz to write (ids, embeddings)")

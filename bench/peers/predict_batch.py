@@ -28,4 +28,3 @@ def make_udf():
     from pyspark.sql.types import ArrayType, FloatType
 
     return predict_batch_udf(make_predict_fn, return_type=ArrayType(FloatType()), batch_size=BATCH_SIZE)
-

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["peer_arguments", "write_timings"]
 

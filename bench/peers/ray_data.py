@@ -15,11 +15,11 @@ import io
 import os
 import sys
 import time
-from typing import Optional, Sequence
-
-from bench.peers.program import peer_arguments, write_timings
+from collections.abc import Sequence
 
 import numpy as np
+
+from bench.peers.program import peer_arguments, write_timings
 
 
 class Embedder:
@@ -71,11 +71,14 @@ class Generator:
 
         inputs = self.tokenizer(list(batch["prompt"]), return_tensors="pt", padding=True)
         with torch.inference_mode():
-            out = self.model.generate(**inputs, do_sample=False, max_new_tokens=self.max_new_tokens,
-                                      pad_token_id=self.tokenizer.pad_token_id)
+            out = self.model.generate(
+                **inputs, do_sample=False, max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id
+            )
         eos, texts = self.tokenizer.eos_token_id, []
-        for new in out[:, inputs["input_ids"].shape[1]:].tolist():
-            texts.append(self.tokenizer.decode(new[: new.index(eos) + 1] if eos in new else new, skip_special_tokens=True))
+        for new in out[:, inputs["input_ids"].shape[1] :].tolist():
+            texts.append(
+                self.tokenizer.decode(new[: new.index(eos) + 1] if eos in new else new, skip_special_tokens=True)
+            )
         return {"id": batch["id"], "generated_text": texts}
 
 
@@ -100,8 +103,12 @@ class Scorer:
 def top_k(group, k: int):
     """W6: one user's rows, best score first (ties by item id), the first ``k`` with their rank."""
     order = np.lexsort((group["item_id"], -group["score"]))[:k]
-    return {"user_id": group["user_id"][order], "item_id": group["item_id"][order], "score": group["score"][order],
-            "rank": np.arange(1, len(order) + 1, dtype=np.int32)}
+    return {
+        "user_id": group["user_id"][order],
+        "item_id": group["item_id"][order],
+        "score": group["score"][order],
+        "rank": np.arange(1, len(order) + 1, dtype=np.int32),
+    }
 
 
 def build(workload: str, args: argparse.Namespace):
@@ -111,25 +118,33 @@ def build(workload: str, args: argparse.Namespace):
     ds = ray.data.read_parquet(args.input)
     # An autoscaling pool of one actor up to one per core: a fixed pool of one per core (the guide's size=cores)
     # takes every CPU before the Parquet read's ListFiles task gets one, and the job hangs on a 2-core machine.
-    pool = ray.data.ActorPoolStrategy(min_size=1, max_size=os.cpu_count()) if args.autoscale else \
-        ray.data.ActorPoolStrategy(size=os.cpu_count())
+    pool = (
+        ray.data.ActorPoolStrategy(min_size=1, max_size=os.cpu_count())
+        if args.autoscale
+        else ray.data.ActorPoolStrategy(size=os.cpu_count())
+    )
     if workload in ("W1", "W1L"):
         return ds.map_batches(Embedder, fn_constructor_args=(args.model,), compute=pool)
     if workload == "W5":
         return ds.map_batches(ImageClassifier, fn_constructor_args=(args.model,), compute=pool, batch_size=args.batch)
     if workload == "W4":
-        return ds.map_batches(Generator, fn_constructor_args=(args.model, args.max_new_tokens), compute=pool,
-                              batch_size=args.batch)
+        return ds.map_batches(
+            Generator, fn_constructor_args=(args.model, args.max_new_tokens), compute=pool, batch_size=args.batch
+        )
     if workload == "W6":
         scored = ds.map_batches(Scorer, fn_constructor_args=(args.model, args.features.split(",")), compute=pool)
         return scored.groupby("user_id").map_groups(top_k, fn_args=(args.top_k,))
     raise SystemExit(f"unknown workload {workload!r}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = peer_arguments("bench.peers.ray_data", ("W1", "W1L", "W4", "W5", "W6"))
-    parser.add_argument("--fixed-pool", dest="autoscale", action="store_false",
-                        help="a fixed pool of one actor per core, as the guide writes it (hangs on 2 cores)")
+    parser.add_argument(
+        "--fixed-pool",
+        dest="autoscale",
+        action="store_false",
+        help="a fixed pool of one actor per core, as the guide writes it (hangs on 2 cores)",
+    )
     args = parser.parse_args(argv)
 
     import ray

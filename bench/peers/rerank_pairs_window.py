@@ -12,7 +12,7 @@ window, write and timings are W6's hand job's (:func:`bench.peers.topk_window.ru
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
 def make_predict_fn(model_dir: str):
@@ -28,8 +28,9 @@ def make_predict_fn(model_dir: str):
         model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
 
         def predict(queries: np.ndarray, passages: np.ndarray) -> np.ndarray:
-            features = tokenizer(list(queries), list(passages), padding=True, truncation="longest_first",
-                                 return_tensors="pt")
+            features = tokenizer(
+                list(queries), list(passages), padding=True, truncation="longest_first", return_tensors="pt"
+            )
             with torch.inference_mode():
                 return torch.sigmoid(model(**features).logits[:, 0]).double().numpy()
 
@@ -38,11 +39,15 @@ def make_predict_fn(model_dir: str):
     return load
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from bench.peers.topk_window import hand_job_parser, run_hand_job
 
-    parser = hand_job_parser("bench.peers.rerank_pairs_window", "Parquet directory with user_id, item_id, query and text",
-                             "a sequence classification model directory with its tokenizer", "passages kept per query")
+    parser = hand_job_parser(
+        "bench.peers.rerank_pairs_window",
+        "Parquet directory with user_id, item_id, query and text",
+        "a sequence classification model directory with its tokenizer",
+        "passages kept per query",
+    )
     args = parser.parse_args(argv)
     from pyspark.sql import functions as F
 

@@ -25,9 +25,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from bench import data
 from bench.alternating import PeerRun, run_alternately
@@ -35,7 +35,8 @@ from bench.fast_path import verdict
 from bench.model import model_dir
 from bench.peers.compare import compare_embeddings, compare_labels, compare_texts, compare_top
 from bench.report import machine_facts
-from bench.suite import PEERS, peer_command as bench_command
+from bench.suite import PEERS
+from bench.suite import peer_command as bench_command
 
 __all__ = ["ENGINES", "TARGET", "Workload", "main", "ratio_rows", "render_table", "markdown_section", "replace_section"]
 
@@ -67,26 +68,47 @@ def _w1(name: str, rows: int, data_dir: Path) -> Workload:
     table = data_dir / name.lower()
     data.write_table(data.review_bodies(rows), table)
     lakescore = next(p for p in PEERS if p.key == "d")
-    return Workload(name, rows, table, model_dir(), lambda run_dir: bench_command(lakescore, table, run_dir),
-                    compare_embeddings, described=f"{rows:,} W1 reviews, all-MiniLM-L6-v2 embeddings")
+    return Workload(
+        name,
+        rows,
+        table,
+        model_dir(),
+        lambda run_dir: bench_command(lakescore, table, run_dir),
+        compare_embeddings,
+        described=f"{rows:,} W1 reviews, all-MiniLM-L6-v2 embeddings",
+    )
 
 
 def _w4(rows: int, data_dir: Path) -> Workload:
     from bench.generation import LOOP_BATCH, W4_NEW_TOKENS, make_w4_data, make_w4_model, peer_commands
 
     model, table = make_w4_model(data_dir / "w4_model"), make_w4_data(data_dir, rows)
-    return Workload("W4", rows, table, model, lambda run_dir: peer_commands(table, model, run_dir)["lakescore"],
-                    compare_texts, ["--batch", str(LOOP_BATCH), "--max-new-tokens", str(W4_NEW_TOKENS)],
-                    f"{rows:,} review prompts, seeded Llama-shaped decoder, {W4_NEW_TOKENS} new tokens, greedy")
+    return Workload(
+        "W4",
+        rows,
+        table,
+        model,
+        lambda run_dir: peer_commands(table, model, run_dir)["lakescore"],
+        compare_texts,
+        ["--batch", str(LOOP_BATCH), "--max-new-tokens", str(W4_NEW_TOKENS)],
+        f"{rows:,} review prompts, seeded Llama-shaped decoder, {W4_NEW_TOKENS} new tokens, greedy",
+    )
 
 
 def _w5(rows: int, data_dir: Path) -> Workload:
     from bench.images import LOOP_BATCH, make_w5_data, make_w5_model, peer_commands
 
     model, table = make_w5_model(data_dir / "w5_model"), make_w5_data(data_dir, rows)["table"]
-    return Workload("W5", rows, table, model, lambda run_dir: peer_commands(table, "table", model, run_dir)["lakescore"],
-                    compare_labels, ["--batch", str(LOOP_BATCH)],
-                    f"{rows:,} images of mixed formats and sizes (Parquet, binary column), seeded ViT-base classifier")
+    return Workload(
+        "W5",
+        rows,
+        table,
+        model,
+        lambda run_dir: peer_commands(table, "table", model, run_dir)["lakescore"],
+        compare_labels,
+        ["--batch", str(LOOP_BATCH)],
+        f"{rows:,} images of mixed formats and sizes (Parquet, binary column), seeded ViT-base classifier",
+    )
 
 
 def _w6(users: int, candidates: int, top_k: int, data_dir: Path) -> Workload:
@@ -94,9 +116,16 @@ def _w6(users: int, candidates: int, top_k: int, data_dir: Path) -> Workload:
 
     model, table = make_w6_model(data_dir / "w6_model"), data_dir / "w6"
     rows = make_w6_data(table, users, candidates)
-    return Workload("W6", rows, table, model, lambda run_dir: peer_commands(table, model, run_dir, top_k)["lakescore"],
-                    compare_top, ["--features", ",".join(FEATURES), "--top-k", str(top_k)],
-                    f"{users:,} users x {candidates} candidates, seeded TorchScript MLP, top {top_k} per user")
+    return Workload(
+        "W6",
+        rows,
+        table,
+        model,
+        lambda run_dir: peer_commands(table, model, run_dir, top_k)["lakescore"],
+        compare_top,
+        ["--features", ",".join(FEATURES), "--top-k", str(top_k)],
+        f"{users:,} users x {candidates} candidates, seeded TorchScript MLP, top {top_k} per user",
+    )
 
 
 def workload(name: str, args: argparse.Namespace, data_dir: Path) -> Workload:
@@ -116,8 +145,22 @@ def workload(name: str, args: argparse.Namespace, data_dir: Path) -> Workload:
 
 def peer_command(python: str, engine: str, work: Workload, run_dir: Path) -> list[str]:
     """``engine``'s program on ``work`` in the peers' interpreter ``python``; its files go under ``run_dir``."""
-    return [python, "-m", ENGINES[engine][1], "--workload", work.name, "--input", str(work.table), "--model",
-            str(work.model), "--output", str(run_dir / "delta"), "--timings", str(run_dir / "timings.json"), *work.extra]
+    return [
+        python,
+        "-m",
+        ENGINES[engine][1],
+        "--workload",
+        work.name,
+        "--input",
+        str(work.table),
+        "--model",
+        str(work.model),
+        "--output",
+        str(run_dir / "delta"),
+        "--timings",
+        str(run_dir / "timings.json"),
+        *work.extra,
+    ]
 
 
 def _rows_out(report: dict) -> float:
@@ -125,8 +168,15 @@ def _rows_out(report: dict) -> float:
     return float(report["rows"] if "rows" in report else report.get("output_rows") or 0)
 
 
-def run_workload(work: Workload, engines: Sequence[str], python: str, runs_dir: Path, env: dict[str, str],
-                 repeats: int, pause: float = 0.0) -> tuple[dict[str, list[PeerRun]], dict[str, Optional[dict]]]:
+def run_workload(
+    work: Workload,
+    engines: Sequence[str],
+    python: str,
+    runs_dir: Path,
+    env: dict[str, str],
+    repeats: int,
+    pause: float = 0.0,
+) -> tuple[dict[str, list[PeerRun]], dict[str, dict | None]]:
     """Every side's runs of ``work`` in ``repeats`` rounds (lakescore, then each peer; ``pause`` seconds between runs,
     so a shared machine gets its cores back) and each peer's output compared with lakescore's (``None`` when either
     side had no good run)."""
@@ -139,12 +189,21 @@ def run_workload(work: Workload, engines: Sequence[str], python: str, runs_dir: 
         for side, command in commands.items():
             if pause and runs:
                 time.sleep(pause)
-            got = run_alternately(work.name, {side: command}, written, _rows_out,
-                                  lambda side, rows: f"{rows:,.0f} rows written", _round_dir(runs_dir, round_), env, {},
-                                  REPO, 1)
+            got = run_alternately(
+                work.name,
+                {side: command},
+                written,
+                _rows_out,
+                lambda side, rows: f"{rows:,.0f} rows written",
+                _round_dir(runs_dir, round_),
+                env,
+                {},
+                REPO,
+                1,
+            )
             runs.setdefault(side, []).extend(got[side])
     ours = _first_good(runs_dir, work.name, runs, "lakescore")
-    compared: dict[str, Optional[dict]] = {}
+    compared: dict[str, dict | None] = {}
     for engine in engines:
         theirs = _first_good(runs_dir, work.name, runs, engine)
         try:
@@ -158,7 +217,7 @@ def _round_dir(runs_dir: Path, round_: int) -> Path:
     return runs_dir / f"round-{round_ + 1}"
 
 
-def _first_good(runs_dir: Path, name: str, runs: dict[str, list[PeerRun]], side: str) -> Optional[Path]:
+def _first_good(runs_dir: Path, name: str, runs: dict[str, list[PeerRun]], side: str) -> Path | None:
     """The run directory of ``side``'s first good run (one run per side per round), or ``None``."""
     return next((_round_dir(runs_dir, i) / f"{name}-{side}-1" for i, r in enumerate(runs.get(side, [])) if r.ok), None)
 
@@ -169,12 +228,14 @@ def run_walls(name: str, runs: dict[str, list[PeerRun]]) -> str:
     return f"{name} runs, wall seconds in run order: " + "; ".join(f"{side} {walls(rs)}" for side, rs in runs.items())
 
 
-def _median_wall(runs: list[PeerRun]) -> Optional[float]:
+def _median_wall(runs: list[PeerRun]) -> float | None:
     walls = [r.measured.wall_seconds for r in runs if r.ok]
     return statistics.median(walls) if walls else None
 
 
-def ratio_rows(name: str, rows: int, runs: dict[str, list[PeerRun]], compared: dict[str, Optional[dict]]) -> list[list[str]]:
+def ratio_rows(
+    name: str, rows: int, runs: dict[str, list[PeerRun]], compared: dict[str, dict | None]
+) -> list[list[str]]:
     """The table's rows for one workload: per peer, both median walls (and run counts), peer / lakescore, what the
     output comparison found and the target's verdict, given only when both ran and did the same work."""
     ours, out = _median_wall(runs.get("lakescore", [])), []
@@ -182,55 +243,86 @@ def ratio_rows(name: str, rows: int, runs: dict[str, list[PeerRun]], compared: d
         theirs = _median_wall(runs.get(engine, []))
         ratio = theirs / ours if ours and theirs else None
         if ratio is None:
-            outputs, said = "-", "FAILED: " + ", ".join(s for s in ("lakescore", engine) if not _median_wall(runs.get(s, [])))
+            outputs, said = (
+                "-",
+                "FAILED: " + ", ".join(s for s in ("lakescore", engine) if not _median_wall(runs.get(s, []))),
+            )
         elif found is None or not found["same"]:
             outputs, said = f"differ: {(found or {}).get('why') or 'not compared'}", "no verdict (not the same work)"
         else:
             outputs, said = "same", verdict(ratio >= TARGET)
         count = lambda side: sum(r.ok for r in runs.get(side, []))  # noqa: E731
-        out.append([name, f"{rows:,}", ENGINES[engine][0], _seconds(ours, count("lakescore")),
-                    _seconds(theirs, count(engine)), "-" if ratio is None else f"{ratio:.2f}x", outputs, said])
+        out.append(
+            [
+                name,
+                f"{rows:,}",
+                ENGINES[engine][0],
+                _seconds(ours, count("lakescore")),
+                _seconds(theirs, count(engine)),
+                "-" if ratio is None else f"{ratio:.2f}x",
+                outputs,
+                said,
+            ]
+        )
     return out
 
 
-def _seconds(value: Optional[float], runs: int) -> str:
+def _seconds(value: float | None, runs: int) -> str:
     return "-" if value is None else f"{value:.1f} ({runs})"
 
 
-HEADER = ["workload", "rows", "peer", "lakescore s (runs)", "peer s (runs)", "peer / lakescore",
-          "outputs vs lakescore's", f"target >= {TARGET:g}x"]
+HEADER = [
+    "workload",
+    "rows",
+    "peer",
+    "lakescore s (runs)",
+    "peer s (runs)",
+    "peer / lakescore",
+    "outputs vs lakescore's",
+    f"target >= {TARGET:g}x",
+]
 
 
 def render_table(rows: list[list[str]], markdown: bool) -> str:
     """``rows`` under :data:`HEADER`, as a Markdown table or aligned plain text."""
     if markdown:
-        return "\n".join(["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER),
-                          *["| " + " | ".join(r) + " |" for r in rows]])
+        return "\n".join(
+            ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER), *["| " + " | ".join(r) + " |" for r in rows]]
+        )
     widths = [max(len(c) for c in column) for column in zip(HEADER, *rows)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in [HEADER, *rows])
 
 
 def markdown_section(facts: dict[str, str], described: list[str], table: str) -> str:
     """BENCHMARKS.md's section for this run: how it was run, on what, and the table."""
-    return "\n".join([
-        SECTION, "",
-        "Written by `make bench-peers` (`bench/peers/side_by_side.py`). lakescore's command is `make bench`'s; the peers "
-        "run in their own environment (`build/peers-env`, `bench/peers/constraints.txt`, torch / transformers / "
-        "sentence-transformers at constraints.txt's pins) as their documentation writes them, reading the same "
-        "Parquet and writing Delta: Ray Data (`bench/peers/ray_data.py`: `read_parquet`, `map_batches` over a class in "
-        "an actor pool of up to one actor per core, `write_delta`) and Daft (`bench/peers/daft_df.py`: `embed_text` / "
-        "`prompt` with the transformers provider, a class UDF for images, a UDF + `row_number()` window for top-K, "
-        "`write_deltalake`). Whole processes, alternating (lakescore, Ray, Daft, ...), medians; the ratio is the "
-        "peer's median wall over lakescore's (above 1: lakescore faster). A peer whose output differs from "
-        "lakescore's (embeddings: cosine < 0.9999; labels, greedy texts or top-K rows not equal) gets no verdict.", "",
-        *[f"- {k}: {v}" for k, v in facts.items()], *[f"- {line}" for line in described], *[f"- {n}" for n in NOTES],
-        "", table, ""])
+    return "\n".join(
+        [
+            SECTION,
+            "",
+            "Written by `make bench-peers` (`bench/peers/side_by_side.py`). lakescore's command is `make bench`'s; the peers "
+            "run in their own environment (`build/peers-env`, `bench/peers/constraints.txt`, torch / transformers / "
+            "sentence-transformers at constraints.txt's pins) as their documentation writes them, reading the same "
+            "Parquet and writing Delta: Ray Data (`bench/peers/ray_data.py`: `read_parquet`, `map_batches` over a class in "
+            "an actor pool of up to one actor per core, `write_delta`) and Daft (`bench/peers/daft_df.py`: `embed_text` / "
+            "`prompt` with the transformers provider, a class UDF for images, a UDF + `row_number()` window for top-K, "
+            "`write_deltalake`). Whole processes, alternating (lakescore, Ray, Daft, ...), medians; the ratio is the "
+            "peer's median wall over lakescore's (above 1: lakescore faster). A peer whose output differs from "
+            "lakescore's (embeddings: cosine < 0.9999; labels, greedy texts or top-K rows not equal) gets no verdict.",
+            "",
+            *[f"- {k}: {v}" for k, v in facts.items()],
+            *[f"- {line}" for line in described],
+            *[f"- {n}" for n in NOTES],
+            "",
+            table,
+            "",
+        ]
+    )
 
 
 NOTES = (
     "Ray Data's pool autoscales from one actor to one per core (`ActorPoolStrategy(min_size=1, max_size=cores)`): "
     "the guide's fixed pool of one per core takes both CPUs of a 2-core machine before Ray 2.60's Parquet read "
-    "(its `ListFiles` task) gets one, and the job hangs (Ray warns \"Cluster resources are not enough to run any "
+    '(its `ListFiles` task) gets one, and the job hangs (Ray warns "Cluster resources are not enough to run any '
     "task\"). `--fixed-pool` runs the fixed pool. Ray's W4 and W5 batches and Daft's W5 batches are 32 rows (the bench's "
     "loops'); Daft's `prompt` calls the transformers pipeline one row at a time, as its provider is written.",
     "Daft's `classify_image` with the transformers provider builds a zero-shot (CLIP-style) pipeline that cannot "
@@ -248,7 +340,7 @@ def replace_section(document: str, section: str) -> str:
     start = document.find(SECTION)
     if start >= 0:
         end = document.find("\n## ", start + len(SECTION))
-        return document[:start] + section + ("\n" + document[end + 1:] if end >= 0 else "")
+        return document[:start] + section + ("\n" + document[end + 1 :] if end >= 0 else "")
     at = document.find(SECTION_BEFORE)
     return document[:at] + section + "\n" + document[at:] if at >= 0 else document.rstrip("\n") + "\n\n" + section
 
@@ -257,7 +349,7 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name) or default)
 
 
-def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     from bench.generation import W4_ROWS
     from bench.images import W5_ROWS
     from bench.topk import W6_CANDIDATES, W6_TOP_K, W6_USERS
@@ -267,20 +359,29 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--workloads", default=os.environ.get("WORKLOADS") or "W1", help="[WORKLOADS]")
     parser.add_argument("--engines", default=os.environ.get("ENGINES") or "ray,daft", help="[ENGINES]")
     parser.add_argument("--repeats", type=int, default=_env_int("REPEATS", 2), help="runs per side [REPEATS]")
-    parser.add_argument("--pause", type=float, default=float(os.environ.get("PAUSE") or 0),
-                        help="seconds to wait between runs [PAUSE]")
+    parser.add_argument(
+        "--pause", type=float, default=float(os.environ.get("PAUSE") or 0), help="seconds to wait between runs [PAUSE]"
+    )
     parser.add_argument("--rows", type=int, default=_env_int("ROWS", 12_000), help="W1 rows [ROWS]")
     parser.add_argument("--w1l-rows", type=int, default=_env_int("W1L_ROWS", 60_000), help="[W1L_ROWS]")
     parser.add_argument("--w4-rows", type=int, default=_env_int("W4_ROWS", W4_ROWS), help="[W4_ROWS]")
     parser.add_argument("--w5-rows", type=int, default=_env_int("W5_ROWS", W5_ROWS), help="[W5_ROWS]")
     parser.add_argument("--w6-users", type=int, default=_env_int("W6_USERS", W6_USERS), help="[W6_USERS]")
-    parser.add_argument("--w6-candidates", type=int, default=_env_int("W6_CANDIDATES", W6_CANDIDATES), help="[W6_CANDIDATES]")
+    parser.add_argument(
+        "--w6-candidates", type=int, default=_env_int("W6_CANDIDATES", W6_CANDIDATES), help="[W6_CANDIDATES]"
+    )
     parser.add_argument("--w6-top-k", type=int, default=_env_int("W6_TOP_K", W6_TOP_K), help="[W6_TOP_K]")
-    parser.add_argument("--note", default=os.environ.get("NOTE") or "",
-                        help="the conditions of this run, one line in the section (e.g. a shared, loaded machine) [NOTE]")
+    parser.add_argument(
+        "--note",
+        default=os.environ.get("NOTE") or "",
+        help="the conditions of this run, one line in the section (e.g. a shared, loaded machine) [NOTE]",
+    )
     parser.add_argument("--out", type=Path, default=REPO / ".lakescore" / "bench-peers", help="data, runs, results")
-    parser.add_argument("--markdown", default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
-                        help="BENCHMARKS.md to update, '-' for none [BENCH_MD]")
+    parser.add_argument(
+        "--markdown",
+        default=os.environ.get("BENCH_MD") or str(REPO / "BENCHMARKS.md"),
+        help="BENCHMARKS.md to update, '-' for none [BENCH_MD]",
+    )
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if not args.engines or set(args.engines) - set(ENGINES):
@@ -290,11 +391,15 @@ def _args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def _versions(runs: dict[str, list[PeerRun]]) -> dict[str, str]:
     """Each peer's engine version, from what its good runs wrote."""
-    return {ENGINES[side][0]: r.report["version"] for side, rs in runs.items() for r in rs
-            if side in ENGINES and r.ok and "version" in r.report}
+    return {
+        ENGINES[side][0]: r.report["version"]
+        for side, rs in runs.items()
+        for r in rs
+        if side in ENGINES and r.ok and "version" in r.report
+    }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     import shutil
 
     from bench.run import _child_env

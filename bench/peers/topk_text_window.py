@@ -12,7 +12,7 @@ from the read to the written table (session start excluded) and the batch size.
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
 def make_predict_fn(model_dir: str):
@@ -36,11 +36,15 @@ def make_predict_fn(model_dir: str):
     return load
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from bench.peers.topk_window import hand_job_parser, run_hand_job
 
-    parser = hand_job_parser("bench.peers.topk_text_window", "Parquet directory with user_id, item_id and text",
-                             "a sequence classification model directory with its tokenizer", "rows kept per user")
+    parser = hand_job_parser(
+        "bench.peers.topk_text_window",
+        "Parquet directory with user_id, item_id and text",
+        "a sequence classification model directory with its tokenizer",
+        "rows kept per user",
+    )
     args = parser.parse_args(argv)
     from pyspark.sql import functions as F
 

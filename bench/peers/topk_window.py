@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -49,12 +49,13 @@ def hand_session(master: str):
     from pyspark.sql import SparkSession
 
     from lakescore.jobs.config import ScoringConfig, SparkConfig
-    from lakescore.jobs.platform.spark.session import jar_confs
     from lakescore.jobs.platform.spark.adapter import set_log_level
+    from lakescore.jobs.platform.spark.session import jar_confs
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
-        SparkSession.builder.master(master).appName("bench-topk-window")
+        SparkSession.builder.master(master)
+        .appName("bench-topk-window")
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.ui.showConsoleProgress", "false")
@@ -109,14 +110,26 @@ def run_hand_job(args: argparse.Namespace, load: Callable, model_input: Callable
         spark.stop()
     files = pq.ParquetDataset(args.input).files  # the row count from the footers: no second Spark job
     with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"rows": sum(pq.ParquetFile(f).metadata.num_rows for f in files), "job_seconds": seconds,
-                   "batch": args.batch, "top_k": args.top_k, "master": args.master}, handle)
+        json.dump(
+            {
+                "rows": sum(pq.ParquetFile(f).metadata.num_rows for f in files),
+                "job_seconds": seconds,
+                "batch": args.batch,
+                "top_k": args.top_k,
+                "master": args.master,
+            },
+            handle,
+        )
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = hand_job_parser("bench.peers.topk_window", "Parquet directory with user_id, item_id and the features",
-                             "a TorchScript program (.pt)", "rows kept per user (0: no ranking, W7)")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = hand_job_parser(
+        "bench.peers.topk_window",
+        "Parquet directory with user_id, item_id and the features",
+        "a TorchScript program (.pt)",
+        "rows kept per user (0: no ranking, W7)",
+    )
     parser.add_argument("--features", required=True, help="feature columns in the program's order, comma-separated")
     args = parser.parse_args(argv)
     from pyspark.sql import functions as F

@@ -15,12 +15,12 @@ import io
 import json
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.peers.vlm_loop")
     parser.add_argument("--input", required=True, help="Parquet file or directory with id, image, prompt")
     parser.add_argument("--model", required=True, help="a vision-language model directory with its processor")
@@ -46,22 +46,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for start in range(0, len(frame), args.batch):
         rows = range(start, min(start + args.batch, len(frame)))
         images = [Image.open(io.BytesIO(frame["image"].iloc[i])).convert("RGB") for i in rows]
-        chats = [processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": frame["prompt"].iloc[i]}]}],
-            add_generation_prompt=True, tokenize=False) for i in rows]
+        chats = [
+            processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": frame["prompt"].iloc[i]}]}],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+            for i in rows
+        ]
         batch = processor(images=images, text=chats, padding=True, add_special_tokens=False, return_tensors="pt")
         began = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(**batch, do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=pad)
         in_generate += time.perf_counter() - began
-        for i, new in zip(rows, out[:, batch["input_ids"].shape[1]:].tolist()):
+        for i, new in zip(rows, out[:, batch["input_ids"].shape[1] :].tolist()):
             if eos in new:
                 new = new[: new.index(eos) + 1]
             texts[i], counts[i] = processor.decode(new, skip_special_tokens=True), len(new)
-    pd.DataFrame({"id": frame["id"], "generated_text": texts, "completion_tokens": counts}).to_parquet(args.output, index=False)
+    pd.DataFrame({"id": frame["id"], "generated_text": texts, "completion_tokens": counts}).to_parquet(
+        args.output, index=False
+    )
     with open(args.timings, "w", encoding="utf-8") as handle:
-        json.dump({"generate_seconds": in_generate, "tokens_out": sum(counts), "load_seconds": loaded,
-                   "threads": torch.get_num_threads(), "batch": args.batch}, handle)
+        json.dump(
+            {
+                "generate_seconds": in_generate,
+                "tokens_out": sum(counts),
+                "load_seconds": loaded,
+                "threads": torch.get_num_threads(),
+                "batch": args.batch,
+            },
+            handle,
+        )
     return 0
 
 

@@ -131,8 +131,16 @@ def build_command(
     cmd += ["--py-files", str(delta_jar)]
     if env_archive:
         cmd += ["--archives", f"{env_archive}#environment"]
-    cmd += [str(launcher), "demo", "--rows", str(rows), "--report", str(work / "report.json"),
-            "--set", f"model.source={model_dir}"]
+    cmd += [
+        str(launcher),
+        "demo",
+        "--rows",
+        str(rows),
+        "--report",
+        str(work / "report.json"),
+        "--set",
+        f"model.source={model_dir}",
+    ]
     return cmd
 
 
@@ -141,23 +149,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", required=True, type=Path, help="everything the run writes goes here")
     parser.add_argument("--rows", type=int, default=200, help="demo rows to generate (default: 200)")
     parser.add_argument("--launcher", type=Path, default=REPO / "dist" / "launcher.py")
-    parser.add_argument("--env-python", type=Path, default=REPO / "build" / "env" / "bin" / "python",
-                        help="python of the venv built from the wheel (default: build/env/bin/python)")
+    parser.add_argument(
+        "--env-python",
+        type=Path,
+        default=REPO / "build" / "env" / "bin" / "python",
+        help="python of the venv built from the wheel (default: build/env/bin/python)",
+    )
     parser.add_argument("--env-archive", type=Path, help="ship this venv-pack archive to the executors")
     parser.add_argument("--master", default=DEFAULT_MASTER)
     parser.add_argument("--spark-submit", type=Path, default=Path(sys.executable).parent / "spark-submit")
     args = parser.parse_args(argv)
 
     work = args.work_dir.expanduser().resolve()
-    for needed in [args.launcher, args.env_python, args.spark_submit] + ([args.env_archive] if args.env_archive else []):
+    for needed in [args.launcher, args.env_python, args.spark_submit] + (
+        [args.env_archive] if args.env_archive else []
+    ):
         if not needed.exists():
             raise SystemExit(f"submit-local: {needed} is missing; run `make package` (or `make env`) first")
     work.mkdir(parents=True, exist_ok=True)
     (work / "spark-events").mkdir(exist_ok=True)
     cmd = build_command(
-        work, args.rows, args.launcher.resolve(), args.env_python.absolute(),
-        args.env_archive.resolve() if args.env_archive else None, args.master, args.spark_submit.absolute(),
-        _delta_jars(), _demo_model_dir(),
+        work,
+        args.rows,
+        args.launcher.resolve(),
+        args.env_python.absolute(),
+        args.env_archive.resolve() if args.env_archive else None,
+        args.master,
+        args.spark_submit.absolute(),
+        _delta_jars(),
+        _demo_model_dir(),
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env["SPARK_HOME"] = str(_spark_home(work))
@@ -170,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(line)
             log.write(line)
         code = proc.wait()
-    print(f"submit-local: spark-submit exited {code} after {time.perf_counter() - started:.1f} s; "
-          f"outputs in {work}", flush=True)
+    print(
+        f"submit-local: spark-submit exited {code} after {time.perf_counter() - started:.1f} s; outputs in {work}",
+        flush=True,
+    )
     return code
 
 

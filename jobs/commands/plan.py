@@ -27,8 +27,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,17 @@ from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import SessionResources, run_cost
 
 __all__ = [
-    "SAMPLE_ROWS", "FIXED_SECONDS", "STAGE_SECONDS_PER_CHUNK", "UnitCost", "SampleShape", "sample_shape", "predict",
-    "history_cost", "host_load", "run_plan", "format_plan",
+    "SAMPLE_ROWS",
+    "FIXED_SECONDS",
+    "STAGE_SECONDS_PER_CHUNK",
+    "UnitCost",
+    "SampleShape",
+    "sample_shape",
+    "predict",
+    "history_cost",
+    "host_load",
+    "run_plan",
+    "format_plan",
 ]
 
 log = logging.getLogger(__name__)
@@ -93,8 +103,12 @@ def sample_shape(costs: Sequence[int] | np.ndarray, rows: int, policy, prepare_s
 
 
 def predict(
-    shape: SampleShape, input_rows: int, unit: UnitCost, resources: SessionResources, chunks: int = 1,
-    peak_memory_mib: Optional[float] = None,
+    shape: SampleShape,
+    input_rows: int,
+    unit: UnitCost,
+    resources: SessionResources,
+    chunks: int = 1,
+    peak_memory_mib: float | None = None,
 ) -> dict[str, Any]:
     """The plan of scoring ``input_rows`` rows shaped like ``shape`` at ``unit``'s costs on ``resources``' slots, in
     ``chunks`` chunks: every figure of the sample scaled by ``input_rows / shape.rows``; the stage's seconds are
@@ -128,7 +142,7 @@ def predict(
     }
 
 
-def history_cost(report: Mapping[str, Any], shape: SampleShape, slots: int) -> Optional[UnitCost]:
+def history_cost(report: Mapping[str, Any], shape: SampleShape, slots: int) -> UnitCost | None:
     """The :class:`UnitCost` an earlier run's ``report`` (its JSON) measured, for rows shaped like ``shape`` (the
     output's earlier runs read the same table): its workers' forward seconds per row spread over the sample's padded
     tokens per row, its scoring stage's seconds per chunk besides that forward on ``slots`` slots, and its time
@@ -143,14 +157,22 @@ def history_cost(report: Mapping[str, Any], shape: SampleShape, slots: int) -> O
     workers, steps = report.get("workers") or {}, report.get("step_seconds") or {}
     rows, forward, stage = workers.get("rows_scored") or 0, workers.get("model_seconds"), steps.get("score_stage")
     seconds = report.get("seconds")
-    if report.get("status") != "succeeded" or rows < MIN_HISTORY_ROWS or not forward or stage is None or seconds is None:
+    if (
+        report.get("status") != "succeeded"
+        or rows < MIN_HISTORY_ROWS
+        or not forward
+        or stage is None
+        or seconds is None
+    ):
         return None
     padded_per_row = shape.padded / max(1, len(shape.costs))
     prepare = shape.prepare_seconds / max(1, shape.rows) * rows
     chunks = max(1, int((report.get("chunks") or {}).get("total") or 1))
     besides = max(0.0, stage - (forward + prepare) / max(1, slots)) / chunks
     return UnitCost(
-        round(forward / rows / padded_per_row, 9), round(besides, 3), round(max(0.0, seconds - stage), 3),
+        round(forward / rows / padded_per_row, 9),
+        round(besides, 3),
+        round(max(0.0, seconds - stage), 3),
         f"history: run {report.get('run_id')}",
     )
 
@@ -192,7 +214,11 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     load = host_load()
     stretch = max(1.0, load) if where == "local" else 1.0
     unit = _from_history(run, cfg, model.sha256, shape, resources.slots) or UnitCost(
-        calibrated, STAGE_SECONDS_PER_CHUNK[where] * stretch, FIXED_SECONDS[where] * stretch, "calibration on the driver")
+        calibrated,
+        STAGE_SECONDS_PER_CHUNK[where] * stretch,
+        FIXED_SECONDS[where] * stretch,
+        "calibration on the driver",
+    )
     row_seconds = (shape.padded * unit.seconds_per_token + shape.prepare_seconds) / shape.rows  # task-seconds a row
     chunks = planned_chunks(rows, cfg.write.chunk_rows, cfg.write.chunk_seconds, row_seconds, resources.slots)
     plan = predict(shape, rows, unit, resources, chunks, memory.peak_mib)
@@ -200,10 +226,14 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     plan["calibrated_seconds_per_padded_token"] = calibrated
     plan["host_load_per_cpu"] = round(load, 2)
     plan["cost"] = run_cost(
-        seconds=plan["predicted_seconds"]["total"], stage_seconds=plan["predicted_seconds"]["score_stage"],
+        seconds=plan["predicted_seconds"]["total"],
+        stage_seconds=plan["predicted_seconds"]["score_stage"],
         worker_seconds=shape.padded * rows / shape.rows * unit.seconds_per_token,
-        rows_scored=plan["rows_to_score"], resources=resources, gpus=gpus,
-        price_per_core_hour=cfg.resources.price_per_core_hour, price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
+        rows_scored=plan["rows_to_score"],
+        resources=resources,
+        gpus=gpus,
+        price_per_core_hour=cfg.resources.price_per_core_hour,
+        price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
     )
     plan.update(sample_rows=table.num_rows, device=device, max_batch_tokens=policy.max_tokens, cores=resources.cores)
     from lakescore.udfs.chunking import PreparedDocuments
@@ -228,17 +258,29 @@ def format_plan(plan: Mapping[str, Any]) -> str:
     seconds = plan["predicted_seconds"]
     table = Table(title="lakescore plan", show_header=False, box=None)
     memory = plan.get("peak_memory_mib")
-    rows = [
-        ("rows", f"{plan['rows']:,} ({plan['rows_to_score']:,} to score; {plan['sample_rows']:,} sampled)"),
-    ] + ([("chunks", f"{plan['chunks_to_embed']:,} to embed (embed.chunk)")] if plan.get("chunks_to_embed") is not None else []) + [
-        ("tokens", f"{plan['tokens']:,} ({plan['padded_tokens']:,} padded, budget {plan['max_batch_tokens']:,} per batch)"),
-        ("forward batches", f"{plan['forward_batches']:,} in {plan['chunks']} chunk(s) on {plan['slots']} slot(s)"),
-        ("scoring stage", f"{seconds['score_stage']:,.1f} s ({plan['cost_from']})"),
-        ("fixed cost", f"{seconds['fixed']:,.1f} s"),
-        ("total", f"{seconds['total']:,.1f} s"),
-        ("peak memory per worker", f"{memory:,} MiB ({plan['device']})" if memory is not None else "-"),
-        ("uses", cost_text(plan["cost"])),
-    ] + ([("note", plan["note"])] if plan.get("note") else [])
+    rows = (
+        [
+            ("rows", f"{plan['rows']:,} ({plan['rows_to_score']:,} to score; {plan['sample_rows']:,} sampled)"),
+        ]
+        + (
+            [("chunks", f"{plan['chunks_to_embed']:,} to embed (embed.chunk)")]
+            if plan.get("chunks_to_embed") is not None
+            else []
+        )
+        + [
+            (
+                "tokens",
+                f"{plan['tokens']:,} ({plan['padded_tokens']:,} padded, budget {plan['max_batch_tokens']:,} per batch)",
+            ),
+            ("forward batches", f"{plan['forward_batches']:,} in {plan['chunks']} chunk(s) on {plan['slots']} slot(s)"),
+            ("scoring stage", f"{seconds['score_stage']:,.1f} s ({plan['cost_from']})"),
+            ("fixed cost", f"{seconds['fixed']:,.1f} s"),
+            ("total", f"{seconds['total']:,.1f} s"),
+            ("peak memory per worker", f"{memory:,} MiB ({plan['device']})" if memory is not None else "-"),
+            ("uses", cost_text(plan["cost"])),
+        ]
+        + ([("note", plan["note"])] if plan.get("note") else [])
+    )
     for name, value in rows:
         table.add_row(name, value)
     out = io.StringIO()
@@ -270,10 +312,15 @@ def _runner(run, cfg: JobConfig):
     if kind.row_keys:  # the key follows the input columns in the sample (_sample)
         options["key_col"] = f"c{len(run.input_cols)}"
     runner = kind.runner(model.scorer, columns, **options)
-    return model, runner, batch_policy(model, resolved.device, cfg.scoring.max_batch_tokens, cfg.scoring.max_batch_rows), resolved.device
+    return (
+        model,
+        runner,
+        batch_policy(model, resolved.device, cfg.scoring.max_batch_tokens, cfg.scoring.max_batch_rows),
+        resolved.device,
+    )
 
 
-def _from_history(run, cfg: JobConfig, sha256: str, shape: SampleShape, slots: int) -> Optional[UnitCost]:
+def _from_history(run, cfg: JobConfig, sha256: str, shape: SampleShape, slots: int) -> UnitCost | None:
     """The :class:`UnitCost` of the output's newest earlier run of this model and task that measured one, or ``None``."""
     from lakescore.jobs.commands.history import run_history
     from lakescore.jobs.platform.tables import TableError
@@ -301,7 +348,11 @@ def _calibrate(runner, table, policy) -> float:
     runner.score(runner.prepare(_one_batch(table.take(order[:8]))), AdaptiveBudget(policy))
     seconds, padded, done = 0.0, 0, 0
     while done < min(CALIBRATION_ROWS, table.num_rows) and seconds < CALIBRATION_SECONDS:
-        rows = order[done:done + CALIBRATION_SLICE] if done + CALIBRATION_SLICE <= table.num_rows else order[-CALIBRATION_SLICE:]
+        rows = (
+            order[done : done + CALIBRATION_SLICE]
+            if done + CALIBRATION_SLICE <= table.num_rows
+            else order[-CALIBRATION_SLICE:]
+        )
         prepared = runner.prepare(_one_batch(table.take(rows)))
         costs = runner.row_costs(prepared)
         started = time.perf_counter()
@@ -332,7 +383,7 @@ class _task_threads:
     def __init__(self, threads: int) -> None:
         self._threads = threads
 
-    def __enter__(self) -> "_task_threads":
+    def __enter__(self) -> _task_threads:
         self._torch = sys.modules.get("torch")
         if self._torch is not None:
             self._previous = self._torch.get_num_threads()
@@ -348,4 +399,3 @@ def _peak_memory(device: str):
     from lakescore.jobs.commands.sweep import PeakMemory
 
     return PeakMemory(device.split(":")[0])
-

@@ -13,8 +13,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
 
 from lakescore.jobs.config import ConfigError, JobConfig
 
@@ -38,12 +38,12 @@ class SweepPoint:
     max_batch_tokens: int
     max_batch_rows: int
     rows: int
-    rows_per_second: Optional[float]
-    peak_memory_mib: Optional[float]
-    error: Optional[str] = None
+    rows_per_second: float | None
+    peak_memory_mib: float | None
+    error: str | None = None
 
 
-def recommend(points: Sequence[SweepPoint], tie: float = 0.03) -> Optional[SweepPoint]:
+def recommend(points: Sequence[SweepPoint], tie: float = 0.03) -> SweepPoint | None:
     """The fastest point that ran; the smallest budget within ``tie`` of the fastest."""
     ran = [p for p in points if p.rows_per_second]
     if not ran:
@@ -59,7 +59,9 @@ def format_sweep(points: Sequence[SweepPoint]) -> str:
         if p.error:
             lines.append(f"{p.max_batch_tokens:>16} {p.max_batch_rows:>14}  stopped: {p.error}")
         else:
-            lines.append(f"{p.max_batch_tokens:>16} {p.max_batch_rows:>14} {p.rows_per_second:>9.1f} {p.peak_memory_mib:>9.0f}")
+            lines.append(
+                f"{p.max_batch_tokens:>16} {p.max_batch_rows:>14} {p.rows_per_second:>9.1f} {p.peak_memory_mib:>9.0f}"
+            )
     chosen = recommend(points)
     if chosen is not None:
         lines.append(f"recommended: --set scoring.max_batch_tokens={chosen.max_batch_tokens}")
@@ -67,19 +69,25 @@ def format_sweep(points: Sequence[SweepPoint]) -> str:
 
 
 def run_sweep(
-    cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, budgets: Optional[Sequence[int]] = None, spark=None
+    cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, budgets: Sequence[int] | None = None, spark=None
 ) -> list[SweepPoint]:
     """Sweep ``budgets`` over ``sample_rows`` rows of ``cfg.input``'s ``cfg.text_col``."""
-    from lakescore.jobs.steps.read import model_spec
     from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.jobs.platform.tables import read_input
+    from lakescore.jobs.steps.read import model_spec
     from lakescore.udfs.batching import BatchPolicy, is_out_of_memory, score_texts
     from lakescore.udfs.models.model_cache import get_model
 
-    if getattr(cfg.task_options(), "remote", False):  # before the missing settings: an endpoint run names no model files
-        raise ConfigError("sweep tunes the token budget of a model loaded here; with an endpoint or a served engine the "
-                          "server batches the requests itself, so there is nothing to sweep")
-    missing = [k for k, v in (("input", cfg.input), ("model.source", cfg.model.source), ("text_col", cfg.text_col)) if not v]
+    if getattr(
+        cfg.task_options(), "remote", False
+    ):  # before the missing settings: an endpoint run names no model files
+        raise ConfigError(
+            "sweep tunes the token budget of a model loaded here; with an endpoint or a served engine the "
+            "server batches the requests itself, so there is nothing to sweep"
+        )
+    missing = [
+        k for k, v in (("input", cfg.input), ("model.source", cfg.model.source), ("text_col", cfg.text_col)) if not v
+    ]
     if missing:
         raise ConfigError("missing required setting(s) for sweep: " + ", ".join(missing))
     if sample_rows < 1:
@@ -114,7 +122,9 @@ def run_sweep(
                 raise
             points.append(SweepPoint(budget, policy.max_rows, len(texts), None, None, error="out of memory"))
             break
-        points.append(SweepPoint(budget, policy.max_rows, len(texts), round(len(texts) / seconds, 2), round(memory.peak_mib, 1)))
+        points.append(
+            SweepPoint(budget, policy.max_rows, len(texts), round(len(texts) / seconds, 2), round(memory.peak_mib, 1))
+        )
         log.info("max_batch_tokens=%d: %.1f rows/s, peak %.0f MiB", budget, points[-1].rows_per_second, memory.peak_mib)
     return points
 
@@ -138,7 +148,7 @@ class PeakMemory:
         self.peak_mib = 0.0
         self._stop = threading.Event()
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         if self._device == "cuda":
             import torch
 
@@ -170,4 +180,7 @@ class PeakMemory:
 def sweep_report(points: Sequence[SweepPoint]) -> dict:
     """The sweep as JSON-ready data."""
     chosen = recommend(points)
-    return {"points": [asdict(p) for p in points], "recommended_max_batch_tokens": chosen.max_batch_tokens if chosen else None}
+    return {
+        "points": [asdict(p) for p in points],
+        "recommended_max_batch_tokens": chosen.max_batch_tokens if chosen else None,
+    }

@@ -28,16 +28,50 @@ from lakescore.jobs.config.loading import config_from_mapping, load_config
 from lakescore.jobs.config.options import Option, config_options
 from lakescore.jobs.config.schema import JobConfig
 from lakescore.jobs.config.sections import (
-    DriftConfig, EmbedConfig, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, ScoringResources, SparkConfig,
-    ValidationConfig, WriteConfig, spark_size_mib,
+    DriftConfig,
+    EmbedConfig,
+    GenerateConfig,
+    ModelConfig,
+    RankConfig,
+    ResourcesConfig,
+    ScoringConfig,
+    ScoringResources,
+    SparkConfig,
+    ValidationConfig,
+    WriteConfig,
+    spark_size_mib,
 )
 from lakescore.jobs.config.values import DEDUP_MODES, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, WRITE_MODES
-from lakescore.udfs.options.model import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS
 from lakescore.udfs.options.base import ConfigError
+from lakescore.udfs.options.model import BACKENDS, DEVICES, DTYPES, QUANTIZATIONS
 
 __all__ = [
-    "ConfigError", "JobConfig", "Option", "config_from_mapping", "config_options", "load_config", "spark_size_mib",
-    "TASKS", "WRITE_MODES", "INPUT_FORMATS", "DEDUP_MODES", "DEVICES", "DTYPES", "BACKENDS", "QUANTIZATIONS", "RUN_ID",
-    "RUN_ID_MAX", "ModelConfig", "SparkConfig", "ScoringConfig", "ScoringResources", "ResourcesConfig", "GenerateConfig", "EmbedConfig",
-    "DriftConfig", "ValidationConfig", "WriteConfig", "RankConfig",
+    "ConfigError",
+    "JobConfig",
+    "Option",
+    "config_from_mapping",
+    "config_options",
+    "load_config",
+    "spark_size_mib",
+    "TASKS",
+    "WRITE_MODES",
+    "INPUT_FORMATS",
+    "DEDUP_MODES",
+    "DEVICES",
+    "DTYPES",
+    "BACKENDS",
+    "QUANTIZATIONS",
+    "RUN_ID",
+    "RUN_ID_MAX",
+    "ModelConfig",
+    "SparkConfig",
+    "ScoringConfig",
+    "ScoringResources",
+    "ResourcesConfig",
+    "GenerateConfig",
+    "EmbedConfig",
+    "DriftConfig",
+    "ValidationConfig",
+    "WriteConfig",
+    "RankConfig",
 ]

@@ -39,7 +39,9 @@ def bounds_text(metadata: list) -> str:
     bound = {name: getattr(m, name) for m in metadata for name in ("ge", "gt", "le") if hasattr(m, name)}
     if "ge" in bound and "le" in bound:
         return f"between {bound['ge']:g} and {bound['le']:g}"
-    return ", ".join(f"{symbol} {bound[name]:g}" for name, symbol in (("ge", ">="), ("gt", ">"), ("le", "<=")) if name in bound)
+    return ", ".join(
+        f"{symbol} {bound[name]:g}" for name, symbol in (("ge", ">="), ("gt", ">"), ("le", "<=")) if name in bound
+    )
 
 
 def type_text(hint: Any, bounds: str = "") -> str:

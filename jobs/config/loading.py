@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -18,9 +19,9 @@ from lakescore.udfs.options.base import ConfigError
 
 
 def load_config(
-    path: Optional[os.PathLike | str] = None,
+    path: os.PathLike | str | None = None,
     overrides: Sequence[str] = (),
-    flags: Optional[Mapping[str, Any]] = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> JobConfig:
     """Build a validated :class:`JobConfig`.
 
@@ -40,8 +41,9 @@ def load_config(
             raise ConfigError(f"--set expects dotted.key=value, got {item!r}")
         key = key.strip()
         if not raw.strip():  # an unset shell variable: refused rather than read as null, which switches features off
-            raise ConfigError(f"--set {key}= gives no value (an unset variable?): give one, or leave the --set out "
-                              "for the default")
+            raise ConfigError(
+                f"--set {key}= gives no value (an unset variable?): give one, or leave the --set out for the default"
+            )
         _assign(tree, key, raw if _takes_text(key) else _parse_scalar(raw))
     for key, value in (flags or {}).items():
         if value is not None:
@@ -71,8 +73,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as dup:
-        raise ConfigError(f"config file {path} gives key {dup.key!r} twice (lines {dup.first} and {dup.second}): "
-                          "keep one") from None
+        raise ConfigError(
+            f"config file {path} gives key {dup.key!r} twice (lines {dup.first} and {dup.second}): keep one"
+        ) from None
     except (yaml.YAMLError, ValueError) as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from lakescore.jobs.config.hints import bounds_text, choices_of, is_section
 from lakescore.jobs.config.options import declared
 from lakescore.udfs.options.base import ConfigError, as_number
 
-
 _EXPECTED = {
-    "int_type": "an integer", "int_from_float": "an integer", "float_type": "a number", "bool_type": "true or false",
-    "string_type": "a string", "tuple_type": "a list", "list_type": "a list",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "tuple_type": "a list",
+    "list_type": "a list",
 }
 """Pydantic's type errors, as the message says what the key takes."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -26,9 +26,9 @@ class Option:
     """The field's documentation on one line."""
     bounds: str = ""
     """The numeric bounds as text (``>= 1``, ``between 0 and 1``); ``""`` when unbounded."""
-    flag: Optional[str] = None
+    flag: str | None = None
     """The ``lakescore score`` flag that sets it, if any."""
-    metavar: Optional[str] = None
+    metavar: str | None = None
     sweep: bool = False
     """Whether ``lakescore sweep`` takes its flag too."""
     repeat: bool = False
@@ -67,10 +67,16 @@ def config_options() -> list[Option]:
                 found += walk(hint, f"{prefix}{name}.")
                 continue
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            found.append(Option(
-                prefix + name, hint, info.get_default(call_default_factory=True), " ".join((info.description or "").split()),
-                bounds_text([*info.metadata, *metadata]), **extra,
-            ))
+            found.append(
+                Option(
+                    prefix + name,
+                    hint,
+                    info.get_default(call_default_factory=True),
+                    " ".join((info.description or "").split()),
+                    bounds_text([*info.metadata, *metadata]),
+                    **extra,
+                )
+            )
         return found
 
     return walk(JobConfig, "")

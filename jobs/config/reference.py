@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from pydantic_core import PydanticUndefined
 
@@ -53,7 +54,7 @@ def updated(page: str) -> str:
     return head + reference() + tail
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Rewrite the reference block of the page named in ``argv`` (default: ``docs/configuration.md``)."""
     path = Path((argv if argv is not None else sys.argv[1:] or ["docs/configuration.md"])[0])
     path.write_text(updated(path.read_text(encoding="utf-8")), encoding="utf-8")

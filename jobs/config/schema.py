@@ -5,28 +5,52 @@ from __future__ import annotations
 import os
 import re
 import typing
+from collections.abc import Mapping
 from datetime import date
-from typing import Annotated, Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from lakescore.jobs.config.hints import is_section, unwrapped
 from lakescore.jobs.config.sections import (
-    DRIFT_READS, EmbedConfig, GenerateConfig, ModelConfig, RankConfig, ResourcesConfig, ScoringConfig, SparkConfig, ValidationConfig,
+    DRIFT_READS,
+    EmbedConfig,
+    GenerateConfig,
+    ModelConfig,
+    RankConfig,
+    ResourcesConfig,
+    ScoringConfig,
+    SparkConfig,
+    ValidationConfig,
     WriteConfig,
 )
 from lakescore.jobs.config.values import (
-    FILE_COLUMNS, INPUT_FORMATS, RUN_ID, RUN_ID_MAX, TASKS, IdColumns, Names, TaskName, comma_items, shown,
+    FILE_COLUMNS,
+    INPUT_FORMATS,
+    RUN_ID,
+    RUN_ID_MAX,
+    TASKS,
+    IdColumns,
+    Names,
+    TaskName,
+    comma_items,
+    shown,
 )
 from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
-from lakescore.udfs.registry import (
-    TASK_MODEL_OPTIONS, TASK_OPTION_SECTIONS, TASK_VALIDATION_OPTIONS, TASKS as _TASKS, get_task,
-)
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 from lakescore.udfs.options.remote import MESSAGES_API, EndpointOptions
+from lakescore.udfs.registry import (
+    TASK_MODEL_OPTIONS,
+    TASK_OPTION_SECTIONS,
+    TASK_VALIDATION_OPTIONS,
+    get_task,
+)
+from lakescore.udfs.registry import (
+    TASKS as _TASKS,
+)
 
 
-def _run_date(value: str) -> Optional[str]:
+def _run_date(value: str) -> str | None:
     try:
         date.fromisoformat(value)
     except ValueError:
@@ -34,7 +58,7 @@ def _run_date(value: str) -> Optional[str]:
     return None
 
 
-def _run_id(value: str) -> Optional[str]:
+def _run_id(value: str) -> str | None:
     if RUN_ID.fullmatch(value):
         return None
     return (
@@ -46,30 +70,33 @@ def _run_id(value: str) -> Optional[str]:
 class JobConfig(Section):
     """One scoring run, fully resolved. Build with :func:`load_config` or :func:`config_from_mapping`."""
 
-    input: Optional[Text] = Field(None, json_schema_extra=cli("--input", sweep=True))
+    input: Text | None = Field(None, json_schema_extra=cli("--input", sweep=True))
     """The table (``db.table``, ``catalog.schema.table``) or Parquet / Delta path to score."""
-    output: Optional[Text] = Field(None, json_schema_extra=cli("--output"))
+    output: Text | None = Field(None, json_schema_extra=cli("--output"))
     """The Delta table or path the scores go to, written as ``write.mode`` says."""
     input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=cli("--input-format", sweep=True))
     """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta``, ``parquet``,
     or ``images``: every image file under the folder, recursively (by extension, any case: jpg, jpeg, png, webp, gif,
     bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
     task: TaskName = Field(
-        "embed", json_schema_extra=cli("--task", sweep=True),
-        description="What the model computes: " + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values()) + ".",
+        "embed",
+        json_schema_extra=cli("--task", sweep=True),
+        description="What the model computes: "
+        + ", ".join(f"``{t.name}`` ({t.summary})" for t in _TASKS.values())
+        + ".",
     )
-    id_col: Optional[IdColumns] = Field(None, json_schema_extra=cli("--id-col"))
+    id_col: IdColumns | None = Field(None, json_schema_extra=cli("--id-col"))
     """The input column copied unchanged to the output to identify each row: string, integer or decimal, under any
     name Delta stores (``review.id`` too; no space or ``,;{}()=``); or a list of such columns that together identify
     it (a composite id: ``[user_id, item_id]``, a flag takes ``user_id,item_id``)."""
-    text_col: Optional[Text] = Field(None, json_schema_extra=cli("--text-col", sweep=True))
+    text_col: Text | None = Field(None, json_schema_extra=cli("--text-col", sweep=True))
     """The string column to score (text tasks: ``classify``, ``embed``, ``ner``; ``generate`` without
     ``generate.prompt_template``: the prompt), under any name (``review text`` too)."""
-    text_pair_col: Optional[Text] = Field(None, json_schema_extra=cli("--text-pair-col"))
+    text_pair_col: Text | None = Field(None, json_schema_extra=cli("--text-pair-col"))
     """``classify``: a second string column; each row's ``text_col`` and this column go to the model as one pair
     (query and passage, as a cross-encoder reads them), truncated longest side first; a row with either side null or
     empty is ``null_input``."""
-    image_col: Optional[Text] = Field(None, json_schema_extra=cli("--image-col"))
+    image_col: Text | None = Field(None, json_schema_extra=cli("--image-col"))
     """The image column to score (image tasks: ``image_classify``, ``image_embed``; ``generate`` with
     ``generate.prompt_template``: a vision-language model reads each image with its row's prompt): binary, each value a file's bytes
     in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
@@ -78,22 +105,22 @@ class JobConfig(Section):
     file is ``missing_file``. Set by ``input_format`` ``images``."""
     feature_cols: Names = Field((), json_schema_extra=cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
-    feature_prefix: Optional[Text] = Field(None, json_schema_extra=cli("--feature-prefix"))
+    feature_prefix: Text | None = Field(None, json_schema_extra=cli("--feature-prefix"))
     """``tabular``: use every input column starting with this prefix, in input order (when ``feature_cols`` is empty)."""
-    errors: Optional[Text] = Field(None, json_schema_extra=cli("--errors"))
+    errors: Text | None = Field(None, json_schema_extra=cli("--errors"))
     """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
     max_error_rate: Fraction = 0.001
     """Fail the run (publishing nothing; the errors table is left as it was, the rows' reasons are in the report and
     the run's staging) when this run's new failures are more than this fraction of the input's rows (the output's
     scope: in ``write.mode: incremental`` the kept rows count, and failures carried from an earlier run, not scored
     again, count in the rows but not as new failures: ``write.retry_failed``)."""
-    report: Optional[Text] = Field(None, json_schema_extra=cli("--report", "JSON"))
+    report: Text | None = Field(None, json_schema_extra=cli("--report", "JSON"))
     """Where to write the JSON run report (the HTML page goes beside it)."""
-    run_date: Annotated[Optional[Text], checked(_run_date)] = Field(
+    run_date: Annotated[Text | None, checked(_run_date)] = Field(
         None, json_schema_extra=cli("--run-date", "YYYY-MM-DD")
     )
     """``YYYY-MM-DD`` the run is for; the run id defaults to it (so reruns of one date replace each other)."""
-    run_id: Annotated[Optional[Text], checked(_run_id)] = Field(None, json_schema_extra=cli("--run-id"))
+    run_id: Annotated[Text | None, checked(_run_id)] = Field(None, json_schema_extra=cli("--run-id"))
     """The id written into every row; default: ``run_date``, else a UTC timestamp and a random suffix (a rerun that
     resumes staged chunks keeps the id they were staged under)."""
     progress_seconds: int = Field(15, ge=0)
@@ -119,7 +146,7 @@ class JobConfig(Section):
         return data
 
     @model_validator(mode="after")
-    def _combinations(self) -> "JobConfig":
+    def _combinations(self) -> JobConfig:
         task = get_task(self.task)
         if self.model.backend not in task.backends:
             raise ConfigError(
@@ -154,9 +181,11 @@ class JobConfig(Section):
         for name in ("endpoint", "server") if kind.prompted else ():
             remote = getattr(self.task_options(), name, None)
             if remote is not None and remote.api not in ("chat", MESSAGES_API):
-                raise ConfigError(f"{kind.column_setting} with generate.{name}.api {remote.api}: an image is sent as a chat "
-                                  f"message's image_url part, which the completions API has no place for; set "
-                                  f"generate.{name}.api: chat")
+                raise ConfigError(
+                    f"{kind.column_setting} with generate.{name}.api {remote.api}: an image is sent as a chat "
+                    f"message's image_url part, which the completions API has no place for; set "
+                    f"generate.{name}.api: chat"
+                )
         for option in _RUNNER_SETTINGS:
             if getattr(self.scoring, option) is not None and option not in kind.runner_settings:
                 readers = ", ".join(name for name in TASKS if option in get_task(name).input_kind.runner_settings)
@@ -173,16 +202,22 @@ class JobConfig(Section):
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
             )
         if self.rank.enabled and self.chunked:
-            raise ConfigError("rank keeps the best rows of a key, and embed.chunk makes a document many rows whose "
-                              "embedding is no order; drop rank or embed.chunk")
+            raise ConfigError(
+                "rank keeps the best rows of a key, and embed.chunk makes a document many rows whose "
+                "embedding is no order; drop rank or embed.chunk"
+            )
         if self.rank.enabled:
             fields = {f.name: f for f in self.output_fields()}
             if self.rank.order_by not in fields:
-                raise ConfigError(f"rank.order_by must be one of task {self.task!r}'s output columns "
-                                  f"({', '.join(fields)}), got {self.rank.order_by!r}")
+                raise ConfigError(
+                    f"rank.order_by must be one of task {self.task!r}'s output columns "
+                    f"({', '.join(fields)}), got {self.rank.order_by!r}"
+                )
             if fields[self.rank.order_by].dataType.typeName() in ("array", "struct", "map"):
-                raise ConfigError(f"rank.order_by {self.rank.order_by!r} holds {fields[self.rank.order_by].dataType.simpleString()}"
-                                  "; rank by a column of single values (a number or a string)")
+                raise ConfigError(
+                    f"rank.order_by {self.rank.order_by!r} holds {fields[self.rank.order_by].dataType.simpleString()}"
+                    "; rank by a column of single values (a number or a string)"
+                )
         if self.provider_batch:
             self._check_provider_batch()
         if self.write.mode == "incremental" and self.validation.min_rows is not None:
@@ -205,7 +240,12 @@ class JobConfig(Section):
         if setting:  # a prompt template names its own columns
             required.append((f"{setting} (--{setting.replace('_', '-')})", self.input_col or self.prompt_template))
         else:
-            required.append(("feature_cols (--feature-cols) or feature_prefix (--feature-prefix)", self.feature_cols or self.feature_prefix))
+            required.append(
+                (
+                    "feature_cols (--feature-cols) or feature_prefix (--feature-prefix)",
+                    self.feature_cols or self.feature_prefix,
+                )
+            )
         missing = [flag for flag, value in required if not value]
         if self.input_kind.prompted and not self.prompt_template:
             missing.append("generate.prompt_template (--prompt-template), the prompt each image is read with")
@@ -219,8 +259,10 @@ class JobConfig(Section):
             if other != setting and getattr(self, other):
                 readers = [get_task(name) for name in TASKS if get_task(name).input_kind.column_setting == other]
                 reads = f"reads {setting}" if setting else "reads feature_cols / feature_prefix"
-                raise ConfigError(f"{other} is for {readers[0].input_kind.name} tasks ({', '.join(t.name for t in readers)}); "
-                                  f"task {self.task!r} {reads}")
+                raise ConfigError(
+                    f"{other} is for {readers[0].input_kind.name} tasks ({', '.join(t.name for t in readers)}); "
+                    f"task {self.task!r} {reads}"
+                )
         if self.errors and self.errors == self.output:
             raise ConfigError(f"errors and output must differ, both are {self.errors!r}")
         self._check_writes_apart_from_input()
@@ -251,7 +293,7 @@ class JobConfig(Section):
         return tuple(dict.fromkeys([*self.id_cols, *self.rank.partition_by]))
 
     @property
-    def column_setting(self) -> Optional[str]:
+    def column_setting(self) -> str | None:
         """The setting naming the task's one input column (``text_col``, ``image_col``), per the task registry;
         ``None`` for a task that reads numeric feature columns."""
         return self.input_kind.column_setting
@@ -263,12 +305,12 @@ class JobConfig(Section):
         return get_task(self.task).input_kind_for(lambda setting: getattr(self, setting, None))
 
     @property
-    def input_col(self) -> Optional[str]:
+    def input_col(self) -> str | None:
         """The task's one input column as configured (``text_col`` or ``image_col``); ``None`` for feature tasks."""
         return getattr(self, self.column_setting) if self.column_setting else None
 
     @property
-    def prompt_template(self) -> Optional[str]:
+    def prompt_template(self) -> str | None:
         """The template each row's prompt is rendered from, for a task that reads prompts (else ``None``)."""
         return self.generate.prompt_template if self.input_kind.row_keys else None
 
@@ -293,14 +335,20 @@ class JobConfig(Section):
     def _check_provider_batch(self) -> None:
         """Refuse, in one line before compute, what a provider batch run cannot do."""
         if self.rank.enabled:
-            raise ConfigError("rank keeps the best rows of a key as the rows are scored; a provider batch "
-                              "(generate.endpoint.batch) returns them in any order, hours later: drop rank or batch")
+            raise ConfigError(
+                "rank keeps the best rows of a key as the rows are scored; a provider batch "
+                "(generate.endpoint.batch) returns them in any order, hours later: drop rank or batch"
+            )
         if self.input_kind.prompted:
-            raise ConfigError(f"{self.input_kind.column_setting} with generate.endpoint.batch: images with prompts go "
-                              "through the per-row endpoint only (drop generate.endpoint.batch)")
+            raise ConfigError(
+                f"{self.input_kind.column_setting} with generate.endpoint.batch: images with prompts go "
+                "through the per-row endpoint only (drop generate.endpoint.batch)"
+            )
         if self.scoring.dedup == "on":
-            raise ConfigError("scoring.dedup on with generate.endpoint.batch: each row's line is sent as its own request "
-                              "(its custom_id); set scoring.dedup off or auto")
+            raise ConfigError(
+                "scoring.dedup on with generate.endpoint.batch: each row's line is sent as its own request "
+                "(its custom_id); set scoring.dedup off or auto"
+            )
 
     def endpoint(self) -> Any:
         """The task's remote endpoint settings (``generate.endpoint``, ``embed.endpoint``), or ``None``: one place that knows where they are."""
@@ -331,7 +379,7 @@ class JobConfig(Section):
         """The optional prediction columns this run's task settings ask for (``token_logprobs``)."""
         return get_task(self.task).asked_outputs(self.task_options())
 
-    def resolved_run_id(self) -> Optional[str]:
+    def resolved_run_id(self) -> str | None:
         """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""
         return self.run_id or self.run_date
 
@@ -353,7 +401,9 @@ class JobConfig(Section):
         return str(parse_table_name(self.output, "output").with_suffix(suffix))
 
 
-_COLUMN_SETTINGS = tuple(dict.fromkeys(t.input_kind.column_setting for t in _TASKS.values() if t.input_kind.column_setting))
+_COLUMN_SETTINGS = tuple(
+    dict.fromkeys(t.input_kind.column_setting for t in _TASKS.values() if t.input_kind.column_setting)
+)
 """Every setting naming a task's one input column: one the task does not read is a mistake."""
 
 _RUNNER_SETTINGS = tuple(dict.fromkeys(o for t in _TASKS.values() for o in t.input_kind.runner_settings))
@@ -394,7 +444,10 @@ def lists_from_text(key: str, value: Any) -> Any:
         return value
     declared = section.annotation.model_fields
     return {
-        name: comma_items(item) if isinstance(item, str) and name in declared
-        and typing.get_origin(unwrapped(declared[name].annotation)[0]) is tuple else item
+        name: comma_items(item)
+        if isinstance(item, str)
+        and name in declared
+        and typing.get_origin(unwrapped(declared[name].annotation)[0]) is tuple
+        else item
         for name, item in value.items()
     }

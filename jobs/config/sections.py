@@ -4,19 +4,25 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from lakescore.jobs.config.values import (
-    WRITE_MODES, LogLevel, Names, NullFractions, OnOff, SparkConf, ValueRanges, shown,
+    WRITE_MODES,
+    LogLevel,
+    Names,
+    NullFractions,
+    OnOff,
+    SparkConf,
+    ValueRanges,
+    shown,
 )
 from lakescore.udfs.batching import default_max_tokens
+from lakescore.udfs.options.base import JOB_ONLY, ConfigError, Fraction, Number, Section, Text, checked, cli
 from lakescore.udfs.options.embed import EmbedOptions
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.options.model import ModelOptions
-from lakescore.udfs.options.base import JOB_ONLY, ConfigError, Fraction, Number, Section, Text, checked, cli
-
 
 ModelConfig = ModelOptions
 """The ``model`` section, declared on the executors' side (:mod:`lakescore.udfs.options.model`)."""
@@ -27,16 +33,17 @@ class SparkConfig(Section):
 
     master: Text = Field("local[*]", json_schema_extra=cli("--master", sweep=True))
     """The Spark master when lakescore builds the session."""
-    remote: Annotated[Optional[Text], checked(
-        lambda v: None if v.startswith("sc://") else f"must be a Spark Connect URL sc://host:port, got {v!r}"
-    )] = Field(None, json_schema_extra=cli("--remote", "sc://HOST:PORT", sweep=True))
+    remote: Annotated[
+        Text | None,
+        checked(lambda v: None if v.startswith("sc://") else f"must be a Spark Connect URL sc://host:port, got {v!r}"),
+    ] = Field(None, json_schema_extra=cli("--remote", "sc://HOST:PORT", sweep=True))
     """Run over Spark Connect on this server, ``sc://host:port``; unset: ``SPARK_REMOTE`` when the environment has it.
     The server owns jars, Delta and the metastore, so the other ``spark.*`` settings do not apply."""
     app_name: Text = "lakescore"
     """The Spark application name."""
     warehouse_dir: Text = ".lakescore/warehouse"
     """Managed-table location; the local Derby metastore lives beside it."""
-    metastore_dir: Optional[Text] = None
+    metastore_dir: Text | None = None
     """Directory of the embedded Derby metastore; default: ``<warehouse_dir>/../metastore_db``."""
     jars_dir: Text = "~/.cache/lakescore/jars"
     """Where ``lakescore fetch-jars`` puts the Delta (and S3A) jars, so sessions start without Maven."""
@@ -49,7 +56,7 @@ class SparkConfig(Section):
     daemon that has imported the scoring runtime (torch, transformers) once, so each worker loads only the weights
     and shares the imported modules' memory; ``false``, or any other master (``spark://``, ``yarn``, ``k8s://``):
     Spark's own daemon. Ignored where ``conf`` sets ``spark.python.daemon.module``."""
-    s3a: Optional[bool] = None
+    s3a: bool | None = None
     """Put the Hadoop S3A connector on the classpath: ``null`` when the job's input or output is an ``s3a://`` path,
     ``true`` always (e.g. metastore tables stored on S3), ``false`` never (the platform's Spark already has it).
     The endpoint goes in ``conf`` (``spark.hadoop.fs.s3a.*``); credentials come from the environment."""
@@ -62,7 +69,7 @@ class SparkConfig(Section):
 class ScoringConfig(Section):
     """How rows are cut into model batches and spread over tasks."""
 
-    max_batch_tokens: Optional[int] = Field(None, ge=1)
+    max_batch_tokens: int | None = Field(None, ge=1)
     """Padded tokens per forward batch (rows x longest row); default per device (cpu 1024; ``generate`` on cpu 8192,
     counting each row's prompt plus ``generate.max_new_tokens``). An image counts one token per 16x16 patch of its
     model input (196 at 224x224)."""
@@ -72,12 +79,12 @@ class ScoringConfig(Section):
     """Rows per Arrow batch handed to the scoring function; rows are length-sorted within one."""
     arrow_max_bytes_per_batch: int = Field(64 << 20, ge=1, json_schema_extra=JOB_ONLY)
     """Bytes per Arrow batch at most, so very long texts cannot blow up a worker."""
-    partitions: Optional[int] = Field(None, ge=1)
+    partitions: int | None = Field(None, ge=1)
     """Scoring tasks per chunk. Default: in a scoring run, 4 per task slot of at least 500 rows each, unless the input's
     own partitions fill every slot in even waves and each scores within ``progress_seconds`` (over Spark Connect: the
     default parallelism when the input has fewer partitions); in ``transform``, the default parallelism when the input
     has fewer partitions."""
-    max_image_pixels: Optional[int] = Field(None, ge=1)
+    max_image_pixels: int | None = Field(None, ge=1)
     """Image tasks: the pixels (width x height, read from the header before decoding) one image may have; a bigger
     one is dead-lettered ``image_too_large``. Default: Pillow's decompression-bomb limit (about 89 million)."""
     dedup: OnOff = Field("auto", json_schema_extra=JOB_ONLY)
@@ -94,7 +101,7 @@ _SIZE = re.compile(r"^(\d+)([kmgtp])?b?$", re.IGNORECASE)
 _MIB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}
 
 
-def spark_size_mib(text: str) -> Optional[float]:
+def spark_size_mib(text: str) -> float | None:
     """A Spark memory size (``512m``, ``2g``; a bare number is MiB, as Spark reads memory settings) in MiB;
     ``None`` when ``text`` is not one."""
     size = _SIZE.match(text.strip())
@@ -107,28 +114,35 @@ class ScoringResources(Section):
     reading keeps the cluster's CPU parallelism) runs with its own profile. A master that cannot honour profiles
     (``local[...]``) runs without one and logs a warning."""
 
-    task_cpus: Optional[int] = Field(None, ge=1)
+    task_cpus: int | None = Field(None, ge=1)
     """CPUs per scoring task (and torch threads per task); default: ``spark.task.cpus``."""
-    task_gpus: Annotated[Optional[Number], Field(gt=0), checked(
-        lambda v: f"must be at most 0.5 or a whole number, got {v}" if v > 0.5 and not v.is_integer() else None
-    )] = None
+    task_gpus: Annotated[
+        Number | None,
+        Field(gt=0),
+        checked(
+            lambda v: f"must be at most 0.5 or a whole number, got {v}" if v > 0.5 and not v.is_integer() else None
+        ),
+    ] = None
     """GPUs per scoring task: at most 0.5 (tasks share a GPU) or a whole number."""
-    executor_gpus: Optional[int] = Field(None, ge=1)
+    executor_gpus: int | None = Field(None, ge=1)
     """GPUs per executor of the profile; needs ``task_gpus`` and dynamic allocation to take effect."""
-    executor_memory_overhead: Annotated[Optional[Text], checked(
-        lambda v: None if spark_size_mib(v) is not None else f"must be a Spark size such as 512m or 2g, got {v!r}"
-    )] = None
+    executor_memory_overhead: Annotated[
+        Text | None,
+        checked(
+            lambda v: None if spark_size_mib(v) is not None else f"must be a Spark size such as 512m or 2g, got {v!r}"
+        ),
+    ] = None
     """Off-heap memory per executor of the profile (torch lives here), a Spark size such as ``2g``."""
-    partitions: Optional[int] = Field(None, ge=1)
+    partitions: int | None = Field(None, ge=1)
     """Scoring tasks when the profile applies; default: ``scoring.partitions`` (or its default)."""
-    discovery_script: Annotated[Optional[Text], checked(
-        lambda v: None if v.strip() else "must be a path, got an empty string"
-    )] = None
+    discovery_script: Annotated[
+        Text | None, checked(lambda v: None if v.strip() else "must be a path, got an empty string")
+    ] = None
     """Executor-side path of the GPU discovery script for the profile's executors; default: the cluster's
     ``spark.executor.resource.gpu.discoveryScript``."""
 
     @model_validator(mode="after")
-    def _combinations(self) -> "ScoringResources":
+    def _combinations(self) -> ScoringResources:
         where = "resources.scoring"
         if self.executor_gpus is not None:
             if self.task_gpus is None:
@@ -139,7 +153,9 @@ class ScoringResources(Section):
                     "no executor could run a scoring task"
                 )
         if self.discovery_script is not None and self.executor_gpus is None:
-            raise ConfigError(f"{where}.discovery_script is for the profile's executor GPUs; set {where}.executor_gpus too")
+            raise ConfigError(
+                f"{where}.discovery_script is for the profile's executor GPUs; set {where}.executor_gpus too"
+            )
         return self
 
     @property
@@ -154,10 +170,10 @@ class ResourcesConfig(Section):
     """Per-stage resources (Spark resource profiles), and what they cost."""
 
     scoring: ScoringResources = Field(default_factory=ScoringResources)
-    price_per_core_hour: Optional[Annotated[Number, Field(ge=0)]] = None
+    price_per_core_hour: Annotated[Number, Field(ge=0)] | None = None
     """What one CPU core costs per hour (any currency): set it, or ``price_per_gpu_hour``, and the run report states the
     run's cost and its cost per million rows scored (an unset price counts as zero)."""
-    price_per_gpu_hour: Optional[Annotated[Number, Field(ge=0)]] = None
+    price_per_gpu_hour: Annotated[Number, Field(ge=0)] | None = None
     """What one GPU costs per hour, in the currency of ``price_per_core_hour``."""
 
 
@@ -168,7 +184,7 @@ EmbedConfig = EmbedOptions
 """The ``embed`` section, declared on the executors' side (:mod:`lakescore.udfs.options.embed`)."""
 
 
-def _baseline(value: str) -> Optional[str]:
+def _baseline(value: str) -> str | None:
     if value == "previous" or value.isdigit():
         return None
     return f"must be previous or a Delta version number, got {shown(value)}"
@@ -181,18 +197,18 @@ class DriftConfig(Section):
 
     baseline: Annotated[Text, checked(_baseline)] = "previous"
     """The output version to compare with: ``previous`` (the output as this run found it) or a Delta version number."""
-    max_label_js: Optional[Fraction] = None
+    max_label_js: Fraction | None = None
     """Tasks with a label (``classify``, ``image_classify``, ``generate`` with ``generate.choices``): refuse when the
     Jensen-Shannon distance (base 2) between this run's label shares and the baseline's exceeds this."""
-    max_score_psi: Optional[Number] = Field(None, ge=0)
+    max_score_psi: Number | None = Field(None, ge=0)
     """Tasks with a numeric prediction (``score``, tabular ``prediction``): refuse when its population stability index
     over 10 quantile bins of the baseline exceeds this (0.1 is a common "moved", 0.25 a "shifted")."""
-    min_id_cosine_p5: Optional[Number] = Field(None, ge=-1, le=1)
+    min_id_cosine_p5: Number | None = Field(None, ge=-1, le=1)
     """Embedding tasks: refuse when the 5th percentile of the cosine between each id's embedding and its baseline
     embedding (ids in both, with an unchanged ``input_digest`` where both store it) falls below this."""
 
     @property
-    def baseline_version(self) -> Optional[int]:
+    def baseline_version(self) -> int | None:
         """The configured baseline as a version number; ``None`` for ``previous``."""
         return None if self.baseline == "previous" else int(self.baseline)
 
@@ -211,13 +227,13 @@ class ValidationConfig(Section):
 
     enabled: bool = True
     """Validate before publishing; ``false`` publishes without the suite (the error-rate check still applies)."""
-    min_rows: Optional[int] = Field(None, ge=0)
+    min_rows: int | None = Field(None, ge=0)
     """Fail when fewer rows were scored (e.g. an upstream table that arrived half empty)."""
     value_ranges: ValueRanges = Field(default_factory=dict)
     """Column -> ``[min, max]`` every value must lie in, e.g. ``{score: [0, 1]}``."""
     max_null_fraction: NullFractions = Field(default_factory=dict)
     """Column -> the largest fraction of nulls allowed (for columns the suite does not require non-null)."""
-    max_length_stops: Optional[Fraction] = None
+    max_length_stops: Fraction | None = None
     """``generate``: fail when more than this fraction of rows stopped at ``generate.max_new_tokens``
     (``finish_reason`` ``length``: their text was cut); default: no limit."""
     drift: DriftConfig = Field(default_factory=DriftConfig)
@@ -225,7 +241,7 @@ class ValidationConfig(Section):
     """Add one row per attempt of a run (published or not: its status, times, row counts, prediction profile and drift
     figures; a rerun of a run id adds its next attempt) to the metrics table; a failed write is logged and changes
     nothing about the run."""
-    metrics_table: Optional[Text] = None
+    metrics_table: Text | None = None
     """The metrics table (Delta, table or path); default: ``<output>_metrics`` beside the output."""
 
 
@@ -253,7 +269,7 @@ class WriteConfig(Section):
     file that holds a changed id. Readers need the ``deletionVectors`` table feature (Delta reader version 3). An
     existing output is never altered (``ALTER TABLE ... SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)``
     enables it there)."""
-    chunk_rows: Optional[int] = Field(None, ge=1)
+    chunk_rows: int | None = Field(None, ge=1)
     """Rows per resumable chunk: each chunk is committed to staging on its own, so a rerun after a crash
     scores only the chunks not yet committed. Default: chunks of about ``chunk_seconds`` of scoring each."""
     chunk_seconds: float = Field(600.0, gt=0)
@@ -261,7 +277,7 @@ class WriteConfig(Section):
     measured on a batch of the input, so that a crash costs at most about this much scoring and a cheap model's
     run is not cut into chunks it does not need (a power of two of them, so a rerun finds the chunks staged
     before even when it measures another speed)."""
-    staging: Optional[Text] = None
+    staging: Text | None = None
     """Where chunks are staged before publishing: a directory, or a table prefix ``catalog.schema.prefix``
     (tables ``<prefix>_<run key>``); default: beside the output (a table ``<output>__lakescore_staging_<run key>``
     for a table output, ``<output dir>/_lakescore_staging/<name>/<run key>`` for a path)."""
@@ -269,7 +285,7 @@ class WriteConfig(Section):
     """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
 
     @model_validator(mode="after")
-    def _incremental_only(self) -> "WriteConfig":
+    def _incremental_only(self) -> WriteConfig:
         for key in ("delete_missing", "full_rescore", "retry_failed"):
             if getattr(self, key) and self.mode != "incremental":
                 raise ConfigError(f"write.{key} applies to write.mode incremental only, not {self.mode!r}")
@@ -283,11 +299,11 @@ class RankConfig(Section):
 
     partition_by: Names = ()
     """The input columns whose values make a key, e.g. ``[user_id]`` (copied to the output after the id columns)."""
-    order_by: Optional[Text] = None
+    order_by: Text | None = None
     """The task's output column the rows of a key are ranked by, e.g. ``score`` or ``prediction``."""
     descending: bool = True
     """Rank the largest ``order_by`` first (``false``: the smallest)."""
-    top_k: Optional[int] = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=1)
     """Rows kept per key."""
 
     @property
@@ -295,10 +311,13 @@ class RankConfig(Section):
         return self.top_k is not None
 
     @model_validator(mode="after")
-    def _complete(self) -> "RankConfig":
+    def _complete(self) -> RankConfig:
         given = sorted(self.model_fields_set)
-        missing = [key for key, value in (("partition_by", self.partition_by), ("order_by", self.order_by),
-                                          ("top_k", self.top_k)) if not value]
+        missing = [
+            key
+            for key, value in (("partition_by", self.partition_by), ("order_by", self.order_by), ("top_k", self.top_k))
+            if not value
+        ]
         if given and missing:
             raise ConfigError(f"rank needs {', '.join(f'rank.{k}' for k in missing)} too (given: {', '.join(given)})")
         return self

@@ -4,14 +4,13 @@ choices they are checked against (the executors' sections take theirs from :mod:
 from __future__ import annotations
 
 import re
-import typing
-from typing import Annotated, Any, Literal, Mapping, Optional
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator
 
-from lakescore.udfs.registry import TASK_NAMES
 from lakescore.udfs.options.base import Fraction, Number, Text, as_text, checked, invalid
-
+from lakescore.udfs.registry import TASK_NAMES
 
 TASKS = TASK_NAMES
 """Scoring tasks this version can run (:mod:`lakescore.udfs.registry`)."""
@@ -43,7 +42,7 @@ def _id_columns(value: Any) -> Any:
     return value[0] if isinstance(value, tuple) and len(value) == 1 else value
 
 
-def _id_columns_problem(value: Any) -> Optional[str]:
+def _id_columns_problem(value: Any) -> str | None:
     if isinstance(value, tuple):
         if not value:
             return "must name at least one column"
@@ -79,12 +78,13 @@ OnOff = Annotated[Literal[DEDUP_MODES], BeforeValidator(lambda v: ("on" if v els
 LogLevel = Annotated[Literal[LOG_LEVELS], BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
 SparkConf = Annotated[dict[str, Annotated[str, BeforeValidator(_spark_conf_value)]], BeforeValidator(_string_keys)]
 ValueRanges = Annotated[
-    dict[str, Annotated[tuple[Number, ...], BeforeValidator(comma_items), AfterValidator(_min_max)]], BeforeValidator(_string_keys)
+    dict[str, Annotated[tuple[Number, ...], BeforeValidator(comma_items), AfterValidator(_min_max)]],
+    BeforeValidator(_string_keys),
 ]
 NullFractions = Annotated[dict[str, Fraction], BeforeValidator(_string_keys)]
 
 
-IdColumns = Annotated[typing.Union[Text, tuple[Text, ...]], BeforeValidator(_id_columns), checked(_id_columns_problem)]
+IdColumns = Annotated[Text | tuple[Text, ...], BeforeValidator(_id_columns), checked(_id_columns_problem)]
 """An id: one column's name, or a list of names that together identify a row (composite id)."""
 
 

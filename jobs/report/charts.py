@@ -10,19 +10,37 @@ in one page never collide. Figures are built with :class:`matplotlib.figure.Figu
 from __future__ import annotations
 
 import io
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import matplotlib
 from matplotlib.figure import Figure
 
 __all__ = [
-    "PALETTE", "bar_chart", "histogram_chart", "line_chart", "paired_bar_chart", "scatter_chart", "stacked_bar_chart",
+    "PALETTE",
+    "bar_chart",
+    "histogram_chart",
+    "line_chart",
+    "paired_bar_chart",
+    "scatter_chart",
+    "stacked_bar_chart",
     "timeline_chart",
 ]
 
 _INK, _GRID = "#1f4e79", "#d0d7de"
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-            "#17becf", "#393b79", "#637939"]
+PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#637939",
+]
 _STYLE = {
     "svg.fonttype": "none",
     "text.parse_math": False,
@@ -42,7 +60,7 @@ def _svg(figure: Figure, key: str) -> str:
     with matplotlib.rc_context({**_STYLE, "svg.hashsalt": key}):
         figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})
     text = buffer.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def _figure(width: float = 6.4, height: float = 2.6):
@@ -82,8 +100,14 @@ def timeline_chart(key: str, steps: Sequence[tuple[str, float]]) -> str:
     return _svg(figure, key)
 
 
-def line_chart(key: str, xs: Sequence[float], ys: Sequence[float], xlabel: str, ylabel: str,
-               second: Optional[tuple[Sequence[float], Sequence[float], str]] = None) -> str:
+def line_chart(
+    key: str,
+    xs: Sequence[float],
+    ys: Sequence[float],
+    xlabel: str,
+    ylabel: str,
+    second: tuple[Sequence[float], Sequence[float], str] | None = None,
+) -> str:
     """A step line of ``ys`` over ``xs``; ``second`` = ``(xs, ys, label)`` drawn on a right-hand axis."""
     figure, axes = _figure()
     with matplotlib.rc_context(_STYLE):
@@ -130,8 +154,13 @@ def bar_chart(key: str, counts: Sequence[tuple[str, int]], xlabel: str = "rows")
     return _svg(figure, key)
 
 
-def scatter_chart(key: str, points: Sequence[Sequence[float]], explained: Sequence[float],
-                  colours: Optional[Sequence[Optional[str]]] = None, colour_by: Optional[str] = None) -> str:
+def scatter_chart(
+    key: str,
+    points: Sequence[Sequence[float]],
+    explained: Sequence[float],
+    colours: Sequence[str | None] | None = None,
+    colour_by: str | None = None,
+) -> str:
     """A 2-D projection; with ``colours`` one colour (and legend entry) per distinct value."""
     figure, axes = _figure(width=5.6, height=4.2)
     with matplotlib.rc_context(_STYLE):
@@ -140,8 +169,14 @@ def scatter_chart(key: str, points: Sequence[Sequence[float]], explained: Sequen
             values = sorted({c for c in colours if c is not None})
             for i, value in enumerate(values):
                 chosen = [j for j, c in enumerate(colours[: len(points)]) if c == value]
-                axes.scatter([xs[j] for j in chosen], [ys[j] for j in chosen], s=6, alpha=0.7,
-                             color=PALETTE[i % len(PALETTE)], label=_shown(value, 30))
+                axes.scatter(
+                    [xs[j] for j in chosen],
+                    [ys[j] for j in chosen],
+                    s=6,
+                    alpha=0.7,
+                    color=PALETTE[i % len(PALETTE)],
+                    label=_shown(value, 30),
+                )
             axes.legend(title=colour_by, fontsize=7, title_fontsize=8, frameon=False, markerscale=2)
         else:
             axes.scatter(xs, ys, s=6, alpha=0.6, color=_INK)
@@ -150,18 +185,25 @@ def scatter_chart(key: str, points: Sequence[Sequence[float]], explained: Sequen
     return _svg(figure, key)
 
 
-def paired_bar_chart(key: str, categories: Sequence[str], series: Sequence[tuple[str, Sequence[float]]],
-                     xlabel: str) -> str:
+def paired_bar_chart(
+    key: str, categories: Sequence[str], series: Sequence[tuple[str, Sequence[float]]], xlabel: str
+) -> str:
     """Horizontal bars, one group per category, one bar in each per ``(name, values)`` of ``series`` (two
     distributions side by side), with a legend."""
     figure, axes = _figure(width=5.6, height=0.8 + 0.32 * len(series) * max(1, len(categories)))
     with matplotlib.rc_context(_STYLE):
         height = 0.8 / max(1, len(series))
         for i, (name, values) in enumerate(series):
-            axes.barh([y + i * height for y in range(len(categories))], values, height=height,
-                      color=[_INK, PALETTE[1], PALETTE[2]][i % 3], label=_shown(name, 30))
-        axes.set_yticks([y + height * (len(series) - 1) / 2 for y in range(len(categories))],
-                        [_shown(c) for c in categories])
+            axes.barh(
+                [y + i * height for y in range(len(categories))],
+                values,
+                height=height,
+                color=[_INK, PALETTE[1], PALETTE[2]][i % 3],
+                label=_shown(name, 30),
+            )
+        axes.set_yticks(
+            [y + height * (len(series) - 1) / 2 for y in range(len(categories))], [_shown(c) for c in categories]
+        )
         axes.invert_yaxis()
         axes.set_xlabel(xlabel)
         axes.legend(fontsize=7, frameon=False)

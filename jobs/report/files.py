@@ -12,8 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from lakescore.jobs.report.model import RunReport, html_path_for
 from lakescore.jobs.report.html import write_html
+from lakescore.jobs.report.model import RunReport, html_path_for
 
 __all__ = ["write_report", "report_location"]
 

@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from lakescore.jobs.report import charts
 from lakescore.jobs.report.model import html_path_for
 from lakescore.jobs.report.text import (
-    UNFINISHED, dead_letters_place, drift_gated, drift_text, nothing_scored_text, precision_check_text,
+    UNFINISHED,
+    dead_letters_place,
+    drift_gated,
+    drift_text,
+    nothing_scored_text,
+    precision_check_text,
 )
 
 __all__ = ["render_html", "write_html"]
@@ -98,7 +104,9 @@ def _section(key: str, title: str, body: str) -> str:
 def _rows(pairs: Iterable[tuple[str, Any]], mono: Iterable[str] = ()) -> str:
     mono = set(mono)
     cells = "".join(
-        f'<tr><th>{_e(k)}</th><td{" class=mono" if k in mono else ""}>{_e(v)}</td></tr>' for k, v in pairs if v is not None
+        f"<tr><th>{_e(k)}</th><td{' class=mono' if k in mono else ''}>{_e(v)}</td></tr>"
+        for k, v in pairs
+        if v is not None
     )
     return f"<table>{cells}</table>"
 
@@ -107,7 +115,7 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[Any]], numeric: Iterab
     numeric = set(numeric)
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f'<td{" class=num" if i in numeric else ""}>{_e(v)}</td>' for i, v in enumerate(row)) + "</tr>"
+        "<tr>" + "".join(f"<td{' class=num' if i in numeric else ''}>{_e(v)}</td>" for i, v in enumerate(row)) + "</tr>"
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -122,17 +130,27 @@ def _identity(report: Mapping[str, Any]) -> str:
     spark = report.get("spark") or {}
     delta = report.get("delta_version")
     pairs = [
-        ("run id", report.get("run_id")), ("attempt", report.get("attempt")), ("status", report.get("status")),
+        ("run id", report.get("run_id")),
+        ("attempt", report.get("attempt")),
+        ("status", report.get("status")),
         ("task", report.get("task")),
         ("input", report.get("input")),
         ("output", f"{report.get('output')} (Delta version {delta})" if delta is not None else report.get("output")),
-        ("errors table", report.get("errors_table")), ("model", report.get("model_id")),
-        ("model revision", report.get("model_revision") or "unknown"), ("model sha256", report.get("model_sha256")),
+        ("errors table", report.get("errors_table")),
+        ("model", report.get("model_id")),
+        ("model revision", report.get("model_revision") or "unknown"),
+        ("model sha256", report.get("model_sha256")),
         ("precision", precision_check_text(check) if (check := report.get("precision_check")) else None),
-        ("started", report.get("started_at")), ("finished", report.get("finished_at")),
-        ("stopped in step", report.get("failed_step")), ("staged", _staged(report)),
-        ("lakescore", versions.get("lakescore")), ("Spark", versions.get("spark")), ("Delta", versions.get("delta")),
-        ("Spark master", spark.get("master")), ("Spark application", spark.get("app_id")), ("error", report.get("error")),
+        ("started", report.get("started_at")),
+        ("finished", report.get("finished_at")),
+        ("stopped in step", report.get("failed_step")),
+        ("staged", _staged(report)),
+        ("lakescore", versions.get("lakescore")),
+        ("Spark", versions.get("spark")),
+        ("Delta", versions.get("delta")),
+        ("Spark master", spark.get("master")),
+        ("Spark application", spark.get("app_id")),
+        ("error", report.get("error")),
     ]
     return _section("identity", "Run", _rows(pairs, mono=("run id", "model sha256", "model", "input", "output")))
 
@@ -144,15 +162,25 @@ def _attempts(report: Mapping[str, Any]) -> str:
     if not earlier:
         return ""
     this = {**report, "attempt": f"{report.get('attempt')} (this report)"}
-    rows = [(a.get("attempt"), a.get("started_at"), a.get("status"), a.get("output_rows"), a.get("error_rows"),
-             "-" if a.get("delta_version") is None else a["delta_version"], _short(a.get("error")))
-            for a in [*earlier, this]]
-    table = _table(["attempt", "started", "status", "output rows", "errors", "Delta version", "error"], rows,
-                   numeric=[3, 4, 5])
+    rows = [
+        (
+            a.get("attempt"),
+            a.get("started_at"),
+            a.get("status"),
+            a.get("output_rows"),
+            a.get("error_rows"),
+            "-" if a.get("delta_version") is None else a["delta_version"],
+            _short(a.get("error")),
+        )
+        for a in [*earlier, this]
+    ]
+    table = _table(
+        ["attempt", "started", "status", "output rows", "errors", "Delta version", "error"], rows, numeric=[3, 4, 5]
+    )
     return _section("attempts", f"Attempts of run {report.get('run_id')}", table)
 
 
-def _staged(report: Mapping[str, Any]) -> Optional[str]:
+def _staged(report: Mapping[str, Any]) -> str | None:
     """An unfinished run's staged chunks (what a rerun resumes from), as far as they are known."""
     chunks = report.get("chunks") or {}
     if report.get("status") not in UNFINISHED or not chunks.get("staging"):
@@ -173,9 +201,11 @@ def _accounting(report: Mapping[str, Any]) -> str:
     incremental = report.get("rows_missing") is not None
     kept = report.get("rows_kept") or 0
     reasons = sorted((report.get("error_reasons") or {}).items())
-    parts = ([("kept", kept, _KEPT_COLOUR)] if incremental else []) + [("scored", scored, _OK_COLOUR)] + [
-        (reason, count, _ERROR_COLOURS[i % len(_ERROR_COLOURS)]) for i, (reason, count) in enumerate(reasons)
-    ]
+    parts = (
+        ([("kept", kept, _KEPT_COLOUR)] if incremental else [])
+        + [("scored", scored, _OK_COLOUR)]
+        + [(reason, count, _ERROR_COLOURS[i % len(_ERROR_COLOURS)]) for i, (reason, count) in enumerate(reasons)]
+    )
     chart = charts.stacked_bar_chart("accounting", [("input", [("input", rows_in, "#1f4e79")]), ("result", parts)])
     rows = [("input", f"{rows_in:,}")] + ([("kept (not scored again)", f"{kept:,}")] if incremental else [])
     rows += [("scored", f"{scored:,}")]
@@ -185,13 +215,19 @@ def _accounting(report: Mapping[str, Any]) -> str:
     if report.get("rows_carried"):  # dead letters of earlier runs, not scored again: apart from this run's failures
         rows += [("  carried from earlier runs (not scored again)", f"{report['rows_carried']:,}")]
     if incremental:
-        rows += [("output ids missing from the input", f"{report['rows_missing']:,}"),
-                 ("deleted from the output", f"{report.get('rows_deleted') or 0:,}")]
+        rows += [
+            ("output ids missing from the input", f"{report['rows_missing']:,}"),
+            ("deleted from the output", f"{report.get('rows_deleted') or 0:,}"),
+        ]
         if report.get("chunk_rows_deleted") is not None:  # a chunked run: the counts above are documents
             rows += [("  chunk rows deleted", f"{report['chunk_rows_deleted']:,}")]
     title = "Rows: input = kept + scored + errors" if incremental else "Rows: input = scored + errors"
     changed = report.get("spec_changes")
-    note = f"<p class=note>The scoring spec changed, so every row was scored again: {_e('; '.join(changed))}.</p>" if changed else ""
+    note = (
+        f"<p class=note>The scoring spec changed, so every row was scored again: {_e('; '.join(changed))}.</p>"
+        if changed
+        else ""
+    )
     return _section("rows", title, note + _figure(chart) + _table(["", "rows"], rows, numeric=[1]))
 
 
@@ -212,25 +248,36 @@ def _time(report: Mapping[str, Any], throughput: list) -> str:
         xs, ys = [t for t, _ in throughput], [r for _, r in throughput]
         rate_x = [t for t, r in throughput if t > 0 and r > 0]
         rate_y = [r / t for t, r in throughput if t > 0 and r > 0]
-        chart = charts.line_chart("throughput", xs, ys, "seconds into the scoring stage", "rows scored",
-                                  second=(rate_x, rate_y, "rows/s since the stage began"))
+        chart = charts.line_chart(
+            "throughput",
+            xs,
+            ys,
+            "seconds into the scoring stage",
+            "rows scored",
+            second=(rate_x, rate_y, "rows/s since the stage began"),
+        )
         body += "<h3 id=throughput>Throughput</h3>" + _figure(chart, "rows are counted as scoring tasks finish")
     return _section("time", "Time", body) if body else ""
 
 
-_HELD = (("run", "whole run (held: wall × the session's)"), ("score_stage", "scoring stage (held: its wall × its tasks')"),
-         ("model", "in model forward passes (busy: summed over tasks)"))
+_HELD = (
+    ("run", "whole run (held: wall × the session's)"),
+    ("score_stage", "scoring stage (held: its wall × its tasks')"),
+    ("model", "in model forward passes (busy: summed over tasks)"),
+)
 """The report's core- and GPU-seconds, each named for what it counts (:mod:`lakescore.jobs.cost`)."""
 
 
-def _cost(cost: Optional[Mapping[str, Any]]) -> str:
+def _cost(cost: Mapping[str, Any] | None) -> str:
     """What the run used and cost (:func:`lakescore.jobs.cost.run_cost` defines each figure), as a table."""
     if not cost:
         return ""
     cores, gpus = cost["core_seconds"], cost.get("gpu_seconds") or {}
     pairs = [("session", f"{cost['cores']} cores" + (f", {cost['gpus']} GPUs" if cost.get("gpus") else ""))]
     for unit, figures in (("core", cores), ("GPU", gpus if cost.get("gpus") else {})):
-        pairs += [(f"{unit}-seconds, {what}", f"{figures[key]:,.1f}") for key, what in _HELD if figures.get(key) is not None]
+        pairs += [
+            (f"{unit}-seconds, {what}", f"{figures[key]:,.1f}") for key, what in _HELD if figures.get(key) is not None
+        ]
     if cost.get("rows_per_core_second"):
         pairs.append(("rows scored per core-second", f"{cost['rows_per_core_second']:,.2f}"))
     if cost.get("cost") is not None:
@@ -246,9 +293,11 @@ def _tokens(workers: Mapping[str, Any]) -> str:
     if not workers.get("tokens_out"):
         return ""
     rate = workers.get("tokens_per_second")
-    pairs = [("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
-             ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
-             ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None)]
+    pairs = [
+        ("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
+        ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
+        ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None),
+    ]
     return "<h3 id=tokens>Tokens</h3>" + _rows(pairs)
 
 
@@ -260,8 +309,12 @@ def _inputs(summaries: list) -> str:
         caption = ", ".join(f"{k} {v:,.1f}" for k, v in stats.items()) + f" ({s.get('count', 0):,} rows sampled)"
         hist = s.get("histogram") or {}
         label = f"{s['column']}: {unit} per row" if s["kind"] == "lengths" else s["column"]
-        figures.append(_figure(charts.histogram_chart(f"input-{len(figures)}", hist.get("edges", []), hist.get("counts", []),
-                                                      label), caption))
+        figures.append(
+            _figure(
+                charts.histogram_chart(f"input-{len(figures)}", hist.get("edges", []), hist.get("counts", []), label),
+                caption,
+            )
+        )
     return _section("inputs", "Input", f"<div class=charts>{''.join(figures)}</div>") if figures else ""
 
 
@@ -276,7 +329,11 @@ def _predictions(report: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
     if not figures:
         return ""
     scored = report.get("output_rows") or 0
-    note = f"<p class=note>From the first {sample_rows:,} of the {scored:,} rows this run scored.</p>" if sample_rows else ""
+    note = (
+        f"<p class=note>From the first {sample_rows:,} of the {scored:,} rows this run scored.</p>"
+        if sample_rows
+        else ""
+    )
     return _section("predictions", "Predictions", note + f"<div class=charts>{''.join(figures)}</div>")
 
 
@@ -293,20 +350,34 @@ def _prediction_figures(key: str, s: Mapping[str, Any]) -> list[str]:
         if not s.get("norm_stats"):  # no row of the sample has a value (choice_logprobs of a run without choices)
             return []
         hist = s["norm_histogram"]
-        out = [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], f"L2 norm of {name}"),
-                       f"{name}: {s['width']} dimensions")]
+        out = [
+            _figure(
+                charts.histogram_chart(key, hist["edges"], hist["counts"], f"L2 norm of {name}"),
+                f"{name}: {s['width']} dimensions",
+            )
+        ]
         proj = s.get("projection")
         if proj:
-            svg = charts.scatter_chart(key + "-pca", proj["points"], proj["explained"], proj.get("colours"), proj.get("colour_by"))
+            svg = charts.scatter_chart(
+                key + "-pca", proj["points"], proj["explained"], proj.get("colours"), proj.get("colour_by")
+            )
             out.append(_figure(svg, f"{name}: first {len(proj['points']):,} rows on their two principal components"))
         return out
     if kind == "items":
         hist = s["items_histogram"]
-        out = [_figure(charts.histogram_chart(key, hist["edges"], hist["counts"], f"{name} per row"),
-                       f"{name}: {s['items']:,} in the sample")]
+        out = [
+            _figure(
+                charts.histogram_chart(key, hist["edges"], hist["counts"], f"{name} per row"),
+                f"{name}: {s['items']:,} in the sample",
+            )
+        ]
         for j, field in enumerate(s.get("fields") or []):
-            out.append(_figure(charts.bar_chart(f"{key}-{j}", [(v, c) for v, c in field["counts"]], f"{name} items"),
-                               f"{name}.{field['field']}"))
+            out.append(
+                _figure(
+                    charts.bar_chart(f"{key}-{j}", [(v, c) for v, c in field["counts"]], f"{name} items"),
+                    f"{name}.{field['field']}",
+                )
+            )
         return out
     return []
 
@@ -314,18 +385,28 @@ def _prediction_figures(key: str, s: Mapping[str, Any]) -> list[str]:
 def _validation(report: Mapping[str, Any]) -> str:
     validation = report.get("validation")
     if validation is None:
-        why = "the error rate was exceeded" if report.get("status") == "error_rate_exceeded" else "validation is disabled"
+        why = (
+            "the error rate was exceeded" if report.get("status") == "error_rate_exceeded" else "validation is disabled"
+        )
         return _section("validation", "Validation", f"<p class=note>Not run: {why}.</p>")
     checks = validation.get("checks") or []
     rows = [
-        ("pass" if c.get("success") else "FAIL", c.get("expectation"), c.get("column") or "", _short(c.get("observed")),
-         c.get("unexpected_count") or "", c.get("error") or "")
+        (
+            "pass" if c.get("success") else "FAIL",
+            c.get("expectation"),
+            c.get("column") or "",
+            _short(c.get("observed")),
+            c.get("unexpected_count") or "",
+            c.get("error") or "",
+        )
         for c in checks
     ]
     failed = sum(1 for c in checks if not c.get("success"))
     summary = f"<p>{len(checks)} checks, <span class={'fail' if failed else 'pass'}>{failed} failed</span>.</p>"
     table = _table(["result", "check", "column", "observed", "unexpected rows", "error"], rows, numeric=[4])
-    table = table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace("<td>FAIL</td>", "<td class=fail>FAIL</td>")
+    table = table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace(
+        "<td>FAIL</td>", "<td class=fail>FAIL</td>"
+    )
     return _section("validation", "Validation", summary + table)
 
 
@@ -339,19 +420,29 @@ _DRIFT_CHARTS = (
 """The profiles a drift section draws: key, axis label, caption."""
 
 
-def _drift(drift: Optional[Mapping[str, Any]]) -> str:
+def _drift(drift: Mapping[str, Any] | None) -> str:
     """The drift figures against their bounds, and each profiled distribution of this run beside the baseline's."""
-    if drift is None or not (drift_gated(drift) or drift.get("figures")):  # no gate and nothing compared: nothing to say
+    if drift is None or not (
+        drift_gated(drift) or drift.get("figures")
+    ):  # no gate and nothing compared: nothing to say
         return ""
     bounds, exceeded = drift.get("bounds") or {}, set(drift.get("exceeded") or ())
-    rows = [(figure, "-" if value is None else f"{value:.4f}",
-             ", ".join(f"{side} {bound:g}" for side, bound in (bounds.get(figure) or {}).items()) or "none (reported only)",
-             "EXCEEDED" if figure in exceeded else ("pass" if figure in bounds else ""))
-            for figure, value in (drift.get("figures") or {}).items()]
+    rows = [
+        (
+            figure,
+            "-" if value is None else f"{value:.4f}",
+            ", ".join(f"{side} {bound:g}" for side, bound in (bounds.get(figure) or {}).items())
+            or "none (reported only)",
+            "EXCEEDED" if figure in exceeded else ("pass" if figure in bounds else ""),
+        )
+        for figure, value in (drift.get("figures") or {}).items()
+    ]
     body = f"<p id=drift-line>{_e(drift_text(drift))}</p>"
     if rows:
         table = _table(["figure", "value", "bound", "result"], rows, numeric=[1])
-        body += table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace("<td>EXCEEDED</td>", "<td class=fail>EXCEEDED</td>")
+        body += table.replace("<td>pass</td>", "<td class=pass>pass</td>").replace(
+            "<td>EXCEEDED</td>", "<td class=fail>EXCEEDED</td>"
+        )
     profiles = drift.get("profiles") or {}
     run, baseline = profiles.get("run") or {}, profiles.get("baseline") or {}
     figures = []
@@ -359,34 +450,44 @@ def _drift(drift: Optional[Mapping[str, Any]]) -> str:
         ours, theirs = run.get(key), baseline.get(key)
         if (not ours and not theirs) or (key == "score_deciles" and run.get("score_bins")):  # bins say it better
             continue
-        categories, series = _drift_series(key, ours, theirs, baseline.get("score_bin_edges"), drift.get("baseline_version"))
+        categories, series = _drift_series(
+            key, ours, theirs, baseline.get("score_bin_edges"), drift.get("baseline_version")
+        )
         figures.append(_figure(charts.paired_bar_chart(f"drift-{i}", categories, series, axis), caption))
     if figures:
         body += f"<div class=charts>{''.join(figures)}</div>"
     return _section("drift", "Drift", body)
 
 
-def _drift_series(key: str, ours: Any, theirs: Any, edges: Optional[list], version: Any) -> tuple[list[str], list]:
+def _drift_series(key: str, ours: Any, theirs: Any, edges: list | None, version: Any) -> tuple[list[str], list]:
     """The categories and the two series (this run, the baseline) of one drift chart."""
     names = ("this run", f"baseline (version {version})")
     if key == "label_shares":
         labels = sorted(set(ours or {}) | set(theirs or {}))
-        return labels, [(n, [(shares or {}).get(k, 0.0) for k in labels]) for n, shares in zip(names, (ours, theirs)) if shares]
+        return labels, [
+            (n, [(shares or {}).get(k, 0.0) for k in labels]) for n, shares in zip(names, (ours, theirs)) if shares
+        ]
     if key == "score_bins":
         cuts = [f"{e:.3g}" for e in edges or []]
-        bins = [f"≤ {cuts[0]}"] + [f"{a} – {b}" for a, b in zip(cuts[:-1], cuts[1:])] + [f"> {cuts[-1]}"] if cuts else []
-        return bins, [(n, [c / (sum(counts) or 1) for c in counts]) for n, counts in zip(names, (ours, theirs)) if counts]
+        bins = (
+            [f"≤ {cuts[0]}"] + [f"{a} – {b}" for a, b in zip(cuts[:-1], cuts[1:])] + [f"> {cuts[-1]}"] if cuts else []
+        )
+        return bins, [
+            (n, [c / (sum(counts) or 1) for c in counts]) for n, counts in zip(names, (ours, theirs)) if counts
+        ]
     deciles = [f"p{10 * (i + 1)}" for i in range(len(ours or theirs))]
     return deciles, [(n, values) for n, values in zip(names, (ours, theirs)) if values]
 
 
-def _dead_letters(sample: Optional[Mapping[str, Any]], report: Mapping[str, Any]) -> str:
+def _dead_letters(sample: Mapping[str, Any] | None, report: Mapping[str, Any]) -> str:
     if not report.get("error_rows"):
         return _section("dead-letters", "Dead-lettered rows", "<p class=note>None: no input row was dead-lettered.</p>")
     if not sample:
         return ""
-    note = (f"<p class=note>{len(sample['rows'])} of {report['error_rows']:,} rows {_e(dead_letters_place(report))}; "
-            f"values cut at {sample['text_limit']} characters.</p>")
+    note = (
+        f"<p class=note>{len(sample['rows'])} of {report['error_rows']:,} rows {_e(dead_letters_place(report))}; "
+        f"values cut at {sample['text_limit']} characters.</p>"
+    )
     return _section("dead-letters", "Dead-lettered rows", note + _table(sample["columns"], sample["rows"]))
 
 

@@ -4,20 +4,27 @@ reads for a failure."""
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID
 
 __all__ = [
-    "UNFINISHED", "nothing_scored_text", "precision_check_text", "dead_letters_place", "drift_gated", "drift_text", "one_line",
-    "before_compute", "kept_trace",
+    "UNFINISHED",
+    "nothing_scored_text",
+    "precision_check_text",
+    "dead_letters_place",
+    "drift_gated",
+    "drift_text",
+    "one_line",
+    "before_compute",
+    "kept_trace",
 ]
 
 UNFINISHED = ("failed", "interrupted")
 """Statuses of a run that stopped before its publish decision: its report knows no row counts."""
 
 
-def nothing_scored_text(report: dict[str, Any]) -> Optional[str]:
+def nothing_scored_text(report: dict[str, Any]) -> str | None:
     """For a finished run (a report's fields, as :meth:`RunReport.as_dict` gives them) that scored no row, the line
     that says why: nothing to score (every row kept, or refused for its id), or every row to score dead-lettered;
     ``None`` when it scored rows or did not finish."""
@@ -71,7 +78,7 @@ def drift_text(drift: dict[str, Any]) -> str:
     return f"against version {drift.get('baseline_version')}: {', '.join(parts)}{note}"
 
 
-def one_line(exc: BaseException, step: Optional[str] = None) -> str:
+def one_line(exc: BaseException, step: str | None = None) -> str:
     """``exc`` as one line of at most 500 characters, for an operator (builtin error types keep their name); an
     error Spark raised names its root cause (:func:`~lakescore.jobs.platform.tables.failure_reason`, ``step``: the
     run's step it stopped, if any); one whose text cannot be had because Spark's JVM stopped says so."""
@@ -80,11 +87,13 @@ def one_line(exc: BaseException, step: Optional[str] = None) -> str:
     except Exception as lost:  # py4j's errors ask the JVM for their text: one that died (out of memory) cannot answer
         if type(lost).__module__.split(".")[0] != "py4j" and not isinstance(lost, ConnectionError):
             raise  # lakescore's own fault, not a JVM gone
-        return (f"{type(exc).__name__}: Spark's JVM stopped before it could say why ({type(lost).__name__}: "
-                f"{' '.join(str(lost).split())[:200]}); its last lines are in the driver's log")
+        return (
+            f"{type(exc).__name__}: Spark's JVM stopped before it could say why ({type(lost).__name__}: "
+            f"{' '.join(str(lost).split())[:200]}); its last lines are in the driver's log"
+        )
 
 
-def _one_line(exc: BaseException, step: Optional[str]) -> str:
+def _one_line(exc: BaseException, step: str | None) -> str:
     from lakescore.jobs.platform.tables import failure_reason
 
     worker = _worker_line(exc)
@@ -106,7 +115,7 @@ _WORKER_LINE = re.compile(r"\b(?:EndpointDown|EngineStartError): ([^\n]+)")
 worker's traceback): the endpoint that stopped the run, the engine that would not start."""
 
 
-def _worker_line(exc: BaseException) -> Optional[str]:
+def _worker_line(exc: BaseException) -> str | None:
     """The message of the last such worker error in ``exc``'s text and causes, or ``None``."""
     seen, found = exc, None
     while seen is not None and found is None:
@@ -127,7 +136,7 @@ def before_compute(exc: BaseException) -> bool:
     return isinstance(exc, (ConfigError, InputContractError, TableError, ModelSourceError))
 
 
-def kept_trace(exc: BaseException) -> Optional[str]:
+def kept_trace(exc: BaseException) -> str | None:
     """The log file that now holds ``exc``'s full traceback (written there once), or ``None``: an interruption or a
     refusal before compute says everything in its one line, and a session lakescore did not build (or ``-v``) has no
     such file."""

@@ -13,15 +13,15 @@ Everything is read at the staging version pinned after the last chunk (:meth:`~l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import Plan
 from lakescore.jobs.steps.rank import PASSES_COLUMN, RANKED_OUT_COLUMN, is_tally, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot
-from lakescore.jobs.platform.tables import column
 from lakescore.schemas.output import CHUNKS_COLUMN, DIGEST_COLUMN, ERROR_COLUMNS, WORKER_COLUMN, WORKER_METRICS
 from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID
 from lakescore.schemas.traffic import Traffic
@@ -52,13 +52,13 @@ class Accounting:
     :attr:`new_error_rows`)."""
     rows_missing: int = 0
     """Incremental mode: output rows whose id is not in the input (deleted at publish with ``write.delete_missing``)."""
-    forward_passes_saved: Optional[int] = None
+    forward_passes_saved: int | None = None
     """With ``scoring.dedup`` in use: scored rows that shared another scored row's input in their chunk (``None``: not
     in use)."""
-    ranked_out: Optional[int] = None
+    ranked_out: int | None = None
     """With ``rank``: scored rows past their key's ``top_k`` (:mod:`lakescore.jobs.steps.rank`), neither staged nor
     published; ``None`` without ``rank``."""
-    output_chunks: Optional[int] = None
+    output_chunks: int | None = None
     """A chunked run (``embed.chunk``): the rows its :attr:`output_rows` documents become in the output (their chunks,
     and document vectors); ``None`` for a run whose input rows are its output rows."""
     workers: dict[str, Any] = field(default_factory=dict)
@@ -92,7 +92,9 @@ class Accounting:
         if CHUNKS_COLUMN not in scored.columns:
             return scored
         one = "__lakescore_chunk"
-        rows = scored.select(*[column(c) for c in scored.columns if c != CHUNKS_COLUMN], F.explode(CHUNKS_COLUMN).alias(one))
+        rows = scored.select(
+            *[column(c) for c in scored.columns if c != CHUNKS_COLUMN], F.explode(CHUNKS_COLUMN).alias(one)
+        )
         return rows.select(*[column(c) for c in rows.columns if c != one], F.col(f"{one}.*"))
 
 
@@ -114,16 +116,26 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     if with_tallies:
         tallies = [F.sum(F.col(f"{WORKER_COLUMN}.batch_rows")).alias("tallied")]
     elif plan.ranked:
-        tallies = [F.sum(RANKED_OUT_COLUMN).alias("ranked_out"), F.sum(F.when(fresh, F.col(RANKED_OUT_COLUMN))).alias("ranked_out_scored")]
+        tallies = [
+            F.sum(RANKED_OUT_COLUMN).alias("ranked_out"),
+            F.sum(F.when(fresh, F.col(RANKED_OUT_COLUMN))).alias("ranked_out_scored"),
+        ]
         tallies += [F.sum(PASSES_COLUMN).alias("passes")] if plan.dedup.used else []
     else:
         tallies = []
     chunked = CHUNKS_COLUMN in table.columns
     chunks = [F.sum(F.size(CHUNKS_COLUMN)).alias("chunks")] if chunked else []  # a null list (unscored) is not summed
-    groups = table.groupBy(ERROR_COLUMNS[0]).agg(
-        F.count(F.when(counted, True)).alias("rows"), F.count(F.when(fresh & counted, True)).alias("rows_scored"),
-        *metrics, *tallies, *chunks
-    ).collect()
+    groups = (
+        table.groupBy(ERROR_COLUMNS[0])
+        .agg(
+            F.count(F.when(counted, True)).alias("rows"),
+            F.count(F.when(fresh & counted, True)).alias("rows_scored"),
+            *metrics,
+            *tallies,
+            *chunks,
+        )
+        .collect()
+    )
     by_reason = {r[0]: int(r["rows"]) for r in groups if r["rows"]}
     staged = table.where(counted).drop(CHUNK_COLUMN) if with_tallies else table.drop(CHUNK_COLUMN)
     staged_rows = sum(by_reason.values())
@@ -134,7 +146,9 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     else:
         ranked_out = sum(int(r["ranked_out"] or 0) for r in groups) if plan.ranked else None
         scored_rows = staged_rows + (ranked_out or 0)
-        rows_scored = sum(int(r["rows_scored"]) + (int(r["ranked_out_scored"] or 0) if plan.ranked else 0) for r in groups)
+        rows_scored = sum(
+            int(r["rows_scored"]) + (int(r["ranked_out_scored"] or 0) if plan.ranked else 0) for r in groups
+        )
     if scored_rows != plan.scorable_rows or (ranked_out or 0) < 0:
         raise RuntimeError(
             f"staging {plan.staging.location} holds {staged_rows} rows"
@@ -172,7 +186,9 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
         output_chunks=sum(int(r["chunks"] or 0) for r in groups if r[0] is None) if chunked else None,
         workers=_worker_totals(groups, rows_scored, plan.identity.preflight_loads, plan.identity.traffic),
     )
-    if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (ranked_out or 0):
+    if accounting.input_rows != accounting.rows_kept + accounting.output_rows + accounting.error_rows + (
+        ranked_out or 0
+    ):
         raise RuntimeError(
             f"row accounting broken: {accounting.input_rows} in, {accounting.rows_kept} kept, "
             f"{accounting.output_rows} scored, {accounting.error_rows} errors ({accounting.rows_carried} carried), "
@@ -188,12 +204,16 @@ def _passes_saved(table: DataFrame, scored_rows: int) -> int:
     return scored_rows - scored.select(CHUNK_COLUMN, DIGEST_COLUMN).distinct().count()
 
 
-def _worker_totals(groups: list, rows_scored: int, preflight_loads: int, preflight: Optional[dict] = None) -> dict[str, Any]:
+def _worker_totals(
+    groups: list, rows_scored: int, preflight_loads: int, preflight: dict | None = None
+) -> dict[str, Any]:
     """The report's ``workers`` figures from the per-reason sums of :func:`account_rows`'s aggregation, with the
     ``rows_scored`` it counted; ``preflight``: what a head over an endpoint sent for the preflight, counted in (its
     requests are paid for as the rows' are) and named apart as ``preflight``."""
     preflight = preflight or {}
-    total = {name: sum(r[name] or 0 for r in groups) + int(preflight.get(name) or 0) for name in WORKER_METRICS.fieldNames()}
+    total = {
+        name: sum(r[name] or 0 for r in groups) + int(preflight.get(name) or 0) for name in WORKER_METRICS.fieldNames()
+    }
     traffic = Traffic.of(total)
     return {
         "model_loads": int(total["model_loads"]) + preflight_loads,
@@ -201,10 +221,16 @@ def _worker_totals(groups: list, rows_scored: int, preflight_loads: int, preflig
         "rows_scored": rows_scored,
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
-        **({"tokens_in": traffic.tokens_in, "tokens_out": traffic.tokens_out}
-           if traffic.tokens_in or traffic.tokens_out else {}),
-        **({"requests": traffic.requests, "retries": traffic.retries, "rate_limited": traffic.rate_limited}
-           if traffic.requests else {}),
+        **(
+            {"tokens_in": traffic.tokens_in, "tokens_out": traffic.tokens_out}
+            if traffic.tokens_in or traffic.tokens_out
+            else {}
+        ),
+        **(
+            {"requests": traffic.requests, "retries": traffic.retries, "rate_limited": traffic.rate_limited}
+            if traffic.requests
+            else {}
+        ),
         **({"unmetered": traffic.unmetered} if traffic.unmetered else {}),
         **({"preflight": {name: int(count) for name, count in preflight.items()}} if preflight.get("requests") else {}),
     }

@@ -16,9 +16,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from pyspark.resource import ResourceProfile
 from pyspark.sql import DataFrame, SparkSession
@@ -26,8 +26,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.spark.profiles import scoring_profile
 from lakescore.jobs.platform.spark.adapter import cancel_tagged, job_tag
+from lakescore.jobs.platform.spark.profiles import scoring_profile
 from lakescore.jobs.steps.dead_letter import CARRIED, IdCheck
 from lakescore.jobs.steps.dedup import Dedup
 from lakescore.jobs.steps.staging import Staging, input_fingerprint
@@ -37,8 +37,16 @@ from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.scoring_udf import RowCounter, start_worker
 
 __all__ = [
-    "ScoringLayout", "scoring_layout", "PythonWorkerStart", "RunContext", "Targets", "ModelIdentity", "IdSplit",
-    "ScoringSpec", "Changes", "Plan",
+    "ScoringLayout",
+    "scoring_layout",
+    "PythonWorkerStart",
+    "RunContext",
+    "Targets",
+    "ModelIdentity",
+    "IdSplit",
+    "ScoringSpec",
+    "Changes",
+    "Plan",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,8 +56,8 @@ log = logging.getLogger(__name__)
 class ScoringLayout:
     """Where the scoring stage runs: its resource profile (``None``: the default) and task count (``None``: as read)."""
 
-    profile: Optional[ResourceProfile]
-    partitions: Optional[int]
+    profile: ResourceProfile | None
+    partitions: int | None
 
 
 def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
@@ -78,7 +86,9 @@ class PythonWorkerStart:
     def _run(self, layout: ScoringLayout) -> None:
         try:
             with job_tag(self._spark, self._tag):
-                self._spark.range(1, numPartitions=1).mapInArrow(start_worker, "id long", profile=layout.profile).collect()
+                self._spark.range(1, numPartitions=1).mapInArrow(
+                    start_worker, "id long", profile=layout.profile
+                ).collect()
         except Exception as error:  # noqa: BLE001 (the preflight reports worker failures)
             log.debug("starting a Python worker ahead of the preflight failed: %s", error)
 
@@ -103,19 +113,19 @@ class RunContext:
     """The model's input columns: the text column (or the rendered prompt), or the feature columns in the program's order."""
     spec: ModelSpec
     layout: ScoringLayout
-    rows_counter: Optional[RowCounter]
+    rows_counter: RowCounter | None
     """Rows the workers scored so far, live (classic sessions; ``None`` over Spark Connect)."""
-    model_dir: Optional[Path]
+    model_dir: Path | None
     """The model's files on the driver's host (the HTML report reads the tokenizer there); ``None`` for a model served
     elsewhere (``generate.endpoint``)."""
-    input_version: Optional[int] = None
+    input_version: int | None = None
     """The Delta version of the input this run reads from start to end (``None``: not Delta; a Parquet input is
     pinned to the file listing taken at the start)."""
-    worker_start: Optional[PythonWorkerStart] = None
+    worker_start: PythonWorkerStart | None = None
     """The executor Python worker started while the input was read; the preflight waits for it."""
     started: float = dataclasses.field(default_factory=time.time)
     """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
-    ignored_files: Optional[int] = None
+    ignored_files: int | None = None
     """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
     input_pinned: bool = False
     """The input is a Delta version or a Parquet path's file listing: reading it again gives the same rows."""
@@ -156,7 +166,7 @@ class Targets:
     output_schema: StructType
     errors_schema: StructType
     errors_ref: str
-    previous_version: Optional[int]
+    previous_version: int | None
     """The output's Delta version before this run (``None``: it does not exist yet)."""
     replaces_layout: bool = False
     """The output holds the other write layout (with or without the incremental digest columns, or the file status
@@ -178,11 +188,11 @@ class ModelIdentity:
     """Who scored: written into every row and into the report."""
 
     model_id: str
-    revision: Optional[str]
+    revision: str | None
     sha256: str
     preflight_loads: int = 0
     """Python workers that loaded the model during the preflight (the run report's ``workers.model_loads`` adds the scoring stage's)."""
-    precision_check: Optional[dict] = None
+    precision_check: dict | None = None
     """A reduced-precision run's check against float32 (``path``, ``sample_rows`` and the head's figures, e.g.
     ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
     model_files: dict = field(default_factory=dict)
@@ -193,7 +203,7 @@ class ModelIdentity:
     traffic: dict = field(default_factory=dict)
     """What a head over an endpoint sent for the preflight, summed over its tasks (requests, retries, 429s, answers
     without usage, tokens): part of the run's figures and cost. Empty for the others."""
-    row_seconds: Optional[float] = None
+    row_seconds: float | None = None
     """The slowest worker's model seconds per row on a batch of the preflight sample (``None``: not timed, see
     :attr:`~lakescore.udfs.registry.InputKind.timed_rows`)."""
     probe_deferred: bool = False
@@ -223,16 +233,18 @@ class ScoringSpec:
     parts: dict
 
     @classmethod
-    def of(cls, spec: ModelSpec, model_files: dict) -> "ScoringSpec":
+    def of(cls, spec: ModelSpec, model_files: dict) -> ScoringSpec:
         parts = {"settings": spec.scoring_settings(), "files": dict(model_files), "output_version": OUTPUT_VERSION}
-        return cls(json.loads(json.dumps(parts, default=str)))  # as a commit's metadata gives it back: lists, not tuples
+        return cls(
+            json.loads(json.dumps(parts, default=str))
+        )  # as a commit's metadata gives it back: lists, not tuples
 
     @property
     def digest(self) -> str:
         """SHA-256 (hex) of :attr:`parts`: the ``spec_digest`` of every row scored with this spec."""
         return hashlib.sha256(json.dumps(self.parts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
-    def changes_since(self, previous: Optional[dict]) -> Optional[list[str]]:
+    def changes_since(self, previous: dict | None) -> list[str] | None:
         """What differs from ``previous`` (the parts an earlier run recorded), one phrase each, e.g.
         ``max_seq_length 256 -> 8`` or ``file sentence_bert_config.json changed``; ``None`` when nothing does."""
         if previous == self.parts:
@@ -251,7 +263,9 @@ class ScoringSpec:
                 # a model served elsewhere has no files: what stands for them is the endpoint's answer (/v1/models)
                 changes.append(f"{'the endpoint' if name.startswith('/') else 'file'} {name} {what}")
         if previous.get("output_version") != self.parts["output_version"]:
-            changes.append(f"lakescore output version {previous.get('output_version')} -> {self.parts['output_version']}")
+            changes.append(
+                f"lakescore output version {previous.get('output_version')} -> {self.parts['output_version']}"
+            )
         return changes or ["the scoring spec's layout"]
 
 
@@ -273,19 +287,19 @@ class Changes:
     """Output rows whose id is not in the input at all."""
     missing_ids: DataFrame
     """Those ids, in one column named as the id column."""
-    distinct_to_score: Optional[int]
+    distinct_to_score: int | None
     """Distinct inputs among the rows to score, estimated (``approx_count_distinct``, a null input counting as
     one) in the job that counts them; ``None`` when there is no output yet and nothing was counted."""
-    spec: "ScoringSpec"
+    spec: ScoringSpec
     """What this run scores with besides the weights; its digest is every scored row's ``spec_digest``."""
-    spec_changes: Optional[list[str]]
+    spec_changes: list[str] | None
     """What differs from the scoring spec the output's last run recorded (:meth:`ScoringSpec.changes_since`): every
     row of the output is scored again. ``None`` when nothing differs, or there is no output yet."""
     model_sha256: str
     """The weights an output row must carry to be current (it is scored again otherwise)."""
-    previous_version: Optional[int]
+    previous_version: int | None
     """The output version compared with (``None``: no output yet, every row is new)."""
-    table: Optional[Staging] = None
+    table: Staging | None = None
     """Where ``to_score`` and ``missing_ids`` were written once (``None`` when there is no output yet and ``to_score``
     is the input)."""
     rows_carried: int = 0
@@ -294,7 +308,7 @@ class Changes:
     carried_reasons: dict[str, int] = field(default_factory=dict)
     """Reason -> carried rows."""
 
-    def carried(self) -> Optional[DataFrame]:
+    def carried(self) -> DataFrame | None:
         """The carried rows (the input's columns, :data:`DIGEST_COLUMN` and
         :data:`~lakescore.jobs.steps.dead_letter.CARRIED`); ``None`` when none."""
         if not self.rows_carried or self.table is None:
@@ -315,13 +329,13 @@ class Plan:
     staging: Staging
     done: frozenset[int]
     """Chunks an earlier attempt of the same run already committed to staging."""
-    changes: Optional[Changes] = None
+    changes: Changes | None = None
     """``write.mode: incremental``: the rows to score, kept and missing (``None`` in the other modes: score every row)."""
     dedup: Dedup = Dedup("off", False)
     """What ``scoring.dedup`` decided: whether identical inputs are scored once per chunk."""
-    digested: Optional[DataFrame] = None
+    digested: DataFrame | None = None
     """The scorable rows with their digest, when deduplicating outside incremental mode."""
-    prepared: Optional[Staging] = None
+    prepared: Staging | None = None
     """More than one chunk: where the rows to score are written once, partitioned by chunk, so the input is
     scanned once rather than once per chunk (:meth:`~lakescore.jobs.steps.staging.Staging.write_chunked`)."""
     rescanned: bool = False
@@ -335,7 +349,7 @@ class Plan:
     ranked: bool = False
     """``rank``: the chunks are cut by the rank key and only each key's kept rows are staged
     (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
-    tag: Optional[str] = None
+    tag: str | None = None
     """The ``userMetadata`` of every commit this run makes (staging chunks, output, errors table):
     :func:`~lakescore.jobs.platform.tables.run_metadata` of the run id and the report's path."""
 
@@ -349,7 +363,7 @@ class Plan:
         return left if self.prepared is None else 1
 
     @property
-    def changed(self) -> Optional[Staging]:
+    def changed(self) -> Staging | None:
         """Incremental mode on an existing output: the table the rows to score and the missing ids were written to
         once (:func:`~lakescore.jobs.steps.staging.changed_rows`), dropped with staging after the publish."""
         return self.changes.table if self.changes is not None else None
@@ -364,7 +378,11 @@ class Plan:
 
     @property
     def scorable_rows(self) -> int:
-        return self.changes.rows_to_score if self.changes is not None else self.split.ids.rows - self.split.ids.refused_rows
+        return (
+            self.changes.rows_to_score
+            if self.changes is not None
+            else self.split.ids.rows - self.split.ids.refused_rows
+        )
 
     @property
     def rows_kept(self) -> int:

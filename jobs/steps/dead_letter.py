@@ -11,8 +11,8 @@ since, keeps its dead letter without being scored again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -23,9 +23,17 @@ from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS
 from lakescore.schemas.reasons import DUPLICATE_ID, NULL_ID, NULL_INPUT
 
-__all__ = ["CARRIED", "IdCheck", "check_ids", "split_by_id", "refused_rows", "unscored_rows", "carried_rows",
-           "name_null_column",
-           "name_null_prompt_columns"]
+__all__ = [
+    "CARRIED",
+    "IdCheck",
+    "check_ids",
+    "split_by_id",
+    "refused_rows",
+    "unscored_rows",
+    "carried_rows",
+    "name_null_column",
+    "name_null_prompt_columns",
+]
 
 _BROADCAST_LIMIT = 1_000_000
 CARRIED = "__lakescore_carried"
@@ -78,14 +86,17 @@ def split_by_id(source: DataFrame, id_cols: Sequence[str], check: IdCheck) -> tu
     if check.refused_ids <= _BROADCAST_LIMIT:
         duplicated = F.broadcast(duplicated)
     scorable = present.join(duplicated, on=ids, how="left_anti")
-    refused = source.where(any_null(ids)).withColumn("reason", F.lit(NULL_ID)).unionByName(
-        present.join(duplicated, on=ids, how="left_semi").withColumn("reason", F.lit(DUPLICATE_ID))
+    refused = (
+        source.where(any_null(ids))
+        .withColumn("reason", F.lit(NULL_ID))
+        .unionByName(present.join(duplicated, on=ids, how="left_semi").withColumn("reason", F.lit(DUPLICATE_ID)))
     )
     return scorable, refused
 
 
-def refused_rows(refused: DataFrame, id_cols: Sequence[str], raw_input: Column, run_id: str,
-                 *carry: Column) -> DataFrame:
+def refused_rows(
+    refused: DataFrame, id_cols: Sequence[str], raw_input: Column, run_id: str, *carry: Column
+) -> DataFrame:
     """Refused rows in the errors table's shape (``carry``: its incremental columns)."""
     return refused.select(
         *id_columns(id_cols),
@@ -141,7 +152,9 @@ def name_null_column(errors: DataFrame, setting: str, name: str) -> DataFrame:
     return errors.withColumn("error", F.when(_blank_null_input(), said).otherwise(F.col("error")))
 
 
-def name_null_prompt_columns(errors: DataFrame, source: DataFrame, id_cols: Sequence[str], names: Sequence[str]) -> DataFrame:
+def name_null_prompt_columns(
+    errors: DataFrame, source: DataFrame, id_cols: Sequence[str], names: Sequence[str]
+) -> DataFrame:
     """``errors`` (the errors table's shape) with each null prompt's dead letter (``null_input`` with neither input nor
     error: a column the prompt template names was null, so no prompt was rendered) naming the first of the template's
     columns ``names`` that is null on that row, and showing the row's values of those columns as JSON (nulls left
@@ -154,6 +167,8 @@ def name_null_prompt_columns(errors: DataFrame, source: DataFrame, id_cols: Sequ
     first_null = F.coalesce(*[F.when(F.col(a).isNull(), F.lit(n)) for n, a in zip(names, aliases)])
     shown = {
         "input": F.to_json(F.struct(*[F.col(a).alias(n) for n, a in zip(names, aliases)])).alias("input"),
-        "error": F.concat(F.lit("the prompt template's column '"), first_null, F.lit("' is null on this row")).alias("error"),
+        "error": F.concat(F.lit("the prompt template's column '"), first_null, F.lit("' is null on this row")).alias(
+            "error"
+        ),
     }
     return errors.where(~blank).unionByName(named.select(*[shown.get(c, column(c)) for c in errors.columns]))

@@ -21,8 +21,9 @@ rerun, which then scores afresh rather than resuming).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -53,19 +54,28 @@ class Dedup:
 
     mode: str
     used: bool
-    sample_rows: Optional[int] = None
-    sample_distinct: Optional[int] = None
+    sample_rows: int | None = None
+    sample_distinct: int | None = None
 
-    def as_report(self, forward_passes_saved: Optional[int]) -> dict[str, Any]:
+    def as_report(self, forward_passes_saved: int | None) -> dict[str, Any]:
         """The report's ``dedup`` entry."""
         return {
-            "mode": self.mode, "used": self.used, "sample_rows": self.sample_rows,
-            "sample_distinct": self.sample_distinct, "forward_passes_saved": forward_passes_saved,
+            "mode": self.mode,
+            "used": self.used,
+            "sample_rows": self.sample_rows,
+            "sample_distinct": self.sample_distinct,
+            "forward_passes_saved": forward_passes_saved,
         }
 
 
-def decide_dedup(mode: str, digested: DataFrame, id_cols: Sequence[str], rows: int, distinct: Optional[int] = None,
-                 row_seconds: Optional[float] = None) -> Dedup:
+def decide_dedup(
+    mode: str,
+    digested: DataFrame,
+    id_cols: Sequence[str],
+    rows: int,
+    distinct: int | None = None,
+    row_seconds: float | None = None,
+) -> Dedup:
     """``on`` / ``off`` as configured; ``auto``: deduplicate when the repetition among ``digested``'s ``rows`` rows
     (with a :data:`DIGEST_COLUMN`) reaches :data:`MIN_REPEAT`. The repetition is ``distinct`` inputs among all
     ``rows`` when the caller counted them (an incremental run counts its rows to score in one job and estimates
@@ -90,8 +100,14 @@ def decide_dedup(mode: str, digested: DataFrame, id_cols: Sequence[str], rows: i
     return Dedup(mode, sampled > 0 and (sampled - distinct) / sampled >= MIN_REPEAT, sampled, distinct)
 
 
-def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], DataFrame], id_cols: Sequence[str],
-                       row_cols: Sequence[str], input_cols: tuple[str, ...], mark: Optional[str] = None) -> DataFrame:
+def score_deduplicated(
+    part: DataFrame,
+    score: Callable[[DataFrame, list[str]], DataFrame],
+    id_cols: Sequence[str],
+    row_cols: Sequence[str],
+    input_cols: tuple[str, ...],
+    mark: str | None = None,
+) -> DataFrame:
     """Score each distinct input of ``part`` once and fan the outputs out to its rows.
 
     ``part`` holds ``row_cols`` (the id column(s) ``id_cols`` first, then a ranked run's key columns), the input
@@ -104,14 +120,22 @@ def score_deduplicated(part: DataFrame, score: Callable[[DataFrame, list[str]], 
     # The group: the digest, or for a null digest the row's own key (a digest is hex, so never "row ...").
     group = F.coalesce(column(DIGEST_COLUMN), F.concat(F.lit("row "), row_key(id_cols).cast("string")))
     distinct = part.groupBy(group.alias(_GROUP)).agg(
-        *[F.first(column(c)).alias(c) for c in input_cols], F.min(row_key(id_cols)).alias(_REPRESENTATIVE),
+        *[F.first(column(c)).alias(c) for c in input_cols],
+        F.min(row_key(id_cols)).alias(_REPRESENTATIVE),
         F.first(column(DIGEST_COLUMN)).alias(DIGEST_COLUMN),
     )
     scored = score(distinct, [_REPRESENTATIVE, DIGEST_COLUMN, _GROUP])
-    rows = part.select(*[column(c) for c in row_cols], column(DIGEST_COLUMN).alias(_ROW_DIGEST), group.alias(_ROW_GROUP))
+    rows = part.select(
+        *[column(c) for c in row_cols], column(DIGEST_COLUMN).alias(_ROW_DIGEST), group.alias(_ROW_GROUP)
+    )
     joined = rows.join(scored, F.col(_ROW_GROUP) == F.col(_GROUP), "inner")
     outputs = [c for c in scored.columns if c not in (DIGEST_COLUMN, _REPRESENTATIVE, WORKER_COLUMN, _GROUP)]
     worker = F.when(row_key(id_cols) == F.col(_REPRESENTATIVE), F.col(WORKER_COLUMN)).alias(WORKER_COLUMN)
     marked = [(row_key(id_cols) == F.col(_REPRESENTATIVE)).alias(mark)] if mark else []
-    return joined.select(*[column(c) for c in row_cols], F.col(_ROW_DIGEST).alias(DIGEST_COLUMN),
-                         *[column(c) for c in outputs], worker, *marked)
+    return joined.select(
+        *[column(c) for c in row_cols],
+        F.col(_ROW_DIGEST).alias(DIGEST_COLUMN),
+        *[column(c) for c in outputs],
+        worker,
+        *marked,
+    )

@@ -21,8 +21,9 @@ per-id cosines.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -30,8 +31,8 @@ from pyspark.sql import functions as F
 from lakescore.jobs.platform.spark.background import in_background
 from lakescore.jobs.platform.tables import TableError, read_input
 from lakescore.jobs.steps.account import Accounting
-from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.context import RunContext, Targets
+from lakescore.jobs.steps.ids import row_key
 from lakescore.schemas.output import DIGEST_COLUMN
 from lakescore.udfs.registry import OutputProfile, get_task
 
@@ -43,12 +44,15 @@ EMPTY_BIN_SHARE = 1e-4
 COSINE_PERCENTILE = 0.05
 _SIDE, _BIN = "_lakescore_side", "_lakescore_bin"
 RUN, BASELINE = "run", "baseline"
-BOUNDS = {"label_js": ("max", "max_label_js"), "score_psi": ("max", "max_score_psi"),
-          "id_cosine_p5": ("min", "min_id_cosine_p5")}
+BOUNDS = {
+    "label_js": ("max", "max_label_js"),
+    "score_psi": ("max", "max_score_psi"),
+    "id_cosine_p5": ("min", "min_id_cosine_p5"),
+}
 """Each figure, the side its bound sits on and the ``validation.drift`` option setting it."""
 
 
-def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> Optional[dict[str, Any]]:
+def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> dict[str, Any] | None:
     """The drift of ``rows`` (the output rows this run would publish, ``accounting.output_rows`` of them) against the
     output at the configured baseline, as the report's ``drift`` dict (:attr:`~lakescore.jobs.report.model.RunReport.drift`);
     ``None`` when the task writes no profiled output."""
@@ -57,10 +61,21 @@ def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows:
     if not outputs.columns:
         return None
     settings = cfg.validation.drift
-    bounds = {figure: {side: settings.bounds()[option]} for figure, (side, option) in BOUNDS.items()
-              if settings.bounds()[option] is not None}
-    drift = {"baseline": settings.baseline, "baseline_version": None, "bounds": bounds, "figures": {},
-             "exceeded": [], "gated": bool(bounds), "note": None, "profiles": {RUN: {"rows": 0}}}
+    bounds = {
+        figure: {side: settings.bounds()[option]}
+        for figure, (side, option) in BOUNDS.items()
+        if settings.bounds()[option] is not None
+    }
+    drift = {
+        "baseline": settings.baseline,
+        "baseline_version": None,
+        "bounds": bounds,
+        "figures": {},
+        "exceeded": [],
+        "gated": bool(bounds),
+        "note": None,
+        "profiles": {RUN: {"rows": 0}},
+    }
     if not accounting.output_rows:  # e.g. an incremental run with nothing to score: no job, nothing to compare
         drift["note"] = "nothing compared: this run scored no row"
         return drift
@@ -85,13 +100,15 @@ def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows:
     return drift
 
 
-def start_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> "Future[Optional[dict[str, Any]]]":
+def start_drift(
+    run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame
+) -> Future[dict[str, Any] | None]:
     """:func:`check_drift` in a background thread: its small Spark jobs wait on the scheduler more than they compute,
     so they overlap the GX suite's."""
     return in_background("drift", check_drift, run, targets, accounting, rows)
 
 
-def exceeded(figures: Mapping[str, Optional[float]], bounds: Mapping[str, Mapping[str, float]]) -> list[str]:
+def exceeded(figures: Mapping[str, float | None], bounds: Mapping[str, Mapping[str, float]]) -> list[str]:
     """The figures past their bound (``{"max": x}`` or ``{"min": x}``); a figure not computed passes."""
     past = []
     for figure, bound in bounds.items():
@@ -126,7 +143,9 @@ def _normalised(values: Sequence[float]) -> list[float]:
     return [v / total for v in values] if total else [0.0 for _ in values]
 
 
-def _baseline(run: RunContext, targets: Targets, outputs: OutputProfile) -> tuple[Optional[int], Optional[DataFrame], Optional[str]]:
+def _baseline(
+    run: RunContext, targets: Targets, outputs: OutputProfile
+) -> tuple[int | None, DataFrame | None, str | None]:
     """``(version, rows, None)`` of the output at the configured baseline, or ``(version, None, note)`` saying why there
     is none to compare with."""
     cfg, latest = run.cfg, targets.previous_version
@@ -147,18 +166,32 @@ def _baseline(run: RunContext, targets: Targets, outputs: OutputProfile) -> tupl
 def _profiles(sides: Mapping[str, DataFrame], outputs: OutputProfile) -> dict[str, dict[str, Any]]:
     """Each side's row count and the deciles of its numeric outputs (one job), then its label shares and, against the
     baseline's score deciles, its score counts per bin (one more job when there is a label or a baseline score)."""
-    numbers = {name: expr for name, expr in (
-        ("score_deciles", F.col(outputs.score).cast("double") if outputs.score else None),
-        ("embedding_norm_deciles", _norm(F.col(outputs.embedding)) if outputs.embedding else None),
-        ("text_length_deciles", F.length(F.col(outputs.text)).cast("double") if outputs.text else None),
-    ) if expr is not None}
-    both = _union({side: df.select(
-        *[expr.alias(name) for name, expr in numbers.items()],
-        *([F.col(outputs.label).cast("string").alias("label")] if outputs.label else []),
-    ) for side, df in sides.items()})
-    found = both.groupBy(_SIDE).agg(F.count(F.lit(1)).alias("rows"), *[
-        F.percentile_approx(F.col(name), list(DECILES)).alias(name) for name in numbers
-    ]).collect()
+    numbers = {
+        name: expr
+        for name, expr in (
+            ("score_deciles", F.col(outputs.score).cast("double") if outputs.score else None),
+            ("embedding_norm_deciles", _norm(F.col(outputs.embedding)) if outputs.embedding else None),
+            ("text_length_deciles", F.length(F.col(outputs.text)).cast("double") if outputs.text else None),
+        )
+        if expr is not None
+    }
+    both = _union(
+        {
+            side: df.select(
+                *[expr.alias(name) for name, expr in numbers.items()],
+                *([F.col(outputs.label).cast("string").alias("label")] if outputs.label else []),
+            )
+            for side, df in sides.items()
+        }
+    )
+    found = (
+        both.groupBy(_SIDE)
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            *[F.percentile_approx(F.col(name), list(DECILES)).alias(name) for name in numbers],
+        )
+        .collect()
+    )
     profiles = {side: {"rows": 0, **dict.fromkeys(numbers)} for side in sides}
     for row in found:
         profiles[row[_SIDE]].update({k: v for k, v in row.asDict().items() if k != _SIDE})
@@ -170,11 +203,14 @@ def _profiles(sides: Mapping[str, DataFrame], outputs: OutputProfile) -> dict[st
     if keys:
         if edges:  # bin i holds edges[i-1] < score <= edges[i]; 0 and 9 are open
             score = F.col("score_deciles")
-            both = both.withColumn(_BIN, F.when(score.isNotNull() & ~F.isnan(score),
-                                                sum(F.when(score > e, 1).otherwise(0) for e in edges)))
+            both = both.withColumn(
+                _BIN, F.when(score.isNotNull() & ~F.isnan(score), sum(F.when(score > e, 1).otherwise(0) for e in edges))
+            )
         for side in profiles:
-            profiles[side].update(({"label_shares": {}} if outputs.label else {}) |
-                                  ({"score_bins": [0] * (len(edges) + 1)} if edges else {}))
+            profiles[side].update(
+                ({"label_shares": {}} if outputs.label else {})
+                | ({"score_bins": [0] * (len(edges) + 1)} if edges else {})
+            )
         for row in both.groupBy(_SIDE, *keys).count().collect():
             profile = profiles[row[_SIDE]]
             if outputs.label and row["label"] is not None:
@@ -184,8 +220,9 @@ def _profiles(sides: Mapping[str, DataFrame], outputs: OutputProfile) -> dict[st
         for profile in profiles.values():
             if outputs.label:
                 total = sum(profile["label_shares"].values())
-                profile["label_shares"] = {k: round(v / total, 6) for k, v in sorted(profile["label_shares"].items())} \
-                    if total else {}
+                profile["label_shares"] = (
+                    {k: round(v / total, 6) for k, v in sorted(profile["label_shares"].items())} if total else {}
+                )
         if edges:
             profiles[BASELINE]["score_bin_edges"] = edges
     return profiles
@@ -204,24 +241,35 @@ def _norm(vector):
 
 
 def _dot(a, b):
-    return F.aggregate(F.zip_with(a, b, lambda x, y: x.cast("double") * y.cast("double")), F.lit(0.0),
-                       lambda total, x: total + x)
+    return F.aggregate(
+        F.zip_with(a, b, lambda x, y: x.cast("double") * y.cast("double")), F.lit(0.0), lambda total, x: total + x
+    )
 
 
-def _id_cosine_percentile(rows: DataFrame, baseline: DataFrame, id_cols: Sequence[str], embedding: str) -> tuple[Optional[float], int]:
+def _id_cosine_percentile(
+    rows: DataFrame, baseline: DataFrame, id_cols: Sequence[str], embedding: str
+) -> tuple[float | None, int]:
     """``(5th percentile of the per-id cosine, ids compared)`` over the ids in both sides with vectors of one width
     (and the same ``input_digest`` where both have it), a zero vector on either side left out; ``(None, 0)`` when no
     id is in both."""
     digest = DIGEST_COLUMN in rows.columns and DIGEST_COLUMN in baseline.columns
-    ours = rows.select(row_key(id_cols).alias("_id"), F.col(embedding).alias("_a"),
-                       *([F.col(DIGEST_COLUMN).alias("_da")] if digest else []))
-    theirs = baseline.select(row_key(id_cols).alias("_id"), F.col(embedding).alias("_b"),
-                             *([F.col(DIGEST_COLUMN).alias("_db")] if digest else []))
+    ours = rows.select(
+        row_key(id_cols).alias("_id"),
+        F.col(embedding).alias("_a"),
+        *([F.col(DIGEST_COLUMN).alias("_da")] if digest else []),
+    )
+    theirs = baseline.select(
+        row_key(id_cols).alias("_id"),
+        F.col(embedding).alias("_b"),
+        *([F.col(DIGEST_COLUMN).alias("_db")] if digest else []),
+    )
     pairs = ours.join(theirs, "_id").where(F.size("_a") == F.size("_b"))
     if digest:
         pairs = pairs.where(F.col("_da") == F.col("_db"))
     cosine = F.try_divide(_dot(F.col("_a"), F.col("_b")), _norm(F.col("_a")) * _norm(F.col("_b")))
-    found = pairs.select(cosine.alias("_cos")).agg(
-        F.percentile_approx("_cos", COSINE_PERCENTILE).alias("p"), F.count("_cos").alias("n")
-    ).first()
+    found = (
+        pairs.select(cosine.alias("_cos"))
+        .agg(F.percentile_approx("_cos", COSINE_PERCENTILE).alias("p"), F.count("_cos").alias("n"))
+        .first()
+    )
     return (None if found["p"] is None else float(found["p"])), int(found["n"])

@@ -6,8 +6,8 @@ needed (a per-row sampling seed) it is :func:`row_key`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import reduce
-from typing import Mapping, Sequence
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F

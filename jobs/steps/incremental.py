@@ -22,30 +22,35 @@ not with ``rank``, whose keys are scored whole).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.platform.files.hadoop_files import file_bytes
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.platform.tables import column, delta_history, read_input
+from lakescore.jobs.steps.context import Changes, RunContext, ScoringSpec
 from lakescore.jobs.steps.dead_letter import CARRIED
 from lakescore.jobs.steps.ids import id_columns, same_values
 from lakescore.jobs.steps.rank import key_digest
-from lakescore.jobs.steps.context import Changes, RunContext, ScoringSpec
 from lakescore.jobs.steps.staging import Staging
 from lakescore.schemas.contracts import FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN
 from lakescore.schemas.id_columns import CHUNK_INDEX
 from lakescore.schemas.output import (
-    DIGEST_COLUMN, FILE_COLUMNS, ID_REASONS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, SERVER_REASONS,
+    DIGEST_COLUMN,
+    FILE_COLUMNS,
+    ID_REASONS,
+    INCREMENTAL_COLUMNS,
+    KEY_DIGEST_COLUMN,
+    SERVER_REASONS,
 )
 
 __all__ = ["CHANGES_LAYOUT", "input_digest", "recorded_spec", "find_changes"]
 
 SPEC_COLUMN = INCREMENTAL_COLUMNS[1]
-_PREVIOUS = {name: f"__lakescore_previous_{name}"
-             for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN, *FILE_COLUMNS)}
+_PREVIOUS = {
+    name: f"__lakescore_previous_{name}"
+    for name in (DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, KEY_DIGEST_COLUMN, *FILE_COLUMNS)
+}
 _KEY_DIGEST = "__lakescore_key_digest"
 _MISSING = "__lakescore_missing"
 """The changes table's flag: ``True`` on an output id missing from the input, ``False`` on an input row."""
@@ -83,13 +88,19 @@ def input_digest(input_cols: tuple[str, ...], one_column: bool, pair: bool = Fal
         if len(files) > 1:
             digest = F.coalesce(digest, F.sha2(F.concat(F.lit("missing file: "), column(files[1])), 256))
         if prompted:  # a null image (and no path) still digests its prompt: the prompt is that row's own input
-            digest = F.sha2(F.concat(F.coalesce(digest, F.lit("null image")), F.lit("\n"),
-                                     F.coalesce(F.sha2(column(PROMPT_COLUMN), 256), F.lit(""))), 256)
+            digest = F.sha2(
+                F.concat(
+                    F.coalesce(digest, F.lit("null image")),
+                    F.lit("\n"),
+                    F.coalesce(F.sha2(column(PROMPT_COLUMN), 256), F.lit("")),
+                ),
+                256,
+            )
         return digest
     return F.sha2(F.to_json(F.array(*[column(c).cast("double") for c in input_cols])), 256)
 
 
-def recorded_spec(spark, output: str, version: int) -> Optional[dict]:
+def recorded_spec(spark, output: str, version: int) -> dict | None:
     """The scoring spec's parts the newest lakescore commit of ``output`` at or before ``version`` recorded in its
     ``userMetadata`` (:func:`~lakescore.jobs.platform.tables.run_metadata`); ``None`` when none did. The latest
     commit is read first: the whole history only when another writer committed after lakescore's publish."""
@@ -101,8 +112,15 @@ def recorded_spec(spark, output: str, version: int) -> Optional[dict]:
 
 
 def find_changes(
-    run: RunContext, scorable: DataFrame, scorable_rows: int, refused: Optional[DataFrame], model_sha256: str,
-    spec: ScoringSpec, previous_version: Optional[int], changed: Staging, errors: Optional[str] = None,
+    run: RunContext,
+    scorable: DataFrame,
+    scorable_rows: int,
+    refused: DataFrame | None,
+    model_sha256: str,
+    spec: ScoringSpec,
+    previous_version: int | None,
+    changed: Staging,
+    errors: str | None = None,
 ) -> Changes:
     """Split ``scorable`` (``scorable_rows`` rows) into rows to score and rows kept against the output at
     ``previous_version`` for weights ``model_sha256`` and scoring ``spec``, and find the output's ids missing from the
@@ -121,12 +139,22 @@ def find_changes(
     """
     cfg = run.cfg
     if previous_version is None or cfg.write.full_rescore:
-        digested = scorable.withColumn(DIGEST_COLUMN, input_digest(
-            run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
+        digested = scorable.withColumn(
+            DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None)
+        )
         no_ids = run.source.select(*id_columns(cfg.id_cols)).limit(0)  # planned empty: no Python RDD, no job
-        return Changes(to_score=digested, rows_to_score=scorable_rows, rows_kept=0, rows_missing=0, missing_ids=no_ids,
-                       distinct_to_score=None, spec=spec, spec_changes=None, model_sha256=model_sha256,
-                       previous_version=previous_version)
+        return Changes(
+            to_score=digested,
+            rows_to_score=scorable_rows,
+            rows_kept=0,
+            rows_missing=0,
+            missing_ids=no_ids,
+            distinct_to_score=None,
+            spec=spec,
+            spec_changes=None,
+            model_sha256=model_sha256,
+            previous_version=previous_version,
+        )
     counts = None
     if not changed.exists():
         compare = _changed_keys_or_missing if cfg.rank.enabled else _changed_or_missing
@@ -146,16 +174,30 @@ def find_changes(
         carried_reasons = {r[0]: int(r[1]) for r in by_reason}
     if refused is not None:
         ours = _renamed(cfg.id_cols, "input_id")
-        missing = missing.join(refused.select(*[column(c).alias(ours[c]) for c in cfg.id_cols]),
-                               same_values(cfg.id_cols, ours), "left_anti")
+        missing = missing.join(
+            refused.select(*[column(c).alias(ours[c]) for c in cfg.id_cols]),
+            same_values(cfg.id_cols, ours),
+            "left_anti",
+        )
         rows_missing = missing.count()
     # A changed spec makes every output row one to score: with none to score, there is no change to explain.
     spec_changes = spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)) if rows_to_score else None
     kept = scorable_rows - rows_to_score - rows_carried
-    return Changes(to_score=to_score, rows_to_score=rows_to_score, rows_kept=kept,
-                   rows_missing=rows_missing, missing_ids=missing, distinct_to_score=int(counts["distinct"] or 0),
-                   spec=spec, spec_changes=spec_changes, model_sha256=model_sha256, previous_version=previous_version,
-                   table=changed, rows_carried=rows_carried, carried_reasons=dict(sorted(carried_reasons.items())))
+    return Changes(
+        to_score=to_score,
+        rows_to_score=rows_to_score,
+        rows_kept=kept,
+        rows_missing=rows_missing,
+        missing_ids=missing,
+        distinct_to_score=int(counts["distinct"] or 0),
+        spec=spec,
+        spec_changes=spec_changes,
+        model_sha256=model_sha256,
+        previous_version=previous_version,
+        table=changed,
+        rows_carried=rows_carried,
+        carried_reasons=dict(sorted(carried_reasons.items())),
+    )
 
 
 def _to_score() -> Column:
@@ -171,12 +213,14 @@ def _count_columns() -> list[Column]:
         F.count(F.when(scored, 1)).alias("to_score"),
         F.count(F.when(F.col(_MISSING), 1)).alias("missing"),
         F.count(F.col(CARRIED)).alias("carried"),
-        (F.approx_count_distinct(F.when(scored, column(DIGEST_COLUMN)), DISTINCT_RSD)
-         + F.max(F.when(scored, column(DIGEST_COLUMN).isNull().cast("int")))).alias("distinct"),
+        (
+            F.approx_count_distinct(F.when(scored, column(DIGEST_COLUMN)), DISTINCT_RSD)
+            + F.max(F.when(scored, column(DIGEST_COLUMN).isNull().cast("int")))
+        ).alias("distinct"),
     ]
 
 
-def _write_counting(changed: Staging, rows: DataFrame) -> Optional[dict]:
+def _write_counting(changed: Staging, rows: DataFrame) -> dict | None:
     """Write ``rows`` to ``changed`` and return :func:`_count_columns` of them, computed by the write itself
     (:func:`~lakescore.jobs.platform.spark.adapter.observed`: no second job over the table); ``None`` where the
     session cannot (Spark Connect: the caller counts the table)."""
@@ -193,13 +237,17 @@ def _dead_letters(run: RunContext, errors: str, model_sha256: str, spec: str) ->
     ids = run.cfg.id_cols
     theirs = _renamed(ids, "dead_id")
     rows = read_input(run.spark, errors, "delta").where(
-        ~F.col("reason").isin(*sorted(ID_REASONS | SERVER_REASONS)) & (F.col("model_sha256") == F.lit(model_sha256))
+        ~F.col("reason").isin(*sorted(ID_REASONS | SERVER_REASONS))
+        & (F.col("model_sha256") == F.lit(model_sha256))
         & (F.col("spec_digest") == F.lit(spec))
     )
     first = F.coalesce(F.col("first_run_id"), F.col("run_id")).alias(_DEAD["first_run_id"])
-    return rows.select(*[column(c).alias(theirs[c]) for c in ids], F.col("input_digest").alias(_DEAD_DIGEST),
-                       *[F.col(name).alias(_DEAD[name]) for name in _DEAD_LETTER[:-1]], first) \
-        .dropDuplicates(list(theirs.values()))
+    return rows.select(
+        *[column(c).alias(theirs[c]) for c in ids],
+        F.col("input_digest").alias(_DEAD_DIGEST),
+        *[F.col(name).alias(_DEAD[name]) for name in _DEAD_LETTER[:-1]],
+        first,
+    ).dropDuplicates(list(theirs.values()))
 
 
 _DEAD_DIGEST = "__lakescore_dead_digest"
@@ -207,7 +255,7 @@ _DEAD = {name: f"__lakescore_dead_{name}" for name in _DEAD_LETTER}
 """Private names of the dead letter's columns beside the input's (whose own may be named ``input`` or ``error``)."""
 
 
-def _with_carried(id_cols, rows: DataFrame, dead: Optional[DataFrame]) -> DataFrame:
+def _with_carried(id_cols, rows: DataFrame, dead: DataFrame | None) -> DataFrame:
     """``rows`` (the changes table's) with :data:`CARRIED`: the dead letter of ``dead`` (:func:`_dead_letters`) whose id
     and digest an input row to score has; null elsewhere, and everywhere when ``dead`` is ``None``."""
     kind = "struct<" + ",".join(f"{name}:string" for name in _DEAD_LETTER) + ">"
@@ -217,8 +265,9 @@ def _with_carried(id_cols, rows: DataFrame, dead: Optional[DataFrame]) -> DataFr
     scored = ~F.col(_MISSING) & ~F.col(_KEPT)
     on = same_values(id_cols, theirs) & column(DIGEST_COLUMN).eqNullSafe(F.col(_DEAD_DIGEST)) & scored
     joined = rows.join(dead, on, "left")
-    letter = F.when(F.col(_DEAD["reason"]).isNotNull(),
-                    F.struct(*[F.col(_DEAD[name]).alias(name) for name in _DEAD_LETTER]))
+    letter = F.when(
+        F.col(_DEAD["reason"]).isNotNull(), F.struct(*[F.col(_DEAD[name]).alias(name) for name in _DEAD_LETTER])
+    )
     return joined.select(*[column(c) for c in rows.columns], letter.alias(CARRIED))
 
 
@@ -227,8 +276,9 @@ def _renamed(names, prefix: str) -> dict[str, str]:
     return {name: f"__lakescore_{prefix}_{i}" for i, name in enumerate(names)}
 
 
-def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str,
-                        spec: str) -> DataFrame:
+def _changed_or_missing(
+    run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str, spec: str
+) -> DataFrame:
     """``scorable``'s rows that are new or not current (other digest, weights or spec), and the output ids with no
     row in ``scorable`` (every other column null), each with :data:`_MISSING` saying which it is, and their
     :data:`DIGEST_COLUMN`.
@@ -243,28 +293,41 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     cfg = run.cfg
     theirs = _renamed(cfg.id_cols, "previous_id")
     output = read_input(run.spark, cfg.output, "delta", version=previous_version)
-    if CHUNK_INDEX in output.columns:  # a chunked output: a document's rows share its digest; its first chunk stands for it
+    if (
+        CHUNK_INDEX in output.columns
+    ):  # a chunked output: a document's rows share its digest; its first chunk stands for it
         output = output.where(F.col(CHUNK_INDEX) == 0)
     # an image read with a prompt changes with its prompt too, which the file's status does not tell: read every file
-    prechecked = (FILE_COLUMN in scorable.columns and set(FILE_COLUMNS) <= set(output.columns)
-                  and PROMPT_COLUMN not in run.input_cols)
+    prechecked = (
+        FILE_COLUMN in scorable.columns
+        and set(FILE_COLUMNS) <= set(output.columns)
+        and PROMPT_COLUMN not in run.input_cols
+    )
     stored = [DIGEST_COLUMN, "model_sha256", SPEC_COLUMN, *(FILE_COLUMNS if prechecked else [])]
-    previous = output.select(*[column(c).alias(theirs[c]) for c in cfg.id_cols],
-                             *[column(name).alias(_PREVIOUS[name]) for name in stored])
+    previous = output.select(
+        *[column(c).alias(theirs[c]) for c in cfg.id_cols], *[column(name).alias(_PREVIOUS[name]) for name in stored]
+    )
     digest = input_digest(run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None)
     # With the pre-check the files are read after the join, only for the rows it leaves; else every row's before it.
     rows = scorable.drop(IMAGE_COLUMN) if prechecked else scorable.withColumn(DIGEST_COLUMN, digest)
     joined = rows.join(previous, same_values(cfg.id_cols, theirs), "full_outer")
     is_missing = column(cfg.id_cols[0]).isNull()  # scorable rows never have a null id: null here means no input row
-    current_model = (F.col(theirs[cfg.id_cols[0]]).isNotNull() & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
-                     & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)))
-    current = F.coalesce(current_model & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN])), F.lit(False))
+    current_model = (
+        F.col(theirs[cfg.id_cols[0]]).isNotNull()
+        & (F.col(_PREVIOUS["model_sha256"]) == F.lit(model_sha256))
+        & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec))
+    )
+    current = F.coalesce(
+        current_model & column(DIGEST_COLUMN).eqNullSafe(F.col(_PREVIOUS[DIGEST_COLUMN])), F.lit(False)
+    )
 
     def columns(kept: Column) -> list[Column]:
         """``scorable``'s columns and the digest, an id from either side; the bytes of a ``kept`` row dropped."""
         out = []
         for c in [*scorable.columns, DIGEST_COLUMN]:
-            value = F.coalesce(column(c), F.col(theirs[c]).cast(scorable.schema[c].dataType)) if c in theirs else column(c)
+            value = (
+                F.coalesce(column(c), F.col(theirs[c]).cast(scorable.schema[c].dataType)) if c in theirs else column(c)
+            )
             out.append((F.when(~kept, value) if c == IMAGE_COLUMN and prechecked else value).alias(c))
         return [*out, is_missing.alias(_MISSING), kept.alias(_KEPT)]
 
@@ -273,8 +336,11 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     file, before = F.col(FILE_COLUMN), lambda name: F.col(_PREVIOUS[name])
     path, length, modified = FILE_COLUMNS
     unchanged = F.coalesce(
-        current_model & before(DIGEST_COLUMN).isNotNull() & (file["path"] == before(path))
-        & (file["length"] == before(length)) & (file["modified"] == before(modified)),
+        current_model
+        & before(DIGEST_COLUMN).isNotNull()
+        & (file["path"] == before(path))
+        & (file["length"] == before(length))
+        & (file["modified"] == before(modified)),
         F.lit(False),
     )
     bytes_ = file_bytes(run.spark, column(run.input_cols[1]), cfg.scoring.arrow_max_bytes_per_batch)
@@ -282,8 +348,9 @@ def _changed_or_missing(run: RunContext, scorable: DataFrame, previous_version: 
     return digested.select(*columns(~is_missing & current))
 
 
-def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str,
-                             spec: str) -> DataFrame:
+def _changed_keys_or_missing(
+    run: RunContext, scorable: DataFrame, previous_version: int, model_sha256: str, spec: str
+) -> DataFrame:
     """With ``rank``: every row of each key (``rank.partition_by``) that changed, and the output rows whose id is not
     in ``scorable`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`): a gone key's, or a changed
     key's that no row to score has.
@@ -293,8 +360,9 @@ def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_vers
     or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no stored
     score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""
     cfg = run.cfg
-    digested = scorable.withColumn(DIGEST_COLUMN, input_digest(
-        run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
+    digested = scorable.withColumn(
+        DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None)
+    )
     keys = list(cfg.rank.partition_by)
     theirs = _renamed(keys, "previous_key")
     output = read_input(run.spark, cfg.output, "delta", version=previous_version)
@@ -309,17 +377,30 @@ def _changed_keys_or_missing(run: RunContext, scorable: DataFrame, previous_vers
         & (F.col(_PREVIOUS[SPEC_COLUMN]) == F.lit(spec)),
         F.lit(False),
     )
-    changed = joined.where(F.col(_KEY_DIGEST).isNotNull() & ~current).select(*[column(k).alias(theirs[k]) for k in keys])
+    changed = joined.where(F.col(_KEY_DIGEST).isNotNull() & ~current).select(
+        *[column(k).alias(theirs[k]) for k in keys]
+    )
     touched = joined.where(~current).select(*[F.col(theirs[k]) for k in keys])  # changed, or gone from the input
     to_score = digested.join(changed, same_values(keys, theirs, null_safe=True), "left_semi")
     # An output row whose id left the input is missing whether its key left with it or kept other rows (then the key
     # changed): the output rows of every touched key that no row to score has.
     scored_ids = _renamed(cfg.id_cols, "scored_id")
-    missing = output.join(touched, same_values(keys, theirs, null_safe=True), "left_semi").join(
-        to_score.select(*[column(c).alias(scored_ids[c]) for c in cfg.id_cols]), same_values(cfg.id_cols, scored_ids),
-        "left_anti",
-    ).select(*[
-        (column(c) if c in cfg.id_cols else F.lit(None)).cast(digested.schema[c].dataType).alias(c) for c in digested.columns
-    ])
-    return to_score.withColumn(_MISSING, F.lit(False)).unionByName(missing.withColumn(_MISSING, F.lit(True))) \
+    missing = (
+        output.join(touched, same_values(keys, theirs, null_safe=True), "left_semi")
+        .join(
+            to_score.select(*[column(c).alias(scored_ids[c]) for c in cfg.id_cols]),
+            same_values(cfg.id_cols, scored_ids),
+            "left_anti",
+        )
+        .select(
+            *[
+                (column(c) if c in cfg.id_cols else F.lit(None)).cast(digested.schema[c].dataType).alias(c)
+                for c in digested.columns
+            ]
+        )
+    )
+    return (
+        to_score.withColumn(_MISSING, F.lit(False))
+        .unionByName(missing.withColumn(_MISSING, F.lit(True)))
         .withColumn(_KEPT, F.lit(False))
+    )

@@ -17,9 +17,10 @@ import json
 import logging
 import threading
 import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -28,18 +29,22 @@ from lakescore.jobs.platform.spark.adapter import cancel_tagged, default_paralle
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.context import ModelIdentity, RunContext, ScoringLayout
 from lakescore.schemas.traffic import Traffic
-from lakescore.udfs.remote.answers import EndpointRefused
-from lakescore.udfs.remote.engine import EngineStartError
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelIntegrityError, ModelSourceError, ModelSpec, UnfitModelError
 from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance
 from lakescore.udfs.registry import get_task
+from lakescore.udfs.remote.answers import EndpointRefused
+from lakescore.udfs.remote.engine import EngineStartError
 from lakescore.udfs.scoring_udf import PREFLIGHT_SCHEMA, make_preflight_function
 
-
 __all__ = [
-    "preflight_model", "ExecutorPreflight", "precision_check_sample", "SAMPLE_ROWS",
-    "raise_worker_failure", "remote_options", "summed_traffic",
+    "preflight_model",
+    "ExecutorPreflight",
+    "precision_check_sample",
+    "SAMPLE_ROWS",
+    "raise_worker_failure",
+    "remote_options",
+    "summed_traffic",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,18 +52,20 @@ log = logging.getLogger(__name__)
 SAMPLE_ROWS = 256
 """Input texts a reduced-precision run scores both ways (float32 and its own path) before it starts."""
 
-_OWN_LINE = {cls.__name__: cls for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError,
-                                            EndpointRefused, EngineStartError)}
+_OWN_LINE = {
+    cls.__name__: cls
+    for cls in (ModelIntegrityError, QuantizationToleranceError, UnfitModelError, EndpointRefused, EngineStartError)
+}
 """Worker errors whose message is the operator's whole line: raised on the driver as they are."""
 
 
 def preflight_model(
     spark: SparkSession,
     spec: ModelSpec,
-    layout: "ScoringLayout",
-    tag: Optional[str] = None,
+    layout: ScoringLayout,
+    tag: str | None = None,
     sample: Sequence[str] = (),
-    tolerance: Optional[Tolerance] = None,
+    tolerance: Tolerance | None = None,
     probe: bool = True,
 ) -> ModelIdentity:
     """Load the model where it will score, in the executors' Python workers, and score one sample there.
@@ -84,12 +91,18 @@ def preflight_model(
     tasks = layout.partitions or default_parallelism(spark)
     probe = make_preflight_function(spec, sample, tolerance, probe)
     with job_tag(spark, tag) if tag else nullcontext():  # this thread's job below, nothing the caller's thread runs
-        rows = spark.range(tasks, numPartitions=tasks).mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile).collect()
+        rows = (
+            spark.range(tasks, numPartitions=tasks)
+            .mapInArrow(probe, PREFLIGHT_SCHEMA, profile=layout.profile)
+            .collect()
+        )
     raise_worker_failure(spec, rows)
     digests = sorted({r.sha256 for r in rows})
     if len(digests) != 1:
         hosts = ", ".join(sorted({f"{r.host}: {r.sha256}" for r in rows}))
-        raise ModelIntegrityError(f"executors found different weights for model {spec.source!r} ({hosts}); refusing to score")
+        raise ModelIntegrityError(
+            f"executors found different weights for model {spec.source!r} ({hosts}); refusing to score"
+        )
     if len({r.files for r in rows}) != 1:
         hosts = ", ".join(sorted({r.host for r in rows}))
         raise ModelIntegrityError(
@@ -99,21 +112,35 @@ def preflight_model(
     timed = [r.row_seconds for r in rows if r.row_seconds is not None]
     log.info(
         "model ready in %d executor task(s) on %s (slowest %.1f s%s; weights sha256 %s)",
-        len(rows), ", ".join(sorted({r.device for r in rows})), loads[-1],
-        f", {max(timed) * 1e6:.1f} us a row on a batch of its sample" if timed else "", digests[0],
+        len(rows),
+        ", ".join(sorted({r.device for r in rows})),
+        loads[-1],
+        f", {max(timed) * 1e6:.1f} us a row on a batch of its sample" if timed else "",
+        digests[0],
     )
     checked = next((r for r in rows if r.fidelity), None)
     if checked is not None:
-        log.info("%s model within tolerance of float32 on %d sampled rows: %s", spec.reduced_precision, len(sample), checked.fidelity)
+        log.info(
+            "%s model within tolerance of float32 on %d sampled rows: %s",
+            spec.reduced_precision,
+            len(sample),
+            checked.fidelity,
+        )
     return ModelIdentity(
-        model_id=spec.source if spec.source is not None else remote_options(spec, "endpoint").model,  # an endpoint's: its name
-        revision=rows[0].revision, sha256=digests[0], preflight_loads=sum(bool(r.loaded) for r in rows),
+        model_id=spec.source
+        if spec.source is not None
+        else remote_options(spec, "endpoint").model,  # an endpoint's: its name
+        revision=rows[0].revision,
+        sha256=digests[0],
+        preflight_loads=sum(bool(r.loaded) for r in rows),
         model_files=json.loads(rows[0].files),
         gpus=len({(r.host, r.device) for r in rows if (r.device or "").startswith("cuda")}),
         row_seconds=None if any(r.row_seconds is None for r in rows) else max(r.row_seconds for r in rows),
-        traffic=summed_traffic(r.traffic for r in rows), probe_deferred=not all(r.probed for r in rows),
-        precision_check=None if checked is None else {
-            "path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
+        traffic=summed_traffic(r.traffic for r in rows),
+        probe_deferred=not all(r.probed for r in rows),
+        precision_check=None
+        if checked is None
+        else {"path": spec.reduced_precision, "sample_rows": len(sample), **json.loads(checked.fidelity)},
     )
 
 
@@ -161,11 +188,11 @@ class ExecutorPreflight:
         self._run = run
         self._probe = probe
         self._tag = f"lakescore-preflight-{uuid.uuid4().hex[:12]}"
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._future: Optional[Future] = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._future: Future | None = None
         self._cancelled = threading.Event()
 
-    def __enter__(self) -> "ExecutorPreflight":
+    def __enter__(self) -> ExecutorPreflight:
         try:  # the driver's copy of the model first: a model that cannot fit the task starts no executor job
             if self._run.model_dir is not None:  # None: a model served elsewhere, checked by the executors' request
                 check_model_fits(self._run.spec, self._run.model_dir)
@@ -184,7 +211,9 @@ class ExecutorPreflight:
             run.worker_start.wait()
         if self._cancelled.is_set():  # the block failed meanwhile: start no job (its error is what propagates)
             raise RuntimeError("preflight cancelled")
-        return preflight_model(run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance(), self._probe)
+        return preflight_model(
+            run.spark, run.spec, run.layout, self._tag, sample, run.cfg.model.tolerance(), self._probe
+        )
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:

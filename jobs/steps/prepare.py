@@ -13,17 +13,20 @@ import logging
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
-
 
 from lakescore.jobs.platform.spark.adapter import default_parallelism
 from lakescore.jobs.platform.tables import run_metadata
+from lakescore.jobs.steps.context import Changes, IdSplit, ModelIdentity, Plan, RunContext, ScoringSpec, Targets
 from lakescore.jobs.steps.dead_letter import check_ids, split_by_id
 from lakescore.jobs.steps.dedup import Dedup, decide_dedup
 from lakescore.jobs.steps.incremental import CHANGES_LAYOUT, find_changes, input_digest
-from lakescore.jobs.steps.context import Changes, IdSplit, ModelIdentity, Plan, RunContext, ScoringSpec, Targets
 from lakescore.jobs.steps.staging import (
-    Staging, changed_rows, nearby_chunk_counts, planned_chunks, prepared_rows, run_key,
+    Staging,
+    changed_rows,
+    nearby_chunk_counts,
+    planned_chunks,
+    prepared_rows,
+    run_key,
 )
 from lakescore.schemas.contracts import InputContractError
 from lakescore.schemas.output import DIGEST_COLUMN
@@ -63,14 +66,20 @@ def _run_facts(run: RunContext, targets: Targets, model_sha256: str, scoring: Sc
     if cfg.rank.enabled:  # the staged rows carry its key columns; an incremental comparison is by its keys
         facts["rank"] = cfg.rank.model_dump(mode="json")
     if cfg.write.mode == "incremental":
-        facts.update(mode="incremental", previous_version=targets.previous_version, full_rescore=cfg.write.full_rescore,
-                     retry_failed=cfg.write.retry_failed)
+        facts.update(
+            mode="incremental",
+            previous_version=targets.previous_version,
+            full_rescore=cfg.write.full_rescore,
+            retry_failed=cfg.write.retry_failed,
+        )
     if targets.file_status:  # the staged rows carry each file's status
         facts["file_status"] = True
     return facts
 
 
-def _compare_with_output(run: RunContext, targets: Targets, split: IdSplit, model_sha256: str, scoring: ScoringSpec) -> Changes:
+def _compare_with_output(
+    run: RunContext, targets: Targets, split: IdSplit, model_sha256: str, scoring: ScoringSpec
+) -> Changes:
     """:func:`~lakescore.jobs.steps.incremental.find_changes` for this run, counting output rows scored by
     ``model_sha256`` with ``scoring`` as current; its changes table is keyed by the run's facts."""
     cfg = run.cfg
@@ -79,8 +88,9 @@ def _compare_with_output(run: RunContext, targets: Targets, split: IdSplit, mode
     refused = split.refused if split.ids.refused_rows else None
     scorable_rows = split.ids.rows - split.ids.refused_rows
     errors = targets.errors_ref if targets.errors_carried else None
-    return find_changes(run, split.scorable, scorable_rows, refused, model_sha256, scoring, targets.previous_version,
-                        changed, errors)
+    return find_changes(
+        run, split.scorable, scorable_rows, refused, model_sha256, scoring, targets.previous_version, changed, errors
+    )
 
 
 def new_run_id() -> str:
@@ -100,7 +110,7 @@ def check_input_ids(run: RunContext) -> IdSplit:
     return IdSplit(ids, scorable, refused)
 
 
-def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional[Changes]:
+def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Changes | None:
     """In incremental mode, the rows to score against the output, found while the executors still load the model:
     with the digests of the weights and other files in the driver's copy of the model (``run.model_dir``).
 
@@ -113,7 +123,9 @@ def compare_early(run: RunContext, targets: Targets, split: IdSplit) -> Optional
         sha256 = weights_sha256(run.model_dir)
     except ModelSourceError:
         return None
-    return _compare_with_output(run, targets, split, sha256, ScoringSpec.of(run.spec, model_file_digests(run.model_dir)))
+    return _compare_with_output(
+        run, targets, split, sha256, ScoringSpec.of(run.spec, model_file_digests(run.model_dir))
+    )
 
 
 def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, dedup: Dedup) -> Staging:
@@ -125,7 +137,9 @@ def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, d
     layout = {**facts, "dedup": dedup.used, "staged_layout": STAGED_LAYOUT}
 
     def staging_of(chunks: int) -> Staging:
-        return Staging.for_output(run.spark, cfg.output, cfg.write.staging, run_key({**layout, "chunks": chunks}), chunks)
+        return Staging.for_output(
+            run.spark, cfg.output, cfg.write.staging, run_key({**layout, "chunks": chunks}), chunks
+        )
 
     write = cfg.write
     slots = default_parallelism(run.spark) if write.chunk_rows is None else 1
@@ -135,8 +149,9 @@ def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, d
     return next((s for s in map(staging_of, nearby_chunk_counts(planned.chunks)) if s.exists()), planned)
 
 
-def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity,
-             early: Optional[Changes] = None) -> Plan:
+def plan_run(
+    run: RunContext, targets: Targets, split: IdSplit, identity: ModelIdentity, early: Changes | None = None
+) -> Plan:
     """The run's plan: run id, pinned spec, the rows to score (in incremental mode: against the output at
     ``targets.previous_version``, ``early``'s when it compared with the weights the executors hashed), chunk count
     and the staging table of this run's key."""
@@ -151,25 +166,43 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         changes = early
         if changes is None or (changes.model_sha256, changes.spec.digest) != (identity.sha256, scoring.digest):
             if changes is not None:
-                log.warning("the driver's copy of the model differs from the executors' (weights %s, %s): comparing "
-                            "with the output again", changes.model_sha256, identity.sha256)
+                log.warning(
+                    "the driver's copy of the model differs from the executors' (weights %s, %s): comparing "
+                    "with the output again",
+                    changes.model_sha256,
+                    identity.sha256,
+                )
                 if changes.table is not None:
                     changes.table.drop()  # compared for a model no worker loads: no run reads it
             changes = _compare_with_output(run, targets, split, identity.sha256, scoring)
         scorable_rows = changes.rows_to_score
-    digested = changes.to_score if changes else split.scorable.withColumn(DIGEST_COLUMN, input_digest(
-        run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None))
+    digested = (
+        changes.to_score
+        if changes
+        else split.scorable.withColumn(
+            DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None)
+        )
+    )
     # sampled rows draw on their own: never shared; a provider batch sends each row's own line (its custom_id)
     mode = cfg.scoring.dedup if cfg.deterministic and not cfg.provider_batch else "off"
-    dedup = decide_dedup(mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None,
-                         identity.row_seconds)
+    dedup = decide_dedup(
+        mode, digested, cfg.id_cols, scorable_rows, changes.distinct_to_score if changes else None, identity.row_seconds
+    )
     staging = _staging(run, scorable_rows, identity, facts, dedup)
     chunks, key = staging.chunks, staging.key
     # Rescanning suits rows that are only read: refused ids (an anti join), digests or an incremental comparison
     # make them a computation that the prepared copy does once.
-    rescanned = (chunks > 1 and chunks <= RESCAN_CHUNKS and run.rescannable and not split.ids.refused_rows
-                 and changes is None and not dedup.used)
-    prepared = prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 and not rescanned else None
+    rescanned = (
+        chunks > 1
+        and chunks <= RESCAN_CHUNKS
+        and run.rescannable
+        and not split.ids.refused_rows
+        and changes is None
+        and not dedup.used
+    )
+    prepared = (
+        prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 and not rescanned else None
+    )
     done = frozenset(staging.committed_chunks())
     # A rerun that resumes staged chunks goes on as the run that staged them: its publish may already be
     # committed (with that run id in every row), and the errors table and report must name the same run.
@@ -190,32 +223,59 @@ def plan_run(run: RunContext, targets: Targets, split: IdSplit, identity: ModelI
         prepared_ready=prepared is not None and prepared.exists(),
         ranked=cfg.rank.enabled,
         file_status=targets.file_status,
-        tag=run_metadata(run_id, str(Path(cfg.report).expanduser().resolve()) if cfg.report else None,
-                         scoring.parts if changes is not None else None),
+        tag=run_metadata(
+            run_id,
+            str(Path(cfg.report).expanduser().resolve()) if cfg.report else None,
+            scoring.parts if changes is not None else None,
+        ),
     )
     if plan.scorable_rows:
         log.info(
             "scoring %d of %d rows of %s into %s (run %s, %d chunk(s), %d already staged)",
-            plan.scorable_rows, split.ids.rows, cfg.input, cfg.output, plan.run_id, chunks, len(plan.done),
+            plan.scorable_rows,
+            split.ids.rows,
+            cfg.input,
+            cfg.output,
+            plan.run_id,
+            chunks,
+            len(plan.done),
         )
     else:
-        log.info("nothing to score: none of the %d rows of %s needs scoring into %s (run %s)",
-                 split.ids.rows, cfg.input, cfg.output, plan.run_id)
+        log.info(
+            "nothing to score: none of the %d rows of %s needs scoring into %s (run %s)",
+            split.ids.rows,
+            cfg.input,
+            cfg.output,
+            plan.run_id,
+        )
     if changes is not None:
         log.info(
             "incremental: %d row(s) to score, %d kept, %d dead letter(s) carried, %d output id(s) missing from the "
-            "input (output version %s)", changes.rows_to_score, changes.rows_kept, changes.rows_carried,
-            changes.rows_missing, changes.previous_version,
+            "input (output version %s)",
+            changes.rows_to_score,
+            changes.rows_kept,
+            changes.rows_carried,
+            changes.rows_missing,
+            changes.previous_version,
         )
         if changes.spec_changes:
-            log.info("incremental: the scoring spec differs from the output's (%s): its rows are scored again",
-                     "; ".join(changes.spec_changes))
+            log.info(
+                "incremental: the scoring spec differs from the output's (%s): its rows are scored again",
+                "; ".join(changes.spec_changes),
+            )
     if dedup.mode == "auto" and dedup.sample_rows is None:
-        log.info("dedup auto: off (the model scores a row in %.1f us, faster than deduplicating it)",
-                 identity.row_seconds * 1e6)
+        log.info(
+            "dedup auto: off (the model scores a row in %.1f us, faster than deduplicating it)",
+            identity.row_seconds * 1e6,
+        )
     elif dedup.used or dedup.mode == "auto":
-        log.info("dedup %s: %s (%s rows, %s distinct inputs)", dedup.mode, "on" if dedup.used else "off",
-                 dedup.sample_rows, dedup.sample_distinct)
+        log.info(
+            "dedup %s: %s (%s rows, %s distinct inputs)",
+            dedup.mode,
+            "on" if dedup.used else "off",
+            dedup.sample_rows,
+            dedup.sample_distinct,
+        )
     if split.ids.refused_rows:
         log.warning("%d row(s) with a null or duplicated id go to %s", split.ids.refused_rows, cfg.errors_ref())
     return plan

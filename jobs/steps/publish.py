@@ -21,33 +21,62 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, BooleanType, DateType, NumericType, StringType, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    NumericType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.files.hadoop_files import FILE_STATUS
 from lakescore.jobs.platform.tables import (
-    DELETION_VECTORS, MERGE_OP, STATS_COLUMNS, DeltaCommit, TableRef, column, load_file_lists, merge_delta, own_commit, read_input,
+    DELETION_VECTORS,
+    MERGE_OP,
+    STATS_COLUMNS,
+    DeltaCommit,
+    TableRef,
+    column,
+    load_file_lists,
+    merge_delta,
+    own_commit,
+    read_input,
     write_delta,
 )
-from lakescore.jobs.testing_hooks import at_point
 from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.steps.account import Accounting
+from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.dead_letter import (
-    carried_rows, name_null_column, name_null_prompt_columns, refused_rows, unscored_rows,
+    carried_rows,
+    name_null_column,
+    name_null_prompt_columns,
+    refused_rows,
+    unscored_rows,
 )
 from lakescore.jobs.steps.ids import all_present, id_columns, same_values
-from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.staging import drop_stale_staging
+from lakescore.jobs.testing_hooks import at_point
 from lakescore.schemas.contracts import FILE_COLUMN
+from lakescore.schemas.output import (
+    CHUNK_COLUMNS,
+    DIGEST_COLUMN,
+    ERROR_COLUMNS,
+    FILE_COLUMNS,
+    IDENTITY_COLUMNS,
+    INCREMENTAL_COLUMNS,
+    KEY_DIGEST_COLUMN,
+    RANK_COLUMN,
+)
 from lakescore.schemas.reasons import NULL_INPUT
 from lakescore.udfs.options.generate import template_columns
-from lakescore.schemas.output import (
-    CHUNK_COLUMNS, DIGEST_COLUMN, ERROR_COLUMNS, FILE_COLUMNS, IDENTITY_COLUMNS, INCREMENTAL_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN,
-)
 
 __all__ = ["Outcome", "output_rows", "errors_rows", "load_targets", "publish", "apply_changes", "refusal"]
 
@@ -58,13 +87,13 @@ class Outcome:
     or ``drift_exceeded`` (the report step words why: :func:`~lakescore.jobs.steps.report.refusal_reason`)."""
 
     status: str
-    delta_version: Optional[int] = None
-    errors_delta_version: Optional[int] = None
-    rows_deleted: Optional[int] = None
+    delta_version: int | None = None
+    errors_delta_version: int | None = None
+    rows_deleted: int | None = None
     """Incremental mode: output rows the run's ``MERGE`` deleted (missing ids with ``write.delete_missing``, and ids
     whose input now fails: they are in the errors table); documents for a chunked run (every row of each gone).
     ``None`` in the other modes."""
-    chunk_rows_deleted: Optional[int] = None
+    chunk_rows_deleted: int | None = None
     """Incremental mode, a chunked run: the output rows its ``MERGE`` deleted, the chunk rows of the documents it
     deleted and of the documents it scored again that have fewer chunks now; ``None`` for other runs."""
     staging_removed: tuple[str, ...] = ()
@@ -76,7 +105,9 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     ranked run's rank, the identity columns (model, weights, run), and in incremental mode the input's digest and the
     scoring spec's (and a ranked run's key digest; with ``plan.file_status`` each file's path, length and time)."""
     cfg, identity = run.cfg, plan.identity
-    incremental = [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec.digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
+    incremental = (
+        [F.col(DIGEST_COLUMN), F.lit(plan.changes.spec.digest).alias(INCREMENTAL_COLUMNS[1])] if plan.changes else []
+    )
     if plan.changes and cfg.rank.enabled:
         incremental.append(F.col(KEY_DIGEST_COLUMN))
     if plan.file_status:
@@ -95,7 +126,7 @@ def output_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     )
 
 
-def load_targets(run: RunContext, targets: Targets) -> "Future[None]":
+def load_targets(run: RunContext, targets: Targets) -> Future[None]:
     """Start loading the file lists of the output and the errors table in the background (for the run to wait on
     before :func:`publish`): each commit of the publish needs its table's, so loading them while the run validates,
     on otherwise idle CPU, lets the commits find them ready
@@ -105,8 +136,13 @@ def load_targets(run: RunContext, targets: Targets) -> "Future[None]":
 
 
 def publish(
-    run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame,
-    validation: Optional[dict[str, Any]], drift: Optional[dict[str, Any]] = None,
+    run: RunContext,
+    targets: Targets,
+    plan: Plan,
+    accounting: Accounting,
+    rows: DataFrame,
+    validation: dict[str, Any] | None,
+    drift: dict[str, Any] | None = None,
 ) -> Outcome:
     """Publish ``rows`` and then the errors table unless the error rate, validation or the drift gate (``drift``: the
     report's, from :func:`~lakescore.jobs.steps.drift.check_drift`) failed; then drop this run's staging and the
@@ -129,26 +165,42 @@ def publish(
         delta_version, deleted, chunk_rows_deleted = apply_changes(run, plan, accounting, rows, tag)
     else:
         properties = _new_output_properties(cfg, rows.schema, _write_mode(run, plan)[1])
-        commit = _overwrite(run, plan, rows, cfg.output, txn, table_properties=properties,
-                            overwrite_schema=targets.replaces_layout)
+        commit = _overwrite(
+            run, plan, rows, cfg.output, txn, table_properties=properties, overwrite_schema=targets.replaces_layout
+        )
         if commit.rows is not None and commit.rows != accounting.published_rows:
-            raise RuntimeError(f"published {commit.rows} rows to {cfg.output} but validated {accounting.published_rows}")
+            raise RuntimeError(
+                f"published {commit.rows} rows to {cfg.output} but validated {accounting.published_rows}"
+            )
         delta_version, deleted = commit.version, (0 if plan.changes is not None else None)
         chunk_rows_deleted = deleted if cfg.chunked else None
     at_point("publish_committed")
-    errors_version = _overwrite(run, plan, errors_rows(run, plan, accounting), targets.errors_ref, txn,
-                                overwrite_schema=targets.errors_layout_replaced).version
+    errors_version = _overwrite(
+        run,
+        plan,
+        errors_rows(run, plan, accounting),
+        targets.errors_ref,
+        txn,
+        overwrite_schema=targets.errors_layout_replaced,
+    ).version
     at_point("errors_committed")
     own = [table for table in (plan.prepared, plan.changed, plan.staging) if table is not None]
     stale = drop_stale_staging(run.spark, cfg.output, cfg.write.staging, run.started, {t.location for t in own})
     for table in own:
         table.drop()
-    return Outcome("succeeded", delta_version=delta_version, errors_delta_version=errors_version, rows_deleted=deleted,
-                   chunk_rows_deleted=chunk_rows_deleted, staging_removed=tuple(stale))
+    return Outcome(
+        "succeeded",
+        delta_version=delta_version,
+        errors_delta_version=errors_version,
+        rows_deleted=deleted,
+        chunk_rows_deleted=chunk_rows_deleted,
+        staging_removed=tuple(stale),
+    )
 
 
-def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame,
-                  tag: str) -> tuple[Optional[int], int, Optional[int]]:
+def apply_changes(
+    run: RunContext, plan: Plan, accounting: Accounting, rows: DataFrame, tag: str
+) -> tuple[int | None, int, int | None]:
     """Incremental mode on an existing output: one ``MERGE`` that upserts ``rows`` (this run's scored rows) and deletes
     the ids whose input now fails (errors table) and, with ``write.delete_missing``, the ids missing from the input.
 
@@ -170,8 +222,15 @@ def apply_changes(run: RunContext, plan: Plan, accounting: Accounting, rows: Dat
     source = rows.withColumn(MERGE_OP, F.lit("upsert")).unionByName(
         removed.withColumn(MERGE_OP, F.lit("delete")), allowMissingColumns=True
     )
-    commit = merge_delta(source, cfg.output, keys, rows.columns, f"lakescore_changes_{plan.staging.key}", tag,
-                         accounting.snapshot.publish_txn)
+    commit = merge_delta(
+        source,
+        cfg.output,
+        keys,
+        rows.columns,
+        f"lakescore_changes_{plan.staging.key}",
+        tag,
+        accounting.snapshot.publish_txn,
+    )
     if commit.inserted + commit.updated != accounting.published_rows:
         raise RuntimeError(
             f"merged {commit.inserted} new and {commit.updated} updated rows into {cfg.output} "
@@ -218,12 +277,16 @@ def _stale_chunks(run: RunContext, plan: Plan, removed: DataFrame, rows: DataFra
     ids, keyed = list(run.cfg.id_cols), list(run.cfg.output_key_cols)
     documents = removed.unionByName(rows.select(*id_columns(ids))).distinct()
     output = read_input(run.spark, run.cfg.output, "delta", version=plan.changes.previous_version)
-    return (output.select(*id_columns(keyed)).join(documents, on=ids, how="left_semi")
-            .join(rows.select(*id_columns(keyed)), on=keyed, how="left_anti"))
+    return (
+        output.select(*id_columns(keyed))
+        .join(documents, on=ids, how="left_semi")
+        .join(rows.select(*id_columns(keyed)), on=keyed, how="left_anti")
+    )
 
 
-def refusal(cfg, accounting: Accounting, validation: Optional[dict[str, Any]],
-            drift: Optional[dict[str, Any]] = None) -> Optional[str]:
+def refusal(
+    cfg, accounting: Accounting, validation: dict[str, Any] | None, drift: dict[str, Any] | None = None
+) -> str | None:
     """The status of a run that must not publish (error rate, then validation, then drift); ``None`` when it may."""
     if accounting.error_rate > cfg.max_error_rate:
         return "error_rate_exceeded"
@@ -242,8 +305,12 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
     if changes is None:
         carry, digest = (), None
     else:
-        carry = (F.lit(changes.model_sha256).alias("model_sha256"), F.lit(changes.spec.digest).alias("spec_digest"),
-                 F.lit(plan.run_id).alias("first_run_id"), F.lit(False).alias("carried"))
+        carry = (
+            F.lit(changes.model_sha256).alias("model_sha256"),
+            F.lit(changes.spec.digest).alias("spec_digest"),
+            F.lit(plan.run_id).alias("first_run_id"),
+            F.lit(False).alias("carried"),
+        )
         digest = F.col(DIGEST_COLUMN).alias("input_digest")
     errors = unscored_rows(accounting.staged, cfg.id_cols, plan.run_id, *([digest, *carry] if carry else []))
     named = template_columns(cfg.prompt_template) if cfg.prompt_template else ()
@@ -253,12 +320,14 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
         errors = name_null_column(errors, cfg.column_setting, cfg.input_col)
     if plan.split.ids.refused_rows:
         no_digest = F.lit(None).cast("string").alias("input_digest")
-        errors = refused_rows(plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id,
-                              *([no_digest, *carry] if carry else [])).unionByName(errors)
+        errors = refused_rows(
+            plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id, *([no_digest, *carry] if carry else [])
+        ).unionByName(errors)
     carried = changes.carried() if changes is not None else None
     if carried is not None:
-        errors = errors.unionByName(carried_rows(carried, cfg.id_cols, plan.run_id, changes.model_sha256,
-                                                 changes.spec.digest))
+        errors = errors.unionByName(
+            carried_rows(carried, cfg.id_cols, plan.run_id, changes.model_sha256, changes.spec.digest)
+        )
     return errors
 
 
@@ -269,13 +338,16 @@ which cost as much as the rest of writing a cheap model's output (BENCHMARKS.md,
 _STATS_TYPES = (NumericType, StringType, BooleanType, DateType, TimestampType, TimestampNTZType)
 
 
-def _new_output_properties(cfg: JobConfig, schema: StructType, partition_by: Optional[str]) -> dict[str, str]:
+def _new_output_properties(cfg: JobConfig, schema: StructType, partition_by: str | None) -> dict[str, str]:
     """Delta properties of an output this run creates with ``schema`` (partitioned by ``partition_by``): statistics
     on the columns readers filter by (``delta.dataSkippingStatsColumns``: the ids and key columns, the predictions
     Delta keeps statistics for, rank and run id, unless it is the partition column; none of :data:`_UNFILTERED`), and
     deletion vectors for incremental outputs (``write.deletion_vectors``), so later MERGEs write what changed, not
     every file it touches."""
-    skipped = {*_UNFILTERED, partition_by}  # a partition column has no statistics, and Delta refuses to be asked for any
+    skipped = {
+        *_UNFILTERED,
+        partition_by,
+    }  # a partition column has no statistics, and Delta refuses to be asked for any
     filtered = [f.name for f in schema if f.name not in skipped and isinstance(f.dataType, _STATS_TYPES)]
     properties = {STATS_COLUMNS: ",".join(map(quote_identifier, filtered))}
     if cfg.write.mode == "incremental" and cfg.write.deletion_vectors:
@@ -283,18 +355,20 @@ def _new_output_properties(cfg: JobConfig, schema: StructType, partition_by: Opt
     return properties
 
 
-def _overwrite(run: RunContext, plan: Plan, rows: DataFrame, ref: str, txn: Optional[tuple[str, int]],
-               **options) -> DeltaCommit:
+def _overwrite(
+    run: RunContext, plan: Plan, rows: DataFrame, ref: str, txn: tuple[str, int] | None, **options
+) -> DeltaCommit:
     """Overwrite ``ref`` with ``rows`` as the write mode says (:func:`_write_mode`), tagged with the run's tag, and
     return the run's own commit: found by that tag, since under concurrency the latest may be another writer's."""
     ref = TableRef.parse(ref)
     replace_where, partition_by = _write_mode(run, plan)
-    write_delta(rows, ref, replace_where=replace_where, partition_by=partition_by, user_metadata=plan.tag, txn=txn,
-                **options)
+    write_delta(
+        rows, ref, replace_where=replace_where, partition_by=partition_by, user_metadata=plan.tag, txn=txn, **options
+    )
     return own_commit(run.spark, ref, plan.tag)
 
 
-def _write_mode(run: RunContext, plan: Plan) -> tuple[Optional[str], Optional[str]]:
+def _write_mode(run: RunContext, plan: Plan) -> tuple[str | None, str | None]:
     """``(replaceWhere predicate, partition column)`` of the output and errors writes."""
     if run.cfg.write.mode != "replace_run":
         return None, None
@@ -314,4 +388,6 @@ def _raw_input(run: RunContext):
     if not isinstance(run.source.schema[shown].dataType, BinaryType):
         return value
     size = F.length(value)
-    return F.when(size == 0, F.lit("0 bytes")).otherwise(F.concat(size.cast("string"), F.lit(" bytes, sha256 "), F.sha2(value, 256)))
+    return F.when(size == 0, F.lit("0 bytes")).otherwise(
+        F.concat(size.cast("string"), F.lit(" bytes, sha256 "), F.sha2(value, 256))
+    )

@@ -28,7 +28,6 @@ and the publish's MERGE replaces the key's rows whole.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -38,10 +37,23 @@ from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import id_columns
 from lakescore.schemas.output import (
-    DIGEST_COLUMN, ERROR_COLUMNS, KEY_DIGEST_COLUMN, RANK_COLUMN, WORKER_COLUMN, WORKER_METRICS,
+    DIGEST_COLUMN,
+    ERROR_COLUMNS,
+    KEY_DIGEST_COLUMN,
+    RANK_COLUMN,
+    WORKER_COLUMN,
+    WORKER_METRICS,
 )
 
-__all__ = ["RANKED_OUT_COLUMN", "PASSES_COLUMN", "chunk_columns", "ranks_with_tallies", "keep_top", "is_tally", "key_digest"]
+__all__ = [
+    "RANKED_OUT_COLUMN",
+    "PASSES_COLUMN",
+    "chunk_columns",
+    "ranks_with_tallies",
+    "keep_top",
+    "is_tally",
+    "key_digest",
+]
 
 RANKED_OUT_COLUMN = "__lakescore_ranked_out"
 """Without tally rows, on each key's best staged row: how many of the key's scored rows were ranked out (not staged);
@@ -69,7 +81,7 @@ def is_tally() -> Column:
     return F.col(RANK_COLUMN).isNull() & F.col(ERROR_COLUMNS[0]).isNull()
 
 
-def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representative: Optional[str] = None) -> DataFrame:
+def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representative: str | None = None) -> DataFrame:
     """``scored`` (one chunk's scored rows, every row of each of its keys) with the rows past ``rank.top_k`` per key
     dropped, the kept rows with :data:`RANK_COLUMN`. Rows that failed to score stay as they are (rank null), and so do
     tally rows (a chunk scored with them: :func:`ranks_with_tallies`). Otherwise each key's first row gets
@@ -80,7 +92,10 @@ def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representativ
         return _keep_top_before_shuffle(cfg, scored)
     failed = F.col(ERROR_COLUMNS[0]).isNotNull()
     by = column(cfg.rank.order_by)
-    order = [by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(), *[c.asc() for c in id_columns(cfg.id_cols)]]
+    order = [
+        by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(),
+        *[c.asc() for c in id_columns(cfg.id_cols)],
+    ]
     # Failed rows form their own partitions (never ranked); one ordered window with an unbounded frame for the key's
     # totals, so Spark ranks and totals in one sort.
     window = Window.partitionBy(*id_columns(cfg.rank.partition_by), failed).orderBy(*order)
@@ -96,8 +111,10 @@ def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representativ
         added[PASSES_COLUMN] = F.when(first, F.count(F.when(F.col(representative), True)).over(whole))
     if incremental:
         added[KEY_DIGEST_COLUMN] = F.when(~failed, key_digest(cfg, over=whole))
-    ranked = scored.select(*[column(c) for c in scored.columns if c not in added and c != representative],
-                           *[value.alias(name) for name, value in added.items()])
+    ranked = scored.select(
+        *[column(c) for c in scored.columns if c not in added and c != representative],
+        *[value.alias(name) for name, value in added.items()],
+    )
     return ranked.where(failed | (F.col(RANK_COLUMN) <= cfg.rank.top_k))
 
 
@@ -111,7 +128,8 @@ def _keep_top_before_shuffle(cfg: JobConfig, scored: DataFrame) -> DataFrame:
     # (every column of theirs is null), where they all tie at 1; scored rows never tie, their ids being unique. The
     # order columns go to the shuffle as they are (no expression over them).
     window = Window.partitionBy(*id_columns(cfg.rank.partition_by), F.when(unranked, F.struct(*ids))).orderBy(
-        by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(), *[c.asc() for c in ids])
+        by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(), *[c.asc() for c in ids]
+    )
     place = "__lakescore_place"
     kept = scored.withColumn(place, F.rank().over(window)).where(F.col(place) <= cfg.rank.top_k)
     return kept.withColumn(RANK_COLUMN, F.when(~unranked, F.col(place))).drop(place)
@@ -119,11 +137,15 @@ def _keep_top_before_shuffle(cfg: JobConfig, scored: DataFrame) -> DataFrame:
 
 def _key_metrics(whole) -> Column:
     """The workers' per-batch metrics summed over a key's scored rows (each batch's rode on one of them)."""
-    return F.struct(*[F.sum(F.col(f"{WORKER_COLUMN}.{f.name}")).over(whole).cast(f.dataType).alias(f.name)
-                      for f in WORKER_METRICS.fields])
+    return F.struct(
+        *[
+            F.sum(F.col(f"{WORKER_COLUMN}.{f.name}")).over(whole).cast(f.dataType).alias(f.name)
+            for f in WORKER_METRICS.fields
+        ]
+    )
 
 
-def key_digest(cfg, over: Optional[WindowSpec] = None) -> Column:
+def key_digest(cfg, over: WindowSpec | None = None) -> Column:
     """An aggregate over one rank key's rows (``over``: as a window function over each key's rows): SHA-256 (hex) of
     the rank settings and the key's rows, each the JSON of its id column(s) and :data:`DIGEST_COLUMN`, sorted (so
     neither row order nor partitioning changes it). The output stores it on each of the key's rows

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -22,27 +22,52 @@ from pyspark.sql.types import StringType, StructType
 from lakescore.jobs.config import ConfigError, JobConfig
 from lakescore.jobs.platform.files.hadoop_files import FILE_STATUS, file_bytes, file_status
 from lakescore.jobs.platform.files.model_staging import stage_model
-from lakescore.jobs.platform.spark.session import get_or_create_session
-from lakescore.jobs.references import parse_table_name, require_catalog_accepts
 from lakescore.jobs.platform.spark.adapter import NotOnConnect, can_delete_paths, rows_counter
+from lakescore.jobs.platform.spark.session import get_or_create_session
 from lakescore.jobs.platform.tables import (
-    OutputColumnsError, TableError, TableRef, check_output_target, check_writable_path, column, delta_history, is_delta,
-    is_path, last_commit, read_files, read_input, read_pinned,
+    OutputColumnsError,
+    TableError,
+    TableRef,
+    check_output_target,
+    check_writable_path,
+    column,
+    delta_history,
+    is_delta,
+    is_path,
+    last_commit,
+    read_files,
+    read_input,
+    read_pinned,
 )
+from lakescore.jobs.references import parse_table_name, require_catalog_accepts
 from lakescore.jobs.steps.context import PythonWorkerStart, RunContext, Targets, scoring_layout
 from lakescore.jobs.steps.staging import staging_location
 from lakescore.schemas.contracts import (
-    FILE_COLUMN, IMAGE_COLUMN, PROMPT_COLUMN, FeatureInputContract, InputContractError, PromptInputContract, one_column_contract,
+    FILE_COLUMN,
+    IMAGE_COLUMN,
+    PROMPT_COLUMN,
+    FeatureInputContract,
+    InputContractError,
+    PromptInputContract,
+    one_column_contract,
     resolve_feature_cols,
 )
 from lakescore.schemas.output import column_types, errors_schema, output_schema
-from lakescore.udfs.options.generate import template_columns, template_parts
 from lakescore.udfs.models.model_source import ModelSpec, needs_staging, resolve_model_dir
+from lakescore.udfs.options.generate import template_columns, template_parts
 from lakescore.udfs.registry import get_task
 
 __all__ = [
-    "model_spec", "resolve_model", "model_input", "open_input", "read_source", "check_table_names", "check_writable",
-    "check_targets", "check_drift_baseline", "check_paths_writable",
+    "model_spec",
+    "resolve_model",
+    "model_input",
+    "open_input",
+    "read_source",
+    "check_table_names",
+    "check_writable",
+    "check_targets",
+    "check_drift_baseline",
+    "check_paths_writable",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,8 +79,9 @@ def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
     kind = cfg.input_kind
     other = kind.name if kind is not get_task(cfg.task).input_kind else None
     section = get_task(cfg.task).options_section
-    return ModelSpec.of(cfg.task, cfg.model, feature_cols, input_kind=other,
-                        **({section: cfg.task_options()} if section else {}))
+    return ModelSpec.of(
+        cfg.task, cfg.model, feature_cols, input_kind=other, **({section: cfg.task_options()} if section else {})
+    )
 
 
 IMAGE_READER_BATCH_ROWS = 64
@@ -73,7 +99,7 @@ def session_defaults(cfg: JobConfig) -> dict[str, str]:
     return {"spark.sql.parquet.columnarReaderBatchSize": rows, "spark.sql.orc.columnarReaderBatchSize": rows}
 
 
-def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunContext:
+def open_input(cfg: JobConfig, spark: SparkSession | None = None) -> RunContext:
     """Resolve the model, take or build the session, read ``cfg.input`` pinned to one snapshot
     (:func:`~lakescore.jobs.platform.tables.read_pinned`) and check its contract.
 
@@ -83,8 +109,14 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     """
     check_table_names(cfg)
     worker_imports = get_task(cfg.task).worker_imports(model_spec(cfg).backend, cfg.input_kind)
-    session = functools.cache(lambda: spark or get_or_create_session(
-        cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(), session_defaults(cfg))[0])
+    session = functools.cache(
+        lambda: (
+            spark
+            or get_or_create_session(
+                cfg.spark, storage_refs(cfg), worker_imports, cfg.secret_env_names(), session_defaults(cfg)
+            )[0]
+        )
+    )
     spec, model_dir = resolve_model(cfg, session)  # a missing local model fails here, before the session
     spark = session()
     layout = scoring_layout(spark, cfg)
@@ -98,13 +130,24 @@ def open_input(cfg: JobConfig, spark: Optional[SparkSession] = None) -> RunConte
     if not cfg.column_setting:
         spec = dataclasses.replace(spec, feature_cols=input_cols)
     return RunContext(
-        cfg, spark, source, input_cols, spec, layout, rows_counter(spark), model_dir, input_version, worker_start,
-        ignored_files=ignored, input_pinned=_pinned(cfg, input_version),
+        cfg,
+        spark,
+        source,
+        input_cols,
+        spec,
+        layout,
+        rows_counter(spark),
+        model_dir,
+        input_version,
+        worker_start,
+        ignored_files=ignored,
+        input_pinned=_pinned(cfg, input_version),
     )
 
 
-def resolve_model(cfg: JobConfig, session: Callable[[], SparkSession],
-                  feature_cols: tuple[str, ...] = ()) -> tuple[ModelSpec, Optional[Path]]:
+def resolve_model(
+    cfg: JobConfig, session: Callable[[], SparkSession], feature_cols: tuple[str, ...] = ()
+) -> tuple[ModelSpec, Path | None]:
     """The model spec of ``cfg`` (:func:`model_spec`) and the model's directory on this host: a Hadoop URI or an MLflow
     model staged first through ``session()`` (called only then), a local one found or
     :class:`~lakescore.udfs.models.model_source.ModelSourceError`; ``None`` for a model served elsewhere (no source,
@@ -117,20 +160,25 @@ def resolve_model(cfg: JobConfig, session: Callable[[], SparkSession],
     return spec, resolve_model_dir(spec.source, spec.revision)
 
 
-def _pinned(cfg: JobConfig, input_version: Optional[int]) -> bool:
+def _pinned(cfg: JobConfig, input_version: int | None) -> bool:
     """Whether :func:`read_source` pinned the input to one snapshot: a Delta version, or a Parquet path's listing (a
     table of another format is read as it is)."""
     return input_version is not None or (cfg.input_format != "images" and TableRef.parse(cfg.input, "input").is_path)
 
 
-def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, Optional[int], Optional[int]]:
+def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, int | None, int | None]:
     """``cfg.input`` read at one snapshot (:func:`~lakescore.jobs.platform.tables.read_pinned`): ``(DataFrame, Delta
     version, None)``; for ``input_format`` ``images`` the folder's files of the task's extensions
     (:func:`~lakescore.jobs.platform.tables.read_files`): ``(DataFrame, None, other files ignored)``."""
     if cfg.input_format != "images":
         return (*read_pinned(spark, cfg.input, cfg.input_format), None)
     source, ignored = read_files(spark, cfg.input, cfg.input_kind.file_extensions)
-    log.info("input folder %s: %d other file(s) ignored (not %s)", cfg.input, ignored, "/".join(cfg.input_kind.file_extensions))
+    log.info(
+        "input folder %s: %d other file(s) ignored (not %s)",
+        cfg.input,
+        ignored,
+        "/".join(cfg.input_kind.file_extensions),
+    )
     return with_empty_files(source), None, ignored
 
 
@@ -183,7 +231,12 @@ def check_writable(run: RunContext) -> None:
 
 def _table_refs(cfg: JobConfig) -> list[tuple[str, str]]:
     """``(what, reference)`` of every table (not path) the run reads or writes."""
-    refs = [("input", cfg.input), ("output", cfg.output), ("errors", cfg.errors_ref()), ("write.staging", cfg.write.staging)]
+    refs = [
+        ("input", cfg.input),
+        ("output", cfg.output),
+        ("errors", cfg.errors_ref()),
+        ("write.staging", cfg.write.staging),
+    ]
     return [(what, ref) for what, ref in refs if ref and not is_path(ref)]
 
 
@@ -196,8 +249,15 @@ def check_targets(run: RunContext) -> Targets:
     files = incremental and not ranked and run.reads_paths
 
     def schema(incremental: bool, files: bool) -> StructType:
-        return output_schema(cfg.task, *run.row_fields, incremental=incremental, ranked=ranked, file_status=files,
-                             asked=cfg.asked_outputs(), chunked=cfg.chunked)
+        return output_schema(
+            cfg.task,
+            *run.row_fields,
+            incremental=incremental,
+            ranked=ranked,
+            file_status=files,
+            asked=cfg.asked_outputs(),
+            chunked=cfg.chunked,
+        )
 
     planned = schema(incremental, files)
     try:
@@ -211,7 +271,9 @@ def check_targets(run: RunContext) -> Targets:
             if not replaces_layout:
                 planned, files = schema(True, False), False
             return _targets(run, planned, previous_version, replaces_layout, files)
-        others = [schema(not incremental, False)] + ([schema(True, True)] if run.reads_paths and not ranked and not incremental else [])
+        others = [schema(not incremental, False)] + (
+            [schema(True, True)] if run.reads_paths and not ranked and not incremental else []
+        )
         if existing not in [column_types(other) for other in others]:
             raise
         _refuse_layout_switch(cfg)
@@ -219,8 +281,9 @@ def check_targets(run: RunContext) -> Targets:
     return _targets(run, planned, previous_version, replaces_layout, files)
 
 
-def _targets(run: RunContext, planned: StructType, previous_version: Optional[int], replaces_layout: bool,
-             file_status: bool) -> Targets:
+def _targets(
+    run: RunContext, planned: StructType, previous_version: int | None, replaces_layout: bool, file_status: bool
+) -> Targets:
     """:class:`Targets` for ``planned``, once the errors table and the paths the run writes are checked too."""
     cfg = run.cfg
     incremental = cfg.write.mode == "incremental"
@@ -239,13 +302,22 @@ def _targets(run: RunContext, planned: StructType, previous_version: Optional[in
         errors_layout_replaced = True
     check_paths_writable(run)
     check_drift_baseline(run, previous_version)
-    carried = (incremental and not errors_layout_replaced and previous_version is not None
-               and is_delta(run.spark, errors_ref))
-    return Targets(planned, planned_errors, errors_ref, previous_version, replaces_layout, file_status,
-                   errors_layout_replaced, carried)
+    carried = (
+        incremental and not errors_layout_replaced and previous_version is not None and is_delta(run.spark, errors_ref)
+    )
+    return Targets(
+        planned,
+        planned_errors,
+        errors_ref,
+        previous_version,
+        replaces_layout,
+        file_status,
+        errors_layout_replaced,
+        carried,
+    )
 
 
-def check_drift_baseline(run: RunContext, latest: Optional[int]) -> None:
+def check_drift_baseline(run: RunContext, latest: int | None) -> None:
     """Raise :class:`~lakescore.jobs.config.ConfigError` when ``validation.drift.baseline`` names a version of the
     output (whose latest is ``latest``) that cannot be read or lacks a column the drift gate compares: the gate
     would otherwise publish unchecked. Only an output that does not exist yet passes (the drift step notes it)."""
@@ -263,12 +335,16 @@ def check_drift_baseline(run: RunContext, latest: Optional[int]) -> None:
             missing = [c for c in get_task(cfg.task).output_profile(cfg.task_options()).columns if c not in columns]
             if not missing:
                 return
-            raise ConfigError(f"{key}, but version {version} of output {cfg.output!r} has no column {missing[0]!r} "
-                              "to compare with; name a version this task wrote, or previous")
+            raise ConfigError(
+                f"{key}, but version {version} of output {cfg.output!r} has no column {missing[0]!r} "
+                "to compare with; name a version this task wrote, or previous"
+            )
     versions = sorted(entry.version for entry in delta_history(run.spark, cfg.output))
     held = f"versions {versions[0]} to {versions[-1]}" if len(versions) > 1 else f"only version {versions[0]}"
-    raise ConfigError(f"{key}, but output {cfg.output!r} has no readable version {version} (it has {held}); "
-                      "name one of those, or previous")
+    raise ConfigError(
+        f"{key}, but output {cfg.output!r} has no readable version {version} (it has {held}); "
+        "name one of those, or previous"
+    )
 
 
 def _refuse_layout_switch(cfg: JobConfig) -> None:
@@ -300,7 +376,7 @@ def check_paths_writable(run: RunContext) -> None:
             check_writable_path(run.spark, ref, what)
 
 
-def model_input(cfg: JobConfig, source: DataFrame, where: Optional[str] = None) -> tuple[DataFrame, tuple[str, ...]]:
+def model_input(cfg: JobConfig, source: DataFrame, where: str | None = None) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` with the model's input columns, after checking the input contract on the schema (no compute): the
     text or image column, the feature columns, (a prompted task with ``generate.prompt_template``) the rendered
     prompt, added as :data:`~lakescore.schemas.contracts.PROMPT_COLUMN`, or (an image column of paths) each file's
@@ -310,14 +386,17 @@ def model_input(cfg: JobConfig, source: DataFrame, where: Optional[str] = None) 
     where = where or f"input {cfg.input!r}"
     for name in cfg.rank.partition_by:
         if name not in source.columns:
-            raise InputContractError(f"rank.partition_by column {name!r} not found in {where}; available columns: "
-                                     f"{', '.join(source.columns)}")
+            raise InputContractError(
+                f"rank.partition_by column {name!r} not found in {where}; available columns: "
+                f"{', '.join(source.columns)}"
+            )
     kind = cfg.input_kind
     if cfg.prompt_template and not kind.prompted:
         return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
     if kind.prompted and not cfg.prompt_template:  # the job's config refuses these first (require_for_scoring)
         raise ConfigError(
-            f"task {cfg.task!r} with {kind.column_setting} reads each image with a prompt: pass prompt_template")
+            f"task {cfg.task!r} with {kind.column_setting} reads each image with a prompt: pass prompt_template"
+        )
     if kind.one_column and not cfg.input_col:
         hint = " (or prompt_template)" if kind.row_keys else ""
         raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
@@ -338,9 +417,12 @@ def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, w
     in Spark makes the prompt the model's input everywhere: its digest, dedup, and the errors table's raw input."""
     PromptInputContract(id_cols, template_columns(template)).check(source.schema, where)
     if PROMPT_COLUMN in source.columns:
-        raise InputContractError(f"{where} has a column named {PROMPT_COLUMN!r}, which lakescore renders prompts into; rename it")
+        raise InputContractError(
+            f"{where} has a column named {PROMPT_COLUMN!r}, which lakescore renders prompts into; rename it"
+        )
     parts = [
-        part for literal, name in template_parts(template)
+        part
+        for literal, name in template_parts(template)
         for part in ([F.lit(literal)] if literal else []) + ([column(name).cast("string")] if name else [])
     ]
     return source.withColumn(PROMPT_COLUMN, F.concat(*parts) if parts else F.lit(""))
@@ -372,11 +454,15 @@ def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: st
     one is missing, where a missing file must be one row's ``missing_file``."""
     for name in (IMAGE_COLUMN, FILE_COLUMN):
         if name in source.columns:
-            raise InputContractError(f"{where} has a column named {name!r}, which lakescore reads image files into; rename it")
+            raise InputContractError(
+                f"{where} has a column named {name!r}, which lakescore reads image files into; rename it"
+            )
     path = column(path_col)
     status = file_status(source.sparkSession, path)
     described = F.struct(path.alias("path"), *[status[f.name].alias(f.name) for f in FILE_STATUS.fields])
-    return source.withColumn(FILE_COLUMN, described).withColumn(IMAGE_COLUMN, file_bytes(source.sparkSession, path, max_bytes))
+    return source.withColumn(FILE_COLUMN, described).withColumn(
+        IMAGE_COLUMN, file_bytes(source.sparkSession, path, max_bytes)
+    )
 
 
 def storage_refs(cfg: JobConfig) -> tuple[str, ...]:

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any
 
-from lakescore.jobs.platform.spark.adapter import session_facts
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import run_cost, session_resources
+from lakescore.jobs.platform.spark.adapter import session_facts
 from lakescore.jobs.report.model import RunReport, software_versions
 from lakescore.jobs.report.text import drift_text, one_line
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.batch_ledger import BatchLedger
-from lakescore.jobs.steps.provider_batch import batch_summary
 from lakescore.jobs.steps.clock import RunStop, StepClock
-from lakescore.jobs.steps.publish import Outcome
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
+from lakescore.jobs.steps.provider_batch import batch_summary
+from lakescore.jobs.steps.publish import Outcome
 from lakescore.udfs.options.remote import MODELS_LISTING
 
 __all__ = ["assemble_report", "failure_report", "refusal_reason", "gate_text"]
@@ -28,11 +28,11 @@ def assemble_report(
     targets: Targets,
     plan: Plan,
     accounting: Accounting,
-    validation: Optional[dict[str, Any]],
+    validation: dict[str, Any] | None,
     outcome: Outcome,
     clock: StepClock,
-    profile: Optional[dict[str, Any]] = None,
-    drift: Optional[dict[str, Any]] = None,
+    profile: dict[str, Any] | None = None,
+    drift: dict[str, Any] | None = None,
 ) -> RunReport:
     """The report of a run that reached its publish decision (whatever the decision was); ``profile``:
     the samples the HTML report draws (:mod:`lakescore.jobs.steps.report_data`); ``drift``: the drift gate's figures
@@ -48,7 +48,9 @@ def assemble_report(
         model_id=identity.model_id,
         model_revision=identity.revision,
         model_sha256=identity.sha256,
-        model_listing=json.loads(identity.model_files[MODELS_LISTING]) if MODELS_LISTING in identity.model_files else None,
+        model_listing=json.loads(identity.model_files[MODELS_LISTING])
+        if MODELS_LISTING in identity.model_files
+        else None,
         input_version=run.input_version,
         input_rows=accounting.input_rows,
         ignored_files=run.ignored_files,
@@ -81,11 +83,15 @@ def assemble_report(
         step_seconds={k: round(v, 3) for k, v in clock.seconds.items()},
         workers=_with_token_rate(accounting.workers, clock.seconds.get("score_stage")),
         cost=run_cost(
-            seconds=seconds, stage_seconds=clock.seconds.get("score_stage") or 0.0,
+            seconds=seconds,
+            stage_seconds=clock.seconds.get("score_stage") or 0.0,
             worker_seconds=accounting.workers.get("model_seconds") or 0.0,
-            rows_scored=accounting.output_rows, resources=session_resources(run.spark, cfg, run.layout.profile is not None),
-            gpus=identity.gpus, price_per_core_hour=cfg.resources.price_per_core_hour,
-            price_per_gpu_hour=cfg.resources.price_per_gpu_hour, token_cost=_token_cost(cfg, accounting.workers),
+            rows_scored=accounting.output_rows,
+            resources=session_resources(run.spark, cfg, run.layout.profile is not None),
+            gpus=identity.gpus,
+            price_per_core_hour=cfg.resources.price_per_core_hour,
+            price_per_gpu_hour=cfg.resources.price_per_gpu_hour,
+            token_cost=_token_cost(cfg, accounting.workers),
             token_cost_unmetered=accounting.workers.get("unmetered") or 0,
         ),
         spark=session_facts(run.spark),
@@ -97,8 +103,9 @@ def assemble_report(
     )
 
 
-def refusal_reason(status: str, cfg: JobConfig, targets: Optional[Targets], accounting: Accounting,
-                   drift: Optional[dict[str, Any]] = None) -> Optional[str]:
+def refusal_reason(
+    status: str, cfg: JobConfig, targets: Targets | None, accounting: Accounting, drift: dict[str, Any] | None = None
+) -> str | None:
     """Why a run with ``status`` (:func:`~lakescore.jobs.steps.publish.refusal`'s) was not published, in one line;
     ``None`` for a run that published."""
     if status == "error_rate_exceeded":
@@ -122,11 +129,13 @@ def gate_text(accounting: Accounting) -> str:
     aside = [f"{accounting.rows_kept:,} kept unchanged"] if accounting.rows_kept else []
     if accounting.rows_carried:
         aside.append(f"{accounting.rows_carried:,} dead letters carried from earlier runs, not new")
-    return (f"{new:,} new failure{'' if new == 1 else 's'} of {accounting.input_rows:,} rows in the output's scope "
-            f"({accounting.error_rate:.4%}{'; ' + ', '.join(aside) if aside else ''})")
+    return (
+        f"{new:,} new failure{'' if new == 1 else 's'} of {accounting.input_rows:,} rows in the output's scope "
+        f"({accounting.error_rate:.4%}{'; ' + ', '.join(aside) if aside else ''})"
+    )
 
 
-def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
+def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> float | None:
     """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
     ``None`` without a price."""
     price = getattr(cfg.endpoint(), "price", None)
@@ -141,7 +150,7 @@ def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> Optional[float]:
     return per_row + (cost - per_row) * price.batch
 
 
-def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> dict[str, Any] | None:
     """A provider batch run's batches, lines and resubmissions from its ledger, and what the batch price saved."""
     cfg = run.cfg
     if not cfg.provider_batch:
@@ -150,11 +159,13 @@ def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> Opt
     price = cfg.endpoint().price
     if price is not None:
         per_row = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
-        summary.update(token_cost_per_row=round(per_row, 6), saving=round(per_row - (_token_cost(cfg, workers) or 0), 6))
+        summary.update(
+            token_cost_per_row=round(per_row, 6), saving=round(per_row - (_token_cost(cfg, workers) or 0), 6)
+        )
     return summary
 
 
-def _with_token_rate(workers: dict[str, Any], stage_seconds: Optional[float]) -> dict[str, Any]:
+def _with_token_rate(workers: dict[str, Any], stage_seconds: float | None) -> dict[str, Any]:
     """``workers`` plus, for a run that generated tokens, ``tokens_per_second``: generated tokens over the scoring
     stage's wall seconds (what a run's cost per token follows)."""
     if not workers.get("tokens_out") or not stage_seconds:
@@ -162,8 +173,9 @@ def _with_token_rate(workers: dict[str, Any], stage_seconds: Optional[float]) ->
     return {**workers, "tokens_per_second": round(workers["tokens_out"] / stage_seconds, 1)}
 
 
-def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed",
-                   clock: Optional[StepClock] = None) -> RunReport:
+def failure_report(
+    cfg: JobConfig, exc: BaseException, status: str = "failed", clock: StepClock | None = None
+) -> RunReport:
     """The report of a run that raised ``exc``: what it was asked to do and the one-line reason; when ``exc`` stopped
     it in a step of ``clock`` (:meth:`~lakescore.jobs.steps.clock.StepClock.stop_of`), also when it started, how long
     it ran and its steps' times so far, the step it stopped in and what is staged; no row counts (none were
@@ -190,7 +202,7 @@ def failure_report(cfg: JobConfig, exc: BaseException, status: str = "failed",
     )
 
 
-def _chunks(stop: RunStop) -> Optional[dict[str, Any]]:
+def _chunks(stop: RunStop) -> dict[str, Any] | None:
     """What is staged for a rerun to resume from: the staging table, and chunks staged of the total when known."""
     if "staging" not in stop.facts:
         return None

@@ -27,9 +27,10 @@ as the report's ``profile`` and drawn by :mod:`lakescore.jobs.report.html`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +42,18 @@ from lakescore.jobs.platform.spark.background import in_background
 from lakescore.jobs.platform.tables import column
 
 __all__ = [
-    "SAMPLE_ROWS", "DEAD_LETTER_ROWS", "MAX_COLOURS", "collect_profile", "summarize_column", "summarize_input",
-    "histogram", "projection", "dead_letter_sample", "start_profile", "start_run_profile", "finish_profile",
+    "SAMPLE_ROWS",
+    "DEAD_LETTER_ROWS",
+    "MAX_COLOURS",
+    "collect_profile",
+    "summarize_column",
+    "summarize_input",
+    "histogram",
+    "projection",
+    "dead_letter_sample",
+    "start_profile",
+    "start_run_profile",
+    "finish_profile",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,10 +70,10 @@ PROJECTION_POINTS = 1000
 def collect_profile(
     *,
     inputs: DataFrame,
-    predictions: Optional[DataFrame],
-    errors: Optional[Callable[[], DataFrame]],
+    predictions: DataFrame | None,
+    errors: Callable[[], DataFrame] | None,
     throughput: Sequence[tuple[float, int]] = (),
-    model_dir: Optional[Path] = None,
+    model_dir: Path | None = None,
     sample_rows: int = SAMPLE_ROWS,
 ) -> dict[str, Any]:
     """The report's ``profile``: summaries of ``inputs`` (the model's input columns; a binary one as its values'
@@ -75,33 +86,45 @@ def collect_profile(
     Reads at most ``sample_rows`` rows of each DataFrame.
     """
     # An image column is summarised by its values' sizes, computed in Spark: its bytes never reach the driver
-    inputs = inputs.select(*[F.length(column(f.name)).alias(f.name) if isinstance(f.dataType, T.BinaryType) else column(f.name)
-                             for f in inputs.schema.fields])
+    inputs = inputs.select(
+        *[
+            F.length(column(f.name)).alias(f.name) if isinstance(f.dataType, T.BinaryType) else column(f.name)
+            for f in inputs.schema.fields
+        ]
+    )
     input_sample = inputs.limit(sample_rows).toArrow()
     tokenizer = _tokenizer(model_dir)
     summaries, sampled = [], 0
     if predictions is not None:
         prediction_sample = predictions.limit(sample_rows).toArrow()
-        summaries = [summarize_column(f.name, f.dataType, prediction_sample.column(f.name)) for f in predictions.schema.fields]
+        summaries = [
+            summarize_column(f.name, f.dataType, prediction_sample.column(f.name)) for f in predictions.schema.fields
+        ]
         summaries = [s for s in summaries if s is not None]
         _colour_projections(summaries, prediction_sample)
         sampled = prediction_sample.num_rows
     return {
         "sample_rows": sampled,
-        "inputs": [s for s in (summarize_input(f.name, f.dataType, input_sample.column(f.name), tokenizer)
-                               for f in inputs.schema.fields) if s is not None],
+        "inputs": [
+            s
+            for s in (
+                summarize_input(f.name, f.dataType, input_sample.column(f.name), tokenizer)
+                for f in inputs.schema.fields
+            )
+            if s is not None
+        ],
         "predictions": summaries,
         "dead_letters": dead_letter_sample(errors()) if errors is not None else None,
         "throughput": [[round(float(t), 2), int(rows)] for t, rows in throughput],
     }
 
 
-def start_profile(**arguments) -> "Future[dict[str, Any]]":
+def start_profile(**arguments) -> Future[dict[str, Any]]:
     """:func:`collect_profile` with ``arguments``, in a background thread (the run validates meanwhile)."""
     return in_background("report", collect_profile, **arguments)
 
 
-def start_run_profile(run, plan, accounting, throughput: Sequence[tuple[float, int]]) -> "Future[dict[str, Any]]":
+def start_run_profile(run, plan, accounting, throughput: Sequence[tuple[float, int]]) -> Future[dict[str, Any]]:
     """:func:`start_profile` for a run that reached validation: its input columns, the predictions it would
     publish (none when it scored no row: no empty charts) and its dead-lettered rows (read from staging, before
     the publish drops it)."""
@@ -110,14 +133,15 @@ def start_run_profile(run, plan, accounting, throughput: Sequence[tuple[float, i
     return start_profile(
         inputs=run.source.select(*[column(c) for c in run.input_cols]),
         predictions=accounting.published.select(*[F.col(f.name) for f in run.cfg.output_fields()])
-        if accounting.output_rows else None,
+        if accounting.output_rows
+        else None,
         errors=(lambda: errors_rows(run, plan, accounting)) if accounting.error_rows else None,
         throughput=throughput,
         model_dir=run.model_dir,
     )
 
 
-def finish_profile(future: "Future[dict[str, Any]]") -> Optional[dict[str, Any]]:
+def finish_profile(future: Future[dict[str, Any]]) -> dict[str, Any] | None:
     """The profile :func:`start_profile` computed, or ``None`` (and a warning) if that failed: the
     HTML report then lacks its charts, the run goes on."""
     try:
@@ -127,7 +151,7 @@ def finish_profile(future: "Future[dict[str, Any]]") -> Optional[dict[str, Any]]
         return None
 
 
-def summarize_column(name: str, dtype: T.DataType, values: pa.ChunkedArray) -> Optional[dict[str, Any]]:
+def summarize_column(name: str, dtype: T.DataType, values: pa.ChunkedArray) -> dict[str, Any] | None:
     """One prediction column's summary by its type (module table), or ``None`` for a type it does not draw."""
     if isinstance(dtype, T.StringType):
         return {"column": name, "kind": "categories", **_counts(values.to_pylist())}
@@ -141,7 +165,7 @@ def summarize_column(name: str, dtype: T.DataType, values: pa.ChunkedArray) -> O
     return None
 
 
-def summarize_input(name: str, dtype: T.DataType, values: pa.ChunkedArray, tokenizer=None) -> Optional[dict[str, Any]]:
+def summarize_input(name: str, dtype: T.DataType, values: pa.ChunkedArray, tokenizer=None) -> dict[str, Any] | None:
     """One input column's summary: text lengths (tokens with ``tokenizer``) or a numeric histogram."""
     if isinstance(dtype, T.StringType):
         texts = [v for v in values.to_pylist() if v is not None]
@@ -149,7 +173,12 @@ def summarize_input(name: str, dtype: T.DataType, values: pa.ChunkedArray, token
             lengths, unit = [len(e.ids) for e in tokenizer.encode_batch(texts)], "tokens"
         else:
             lengths, unit = [len(t) for t in texts], "characters"
-        return {"column": name, "kind": "lengths", "unit": unit, **_numbers(pa.chunked_array([pa.array(lengths, pa.int64())]))}
+        return {
+            "column": name,
+            "kind": "lengths",
+            "unit": unit,
+            **_numbers(pa.chunked_array([pa.array(lengths, pa.int64())])),
+        }
     if isinstance(dtype, T.NumericType):
         return {"column": name, "kind": "numeric", **_numbers(values)}
     return None
@@ -167,7 +196,7 @@ def histogram(values: np.ndarray, bins: int = 30) -> dict[str, list]:
     return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
 
 
-def projection(rows: Sequence[np.ndarray], points: int = PROJECTION_POINTS) -> Optional[dict[str, Any]]:
+def projection(rows: Sequence[np.ndarray], points: int = PROJECTION_POINTS) -> dict[str, Any] | None:
     """The first ``points`` vectors projected on their two principal components (numpy SVD),
     with each component's share of the variance; ``None`` for fewer than 3 vectors or dimensions."""
     same = [r for r in rows[:points] if r.shape == rows[0].shape] if rows else []
@@ -186,8 +215,16 @@ def projection(rows: Sequence[np.ndarray], points: int = PROJECTION_POINTS) -> O
 
 def dead_letter_sample(errors: DataFrame, rows: int = DEAD_LETTER_ROWS) -> dict[str, Any]:
     """Up to ``rows`` dead-lettered rows, every value as text cut at :data:`TEXT_LIMIT` characters."""
-    table = errors.select([F.col(c).cast("string").alias(c) if not isinstance(t, T.StringType) else column(c)
-                           for c, t in ((f.name, f.dataType) for f in errors.schema.fields)]).limit(rows).toArrow()
+    table = (
+        errors.select(
+            [
+                F.col(c).cast("string").alias(c) if not isinstance(t, T.StringType) else column(c)
+                for c, t in ((f.name, f.dataType) for f in errors.schema.fields)
+            ]
+        )
+        .limit(rows)
+        .toArrow()
+    )
     return {
         "columns": table.column_names,
         "rows": [[_cut(v) for v in row.values()] for row in table.to_pylist()],
@@ -195,7 +232,7 @@ def dead_letter_sample(errors: DataFrame, rows: int = DEAD_LETTER_ROWS) -> dict[
     }
 
 
-def _cut(value: Optional[str]) -> Optional[str]:
+def _cut(value: str | None) -> str | None:
     if value is None or len(value) <= TEXT_LIMIT:
         return value
     return value[:TEXT_LIMIT] + f"… ({len(value)} characters)"
@@ -203,11 +240,17 @@ def _cut(value: Optional[str]) -> Optional[str]:
 
 def _counts(values: list) -> dict[str, Any]:
     present = [v for v in values if v is not None]
-    unique, counts = np.unique(np.asarray(present, dtype=object).astype(str), return_counts=True) if present else ([], [])
+    unique, counts = (
+        np.unique(np.asarray(present, dtype=object).astype(str), return_counts=True) if present else ([], [])
+    )
     order = sorted(zip(unique, counts), key=lambda pair: (-pair[1], pair[0]))
     top = [[str(v), int(c)] for v, c in order[:MAX_CATEGORIES]]
-    return {"counts": top, "other": int(sum(c for _, c in order[MAX_CATEGORIES:])), "distinct": len(order),
-            "nulls": len(values) - len(present)}
+    return {
+        "counts": top,
+        "other": int(sum(c for _, c in order[MAX_CATEGORIES:])),
+        "distinct": len(order),
+        "nulls": len(values) - len(present),
+    }
 
 
 def _numbers(values: pa.ChunkedArray) -> dict[str, Any]:
@@ -215,10 +258,22 @@ def _numbers(values: pa.ChunkedArray) -> dict[str, Any]:
     array = array[~_isnull(array)]
     array = array.astype(np.int64) if np.issubdtype(array.dtype, np.integer) else array.astype(np.float64)
     finite = array[np.isfinite(array)] if array.dtype.kind == "f" else array
-    stats = {} if finite.size == 0 else {
-        "min": float(finite.min()), "median": float(np.median(finite)), "mean": float(finite.mean()), "max": float(finite.max()),
+    stats = (
+        {}
+        if finite.size == 0
+        else {
+            "min": float(finite.min()),
+            "median": float(np.median(finite)),
+            "mean": float(finite.mean()),
+            "max": float(finite.max()),
+        }
+    )
+    return {
+        "histogram": histogram(array),
+        "stats": stats,
+        "count": int(array.size),
+        "nulls": int(len(values) - array.size),
     }
-    return {"histogram": histogram(array), "stats": stats, "count": int(array.size), "nulls": int(len(values) - array.size)}
 
 
 def _isnull(array: np.ndarray) -> np.ndarray:
@@ -261,7 +316,7 @@ def _colour_projections(summaries: list[dict[str, Any]], sample: pa.Table) -> No
             summary["projection"]["colours"] = [None if v is None else str(v) for v in labels[:points]]
 
 
-def _tokenizer(model_dir: Optional[Path]):
+def _tokenizer(model_dir: Path | None):
     """The model's fast tokenizer from ``tokenizer.json`` (the ``tokenizers`` library: no torch), or ``None``."""
     path = Path(model_dir) / "tokenizer.json" if model_dir else None
     if path is None or not path.is_file():

@@ -10,16 +10,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.platform.spark.progress import ProgressReporter, scoring_tasks
 from lakescore.jobs.platform.spark.adapter import default_parallelism, partition_count, stage_progress
-from lakescore.jobs.testing_hooks import at_point
+from lakescore.jobs.platform.spark.progress import ProgressReporter, scoring_tasks
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.clock import StepClock
 from lakescore.jobs.steps.context import Plan, RunContext, ScoringLayout, scoring_layout
@@ -28,6 +27,7 @@ from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.provider_batch import stage_through_batches
 from lakescore.jobs.steps.rank import chunk_columns, keep_top, ranks_with_tallies
 from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
+from lakescore.jobs.testing_hooks import at_point
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.models.model_source import ModelSpec
@@ -55,9 +55,9 @@ def score_dataframe(
     spec: ModelSpec,
     keep_cols: Sequence[str],
     input_cols: tuple[str, ...],
-    rows_counter: Optional[RowCounter] = None,
-    layout: Optional[ScoringLayout] = None,
-    key_col: Optional[str] = None,
+    rows_counter: RowCounter | None = None,
+    layout: ScoringLayout | None = None,
+    key_col: str | None = None,
     tally_rows: bool = False,
 ) -> DataFrame:
     """Lazily score ``df``: columns per :func:`lakescore.schemas.output.scored_schema` (``keep_cols`` as
@@ -85,8 +85,12 @@ def score_dataframe(
     if partitions or profile is not None or planned is None or planned < target:
         df = df.repartition(target)
     # the kept columns' own names
-    schema = scored_schema(cfg.task, *[df.schema[name] for name in keep_cols], asked=cfg.asked_outputs(), chunked=cfg.chunked)
-    read = list(dict.fromkeys([*keep_cols, *input_cols, *([key_col] if key_col else [])]))  # an input column may be kept too (transform)
+    schema = scored_schema(
+        cfg.task, *[df.schema[name] for name in keep_cols], asked=cfg.asked_outputs(), chunked=cfg.chunked
+    )
+    read = list(
+        dict.fromkeys([*keep_cols, *input_cols, *([key_col] if key_col else [])])
+    )  # an input column may be kept too (transform)
     passed = {name: resolvable_name(name) for name in read}  # mapInArrow resolves its input columns by bare name
     kind = get_task(spec.task).input_kind_of(spec)
     runner_options = {name: getattr(cfg.scoring, name) for name in kind.runner_settings}
@@ -120,9 +124,17 @@ def score_into_staging(run: RunContext, plan: Plan, clock: StepClock) -> list[tu
     staged = len(plan.done)
     rows = run.rows_counter
     row_bytes = fixed_row_bytes(plan.scorable.schema, [*plan.kept_columns(cfg.row_cols), *run.input_cols])
-    with _arrow_settings(spark, cfg, row_bytes), stage_progress(spark) as tasks, ProgressReporter(
-        tasks, (lambda: rows.value) if rows is not None else None, todo_rows, cfg.progress_seconds, chunks=plan.chunks
-    ) as progress:
+    with (
+        _arrow_settings(spark, cfg, row_bytes),
+        stage_progress(spark) as tasks,
+        ProgressReporter(
+            tasks,
+            (lambda: rows.value) if rows is not None else None,
+            todo_rows,
+            cfg.progress_seconds,
+            chunks=plan.chunks,
+        ) as progress,
+    ):
         try:
             if plan.prepared is not None and todo and not plan.prepared_ready:
                 _write_chunked_rows(run, plan)
@@ -143,7 +155,7 @@ def score_into_staging(run: RunContext, plan: Plan, clock: StepClock) -> list[tu
     return progress.samples()
 
 
-def pin_staging(run: "RunContext", plan: "Plan") -> StagedSnapshot:
+def pin_staging(run: RunContext, plan: Plan) -> StagedSnapshot:
     """The staging snapshot that accounting counts, GX validates and the publish writes: the staging table at its
     version now, or with nothing to score (an unchanged incremental input) no rows, in the staged schema."""
     if plan.scorable_rows:
@@ -154,7 +166,7 @@ def pin_staging(run: "RunContext", plan: "Plan") -> StagedSnapshot:
     return plan.staging.nothing(staged.limit(0))
 
 
-def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
+def _write_chunked_rows(run: RunContext, plan: Plan) -> None:
     """The one scan of the input for scoring: the rows to score (id, model input, digest) written once, partitioned
     by chunk (:func:`~lakescore.jobs.steps.rank.chunk_columns`), to ``plan.prepared``; each chunk then reads its own
     partition."""
@@ -162,7 +174,7 @@ def _write_chunked_rows(run: "RunContext", plan: "Plan") -> None:
     plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), chunk_columns(run.cfg))
 
 
-def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLayout) -> DataFrame:
+def _score_chunk(run: RunContext, plan: Plan, chunk: int, layout: ScoringLayout) -> DataFrame:
     """The rows of ``chunk`` to stage (lazy): its rows scored, once per distinct input when deduplicating; with
     ``rank`` only each key's kept rows, the rows that failed and any tally rows (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     cfg = run.cfg
@@ -170,9 +182,18 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     incremental = plan.changes is not None
     tallied = plan.ranked and ranks_with_tallies(incremental, plan.dedup.used)
 
-    def score(df: DataFrame, keep: list[str], key: Optional[str] = None) -> DataFrame:  # key: the row's (default keep[0])
-        return score_dataframe(df, cfg, plan.spec, keep, run.input_cols, run.rows_counter, layout, key_col=key or keep[0],
-                               tally_rows=tallied)
+    def score(df: DataFrame, keep: list[str], key: str | None = None) -> DataFrame:  # key: the row's (default keep[0])
+        return score_dataframe(
+            df,
+            cfg,
+            plan.spec,
+            keep,
+            run.input_cols,
+            run.rows_counter,
+            layout,
+            key_col=key or keep[0],
+            tally_rows=tallied,
+        )
 
     mark = _REPRESENTATIVE if plan.dedup.used and plan.ranked else None
     if plan.dedup.used:
@@ -184,7 +205,7 @@ def _score_chunk(run: "RunContext", plan: "Plan", chunk: int, layout: ScoringLay
     return keep_top(cfg, scored, incremental, mark) if plan.ranked else scored
 
 
-def _chunk_rows(run: "RunContext", plan: "Plan", chunk: int) -> DataFrame:
+def _chunk_rows(run: RunContext, plan: Plan, chunk: int) -> DataFrame:
     """The rows of ``chunk`` to score (lazy): its partition of the prepared rows, its share of a rescanned input, or
     every scorable row of a one-chunk run."""
     if plan.prepared is not None:
@@ -194,7 +215,7 @@ def _chunk_rows(run: "RunContext", plan: "Plan", chunk: int) -> DataFrame:
     return plan.scorable
 
 
-def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
+def _layout_for_progress(run: RunContext, plan: Plan) -> ScoringLayout:
     """A few scoring tasks per slot unless configured, so progress moves before the first wave of tasks ends
     (accumulators merge when a task ends), but never so many that task overhead dominates
     (:func:`~lakescore.jobs.platform.spark.progress.progress_partitions`). Over Spark Connect,
@@ -207,19 +228,31 @@ def _layout_for_progress(run: "RunContext", plan: "Plan") -> ScoringLayout:
     if planned is None:
         return run.layout
     rows_per_chunk = math.ceil(plan.scorable_rows / plan.chunks)
-    tasks = scoring_tasks(planned, default_parallelism(run.spark), rows_per_chunk, plan.identity.row_seconds,
-                          run.cfg.progress_seconds)
+    tasks = scoring_tasks(
+        planned, default_parallelism(run.spark), rows_per_chunk, plan.identity.row_seconds, run.cfg.progress_seconds
+    )
     if tasks is not None:
         return dataclasses.replace(run.layout, partitions=tasks)
     return run.layout
 
 
-_FIXED_WIDTH = {T.ByteType: 1, T.ShortType: 2, T.IntegerType: 4, T.LongType: 8, T.FloatType: 4, T.DoubleType: 8,
-                T.DecimalType: 16, T.BooleanType: 1, T.DateType: 4, T.TimestampType: 8, T.TimestampNTZType: 8}
+_FIXED_WIDTH = {
+    T.ByteType: 1,
+    T.ShortType: 2,
+    T.IntegerType: 4,
+    T.LongType: 8,
+    T.FloatType: 4,
+    T.DoubleType: 8,
+    T.DecimalType: 16,
+    T.BooleanType: 1,
+    T.DateType: 4,
+    T.TimestampType: 8,
+    T.TimestampNTZType: 8,
+}
 """Bytes a value of each fixed-width Spark type takes in Arrow (a boolean's bit rounded up to a byte)."""
 
 
-def fixed_row_bytes(schema: T.StructType, names: Sequence[str]) -> Optional[int]:
+def fixed_row_bytes(schema: T.StructType, names: Sequence[str]) -> int | None:
     """The most bytes the columns ``names`` of ``schema`` can hold in one row, when each is a number, boolean, date or
     timestamp (or a struct of those); ``None`` when any can grow with its value (strings, binary, arrays, maps).
 
@@ -228,7 +261,8 @@ def fixed_row_bytes(schema: T.StructType, names: Sequence[str]) -> Optional[int]
     >>> fixed_row_bytes(schema, ["id", "f"]), fixed_row_bytes(schema, ["id", "text"])
     (12, None)
     """
-    def width(kind: T.DataType) -> Optional[int]:
+
+    def width(kind: T.DataType) -> int | None:
         if isinstance(kind, T.StructType):
             widths = [width(f.dataType) for f in kind.fields]
             return None if None in widths else sum(widths)
@@ -248,7 +282,7 @@ class _arrow_settings:
     issue 46). Rows of ``row_bytes`` at most (:func:`fixed_row_bytes`) that fit the bound at the records limit run
     unmeasured (the bound set to Spark's "none", ``Int.MaxValue``)."""
 
-    def __init__(self, spark: SparkSession, cfg: JobConfig, row_bytes: Optional[int] = None) -> None:
+    def __init__(self, spark: SparkSession, cfg: JobConfig, row_bytes: int | None = None) -> None:
         self._spark = spark
         records, max_bytes = cfg.scoring.arrow_max_records_per_batch, cfg.scoring.arrow_max_bytes_per_batch
         bounded = row_bytes is not None and row_bytes * records <= max_bytes

@@ -42,22 +42,47 @@ import logging
 import math
 import re
 import uuid
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping, Optional, Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from lakescore.jobs.platform.spark import adapter as spark_adapter
-from lakescore.jobs.references import parse_table_name
 from lakescore.jobs.platform.tables import (
-    delta_history, drop_delta, is_delta, is_path, last_commit, last_commit_stamp, read_input, staging_metadata,
-    table_id, table_names, write_delta,
+    delta_history,
+    drop_delta,
+    is_delta,
+    is_path,
+    last_commit,
+    last_commit_stamp,
+    read_input,
+    staging_metadata,
+    table_id,
+    table_names,
+    write_delta,
 )
+from lakescore.jobs.references import parse_table_name
 from lakescore.jobs.steps.ids import id_hash
 from lakescore.schemas.column_names import delta_storable_columns, original_columns
 
-__all__ = ["Staging", "StagedSnapshot", "prepared_rows", "changed_rows", "drop_stale_staging", "CHUNK_COLUMN", "staging_location", "run_key", "chunk_count", "timed_chunks", "planned_chunks", "nearby_chunk_counts", "chunk_column", "input_fingerprint"]
+__all__ = [
+    "Staging",
+    "StagedSnapshot",
+    "prepared_rows",
+    "changed_rows",
+    "drop_stale_staging",
+    "CHUNK_COLUMN",
+    "staging_location",
+    "run_key",
+    "chunk_count",
+    "timed_chunks",
+    "planned_chunks",
+    "nearby_chunk_counts",
+    "chunk_column",
+    "input_fingerprint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +115,7 @@ NEARBY_CHUNK_COUNTS = 8
 """How far (a factor) a rerun looks, from the chunk count it plans, for chunks an earlier attempt staged under another."""
 
 
-def timed_chunks(rows: int, chunk_seconds: float, row_seconds: Optional[float], slots: int) -> int:
+def timed_chunks(rows: int, chunk_seconds: float, row_seconds: float | None, slots: int) -> int:
     """How many chunks ``rows`` rows make when each chunk should score in about ``chunk_seconds`` on ``slots`` task
     slots at ``row_seconds`` a row (plus :data:`ROW_FLOOR_SECONDS`): a power of two, so that a rerun measuring a
     somewhat different speed plans the same count or one of few others (:func:`nearby_chunk_counts`).
@@ -102,12 +127,16 @@ def timed_chunks(rows: int, chunk_seconds: float, row_seconds: Optional[float], 
     >>> timed_chunks(5_000_000, 600, None, 2)  # not timed: 2,000,000 rows a chunk, 3 rounded up to 4
     4
     """
-    per_chunk = UNTIMED_CHUNK_ROWS if row_seconds is None else chunk_seconds * max(1, slots) / (row_seconds + ROW_FLOOR_SECONDS)
+    per_chunk = (
+        UNTIMED_CHUNK_ROWS if row_seconds is None else chunk_seconds * max(1, slots) / (row_seconds + ROW_FLOOR_SECONDS)
+    )
     needed = chunk_count(rows, max(1, int(per_chunk)))
     return 1 << (needed - 1).bit_length()
 
 
-def planned_chunks(rows: int, chunk_rows: Optional[int], chunk_seconds: float, row_seconds: Optional[float], slots: int) -> int:
+def planned_chunks(
+    rows: int, chunk_rows: int | None, chunk_seconds: float, row_seconds: float | None, slots: int
+) -> int:
     """A run's chunk count as ``write`` configures it: by ``chunk_rows`` when set, else :func:`timed_chunks`."""
     if chunk_rows is not None:
         return chunk_count(rows, chunk_rows)
@@ -181,10 +210,16 @@ class Staging:
     """The output this table stages for, named in every commit's ``userMetadata``."""
 
     @classmethod
-    def for_output(cls, spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> "Staging":
+    def for_output(cls, spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> Staging:
         """The staging table of ``key`` for ``output``: as ``write.staging`` (``configured``) says, else beside the output."""
-        return cls(spark, staging_location(output, configured, key), key, chunks,
-                   default_root=not configured and is_path(output), output=output)
+        return cls(
+            spark,
+            staging_location(output, configured, key),
+            key,
+            chunks,
+            default_root=not configured and is_path(output),
+            output=output,
+        )
 
     def committed_chunks(self) -> set[int]:
         """Chunks already committed to this staging table (empty when it does not exist yet)."""
@@ -201,19 +236,24 @@ class Staging:
 
     def commit_chunk(self, scored: DataFrame, chunk: int, tag: str | None = None) -> None:
         """Append one chunk's scored rows in one idempotent commit, tagged ``tag`` (the run's ``userMetadata``)."""
-        write_delta(delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))), self.location, "append",
-                    txn=(f"lakescore-{self.key}", chunk + 1), user_metadata=staging_metadata(self.output, tag),
-                    table_properties=_UNINDEXED)
+        write_delta(
+            delta_storable_columns(scored.withColumn(CHUNK_COLUMN, F.lit(chunk))),
+            self.location,
+            "append",
+            txn=(f"lakescore-{self.key}", chunk + 1),
+            user_metadata=staging_metadata(self.output, tag),
+            table_properties=_UNINDEXED,
+        )
 
     def table(self) -> DataFrame:
         """Every staged row, with the chunk it was committed in (:data:`CHUNK_COLUMN`)."""
         return original_columns(read_input(self.spark, self.location, "delta"))
 
-    def pin(self) -> "StagedSnapshot":
+    def pin(self) -> StagedSnapshot:
         """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
         return StagedSnapshot(self, last_commit(self.spark, self.location).version, table_id(self.spark, self.location))
 
-    def nothing(self, empty: DataFrame) -> "StagedSnapshot":
+    def nothing(self, empty: DataFrame) -> StagedSnapshot:
         """What a run with nothing to score counts, validates and publishes instead of a pinned version: ``empty``
         (no rows, in the staged rows' schema), no table written."""
         return StagedSnapshot(self, 0, f"nothing-{uuid.uuid4().hex}", empty)
@@ -230,8 +270,12 @@ class Staging:
         """Write ``rows`` here in one commit, partitioned by their chunk (:func:`chunk_column` of ``chunk_cols``),
         replacing what is here."""
         chunked = rows.withColumn(CHUNK_COLUMN, chunk_column(chunk_cols, self.chunks))
-        write_delta(delta_storable_columns(chunked), self.location, partition_by=CHUNK_COLUMN,
-                    user_metadata=staging_metadata(self.output))
+        write_delta(
+            delta_storable_columns(chunked),
+            self.location,
+            partition_by=CHUNK_COLUMN,
+            user_metadata=staging_metadata(self.output),
+        )
 
     def chunk(self, chunk: int) -> DataFrame:
         """The rows of ``chunk`` written by :meth:`write_chunked` (its partition only)."""
@@ -258,7 +302,7 @@ class StagedSnapshot:
     staging: Staging
     version: int
     table_id: str
-    empty: Optional[DataFrame] = None
+    empty: DataFrame | None = None
     """Nothing was staged (:meth:`Staging.nothing`): the rows, none, that :meth:`table` gives. Its ``table_id`` is new
     for each run, so its publish is not deduplicated: there is nothing in it to commit twice."""
 
@@ -285,8 +329,9 @@ def changed_rows(spark: SparkSession, output: str, configured: str | None, key: 
     return Staging.for_output(spark, output, configured, f"{key}_changes", 1)
 
 
-def drop_stale_staging(spark: SparkSession, output: str, configured: Optional[str], started: float,
-                       keep: Collection[str]) -> list[str]:
+def drop_stale_staging(
+    spark: SparkSession, output: str, configured: str | None, started: float, keep: Collection[str]
+) -> list[str]:
     """Remove what other run keys of ``output`` staged (``<key>``, ``<key>_rows``, ``<key>_changes``) and last committed
     before ``started`` (this run's start, seconds since the epoch), leaving the locations in ``keep`` (this run's own);
     return the locations removed. Called after a successful publish: a rerun of those keys is not expected any more.
@@ -332,5 +377,8 @@ def _staged_names(spark: SparkSession, prefix: str) -> list[str]:
         return [name for name in names or () if _STAGED_NAME.fullmatch(name)]
     table = parse_table_name(prefix)
     start = len(table.name)
-    return [name[start:] for name in table_names(spark, table.quoted_namespace)
-            if name.lower().startswith(table.name.lower()) and _STAGED_NAME.fullmatch(name[start:])]
+    return [
+        name[start:]
+        for name in table_names(spark, table.quoted_namespace)
+        if name.lower().startswith(table.name.lower()) and _STAGED_NAME.fullmatch(name[start:])
+    ]

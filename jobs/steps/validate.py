@@ -6,7 +6,7 @@ GX reports a failed check as ``success: false``; the publish step gates on it.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pyspark.sql import DataFrame
 
@@ -20,7 +20,7 @@ __all__ = ["validate_rows"]
 
 def validate_rows(
     run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame
-) -> Optional[dict[str, Any]]:
+) -> dict[str, Any] | None:
     """Run the suite on ``rows`` (the output rows with identity columns); its outcome as a dict, or ``None`` if skipped."""
     cfg = run.cfg
     if not cfg.validation.enabled or accounting.error_rate > cfg.max_error_rate:
@@ -28,7 +28,8 @@ def validate_rows(
     task = get_task(cfg.task)
     shares = {
         column: (value, getattr(cfg.validation, option))
-        for option, (column, value) in task.validation_options.items() if getattr(cfg.validation, option) is not None
+        for option, (column, value) in task.validation_options.items()
+        if getattr(cfg.validation, option) is not None
     }
     facts = OutputFacts(
         schema=targets.output_schema,

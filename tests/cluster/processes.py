@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 900
@@ -22,15 +21,20 @@ RUN_TIMEOUT = 900
 class CliRun:
     """One ``lakescore score`` subprocess with its output in a log file (polled while it runs)."""
 
-    def __init__(self, cmd: list[str], cwd: Path, log: Path, env: Optional[dict[str, str]] = None):
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               **(env or {})}
+    def __init__(self, cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None):
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            **(env or {}),
+        }
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115 (the process writes it until wait() closes it)
         self.started = time.time()
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.seconds = None
 
     def text(self) -> str:
@@ -67,7 +71,7 @@ def procs_now() -> dict[int, tuple[int, str, float]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         out[int(entry.name)] = (int(fields[1]), cmdline, uptime - int(fields[19]) / ticks)
     return out
 

@@ -30,11 +30,11 @@ def main(master: str, workdir: Path) -> dict:
     from pyspark import TaskContext
 
     from lakescore.jobs.config import load_config
+    from lakescore.jobs.platform.spark.adapter import rows_counter
     from lakescore.jobs.platform.spark.profiles import scoring_profile
+    from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.jobs.steps.read import model_spec
     from lakescore.jobs.steps.score import score_dataframe
-    from lakescore.jobs.platform.spark.session import get_or_create_session
-    from lakescore.jobs.platform.spark.adapter import rows_counter
 
     warnings: list[str] = []
 
@@ -123,7 +123,13 @@ def main(master: str, workdir: Path) -> dict:
         "probe": [{**row.asDict(), "gpus": json.loads(row.gpus)} for row in tasks],
         "probe_profile_id": profile.id if profile is not None else 0,
         "stages": [
-            {"id": s["stageId"], "status": s["status"], "tasks": s["numTasks"], "profile": s["resourceProfileId"], "name": s["name"]}
+            {
+                "id": s["stageId"],
+                "status": s["status"],
+                "tasks": s["numTasks"],
+                "profile": s["resourceProfileId"],
+                "name": s["name"],
+            }
             for s in stages
         ],
         "profiles": {str(p["id"]): p.get("taskResources", {}) for p in environment.get("resourceProfiles", [])},

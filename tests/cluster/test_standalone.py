@@ -42,8 +42,14 @@ def _spark_class(root: Path, name: str, args: list[str], env: dict[str, str]) ->
 
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
     with open(root / f"{name}.log", "wb") as log:
-        return subprocess.Popen([str(spark_class), f"org.apache.spark.deploy.{name}", *args], cwd=root, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [str(spark_class), f"org.apache.spark.deploy.{name}", *args],
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -71,28 +77,66 @@ def test_packaged_job_runs_on_a_standalone_cluster_with_sparks_own_daemon(tmp_pa
 
     port = _free_port()
     master_url = f"spark://127.0.0.1:{port}"
-    env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": sys.executable, "SPARK_WORKER_DIR": str(tmp_path / "work")}
-    master = _spark_class(tmp_path, "master.Master", ["--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"],
-                          env)
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(Path(pyspark.__file__).parent),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+    }
+    master = _spark_class(
+        tmp_path, "master.Master", ["--host", "127.0.0.1", "--port", str(port), "--webui-port", "0"], env
+    )
     worker = None
     try:
         _wait_for(tmp_path / "master.Master.log", "I have been elected leader", master)
-        worker = _spark_class(tmp_path, "worker.Worker", [master_url, "--host", "127.0.0.1", "--cores", "2",
-                                                          "--memory", "4g", "--webui-port", "0"], env)
+        worker = _spark_class(
+            tmp_path,
+            "worker.Worker",
+            [master_url, "--host", "127.0.0.1", "--cores", "2", "--memory", "4g", "--webui-port", "0"],
+            env,
+        )
         _wait_for(tmp_path / "worker.Worker.log", "Successfully registered with master", worker)
 
-        frame = pd.DataFrame({"review_id": range(1, ROWS + 1), "body": [f"review {i}: fine, works." for i in range(ROWS)]})
-        source, output, report, events = (tmp_path / "reviews.parquet", tmp_path / "out" / "embeddings",
-                                          tmp_path / "report.json", tmp_path / "events")
+        frame = pd.DataFrame(
+            {"review_id": range(1, ROWS + 1), "body": [f"review {i}: fine, works." for i in range(ROWS)]}
+        )
+        source, output, report, events = (
+            tmp_path / "reviews.parquet",
+            tmp_path / "out" / "embeddings",
+            tmp_path / "report.json",
+            tmp_path / "events",
+        )
         frame.to_parquet(source)
         events.mkdir()
-        cmd = [str(Path(sys.executable).with_name("lakescore")), "score", "--master", master_url,
-               "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
-               "--id-col", "review_id", "--text-col", "body", "--report", str(report),
-               "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}", "--set", "spark.conf.spark.ui.enabled=false",
-               "--set", "spark.conf.spark.eventLog.enabled=true", "--set", f"spark.conf.spark.eventLog.dir={events}",
-               "--set", "spark.conf.spark.eventLog.compress=false"]
+        cmd = [
+            str(Path(sys.executable).with_name("lakescore")),
+            "score",
+            "--master",
+            master_url,
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(minilm_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+            "--report",
+            str(report),
+            "--set",
+            f"spark.warehouse_dir={tmp_path / 'warehouse'}",
+            "--set",
+            "spark.conf.spark.ui.enabled=false",
+            "--set",
+            "spark.conf.spark.eventLog.enabled=true",
+            "--set",
+            f"spark.conf.spark.eventLog.dir={events}",
+            "--set",
+            "spark.conf.spark.eventLog.compress=false",
+        ]
         run = CliRun(cmd, tmp_path, tmp_path / "score.log", env={"SPARK_LOCAL_IP": "127.0.0.1"})
         seen: dict[int, str] = {}  # every process of the run's driver and of the worker, while the run lasts
         while run.proc.poll() is None:
@@ -127,8 +171,15 @@ def test_packaged_job_runs_on_a_standalone_cluster_with_sparks_own_daemon(tmp_pa
     assert len(jvms) >= 2 and not [c for c in jvms if any(o in c for o in LOCAL_ONLY_JVM_OPTIONS)], jvms
     # The session itself never named a daemon module.
     logs = [f for f in events.rglob("*") if f.is_file()]
-    props = next(json.loads(line)["Spark Properties"] for f in logs for line in f.read_text().splitlines()
-                 if '"SparkListenerEnvironmentUpdate"' in line)
+    props = next(
+        json.loads(line)["Spark Properties"]
+        for f in logs
+        for line in f.read_text().splitlines()
+        if '"SparkListenerEnvironmentUpdate"' in line
+    )
     assert "spark.python.daemon.module" not in props, props["spark.python.daemon.module"]
-    assert not any(o in props.get(k, "") for o in LOCAL_ONLY_JVM_OPTIONS
-                   for k in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"))
+    assert not any(
+        o in props.get(k, "")
+        for o in LOCAL_ONLY_JVM_OPTIONS
+        for k in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+    )

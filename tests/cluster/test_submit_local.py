@@ -32,8 +32,9 @@ def submitted(module_tmp_path):
     work = module_tmp_path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing from the source tree
     cmd = ["make", "-s", f"VENV={sys.prefix}", "submit-local", f"SUBMIT_DIR={work}", f"SUBMIT_ROWS={ROWS}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=2400)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=2400
+    )
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-6000:]}"
     return work, proc.stdout
 
@@ -102,7 +103,8 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     # started while the input is read, the model preflight and the scoring stage. The scoring stage ran
     # tasks on both executors.
     arrow_stages = [
-        e for e in events
+        e
+        for e in events
         if e["Event"] == "SparkListenerStageSubmitted"
         and any("MapInArrow" in (rdd.get("Scope") or "") for rdd in e["Stage Info"]["RDD Info"])
     ]
@@ -119,8 +121,11 @@ def test_two_executors_scored_and_the_code_came_from_the_wheel(submitted):
     assert preflight, "the model was not loaded on the executors before scoring"
     assert scoring, "no stage ran the scoring UDF"
     assert max(worker_start) < min(preflight) and max(preflight) < min(scoring)
-    executors = {e["Task Info"]["Executor ID"] for e in events
-                 if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] in scoring}
+    executors = {
+        e["Task Info"]["Executor ID"]
+        for e in events
+        if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] in scoring
+    }
     assert executors == added
 
     # Python ran from build/env, and lakescore's frames (stage call sites) are the installed wheel's.
@@ -143,13 +148,22 @@ def test_the_wheel_installs_one_import_name(submitted, tmp_path):
     python = REPO / "build" / "env" / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for name in ("jobs", "udfs", "schemas"):
-        probe = subprocess.run([str(python), "-c", f"import {name}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        probe = subprocess.run(
+            [str(python), "-c", f"import {name}"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
         assert probe.returncode != 0 and f"No module named '{name}'" in probe.stderr, probe.stderr
     # build/env has no pyspark (a cluster's Spark brings it): the API's names are declared, the CLI imports.
     api = subprocess.run(
-        [str(python), "-c", "import lakescore, lakescore.jobs.cli, lakescore.udfs.registry; "
-         "print(lakescore.__version__, *sorted(set(lakescore.__all__) & {'score', 'transform', 'pandas_udf'}))"],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
+        [
+            str(python),
+            "-c",
+            "import lakescore, lakescore.jobs.cli, lakescore.udfs.registry; "
+            "print(lakescore.__version__, *sorted(set(lakescore.__all__) & {'score', 'transform', 'pandas_udf'}))",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert api.returncode == 0, api.stderr
     assert api.stdout.split()[1:] == ["pandas_udf", "score", "transform"]

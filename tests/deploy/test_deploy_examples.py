@@ -16,10 +16,10 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from lakescore.jobs.cli import EXIT_BAD_INPUT, _config_flags, _parser
@@ -71,7 +71,7 @@ def _split_spark_submit(argv: list[str]) -> tuple[dict[str, list[str]], str, lis
         else:
             options.setdefault(argv[i], []).append(argv[i + 1])
             i += 2
-    return options, argv[i], argv[i + 1:]
+    return options, argv[i], argv[i + 1 :]
 
 
 def _confs(options: dict[str, list[str]]) -> dict[str, str]:
@@ -187,7 +187,7 @@ def test_wheel_task_parameters_are_a_valid_lakescore_command(bundle, job, task):
     args = _parser().parse_args(argv)
     # The synced conf/ lands under workspace.file_path as it lies under the sync root (the repo root).
     assert args.conf.startswith(WORKSPACE_FILE_PATH + "/")
-    conf_file = REPO / args.conf[len(WORKSPACE_FILE_PATH) + 1:]
+    conf_file = REPO / args.conf[len(WORKSPACE_FILE_PATH) + 1 :]
     assert conf_file == REPO / "conf" / "databricks.yaml"
 
     cfg = _score_config(argv, conf_file)
@@ -232,8 +232,11 @@ def test_emr_serverless_job_run_is_a_valid_lakescore_submission():
 
     archives = {a.rsplit("#", 1)[1]: a for a in ",".join(options["--archives"]).split(",")}
     confs = _confs(options)
-    for key in ("spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON",
-                "spark.emr-serverless.driverEnv.PYSPARK_PYTHON", "spark.executorEnv.PYSPARK_PYTHON"):
+    for key in (
+        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON",
+        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON",
+        "spark.executorEnv.PYSPARK_PYTHON",
+    ):
         assert confs[key] == "./environment/bin/python"
     assert "environment" in archives
 
@@ -252,7 +255,13 @@ def test_launcher_runs_the_cli_and_exits_with_its_code(tmp_path):
     """spark-submit's primary resource, run as a script: a config error exits 2 before any Spark."""
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "launcher.py"), "score", "--set", "task=summarize"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr
-    assert "lakescore: error: task must be one of classify, embed, ner, image_classify, image_embed, tabular" in proc.stderr
+    assert (
+        "lakescore: error: task must be one of classify, embed, ner, image_classify, image_embed, tabular"
+        in proc.stderr
+    )

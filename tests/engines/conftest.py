@@ -16,4 +16,6 @@ def vllm_llama_dir(tmp_path_factory) -> Path:
     the integration tier's model), 512 positions, with a trained byte-level BPE tokenizer."""
     from tests.tiny_generators import save_causal, train_tokenizer
 
-    return save_causal(tmp_path_factory.mktemp("vllm-llama"), train_tokenizer("bos"), hidden_size=128, heads=2, context=512)
+    return save_causal(
+        tmp_path_factory.mktemp("vllm-llama"), train_tokenizer("bos"), hidden_size=128, heads=2, context=512
+    )

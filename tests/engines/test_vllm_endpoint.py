@@ -18,7 +18,13 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import (
-    SERVE_ARGS, VllmServer, equal_texts, needs_vllm, offline_texts, start_offline_generate, vllm_processes,
+    SERVE_ARGS,
+    VllmServer,
+    equal_texts,
+    needs_vllm,
+    offline_texts,
+    start_offline_generate,
+    vllm_processes,
 )
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
@@ -44,8 +50,12 @@ def vllm(vllm_llama_dir, module_tmp_path):
     offline = start_offline_generate(vllm_llama_dir, prompts, NEW_TOKENS, offline_log)
     # JSON without free whitespace: a random model would fill max_new_tokens with the blanks JSON allows
     structured = '{"backend": "xgrammar", "disable_any_whitespace": true}'
-    server = VllmServer(vllm_llama_dir, module_tmp_path / "vllm.log", NAME,
-                        args=(*SERVE_ARGS, "--structured-outputs-config", structured))
+    server = VllmServer(
+        vllm_llama_dir,
+        module_tmp_path / "vllm.log",
+        NAME,
+        args=(*SERVE_ARGS, "--structured-outputs-config", structured),
+    )
     try:
         server.start()
         server.offline = offline_texts(offline, offline_log)
@@ -58,11 +68,20 @@ def vllm(vllm_llama_dir, module_tmp_path):
 
 
 def _config(source, output, url, **flags):
-    return load_config(flags={
-        "input": str(source), "output": str(output), "task": "generate", "id_col": "review_id",
-        "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": NEW_TOKENS, "spark.master": "local[2]",
-        "generate.endpoint.url": url, "generate.endpoint.model": NAME, **flags,
-    })
+    return load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "generate",
+            "id_col": "review_id",
+            "generate.prompt_template": TEMPLATE,
+            "generate.max_new_tokens": NEW_TOKENS,
+            "spark.master": "local[2]",
+            "generate.endpoint.url": url,
+            "generate.endpoint.model": NAME,
+            **flags,
+        }
+    )
 
 
 def _write(spark, frame, path):
@@ -78,19 +97,29 @@ def test_an_endpoint_run_gives_vllms_own_offline_texts_and_its_token_logprobs(sp
     out = read_output(spark, str(output))
     assert len(out) == len(frame) and not report.error_reasons
     assert out["generated_text"].tolist() == vllm.offline
-    expected, prompt_tokens = _reference_texts(vllm_llama_dir, [TEMPLATE.format(body=b) for b in frame["body"]], NEW_TOKENS)
+    expected, prompt_tokens = _reference_texts(
+        vllm_llama_dir, [TEMPLATE.format(body=b) for b in frame["body"]], NEW_TOKENS
+    )
     assert out["prompt_tokens"].tolist() == prompt_tokens  # vLLM's usage counts the tokenizer's tokens, BOS included
     same, same_but_cut = equal_texts(out["generated_text"].tolist(), expected)
-    print(f"vLLM endpoint vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
-          "a last character cut at max_new_tokens")
+    print(
+        f"vLLM endpoint vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
+        "a last character cut at max_new_tokens"
+    )
     assert same_but_cut / len(expected) >= 0.75
     for logprobs, n in zip(out["token_logprobs"], out["completion_tokens"]):
         assert len(logprobs) == n and all(v <= 0 for v in logprobs)
 
 
-SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["good", "bad"]},
-                                           "stars": {"type": "integer", "enum": [1, 2, 3, 4, 5]}}, "required": ["label", "stars"],
-          "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": ["good", "bad"]},
+        "stars": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+    },
+    "required": ["label", "stars"],
+    "additionalProperties": False,
+}
 
 
 def test_json_schema_goes_as_response_format_and_every_row_validates(spark, tmp_path, vllm):

@@ -21,7 +21,14 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import (
-    ENGINE_ENV, STARTUP_S, VLLM_PYTHON, engine_env, equal_texts, needs_vllm, offline_texts, assert_sessions_end,
+    ENGINE_ENV,
+    STARTUP_S,
+    VLLM_PYTHON,
+    assert_sessions_end,
+    engine_env,
+    equal_texts,
+    needs_vllm,
+    offline_texts,
 )
 from tests.served_models import live_processes
 
@@ -104,13 +111,28 @@ def test_a_served_vllm_reads_each_image_with_its_prompt_as_its_offline_generate_
     watcher.start()
     started = time.monotonic()
     try:
-        report = run_scoring(load_config(flags={
-            "input": str(source), "output": str(output), "task": "generate", "id_col": "sku", "image_col": "photo",
-            "model.source": str(model), "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": NEW_TOKENS,
-            "spark.master": "local[2]", "scoring.partitions": 1, "generate.server.engine": "vllm",
-            "generate.server.python": str(VLLM_PYTHON), "generate.server.api": "chat", "generate.server.args": ARGS,
-            "generate.server.startup_timeout_s": STARTUP_S,
-        }), spark)
+        report = run_scoring(
+            load_config(
+                flags={
+                    "input": str(source),
+                    "output": str(output),
+                    "task": "generate",
+                    "id_col": "sku",
+                    "image_col": "photo",
+                    "model.source": str(model),
+                    "generate.prompt_template": TEMPLATE,
+                    "generate.max_new_tokens": NEW_TOKENS,
+                    "spark.master": "local[2]",
+                    "scoring.partitions": 1,
+                    "generate.server.engine": "vllm",
+                    "generate.server.python": str(VLLM_PYTHON),
+                    "generate.server.api": "chat",
+                    "generate.server.args": ARGS,
+                    "generate.server.startup_timeout_s": STARTUP_S,
+                }
+            ),
+            spark,
+        )
     finally:
         ended.set()
         watcher.join()
@@ -123,30 +145,52 @@ def test_a_served_vllm_reads_each_image_with_its_prompt_as_its_offline_generate_
 
     prompts = [TEMPLATE.format(name=n) for n in NAMES]
     log = tmp_path / "offline.log"
-    spec = json.dumps({"model": str(model), "max_new_tokens": NEW_TOKENS,
-                       "rows": [[str(tmp_path / f"{i + 1}.img"), p] for i, p in enumerate(prompts)]})
+    spec = json.dumps(
+        {
+            "model": str(model),
+            "max_new_tokens": NEW_TOKENS,
+            "rows": [[str(tmp_path / f"{i + 1}.img"), p] for i, p in enumerate(prompts)],
+        }
+    )
     with open(log, "wb") as sink:
-        offline = subprocess.Popen([str(VLLM_PYTHON), "-c", OFFLINE, spec], stdout=sink, stderr=subprocess.STDOUT,
-                                   env=engine_env(), start_new_session=True)
+        offline = subprocess.Popen(
+            [str(VLLM_PYTHON), "-c", OFFLINE, spec],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=engine_env(),
+            start_new_session=True,
+        )
     sessions.add(offline.pid)  # its own session, as the engine's
     answers = offline_texts(offline, log)
     assert out["generated_text"].tolist() == [text for text, _ in answers]  # vLLM's own offline generate, exactly
-    assert out["prompt_tokens"].tolist() == [tokens for _, tokens in answers]  # usage: the image's tokens and the prompt's
+    assert out["prompt_tokens"].tolist() == [
+        tokens for _, tokens in answers
+    ]  # usage: the image's tokens and the prompt's
 
     processor = transformers.AutoProcessor.from_pretrained(model)
     vlm = transformers.AutoModelForImageTextToText.from_pretrained(model).eval()
     in_process = []
     for data, prompt in zip(photos, prompts):
-        messages = [{"role": "user", "content": [{"type": "image", "image": decode_image(data)}, {"type": "text", "text": prompt}]}]
-        inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")
+        messages = [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": decode_image(data)}, {"type": "text", "text": prompt}],
+            }
+        ]
+        inputs = processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
         with torch.no_grad():
-            new = vlm.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS)[0, inputs["input_ids"].shape[1]:]
+            new = vlm.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS)[0, inputs["input_ids"].shape[1] :]
         in_process.append(processor.decode(new, skip_special_tokens=True))
     same, same_but_cut = equal_texts(out["generated_text"].tolist(), in_process)
-    differ = [n for n, a, b in zip(NAMES, out["generated_text"], in_process) if a.rstrip("\ufffd") != b.rstrip("\ufffd")]
-    print(f"served vLLM (images) vs transformers' in-process greedy: {same} of {len(NAMES)} texts equal, {same_but_cut} "
-          f"but for a last character cut at max_new_tokens; rows that differ: {differ}; the run took {served_s:.0f} s")
+    differ = [
+        n for n, a, b in zip(NAMES, out["generated_text"], in_process) if a.rstrip("\ufffd") != b.rstrip("\ufffd")
+    ]
+    print(
+        f"served vLLM (images) vs transformers' in-process greedy: {same} of {len(NAMES)} texts equal, {same_but_cut} "
+        f"but for a last character cut at max_new_tokens; rows that differ: {differ}; the run took {served_s:.0f} s"
+    )
 
     assert_sessions_end(sessions)
     assert not _vllm_sessions(model)

@@ -48,12 +48,25 @@ def _embed_run(spark, tmp_path, texts, **flags):
     frame = pd.DataFrame({"review_id": range(1, len(texts) + 1), "body": texts})
     source, output = tmp_path / "reviews", tmp_path / "embeddings"
     spark.createDataFrame(frame, "review_id long, body string").write.format("delta").save(str(source))
-    cfg = load_config(flags={"input": str(source), "output": str(output), "task": "embed", "id_col": "review_id",
-                             "text_col": "body", "spark.master": "local[2]", "scoring.partitions": 1,
-                             "scoring.max_batch_rows": 8, "max_error_rate": 0.1, **flags})  # 8: several requests a batch
+    cfg = load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "embed",
+            "id_col": "review_id",
+            "text_col": "body",
+            "spark.master": "local[2]",
+            "scoring.partitions": 1,
+            "scoring.max_batch_rows": 8,
+            "max_error_rate": 0.1,
+            **flags,
+        }
+    )  # 8: several requests a batch
     started = time.monotonic()
     report = run_scoring(cfg, spark)
-    print(f"embed run ({', '.join(k for k in flags if k.endswith(('.url', '.engine')))}): {time.monotonic() - started:.1f} s")
+    print(
+        f"embed run ({', '.join(k for k in flags if k.endswith(('.url', '.engine')))}): {time.monotonic() - started:.1f} s"
+    )
     assert report.status == "succeeded", report.error
     return report, read_output(spark, str(output))
 
@@ -69,13 +82,28 @@ def _assert_sentence_transformers_vectors(out, texts, sentence_transformer):
     assert cosine.min() >= 0.9999, cosine  # the over-length text included: truncated as sentence-transformers does
 
 
-def test_embed_server_serves_minilm_with_vllm_and_leaves_no_process(spark, tmp_path, minilm_dir, texts, sentence_transformer):
+def test_embed_server_serves_minilm_with_vllm_and_leaves_no_process(
+    spark, tmp_path, minilm_dir, texts, sentence_transformer
+):
     model = shutil.copytree(minilm_dir, tmp_path / "served-minilm")  # its path marks this test's engine
     python = VLLM_PYTHON.relative_to(Path.cwd()) if VLLM_PYTHON.is_relative_to(Path.cwd()) else VLLM_PYTHON
-    report, out = _embed_run(spark, tmp_path, texts, **{
-        "model.source": str(model), "embed.server.engine": "vllm", "embed.server.python": str(python),
-        "embed.server.args": ["--dtype", "float32", "--gpu-memory-utilization", "0.1"],  # lakescore adds --runner pooling
-        "embed.server.startup_timeout_s": STARTUP_S})
+    report, out = _embed_run(
+        spark,
+        tmp_path,
+        texts,
+        **{
+            "model.source": str(model),
+            "embed.server.engine": "vllm",
+            "embed.server.python": str(python),
+            "embed.server.args": [
+                "--dtype",
+                "float32",
+                "--gpu-memory-utilization",
+                "0.1",
+            ],  # lakescore adds --runner pooling
+            "embed.server.startup_timeout_s": STARTUP_S,
+        },
+    )
     assert report.error_reasons == {"null_input": 1}
     _assert_sentence_transformers_vectors(out, texts, sentence_transformer)
     assert report.workers["requests"] >= 2 and report.workers["tokens_in"] > 0
@@ -87,22 +115,29 @@ def test_embed_server_serves_minilm_with_vllm_and_leaves_no_process(spark, tmp_p
 
 @pytest.fixture(scope="module")
 def pooling(minilm_dir, module_tmp_path):
-    server = VllmServer(minilm_dir, module_tmp_path / "vllm.log", NAME,  # (MiniLM's own length: its 256 positions)
-                        args=("--runner", "pooling", "--dtype", "float32", "--gpu-memory-utilization", "0.1"))
+    server = VllmServer(
+        minilm_dir,
+        module_tmp_path / "vllm.log",
+        NAME,  # (MiniLM's own length: its 256 positions)
+        args=("--runner", "pooling", "--dtype", "float32", "--gpu-memory-utilization", "0.1"),
+    )
     try:
         yield server.start()
     finally:
         server.stop()
 
 
-def test_the_pooling_runner_gives_sentence_transformers_vectors_and_truncates_over_length_texts(pooling, sentence_transformer):
+def test_the_pooling_runner_gives_sentence_transformers_vectors_and_truncates_over_length_texts(
+    pooling, sentence_transformer
+):
     from tests.tiny_generators import reviews
 
     long_text = " ".join(reviews(200, seed=5))  # far past MiniLM's 256 tokens
     texts = reviews(30, seed=1) + ["Ünïcödé — 漢字 and emoji 🙂", "", long_text]
     limit = sentence_transformer.max_seq_length
-    response = httpx2.post(f"{pooling.url}/embeddings", timeout=300,
-                           json={"model": NAME, "input": texts, "truncate_prompt_tokens": limit})
+    response = httpx2.post(
+        f"{pooling.url}/embeddings", timeout=300, json={"model": NAME, "input": texts, "truncate_prompt_tokens": limit}
+    )
     assert response.status_code == 200, response.text
     got = np.array([row["embedding"] for row in sorted(response.json()["data"], key=lambda r: r["index"])])
     expected = sentence_transformer.encode(texts, normalize_embeddings=True)
@@ -114,8 +149,12 @@ def test_the_pooling_runner_gives_sentence_transformers_vectors_and_truncates_ov
 
 
 def test_embed_endpoint_scores_through_vllms_embeddings(pooling, spark, tmp_path, texts, sentence_transformer):
-    report, out = _embed_run(spark, tmp_path, texts, **{
-        "embed.endpoint.url": pooling.url, "embed.endpoint.model": NAME, "embed.endpoint.price": {"input": PRICE}})
+    report, out = _embed_run(
+        spark,
+        tmp_path,
+        texts,
+        **{"embed.endpoint.url": pooling.url, "embed.endpoint.model": NAME, "embed.endpoint.price": {"input": PRICE}},
+    )
     assert report.error_reasons == {"null_input": 1}
     _assert_sentence_transformers_vectors(out, texts, sentence_transformer)
     # the present texts (33, or the distinct ones where dedup scored each once), at most 8 a request; and the preflight's

@@ -22,7 +22,13 @@ from lakescore.jobs.config import load_config
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import (
-    ENGINE_ENV, SERVE_ARGS, STARTUP_S, VLLM_PYTHON, equal_texts, needs_vllm, assert_sessions_end,
+    ENGINE_ENV,
+    SERVE_ARGS,
+    STARTUP_S,
+    VLLM_PYTHON,
+    assert_sessions_end,
+    equal_texts,
+    needs_vllm,
 )
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
@@ -45,13 +51,26 @@ def _write(spark, frame, path):
 
 
 def _config(source, output, model, **flags):
-    return load_config(flags={
-        "input": str(source), "output": str(output), "task": "generate", "id_col": "review_id",
-        "model.source": str(model), "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": NEW_TOKENS,
-        "spark.master": "local[2]", "scoring.partitions": 1, "generate.server.engine": "vllm",
-        "generate.server.python": str(VLLM_PYTHON.relative_to(Path.cwd()) if VLLM_PYTHON.is_relative_to(Path.cwd()) else VLLM_PYTHON),
-        "generate.server.args": list(SERVE_ARGS), "generate.server.startup_timeout_s": STARTUP_S, **flags,
-    })
+    return load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "generate",
+            "id_col": "review_id",
+            "model.source": str(model),
+            "generate.prompt_template": TEMPLATE,
+            "generate.max_new_tokens": NEW_TOKENS,
+            "spark.master": "local[2]",
+            "scoring.partitions": 1,
+            "generate.server.engine": "vllm",
+            "generate.server.python": str(
+                VLLM_PYTHON.relative_to(Path.cwd()) if VLLM_PYTHON.is_relative_to(Path.cwd()) else VLLM_PYTHON
+            ),
+            "generate.server.args": list(SERVE_ARGS),
+            "generate.server.startup_timeout_s": STARTUP_S,
+            **flags,
+        }
+    )
 
 
 def _api_servers(model: Path) -> dict[int, int]:
@@ -100,7 +119,11 @@ def test_a_served_vllm_killed_mid_run_is_restarted_and_leaves_no_process(spark, 
             sessions.update(servers.values())
             logs = [new_lines(p) for p in logs_dir.glob("lakescore-engine-*.log")]
             # (this engine's log: other runs' engines on the host log requests too)
-            if not killed and servers and any(str(model) in log and log.count("POST /v1/completions") >= 4 for log in logs):
+            if (
+                not killed
+                and servers
+                and any(str(model) in log and log.count("POST /v1/completions") >= 4 for log in logs)
+            ):
                 for pid in servers:
                     os.kill(pid, signal.SIGKILL)
                 killed.extend(servers)
@@ -120,8 +143,10 @@ def test_a_served_vllm_killed_mid_run_is_restarted_and_leaves_no_process(spark, 
     assert len(out) == len(frame) and not report.error_reasons
     expected, _ = _reference_texts(model, [TEMPLATE.format(body=b) for b in frame["body"]], NEW_TOKENS)
     same, same_but_cut = equal_texts(out["generated_text"].tolist(), expected)
-    print(f"served vLLM vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
-          "a last character cut at max_new_tokens")
+    print(
+        f"served vLLM vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
+        "a last character cut at max_new_tokens"
+    )
     assert same_but_cut / len(expected) >= 0.75
     assert_sessions_end(sessions)
     assert len(sessions) == 2  # the first engine and the one started after the kill
@@ -135,7 +160,9 @@ def test_an_engine_that_cannot_start_ends_the_run_quoting_vllms_error(spark, tmp
     _write(spark, pd.DataFrame({"review_id": [1, 2], "body": reviews(2, seed=3)}), source)
     args = ["--dtype", "float32", "--max-model-len", "128", "--gpu-memory-utilization", "0.1"]  # (its 160 positions)
     with pytest.raises(Exception) as failed:
-        run_scoring(_config(source, output, model, **{"generate.max_new_tokens": 4, "generate.server.args": args}), spark)
+        run_scoring(
+            _config(source, output, model, **{"generate.max_new_tokens": 4, "generate.server.args": args}), spark
+        )
     line = one_line(failed.value)
     assert "head_dim=16" in line, line
     assert "\n" not in line and not output.exists()

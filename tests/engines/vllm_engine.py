@@ -9,8 +9,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pytest
 
@@ -84,18 +84,31 @@ class VllmServer:
     def __init__(self, model_dir: Path, log: Path, name: str, args: Sequence[str] = SERVE_ARGS) -> None:
         self.model_dir, self.log, self.name, self.args = model_dir, log, name, tuple(args)
         self.port = free_port()
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/v1"
 
-    def start(self, timeout: float = STARTUP_S) -> "VllmServer":
-        command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                   "--served-model-name", self.name, "--host", HOST, "--port", str(self.port), *self.args]
+    def start(self, timeout: float = STARTUP_S) -> VllmServer:
+        command = [
+            str(VLLM_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.name,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=engine_env(),
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while not healthy(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -139,8 +152,13 @@ def start_offline_generate(model_dir: Path, prompts: list[str], max_new_tokens: 
     environment; :func:`offline_texts` reads its answer."""
     spec = json.dumps({"model": str(model_dir), "prompts": prompts, "max_new_tokens": max_new_tokens})
     out = open(log, "wb")  # noqa: SIM115 (the engine's process writes it; offline_texts reads it)
-    return subprocess.Popen([str(VLLM_PYTHON), "-c", OFFLINE, spec], stdout=out, stderr=subprocess.STDOUT,
-                            env=engine_env(), start_new_session=True)
+    return subprocess.Popen(
+        [str(VLLM_PYTHON), "-c", OFFLINE, spec],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=engine_env(),
+        start_new_session=True,
+    )
 
 
 def offline_texts(process: subprocess.Popen, log: Path, timeout: float = STARTUP_S) -> list[str]:
@@ -154,4 +172,4 @@ def offline_texts(process: subprocess.Popen, log: Path, timeout: float = STARTUP
     line = next((row for row in text.splitlines() if row.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"vLLM's offline generate failed: {text[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])

@@ -21,8 +21,16 @@ from typing import Any
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-extensions", "--remote-debugging-pipe",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--remote-debugging-pipe",
 )
 
 
@@ -112,7 +120,10 @@ def visit(url: str, facts_js: str, width: int = 1200) -> PageVisit:
 
     browser = subprocess.Popen(
         [chromium_binary(), *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=fds,
+        close_fds=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     os.close(commands_r)
     os.close(replies_w)
@@ -122,15 +133,24 @@ def visit(url: str, facts_js: str, width: int = 1200) -> PageVisit:
         session = pipe.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Runtime", "Log", "Page", "Network"):
             pipe.call(f"{domain}.enable", session)
-        pipe.call("Emulation.setDeviceMetricsOverride", session, width=width, height=900, deviceScaleFactor=1, mobile=False)
+        pipe.call(
+            "Emulation.setDeviceMetricsOverride", session, width=width, height=900, deviceScaleFactor=1, mobile=False
+        )
         pipe.call("Page.navigate", session, url=url)
         pipe.wait_for("Page.loadEventFired")
         evaluated = pipe.call("Runtime.evaluate", session, expression=facts_js, returnByValue=True)
         result.facts = evaluated["result"].get("value") or {}
-        height = pipe.call("Runtime.evaluate", session, expression="document.documentElement.scrollHeight",
-                           returnByValue=True)["result"]["value"]
-        pipe.call("Emulation.setDeviceMetricsOverride", session, width=width, height=int(height), deviceScaleFactor=1,
-                  mobile=False)
+        height = pipe.call(
+            "Runtime.evaluate", session, expression="document.documentElement.scrollHeight", returnByValue=True
+        )["result"]["value"]
+        pipe.call(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=width,
+            height=int(height),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         shot = pipe.call("Page.captureScreenshot", session, format="png", timeout=60)
         result.screenshot = base64.b64decode(shot["data"])
         pipe.call("Browser.close")

@@ -48,34 +48,51 @@ def start_connect_server(root: Path, master: str = "local[2]") -> ConnectServer:
     """Start a server under ``root`` and wait until it accepts connections (``RuntimeError`` with its log otherwise)."""
     port = _free_port()
     warehouse, metastore, log = root / "warehouse", root / "metastore_db", root / "connect-server.log"
-    confs = jar_confs(SparkConfig(), (), {
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.catalogImplementation": "hive",
-        "spark.sql.warehouse.dir": str(warehouse),
-        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
-        "spark.driver.extraJavaOptions": " ".join([f"-Dderby.system.home={root}", *local_java_options("1g", "")]),
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",
-    })
-    command = [str(Path(sys.executable).with_name("spark-submit")), "--master", master,
-               "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    confs = jar_confs(
+        SparkConfig(),
+        (),
+        {
+            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+            "spark.sql.catalogImplementation": "hive",
+            "spark.sql.warehouse.dir": str(warehouse),
+            "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
+            "spark.driver.extraJavaOptions": " ".join([f"-Dderby.system.home={root}", *local_java_options("1g", "")]),
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.databricks.delta.snapshotPartitions": "2",
+        },
+    )
+    command = [
+        str(Path(sys.executable).with_name("spark-submit")),
+        "--master",
+        master,
+        "--class",
+        "org.apache.spark.sql.connect.service.SparkConnectServer",
+    ]
     for key, value in confs.items():
         command += ["--conf", f"{key}={value}"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1"}
     env.pop("SPARK_REMOTE", None)
     with log.open("w") as out:
-        process = subprocess.Popen(command + ["spark-internal"], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command + ["spark-internal"],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     server = ConnectServer(f"sc://127.0.0.1:{port}", warehouse, log, process)
     deadline = time.monotonic() + START_SECONDS
     while not _accepts(port):
         if process.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"Spark Connect server did not start (exit {process.poll()}):\n{log.read_text()[-4000:]}")
+            raise RuntimeError(
+                f"Spark Connect server did not start (exit {process.poll()}):\n{log.read_text()[-4000:]}"
+            )
         time.sleep(0.5)
     return server
 

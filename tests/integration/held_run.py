@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from lakescore.jobs.config import JobConfig
-from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 
 __all__ = ["run_held_at"]
 
 
-def run_held_at(spark, cfg: JobConfig, step: str, barrier: Path, meanwhile: Callable[[], None], monkeypatch,
-                seconds: float = 300) -> RunReport:
+def run_held_at(
+    spark, cfg: JobConfig, step: str, barrier: Path, meanwhile: Callable[[], None], monkeypatch, seconds: float = 300
+) -> RunReport:
     """``run_scoring(cfg, spark)`` held at ``step`` while ``meanwhile()`` runs; its report.
 
     Fails the test when the run ends or ``seconds`` pass before it reaches ``step``; re-raises what the run raised.

@@ -25,20 +25,38 @@ def main(url: str, model: str, source: str, output: str, work: str, name: str) -
     key = sys.stdin.read().strip()
     folder = Path(work)
     (folder / "events").mkdir(parents=True, exist_ok=True)
-    cfg = load_config(flags={
-        "input": source, "output": output, "task": "generate", "id_col": "review_id",
-        "generate.prompt_template": "Review: {body}\nSummary:", "generate.max_new_tokens": 4, "max_error_rate": 0.5,
-        "generate.endpoint.url": url, "generate.endpoint.model": model, "generate.endpoint.api_key_env": name,
-        "report": str(folder / "run.json"), "spark.master": "local[1]",
-        "spark.warehouse_dir": str(folder / "warehouse"), "spark.metastore_dir": str(folder / "metastore_db"),
-        "spark.conf": {"spark.eventLog.enabled": "true", "spark.eventLog.dir": (folder / "events").as_uri(),
-                       "spark.ui.enabled": "true", "spark.ui.port": "0", f"spark.executorEnv.{name}": key},
-    })
+    cfg = load_config(
+        flags={
+            "input": source,
+            "output": output,
+            "task": "generate",
+            "id_col": "review_id",
+            "generate.prompt_template": "Review: {body}\nSummary:",
+            "generate.max_new_tokens": 4,
+            "max_error_rate": 0.5,
+            "generate.endpoint.url": url,
+            "generate.endpoint.model": model,
+            "generate.endpoint.api_key_env": name,
+            "report": str(folder / "run.json"),
+            "spark.master": "local[1]",
+            "spark.warehouse_dir": str(folder / "warehouse"),
+            "spark.metastore_dir": str(folder / "metastore_db"),
+            "spark.conf": {
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": (folder / "events").as_uri(),
+                "spark.ui.enabled": "true",
+                "spark.ui.port": "0",
+                f"spark.executorEnv.{name}": key,
+            },
+        }
+    )
     report = run_scoring(cfg)
     spark = SparkSession.getActiveSession()
     record_run(spark, cfg, report)
     context = spark.sparkContext
-    with urllib.request.urlopen(f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/environment") as answer:
+    with urllib.request.urlopen(
+        f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/environment"
+    ) as answer:
         (folder / "environment.json").write_bytes(answer.read())
     spark.stop()
     print(json.dumps({"status": report.status, "error": report.error}))

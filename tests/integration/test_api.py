@@ -35,8 +35,15 @@ def test_score_runs_the_whole_job_and_writes_its_report(tmp_path, spark, minilm_
     frame = reviews_frame(50, seed=9)
     frame.to_parquet(source)
     report = lakescore.score(
-        spark, input=str(source), output=output, task="embed", id_col="review_id", text_col="body",
-        model={"source": str(minilm_dir)}, write={"mode": "replace_run"}, run_date="2026-11-23",
+        spark,
+        input=str(source),
+        output=output,
+        task="embed",
+        id_col="review_id",
+        text_col="body",
+        model={"source": str(minilm_dir)},
+        write={"mode": "replace_run"},
+        run_date="2026-11-23",
         report=str(report_path),
     )
     assert report.status == "succeeded" and report.run_id == "2026-11-23"
@@ -54,12 +61,16 @@ def test_score_refuses_a_bad_setting_before_any_compute(spark, minilm_dir):
             lakescore.score(spark, input="x", output="y", model=model, write={"mdoe": "overwrite"})
 
 
-def test_transform_keeps_every_column_and_equals_sentence_transformers(spark, reviews, minilm_dir, sentence_transformer):
+def test_transform_keeps_every_column_and_equals_sentence_transformers(
+    spark, reviews, minilm_dir, sentence_transformer
+):
     frame, df = reviews
     scored = lakescore.transform(df, task="embed", model=minilm_dir, text_col="body", max_batch_tokens=512)
     assert scored.columns == ["review_id", "body", "stars", "embedding", "model_sha256", "_reason", "_error"]
     rows = scored.toPandas().sort_values("review_id").reset_index(drop=True)
-    assert rows["review_id"].tolist() == sorted(frame["review_id"]) and rows["stars"].tolist() == frame["stars"].tolist()
+    assert (
+        rows["review_id"].tolist() == sorted(frame["review_id"]) and rows["stars"].tolist() == frame["stars"].tolist()
+    )
     present = rows["body"].notna()
     assert rows.loc[~present, "embedding"].isna().all() and set(rows.loc[~present, "_reason"]) == {"null_input"}
     assert rows.loc[present, "_reason"].isna().all()
@@ -77,7 +88,9 @@ def test_transform_with_an_id_keeps_only_the_id_whatever_its_name(spark, reviews
 
     # A dot (read as a struct field by a bare name) and a backtick (refused there) in the names.
     awkward = five.withColumnsRenamed({"review_id": "review.id", "body": "the `body`"})
-    scored = lakescore.transform(awkward, task="embed", model=str(minilm_dir), text_col="the `body`", id_col="review.id")
+    scored = lakescore.transform(
+        awkward, task="embed", model=str(minilm_dir), text_col="the `body`", id_col="review.id"
+    )
     assert scored.columns == ["review.id", "embedding", "model_sha256", "_reason", "_error"]
     same = scored.toPandas().sort_values("review.id")
     assert same["review.id"].tolist() == rows["review_id"].tolist()
@@ -87,10 +100,14 @@ def test_transform_with_an_id_keeps_only_the_id_whatever_its_name(spark, reviews
 def test_transform_renders_a_prompt_template_as_the_job_does(spark, tiny_causal_lm_dir):
     from pyspark.sql import functions as F
 
-    df = spark.createDataFrame([(1, "lamp", "Arrived late."), (2, "desk", "Solid, and cheap!"), (3, None, "Fine.")],
-                               "id long, product string, body string")
+    df = spark.createDataFrame(
+        [(1, "lamp", "Arrived late."), (2, "desk", "Solid, and cheap!"), (3, None, "Fine.")],
+        "id long, product string, body string",
+    )
     options = dict(task="generate", model=tiny_causal_lm_dir, id_col="id", max_new_tokens=4)
-    by_hand = df.withColumn("prompt", F.concat(F.lit("Review of "), "product", F.lit(": "), "body", F.lit("\nSummary:")))
+    by_hand = df.withColumn(
+        "prompt", F.concat(F.lit("Review of "), "product", F.lit(": "), "body", F.lit("\nSummary:"))
+    )
     reference = lakescore.transform(by_hand, text_col="prompt", **options).toPandas().set_index("id").sort_index()
     template = "Review of {product}: {body}\nSummary:"
     for columns in ({"text_col": "body"}, {}):  # with a text column too the template is the prompt, as in the job
@@ -138,7 +155,9 @@ def _transform_refusals(df, minilm_dir, tmp_path):
     with pytest.raises(ModelSourceError, match="config.json cannot be read as JSON"):
         lakescore.transform(df, task="embed", model=no_weights, text_col="body", allow_pickle=True)
     with pytest.raises(ModelSourceError, match="but the run expects 00000000"):
-        lakescore.transform(df, task="embed", model={"source": str(minilm_dir), "expect_sha256": "0" * 64}, text_col="body")
+        lakescore.transform(
+            df, task="embed", model={"source": str(minilm_dir), "expect_sha256": "0" * 64}, text_col="body"
+        )
 
 
 def test_pandas_udf_embeds_in_a_select(spark, reviews, minilm_dir, sentence_transformer):
@@ -157,7 +176,9 @@ def test_pandas_udf_classifies_into_a_struct_equal_to_the_pipeline(spark, tiny_c
     texts = ["great blender", "awful, broke in a week", "", "Das ist gut.", "ok " * 400]
     df = spark.createDataFrame(pd.DataFrame({"id": range(len(texts)), "text": texts}))
     classify = lakescore.pandas_udf(task="classify", model=tiny_classifier_dir)
-    rows = df.withColumn("p", classify("text")).select("id", "p.label", "p.score", "p.probs").toPandas().sort_values("id")
+    rows = (
+        df.withColumn("p", classify("text")).select("id", "p.label", "p.score", "p.probs").toPandas().sort_values("id")
+    )
     peer = pipeline("text-classification", model=str(tiny_classifier_dir), top_k=None, device="cpu")
     for text, label, score in zip(texts, rows["label"], rows["score"]):
         ranked = peer(text, truncation=True)
@@ -174,7 +195,9 @@ def test_pandas_udf_takes_one_column_per_feature(spark, tiny_tabular):
     matrix = np.random.default_rng(4).normal(size=(20, 4))
     df = spark.createDataFrame(pd.DataFrame(matrix, columns=list(TinyTabular.FEATURES)).assign(id=range(20)))
     predict = lakescore.pandas_udf(task="tabular", model=script, feature_cols=TinyTabular.FEATURES)
-    rows = df.select("id", predict(*TinyTabular.FEATURES).alias("p")).select("id", "p.scores").toPandas().sort_values("id")
+    rows = (
+        df.select("id", predict(*TinyTabular.FEATURES).alias("p")).select("id", "p.scores").toPandas().sort_values("id")
+    )
     with torch.no_grad():
         expected = module(torch.as_tensor(matrix, dtype=torch.float32)).double().numpy()
     assert np.allclose(np.stack(rows["scores"].tolist()), expected, atol=1e-6)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,11 +27,25 @@ INVALID_UTF8 = [b"\xff\xfe broken", b"lone surrogate \xed\xa0\x80"]
 
 
 def _score(tmp_path, source, output, model, *extra: str) -> list[str]:
-    return ["score", "--input", str(source), "--output", str(output), "--model", str(model),
-            "--id-col", "review_id", "--text-col", "body", "--report", str(tmp_path / "report.json"), *extra]
+    return [
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--model",
+        str(model),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--report",
+        str(tmp_path / "report.json"),
+        *extra,
+    ]
 
 
-def _unfinished_report(tmp_path, status: str, step: Optional[str] = None) -> dict:
+def _unfinished_report(tmp_path, status: str, step: str | None = None) -> dict:
     """The JSON report of a run that did not finish (in ``step``; ``None``: any), checked to state what is known (when
     it started, how long it ran, its steps' times, where it stopped and why) and, in its HTML page, nothing about
     rows, validation or dead letters, which were never determined."""
@@ -58,9 +71,16 @@ def _one_error_line(capsys) -> str:
 def _cli(tmp_path, *args: str) -> list[str]:
     """The console script with ``args``, building a session of its own: warehouse under ``tmp_path``, so the JVM's
     log goes to ``tmp_path / "logs"``."""
-    return [str(Path(sys.executable).with_name("lakescore")), *args,
-            "--set", f"spark.warehouse_dir={tmp_path / 'wh'}", "--set", "spark.master=local[2]",
-            "--set", "spark.conf.spark.ui.enabled=false"]
+    return [
+        str(Path(sys.executable).with_name("lakescore")),
+        *args,
+        "--set",
+        f"spark.warehouse_dir={tmp_path / 'wh'}",
+        "--set",
+        "spark.master=local[2]",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+    ]
 
 
 def _run(command: list[str], cwd) -> subprocess.CompletedProcess:
@@ -76,7 +96,7 @@ def _failure_lines(stderr: str) -> list[str]:
 def _details(line: str, tmp_path) -> str:
     """The log file a failure line names (``(details: <log>)`` at its end), checked to be the session's own."""
     assert line.endswith(")") and " (details: " in line, line
-    log = Path(line[line.rindex(" (details: ") + len(" (details: "):-1])
+    log = Path(line[line.rindex(" (details: ") + len(" (details: ") : -1])
     assert log.parent == tmp_path / "logs" and log.is_file(), line
     return log.read_text()
 
@@ -89,7 +109,9 @@ def test_invalid_utf8_rows_are_dead_lettered_and_their_neighbours_scored(tmp_pat
     body = pa.array(bodies, pa.binary()).view(pa.string())  # bytes Spark and Parquet accept as a string column
     pq.write_table(pa.table({"review_id": pa.array(frame["review_id"], pa.int64()), "body": body}), source)
     output = tmp_path / "out" / "labels"
-    code = main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify", "--set", "max_error_rate=0.1"))
+    code = main(
+        _score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify", "--set", "max_error_rate=0.1")
+    )
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert (report["output_rows"], report["error_rows"], report["error_reasons"]) == (28, 2, {"invalid_text": 2})
@@ -182,7 +204,9 @@ def _score_onto_own_tmpfs(tmp_path: Path, name: str, options: str, model) -> tup
 def test_an_output_on_a_read_only_filesystem_is_refused_before_compute(tmp_path, spark, tiny_classifier_dir):
     read_only, result = _score_onto_own_tmpfs(tmp_path, "read-only", "ro,size=1m", tiny_classifier_dir)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.splitlines() == [f"lakescore: error: cannot write output '{read_only / 'out'}': read-only file system"]
+    assert result.stderr.splitlines() == [
+        f"lakescore: error: cannot write output '{read_only / 'out'}': read-only file system"
+    ]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "failed" and report["failed_step"] == "read_check"  # before the model preflight ended
 
@@ -205,12 +229,22 @@ def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_di
     frame = reviews_frame(120, seed=4)
     frame.to_parquet(source)
     output, staging = tmp_path / "out", tmp_path / "staging"
-    cmd = _cli(tmp_path, *_score(tmp_path, source, output, minilm_dir), "--set", "write.chunk_rows=30",
-               "--set", f"write.staging={staging}", "--run-date", "2026-11-23")
+    cmd = _cli(
+        tmp_path,
+        *_score(tmp_path, source, output, minilm_dir),
+        "--set",
+        "write.chunk_rows=30",
+        "--set",
+        f"write.staging={staging}",
+        "--run-date",
+        "2026-11-23",
+    )
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    first = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     deadline = time.time() + 300
+
     def chunk_staged():  # the staging table's first commit (not that of the chunked rows beside it, ..._rows)
         return [p for p in staging.glob("*/_delta_log/00000000000000000000.json") if not p.parts[-3].endswith("_rows")]
 
@@ -244,10 +278,12 @@ def test_interrupt_stops_with_one_line_and_the_rerun_resumes(tmp_path, minilm_di
 # ---------------------------------------------------------------- widened: sizes, invisible text, id types, wide tables
 
 ZWJ_ONLY = "\u200d" * 50
-HUGE_TEXT = ("lorem ipsum dolor sit amet " * 80_000)[:2 * 1024 * 1024]  # 2 MiB of words
+HUGE_TEXT = ("lorem ipsum dolor sit amet " * 80_000)[: 2 * 1024 * 1024]  # 2 MiB of words
 
 
-def test_hostile_shapes_in_one_run_are_scored_exactly_and_only_needed_columns_are_read(tmp_path, spark, tiny_classifier_dir):
+def test_hostile_shapes_in_one_run_are_scored_exactly_and_only_needed_columns_are_read(
+    tmp_path, spark, tiny_classifier_dir
+):
     """One input with a 2 MiB text, a row of only zero-width joiners, string ids with leading zeros and trailing
     spaces, a struct column and 5,000 columns the run does not use: every row is scored under its exact id, and the
     scoring stage reads the id and the text column only (its physical plan's ReadSchema)."""
@@ -271,8 +307,16 @@ def test_hostile_shapes_in_one_run_are_scored_exactly_and_only_needed_columns_ar
     assert sorted(out["review_id"]) == sorted(ids)  # byte for byte: zeros and spaces kept, "7" and "7 " distinct
     assert out["label"].notna().all()
 
-    cfg = load_config(flags={"input": str(source), "output": str(output), "task": "classify",
-                             "model.source": str(tiny_classifier_dir), "id_col": "review_id", "text_col": "body"})
+    cfg = load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "classify",
+            "model.source": str(tiny_classifier_dir),
+            "id_col": "review_id",
+            "text_col": "body",
+        }
+    )
     run = open_input(cfg, spark)
     scoring = score_dataframe(run.source, cfg, run.spec, ["review_id"], run.input_cols)
     plan = scoring._jdf.queryExecution().executedPlan().toString()
@@ -285,8 +329,10 @@ def test_decimal_ids_are_kept_exact(tmp_path, spark, tiny_classifier_dir):
 
     ids = [Decimal("1.10"), Decimal("12345678901234567890.01"), Decimal("0.00"), Decimal("-3.50")]
     source = tmp_path / "decimal.parquet"
-    pq.write_table(pa.table({"review_id": pa.array(ids, pa.decimal128(24, 2)),
-                             "body": pa.array(["good", "bad", "fine", "meh"])}), source)
+    pq.write_table(
+        pa.table({"review_id": pa.array(ids, pa.decimal128(24, 2)), "body": pa.array(["good", "bad", "fine", "meh"])}),
+        source,
+    )
     output = tmp_path / "out"
     assert main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify")) == 0
     out = spark.read.format("delta").load(str(output))
@@ -296,7 +342,9 @@ def test_decimal_ids_are_kept_exact(tmp_path, spark, tiny_classifier_dir):
 
 def test_a_binary_text_column_is_refused_before_compute_naming_its_type(tmp_path, spark, tiny_classifier_dir, capsys):
     source = tmp_path / "binary.parquet"
-    pq.write_table(pa.table({"review_id": pa.array([1, 2], pa.int64()), "body": pa.array([b"ab", b"cd"], pa.binary())}), source)
+    pq.write_table(
+        pa.table({"review_id": pa.array([1, 2], pa.int64()), "body": pa.array([b"ab", b"cd"], pa.binary())}), source
+    )
     output = tmp_path / "out"
     assert main(_score(tmp_path, source, output, tiny_classifier_dir, "--task", "classify")) == 2
     line = _one_error_line(capsys)

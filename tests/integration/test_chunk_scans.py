@@ -23,11 +23,17 @@ def test_chunks_read_the_input_once_and_a_rerun_not_at_all(spark, tmp_path, tiny
     staging_root = tmp_path / "_lakescore_staging" / "labels"
     assert len([p for p in staging_root.iterdir() if p.name.endswith("_rows")]) == 1
     rows_dir = next(p for p in staging_root.iterdir() if p.name.endswith("_rows"))
-    assert sorted(p.name for p in rows_dir.iterdir() if p.name.startswith("_chunk=")) == ["_chunk=0", "_chunk=1", "_chunk=2"]
+    assert sorted(p.name for p in rows_dir.iterdir() if p.name.startswith("_chunk=")) == [
+        "_chunk=0",
+        "_chunk=1",
+        "_chunk=2",
+    ]
 
     rerun = run()
     assert rerun.status == "succeeded" and rerun.chunks["skipped"] == 3 and rerun.input_scans == 0
-    assert rerun.output_rows == 10 and rerun.dedup["forward_passes_saved"] >= 4  # at most 2 distinct texts in each of 3 chunks
+    assert (
+        rerun.output_rows == 10 and rerun.dedup["forward_passes_saved"] >= 4
+    )  # at most 2 distinct texts in each of 3 chunks
     assert read_output(spark, str(output))["review_id"].tolist() == list(range(1, 11))
     assert not staging_root.exists()  # staging and the chunked rows are gone after the publish
 
@@ -60,10 +66,22 @@ def _runs(spark, source, output, model, dedup, run_id):
     """A function running the classifier over ``source`` into ``output`` in chunks of 4 rows, with ``flags`` on top."""
 
     def run(**flags):
-        return run_scoring(load_config(flags={
-            "input": str(source), "output": str(output), "task": "classify", "model.source": str(model),
-            "id_col": "review_id", "text_col": "body", "write.chunk_rows": 4, "scoring.dedup": dedup, "run_id": run_id,
-            **flags,
-        }), spark)
+        return run_scoring(
+            load_config(
+                flags={
+                    "input": str(source),
+                    "output": str(output),
+                    "task": "classify",
+                    "model.source": str(model),
+                    "id_col": "review_id",
+                    "text_col": "body",
+                    "write.chunk_rows": 4,
+                    "scoring.dedup": dedup,
+                    "run_id": run_id,
+                    **flags,
+                }
+            ),
+            spark,
+        )
 
     return run

@@ -53,9 +53,16 @@ def test_chunked_documents_publish_whole_and_an_incremental_run_replaces_them_wh
     texts = {1: LONG, 2: "A short one.", 3: LONG[:500], 4: LONG[:260]}
     _write(spark, source, [*texts.items(), (5, None), (6, HUGE)])
     flags = {
-        "input": str(source), "output": str(output), "write.mode": "incremental", "write.delete_missing": True,
-        "embed.chunk.max_tokens": 32, "embed.chunk.overlap_tokens": 8, "embed.chunk.document_vector": "mean",
-        "embed.chunk.max_chunks": 20, "max_error_rate": 0.5, "validation.drift.min_id_cosine_p5": 0.5,
+        "input": str(source),
+        "output": str(output),
+        "write.mode": "incremental",
+        "write.delete_missing": True,
+        "embed.chunk.max_tokens": 32,
+        "embed.chunk.overlap_tokens": 8,
+        "embed.chunk.document_vector": "mean",
+        "embed.chunk.max_chunks": 20,
+        "max_error_rate": 0.5,
+        "validation.drift.min_id_cosine_p5": 0.5,
     }
     cfg = job_config(**flags)
     first = run_scoring(cfg, spark)
@@ -103,5 +110,6 @@ def test_chunk_settings_are_refused_before_compute(job_config):
     with pytest.raises(ConfigError, match="needs embed.chunk.max_tokens"):
         job_config(**{"embed.chunk.overlap_tokens": 8})
     with pytest.raises(ConfigError, match="embed.chunk makes a document many rows"):
-        job_config(**{"embed.chunk.max_tokens": 32, "rank.partition_by": "body", "rank.order_by": "embedding",
-                      "rank.top_k": 1})
+        job_config(
+            **{"embed.chunk.max_tokens": 32, "rank.partition_by": "body", "rank.order_by": "embedding", "rank.top_k": 1}
+        )

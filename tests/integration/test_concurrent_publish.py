@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 from tests.integration.test_pinned_publish import _accounts
 
 ROWS = 80
@@ -27,11 +27,19 @@ def test_concurrent_replace_run_of_different_dates_both_publish(spark, tmp_path,
     frame.to_parquet(source)
 
     def config(date: str):
-        return load_config(flags={
-            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(script),
-            "id_col": "account_id", "feature_prefix": "feature_", "run_date": date, "write.mode": "replace_run",
-            "max_error_rate": 0.05,
-        })
+        return load_config(
+            flags={
+                "input": str(source),
+                "output": str(output),
+                "task": "tabular",
+                "model.source": str(script),
+                "id_col": "account_id",
+                "feature_prefix": "feature_",
+                "run_date": date,
+                "write.mode": "replace_run",
+                "max_error_rate": 0.05,
+            }
+        )
 
     assert run_scoring(config("2026-11-18"), spark).status == "succeeded"  # the table exists, partitioned by run_id
     barrier = tmp_path / "barrier"
@@ -57,11 +65,18 @@ def test_concurrent_replace_run_of_different_dates_both_publish(spark, tmp_path,
         assert not isinstance(report, BaseException), f"{date}: {report!r}"
         assert report.status == "succeeded", (date, report.error)
     out = spark.read.format("delta").load(str(output)).toPandas()
-    assert out.groupby("run_id").size().to_dict() == {"2026-11-18": ROWS - 1, "2026-11-19": ROWS - 1, "2026-11-20": ROWS - 1}
+    assert out.groupby("run_id").size().to_dict() == {
+        "2026-11-18": ROWS - 1,
+        "2026-11-19": ROWS - 1,
+        "2026-11-20": ROWS - 1,
+    }
     assert not out.duplicated(["run_id", "account_id"]).any()
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas()
     assert errors.groupby("run_id").size().to_dict() == {"2026-11-18": 1, "2026-11-19": 1, "2026-11-20": 1}
     tagged = [h.run_id for h in delta_history(spark, str(output))]
     assert sorted(tagged) == ["2026-11-18", "2026-11-19", "2026-11-20"]  # one commit each
     published_at = {h.run_id: h.version for h in delta_history(spark, str(output))}
-    assert {results[d].delta_version for d in ("2026-11-19", "2026-11-20")} == {published_at["2026-11-19"], published_at["2026-11-20"]}
+    assert {results[d].delta_version for d in ("2026-11-19", "2026-11-20")} == {
+        published_at["2026-11-19"],
+        published_at["2026-11-20"],
+    }

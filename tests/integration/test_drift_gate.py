@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
+from lakescore.jobs.api import score
 from lakescore.jobs.cli import main
 from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.testing_hooks import BARRIER_ENV
-from lakescore.jobs.api import score
 from tests.conftest import LABELS
 from tests.integration.test_score_job import read_output, reviews_frame
 
@@ -47,8 +47,13 @@ def _old_metrics_table(spark, output) -> None:
     from lakescore.jobs.steps.metrics import ATTEMPT, METRICS_SCHEMA
 
     schema = T.StructType([f for f in METRICS_SCHEMA.fields if f.name != ATTEMPT])
-    row = {f.name: None for f in schema.fields} | {"run_id": "r-old", "status": "succeeded", "task": "classify",
-                                                   "started_at": datetime(2026, 1, 1), "finished_at": datetime(2026, 1, 1, 0, 1)}
+    row = {f.name: None for f in schema.fields} | {
+        "run_id": "r-old",
+        "status": "succeeded",
+        "task": "classify",
+        "started_at": datetime(2026, 1, 1),
+        "finished_at": datetime(2026, 1, 1, 0, 1),
+    }
     spark.createDataFrame([row], schema).write.format("delta").save(f"{output}_metrics")
 
 
@@ -103,9 +108,16 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     frame = reviews_frame(ROWS, seed=5)
     frame.loc[0, "body"] = None  # one dead-lettered row a run, for the errors table to hold
     frame.to_parquet(source)
-    config = {"input": str(source), "output": str(output), "task": "classify", "model": str(tiny_classifier_dir),
-              "id_col": "review_id", "text_col": "body", "max_error_rate": 0.05,
-              "validation": {"drift": {"max_label_js": 0.1, "max_score_psi": 0.25}}}
+    config = {
+        "input": str(source),
+        "output": str(output),
+        "task": "classify",
+        "model": str(tiny_classifier_dir),
+        "id_col": "review_id",
+        "text_col": "body",
+        "max_error_rate": 0.05,
+        "validation": {"drift": {"max_label_js": 0.1, "max_score_psi": 0.25}},
+    }
     _old_metrics_table(spark, output)
 
     # Interrupted once it has its plan: no output, but a metrics row that says so.
@@ -133,15 +145,37 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     rarest = min(LABELS.values(), key=lambda label: shares.get(label, 0.0))
     moved = _leaning(tiny_classifier_dir, tmp_path / "leaning", rarest)
     report = tmp_path / "r3.json"
-    args = ["score", "--input", str(source), "--output", str(output), "--task", "classify", "--model", str(moved),
-            "--id-col", "review_id", "--text-col", "body", "--run-id", "r3", "--set", "max_error_rate=0.05",
-            "--set", "validation.drift.max_label_js=0.1", "--set", "validation.drift.max_score_psi=0.25"]
+    args = [
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--task",
+        "classify",
+        "--model",
+        str(moved),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--run-id",
+        "r3",
+        "--set",
+        "max_error_rate=0.05",
+        "--set",
+        "validation.drift.max_label_js=0.1",
+        "--set",
+        "validation.drift.max_score_psi=0.25",
+    ]
     dead_letters = spark.read.format("delta").load(errors_table).toPandas()
     assert set(dead_letters["run_id"]) == {"r2"} and len(dead_letters) == 1
     capsys.readouterr()
     assert main([*args, "--report", str(report)]) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lakescore:")]
-    assert len(errors) == 1 and errors[0].startswith("lakescore: error: drift past its bounds against version 1: label_js ")
+    assert len(errors) == 1 and errors[0].startswith(
+        "lakescore: error: drift past its bounds against version 1: label_js "
+    )
     assert "(max 0.1: exceeded)" in errors[0] and errors[0].endswith("The output was not published.")
     refused = json.loads(report.read_text())
     drift = refused["drift"]
@@ -151,10 +185,14 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     assert base_shares == pytest.approx(shares) and run_shares[rarest] > shares.get(rarest, 0.0) + 0.3
     labels = sorted(set(run_shares) | set(base_shares))
     assert drift["figures"]["label_js"] == pytest.approx(
-        jensenshannon([run_shares.get(k, 0) for k in labels], [base_shares.get(k, 0) for k in labels], base=2), abs=1e-5)
+        jensenshannon([run_shares.get(k, 0) for k in labels], [base_shares.get(k, 0) for k in labels], base=2), abs=1e-5
+    )
     assert _versions(spark, output) == 2 and read_output(spark, str(output)).equals(published)  # the output unchanged
     # ... and so is the errors table: it goes with the output's rows; the refused run's dead letter is in its report.
-    assert spark.read.format("delta").load(errors_table).toPandas().equals(dead_letters) and _versions(spark, errors_table) == 2
+    assert (
+        spark.read.format("delta").load(errors_table).toPandas().equals(dead_letters)
+        and _versions(spark, errors_table) == 2
+    )
     assert refused["error_rows"] == 1 and refused["profile"]["dead_letters"]["rows"][0][-1] == "r3"
     page = (tmp_path / "r3.html").read_text(encoding="utf-8")
     assert '<section id="drift">' in page and "<td class=fail>EXCEEDED</td>" in page
@@ -162,9 +200,15 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     # Rerun against a baseline version the output does not have: a setting that cannot hold, refused before compute.
     assert main([*args, "--set", "validation.drift.baseline=99"]) == 2
     errors_said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lakescore:")]
-    assert errors_said == [f"lakescore: error: validation.drift.baseline is 99, but output {str(output)!r} has no "
-                           "readable version 99 (it has versions 0 to 1); name one of those, or previous"]
-    assert _versions(spark, output) == 2 and _versions(spark, errors_table) == 2 and ("r3", 2) not in _metrics(spark, output)
+    assert errors_said == [
+        f"lakescore: error: validation.drift.baseline is 99, but output {str(output)!r} has no "
+        "readable version 99 (it has versions 0 to 1); name one of those, or previous"
+    ]
+    assert (
+        _versions(spark, output) == 2
+        and _versions(spark, errors_table) == 2
+        and ("r3", 2) not in _metrics(spark, output)
+    )
 
     # Rerun without a bound: the run id's second attempt resumes its staging and publishes, errors table and all.
     again = score(spark, **{**config, "validation": {}, "model": str(moved)}, run_id="r3", report=str(report))
@@ -176,19 +220,27 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     # One metrics row per attempt, published or not, beside the row an earlier lakescore wrote.
     rows = _metrics(spark, output)
     assert {k: v["status"] for k, v in rows.items()} == {
-        ("r-old", None): "succeeded", ("r0", 1): "interrupted", ("r1", 1): "succeeded", ("r2", 1): "succeeded",
-        ("r3", 1): "drift_exceeded", ("r3", 2): "succeeded"}
+        ("r-old", None): "succeeded",
+        ("r0", 1): "interrupted",
+        ("r1", 1): "succeeded",
+        ("r2", 1): "succeeded",
+        ("r3", 1): "drift_exceeded",
+        ("r3", 2): "succeeded",
+    }
     assert rows["r0", 1]["input_rows"] is None and rows["r0", 1]["label_shares"] is None
     assert rows["r1", 1]["baseline_version"] is None and rows["r1", 1]["drift_note"].startswith("no baseline")
     assert rows["r2", 1]["label_shares"] == pytest.approx(shares) and rows["r2", 1]["delta_version"] == 1
-    assert len(rows["r2", 1]["score_deciles"]) == 9 and rows["r2", 1]["score_deciles"] == sorted(rows["r2", 1]["score_deciles"])
+    assert len(rows["r2", 1]["score_deciles"]) == 9 and rows["r2", 1]["score_deciles"] == sorted(
+        rows["r2", 1]["score_deciles"]
+    )
     first_try = rows["r3", 1]
     assert first_try["label_js"] == drift["figures"]["label_js"] and first_try["drift_exceeded"] == drift["exceeded"]
     assert (first_try["input_rows"], first_try["output_rows"], first_try["delta_version"]) == (ROWS, ROWS - 1, None)
     assert rows["r3", 2]["delta_version"] == 2 and rows["r3", 2]["drift_exceeded"] == []
     # The same instants as the report's (Spark returns them naive, in this process's local time).
-    assert [first_try[k].timestamp() for k in ("started_at", "finished_at")] == \
-        [datetime.fromisoformat(refused[k]).timestamp() for k in ("started_at", "finished_at")]
+    assert [first_try[k].timestamp() for k in ("started_at", "finished_at")] == [
+        datetime.fromisoformat(refused[k]).timestamp() for k in ("started_at", "finished_at")
+    ]
 
     # history lists every attempt with its figures, from the attempt's report or else from its metrics row.
     assert main(["history", str(output)]) == 0
@@ -196,7 +248,8 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     by_attempt = {(cells[0], cells[-5] if cells[0] == "r3" else None): cells for cells in listed}
     marks = {figure: "!" if figure in drift["exceeded"] else "" for figure in drift["figures"]}
     assert by_attempt["r3", "1"][3] == "drift_exceeded" and " ".join(by_attempt["r3", "1"]).endswith(
-        f"- 1 label_js {drift['figures']['label_js']:.3f}!, score_psi {drift['figures']['score_psi']:.3f}{marks['score_psi']}")
+        f"- 1 label_js {drift['figures']['label_js']:.3f}!, score_psi {drift['figures']['score_psi']:.3f}{marks['score_psi']}"
+    )
     assert by_attempt["r3", "2"][3] == "succeeded" and by_attempt["r3", "2"][-6:-4] == ["2", "2"]
     assert " ".join(by_attempt["r2", None]).endswith("1 1 label_js 0.000, score_psi 0.000")
     assert by_attempt["r-old", None][3] == "succeeded" and by_attempt["r-old", None][-2:] == ["1", "-"]
@@ -223,12 +276,20 @@ def test_an_embedding_model_swap_is_caught_by_the_per_id_cosine(tmp_path, spark,
     swapped = tmp_path / "swapped-bert"
     shutil.copytree(plain_bert_dir, swapped)
     torch.manual_seed(1)  # the same architecture and width, other weights
-    BertModel(BertModel.from_pretrained(str(plain_bert_dir)).config).eval().save_pretrained(swapped, safe_serialization=True)
+    BertModel(BertModel.from_pretrained(str(plain_bert_dir)).config).eval().save_pretrained(
+        swapped, safe_serialization=True
+    )
     frame = reviews_frame(ROWS, seed=6)
     source, output = tmp_path / "reviews.parquet", tmp_path / "vectors"
     frame.to_parquet(source)
-    config = {"input": str(source), "output": str(output), "task": "embed", "id_col": "review_id", "text_col": "body",
-              "validation": {"drift": {"min_id_cosine_p5": 0.9}}}
+    config = {
+        "input": str(source),
+        "output": str(output),
+        "task": "embed",
+        "id_col": "review_id",
+        "text_col": "body",
+        "validation": {"drift": {"min_id_cosine_p5": 0.9}},
+    }
 
     first = score(spark, **config, model=str(plain_bert_dir), run_id="e1")
     assert first.status == "succeeded" and first.drift["figures"] == {}
@@ -240,9 +301,13 @@ def test_an_embedding_model_swap_is_caught_by_the_per_id_cosine(tmp_path, spark,
     texts = frame.sort_values("review_id")["body"]
     cosines = np.sum(_mean_pooled(plain_bert_dir, texts) * _mean_pooled(swapped, texts), axis=1)
     assert report.drift["figures"]["id_cosine_p5"] == pytest.approx(
-        np.percentile(cosines, 5, method="inverted_cdf"), abs=1e-3)
+        np.percentile(cosines, 5, method="inverted_cdf"), abs=1e-3
+    )
     assert "id_cosine_p5" in report.error and "(min 0.9: exceeded)" in report.error
     assert read_output(spark, str(output)).equals(before) and _versions(spark, output) == 1
     norms = report.drift["profiles"]["run"]["embedding_norm_deciles"]
     assert norms == pytest.approx([1.0] * 9, abs=1e-5)  # normalised vectors
-    assert {k: v["status"] for k, v in _metrics(spark, output).items()} == {("e1", 1): "succeeded", ("e2", 1): "drift_exceeded"}
+    assert {k: v["status"] for k, v in _metrics(spark, output).items()} == {
+        ("e1", 1): "succeeded",
+        ("e2", 1): "drift_exceeded",
+    }

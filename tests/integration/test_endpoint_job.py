@@ -31,11 +31,11 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.jobs.platform.tables import delta_history
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.steps.metrics import record_run
+from lakescore.jobs.testing_hooks import BARRIER_ENV
 from lakescore.udfs.remote.answers import EndpointRefused
 from lakescore.udfs.remote.engine import EngineServer, healthy
 from tests.integration.test_generate_job import _reference_texts
@@ -65,11 +65,19 @@ def _write(spark, frame: pd.DataFrame, path: Path) -> None:
 
 
 def _config(source: Path, output: Path, **flags):
-    return load_config(flags={
-        "input": str(source), "output": str(output), "task": "generate", "id_col": "review_id",
-        "generate.prompt_template": TEMPLATE, "generate.max_new_tokens": 6, "max_error_rate": 0.5,
-        "spark.master": "local[2]", **flags,
-    })
+    return load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "generate",
+            "id_col": "review_id",
+            "generate.prompt_template": TEMPLATE,
+            "generate.max_new_tokens": 6,
+            "max_error_rate": 0.5,
+            "spark.master": "local[2]",
+            **flags,
+        }
+    )
 
 
 def _expected(model_dir: Path, frame: pd.DataFrame) -> tuple[list[str], list[int]]:
@@ -78,8 +86,13 @@ def _expected(model_dir: Path, frame: pd.DataFrame) -> tuple[list[str], list[int
 
 
 def _files_text(*folders: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for folder in folders if folder.exists()
-                     for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".json", ".html", ".crc", ".log", ""))
+    return "\n".join(
+        p.read_text(errors="replace")
+        for folder in folders
+        if folder.exists()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.suffix in (".json", ".html", ".crc", ".log", "")
+    )
 
 
 @pytest.fixture
@@ -94,14 +107,23 @@ def executor_key(spark):
 
 
 def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_never_shows_its_key(
-    spark, tmp_path, served, tiny_causal_lm_dir, capfd, executor_key,
+    spark,
+    tmp_path,
+    served,
+    tiny_causal_lm_dir,
+    capfd,
+    executor_key,
 ):
     source, output, report_path = tmp_path / "reviews", tmp_path / "summaries", tmp_path / "run.json"
     frame = _reviews()
     _write(spark, frame, source)
-    endpoint = {"generate.endpoint.model": str(tiny_causal_lm_dir), "generate.endpoint.api_key_env": KEY_ENV,
-                "generate.endpoint.price": {"input": 2.0, "output": 10.0}, "write.mode": "incremental",
-                "report": str(report_path)}
+    endpoint = {
+        "generate.endpoint.model": str(tiny_causal_lm_dir),
+        "generate.endpoint.api_key_env": KEY_ENV,
+        "generate.endpoint.price": {"input": 2.0, "output": 10.0},
+        "write.mode": "incremental",
+        "report": str(report_path),
+    }
     entry = {"id": str(tiny_causal_lm_dir), "object": "model", "created": 1_700_000_000, "owned_by": "lakescore-tests"}
 
     def listed(permission: str) -> dict:  # vLLM's shape: a permission entry with an id and a time drawn per answer
@@ -130,7 +152,10 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         assert workers["tokens_out"] == out["completion_tokens"].sum() + preflight["tokens_out"]
         assert workers["tokens_in"] == out["prompt_tokens"].sum() + preflight["tokens_in"]
         token_cost = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
-        assert report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6) and report.cost["cost"] >= report.cost["token_cost"]
+        assert (
+            report.cost["token_cost"] == pytest.approx(token_cost, abs=1e-6)
+            and report.cost["cost"] >= report.cost["token_cost"]
+        )
         assert "the endpoint's tokens" in report.summary()
         assert f"({workers['rate_limited']} answered 429)" in report.summary()
         metrics = spark.read.format("delta").load(f"{output}_metrics").toPandas().iloc[-1]
@@ -142,8 +167,9 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         # again, as every row without an output is, and dead-lettered again without a request).
         proxy.models = listed("modelperm-2")
         posts = proxy.posts
-        again = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
-                                                       "max_error_rate": 1.0}), spark)
+        again = run_scoring(
+            _config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint, "max_error_rate": 1.0}), spark
+        )
         assert again.status == "succeeded", again.error
         assert again.rows_kept == 6 and again.error_reasons == {"null_input": 1}
         # nothing to score: the preflight read /v1/models and sent no paid request (issue 57: it sent its probe anyway)
@@ -152,8 +178,9 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         # /v1/models failing (503) on a rerun is no news: nothing is scored or billed again (issue 57: "scoring spec
         # changed, every row scored again", and once more when the listing came back)
         proxy.models_status = 503
-        outage = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
-                                                        "max_error_rate": 1.0}), spark)
+        outage = run_scoring(
+            _config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint, "max_error_rate": 1.0}), spark
+        )
         proxy.models_status = None
         assert outage.status == "succeeded", outage.error
         assert outage.rows_kept == 6 and not outage.spec_changes and outage.model_sha256 == report.model_sha256
@@ -164,8 +191,14 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         proxy.models = {"object": "list", "data": [{**entry, "created": 1_700_086_400, "root": "tiny-v2"}]}
         proxy.every = 10_000  # (429s are the first run's to prove; the suite too: this run is about what it rescores)
         posts = proxy.posts
-        changed = run_scoring(_config(source, output, **{"generate.endpoint.url": proxy.url, **endpoint,
-                                                         "max_error_rate": 1.0, "validation.enabled": False}), spark)
+        changed = run_scoring(
+            _config(
+                source,
+                output,
+                **{"generate.endpoint.url": proxy.url, **endpoint, "max_error_rate": 1.0, "validation.enabled": False},
+            ),
+            spark,
+        )
         assert changed.status == "succeeded", changed.error
         assert (changed.rows_kept, changed.output_rows) == (0, 6) and changed.model_sha256 != report.model_sha256
         assert changed.spec_changes == ["the endpoint /v1/models changed"]
@@ -176,33 +209,67 @@ def test_an_endpoint_behind_a_rate_limit_matches_in_process_greedy_text_and_neve
         assert read_output(spark, str(output))["generated_text"].tolist() == expected
 
     captured = capfd.readouterr()
-    shown = "\n".join([captured.out, captured.err, _files_text(report_path.parent, output, Path(f"{output}_errors"),
-                                                               Path(f"{output}_metrics"))])
+    shown = "\n".join(
+        [
+            captured.out,
+            captured.err,
+            _files_text(report_path.parent, output, Path(f"{output}_errors"), Path(f"{output}_metrics")),
+        ]
+    )
     assert report_path.is_file() and Path(f"{output}_metrics", "_delta_log").is_dir()  # what was searched is there
     assert KEY not in shown
 
 
-def test_a_setting_the_server_cannot_honour_is_refused_before_any_row_is_sent(spark, tmp_path, served, tiny_causal_lm_dir):
+def test_a_setting_the_server_cannot_honour_is_refused_before_any_row_is_sent(
+    spark, tmp_path, served, tiny_causal_lm_dir
+):
     source = tmp_path / "reviews"
     _write(spark, _reviews(), source)
     with pytest.raises(EndpointRefused) as refused:
-        run_scoring(_config(source, tmp_path / "json", **{
-            "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir),
-            "generate.json_schema": {"type": "object", "properties": {"stars": {"type": "integer"}}, "required": ["stars"]},
-        }), spark)
-    line = one_line(refused.value)  # transformers serve refuses response_format on /v1/completions (and drops it on chat)
-    assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) refused the run's settings: HTTP 422: Unexpected "
-                    "fields in the request: {'response_format'}"), line
+        run_scoring(
+            _config(
+                source,
+                tmp_path / "json",
+                **{
+                    "generate.endpoint.url": served.url,
+                    "generate.endpoint.model": str(tiny_causal_lm_dir),
+                    "generate.json_schema": {
+                        "type": "object",
+                        "properties": {"stars": {"type": "integer"}},
+                        "required": ["stars"],
+                    },
+                },
+            ),
+            spark,
+        )
+    line = one_line(
+        refused.value
+    )  # transformers serve refuses response_format on /v1/completions (and drops it on chat)
+    assert line == (
+        f"endpoint {served.url} (model {tiny_causal_lm_dir}) refused the run's settings: HTTP 422: Unexpected "
+        "fields in the request: {'response_format'}"
+    ), line
     assert not (tmp_path / "json").exists()
 
     # transformers serve takes the request's logprobs and returns none: the column cannot be filled, so no row is sent
     with pytest.raises(EndpointRefused) as refused:
-        run_scoring(_config(source, tmp_path / "logprobs", **{
-            "generate.endpoint.url": served.url, "generate.endpoint.model": str(tiny_causal_lm_dir), "generate.logprobs": True,
-        }), spark)
+        run_scoring(
+            _config(
+                source,
+                tmp_path / "logprobs",
+                **{
+                    "generate.endpoint.url": served.url,
+                    "generate.endpoint.model": str(tiny_causal_lm_dir),
+                    "generate.logprobs": True,
+                },
+            ),
+            spark,
+        )
     line = one_line(refused.value)
-    assert line == (f"endpoint {served.url} (model {tiny_causal_lm_dir}) does not honour generate.logprobs: the response "
-                    "holds no log-probabilities (the request's logprobs)"), line
+    assert line == (
+        f"endpoint {served.url} (model {tiny_causal_lm_dir}) does not honour generate.logprobs: the response "
+        "holds no log-probabilities (the request's logprobs)"
+    ), line
     assert not (tmp_path / "logprobs").exists()
 
 
@@ -211,11 +278,19 @@ def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark
     frame = _reviews(9)
     _write(spark, frame, source)
     server = TransformersServe(tiny_causal_lm_dir, tmp_path / "serve.log").start()
-    flags = {"generate.endpoint.url": server.url, "generate.endpoint.model": str(tiny_causal_lm_dir),
-             "generate.endpoint.max_retries": 1, "generate.endpoint.max_consecutive_failures": 2,
-             "generate.endpoint.concurrency": 1, "write.chunk_rows": 3, "run_id": "killed", "scoring.partitions": 1}
+    flags = {
+        "generate.endpoint.url": server.url,
+        "generate.endpoint.model": str(tiny_causal_lm_dir),
+        "generate.endpoint.max_retries": 1,
+        "generate.endpoint.max_consecutive_failures": 2,
+        "generate.endpoint.concurrency": 1,
+        "write.chunk_rows": 3,
+        "run_id": "killed",
+        "scoring.partitions": 1,
+    }
     log = tmp_path / "serve.log"
     try:
+
         def kill_after_four_rows() -> None:  # the first chunk's three rows staged, the second's in flight
             deadline = time.monotonic() + 120
             while log.read_text(errors="replace").count("Request received") < 5 and time.monotonic() < deadline:
@@ -228,7 +303,9 @@ def test_a_killed_endpoint_stops_the_run_in_one_line_and_the_rerun_resumes(spark
             run_scoring(_config(source, output, **flags), spark)
         killer.join()
         line = one_line(failed.value)
-        assert line.startswith(f"endpoint {server.url} (model {tiny_causal_lm_dir}) failed 2 requests in a row; last: "), line
+        assert line.startswith(
+            f"endpoint {server.url} (model {tiny_causal_lm_dir}) failed 2 requests in a row; last: "
+        ), line
         assert not output.exists()
 
         server.start()
@@ -256,9 +333,11 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             for path in Path(os.environ.get("TMPDIR", "/tmp")).glob("lakescore-engine-*.log"):
-                text = path.read_text(errors="replace")[started.get(path, 0):]
+                text = path.read_text(errors="replace")[started.get(path, 0) :]
                 if text.count("Request received") >= 3:
-                    engines = [pid for pid in python_processes_named(str(model)) if "remote.engine" not in _cmdline(pid)]
+                    engines = [
+                        pid for pid in python_processes_named(str(model)) if "remote.engine" not in _cmdline(pid)
+                    ]
                     for pid in engines:
                         os.kill(pid, signal.SIGKILL)
                     killed.extend(engines)
@@ -268,17 +347,27 @@ def test_a_served_engine_restarts_once_after_a_crash_and_stops_with_the_run(spar
     # another run's engine on this host, for the same model (its own copy marks its processes), owned by a live
     # process that is not this run's executor: the run's end must leave it serving (issue 57: it was stopped)
     neighbours_model = shutil.copytree(tiny_causal_lm_dir, tmp_path / "neighbours-model")
-    neighbour = EngineServer("transformers", str(neighbours_model), startup_timeout_s=300, owner=os.getpid(),
-                             watch_pid=os.getpid())
+    neighbour = EngineServer(
+        "transformers", str(neighbours_model), startup_timeout_s=300, owner=os.getpid(), watch_pid=os.getpid()
+    )
     neighbour.url()
     killed: list[int] = []
     killer = threading.Thread(target=kill_the_engine_mid_run, daemon=True)
     killer.start()
     try:
-        report = run_scoring(_config(source, output, **{
-            "model.source": str(model), "generate.server.engine": "transformers", "generate.server.concurrency": 1,
-            "scoring.partitions": 1,
-        }), spark)
+        report = run_scoring(
+            _config(
+                source,
+                output,
+                **{
+                    "model.source": str(model),
+                    "generate.server.engine": "transformers",
+                    "generate.server.concurrency": 1,
+                    "scoring.partitions": 1,
+                },
+            ),
+            spark,
+        )
         killer.join()
         assert healthy(neighbour.port) and python_processes_named(str(neighbours_model))  # the neighbour still serves
     finally:
@@ -325,21 +414,62 @@ def test_two_runs_with_served_engines_on_one_host_at_once_both_succeed(spark, tm
         frame.to_parquet(source)
         model = shutil.copytree(tiny_causal_lm_dir, work / "model")
         command = [
-            str(Path(sys.executable).with_name("lakescore")), "score", "--task", "generate", "--input", str(source),
-            "--output", str(output), "--model", str(model), "--id-col", "review_id", "--prompt-template", TEMPLATE,
-            "--max-new-tokens", "6", "--report", str(work / "run.json"),
-            "--set", "generate.server.engine=transformers", "--set", "generate.server.concurrency=1",
-            "--set", "scoring.partitions=1", "--set", "validation.enabled=false", "--set", "spark.master=local[1]",
-            "--set", f"spark.warehouse_dir={work / 'warehouse'}", "--set", f"spark.metastore_dir={work / 'metastore'}",
-            "--set", "spark.conf.spark.ui.enabled=false", "--set", "spark.conf.spark.sql.shuffle.partitions=1",
+            str(Path(sys.executable).with_name("lakescore")),
+            "score",
+            "--task",
+            "generate",
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(model),
+            "--id-col",
+            "review_id",
+            "--prompt-template",
+            TEMPLATE,
+            "--max-new-tokens",
+            "6",
+            "--report",
+            str(work / "run.json"),
+            "--set",
+            "generate.server.engine=transformers",
+            "--set",
+            "generate.server.concurrency=1",
+            "--set",
+            "scoring.partitions=1",
+            "--set",
+            "validation.enabled=false",
+            "--set",
+            "spark.master=local[1]",
+            "--set",
+            f"spark.warehouse_dir={work / 'warehouse'}",
+            "--set",
+            f"spark.metastore_dir={work / 'metastore'}",
+            "--set",
+            "spark.conf.spark.ui.enabled=false",
+            "--set",
+            "spark.conf.spark.sql.shuffle.partitions=1",
         ]
         barrier = work / "barrier"
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1",
-               BARRIER_ENV: f"score_stage:2:{barrier}"}
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "HF_HUB_OFFLINE": "1",
+            BARRIER_ENV: f"score_stage:2:{barrier}",
+        }
         log = open(work / "cli.log", "wb")  # noqa: SIM115 (the run writes it while the test holds it at the barrier)
-        process = subprocess.Popen(command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        runs[name] = {"process": process, "log": log, "barrier": barrier, "model": model, "output": output, "work": work}
+        process = subprocess.Popen(
+            command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        runs[name] = {
+            "process": process,
+            "log": log,
+            "barrier": barrier,
+            "model": model,
+            "output": output,
+            "work": work,
+        }
 
     def cli_log(name: str) -> str:
         return (runs[name]["work"] / "cli.log").read_text(errors="replace")
@@ -349,7 +479,8 @@ def test_two_runs_with_served_engines_on_one_host_at_once_both_succeed(spark, tm
         while not done():
             exited = {n: r["process"].returncode for n, r in runs.items() if r["process"].poll() is not None}
             assert not exited or what.endswith("exit"), f"a run exited {exited} before {what}:\n" + "\n".join(
-                cli_log(n)[-3000:] for n in exited)
+                cli_log(n)[-3000:] for n in exited
+            )
             assert time.monotonic() < deadline, f"no {what} within {seconds:.0f} s"
             time.sleep(0.1)
 
@@ -381,8 +512,10 @@ def test_two_runs_with_served_engines_on_one_host_at_once_both_succeed(spark, tm
         out = read_output(spark, str(run["output"]))
         assert out["review_id"].tolist() == frame["review_id"].tolist()  # every row scored and published
         assert out["generated_text"].tolist() == expected
-        assert not Path(f"{run['output']}_errors").exists() or spark.read.format("delta").load(
-            f"{run['output']}_errors").count() == 0
+        assert (
+            not Path(f"{run['output']}_errors").exists()
+            or spark.read.format("delta").load(f"{run['output']}_errors").count() == 0
+        )
         assert "stopped 1 served engine(s)" in cli_log(name), cli_log(name)[-3000:]  # its own, once
     deadline = time.monotonic() + 30
     while any(_engine_processes(r["model"]) for r in runs.values()):  # no engine of either outlives its run
@@ -399,13 +532,27 @@ def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_repo
     with caplog.at_level("WARNING", logger="lakescore.jobs.platform.spark.session"):
         warn_if_shown(spark, [KEY_ENV])  # this test session was built without the name: it would show the key
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
-        f"this session's spark.redaction.regex does not match {KEY_ENV}"]
+        f"this session's spark.redaction.regex does not match {KEY_ENV}"
+    ]
 
     source, output, work = tmp_path / "reviews", tmp_path / "summaries", tmp_path / "run"
     _write(spark, _reviews(4), source)
     run = subprocess.run(
-        [sys.executable, "-m", "tests.integration.key_hidden_run", served.url, str(served.model_dir), str(source),
-         str(output), str(work), KEY_ENV], input=KEY, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.key_hidden_run",
+            served.url,
+            str(served.model_dir),
+            str(source),
+            str(output),
+            str(work),
+            KEY_ENV,
+        ],
+        input=KEY,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={k: v for k, v in os.environ.items() if k != KEY_ENV},
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
@@ -420,7 +567,9 @@ def test_the_key_given_as_spark_executor_env_is_in_no_event_log_ui_table_or_repo
             assert KEY not in spark.read.format("delta").load(str(table)).toPandas().to_json()
 
 
-def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_bad_image_is_dead_lettered(spark, tmp_path):
+def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_bad_image_is_dead_lettered(
+    spark, tmp_path
+):
     """``--task generate --image-col`` over a folder, through ``transformers serve`` running the tiny LLaVA: each image
     goes as the chat API's ``image_url`` part before the prompt (a PNG and a JPEG as they are, a BMP and an RGBA PNG as
     PNG of the pixels lakescore decoded), each text and prompt token count equal to transformers' greedy ``generate`` by
@@ -436,20 +585,37 @@ def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_
     model_dir = tiny_llava(tmp_path / "llava")
     root = tmp_path / "photos"
     root.mkdir()
-    files = {"1.png": encoded(picture(40, 30, 8), "PNG"), "2.jpg": encoded(picture(30, 44, 9), "JPEG", quality=90),
-             "3.bmp": encoded(picture(36, 36, 10), "BMP"), "4.png": encoded(picture(33, 47, 11).convert("RGBA"), "PNG"),
-             "5.png": b"not a png", "6.png": b""}
+    files = {
+        "1.png": encoded(picture(40, 30, 8), "PNG"),
+        "2.jpg": encoded(picture(30, 44, 9), "JPEG", quality=90),
+        "3.bmp": encoded(picture(36, 36, 10), "BMP"),
+        "4.png": encoded(picture(33, 47, 11).convert("RGBA"), "PNG"),
+        "5.png": b"not a png",
+        "6.png": b"",
+    }
     for name, data in files.items():
         (root / name).write_bytes(data)
     prompt = "Caption this product photo."
     server = TransformersServe(model_dir, tmp_path / "serve.log").start()
     try:
-        report = run_scoring(load_config(flags={
-            "input": str(root), "input_format": "images", "output": str(tmp_path / "captions"), "task": "generate",
-            "generate.prompt_template": prompt, "generate.max_new_tokens": 6, "max_error_rate": 0.5,
-            "spark.master": "local[2]", "generate.endpoint.url": server.url, "generate.endpoint.model": str(model_dir),
-            "generate.endpoint.api": "chat",
-        }), spark)
+        report = run_scoring(
+            load_config(
+                flags={
+                    "input": str(root),
+                    "input_format": "images",
+                    "output": str(tmp_path / "captions"),
+                    "task": "generate",
+                    "generate.prompt_template": prompt,
+                    "generate.max_new_tokens": 6,
+                    "max_error_rate": 0.5,
+                    "spark.master": "local[2]",
+                    "generate.endpoint.url": server.url,
+                    "generate.endpoint.model": str(model_dir),
+                    "generate.endpoint.api": "chat",
+                }
+            ),
+            spark,
+        )
     finally:
         server.kill()
     assert report.status == "succeeded", report.error
@@ -463,12 +629,17 @@ def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     same = []
     for name, text, tokens in zip(out["name"], out["generated_text"], out["prompt_tokens"]):
-        messages = [{"role": "user", "content": [{"type": "image", "image": decode_image(files[name])},
-                                                 {"type": "text", "text": prompt}]}]
-        inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")
+        messages = [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": decode_image(files[name])}, {"type": "text", "text": prompt}],
+            }
+        ]
+        inputs = processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
         with torch.no_grad():
-            new = model.generate(**inputs, do_sample=False, max_new_tokens=6)[0, inputs["input_ids"].shape[1]:]
+            new = model.generate(**inputs, do_sample=False, max_new_tokens=6)[0, inputs["input_ids"].shape[1] :]
         assert tokens == inputs["input_ids"].shape[1]  # the server's usage: the image's tokens and the prompt's
         same.append(text == processor.decode(new, skip_special_tokens=True))
     assert all(same), same  # one engine (transformers) on both sides: no near-tie can split them

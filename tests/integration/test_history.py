@@ -24,7 +24,9 @@ def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, 
         record_run(spark, cfg, run_scoring(cfg, spark))  # the report and the metrics row, as the CLI writes them
 
     commit = spark.sql(f"DESCRIBE HISTORY delta.`{out}`").select("userMetadata").first()[0]
-    assert json.loads(commit) == {"lakescore": {"run_id": "night-1", "report": str(tmp_path / "reports" / "night-1.json")}}
+    assert json.loads(commit) == {
+        "lakescore": {"run_id": "night-1", "report": str(tmp_path / "reports" / "night-1.json")}
+    }
 
     assert main(["history", out]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -33,7 +35,11 @@ def test_history_lists_published_and_failed_runs_and_shows_one(tmp_path, spark, 
     # The last columns: the Delta version, the attempt, and the drift figures against the output as each run found it.
     # night-2 published nothing, not even its errors table: its metrics row tells.
     assert (second[0], second[3], second[4:7], second[-4:]) == (
-        "night-2", "validation_failed", ["3", "3", "0"], ["-", "1", "id_cosine_p5", "1.000"])
+        "night-2",
+        "validation_failed",
+        ["3", "3", "0"],
+        ["-", "1", "id_cosine_p5", "1.000"],
+    )
     assert (first[0], first[3], first[4:7], first[-3:]) == ("night-1", "succeeded", ["3", "3", "0"], ["0", "1", "-"])
     assert float(first[8].replace(",", "")) > 0 and first[9] == "-"  # the run's core-seconds; no price, no cost
     assert len(lines) == 3

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from lakescore import transform
-from lakescore.jobs.platform.files.hadoop_files import FUNCTION, STATUS_FUNCTION
 from lakescore.jobs.config import load_config
+from lakescore.jobs.platform.files.hadoop_files import FUNCTION, STATUS_FUNCTION
 from lakescore.jobs.score_job import run_scoring
 from lakescore.schemas.output import FILE_COLUMNS
 from lakescore.udfs.models.model_source import ModelSpec
@@ -54,14 +54,29 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
     frame = pd.DataFrame({"photo_id": list(photos), "photo": list(photos.values())})
     spark.createDataFrame(frame, "photo_id long, photo binary").write.format("delta").save(str(source))
 
-    report = run_scoring(_config(
-        input=str(source), output=str(output), task="image_classify", id_col="photo_id", image_col="photo",
-        max_error_rate=0.6,
-        **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on", "scoring.max_image_pixels": 1500,
-           "scoring.arrow_max_bytes_per_batch": 1},
-    ), spark)
+    report = run_scoring(
+        _config(
+            input=str(source),
+            output=str(output),
+            task="image_classify",
+            id_col="photo_id",
+            image_col="photo",
+            max_error_rate=0.6,
+            **{
+                "model.source": str(vit_dir),
+                "write.mode": "incremental",
+                "scoring.dedup": "on",
+                "scoring.max_image_pixels": 1500,
+                "scoring.arrow_max_bytes_per_batch": 1,
+            },
+        ),
+        spark,
+    )
     assert report.status == "succeeded", report.error
-    assert (report.output_rows, report.error_reasons) == (3, {"image_too_large": 1, "invalid_image": 1, "null_input": 1})
+    assert (report.output_rows, report.error_reasons) == (
+        3,
+        {"image_too_large": 1, "invalid_image": 1, "null_input": 1},
+    )
     assert report.dedup["forward_passes_saved"] == 1  # rows 1 and 5 hold the same image
     # Arrow batches are cut by the bytes of the binary column (one image each under a 1-byte bound), not only by rows
     assert report.workers["arrow_batches"] == 5
@@ -82,8 +97,18 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
     assert profiled["kind"] == "numeric" and profiled["stats"]["max"] == max(len(v) for v in photos.values() if v)
 
     # The Python API over the same column: the same labels, the same reasons
-    lazily = transform(spark.read.format("delta").load(str(source)), task="image_classify", model=vit_dir,
-                       image_col="photo", id_col="photo_id", max_image_pixels=1500).toPandas().set_index("photo_id")
+    lazily = (
+        transform(
+            spark.read.format("delta").load(str(source)),
+            task="image_classify",
+            model=vit_dir,
+            image_col="photo",
+            id_col="photo_id",
+            max_image_pixels=1500,
+        )
+        .toPandas()
+        .set_index("photo_id")
+    )
     assert lazily.loc[scored, "label"].tolist() == out["label"].tolist()
     assert lazily.loc[[2, 3, 4], "_reason"].tolist() == ["image_too_large", "invalid_image", "null_input"]
 
@@ -91,19 +116,36 @@ def test_a_binary_column_into_delta_dead_letters_per_row_and_scores_each_image_o
 def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missing_one(spark, tmp_path, vit_dir):
     root = tmp_path / "receipts"
     root.mkdir()
-    files = {"a.png": encoded(picture(40, 30, 4), "PNG"), "b c.jpg": encoded(picture(30, 41, 5), "JPEG"),
-             "d.webp": encoded(picture(35, 35, 6), "WEBP")}
+    files = {
+        "a.png": encoded(picture(40, 30, 4), "PNG"),
+        "b c.jpg": encoded(picture(30, 41, 5), "JPEG"),
+        "d.webp": encoded(picture(35, 35, 6), "WEBP"),
+    }
     for name, data in files.items():
         (root / name).write_bytes(data)
-    paths = {1: str(root / "a.png"), 2: f"file://{root / 'b c.jpg'}", 3: str(root / "gone.png"), 4: None,
-             5: f"file:{root / 'd.webp'}"}
+    paths = {
+        1: str(root / "a.png"),
+        2: f"file://{root / 'b c.jpg'}",
+        3: str(root / "gone.png"),
+        4: None,
+        5: f"file:{root / 'd.webp'}",
+    }
     source, output = tmp_path / "receipts_table", tmp_path / "receipt_labels"
-    spark.createDataFrame(pd.DataFrame({"receipt_id": list(paths), "scan": list(paths.values())}), "receipt_id long, scan string") \
-        .write.format("delta").save(str(source))
+    spark.createDataFrame(
+        pd.DataFrame({"receipt_id": list(paths), "scan": list(paths.values())}), "receipt_id long, scan string"
+    ).write.format("delta").save(str(source))
 
-    report = run_scoring(_config(input=str(source), output=str(output), task="image_classify", id_col="receipt_id",
-                                 image_col="scan", **{"model.source": str(vit_dir), "write.mode": "incremental",
-                                                      "scoring.dedup": "on"}), spark)
+    report = run_scoring(
+        _config(
+            input=str(source),
+            output=str(output),
+            task="image_classify",
+            id_col="receipt_id",
+            image_col="scan",
+            **{"model.source": str(vit_dir), "write.mode": "incremental", "scoring.dedup": "on"},
+        ),
+        spark,
+    )
     assert report.status == "succeeded", report.error
     assert (report.output_rows, report.error_reasons) == (3, {"missing_file": 1, "null_input": 1})
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("receipt_id").reset_index(drop=True)
@@ -129,8 +171,14 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
     os.utime(root / "b c.jpg", ns=(touched.st_atime_ns, touched.st_mtime_ns + 5_000_000_000))
     files["d.webp"] = encoded(picture(41, 29, 7), "WEBP")
     (root / "d.webp").write_bytes(files["d.webp"])
-    flags = dict(input=str(source), task="image_classify", id_col="receipt_id", image_col="scan", max_error_rate=0.7,
-                 **{"model.source": str(vit_dir), "write.mode": "incremental"})
+    flags = dict(
+        input=str(source),
+        task="image_classify",
+        id_col="receipt_id",
+        image_col="scan",
+        max_error_rate=0.7,
+        **{"model.source": str(vit_dir), "write.mode": "incremental"},
+    )
     rerun = _config(output=str(output), **flags)
     _the_comparison_reads_files_once_after_the_pre_check(spark, rerun)
     again = run_scoring(rerun, spark)
@@ -141,31 +189,48 @@ def test_a_path_column_reads_each_file_on_the_executors_and_dead_letters_a_missi
     assert now.loc[1, "input_digest"] == hashlib.sha256(read[0]).hexdigest()  # the bytes before the rewrite
     assert now.loc[5, "input_digest"] == hashlib.sha256(files["d.webp"]).hexdigest()
     assert [now.loc[5, "input_length"], now.loc[5, "input_modified"]] == _status(stats[5])
-    assert [now.loc[2, "input_length"], now.loc[2, "input_modified"]] == [touched.st_size, touched.st_mtime_ns // 1_000_000]
+    assert [now.loc[2, "input_length"], now.loc[2, "input_modified"]] == [
+        touched.st_size,
+        touched.st_mtime_ns // 1_000_000,
+    ]
 
     # An output written before outputs stored file status: merged into as it is, each file read for its digest before
     # the join; a full rescore rewrites it with the file status columns.
     older = tmp_path / "older_labels"
     spark.read.format("delta").load(str(output)).drop(*FILE_COLUMNS).write.format("delta").save(str(older))
-    targets, plan, rescored = _compared(spark, _config(output=str(older), **flags),
-                                        _config(output=str(older), **flags, **{"write.full_rescore": True}))
+    targets, plan, rescored = _compared(
+        spark, _config(output=str(older), **flags), _config(output=str(older), **flags, **{"write.full_rescore": True})
+    )
     assert not targets.file_status and not targets.replaces_layout and "input_path" not in targets.output_schema.names
     join = plan.index("Join FullOuter")
     assert plan.count(f"{FUNCTION}(") == 1 and plan.index(f"{FUNCTION}(") > join, plan
     assert rescored.file_status and rescored.replaces_layout and "input_path" in rescored.output_schema.names
 
 
-def test_a_folder_run_scores_each_image_dead_letters_an_empty_one_and_counts_the_others_ignored(spark, tmp_path, vit_dir):
+def test_a_folder_run_scores_each_image_dead_letters_an_empty_one_and_counts_the_others_ignored(
+    spark, tmp_path, vit_dir
+):
     """Every file under the folder is scored, dead-lettered with its reason (a 0-byte image, which Spark's file scan
     skips, is ``null_input`` as through a path column) or ignored and counted (not an image)."""
     root = tmp_path / "photos"
     (root / "nested").mkdir(parents=True)
-    files = {"one.jpg": encoded(picture(40, 30, 1), "JPEG", quality=90), "nested/two.PNG": encoded(picture(33, 47, 2), "PNG")}
+    files = {
+        "one.jpg": encoded(picture(40, 30, 1), "JPEG", quality=90),
+        "nested/two.PNG": encoded(picture(33, 47, 2), "PNG"),
+    }
     for name, data in {**files, "x.png": b"", "notes.txt": b"not an image"}.items():
         (root / name).write_bytes(data)
     output = tmp_path / "labels"
-    report = run_scoring(_config(input=str(root), input_format="images", output=str(output), task="image_classify",
-                                 **{"model.source": str(vit_dir)}), spark)
+    report = run_scoring(
+        _config(
+            input=str(root),
+            input_format="images",
+            output=str(output),
+            task="image_classify",
+            **{"model.source": str(vit_dir)},
+        ),
+        spark,
+    )
     assert report.status == "succeeded", report.error
     assert (report.input_rows, report.output_rows, report.ignored_files) == (3, 2, 1)
     assert report.error_reasons == {"null_input": 1}
@@ -204,7 +269,9 @@ def test_a_folder_runs_key_changes_when_a_file_is_replaced_under_its_name(spark,
     files = _folder(root)
 
     def key() -> str:
-        return input_fingerprint(read_files(spark, str(root), ("jpg", "png", "webp", "gif", "bmp", "tiff"))[0], file_stats=True)
+        return input_fingerprint(
+            read_files(spark, str(root), ("jpg", "png", "webp", "gif", "bmp", "tiff"))[0], file_stats=True
+        )
 
     before = key()
     assert key() == before  # the same files: the same key
@@ -248,7 +315,9 @@ def _the_comparison_reads_files_once_after_the_pre_check(spark, cfg) -> None:
     assert plan.index(f"{STATUS_FUNCTION}(") > join, plan
 
 
-def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transformers_does_by_hand(spark, tmp_path, capsys):
+def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transformers_does_by_hand(
+    spark, tmp_path, capsys
+):
     """``lakescore score --task generate --image-col`` over a column of paths, the prompt rendered from another column:
     each row's text is transformers' greedy ``generate`` run by hand with the processor; a corrupt image and a missing
     file are that row's dead letters; a language model that reads no images is refused in one line before compute."""
@@ -266,13 +335,35 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     for i, image in images.items():
         image.save(root / f"{i}.png")
     (root / "3.png").write_bytes(b"not a png")
-    rows = [(i, str(root / f"{i}.png"), name) for i, name in ((1, "lamp"), (2, "mug"), (3, "chair"), (4, "desk"), (5, "rug"))]
+    rows = [
+        (i, str(root / f"{i}.png"), name)
+        for i, name in ((1, "lamp"), (2, "mug"), (3, "chair"), (4, "desk"), (5, "rug"))
+    ]
     source, output = tmp_path / "catalog", tmp_path / "captions"
-    spark.createDataFrame(pd.DataFrame(rows, columns=["sku", "photo", "name"]), "sku long, photo string, name string") \
-        .write.format("delta").save(str(source))
+    spark.createDataFrame(
+        pd.DataFrame(rows, columns=["sku", "photo", "name"]), "sku long, photo string, name string"
+    ).write.format("delta").save(str(source))
     template = "Caption this photo of a {name}."
-    flags = ["--task", "generate", "--input", str(source), "--output", str(output), "--id-col", "sku", "--image-col", "photo",
-             "--prompt-template", template, "--max-new-tokens", "6", "--set", "max_error_rate=0.5", "--set", "spark.master=local[2]"]
+    flags = [
+        "--task",
+        "generate",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--id-col",
+        "sku",
+        "--image-col",
+        "photo",
+        "--prompt-template",
+        template,
+        "--max-new-tokens",
+        "6",
+        "--set",
+        "max_error_rate=0.5",
+        "--set",
+        "spark.master=local[2]",
+    ]
     assert main(["score", "--model", str(model_dir), *flags, "--write-mode", "incremental"]) == 0
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("sku").reset_index(drop=True)
     assert out["sku"].tolist() == [1, 2, 4]
@@ -283,12 +374,20 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
     processor = transformers.AutoProcessor.from_pretrained(model_dir)
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval()
     for sku, text, tokens in zip(out["sku"], out["generated_text"], out["prompt_tokens"]):
-        messages = [{"role": "user", "content": [{"type": "image", "image": images[sku]},
-                                                 {"type": "text", "text": template.format(name={r[0]: r[2] for r in rows}[sku])}]}]
-        inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt")
+        messages = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": images[sku]},
+                    {"type": "text", "text": template.format(name={r[0]: r[2] for r in rows}[sku])},
+                ],
+            }
+        ]
+        inputs = processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
         with torch.no_grad():
-            new = model.generate(**inputs, do_sample=False, max_new_tokens=6)[0, inputs["input_ids"].shape[1]:]
+            new = model.generate(**inputs, do_sample=False, max_new_tokens=6)[0, inputs["input_ids"].shape[1] :]
         assert (text, tokens) == (processor.decode(new, skip_special_tokens=True), inputs["input_ids"].shape[1])
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("sku")
     assert errors.loc[3, "reason"] == "invalid_image" and errors.loc[3, "input"] == str(root / "3.png")
@@ -296,18 +395,46 @@ def test_generate_reads_each_image_with_its_prompt_through_the_cli_as_transforme
 
     # Incremental: one product renamed, its photo unchanged on disk: its prompt changed, so it alone is generated again.
     renamed = [(sku, photo, "lamp shade" if sku == 1 else name) for sku, photo, name in rows]
-    spark.createDataFrame(pd.DataFrame(renamed, columns=["sku", "photo", "name"]), "sku long, photo string, name string") \
-        .write.format("delta").mode("overwrite").save(str(source))
-    assert main(["score", "--model", str(model_dir), *flags, "--write-mode", "incremental", "--set", "max_error_rate=0.9",
-                 "--report", str(tmp_path / "again.json")]) == 0  # (the two dead-lettered rows are carried)
+    spark.createDataFrame(
+        pd.DataFrame(renamed, columns=["sku", "photo", "name"]), "sku long, photo string, name string"
+    ).write.format("delta").mode("overwrite").save(str(source))
+    assert (
+        main(
+            [
+                "score",
+                "--model",
+                str(model_dir),
+                *flags,
+                "--write-mode",
+                "incremental",
+                "--set",
+                "max_error_rate=0.9",
+                "--report",
+                str(tmp_path / "again.json"),
+            ]
+        )
+        == 0
+    )  # (the two dead-lettered rows are carried)
     again = json.loads((tmp_path / "again.json").read_text())
     assert (again["rows_kept"], again["rows_scored"], again["rows_carried"]) == (2, 1, 2), again
 
     # The Python API over a binary column: the same texts.
-    frame = pd.DataFrame({"sku": [1, 2], "photo": [(root / "1.png").read_bytes(), (root / "2.png").read_bytes()],
-                          "name": ["lamp", "mug"]})
-    lazily = transform(spark.createDataFrame(frame, "sku long, photo binary, name string"), task="generate", model=model_dir,
-                       image_col="photo", id_col="sku", prompt_template=template, max_new_tokens=6).toPandas()
+    frame = pd.DataFrame(
+        {
+            "sku": [1, 2],
+            "photo": [(root / "1.png").read_bytes(), (root / "2.png").read_bytes()],
+            "name": ["lamp", "mug"],
+        }
+    )
+    lazily = transform(
+        spark.createDataFrame(frame, "sku long, photo binary, name string"),
+        task="generate",
+        model=model_dir,
+        image_col="photo",
+        id_col="sku",
+        prompt_template=template,
+        max_new_tokens=6,
+    ).toPandas()
     assert lazily.sort_values("sku")["generated_text"].tolist() == out["generated_text"].tolist()[:2]
 
     tokenizer = train_tokenizer("bos")

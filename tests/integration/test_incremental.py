@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.config import load_config
-from lakescore.jobs.testing_hooks import ANNOUNCE_ENV
 from lakescore.jobs.platform.tables import TableError
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.score_job import run_scoring
@@ -23,16 +22,21 @@ from lakescore.jobs.steps.context import ModelIdentity
 from lakescore.jobs.steps.preflight import ExecutorPreflight
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.read import check_targets, open_input
+from lakescore.jobs.testing_hooks import ANNOUNCE_ENV
 from lakescore.udfs.models.model_source import ModelSourceError, model_file_digests
 from tests.integration.held_run import run_held_at
 from tests.integration.test_score_job import read_output
-
 
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 
 
 def _texts(n: int) -> pd.DataFrame:
-    return pd.DataFrame({"review_id": range(1, n + 1), "body": [f"review number {i}: the battery lasts {i} days" for i in range(1, n + 1)]})
+    return pd.DataFrame(
+        {
+            "review_id": range(1, n + 1),
+            "body": [f"review number {i}: the battery lasts {i} days" for i in range(1, n + 1)],
+        }
+    )
 
 
 def _write_input(spark, frame: pd.DataFrame, path) -> None:
@@ -42,10 +46,20 @@ def _write_input(spark, frame: pd.DataFrame, path) -> None:
 @pytest.fixture
 def config(tmp_path, tiny_classifier_dir):
     def make(model=tiny_classifier_dir, output=tmp_path / "labels", **flags):
-        return load_config(flags={
-            "input": str(tmp_path / "reviews"), "output": str(output), "task": "classify", "model.source": str(model),
-            "id_col": "review_id", "text_col": "body", "write.mode": "incremental", "max_error_rate": 0.5, **flags,
-        })
+        return load_config(
+            flags={
+                "input": str(tmp_path / "reviews"),
+                "output": str(output),
+                "task": "classify",
+                "model.source": str(model),
+                "id_col": "review_id",
+                "text_col": "body",
+                "write.mode": "incremental",
+                "max_error_rate": 0.5,
+                **flags,
+            }
+        )
+
     return make
 
 
@@ -81,8 +95,9 @@ def _jvm_console(spark, capsys) -> str:
     return seen
 
 
-def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, config, tiny_classifier_dir, caplog, capsys,
-                                                            monkeypatch):
+def test_incremental_runs_score_only_changes_and_merge_them(
+    spark, tmp_path, config, tiny_classifier_dir, caplog, capsys, monkeypatch
+):
     source, output = tmp_path / "reviews", tmp_path / "labels"
     frame = _texts(12)
     _write_input(spark, frame, source)
@@ -116,9 +131,14 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     page = _html(same, tmp_path / "r2.json")
     assert "Nothing to score: 12 input rows kept as they are." in page
     assert "dimensions" not in page and "rows/s" not in page and "id=throughput" not in page
-    assert _accounting_rows(page) == [("input", "12"), ("kept (not scored again)", "12"), ("scored", "0"),
-                                      ("errors", "0"), ("output ids missing from the input", "0"),
-                                      ("deleted from the output", "0")]
+    assert _accounting_rows(page) == [
+        ("input", "12"),
+        ("kept (not scored again)", "12"),
+        ("scored", "0"),
+        ("errors", "0"),
+        ("output ids missing from the input", "0"),
+        ("deleted from the output", "0"),
+    ]
     assert spark.sql(f"DESCRIBE HISTORY delta.`{output}`").count() == 1
 
     # An edit, an edit to a null text (dead-lettered, its stale row leaves the output), an insert, two deletes.
@@ -131,9 +151,15 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     assert _accounts(third) == (8, 2, 1, 2, 1) and third.error_reasons == {"null_input": 1}
     page = _html(third, tmp_path / "r3.json")
     assert "Rows: input = kept + scored + errors" in page
-    assert _accounting_rows(page) == [("input", "11"), ("kept (not scored again)", "8"), ("scored", "2"),
-                                      ("errors", "1"), ("null_input", "1"), ("output ids missing from the input", "2"),
-                                      ("deleted from the output", "1")]
+    assert _accounting_rows(page) == [
+        ("input", "11"),
+        ("kept (not scored again)", "8"),
+        ("scored", "2"),
+        ("errors", "1"),
+        ("null_input", "1"),
+        ("output ids missing from the input", "2"),
+        ("deleted from the output", "1"),
+    ]
     out = read_output(spark, str(output)).set_index("review_id")
     assert sorted(out.index) == [1, 2, 3, 4] + list(range(6, 14))  # 3 and 4 kept: delete_missing is off
     assert out.loc[[2, 13], "run_id"].tolist() == ["r3", "r3"] and set(out.drop(index=[2, 13])["run_id"]) == {"r1"}
@@ -214,8 +240,12 @@ def test_incremental_runs_score_only_changes_and_merge_them(spark, tmp_path, con
     remaining = incremental.reset_index()[["review_id"]].merge(edited, on="review_id")
     duplicated = pd.concat([remaining, remaining[remaining["review_id"] == 6].assign(body="a second row for id 6")])
     _write_input(spark, duplicated, source)
-    seventh = run_scoring(config(model=other, run_id="r8", max_error_rate=1.0, **{"model.max_seq_length": 16,
-                                                                                   "write.delete_missing": True}), spark)
+    seventh = run_scoring(
+        config(
+            model=other, run_id="r8", max_error_rate=1.0, **{"model.max_seq_length": 16, "write.delete_missing": True}
+        ),
+        spark,
+    )
     assert _accounts(seventh) == (9, 0, 2, 0, 1)
     assert sorted(read_output(spark, str(output))["review_id"]) == [1, 2] + list(range(7, 14))
 
@@ -227,15 +257,33 @@ def test_a_model_file_edit_rescores_and_write_modes_switch_only_when_asked(spark
     ``replace_run`` on an incremental output is refused, naming the way out."""
     model = tmp_path / "minilm"
     shutil.copytree(minilm_dir, model)
-    frame = pd.DataFrame({"review_id": range(1, 7), "body": [
-        f"review {i}: the battery lasted all week and the screen stayed bright in the sun" for i in range(1, 7)]})
+    frame = pd.DataFrame(
+        {
+            "review_id": range(1, 7),
+            "body": [
+                f"review {i}: the battery lasted all week and the screen stayed bright in the sun" for i in range(1, 7)
+            ],
+        }
+    )
     _write_input(spark, frame, tmp_path / "reviews")
     output = tmp_path / "vectors"
 
     def run(mode="incremental", **flags):
-        return run_scoring(load_config(flags={
-            "input": str(tmp_path / "reviews"), "output": str(output), "task": "embed", "model.source": str(model),
-            "id_col": "review_id", "text_col": "body", "write.mode": mode, **flags}), spark)
+        return run_scoring(
+            load_config(
+                flags={
+                    "input": str(tmp_path / "reviews"),
+                    "output": str(output),
+                    "task": "embed",
+                    "model.source": str(model),
+                    "id_col": "review_id",
+                    "text_col": "body",
+                    "write.mode": mode,
+                    **flags,
+                }
+            ),
+            spark,
+        )
 
     first = run(run_id="e1")
     assert _accounts(first) == (0, 6, 0, 0, 0) and first.spec_changes is None
@@ -288,7 +336,8 @@ def test_deletion_vectors_off_leaves_the_output_readable_by_older_readers(spark,
 
 
 def test_column_names_delta_or_spark_find_awkward_are_scored_and_an_id_column_delta_refuses_is_refused(
-        spark, tmp_path, config):
+    spark, tmp_path, config
+):
     """A text column named ``review text`` (a name Delta refuses without column mapping) reaches the run's private
     tables escaped: the prepared rows of a chunked run, then the changed rows of an incremental one. An id column named
     ``review.id`` (which the scoring stage's ``mapInArrow`` and GX would read as a struct field) is checked for
@@ -299,6 +348,7 @@ def test_column_names_delta_or_spark_find_awkward_are_scored_and_an_id_column_de
     frame = _texts(12).rename(columns={"review_id": "review.id", "body": "review text"})
     frame = pd.concat([frame, frame.tail(1)], ignore_index=True)  # id 12 twice: both rows refused
     frame.to_parquet(source / "part-0.parquet")
+
     def awkward(**flags):
         return config(**{"input": str(source), "id_col": "review.id", "text_col": "review text", **flags})
 
@@ -330,7 +380,9 @@ def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path
         _write_input(spark, changed, source)
 
     # Held at the scoring step: the run has counted and planned its rows; then upstream changes the input.
-    report = run_held_at(spark, config(run_id="pinned"), "score_stage", tmp_path / "barrier-pinned", edit_and_append, monkeypatch)
+    report = run_held_at(
+        spark, config(run_id="pinned"), "score_stage", tmp_path / "barrier-pinned", edit_and_append, monkeypatch
+    )
     assert report.status == "succeeded" and report.input_version == 0
     assert (report.input_rows, report.rows_scored) == (6, 6)
     out = read_output(spark, str(output))
@@ -342,13 +394,16 @@ def test_an_upstream_commit_during_the_run_changes_nothing_in_it(spark, tmp_path
     parquet.mkdir()
     frame.to_parquet(parquet / "part-0.parquet")
     add_file = lambda: _texts(8).iloc[6:].to_parquet(parquet / "part-1.parquet")  # noqa: E731
-    cfg = config(run_id="pinned-parquet", input=str(parquet), output=tmp_path / "from-parquet", **{"write.mode": "overwrite"})
+    cfg = config(
+        run_id="pinned-parquet", input=str(parquet), output=tmp_path / "from-parquet", **{"write.mode": "overwrite"}
+    )
     report = run_held_at(spark, cfg, "score_stage", tmp_path / "barrier-pinned-parquet", add_file, monkeypatch)
     assert report.status == "succeeded" and report.input_version is None and report.output_rows == 6
 
 
 def test_the_driver_compares_before_the_preflight_and_again_when_the_executors_hashed_other_weights(
-        spark, tmp_path, config, tiny_classifier_dir):
+    spark, tmp_path, config, tiny_classifier_dir
+):
     """``compare_early`` finds the rows to score with the digest of the driver's copy of the weights, while the
     executors still load theirs; ``plan_run`` keeps that comparison when the executors agree, and compares again
     (dropping the first comparison's table) when they hashed other weights."""
@@ -360,7 +415,9 @@ def test_the_driver_compares_before_the_preflight_and_again_when_the_executors_h
     try:
         targets = check_targets(run)
         split = check_input_ids(run)
-        executors = ModelIdentity(first.model_id, None, first.model_sha256, model_files=model_file_digests(tiny_classifier_dir))
+        executors = ModelIdentity(
+            first.model_id, None, first.model_sha256, model_files=model_file_digests(tiny_classifier_dir)
+        )
 
         early = compare_early(run, targets, split)
         assert (early.model_sha256, early.rows_to_score, early.rows_kept) == (first.model_sha256, 0, 12)
@@ -371,13 +428,19 @@ def test_the_driver_compares_before_the_preflight_and_again_when_the_executors_h
         stale = compare_early(dataclasses.replace(run, model_dir=other), targets, split)
         assert stale.model_sha256 != first.model_sha256 and stale.rows_to_score == 12 and stale.table.exists()
         plan = plan_run(run, targets, split, executors, stale)
-        assert (plan.changes.model_sha256, plan.changes.rows_to_score, plan.changes.rows_kept) == (first.model_sha256, 0, 12)
+        assert (plan.changes.model_sha256, plan.changes.rows_to_score, plan.changes.rows_kept) == (
+            first.model_sha256,
+            0,
+            12,
+        )
         assert plan.identity.sha256 == first.model_sha256 and not stale.table.exists()
     finally:
         run.worker_start.wait()
 
 
-def test_a_failed_preflight_abandons_the_comparison_and_raises_its_own_error(spark, tmp_path, config, tiny_classifier_dir):
+def test_a_failed_preflight_abandons_the_comparison_and_raises_its_own_error(
+    spark, tmp_path, config, tiny_classifier_dir
+):
     """Work that needs the model (the early comparison) is interrupted as soon as the executors fail to load it, and
     the run fails with the model's error, not the interruption's; the output keeps its version."""
     _write_input(spark, _texts(4), tmp_path / "reviews")

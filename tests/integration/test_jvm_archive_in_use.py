@@ -26,10 +26,16 @@ print("ROWS", spark.range(5).count())
 def test_setup_built_the_archive_a_session_starts_from_and_the_jvm_maps_it(tmp_path):
     cfg = SparkConfig()
     path = archive_path(cfg.jars_dir, jar_confs(cfg, (), cfg.conf))
-    assert path is not None and path.is_file(), f"no JVM class archive at {path}: run `make setup` (lakescore fetch-jars)"
+    assert path is not None and path.is_file(), (
+        f"no JVM class archive at {path}: run `make setup` (lakescore fetch-jars)"
+    )
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tmp_path / "warehouse")], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, cwd=tmp_path,
+        [sys.executable, "-c", PROBE, str(tmp_path / "warehouse")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        cwd=tmp_path,
     )
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert f"-XX:SharedArchiveFile={path}" in probe.stdout

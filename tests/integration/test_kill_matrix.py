@@ -32,8 +32,8 @@ import pandas as pd
 import pytest
 
 from lakescore.jobs.cli import main
-from lakescore.jobs.testing_hooks import KILL_ENV
 from lakescore.jobs.platform.tables import delta_history
+from lakescore.jobs.testing_hooks import KILL_ENV
 from tests.conftest import TinyTabular
 
 ROWS = 240
@@ -75,28 +75,67 @@ def _frame(seed: int = 11) -> pd.DataFrame:
     return frame
 
 
-def _args(source: Path, output: Path, script: Path, report: Path, *extra: str, run_id: str | None = RUN_ID) -> list[str]:
-    return ["score", "--task", "tabular", "--input", str(source), "--output", str(output), "--model", str(script),
-            "--id-col", "account_id", "--feature-prefix", "feature_", *(["--run-id", run_id] if run_id else []),
-            "--report", str(report), "--set", f"write.chunk_rows={CHUNK_ROWS}", "--set", "max_error_rate=0.05", *extra]
+def _args(
+    source: Path, output: Path, script: Path, report: Path, *extra: str, run_id: str | None = RUN_ID
+) -> list[str]:
+    return [
+        "score",
+        "--task",
+        "tabular",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--model",
+        str(script),
+        "--id-col",
+        "account_id",
+        "--feature-prefix",
+        "feature_",
+        *(["--run-id", run_id] if run_id else []),
+        "--report",
+        str(report),
+        "--set",
+        f"write.chunk_rows={CHUNK_ROWS}",
+        "--set",
+        "max_error_rate=0.05",
+        *extra,
+    ]
 
 
 def _killed_run(args: list[str], workdir: Path, point: str) -> tuple[int, float, str]:
     """Run the CLI in a subprocess that kills itself at ``point``; ``(return code, seconds, log tail)``."""
-    cmd = [str(Path(sys.executable).with_name("lakescore")), *args,
-           "--set", f"spark.warehouse_dir={workdir / 'wh'}", "--set", "spark.master=local[2]",
-           "--set", "spark.conf.spark.ui.enabled=false", "--set", "spark.conf.spark.sql.shuffle.partitions=2"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", KILL_ENV: point,
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    cmd = [
+        str(Path(sys.executable).with_name("lakescore")),
+        *args,
+        "--set",
+        f"spark.warehouse_dir={workdir / 'wh'}",
+        "--set",
+        "spark.master=local[2]",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+        "--set",
+        "spark.conf.spark.sql.shuffle.partitions=2",
+    ]
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "HF_HUB_OFFLINE": "1",
+        KILL_ENV: point,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=KILLED_RUN_TIMEOUT)
     except subprocess.TimeoutExpired:  # a failure, never a "SIGKILL": this kill is the test's, not the point's
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"the run did not reach {point} within {KILLED_RUN_TIMEOUT} s:\n{out.decode(errors='replace')[-3000:]}") from None
+        raise AssertionError(
+            f"the run did not reach {point} within {KILLED_RUN_TIMEOUT} s:\n{out.decode(errors='replace')[-3000:]}"
+        ) from None
     seconds = time.monotonic() - started
     try:  # what the driver left running (its JVM exits when the driver's pipe closes): gone before the rerun
         os.killpg(proc.pid, signal.SIGKILL)
@@ -142,15 +181,18 @@ def print_matrix():
     if not _matrix:
         return
     lines = ["| kill point | interrupts | killed run | rerun | kill run s | rerun s |", "|---|---|---|---|---|---|"]
-    lines += [f"| `{p}` | {what} | {first} | {second} | {a:.1f} | {b:.1f} |" for p, what, first, second, a, b in _matrix]
+    lines += [
+        f"| `{p}` | {what} | {first} | {second} | {a:.1f} | {b:.1f} |" for p, what, first, second, a, b in _matrix
+    ]
     text = "\n".join(lines)
     print("\nkill matrix (driver SIGKILLed at the point, then the same command rerun):\n" + text)
     if os.environ.get(MATRIX_ENV):
         Path(os.environ[MATRIX_ENV]).write_text(text + "\n")
 
 
-def _assert_exact(spark, output: Path, frame: pd.DataFrame, ref_out: pd.DataFrame, ref_err: pd.DataFrame,
-                  run_id: str) -> None:
+def _assert_exact(
+    spark, output: Path, frame: pd.DataFrame, ref_out: pd.DataFrame, ref_err: pd.DataFrame, run_id: str
+) -> None:
     out, err = _sorted(_table(spark, output)), _sorted(_table(spark, Path(f"{output}_errors")))
     ids = list(out["account_id"].dropna()) + list(err["account_id"].dropna())
     assert sorted(ids) == sorted(frame["account_id"].dropna()) and len(out) + len(err) == len(frame)  # each id once
@@ -159,9 +201,13 @@ def _assert_exact(spark, output: Path, frame: pd.DataFrame, ref_out: pd.DataFram
     # id stands in for it (a run without --run-id), every row it wrote in either table carries that one id.
     as_reference = {"run_id": {run_id: RUN_ID}}
     pd.testing.assert_frame_equal(out.replace(as_reference), ref_out)
-    pd.testing.assert_frame_equal(err.replace(as_reference).drop(columns=["error"], errors="ignore"),
-                                  ref_err.drop(columns=["error"], errors="ignore"))
-    assert not (output.parent / "_lakescore_staging").exists(), list((output.parent / "_lakescore_staging").rglob("*"))[:5]
+    pd.testing.assert_frame_equal(
+        err.replace(as_reference).drop(columns=["error"], errors="ignore"),
+        ref_err.drop(columns=["error"], errors="ignore"),
+    )
+    assert not (output.parent / "_lakescore_staging").exists(), list((output.parent / "_lakescore_staging").rglob("*"))[
+        :5
+    ]
     published = [h for h in delta_history(spark, str(output)) if h.run_id == run_id]
     assert len(published) == 1, published  # at most one publish commit of this run, never two
 
@@ -182,7 +228,9 @@ def test_killed_driver_rerun_gives_the_uninterrupted_result(point, what, matrix_
     assert rerun["run_id"] == RUN_ID or point in WITHOUT_RUN_ID
     _assert_exact(spark, output, frame, *reference, run_id=rerun["run_id"])
     resumed = rerun["chunks"]["skipped"]
-    _matrix.append((point, what, "SIGKILL", f"exit 0, exact ({resumed}/3 chunks resumed)", killed_seconds, rerun_seconds))
+    _matrix.append(
+        (point, what, "SIGKILL", f"exit 0, exact ({resumed}/3 chunks resumed)", killed_seconds, rerun_seconds)
+    )
 
 
 def test_killed_incremental_run_between_chunks_reruns_to_the_uninterrupted_result(matrix_input, tiny_tabular, spark):
@@ -216,5 +264,13 @@ def test_killed_incremental_run_between_chunks_reruns_to_the_uninterrupted_resul
     assert report["chunks"]["total"] == 3 and report["chunks"]["skipped"] >= 1
     ref_out, ref_err = _sorted(_table(spark, copy)), _sorted(_table(spark, Path(f"{copy}_errors")))
     _assert_exact(spark, output, changed, ref_out, ref_err, run_id=RUN_ID)
-    _matrix.append(("incremental: chunk_committed:0", "incremental MERGE run, after chunk 0", "SIGKILL",
-                    f"exit 0, exact ({report['chunks']['skipped']}/3 chunks resumed)", killed_seconds, rerun_seconds))
+    _matrix.append(
+        (
+            "incremental: chunk_committed:0",
+            "incremental MERGE run, after chunk 0",
+            "SIGKILL",
+            f"exit 0, exact ({report['chunks']['skipped']}/3 chunks resumed)",
+            killed_seconds,
+            rerun_seconds,
+        )
+    )

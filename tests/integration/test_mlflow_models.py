@@ -49,19 +49,30 @@ def classifiers(registry, minilm_dir):
             model = _tiny_bert(BertForSequenceClassification, LABELS)
             with torch.no_grad():
                 model.classifier.weight.mul_(1 if version == 1 else -1)
-            mlflow.transformers.log_model({"model": model, "tokenizer": tokenizer}, name=f"classifier-{version}",
-                                          task="text-classification", registered_model_name="reviews-sentiment",
-                                          pip_requirements=[])
+            mlflow.transformers.log_model(
+                {"model": model, "tokenizer": tokenizer},
+                name=f"classifier-{version}",
+                task="text-classification",
+                registered_model_name="reviews-sentiment",
+                pip_requirements=[],
+            )
             models.append(model)
     mlflow.MlflowClient().set_registered_model_alias("reviews-sentiment", "champion", "2")
     return models, tokenizer
 
 
 def _job(tmp_path, source, model, task="classify", **flags):
-    return load_config(flags={
-        "input": str(source), "output": str(tmp_path / "out"), "task": task, "model.source": model,
-        "id_col": "review_id", "model.cache_dir": str(tmp_path / "model-cache"), **flags,
-    })
+    return load_config(
+        flags={
+            "input": str(source),
+            "output": str(tmp_path / "out"),
+            "task": task,
+            "model.source": model,
+            "id_col": "review_id",
+            "model.cache_dir": str(tmp_path / "model-cache"),
+            **flags,
+        }
+    )
 
 
 def test_registry_alias_resolves_to_its_version_and_equals_the_pipeline(tmp_path, spark, classifiers):
@@ -94,12 +105,22 @@ def test_registry_alias_resolves_to_its_version_and_equals_the_pipeline(tmp_path
     assert checked >= 18
 
     with pytest.raises(ModelIntegrityError, match="refusing to score"):  # the pin still applies, before compute
-        run_scoring(_job(tmp_path, source, "models:/reviews-sentiment/1", text_col="body",
-                         **{"model.expect_sha256": report.model_sha256}), spark)  # version 1 is other weights
+        run_scoring(
+            _job(
+                tmp_path,
+                source,
+                "models:/reviews-sentiment/1",
+                text_col="body",
+                **{"model.expect_sha256": report.model_sha256},
+            ),
+            spark,
+        )  # version 1 is other weights
     assert not (tmp_path / "out" / "_delta_log" / "00000000000000000001.json").exists()
 
 
-def test_run_uri_of_a_sentence_transformers_model_equals_sentence_transformers(tmp_path, spark, registry, sentence_transformer):
+def test_run_uri_of_a_sentence_transformers_model_equals_sentence_transformers(
+    tmp_path, spark, registry, sentence_transformer
+):
     mlflow, experiment = registry
     with mlflow.start_run(experiment_id=experiment) as run:
         mlflow.sentence_transformers.log_model(sentence_transformer, name="embedder", pip_requirements=[])
@@ -124,10 +145,16 @@ def test_pytorch_flavour_torch_export_scores_and_a_pickled_one_is_refused(tmp_pa
     module = TinyTabular.module()
     example = np.zeros((2, 4), dtype=np.float32)
     with mlflow.start_run(experiment_id=experiment):
-        mlflow.pytorch.log_model(module, name="program", registered_model_name="tabular-pt2", input_example=example,
-                                 pip_requirements=[])
-        mlflow.pytorch.log_model(module, name="pickled", registered_model_name="tabular-pickle",
-                                 serialization_format="pickle", pip_requirements=[])
+        mlflow.pytorch.log_model(
+            module, name="program", registered_model_name="tabular-pt2", input_example=example, pip_requirements=[]
+        )
+        mlflow.pytorch.log_model(
+            module,
+            name="pickled",
+            registered_model_name="tabular-pickle",
+            serialization_format="pickle",
+            pip_requirements=[],
+        )
     features = list(TinyTabular.FEATURES)
     rng = np.random.default_rng(3)
     frame = pd.DataFrame(rng.normal(size=(20, 4)).astype(np.float32), columns=features)

@@ -28,11 +28,19 @@ def test_a_staging_commit_after_the_pin_changes_nothing_published(spark, tmp_pat
     _, script, _ = tiny_tabular
     source, output, staging_root = tmp_path / "accounts.parquet", tmp_path / "risk", tmp_path / "staging"
     _accounts(ROWS).to_parquet(source)
-    cfg = load_config(flags={
-        "input": str(source), "output": str(output), "task": "tabular", "model.source": str(script),
-        "id_col": "account_id", "feature_prefix": "feature_", "run_id": "pinned-1",
-        "write.chunk_rows": 50, "write.staging": str(staging_root),
-    })
+    cfg = load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "tabular",
+            "model.source": str(script),
+            "id_col": "account_id",
+            "feature_prefix": "feature_",
+            "run_id": "pinned-1",
+            "write.chunk_rows": 50,
+            "write.staging": str(staging_root),
+        }
+    )
     staged_at: list = []
 
     def write_to_staging_after_the_pin():
@@ -44,8 +52,9 @@ def test_a_staging_commit_after_the_pin_changes_nothing_published(spark, tmp_pat
         pinned_version = len(list((staging / "_delta_log").glob("*.json"))) - 1
         intruders = staged.limit(2).toPandas()
         intruders.loc[1, "account_id"] = 999_999
-        spark.createDataFrame(intruders, staged.schema).write.format("delta").mode("append") \
-            .option("userMetadata", "someone else").save(str(staging))
+        spark.createDataFrame(intruders, staged.schema).write.format("delta").mode("append").option(
+            "userMetadata", "someone else"
+        ).save(str(staging))
         assert len(list((staging / "_delta_log").glob("*.json"))) - 1 == pinned_version + 1  # the commit happened
 
     # The run waits at the validate step, right after the pin.
@@ -63,8 +72,9 @@ def test_a_staging_commit_after_the_pin_changes_nothing_published(spark, tmp_pat
     assert len(staged_at) == 1 and not staged_at[0].exists()
 
     # Another writer commits to the output after the run: the run's commit is still the one found by its tag.
-    spark.read.format("delta").load(str(output)).limit(1).write.format("delta").mode("append") \
-        .option("userMetadata", "later").save(str(output))
+    spark.read.format("delta").load(str(output)).limit(1).write.format("delta").mode("append").option(
+        "userMetadata", "later"
+    ).save(str(output))
     assert own_commit(spark, str(output), tag).version == report.delta_version
     assert own_commit(spark, str(output), None).version == report.delta_version + 1
 
@@ -74,11 +84,20 @@ def test_every_staging_chunk_commit_carries_the_run_tag(spark, tmp_path, tiny_ta
     _, script, _ = tiny_tabular
     source, output, staging_root = tmp_path / "accounts.parquet", tmp_path / "risk", tmp_path / "staging"
     _accounts(60, seed=4).to_parquet(source)
-    cfg = load_config(flags={
-        "input": str(source), "output": str(output), "task": "tabular", "model.source": str(script),
-        "id_col": "account_id", "feature_prefix": "feature_", "run_id": "tagged-1",
-        "write.chunk_rows": 25, "write.staging": str(staging_root), "validation.min_rows": 1000,
-    })
+    cfg = load_config(
+        flags={
+            "input": str(source),
+            "output": str(output),
+            "task": "tabular",
+            "model.source": str(script),
+            "id_col": "account_id",
+            "feature_prefix": "feature_",
+            "run_id": "tagged-1",
+            "write.chunk_rows": 25,
+            "write.staging": str(staging_root),
+            "validation.min_rows": 1000,
+        }
+    )
     report = run_scoring(cfg, spark)
     assert report.status == "validation_failed" and not output.exists()
     (staging,) = [p for p in staging_root.iterdir() if not p.name.endswith("_rows")]

@@ -7,8 +7,8 @@ import logging
 import sys
 import time
 
-from lakescore.jobs.platform.spark.progress import ProgressReporter
 from lakescore.jobs.platform.spark.adapter import stage_progress
+from lakescore.jobs.platform.spark.progress import ProgressReporter
 
 
 def count_rows_slowly(spark, rows, tasks: int) -> None:
@@ -23,7 +23,10 @@ def count_rows_slowly(spark, rows, tasks: int) -> None:
 def test_samples_move_as_tasks_finish_and_end_at_the_total(spark, caplog):
     rows = spark.sparkContext.accumulator(0)
     caplog.set_level(logging.INFO, logger="lakescore.progress")
-    with stage_progress(spark) as tasks, ProgressReporter(tasks, lambda: rows.value, total_rows=40, interval=1, chunks=2, terminal=False) as progress:
+    with (
+        stage_progress(spark) as tasks,
+        ProgressReporter(tasks, lambda: rows.value, total_rows=40, interval=1, chunks=2, terminal=False) as progress,
+    ):
         progress.chunk(1)
         count_rows_slowly(spark, rows, tasks=8)
     samples = progress.samples()
@@ -37,6 +40,9 @@ def test_terminal_bar_draws_to_stderr(spark, monkeypatch):
     screen = io.StringIO()
     monkeypatch.setattr(sys, "stderr", screen)
     rows = spark.sparkContext.accumulator(0)
-    with stage_progress(spark) as tasks, ProgressReporter(tasks, lambda: rows.value, total_rows=40, interval=1, terminal=True):
+    with (
+        stage_progress(spark) as tasks,
+        ProgressReporter(tasks, lambda: rows.value, total_rows=40, interval=1, terminal=True),
+    ):
         count_rows_slowly(spark, rows, tasks=4)
     assert "40/40 rows" in screen.getvalue() and "chunk 1/1" in screen.getvalue()

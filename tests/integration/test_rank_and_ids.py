@@ -60,7 +60,9 @@ def _reference(spark, rows: list[tuple], id_cols=("user_id", "item_id")) -> pd.D
     frame["user_id"] = frame["user_id"].astype("int64")
     frame["prediction"] = [_score(f) for f in frame[["f1", "f2", "f3", "f4"]].itertuples(index=False)]
     window = Window.partitionBy("user_id").orderBy(F.desc("prediction"), *[F.asc(c) for c in id_cols])
-    ranked = spark.createDataFrame(frame[["user_id", "item_id", "prediction"]], "user_id long, item_id string, prediction double")
+    ranked = spark.createDataFrame(
+        frame[["user_id", "item_id", "prediction"]], "user_id long, item_id string, prediction double"
+    )
     ranked = ranked.withColumn("rank", F.row_number().over(window)).where(F.col("rank") <= TOP_K).toPandas()
     return ranked.sort_values(["user_id", "rank"]).reset_index(drop=True)
 
@@ -78,19 +80,31 @@ def _accounted(report) -> None:
     assert report.input_rows == report.rows_kept + report.output_rows + report.error_rows + (report.ranked_out or 0)
 
 
-def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_changed_keys(spark, tmp_path, linear_program):
+def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_changed_keys(
+    spark, tmp_path, linear_program
+):
     source, output = tmp_path / "candidates", tmp_path / "top"
     rows = _candidates(range(10))
     rows += [(1, None, 1.0, 1.0, 1.0, 1.0), (None, "i05", 1.0, 1.0, 1.0, 1.0), (2, "i03", 0.0, 0.0, 0.0, 0.0)]
     _write(spark, rows, source)
 
     def config(run_id, **flags):
-        return load_config(flags={
-            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(linear_program),
-            "id_col": ["user_id", "item_id"], "feature_cols": ["f1", "f2", "f3", "f4"], "write.mode": "incremental",
-            "rank": {"partition_by": ["user_id"], "order_by": "prediction", "top_k": TOP_K}, "run_id": run_id,
-            "max_error_rate": 0.1, "write.chunk_rows": 90, **flags,
-        })
+        return load_config(
+            flags={
+                "input": str(source),
+                "output": str(output),
+                "task": "tabular",
+                "model.source": str(linear_program),
+                "id_col": ["user_id", "item_id"],
+                "feature_cols": ["f1", "f2", "f3", "f4"],
+                "write.mode": "incremental",
+                "rank": {"partition_by": ["user_id"], "order_by": "prediction", "top_k": TOP_K},
+                "run_id": run_id,
+                "max_error_rate": 0.1,
+                "write.chunk_rows": 90,
+                **flags,
+            }
+        )
 
     # A key column the input lacks is refused on the schema, before any job.
     bad = config("r0", rank={"partition_by": ["shop_id"], "order_by": "prediction", "top_k": 2})
@@ -103,7 +117,9 @@ def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_ch
     scorable = 200 - 1  # both copies of (2, i03) refused
     failed = run_scoring(config("r1", max_error_rate=0.0, **{"scoring.dedup": "on"}), spark)
     assert failed.status == "error_rate_exceeded" and failed.ranked_out == scorable - 10 * TOP_K
-    staged = [p for p in (tmp_path / "_lakescore_staging" / "top").iterdir() if not p.name.endswith(("_rows", "_changes"))]
+    staged = [
+        p for p in (tmp_path / "_lakescore_staging" / "top").iterdir() if not p.name.endswith(("_rows", "_changes"))
+    ]
     assert len(staged) == 1 and spark.read.format("delta").load(str(staged[0])).count() == 10 * TOP_K
     first = run_scoring(config("r1", **{"scoring.dedup": "on"}), spark)
     _accounted(first)
@@ -119,7 +135,10 @@ def test_top_k_per_key_equals_a_window_reference_and_incremental_reranks_only_ch
     assert out.columns.tolist()[:2] == ["user_id", "item_id"]
     errors = spark.read.format("delta").load(str(tmp_path / "top_errors")).toPandas()
     assert sorted(errors.columns.tolist()[:2]) == ["item_id", "user_id"]
-    refused = {(None if pd.isna(u) else int(u), i, r) for u, i, r in errors[["user_id", "item_id", "reason"]].itertuples(index=False)}
+    refused = {
+        (None if pd.isna(u) else int(u), i, r)
+        for u, i, r in errors[["user_id", "item_id", "reason"]].itertuples(index=False)
+    }
     assert refused == {(1, None, "null_id"), (None, "i05", "null_id"), (2, "i03", "duplicate_id")}
     assert len(errors) == 4
 
@@ -160,20 +179,32 @@ def test_top_k_ranks_before_the_shuffle_and_counts_every_scored_row(spark, tmp_p
     _write(spark, rows, source)
 
     def config(run_id, **flags):
-        return load_config(flags={
-            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(linear_program),
-            "id_col": ["user_id", "item_id"], "feature_cols": ["f1", "f2", "f3", "f4"],
-            "rank": {"partition_by": ["user_id"], "order_by": "prediction", "top_k": TOP_K}, "run_id": run_id,
-            "write.chunk_rows": 90, "scoring.arrow_max_records_per_batch": 16, **flags,
-        })
+        return load_config(
+            flags={
+                "input": str(source),
+                "output": str(output),
+                "task": "tabular",
+                "model.source": str(linear_program),
+                "id_col": ["user_id", "item_id"],
+                "feature_cols": ["f1", "f2", "f3", "f4"],
+                "rank": {"partition_by": ["user_id"], "order_by": "prediction", "top_k": TOP_K},
+                "run_id": run_id,
+                "write.chunk_rows": 90,
+                "scoring.arrow_max_records_per_batch": 16,
+                **flags,
+            }
+        )
 
     cfg = config("r0")
     worker = "struct<batch_rows:bigint>"
     scored = spark.createDataFrame(
         [(1, "a", 0.5, None, None), (1, "b", 0.9, None, None), (1, "c", 0.7, None, None), (1, None, None, None, (3,))]
         + [(2, f"e{j}", None, "bad_input", None) for j in range(TOP_K + 1)],
-        f"user_id long, item_id string, prediction double, _reason string, _worker {worker}")
-    kept = keep_top(cfg.model_copy(update={"rank": cfg.rank.model_copy(update={"top_k": 2})}), scored, incremental=False)
+        f"user_id long, item_id string, prediction double, _reason string, _worker {worker}",
+    )
+    kept = keep_top(
+        cfg.model_copy(update={"rank": cfg.rank.model_copy(update={"top_k": 2})}), scored, incremental=False
+    )
     assert "WindowGroupLimit" in kept._jdf.queryExecution().executedPlan().toString()
     assert {(r.item_id, r["rank"]) for r in kept.where("user_id = 1").collect()} == {(None, None), ("b", 1), ("c", 2)}
     assert kept.where("user_id = 2").count() == TOP_K + 1
@@ -184,10 +215,14 @@ def test_top_k_ranks_before_the_shuffle_and_counts_every_scored_row(spark, tmp_p
     assert failed.status == "error_rate_exceeded", failed.error
     assert (failed.output_rows, failed.ranked_out, failed.error_rows) == (10 * TOP_K, 200 - 10 * TOP_K, len(unscorable))
     assert failed.workers["rows_scored"] == len(rows) and failed.workers["arrow_batches"] >= 3
-    (staged,) = [p for p in (tmp_path / "_lakescore_staging" / "top").iterdir() if not p.name.endswith(("_rows", "_changes"))]
+    (staged,) = [
+        p for p in (tmp_path / "_lakescore_staging" / "top").iterdir() if not p.name.endswith(("_rows", "_changes"))
+    ]
     staged = spark.read.format("delta").load(str(staged))
     tallies = staged.where(F.col("rank").isNull() & F.col("_reason").isNull())
-    assert tallies.count() == failed.workers["arrow_batches"] and tallies.where(F.col("user_id").isNotNull()).count() == 0
+    assert (
+        tallies.count() == failed.workers["arrow_batches"] and tallies.where(F.col("user_id").isNotNull()).count() == 0
+    )
     assert staged.count() == 10 * TOP_K + len(unscorable) + failed.workers["arrow_batches"]
     first = run_scoring(config("r1", max_error_rate=0.1), spark)
     _accounted(first)
@@ -202,7 +237,9 @@ def test_top_k_ranks_before_the_shuffle_and_counts_every_scored_row(spark, tmp_p
     filtered = ["user_id", "item_id", "prediction", "rank", "run_id"]
     properties = spark.sql(f"DESCRIBE DETAIL delta.`{output}`").first().properties
     assert properties["delta.dataSkippingStatsColumns"] == ",".join(f"`{c}`" for c in filtered)
-    actions = [json.loads(line) for log in (output / "_delta_log").glob("*.json") for line in log.read_text().splitlines()]
+    actions = [
+        json.loads(line) for log in (output / "_delta_log").glob("*.json") for line in log.read_text().splitlines()
+    ]
     adds = [action["add"] for action in actions if "add" in action]
     assert adds and all(sorted(json.loads(a["stats"])["minValues"]) == sorted(filtered) for a in adds)
 
@@ -213,11 +250,21 @@ def test_composite_ids_dead_letter_and_merge_row_by_row_without_rank(spark, tmp_
     _write(spark, rows, source)
 
     def config(run_id, **flags):
-        return load_config(flags={
-            "input": str(source), "output": str(output), "task": "tabular", "model.source": str(linear_program),
-            "id_col": "user_id,item_id", "feature_cols": "f1,f2,f3,f4", "write.mode": "incremental",
-            "write.delete_missing": True, "run_id": run_id, "max_error_rate": 0.1, **flags,
-        })
+        return load_config(
+            flags={
+                "input": str(source),
+                "output": str(output),
+                "task": "tabular",
+                "model.source": str(linear_program),
+                "id_col": "user_id,item_id",
+                "feature_cols": "f1,f2,f3,f4",
+                "write.mode": "incremental",
+                "write.delete_missing": True,
+                "run_id": run_id,
+                "max_error_rate": 0.1,
+                **flags,
+            }
+        )
 
     first = run_scoring(config("c1"), spark)
     _accounted(first)
@@ -249,11 +296,18 @@ def test_plan_of_a_generate_run_keys_its_sample_by_the_composite_id(spark, tmp_p
     source = tmp_path / "reviews"
     rows = [("north", 1, "Arrived late."), ("north", 2, "Fine, works."), ("south", 1, "Broke on day two!")]
     spark.createDataFrame(rows, "shop string, review_id long, body string").write.format("delta").save(str(source))
-    cfg = load_config(flags={
-        "input": str(source), "output": str(tmp_path / "summaries"), "task": "generate", "id_col": "shop,review_id",
-        "model.source": str(tiny_causal_lm_dir), "generate.prompt_template": "Review: {body}\nSummary:",
-        "generate.max_new_tokens": 4, "generate.temperature": 0.7,
-    })
+    cfg = load_config(
+        flags={
+            "input": str(source),
+            "output": str(tmp_path / "summaries"),
+            "task": "generate",
+            "id_col": "shop,review_id",
+            "model.source": str(tiny_causal_lm_dir),
+            "generate.prompt_template": "Review: {body}\nSummary:",
+            "generate.max_new_tokens": 4,
+            "generate.temperature": 0.7,
+        }
+    )
     plan = run_plan(cfg, sample_rows=10, spark=spark)
     tokenizer = AutoTokenizer.from_pretrained(tiny_causal_lm_dir)
     prompt_tokens = [len(ids) for ids in tokenizer([f"Review: {body}\nSummary:" for *_, body in rows])["input_ids"]]
@@ -262,7 +316,8 @@ def test_plan_of_a_generate_run_keys_its_sample_by_the_composite_id(spark, tmp_p
 
 
 def test_query_passage_pairs_ranked_per_query_equal_cross_encoder_and_rerank_on_a_changed_passage(
-        spark, tmp_path, minilm_cross_encoder_dir):
+    spark, tmp_path, minilm_cross_encoder_dir
+):
     """A cross-encoder run (``text_pair_col``) ranked per query: the kept pairs and their order equal
     ``CrossEncoder.predict`` ranked by a window per query; a null or empty side is dead-lettered with both sides shown;
     an incremental run after one passage changed scores that query's pairs alone (the digest covers both sides)."""
@@ -270,8 +325,14 @@ def test_query_passage_pairs_ranked_per_query_equal_cross_encoder_and_rerank_on_
 
     source, output, top_k = tmp_path / "pairs", tmp_path / "reranked", 3
     queries = {1: "is the blender loud?", 2: "how fast is delivery", 3: "Rückgabe ohne Quittung möglich?"}
-    passages = ["It is quieter than my old one.", "Delivery took three days to Berlin.", "Returns need a receipt.",
-                "The motor is very loud on full power.", "Versand dauerte eine Woche.", "Works fine, no complaints."]
+    passages = [
+        "It is quieter than my old one.",
+        "Delivery took three days to Berlin.",
+        "Returns need a receipt.",
+        "The motor is very loud on full power.",
+        "Versand dauerte eine Woche.",
+        "Works fine, no complaints.",
+    ]
     rows = [(q, p, queries[q], text) for q in queries for p, text in enumerate(passages)]
     rows += [(4, 0, "a query", None), (4, 1, "", "a passage")]
     schema = "query_id long, passage_id long, query string, passage string"
@@ -286,18 +347,33 @@ def test_query_passage_pairs_ranked_per_query_equal_cross_encoder_and_rerank_on_
         return frame[frame["rank"] <= top_k].reset_index(drop=True)
 
     def run(run_id):
-        report = run_scoring(load_config(flags={
-            "input": str(source), "output": str(output), "task": "classify", "model.source": str(minilm_cross_encoder_dir),
-            "id_col": ["query_id", "passage_id"], "text_col": "query", "text_pair_col": "passage",
-            "rank": {"partition_by": ["query_id"], "order_by": "score", "top_k": top_k}, "write.mode": "incremental",
-            "max_error_rate": 0.5, "run_id": run_id,  # the two dead letters are tried again on every run
-        }), spark)
+        report = run_scoring(
+            load_config(
+                flags={
+                    "input": str(source),
+                    "output": str(output),
+                    "task": "classify",
+                    "model.source": str(minilm_cross_encoder_dir),
+                    "id_col": ["query_id", "passage_id"],
+                    "text_col": "query",
+                    "text_pair_col": "passage",
+                    "rank": {"partition_by": ["query_id"], "order_by": "score", "top_k": top_k},
+                    "write.mode": "incremental",
+                    "max_error_rate": 0.5,
+                    "run_id": run_id,  # the two dead letters are tried again on every run
+                }
+            ),
+            spark,
+        )
         _accounted(report)
         out = spark.read.format("delta").load(str(output)).toPandas()
         return report, out.sort_values(["query_id", "rank"]).reset_index(drop=True)
 
     def assert_equal(out, expected):
-        assert out[["query_id", "passage_id", "rank"]].values.tolist() == expected[["query_id", "passage_id", "rank"]].values.tolist()
+        assert (
+            out[["query_id", "passage_id", "rank"]].values.tolist()
+            == expected[["query_id", "passage_id", "rank"]].values.tolist()
+        )
         assert (out["score"] - expected["score"]).abs().max() < 1e-5
 
     first, out = run("r1")

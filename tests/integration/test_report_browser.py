@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from chromium_page import visit
 
 SCRIPT = "<script>alert('text')</script>"
 LABEL = "<img src=x onerror=alert('label')>"
-RUN_ID = "run-2026-11-23.browser_x"  # markup in a run id is refused before compute: the model dir, label and text carry it
+RUN_ID = (
+    "run-2026-11-23.browser_x"  # markup in a run id is refused before compute: the model dir, label and text carry it
+)
 
 FACTS = """(() => {
   const text = id => (document.getElementById(id) || {}).textContent || '';
@@ -54,8 +55,14 @@ def hostile_classifier(tmp_path, tiny_classifier_dir) -> Path:
 
 def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run([sys.executable, "-m", "lakescore.jobs.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "lakescore.jobs.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def test_report_of_a_real_run_renders_in_chromium(tmp_path, hostile_classifier, spark):
@@ -65,10 +72,30 @@ def test_report_of_a_real_run_renders_in_chromium(tmp_path, hostile_classifier, 
     frame.loc[frame.index[-1], "body"] = SCRIPT
     frame.to_parquet(tmp_path / "reviews.parquet")
     result = run_cli(
-        tmp_path, "score", "--task", "classify", "--input", "reviews.parquet", "--output", str(tmp_path / "scores"),
-        "--model", str(hostile_classifier), "--id-col", "review_id", "--text-col", "body", "--run-id", RUN_ID,
-        "--report", "reports/run.json", "--set", "max_error_rate=0.2", "--set", "spark.master=local[2]",
-        "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}",
+        tmp_path,
+        "score",
+        "--task",
+        "classify",
+        "--input",
+        "reviews.parquet",
+        "--output",
+        str(tmp_path / "scores"),
+        "--model",
+        str(hostile_classifier),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--run-id",
+        RUN_ID,
+        "--report",
+        "reports/run.json",
+        "--set",
+        "max_error_rate=0.2",
+        "--set",
+        "spark.master=local[2]",
+        "--set",
+        f"spark.warehouse_dir={tmp_path / 'warehouse'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     html_file = tmp_path / "reports" / "run.html"
@@ -111,9 +138,23 @@ def test_the_browser_check_itself_catches_errors_and_requests(tmp_path):
 
 def test_verbose_brings_the_jvm_lines_back_and_default_stays_quiet(tmp_path, minilm_dir):
     missing = tmp_path / "no_such_dir"  # Spark warns with a stack trace while it looks for it
-    args = ["score", "--input", str(missing), "--output", str(tmp_path / "o"), "--model", str(minilm_dir),
-            "--id-col", "review_id", "--text-col", "body", "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}",
-            "--set", "spark.master=local[1]"]
+    args = [
+        "score",
+        "--input",
+        str(missing),
+        "--output",
+        str(tmp_path / "o"),
+        "--model",
+        str(minilm_dir),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--set",
+        f"spark.warehouse_dir={tmp_path / 'warehouse'}",
+        "--set",
+        "spark.master=local[1]",
+    ]
     quiet = run_cli(tmp_path, *args)
     assert quiet.returncode == 2
     assert quiet.stderr.splitlines() == [

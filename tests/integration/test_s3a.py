@@ -41,8 +41,11 @@ def s3():
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
     )
     client.create_bucket(Bucket=BUCKET)
     yield endpoint, client
@@ -63,18 +66,37 @@ def keys_under(client, prefix: str) -> list[str]:
 def run_cli(tmp_path: Path, endpoint: str, *args: str) -> subprocess.CompletedProcess:
     cli = Path(sys.executable).with_name("lakescore")
     # Upload blocks buffered in memory, not under the host's /tmp: the test should not depend on the CI disk's free space.
-    s3a = {"endpoint": endpoint, "path.style.access": "true", "connection.ssl.enabled": "false",
-           "fast.upload.buffer": "bytebuffer"}
-    command = [str(cli), "score", *args,
-               "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}", "--set", "spark.master=local[2]",
-               "--set", "spark.conf.spark.ui.enabled=false"]
+    s3a = {
+        "endpoint": endpoint,
+        "path.style.access": "true",
+        "connection.ssl.enabled": "false",
+        "fast.upload.buffer": "bytebuffer",
+    }
+    command = [
+        str(cli),
+        "score",
+        *args,
+        "--set",
+        f"spark.warehouse_dir={tmp_path / 'warehouse'}",
+        "--set",
+        "spark.master=local[2]",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+    ]
     for key, value in s3a.items():
         command += ["--set", f"spark.conf.spark.hadoop.fs.s3a.{key}={value}"]
     return subprocess.run(
-        command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
         # Only the test's placeholder credentials: none of the developer's own AWS settings leak in.
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **CREDENTIALS,
-             "PYSPARK_PYTHON": sys.executable},
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+            **CREDENTIALS,
+            "PYSPARK_PYTHON": sys.executable,
+        },
     )
 
 
@@ -89,8 +111,19 @@ def test_score_s3a_parquet_into_s3a_delta_and_a_column_of_s3a_paths(tmp_path, s3
     # Parquet read from S3 and Delta written to S3, in one run: the table is a valid Delta table once copied back out
     # of the bucket.
     report = tmp_path / "report.json"
-    result = run_cli(tmp_path, endpoint, "--input", f"s3a://{BUCKET}/reviews",
-                     "--output", f"s3a://{BUCKET}/embeddings", "--report", str(report), "--run-id", "s3a-run", *common)
+    result = run_cli(
+        tmp_path,
+        endpoint,
+        "--input",
+        f"s3a://{BUCKET}/reviews",
+        "--output",
+        f"s3a://{BUCKET}/embeddings",
+        "--report",
+        str(report),
+        "--run-id",
+        "s3a-run",
+        *common,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "run s3a-run: succeeded" in result.stdout
     data = json.loads(report.read_text())
@@ -113,11 +146,30 @@ def test_score_s3a_parquet_into_s3a_delta_and_a_column_of_s3a_paths(tmp_path, s3
     for key, data in photos.items():
         client.put_object(Bucket=BUCKET, Key=key, Body=data)
     gone = f"s3a://{BUCKET}/photos/gone.png"
-    put_parquet(client, "scans/part-0.parquet",
-                pd.DataFrame({"scan_id": [0, 1, 2, 3], "scan": [f"s3a://{BUCKET}/{key}" for key in photos] + [gone]}))
+    put_parquet(
+        client,
+        "scans/part-0.parquet",
+        pd.DataFrame({"scan_id": [0, 1, 2, 3], "scan": [f"s3a://{BUCKET}/{key}" for key in photos] + [gone]}),
+    )
     labels = tmp_path / "labels"
-    result = run_cli(tmp_path, endpoint, "--task", "image_classify", "--model", str(vit), "--input", f"s3a://{BUCKET}/scans",
-                     "--id-col", "scan_id", "--image-col", "scan", "--output", str(labels), "--set", "max_error_rate=0.5")
+    result = run_cli(
+        tmp_path,
+        endpoint,
+        "--task",
+        "image_classify",
+        "--model",
+        str(vit),
+        "--input",
+        f"s3a://{BUCKET}/scans",
+        "--id-col",
+        "scan_id",
+        "--image-col",
+        "scan",
+        "--output",
+        str(labels),
+        "--set",
+        "max_error_rate=0.5",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = spark.read.format("delta").load(str(labels)).toPandas().sort_values("scan_id")
     expected = get_task("image_classify").load(ModelSpec("image_classify", str(vit)), vit).score(list(photos.values()))
@@ -129,8 +181,20 @@ def test_score_s3a_parquet_into_s3a_delta_and_a_column_of_s3a_paths(tmp_path, s3
 
 def test_missing_s3a_prefix_fails_before_compute_with_exit_2(tmp_path, s3, minilm_dir):
     endpoint, _client = s3
-    result = run_cli(tmp_path, endpoint, "--input", f"s3a://{BUCKET}/no-such-prefix", "--output", str(tmp_path / "o"),
-                     "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body")
+    result = run_cli(
+        tmp_path,
+        endpoint,
+        "--input",
+        f"s3a://{BUCKET}/no-such-prefix",
+        "--output",
+        str(tmp_path / "o"),
+        "--model",
+        str(minilm_dir),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"lakescore: error: cannot read input 's3a://{BUCKET}/no-such-prefix'" in result.stderr.splitlines()[-1]
     assert not (tmp_path / "o").exists()

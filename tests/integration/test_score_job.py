@@ -16,8 +16,8 @@ import pytest
 from lakescore.jobs.cli import main
 from lakescore.jobs.commands.demo import generate_reviews
 from lakescore.jobs.commands.plan import host_load
-from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.platform.tables import TableError
+from lakescore.jobs.score_job import run_scoring
 from lakescore.schemas.contracts import InputContractError
 
 EDGE_TEXTS = [
@@ -57,7 +57,8 @@ def test_metastore_in_and_out_rerun_is_idempotent(spark, reviews_table, job_conf
     # model.max_seq_length 256 is MiniLM's own limit (the same numbers), but a spec no earlier test loaded: the
     # session's Python workers outlive a test, and a worker that cached the default spec would count no load here.
     cfg = job_config(
-        input="it.reviews", output="it.review_embeddings",
+        input="it.reviews",
+        output="it.review_embeddings",
         **{"scoring.arrow_max_records_per_batch": 40, "model.max_seq_length": 256},
     )
     first = run_scoring(cfg, spark)
@@ -98,21 +99,47 @@ def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark, c
     source = tmp_path / "reviews.parquet"
     reviews_frame(ROWS_PLANNED, seed=3).to_parquet(source)
     output, report = tmp_path / "out" / "embeddings", tmp_path / "report.json"
-    flags = ["--input", str(source), "--output", str(output), "--task", "embed", "--model", str(minilm_dir),
-             "--id-col", "review_id", "--text-col", "body", "--report", str(report),
-             "--conf", str(Path(__file__).resolve().parents[2] / "conf" / "local.yaml"),
-             "--set", f"spark.warehouse_dir={tmp_path / 'warehouse'}", "--set", "spark.master=local[2]",
-             "--set", "spark.conf.spark.ui.enabled=false", "--set", "resources.price_per_core_hour=0.05"]
+    flags = [
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--task",
+        "embed",
+        "--model",
+        str(minilm_dir),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--report",
+        str(report),
+        "--conf",
+        str(Path(__file__).resolve().parents[2] / "conf" / "local.yaml"),
+        "--set",
+        f"spark.warehouse_dir={tmp_path / 'warehouse'}",
+        "--set",
+        "spark.master=local[2]",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+        "--set",
+        "resources.price_per_core_hour=0.05",
+    ]
     # lakescore plan first (in this process, on the test's local[2] session: the same cores the run gets)
     assert main(["plan", *flags, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert (plan["rows"], plan["rows_to_score"], plan["sample_rows"]) == (ROWS_PLANNED, ROWS_PLANNED, ROWS_PLANNED)
-    assert plan["tokens"] > 10 * ROWS_PLANNED and plan["padded_tokens"] >= plan["tokens"] and plan["forward_batches"] > 1
+    assert (
+        plan["tokens"] > 10 * ROWS_PLANNED and plan["padded_tokens"] >= plan["tokens"] and plan["forward_batches"] > 1
+    )
     assert plan["cost_from"] == "calibration on the driver" and plan["peak_memory_mib"] > 100  # a fresh output
     cli = Path(sys.executable).with_name("lakescore")
     result = subprocess.run(
         [str(cli), "score", *flags, "--run-id", "cli-run-1"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -136,7 +163,9 @@ def test_cli_end_to_end_parquet_in_delta_path_out(tmp_path, minilm_dir, spark, c
     # oversubscribed (what else runs on it after the plan is not the plan's to know)
     load = max(plan["host_load_per_cpu"], host_load())
     if load > OVERSUBSCRIBED:
-        pytest.skip(f"host load {load:.1f} per CPU: too busy for the plan's accuracy bound (the run's other checks passed)")
+        pytest.skip(
+            f"host load {load:.1f} per CPU: too busy for the plan's accuracy bound (the run's other checks passed)"
+        )
     ratio = data["seconds"] / plan["predicted_seconds"]["total"]
     assert 0.67 <= ratio <= 1.5, (ratio, plan["predicted_seconds"], data["step_seconds"], load)
 
@@ -148,7 +177,9 @@ def test_missing_column_fails_before_any_compute(tmp_path, spark, job_config):
     cfg = job_config(input=str(source), output=str(output))
     spark.sparkContext.setJobGroup("contract-check", "missing column")
     try:
-        with pytest.raises(InputContractError, match=r"text column 'body' not found .* available columns: review_id, text, stars"):
+        with pytest.raises(
+            InputContractError, match=r"text column 'body' not found .* available columns: review_id, text, stars"
+        ):
             run_scoring(cfg, spark)
         tracker = spark.sparkContext.statusTracker()
         stages = [
@@ -168,8 +199,21 @@ def test_cli_reports_bad_input_in_one_line_with_exit_2(tmp_path, spark, minilm_d
 
     source = tmp_path / "reviews.parquet"
     reviews_frame(20).to_parquet(source)
-    code = main(["score", "--input", str(source), "--output", str(tmp_path / "o"), "--model", str(minilm_dir),
-                 "--id-col", "review_id", "--text-col", "stars"])
+    code = main(
+        [
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "o"),
+            "--model",
+            str(minilm_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "stars",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err[-1] == f"lakescore: error: text column 'stars' in input {str(source)!r} has type bigint; expected string"
@@ -230,12 +274,15 @@ def test_progress_line_reports_rows_rate_and_eta(spark):
     import re
     import time
 
-    from lakescore.jobs.platform.spark.progress import ProgressReporter
     from lakescore.jobs.platform.spark.adapter import rows_counter, stage_progress
+    from lakescore.jobs.platform.spark.progress import ProgressReporter
 
     rows = rows_counter(spark)
     spark.range(250, numPartitions=2).foreach(lambda _: rows.add(1))  # workers add, as in scoring
-    with stage_progress(spark) as tasks, ProgressReporter(tasks, lambda: rows.value, total_rows=1000, interval=0) as reporter:
+    with (
+        stage_progress(spark) as tasks,
+        ProgressReporter(tasks, lambda: rows.value, total_rows=1000, interval=0) as reporter,
+    ):
         reporter._started = time.monotonic() - 10  # pretend the 250 rows took 10 s
         line = reporter.line()
     assert line.startswith("scoring: 250/1000 rows (25%), chunk 1/1, tasks 0/0 in active stages"), line
@@ -247,7 +294,9 @@ def test_progress_line_reports_rows_rate_and_eta(spark):
     with reporter:
         reporter._started = time.monotonic() - 30
         line = reporter.line()
-    assert re.fullmatch(r"scoring: 1000 rows, chunk 1/1, tasks 3/4 in active stages \(75%\), elapsed 30 s, ETA 10 s", line), line
+    assert re.fullmatch(
+        r"scoring: 1000 rows, chunk 1/1, tasks 3/4 in active stages \(75%\), elapsed 30 s, ETA 10 s", line
+    ), line
 
 
 def test_observed_aggregates_come_with_the_write_or_not_at_all(spark, tmp_path, monkeypatch):

@@ -20,13 +20,23 @@ ROWS = 12
 
 
 def _job(minilm_dir, source: str, output: str, **flags):
-    return load_config(flags={"input": source, "output": output, "model.source": str(minilm_dir), "id_col": "review_id",
-                              "text_col": "body", **flags})
+    return load_config(
+        flags={
+            "input": source,
+            "output": output,
+            "model.source": str(minilm_dir),
+            "id_col": "review_id",
+            "text_col": "body",
+            **flags,
+        }
+    )
 
 
 def test_reserved_words_and_three_part_names_are_quoted_everywhere(spark, minilm_dir):
     spark.sql("CREATE DATABASE IF NOT EXISTS `select`")
-    spark.createDataFrame(reviews_frame(ROWS, seed=6)).write.format("delta").mode("overwrite").saveAsTable("`select`.`order`")
+    spark.createDataFrame(reviews_frame(ROWS, seed=6)).write.format("delta").mode("overwrite").saveAsTable(
+        "`select`.`order`"
+    )
     output = "spark_catalog.select.from"  # three parts, all SQL keywords: unquoted, Spark could not even parse it
     first = run_scoring(_job(minilm_dir, "select.order", output, run_id="r1"), spark)
     assert first.status == "succeeded" and first.errors_table == "spark_catalog.select.from_errors"
@@ -59,8 +69,21 @@ def test_reserved_words_and_three_part_names_are_quoted_everywhere(spark, minilm
 def test_names_the_metastore_refuses_fail_before_compute(tmp_path, spark, minilm_dir, capsys, output, message):
     source = tmp_path / "reviews.parquet"
     reviews_frame(ROWS).to_parquet(source)
-    code = main(["score", "--input", str(source), "--output", output, "--model", str(minilm_dir), "--id-col", "review_id",
-                 "--text-col", "body"])
+    code = main(
+        [
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            output,
+            "--model",
+            str(minilm_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and err.startswith("lakescore: error: ") and message in err, err
     assert not spark.catalog.tableExists("`it`.`review scores`")
@@ -80,4 +103,6 @@ def test_a_delta_path_with_spaces_unicode_and_a_backtick(tmp_path, spark, minilm
     assert not (output.parent / "_lakescore_staging").exists()  # the staging table and its empty folders are gone
     schema = output_schema("embed", spark.read.parquet(str(source)).schema["review_id"])
     assert check_output_target(spark, str(output), schema) == 0  # what a rerun checks first: it exists, Delta, v0
-    assert check_output_target(spark, str(output), schema, version=False) is None  # the errors table's check: no history
+    assert (
+        check_output_target(spark, str(output), schema, version=False) is None
+    )  # the errors table's check: no history

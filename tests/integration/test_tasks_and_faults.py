@@ -24,14 +24,29 @@ def test_classify_into_the_metastore_equals_the_pipeline(spark, tiny_classifier_
     spark.sql("CREATE DATABASE IF NOT EXISTS it")
     frame = reviews_frame(60, seed=21)
     spark.createDataFrame(frame).write.format("delta").mode("overwrite").saveAsTable("it.reviews_for_labels")
-    cfg = load_config(flags={
-        "input": "it.reviews_for_labels", "output": "it.review_labels", "task": "classify",
-        "model.source": str(tiny_classifier_dir), "id_col": "review_id", "text_col": "body",
-    })
+    cfg = load_config(
+        flags={
+            "input": "it.reviews_for_labels",
+            "output": "it.review_labels",
+            "task": "classify",
+            "model.source": str(tiny_classifier_dir),
+            "id_col": "review_id",
+            "text_col": "body",
+        }
+    )
     report = run_scoring(cfg, spark)
     assert report.status == "succeeded", report.validation
     out = read_output(spark, "it.review_labels")
-    assert list(out.columns) == ["review_id", "label", "score", "probs", "model_id", "model_revision", "model_sha256", "run_id"]
+    assert list(out.columns) == [
+        "review_id",
+        "label",
+        "score",
+        "probs",
+        "model_id",
+        "model_revision",
+        "model_sha256",
+        "run_id",
+    ]
     assert len(out) == 60
     peer = pipeline("text-classification", model=str(tiny_classifier_dir), top_k=None, device="cpu")
     texts = frame.set_index("review_id").loc[out["review_id"], "body"].tolist()
@@ -53,8 +68,25 @@ def test_ner_through_the_cli_into_a_delta_path_equals_the_pipeline(tmp_path, spa
     frame = pd.concat([frame, pd.DataFrame({"review_id": range(100, 100 + len(NER_UNSEEN)), "body": NER_UNSEEN})])
     source, output = tmp_path / "reviews.parquet", tmp_path / "entities"
     frame.to_parquet(source)
-    code = main(["score", "--task", "ner", "--input", str(source), "--output", str(output), "--model", str(tiny_ner_dir),
-                 "--id-col", "review_id", "--text-col", "body", "--set", "scoring.max_batch_tokens=512"])
+    code = main(
+        [
+            "score",
+            "--task",
+            "ner",
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(tiny_ner_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+            "--set",
+            "scoring.max_batch_tokens=512",
+        ]
+    )
     assert code == 0
     out = read_output(spark, str(output))
     assert list(out.columns) == ["review_id", "entities", "model_id", "model_revision", "model_sha256", "run_id"]
@@ -76,10 +108,16 @@ def test_tabular_by_feature_prefix_into_a_delta_path(tmp_path, spark, tiny_tabul
     frame["note"] = "not a feature"
     source = tmp_path / "accounts.parquet"
     frame.to_parquet(source)
-    cfg = load_config(flags={
-        "input": str(source), "output": str(tmp_path / "risk"), "task": "tabular", "model.source": str(script),
-        "id_col": "account_id", "feature_prefix": "feature_",
-    })
+    cfg = load_config(
+        flags={
+            "input": str(source),
+            "output": str(tmp_path / "risk"),
+            "task": "tabular",
+            "model.source": str(script),
+            "id_col": "account_id",
+            "feature_prefix": "feature_",
+        }
+    )
     report = run_scoring(cfg, spark)
     assert report.status == "succeeded", report.validation
     out = spark.read.format("delta").load(str(tmp_path / "risk")).toPandas().sort_values("account_id")
@@ -91,9 +129,21 @@ def test_tabular_by_feature_prefix_into_a_delta_path(tmp_path, spark, tiny_tabul
 
 def hostile_frame() -> pd.DataFrame:
     texts = [
-        "fine", None, "", "x" * 20_000, "nul\x00byte\x00inside", "שלום עולם, مرحبا بالعالم", "日本語の文章と中文句子",
-        "emoji 🙂🔥👍🏽", "Robert'); DROP TABLE students;--", "1 OR 1=1; SELECT * FROM users", "Ελληνικά και русский",
-        "हिन्दी पाठ", "  leading and trailing spaces  ", "\n\t\r", None,
+        "fine",
+        None,
+        "",
+        "x" * 20_000,
+        "nul\x00byte\x00inside",
+        "שלום עולם, مرحبا بالعالم",
+        "日本語の文章と中文句子",
+        "emoji 🙂🔥👍🏽",
+        "Robert'); DROP TABLE students;--",
+        "1 OR 1=1; SELECT * FROM users",
+        "Ελληνικά και русский",
+        "हिन्दी पाठ",
+        "  leading and trailing spaces  ",
+        "\n\t\r",
+        None,
     ]
     ids = list(range(1, len(texts) + 1))
     ids[14] = 1  # a duplicate id: both copies are dead-lettered
@@ -106,7 +156,9 @@ def test_hostile_table_every_id_accounted_for_exactly_once(tmp_path, spark, job_
     frame = hostile_frame()
     frame.to_parquet(source)
     output, errors = tmp_path / "out", tmp_path / "errs"
-    report = run_scoring(job_config(input=str(source), output=str(output), errors=str(errors), max_error_rate=0.3), spark)
+    report = run_scoring(
+        job_config(input=str(source), output=str(output), errors=str(errors), max_error_rate=0.3), spark
+    )
     assert report.status == "succeeded", (report.error, report.validation)
     out = spark.read.format("delta").load(str(output)).toPandas()
     dead = spark.read.format("delta").load(str(errors)).toPandas()
@@ -125,7 +177,9 @@ def test_replace_run_replaces_only_its_own_rows(tmp_path, spark, job_config):
     output = tmp_path / "daily"
 
     def run(date):
-        return run_scoring(job_config(input=str(source), output=str(output), run_date=date, **{"write.mode": "replace_run"}), spark)
+        return run_scoring(
+            job_config(input=str(source), output=str(output), run_date=date, **{"write.mode": "replace_run"}), spark
+        )
 
     assert run("2026-11-19").status == "succeeded"
     assert run("2026-11-20").status == "succeeded"
@@ -143,8 +197,23 @@ def test_wrong_expect_sha256_exits_2_naming_both_digests_and_writes_nothing(tmp_
     source = tmp_path / "reviews.parquet"
     reviews_frame(10).to_parquet(source)
     output = tmp_path / "never"
-    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
-                 "--id-col", "review_id", "--text-col", "body", "--expect-sha256", "f" * 64])
+    code = main(
+        [
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(minilm_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+            "--expect-sha256",
+            "f" * 64,
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and weights_sha256(minilm_dir) in err and "f" * 64 in err and "refusing to score" in err
     assert not output.exists() and not Path(f"{output}_errors").exists()
@@ -160,8 +229,21 @@ def test_model_that_cannot_load_fails_on_the_executors_with_exit_2_and_writes_no
     source = tmp_path / "reviews.parquet"
     reviews_frame(10).to_parquet(source)
     output = tmp_path / "never"
-    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(broken),
-                 "--id-col", "review_id", "--text-col", "body"])
+    code = main(
+        [
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(broken),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "failed to load or score a sample on executor" in err and str(broken) in err
     assert not output.exists() and not Path(f"{output}_errors").exists()
@@ -174,14 +256,38 @@ def test_killed_driver_resumes_from_committed_chunks(tmp_path, minilm_dir, spark
     frame.to_parquet(source)
     output, report_path = tmp_path / "out", tmp_path / "report.json"
     staging_root = tmp_path / "staging"
-    cmd = [str(Path(sys.executable).with_name("lakescore")), "score", "--input", str(source), "--output", str(output),
-           "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body", "--run-date", "2026-11-20",
-           "--report", str(report_path), "--set", "write.chunk_rows=40", "--set", f"write.staging={staging_root}",
-           "--set", f"spark.warehouse_dir={tmp_path / 'wh'}", "--set", "spark.master=local[2]",
-           "--set", "spark.conf.spark.ui.enabled=false"]
+    cmd = [
+        str(Path(sys.executable).with_name("lakescore")),
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--model",
+        str(minilm_dir),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--run-date",
+        "2026-11-20",
+        "--report",
+        str(report_path),
+        "--set",
+        "write.chunk_rows=40",
+        "--set",
+        f"write.staging={staging_root}",
+        "--set",
+        f"spark.warehouse_dir={tmp_path / 'wh'}",
+        "--set",
+        "spark.master=local[2]",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not list(staging_root.glob("*/_delta_log/00000000000000000001.json")):
         assert first.poll() is None, first.stdout.read().decode()[-3000:]
@@ -214,35 +320,69 @@ def test_model_on_a_hadoop_filesystem_is_staged_once_per_host(tmp_path, spark, m
     source = tmp_path / "reviews.parquet"
     reviews_frame(16).to_parquet(source)
     uri = f"file://{remote}"
-    report = run_scoring(load_config(flags={
-        "input": str(source), "output": str(tmp_path / "out"), "model.source": uri,
-        "id_col": "review_id", "text_col": "body", "model.cache_dir": str(cache),
-    }), spark)
+    report = run_scoring(
+        load_config(
+            flags={
+                "input": str(source),
+                "output": str(tmp_path / "out"),
+                "model.source": uri,
+                "id_col": "review_id",
+                "text_col": "body",
+                "model.cache_dir": str(cache),
+            }
+        ),
+        spark,
+    )
     assert report.status == "succeeded" and report.model_id == uri
     assert report.model_sha256 == model_cache.get_model(model_cache.ModelSpec("embed", str(minilm_dir)))[0].sha256
     copies = [p for p in cache.iterdir() if p.is_dir()]
     assert len(copies) == 1 and (copies[0] / "minilm" / "model.safetensors").exists()
-    run_scoring(load_config(flags={  # a second run reuses the host's copy
-        "input": str(source), "output": str(tmp_path / "out"), "model.source": uri, "id_col": "review_id", "text_col": "body",
-        "model.cache_dir": str(cache),
-    }), spark)
+    run_scoring(
+        load_config(
+            flags={  # a second run reuses the host's copy
+                "input": str(source),
+                "output": str(tmp_path / "out"),
+                "model.source": uri,
+                "id_col": "review_id",
+                "text_col": "body",
+                "model.cache_dir": str(cache),
+            }
+        ),
+        spark,
+    )
     assert [p for p in cache.iterdir() if p.is_dir()] == copies
 
 
 def test_empty_input_fails_with_one_line_and_writes_nothing(tmp_path, spark, minilm_dir, capsys):
-    from lakescore.jobs.cli import main
-
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from lakescore.jobs.cli import main
 
     source = tmp_path / "empty.parquet"
     schema = pa.schema([("review_id", pa.int64()), ("body", pa.string()), ("stars", pa.int64())])
     pq.write_table(schema.empty_table(), source)  # typed columns, zero rows (pandas would write body as null type)
     output = tmp_path / "out"
-    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
-                 "--id-col", "review_id", "--text-col", "body"])
+    code = main(
+        [
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(minilm_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 2 and err == f"lakescore: error: input {str(source)!r} has no rows; nothing to score (nothing was written)"
+    assert (
+        code == 2
+        and err == f"lakescore: error: input {str(source)!r} has no rows; nothing to score (nothing was written)"
+    )
     assert not output.exists() and not Path(f"{output}_errors").exists()
 
 
@@ -255,9 +395,27 @@ def test_onnx_backend_classify_end_to_end_into_delta_equals_torch(tmp_path, spar
     outputs = {}
     for backend in ("torch", "onnx"):
         output = tmp_path / f"labels-{backend}"
-        code = main(["score", "--task", "classify", "--input", str(source), "--output", str(output),
-                     "--model", str(tiny_classifier_dir), "--id-col", "review_id", "--text-col", "body",
-                     "--set", f"model.backend={backend}", "--set", f"model.cache_dir={onnx_cache_dir}"])
+        code = main(
+            [
+                "score",
+                "--task",
+                "classify",
+                "--input",
+                str(source),
+                "--output",
+                str(output),
+                "--model",
+                str(tiny_classifier_dir),
+                "--id-col",
+                "review_id",
+                "--text-col",
+                "body",
+                "--set",
+                f"model.backend={backend}",
+                "--set",
+                f"model.cache_dir={onnx_cache_dir}",
+            ]
+        )
         assert code == 0
         outputs[backend] = read_output(spark, str(output))
     torch_out, onnx_out = outputs["torch"], outputs["onnx"]
@@ -267,21 +425,45 @@ def test_onnx_backend_classify_end_to_end_into_delta_equals_torch(tmp_path, spar
     assert set(onnx_out["model_sha256"]) == set(torch_out["model_sha256"])  # the weights, whatever ran them
 
 
-def test_int8_outside_tolerance_exits_2_naming_the_figures_and_writes_nothing(tmp_path, spark, minilm_dir, onnx_cache_dir, capsys):
+def test_int8_outside_tolerance_exits_2_naming_the_figures_and_writes_nothing(
+    tmp_path, spark, minilm_dir, onnx_cache_dir, capsys
+):
     from lakescore.jobs.cli import main
 
     source = tmp_path / "reviews.parquet"
     reviews_frame(30, seed=3).to_parquet(source)
     output = tmp_path / "never"
-    code = main(["score", "--input", str(source), "--output", str(output), "--model", str(minilm_dir),
-                 "--id-col", "review_id", "--text-col", "body", "--backend", "onnx", "--quantize", "int8",
-                 "--set", f"model.cache_dir={onnx_cache_dir}", "--set", "model.quantize_min_cosine=0.99999"])
+    code = main(
+        [
+            "score",
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--model",
+            str(minilm_dir),
+            "--id-col",
+            "review_id",
+            "--text-col",
+            "body",
+            "--backend",
+            "onnx",
+            "--quantize",
+            "int8",
+            "--set",
+            f"model.cache_dir={onnx_cache_dir}",
+            "--set",
+            "model.quantize_min_cosine=0.99999",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and "outside tolerance" in err and "cosine_p1" in err and "0.99999" in err, err
     assert not output.exists() and not Path(f"{output}_errors").exists()
 
 
-def test_bfloat16_is_checked_against_float32_then_scores_or_exits_2_writing_nothing(tmp_path, spark, minilm_dir, capsys):
+def test_bfloat16_is_checked_against_float32_then_scores_or_exits_2_writing_nothing(
+    tmp_path, spark, minilm_dir, capsys
+):
     """A bfloat16 run scores its own input's sample both ways in the preflight, as int8 does: within tolerance it
     scores into Delta (vectors within the tolerance of sentence-transformers' float32); outside it exits 2, one line."""
     from sentence_transformers import SentenceTransformer
@@ -291,8 +473,19 @@ def test_bfloat16_is_checked_against_float32_then_scores_or_exits_2_writing_noth
     frame = reviews_frame(30, seed=5)
     source = tmp_path / "reviews.parquet"
     frame.to_parquet(source)
-    args = ["score", "--input", str(source), "--model", str(minilm_dir), "--id-col", "review_id", "--text-col", "body",
-            "--dtype", "bfloat16"]
+    args = [
+        "score",
+        "--input",
+        str(source),
+        "--model",
+        str(minilm_dir),
+        "--id-col",
+        "review_id",
+        "--text-col",
+        "body",
+        "--dtype",
+        "bfloat16",
+    ]
     refused = tmp_path / "never"
     code = main([*args, "--output", str(refused), "--set", "model.quantize_min_cosine=0.9999999"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -303,11 +496,18 @@ def test_bfloat16_is_checked_against_float32_then_scores_or_exits_2_writing_noth
     assert main([*args, "--output", str(output), "--report", str(report)]) == 0
     scored = frame.dropna(subset=["body"]).set_index("review_id")
     check = json.loads(report.read_text())["precision_check"]  # the run keeps what it proved: the sample is every text
-    assert check["path"] == "bfloat16" and check["sample_rows"] == len(scored) and 0.99 <= check["cosine_p1"] < 1.0, check
+    assert check["path"] == "bfloat16" and check["sample_rows"] == len(scored) and 0.99 <= check["cosine_p1"] < 1.0, (
+        check
+    )
     printed = capsys.readouterr()
-    assert f"bfloat16: within tolerance of float32 on {len(scored)} sampled rows (cosine_p1 0.99" in printed.out + printed.err
+    assert (
+        f"bfloat16: within tolerance of float32 on {len(scored)} sampled rows (cosine_p1 0.99"
+        in printed.out + printed.err
+    )
     out = read_output(spark, str(output)).set_index("review_id")
     ours = np.stack(out.loc[scored.index, "embedding"])
-    expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(scored["body"].tolist(), normalize_embeddings=True)
+    expected = SentenceTransformer(str(minilm_dir), device="cpu").encode(
+        scored["body"].tolist(), normalize_embeddings=True
+    )
     cosine = (ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosine.min() >= 0.99 and cosine.min() < 1 - 1e-7  # bfloat16 ran (not float32), within the tolerance

@@ -35,7 +35,9 @@ def test_workers_fork_from_a_daemon_that_imported_torch(spark):
             cmdline = handle.read().replace(b"\0", b" ").decode()
         with open(f"/proc/{parent}/maps", encoding="utf-8", errors="replace") as handle:
             torch_mapped = any("libtorch_cpu" in line for line in handle)
-        yield pa.RecordBatch.from_pydict({"cmdline": [cmdline], "torch_mapped": [torch_mapped], "pyspark": [pyspark.__file__]})
+        yield pa.RecordBatch.from_pydict(
+            {"cmdline": [cmdline], "torch_mapped": [torch_mapped], "pyspark": [pyspark.__file__]}
+        )
 
     schema = "cmdline string, torch_mapped boolean, pyspark string"
     rows = spark.range(2, numPartitions=2).mapInArrow(parent_facts, schema).collect()

@@ -67,8 +67,10 @@ FLAT_SLACK_SHARE = 0.10
 HEAP_PROBE_SECONDS = 2.0
 # A full GC's line in the JVM's unified GC log (``-Xlog:gc:file=...:time``): wall time, heap before -> after
 # (``jcmd GC.run`` logs as ``Pause Full (Diagnostic Command)``).
-FULL_GC_LINE = re.compile(r"^\[(?P<time>[^\]]+)\] GC\(\d+\) Pause Full \([^)]*\) "
-                          r"\d+(?:\.\d+)?[KMG]->(?P<after>\d+(?:\.\d+)?)(?P<unit>[KMG])")
+FULL_GC_LINE = re.compile(
+    r"^\[(?P<time>[^\]]+)\] GC\(\d+\) Pause Full \([^)]*\) "
+    r"\d+(?:\.\d+)?[KMG]->(?P<after>\d+(?:\.\d+)?)(?P<unit>[KMG])"
+)
 JVM_ROLES = ("driver JVM", "executor JVM")
 # The log lines that open and close the scoring stage (jobs/steps/prepare.py, jobs/steps/score.py).
 SCORING_STARTS = "lakescore.jobs.steps.prepare: scoring "
@@ -152,8 +154,12 @@ class MemorySampler(threading.Thread):
         while not self._done.is_set() and "end" not in self.marks:
             if "start" in self.marks:
                 jvms = [pid for (name, pid) in list(self.series) if name in JVM_ROLES]
-                probes = [subprocess.Popen([self._jcmd, str(pid), "GC.run"], stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL) for pid in jvms]
+                probes = [
+                    subprocess.Popen(
+                        [self._jcmd, str(pid), "GC.run"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                    )
+                    for pid in jvms
+                ]
                 for probe in probes:
                     probe.wait(timeout=60)
             self._done.wait(HEAP_PROBE_SECONDS)
@@ -192,12 +198,17 @@ class MemorySampler(threading.Thread):
             first = [r for t, r in samples if start <= t < start + third]
             last = [r for t, r in samples if end - third <= t <= end]
             seen = [t for t, _ in self.series[(name, pid)]]
-            out.append({"process": name, "pid": pid,
-                        "in_stage": min(seen) <= end and max(seen) >= start,
-                        "peak_mib": round(max(r for _, r in self.series[(name, pid)])),
-                        "measure": "live heap" if name in JVM_ROLES else "resident",
-                        "first_third_mib": round(max(first)) if first else None,
-                        "last_third_mib": round(max(last)) if last else None})
+            out.append(
+                {
+                    "process": name,
+                    "pid": pid,
+                    "in_stage": min(seen) <= end and max(seen) >= start,
+                    "peak_mib": round(max(r for _, r in self.series[(name, pid)])),
+                    "measure": "live heap" if name in JVM_ROLES else "resident",
+                    "first_third_mib": round(max(first)) if first else None,
+                    "last_third_mib": round(max(last)) if last else None,
+                }
+            )
         return out
 
 
@@ -223,8 +234,12 @@ def scale_input(module_tmp_path):
 
     root = module_tmp_path
     rng = np.random.default_rng(11)
-    table = pa.table({"account_id": np.arange(ROWS, dtype=np.int64),
-                      **{name: rng.normal(size=ROWS) for name in TinyTabular.FEATURES}})
+    table = pa.table(
+        {
+            "account_id": np.arange(ROWS, dtype=np.int64),
+            **{name: rng.normal(size=ROWS) for name in TinyTabular.FEATURES},
+        }
+    )
     source = root / "accounts.parquet"
     pq.write_table(table, source, row_group_size=250_000)
     module = TinyTabular.module()
@@ -243,13 +258,38 @@ def scale_run(scale_input):
     gc_logs.mkdir()
     gc_log = f"-Xlog:gc:file={gc_logs}/gc-%p.log:time"
     cmd = [
-        str(Path(sys.executable).with_name("lakescore")), "score", "--input", str(source), "--output", str(output),
-        "--task", "tabular", "--model", str(model), "--id-col", "account_id", "--feature-prefix", "feature_",
-        "--report", str(report), "--set", f"spark.master={MASTER}", "--set", f"spark.warehouse_dir={root / 'wh'}",
-        "--set", "spark.conf.spark.ui.enabled=false", "--set", "spark.conf.spark.eventLog.enabled=true",
-        "--set", f"spark.conf.spark.eventLog.dir={events.as_uri()}", "--set", "spark.conf.spark.eventLog.compress=false",
-        "--set", f"spark.conf.spark.driver.extraJavaOptions={gc_log}",
-        "--set", f"spark.conf.spark.executor.extraJavaOptions={gc_log}",
+        str(Path(sys.executable).with_name("lakescore")),
+        "score",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--task",
+        "tabular",
+        "--model",
+        str(model),
+        "--id-col",
+        "account_id",
+        "--feature-prefix",
+        "feature_",
+        "--report",
+        str(report),
+        "--set",
+        f"spark.master={MASTER}",
+        "--set",
+        f"spark.warehouse_dir={root / 'wh'}",
+        "--set",
+        "spark.conf.spark.ui.enabled=false",
+        "--set",
+        "spark.conf.spark.eventLog.enabled=true",
+        "--set",
+        f"spark.conf.spark.eventLog.dir={events.as_uri()}",
+        "--set",
+        "spark.conf.spark.eventLog.compress=false",
+        "--set",
+        f"spark.conf.spark.driver.extraJavaOptions={gc_log}",
+        "--set",
+        f"spark.conf.spark.executor.extraJavaOptions={gc_log}",
     ]
     run = CliRun(cmd, root, root / "scale.log")
     sampler = MemorySampler(run, gc_logs)
@@ -263,8 +303,9 @@ def _published(output: Path) -> pd.DataFrame:
     """The output's current rows, from its Delta log (one commit: a fresh table's publish)."""
     (commit,) = sorted((output / "_delta_log").glob("*.json"))
     files = [json.loads(line)["add"]["path"] for line in commit.read_text().splitlines() if '"add"' in line]
-    return pd.concat([pd.read_parquet(output / f, columns=["account_id", "prediction", "scores"]) for f in files],
-                     ignore_index=True)
+    return pd.concat(
+        [pd.read_parquet(output / f, columns=["account_id", "prediction", "scores"]) for f in files], ignore_index=True
+    )
 
 
 def test_two_million_rows_publish_exactly_with_flat_memory_and_no_driver_rows(scale_run, scale_input):
@@ -297,8 +338,13 @@ def test_two_million_rows_publish_exactly_with_flat_memory_and_no_driver_rows(sc
     assert sum(r["process"] == "executor JVM" for r in scoring_jvms) == 2, rows
     unprobed = [r for r in scoring_jvms if r["first_third_mib"] is None or r["last_third_mib"] is None]
     assert not unprobed, f"no full GC logged in a third of the scoring stage: {unprobed}"
-    grew = [r for r in rows if r["first_third_mib"] is not None and r["last_third_mib"] is not None
-            and r["last_third_mib"] > r["first_third_mib"] + max(FLAT_SLACK_MIB, FLAT_SLACK_SHARE * r["first_third_mib"])]
+    grew = [
+        r
+        for r in rows
+        if r["first_third_mib"] is not None
+        and r["last_third_mib"] is not None
+        and r["last_third_mib"] > r["first_third_mib"] + max(FLAT_SLACK_MIB, FLAT_SLACK_SHARE * r["first_third_mib"])
+    ]
     result_bytes = task_result_bytes(events)
     largest_stage = max(result_bytes, key=result_bytes.get)
     driver_cpu = sampler.marks["end"][1] - sampler.marks["start"][1]
@@ -309,18 +355,26 @@ def test_two_million_rows_publish_exactly_with_flat_memory_and_no_driver_rows(sc
         Path(os.environ["LAKESCORE_SCALE_OUT"]).write_text(summary + "\n")
 
     assert not grew, f"memory grew while rows streamed through:\n{summary}"
-    assert result_bytes[largest_stage] < MAX_STAGE_RESULT_BYTES, f"stage {largest_stage} sent the driver rows:\n{summary}"
+    assert result_bytes[largest_stage] < MAX_STAGE_RESULT_BYTES, (
+        f"stage {largest_stage} sent the driver rows:\n{summary}"
+    )
     assert driver_cpu < 0.1 * scoring_seconds, f"the driver Python worked {driver_cpu:.1f} CPU s while scoring"
 
 
-def _summary(rows: list[dict], report: dict, result_bytes: dict[int, int], driver_cpu: float, scoring_seconds: float) -> str:
+def _summary(
+    rows: list[dict], report: dict, result_bytes: dict[int, int], driver_cpu: float, scoring_seconds: float
+) -> str:
     """The figures as a Markdown table and a line of totals."""
-    lines = ["| process | pid | peak resident MiB | flatness measure | scoring 1st third MiB | scoring last third MiB |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| process | pid | peak resident MiB | flatness measure | scoring 1st third MiB | scoring last third MiB |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["process"] != "other":
-            lines.append(f"| {r['process']} | {r['pid']} | {r['peak_mib']} | {r['measure']} | {r['first_third_mib']} "
-                         f"| {r['last_third_mib']} |")
+            lines.append(
+                f"| {r['process']} | {r['pid']} | {r['peak_mib']} | {r['measure']} | {r['first_third_mib']} "
+                f"| {r['last_third_mib']} |"
+            )
     lines.append(
         f"\n{ROWS} rows on {MASTER}: run {report['seconds']} s ({report['rows_per_second']} rows/s), scoring stage "
         f"{scoring_seconds} s ({ROWS / scoring_seconds:.0f} rows/s); task results to the driver "

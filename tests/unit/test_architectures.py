@@ -26,11 +26,15 @@ from tests.unit.test_ner import NER_UNSEEN, assert_same_entities
 POLICY = BatchPolicy(max_tokens=256, max_rows=4)
 """Small batches: rows of different lengths share a padded batch, on either padding side."""
 
-CORPUS = UNSEEN + NER_UNSEEN[:-1] + [
-    "The delivery was late but the blender works well and the support team answered quickly.",
-    "Angela Merkel, Satya Nadella and Olaf Scholz met Microsoft and Siemens in Berlin, Redmond and Hamburg.",
-    "Great value for money; I would recommend this kettle to friends and family without hesitation.",
-]
+CORPUS = (
+    UNSEEN
+    + NER_UNSEEN[:-1]
+    + [
+        "The delivery was late but the blender works well and the support team answered quickly.",
+        "Angela Merkel, Satya Nadella and Olaf Scholz met Microsoft and Siemens in Berlin, Redmond and Hamburg.",
+        "Great value for money; I would recommend this kettle to friends and family without hesitation.",
+    ]
+)
 """The tokenizers' training text (the overlong NER row left out: it repeats one sentence sixty times)."""
 
 
@@ -52,7 +56,11 @@ FAMILIES = {
     "roberta": Family("RobertaConfig", dict(SMALL, max_position_embeddings=130, type_vocab_size=1), "bpe"),
     "xlm-roberta": Family("XLMRobertaConfig", dict(SMALL, max_position_embeddings=130, type_vocab_size=1), "unigram"),
     "qwen3": Family(
-        "Qwen3Config", dict(SMALL, num_key_value_heads=1, head_dim=16, max_position_embeddings=128), "bpe", "left", "lasttoken",
+        "Qwen3Config",
+        dict(SMALL, num_key_value_heads=1, head_dim=16, max_position_embeddings=128),
+        "bpe",
+        "left",
+        "lasttoken",
     ),
 }
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -75,8 +83,16 @@ def _tokenizer(family: Family):
     single = "<s> $A </s>" if family.padding_side == "right" else "$A </s>"
     trained.post_processor = TemplateProcessing(single=single, special_tokens=[("<s>", 0), ("</s>", 2)])
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=trained._tokenizer, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-        cls_token="<s>", sep_token="</s>", mask_token="<mask>", model_max_length=128, padding_side=family.padding_side,
+        tokenizer_object=trained._tokenizer,
+        bos_token="<s>",
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        cls_token="<s>",
+        sep_token="</s>",
+        mask_token="<mask>",
+        model_max_length=128,
+        padding_side=family.padding_side,
     )
     tokenizer.model_input_names = ["input_ids", "attention_mask"]  # no token_type_ids, as these families' tokenizers
     return tokenizer
@@ -87,9 +103,17 @@ def _model(family: Family, task: str, vocab_size: int):
     import transformers
 
     labels = {"classify": LABELS, "ner": NER_LABELS}.get(task, {})
-    auto = {"embed": "AutoModel", "classify": "AutoModelForSequenceClassification", "ner": "AutoModelForTokenClassification"}
+    auto = {
+        "embed": "AutoModel",
+        "classify": "AutoModelForSequenceClassification",
+        "ner": "AutoModelForTokenClassification",
+    }
     config = getattr(transformers, family.config)(
-        vocab_size=vocab_size, pad_token_id=1, bos_token_id=0, eos_token_id=2, **family.settings,
+        vocab_size=vocab_size,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        **family.settings,
         **(dict(num_labels=len(labels), id2label=labels, label2id={v: k for k, v in labels.items()}) if labels else {}),
     )
     torch.manual_seed(0)
@@ -115,7 +139,9 @@ def model_dir(tmp_path_factory):
             tokenizer = _tokenizer(family)
             model = _model(family, task, len(tokenizer))
             if task == "embed":  # saved as sentence-transformers saves an embedder: its pooling in 1_Pooling
-                _save_sentence_transformer(model, tokenizer, family.pooling, tmp_path_factory.mktemp(f"{name}-hf"), path)
+                _save_sentence_transformer(
+                    model, tokenizer, family.pooling, tmp_path_factory.mktemp(f"{name}-hf"), path
+                )
             else:
                 model.save_pretrained(path)
                 tokenizer.save_pretrained(path)

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import BatchPolicy, score_texts
 from lakescore.udfs.heads.classify import SequenceClassifier
+from lakescore.udfs.models import model_cache
 from lakescore.udfs.models.model_source import ModelSpec, weights_sha256
 from lakescore.udfs.models.quantize import QuantizationToleranceError, Tolerance, check_fidelity
 from lakescore.udfs.registry import get_task
@@ -133,8 +133,12 @@ def test_a_graph_that_differs_from_its_source_is_refused(plain_bert_dir, onnx_ca
     probes = probe_inputs(plain_bert_dir, export.input_names)
     expected = [export(probe) for probe in probes]
     check_graph(fused, expected, probes, "fused")  # does not raise
-    quantize_dynamic(str(plain), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8, use_external_data_format=True)
-    with pytest.raises(GraphMismatchError, match=r"int8 against the export: max abs difference [0-9.e-]+ on a 3x13 probe"):
+    quantize_dynamic(
+        str(plain), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8, use_external_data_format=True
+    )
+    with pytest.raises(
+        GraphMismatchError, match=r"int8 against the export: max abs difference [0-9.e-]+ on a 3x13 probe"
+    ):
         check_graph(tmp_path / "int8.onnx", expected, probes, "int8 against the export")
 
 
@@ -154,7 +158,9 @@ def _review_sample(rows=300):
 def test_int8_recipe_is_within_tolerance_on_bench_and_unseen_text(minilm_dir, sentence_transformer, minilm_int8):
     texts = _review_sample()
     _, head = minilm_int8
-    figures = head.fidelity(sentence_transformer.encode(texts, normalize_embeddings=True), score_texts(texts, head, POLICY).outputs)
+    figures = head.fidelity(
+        sentence_transformer.encode(texts, normalize_embeddings=True), score_texts(texts, head, POLICY).outputs
+    )
     assert figures["cosine_p1"] >= 0.99, figures
     check_fidelity(figures, Tolerance(), len(texts), "minilm")  # does not raise
 
@@ -189,7 +195,9 @@ def test_the_int8_check_in_a_fresh_worker_imports_no_torch(minilm_int8):
         "row = b.to_pylist()[0]; assert row['error'] is None, row; "
         "print(json.dumps([json.loads(row['fidelity'])['cosine_p1'], 'torch' in sys.modules]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(_review_sample(60)), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(_review_sample(60)), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     cosine_p1, imported_torch = json.loads(done.stdout.strip().splitlines()[-1])
     assert cosine_p1 >= 0.99 and not imported_torch
@@ -200,13 +208,19 @@ def test_a_classifier_is_quantized_and_checked_against_float32(tiny_classifier_d
     rewrites before quantizing: every classifier used to fail there (onnxruntime#25890)."""
     import onnx
 
-    spec = ModelSpec("classify", str(tiny_classifier_dir), backend="onnx", quantize="int8", cache_dir=str(onnx_cache_dir))
+    spec = ModelSpec(
+        "classify", str(tiny_classifier_dir), backend="onnx", quantize="int8", cache_dir=str(onnx_cache_dir)
+    )
     int8 = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN, backend="onnx", quantize="int8")
     fp32 = _scored("classify", tiny_classifier_dir, onnx_cache_dir, UNSEEN, backend="onnx")
     assert int8.shape == fp32.shape == (len(UNSEEN), 3) and np.allclose(int8.sum(axis=1), 1.0, atol=1e-5)
     assert SequenceClassifier.fidelity(fp32, int8)["agreement"] == 1.0
-    (graph,) = (onnx_cache_dir / "onnx").glob(f"{weights_sha256(tiny_classifier_dir)[:24]}-classify-*-int8-*/model.onnx")
-    assert {"DynamicQuantizeMatMul", "MatMulInteger"} & {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node}
+    (graph,) = (onnx_cache_dir / "onnx").glob(
+        f"{weights_sha256(tiny_classifier_dir)[:24]}-classify-*-int8-*/model.onnx"
+    )
+    assert {"DynamicQuantizeMatMul", "MatMulInteger"} & {
+        n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node
+    }
     model_cache.clear()
     row = _preflight_row(spec, UNSEEN, Tolerance())
     model_cache.clear()
@@ -233,7 +247,9 @@ def test_the_check_refuses_a_bad_recipe(minilm_dir, tmp_path, monkeypatch):
 
 def test_backend_and_quantization_are_part_of_the_cache_key_not_the_cache_dir(minilm_dir):
     base = ModelSpec("embed", str(minilm_dir))
-    assert base != dataclasses.replace(base, backend="onnx") != dataclasses.replace(base, backend="onnx", quantize="int8")
+    assert (
+        base != dataclasses.replace(base, backend="onnx") != dataclasses.replace(base, backend="onnx", quantize="int8")
+    )
     assert base == dataclasses.replace(base, cache_dir="/elsewhere") and "cache_dir" not in base.identity()
     assert {"backend", "quantize"} <= set(base.identity())
 
@@ -247,7 +263,10 @@ def test_backend_and_quantization_are_part_of_the_cache_key_not_the_cache_dir(mi
         (["model.backend=onnx", "model.device=cuda"], r"model.backend onnx runs on CPU"),
         (["model.backend=onnx", "model.dtype=bfloat16"], r"model.backend onnx runs float32"),
         (["model.quantize_min_cosine=1.5"], r"model.quantize_min_cosine must be between 0 and 1, got 1.5"),
-        (["model.backend=onnx", "task=tabular"], r"model.backend 'onnx' cannot run task 'tabular' \(it runs on torch\)"),
+        (
+            ["model.backend=onnx", "task=tabular"],
+            r"model.backend 'onnx' cannot run task 'tabular' \(it runs on torch\)",
+        ),
     ],
 )
 def test_backend_settings_fail_with_the_key(overrides, message):

@@ -6,10 +6,17 @@ import weakref
 
 import numpy as np
 import pytest
-
 import torch
 
-from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, plan_batches, prefetch, score_matrix, score_texts, take_rows
+from lakescore.udfs.batching import (
+    AdaptiveBudget,
+    BatchPolicy,
+    plan_batches,
+    prefetch,
+    score_matrix,
+    score_texts,
+    take_rows,
+)
 
 
 class CharHead:

@@ -37,15 +37,28 @@ def test_changed_table_edits_inserts_and_deletes_exactly_what_it_reports(tmp_pat
 def test_c1_reports_each_workload_against_the_jobs_tolerance_and_labels_training_rows_by_verdict():
     from bench.classifier import C1Result, _verdict_label, c1_lines
 
-    assert [_verdict_label(t) for t in ("Sturdy kettle, superb overall.", "Flimsy tent, awful sadly.", "Odd lamp, okay.")] == [2, 0, 1]
-    lines = c1_lines(C1Result(0.87, {
-        "int8": {"W1": {"agreement": 0.965, "prob_delta_p99": 0.14, "prob_delta_max": 0.2, "rows": 1500},
-                 "W2": {"agreement": 0.995, "prob_delta_p99": 0.015, "prob_delta_max": 0.03, "rows": 500}},
-        "bfloat16": {"W1": {"agreement": 0.999, "prob_delta_p99": 0.03, "prob_delta_max": 0.05, "rows": 1500}},
-    }))
-    assert lines[1].startswith("C1 int8 vs float32 torch (W1, 1,500 rows): label agreement 0.9650") and lines[1].endswith("NOT met")
+    assert [
+        _verdict_label(t) for t in ("Sturdy kettle, superb overall.", "Flimsy tent, awful sadly.", "Odd lamp, okay.")
+    ] == [2, 0, 1]
+    lines = c1_lines(
+        C1Result(
+            0.87,
+            {
+                "int8": {
+                    "W1": {"agreement": 0.965, "prob_delta_p99": 0.14, "prob_delta_max": 0.2, "rows": 1500},
+                    "W2": {"agreement": 0.995, "prob_delta_p99": 0.015, "prob_delta_max": 0.03, "rows": 500},
+                },
+                "bfloat16": {"W1": {"agreement": 0.999, "prob_delta_p99": 0.03, "prob_delta_max": 0.05, "rows": 1500}},
+            },
+        )
+    )
+    assert lines[1].startswith("C1 int8 vs float32 torch (W1, 1,500 rows): label agreement 0.9650") and lines[
+        1
+    ].endswith("NOT met")
     assert "target agreement >= 0.99 and p99 difference <= 0.02: met" in lines[2]
-    assert lines[3].startswith("C1 bfloat16 vs float32 torch (W1, 1,500 rows)") and lines[3].endswith("NOT met")  # p99 0.03
+    assert lines[3].startswith("C1 bfloat16 vs float32 torch (W1, 1,500 rows)") and lines[3].endswith(
+        "NOT met"
+    )  # p99 0.03
     assert c1_lines(C1Result(None, {}, error="boom")) == ["C1 int8 / bfloat16 classifier: not measured (boom)"]
 
 

@@ -44,7 +44,9 @@ def test_embeddings_differ_below_the_cosine_floor_or_with_rows_missing(tmp_path)
     ours = _delta(tmp_path / "ours", pd.DataFrame({"review_id": range(6), "embedding": list(vectors)}))
     bent = vectors.copy()
     bent[3] = _vectors(3, rows=1)[0]  # one row's vector from another model
-    found = compare_embeddings(ours, _delta(tmp_path / "bent", pd.DataFrame({"review_id": range(6), "embedding": list(bent)})))
+    found = compare_embeddings(
+        ours, _delta(tmp_path / "bent", pd.DataFrame({"review_id": range(6), "embedding": list(bent)}))
+    )
     assert not found["same"] and found["min_cosine"] < COSINE_MIN and "lowest cosine" in found["why"]
     short = _delta(tmp_path / "short", pd.DataFrame({"review_id": range(5), "embedding": list(vectors[:5])}))
     found = compare_embeddings(ours, short)
@@ -58,7 +60,9 @@ def test_embeddings_as_fixed_size_lists_read_like_lists(tmp_path):
     ours = _delta(tmp_path / "ours", pd.DataFrame({"review_id": range(6), "embedding": list(vectors)}))
     (tmp_path / "fixed" / "_delta_log").mkdir(parents=True)
     column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 8)
-    pq.write_table(pa.table({"review_id": pa.array(range(6), pa.int64()), "embedding": column}), tmp_path / "fixed" / "p.parquet")
+    pq.write_table(
+        pa.table({"review_id": pa.array(range(6), pa.int64()), "embedding": column}), tmp_path / "fixed" / "p.parquet"
+    )
     (tmp_path / "fixed" / "_delta_log" / f"{0:020d}.json").write_text(json.dumps({"add": {"path": "p.parquet"}}))
     assert compare_embeddings(ours, tmp_path / "fixed")["same"]
 
@@ -74,17 +78,25 @@ def test_labels_equal_per_id_or_counted_as_different(tmp_path):
 
 def test_texts_equal_per_id_or_counted_as_different(tmp_path):
     ours = _delta(tmp_path / "ours", pd.DataFrame({"id": [1, 2], "generated_text": [" good", " bad"]}))
-    assert compare_texts(ours, _delta(tmp_path / "same", pd.DataFrame({"id": [2, 1], "generated_text": [" bad", " good"]})))["same"]
-    found = compare_texts(ours, _delta(tmp_path / "other", pd.DataFrame({"id": [1, 2], "generated_text": [" good", "bad"]})))
+    assert compare_texts(
+        ours, _delta(tmp_path / "same", pd.DataFrame({"id": [2, 1], "generated_text": [" bad", " good"]}))
+    )["same"]
+    found = compare_texts(
+        ours, _delta(tmp_path / "other", pd.DataFrame({"id": [1, 2], "generated_text": [" good", "bad"]}))
+    )
     assert not found["same"] and found["why"] == "1 of 2 texts differ"  # a leading space is a different text
 
 
 def test_top_rows_the_same_set_or_not(tmp_path):
-    ours = _delta(tmp_path / "ours", pd.DataFrame({"user_id": [1, 1, 2], "item_id": [5, 6, 7], "rank": [1, 2, 1],
-                                                   "prediction": [0.9, 0.5, 0.3]}))
+    ours = _delta(
+        tmp_path / "ours",
+        pd.DataFrame({"user_id": [1, 1, 2], "item_id": [5, 6, 7], "rank": [1, 2, 1], "prediction": [0.9, 0.5, 0.3]}),
+    )
     same = _delta(tmp_path / "same", pd.DataFrame({"user_id": [2, 1, 1], "item_id": [7, 6, 5], "rank": [1, 2, 1]}))
     assert compare_top(ours, same)["same"]
-    swapped = _delta(tmp_path / "swapped", pd.DataFrame({"user_id": [1, 1, 2], "item_id": [6, 5, 7], "rank": [1, 2, 1]}))
+    swapped = _delta(
+        tmp_path / "swapped", pd.DataFrame({"user_id": [1, 1, 2], "item_id": [6, 5, 7], "rank": [1, 2, 1]})
+    )
     found = compare_top(ours, swapped)  # the same items, ranked the other way round
     assert not found["same"] and (found["matched"], found["only_lakescore"], found["only_peer"]) == (1, 2, 2)
 
@@ -106,8 +118,11 @@ def _runs(*walls, report=None):
 def test_ratio_rows_give_a_verdict_only_on_equal_work():
     from bench.peers.side_by_side import ratio_rows
 
-    runs = {"lakescore": _runs(100.0, 120.0, report={}), "ray": _runs(150.0, 170.0, report={}),
-            "daft": _runs(90.0, 100.0, report={})}
+    runs = {
+        "lakescore": _runs(100.0, 120.0, report={}),
+        "ray": _runs(150.0, 170.0, report={}),
+        "daft": _runs(90.0, 100.0, report={}),
+    }
     rows = ratio_rows("W1", 12000, runs, {"ray": {"same": True, "why": ""}, "daft": {"same": True, "why": ""}})
     assert [r[2:] for r in rows] == [
         ["Ray Data", "110.0 (2)", "160.0 (2)", "1.45x", "same", "met"],

@@ -36,7 +36,12 @@ def test_a_child_in_its_parents_memory_is_not_counted_again():
     stack = ctypes.create_string_buffer(1 << 16)
     top = ctypes.c_void_p(ctypes.addressof(stack) + len(stack) - 64)
     pause = ctypes.cast(libc.pause, ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p))
-    libc.clone.argtypes = [ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    libc.clone.argtypes = [
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p),
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     child = libc.clone(pause, top, CLONE_VM | signal.SIGCHLD, None)
     assert child > 0, os.strerror(ctypes.get_errno())
     try:
@@ -54,8 +59,9 @@ def test_a_run_returns_after_what_it_left_behind_exits_and_times_only_itself(tmp
         "time.sleep(0.6)\n"
     )
     started = time.perf_counter()
-    measured = run_measured([sys.executable, "-c", script], env=os.environ, cwd=tmp_path, log_path=tmp_path / "log",
-                            poll_seconds=0.05)
+    measured = run_measured(
+        [sys.executable, "-c", script], env=os.environ, cwd=tmp_path, log_path=tmp_path / "log", poll_seconds=0.05
+    )
     returned = time.perf_counter() - started
     assert measured.returncode == 0
     assert measured.wall_seconds < 1.4  # the child alone, not the grandchild's 1.5 s

@@ -28,9 +28,14 @@ _PEER = {p.key: p for p in PEERS}
 
 
 def summary(workload: str, key: str, rows: int, wall: float, stage: float | None = None) -> JobSummary:
-    return JobSummary(job=Job(workload, _PEER[key], Path("x"), rows, 1), rates=[rows / wall], failures=0,
-                      peak_rss_mib=1000.0, step_seconds={} if stage is None else {"score_stage": stage},
-                      wall_seconds=wall)
+    return JobSummary(
+        job=Job(workload, _PEER[key], Path("x"), rows, 1),
+        rates=[rows / wall],
+        failures=0,
+        peak_rss_mib=1000.0,
+        step_seconds={} if stage is None else {"score_stage": stage},
+        wall_seconds=wall,
+    )
 
 
 def test_break_even_is_where_the_whole_processes_cross():
@@ -44,9 +49,9 @@ def test_break_even_is_where_the_whole_processes_cross():
 
 def test_scale_line_per_machine_from_f200_and_both_stage_rates():
     summaries = [
-        summary("W1", "a", 12000, 66.0, stage=60.0),    # stage 200 rows/s, fixed cost 6 s
-        summary("W1", "d", 12000, 60.0, stage=40.0),    # stage 300 rows/s
-        summary("F200", "d", 200, 15.0, stage=1.0),     # fixed cost 14 s
+        summary("W1", "a", 12000, 66.0, stage=60.0),  # stage 200 rows/s, fixed cost 6 s
+        summary("W1", "d", 12000, 60.0, stage=40.0),  # stage 300 rows/s
+        summary("F200", "d", 200, 15.0, stage=1.0),  # fixed cost 14 s
     ]
     [line] = scale_lines(summaries, FACTS)
     assert line.startswith("W1 at scale on AMD EPYC 7B13 (family 25, model 1), 2 cores: ")
@@ -68,23 +73,37 @@ def test_w1l_whole_process_target_and_the_fast_pair_verdict():
     summaries = [summary("W1L", "a", 60000, 360.0, stage=350.0), summary("W1L", "d", 60000, 300.0, stage=250.0)]
     text = render(summaries, {}, markdown=False)
     assert "W1L d/a = 1.20   target >= 1.1: met" in text
-    assert not any(line.startswith("W1L fastest") for line in fast_path_lines(summaries))  # (d) vs (a) only: d/a says it
+    assert not any(
+        line.startswith("W1L fastest") for line in fast_path_lines(summaries)
+    )  # (d) vs (a) only: d/a says it
     fast = summaries + [summary("W1L", "e", 60000, 200.0), summary("W1L", "q", 60000, 320.0)]  # q slower than d
     lines = [line for line in fast_path_lines(fast) if line.startswith("W1L fastest")]
-    assert lines == ["W1L fastest lakescore config (d: torch float32) / (a) (the plain loop on its backend and "
-                     "precision) = 1.20   target >= 1: met"]
+    assert lines == [
+        "W1L fastest lakescore config (d: torch float32) / (a) (the plain loop on its backend and "
+        "precision) = 1.20   target >= 1: met"
+    ]
     faster_q = summaries + [summary("W1L", "e", 60000, 200.0), summary("W1L", "q", 60000, 180.0)]
     [line] = [line for line in fast_path_lines(faster_q) if line.startswith("W1L fastest")]
-    assert line.startswith("W1L fastest lakescore config (q: ONNX int8) / (e)") and line.endswith("= 1.11   target >= 1: met")
+    assert line.startswith("W1L fastest lakescore config (q: ONNX int8) / (e)") and line.endswith(
+        "= 1.11   target >= 1: met"
+    )
 
 
 def _w3(incremental_walls: list[float], full: float = 100.0, nodedup: float = 110.0) -> W3Result:
-    result = W3Result(rows=60000, changed_rows=60000, changes={"edited": 600, "inserted": 300, "deleted": 300},
-                      distinct_texts=50000, repetition="r", repeated_token_share=0.05)
+    result = W3Result(
+        rows=60000,
+        changed_rows=60000,
+        changes={"edited": 600, "inserted": 300, "deleted": 300},
+        distinct_texts=50000,
+        repetition="r",
+        repeated_token_share=0.05,
+    )
     report = {"rows_scored": 900, "dedup": {"mode": "auto", "used": True, "forward_passes_saved": 10000}}
-    result.runs = {"incremental": [(Measurement(0, w, 1), dict(report)) for w in incremental_walls],
-                   "full": [(Measurement(0, full, 1), {"rows_scored": 60000, "dedup": report["dedup"]})],
-                   "full-nodedup": [(Measurement(0, nodedup, 1), {})]}
+    result.runs = {
+        "incremental": [(Measurement(0, w, 1), dict(report)) for w in incremental_walls],
+        "full": [(Measurement(0, full, 1), {"rows_scored": 60000, "dedup": report["dedup"]})],
+        "full-nodedup": [(Measurement(0, nodedup, 1), {})],
+    }
     return result
 
 
@@ -123,14 +142,20 @@ def test_w3t_tables_change_what_they_say_and_the_ratio_has_its_target(tmp_path):
     assert int((first.loc[common] != night.loc[common]).any(axis=1).sum()) == 10
 
     run = lambda wall: PeerRun(Measurement(0, wall, 1), {"input_rows": 1}, 1.0)  # noqa: E731
-    result = W3TResult(rows={"small": 10000, "large": 1000000}, changes={"small": counts, "large": counts},
-                       full={"small": [run(30.0)], "large": [run(90.0)]},
-                       runs={"small": [run(24.0), run(26.0)], "large": [run(30.0), run(32.0)]})
+    result = W3TResult(
+        rows={"small": 10000, "large": 1000000},
+        changes={"small": counts, "large": counts},
+        full={"small": [run(30.0)], "large": [run(90.0)]},
+        runs={"small": [run(24.0), run(26.0)], "large": [run(30.0), run(32.0)]},
+    )
     lines = w3t_lines(result)
-    assert lines[-1] == ("W3T incremental run, 1,000,000 rows over 10,000 (0.1% changed): 31.0 s / 25.0 s = 1.24x   "
-                         "target <= 1.3x: met")
-    assert any(line.startswith("W3T incremental large: whole process median 31.0 s") and "its full run 90.0 s" in line
-               for line in lines)
+    assert lines[-1] == (
+        "W3T incremental run, 1,000,000 rows over 10,000 (0.1% changed): 31.0 s / 25.0 s = 1.24x   target <= 1.3x: met"
+    )
+    assert any(
+        line.startswith("W3T incremental large: whole process median 31.0 s") and "its full run 90.0 s" in line
+        for line in lines
+    )
     result.runs["large"] = [run(40.0)]
     assert w3t_lines(result)[-1].endswith("= 1.60x   target <= 1.3x: NOT met") and result.ok
 
@@ -139,8 +164,12 @@ def test_plain_loop_reports_its_stage_and_fixed_cost(tmp_path):
     data.write_table(data.review_bodies(20), tmp_path / "in")
     command = peer_command(_PEER["a"], tmp_path / "in", tmp_path)
     repo = Path(__file__).resolve().parents[2]
-    subprocess.run(command, check=True, cwd=repo, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                                       "PYTHONPATH": str(repo)})
+    subprocess.run(
+        command,
+        check=True,
+        cwd=repo,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(repo)},
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["rows"] == 20 and set(report["step_seconds"]) == {"load", "score_stage", "save"}
     assert 0 < report["step_seconds"]["score_stage"] < report["seconds"]

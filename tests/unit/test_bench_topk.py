@@ -31,7 +31,10 @@ def test_candidates_are_seeded_and_unique_per_user(tmp_path):
     assert make_w6_data(one, 40, 3, files=4) == make_w6_data(again, 40, 3, files=4) == 120
     files = sorted(one.glob("*.parquet"))
     assert len(files) == 4 and all(pq.ParquetFile(f).metadata.num_rows == 30 for f in files)
-    assert pq.read_table(one).equals(pq.read_table(again)) and pq.read_table(one).schema.field(FEATURES[0]).type == pa.float32()
+    assert (
+        pq.read_table(one).equals(pq.read_table(again))
+        and pq.read_table(one).schema.field(FEATURES[0]).type == pa.float32()
+    )
     users = pq.read_table(files[1]).column("user_id").to_numpy()
     assert (users.min(), users.max()) == (11, 20)  # contiguous users per file
 
@@ -57,7 +60,9 @@ def test_compare_top_counts_rows_on_both_sides_and_the_score_gap(tmp_path):
     import pandas as pd
 
     ours = pd.DataFrame({"user_id": [1, 1, 2], "item_id": [5, 6, 7], "rank": [1, 2, 1], "prediction": [0.9, 0.5, 0.3]})
-    theirs = pd.DataFrame({"user_id": [1, 1, 2], "item_id": [5, 6, 8], "rank": [1, 2, 1], "score": [0.9, 0.5 + 3e-6, 0.2]})
+    theirs = pd.DataFrame(
+        {"user_id": [1, 1, 2], "item_id": [5, 6, 8], "rank": [1, 2, 1], "score": [0.9, 0.5 + 3e-6, 0.2]}
+    )
     _delta(tmp_path / "ours", ours)
     _delta(tmp_path / "theirs", theirs)
     found = compare_top(tmp_path / "ours", tmp_path / "theirs")
@@ -70,11 +75,18 @@ def _run(wall, peak_mib, report, code=0):
 
 
 def test_summary_lines_of_a_hand_built_result():
-    report = {"workers": {"rows_scored": 1000, "arrow_batches": 2}, "output_rows": 200, "ranked_out": 800,
-              "error_rows": 0, "step_seconds": {"score_stage": 4.0, "rank": 1.5}}
+    report = {
+        "workers": {"rows_scored": 1000, "arrow_batches": 2},
+        "output_rows": 200,
+        "ranked_out": 800,
+        "error_rows": 0,
+        "step_seconds": {"score_stage": 4.0, "rank": 1.5},
+    }
     result = W6Result(users=100, candidates=10, top_k=2)
-    result.runs = {"lakescore": [_run(20.0, 1000, report), _run(30.0, 1100, report)],
-                   "window": [_run(30.0, 900, {"rows": 1000, "job_seconds": 10.0}), _run(50.0, 950, None, code=1)]}
+    result.runs = {
+        "lakescore": [_run(20.0, 1000, report), _run(30.0, 1100, report)],
+        "window": [_run(30.0, 900, {"rows": 1000, "job_seconds": 10.0}), _run(50.0, 950, None, code=1)],
+    }
     for runs in result.runs.values():
         for run in runs:
             run.rate = 250.0 if run.ok else None

@@ -41,8 +41,10 @@ def test_compare_top_reads_the_score_column_on_both_sides(tmp_path):
 def test_summary_lines_of_a_hand_built_result():
     report = {"workers": {"rows_scored": 1000}, "step_seconds": {"score_stage": 4.0}}
     result = W6TResult(users=50, candidates=20, top_k=10)
-    result.runs = {"lakescore": [PeerRun(Measurement(0, 20.0, 2**30), report, 250.0)],
-                   "window": [PeerRun(Measurement(0, 90.0, 2**30), {"rows": 1000, "job_seconds": 80.0}, 12.5)]}
+    result.runs = {
+        "lakescore": [PeerRun(Measurement(0, 20.0, 2**30), report, 250.0)],
+        "window": [PeerRun(Measurement(0, 90.0, 2**30), {"rows": 1000, "job_seconds": 80.0}, 12.5)],
+    }
     result.equal = {"matched": 500, "only_lakescore": 0, "only_window": 0, "max_score_delta": 2e-7}
     text = "\n".join(w6t_lines(result))
     assert "50 users x 20 candidate W1 review texts = 1,000 rows" in text
@@ -71,10 +73,11 @@ def test_w9_lines_name_the_target_and_peak_memory():
 
     report = {"workers": {"rows_scored": 1000}, "step_seconds": {"score_stage": 4.0}}
     result = W9Result(queries=20, passages=50, top_k=5)
-    result.runs = {"lakescore": [PeerRun(Measurement(0, 20.0, 2**30), report, 250.0)],
-                   "window": [PeerRun(Measurement(0, 25.0, 2**31), {"rows": 1000, "job_seconds": 20.0}, 50.0)]}
+    result.runs = {
+        "lakescore": [PeerRun(Measurement(0, 20.0, 2**30), report, 250.0)],
+        "window": [PeerRun(Measurement(0, 25.0, 2**31), {"rows": 1000, "job_seconds": 20.0}, 50.0)],
+    }
     result.equal = {"matched": 100, "only_lakescore": 0, "only_window": 0, "max_score_delta": 2e-7}
     text = "\n".join(w9_lines(result))
     assert "20 queries x 50 W1 review passages = 1,000 pairs" in text
     assert "25.0 / 20.0 s = 1.25x   target >= 1.5x: NOT met" in text and "peak RSS 2048 MiB" in text
-

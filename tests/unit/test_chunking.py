@@ -69,9 +69,9 @@ def test_overlap_is_the_tokens_consecutive_windows_share(embedder):
     spans = Chunker(tokenizer, 24, 6).spans(text)
     ids = [tokenizer(text[s:e], add_special_tokens=False)["input_ids"] for s, e in spans]
     assert all(len(i) <= 22 for i in ids) and len(ids) > 5
-    assert all(any(i == whole[k:k + len(i)] for k in range(len(whole))) for i in ids)  # cut at words: the same tokens
+    assert all(any(i == whole[k : k + len(i)] for k in range(len(whole))) for i in ids)  # cut at words: the same tokens
     for a, b in zip(ids, ids[1:]):
-        shared = max(k for k in range(len(b) + 1) if a[len(a) - k:] == b[:k])
+        shared = max(k for k in range(len(b) + 1) if a[len(a) - k :] == b[:k])
         assert 6 <= shared <= 8  # the last overlap_tokens of a window start the next one (and the word they cut)
     no_overlap = Chunker(tokenizer, 24, 0).spans(text)
     assert all(a[1] <= b[0] for a, b in zip(no_overlap, no_overlap[1:])) and covered(text, no_overlap)
@@ -84,9 +84,12 @@ def test_the_prompt_counts_against_max_tokens(minilm_dir, tmp_path):
     shutil.copytree(minilm_dir, model_dir)
     settings = model_dir / "config_sentence_transformers.json"
     config = json.loads(settings.read_text()) if settings.exists() else {}
-    settings.write_text(json.dumps({**config, "prompts": {"passage": "passage of a long document: "},
-                                    "default_prompt_name": "passage"}))
-    head = chunked_embedder(load_embedder(ModelSpec("embed", str(model_dir)), model_dir), max_tokens=24, overlap_tokens=4)
+    settings.write_text(
+        json.dumps({**config, "prompts": {"passage": "passage of a long document: "}, "default_prompt_name": "passage"})
+    )
+    head = chunked_embedder(
+        load_embedder(ModelSpec("embed", str(model_dir)), model_dir), max_tokens=24, overlap_tokens=4
+    )
     document = embed_documents([LONG], head, BatchPolicy(512, 64)).outputs[0]
     peer_model = SentenceTransformer(str(model_dir), device="cpu")
     chunks = [LONG[s:e] for s, e in document.spans]
@@ -104,7 +107,9 @@ def test_byte_level_tokenizer_spans_fit_and_cover(tmp_path):
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator([LONG] * 3, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.train_from_iterator(
+        [LONG] * 3, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
     chunker = Chunker(tokenizer, 16, 3)
     for text in (LONG, "   leading and trailing   ", "🙂🔥日本語" * 20):
@@ -147,7 +152,8 @@ def test_max_tokens_above_the_models_limit_is_refused_on_the_driver_from_its_fil
         check_model_fits(spec(embedder.max_seq_length + 1), minilm_dir)
     assert str(refused.value) == (
         f"task embed: embed.chunk.max_tokens {embedder.max_seq_length + 1} is above the {embedder.max_seq_length} tokens "
-        f"the model reads, which would truncate every full chunk; set it at most {embedder.max_seq_length} ({minilm_dir})")
+        f"the model reads, which would truncate every full chunk; set it at most {embedder.max_seq_length} ({minilm_dir})"
+    )
     with pytest.raises(UnfitModelError, match="above the 64 tokens"):  # model.max_seq_length lowers it, as on executors
         check_model_fits(spec(65, max_seq_length=64), minilm_dir)
     # the tokenizer's own limit counts too, as the executors' truncation_limit reads it

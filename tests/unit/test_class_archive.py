@@ -25,7 +25,9 @@ def host(tmp_path):
 
 
 def digest(host, **changes):
-    return classpath_digest({**host["settings"], **changes.get("settings", {})}, {**host["environ"], **changes.get("environ", {})})
+    return classpath_digest(
+        {**host["settings"], **changes.get("settings", {})}, {**host["environ"], **changes.get("environ", {})}
+    )
 
 
 def test_the_digest_is_stable_for_one_classpath(host):
@@ -47,12 +49,15 @@ def test_any_change_to_what_makes_up_the_classpath_names_another_archive(host, c
     assert digest(host) != before
 
 
-@pytest.mark.parametrize("changes", [
-    {"settings": {"spark.driver.extraClassPath": "/opt/udfs.jar"}},
-    {"settings": {"spark.jars": ""}},
-    {"environ": {"HADOOP_CONF_DIR": "/etc/hadoop"}},
-    {"environ": {"SPARK_CONF_DIR": "/etc/spark"}},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"settings": {"spark.driver.extraClassPath": "/opt/udfs.jar"}},
+        {"settings": {"spark.jars": ""}},
+        {"environ": {"HADOOP_CONF_DIR": "/etc/hadoop"}},
+        {"environ": {"SPARK_CONF_DIR": "/etc/spark"}},
+    ],
+)
 def test_classpath_settings_and_environment_name_another_archive(host, changes):
     assert digest(host, **changes) != digest(host)
 
@@ -61,7 +66,10 @@ def test_no_archive_applies_without_a_jdk_or_with_jars_resolved_at_start(host, t
     no_jdk = {**host["environ"]}
     del no_jdk["JAVA_HOME"]
     assert archive_path(str(tmp_path), host["settings"], no_jdk) is None
-    assert archive_path(str(tmp_path), {"spark.jars.packages": "io.delta:delta-spark_4.1_2.13:4.4.0"}, host["environ"]) is None
+    assert (
+        archive_path(str(tmp_path), {"spark.jars.packages": "io.delta:delta-spark_4.1_2.13:4.4.0"}, host["environ"])
+        is None
+    )
 
 
 def test_a_session_starts_from_the_archive_only_once_it_exists(host, tmp_path, monkeypatch):

@@ -13,7 +13,10 @@ def test_a_failed_run_raises_system_exit_with_the_cli_code(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exited:
         run()
     assert exited.value.code == EXIT_BAD_INPUT
-    assert "lakescore: error: task must be one of classify, embed, ner, image_classify, image_embed, tabular" in capsys.readouterr().err
+    assert (
+        "lakescore: error: task must be one of classify, embed, ner, image_classify, image_embed, tabular"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_successful_run_returns_normally(monkeypatch, tmp_path, capsys):
@@ -22,6 +25,10 @@ def test_a_successful_run_returns_normally(monkeypatch, tmp_path, capsys):
     cached.mkdir()
     (cached / "delta.jar").write_bytes(b"")
     (cached / ".complete").write_text("done\n")
-    monkeypatch.setattr(sys, "argv", ["lakescore", "fetch-jars", "--set", f"spark.jars_dir={tmp_path}", "--set", "spark.class_archive=false"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["lakescore", "fetch-jars", "--set", f"spark.jars_dir={tmp_path}", "--set", "spark.class_archive=false"],
+    )
     assert run() is None
     assert "ready in" in capsys.readouterr().out

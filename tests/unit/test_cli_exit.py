@@ -21,8 +21,9 @@ cli.run()
 
 
 def _run(code: int, master: str) -> int:
-    result = subprocess.run([sys.executable, "-c", PROBE.format(code=code, master=master)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(code=code, master=master)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == code, result.stderr
     return int(result.stdout.split("frozen at exit:")[1])
 

@@ -5,8 +5,24 @@ from __future__ import annotations
 from lakescore.schemas.column_names import delta_storable_name, original_name, refused_by_delta, resolvable_name
 
 NAMES = [
-    "review text", "price (eur)", "a=b", "x,y;z", "{nested}", "tab\there", "new\nline", "50%", "review%20text", "%25",
-    "%2", "body", "évaluation 日本", "évaluation_日本", "a.b", "`quoted`", "a`b.c d", "",
+    "review text",
+    "price (eur)",
+    "a=b",
+    "x,y;z",
+    "{nested}",
+    "tab\there",
+    "new\nline",
+    "50%",
+    "review%20text",
+    "%25",
+    "%2",
+    "body",
+    "évaluation 日本",
+    "évaluation_日本",
+    "a.b",
+    "`quoted`",
+    "a`b.c d",
+    "",
 ]
 
 

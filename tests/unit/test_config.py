@@ -46,10 +46,12 @@ def test_a_model_given_as_one_string_is_its_source(tmp_path):
 
 
 def test_set_spark_conf_keeps_the_dotted_spark_key_whole():
-    cfg = load_config(overrides=[
-        "spark.conf.spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000",
-        "spark.conf.spark.hadoop.fs.s3a.path.style.access=true",
-    ])
+    cfg = load_config(
+        overrides=[
+            "spark.conf.spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000",
+            "spark.conf.spark.hadoop.fs.s3a.path.style.access=true",
+        ]
+    )
     assert cfg.spark.conf == {
         "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
         "spark.hadoop.fs.s3a.path.style.access": "true",
@@ -67,7 +69,9 @@ def test_spark_s3a_is_a_tri_state(raw, expected):
 
 
 def test_unknown_key_names_it_and_suggests(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown config key 'scoring.max_batch_tokenz'; did you mean 'scoring.max_batch_tokens'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'scoring.max_batch_tokenz'; did you mean 'scoring.max_batch_tokens'"
+    ):
         load_config(write(tmp_path, "scoring:\n  max_batch_tokenz: 3\n"))
 
 
@@ -82,7 +86,10 @@ def test_unknown_top_level_key_from_set():
         ("scoring.max_batch_rows=many", r"scoring.max_batch_rows must be an integer, got 'many'"),
         ("scoring.max_batch_tokens=0", r"scoring.max_batch_tokens must be >= 1, got 0"),
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
-        ("task=summarize", r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, got 'summarize'"),
+        (
+            "task=summarize",
+            r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, got 'summarize'",
+        ),
         ("model.device=tpu", r"model.device must be one of auto, cpu, cuda, got 'tpu'"),
         ("model.dtype=int8", r"model.dtype must be one of float32, bfloat16, float16"),
         ("model.dtype=float16", r"float16 needs a GPU"),
@@ -95,7 +102,10 @@ def test_unknown_top_level_key_from_set():
         ("write.delete_missing=true", r"write.delete_missing applies to write.mode incremental only, not 'overwrite'"),
         ("validation.value_ranges.score=[1, 0]", r"validation.value_ranges.score must be \[min, max\]"),
         ("validation.max_null_fraction.label=1.5", r"validation.max_null_fraction.label must be between 0 and 1"),
-        ("model.pooling=median", r"model.pooling must be one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken, got 'median'"),
+        (
+            "model.pooling=median",
+            r"model.pooling must be one of cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken, got 'median'",
+        ),
         ("model.prompt_name=", r"--set model.prompt_name= gives no value"),  # the schema refuses "" from a file too
         ("spark.log_level=LOUD", r"spark.log_level must be one of"),
         ("scoring=3", r"scoring must be a mapping"),
@@ -141,16 +151,28 @@ def test_a_key_given_twice_in_the_file_is_refused_naming_it_and_both_lines(tmp_p
     assert merged["b"] == {"x": 3, "y": 2}
 
 
-@pytest.mark.parametrize("key", ["embed.chunk.max_tokens", "embed.chunk.max_chunks", "generate.system_prompt", "task",
-                                 "generate.max_new_tokens", "model.source"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "embed.chunk.max_tokens",
+        "embed.chunk.max_chunks",
+        "generate.system_prompt",
+        "task",
+        "generate.max_new_tokens",
+        "model.source",
+    ],
+)
 def test_an_empty_set_value_is_refused_for_every_key(key, tmp_path):
     # An unset shell variable (--set embed.chunk.max_tokens=$CHUNK) must not switch chunking off (issue 65).
     for empty in ("", "  "):
         with pytest.raises(ConfigError) as err:
             load_config(overrides=[f"{key}={empty}"])
-        assert str(err.value) == (f"--set {key}= gives no value (an unset variable?): give one, or leave the --set "
-                                  "out for the default")
-    with pytest.raises(ConfigError, match=r"^model.prompt_name must name one of the model's prompts, got an empty string"):
+        assert str(err.value) == (
+            f"--set {key}= gives no value (an unset variable?): give one, or leave the --set out for the default"
+        )
+    with pytest.raises(
+        ConfigError, match=r"^model.prompt_name must name one of the model's prompts, got an empty string"
+    ):
         load_config(write(tmp_path, "model: {prompt_name: ''}\n"))
 
 
@@ -189,7 +211,13 @@ def test_run_id_comes_from_run_date_and_errors_default_beside_output():
 
 
 def test_user_expectations_parse():
-    cfg = load_config(overrides=["validation.value_ranges.score=[0, 1]", "validation.max_null_fraction.label=0.1", "validation.min_rows=5"])
+    cfg = load_config(
+        overrides=[
+            "validation.value_ranges.score=[0, 1]",
+            "validation.max_null_fraction.label=0.1",
+            "validation.min_rows=5",
+        ]
+    )
     assert cfg.validation.value_ranges == {"score": (0.0, 1.0)} and cfg.validation.max_null_fraction == {"label": 0.1}
     assert cfg.validation.min_rows == 5
 
@@ -222,26 +250,42 @@ def test_dedup_on_and_off_survive_yaml_reading_them_as_booleans(tmp_path):
 
 def test_image_tasks_read_image_col_and_a_folder_needs_no_columns():
     base = {"input": "a", "output": "b", "model.source": "m", "task": "image_classify"}
-    with pytest.raises(ConfigError, match=r"missing required setting\(s\): id_col \(--id-col\), image_col \(--image-col\)$"):
+    with pytest.raises(
+        ConfigError, match=r"missing required setting\(s\): id_col \(--id-col\), image_col \(--image-col\)$"
+    ):
         load_config(flags=base).require_for_scoring()
     cfg = load_config(flags={**base, "id_col": "id", "image_col": "photo"})
     cfg.require_for_scoring()
     assert (cfg.column_setting, cfg.input_col) == ("image_col", "photo")
-    with pytest.raises(ConfigError, match=r"^text_col is for text tasks \(classify, embed, ner, generate\); task 'image_classify' reads image_col$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^text_col is for text tasks \(classify, embed, ner, generate\); task 'image_classify' reads image_col$",
+    ):
         load_config(flags={**base, "id_col": "id", "image_col": "photo", "text_col": "t"}).require_for_scoring()
-    with pytest.raises(ConfigError, match=r"^image_col is for image tasks \(image_classify, image_embed\); task 'embed' reads text_col$"):
-        load_config(flags={**base, "task": "embed", "id_col": "id", "text_col": "t", "image_col": "photo"}).require_for_scoring()
+    with pytest.raises(
+        ConfigError,
+        match=r"^image_col is for image tasks \(image_classify, image_embed\); task 'embed' reads text_col$",
+    ):
+        load_config(
+            flags={**base, "task": "embed", "id_col": "id", "text_col": "t", "image_col": "photo"}
+        ).require_for_scoring()
     with pytest.raises(ConfigError, match="id_col and image_col must differ"):
         load_config(flags={**base, "id_col": "x", "image_col": "x"}).require_for_scoring()
     # A folder of image files: Spark's binaryFile columns, the path the id and the bytes the image
     folder = load_config(flags={**base, "input_format": "images"})
     folder.require_for_scoring()
     assert (folder.id_col, folder.image_col) == ("path", "content")
-    assert load_config(flags={**base, "input_format": "images", "id_col": "path", "image_col": "content"}).id_col == "path"
+    assert (
+        load_config(flags={**base, "input_format": "images", "id_col": "path", "image_col": "content"}).id_col == "path"
+    )
     assert load_config(flags={**base, "scoring.max_image_pixels": 10**6}).scoring.max_image_pixels == 10**6
-    with pytest.raises(ConfigError, match=r"^scoring.max_image_pixels applies to task image_classify, image_embed, not 'embed'$"):
+    with pytest.raises(
+        ConfigError, match=r"^scoring.max_image_pixels applies to task image_classify, image_embed, not 'embed'$"
+    ):
         load_config(flags={**base, "task": "embed", "scoring.max_image_pixels": 10**6})
-    with pytest.raises(ConfigError, match=r"^input_format images is for task image_classify, image_embed, not 'embed'$"):
+    with pytest.raises(
+        ConfigError, match=r"^input_format images is for task image_classify, image_embed, not 'embed'$"
+    ):
         load_config(flags={**base, "task": "embed", "input_format": "images"})
 
 
@@ -274,15 +318,22 @@ def test_an_id_is_one_column_or_a_list_from_yaml_set_flags_and_the_cli(tmp_path)
 
 
 def test_rank_needs_its_keys_and_an_output_column_of_single_values():
-    cfg = load_config(flags={"task": "tabular", "id_col": "user_id,item_id",
-                             "rank": {"partition_by": ["shop", "user_id"], "order_by": "prediction", "top_k": 3}})
+    cfg = load_config(
+        flags={
+            "task": "tabular",
+            "id_col": "user_id,item_id",
+            "rank": {"partition_by": ["shop", "user_id"], "order_by": "prediction", "top_k": 3},
+        }
+    )
     assert (cfg.rank.enabled, cfg.rank.descending, cfg.row_cols) == (True, True, ("user_id", "item_id", "shop"))
     assert not load_config().rank.enabled and load_config(flags={"id_col": "a"}).row_cols == ("a",)
     with pytest.raises(ConfigError, match=r"^rank needs rank.partition_by, rank.order_by too \(given: top_k\)$"):
         load_config(overrides=["rank.top_k=3"])
     with pytest.raises(ConfigError, match=r"rank.top_k must be >= 1, got 0"):
         load_config(overrides=["rank.top_k=0", "rank.order_by=score", "rank.partition_by=[u]", "task=classify"])
-    with pytest.raises(ConfigError, match=r"rank.order_by must be one of task 'classify''s output columns \(label, score, probs\)"):
+    with pytest.raises(
+        ConfigError, match=r"rank.order_by must be one of task 'classify''s output columns \(label, score, probs\)"
+    ):
         load_config(overrides=["rank.top_k=3", "rank.order_by=prediction", "rank.partition_by=[u]", "task=classify"])
     with pytest.raises(ConfigError, match=r"rank.order_by 'scores' holds array<double>"):
         load_config(overrides=["rank.top_k=3", "rank.order_by=scores", "rank.partition_by=[u]", "task=tabular"])
@@ -291,14 +342,25 @@ def test_rank_needs_its_keys_and_an_output_column_of_single_values():
 def test_set_hands_a_string_key_its_text_as_typed_and_reads_other_keys_as_yaml():
     # Read as YAML, "Review: {body}" was a mapping and the config refused it; a string key takes the text as it is,
     # a backslash-n included (two characters: the shell's quoting decides what the text holds).
-    cfg = load_config(overrides=[
-        "model=/models/x: y", "task=generate", "generate.prompt_template=Review: {body}", "generate.system_prompt=yes",
-        "model.revision=2", "run_date=2026-11-20", "generate.max_new_tokens=5", "generate.temperature=0.5",
-        'generate.stop=["\\n", "."]', "scoring.dedup=off", "spark.conf.spark.executor.cores=4",
-    ])
+    cfg = load_config(
+        overrides=[
+            "model=/models/x: y",
+            "task=generate",
+            "generate.prompt_template=Review: {body}",
+            "generate.system_prompt=yes",
+            "model.revision=2",
+            "run_date=2026-11-20",
+            "generate.max_new_tokens=5",
+            "generate.temperature=0.5",
+            'generate.stop=["\\n", "."]',
+            "scoring.dedup=off",
+            "spark.conf.spark.executor.cores=4",
+        ]
+    )
     assert cfg.generate.prompt_template == "Review: {body}" and cfg.generate.system_prompt == "yes"
-    assert load_config(overrides=["task=generate", "generate.prompt_template=Review: {body}\\nSummary:"]).generate.prompt_template == (
-        "Review: {body}" + "\\" + "nSummary:")
+    assert load_config(
+        overrides=["task=generate", "generate.prompt_template=Review: {body}\\nSummary:"]
+    ).generate.prompt_template == ("Review: {body}" + "\\" + "nSummary:")
     assert (cfg.model.revision, cfg.run_date, cfg.model.source) == ("2", "2026-11-20", "/models/x: y")
     assert (cfg.generate.max_new_tokens, cfg.generate.temperature, cfg.generate.stop) == (5, 0.5, ("\n", "."))
     assert cfg.scoring.dedup == "off" and cfg.spark.conf == {"spark.executor.cores": "4"}
@@ -312,12 +374,38 @@ def test_the_common_generate_settings_have_flags_from_the_schema():
     from lakescore.jobs.config import config_options
 
     flags = {o.key: o.flag for o in config_options() if o.section == "generate" and o.flag}
-    assert set(flags.values()) >= {"--prompt-template", "--system-prompt", "--max-new-tokens", "--temperature",
-                                   "--top-p", "--seed", "--stop"}
-    args = _parser().parse_args([
-        "score", "--task", "generate", "--prompt-template", "Review: {body}\nSummary:", "--system-prompt", "Be brief.",
-        "--max-new-tokens", "12", "--temperature", "0.7", "--top-p", "0.9", "--seed", "3", "--stop", ", ", "--stop", "\n\n",
-    ])
+    assert set(flags.values()) >= {
+        "--prompt-template",
+        "--system-prompt",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-p",
+        "--seed",
+        "--stop",
+    }
+    args = _parser().parse_args(
+        [
+            "score",
+            "--task",
+            "generate",
+            "--prompt-template",
+            "Review: {body}\nSummary:",
+            "--system-prompt",
+            "Be brief.",
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "0.7",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--stop",
+            ", ",
+            "--stop",
+            "\n\n",
+        ]
+    )
     generate = load_config(flags=_config_flags(args)).generate
     assert (generate.prompt_template, generate.system_prompt) == ("Review: {body}\nSummary:", "Be brief.")
     assert (generate.max_new_tokens, generate.temperature, generate.top_p, generate.seed) == (12, 0.7, 0.9, 3)
@@ -330,7 +418,7 @@ def _readme_block(holding: str, fence: str) -> str:
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     at = text.index(holding)
     start = text.rindex(f"```{fence}\n", 0, at) + len(fence) + 4
-    return text[start:text.index("```", at)]
+    return text[start : text.index("```", at)]
 
 
 def test_the_readme_generate_commands_give_the_model_what_they_show(tmp_path):
@@ -350,9 +438,15 @@ def test_the_readme_generate_commands_give_the_model_what_they_show(tmp_path):
         args = _parser().parse_args(argv)
         configs.append(load_config(tmp_path / args.conf, args.overrides, _config_flags(args)))
     labels, fields = configs
-    rendered = "".join(literal + ({"body": "Arrived late."}[name] if name else "")
-                       for literal, name in template_parts(labels.generate.prompt_template))
-    assert rendered == "Review: Arrived late.\nSentiment:" and labels.generate.choices == ("positive", "negative", "mixed")
+    rendered = "".join(
+        literal + ({"body": "Arrived late."}[name] if name else "")
+        for literal, name in template_parts(labels.generate.prompt_template)
+    )
+    assert rendered == "Review: Arrived late.\nSentiment:" and labels.generate.choices == (
+        "positive",
+        "negative",
+        "mixed",
+    )
     assert fields.generate.max_new_tokens == 96 and '"delivery_days"' in fields.generate.json_schema
 
 
@@ -367,8 +461,10 @@ def test_the_readme_image_prompt_commands_load_as_they_show(tmp_path):
     commands = _readme_block("# captions for every product photo", "bash")
     shell = "lakescore() { printf '%s\\0' \"$@\"; printf '\\1'; }\n" + commands
     out = subprocess.run(["bash", "-c", shell], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
-    captions, receipts = [load_config(None, (args := _parser().parse_args(argv)).overrides, _config_flags(args))
-                          for argv in [c.split("\0")[:-1] for c in out.split("\1")[:-1]]]
+    captions, receipts = [
+        load_config(None, (args := _parser().parse_args(argv)).overrides, _config_flags(args))
+        for argv in [c.split("\0")[:-1] for c in out.split("\1")[:-1]]
+    ]
     for cfg in (captions, receipts):
         cfg.require_for_scoring()
         assert cfg.input_kind.prompted and cfg.prompt_template
@@ -377,7 +473,7 @@ def test_the_readme_image_prompt_commands_load_as_they_show(tmp_path):
     guide = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text(encoding="utf-8")
     for name in ("captions", "receipts"):
         at = guide.index(f"# conf/{name}.yaml")
-        (tmp_path / f"{name}.yaml").write_text(guide[at:guide.index("```", at)], encoding="utf-8")
+        (tmp_path / f"{name}.yaml").write_text(guide[at : guide.index("```", at)], encoding="utf-8")
         cfg = load_config(tmp_path / f"{name}.yaml")
         cfg.require_for_scoring()
         assert cfg.input_kind.prompted

@@ -39,11 +39,23 @@ def test_every_model_spec_field_comes_from_the_model_config_by_name():
     assert spec_fields - derived <= set(ModelConfig.model_fields), "a ModelSpec field the config cannot set"
 
     # Every shared setting away from its default reaches the spec; the digest pin arrives lower-cased.
-    cfg = load_config(overrides=[
-        "model.source=/m", "model.revision=v2", "model.device=auto", "model.dtype=bfloat16", "model.max_seq_length=64",
-        "model.pooling=cls", "model.normalize=false", "model.prompt_name=query", "model.allow_pickle=true",
-        "model.trust_remote_code=true", f"model.expect_sha256={'AB' * 32}", "model.cache_dir=/c", "task=embed",
-    ])
+    cfg = load_config(
+        overrides=[
+            "model.source=/m",
+            "model.revision=v2",
+            "model.device=auto",
+            "model.dtype=bfloat16",
+            "model.max_seq_length=64",
+            "model.pooling=cls",
+            "model.normalize=false",
+            "model.prompt_name=query",
+            "model.allow_pickle=true",
+            "model.trust_remote_code=true",
+            f"model.expect_sha256={'AB' * 32}",
+            "model.cache_dir=/c",
+            "task=embed",
+        ]
+    )
     spec = model_spec(cfg, ())
     for name in spec_fields - derived - {"expect_sha256", "backend", "quantize"}:
         assert getattr(spec, name) == getattr(cfg.model, name) != getattr(ModelSpec, name, object()), name
@@ -56,24 +68,58 @@ def test_score_flags_are_generated_from_the_schema():
     from lakescore.jobs.cli import _config_flags, _parser
 
     flagged = [o for o in config_options() if o.flag]
-    assert {o.flag for o in flagged} >= {"--input", "--model", "--text-col", "--write-mode", "--full-rescore", "--remote"}
-    args = _parser().parse_args([
-        "score", "--model", "/m", "--feature-cols", "a, b", "--task", "tabular", "--device", "auto",
-        "--allow-pickle", "--write-mode", "incremental", "--full-rescore", "--run-date", "2026-11-20",
-    ])
+    assert {o.flag for o in flagged} >= {
+        "--input",
+        "--model",
+        "--text-col",
+        "--write-mode",
+        "--full-rescore",
+        "--remote",
+    }
+    args = _parser().parse_args(
+        [
+            "score",
+            "--model",
+            "/m",
+            "--feature-cols",
+            "a, b",
+            "--task",
+            "tabular",
+            "--device",
+            "auto",
+            "--allow-pickle",
+            "--write-mode",
+            "incremental",
+            "--full-rescore",
+            "--run-date",
+            "2026-11-20",
+        ]
+    )
     flags = _config_flags(args)
     assert set(flags) == {o.key for o in flagged}
-    assert flags["model.source"] == "/m" and flags["write.full_rescore"] is True and flags["model.trust_remote_code"] is None
+    assert (
+        flags["model.source"] == "/m"
+        and flags["write.full_rescore"] is True
+        and flags["model.trust_remote_code"] is None
+    )
     cfg = load_config(flags=flags)
-    assert (cfg.model.source, cfg.feature_cols, cfg.model.device, cfg.run_date) == ("/m", ("a", "b"), "auto", "2026-11-20")
+    assert (cfg.model.source, cfg.feature_cols, cfg.model.device, cfg.run_date) == (
+        "/m",
+        ("a", "b"),
+        "auto",
+        "2026-11-20",
+    )
     assert cfg.model.allow_pickle and not cfg.model.trust_remote_code and cfg.write.full_rescore
 
 
-@pytest.mark.parametrize("argv, refusal", [
-    (["score", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
-    (["score", "--task", "summarize"], "argument --task: invalid choice: 'summarize'"),
-    (["sweep", "--write-mode", "overwrite"], "unrecognized arguments: --write-mode overwrite"),
-])
+@pytest.mark.parametrize(
+    "argv, refusal",
+    [
+        (["score", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["score", "--task", "summarize"], "argument --task: invalid choice: 'summarize'"),
+        (["sweep", "--write-mode", "overwrite"], "unrecognized arguments: --write-mode overwrite"),
+    ],
+)
 def test_flag_choices_come_from_the_schema_and_sweep_takes_its_subset(argv, refusal, capsys):
     from lakescore.jobs.cli import _parser
 
@@ -94,12 +140,23 @@ def test_notebook_keywords_are_the_model_scoring_and_task_fields():
     from lakescore.jobs.api import _OPTIONS, _notebook_config
     from lakescore.jobs.config import GenerateConfig
 
-    assert set(_OPTIONS) == ((set(ModelConfig.model_fields) - {"source"}) | set(ScoringConfig.model_fields)
-                             | set(GenerateConfig.model_fields) | {"chunk"})  # embed's one field: its chunk section
+    assert set(_OPTIONS) == (
+        (set(ModelConfig.model_fields) - {"source"})
+        | set(ScoringConfig.model_fields)
+        | set(GenerateConfig.model_fields)
+        | {"chunk"}
+    )  # embed's one field: its chunk section
     cfg = _notebook_config("generate", "/m", None, {"max_new_tokens": 5, "choices": ["yes", "no"]}, text_col="prompt")
     assert cfg.task_options().max_new_tokens == 5 and cfg.task_options().choices == ("yes", "no")
-    cfg = _notebook_config("embed", "/m", None, {"device": "auto", "max_seq_length": 64, "max_batch_rows": 8, "cache_dir": "/c"})
-    assert (cfg.model.device, cfg.model.max_seq_length, cfg.scoring.max_batch_rows, cfg.model.cache_dir) == ("auto", 64, 8, "/c")
+    cfg = _notebook_config(
+        "embed", "/m", None, {"device": "auto", "max_seq_length": 64, "max_batch_rows": 8, "cache_dir": "/c"}
+    )
+    assert (cfg.model.device, cfg.model.max_seq_length, cfg.scoring.max_batch_rows, cfg.model.cache_dir) == (
+        "auto",
+        64,
+        8,
+        "/c",
+    )
     with pytest.raises(ConfigError, match=r"unknown option 'max_batch_token'; did you mean 'max_batch_tokens'\?"):
         _notebook_config("embed", "/m", None, {"max_batch_token": 8})
     with pytest.raises(ConfigError, match=r"option 'dedup' \(scoring.dedup\) applies to the scoring job only"):

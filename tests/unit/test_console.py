@@ -48,7 +48,9 @@ def test_verbose_logging_shows_everything_timestamped(monkeypatch):
 def test_jvm_stderr_copy_drops_only_the_incubator_line(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr(sys, "stderr", out)
-    jvm = io.BytesIO(b"WARNING: Using incubator modules: jdk.incubator.vector\n26/11/23 WARN TaskSetManager: Lost task\n")
+    jvm = io.BytesIO(
+        b"WARNING: Using incubator modules: jdk.incubator.vector\n26/11/23 WARN TaskSetManager: Lost task\n"
+    )
     own_host._copy_stderr(jvm)
     assert out.getvalue() == "26/11/23 WARN TaskSetManager: Lost task\n"
 
@@ -99,7 +101,8 @@ def test_third_party_warnings_go_to_the_run_log_not_the_console(tmp_path, monkey
     warnings.warn("Image size (95000000 pixels) exceeds limit", UserWarning, stacklevel=1)
     jvm = io.BytesIO(
         b"/site-packages/PIL/Image.py:3402: DecompressionBombWarning: Image size (95000000 pixels) exceeds limit\n"
-        b"  warnings.warn(\n26/11/23 WARN TaskSetManager: Lost task\n\tat org.apache.spark.Executor.run\n")
+        b"  warnings.warn(\n26/11/23 WARN TaskSetManager: Lost task\n\tat org.apache.spark.Executor.run\n"
+    )
     own_host._copy_stderr(jvm)
     assert out.getvalue() == "26/11/23 WARN TaskSetManager: Lost task\n\tat org.apache.spark.Executor.run\n"
     logged = (tmp_path / "run.log").read_text()

@@ -8,11 +8,19 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", [
-    "lakescore.jobs.platform.spark.console", "lakescore.jobs.platform.spark.progress", "lakescore.jobs.platform.tables.refs",
-    "lakescore.jobs.report.model", "lakescore.schemas.column_names", "lakescore.jobs.cost", "lakescore.jobs.references",
-    "lakescore.udfs.remote.message_batches",
-])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "lakescore.jobs.platform.spark.console",
+        "lakescore.jobs.platform.spark.progress",
+        "lakescore.jobs.platform.tables.refs",
+        "lakescore.jobs.report.model",
+        "lakescore.schemas.column_names",
+        "lakescore.jobs.cost",
+        "lakescore.jobs.references",
+        "lakescore.udfs.remote.message_batches",
+    ],
+)
 def test_docstring_examples(module):
     failed, attempted = doctest.testmod(importlib.import_module(module))
     assert attempted > 0 and failed == 0

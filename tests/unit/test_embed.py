@@ -63,14 +63,18 @@ def reference_pooling(model_dir, texts, mode):
 @pytest.mark.parametrize("mode", ["mean", "cls"])
 def test_plain_hf_directory_uses_configured_pooling(plain_bert_dir, mode):
     texts = ["a first review", "another, longer review text with more tokens", "x"]
-    embedder = load_embedder(ModelSpec("embed", str(plain_bert_dir), pooling=None if mode == "mean" else mode), plain_bert_dir)
+    embedder = load_embedder(
+        ModelSpec("embed", str(plain_bert_dir), pooling=None if mode == "mean" else mode), plain_bert_dir
+    )
     ours = embedder.score(texts)
     assert cosine(ours, reference_pooling(plain_bert_dir, texts, mode)).min() >= 0.9999
 
 
 @pytest.mark.parametrize("padding_side", ["right", "left"])
 @pytest.mark.parametrize("mode", ["weightedmean", "lasttoken", ("lasttoken", "mean")])
-def test_position_pooling_matches_sentence_transformers_either_side_padded(plain_bert_dir, tmp_path, mode, padding_side):
+def test_position_pooling_matches_sentence_transformers_either_side_padded(
+    plain_bert_dir, tmp_path, mode, padding_side
+):
     """``lasttoken`` (decoder embedders, which pad left) and ``weightedmean`` depend on where the real tokens are."""
     from sentence_transformers import SentenceTransformer, models
 
@@ -91,11 +95,19 @@ def _prompted_model(plain_bert_dir, path, default_prompt_name=None, include_prom
 
     torch.manual_seed(0)
     transformer = models.Transformer(str(plain_bert_dir))
-    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean", include_prompt=include_prompt)
-    projection = [models.Dense(pooling.get_sentence_embedding_dimension(), 16, activation_function=torch.nn.Tanh())] if dense else []
+    pooling = models.Pooling(
+        transformer.get_word_embedding_dimension(), pooling_mode="mean", include_prompt=include_prompt
+    )
+    projection = (
+        [models.Dense(pooling.get_sentence_embedding_dimension(), 16, activation_function=torch.nn.Tanh())]
+        if dense
+        else []
+    )
     SentenceTransformer(
-        modules=[transformer, pooling, *projection, models.Normalize()], device="cpu",
-        prompts={"query": "query: ", "passage": "passage: ", "plain": ""}, default_prompt_name=default_prompt_name,
+        modules=[transformer, pooling, *projection, models.Normalize()],
+        device="cpu",
+        prompts={"query": "query: ", "passage": "passage: ", "plain": ""},
+        default_prompt_name=default_prompt_name,
     ).save(str(path))
     return SentenceTransformer(str(path), device="cpu")
 
@@ -108,7 +120,12 @@ def test_prompts_are_prepended_as_sentence_transformers_does(plain_bert_dir, tmp
         ours = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name=prompt_name), tmp_path).score(TEXTS)
         np.testing.assert_allclose(ours, peer.encode(TEXTS, prompt_name=prompt_name), atol=1e-5)
     bare = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="plain"), tmp_path).score(TEXTS)
-    assert cosine(bare, load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="passage"), tmp_path).score(TEXTS)).min() < 0.999
+    assert (
+        cosine(
+            bare, load_embedder(ModelSpec("embed", str(tmp_path), prompt_name="passage"), tmp_path).score(TEXTS)
+        ).min()
+        < 0.999
+    )
 
 
 def test_modules_beyond_pooling_run_through_sentence_transformers_on_torch_only(plain_bert_dir, tmp_path):
@@ -118,18 +135,25 @@ def test_modules_beyond_pooling_run_through_sentence_transformers_on_torch_only(
         ours = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name=prompt_name), tmp_path).score(TEXTS)
         assert ours.shape == (len(TEXTS), 16)
         np.testing.assert_allclose(ours, peer.encode(TEXTS, prompt_name=prompt_name), atol=1e-5)
-    with pytest.raises(ValueError, match=r"modules beyond Transformer, Pooling and Normalize; they run on the torch backend only"):
+    with pytest.raises(
+        ValueError, match=r"modules beyond Transformer, Pooling and Normalize; they run on the torch backend only"
+    ):
         load_embedder(ModelSpec("embed", str(tmp_path), backend="onnx"), tmp_path)
 
 
 def test_a_prompt_the_model_lacks_or_cannot_pool_is_refused(plain_bert_dir, tmp_path):
     _prompted_model(plain_bert_dir, tmp_path / "e5")
-    with pytest.raises(ValueError, match=r"model.prompt_name 'summary' is not one of the model's prompts: document, passage, plain, query"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.prompt_name 'summary' is not one of the model's prompts: document, passage, plain, query",
+    ):
         load_embedder(ModelSpec("embed", str(tmp_path / "e5"), prompt_name="summary"), tmp_path / "e5")
     _prompted_model(plain_bert_dir, tmp_path / "instructor", include_prompt=False)
     with pytest.raises(ValueError, match=r"pools without its prompt's tokens \(include_prompt: false\)"):
         load_embedder(ModelSpec("embed", str(tmp_path / "instructor"), prompt_name="query"), tmp_path / "instructor")
-    load_embedder(ModelSpec("embed", str(tmp_path / "instructor")), tmp_path / "instructor")  # no prompt: nothing to leave out
+    load_embedder(
+        ModelSpec("embed", str(tmp_path / "instructor")), tmp_path / "instructor"
+    )  # no prompt: nothing to leave out
 
 
 def test_normalize_off_keeps_raw_pooled_vectors(plain_bert_dir):

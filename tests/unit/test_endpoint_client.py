@@ -9,16 +9,15 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
 
 import pytest
 
 from lakescore.schemas.output import SERVER_REASONS, carries
+from lakescore.udfs.options.generate import GenerateOptions
+from lakescore.udfs.options.remote import EndpointOptions, Price
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, Unfinished
 from lakescore.udfs.remote.client import EndpointClient, backoff, retry_after
 from lakescore.udfs.remote.completions import complete, parse_completion, request_body
-from lakescore.udfs.options.remote import EndpointOptions, Price
-from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
 KEY = "sk-test-0123456789abcdef"
@@ -30,8 +29,10 @@ class Script:
 
     answers: list[tuple[int, dict, dict]]
     seen: list[dict] = field(default_factory=list)
-    auth: list[Optional[str]] = field(default_factory=list)
-    models: Optional[dict] = field(default_factory=lambda: {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1}]})
+    auth: list[str | None] = field(default_factory=list)
+    models: dict | None = field(
+        default_factory=lambda: {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1}]}
+    )
     """What ``GET /v1/models`` answers; ``None``: 404."""
     delay: float = 0.0
     """Seconds each ``POST`` waits before it answers (a server slower than the client's timeout)."""
@@ -40,7 +41,11 @@ class Script:
 
 
 def _ok(text: str = "hello", finish: str = "stop") -> tuple[int, dict, dict]:
-    return 200, {}, {"choices": [{"text": text, "finish_reason": finish}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    return (
+        200,
+        {},
+        {"choices": [{"text": text, "finish_reason": finish}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    )
 
 
 @pytest.fixture
@@ -96,14 +101,27 @@ def _client(url, waits, key=None, **settings) -> EndpointClient:
 
 def test_a_429_is_retried_after_what_retry_after_says_and_counted(server):
     script, url = server
-    script.answers = [(429, {"Retry-After": "7"}, {"error": {"message": "slow down"}}),
-                      (429, {"retry-after-ms": "250"}, {"error": {"message": "slow down"}}), _ok("fine")]
+    script.answers = [
+        (429, {"Retry-After": "7"}, {"error": {"message": "slow down"}}),
+        (429, {"retry-after-ms": "250"}, {"error": {"message": "slow down"}}),
+        _ok("fine"),
+    ]
     waits: list[float] = []
     client = _client(url, waits)
     completion = complete(client, GenerateOptions(max_new_tokens=4), "a prompt")
-    assert (completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens) == ("fine", "stop", 3, 2)
+    assert (completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens) == (
+        "fine",
+        "stop",
+        3,
+        2,
+    )
     assert waits == [7.0, 0.25]
-    assert (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.traffic.rate_limited, client.stats.failed) == (3, 2, 2, 0)
+    assert (
+        client.stats.traffic.requests,
+        client.stats.traffic.retries,
+        client.stats.traffic.rate_limited,
+        client.stats.failed,
+    ) == (3, 2, 2, 0)
     assert (client.stats.traffic.tokens_in, client.stats.traffic.tokens_out) == (3, 2)
     assert client.breaker.failures == 0  # 429s are the server's pace, not failures
 
@@ -117,7 +135,7 @@ def test_5xx_backs_off_exponentially_then_the_row_fails_with_the_servers_message
         complete(client, GenerateOptions(), "p")
     assert failed.value.status == 503 and failed.value.message == "engine overloaded"
     assert str(failed.value) == "HTTP 503: engine overloaded"
-    assert len(waits) == 3 and all(0.5 * 2 ** i / 2 <= w <= 0.5 * 2 ** i for i, w in enumerate(waits))
+    assert len(waits) == 3 and all(0.5 * 2**i / 2 <= w <= 0.5 * 2**i for i, w in enumerate(waits))
     assert (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.failed) == (4, 3, 1)
 
 
@@ -145,7 +163,11 @@ def test_408_and_409_are_retried_and_then_the_servers_failure_not_the_contents(s
     client = _client(url, waits, max_retries=2)
     with pytest.raises(EndpointError) as failed:
         complete(client, GenerateOptions(), "p")
-    assert len(waits) == 2 and (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.failed) == (3, 2, 1)
+    assert len(waits) == 2 and (client.stats.traffic.requests, client.stats.traffic.retries, client.stats.failed) == (
+        3,
+        2,
+        1,
+    )
     assert not content_refused(failed.value)
     assert what_happened(failed.value, 2).startswith("failed the preflight's request")
     assert content_refused(EndpointError(400, "too long"))  # a 4xx of the content's own: split, refused
@@ -167,7 +189,9 @@ def test_a_dead_endpoint_stops_the_client_in_one_line_naming_it():
     with pytest.raises(EndpointDown):  # every later row too, without a request
         complete(client, GenerateOptions(), "p")
     assert len(waits) == 2  # three attempts, the third stopped it
-    assert client.stats.traffic.requests == client.stats.traffic.retries == 0  # none reached a server: nothing to count or pay
+    assert (
+        client.stats.traffic.requests == client.stats.traffic.retries == 0
+    )  # none reached a server: nothing to count or pay
 
 
 def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(server):
@@ -181,23 +205,46 @@ def test_the_key_goes_only_in_the_authorization_header_and_never_into_an_error(s
 
 
 def test_every_generate_setting_becomes_its_request_field():
-    options = GenerateOptions(max_new_tokens=9, temperature=0.7, top_p=0.9, seed=3, stop=("\n\n",), system_prompt="Be brief.",
-                              json_schema='{"type": "object"}', top_k=40, repetition_penalty=1.1, min_new_tokens=2,
-                              stop_token_ids=(7,))
+    options = GenerateOptions(
+        max_new_tokens=9,
+        temperature=0.7,
+        top_p=0.9,
+        seed=3,
+        stop=("\n\n",),
+        system_prompt="Be brief.",
+        json_schema='{"type": "object"}',
+        top_k=40,
+        repetition_penalty=1.1,
+        min_new_tokens=2,
+        stop_token_ids=(7,),
+    )
     chat = request_body(options, "m", "chat", "Hi", seed=11)
     assert chat == {
-        "model": "m", "max_tokens": 9, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["\n\n"],
+        "model": "m",
+        "max_tokens": 9,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 11,
+        "stop": ["\n\n"],
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "row", "schema": {"type": "object"}, "strict": True}},
-        "top_k": 40, "repetition_penalty": 1.1, "min_tokens": 2, "stop_token_ids": [7],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "row", "schema": {"type": "object"}, "strict": True},
+        },
+        "top_k": 40,
+        "repetition_penalty": 1.1,
+        "min_tokens": 2,
+        "stop_token_ids": [7],
     }
     greedy = request_body(GenerateOptions(max_new_tokens=4, system_prompt="S"), "m", "completions", "Hi", seed=11)
     assert greedy == {"model": "m", "max_tokens": 4, "temperature": 0.0, "prompt": "S\n\nHi"}  # greedy sends no seed
 
 
 def test_a_response_is_read_as_the_row_with_its_stop_string_cut():
-    body = {"choices": [{"text": "good stay.\n\nNext", "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
+    body = {
+        "choices": [{"text": "good stay.\n\nNext", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+    }
     completion = parse_completion(body, "completions", stop=("\n\n",))
     assert (completion.text, completion.prompt_tokens, completion.completion_tokens) == ("good stay.", 4, 2)
     chat = {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}
@@ -222,8 +269,12 @@ def test_the_rate_limit_is_shared_through_its_file_and_waits_for_the_refill(tmp_
         waits.append(seconds)
         now[0] += seconds
 
-    one = HostRateLimit("e", requests_per_minute=2, tokens_per_minute=600, folder=tmp_path, clock=lambda: now[0], sleep=sleep)
-    other = HostRateLimit("e", requests_per_minute=2, tokens_per_minute=600, folder=tmp_path, clock=lambda: now[0], sleep=sleep)
+    one = HostRateLimit(
+        "e", requests_per_minute=2, tokens_per_minute=600, folder=tmp_path, clock=lambda: now[0], sleep=sleep
+    )
+    other = HostRateLimit(
+        "e", requests_per_minute=2, tokens_per_minute=600, folder=tmp_path, clock=lambda: now[0], sleep=sleep
+    )
     one.acquire(100)
     other.acquire(100)  # the second of two requests a minute, from another process's limiter over the same file
     assert waits == []
@@ -245,11 +296,20 @@ def test_settings_refuse_credentials_in_the_url_and_price_a_run():
 def test_the_config_takes_an_endpoint_without_a_model_and_refuses_what_no_request_can_carry():
     from lakescore.jobs.config import ConfigError, load_config
 
-    base = {"task": "generate", "input": "in", "output": "out", "id_col": "id", "text_col": "body",
-            "generate.endpoint.url": "https://api.example.com/v1", "generate.endpoint.model": "m"}
+    base = {
+        "task": "generate",
+        "input": "in",
+        "output": "out",
+        "id_col": "id",
+        "text_col": "body",
+        "generate.endpoint.url": "https://api.example.com/v1",
+        "generate.endpoint.model": "m",
+    }
     cfg = load_config(flags=base)
     cfg.require_for_scoring()  # no model.source: the endpoint's model is the server's
-    with pytest.raises(ConfigError, match="generate.choices is refused over an endpoint: a choice's log-probability given the prompt"):
+    with pytest.raises(
+        ConfigError, match="generate.choices is refused over an endpoint: a choice's log-probability given the prompt"
+    ):
         load_config(flags={**base, "generate.choices": ["yes", "no"]})
     with pytest.raises(ConfigError, match="exclude each other"):
         load_config(flags={**base, "generate.server.engine": "vllm"})
@@ -261,47 +321,95 @@ def test_the_config_takes_an_endpoint_without_a_model_and_refuses_what_no_reques
 
 def test_the_spec_identity_names_the_model_not_how_it_is_called_and_keeps_older_digests():
     plain = GenerateOptions(max_new_tokens=8)
-    assert set(plain.identity()) == {"prompt_template", "system_prompt", "chat_template", "max_new_tokens", "temperature",
-                                     "top_p", "seed", "stop", "truncate", "choices", "choice_score", "json_schema"}
+    assert set(plain.identity()) == {
+        "prompt_template",
+        "system_prompt",
+        "chat_template",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "truncate",
+        "choices",
+        "choice_score",
+        "json_schema",
+    }
     one = GenerateOptions(endpoint=EndpointOptions(url="https://a.example.com/v1", model="m", revision="7"))
-    other = GenerateOptions(endpoint=EndpointOptions(url="https://b.example.com/v1", model="m", revision="7", concurrency=64,
-                                                     api_key_env="KEY", price=Price(input=1, output=2)))
-    assert one.identity() == other.identity() and one.identity()["endpoint"] == {"model": "m", "api": "completions", "revision": "7"}
+    other = GenerateOptions(
+        endpoint=EndpointOptions(
+            url="https://b.example.com/v1",
+            model="m",
+            revision="7",
+            concurrency=64,
+            api_key_env="KEY",
+            price=Price(input=1, output=2),
+        )
+    )
+    assert one.identity() == other.identity() and one.identity()["endpoint"] == {
+        "model": "m",
+        "api": "completions",
+        "revision": "7",
+    }
     assert GenerateOptions(top_k=5).identity()["top_k"] == 5
 
 
 def test_the_head_dead_letters_a_failed_row_alone_and_stops_on_a_dead_endpoint(server):
-    from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.registry import get_task
+    from lakescore.udfs.remote.generate import EndpointGenerator
 
     script, url = server
-    script.answers = [_ok('{"stars": 3}'), (400, {}, {"error": {"message": "prompt too long"}}), _ok("not json"),
-                      _ok('{"sta', "length")]
+    script.answers = [
+        _ok('{"stars": 3}'),
+        (400, {}, {"error": {"message": "prompt too long"}}),
+        _ok("not json"),
+        _ok('{"sta', "length"),
+    ]
     options = GenerateOptions(max_new_tokens=4, json_schema='{"type": "object", "required": ["stars"]}')
     settings = EndpointOptions(url=url, model="tiny", concurrency=1)  # one at a time: the script's order is the rows'
     head = EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types)
-    assert head.listing == '{"answered":true,"entry":{"created":1,"id":"tiny","object":"model"}}' and len(head.sha256) == 64
+    assert (
+        head.listing == '{"answered":true,"entry":{"created":1,"id":"tiny","object":"model"}}'
+        and len(head.sha256) == 64
+    )
     assert head.files == {"/v1/models": head.listing} and head.is_current()
     script.models = {"data": [{"id": "tiny", "object": "model", "created": 2}]}
     assert not head.is_current()  # the model cache loads the head again, under the new identity
     script.models = None
-    assert EndpointGenerator(EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types).listing \
+    assert (
+        EndpointGenerator(
+            EndpointClient(settings, url, "tiny"), options, get_task("generate").output_arrow_types
+        ).listing
         == '{"answered":false}'
+    )
     scored = head.score_prompts(["a", "b", None, "c", "d"], None)
     # A text that is not the schema's JSON is never published: its own reason, the text kept in the error (issue 65).
     assert scored.reasons == [None, "endpoint_error", "null_input", "json_invalid", "json_incomplete"]
     assert scored.outputs[0].text == '{"stars": 3}' and scored.errors[1] == "HTTP 400: prompt too long"
     assert scored.errors[3].startswith("the text is not JSON valid against generate.json_schema: ")
     assert scored.errors[3].endswith("; the text: not json")
-    assert scored.errors[4] == 'the text reached max_new_tokens (2 tokens) before its JSON was complete; the cut text: {"sta'
+    assert (
+        scored.errors[4]
+        == 'the text reached max_new_tokens (2 tokens) before its JSON was complete; the cut text: {"sta'
+    )
     columns = head.columns(scored.outputs, scored.ok)
     assert columns[0].to_pylist() == ['{"stars": 3}', None, None, None, None]
     assert columns[3].to_pylist() == [2, None, None, None, None]
 
     script.answers = [(503, {}, {"error": {"message": "down"}})]
-    dead = EndpointGenerator(EndpointClient(EndpointOptions(url=url, model="tiny", max_retries=0, max_consecutive_failures=2),
-                                            url, "tiny", sleep=lambda s: None), options, get_task("generate").output_arrow_types)
-    with pytest.raises(EndpointDown, match=r"failed [2-4] requests in a row; last: HTTP 503: down"):  # 2 and those in flight
+    dead = EndpointGenerator(
+        EndpointClient(
+            EndpointOptions(url=url, model="tiny", max_retries=0, max_consecutive_failures=2),
+            url,
+            "tiny",
+            sleep=lambda s: None,
+        ),
+        options,
+        get_task("generate").output_arrow_types,
+    )
+    with pytest.raises(
+        EndpointDown, match=r"failed [2-4] requests in a row; last: HTTP 503: down"
+    ):  # 2 and those in flight
         dead.score_prompts(["a", "b", "c", "d"], None)
 
 
@@ -315,15 +423,26 @@ def test_the_models_listing_is_canonical_and_leaves_out_what_each_answer_makes_a
     date = {"date": email.utils.formatdate(now, usegmt=True)}
     entry = {"id": "m", "object": "model", "created": 1_700_000_000, "owned_by": "équipe", "max_model_len": 4096}
     listing = models_listing(Reply({"object": "list", "data": [{"id": "other"}, entry]}, date), "m")
-    assert listing == ('{"answered":true,"entry":{"created":1700000000,"id":"m","max_model_len":4096,"object":"model",'
-                       '"owned_by":"équipe"}}')
+    assert listing == (
+        '{"answered":true,"entry":{"created":1700000000,"id":"m","max_model_len":4096,"object":"model",'
+        '"owned_by":"équipe"}}'
+    )
     assert models_listing(Reply({"data": [dict(reversed(list(entry.items())))]}, date), "m") == listing  # any order
     # vLLM's and SGLang's entries: created is the answer's own time, a permission's id and time are drawn per answer
-    first = {**entry, "created": now - 1, "permission": [{"id": "modelperm-1", "created": now - 1, "allow_logprobs": True}]}
+    first = {
+        **entry,
+        "created": now - 1,
+        "permission": [{"id": "modelperm-1", "created": now - 1, "allow_logprobs": True}],
+    }
     second = {**entry, "created": now, "permission": [{"id": "modelperm-2", "created": now, "allow_logprobs": True}]}
     one, two = (models_listing(Reply({"data": [e]}, date), "m") for e in (first, second))
-    assert one == two and json.loads(one)["entry"] == {"id": "m", "object": "model", "owned_by": "équipe",
-                                                       "max_model_len": 4096, "permission": [{"allow_logprobs": True}]}
+    assert one == two and json.loads(one)["entry"] == {
+        "id": "m",
+        "object": "model",
+        "owned_by": "équipe",
+        "max_model_len": 4096,
+        "permission": [{"allow_logprobs": True}],
+    }
     # what a server says differently of the model is another identity
     moved = models_listing(Reply({"data": [{**entry, "owned_by": "team-b"}]}, date), "m")
     assert moved != listing and endpoint_identity("m", moved, None) != endpoint_identity("m", listing, None)
@@ -333,22 +452,49 @@ def test_the_models_listing_is_canonical_and_leaves_out_what_each_answer_makes_a
 
 
 def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(server):
+    from lakescore.udfs.registry import get_task
     from lakescore.udfs.remote.answers import EndpointRefused
     from lakescore.udfs.remote.generate import EndpointGenerator
-    from lakescore.udfs.registry import get_task
 
     options = GenerateOptions(max_new_tokens=4, logprobs=True)
     assert request_body(options, "m", "completions", "p")["logprobs"] == 1  # the chosen token's, and the top one's
     assert request_body(options, "m", "chat", "p")["logprobs"] is True
     assert "logprobs" not in request_body(GenerateOptions(), "m", "chat", "p")
-    completions = {"choices": [{"text": "ab", "finish_reason": "stop", "logprobs": {
-        "tokens": ["a", "b"], "token_logprobs": [-0.5, -1.25], "top_logprobs": [{"a": -0.5}, {"c": -1.0}]}}]}
+    completions = {
+        "choices": [
+            {
+                "text": "ab",
+                "finish_reason": "stop",
+                "logprobs": {
+                    "tokens": ["a", "b"],
+                    "token_logprobs": [-0.5, -1.25],
+                    "top_logprobs": [{"a": -0.5}, {"c": -1.0}],
+                },
+            }
+        ]
+    }
     assert parse_completion(completions, "completions").token_logprobs == (-0.5, -1.25)
-    chat = {"choices": [{"message": {"content": "ab"}, "finish_reason": "stop", "logprobs": {"content": [
-        {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []},
-        {"token": "b", "logprob": -1.25, "bytes": [98], "top_logprobs": []}]}}]}
+    chat = {
+        "choices": [
+            {
+                "message": {"content": "ab"},
+                "finish_reason": "stop",
+                "logprobs": {
+                    "content": [
+                        {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []},
+                        {"token": "b", "logprob": -1.25, "bytes": [98], "top_logprobs": []},
+                    ]
+                },
+            }
+        ]
+    }
     assert parse_completion(chat, "chat").token_logprobs == (-0.5, -1.25)
-    assert parse_completion({"choices": [{"text": "ab", "finish_reason": "stop", "logprobs": None}]}, "completions").token_logprobs is None
+    assert (
+        parse_completion(
+            {"choices": [{"text": "ab", "finish_reason": "stop", "logprobs": None}]}, "completions"
+        ).token_logprobs
+        is None
+    )
 
     script, url = server
     types = get_task("generate").output_arrow_types_for(options)
@@ -359,7 +505,9 @@ def test_log_probabilities_are_asked_for_in_each_api_and_read_from_each_answer(s
     assert head.columns(scored.outputs, scored.ok)[5].to_pylist() == [[-0.5, -1.25], None]
     assert script.seen[-1]["logprobs"] == 1
     script.answers = [_ok()]  # a server that takes the field and returns none: refused before any row
-    with pytest.raises(EndpointRefused, match=r"\(model tiny\) does not honour generate.logprobs: the response holds no "):
+    with pytest.raises(
+        EndpointRefused, match=r"\(model tiny\) does not honour generate.logprobs: the response holds no "
+    ):
         head.score(["lakescore preflight"])
 
 
@@ -376,25 +524,66 @@ def test_an_answer_is_published_only_when_it_is_whole_and_well_formed(server):
     """The probe's bad answers (issue 57): a filtered empty text, no usage, impossible usage. Before: published as
     ``("", "stop")``, as 0 and 0 tokens, and as -7 and 999999 tokens."""
     script, url = server
-    filtered = (200, {}, {"choices": [{"text": "", "finish_reason": "content_filter"}],
-                          "usage": {"prompt_tokens": 3, "completion_tokens": 0}})
+    filtered = (
+        200,
+        {},
+        {
+            "choices": [{"text": "", "finish_reason": "content_filter"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 0},
+        },
+    )
     unmetered = (200, {}, {"choices": [{"text": "no usage", "finish_reason": "stop"}]})
-    impossible = (200, {}, {"choices": [{"text": "x", "finish_reason": "stop"}],
-                            "usage": {"prompt_tokens": -7, "completion_tokens": 999999}})
-    too_many = (200, {}, {"choices": [{"text": "x", "finish_reason": "length"}],
-                          "usage": {"prompt_tokens": 3, "completion_tokens": 999999}})
-    empty = (200, {}, {"choices": [{"text": "", "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+    impossible = (
+        200,
+        {},
+        {
+            "choices": [{"text": "x", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": -7, "completion_tokens": 999999},
+        },
+    )
+    too_many = (
+        200,
+        {},
+        {
+            "choices": [{"text": "x", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 999999},
+        },
+    )
+    empty = (
+        200,
+        {},
+        {"choices": [{"text": "", "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+    )
     script.answers = [filtered, unmetered, impossible, too_many, empty]
     head = _head(url, concurrency=1, max_retries=0)  # one at a time: the script's order is the rows'
     scored = head.score_prompts(["a", "b", "c", "d", "e"], None)
     assert scored.reasons == ["endpoint_unfinished", None, "endpoint_error", "endpoint_error", None]
     assert scored.errors[0] == "HTTP 200: the server ended the answer with finish_reason 'content_filter'"
-    assert "impossible (prompt_tokens -7)" in scored.errors[2] and "999999 completion tokens, 8 allowed" in scored.errors[3]
-    text, finish, prompt_tokens, completion_tokens = (c.to_pylist() for c in head.columns(scored.outputs, scored.ok)[:4])
-    assert (text[1], finish[1], prompt_tokens[1], completion_tokens[1]) == ("no usage", "stop", None, None)  # unknown, not 0
-    assert (text[4], finish[4], prompt_tokens[4], completion_tokens[4]) == ("", "stop", 3, 1)  # a model that stops at once
+    assert (
+        "impossible (prompt_tokens -7)" in scored.errors[2]
+        and "999999 completion tokens, 8 allowed" in scored.errors[3]
+    )
+    text, finish, prompt_tokens, completion_tokens = (
+        c.to_pylist() for c in head.columns(scored.outputs, scored.ok)[:4]
+    )
+    assert (text[1], finish[1], prompt_tokens[1], completion_tokens[1]) == (
+        "no usage",
+        "stop",
+        None,
+        None,
+    )  # unknown, not 0
+    assert (text[4], finish[4], prompt_tokens[4], completion_tokens[4]) == (
+        "",
+        "stop",
+        3,
+        1,
+    )  # a model that stops at once
     stats = head.client.stats
-    assert (stats.traffic.tokens_in, stats.traffic.tokens_out, stats.traffic.unmetered) == (3, 1, 1)  # nothing impossible billed; one unmetered
+    assert (stats.traffic.tokens_in, stats.traffic.tokens_out, stats.traffic.unmetered) == (
+        3,
+        1,
+        1,
+    )  # nothing impossible billed; one unmetered
     assert head.client.breaker.failures == 0  # the empty answer last: a good answer resets the breaker
 
 
@@ -404,14 +593,16 @@ def test_a_malformed_answer_counts_toward_the_circuit_breaker(server):
     script, url = server
     script.answers = [(200, {}, {"status": "ok", "result": "a gateway's own page"})]
     head = _head(url, concurrency=1, max_consecutive_failures=3)
-    with pytest.raises(EndpointDown, match=r"failed 3 requests in a row; last: HTTP 200: a malformed answer: the response "):
+    with pytest.raises(
+        EndpointDown, match=r"failed 3 requests in a row; last: HTTP 200: a malformed answer: the response "
+    ):
         head.score_prompts([str(i) for i in range(20)], None)
     assert len(script.seen) == 3
 
 
 def test_a_server_that_echoes_the_request_headers_never_puts_the_key_in_an_error(server):
-    from lakescore.udfs.remote.client import scrub
     from lakescore.udfs.registry import get_task
+    from lakescore.udfs.remote.client import scrub
     from lakescore.udfs.remote.generate import EndpointGenerator
 
     script, url = server
@@ -423,7 +614,9 @@ def test_a_server_that_echoes_the_request_headers_never_puts_the_key_in_an_error
     assert script.auth == [f"Bearer {KEY}"] and scored.reasons == ["endpoint_error"]
     assert KEY not in scored.errors[0] and "'Authorization': '***'" in scored.errors[0]
     # any Authorization value or bearer token, whatever key it is
-    assert scrub('{"authorization": "Bearer other-token"} and bearer xyz.abc') == '{"authorization": "***"} and bearer ***'
+    assert (
+        scrub('{"authorization": "Bearer other-token"} and bearer xyz.abc') == '{"authorization": "***"} and bearer ***'
+    )
     assert scrub("Authorization: Basic dXNlcjpwYXNz") == "Authorization: ***"
     assert scrub("a key k-1 twice k-1", ("k-1",)) == "a key *** twice ***"
 
@@ -434,10 +627,14 @@ def test_the_preflight_says_what_happened(server):
 
     script, url = server
     script.answers = [(429, {"Retry-After": "0"}, {"error": {"message": "slow down"}})]
-    with pytest.raises(EndpointRefused, match=r"\(model tiny\) rate limited the preflight's request \(429 after 1 retries\)"):
+    with pytest.raises(
+        EndpointRefused, match=r"\(model tiny\) rate limited the preflight's request \(429 after 1 retries\)"
+    ):
         _head(url, max_retries=1).score(["p"])
     script.answers = [(200, {}, {"unexpected": True})]
-    with pytest.raises(EndpointRefused, match=r"answered the preflight's request with a malformed answer: the response holds"):
+    with pytest.raises(
+        EndpointRefused, match=r"answered the preflight's request with a malformed answer: the response holds"
+    ):
         _head(url).score(["p"])
     script.answers = [(400, {}, {"error": {"message": "top_k is not supported"}})]
     with pytest.raises(EndpointRefused, match=r"refused the run's settings: HTTP 400: top_k is not supported"):
@@ -455,18 +652,49 @@ def test_a_key_typed_into_api_key_env_is_refused_before_compute_and_never_echoed
     from lakescore.jobs.config import ConfigError, load_config
 
     typed = "sk_live_51HqLakescoreNotAName0123"
-    flags = {"input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "task": "generate", "id_col": "id",
-             "generate.prompt_template": "{x}", "generate.endpoint.url": "https://a.example.com/v1",
-             "generate.endpoint.model": "m"}
-    assert load_config(flags={**flags, "generate.endpoint.api_key_env": "LLM_API_KEY"}).secret_env_names() == ("LLM_API_KEY",)
+    flags = {
+        "input": str(tmp_path / "in"),
+        "output": str(tmp_path / "out"),
+        "task": "generate",
+        "id_col": "id",
+        "generate.prompt_template": "{x}",
+        "generate.endpoint.url": "https://a.example.com/v1",
+        "generate.endpoint.model": "m",
+    }
+    assert load_config(flags={**flags, "generate.endpoint.api_key_env": "LLM_API_KEY"}).secret_env_names() == (
+        "LLM_API_KEY",
+    )
     for value in (typed, "hf_abcdefghijklmnopqrstuvwxyz0123", "sk-live-51Hq", "A" * 65):
         with pytest.raises(ConfigError) as refused:
             load_config(flags={**flags, "generate.endpoint.api_key_env": value})
         assert value not in str(refused.value) and "is not shown here" in str(refused.value)
-    run = subprocess.run([sys.executable, "-m", "lakescore.jobs.cli", "score", "--input", flags["input"], "--output",
-                          flags["output"], "--task", "generate", "--id-col", "id", "--set", "generate.prompt_template={x}",
-                          "--set", "generate.endpoint.url=https://a.example.com/v1", "--set", "generate.endpoint.model=m",
-                          "--set", f"generate.endpoint.api_key_env={typed}"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lakescore.jobs.cli",
+            "score",
+            "--input",
+            flags["input"],
+            "--output",
+            flags["output"],
+            "--task",
+            "generate",
+            "--id-col",
+            "id",
+            "--set",
+            "generate.prompt_template={x}",
+            "--set",
+            "generate.endpoint.url=https://a.example.com/v1",
+            "--set",
+            "generate.endpoint.model=m",
+            "--set",
+            f"generate.endpoint.api_key_env={typed}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and "api_key_env must name the environment variable" in run.stderr
     assert typed not in run.stdout + run.stderr and not (tmp_path / "out").exists()
 
@@ -487,16 +715,22 @@ def test_the_session_lakescore_builds_hides_the_keys_variable():
 def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_with_it(server):
     """Before: ``EndpointGenerator.close()`` was never called; a dropped head's pool and connections stayed open for
     the worker's life."""
-    from lakescore.udfs.models import model_cache
     from lakescore.udfs.heads.protocol import HoldsResources, MetersTraffic, ServedElsewhere
+    from lakescore.udfs.models import model_cache
     from lakescore.udfs.models.model_cache import LoadedModel
 
     _script, url = server
     head = _head(url, concurrency=2)
     assert isinstance(head, ServedElsewhere) and isinstance(head, HoldsResources) and isinstance(head, MetersTraffic)
     assert head.score_prompts(["a", "b"], None).reasons == [None, None]
-    assert head.traffic().as_dict() == {"requests": 2, "retries": 0, "rate_limited": 0, "unmetered": 0, "tokens_in": 6,
-                                     "tokens_out": 4}
+    assert head.traffic().as_dict() == {
+        "requests": 2,
+        "retries": 0,
+        "rate_limited": 0,
+        "unmetered": 0,
+        "tokens_in": 6,
+        "tokens_out": 4,
+    }
     key = object()
     model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)
     model_cache.clear()  # what the worker's exit runs too (atexit)
@@ -512,8 +746,11 @@ def test_the_conf_examples_the_docs_name_exist_load_and_say_what_the_docs_show()
 
     repo = Path(__file__).resolve().parents[2]
     shown = re.findall(r"```yaml\n# (conf/[\w.-]+\.yaml)\n(.*?)```", (repo / "docs/generation.md").read_text(), re.S)
-    assert {path for path, _ in shown} == {"conf/reviews-endpoint.yaml", "conf/reviews-vllm.yaml",
-                                           "conf/reviews-batch.yaml"}
+    assert {path for path, _ in shown} == {
+        "conf/reviews-endpoint.yaml",
+        "conf/reviews-vllm.yaml",
+        "conf/reviews-batch.yaml",
+    }
     for path, body in shown:
         assert (repo / path).read_text().split("\n", 1)[1] == body, path
         cfg = load_config(repo / path)
@@ -536,8 +773,15 @@ def test_the_preflights_requests_are_in_the_runs_figures_and_a_cost_without_usag
     assert workers["preflight"] == preflight
     assert "preflight" not in _worker_totals([group], 10, 0, {}) and _worker_totals([group], 10, 0)["requests"] == 10
     price = Price(input=2.0, output=10.0)
-    cost = run_cost(seconds=10, stage_seconds=5, worker_seconds=4, rows_scored=10, resources=SessionResources(2, 2, 1),
-                    token_cost=price.cost(36, 24), token_cost_unmetered=workers["unmetered"])
+    cost = run_cost(
+        seconds=10,
+        stage_seconds=5,
+        worker_seconds=4,
+        rows_scored=10,
+        resources=SessionResources(2, 2, 1),
+        token_cost=price.cost(36, 24),
+        token_cost_unmetered=workers["unmetered"],
+    )
     assert cost["token_cost"] == pytest.approx(3.12e-4) and cost["token_cost_unmetered"] == 2
     assert cost_text(cost).endswith("the endpoint's tokens (incomplete: 2 answers had no usage)")
 
@@ -616,16 +860,30 @@ def test_the_requests_counted_are_the_requests_the_server_received():
     assert counts["requests"] == len(received) == 8 and counts["retries"] == 0
 
 
-
 def test_a_row_the_endpoint_failed_is_scored_again_and_a_row_s_own_failure_is_carried():
     # Every reason an endpoint's failure is dead-lettered with may be the server's (a 5xx, a timeout, a refused
     # connection, a rate limit outlasting its retries, an aborted answer): an incremental run never carries it.
-    for error in (EndpointError(503, "overloaded"), EndpointError(None, "timed out", "timeout"),
-                  EndpointError(429, "slow down"), Unfinished("abort")):
+    for error in (
+        EndpointError(503, "overloaded"),
+        EndpointError(None, "timed out", "timeout"),
+        EndpointError(429, "slow down"),
+        Unfinished("abort"),
+    ):
         assert error.reason in SERVER_REASONS and not carries(error.reason)
     # A row's own failure fails again on the same input, weights and spec: carried. The id's are found from the input.
-    for reason in ("null_input", "invalid_text", "prepare_error", "prompt_too_long", "too_many_chunks", "scoring_error",
-                   "generation_error", "bad_feature_value", "invalid_image", "image_too_large", "missing_file"):
+    for reason in (
+        "null_input",
+        "invalid_text",
+        "prepare_error",
+        "prompt_too_long",
+        "too_many_chunks",
+        "scoring_error",
+        "generation_error",
+        "bad_feature_value",
+        "invalid_image",
+        "image_too_large",
+        "missing_file",
+    ):
         assert carries(reason), reason
     assert not carries("null_id") and not carries("duplicate_id")
 
@@ -644,11 +902,19 @@ def test_a_model_the_server_does_not_serve_is_named_with_what_it_lists(server):
     embedder = EndpointEmbedder(EndpointClient(settings, url, "nope"), truncate_to=128)
     with pytest.raises(EndpointRefused) as refused:
         embedder.score(["a text"])
-    assert str(refused.value) == (f"endpoint {url} (model nope) does not serve the model 'nope' (the preflight's request: "
-                                  "HTTP 404: The model `nope` does not exist.); it lists tiny")
-    generator = EndpointGenerator(EndpointClient(settings, url, "nope"), GenerateOptions(max_new_tokens=4),
-                                  get_task("generate").output_arrow_types)
-    with pytest.raises(EndpointRefused, match=r"does not serve the model 'nope' \(the preflight's request: HTTP 404: .*\); it lists tiny$"):
+    assert str(refused.value) == (
+        f"endpoint {url} (model nope) does not serve the model 'nope' (the preflight's request: "
+        "HTTP 404: The model `nope` does not exist.); it lists tiny"
+    )
+    generator = EndpointGenerator(
+        EndpointClient(settings, url, "nope"),
+        GenerateOptions(max_new_tokens=4),
+        get_task("generate").output_arrow_types,
+    )
+    with pytest.raises(
+        EndpointRefused,
+        match=r"does not serve the model 'nope' \(the preflight's request: HTTP 404: .*\); it lists tiny$",
+    ):
         generator.score(["a prompt"])
     script.answers = [(400, {}, {"error": {"message": "input too long"}})]  # any other refusal keeps its own hint
     with pytest.raises(EndpointRefused, match="truncate_prompt_tokens 128"):

@@ -14,8 +14,10 @@ from lakescore.jobs.report.text import one_line
 
 def _connect_error(message: str, *causes: str) -> SparkConnectGrpcException:
     """An error as a Spark Connect client receives it: the outermost message, the server's trace carried beside it."""
-    trace = "\n".join(["org.apache.spark.SparkException", "\tat org.apache.spark.Foo.bar(Foo.scala:1)"]
-                      + [line for cause in causes for line in (f"Caused by: {cause}", "\tat x.Y.z(Y.java:2)")])
+    trace = "\n".join(
+        ["org.apache.spark.SparkException", "\tat org.apache.spark.Foo.bar(Foo.scala:1)"]
+        + [line for cause in causes for line in (f"Caused by: {cause}", "\tat x.Y.z(Y.java:2)")]
+    )
     return SparkConnectGrpcException(message=message, server_stacktrace=trace)
 
 
@@ -40,8 +42,12 @@ def test_an_unreadable_input_file_over_connect_names_the_file_and_the_readers_re
         "[FAILED_READ_FILE.NO_HINT] Encountered error while reading file s3a://bucket/in/part-1.parquet. SQLSTATE: KD001",
         "java.lang.RuntimeException: part-1.parquet is not a Parquet file",
     )
-    assert unreadable_input(exc) == one_line(exc) == (
-        "cannot read input file s3a://bucket/in/part-1.parquet: java.lang.RuntimeException: part-1.parquet is not a Parquet file"
+    assert (
+        unreadable_input(exc)
+        == one_line(exc)
+        == (
+            "cannot read input file s3a://bucket/in/part-1.parquet: java.lang.RuntimeException: part-1.parquet is not a Parquet file"
+        )
     )
 
 
@@ -49,23 +55,32 @@ def test_python_errors_a_full_or_read_only_filesystem_and_lakescores_own():
     full = OSError(errno.ENOSPC, "No space left on device", "/data/reports/run.json")
     assert one_line(full) == "no space left on device writing /data/reports/run.json"
     read_only = OSError(errno.EROFS, "Read-only file system")
-    assert one_line(read_only, "publish") == "read-only file system during publish"  # the step the clock says it stopped
+    assert (
+        one_line(read_only, "publish") == "read-only file system during publish"
+    )  # the step the clock says it stopped
     missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "/data/x")
-    assert failure_reason(missing) is None and one_line(missing) == "FileNotFoundError: [Errno 2] No such file or directory: '/data/x'"
+    assert (
+        failure_reason(missing) is None
+        and one_line(missing) == "FileNotFoundError: [Errno 2] No such file or directory: '/data/x'"
+    )
     try:  # lakescore's own refusal says it all, whatever it was raised from
         try:
             raise OSError(errno.ENOSPC, "No space left on device")
         except OSError as cause:
             raise TableError("cannot write output '/data/out': no space left on device") from cause
     except TableError as own:
-        assert failure_reason(own) is None and one_line(own) == "cannot write output '/data/out': no space left on device"
-        assert cause_chain(own) == ["cannot write output '/data/out': no space left on device", "[Errno 28] No space left on device"]
+        assert (
+            failure_reason(own) is None and one_line(own) == "cannot write output '/data/out': no space left on device"
+        )
+        assert cause_chain(own) == [
+            "cannot write output '/data/out': no space left on device",
+            "[Errno 28] No space left on device",
+        ]
 
 
 def test_an_error_from_a_jvm_that_stopped_is_still_one_line():
     # py4j's error asks its JVM for its text; here the JVM's port is closed, as after the JVM died out of memory
     import socket
-
     from types import SimpleNamespace
 
     from py4j.java_gateway import GatewayClient
@@ -74,8 +89,10 @@ def test_an_error_from_a_jvm_that_stopped_is_still_one_line():
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    exc = Py4JJavaError("An error occurred while calling o42.collectToPython.\n",
-                         SimpleNamespace(_target_id="o7", _gateway_client=GatewayClient(port=port)))
+    exc = Py4JJavaError(
+        "An error occurred while calling o42.collectToPython.\n",
+        SimpleNamespace(_target_id="o7", _gateway_client=GatewayClient(port=port)),
+    )
     line = one_line(exc)
     assert line.startswith("Py4JJavaError: Spark's JVM stopped before it could say why") and "driver's log" in line
     assert "\n" not in line

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 import torch
 
+from lakescore.jobs.config import ConfigError, load_config
 from lakescore.udfs.batching import BatchPolicy, plan_batches
 from lakescore.udfs.heads.decoding import row_seed
 from lakescore.udfs.heads.generate import GenerateOptions, score_prompts, template_columns, template_parts, token_counts
-from lakescore.jobs.config import ConfigError, load_config
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task, named_columns
@@ -40,9 +40,16 @@ def seq2seq_dir(tmp_path_factory):
     tokenizer = train_tokenizer("eos")
     torch.manual_seed(0)
     config = T5Config(
-        vocab_size=len(tokenizer), d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+        vocab_size=len(tokenizer),
+        d_model=64,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
         initializer_factor=20.0,  # a T5 at the default scale emits <pad> at every step: no output to compare
-        decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     target = tmp_path_factory.mktemp("tiny-t5")
     T5ForConditionalGeneration(config).save_pretrained(target)
@@ -59,10 +66,16 @@ def reference_new_tokens(model, prompt_ids, max_new_tokens):
     """transformers' greedy ``generate`` on one unpadded row: its new token ids and each step's raw logits."""
     ids = torch.tensor([prompt_ids])
     out = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
-    start = 1 if model.config.is_encoder_decoder else ids.shape[1]  # an encoder-decoder's output opens with its start token
+    start = (
+        1 if model.config.is_encoder_decoder else ids.shape[1]
+    )  # an encoder-decoder's output opens with its start token
     return out.sequences[0, start:].tolist(), [step[0] for step in out.logits]
 
 
@@ -92,20 +105,43 @@ def test_options_are_frozen_hashable_picklable_and_refuse_bad_values():
     assert options.stop == ("\n", "###") and options.choices == ("yes", "no")
     spec = ModelSpec("generate", "/m", generate=options)
     assert pickle.loads(pickle.dumps(spec)) == spec
-    assert hash(spec) == hash(ModelSpec("generate", "/m", generate=GenerateOptions(stop=("\n", "###"), choices=("yes", "no"), temperature=0.7, seed=3)))
-    assert spec.identity()["generate"] != ModelSpec("generate", "/m", generate=GenerateOptions(seed=4)).identity()["generate"]
+    assert hash(spec) == hash(
+        ModelSpec(
+            "generate",
+            "/m",
+            generate=GenerateOptions(stop=("\n", "###"), choices=("yes", "no"), temperature=0.7, seed=3),
+        )
+    )
+    assert (
+        spec.identity()["generate"]
+        != ModelSpec("generate", "/m", generate=GenerateOptions(seed=4)).identity()["generate"]
+    )
     assert json.loads(json.dumps(spec.identity()))["generate"]["stop"] == ["\n", "###"]  # every setting, by name
     assert "generate" not in ModelSpec("embed", "/m").identity()  # other tasks' specs (and digests) as before
-    assert options.deterministic and not GenerateOptions(temperature=0.7).deterministic and GenerateOptions().deterministic
+    assert (
+        options.deterministic and not GenerateOptions(temperature=0.7).deterministic and GenerateOptions().deterministic
+    )
     for bad, message in [
-        (dict(chat_template="always"), "chat_template"), (dict(truncate="right"), "truncate"),
-        (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
-        (dict(stop=[""]), "stop"), (dict(stop="END"), "stop"), (dict(choices=["a", "a"]), "choices"),
-        (dict(choices=["a", "b"], json_schema="{}"), "exclude"), (dict(json_schema="{not json"), "not JSON"),
-        (dict(choices=["a"]), "two choices at least"), (dict(choice_score="max"), "choice_score"),
-        (dict(json_schema='{"properties": {"n": {"type": "integr"}}}'), "not a valid JSON Schema: at properties/n/type"),
-        (dict(json_schema="[1]"), "JSON object"), (dict(prompt_template="{0} and {}"), "placeholder"),
-        (dict(prompt_template="{row.attr}"), "placeholder"), (dict(prompt_template="{unclosed"), "str.format"),
+        (dict(chat_template="always"), "chat_template"),
+        (dict(truncate="right"), "truncate"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(stop=[""]), "stop"),
+        (dict(stop="END"), "stop"),
+        (dict(choices=["a", "a"]), "choices"),
+        (dict(choices=["a", "b"], json_schema="{}"), "exclude"),
+        (dict(json_schema="{not json"), "not JSON"),
+        (dict(choices=["a"]), "two choices at least"),
+        (dict(choice_score="max"), "choice_score"),
+        (
+            dict(json_schema='{"properties": {"n": {"type": "integr"}}}'),
+            "not a valid JSON Schema: at properties/n/type",
+        ),
+        (dict(json_schema="[1]"), "JSON object"),
+        (dict(prompt_template="{0} and {}"), "placeholder"),
+        (dict(prompt_template="{row.attr}"), "placeholder"),
+        (dict(prompt_template="{unclosed"), "str.format"),
     ]:
         with pytest.raises(ValueError, match=message):
             GenerateOptions(**bad)
@@ -117,7 +153,12 @@ def test_prompt_templates_name_columns_and_nothing_else():
     rendered = "".join(literal + (values[name] if name else "") for literal, name in template_parts(template))
     assert rendered == template.format(**values) == "Review: good food\nStars: 4\nSummary of {good food}:"
     assert template_columns(template) == ("text", "stars")
-    for bad, message in [("{stars:.1f}", "format spec"), ("{text!r}", "format spec"), ("{0}", "placeholder"), ("{}", "placeholder")]:
+    for bad, message in [
+        ("{stars:.1f}", "format spec"),
+        ("{text!r}", "format spec"),
+        ("{0}", "placeholder"),
+        ("{}", "placeholder"),
+    ]:
         with pytest.raises(ValueError, match=message):
             template_parts(bad)
 
@@ -128,10 +169,14 @@ def test_greedy_equals_transformers_generate_per_row(causal_dir):
     prompts = reviews(100, seed=1)
     tokenizer = head.tokenizer
     prompt_ids = [
-        list(tokenizer.apply_chat_template(
-            [{"role": "system", "content": "Summarise the review."}, {"role": "user", "content": p}],
-            add_generation_prompt=True, tokenize=True, return_dict=True,
-        )["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": "Summarise the review."}, {"role": "user", "content": p}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        )
         for p in prompts
     ]
     scored = assert_greedy_matches_generate(head, prompts, prompt_ids, 10, BatchPolicy(12 * 64, 256))
@@ -167,7 +212,9 @@ def test_choices_are_scored_as_the_hand_computed_continuation_logprobs(causal_di
                 with torch.no_grad():
                     if model.config.is_encoder_decoder:
                         decoder = [model.config.decoder_start_token_id] + ids[:-1]
-                        logits = model(input_ids=torch.tensor([prompt_ids]), decoder_input_ids=torch.tensor([decoder])).logits[0]
+                        logits = model(
+                            input_ids=torch.tensor([prompt_ids]), decoder_input_ids=torch.tensor([decoder])
+                        ).logits[0]
                     else:
                         logits = model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
                 expected.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).sum()))
@@ -192,8 +239,12 @@ def test_sampling_is_reproducible_per_row_whatever_the_batch(causal_dir):
     assert alone.outputs[0].token_ids == small.outputs[9].token_ids
     greedy = score_prompts(prompts, load(causal_dir, max_new_tokens=12), BatchPolicy(100_000, 256))
     assert sum(a.token_ids != b.token_ids for a, b in zip(small.outputs, greedy.outputs)) >= 20  # it does sample
-    reseeded = score_prompts(prompts, load(causal_dir, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=8),
-                             BatchPolicy(100_000, 256), keys=keys)
+    reseeded = score_prompts(
+        prompts,
+        load(causal_dir, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=8),
+        BatchPolicy(100_000, 256),
+        keys=keys,
+    )
     assert sum(a.token_ids != b.token_ids for a, b in zip(small.outputs, reseeded.outputs)) >= 20
     assert row_seed(7, "row-1") == row_seed(7, "row-1") != row_seed(7, "row-2")
 
@@ -202,7 +253,9 @@ def test_stop_strings_cut_the_text_before_the_first_one(causal_dir):
     prompts = reviews(16, seed=5)
     plain = score_prompts(prompts, load(causal_dir, max_new_tokens=16), BatchPolicy(100_000, 256))
     texts = [o.text for o in plain.outputs]
-    ascii_pairs = [t[i : i + 2] for t in texts for i in range(2, len(t) - 1) if t[i : i + 2].isascii() and t[i : i + 2].strip()]
+    ascii_pairs = [
+        t[i : i + 2] for t in texts for i in range(2, len(t) - 1) if t[i : i + 2].isascii() and t[i : i + 2].strip()
+    ]
     stops = (ascii_pairs[0], ascii_pairs[len(ascii_pairs) // 2])
     stopped = score_prompts(prompts, load(causal_dir, max_new_tokens=16, stop=stops), BatchPolicy(100_000, 256))
     cut = 0
@@ -213,7 +266,11 @@ def test_stop_strings_cut_the_text_before_the_first_one(causal_dir):
             assert (out.text, out.finish_reason) == (text[: min(found)], "stop")
             assert out.completion_tokens <= before.completion_tokens
         else:
-            assert (out.text, out.finish_reason, out.completion_tokens) == (text, before.finish_reason, before.completion_tokens)
+            assert (out.text, out.finish_reason, out.completion_tokens) == (
+                text,
+                before.finish_reason,
+                before.completion_tokens,
+            )
     assert cut >= 2
     assert sum(o.completion_tokens for o in stopped.outputs) < sum(o.completion_tokens for o in plain.outputs)
 
@@ -259,9 +316,17 @@ def test_choice_score_mean_is_transformers_mean_token_log_probability(causal_dir
 
 
 def test_a_json_schema_that_is_no_json_schema_is_refused_when_the_config_loads():
-    flags = {"input": "in", "output": "out", "task": "generate", "model.source": "/m", "id_col": "id",
-             "generate.json_schema": {"type": "object", "properties": {"n": {"type": "integr"}}}}
-    with pytest.raises(ConfigError, match=r"generate.json_schema is not a valid JSON Schema: at properties/n/type: 'integr'"):
+    flags = {
+        "input": "in",
+        "output": "out",
+        "task": "generate",
+        "model.source": "/m",
+        "id_col": "id",
+        "generate.json_schema": {"type": "object", "properties": {"n": {"type": "integr"}}},
+    }
+    with pytest.raises(
+        ConfigError, match=r"generate.json_schema is not a valid JSON Schema: at properties/n/type: 'integr'"
+    ):
         load_config(flags=flags)
     with pytest.raises(ConfigError, match="generate.choices needs two choices at least"):
         load_config(flags={**flags, "generate.json_schema": None, "generate.choices": ["positive"]})
@@ -288,11 +353,14 @@ def test_a_tokenizer_the_grammar_engine_cannot_use_is_refused_in_one_line(tmp_pa
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    pieces = [("<pad>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(c, -2.0) for c in 'abcdefgnorstu {}":,0123456789']
+    pieces = [("<pad>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [
+        (c, -2.0) for c in 'abcdefgnorstu {}":,0123456789'
+    ]
     backend = Tokenizer(models.Unigram(pieces + [("y" * 2000, -1.0)], unk_id=3, byte_fallback=False))
     backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                        unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
     model_dir = save_causal(tmp_path / "m", tokenizer)
     with pytest.raises(UnfitModelError) as refused:
         load(model_dir, max_new_tokens=8, json_schema=json.dumps(SCHEMA))
@@ -305,10 +373,14 @@ def test_a_tokenizer_the_grammar_engine_cannot_use_is_refused_in_one_line(tmp_pa
 def test_max_new_tokens_over_the_context_is_refused_on_the_drivers_copy_of_the_config(causal_dir, tmp_path):
     def spec(most, **kw):
         return ModelSpec("generate", str(causal_dir), generate=GenerateOptions(max_new_tokens=most), **kw)
+
     check_model_fits(spec(CONTEXT - 1), causal_dir)
     for refused, context in ((spec(CONTEXT), CONTEXT), (spec(60, max_seq_length=50), 50)):
-        with pytest.raises(UnfitModelError, match=rf"task generate: generate.max_new_tokens \d+ leaves no room for a prompt "
-                                                  rf"in the context of {context} tokens"):
+        with pytest.raises(
+            UnfitModelError,
+            match=rf"task generate: generate.max_new_tokens \d+ leaves no room for a prompt "
+            rf"in the context of {context} tokens",
+        ):
             check_model_fits(refused, causal_dir)
     # GPT-2's name for its positions, and a tokenizer's own limit below them
     gpt2 = tmp_path / "gpt2"
@@ -347,7 +419,11 @@ def test_a_prompt_too_long_for_the_context_is_dead_lettered_or_cut_on_the_left(c
     short = score_prompts(["good food", "slow service"], head, BatchPolicy(1024, 256))
     assert [scored.outputs[i].token_ids for i in (0, 3)] == [o.token_ids for o in short.outputs]
 
-    cut = score_prompts(prompts, load(causal_dir, max_new_tokens=max_new, chat_template="never", truncate="left"), BatchPolicy(1024, 256))
+    cut = score_prompts(
+        prompts,
+        load(causal_dir, max_new_tokens=max_new, chat_template="never", truncate="left"),
+        BatchPolicy(1024, 256),
+    )
     assert cut.reasons == [None, None, "null_input", None]
     ids = head.tokenizer(long_prompt)["input_ids"]
     kept = [ids[0]] + ids[len(ids) - (CONTEXT - max_new - 1) :]  # the BOS, then the prompt's last tokens
@@ -413,7 +489,9 @@ def test_token_logprobs_are_the_models_own_log_probabilities_of_each_new_token(c
             assert len(values) == out.completion_tokens == len(out.token_ids) and (values <= 0).all()
             prompt_ids = tokenizer(prompt)["input_ids"]
             with torch.no_grad():
-                logits = model(input_ids=torch.tensor([prompt_ids + list(out.token_ids)])).logits[0, len(prompt_ids) - 1 : -1]
+                logits = model(input_ids=torch.tensor([prompt_ids + list(out.token_ids)])).logits[
+                    0, len(prompt_ids) - 1 : -1
+                ]
             steps = torch.log_softmax(logits.float(), -1)
             picked = steps.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1).numpy()
             np.testing.assert_allclose(values, picked, atol=1e-4)
@@ -481,14 +559,21 @@ def test_a_json_text_cut_or_not_json_is_dead_lettered_never_published(causal_dir
     """Issue 65: a ``json_schema`` row cut at ``max_new_tokens`` is ``json_incomplete`` and one a ``stop`` string cut
     short is ``json_invalid``, each with its text kept whole in the error; the rows that completed are published."""
     prompts = reviews(4, seed=6)
-    cut = score_prompts(prompts, load(causal_dir, max_new_tokens=3, json_schema=json.dumps(SCHEMA)), BatchPolicy(100_000, 256))
-    free = score_prompts(prompts, load(causal_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA)), BatchPolicy(100_000, 256))
+    cut = score_prompts(
+        prompts, load(causal_dir, max_new_tokens=3, json_schema=json.dumps(SCHEMA)), BatchPolicy(100_000, 256)
+    )
+    free = score_prompts(
+        prompts, load(causal_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA)), BatchPolicy(100_000, 256)
+    )
     assert cut.reasons == ["json_incomplete"] * 4 and free.ok.all()
     for error, whole in zip(cut.errors, free.outputs):  # greedy: the cut text is the start of the whole one
         head, _, text = error.partition("; the cut text: ")
         assert head == "the text reached max_new_tokens (3 tokens) before its JSON was complete"
         assert text and whole.text.startswith(text)
-    stopped = score_prompts(prompts, load(causal_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA), stop=(",",)),
-                            BatchPolicy(100_000, 256))
+    stopped = score_prompts(
+        prompts,
+        load(causal_dir, max_new_tokens=80, json_schema=json.dumps(SCHEMA), stop=(",",)),
+        BatchPolicy(100_000, 256),
+    )
     assert set(stopped.reasons) == {"json_invalid"}
     assert all(e.startswith("the text is not JSON valid against generate.json_schema: ") for e in stopped.errors)

@@ -38,25 +38,42 @@ def _generate(reference, prompt, **kwargs):
     model, tokenizer = reference
     ids = torch.tensor([tokenizer(prompt)["input_ids"]])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                             output_logits=True, return_dict_in_generate=True, **kwargs)
-    return out.sequences[0, ids.shape[1]:].tolist(), [step[0] for step in out.logits]
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+    return out.sequences[0, ids.shape[1] :].tolist(), [step[0] for step in out.logits]
 
 
 def test_repetition_penalty_min_new_tokens_and_stop_token_ids_decode_as_transformers_does(causal_dir, reference):
     _, tokenizer = reference
     greedy = _scored(causal_dir, max_new_tokens=8)
-    stop = next(t for row in greedy for t in row.token_ids[1:3] if t != tokenizer.eos_token_id)  # a token some row makes
+    stop = next(
+        t for row in greedy for t in row.token_ids[1:3] if t != tokenizer.eos_token_id
+    )  # a token some row makes
     outputs = _scored(causal_dir, max_new_tokens=8, repetition_penalty=1.8, min_new_tokens=3, stop_token_ids=(stop,))
     stopped = 0
     for prompt, row in zip(PROMPTS, outputs):
-        expected, _ = _generate(reference, prompt, max_new_tokens=8, repetition_penalty=1.8, min_new_tokens=3,
-                                eos_token_id=[tokenizer.eos_token_id, stop])
+        expected, _ = _generate(
+            reference,
+            prompt,
+            max_new_tokens=8,
+            repetition_penalty=1.8,
+            min_new_tokens=3,
+            eos_token_id=[tokenizer.eos_token_id, stop],
+        )
         assert list(row.token_ids) == expected
         assert len(row.token_ids) >= 3
         if row.token_ids[-1] == stop:
             stopped += 1
-            assert row.finish_reason == "stop" and row.text == tokenizer.decode(row.token_ids[:-1], skip_special_tokens=True)
+            assert row.finish_reason == "stop" and row.text == tokenizer.decode(
+                row.token_ids[:-1], skip_special_tokens=True
+            )
     assert stopped >= 1
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import tomllib
 import zipfile
 from pathlib import Path
+
+import tomllib
 
 from lakescore.jobs.platform.files.hadoop_files import JAR, JAVA_CLASS
 
@@ -27,10 +28,14 @@ def _manifest(jar: Path) -> dict[str, str]:
 
 
 def test_the_committed_jar_is_built_from_the_current_sources():
-    sources = sorted((REPO / "jobs" / "platform" / "files" / "java" / "lakescore").glob("*.java"))  # the Makefile's JAVA_SRC
+    sources = sorted(
+        (REPO / "jobs" / "platform" / "files" / "java" / "lakescore").glob("*.java")
+    )  # the Makefile's JAVA_SRC
     assert sources
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()
-    assert _manifest(JAR).get("Source-SHA256") == digest, "the Java sources changed since the jar was built: run make jar"
+    assert _manifest(JAR).get("Source-SHA256") == digest, (
+        "the Java sources changed since the jar was built: run make jar"
+    )
     assert JAVA_CLASS.replace(".", "/") + ".class" in zipfile.ZipFile(JAR).namelist()
 
 

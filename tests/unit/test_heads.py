@@ -53,15 +53,24 @@ def test_classify_applies_the_pipelines_activation(tmp_path, minilm_dir, problem
     from tests.conftest import _save_with_minilm_tokenizer
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, num_labels=labels, problem_type=problem_type)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=labels,
+        problem_type=problem_type,
+    )
     model = BertForSequenceClassification(config).eval()
     with torch.no_grad():
         model.classifier.weight.normal_(0.0, 1.0)  # scores away from 0, where the activations differ most
     model_dir = _save_with_minilm_tokenizer(model, tmp_path, minilm_dir)
     ours = _load("classify", model_dir).score(UNSEEN)
     peer = pipeline("text-classification", model=str(model_dir), top_k=None, device="cpu")
-    expected = [[r["score"] for r in sorted(ranked, key=lambda r: config.label2id[r["label"]])] for ranked in peer(UNSEEN)]
+    expected = [
+        [r["score"] for r in sorted(ranked, key=lambda r: config.label2id[r["label"]])] for ranked in peer(UNSEEN)
+    ]
     np.testing.assert_allclose(ours, expected, atol=1e-5)
 
 
@@ -169,7 +178,9 @@ def test_a_bfloat16_run_is_checked_against_float32_before_it_scores(minilm_dir):
     figures = json.loads(passed["fidelity"])
     assert passed["error"] is None and BF16_COSINE <= figures["cosine_p1"] < 1.0, figures
     assert refused["error_type"] == QuantizationToleranceError.__name__
-    assert refused["error"].startswith("bfloat16 model") and "Use model.dtype: float32" in refused["error"], refused["error"]
+    assert refused["error"].startswith("bfloat16 model") and "Use model.dtype: float32" in refused["error"], refused[
+        "error"
+    ]
     assert exact["error"] is None and exact["fidelity"] is None  # float32 is the reference: nothing to check
 
 
@@ -181,7 +192,9 @@ def test_float16_on_a_cpu_runs_float32_and_is_not_checked(minilm_dir):
 
     model_cache.clear()
     try:
-        row = _preflight_row(ModelSpec("embed", str(minilm_dir), dtype="float16", device="auto"), ["a review"], Tolerance(min_cosine=1.0))
+        row = _preflight_row(
+            ModelSpec("embed", str(minilm_dir), dtype="float16", device="auto"), ["a review"], Tolerance(min_cosine=1.0)
+        )
     finally:
         model_cache.clear()
     assert row["error"] is None and row["fidelity"] is None and row["device"] == "cpu"
@@ -220,9 +233,15 @@ def test_the_python_api_refuses_that_checkpoint_before_any_spark_job(tiny_classi
 
 
 def test_a_base_model_has_no_token_classifier_for_ner(plain_bert_dir, tiny_ner_dir):
-    assert "BertModel (config.json architectures), not a …ForTokenClassification" in _refused_on_the_driver("ner", plain_bert_dir)
+    assert "BertModel (config.json architectures), not a …ForTokenClassification" in _refused_on_the_driver(
+        "ner", plain_bert_dir
+    )
     line = _unfit("ner", plain_bert_dir)
-    assert line.startswith("task ner: ") and "BertForTokenClassification" in line and "classifier.bias, classifier.weight" in line
+    assert (
+        line.startswith("task ner: ")
+        and "BertForTokenClassification" in line
+        and "classifier.bias, classifier.weight" in line
+    )
     check_model_fits(ModelSpec("ner", str(tiny_ner_dir)), tiny_ner_dir)  # a token classifier fits
     _load("ner", tiny_ner_dir)
 
@@ -239,7 +258,11 @@ def test_an_embedding_checkpoint_without_a_pooler_still_embeds(minilm_dir, tmp_p
     weights = load_file(str(without / "model.safetensors"))
     pooler = [k for k in weights if "pooler" in k]
     assert pooler  # the shipped checkpoint has one to drop
-    save_file({k: v for k, v in weights.items() if k not in pooler}, str(without / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if k not in pooler},
+        str(without / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     check_model_fits(ModelSpec("embed", str(without)), without)
     texts = UNSEEN[:4]
     expected = _load("embed", minilm_dir).score(texts)

@@ -60,11 +60,17 @@ def test_the_one_quoting_function_doubles_backticks():
 
 
 def test_errors_and_staging_names_derive_from_the_parsed_output():
-    assert load_config(flags={"output": "main.`sales-eu`.`my scores`"}).errors_ref() == "main.`sales-eu`.`my scores_errors`"
+    assert (
+        load_config(flags={"output": "main.`sales-eu`.`my scores`"}).errors_ref()
+        == "main.`sales-eu`.`my scores_errors`"
+    )
     assert load_config(flags={"output": "db.`we``ird`"}).errors_ref() == "db.`we``ird_errors`"
     assert load_config(flags={"output": "it.scores"}).errors_ref() == "it.scores_errors"
     assert load_config(flags={"output": "/data/scores/"}).errors_ref() == "/data/scores_errors"
-    assert staging_location("main.`sales-eu`.`my scores`", None, "k1") == "main.`sales-eu`.`my scores__lakescore_staging_k1`"
+    assert (
+        staging_location("main.`sales-eu`.`my scores`", None, "k1")
+        == "main.`sales-eu`.`my scores__lakescore_staging_k1`"
+    )
     assert staging_location("it.scores", "cat.stage.`run-`", "k1") == "cat.stage.`run-_k1`"
     assert staging_location("it.scores", "/tmp/stage/", "k1") == "/tmp/stage/k1"
     assert staging_location("/data/out/scores", None, "k1") == "/data/out/_lakescore_staging/scores/k1"
@@ -98,8 +104,15 @@ def test_the_session_catalog_rule_applies_only_to_spark_catalog():
 @pytest.mark.parametrize(
     "ref, path",
     [
-        ("reviews", False), ("sales.reviews", False), ("main.`sales/eu`.`a:b`", False), ("it..scores", False),
-        ("/data/x", True), ("./x", True), ("s3a://bucket/x", True), ("dbfs:/x", True), ("/data/v1.2/x", True),
+        ("reviews", False),
+        ("sales.reviews", False),
+        ("main.`sales/eu`.`a:b`", False),
+        ("it..scores", False),
+        ("/data/x", True),
+        ("./x", True),
+        ("s3a://bucket/x", True),
+        ("dbfs:/x", True),
+        ("/data/v1.2/x", True),
         ("/tmp/out dir ü`x/scores", True),  # a backtick in a path does not make it a table
     ],
 )

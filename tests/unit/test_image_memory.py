@@ -100,7 +100,9 @@ def _peaks(model_dir: str, images_dir: str) -> None:
 def _big_picture() -> bytes:
     """A SIDE x SIDE photo-like JPEG: smooth gradients, a megabyte or two encoded."""
     ramp = Image.linear_gradient("L").resize((SIDE, SIDE))
-    return encoded(Image.merge("RGB", (ramp, ramp.rotate(90), Image.radial_gradient("L").resize((SIDE, SIDE)))), "JPEG", quality=90)
+    return encoded(
+        Image.merge("RGB", (ramp, ramp.rotate(90), Image.radial_gradient("L").resize((SIDE, SIDE)))), "JPEG", quality=90
+    )
 
 
 def _big_noise() -> bytes:
@@ -112,13 +114,20 @@ def _big_noise() -> bytes:
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS")
 def test_executor_memory_stays_flat_over_a_table_mixing_10_kb_and_50_mb_images(tmp_path):
     model = vit_classifier(tmp_path / "vit")
-    images = {"small.jpg": encoded(picture(192, 192, 1), "JPEG", quality=90), "big.jpg": _big_picture(), "big.png": _big_noise()}
-    assert 5_000 < len(images["small.jpg"]) < 20_000 and len(images["big.png"]) > 50_000_000, {k: len(v) for k, v in images.items()}
+    images = {
+        "small.jpg": encoded(picture(192, 192, 1), "JPEG", quality=90),
+        "big.jpg": _big_picture(),
+        "big.png": _big_noise(),
+    }
+    assert 5_000 < len(images["small.jpg"]) < 20_000 and len(images["big.png"]) > 50_000_000, {
+        k: len(v) for k, v in images.items()
+    }
     for name, data in images.items():
         (tmp_path / name).write_bytes(data)
     code = "import sys; from tests.unit.test_image_memory import _peaks; _peaks(*sys.argv[1:])"
-    done = subprocess.run([sys.executable, "-c", code, str(model), str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(model), str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
 

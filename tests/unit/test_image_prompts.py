@@ -7,15 +7,14 @@ import functools
 import json
 
 import jsonschema
-
 import pyarrow as pa
 import pytest
 import transformers
 
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, plan_batches
-from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.heads.image_prompts import chat_messages, load_image_prompt_generator, require_vision_language
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.runners import ImagePromptRunner
 from tests.tiny_generators import CHAT_TEMPLATE, save_causal, train_tokenizer
 from tests.tiny_vision import encoded, picture
@@ -34,13 +33,19 @@ def vlm_dir(request, tmp_path_factory):
 
 
 def load(model_dir, **options):
-    return load_image_prompt_generator(ModelSpec("generate", str(model_dir), generate=GenerateOptions(**options)), model_dir)
+    return load_image_prompt_generator(
+        ModelSpec("generate", str(model_dir), generate=GenerateOptions(**options)), model_dir
+    )
 
 
 def batch_of(images, prompts, keys=None):
-    return pa.RecordBatch.from_pydict({
-        "image": pa.array(images, pa.binary()), "prompt": prompts, "id": keys or [f"k{i}" for i in range(len(prompts))],
-    })
+    return pa.RecordBatch.from_pydict(
+        {
+            "image": pa.array(images, pa.binary()),
+            "prompt": prompts,
+            "id": keys or [f"k{i}" for i in range(len(prompts))],
+        }
+    )
 
 
 def pictures():
@@ -51,18 +56,21 @@ def pictures():
 @functools.lru_cache(maxsize=2)
 def by_hand(model_dir):
     """The processor and the model as transformers loads them, without lakescore."""
-    return (transformers.AutoProcessor.from_pretrained(model_dir),
-            transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval())
+    return (
+        transformers.AutoProcessor.from_pretrained(model_dir),
+        transformers.AutoModelForImageTextToText.from_pretrained(model_dir).eval(),
+    )
 
 
 def reference(model_dir, image, prompt, **generate):
     """transformers' greedy ``generate`` on one row, its inputs from the processor's own chat template call."""
     processor, model = by_hand(model_dir)
     messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": prompt}]}]
-    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                           return_tensors="pt")
+    inputs = processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     out = model.generate(**inputs, do_sample=False, **generate)
-    return out[0, inputs["input_ids"].shape[1]:].tolist(), int(inputs["input_ids"].shape[1])
+    return out[0, inputs["input_ids"].shape[1] :].tolist(), int(inputs["input_ids"].shape[1])
 
 
 def test_greedy_equals_transformers_generate_per_row_through_batches(vlm_dir):
@@ -95,7 +103,11 @@ def test_a_row_costs_its_image_tokens_prompt_and_new_tokens(vlm_dir):
 def reference_length(model_dir, image, prompt):
     processor = by_hand(model_dir)[0]
     messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": prompt}]}]
-    return len(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"][0])
+    return len(
+        processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"
+        ][0]
+    )
 
 
 def test_bad_empty_and_huge_images_fail_alone_with_their_reason(vlm_dir):
@@ -108,7 +120,15 @@ def test_bad_empty_and_huge_images_fail_alone_with_their_reason(vlm_dir):
     runner = ImagePromptRunner(head, ["image", "prompt"], max_image_pixels=100 * 100)
     prepared = runner.prepare(batch_of(values, prompts))
     scored = runner.score(prepared, AdaptiveBudget(BatchPolicy(4096, 64)))
-    assert scored.reasons == [None, "invalid_image", "null_input", "image_too_large", "null_input", "invalid_image", "null_input"]
+    assert scored.reasons == [
+        None,
+        "invalid_image",
+        "null_input",
+        "image_too_large",
+        "null_input",
+        "invalid_image",
+        "null_input",
+    ]
     assert "200x200 = 40000 pixels, above the limit of 10000" in scored.errors[3]
     raw = runner.raw_inputs(prepared, scored)
     assert raw[0] is None and raw[2] == "0 bytes" and raw[3].startswith("PNG RGB 200x200")
@@ -120,26 +140,37 @@ def test_sampling_and_choices_behave_as_for_text(vlm_dir):
     sampled = load(vlm_dir, max_new_tokens=6, temperature=1.0, seed=3)
     runner = ImagePromptRunner(sampled, ["image", "prompt"], key_col="id")
     alone = runner.score(runner.prepare(batch_of([image], ["x"], ["row-7"])), AdaptiveBudget(BatchPolicy(4096, 64)))
-    mixed = runner.score(runner.prepare(batch_of([image, image, image], ["longer prompt here", "x", "y"], ["a", "row-7", "b"])),
-                         AdaptiveBudget(BatchPolicy(4096, 64)))
+    mixed = runner.score(
+        runner.prepare(batch_of([image, image, image], ["longer prompt here", "x", "y"], ["a", "row-7", "b"])),
+        AdaptiveBudget(BatchPolicy(4096, 64)),
+    )
     assert alone.outputs[0].token_ids == mixed.outputs[1].token_ids  # a row's draws follow its key, not its batch
     choosing = load(vlm_dir, choices=["good", "bad"])
     runner = ImagePromptRunner(choosing, ["image", "prompt"])
-    scored = runner.score(runner.prepare(batch_of([image, image], ["is it good?", "is it bad?"])), AdaptiveBudget(BatchPolicy(4096, 64)))
+    scored = runner.score(
+        runner.prepare(batch_of([image, image], ["is it good?", "is it bad?"])), AdaptiveBudget(BatchPolicy(4096, 64))
+    )
     assert [o.finish_reason for o in scored.outputs] == ["choice", "choice"]
     assert all(o.text in ("good", "bad") and len(o.choice_logprobs) == 2 for o in scored.outputs)
-    schema = {"type": "object", "properties": {"label": {"type": "string"}, "stars": {"type": "integer"}},
-              "required": ["label", "stars"]}
+    schema = {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "stars": {"type": "integer"}},
+        "required": ["label", "stars"],
+    }
     shaped = load(vlm_dir, max_new_tokens=40, json_schema=json.dumps(schema))
     runner = ImagePromptRunner(shaped, ["image", "prompt"])
-    scored = runner.score(runner.prepare(batch_of([image, image], ["the label?", "stars?"])), AdaptiveBudget(BatchPolicy(4096, 64)))
+    scored = runner.score(
+        runner.prepare(batch_of([image, image], ["the label?", "stars?"])), AdaptiveBudget(BatchPolicy(4096, 64))
+    )
     assert set(scored.reasons) <= {None, "json_incomplete"} and scored.ok.any(), scored.errors
     for out, ok, error in zip(scored.outputs, scored.ok, scored.errors):
         if ok:  # complete JSON; a row cut by max_new_tokens is dead-lettered with its cut text, as for text
             assert out.finish_reason == "stop"
             jsonschema.validate(json.loads(out.text), schema)
         else:
-            assert error.startswith("the text reached max_new_tokens (40 tokens) before its JSON was complete; the cut text: {")
+            assert error.startswith(
+                "the text reached max_new_tokens (40 tokens) before its JSON was complete; the cut text: {"
+            )
 
 
 def test_the_chat_puts_the_image_part_then_the_prompt_in_one_user_message():
@@ -166,21 +197,39 @@ def test_image_col_makes_generate_read_images_with_a_prompt_it_requires():
     from lakescore.jobs.config import ConfigError, load_config
     from lakescore.jobs.steps.read import model_spec
 
-    flags = {"task": "generate", "input": "shop.products", "output": "shop.captions", "id_col": "sku",
-             "model.source": "/models/vlm", "image_col": "photo", "scoring.max_image_pixels": 10_000}
+    flags = {
+        "task": "generate",
+        "input": "shop.products",
+        "output": "shop.captions",
+        "id_col": "sku",
+        "model.source": "/models/vlm",
+        "image_col": "photo",
+        "scoring.max_image_pixels": 10_000,
+    }
     cfg = load_config(flags={**flags, "generate.prompt_template": "Caption the {category}."})
     cfg.require_for_scoring()
     assert cfg.input_kind.prompted and cfg.prompt_template == "Caption the {category}."
-    assert model_spec(cfg).input_kind == "image" and model_spec(load_config(flags={**flags, "image_col": None,
-                                                                           "scoring.max_image_pixels": None})).input_kind is None
+    assert (
+        model_spec(cfg).input_kind == "image"
+        and model_spec(load_config(flags={**flags, "image_col": None, "scoring.max_image_pixels": None})).input_kind
+        is None
+    )
     with pytest.raises(ConfigError, match="generate.prompt_template"):
         load_config(flags=flags).require_for_scoring()
-    endpoint = {"generate.prompt_template": "x", "generate.endpoint.url": "http://localhost:1/v1", "generate.endpoint.model": "m"}
-    with pytest.raises(ConfigError, match="image_col with generate.endpoint.api completions: .* set generate.endpoint.api: chat"):
+    endpoint = {
+        "generate.prompt_template": "x",
+        "generate.endpoint.url": "http://localhost:1/v1",
+        "generate.endpoint.model": "m",
+    }
+    with pytest.raises(
+        ConfigError, match="image_col with generate.endpoint.api completions: .* set generate.endpoint.api: chat"
+    ):
         load_config(flags={**flags, **endpoint})
     with pytest.raises(ConfigError, match="image_col with generate.server.api completions"):
         load_config(flags={**flags, "generate.prompt_template": "x", "generate.server.engine": "vllm"})
-    load_config(flags={**flags, **endpoint, "generate.endpoint.api": "chat"}).require_for_scoring()  # images go as chat parts
+    load_config(
+        flags={**flags, **endpoint, "generate.endpoint.api": "chat"}
+    ).require_for_scoring()  # images go as chat parts
     with pytest.raises(ConfigError, match="scoring.max_image_pixels applies"):  # text prompts read no images
         load_config(flags={**flags, "image_col": None, "text_col": "body"})
 
@@ -192,9 +241,13 @@ def test_a_session_built_for_an_image_run_reads_its_tables_in_small_batches():
     from lakescore.jobs.steps.read import IMAGE_READER_BATCH_ROWS, session_defaults
 
     base = {"input": "shop.products", "output": "shop.out", "id_col": "sku", "model.source": "/m"}
-    for flags in ({"task": "generate", "image_col": "photo", "generate.prompt_template": "Caption it."},
-                  {"task": "image_classify", "image_col": "photo"}):
+    for flags in (
+        {"task": "generate", "image_col": "photo", "generate.prompt_template": "Caption it."},
+        {"task": "image_classify", "image_col": "photo"},
+    ):
         defaults = session_defaults(load_config(flags={**base, **flags}))
         assert defaults["spark.sql.parquet.columnarReaderBatchSize"] == str(IMAGE_READER_BATCH_ROWS)
         assert defaults["spark.sql.orc.columnarReaderBatchSize"] == str(IMAGE_READER_BATCH_ROWS)
-    assert session_defaults(load_config(flags={**base, "task": "embed", "text_col": "body"})) == {}  # texts: Spark's own
+    assert (
+        session_defaults(load_config(flags={**base, "task": "embed", "text_col": "body"})) == {}
+    )  # texts: Spark's own

@@ -19,9 +19,9 @@ import pytest
 from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import prediction_columns, scored_schema
-from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, score_texts
 from lakescore.udfs.images import decode_image, image_tokens, pixel_limit, preprocess_chunks, read_header
+from lakescore.udfs.models import model_cache
 from lakescore.udfs.models.model_fit import check_model_fits
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 from lakescore.udfs.registry import get_task
@@ -71,7 +71,9 @@ def _bomb_png(width: int = 100_000, height: int = 100_000) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +149,28 @@ def test_each_unreadable_row_is_refused_with_its_reason_and_the_rest_scored(vit_
     values = [good, None, b"", b"\x00garbage, not an image" * 3, images["rgba.png"][:200], _bomb_png(), big, good]
     runner = ImageRunner(_head("image_classify", vit_dir), ["image"], max_image_pixels=64 * 64 - 1)
     prepared, scored = _run(runner, values)
-    assert scored.reasons == [None, "null_input", "null_input", "invalid_image", "invalid_image", "image_too_large",
-                              "image_too_large", None]
+    assert scored.reasons == [
+        None,
+        "null_input",
+        "null_input",
+        "invalid_image",
+        "invalid_image",
+        "image_too_large",
+        "image_too_large",
+        None,
+    ]
     assert scored.errors[3] == "not an image format Pillow reads"
     assert "truncated" in scored.errors[4] or "EOF" in scored.errors[4], scored.errors[4]
-    assert "decompression bomb" in scored.errors[5] and "64x64 = 4096 pixels, above the limit of 4095" in scored.errors[6]
+    assert (
+        "decompression bomb" in scored.errors[5] and "64x64 = 4096 pixels, above the limit of 4095" in scored.errors[6]
+    )
     # between Pillow's warning and error thresholds: refused by the header check at Pillow's limit, nothing decoded
     header, refused = read_header(_bomb_png(10_000, 10_000), pixel_limit(None))
-    assert header.pixels == 10**8 and refused.reason == "image_too_large" and refused.error.endswith(f"above the limit of {Image.MAX_IMAGE_PIXELS}")
+    assert (
+        header.pixels == 10**8
+        and refused.reason == "image_too_large"
+        and refused.error.endswith(f"above the limit of {Image.MAX_IMAGE_PIXELS}")
+    )
     assert np.allclose(scored.outputs[0], scored.outputs[7]) and np.isclose(scored.outputs[0].sum(), 1.0)
     raw = runner.raw_inputs(prepared, scored)
     assert raw[0] is None and raw[1] is None and raw[2] == "0 bytes"
@@ -197,7 +213,9 @@ def _normalised(vectors) -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def test_image_embed_equals_get_image_features_and_a_backbones_pooled_output(clip_dir, vit_backbone_dir, images, image_files):
+def test_image_embed_equals_get_image_features_and_a_backbones_pooled_output(
+    clip_dir, vit_backbone_dir, images, image_files
+):
     names = list(images)
     paths = [image_files / n for n in names]
     clip = transformers.CLIPModel.from_pretrained(clip_dir).eval()
@@ -215,20 +233,29 @@ def test_image_embed_equals_get_image_features_and_a_backbones_pooled_output(cli
 
 
 def test_a_classifier_checkpoint_has_no_trained_pooler_to_embed_with(vit_dir):
-    with pytest.raises(UnfitModelError, match=r"task image_embed: .* loads as ViTModel without weights its output reads \(pooler"):
+    with pytest.raises(
+        UnfitModelError, match=r"task image_embed: .* loads as ViTModel without weights its output reads \(pooler"
+    ):
         _head("image_embed", vit_dir)
 
 
 def test_a_vision_backbone_has_no_classifier_for_image_classify(vit_backbone_dir, vit_dir):
     """A ViT base saved without a classifier: transformers would add a random one. Refused on the driver by its
     architecture, and on the executors by the classifier weights it lacks, in one line naming task, class, weights."""
-    with pytest.raises(UnfitModelError, match=r"^task image_classify: .* holds a ViTModel \(config.json architectures\)"):
+    with pytest.raises(
+        UnfitModelError, match=r"^task image_classify: .* holds a ViTModel \(config.json architectures\)"
+    ):
         check_model_fits(ModelSpec("image_classify", str(vit_backbone_dir)), vit_backbone_dir)
-    with pytest.raises(UnfitModelError, match=r"^task image_classify: .* loads as ViTForImageClassification without "
-                                              r"weights its output reads \(classifier.bias, classifier.weight\)"):
+    with pytest.raises(
+        UnfitModelError,
+        match=r"^task image_classify: .* loads as ViTForImageClassification without "
+        r"weights its output reads \(classifier.bias, classifier.weight\)",
+    ):
         _head("image_classify", vit_backbone_dir)
     check_model_fits(ModelSpec("image_classify", str(vit_dir)), vit_dir)  # a classifier fits
-    check_model_fits(ModelSpec("image_embed", str(vit_backbone_dir)), vit_backbone_dir)  # any model embeds by its pooler
+    check_model_fits(
+        ModelSpec("image_embed", str(vit_backbone_dir)), vit_backbone_dir
+    )  # any model embeds by its pooler
 
 
 def test_clip_text_through_embed_lands_in_the_image_space(clip_dir, images, image_files):
@@ -238,7 +265,9 @@ def test_clip_text_through_embed_lands_in_the_image_space(clip_dir, images, imag
     clip = transformers.CLIPModel.from_pretrained(clip_dir).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(clip_dir)
     with torch.inference_mode():
-        expected = _normalised(clip.get_text_features(**tokenizer(texts, padding=True, return_tensors="pt")).pooler_output)
+        expected = _normalised(
+            clip.get_text_features(**tokenizer(texts, padding=True, return_tensors="pt")).pooler_output
+        )
     assert ((_normalised(vectors) * expected).sum(axis=1)).min() > 0.9999
     # the similarity CLIP computes between these texts and images, from two lakescore runs
     _, scored = _run(ImageRunner(_head("image_embed", clip_dir), ["image"]), list(images.values()))
@@ -283,7 +312,9 @@ def test_an_image_counts_its_patches_against_the_token_budget_as_text_counts_tok
     prepared, scored = _run(runner, values, BatchPolicy(max_tokens=8, max_rows=256))
     assert forwards == [2, 2, 1] and scored.ok.all()
     assert runner.row_costs(prepared).tolist() == [4] * 5
-    _, by_rows = _run(ImageRunner(_head("image_classify", vit_dir), ["image"]), values, BatchPolicy(max_tokens=10**6, max_rows=256))
+    _, by_rows = _run(
+        ImageRunner(_head("image_classify", vit_dir), ["image"]), values, BatchPolicy(max_tokens=10**6, max_rows=256)
+    )
     assert np.allclose(scored.outputs, by_rows.outputs, atol=1e-6)
 
 
@@ -301,7 +332,9 @@ def test_an_image_the_processor_rejects_is_refused_alone_and_mixed_shapes_fail_o
     assert done.failures[1].error == "ValueError: cannot preprocess a 50-pixel-wide image"
     assert np.array_equal(done.pixel_values[2], picky([decode_image(values[2])])[0]) and not done.pixel_values[1].any()
     with pytest.raises(ValueError, match="need a processor that resizes every image to one shape"):
-        preprocess_chunks(values, lambda batch: np.stack([np.asarray(image) for image in batch]), 10**8, BatchPolicy(10**8, 8))
+        preprocess_chunks(
+            values, lambda batch: np.stack([np.asarray(image) for image in batch]), 10**8, BatchPolicy(10**8, 8)
+        )
 
 
 def test_the_worker_function_scores_a_binary_column_and_dead_letters_per_row(vit_dir, images):
@@ -309,20 +342,36 @@ def test_the_worker_function_scores_a_binary_column_and_dead_letters_per_row(vit
     spec = ModelSpec("image_classify", str(vit_dir))
     assert prediction_columns("image_classify") == prediction_columns("classify")
     schema = scored_schema("image_classify", StructField("id", LongType()))
-    score = make_scoring_function(spec, keep_cols=["id"], input_cols=["image"], schema=schema, max_tokens=None, max_rows=2,
-                                  runner_options={"max_image_pixels": 40 * 30})
-    batch = pa.record_batch({
-        "id": pa.array([1, 2, 3, 4], pa.int64()),
-        "image": pa.array([images["rgb.jpg"], b"nope", images["gray.png"], images["cmyk.tiff"]], pa.large_binary()),
-    })
+    score = make_scoring_function(
+        spec,
+        keep_cols=["id"],
+        input_cols=["image"],
+        schema=schema,
+        max_tokens=None,
+        max_rows=2,
+        runner_options={"max_image_pixels": 40 * 30},
+    )
+    batch = pa.record_batch(
+        {
+            "id": pa.array([1, 2, 3, 4], pa.int64()),
+            "image": pa.array([images["rgb.jpg"], b"nope", images["gray.png"], images["cmyk.tiff"]], pa.large_binary()),
+        }
+    )
     rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
     assert [r["_reason"] for r in rows] == [None, "invalid_image", None, None]
     assert rows[1]["label"] is None and rows[1]["_input"].startswith("4 bytes, sha256 ")
     assert all(r["label"] in LABELS.values() and len(r["probs"]) == 3 for r in (rows[0], rows[2], rows[3]))
     model = model_cache.get_model(spec)[0]
     assert model.scorer.score(get_task("image_classify").input_kind.preflight_sample(spec)).shape == (1, 3)
-    refused = make_scoring_function(spec, keep_cols=["id"], input_cols=["image"], schema=schema, max_tokens=None,
-                                    max_rows=2, runner_options={"max_image_pixels": 40 * 30 - 1})
+    refused = make_scoring_function(
+        spec,
+        keep_cols=["id"],
+        input_cols=["image"],
+        schema=schema,
+        max_tokens=None,
+        max_rows=2,
+        runner_options={"max_image_pixels": 40 * 30 - 1},
+    )
     rows = pa.Table.from_batches(list(refused(iter([batch])))).to_pylist()
     assert [r["_reason"] for r in rows] == ["image_too_large", "invalid_image", None, None]
     with pytest.raises(TypeError, match="image column 'image' is string"):
@@ -349,11 +398,23 @@ def test_image_files_are_read_by_path_and_uri_and_a_missing_one_is_none(images, 
     with pytest.raises(OSError, match="cannot read 's3a://bucket/a.png': without lakescore's Hadoop file reader"):
         read_file("s3a://bucket/a.png")  # only the JVM's Hadoop filesystem reads other URIs
     names = ["rgb.jpg", "gray.png", "cmyk.tiff"]
-    paths = [str(image_files / names[0]), None, str(image_files / names[1]), str(image_files / "gone.png"), str(image_files / names[2])]
+    paths = [
+        str(image_files / names[0]),
+        None,
+        str(image_files / names[1]),
+        str(image_files / "gone.png"),
+        str(image_files / names[2]),
+    ]
     budget = len(images["rgb.jpg"]) + len(images["gray.png"])
     slices = list(read_in_slices(paths, budget))
     assert [len(s) for s in slices] == [4, 1]  # the third file would exceed the budget: it starts the next slice
-    assert [value for part in slices for value in part] == [images["rgb.jpg"], None, images["gray.png"], None, images["cmyk.tiff"]]
+    assert [value for part in slices for value in part] == [
+        images["rgb.jpg"],
+        None,
+        images["gray.png"],
+        None,
+        images["cmyk.tiff"],
+    ]
 
 
 def test_a_files_status_is_its_length_and_time_in_milliseconds_without_reading_it(image_files):
@@ -373,16 +434,24 @@ def test_a_path_column_reads_files_and_dead_letters_a_missing_one_with_its_path(
     model_cache.clear()
     spec = ModelSpec("image_classify", str(vit_dir))
     schema = scored_schema("image_classify", StructField("id", LongType()))
-    score = make_scoring_function(spec, keep_cols=["id"], input_cols=["image", "path"], schema=schema, max_tokens=None, max_rows=2)
+    score = make_scoring_function(
+        spec, keep_cols=["id"], input_cols=["image", "path"], schema=schema, max_tokens=None, max_rows=2
+    )
     gone = str(image_files / "gone.png")
-    batch = pa.record_batch({
-        "id": pa.array([1, 2, 3, 4], pa.int64()),
-        "image": pa.array([images["rgb.jpg"], None, None, b"nope"], pa.binary()),
-        "path": pa.array([str(image_files / "rgb.jpg"), gone, None, "/x/corrupt.png"]),
-    })
+    batch = pa.record_batch(
+        {
+            "id": pa.array([1, 2, 3, 4], pa.int64()),
+            "image": pa.array([images["rgb.jpg"], None, None, b"nope"], pa.binary()),
+            "path": pa.array([str(image_files / "rgb.jpg"), gone, None, "/x/corrupt.png"]),
+        }
+    )
     rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
     assert [r["_reason"] for r in rows] == [None, "missing_file", "null_input", "invalid_image"]
-    assert rows[1]["_error"] == f"no file at {gone}" and rows[1]["_input"] == gone and rows[3]["_input"] == "/x/corrupt.png"
+    assert (
+        rows[1]["_error"] == f"no file at {gone}"
+        and rows[1]["_input"] == gone
+        and rows[3]["_input"] == "/x/corrupt.png"
+    )
     model_cache.clear()
 
 

@@ -4,8 +4,9 @@ back up. Read from the code's syntax trees: every import counts, at the top, ins
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -14,18 +15,33 @@ FORBIDDEN = {
     # the remote heads know requests and answers, not the scoring loop that drives every head
     "lakescore.udfs.remote": ("lakescore.udfs.scoring_udf", "lakescore.udfs.runners", "lakescore.udfs.pandas_udf"),
     # the settings load without the HTTP client, the engine's launcher or a head (the config and the driver read them)
-    "lakescore.udfs.options": ("lakescore.udfs.remote", "lakescore.udfs.heads", "lakescore.udfs.scoring_udf",
-                               "lakescore.udfs.runners", "lakescore.udfs.pandas_udf"),
+    "lakescore.udfs.options": (
+        "lakescore.udfs.remote",
+        "lakescore.udfs.heads",
+        "lakescore.udfs.scoring_udf",
+        "lakescore.udfs.runners",
+        "lakescore.udfs.pandas_udf",
+    ),
     "lakescore.schemas": ("lakescore.jobs", "lakescore.udfs"),
-    "lakescore.jobs.platform": ("lakescore.jobs.steps", "lakescore.jobs.commands", "lakescore.jobs.cli",
-                                "lakescore.jobs.api", "lakescore.jobs.score_job", "lakescore.jobs.testing_hooks"),
+    "lakescore.jobs.platform": (
+        "lakescore.jobs.steps",
+        "lakescore.jobs.commands",
+        "lakescore.jobs.cli",
+        "lakescore.jobs.api",
+        "lakescore.jobs.score_job",
+        "lakescore.jobs.testing_hooks",
+    ),
     # the session and its adapter are what table I/O and file staging stand on, never the other way
     "lakescore.jobs.platform.spark": ("lakescore.jobs.platform.tables", "lakescore.jobs.platform.files"),
     # the test hooks stand alone: the steps call them, they call nothing of the job
     "lakescore.jobs.testing_hooks": ("lakescore.jobs", "lakescore.udfs", "lakescore.schemas"),
     "lakescore.jobs.config": ("lakescore.jobs.platform", "lakescore.jobs.steps", "lakescore.jobs.commands"),
-    "lakescore.jobs.steps": ("lakescore.jobs.commands", "lakescore.jobs.cli", "lakescore.jobs.api",
-                             "lakescore.jobs.score_job"),
+    "lakescore.jobs.steps": (
+        "lakescore.jobs.commands",
+        "lakescore.jobs.cli",
+        "lakescore.jobs.api",
+        "lakescore.jobs.score_job",
+    ),
 }
 """Module prefix -> the prefixes its modules must not import."""
 
@@ -51,7 +67,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])])
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])]
+                )
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
         else:
             continue
@@ -130,8 +148,10 @@ def test_no_import_back_up():
     arrows = sorted(
         f"{name} -> {target}"
         for name, targets in _graph().items()
-        for prefix, refused in FORBIDDEN.items() if _within(name, prefix)
-        for target in targets if any(_within(target, other) for other in refused)
+        for prefix, refused in FORBIDDEN.items()
+        if _within(name, prefix)
+        for target in targets
+        if any(_within(target, other) for other in refused)
     )
     assert arrows == []
 

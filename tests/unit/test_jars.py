@@ -62,7 +62,8 @@ def test_fetch_reuses_complete_copies_without_resolving(tmp_path):
     # A resolution would start a JVM and ask Maven for these made-up artifacts, and fail.
     first, second = fake_fetched(tmp_path, "org.example:one:1"), fake_fetched(tmp_path, "org.example:two:2", ("c.jar",))
     assert fetch_jars(tmp_path, ["org.example:one:1", "org.example:two:2"]) == {
-        "org.example:one:1": first, "org.example:two:2": second,
+        "org.example:one:1": first,
+        "org.example:two:2": second,
     }
 
 

@@ -6,7 +6,11 @@ import subprocess
 
 import pytest
 
-from lakescore.jobs.platform.spark.local.own_host import LOCAL_MODE_JAVA_OPTIONS, local_java_options, one_host_cluster_java_options
+from lakescore.jobs.platform.spark.local.own_host import (
+    LOCAL_MODE_JAVA_OPTIONS,
+    local_java_options,
+    one_host_cluster_java_options,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,13 +43,16 @@ def test_the_jvm_starts_with_the_options_and_the_users_collector(user_options):
     assert ("Using G1" if user_options else "Using Serial") in result.stdout
 
 
-@pytest.mark.parametrize("master, c1_only", [
-    ("local-cluster[2,1,1024]", True),  # Spark's one-host test cluster: driver and executors share this host
-    ("local[2]", False),  # a local driver gets local_java_options instead
-    ("spark://host:7077", False),
-    ("yarn", False),
-    ("k8s://https://api:443", False),
-])
+@pytest.mark.parametrize(
+    "master, c1_only",
+    [
+        ("local-cluster[2,1,1024]", True),  # Spark's one-host test cluster: driver and executors share this host
+        ("local[2]", False),  # a local driver gets local_java_options instead
+        ("spark://host:7077", False),
+        ("yarn", False),
+        ("k8s://https://api:443", False),
+    ],
+)
 def test_only_a_one_host_cluster_runs_every_jvm_c1_only(master, c1_only):
     assert one_host_cluster_java_options(master) == ([LOCAL_MODE_JAVA_OPTIONS] if c1_only else [])
 

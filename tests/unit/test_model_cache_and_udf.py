@@ -34,7 +34,13 @@ def _embed_function(minilm_dir, rows_counter=None, **spec_options):
     schema = scored_schema("embed", StructField("id", LongType()))
     spec = ModelSpec("embed", str(minilm_dir), **spec_options)
     return make_scoring_function(
-        spec, keep_cols=["id"], input_cols=["text"], schema=schema, max_tokens=512, max_rows=3, rows_counter=rows_counter
+        spec,
+        keep_cols=["id"],
+        input_cols=["text"],
+        schema=schema,
+        max_tokens=512,
+        max_rows=3,
+        rows_counter=rows_counter,
     )
 
 
@@ -93,7 +99,10 @@ def test_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_trans
     # Worker metrics ride on each batch's first row: the load on the batch that loaded, one batch each.
     worker = out.column("_worker").to_pylist()
     assert [w is not None for w in worker] == [True, False, False, False, True, False, False]
-    assert [(w["model_loads"], w["arrow_batches"], w["budget_halvings"]) for w in (worker[0], worker[4])] == [(1, 1, 0), (0, 1, 0)]
+    assert [(w["model_loads"], w["arrow_batches"], w["budget_halvings"]) for w in (worker[0], worker[4])] == [
+        (1, 1, 0),
+        (0, 1, 0),
+    ]
     assert worker[0]["model_seconds"] > 0 and worker[4]["model_seconds"] > 0
     rows = out.to_pylist()
     assert rows[2]["embedding"] is None and rows[2]["_reason"] == "null_input"  # never a made-up vector
@@ -102,7 +111,9 @@ def test_worker_scores_batches_in_order_with_one_load(minilm_dir, sentence_trans
     ours = np.array([rows[i]["embedding"] for i in present])
     peer = sentence_transformer.encode([texts[i] for i in present], normalize_embeddings=True)
     assert ((ours * peer).sum(1) >= 0.9999).all()
-    assert set(out.column("model_sha256").to_pylist()) == {model_cache.get_model(ModelSpec("embed", str(minilm_dir)))[0].sha256}
+    assert set(out.column("model_sha256").to_pylist()) == {
+        model_cache.get_model(ModelSpec("embed", str(minilm_dir)))[0].sha256
+    }
 
 
 def test_empty_partition_loads_nothing(minilm_dir, load_counter):
@@ -127,10 +138,14 @@ def test_tabular_worker_dead_letters_bad_feature_rows_with_their_values(tiny_tab
     features = TinyTabular.FEATURES
     schema = scored_schema("tabular", StructField("id", LongType()))
     spec = ModelSpec("tabular", str(script), feature_cols=features)
-    score = make_scoring_function(spec, keep_cols=["id"], input_cols=features, schema=schema, max_tokens=None, max_rows=2)
+    score = make_scoring_function(
+        spec, keep_cols=["id"], input_cols=features, schema=schema, max_tokens=None, max_rows=2
+    )
     values = {name: [0.5, None, 1.0, float("nan"), -2.0] for name in features}
     values["feature_b"] = [1, 2, 3, 4, 5]  # an integer column is a feature too
-    batch = pa.record_batch({"id": pa.array([1, 2, 3, 4, 5], pa.int64()), **{k: pa.array(v) for k, v in values.items()}})
+    batch = pa.record_batch(
+        {"id": pa.array([1, 2, 3, 4, 5], pa.int64()), **{k: pa.array(v) for k, v in values.items()}}
+    )
     rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
     assert [r["_reason"] for r in rows] == [None, "bad_feature_value", None, "bad_feature_value", None]
     assert rows[1]["_input"] == '{"feature_a": "nan", "feature_b": 2.0, "feature_c": "nan", "feature_d": "nan"}'
@@ -145,7 +160,9 @@ def test_tabular_worker_dead_letters_bad_feature_rows_with_their_values(tiny_tab
 def test_a_pin_is_checked_on_the_cached_model_not_a_second_load(minilm_dir, load_counter):
     unpinned, _ = model_cache.get_model(ModelSpec("embed", str(minilm_dir)))
     pinned, loaded_now = model_cache.get_model(ModelSpec("embed", str(minilm_dir), expect_sha256=unpinned.sha256))
-    assert pinned is unpinned and not loaded_now and len(load_counter) == 1  # the scoring stage reuses the preflight's load
+    assert (
+        pinned is unpinned and not loaded_now and len(load_counter) == 1
+    )  # the scoring stage reuses the preflight's load
     with pytest.raises(ModelIntegrityError, match="refusing to score"):
         model_cache.get_model(ModelSpec("embed", str(minilm_dir), expect_sha256="0" * 64))
 
@@ -160,7 +177,11 @@ def test_preflight_loads_into_the_worker_cache_and_reports_the_weights(minilm_di
     (again,) = list(make_preflight_function(spec)(iter([]))).pop().to_pylist()
     assert again["loaded"] is False  # a second preflight task in this worker found it cached
     assert row["sha256"] == model_cache.get_model(spec)[0].sha256 and len(load_counter) == 1  # scoring finds it loaded
-    list(_embed_function(minilm_dir, expect_sha256=row["sha256"])(iter([pa.record_batch({"id": pa.array([1], pa.int64()), "text": pa.array(["hi"])})])))
+    list(
+        _embed_function(minilm_dir, expect_sha256=row["sha256"])(
+            iter([pa.record_batch({"id": pa.array([1], pa.int64()), "text": pa.array(["hi"])})])
+        )
+    )
     assert len(load_counter) == 1
 
 
@@ -183,8 +204,14 @@ def test_a_batch_with_no_scorable_row_comes_back_null_with_reasons(minilm_dir, t
 
     features = TinyTabular.FEATURES
     schema = scored_schema("tabular", StructField("id", LongType()))
-    score = make_scoring_function(ModelSpec("tabular", str(tiny_tabular[1]), feature_cols=features), keep_cols=["id"],
-                                  input_cols=features, schema=schema, max_tokens=None, max_rows=2)
+    score = make_scoring_function(
+        ModelSpec("tabular", str(tiny_tabular[1]), feature_cols=features),
+        keep_cols=["id"],
+        input_cols=features,
+        schema=schema,
+        max_tokens=None,
+        max_rows=2,
+    )
     bad = pa.record_batch({"id": pa.array([7], pa.int64()), **{f: pa.array([float("nan")]) for f in features}})
     (row,) = pa.Table.from_batches(list(score(iter([bad])))).to_pylist()
     assert row["prediction"] is None and row["scores"] is None and row["_reason"] == "bad_feature_value"

@@ -54,7 +54,9 @@ def test_a_file_is_not_a_text_model(tmp_path, task):
 
 def test_unreachable_hub_id_fails_with_the_id():
     # HF_HUB_OFFLINE=1 (conftest): the hub path runs for real and refuses at once.
-    with pytest.raises(ModelSourceError, match=r"'no-such-org/no-such-model' is not a local directory and could not be fetched"):
+    with pytest.raises(
+        ModelSourceError, match=r"'no-such-org/no-such-model' is not a local directory and could not be fetched"
+    ):
         resolve_model_dir("no-such-org/no-such-model")
 
 
@@ -121,7 +123,9 @@ def test_stage_once_copies_once_when_two_processes_ask_at_once(tmp_path):
     (source / "model.safetensors").write_bytes(b"w" * 1000)
     cache, log = tmp_path / "cache", tmp_path / "copies.log"
     procs = [
-        subprocess.Popen([sys.executable, "-c", _COPIER, str(source), str(cache), str(log)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _COPIER, str(source), str(cache), str(log)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=60)[0].strip() for p in procs]

@@ -12,8 +12,8 @@ from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import scored_schema
 from lakescore.udfs.batching import BatchPolicy, score_texts
-from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec
 from lakescore.udfs.heads.ner import TEXTS
+from lakescore.udfs.models.model_source import ModelSourceError, ModelSpec
 from lakescore.udfs.registry import get_task, named_columns
 from lakescore.udfs.scoring_udf import make_scoring_function
 
@@ -146,8 +146,12 @@ def test_scoring_function_returns_the_declared_schema_and_the_pipelines_entities
 
     schema = scored_schema("ner", StructField("id", LongType()))
     score = make_scoring_function(
-        ModelSpec("ner", str(tiny_ner_dir)), keep_cols=["id"], input_cols=["text"], schema=schema,
-        max_tokens=128, max_rows=2,
+        ModelSpec("ner", str(tiny_ner_dir)),
+        keep_cols=["id"],
+        input_cols=["text"],
+        schema=schema,
+        max_tokens=128,
+        max_rows=2,
     )
     texts = [NER_UNSEEN[0], None, NER_UNSEEN[2], "", NER_UNSEEN[4]]
     batches = [

@@ -13,10 +13,24 @@ from lakescore.udfs.registry import get_task
 from lakescore.udfs.runners import TextRunner
 
 LONG = "The delivery was late and the box arrived crushed, but the blender itself works fine. " * 60
-QUERIES = ["is the blender loud?", "Lieferzeit nach Berlin", "配送は早いですか", "refund policy", "refund policy",
-           "how long does the battery last " * 100, "ok"]
-PASSAGES = ["It is quieter than my old one, even on full power.", "Die Lieferung dauerte drei Tage.",
-            "配送が早くて助かりました", LONG, "Returns are accepted within 30 days with a receipt.", "About a day.", LONG]
+QUERIES = [
+    "is the blender loud?",
+    "Lieferzeit nach Berlin",
+    "配送は早いですか",
+    "refund policy",
+    "refund policy",
+    "how long does the battery last " * 100,
+    "ok",
+]
+PASSAGES = [
+    "It is quieter than my old one, even on full power.",
+    "Die Lieferung dauerte drei Tage.",
+    "配送が早くて助かりました",
+    LONG,
+    "Returns are accepted within 30 days with a receipt.",
+    "About a day.",
+    LONG,
+]
 
 
 def _runner(model_dir, **options):
@@ -38,7 +52,9 @@ def test_pair_scores_equal_cross_encoder_predict(minilm_cross_encoder_dir):
     head, runner = _runner(minilm_cross_encoder_dir, max_seq_length=128)  # over-length at 128 tokens: a cheaper test
     prepared, scored = _score(runner, QUERIES, PASSAGES, max_tokens=256)
     assert scored.ok.all() and runner.row_costs(prepared).max() == 128
-    peer = CrossEncoder(str(minilm_cross_encoder_dir), device="cpu", max_length=128).predict(list(zip(QUERIES, PASSAGES)))
+    peer = CrossEncoder(str(minilm_cross_encoder_dir), device="cpu", max_length=128).predict(
+        list(zip(QUERIES, PASSAGES))
+    )
     np.testing.assert_allclose(scored.outputs[:, 0], peer, atol=1e-5, rtol=0)
     # the pair is what the model saw: the same texts alone, or swapped, score otherwise
     assert np.abs(head.score(QUERIES)[:, 0] - peer).max() > 1e-3
@@ -51,8 +67,9 @@ def test_the_token_budget_counts_both_sides_and_truncates_longest_first(minilm_c
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_cross_encoder_dir))
     _, runner = _runner(minilm_cross_encoder_dir)
     prepared, _ = _score(runner, QUERIES, PASSAGES)
-    expected = [len(tokenizer(q, p, truncation="longest_first", max_length=512)["input_ids"])
-                for q, p in zip(QUERIES, PASSAGES)]
+    expected = [
+        len(tokenizer(q, p, truncation="longest_first", max_length=512)["input_ids"]) for q, p in zip(QUERIES, PASSAGES)
+    ]
     assert runner.row_costs(prepared).tolist() == expected
     assert expected[3] == 512 and expected[5] == 512  # over-length pairs, cut at the model's limit
     long_passage, long_query = prepared.features["input_ids"][3], prepared.features["input_ids"][5]
@@ -68,14 +85,22 @@ def test_a_null_or_empty_side_is_a_null_input_shown_with_both_sides(minilm_cross
     assert scored.reasons == [None, "null_input", "null_input", "null_input", "null_input"]
     raw = runner.raw_inputs(prepared, scored)
     assert raw[0] is None
-    assert [json.loads(r) for r in raw[1:]] == [{"passage": "p2"}, {"query": "", "passage": "p3"},
-                                                {"query": "q4", "passage": ""}, {"query": "q5"}]
+    assert [json.loads(r) for r in raw[1:]] == [
+        {"passage": "p2"},
+        {"query": "", "passage": "p3"},
+        {"query": "q4", "passage": ""},
+        {"query": "q5"},
+    ]
 
 
 def test_invalid_utf8_on_either_side_is_refused_with_both_sides_shown(minilm_cross_encoder_dir):
     _, runner = _runner(minilm_cross_encoder_dir)
-    batch = pa.record_batch({"query": pa.array([b"ok", b"q\xff"], pa.binary()).view(pa.string()),
-                             "passage": pa.array([b"p\xfe", b"fine"], pa.binary()).view(pa.string())})
+    batch = pa.record_batch(
+        {
+            "query": pa.array([b"ok", b"q\xff"], pa.binary()).view(pa.string()),
+            "passage": pa.array([b"p\xfe", b"fine"], pa.binary()).view(pa.string()),
+        }
+    )
     prepared = runner.prepare(batch)
     scored = runner.score(prepared, AdaptiveBudget(BatchPolicy(max_tokens=512, max_rows=4)))
     assert scored.reasons == ["invalid_text", "invalid_text"]

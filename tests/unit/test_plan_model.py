@@ -9,7 +9,13 @@ import pyarrow as pa
 import pytest
 
 from lakescore.jobs.commands.plan import (
-    SampleShape, UnitCost, _calibrate, format_plan, history_cost, predict, sample_shape,
+    SampleShape,
+    UnitCost,
+    _calibrate,
+    format_plan,
+    history_cost,
+    predict,
+    sample_shape,
 )
 from lakescore.jobs.cost import SessionResources, run_cost
 from lakescore.udfs.batching import BatchPolicy, plan_batches
@@ -42,13 +48,21 @@ def test_prediction_scales_the_sample_to_the_input_and_spreads_the_work_over_the
 
     double = predict(shape, 40_000, unit, SessionResources(1, 1, 1))
     assert double["tokens"] == 2 * one["tokens"] and double["forward_batches"] == 2 * one["forward_batches"]
-    assert double["predicted_seconds"]["score_stage"] - 3.0 == pytest.approx(2 * (one["predicted_seconds"]["score_stage"] - 3.0))
+    assert double["predicted_seconds"]["score_stage"] - 3.0 == pytest.approx(
+        2 * (one["predicted_seconds"]["score_stage"] - 3.0)
+    )
 
 
 def test_an_earlier_run_gives_the_per_token_cost_and_the_fixed_cost_it_measured():
     shape = SampleShape(rows=100, costs=np.full(100, 30), batches=4, padded=4000, prepare_seconds=0.05)  # 40 padded/row
-    report = {"run_id": "n1", "status": "succeeded", "seconds": 50.0, "step_seconds": {"score_stage": 30.0},
-              "chunks": {"total": 2}, "workers": {"rows_scored": 10_000, "model_seconds": 40.0}}
+    report = {
+        "run_id": "n1",
+        "status": "succeeded",
+        "seconds": 50.0,
+        "step_seconds": {"score_stage": 30.0},
+        "chunks": {"total": 2},
+        "workers": {"rows_scored": 10_000, "model_seconds": 40.0},
+    }
     unit = history_cost(report, shape, slots=2)
     assert unit.seconds_per_token == pytest.approx(40.0 / 10_000 / 40)
     assert unit.fixed_seconds == 20.0 and unit.source == "history: run n1"
@@ -100,12 +114,26 @@ def test_row_costs_are_what_each_runner_batches_by():
 
 def test_the_plan_prints_as_a_short_table():
     shape = SampleShape(rows=100, costs=np.full(100, 30), batches=4, padded=4000, prepare_seconds=0.05)
-    plan = predict(shape, 10_000, UnitCost(1e-4, 3.0, 12.0, "calibration on the driver"), SessionResources(2, 2, 1),
-                   peak_memory_mib=812.4)
-    plan.update(sample_rows=100, device="cpu", max_batch_tokens=1024,
-                cost=run_cost(seconds=plan["predicted_seconds"]["total"], stage_seconds=plan["predicted_seconds"]["score_stage"],
-                              worker_seconds=40.0, rows_scored=10_000,
-                              resources=SessionResources(2, 2, 1), price_per_core_hour=0.05))
+    plan = predict(
+        shape,
+        10_000,
+        UnitCost(1e-4, 3.0, 12.0, "calibration on the driver"),
+        SessionResources(2, 2, 1),
+        peak_memory_mib=812.4,
+    )
+    plan.update(
+        sample_rows=100,
+        device="cpu",
+        max_batch_tokens=1024,
+        cost=run_cost(
+            seconds=plan["predicted_seconds"]["total"],
+            stage_seconds=plan["predicted_seconds"]["score_stage"],
+            worker_seconds=40.0,
+            rows_scored=10_000,
+            resources=SessionResources(2, 2, 1),
+            price_per_core_hour=0.05,
+        ),
+    )
     text = format_plan(plan)
     assert "total" in text and f"{plan['predicted_seconds']['total']:,.1f} s" in text
     assert "812 MiB (cpu)" in text and "400,000 padded" in text and "per million rows" in text

@@ -21,7 +21,11 @@ def test_keys_load_from_yaml(tmp_path):
     )
     got = load_config(path).resources.scoring
     assert got == ScoringResources(
-        task_cpus=2, task_gpus=0.5, executor_gpus=1, executor_memory_overhead="2g", partitions=16,
+        task_cpus=2,
+        task_gpus=0.5,
+        executor_gpus=1,
+        executor_memory_overhead="2g",
+        partitions=16,
         discovery_script="/opt/spark/getGpus.sh",
     )
     assert got.requested
@@ -36,9 +40,15 @@ def test_keys_load_from_yaml(tmp_path):
         ("task_gpus=one", r"resources.scoring.task_gpus must be a number"),
         ("task_cpus=0", r"resources.scoring.task_cpus must be >= 1"),
         ("executor_gpus=2", r"executor_gpus needs resources.scoring.task_gpus"),
-        ("executor_memory_overhead=lots", r"executor_memory_overhead must be a Spark size such as 512m or 2g, got 'lots'"),
+        (
+            "executor_memory_overhead=lots",
+            r"executor_memory_overhead must be a Spark size such as 512m or 2g, got 'lots'",
+        ),
         ("partitions=0", r"resources.scoring.partitions must be >= 1"),
-        ("discovery_script=/x.sh", r"discovery_script is for the profile's executor GPUs; set resources.scoring.executor_gpus"),
+        (
+            "discovery_script=/x.sh",
+            r"discovery_script is for the profile's executor GPUs; set resources.scoring.executor_gpus",
+        ),
         ("task_gpu=1", r"unknown config key 'resources.scoring.task_gpu'; did you mean 'resources.scoring.task_gpus'"),
     ],
 )
@@ -60,7 +70,9 @@ def test_whole_gpu_counts_and_sizes_are_accepted():
 def test_masters_without_profile_support_get_no_profile_and_a_warning(master):
     plan = plan_profile(resources(task_gpus=1), master, GPU_EXECUTORS)
     assert not plan.applies and build_profile(plan) is None
-    assert len(plan.warnings) == 1 and "cannot honour resource profiles" in plan.warnings[0] and master in plan.warnings[0]
+    assert (
+        len(plan.warnings) == 1 and "cannot honour resource profiles" in plan.warnings[0] and master in plan.warnings[0]
+    )
 
 
 @pytest.mark.parametrize("master", ["spark://h:7077", "local-cluster[2,1,1024]", "yarn", "k8s://https://h:443"])
@@ -74,7 +86,9 @@ def test_nothing_configured_means_the_default_profile_silently():
 
 
 def test_dynamic_allocation_gets_executor_and_task_requests():
-    res = resources(task_cpus=2, task_gpus=1, executor_gpus=2, executor_memory_overhead="2g", discovery_script="/gpus.sh")
+    res = resources(
+        task_cpus=2, task_gpus=1, executor_gpus=2, executor_memory_overhead="2g", discovery_script="/gpus.sh"
+    )
     plan = plan_profile(res, "spark://h:7077", DYNAMIC)
     assert plan.warnings == ()
     profile = build_profile(plan)
@@ -99,7 +113,9 @@ def test_static_executors_get_a_task_only_profile_and_executor_requests_are_repo
 
 
 def test_static_executors_without_gpus_cannot_run_gpu_tasks():
-    with pytest.raises(ProfileError, match=r"spark.executor.resource.gpu.amount=unset: no scoring task could ever be scheduled"):
+    with pytest.raises(
+        ProfileError, match=r"spark.executor.resource.gpu.amount=unset: no scoring task could ever be scheduled"
+    ):
         plan_profile(resources(task_gpus=1), "spark://h:7077", {})
     with pytest.raises(ProfileError, match=r"amount=1"):
         plan_profile(resources(task_gpus=2), "spark://h:7077", GPU_EXECUTORS)

@@ -41,7 +41,13 @@ def test_the_installed_pysparks_own_zip_leaves_the_path_and_a_clusters_stays():
     """pip's pyspark is its own SPARK_HOME: the pyspark.zip inside it is the package's code, uncompiled. A cluster's
     Spark elsewhere keeps its zip; py4j's zip stays (its import is 0.05 s either way)."""
     own = Path(pyspark.__file__).parent / "python" / "lib"
-    path = ["", str(own / "pyspark.zip"), str(own / "py4j-0.10.9.9-src.zip"), "/opt/spark/python/lib/pyspark.zip", "/site"]
+    path = [
+        "",
+        str(own / "pyspark.zip"),
+        str(own / "py4j-0.10.9.9-src.zip"),
+        "/opt/spark/python/lib/pyspark.zip",
+        "/site",
+    ]
     assert python_daemon.installed_pyspark_first(path) == ["", path[2], path[3], "/site"]
 
 
@@ -80,7 +86,13 @@ def test_every_task_and_backend_names_importable_modules():
 
 def test_the_onnx_backend_preloads_no_torch():
     """A worker on the ONNX backend never imports torch; its daemon must not either (a fresh interpreter)."""
-    names = [n for task in TASKS.values() for backend in task.backends if backend == "onnx" for n in task.worker_imports(backend)]
+    names = [
+        n
+        for task in TASKS.values()
+        for backend in task.backends
+        if backend == "onnx"
+        for n in task.worker_imports(backend)
+    ]
     code = f"import sys; from lakescore.jobs.platform.spark.local.python_daemon import preload; preload({names!r}); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -92,7 +104,14 @@ def test_the_daemon_is_told_from_the_jvm_that_names_it():
     """Process classifiers (fault tests, the bench's memory figures) look for the daemon by its command line; the
     driver JVM's names the module too, in its settings, and must not count as a Python worker."""
     assert python_daemon.runs_daemon(["/venv/bin/python", "-m", python_daemon.__name__, "pyspark.worker"])
-    jvm = ["java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "--conf", f"spark.python.daemon.module={python_daemon.__name__}"]
+    jvm = [
+        "java",
+        "-cp",
+        "x",
+        "org.apache.spark.deploy.SparkSubmit",
+        "--conf",
+        f"spark.python.daemon.module={python_daemon.__name__}",
+    ]
     assert not python_daemon.runs_daemon(jvm)
     assert not python_daemon.runs_daemon(["/venv/bin/python", "-m", "pyspark.daemon", "pyspark.worker"])
 

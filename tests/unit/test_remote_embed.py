@@ -24,14 +24,21 @@ def test_requests_are_cut_by_inputs_and_characters_in_order_and_a_long_text_goes
     assert cut_requests([10, 500, 10, 10], 8, max_chars=100) == [[0], [1], [2, 3]]  # over the budget: alone
     cut = cut_requests([7, 1, 30, 2, 9, 9, 40], 3, max_chars=50)
     assert [i for rows in cut for i in rows] == list(range(7))
-    assert all(len(rows) <= 3 and (len(rows) == 1 or sum([7, 1, 30, 2, 9, 9, 40][i] for i in rows) <= 50) for rows in cut)
+    assert all(
+        len(rows) <= 3 and (len(rows) == 1 or sum([7, 1, 30, 2, 9, 9, 40][i] for i in rows) <= 50) for rows in cut
+    )
 
 
 def test_an_answer_is_taken_in_index_order_with_its_usage_and_refused_when_it_is_not_whole():
-    answer = {"data": [{"index": 1, "embedding": [0.0, 2.0]}, {"index": 0, "embedding": [1.0, 0.0]}],
-              "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+    answer = {
+        "data": [{"index": 1, "embedding": [0.0, 2.0]}, {"index": 0, "embedding": [1.0, 0.0]}],
+        "usage": {"prompt_tokens": 7, "total_tokens": 7},
+    }
     parsed = parse_embeddings(answer, 2)
-    assert np.array_equal(parsed.vectors, np.array([[1, 0], [0, 2]], dtype=np.float32)) and parsed.vectors.dtype == np.float32
+    assert (
+        np.array_equal(parsed.vectors, np.array([[1, 0], [0, 2]], dtype=np.float32))
+        and parsed.vectors.dtype == np.float32
+    )
     assert parsed.prompt_tokens == parsed.tokens == 7
     assert parse_embeddings({"data": answer["data"]}, 2).prompt_tokens is None  # no usage: unknown, not 0
     broken = [
@@ -56,8 +63,16 @@ def test_the_engine_is_told_to_embed_unless_its_flags_say_how():
 
 
 def test_the_embed_endpoint_takes_the_generate_endpoints_keys_and_its_digest_names_the_model():
-    cfg = load_config(flags={**BASE, **ENDPOINT, "embed.endpoint.api_key_env": "EMBED_KEY", "embed.endpoint.concurrency": 4,
-                             "embed.endpoint.price": {"input": 0.02}, "embed.endpoint.revision": "v2"})
+    cfg = load_config(
+        flags={
+            **BASE,
+            **ENDPOINT,
+            "embed.endpoint.api_key_env": "EMBED_KEY",
+            "embed.endpoint.concurrency": 4,
+            "embed.endpoint.price": {"input": 0.02},
+            "embed.endpoint.revision": "v2",
+        }
+    )
     cfg.require_for_scoring()  # no model.source: the endpoint's model answers
     assert cfg.endpoint() is cfg.embed.endpoint and cfg.secret_env_names() == ("EMBED_KEY",)
     assert cfg.embed.endpoint.price.cost(2_000_000) == pytest.approx(0.04)
@@ -66,13 +81,22 @@ def test_the_embed_endpoint_takes_the_generate_endpoints_keys_and_its_digest_nam
     assert load_config(flags=BASE).embed.identity() == {}  # in-process: the digests it had before
 
 
-@pytest.mark.parametrize("flags, refusal", [
-    ({**ENDPOINT, "embed.endpoint.api": "chat"}, "unknown config key 'embed.endpoint.api'"),
-    ({"model.source": "/m", "embed.server.engine": "transformers"}, "has no /v1/embeddings route"),
-    ({"model.source": "/m", "embed.server.engine": "vllm", "embed.server.api": "chat"}, "unknown config key 'embed.server.api'"),
-    ({**ENDPOINT, "embed.chunk.max_tokens": 64}, "chunks are cut by the model's tokenizer in-process"),
-    ({**ENDPOINT, "model.source": "/m", "embed.server.engine": "vllm"}, "embed.endpoint and embed.server exclude each other"),
-])
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        ({**ENDPOINT, "embed.endpoint.api": "chat"}, "unknown config key 'embed.endpoint.api'"),
+        ({"model.source": "/m", "embed.server.engine": "transformers"}, "has no /v1/embeddings route"),
+        (
+            {"model.source": "/m", "embed.server.engine": "vllm", "embed.server.api": "chat"},
+            "unknown config key 'embed.server.api'",
+        ),
+        ({**ENDPOINT, "embed.chunk.max_tokens": 64}, "chunks are cut by the model's tokenizer in-process"),
+        (
+            {**ENDPOINT, "model.source": "/m", "embed.server.engine": "vllm"},
+            "embed.endpoint and embed.server exclude each other",
+        ),
+    ],
+)
 def test_what_an_embedding_server_cannot_do_is_refused_in_one_line_before_any_compute(flags, refusal):
     with pytest.raises(ConfigError) as refused:
         load_config(flags={**BASE, **flags})
@@ -85,10 +109,12 @@ def test_model_settings_a_server_cannot_honour_are_refused_before_any_request():
 
     # an unreachable endpoint: each refusal comes before the first request
     endpoint = {"embed.endpoint.url": "http://127.0.0.1:9/v1", "embed.endpoint.model": "minilm"}
-    for flags, refusal in (({"model.pooling": "cls"}, "a served model pools as its own configuration says"),
-                           ({"model.normalize": False}, "comes normalised from the server's pooler"),
-                           ({"model.prompt_name": "query"}, "which an endpoint does not lend"),
-                           ({"model.dtype": "bfloat16"}, "a served model runs at the server's precision")):
+    for flags, refusal in (
+        ({"model.pooling": "cls"}, "a served model pools as its own configuration says"),
+        ({"model.normalize": False}, "comes normalised from the server's pooler"),
+        ({"model.prompt_name": "query"}, "which an endpoint does not lend"),
+        ({"model.dtype": "bfloat16"}, "a served model runs at the server's precision"),
+    ):
         with pytest.raises(ValueError, match=refusal):
             load_remote_embedder(model_spec(load_config(flags={**BASE, **endpoint, **flags})), None)
 

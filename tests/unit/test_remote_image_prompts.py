@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.images import decode_image
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.remote.completions import request_body
 from lakescore.udfs.remote.image_prompts import image_payload
 from tests.tiny_vision import encoded, picture
@@ -21,11 +21,12 @@ def _sent(data: bytes):
     part = payload.content_part()
     prefix = f"data:{payload.media_type};base64,"
     assert part["type"] == "image_url" and part["image_url"]["url"].startswith(prefix)
-    return payload.media_type, base64.b64decode(part["image_url"]["url"][len(prefix):])
+    return payload.media_type, base64.b64decode(part["image_url"]["url"][len(prefix) :])
 
 
-@pytest.mark.parametrize("fmt, media_type", [("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp"),
-                                             ("GIF", "image/gif")])
+@pytest.mark.parametrize(
+    "fmt, media_type", [("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp"), ("GIF", "image/gif")]
+)
 def test_formats_every_server_reads_go_as_they_are(fmt, media_type):
     data = encoded(picture(24, 16, 1), fmt)
     assert _sent(data) == (media_type, data)
@@ -33,13 +34,17 @@ def test_formats_every_server_reads_go_as_they_are(fmt, media_type):
     assert _sent(gray) == (media_type, gray)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: encoded(picture(24, 16, 3), "BMP"),  # a format OpenAI's API does not take
-    lambda: encoded(picture(24, 16, 3), "TIFF"),
-    lambda: encoded(picture(24, 16, 3).convert("RGBA"), "PNG"),  # alpha: vLLM composites it on white
-    lambda: encoded(picture(24, 16, 3).convert("P"), "PNG", transparency=0),  # a transparent palette colour
-    lambda: encoded(picture(24, 16, 3), "GIF", save_all=True, append_images=[picture(24, 16, 4)]),  # animated
-], ids=["bmp", "tiff", "rgba", "transparent-palette", "animated-gif"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: encoded(picture(24, 16, 3), "BMP"),  # a format OpenAI's API does not take
+        lambda: encoded(picture(24, 16, 3), "TIFF"),
+        lambda: encoded(picture(24, 16, 3).convert("RGBA"), "PNG"),  # alpha: vLLM composites it on white
+        lambda: encoded(picture(24, 16, 3).convert("P"), "PNG", transparency=0),  # a transparent palette colour
+        lambda: encoded(picture(24, 16, 3), "GIF", save_all=True, append_images=[picture(24, 16, 4)]),  # animated
+    ],
+    ids=["bmp", "tiff", "rgba", "transparent-palette", "animated-gif"],
+)
 def test_others_go_as_png_of_the_pixels_the_in_process_head_reads(make):
     data = make()
     media_type, sent = _sent(data)
@@ -53,9 +58,14 @@ def test_a_chat_request_holds_the_image_then_the_prompt_in_one_user_message():
     options = GenerateOptions(max_new_tokens=4, system_prompt="Be brief.")
     part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     body = request_body(options, "m", "chat", "Caption it.", image=part)
-    assert body["messages"] == [{"role": "system", "content": "Be brief."},
-                                {"role": "user", "content": [part, {"type": "text", "text": "Caption it."}]}]
-    assert request_body(options, "m", "chat", "Caption it.")["messages"][1] == {"role": "user", "content": "Caption it."}
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [part, {"type": "text", "text": "Caption it."}]},
+    ]
+    assert request_body(options, "m", "chat", "Caption it.")["messages"][1] == {
+        "role": "user",
+        "content": "Caption it.",
+    }
     with pytest.raises(ValueError, match="chat API only"):
         request_body(options, "m", "completions", "Caption it.", image=part)
 
@@ -67,7 +77,7 @@ def test_the_docs_endpoint_example_loads_and_completions_is_refused_before_compu
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "generation.md").read_text(encoding="utf-8")
     at = guide.index("# the captions above, by a vision-language model a team serves")
-    example = guide[at:guide.index("```", at)]
+    example = guide[at : guide.index("```", at)]
     (tmp_path / "captions.yaml").write_text(example, encoding="utf-8")
     cfg = load_config(tmp_path / "captions.yaml")
     cfg.require_for_scoring()

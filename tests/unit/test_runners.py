@@ -5,8 +5,8 @@ import pyarrow as pa
 from pyspark.sql.types import LongType, StructField
 
 from lakescore.schemas.output import scored_schema
-from lakescore.udfs.models import model_cache
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy
+from lakescore.udfs.models import model_cache
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.runners import TextRunner, decode_texts
 from lakescore.udfs.scoring_udf import make_scoring_function
@@ -64,8 +64,14 @@ def test_a_text_the_tokenizer_rejects_is_refused_and_its_batch_is_scored():
 def test_the_worker_function_dead_letters_invalid_text_and_scores_the_rest(tiny_classifier_dir):
     model_cache.clear()
     schema = scored_schema("classify", StructField("id", LongType()))
-    score = make_scoring_function(ModelSpec("classify", str(tiny_classifier_dir)), keep_cols=["id"], input_cols=["text"],
-                                  schema=schema, max_tokens=256, max_rows=4)
+    score = make_scoring_function(
+        ModelSpec("classify", str(tiny_classifier_dir)),
+        keep_cols=["id"],
+        input_cols=["text"],
+        schema=schema,
+        max_tokens=256,
+        max_rows=4,
+    )
     batch = pa.record_batch({"id": pa.array([1, 2, 3], pa.int64()), "text": _strings([b"good", INVALID[0], b"bad"])})
     rows = pa.Table.from_batches(list(score(iter([batch])))).to_pylist()
     assert [r["_reason"] for r in rows] == [None, "invalid_text", None]

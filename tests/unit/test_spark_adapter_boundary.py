@@ -10,8 +10,21 @@ ADAPTER = REPO / "jobs" / "platform" / "spark" / "adapter.py"
 PACKAGES = ("lakescore", "jobs", "udfs", "schemas", "bench")
 
 CLASSIC_ONLY = {
-    "sparkContext", "_jvm", "_jsc", "_jsparkSession", "rdd", "accumulator", "Accumulator", "addFile", "addPyFile",
-    "statusTracker", "setJobGroup", "cancelJobGroup", "SparkContext", "hadoopConfiguration", "_jo",
+    "sparkContext",
+    "_jvm",
+    "_jsc",
+    "_jsparkSession",
+    "rdd",
+    "accumulator",
+    "Accumulator",
+    "addFile",
+    "addPyFile",
+    "statusTracker",
+    "setJobGroup",
+    "cancelJobGroup",
+    "SparkContext",
+    "hadoopConfiguration",
+    "_jo",
 }
 """Attributes and names a Spark Connect session does not have."""
 
@@ -34,4 +47,10 @@ def test_no_classic_only_call_outside_the_adapter():
 
 
 def test_the_adapter_is_where_they_are():
-    assert {use.rsplit(": ", 1)[1] for use in _classic_uses(ADAPTER)} >= {"sparkContext", "_jvm", "_jsc", "rdd", "accumulator"}
+    assert {use.rsplit(": ", 1)[1] for use in _classic_uses(ADAPTER)} >= {
+        "sparkContext",
+        "_jvm",
+        "_jsc",
+        "rdd",
+        "accumulator",
+    }

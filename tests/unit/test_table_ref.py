@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from lakescore.jobs.references import TableNameError
 from lakescore.jobs.platform.tables import MERGE_OP, TableRef, write_delta
 from lakescore.jobs.platform.tables.writes import _MergeClauses
+from lakescore.jobs.references import TableNameError
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,11 @@ def test_kill_needs_the_suites_switch():
     env[step_hooks.KILL_ENV] = "publish_commit"
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert (off.returncode, off.stdout.strip()) == (0, "alive"), off.stderr
-    on = subprocess.run([sys.executable, "-c", code], env={**env, step_hooks.ENABLE_ENV: "1"}, capture_output=True,
-                        text=True, timeout=60)
+    on = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, step_hooks.ENABLE_ENV: "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert on.returncode == -9 and "alive" not in on.stdout

@@ -92,15 +92,22 @@ print(len(os.listdir("/proc/self/task")) - before)
 """
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and /proc")
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or not os.path.isdir("/proc/self/task"), reason="needs 2 CPUs and /proc"
+)
 def test_the_tokenizer_pool_is_bounded_by_the_task_cpus(minilm_dir):
     """A worker bounds the Rust tokenizer's pool to its task's CPUs before it first tokenizes; unbounded, the pool
     is as wide as the host (each run in a fresh process: the pool is created once per process)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
 
     def threads_started(cpus: str) -> int:
-        out = subprocess.run([sys.executable, "-c", _COUNT_TOKENIZER_THREADS, str(minilm_dir), cpus],
-                             env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _COUNT_TOKENIZER_THREADS, str(minilm_dir), cpus],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return int(out.stdout.strip().splitlines()[-1])
 
     assert threads_started("1") <= 1 < threads_started("host")

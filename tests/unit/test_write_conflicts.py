@@ -15,13 +15,20 @@ def _delta_exception(name: str, message: str) -> Exception:
     "exc",
     [
         # Two runs creating the same new table: the loser's exception names no concurrency.
-        _delta_exception("ProtocolChangedException", "[DELTA_PROTOCOL_CHANGED] The protocol version of the Delta "
-                         "table has been changed by a concurrent update."),
-        _delta_exception("MetadataChangedException", "[DELTA_METADATA_CHANGED] MetadataChangedException: The "
-                         "metadata of the Delta table has been changed by a concurrent update."),
+        _delta_exception(
+            "ProtocolChangedException",
+            "[DELTA_PROTOCOL_CHANGED] The protocol version of the Delta table has been changed by a concurrent update.",
+        ),
+        _delta_exception(
+            "MetadataChangedException",
+            "[DELTA_METADATA_CHANGED] MetadataChangedException: The "
+            "metadata of the Delta table has been changed by a concurrent update.",
+        ),
         _delta_exception("ConcurrentDeleteDeleteException", "[DELTA_CONCURRENT_DELETE_DELETE] ..."),
-        RuntimeError("An error occurred while calling o123.save. : io.delta.exceptions.ProtocolChangedException: "
-                     "[DELTA_PROTOCOL_CHANGED] The protocol version ..."),
+        RuntimeError(
+            "An error occurred while calling o123.save. : io.delta.exceptions.ProtocolChangedException: "
+            "[DELTA_PROTOCOL_CHANGED] The protocol version ..."
+        ),
         RuntimeError("[DELTA_CONCURRENT_APPEND.WITHOUT_HINT] ConcurrentAppendException: Files were added ..."),
     ],
 )
@@ -31,7 +38,11 @@ def test_every_delta_commit_conflict_is_a_conflict(exc):
 
 @pytest.mark.parametrize(
     "exc",
-    [RuntimeError("[DELTA_MISSING_DELTA_TABLE] not a Delta table"), OSError("No space left on device"), ValueError("x")],
+    [
+        RuntimeError("[DELTA_MISSING_DELTA_TABLE] not a Delta table"),
+        OSError("No space left on device"),
+        ValueError("x"),
+    ],
 )
 def test_other_failures_are_not_conflicts(exc):
     assert not is_commit_conflict(exc)

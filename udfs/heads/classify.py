@@ -11,15 +11,15 @@ pipeline raises on them) and batching is ours (:mod:`lakescore.udfs.batching`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column, scalar_column, string_column
-from lakescore.udfs.models.backends import ModelKind
 from lakescore.udfs.heads.hf_models import LabelledModel, ModelFacts, load_labelled_model
+from lakescore.udfs.models.backends import ModelKind
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.tokenization import BatchEncoder
 

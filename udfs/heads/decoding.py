@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,14 +60,14 @@ class GrammarError(RuntimeError):
 class RowState:
     """One row's decoding so far: its new token ids, sampling generator, grammar matcher and, once it ended, why."""
 
-    generator: Optional[torch.Generator] = None
+    generator: torch.Generator | None = None
     matcher: Any = None
     ids: list[int] = field(default_factory=list)
-    finish_reason: Optional[str] = None
-    text: Optional[str] = None
-    seen: Optional[set[int]] = None
+    finish_reason: str | None = None
+    text: str | None = None
+    seen: set[int] | None = None
     """The prompt's and the new tokens' ids, with ``repetition_penalty``."""
-    logprobs: Optional[list[float]] = None
+    logprobs: list[float] | None = None
     """With ``logprobs``: each new token's log-probability under the model's unprocessed distribution."""
 
 
@@ -102,7 +103,7 @@ class Decoding:
             raise ValueError(f"generate.json_schema cannot be compiled to a grammar: {'; '.join(messages)}")
         return lambda: llguidance.LLMatcher(tokenizer, grammar, log_level=0)
 
-    def start(self, keys: Sequence[str], prompts: Optional[Sequence[Sequence[int]]] = None) -> list[RowState]:
+    def start(self, keys: Sequence[str], prompts: Sequence[Sequence[int]] | None = None) -> list[RowState]:
         """A fresh state per row: its generator seeded from (seed, key) when sampling, its matcher with a schema, the
         ids of its prompt (``prompts``, unpadded) with a repetition penalty."""
         states = []
@@ -135,7 +136,11 @@ class Decoding:
             cdf = probs.cumsum(-1)
             draws = torch.stack([torch.rand((), generator=s.generator, dtype=torch.float64) for s in states])
             # a draw scaled to the row's total never lands past its last token with probability above zero
-            picked = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)
+            picked = (
+                torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True)
+                .squeeze(1)
+                .clamp(max=cdf.shape[1] - 1)
+            )
         return picked.tolist()
 
     def _processed(self, logits: torch.Tensor, states: Sequence[RowState]) -> torch.Tensor:
@@ -208,7 +213,7 @@ def _matcher_call(method, *args):
         raise GrammarError(f"the grammar engine failed: {exc}") from None
 
 
-def grammar_tokenizer(tokenizer, n_vocab: int, eos: Optional[list[int]]):
+def grammar_tokenizer(tokenizer, n_vocab: int, eos: list[int] | None):
     """llguidance's tokenizer for the Hugging Face ``tokenizer``. A vocabulary llguidance cannot hold (tokens over
     :data:`GRAMMAR_TOKEN_BYTES`) is retried without those tokens, which constrained decoding then never picks.
     :class:`~lakescore.udfs.models.model_source.UnfitModelError` naming the tokenizer and llguidance's message otherwise."""
@@ -258,8 +263,11 @@ def _without_long_tokens(serialized: str, limit: int) -> tuple[str, list[int]]:
                 dropped.append(token_id)
                 del vocab[token]
         if isinstance(model.get("merges"), list):  # a merge's result is its two parts joined
-            model["merges"] = [m for m in model["merges"]
-                               if len("".join(m.split(" ", 1) if isinstance(m, str) else m).encode("utf-8")) <= limit]
+            model["merges"] = [
+                m
+                for m in model["merges"]
+                if len("".join(m.split(" ", 1) if isinstance(m, str) else m).encode("utf-8")) <= limit
+            ]
     added = data.get("added_tokens") or []
     dropped += [a["id"] for a in added if len(a["content"].encode("utf-8")) > limit]
     data["added_tokens"] = [a for a in added if len(a["content"].encode("utf-8")) <= limit]
@@ -274,7 +282,7 @@ class Decoded:
     ids: list[int]
     text: str
     finish_reason: str
-    logprobs: Optional[list[float]] = None
+    logprobs: list[float] | None = None
 
 
 def _top_k(probs: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -295,14 +303,24 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
-def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[str], decoding: Decoding,
-             prefill: Optional[dict[str, Any]] = None) -> list[Decoded]:
+def generate(
+    model,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    keys: Sequence[str],
+    decoding: Decoding,
+    prefill: dict[str, Any] | None = None,
+) -> list[Decoded]:
     """Decode one batch of left-padded prompts: each row's new tokens, text and finish reason, in row order.
     ``prefill``: more inputs the model reads with the prompts only (a vision-language model's ``pixel_values``)."""
     device = str(model.device)
     ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
-    prompts = [row[mask_row.astype(bool)].tolist() for row, mask_row in zip(input_ids, attention_mask)] if decoding.penalty != 1.0 else None
+    prompts = (
+        [row[mask_row.astype(bool)].tolist() for row, mask_row in zip(input_ids, attention_mask)]
+        if decoding.penalty != 1.0
+        else None
+    )
     states = decoding.start(keys, prompts)
     with torch.inference_mode():
         most = decoding.options.max_new_tokens
@@ -325,7 +343,7 @@ def generate(model, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Seq
     return [Decoded(s.ids, decoding.text_of(s), s.finish_reason, s.logprobs) for s in states]
 
 
-Step = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+Step = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 """``step(tokens, keep)``: drop the rows not in ``keep`` (``None``: keep all), feed each kept row its new token,
 return the next float32 logits (rows, vocab)."""
 
@@ -340,24 +358,39 @@ def _keeps_last_logits(model) -> dict[str, int]:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
-def _causal_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **prefill) -> tuple[torch.Tensor, Step]:
+def _causal_steps(
+    model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **prefill
+) -> tuple[torch.Tensor, Step]:
     """Prefill a decoder-only model's cache with the prompts (and ``prefill``'s inputs); the step that extends it one
     token a row."""
     cache = _preallocated_cache(_text_config(model.config), ids.shape[1] + new_tokens)
     last = _keeps_last_logits(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=cache, use_cache=True,
-                **last, **prefill)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=_positions(mask),
+        past_key_values=cache,
+        use_cache=True,
+        **last,
+        **prefill,
+    )
     state = {"mask": mask}
 
-    def step(tokens: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    def step(tokens: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         mask = state["mask"]
         if keep is not None:
             cache.reorder_cache(keep)
             mask = mask[keep]
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         state["mask"] = mask
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=mask.sum(-1, keepdim=True) - 1,
-                    past_key_values=cache, use_cache=True, **last)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=mask.sum(-1, keepdim=True) - 1,
+            past_key_values=cache,
+            use_cache=True,
+            **last,
+        )
         return out.logits[:, -1].float()
 
     return out.logits[:, -1].float(), step
@@ -415,7 +448,7 @@ def _text_config(config):
     return getattr(config, "text_config", None) or config
 
 
-def _on_device(inputs: Optional[dict[str, Any]], device: str) -> dict[str, Any]:
+def _on_device(inputs: dict[str, Any] | None, device: str) -> dict[str, Any]:
     return {name: to_device(value, device) for name, value in (inputs or {}).items()}
 
 
@@ -431,23 +464,32 @@ def _preallocated_cache(config, capacity: int):
     return cache
 
 
-def _seq2seq_steps(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **_prefill) -> tuple[torch.Tensor, Step]:
+def _seq2seq_steps(
+    model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **_prefill
+) -> tuple[torch.Tensor, Step]:
     """Encode the prompts once; the decoder steps from the decoder start token, cross-attending to them."""
     from transformers import DynamicCache, EncoderDecoderCache
 
     encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, return_dict=True)
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     start = torch.full((ids.shape[0], 1), _decoder_start(model), dtype=torch.long, device=ids.device)
-    out = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=start, past_key_values=cache, use_cache=True)
+    out = model(
+        encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=start, past_key_values=cache, use_cache=True
+    )
     state = {"mask": mask}
 
-    def step(tokens: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    def step(tokens: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         if keep is not None:
             cache.reorder_cache(keep)
             encoded["last_hidden_state"] = encoded["last_hidden_state"][keep]
             state["mask"] = state["mask"][keep]
-        out = model(encoder_outputs=encoded, attention_mask=state["mask"], decoder_input_ids=tokens[:, None],
-                    past_key_values=cache, use_cache=True)
+        out = model(
+            encoder_outputs=encoded,
+            attention_mask=state["mask"],
+            decoder_input_ids=tokens[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
         return out.logits[:, -1].float()
 
     return out.logits[:, -1].float(), step
@@ -462,8 +504,14 @@ def _decoder_start(model) -> int:
     return int(start)
 
 
-def choice_logprobs(model, input_ids: np.ndarray, attention_mask: np.ndarray, choices: Sequence[Sequence[int]], pad: int,
-                    prefill: Optional[dict[str, Any]] = None) -> np.ndarray:
+def choice_logprobs(
+    model,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    choices: Sequence[Sequence[int]],
+    pad: int,
+    prefill: dict[str, Any] | None = None,
+) -> np.ndarray:
     """float64 (rows, choices): for each left-padded prompt and each choice's token ids, the sum of the choice
     tokens' log-probabilities, each given the prompt and the choice tokens before it. ``prefill``: more inputs of the
     prompts, one entry per row along their first axis (a vision-language model's ``pixel_values``), repeated per choice."""
@@ -483,15 +531,21 @@ def choice_logprobs(model, input_ids: np.ndarray, attention_mask: np.ndarray, ch
             encoded["last_hidden_state"] = encoded["last_hidden_state"].repeat_interleave(k, 0)
             start = torch.full((rows * k, 1), _decoder_start(model), dtype=torch.long, device=device)
             decoder_ids = torch.cat([start, targets[:, :-1]], dim=1)
-            logits = model(encoder_outputs=encoded, attention_mask=mask.repeat_interleave(k, 0),
-                           decoder_input_ids=decoder_ids, decoder_attention_mask=torch.cat([start.new_ones((rows * k, 1)), present[:, :-1]], 1)).logits
+            logits = model(
+                encoder_outputs=encoded,
+                attention_mask=mask.repeat_interleave(k, 0),
+                decoder_input_ids=decoder_ids,
+                decoder_attention_mask=torch.cat([start.new_ones((rows * k, 1)), present[:, :-1]], 1),
+            ).logits
         else:
             # the choice follows the prompt's last real token; its padding (on the right) is masked and never read
             full_mask = torch.cat([mask.repeat_interleave(k, 0), present], dim=1)
             full = torch.cat([ids.repeat_interleave(k, 0), targets], dim=1)
             tail = {"logits_to_keep": width + 1} if _keeps_last_logits(model) else {}
             extra = {name: value.repeat_interleave(k, 0) for name, value in _on_device(prefill, device).items()}
-            logits = model(input_ids=full, attention_mask=full_mask, position_ids=_positions(full_mask), **tail, **extra).logits
+            logits = model(
+                input_ids=full, attention_mask=full_mask, position_ids=_positions(full_mask), **tail, **extra
+            ).logits
             logits = logits[:, logits.shape[1] - width - 1 : -1]  # the positions that predict the choice tokens
         logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
         return (logprobs.double() * present).sum(-1).view(rows, k).cpu().numpy()

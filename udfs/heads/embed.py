@@ -29,21 +29,31 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column
+from lakescore.udfs.heads.hf_models import load_tokenizer, model_facts, truncation_limit
 from lakescore.udfs.models.backends import Forward, ModelKind
 from lakescore.udfs.models.forwards import load_forward
-from lakescore.udfs.heads.hf_models import load_tokenizer, model_facts, truncation_limit
 from lakescore.udfs.models.model_source import POOLING_MODES, ModelSpec, refuse_pickle_weights, require_directory
 from lakescore.udfs.tokenization import BatchEncoder
 
 __all__ = [
-    "SentenceEmbedder", "SentenceConfig", "load_embedder", "load_sentence_embedder", "served_embedding", "sentence_config", "dual_tower_text_config", "prompt_text", "pool",
-    "KIND", "TEXT_TOWER", "POOLING_MODES",
+    "SentenceEmbedder",
+    "SentenceConfig",
+    "load_embedder",
+    "load_sentence_embedder",
+    "served_embedding",
+    "sentence_config",
+    "dual_tower_text_config",
+    "prompt_text",
+    "pool",
+    "KIND",
+    "TEXT_TOWER",
+    "POOLING_MODES",
 ]
 
 KIND = ModelKind("AutoModel", "last_hidden_state", unread=("pooler",))
@@ -55,9 +65,12 @@ _TEXT_POOLED_AT_LAST_POSITION = ("siglip", "siglip2")
 """Dual-tower models whose text tower pools the last position: trained on texts padded to a fixed length, they
 embed a text padded to its batch's longest row differently, so this head does not run them."""
 _LEGACY_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
 }
 
 
@@ -66,7 +79,7 @@ class SentenceConfig:
     """What a model directory's sentence-transformers files (or their defaults) say about its embedding."""
 
     transformer_dir: Path
-    max_seq_length: Optional[int]
+    max_seq_length: int | None
     do_lower_case: bool
     pooling: tuple[str, ...]
     normalize: bool
@@ -130,7 +143,13 @@ class SentenceEmbedder:
     """
 
     def __init__(
-        self, forward: Forward, tokenizer: Any, max_seq_length: int, pooling: tuple[str, ...], normalize: bool, prompt: str = "",
+        self,
+        forward: Forward,
+        tokenizer: Any,
+        max_seq_length: int,
+        pooling: tuple[str, ...],
+        normalize: bool,
+        prompt: str = "",
     ) -> None:
         self._forward = forward
         self.tokenizer = tokenizer  # the chunker splits documents with it (lakescore.udfs.chunking)
@@ -174,7 +193,7 @@ class SentenceEmbedder:
         return {"cosine_p1": float(np.percentile(cosine, 1)), "cosine_min": float(cosine.min())}
 
 
-def sentence_config(spec: ModelSpec, model_dir: Path) -> Optional[SentenceConfig]:
+def sentence_config(spec: ModelSpec, model_dir: Path) -> SentenceConfig | None:
     """The embedding ``model_dir`` describes (``spec.pooling`` / ``spec.normalize`` applied), or ``None``
     when its ``modules.json`` holds modules other than Transformer -> Pooling -> [Normalize].
 
@@ -198,7 +217,9 @@ def sentence_config(spec: ModelSpec, model_dir: Path) -> Optional[SentenceConfig
     settings = _read_json(transformer_dir / "sentence_bert_config.json")
     pooling = _pooling_modes(_read_json(model_dir / modules[1].get("path", "") / "config.json"), model_dir)
     normalize = len(kinds) == 3 if spec.normalize is None else spec.normalize
-    return SentenceConfig(transformer_dir, settings.get("max_seq_length"), bool(settings.get("do_lower_case")), pooling, normalize)
+    return SentenceConfig(
+        transformer_dir, settings.get("max_seq_length"), bool(settings.get("do_lower_case")), pooling, normalize
+    )
 
 
 def _read_json(path: Path) -> dict:
@@ -228,7 +249,9 @@ def load_embedder(spec: ModelSpec, model_dir: Path) -> Any:
     from lakescore.udfs.chunking import chunked_embedder
 
     chunk = options.chunk
-    return chunked_embedder(head, chunk.max_tokens, chunk.overlap_tokens, chunk.max_chunks, chunk.document_vector == "mean")
+    return chunked_embedder(
+        head, chunk.max_tokens, chunk.overlap_tokens, chunk.max_chunks, chunk.document_vector == "mean"
+    )
 
 
 def load_sentence_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder:
@@ -247,8 +270,10 @@ def load_sentence_embedder(spec: ModelSpec, model_dir: Path) -> SentenceEmbedder
     config = sentence_config(spec, model_dir)
     if config is None:
         if spec.backend != "torch":
-            raise ValueError(f"{model_dir / 'modules.json'} holds modules beyond Transformer, Pooling and Normalize; "
-                             f"they run on the torch backend only, not {spec.backend}")
+            raise ValueError(
+                f"{model_dir / 'modules.json'} holds modules beyond Transformer, Pooling and Normalize; "
+                f"they run on the torch backend only, not {spec.backend}"
+            )
         from lakescore.udfs.heads.st_fallback import load_with_sentence_transformers
 
         return load_with_sentence_transformers(spec, model_dir, SentenceEmbedder, prompt)
@@ -275,15 +300,20 @@ def served_embedding(spec: ModelSpec, model_dir: Path) -> tuple[int, bool, str]:
     beyond Transformer, Pooling and Normalize), and as :func:`load_sentence_embedder` raises."""
     require_directory(model_dir, "embed")
     prompt = prompt_text(spec, model_dir)
-    config = None if dual_tower_text_config(model_dir) is not None and not (model_dir / "modules.json").is_file() \
+    config = (
+        None
+        if dual_tower_text_config(model_dir) is not None and not (model_dir / "modules.json").is_file()
         else sentence_config(spec, model_dir)
+    )
     if config is None:
-        raise ValueError(f"{model_dir} is not a Transformer, Pooling[, Normalize] embedding model (a dual-tower model, or "
-                         "modules beyond those); embed.server runs only those, embed it in-process")
+        raise ValueError(
+            f"{model_dir} is not a Transformer, Pooling[, Normalize] embedding model (a dual-tower model, or "
+            "modules beyond those); embed.server runs only those, embed it in-process"
+        )
     return _max_length(spec, config, load_tokenizer(spec, config.transformer_dir)), config.normalize, prompt
 
 
-def dual_tower_text_config(model_dir: Path) -> Optional[dict]:
+def dual_tower_text_config(model_dir: Path) -> dict | None:
     """The text tower's configuration of a dual-tower (CLIP-style: ``text_config`` and ``vision_config``) model in
     ``model_dir``, else ``None``."""
     config = _read_json(model_dir / "config.json")
@@ -296,12 +326,18 @@ def _load_text_tower(spec: ModelSpec, model_dir: Path, prompt: str) -> SentenceE
     tower that pools the last position (:data:`_TEXT_POOLED_AT_LAST_POSITION`)."""
     model_type = _read_json(model_dir / "config.json").get("model_type")
     if spec.backend != "torch":
-        raise ValueError(f"{model_dir} is a dual-tower ({model_type}) model, whose text tower runs on torch, not {spec.backend}")
+        raise ValueError(
+            f"{model_dir} is a dual-tower ({model_type}) model, whose text tower runs on torch, not {spec.backend}"
+        )
     if spec.pooling is not None:
-        raise ValueError(f"model.pooling={spec.pooling!r}: the text tower of {model_dir} pools itself; remove the setting")
+        raise ValueError(
+            f"model.pooling={spec.pooling!r}: the text tower of {model_dir} pools itself; remove the setting"
+        )
     if model_type in _TEXT_POOLED_AT_LAST_POSITION:
-        raise ValueError(f"{model_dir} is a {model_type} model, whose text tower pools the last of a fixed number of "
-                         "positions; lakescore's embed does not compute that")
+        raise ValueError(
+            f"{model_dir} is a {model_type} model, whose text tower pools the last of a fixed number of "
+            "positions; lakescore's embed does not compute that"
+        )
     tokenizer = load_tokenizer(spec, model_dir)
     forward = load_forward(spec, model_dir, TEXT_TOWER, tokenizer.model_input_names)
     limit = truncation_limit(spec, (dual_tower_text_config(model_dir) or {}).get("max_position_embeddings"), tokenizer)
@@ -323,7 +359,9 @@ def prompt_text(spec: ModelSpec, model_dir: Path) -> str:
         return ""
     if name not in prompts:
         what = "model.prompt_name" if spec.prompt_name is not None else f"{model_dir}'s default_prompt_name"
-        raise ValueError(f"{what} {name!r} is not one of the model's prompts: {', '.join(sorted(prompts)) or 'it has none'}")
+        raise ValueError(
+            f"{what} {name!r} is not one of the model's prompts: {', '.join(sorted(prompts)) or 'it has none'}"
+        )
     prompt = prompts[name] or ""
     if prompt and not _pooling_includes_prompt(model_dir):
         raise ValueError(
@@ -335,12 +373,19 @@ def prompt_text(spec: ModelSpec, model_dir: Path) -> str:
 
 def _pooling_includes_prompt(model_dir: Path) -> bool:
     """Whether the ``Pooling`` module of ``model_dir``'s ``modules.json`` pools the prompt's tokens too (the default)."""
-    modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8")) if (model_dir / "modules.json").is_file() else []
+    modules = (
+        json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+        if (model_dir / "modules.json").is_file()
+        else []
+    )
     pooling = [m for m in modules if str(m.get("type", "")).endswith("Pooling")]
-    return not pooling or _read_json(model_dir / pooling[0].get("path", "") / "config.json").get("include_prompt", True) is not False
+    return (
+        not pooling
+        or _read_json(model_dir / pooling[0].get("path", "") / "config.json").get("include_prompt", True) is not False
+    )
 
 
-def _with_max_seq_length(spec: ModelSpec, max_seq_length: Optional[int]) -> ModelSpec:
+def _with_max_seq_length(spec: ModelSpec, max_seq_length: int | None) -> ModelSpec:
     import dataclasses
 
     return dataclasses.replace(spec, max_seq_length=max_seq_length)

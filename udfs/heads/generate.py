@@ -23,27 +23,50 @@ This module imports no model library at import time: :class:`GenerateOptions` ha
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from lakescore.schemas.reasons import (
+    EMPTY_PROMPT,
+    GENERATION_ERROR,
+    JSON_INCOMPLETE,
+    JSON_INVALID,
+    NULL_INPUT,
+    PROMPT_TOO_LONG,
+)
 from lakescore.udfs.arrow_columns import python_column, scalar_column, string_column
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_present, take_rows
-from lakescore.udfs.options.generate import (  # re-exported: the head's settings, importable without numpy
-    CHAT_TEMPLATE_MODES, FINISH_REASONS, TRUNCATE_MODES, GenerateOptions, template_columns, template_parts,
-)
 from lakescore.udfs.heads.seeds import row_seed  # re-exported: callers took it from the head
 from lakescore.udfs.models.model_source import ModelSpec
-from lakescore.schemas.reasons import (
-    EMPTY_PROMPT, GENERATION_ERROR, JSON_INCOMPLETE, JSON_INVALID, NULL_INPUT, PROMPT_TOO_LONG,
+from lakescore.udfs.options.generate import (  # re-exported: the head's settings, importable without numpy
+    CHAT_TEMPLATE_MODES,
+    FINISH_REASONS,
+    TRUNCATE_MODES,
+    GenerateOptions,
+    template_columns,
+    template_parts,
 )
 
 __all__ = [
-    "GenerateOptions", "Generation", "Generator", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "FINISH_REASONS",
-    "template_parts", "template_columns", "score_prompts", "token_counts", "load_generator", "generation_columns", "row_seed",
-    "json_failure", "refuse_unfinished_json",
+    "GenerateOptions",
+    "Generation",
+    "Generator",
+    "CHAT_TEMPLATE_MODES",
+    "TRUNCATE_MODES",
+    "FINISH_REASONS",
+    "template_parts",
+    "template_columns",
+    "score_prompts",
+    "token_counts",
+    "load_generator",
+    "generation_columns",
+    "row_seed",
+    "json_failure",
+    "refuse_unfinished_json",
 ]
 
 
@@ -56,9 +79,9 @@ class Generation(NamedTuple):
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
-    choice_logprobs: Optional[tuple[float, ...]] = None
+    choice_logprobs: tuple[float, ...] | None = None
     token_ids: tuple[int, ...] = ()
-    token_logprobs: Optional[tuple[float, ...]] = None
+    token_logprobs: tuple[float, ...] | None = None
 
 
 PROMPT_TOKENS = "prompt_tokens"
@@ -89,7 +112,7 @@ class Generator:
 
         return self.MAX_TOKENS_CPU if device.split(":")[0] == "cpu" else default_max_tokens(device)
 
-    def __init__(self, model, tokenizer, options: GenerateOptions, context: Optional[int], output_types) -> None:
+    def __init__(self, model, tokenizer, options: GenerateOptions, context: int | None, output_types) -> None:
         from lakescore.udfs.heads.decoding import Decoding
 
         self.model, self.tokenizer, self.options = model, tokenizer, options
@@ -97,7 +120,9 @@ class Generator:
         self.use_chat_template = options.chat_template == "auto" and bool(getattr(tokenizer, "chat_template", None))
         self.context = context
         # the most tokens a prompt may have: a decoder's context holds the new tokens too, an encoder's the prompt only
-        self.prompt_limit = None if context is None else (context if self.encoder_decoder else context - options.max_new_tokens)
+        self.prompt_limit = (
+            None if context is None else (context if self.encoder_decoder else context - options.max_new_tokens)
+        )
         self.pad_token_id = _first(tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
         self.decoding = Decoding(model, tokenizer, options)
         self.choice_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in options.choices]
@@ -122,7 +147,7 @@ class Generator:
         texts = [self.prompt_text(p) for p in prompts]
         return list(self.tokenizer(texts, add_special_tokens=not self.use_chat_template)["input_ids"])
 
-    def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    def tokenize(self, prompts: list[str], keys: Sequence[str] | None = None) -> dict[str, Any]:
         """Left-padded ``input_ids`` / ``attention_mask`` (int64 numpy) plus, per row, :data:`PROMPT_TOKENS`,
         :data:`OVERFLOW` (a prompt longer than :attr:`prompt_limit`, kept or left-truncated per ``truncate``) and
         :data:`ROW_KEY` (``keys``, else the prompt itself: identical prompts then sample identically)."""
@@ -147,11 +172,17 @@ class Generator:
         mask = np.zeros((len(ids), width), dtype=np.int64)
         for i, row in enumerate(ids):
             if len(row):
-                input_ids[i, width - len(row):] = row
-                mask[i, width - len(row):] = 1
+                input_ids[i, width - len(row) :] = row
+                mask[i, width - len(row) :] = 1
         row_keys = np.empty(len(ids), dtype=object)
         row_keys[:] = list(keys)
-        return {"input_ids": input_ids, "attention_mask": mask, PROMPT_TOKENS: lengths, OVERFLOW: overflow, ROW_KEY: row_keys}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            PROMPT_TOKENS: lengths,
+            OVERFLOW: overflow,
+            ROW_KEY: row_keys,
+        }
 
     def row_cost(self, features: Mapping[str, Any]) -> np.ndarray:
         """Tokens a row holds in memory while it runs, what the token budget counts: prompt plus new tokens (the KV
@@ -163,7 +194,7 @@ class Generator:
 
     # -- the forward -------------------------------------------------------------------------------------------
 
-    def prefill(self, features: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    def prefill(self, features: Mapping[str, Any]) -> dict[str, Any] | None:
         """More inputs the model reads with a batch's prompts only (a vision-language model's image tensors); ``None``
         for text."""
         return None
@@ -176,28 +207,60 @@ class Generator:
         prefill = self.prefill(features)
         rows = np.empty(len(prompt_tokens), dtype=object)
         if self.choice_ids:
-            logprobs = choice_logprobs(self.model, features["input_ids"], features["attention_mask"], self.choice_ids,
-                                       self.pad_token_id, prefill)
-            if self.options.choice_score == "mean":  # per token: a choice of more tokens is not marked down for its length
+            logprobs = choice_logprobs(
+                self.model,
+                features["input_ids"],
+                features["attention_mask"],
+                self.choice_ids,
+                self.pad_token_id,
+                prefill,
+            )
+            if (
+                self.options.choice_score == "mean"
+            ):  # per token: a choice of more tokens is not marked down for its length
                 logprobs = logprobs / np.array([len(c) for c in self.choice_ids], dtype=np.float64)
             for i, row in enumerate(logprobs):
                 best = int(np.argmax(row))
-                rows[i] = Generation(self.options.choices[best], "choice", int(prompt_tokens[i]), len(self.choice_ids[best]),
-                                     tuple(float(v) for v in row), tuple(self.choice_ids[best]))
+                rows[i] = Generation(
+                    self.options.choices[best],
+                    "choice",
+                    int(prompt_tokens[i]),
+                    len(self.choice_ids[best]),
+                    tuple(float(v) for v in row),
+                    tuple(self.choice_ids[best]),
+                )
             return rows
-        decoded = generate(self.model, features["input_ids"], features["attention_mask"], list(features[ROW_KEY]),
-                           self.decoding, prefill)
+        decoded = generate(
+            self.model,
+            features["input_ids"],
+            features["attention_mask"],
+            list(features[ROW_KEY]),
+            self.decoding,
+            prefill,
+        )
         for i, row in enumerate(decoded):
-            rows[i] = Generation(row.text, row.finish_reason, int(prompt_tokens[i]), len(row.ids), None, tuple(row.ids),
-                                 None if row.logprobs is None else tuple(row.logprobs))
+            rows[i] = Generation(
+                row.text,
+                row.finish_reason,
+                int(prompt_tokens[i]),
+                len(row.ids),
+                None,
+                tuple(row.ids),
+                None if row.logprobs is None else tuple(row.logprobs),
+            )
         return rows
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs`` (:func:`generation_columns`)."""
         return generation_columns(outputs, ok, self._output_types, self.options.logprobs)
 
-    def score_prompts(self, prompts: Sequence[Optional[str]], policy: BatchPolicy | AdaptiveBudget,
-                      keys: Optional[Sequence[str]] = None, features: Optional[Mapping[str, Any]] = None) -> Scored:
+    def score_prompts(
+        self,
+        prompts: Sequence[str | None],
+        policy: BatchPolicy | AdaptiveBudget,
+        keys: Sequence[str] | None = None,
+        features: Mapping[str, Any] | None = None,
+    ) -> Scored:
         """:func:`score_prompts` through this head: what the prompt runner calls, whichever engine the head is."""
         return score_prompts(prompts, self, policy, keys, features)
 
@@ -209,12 +272,17 @@ class Generator:
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
         """How close ``outputs`` are to ``reference`` (same rows): the fraction of rows with the same text (rows either
         could not score are left out)."""
-        same = [a.text == b.text for a, b in zip(reference, outputs) if isinstance(a, Generation) and isinstance(b, Generation)]
+        same = [
+            a.text == b.text
+            for a, b in zip(reference, outputs)
+            if isinstance(a, Generation) and isinstance(b, Generation)
+        ]
         return {"agreement": float(np.mean(same)) if same else 1.0}
 
 
-def generation_columns(outputs: np.ndarray, ok: np.ndarray, types: Sequence[pa.DataType],
-                       logprobs: bool = False) -> tuple[pa.Array, ...]:
+def generation_columns(
+    outputs: np.ndarray, ok: np.ndarray, types: Sequence[pa.DataType], logprobs: bool = False
+) -> tuple[pa.Array, ...]:
     """The generate task's output columns for :class:`Generation` ``outputs``, in output-schema order, of every engine
     (rows not ``ok`` are null; ``choice_logprobs`` is null on every row without ``choices``); with ``logprobs`` (the
     run asked for ``token_logprobs``: ``types`` has its type last) that column too."""
@@ -238,7 +306,7 @@ def _first(*values):
     return next(v for v in values if v is not None)
 
 
-def _cut_left(ids: list[int], limit: int, bos: Optional[int]) -> list[int]:
+def _cut_left(ids: list[int], limit: int, bos: int | None) -> list[int]:
     """The last ``limit`` tokens of ``ids``, keeping a leading BOS as the tokenizer's own left truncation does."""
     if bos is not None and ids and ids[0] == bos and limit > 1:
         return [bos] + ids[len(ids) - limit + 1 :]
@@ -246,11 +314,11 @@ def _cut_left(ids: list[int], limit: int, bos: Optional[int]) -> list[int]:
 
 
 def score_prompts(
-    prompts: Sequence[Optional[str]],
+    prompts: Sequence[str | None],
     head: Generator,
     policy: BatchPolicy | AdaptiveBudget,
-    keys: Optional[Sequence[str]] = None,
-    features: Optional[Mapping[str, Any]] = None,
+    keys: Sequence[str] | None = None,
+    features: Mapping[str, Any] | None = None,
 ) -> Scored:
     """Generate for ``prompts`` through ``head`` in token-budget batches: :func:`~lakescore.udfs.batching.score_texts`
     for generation.
@@ -280,14 +348,21 @@ def score_prompts(
     def take(rows: np.ndarray, _cost: int) -> dict[str, Any]:  # the core's width is the cost; trim to the prompts
         return take_rows(fitting, rows, max(1, int(fitting[PROMPT_TOKENS][rows].max())), head.padding_side)
 
-    scored = score_present(runs, head.row_cost(fitting), take, head.forward, policy,
-                           invalid_reason=NULL_INPUT, error_reason=GENERATION_ERROR)
+    scored = score_present(
+        runs,
+        head.row_cost(fitting),
+        take,
+        head.forward,
+        policy,
+        invalid_reason=NULL_INPUT,
+        error_reason=GENERATION_ERROR,
+    )
     for j, (reason, error) in refused.items():
         scored.reasons[present[j]], scored.errors[present[j]] = reason, error
     return refuse_unfinished_json(scored, head.options.json_schema)
 
 
-def json_failure(row: Generation, json_schema: str) -> Optional[tuple[str, str]]:
+def json_failure(row: Generation, json_schema: str) -> tuple[str, str] | None:
     """Why a ``json_schema`` run's ``row`` is not its answer, as ``(reason, error)``, or ``None`` when its text is JSON
     that validates: ``json_incomplete`` for a text cut at ``max_new_tokens`` (``finish_reason`` ``length``),
     ``json_invalid`` for a finished text that is not the schema's JSON (a ``stop`` string cut it, or a server ignored
@@ -297,17 +372,22 @@ def json_failure(row: Generation, json_schema: str) -> Optional[tuple[str, str]]
     from jsonschema import ValidationError, validate
 
     if row.finish_reason == "length":
-        return JSON_INCOMPLETE, (f"the text reached max_new_tokens ({row.completion_tokens} tokens) before its JSON was "
-                                 f"complete; the cut text: {row.text}")
+        return JSON_INCOMPLETE, (
+            f"the text reached max_new_tokens ({row.completion_tokens} tokens) before its JSON was "
+            f"complete; the cut text: {row.text}"
+        )
     try:
         validate(json.loads(row.text), json.loads(json_schema))
     except (ValueError, ValidationError) as exc:
         message = exc.message if isinstance(exc, ValidationError) else str(exc)
-        return JSON_INVALID, f"the text is not JSON valid against generate.json_schema: {message[:300]}; the text: {row.text}"
+        return (
+            JSON_INVALID,
+            f"the text is not JSON valid against generate.json_schema: {message[:300]}; the text: {row.text}",
+        )
     return None
 
 
-def refuse_unfinished_json(scored: Scored, json_schema: Optional[str], scrub=None) -> Scored:
+def refuse_unfinished_json(scored: Scored, json_schema: str | None, scrub=None) -> Scored:
     """``scored`` with every generated row that :func:`json_failure` finds not the ``json_schema``'s answer turned into
     that row's dead letter (``scrub``: what an error passes through before the errors table, for a server's text); as
     it is without a schema. In-process and over a server alike: a JSON run never publishes a text that is not its
@@ -327,10 +407,13 @@ def _refused_prompts(features: Mapping[str, Any], head: Generator) -> dict[int, 
     ``truncate: none``) and ``empty_prompt`` (no token at all: a tokenizer that adds no special tokens, on "")."""
     refused: dict[int, tuple[str, str]] = {}
     for j in np.flatnonzero(np.asarray(features[OVERFLOW]) > 0):
-        refused[int(j)] = (PROMPT_TOO_LONG, (
-            f"the prompt has {int(features[OVERFLOW][j])} tokens; with max_new_tokens {head.options.max_new_tokens} it "
-            f"exceeds the model's context of {head.context} tokens (generate.truncate: left cuts it instead)"
-        ))
+        refused[int(j)] = (
+            PROMPT_TOO_LONG,
+            (
+                f"the prompt has {int(features[OVERFLOW][j])} tokens; with max_new_tokens {head.options.max_new_tokens} it "
+                f"exceeds the model's context of {head.context} tokens (generate.truncate: left cuts it instead)"
+            ),
+        )
     for j in np.flatnonzero(np.asarray(features[PROMPT_TOKENS]) == 0):
         refused[int(j)] = (EMPTY_PROMPT, "the prompt has no tokens; a language model needs at least one to continue")
     return refused
@@ -356,10 +439,10 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     """
     from transformers import AutoConfig
 
-    from lakescore.udfs.models.backends import ModelKind, load_torch_model
-    from lakescore.udfs.options.generate import model_context, require_room
     from lakescore.udfs.heads.hf_models import load_tokenizer
+    from lakescore.udfs.models.backends import ModelKind, load_torch_model
     from lakescore.udfs.models.model_source import refuse_pickle_weights, require_directory
+    from lakescore.udfs.options.generate import model_context, require_room
     from lakescore.udfs.registry import get_task
 
     options = spec.generate or GenerateOptions()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from lakescore.udfs.models.backends import Forward, ModelKind
 from lakescore.udfs.models.forwards import load_forward
@@ -30,16 +30,15 @@ from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError, refus
 __all__ = ["ModelFacts", "LabelledModel", "load_tokenizer", "model_facts", "load_labelled_model", "truncation_limit"]
 
 
-
 @dataclass(frozen=True)
 class ModelFacts:
     """What a head needs from ``config.json``: labels in id order, the problem type, the position limit; and the
     vocabulary's size (``None`` when not stated), below which the ONNX export's probe token ids are drawn."""
 
     labels: tuple[str, ...]
-    problem_type: Optional[str]
-    max_position_embeddings: Optional[int]
-    vocab_size: Optional[int] = None
+    problem_type: str | None
+    max_position_embeddings: int | None
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,9 @@ def model_facts(model_dir: Path) -> ModelFacts:
         labels = tuple(f"LABEL_{i}" for i in range(int(config["num_labels"])))  # transformers' default names
     else:
         labels = ()
-    return ModelFacts(labels, config.get("problem_type"), config.get("max_position_embeddings"), config.get("vocab_size"))
+    return ModelFacts(
+        labels, config.get("problem_type"), config.get("max_position_embeddings"), config.get("vocab_size")
+    )
 
 
 def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what: str) -> LabelledModel:
@@ -99,7 +100,7 @@ def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what:
     return LabelledModel(forward, tokenizer, facts, truncation_limit(spec, facts.max_position_embeddings, tokenizer))
 
 
-def truncation_limit(spec: ModelSpec, max_position_embeddings: Optional[int], tokenizer: Any) -> int:
+def truncation_limit(spec: ModelSpec, max_position_embeddings: int | None, tokenizer: Any) -> int:
     """Tokens per row, special tokens included: the smallest of ``spec.max_seq_length``, the model's
     ``max_position_embeddings`` and the tokenizer's ``model_max_length``, each where set.
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from lakescore.udfs.models.backends import ModelKind
 from lakescore.udfs.heads.classify import SequenceClassifier, activation, label_columns, probabilities
 from lakescore.udfs.heads.hf_models import ModelFacts, model_facts
-from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError, require_directory
 from lakescore.udfs.heads.vision_models import ImageHead, load_image_processor, load_vision_forward
+from lakescore.udfs.models.backends import ModelKind
+from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError, require_directory
 
 __all__ = ["ImageClassifier", "load_image_classifier", "KIND"]
 
@@ -58,5 +58,7 @@ def load_image_classifier(spec: ModelSpec, model_dir: Path) -> ImageClassifier:
     forward = load_vision_forward(spec, model_dir, KIND)  # first: a base model's load names the head weights it lacks
     facts = model_facts(model_dir)
     if not facts.labels:
-        raise UnfitModelError(f"task {spec.task}: {model_dir} has no id2label (config.json); it is not an image classifier")
+        raise UnfitModelError(
+            f"task {spec.task}: {model_dir} has no id2label (config.json); it is not an image classifier"
+        )
     return ImageClassifier(forward, load_image_processor(spec, model_dir), facts)

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 
 from lakescore.udfs.arrow_columns import list_column
-from lakescore.udfs.models.backends import ModelKind
 from lakescore.udfs.heads.embed import SentenceEmbedder, l2_normalize
-from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.heads.vision_models import ImageHead, load_image_processor, load_vision_forward
+from lakescore.udfs.models.backends import ModelKind
+from lakescore.udfs.models.model_source import ModelSpec
 
 __all__ = ["ImageEmbedder", "load_image_embedder", "KIND", "TOWER_METHOD"]
 
@@ -49,4 +49,6 @@ def load_image_embedder(spec: ModelSpec, model_dir: Path) -> ImageEmbedder:
     :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a checkpoint that lacks weights the embedding reads (e.g.
     a classifier's, whose base model has no trained pooler).
     """
-    return ImageEmbedder(load_vision_forward(spec, model_dir, KIND, TOWER_METHOD), load_image_processor(spec, model_dir))
+    return ImageEmbedder(
+        load_vision_forward(spec, model_dir, KIND, TOWER_METHOD), load_image_processor(spec, model_dir)
+    )

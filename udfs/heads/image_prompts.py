@@ -14,15 +14,16 @@ A row costs its tokens, image tokens included, plus ``max_new_tokens`` against t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
-from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.heads.generate import Generator
 from lakescore.udfs.models.errors import UnfitModelError
 from lakescore.udfs.models.model_source import ModelSpec
+from lakescore.udfs.options.generate import GenerateOptions
 
 __all__ = ["IMAGE_PART", "VISION", "chat_messages", "ImagePromptGenerator", "load_image_prompt_generator"]
 
@@ -35,10 +36,14 @@ numpy object array."""
 TEXT_KEYS = ("input_ids", "attention_mask")
 
 
-def chat_messages(prompt: str, system_prompt: Optional[str] = None, image_part: Mapping[str, Any] = IMAGE_PART) -> list[dict]:
+def chat_messages(
+    prompt: str, system_prompt: str | None = None, image_part: Mapping[str, Any] = IMAGE_PART
+) -> list[dict]:
     """One row's chat: the system prompt when set, then one user message whose content is ``image_part`` followed by
     the prompt's text part."""
-    system = [{"role": "system", "content": [{"type": "text", "text": system_prompt}]}] if system_prompt is not None else []
+    system = (
+        [{"role": "system", "content": [{"type": "text", "text": system_prompt}]}] if system_prompt is not None else []
+    )
     return system + [{"role": "user", "content": [dict(image_part), {"type": "text", "text": prompt}]}]
 
 
@@ -47,24 +52,30 @@ class ImagePromptGenerator(Generator):
     :class:`~lakescore.udfs.heads.generate.Generation` per row as the text head gives it; score with
     :func:`~lakescore.udfs.heads.generate.score_prompts` and the features :meth:`prepare` made."""
 
-    def __init__(self, model, processor, options: GenerateOptions, context: Optional[int], output_types) -> None:
+    def __init__(self, model, processor, options: GenerateOptions, context: int | None, output_types) -> None:
         super().__init__(model, processor.tokenizer, options, context, output_types)
         self.processor = processor
         if not getattr(processor, "chat_template", None):
-            raise UnfitModelError("task generate: the model's processor has no chat template, which places the image "
-                                  "among the prompt's tokens; save one with the processor (chat_template.jinja)")
+            raise UnfitModelError(
+                "task generate: the model's processor has no chat template, which places the image "
+                "among the prompt's tokens; save one with the processor (chat_template.jinja)"
+            )
 
     def prompt_text(self, prompt: str) -> str:
         """The text the processor reads for ``prompt``: the chat of :func:`chat_messages` through its chat template."""
-        return self.processor.apply_chat_template(chat_messages(prompt, self.options.system_prompt),
-                                                  add_generation_prompt=True, tokenize=False)
+        return self.processor.apply_chat_template(
+            chat_messages(prompt, self.options.system_prompt), add_generation_prompt=True, tokenize=False
+        )
 
-    def process(self, image, prompt: str, encoded: Optional[bytes] = None) -> dict[str, Any]:
+    def process(self, image, prompt: str, encoded: bytes | None = None) -> dict[str, Any]:
         """The processor's inputs for one row (RGB ``image``, ``prompt``; ``encoded``, the file's bytes, is for a remote
         head): ``input_ids`` and the image's tensors, with a batch axis of one. The chat template carries its special
         tokens: the processor adds none."""
-        return dict(self.processor(images=[image], text=[self.prompt_text(prompt)], add_special_tokens=False,
-                                   return_tensors="pt"))
+        return dict(
+            self.processor(
+                images=[image], text=[self.prompt_text(prompt)], add_special_tokens=False, return_tensors="pt"
+            )
+        )
 
     def prepare(self, rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
         """Left-padded ``input_ids`` / ``attention_mask``, :data:`PROMPT_TOKENS`, :data:`OVERFLOW`, :data:`ROW_KEY`
@@ -79,7 +90,7 @@ class ImagePromptGenerator(Generator):
         features[VISION] = vision
         return features
 
-    def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    def tokenize(self, prompts: list[str], keys: Sequence[str] | None = None) -> dict[str, Any]:
         raise TypeError("the image generate head reads (image, prompt) rows: use prepare(), through ImagePromptRunner")
 
     def prefill(self, features: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,9 +142,9 @@ def load_image_prompt_generator(spec: ModelSpec, model_dir: Path) -> ImagePrompt
     vision-language model, or whose processor has no chat template."""
     from transformers import AutoConfig, AutoProcessor
 
-    from lakescore.udfs.options.generate import model_context, require_room
     from lakescore.udfs.models.backends import ModelKind, load_torch_model
     from lakescore.udfs.models.model_source import refuse_pickle_weights, require_directory
+    from lakescore.udfs.options.generate import model_context, require_room
     from lakescore.udfs.registry import get_task
 
     options = spec.generate or GenerateOptions()
@@ -143,7 +154,9 @@ def load_image_prompt_generator(spec: ModelSpec, model_dir: Path) -> ImagePrompt
     refuse_pickle_weights(model_dir, spec.allow_pickle)
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code)
     require_vision_language(config.to_dict(), model_dir)
-    processor = AutoProcessor.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code)
+    processor = AutoProcessor.from_pretrained(
+        str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code
+    )
     text = getattr(config, "text_config", None) or config
     positions = getattr(text, "max_position_embeddings", None)
     context = model_context(positions, spec.max_seq_length, getattr(processor.tokenizer, "model_max_length", None))

@@ -26,8 +26,8 @@ import pyarrow as pa
 import torch
 
 from lakescore.udfs.arrow_columns import python_column
-from lakescore.udfs.models.backends import ModelKind
 from lakescore.udfs.heads.hf_models import LabelledModel, load_labelled_model
+from lakescore.udfs.models.backends import ModelKind
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 
@@ -63,8 +63,13 @@ class TokenClassifier:
         row: ``special_tokens_mask``, ``offset_mapping`` (fast tokenizers) and the texts, all shaped (n, ...)."""
         features = dict(
             self._tokenizer(
-                texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np",
-                return_special_tokens_mask=True, return_offsets_mapping=self._tokenizer.is_fast,
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="np",
+                return_special_tokens_mask=True,
+                return_offsets_mapping=self._tokenizer.is_fast,
             )
         )
         features[TEXTS] = np.array(texts, dtype=object)  # shape (n,): numpy does not split strings

@@ -25,7 +25,8 @@ checks each head against the parts it claims.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lakescore.udfs.batching import AdaptiveBudget, Scored, TextHead
 
@@ -36,8 +37,19 @@ if TYPE_CHECKING:
     from lakescore.schemas.traffic import Traffic
 
 __all__ = [
-    "Head", "TextHead", "PromptHead", "ImagePromptHead", "MatrixHead", "ImageInputHead", "PreparesBatches",
-    "ChunksDocuments", "MetersTraffic", "ServedElsewhere", "PlansOwnBudget", "ChecksFidelity", "HoldsResources",
+    "Head",
+    "TextHead",
+    "PromptHead",
+    "ImagePromptHead",
+    "MatrixHead",
+    "ImageInputHead",
+    "PreparesBatches",
+    "ChunksDocuments",
+    "MetersTraffic",
+    "ServedElsewhere",
+    "PlansOwnBudget",
+    "ChecksFidelity",
+    "HoldsResources",
 ]
 
 Features = Mapping[str, Any]
@@ -61,12 +73,17 @@ class PromptHead(Head, Protocol):
     """A generation head (the ``PromptRunner``'s and ``ImagePromptRunner``'s): it prepares its prompts, says what
     each costs, and plans and scores its own batches."""
 
-    def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> Features: ...
+    def tokenize(self, prompts: list[str], keys: Sequence[str] | None = None) -> Features: ...
 
     def row_cost(self, features: Features) -> np.ndarray: ...
 
-    def score_prompts(self, prompts: Sequence[Optional[str]], policy: Any, keys: Optional[Sequence[str]] = None,
-                      features: Optional[Features] = None) -> Scored: ...
+    def score_prompts(
+        self,
+        prompts: Sequence[str | None],
+        policy: Any,
+        keys: Sequence[str] | None = None,
+        features: Features | None = None,
+    ) -> Scored: ...
 
 
 class ImagePromptHead(PromptHead, Protocol):
@@ -98,7 +115,7 @@ class PreparesBatches(Protocol):
     that makes many rows of one text (``embed.chunk``: a document, its chunks), or whose rows are requests of many
     texts to a server (the remote embed head)."""
 
-    def prepare(self, texts: list[Optional[str]], refused: Optional[dict] = None) -> Any: ...
+    def prepare(self, texts: list[str | None], refused: dict | None = None) -> Any: ...
 
     def score_prepared(self, prepared: Any, budget: AdaptiveBudget) -> Scored: ...
 
@@ -125,7 +142,7 @@ class ServedElsewhere(Protocol):
     one at all when the head was made."""
 
     sha256: str
-    revision: Optional[str]
+    revision: str | None
     files: dict[str, str]
 
     @property

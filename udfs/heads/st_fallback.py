@@ -7,8 +7,9 @@ model skips this module and sentence-transformers' import (:mod:`lakescore.udfs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +28,13 @@ class SentenceTransformerForward:
         self.device = str(model.device)
         self.input_names = tuple(model.tokenizer.model_input_names)
 
-    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
+    def __call__(self, features: Mapping[str, Any], reduce: Reduce | None = None) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
-            inputs = {k: to_device(torch.as_tensor(features[k]), self.device) for k in self.input_names if k in features}
+            inputs = {
+                k: to_device(torch.as_tensor(features[k]), self.device) for k in self.input_names if k in features
+            }
             output = self._model(inputs)["sentence_embedding"].float()
             return (output if reduce is None else reduce(output, inputs)).cpu().numpy()
 
@@ -43,7 +46,10 @@ def load_with_sentence_transformers(spec: ModelSpec, model_dir: Path, head_class
     from sentence_transformers.sentence_transformer.modules import Normalize
 
     model = SentenceTransformer(
-        str(model_dir), device=spec.device, local_files_only=True, trust_remote_code=spec.trust_remote_code,
+        str(model_dir),
+        device=spec.device,
+        local_files_only=True,
+        trust_remote_code=spec.trust_remote_code,
         model_kwargs={"use_safetensors": True} if not spec.allow_pickle else {},
     )
     if spec.normalize is not None:

@@ -9,13 +9,14 @@ cropping and normalisation are the pipeline's. The forward runs on torch (:class
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
-from lakescore.udfs.models.backends import Forward, ModelKind, TorchForward, load_torch_model
 from lakescore.udfs.images import ImageFailure, decode_image, pixel_limit, read_header
+from lakescore.udfs.models.backends import Forward, ModelKind, TorchForward, load_torch_model
 from lakescore.udfs.models.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
 __all__ = ["ImageHead", "INPUT_NAMES", "load_image_processor", "load_vision_forward"]
@@ -58,10 +59,12 @@ def load_image_processor(spec: ModelSpec, model_dir: Path):
     """``AutoImageProcessor`` from ``model_dir``, as ``transformers.pipeline`` loads it."""
     from transformers import AutoImageProcessor
 
-    return AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code)
+    return AutoImageProcessor.from_pretrained(
+        str(model_dir), local_files_only=True, trust_remote_code=spec.trust_remote_code
+    )
 
 
-def load_vision_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, method: Optional[str] = None) -> TorchForward:
+def load_vision_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, method: str | None = None) -> TorchForward:
     """The torch forward of ``kind`` for the model in ``model_dir``, calling the model's ``method`` when it has one
     (e.g. ``get_image_features``; else the model itself).
 

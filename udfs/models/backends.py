@@ -16,9 +16,10 @@ of (n, L, d) and pools on the device. Two backends:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,7 +27,14 @@ from lakescore.udfs.models.devices import to_device, torch_dtype
 from lakescore.udfs.models.model_source import ModelSpec, UnfitModelError
 
 __all__ = [
-    "ModelKind", "Forward", "Reduce", "TorchForward", "OnnxForward", "load_torch_model", "onnx_session", "WORKER_IMPORTS",
+    "ModelKind",
+    "Forward",
+    "Reduce",
+    "TorchForward",
+    "OnnxForward",
+    "load_torch_model",
+    "onnx_session",
+    "WORKER_IMPORTS",
 ]
 
 WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
@@ -46,7 +54,7 @@ class ModelKind:
     """e.g. ``AutoModel``, ``AutoModelForSequenceClassification``."""
     output: str
     """e.g. ``last_hidden_state``, ``logits``: shaped (rows, tokens, ...) or (rows, ...)."""
-    method: Optional[str] = None
+    method: str | None = None
     """The model's method the forward calls instead of the model itself (torch only), e.g. ``get_image_features``
     of a CLIP model; it returns ``output`` (a model output holding it, or the tensor itself)."""
     unread: tuple[str, ...] = ()
@@ -70,14 +78,14 @@ class Forward(Protocol):
     device: str
     input_names: tuple[str, ...]
 
-    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray: ...
+    def __call__(self, features: Mapping[str, Any], reduce: Reduce | None = None) -> np.ndarray: ...
 
 
 class TorchForward:
     """The forward on the torch model (or its ``method``): inputs to its device, floating-point inputs (an image's
     pixels) at the model's dtype, the output back as float32 numpy."""
 
-    def __init__(self, model, output: str, input_names: Sequence[str], method: Optional[str] = None) -> None:
+    def __init__(self, model, output: str, input_names: Sequence[str], method: str | None = None) -> None:
         self._model = model.eval()
         self._call = getattr(self._model, method) if method else self._model
         self._output = output
@@ -85,7 +93,7 @@ class TorchForward:
         self.device = str(model.device)
         self._dtype = model.dtype
 
-    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
+    def __call__(self, features: Mapping[str, Any], reduce: Reduce | None = None) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
@@ -111,7 +119,7 @@ class OnnxForward:
         self._session = session
         self.input_names = tuple(i.name for i in session.get_inputs())
 
-    def __call__(self, features: Mapping[str, Any], reduce: Optional[Reduce] = None) -> np.ndarray:
+    def __call__(self, features: Mapping[str, Any], reduce: Reduce | None = None) -> np.ndarray:
         inputs = {k: np.ascontiguousarray(features[k], dtype=np.int64) for k in self.input_names}
         output = self._session.run(None, inputs)[0]
         return output if reduce is None else reduce(output, inputs)
@@ -130,8 +138,12 @@ def load_torch_model(spec: ModelSpec, model_dir: Path, kind: ModelKind):
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per worker would flood executor logs
     auto_class = getattr(transformers, kind.auto_class)
     model, info = auto_class.from_pretrained(
-        str(model_dir), use_safetensors=None if spec.allow_pickle else True, dtype=torch_dtype(spec.dtype),
-        local_files_only=True, trust_remote_code=spec.trust_remote_code, output_loading_info=True,
+        str(model_dir),
+        use_safetensors=None if spec.allow_pickle else True,
+        dtype=torch_dtype(spec.dtype),
+        local_files_only=True,
+        trust_remote_code=spec.trust_remote_code,
+        output_loading_info=True,
     )
     missing = sorted(k for k in info.get("missing_keys") or () if kind.needs(k))
     if missing:

@@ -12,10 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Optional
 
 __all__ = [
-    "resolve_device", "torch_dtype", "effective_dtype", "task_gpu_address", "task_cpus", "bound_tokenizer_threads", "to_device",
+    "resolve_device",
+    "torch_dtype",
+    "effective_dtype",
+    "task_gpu_address",
+    "task_cpus",
+    "bound_tokenizer_threads",
+    "to_device",
 ]
 
 log = logging.getLogger(__name__)
@@ -23,7 +28,7 @@ log = logging.getLogger(__name__)
 # (seconds of CPU and hundreds of MiB of resident libraries per process).
 
 
-def task_gpu_address(context=None) -> Optional[str]:
+def task_gpu_address(context=None) -> str | None:
     """The first GPU address Spark gave the running task, or ``None`` (no task, or no GPU resource)."""
     if context is None:
         try:
@@ -38,7 +43,7 @@ def task_gpu_address(context=None) -> Optional[str]:
     return gpu.addresses[0] if gpu is not None and gpu.addresses else None
 
 
-def resolve_device(device: str, *, cuda_available: Optional[bool] = None, gpu_address: Optional[str] = None) -> str:
+def resolve_device(device: str, *, cuda_available: bool | None = None, gpu_address: str | None = None) -> str:
     """A concrete torch device string for the configured ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
 
     ``cuda_available`` and ``gpu_address`` default to this process's view

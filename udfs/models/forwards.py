@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from lakescore.udfs.models.backends import Forward, ModelKind, OnnxForward, TorchForward, load_torch_model, onnx_session
 from lakescore.udfs.models.devices import task_cpus

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["read_json", "NO_TOKENIZER_LIMIT"]
 
@@ -13,7 +13,7 @@ NO_TOKENIZER_LIMIT = 1_000_000
 """A ``tokenizer.model_max_length`` at or above this records no limit (transformers' placeholder is 1e30)."""
 
 
-def read_json(path: Path) -> Optional[dict[str, Any]]:
+def read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; ``None`` when it is absent or not a JSON object (the executors' load reports why)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))

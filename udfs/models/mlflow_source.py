@@ -94,7 +94,9 @@ def download_model(pinned: PinnedModel, cache_root: Path, name: str) -> Path:
 
     def copy(tmp: Path) -> None:
         try:
-            artifact = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned.uri, dst_path=str(tmp / "artifact")))
+            artifact = Path(
+                mlflow.artifacts.download_artifacts(artifact_uri=pinned.uri, dst_path=str(tmp / "artifact"))
+            )
         except Exception as exc:
             raise ModelSourceError(f"MLflow cannot download model {pinned.uri!r}: {_first_line(exc)}") from exc
         model_directory(artifact, tmp / name)

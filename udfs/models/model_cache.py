@@ -23,27 +23,36 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from lakescore.udfs.heads.protocol import Head, HoldsResources, ServedElsewhere
 from lakescore.udfs.models.model_source import (
-    ModelSourceError, ModelSpec, hub_revision, model_file_digests, resolve_model_dir, verify_sha256, weights_sha256,
+    ModelSourceError,
+    ModelSpec,
+    hub_revision,
+    model_file_digests,
+    resolve_model_dir,
+    verify_sha256,
+    weights_sha256,
 )
 from lakescore.udfs.registry import get_task
 
 __all__ = ["LoadedModel", "get_model", "clear"]
 
 
-def _as_the_run_names_it(loaded: "LoadedModel", expect_sha256: Optional[str]) -> "LoadedModel":
+def _as_the_run_names_it(loaded: LoadedModel, expect_sha256: str | None) -> LoadedModel:
     """``loaded``, or, for a model served elsewhere whose ``/v1/models`` this worker could not read, the same head under
     the identity the run pinned: a failed listing is no news (the driver kept the last one, ``ServedModel.identity``)."""
-    if (expect_sha256 and loaded.model_dir is None and isinstance(loaded.scorer, ServedElsewhere)
-            and not loaded.scorer.listed()):
+    if (
+        expect_sha256
+        and loaded.model_dir is None
+        and isinstance(loaded.scorer, ServedElsewhere)
+        and not loaded.scorer.listed()
+    ):
         return dataclasses.replace(loaded, sha256=expect_sha256)
     return loaded
 
 
-def _drop(loaded: Optional["LoadedModel"]) -> None:
+def _drop(loaded: LoadedModel | None) -> None:
     if loaded is not None and isinstance(loaded.scorer, HoldsResources):
         loaded.scorer.close()
 
@@ -54,11 +63,11 @@ class LoadedModel:
 
     scorer: Head
     """The task head (:mod:`lakescore.udfs.heads.protocol`)."""
-    model_dir: Optional[Path]
+    model_dir: Path | None
     """Where the files are; ``None`` for a model served elsewhere (``generate.endpoint``), whose head names its
     identity (``sha256``, ``revision``)."""
     sha256: str
-    revision: Optional[str]
+    revision: str | None
     """The hub commit the files came from, when known."""
     files: dict[str, str] = dataclasses.field(default_factory=dict)
     """:func:`~lakescore.udfs.models.model_source.model_file_digests` of ``model_dir`` when it was loaded; for a model
@@ -129,4 +138,6 @@ def clear() -> None:
         _drop(loaded)
 
 
-atexit.register(clear)  # a worker that exits normally closes its heads' connections (a forked one's end closes them too)
+atexit.register(
+    clear
+)  # a worker that exits normally closes its heads' connections (a forked one's end closes them too)

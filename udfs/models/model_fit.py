@@ -42,7 +42,9 @@ def check_model_fits(spec: ModelSpec, model_dir: Path) -> None:
     names = architectures(config)
     # a model with its own code ("auto_map") may name its classes as it likes; the executors' load still checks weights
     if (
-        task.architectures and names and "auto_map" not in config
+        task.architectures
+        and names
+        and "auto_map" not in config
         and not any(part in name for name in names for part in task.architectures)
     ):
         raise UnfitModelError(

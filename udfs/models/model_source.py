@@ -26,12 +26,21 @@ The weights digest is what every output row carries as ``model_sha256``:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from lakescore.udfs.models.errors import ModelIntegrityError, ModelSourceError, UnfitModelError
-from lakescore.udfs.options.model import BACKENDS, DEVICES, DRIVER_ONLY, DTYPES, POOLING_MODES, QUANTIZATIONS, ModelOptions
+from lakescore.udfs.options.model import (
+    BACKENDS,
+    DEVICES,
+    DRIVER_ONLY,
+    DTYPES,
+    POOLING_MODES,
+    QUANTIZATIONS,
+    ModelOptions,
+)
 
 if TYPE_CHECKING:  # the sections' types only: they are built by the config, never here
     from lakescore.udfs.options.embed import EmbedOptions
@@ -59,7 +68,8 @@ __all__ = [
     "DEVICES",
     "DTYPES",
     "BACKENDS",
-    "QUANTIZATIONS", "POOLING_MODES",
+    "QUANTIZATIONS",
+    "POOLING_MODES",
 ]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pt2", ".ckpt")
@@ -90,23 +100,23 @@ class ModelSpec:
 
     task: str
     source: str
-    revision: Optional[str] = None
+    revision: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    expect_sha256: Optional[str] = None
+    expect_sha256: str | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
     cache_dir: str = field(default="~/.cache/lakescore/models", compare=False)  # where, not what: outside the key
-    max_seq_length: Optional[int] = None
-    pooling: Optional[str] = None
-    normalize: Optional[bool] = None
-    prompt_name: Optional[str] = None
+    max_seq_length: int | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    prompt_name: str | None = None
     backend: str = "torch"
     quantize: str = "none"
     feature_cols: tuple[str, ...] = ()
-    generate: Optional[GenerateOptions] = None
-    embed: Optional[EmbedOptions] = None
-    input_kind: Optional[str] = None
+    generate: GenerateOptions | None = None
+    embed: EmbedOptions | None = None
+    input_kind: str | None = None
 
     def identity(self) -> dict:
         """Every field that can change the numbers (all but ``cache_dir``), e.g. for a run key. ``generate`` counts
@@ -129,7 +139,7 @@ class ModelSpec:
         return {k: v for k, v in self.identity().items() if k not in where}
 
     @property
-    def reduced_precision(self) -> Optional[str]:
+    def reduced_precision(self) -> str | None:
         """The lossy numeric path this spec runs, ``int8`` (``quantize``) or ``bfloat16`` / ``float16`` (``dtype``);
         ``None`` for float32. A run on such a path checks a sample of its input against float32 before it scores
         (:func:`lakescore.udfs.models.quantize.check_fidelity`)."""
@@ -137,13 +147,19 @@ class ModelSpec:
             return self.quantize
         return None if self.dtype == "float32" else self.dtype
 
-    def float32_reference(self) -> "ModelSpec":
+    def float32_reference(self) -> ModelSpec:
         """The same weights at float32, unquantized: what a reduced-precision run is checked against."""
         return replace(self, quantize="none", dtype="float32", expect_sha256=None)
 
     @classmethod
-    def of(cls, task: str, model: ModelOptions, feature_cols: tuple[str, ...] = (), input_kind: Optional[str] = None,
-           **task_options: Any) -> "ModelSpec":
+    def of(
+        cls,
+        task: str,
+        model: ModelOptions,
+        feature_cols: tuple[str, ...] = (),
+        input_kind: str | None = None,
+        **task_options: Any,
+    ) -> ModelSpec:
         """The spec of ``task`` with the ``model`` section's settings (the weights digest pin in lower case) and the
         task's own section by its name (``generate=``: :class:`~lakescore.udfs.options.generate.GenerateOptions`,
         ``embed=``: :class:`~lakescore.udfs.options.embed.EmbedOptions`); ``input_kind``: the name of another input
@@ -173,18 +189,18 @@ def is_mlflow_uri(source: str) -> bool:
     return source.startswith(("models:/", "runs:/"))
 
 
-def shipped_name(source: str, revision: Optional[str] = None) -> str:
+def shipped_name(source: str, revision: str | None = None) -> str:
     """The name under which executors find the staged copy of remote ``source`` (``SparkFiles.get``).
 
     A Hadoop URI keeps its basename (what ``addFile`` names it); an MLflow model is named by a
     digest of the URI and its pinned revision, so an alias that moves is a new name.
     """
     if is_mlflow_uri(source):
-        return "lakescore-mlflow-" + hashlib.sha256(f"{source}\n{revision}".encode("utf-8")).hexdigest()[:16]
+        return "lakescore-mlflow-" + hashlib.sha256(f"{source}\n{revision}".encode()).hexdigest()[:16]
     return source.rstrip("/").rsplit("/", 1)[-1]
 
 
-def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
+def resolve_model_dir(source: str, revision: str | None = None) -> Path:
     """Return a local directory (or, for tabular programs, a file) holding the model for ``source``.
 
     A path that exists is used as is. A remote URI resolves to its staged copy
@@ -196,7 +212,9 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
     if needs_staging(source):
         staged = staged_copy(source, revision)
         if staged is None:
-            raise ModelSourceError(f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.files.model_staging)")
+            raise ModelSourceError(
+                f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.files.model_staging)"
+            )
         return staged
     path = Path(source).expanduser()
     if path.exists():
@@ -214,7 +232,7 @@ def resolve_model_dir(source: str, revision: Optional[str] = None) -> Path:
         ) from exc
 
 
-def hub_revision(model_dir: Path) -> Optional[str]:
+def hub_revision(model_dir: Path) -> str | None:
     """The commit a hub snapshot directory holds (``.../snapshots/<commit>``), else ``None``."""
     if model_dir.parent.name == "snapshots" and len(model_dir.name) == 40:
         return model_dir.name
@@ -225,7 +243,7 @@ _staged: dict[str, Path] = {}
 """Shipped name (:func:`shipped_name`) -> local copy, registered by whoever staged it in this process."""
 
 
-def staged_copy(source: str, revision: Optional[str] = None) -> Optional[Path]:
+def staged_copy(source: str, revision: str | None = None) -> Path | None:
     """The local copy of remote ``source`` in this process: registered, or shipped by Spark (``SparkFiles``)."""
     name = shipped_name(source, revision)
     if name in _staged:
@@ -279,7 +297,9 @@ def stage_once(key: str, cache_root: Path, copy: Callable[[Path], None]) -> Path
 def require_directory(model_path: Path, task: str) -> None:
     """Raise :class:`ModelSourceError` when a ``task`` model that needs a directory was given as a file."""
     if not model_path.is_dir():
-        raise ModelSourceError(f"model source {str(model_path)!r} is a file; a {task} model is a directory (config, weights, tokenizer)")
+        raise ModelSourceError(
+            f"model source {str(model_path)!r} is a file; a {task} model is a directory (config, weights, tokenizer)"
+        )
 
 
 def refuse_pickle_weights(model_path: Path, allow_pickle: bool) -> None:
@@ -317,15 +337,17 @@ def model_file_digests(model_dir: Path) -> dict[str, str]:
     if model_dir.is_file():
         return {}
     files = sorted(
-        p for p in model_dir.rglob("*")
-        if p.is_file() and p.suffix not in WEIGHT_SUFFIXES + NOT_READ_SUFFIXES
+        p
+        for p in model_dir.rglob("*")
+        if p.is_file()
+        and p.suffix not in WEIGHT_SUFFIXES + NOT_READ_SUFFIXES
         and not p.name.upper().startswith(("LICENSE", "NOTICE"))
         and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(model_dir).parts)
     )
     return {p.relative_to(model_dir).as_posix(): _file_sha256(p) for p in files}
 
 
-def verify_sha256(found: str, expected: Optional[str], source: str) -> None:
+def verify_sha256(found: str, expected: str | None, source: str) -> None:
     """Raise :class:`ModelIntegrityError` naming both digests when ``expected`` is set and differs."""
     if expected is not None and found.lower() != expected.lower():
         raise ModelIntegrityError(

@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -36,8 +36,17 @@ from lakescore.udfs.models.model_fit import read_json
 from lakescore.udfs.models.model_source import ModelSpec, stage_once, weights_sha256
 
 __all__ = [
-    "OPSET", "GRAPH_FILE", "GRAPH_ATOL", "GRAPH_RTOL", "GraphMismatchError", "export_key", "exported_model", "export_onnx",
-    "fuse_for_ort", "probe_inputs", "check_graph",
+    "OPSET",
+    "GRAPH_FILE",
+    "GRAPH_ATOL",
+    "GRAPH_RTOL",
+    "GraphMismatchError",
+    "export_key",
+    "exported_model",
+    "export_onnx",
+    "fuse_for_ort",
+    "probe_inputs",
+    "check_graph",
 ]
 
 OPSET = 18
@@ -82,7 +91,9 @@ def exported_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, input_name
         fuse_for_ort(plain, target / GRAPH_FILE)
         probes = probe_inputs(model_dir, input_names)
         try:
-            check_graph(target / GRAPH_FILE, _graph_outputs(plain, probes), probes, "the fused graph against the export")
+            check_graph(
+                target / GRAPH_FILE, _graph_outputs(plain, probes), probes, "the fused graph against the export"
+            )
         except GraphMismatchError as exc:  # the export passed against torch: it runs, unfused
             logging.getLogger(__name__).warning("ONNX fusion undone for %s: %s", model_dir, exc)
             _save_graph(plain, target / GRAPH_FILE)
@@ -134,8 +145,14 @@ def export_onnx(model_dir: Path, spec: ModelSpec, kind: ModelKind, input_names: 
     with warnings.catch_warnings(), _quiet_exporter_logs():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            wrapper, example, dynamo=True, opset_version=OPSET, input_names=names, output_names=[kind.output],
-            dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in names),), verbose=False,
+            wrapper,
+            example,
+            dynamo=True,
+            opset_version=OPSET,
+            input_names=names,
+            output_names=[kind.output],
+            dynamic_shapes=(tuple({0: batch, 1: sequence} for _ in names),),
+            verbose=False,
         )
     program.save(str(target), external_data=True)
     probes = probe_inputs(model_dir, names)
@@ -155,11 +172,15 @@ def probe_inputs(model_dir: Path, input_names: Sequence[str]) -> list[dict[str, 
         mask = np.ones((rows, tokens), dtype=np.int64)
         mask[0, valid:] = 0
         ids = rng.integers(0, vocab, size=(rows, tokens), dtype=np.int64) * mask
-        probes.append({n: ids if n == "input_ids" else mask if n == "attention_mask" else np.zeros_like(ids) for n in input_names})
+        probes.append(
+            {n: ids if n == "input_ids" else mask if n == "attention_mask" else np.zeros_like(ids) for n in input_names}
+        )
     return probes
 
 
-def check_graph(graph: Path, expected: Sequence[np.ndarray], probes: Sequence[Mapping[str, np.ndarray]], what: str) -> None:
+def check_graph(
+    graph: Path, expected: Sequence[np.ndarray], probes: Sequence[Mapping[str, np.ndarray]], what: str
+) -> None:
     """Raise :class:`GraphMismatchError` naming ``what`` when ONNX Runtime cannot run ``graph`` on ``probes``, or
     its output is not within :data:`GRAPH_ATOL` / :data:`GRAPH_RTOL` of ``expected`` (one array per probe)."""
     try:

@@ -30,14 +30,20 @@ run proves it stayed within tolerance on its own input.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from lakescore.udfs.models.errors import ModelSourceError
 
 __all__ = [
-    "RECIPE", "Tolerance", "QuantizationToleranceError", "quantize_int8", "quantized_nodes", "check_fidelity", "recipe",
+    "RECIPE",
+    "Tolerance",
+    "QuantizationToleranceError",
+    "quantize_int8",
+    "quantized_nodes",
+    "check_fidelity",
+    "recipe",
 ]
 
 RECIPE = "int8-dyn-pc-attnproj-v1"
@@ -89,7 +95,9 @@ _FLOAT32_SETTING = {"int8": "model.quantize: none"}
 """The setting that turns each reduced-precision path off (a ``dtype`` path: ``model.dtype: float32``)."""
 
 
-def check_fidelity(figures: Mapping[str, float], tolerance: Tolerance, rows: int, source: str, path: str = "int8") -> None:
+def check_fidelity(
+    figures: Mapping[str, float], tolerance: Tolerance, rows: int, source: str, path: str = "int8"
+) -> None:
     """Raise :class:`QuantizationToleranceError` naming every figure outside ``tolerance``.
 
     ``figures`` come from a head's ``fidelity(reference, outputs)``; names without a limit
@@ -135,15 +143,23 @@ def quantize_int8(source: Path, target: Path) -> None:
 
     nodes = quantized_nodes(source)
     if not nodes:
-        raise ValueError(f"{source} has no MatMul with a square weight; the int8 recipe {RECIPE} has nothing to quantize")
+        raise ValueError(
+            f"{source} has no MatMul with a square weight; the int8 recipe {RECIPE} has nothing to quantize"
+        )
     model = _without_weight_shapes(source)
     quiet = logging.getLogger()
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # ORT logs a "consider pre-processing" warning on every call
     try:
         quantize_dynamic(
-            model, str(target), weight_type=QuantType.QInt8, per_channel=True, reduce_range=not cpu_has_vnni(),
-            op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes, use_external_data_format=True,
+            model,
+            str(target),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=not cpu_has_vnni(),
+            op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=nodes,
+            use_external_data_format=True,
         )
     finally:
         quiet.setLevel(level)

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import typing
 from datetime import date
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 __all__ = [
-    "ConfigError", "Section", "Text", "Number", "Fraction", "Strings", "invalid", "checked", "cli", "JOB_ONLY",
-    "as_text", "as_number",
+    "ConfigError",
+    "Section",
+    "Text",
+    "Number",
+    "Fraction",
+    "Strings",
+    "invalid",
+    "checked",
+    "cli",
+    "JOB_ONLY",
+    "as_text",
+    "as_number",
 ]
 
 
@@ -57,7 +67,7 @@ def _strings(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def checked(check: typing.Callable[[Any], Optional[str]]) -> AfterValidator:
+def checked(check: typing.Callable[[Any], str | None]) -> AfterValidator:
     """A value check: ``check(value)`` returns why the value is wrong, or ``None``."""
 
     def validate(value: Any) -> Any:
@@ -76,10 +86,15 @@ Strings = Annotated[tuple[Text, ...], BeforeValidator(_strings)]
 """A list of strings, kept as a tuple."""
 
 
-def cli(flag: str, metavar: Optional[str] = None, sweep: bool = False, repeat: bool = False) -> dict[str, Any]:
+def cli(flag: str, metavar: str | None = None, sweep: bool = False, repeat: bool = False) -> dict[str, Any]:
     """``json_schema_extra`` of a field that has a command-line flag: ``lakescore score`` takes every such flag,
     ``lakescore sweep`` those marked ``sweep``; a ``repeat`` flag (a list setting) adds one item each time it is given."""
-    return {"flag": flag, "sweep": sweep, **({"metavar": metavar} if metavar else {}), **({"repeat": True} if repeat else {})}
+    return {
+        "flag": flag,
+        "sweep": sweep,
+        **({"metavar": metavar} if metavar else {}),
+        **({"repeat": True} if repeat else {}),
+    }
 
 
 JOB_ONLY = {"job_only": True}

@@ -9,14 +9,21 @@ chunked run writes."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from lakescore.udfs.options.remote import EmbedEndpointOptions, EmbedServerOptions
 from lakescore.udfs.options.base import ConfigError, Section, cli
+from lakescore.udfs.options.remote import EmbedEndpointOptions, EmbedServerOptions
 
-__all__ = ["ChunkOptions", "EmbedOptions", "DOCUMENT_VECTORS", "DEFAULT_MAX_CHUNKS", "check_chunk_limit", "chunk_limit_error"]
+__all__ = [
+    "ChunkOptions",
+    "EmbedOptions",
+    "DOCUMENT_VECTORS",
+    "DEFAULT_MAX_CHUNKS",
+    "check_chunk_limit",
+    "chunk_limit_error",
+]
 
 DOCUMENT_VECTORS = ("none", "mean")
 DEFAULT_MAX_CHUNKS = 1000
@@ -28,7 +35,7 @@ class ChunkOptions(Section):
     own tokenizer into windows of at most ``max_tokens`` tokens, one output row per chunk (``chunk_index``,
     ``chunk_start``, ``chunk_end``, ``embedding``). Off unless ``max_tokens`` is set."""
 
-    max_tokens: Optional[int] = Field(None, ge=2, json_schema_extra=cli("--chunk-tokens", "N"))
+    max_tokens: int | None = Field(None, ge=2, json_schema_extra=cli("--chunk-tokens", "N"))
     """Tokens one chunk is read as at most, the model's special tokens and prompt included (at most the model's
     ``max_seq_length``); a text that fits is one chunk."""
     overlap_tokens: int = Field(0, ge=0, json_schema_extra=cli("--chunk-overlap", "N"))
@@ -45,13 +52,17 @@ class ChunkOptions(Section):
         return self.max_tokens is not None
 
     @model_validator(mode="after")
-    def _needs_max_tokens(self) -> "ChunkOptions":
+    def _needs_max_tokens(self) -> ChunkOptions:
         given = sorted(self.model_fields_set - {"max_tokens"})
         if given and not self.enabled:
-            raise ConfigError(f"embed.chunk.{given[0]} needs embed.chunk.max_tokens (--chunk-tokens), which turns chunking on")
+            raise ConfigError(
+                f"embed.chunk.{given[0]} needs embed.chunk.max_tokens (--chunk-tokens), which turns chunking on"
+            )
         if self.enabled and self.overlap_tokens >= self.max_tokens:
-            raise ConfigError(f"embed.chunk.overlap_tokens {self.overlap_tokens} must be below embed.chunk.max_tokens "
-                              f"{self.max_tokens}")
+            raise ConfigError(
+                f"embed.chunk.overlap_tokens {self.overlap_tokens} must be below embed.chunk.max_tokens "
+                f"{self.max_tokens}"
+            )
         return self
 
 
@@ -59,21 +70,23 @@ class EmbedOptions(Section):
     """The ``embed`` task's own settings."""
 
     chunk: ChunkOptions = Field(default_factory=ChunkOptions)
-    endpoint: Optional[EmbedEndpointOptions] = None
+    endpoint: EmbedEndpointOptions | None = None
     """Embed through an OpenAI-compatible ``/v1/embeddings`` endpoint instead of a model loaded here (``--model`` is not
     needed); see ``docs/embedding.md``."""
-    server: Optional[EmbedServerOptions] = None
+    server: EmbedServerOptions | None = None
     """Serve the model (``--model``) with an engine lakescore starts once per executor host (vLLM's pooling runner, or
     SGLang) and send each host's rows to its ``/v1/embeddings``; see ``docs/embedding.md``."""
 
     @model_validator(mode="after")
-    def _remote(self) -> "EmbedOptions":
+    def _remote(self) -> EmbedOptions:
         if self.endpoint is not None and self.server is not None:
             raise ConfigError("embed.endpoint and embed.server exclude each other: a model is called, or served here")
         if self.remote and self.chunked:
             # chunks are cut by the model's own tokenizer, which an endpoint does not lend: one rule for both remote heads
-            raise ConfigError("embed.chunk with embed.endpoint / embed.server: chunks are cut by the model's tokenizer "
-                              "in-process; embed long documents in-process (drop the endpoint or server)")
+            raise ConfigError(
+                "embed.chunk with embed.endpoint / embed.server: chunks are cut by the model's tokenizer "
+                "in-process; embed long documents in-process (drop the endpoint or server)"
+            )
         return self
 
     @property
@@ -100,8 +113,10 @@ class EmbedOptions(Section):
 def chunk_limit_error(max_tokens: int, limit: int) -> str:
     """The one line for an ``embed.chunk.max_tokens`` above the ``limit`` tokens the model reads, on the driver and the
     executors alike."""
-    return (f"embed.chunk.max_tokens {max_tokens} is above the {limit} tokens the model reads, which would truncate every "
-            f"full chunk; set it at most {limit}")
+    return (
+        f"embed.chunk.max_tokens {max_tokens} is above the {limit} tokens the model reads, which would truncate every "
+        f"full chunk; set it at most {limit}"
+    )
 
 
 def check_chunk_limit(spec: Any, model_dir: Path, config: dict) -> None:
@@ -123,14 +138,19 @@ def check_chunk_limit(spec: Any, model_dir: Path, config: dict) -> None:
     sentence = read_json(transformer / "sentence_bert_config.json") or {}
     facts = read_json(transformer / "config.json") or {}
     tokenizer = (read_json(transformer / "tokenizer_config.json") or {}).get("model_max_length")
-    limits = [spec.max_seq_length or sentence.get("max_seq_length"), facts.get("max_position_embeddings"),
-              tokenizer if isinstance(tokenizer, int) and tokenizer < NO_TOKENIZER_LIMIT else None]
+    limits = [
+        spec.max_seq_length or sentence.get("max_seq_length"),
+        facts.get("max_position_embeddings"),
+        tokenizer if isinstance(tokenizer, int) and tokenizer < NO_TOKENIZER_LIMIT else None,
+    ]
     known = [v for v in limits if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     if known and options.chunk.max_tokens > min(known):
-        raise UnfitModelError(f"task {spec.task}: {chunk_limit_error(options.chunk.max_tokens, min(known))} ({model_dir})")
+        raise UnfitModelError(
+            f"task {spec.task}: {chunk_limit_error(options.chunk.max_tokens, min(known))} ({model_dir})"
+        )
 
 
-def _transformer_folder(model_dir: Path) -> Optional[str]:
+def _transformer_folder(model_dir: Path) -> str | None:
     """The Transformer module's folder in ``model_dir`` (``""``: the model's own), or ``None`` for a sentence-transformers
     model with modules beyond Transformer, Pooling and Normalize (its limit is sentence-transformers' to read)."""
     import json

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import string
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -18,8 +19,16 @@ from lakescore.udfs.options.base import ConfigError, Number, Section, Strings, T
 from lakescore.udfs.options.remote import EndpointOptions, ServerOptions, unsupported_settings
 
 __all__ = [
-    "GenerateOptions", "CHAT_TEMPLATE_MODES", "TRUNCATE_MODES", "CHOICE_SCORES", "FINISH_REASONS", "template_parts",
-    "template_columns", "model_context", "require_room", "check_context",
+    "GenerateOptions",
+    "CHAT_TEMPLATE_MODES",
+    "TRUNCATE_MODES",
+    "CHOICE_SCORES",
+    "FINISH_REASONS",
+    "template_parts",
+    "template_columns",
+    "model_context",
+    "require_room",
+    "check_context",
 ]
 
 CHAT_TEMPLATE_MODES = ("auto", "never")
@@ -36,7 +45,7 @@ def _json_text(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, Mapping) else value
 
 
-def _template_problem(template: str) -> Optional[str]:
+def _template_problem(template: str) -> str | None:
     try:
         template_parts(template)
     except ValueError as exc:
@@ -48,13 +57,13 @@ class GenerateOptions(Section):
     """The ``generate`` task: how each row's prompt is rendered and how the model continues it. Greedy by default, so
     a rerun writes the same text; see ``docs/generation.md``."""
 
-    prompt_template: Annotated[Optional[Text], checked(_template_problem)] = Field(
+    prompt_template: Annotated[Text | None, checked(_template_problem)] = Field(
         None, json_schema_extra=cli("--prompt-template", "TEMPLATE")
     )
     """Each row's prompt: ``str.format`` placeholders naming input columns, e.g. ``"Review: {body}\\nSummary:"``; a
     value is inserted as Spark casts it to a string, and a row with a null in a named column is ``null_input``.
     Default: the ``text_col`` as it is."""
-    system_prompt: Optional[Text] = Field(None, json_schema_extra=cli("--system-prompt", "TEXT"))
+    system_prompt: Text | None = Field(None, json_schema_extra=cli("--system-prompt", "TEXT"))
     """A system message before every prompt (in the chat template, else above the prompt, a blank line between)."""
     chat_template: Literal[CHAT_TEMPLATE_MODES] = Field("auto", json_schema_extra=cli("--chat-template"))
     """``auto``: wrap the prompt in the tokenizer's chat template when it has one (``apply_chat_template(...,
@@ -81,10 +90,10 @@ class GenerateOptions(Section):
     """What ``choices`` are compared by, and what ``choice_logprobs`` holds: ``sum`` of each choice's token
     log-probabilities (its probability as a continuation, which favours choices of fewer tokens), or their ``mean``
     per token."""
-    json_schema: Annotated[Optional[Text], BeforeValidator(_json_text)] = None
+    json_schema: Annotated[Text | None, BeforeValidator(_json_text)] = None
     """A JSON Schema (a YAML mapping or JSON text): decoding is constrained so that every text is JSON that validates
     against it (llguidance; over an endpoint, the API's JSON-schema response format)."""
-    top_k: Optional[int] = Field(None, ge=1, json_schema_extra=cli("--top-k", "K"))
+    top_k: int | None = Field(None, ge=1, json_schema_extra=cli("--top-k", "K"))
     """Sampling: draw from the ``top_k`` likeliest tokens only (with ``top_p``, from the smaller set); default: all."""
     repetition_penalty: Number = Field(1.0, gt=0, allow_inf_nan=False, json_schema_extra=cli("--repetition-penalty"))
     """Above 1: a token already in the prompt or the text is made less likely (transformers' rule: its logit divided
@@ -101,15 +110,15 @@ class GenerateOptions(Section):
     the value says how likely the model finds the text, whichever rule picked each token, and a token has the same
     value in a greedy and a sampled run. Over an endpoint it is the API's ``logprobs``: a server that returns none is
     refused in the preflight."""
-    endpoint: Optional[EndpointOptions] = None
+    endpoint: EndpointOptions | None = None
     """Generate through an OpenAI-compatible endpoint instead of a model loaded here (``--model`` is not needed); see
     ``docs/generation.md``."""
-    server: Optional[ServerOptions] = None
+    server: ServerOptions | None = None
     """Serve the model (``--model``) with an engine lakescore starts once per executor host (vLLM, SGLang or
     ``transformers serve``) and send each host's rows to it; see ``docs/generation.md``."""
 
     @model_validator(mode="after")
-    def _combinations(self) -> "GenerateOptions":
+    def _combinations(self) -> GenerateOptions:
         if any(s == "" for s in self.stop):
             raise ConfigError("generate.stop holds an empty string; every stop string needs at least one character")
         if any(c == "" for c in self.choices) or len(set(self.choices)) != len(self.choices):
@@ -117,22 +126,32 @@ class GenerateOptions(Section):
         if len(self.choices) == 1:  # one choice would label every row with it, whatever the model says
             raise ConfigError(f"generate.choices needs two choices at least, got {list(self.choices)!r}")
         if self.choices and self.logprobs:
-            raise ConfigError("generate.logprobs is for generated text; with generate.choices each choice's log-probability "
-                              "is in choice_logprobs already")
+            raise ConfigError(
+                "generate.logprobs is for generated text; with generate.choices each choice's log-probability "
+                "is in choice_logprobs already"
+            )
         if self.choices and self.json_schema is not None:
-            raise ConfigError("generate.choices and generate.json_schema exclude each other: choices are scored, not generated")
+            raise ConfigError(
+                "generate.choices and generate.json_schema exclude each other: choices are scored, not generated"
+            )
         if self.json_schema is not None:
             try:
                 schema = json.loads(self.json_schema)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"generate.json_schema is not JSON text: {exc}") from None
             if not isinstance(schema, dict):
-                raise ConfigError(f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}")
+                raise ConfigError(
+                    f"generate.json_schema must be a JSON object (a JSON Schema), got {self.json_schema[:80]!r}"
+                )
             _check_json_schema(schema)
         if self.min_new_tokens > self.max_new_tokens:
-            raise ConfigError(f"generate.min_new_tokens {self.min_new_tokens} exceeds generate.max_new_tokens {self.max_new_tokens}")
+            raise ConfigError(
+                f"generate.min_new_tokens {self.min_new_tokens} exceeds generate.max_new_tokens {self.max_new_tokens}"
+            )
         if self.endpoint is not None and self.server is not None:
-            raise ConfigError("generate.endpoint and generate.server exclude each other: a model is called, or served here")
+            raise ConfigError(
+                "generate.endpoint and generate.server exclude each other: a model is called, or served here"
+            )
         remote = self.endpoint or self.server
         if remote is not None:
             refused = unsupported_settings(self, remote.api)
@@ -168,8 +187,15 @@ class GenerateOptions(Section):
         return facts
 
 
-_ADDED_SETTINGS = {"top_k": None, "repetition_penalty": 1.0, "min_new_tokens": 0, "stop_token_ids": (), "logprobs": False,
-                   "endpoint": None, "server": None}
+_ADDED_SETTINGS = {
+    "top_k": None,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "stop_token_ids": (),
+    "logprobs": False,
+    "endpoint": None,
+    "server": None,
+}
 """The generate settings issue 48 added, at their defaults: left out of :meth:`GenerateOptions.identity` there."""
 
 
@@ -186,7 +212,7 @@ def _check_json_schema(schema: dict) -> None:
         raise ConfigError(f"generate.json_schema is not a valid JSON Schema: at {where}: {exc.message}") from None
 
 
-def model_context(positions: Optional[int], max_seq_length: Optional[int], tokenizer_limit: Optional[int]) -> Optional[int]:
+def model_context(positions: int | None, max_seq_length: int | None, tokenizer_limit: int | None) -> int | None:
     """The tokens a prompt plus its new tokens may hold: the smallest of the model's positions,
     ``model.max_seq_length`` and the tokenizer's ``model_max_length`` (one at or over
     :data:`~lakescore.udfs.models.json_files.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
@@ -196,7 +222,7 @@ def model_context(positions: Optional[int], max_seq_length: Optional[int], token
     return min(limits) if limits else None
 
 
-def require_room(spec: Any, model_dir: Path, context: Optional[int]) -> None:
+def require_room(spec: Any, model_dir: Path, context: int | None) -> None:
     """:class:`~lakescore.udfs.models.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no token of
     ``context`` for a prompt: the rule the driver checks first (:func:`check_context`) and the executors on load."""
     from lakescore.udfs.models.errors import UnfitModelError
@@ -228,7 +254,7 @@ def check_context(spec: Any, model_dir: Path, config: dict) -> None:
     require_room(spec, model_dir, model_context(ints[0], spec.max_seq_length, ints[1]))
 
 
-def template_parts(template: str) -> list[tuple[str, Optional[str]]]:
+def template_parts(template: str) -> list[tuple[str, str | None]]:
     """``template`` as ``(literal text, column name or None)`` pairs in order, what the job concatenates into each row's
     prompt; ``ValueError`` for a malformed template or a placeholder that is not a plain column name (positional
     ``{}``, ``{0}``, attribute or index access, a format spec or conversion: values are inserted as Spark casts them
@@ -237,7 +263,7 @@ def template_parts(template: str) -> list[tuple[str, Optional[str]]]:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ValueError(f"generate.prompt_template {template!r} is not a str.format template: {exc}") from None
-    parts: list[tuple[str, Optional[str]]] = []
+    parts: list[tuple[str, str | None]] = []
     for literal, name, spec, conversion in parsed:
         if name is not None and (name == "" or name.isdigit() or any(c in name for c in ".[]")):
             raise ValueError(

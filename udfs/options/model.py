@@ -7,7 +7,7 @@ fields from it (all but :data:`DRIVER_ONLY`); :mod:`lakescore.jobs.config` uses 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -30,11 +30,11 @@ class ModelOptions(Section):
     """Where the model comes from and how its outputs are shaped. Given as one string (``model: /models/minilm``),
     the section is its ``source``."""
 
-    source: Optional[Text] = Field(None, json_schema_extra=cli("--model", sweep=True))
+    source: Text | None = Field(None, json_schema_extra=cli("--model", sweep=True))
     """A model directory (tabular: a ``.pt`` / ``.pt2`` file or a directory holding one), a Hadoop URI (``s3a://``,
     ``dbfs:/``, ``file:/``: copied once per host), an MLflow model (``models:/name/version``, ``models:/name@alias``,
     ``runs:/<run>/<path>``) or a Hugging Face hub id."""
-    revision: Optional[Text] = Field(None, json_schema_extra=cli("--revision", sweep=True))
+    revision: Text | None = Field(None, json_schema_extra=cli("--revision", sweep=True))
     """Hub branch, tag or commit (recorded as ``model_revision``: for hub ids the resolved commit, for MLflow models
     the registry version); for other sources recorded as given."""
     device: Literal[DEVICES] = Field("cpu", json_schema_extra=cli("--device"))
@@ -42,9 +42,12 @@ class ModelOptions(Section):
     one Spark assigned the task)."""
     dtype: Literal[DTYPES] = Field("float32", json_schema_extra=cli("--dtype"))
     """Model precision; ``float16`` on CUDA only."""
-    expect_sha256: Annotated[Optional[Text], checked(
-        lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v.strip().lower()) else f"must be 64 hex digits, got {v!r}"
-    )] = Field(None, json_schema_extra=cli("--expect-sha256", "HEX"))
+    expect_sha256: Annotated[
+        Text | None,
+        checked(
+            lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v.strip().lower()) else f"must be 64 hex digits, got {v!r}"
+        ),
+    ] = Field(None, json_schema_extra=cli("--expect-sha256", "HEX"))
     """Refuse to score (exit 2, nothing written) unless the weights digest equals this hex."""
     allow_pickle: bool = Field(False, json_schema_extra=cli("--allow-pickle"))
     """Allow pickle-based weights (``pytorch_model.bin``): loading them can run arbitrary code."""
@@ -52,16 +55,17 @@ class ModelOptions(Section):
     """Run model code shipped with the model (transformers ``trust_remote_code``)."""
     cache_dir: Text = "~/.cache/lakescore/models"
     """Where each host keeps its copy of a remote (``s3a://``, ``dbfs:/``, MLflow) model and exported ONNX graphs."""
-    max_seq_length: Optional[int] = Field(None, ge=1)
+    max_seq_length: int | None = Field(None, ge=1)
     """Token limit per text; default: the model's own sentence-transformers setting."""
-    pooling: Optional[Literal[POOLING_MODES]] = None
+    pooling: Literal[POOLING_MODES] | None = None
     """Embeddings of models without a sentence-transformers config: the pooling (default ``mean``), one of
     sentence-transformers' modes, e.g. ``cls``, or ``lasttoken`` for a decoder embedder."""
-    normalize: Optional[bool] = None
+    normalize: bool | None = None
     """L2-normalise embeddings; default: as the model's own config says (plain HF dirs: true)."""
-    prompt_name: Annotated[Optional[Text], checked(
-        lambda v: None if v.strip() else "must name one of the model's prompts, got an empty string"
-    )] = None
+    prompt_name: Annotated[
+        Text | None,
+        checked(lambda v: None if v.strip() else "must name one of the model's prompts, got an empty string"),
+    ] = None
     """Embeddings: the model's prompt to prepend to every text, by its name in the model's sentence-transformers
     ``prompts`` (e.g. ``passage``); default: the model's ``default_prompt_name``, else none."""
     backend: Literal[BACKENDS] = Field("torch", json_schema_extra=cli("--backend"))
@@ -81,13 +85,17 @@ class ModelOptions(Section):
         return Tolerance(self.quantize_min_cosine, self.quantize_min_agreement, self.quantize_max_prob_delta)
 
     @model_validator(mode="after")
-    def _combinations(self) -> "ModelOptions":
+    def _combinations(self) -> ModelOptions:
         if self.dtype == "float16" and self.device == "cpu":
             raise ConfigError("model.dtype float16 needs a GPU (device cuda or auto); use bfloat16 on CPU")
         if self.backend == "onnx" and self.device == "cuda":
-            raise ConfigError("model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU")
+            raise ConfigError(
+                "model.backend onnx runs on CPU (ONNX Runtime's CPU build); use device cpu, or backend torch on a GPU"
+            )
         if self.backend == "onnx" and self.dtype != "float32":
-            raise ConfigError(f"model.backend onnx runs float32 (or model.quantize int8), got model.dtype {self.dtype!r}")
+            raise ConfigError(
+                f"model.backend onnx runs float32 (or model.quantize int8), got model.dtype {self.dtype!r}"
+            )
         if self.quantize == "int8" and self.backend != "onnx":
             raise ConfigError("model.quantize int8 needs model.backend onnx")
         return self

@@ -7,7 +7,7 @@ client, so the config and the driver read them without it (:mod:`lakescore.udfs.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -16,9 +16,21 @@ from lakescore.udfs.options.base import ConfigError, Number, Section, Text, chec
 from lakescore.udfs.options.batch import BatchOptions
 
 __all__ = [
-    "ENDPOINT_APIS", "ENGINES", "InputPrice", "Price", "RemoteEndpoint", "ServedEngine", "EndpointOptions", "ServerOptions",
-    "EmbedEndpointOptions", "EmbedServerOptions", "DEFAULT_CONCURRENCY", "MODELS_LISTING", "unsupported_settings",
-    "MESSAGES_API", "GENERATE_ENDPOINT_APIS",
+    "ENDPOINT_APIS",
+    "ENGINES",
+    "InputPrice",
+    "Price",
+    "RemoteEndpoint",
+    "ServedEngine",
+    "EndpointOptions",
+    "ServerOptions",
+    "EmbedEndpointOptions",
+    "EmbedServerOptions",
+    "DEFAULT_CONCURRENCY",
+    "MODELS_LISTING",
+    "unsupported_settings",
+    "MESSAGES_API",
+    "GENERATE_ENDPOINT_APIS",
 ]
 
 ENDPOINT_APIS = ("completions", "chat")
@@ -44,19 +56,21 @@ _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 is more likely a key typed here by mistake (``sk_live_...``, ``hf_...``) than a variable's name."""
 
 
-def _key_env_problem(value: str) -> Optional[str]:
+def _key_env_problem(value: str) -> str | None:
     # the value is never quoted back: it may be the key itself, and the error reaches the console and the logs
     if _ENV_NAME.fullmatch(value) and len(value) <= 64:
         return None
-    return ("must name the environment variable that holds the key (upper case, digits, _, e.g. LLM_API_KEY); the value "
-            "given is not one and is not shown here, in case it is the key itself")
+    return (
+        "must name the environment variable that holds the key (upper case, digits, _, e.g. LLM_API_KEY); the value "
+        "given is not one and is not shown here, in case it is the key itself"
+    )
 
 
 Args = Annotated[tuple[Text, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
 """An engine's flags, as YAML lists them (a number in the list is the text it was written as)."""
 
 
-def _url_problem(value: str) -> Optional[str]:
+def _url_problem(value: str) -> str | None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return f"must be an http:// or https:// base URL, got {value!r}"
@@ -106,9 +120,9 @@ class _Client(Section):
     max_consecutive_failures: int = Field(16, ge=1)
     """Failed requests in a row (429s aside) after which the run stops: a dead or refusing endpoint does not burn
     through the table. Nothing is published; the chunks staged so far are kept for the rerun."""
-    requests_per_minute: Optional[int] = Field(None, ge=1)
+    requests_per_minute: int | None = Field(None, ge=1)
     """Requests per minute, shared by the tasks on one executor host; default: no limit."""
-    tokens_per_minute: Optional[int] = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
     """Tokens (prompt plus generate's ``max_new_tokens`` ahead, settled from ``usage`` after) per minute, shared by the
     tasks on one executor host; default: no limit."""
 
@@ -122,11 +136,11 @@ class RemoteEndpoint(_Client):
     ``<url>/chat/completions`` (generate) or ``<url>/embeddings`` (embed)."""
     model: Text
     """The served model's name, as requests name it."""
-    api_key_env: Annotated[Optional[Text], checked(_key_env_problem)] = None
+    api_key_env: Annotated[Text | None, checked(_key_env_problem)] = None
     """The name of the environment variable holding the API key, in upper case (``LLM_API_KEY``); on clusters, see
     docs/generation.md "The key" for how the executors get it without showing it. The key itself is never in the
     config, logs, reports or tables: a value that is not such a name is refused without being shown."""
-    revision: Optional[Text] = None
+    revision: Text | None = None
     """A version the user vouches for (a name alone cannot prove the weights behind it did not change): part of the
     model's identity, recorded as ``model_revision``."""
 
@@ -144,9 +158,9 @@ class EndpointOptions(RemoteEndpoint):
     """``completions`` (the prompt as it is), ``chat`` (the server's chat template, the system prompt as the system
     message) or ``messages`` (Anthropic's Messages API: ``<url>/messages``, the key sent as ``x-api-key`` with
     ``anthropic-version``; the prompt as the user message, the system prompt as ``system``)."""
-    price: Optional[Price] = None
+    price: Price | None = None
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
-    batch: Optional[BatchOptions] = None
+    batch: BatchOptions | None = None
     """Send the rows through the provider's Batch API (files of requests, at its batch price) instead of one request
     per row; see ``docs/generation.md`` "Provider batches"."""
 
@@ -159,7 +173,7 @@ class EmbedEndpointOptions(RemoteEndpoint):
     """An OpenAI-compatible ``/v1/embeddings`` endpoint (``embed.endpoint``): a hosted API, a team's vLLM pooling
     server."""
 
-    price: Optional[InputPrice] = None
+    price: InputPrice | None = None
     """``{input: ..}`` per million prompt tokens: the run's cost in the report, summary, history and metrics."""
 
 
@@ -175,7 +189,7 @@ class ServedEngine(_Client):
     host and port."""
     startup_timeout_s: Number = Field(600.0, gt=0)
     """Seconds the engine may take to answer its health check (loading weights, compiling) before the task fails."""
-    python: Optional[Text] = None
+    python: Text | None = None
     """The Python interpreter that runs the engine (``<python> -m vllm.entrypoints.openai.api_server``, ``-m
     sglang.launch_server``, ``-m transformers.cli.transformers serve``), so the engine can live in an environment of its
     own (``build/engines/vllm/bin/python``; a relative path is taken from the worker's working directory). Default: the
@@ -208,10 +222,12 @@ class EmbedServerOptions(ServedEngine):
     added likewise)."""
 
     @model_validator(mode="after")
-    def _serves_embeddings(self) -> "EmbedServerOptions":
+    def _serves_embeddings(self) -> EmbedServerOptions:
         if self.engine not in EMBEDDING_ENGINES:
-            raise ConfigError(f"embed.server.engine {self.engine}: `transformers serve` has no /v1/embeddings route; "
-                              f"use {' or '.join(EMBEDDING_ENGINES)}, or embed in-process (drop embed.server)")
+            raise ConfigError(
+                f"embed.server.engine {self.engine}: `transformers serve` has no /v1/embeddings route; "
+                f"use {' or '.join(EMBEDDING_ENGINES)}, or embed in-process (drop embed.server)"
+            )
         return self
 
 
@@ -222,12 +238,16 @@ def unsupported_settings(options: Any, api: str) -> list[str]:
         # vLLM returns prompt log-probabilities (echo with logprobs), but over the completions API the prompt and the
         # choice go as one text the server tokenizes together, where in-process choices tokenize them apart (and apply
         # the chat template): the scores would not be in-process choices' scores
-        refused.append("generate.choices is refused over an endpoint: a choice's log-probability given the prompt would "
-                       "come from the prompt and the choice sent as one text (echo with logprobs), which the server "
-                       "tokenizes together, where in-process choices tokenize them apart, so the scores could differ; "
-                       "run choices in-process, or ask for one word with generate.json_schema (an enum)")
+        refused.append(
+            "generate.choices is refused over an endpoint: a choice's log-probability given the prompt would "
+            "come from the prompt and the choice sent as one text (echo with logprobs), which the server "
+            "tokenizes together, where in-process choices tokenize them apart, so the scores could differ; "
+            "run choices in-process, or ask for one word with generate.json_schema (an enum)"
+        )
     if options.truncate != "none":
-        refused.append("generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit")
+        refused.append(
+            "generate.truncate: left needs the model's tokenizer; over an endpoint the server applies its own limit"
+        )
     if options.chat_template == "never" and api in ("chat", MESSAGES_API):
         refused.append("generate.chat_template: never needs the completions API")
     if api == MESSAGES_API:
@@ -239,8 +259,10 @@ def _messages_unsupported(options: Any) -> list[str]:
     """The generate settings Anthropic's Messages API has no field for (or no such value), each as its refusal."""
     refused = []
     if options.logprobs:
-        refused.append("generate.logprobs: Anthropic's Messages API returns no log-probabilities; use api chat or "
-                       "completions with a server that does")
+        refused.append(
+            "generate.logprobs: Anthropic's Messages API returns no log-probabilities; use api chat or "
+            "completions with a server that does"
+        )
     for name, neutral in (("repetition_penalty", 1.0), ("min_new_tokens", 0), ("stop_token_ids", ())):
         if getattr(options, name) != neutral:
             refused.append(f"generate.{name}: Anthropic's Messages API has no such setting (api messages)")

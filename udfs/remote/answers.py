@@ -8,15 +8,23 @@ the heads read them.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Protocol
 
 from lakescore.schemas.reasons import ENDPOINT_ERROR, ENDPOINT_UNFINISHED
 from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
-    "Answer", "EndpointError", "EndpointDown", "EndpointRefused", "Malformed", "Unfinished", "Unhonoured",
+    "Answer",
+    "EndpointError",
+    "EndpointDown",
+    "EndpointRefused",
+    "Malformed",
+    "Unfinished",
+    "Unhonoured",
     "RETRY_STATUSES",
-    "retryable", "content_refused", "what_happened",
+    "retryable",
+    "content_refused",
+    "what_happened",
 ]
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -31,19 +39,23 @@ class Answer(Protocol):
     tokens-per-minute limit."""
 
     @property
-    def tokens(self) -> Optional[int]: ...
+    def tokens(self) -> int | None: ...
 
 
-def retryable(kind: Optional[str], status: Optional[int]) -> bool:
+def retryable(kind: str | None, status: int | None) -> bool:
     """Whether a failed attempt is sent again: a timeout, a lost connection, or a status of :data:`RETRY_STATUSES`."""
     return kind in ("timeout", "connection") or status in RETRY_STATUSES
 
 
-def content_refused(error: "EndpointError") -> bool:
+def content_refused(error: EndpointError) -> bool:
     """Whether the server failed the request for its content: an error status (4xx) that is none of
     :data:`RETRY_STATUSES` (so not 408, 409 or 429). Anything else failed the server, not a text."""
-    return error.kind == "status" and error.status is not None and 400 <= error.status < 500 \
+    return (
+        error.kind == "status"
+        and error.status is not None
+        and 400 <= error.status < 500
         and error.status not in RETRY_STATUSES
+    )
 
 
 class EndpointError(RuntimeError):
@@ -54,7 +66,7 @@ class EndpointError(RuntimeError):
 
     reason = ENDPOINT_ERROR
 
-    def __init__(self, status: Optional[int], message: str, kind: Optional[str] = None) -> None:
+    def __init__(self, status: int | None, message: str, kind: str | None = None) -> None:
         self.status, self.message = status, message
         self.kind = kind or ("rate_limited" if status == 429 else "status" if status is not None else "connection")
         super().__init__(f"HTTP {status}: {message}" if status is not None else message)

@@ -27,18 +27,33 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.options.remote import RemoteEndpoint, ServedEngine
 from lakescore.udfs.remote.answers import (
-    Answer, EndpointDown, EndpointError, EndpointRefused, Malformed, Unfinished, retryable,
+    Answer,
+    EndpointDown,
+    EndpointError,
+    EndpointRefused,
+    Malformed,
+    Unfinished,
+    retryable,
 )
 from lakescore.udfs.remote.rate_limit import HostRateLimit
 
-__all__ = ["Reply", "ClientStats", "EndpointClient", "retry_after", "backoff", "scrub", "ESTIMATED_CHARS_PER_TOKEN",
-           "bearer_headers"]
+__all__ = [
+    "Reply",
+    "ClientStats",
+    "EndpointClient",
+    "retry_after",
+    "backoff",
+    "scrub",
+    "ESTIMATED_CHARS_PER_TOKEN",
+    "bearer_headers",
+]
 
 MAX_RETRY_AFTER_S = 300.0
 """The longest ``Retry-After`` honoured; a server asking for more is waited this long."""
@@ -47,8 +62,10 @@ ESTIMATED_CHARS_PER_TOKEN = 4
 thumb for English; the guess is settled from ``usage`` after)."""
 
 
-_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+"
-                            r"|(bearer\s+)[^\s\"',}\]]+|(x-api-key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}\]]+")
+_AUTHORIZATION = re.compile(
+    r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:[A-Za-z][\w-]*\s+)?[^\s\"',}\]]+"
+    r"|(bearer\s+)[^\s\"',}\]]+|(x-api-key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}\]]+"
+)
 
 
 def scrub(text: str, secrets: Sequence[str] = ()) -> str:
@@ -69,7 +86,7 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def tokens(self) -> Optional[int]:
+    def tokens(self) -> int | None:
         """None: a body no API's parser read, whose tokens are unknown."""
         return None
 
@@ -95,7 +112,7 @@ class ClientStats:
             self.failed += 1
 
 
-def bearer_headers(key: Optional[str]) -> dict[str, str]:
+def bearer_headers(key: str | None) -> dict[str, str]:
     """The OpenAI APIs' key header: ``Authorization: Bearer <key>``, where a key is set."""
     return {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -103,15 +120,15 @@ def bearer_headers(key: Optional[str]) -> dict[str, str]:
 def backoff(attempt: int, base: float = 0.5, cap: float = 30.0, rng: Callable[[], float] = random.random) -> float:
     """Seconds to wait before retry ``attempt`` (0 first): ``base * 2**attempt`` up to ``cap``, half of it fixed and
     half drawn, so that tasks that failed together do not retry together."""
-    delay = min(cap, base * (2 ** attempt))
+    delay = min(cap, base * (2**attempt))
     return delay / 2 + rng() * delay / 2
 
 
-def retry_after(headers: Mapping[str, str], now: Optional[float] = None) -> Optional[float]:
+def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
     """The seconds a response's ``retry-after-ms`` or ``Retry-After`` (seconds, or an HTTP date) asks to wait, at most
     :data:`MAX_RETRY_AFTER_S`; ``None`` when it names none."""
     lowered = {k.lower(): v for k, v in headers.items()}
-    seconds: Optional[float] = None
+    seconds: float | None = None
     if "retry-after-ms" in lowered:
         try:
             seconds = float(lowered["retry-after-ms"]) / 1000
@@ -168,9 +185,17 @@ class EndpointClient:
     every request carries for the key (the API's wire format says where the key goes; OpenAI's by default).
     """
 
-    def __init__(self, settings: RemoteEndpoint | ServedEngine, url: str, model: str, *, api_key: Optional[str] = None,
-                 recover: Optional[Callable[[], bool]] = None, sleep: Callable[[float], None] = time.sleep,
-                 auth: Optional[Callable[[Optional[str]], Mapping[str, str]]] = None) -> None:
+    def __init__(
+        self,
+        settings: RemoteEndpoint | ServedEngine,
+        url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        recover: Callable[[], bool] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        auth: Callable[[str | None], Mapping[str, str]] | None = None,
+    ) -> None:
         import httpx2
 
         self.settings, self.url, self.model = settings, url.rstrip("/"), model
@@ -181,7 +206,8 @@ class EndpointClient:
         self.limit = HostRateLimit(f"{self.url}\x00{model}", settings.requests_per_minute, settings.tokens_per_minute)
         headers = {"Content-Type": "application/json", **(auth or bearer_headers)(api_key)}
         self.http = httpx2.Client(
-            headers=headers, timeout=httpx2.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
+            headers=headers,
+            timeout=httpx2.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
             limits=httpx2.Limits(max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency),
         )
         self._transport_errors = (httpx2.TransportError,)
@@ -191,7 +217,7 @@ class EndpointClient:
         answer came in time."""
 
     @staticmethod
-    def key_from_env(settings: RemoteEndpoint) -> Optional[str]:
+    def key_from_env(settings: RemoteEndpoint) -> str | None:
         """The API key from the environment variable ``settings.api_key_env`` names; ``EndpointRefused`` when it is
         named but not set (on a cluster: ``spark.executorEnv.<NAME>``)."""
         if settings.api_key_env is None:
@@ -211,7 +237,7 @@ class EndpointClient:
     def close(self) -> None:
         self.http.close()
 
-    def get(self, path: str) -> Optional[Reply]:
+    def get(self, path: str) -> Reply | None:
         """``GET <url><path>``; ``None`` when the server does not answer it with JSON. Only a 429 is asked again (up to
         ``max_retries`` times, after what its ``Retry-After`` says): a server's pace, not its answer."""
         for attempt in range(self.settings.max_retries + 1):
@@ -229,15 +255,22 @@ class EndpointClient:
         return None
 
     @overload
-    def post(self, body: Mapping[str, Any], estimated_tokens: int, parse: Callable[[Mapping[str, Any]], A],
-             path: str = ...) -> A: ...
+    def post(
+        self, body: Mapping[str, Any], estimated_tokens: int, parse: Callable[[Mapping[str, Any]], A], path: str = ...
+    ) -> A: ...
 
     @overload
-    def post(self, body: Mapping[str, Any], estimated_tokens: int = ..., parse: None = ..., path: str = ...) -> Reply:
-        ...
+    def post(
+        self, body: Mapping[str, Any], estimated_tokens: int = ..., parse: None = ..., path: str = ...
+    ) -> Reply: ...
 
-    def post(self, body: Mapping[str, Any], estimated_tokens: int = 0,
-             parse: Optional[Callable[[Mapping[str, Any]], Answer]] = None, path: str = "/completions") -> Answer:
+    def post(
+        self,
+        body: Mapping[str, Any],
+        estimated_tokens: int = 0,
+        parse: Callable[[Mapping[str, Any]], Answer] | None = None,
+        path: str = "/completions",
+    ) -> Answer:
         """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's
         JSON (the :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
         that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
@@ -246,9 +279,9 @@ class EndpointClient:
         for attempt in range(attempts):
             self.breaker.check()
             self.limit.acquire(estimated_tokens)
-            status: Optional[int] = None
-            wait: Optional[float] = None
-            kind: Optional[str] = None
+            status: int | None = None
+            wait: float | None = None
+            kind: str | None = None
             try:
                 response = self.http.post(self.url + path, content=json.dumps(body))
             except self._transport_errors as exc:
@@ -276,8 +309,11 @@ class EndpointClient:
                         self.stats.fail()
                         raise exc from None
                     except ValueError as exc:  # not JSON (json's error is a ValueError), or Malformed
-                        message = (f"a malformed answer: {exc}" if isinstance(exc, Malformed)
-                                   else f"a response that is not JSON: {response.text[:200]!r}")
+                        message = (
+                            f"a malformed answer: {exc}"
+                            if isinstance(exc, Malformed)
+                            else f"a response that is not JSON: {response.text[:200]!r}"
+                        )
                     else:
                         self.breaker.success()
                         tokens = result.tokens
@@ -298,6 +334,7 @@ class EndpointClient:
             self.stats.add(Traffic(retries=int(received)))
             self.sleep(backoff(attempt) if wait is None else wait)
         raise AssertionError("unreachable")
+
 
 def _server_message(response: Any) -> str:
     """The error a response carries: OpenAI's ``{"error": {"message": ..}}``, FastAPI's ``{"detail": ..}``, else its

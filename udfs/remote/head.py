@@ -12,9 +12,10 @@ import email.utils
 import hashlib
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +31,12 @@ if TYPE_CHECKING:
     from lakescore.udfs.remote.engine import EngineServer
 
 __all__ = [
-    "RemoteHead", "open_client", "endpoint_identity", "models_listing", "canonical_entry", "canonical_json",
+    "RemoteHead",
+    "open_client",
+    "endpoint_identity",
+    "models_listing",
+    "canonical_entry",
+    "canonical_json",
     "PER_ANSWER_S",
 ]
 
@@ -53,15 +59,21 @@ def canonical_entry(entry: Mapping[str, Any], answered_at: float) -> dict[str, A
     ``Date``), and the ``id`` and ``created`` of each ``permission`` entry (vLLM draws them per answer)."""
     kept = json.loads(json.dumps(dict(entry)))  # plain JSON values: what the report and the commit metadata hold
     created = kept.get("created")
-    if isinstance(created, (int, float)) and not isinstance(created, bool) and abs(created - answered_at) <= PER_ANSWER_S:
+    if (
+        isinstance(created, (int, float))
+        and not isinstance(created, bool)
+        and abs(created - answered_at) <= PER_ANSWER_S
+    ):
         del kept["created"]
     if isinstance(kept.get("permission"), list):
-        kept["permission"] = [{k: v for k, v in p.items() if k not in ("id", "created")} if isinstance(p, dict) else p
-                              for p in kept["permission"]]
+        kept["permission"] = [
+            {k: v for k, v in p.items() if k not in ("id", "created")} if isinstance(p, dict) else p
+            for p in kept["permission"]
+        ]
     return kept
 
 
-def models_listing(reply: Optional[Reply], model: str) -> str:
+def models_listing(reply: Reply | None, model: str) -> str:
     """What ``/v1/models`` says of ``model``, as canonical JSON (:func:`canonical_json`): ``{"answered": false}`` when
     the server did not answer it (404, an error, not JSON), ``{"answered": true, "entry": null}`` when its answer does
     not list the model (``transformers serve`` lists its hub cache, not what it serves), else ``{"answered": true,
@@ -76,12 +88,14 @@ def models_listing(reply: Optional[Reply], model: str) -> str:
         except (TypeError, ValueError):
             pass
     models = reply.body.get("data") if isinstance(reply.body, Mapping) else None
-    entry = next((m for m in (models if isinstance(models, list) else ())
-                  if isinstance(m, Mapping) and m.get("id") == model), None)
+    entry = next(
+        (m for m in (models if isinstance(models, list) else ()) if isinstance(m, Mapping) and m.get("id") == model),
+        None,
+    )
     return canonical_json({"answered": True, "entry": None if entry is None else canonical_entry(entry, answered_at)})
 
 
-def endpoint_identity(model: str, listing: str, revision: Optional[str]) -> str:
+def endpoint_identity(model: str, listing: str, revision: str | None) -> str:
     """The digest recorded as ``model_sha256`` for a model served elsewhere: its name, what ``/v1/models`` says of it
     (``listing``, :func:`models_listing`) and the user's ``revision``. A name alone cannot prove the weights behind
     it did not change; this is what the server lets a client see."""
@@ -89,13 +103,11 @@ def endpoint_identity(model: str, listing: str, revision: Optional[str]) -> str:
     return hashlib.sha256(canonical_json(facts).encode()).hexdigest()
 
 
-
 class RemoteHead:
     """A head whose rows are answered by ``client`` (an endpoint, or the engine ``server`` on this host): its identity
     (``sha256``, ``files``, ``revision``), ``concurrency`` requests in flight, its request counts and ``close``."""
 
-    def __init__(self, client: EndpointClient, revision: Optional[str] = None,
-                 server: Optional[EngineServer] = None) -> None:
+    def __init__(self, client: EndpointClient, revision: str | None = None, server: EngineServer | None = None) -> None:
         self.client, self.revision, self.server = client, revision, server
         """``server``: the engine served on this host (:class:`~lakescore.udfs.remote.engine.EngineServer`), or ``None``."""
         self.pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="lakescore-endpoint")
@@ -111,19 +123,23 @@ class RemoteHead:
         Keeps the ids it lists in :attr:`served`, for :meth:`not_served`."""
         reply = self.client.get("/models")
         models = reply.body.get("data") if reply is not None and isinstance(reply.body, Mapping) else None
-        self.served: tuple[str, ...] = tuple(str(m["id"]) for m in (models if isinstance(models, list) else ())
-                                             if isinstance(m, Mapping) and "id" in m)
+        self.served: tuple[str, ...] = tuple(
+            str(m["id"]) for m in (models if isinstance(models, list) else ()) if isinstance(m, Mapping) and "id" in m
+        )
         """The model ids ``/v1/models`` listed when this head was made (none when it did not answer)."""
         return models_listing(reply, self.client.model)
 
-    def not_served(self, error: EndpointError) -> Optional[str]:
+    def not_served(self, error: EndpointError) -> str | None:
         """The preflight's line for a request the server failed because it does not serve :attr:`client`'s model (a
         404, or an error that says the model is not found), naming what it lists; ``None`` for any other failure."""
         said = error.message.lower()
-        if error.status != 404 and not (error.status is not None and "model" in said
-                                        and ("not found" in said or "does not exist" in said)):
+        if error.status != 404 and not (
+            error.status is not None and "model" in said and ("not found" in said or "does not exist" in said)
+        ):
             return None
-        listed = f"; it lists {', '.join(self.served[:10])}{' ...' if len(self.served) > 10 else ''}" if self.served else ""
+        listed = (
+            f"; it lists {', '.join(self.served[:10])}{' ...' if len(self.served) > 10 else ''}" if self.served else ""
+        )
         return f"{self.where} does not serve the model {self.client.model!r} (the preflight's request: {error}){listed}"
 
     @property
@@ -150,13 +166,14 @@ class RemoteHead:
     def default_max_tokens(self, device: str) -> int:
         return 1 << 30  # batches are cut by the Arrow batch; the server batches the requests itself
 
-    def send(self, items: Sequence[Any], one: Callable[[Any], Any], present: Sequence[int],
-             reasons: list[Optional[str]]) -> Scored:
+    def send(
+        self, items: Sequence[Any], one: Callable[[Any], Any], present: Sequence[int], reasons: list[str | None]
+    ) -> Scored:
         """``one(items[i])`` for each ``i`` in ``present``, ``concurrency`` at a time: the outputs, with ``reasons`` (and
         the scrubbed error) ``endpoint_error`` for a row the server failed; :class:`EndpointDown` (the run stops) when
         the endpoint failed too many requests in a row."""
         n = len(items)
-        errors: list[Optional[str]] = [None] * n
+        errors: list[str | None] = [None] * n
         outputs = np.empty(n, dtype=object)
         futures: dict[Future, int] = {self.pool.submit(one, i): i for i in present}
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
@@ -183,8 +200,9 @@ class RemoteHead:
         self.client.close()
 
 
-def open_client(endpoint: Optional[RemoteEndpoint], server: Optional[ServedEngine],
-                model_dir: Optional[Path]) -> tuple[EndpointClient, Optional[EngineServer]]:
+def open_client(
+    endpoint: RemoteEndpoint | None, server: ServedEngine | None, model_dir: Path | None
+) -> tuple[EndpointClient, EngineServer | None]:
     """The client for ``endpoint`` (:class:`~lakescore.udfs.options.remote.EndpointOptions`), or for ``server``: this
     host's engine serving ``model_dir``, started when no process of the host has started it yet; and the engine
     (``None`` for an endpoint). :class:`~lakescore.udfs.remote.answers.EndpointRefused` for a key named but not set;
@@ -192,18 +210,29 @@ def open_client(endpoint: Optional[RemoteEndpoint], server: Optional[ServedEngin
     from lakescore.udfs.remote.engine import HOST, EngineServer, engine_gpus, task_gpus
 
     if endpoint is not None:
-        auth = messages.auth_headers if isinstance(endpoint, EndpointOptions) and endpoint.api == MESSAGES_API \
+        auth = (
+            messages.auth_headers
+            if isinstance(endpoint, EndpointOptions) and endpoint.api == MESSAGES_API
             else bearer_headers
+        )
         key = EndpointClient.key_from_env(endpoint)
         return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=key, auth=auth), None
-    engine = EngineServer(server.engine, str(model_dir), server.args, server.startup_timeout_s, python=server.python,
-                          gpus=engine_gpus(server.args, task_gpus()))
+    engine = EngineServer(
+        server.engine,
+        str(model_dir),
+        server.args,
+        server.startup_timeout_s,
+        python=server.python,
+        gpus=engine_gpus(server.args, task_gpus()),
+    )
     url = engine.url()
 
     def recover() -> bool:  # the engine crashed: start it again (once per process), on whatever port it then has
         if not engine.recover():  # down again after its restart: the run stops, quoting the engine's own error
-            raise EndpointDown(f"the served {engine.engine} engine serving {engine.name} stopped again after "
-                               f"its restart; its error: {engine.error() or 'none in its log ' + str(engine.log_path)}")
+            raise EndpointDown(
+                f"the served {engine.engine} engine serving {engine.name} stopped again after "
+                f"its restart; its error: {engine.error() or 'none in its log ' + str(engine.log_path)}"
+            )
         client.url = f"http://{HOST}:{engine.port}/v1"
         return True
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class EndpointImageGenerator(EndpointGenerator):
     :class:`ImagePayload`, :meth:`prepare` the batch's features, :meth:`score_prompts` sends each row's image with its
     prompt."""
 
-    def process(self, image: Any, prompt: str, encoded: Optional[bytes | memoryview] = None) -> ImagePayload:
+    def process(self, image: Any, prompt: str, encoded: bytes | memoryview | None = None) -> ImagePayload:
         """One row's payload: ``encoded`` (the file's bytes) as they are, or ``image`` re-encoded (:func:`image_payload`)."""
         return image_payload(encoded, image)
 
@@ -91,18 +92,27 @@ class EndpointImageGenerator(EndpointGenerator):
         """One per row: the server plans its own batches (and counts the image's tokens in ``usage``)."""
         return np.ones(len(features[IMAGES]), dtype=np.int64)
 
-    def tokenize(self, prompts: list[str], keys: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    def tokenize(self, prompts: list[str], keys: Sequence[str] | None = None) -> dict[str, Any]:
         raise TypeError("the image generate head reads (image, prompt) rows: use prepare(), through ImagePromptRunner")
 
-    def score_prompts(self, prompts: Sequence[Optional[str]], policy: Any, keys: Optional[Sequence[str]] = None,
-                      features: Optional[Mapping[str, Any]] = None) -> Scored:
+    def score_prompts(
+        self,
+        prompts: Sequence[str | None],
+        policy: Any,
+        keys: Sequence[str] | None = None,
+        features: Mapping[str, Any] | None = None,
+    ) -> Scored:
         """Send each present row (a prompt whose image :meth:`prepare` holds, in order) with its image, ``concurrency``
         at a time: results as :meth:`EndpointGenerator.score_prompts`."""
-        reasons: list[Optional[str]] = [None if isinstance(p, str) else NULL_INPUT for p in prompts]
+        reasons: list[str | None] = [None if isinstance(p, str) else NULL_INPUT for p in prompts]
         present = [i for i, reason in enumerate(reasons) if reason is None]
         images = {} if features is None else dict(zip(present, features[IMAGES]))
-        sent = self.send(prompts, lambda i: self._one(prompts[i], None if keys is None else keys[i],
-                                                      images[i].content_part()), present, reasons)
+        sent = self.send(
+            prompts,
+            lambda i: self._one(prompts[i], None if keys is None else keys[i], images[i].content_part()),
+            present,
+            reasons,
+        )
         return refuse_unfinished_json(sent, self.options.json_schema, self.client.scrub)
 
     def score(self, values: Sequence[Any]) -> np.ndarray:
@@ -121,7 +131,7 @@ class EndpointImageGenerator(EndpointGenerator):
         return outputs
 
 
-def load_remote_image_generator(spec: ModelSpec, model_dir: Optional[Path]) -> EndpointImageGenerator:
+def load_remote_image_generator(spec: ModelSpec, model_dir: Path | None) -> EndpointImageGenerator:
     """The image head for ``spec.generate.endpoint`` or ``spec.generate.server``, raising as
     :func:`~lakescore.udfs.remote.generate.load_remote_generator` does."""
     return load_remote_generator(spec, model_dir, EndpointImageGenerator)

@@ -12,8 +12,8 @@ import hashlib
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from filelock import FileLock
 
@@ -29,8 +29,13 @@ class HostRateLimit:
     """
 
     def __init__(
-        self, key: str, requests_per_minute: Optional[int], tokens_per_minute: Optional[int],
-        folder: Optional[Path] = None, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+        self,
+        key: str,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        folder: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.rpm, self.tpm = requests_per_minute, tokens_per_minute
         digest = hashlib.sha256(f"{key}\x00{requests_per_minute}\x00{tokens_per_minute}".encode()).hexdigest()[:16]
@@ -59,9 +64,11 @@ class HostRateLimit:
     def settle(self, estimated: int, actual: int) -> None:
         """Debit (or give back) the difference between a request's ``estimated`` and ``actual`` tokens."""
         if self.tpm and actual != estimated:
+
             def debit(state: dict) -> float:
                 state["tokens"] = min(float(self.tpm), state["tokens"] - (actual - estimated))
                 return 0.0
+
             self._update(debit)
 
     def _take(self, state: dict, tokens: int) -> float:

@@ -25,7 +25,14 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from lakescore.jobs.platform.spark.adapter import add_jar, is_connect
 
 __all__ = [
-    "FUNCTION", "JAVA_CLASS", "STATUS_FUNCTION", "STATUS_CLASS", "FILE_STATUS", "JAR", "file_functions", "file_bytes",
+    "FUNCTION",
+    "JAVA_CLASS",
+    "STATUS_FUNCTION",
+    "STATUS_CLASS",
+    "FILE_STATUS",
+    "JAR",
+    "file_functions",
+    "file_bytes",
     "file_status",
 ]
 
@@ -62,8 +69,11 @@ def file_functions(spark: SparkSession) -> bool:
     except Exception as refused:
         if not is_connect(spark):
             raise
-        log.warning("the Spark Connect server does not take lakescore's file reader jar (%s); the paths are read by "
-                    "Python on the executors instead (local, file: and dbfs:/ paths only)", str(refused).splitlines()[0])
+        log.warning(
+            "the Spark Connect server does not take lakescore's file reader jar (%s); the paths are read by "
+            "Python on the executors instead (local, file: and dbfs:/ paths only)",
+            str(refused).splitlines()[0],
+        )
         return False
     return True
 
@@ -88,7 +98,7 @@ def file_status(spark: SparkSession, path: Column) -> Column:
 def _file_reader(max_bytes: int):
     """A pandas UDF: paths -> file bytes (local, ``file:`` and ``dbfs:/`` paths), each input batch returned in slices of
     at most ``max_bytes`` (Spark pairs an iterator UDF's output with its input row by row)."""
-    from typing import Iterator
+    from collections.abc import Iterator
 
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
@@ -100,7 +110,10 @@ def _file_reader(max_bytes: int):
             for part in read_in_slices(paths.tolist(), max_bytes):
                 yield pd.Series(part, dtype=object)
 
-    read.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.Series]}  # the UDF's kind, for PySpark
+    read.__annotations__ = {
+        "batches": Iterator[pd.Series],
+        "return": Iterator[pd.Series],
+    }  # the UDF's kind, for PySpark
     return pandas_udf(read, BinaryType())
 
 
@@ -114,8 +127,12 @@ def _status_reader():
         from lakescore.udfs.image_files import file_status
 
         found = [file_status(path) for path in paths.tolist()]
-        return pd.DataFrame({name: pd.array([None if f is None else f[i] for f in found], dtype="Int64")
-                             for i, name in enumerate(FILE_STATUS.names)})
+        return pd.DataFrame(
+            {
+                name: pd.array([None if f is None else f[i] for f in found], dtype="Int64")
+                for i, name in enumerate(FILE_STATUS.names)
+            }
+        )
 
     stat.__annotations__ = {"paths": pd.Series, "return": pd.DataFrame}  # the UDF's kind, for PySpark
     return pandas_udf(stat, FILE_STATUS)

@@ -34,7 +34,13 @@ from pyspark.sql import SparkSession
 from lakescore.jobs.config import ConfigError
 from lakescore.jobs.platform.spark.adapter import NotOnConnect, remote_files
 from lakescore.udfs.models.model_source import (
-    ModelSourceError, ModelSpec, is_mlflow_uri, needs_staging, register_staged, shipped_name, stage_once,
+    ModelSourceError,
+    ModelSpec,
+    is_mlflow_uri,
+    needs_staging,
+    register_staged,
+    shipped_name,
+    stage_once,
 )
 
 __all__ = ["stage_model", "stage_remote_model"]
@@ -68,7 +74,9 @@ def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Pa
     except FileNotFoundError:
         raise ModelSourceError(f"model {source!r} does not exist") from None
     except Exception as exc:
-        raise ModelSourceError(f"cannot read model {source!r}: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+        raise ModelSourceError(
+            f"cannot read model {source!r}: {str(exc).splitlines()[0] if str(exc) else exc}"
+        ) from exc
 
     manifest = "\n".join(f"{path} {size} {modified}" for path, size, modified in listing)
     key = hashlib.sha256((source + "\n" + manifest).encode("utf-8")).hexdigest()[:24]
@@ -81,7 +89,9 @@ def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Pa
         except NotOnConnect:
             raise
         except Exception as exc:
-            raise ModelSourceError(f"cannot copy model {source!r}: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+            raise ModelSourceError(
+                f"cannot copy model {source!r}: {str(exc).splitlines()[0] if str(exc) else exc}"
+            ) from exc
 
     local = stage_once(key, cache_root.expanduser(), copy) / name
     register_staged(name, local)
@@ -95,7 +105,9 @@ def _stage_mlflow_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) 
     from lakescore.udfs.models.mlflow_source import download_model, pin_model
 
     if spec.revision:
-        raise ConfigError(f"model {spec.source!r} is an MLflow URI: its version is part of it; drop --revision / model.revision")
+        raise ConfigError(
+            f"model {spec.source!r} is an MLflow URI: its version is part of it; drop --revision / model.revision"
+        )
     pinned = pin_model(spec.source)
     name = shipped_name(spec.source, pinned.revision)
     local = download_model(pinned, cache_root, name)

@@ -41,9 +41,10 @@ import logging
 import time
 import uuid
 import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
@@ -52,10 +53,31 @@ from pyspark.sql import functions as F
 from lakescore.jobs.config import ConfigError
 
 __all__ = [
-    "NotOnConnect", "is_connect", "session_facts", "start_quiet_classic_jvm", "stop_classic_jvm", "default_parallelism", "observed", "partition_count", "rows_counter",
-    "stage_progress", "set_log_level", "path_exists", "delete_path", "delete_path_if_empty", "child_names", "can_delete_paths",
-    "is_delta_path", "delta_path_table", "RemoteFiles", "remote_files", "job_tag", "cancel_tagged", "java_causes",
-    "probe_write", "add_jar",
+    "NotOnConnect",
+    "is_connect",
+    "session_facts",
+    "start_quiet_classic_jvm",
+    "stop_classic_jvm",
+    "default_parallelism",
+    "observed",
+    "partition_count",
+    "rows_counter",
+    "stage_progress",
+    "set_log_level",
+    "path_exists",
+    "delete_path",
+    "delete_path_if_empty",
+    "child_names",
+    "can_delete_paths",
+    "is_delta_path",
+    "delta_path_table",
+    "RemoteFiles",
+    "remote_files",
+    "job_tag",
+    "cancel_tagged",
+    "java_causes",
+    "probe_write",
+    "add_jar",
 ]
 
 log = logging.getLogger(__name__)
@@ -105,12 +127,12 @@ def cancel_tagged(spark: SparkSession, tag: str) -> None:
         spark.sparkContext.cancelJobsWithTag(tag)
 
 
-def session_facts(spark: SparkSession) -> dict[str, Optional[str]]:
+def session_facts(spark: SparkSession) -> dict[str, str | None]:
     """``master``, ``app_id`` and ``mode`` (``classic`` / ``connect``) for logs and the run report.
 
     Read from the session's conf, which both kinds answer; a platform that hides a key (serverless) gives ``None``.
     """
-    facts: dict[str, Optional[str]] = {"mode": "connect" if is_connect(spark) else "classic"}
+    facts: dict[str, str | None] = {"mode": "connect" if is_connect(spark) else "classic"}
     for name, key in (("master", "spark.master"), ("app_id", "spark.app.id")):
         try:
             facts[name] = spark.conf.get(key, None)
@@ -119,7 +141,7 @@ def session_facts(spark: SparkSession) -> dict[str, Optional[str]]:
     return facts
 
 
-_parallelism: "weakref.WeakKeyDictionary[SparkSession, int]" = weakref.WeakKeyDictionary()
+_parallelism: weakref.WeakKeyDictionary[SparkSession, int] = weakref.WeakKeyDictionary()
 
 
 def default_parallelism(spark: SparkSession) -> int:
@@ -141,7 +163,7 @@ OBSERVED_WAIT_SECONDS = 5.0
 """How long :func:`observed`'s function waits, after the action, for Spark to hand over the aggregates."""
 
 
-def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], Optional[dict[str, Any]]]]:
+def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], dict[str, Any] | None]]:
     """``df`` carrying ``aggregates`` (named aggregate columns) that the action running it computes on the way (Spark's
     ``Observation``), and a function returning them, as a dict by name, once that action finished; or ``None``, and the
     caller aggregates in a job of its own.
@@ -157,13 +179,15 @@ def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], O
 
     observation = Observation()
 
-    def aggregated() -> Optional[dict[str, Any]]:
+    def aggregated() -> dict[str, Any] | None:
         deadline = time.monotonic() + OBSERVED_WAIT_SECONDS
         try:
             while not observation._jo.future().isCompleted():  # the JVM Observation's promise, kept by a listener
                 if time.monotonic() > deadline:
-                    log.warning("Spark delivered no observed aggregates %.0f s after the action; counting again",
-                                OBSERVED_WAIT_SECONDS)
+                    log.warning(
+                        "Spark delivered no observed aggregates %.0f s after the action; counting again",
+                        OBSERVED_WAIT_SECONDS,
+                    )
                     return None
                 time.sleep(0.01)
         except Exception:  # noqa: BLE001 (a runtime whose Observation has no such promise: count instead)
@@ -174,7 +198,7 @@ def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], O
     return df.observe(observation, *aggregates), aggregated
 
 
-def partition_count(df: DataFrame) -> Optional[int]:
+def partition_count(df: DataFrame) -> int | None:
     """Partitions of ``df`` as planned (classic), or ``None`` over Connect, where only a job could tell."""
     return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
 
@@ -205,7 +229,7 @@ def stop_classic_jvm(spark: SparkSession) -> None:
         process.wait()
 
 
-def rows_counter(spark: SparkSession) -> Optional[Any]:
+def rows_counter(spark: SparkSession) -> Any | None:
     """Something the scoring workers ``add(rows)`` to and the driver reads live (``.value``), or ``None``.
 
     Classic: an accumulator (merged on the driver as each task finishes). Connect has none; progress
@@ -256,7 +280,9 @@ def set_log_level(spark: SparkSession, level: str, quiet_loggers: tuple[str, ...
     try:
         jvm = spark.sparkContext._jvm
         for name in quiet_loggers:
-            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.ERROR)
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+                name, jvm.org.apache.logging.log4j.Level.ERROR
+            )
     except Exception:
         log.debug("could not lower the log level of %s", quiet_loggers, exc_info=True)
 
@@ -311,7 +337,7 @@ OBJECT_STORES = frozenset({"s3a", "s3", "s3n", "gs", "abfs", "abfss", "wasb", "w
 goes under the target itself, not under the nearest existing "directory" (the bucket root, for a new output)."""
 
 
-def probe_write(spark: SparkSession, ref: str) -> Optional[str]:
+def probe_write(spark: SparkSession, ref: str) -> str | None:
     """Create and delete an empty file in the directory a write to ``ref`` starts in: ``ref`` itself when it is
     a directory or on an object store (:data:`OBJECT_STORES`), else its nearest existing parent directory (where the
     writer makes its own). Returns that directory; ``None`` over Connect, where the server's filesystem cannot be
@@ -334,7 +360,7 @@ def probe_write(spark: SparkSession, ref: str) -> Optional[str]:
     return str(path)
 
 
-def is_delta_path(spark: SparkSession, ref: str) -> Optional[bool]:
+def is_delta_path(spark: SparkSession, ref: str) -> bool | None:
     """Whether the directory ``ref`` holds a Delta table, from its ``_delta_log`` (Delta's ``isDeltaTable``); ``None``
     over Connect, where Delta's Python API needs the server's Delta Connect plugin: ask with SQL there.
 
@@ -384,7 +410,7 @@ def delete_path_if_empty(spark: SparkSession, ref: str) -> bool:
     return bool(fs.exists(path) and len(fs.listStatus(path)) == 0 and fs.delete(path, False))
 
 
-def child_names(spark: SparkSession, ref: str) -> Optional[list[str]]:
+def child_names(spark: SparkSession, ref: str) -> list[str] | None:
     """The names of the entries directly under the directory ``ref``; ``None`` over Connect (no listing API)."""
     if is_connect(spark):
         return None
@@ -431,12 +457,14 @@ class RemoteFiles:
             return
         too_big = [(p, n) for p, n, _ in self.listing() if n > BINARY_FILE_LIMIT]
         if too_big:
-            raise NotOnConnect(f"{too_big[0][0]} holds {too_big[0][1]} bytes; over Spark Connect a model file can be "
-                               f"copied only up to {BINARY_FILE_LIMIT} bytes (binaryFile): put the model on a local "
-                               "or mounted path (e.g. a Unity Catalog volume) or in MLflow")
+            raise NotOnConnect(
+                f"{too_big[0][0]} holds {too_big[0][1]} bytes; over Spark Connect a model file can be "
+                f"copied only up to {BINARY_FILE_LIMIT} bytes (binaryFile): put the model on a local "
+                "or mounted path (e.g. a Unity Catalog volume) or in MLflow"
+            )
         root = urlparse(self._uri).path.rstrip("/")
         for row in self._binary_files().select("path", "content").toLocalIterator():
-            relative = urlparse(row[0]).path[len(root):].lstrip("/")
+            relative = urlparse(row[0]).path[len(root) :].lstrip("/")
             destination = target / relative if relative else target
             destination.parent.mkdir(parents=True, exist_ok=True)
             destination.write_bytes(bytes(row[1]))

@@ -3,8 +3,9 @@ samples, drift figures, the metrics row): Spark accepts jobs from several thread
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["in_background"]
 

@@ -31,11 +31,17 @@ import sys
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any
 
 __all__ = [
-    "QUIET_LOG4J2", "is_verbose", "quiet_java_options", "configure_logging",
-    "log_jvm_to_file", "start_run_log", "run_log", "keep_trace",
+    "QUIET_LOG4J2",
+    "is_verbose",
+    "quiet_java_options",
+    "configure_logging",
+    "log_jvm_to_file",
+    "start_run_log",
+    "run_log",
+    "keep_trace",
 ]
 
 QUIET_LOG4J2 = Path(__file__).with_name("log4j2-quiet.properties")
@@ -53,7 +59,7 @@ def is_verbose() -> bool:
     return logging.getLogger(_LAKESCORE).isEnabledFor(logging.DEBUG)
 
 
-def quiet_java_options(master: str, verbose: bool, log_file: Optional[Path] = None) -> tuple[str, str]:
+def quiet_java_options(master: str, verbose: bool, log_file: Path | None = None) -> tuple[str, str]:
     """``(driver, executor)`` Java options that make a session's JVMs log through :data:`QUIET_LOG4J2`.
 
     Empty when ``verbose``. The executors get it only where they run on this host
@@ -79,7 +85,7 @@ def log_jvm_to_file() -> None:
     _run_log["wanted"] = True
 
 
-def start_run_log(directory: Path) -> Optional[Path]:
+def start_run_log(directory: Path) -> Path | None:
     """For the session being built: the file under ``directory`` its driver JVM logs to, or ``None`` (the console):
     the CLI did not ask (:func:`log_jvm_to_file`), or the directory cannot be made. The file itself appears with
     its first line."""
@@ -95,7 +101,7 @@ def start_run_log(directory: Path) -> Optional[Path]:
     return _run_log["path"]
 
 
-def run_log() -> Optional[Path]:
+def run_log() -> Path | None:
     """The log file of the session lakescore built in this process, once something was written to it; else ``None``."""
     path = _run_log["path"]
     return path if path is not None and path.exists() else None
@@ -127,7 +133,7 @@ class _WarningsToRunLog(logging.Handler):
                     handler.handle(record)
 
 
-def keep_trace(exc: BaseException) -> Optional[Path]:
+def keep_trace(exc: BaseException) -> Path | None:
     """Append ``exc``'s traceback (its whole chain, the JVM's stack traces in it) to the session's log file,
     once per exception, and return the file; ``None`` where the JVM logs to the console."""
     path = _run_log["path"]
@@ -164,7 +170,7 @@ class _OwnAndWarnings(logging.Filter):
         return record.name.split(".", 1)[0] == _LAKESCORE or record.levelno >= logging.WARNING
 
 
-def configure_logging(verbose: bool, terminal: Optional[bool] = None) -> None:
+def configure_logging(verbose: bool, terminal: bool | None = None) -> None:
     """Set up the CLI's logging on stderr.
 
     Default: lakescore's INFO lines and other libraries' warnings; on a terminal

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Optional
 
 __all__ = ["EXIT_INTERRUPTED", "install", "reinstall", "was_interrupted"]
 
@@ -43,7 +42,7 @@ def _handle(signum: int, frame) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def was_interrupted(exc: Optional[BaseException]) -> bool:
+def was_interrupted(exc: BaseException | None) -> bool:
     """True when a signal arrived, or ``KeyboardInterrupt`` is anywhere in ``exc``'s chain."""
     if _received:
         return True

@@ -22,9 +22,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 __all__ = ["delta_coordinate", "hadoop_version", "find_spark_home", "s3a_coordinate", "cached_jars", "fetch_jars"]
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 _COMPLETE = ".complete"
 
 
-def delta_coordinate(delta_version: Optional[str] = None, spark_version: Optional[str] = None) -> str:
+def delta_coordinate(delta_version: str | None = None, spark_version: str | None = None) -> str:
     """Maven coordinate of the Delta jar matching the installed delta-spark and pyspark.
 
     Since Delta 4.1 the artifact name carries the Spark line (``delta-spark_4.1_2.13``);
@@ -60,7 +60,7 @@ def find_spark_home(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(pyspark.__file__).parent
 
 
-def hadoop_version(spark_home: Optional[os.PathLike | str] = None) -> str:
+def hadoop_version(spark_home: os.PathLike | str | None = None) -> str:
     """The Hadoop version the Spark installation bundles, read from its ``jars/`` file names.
 
     ``spark_home`` defaults to ``$SPARK_HOME``, else the pyspark package directory (pip
@@ -73,11 +73,13 @@ def hadoop_version(spark_home: Optional[os.PathLike | str] = None) -> str:
     versions = sorted({m.group(1) for p in jars.glob("hadoop-*.jar") if (m := pattern.fullmatch(p.name))})
     if len(versions) != 1:
         found = ", ".join(versions) or "none"
-        raise RuntimeError(f"cannot tell the Hadoop version of the Spark in {jars}: hadoop-client-api/-common jars found: {found}")
+        raise RuntimeError(
+            f"cannot tell the Hadoop version of the Spark in {jars}: hadoop-client-api/-common jars found: {found}"
+        )
     return versions[0]
 
 
-def s3a_coordinate(version: Optional[str] = None) -> str:
+def s3a_coordinate(version: str | None = None) -> str:
     """Maven coordinate of the S3A connector (``hadoop-aws``) for ``version``, default the bundled Hadoop's.
 
     hadoop-aws must match Hadoop exactly; it brings the AWS SDK v2 ``bundle`` jar it was built with.
@@ -89,7 +91,7 @@ def _dir_for(jars_dir: Path, coordinate: str) -> Path:
     return Path(jars_dir).expanduser() / coordinate.replace(":", "__")
 
 
-def cached_jars(jars_dir: os.PathLike | str, coordinate: str) -> Optional[list[Path]]:
+def cached_jars(jars_dir: os.PathLike | str, coordinate: str) -> list[Path] | None:
     """The fetched jar files for ``coordinate``, or ``None`` if they were never fetched completely."""
     target = _dir_for(Path(jars_dir), coordinate)
     if not (target / _COMPLETE).is_file():

@@ -22,8 +22,8 @@ SparkContext), :func:`build_profile` turns a plan into a ``ResourceProfile``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
 from pyspark.resource import ExecutorResourceRequests, ResourceProfile, ResourceProfileBuilder, TaskResourceRequests
 
@@ -44,7 +44,7 @@ class ProfileError(ConfigError):
 class ProfilePlan:
     """What the scoring stage asks for: ``None`` requests mean "use the default profile"."""
 
-    task: Optional[Mapping[str, float]] = None
+    task: Mapping[str, float] | None = None
     """``cpus`` and/or ``gpu`` per task."""
     executor: Mapping[str, object] = field(default_factory=dict)
     """``gpu`` (amount), ``discovery_script`` and ``memory_overhead`` per executor; empty for a task-only profile."""
@@ -118,7 +118,7 @@ def plan_profile(resources: ScoringResources, master: str, conf: Mapping[str, st
     return ProfilePlan(task=task, warnings=tuple(warnings))
 
 
-def build_profile(plan: ProfilePlan) -> Optional[ResourceProfile]:
+def build_profile(plan: ProfilePlan) -> ResourceProfile | None:
     """The ``ResourceProfile`` for ``plan`` (``None`` when it does not apply). Works without a SparkContext."""
     if not plan.applies:
         return None
@@ -139,7 +139,7 @@ def build_profile(plan: ProfilePlan) -> Optional[ResourceProfile]:
     return builder.build
 
 
-def scoring_profile(spark, resources: ScoringResources) -> Optional[ResourceProfile]:
+def scoring_profile(spark, resources: ScoringResources) -> ResourceProfile | None:
     """The profile the scoring stage runs with on ``spark``'s cluster, logging whatever is not applied."""
     conf = dict(spark.conf.getAll)  # the cluster's settings too, in classic and Connect sessions alike
     plan = plan_profile(resources, conf.get("spark.master", ""), conf)
@@ -148,7 +148,7 @@ def scoring_profile(spark, resources: ScoringResources) -> Optional[ResourceProf
     return build_profile(plan)
 
 
-def _number(value: Optional[str]) -> float:
+def _number(value: str | None) -> float:
     try:
         return float(value) if value is not None else 0.0
     except ValueError:

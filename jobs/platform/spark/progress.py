@@ -20,7 +20,7 @@ import math
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 __all__ = ["ProgressReporter", "progress_partitions", "uneven_last_wave", "scoring_tasks", "TASKS_PER_SLOT"]
 
@@ -63,7 +63,7 @@ def uneven_last_wave(partitions: int, slots: int) -> bool:
     return partitions % slots != 0 and partitions <= slots * TASKS_PER_SLOT
 
 
-def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: Optional[float], interval: float) -> Optional[int]:
+def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: float | None, interval: float) -> int | None:
     """Tasks to repartition ``rows`` rows read in ``planned`` partitions into before scoring
     (:func:`progress_partitions`), or ``None`` to score them as read: kept when they fill every slot in even waves
     and either are more than that many or each of their tasks scores within ``interval`` seconds at ``row_seconds``
@@ -101,21 +101,21 @@ class ProgressReporter:
     def __init__(
         self,
         tasks: Callable[[], tuple[int, int]],
-        rows: Optional[Callable[[], int]],
+        rows: Callable[[], int] | None,
         total_rows: int,
         interval: float = 15.0,
         chunks: int = 1,
-        terminal: Optional[bool] = None,
+        terminal: bool | None = None,
     ) -> None:
         self._tasks, self._rows, self._total, self._interval = tasks, rows, total_rows, interval
         self._chunks, self._chunk = chunks, 0
         self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._started = 0.0
         self._samples: list[tuple[float, int]] = []
 
-    def __enter__(self) -> "ProgressReporter":
+    def __enter__(self) -> ProgressReporter:
         self._started = time.monotonic()
         self._samples = [(0.0, 0)]
         self._thread = threading.Thread(target=self._run, name="lakescore-progress", daemon=True)
@@ -152,7 +152,7 @@ class ProgressReporter:
             f"{rate:.1f} rows/s, elapsed {elapsed:.0f} s, ETA {eta_text}"
         )
 
-    def _figures(self) -> tuple[int, float, float, Optional[float]]:
+    def _figures(self) -> tuple[int, float, float, float | None]:
         """(rows, elapsed seconds, rows/s, ETA seconds or None); without live rows, rows and the ETA
         follow the share of tasks done."""
         elapsed = time.monotonic() - self._started
@@ -199,10 +199,17 @@ class ProgressReporter:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
         bar = Progress(
-            TextColumn("scoring"), BarColumn(), TaskProgressColumn(),
-            TextColumn("{task.completed:,}/{task.total:,} rows • {task.fields[rate]} • ETA {task.fields[eta]} • "
-                       "chunk {task.fields[chunk]} • tasks {task.fields[tasks]}"),
-            console=Console(file=sys.stderr), refresh_per_second=4, redirect_stderr=True, redirect_stdout=True,
+            TextColumn("scoring"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn(
+                "{task.completed:,}/{task.total:,} rows • {task.fields[rate]} • ETA {task.fields[eta]} • "
+                "chunk {task.fields[chunk]} • tasks {task.fields[tasks]}"
+            ),
+            console=Console(file=sys.stderr),
+            refresh_per_second=4,
+            redirect_stderr=True,
+            redirect_stdout=True,
         )
         with bar:
             task = bar.add_task("scoring", total=self._total, rate="… rows/s", eta="…", chunk="", tasks="")
@@ -212,15 +219,18 @@ class ProgressReporter:
                 rows, _, rate, eta = self._figures()
                 done, total = self._tasks()
                 bar.update(
-                    task, completed=rows, rate=f"{rate:,.1f} rows/s" if rows else "… rows/s",
-                    eta=_clock(eta) if rows else "…", chunk=f"{self._chunk + 1}/{self._chunks}",
+                    task,
+                    completed=rows,
+                    rate=f"{rate:,.1f} rows/s" if rows else "… rows/s",
+                    eta=_clock(eta) if rows else "…",
+                    chunk=f"{self._chunk + 1}/{self._chunks}",
                     tasks=f"{done}/{total}" if total else "-",
                 )
                 if stopping:
                     return
 
 
-def _clock(seconds: Optional[float]) -> str:
+def _clock(seconds: float | None) -> str:
     if seconds is None:
         return "…"
     minutes, secs = divmod(round(seconds), 60)

@@ -35,17 +35,17 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
 
 from pyspark.sql import SparkSession
 
-from lakescore.jobs.platform.spark import interrupts
 from lakescore.jobs.config import SparkConfig
+from lakescore.jobs.platform.spark import interrupts
+from lakescore.jobs.platform.spark.adapter import session_facts, set_log_level, start_quiet_classic_jvm
 from lakescore.jobs.platform.spark.console import is_verbose, quiet_java_options, start_run_log
 from lakescore.jobs.platform.spark.jars import cached_jars, delta_coordinate, s3a_coordinate
 from lakescore.jobs.platform.spark.local.own_host import own_host_tuning
-from lakescore.jobs.platform.spark.adapter import session_facts, set_log_level, start_quiet_classic_jvm
 
 __all__ = ["get_or_create_session", "session_source", "needs_s3a", "jar_confs", "redaction_regex", "warn_if_shown"]
 
@@ -54,7 +54,8 @@ SPARK_REDACTION_DEFAULT = r"(?i)secret|password|token|access[.]?key"
 
 log = logging.getLogger(__name__)
 
-def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
+
+def needs_s3a(cfg: SparkConfig, refs: Iterable[str | None] = ()) -> bool:
     """Whether a session built from ``cfg`` gets the S3A connector: ``spark.s3a`` if set,
     else whether any of ``refs`` (the job's input and output) is an ``s3a://`` path."""
     if cfg.s3a is not None:
@@ -62,7 +63,7 @@ def needs_s3a(cfg: SparkConfig, refs: Iterable[Optional[str]] = ()) -> bool:
     return any(ref and ref.lower().startswith("s3a://") for ref in refs)
 
 
-def session_source(environ: Mapping[str, str], has_active_session: bool, remote: Optional[str] = None) -> str:
+def session_source(environ: Mapping[str, str], has_active_session: bool, remote: str | None = None) -> str:
     """Who owns the SparkSession, decided without touching Spark.
 
     - ``"connect"`` first when ``remote`` (``spark.remote``, ``--remote``) is given: said explicitly, it wins.
@@ -90,7 +91,7 @@ def session_source(environ: Mapping[str, str], has_active_session: bool, remote:
     return "build"
 
 
-def redaction_regex(current: Optional[str], secret_names: Sequence[str]) -> Optional[str]:
+def redaction_regex(current: str | None, secret_names: Sequence[str]) -> str | None:
     """``current`` (Spark's default when unset) extended to match the names of the environment variables holding
     secrets, so ``spark.executorEnv.<NAME>`` is redacted; ``None`` when there are none (the setting left alone)."""
     if not secret_names:
@@ -110,14 +111,21 @@ def warn_if_shown(spark: SparkSession, secret_names: Sequence[str]) -> None:
     except Exception:  # noqa: BLE001 (a conf this client cannot read, or a Java-only pattern: nothing to judge)
         return
     if shown:
-        log.warning("this session's spark.redaction.regex does not match %s: a key set as spark.executorEnv.%s would be "
-                    "shown in the Spark UI and event log; add it to spark.redaction.regex, or use the platform's secrets "
-                    "(docs/generation.md, \"The key\")", ", ".join(shown), shown[0])
+        log.warning(
+            "this session's spark.redaction.regex does not match %s: a key set as spark.executorEnv.%s would be "
+            "shown in the Spark UI and event log; add it to spark.redaction.regex, or use the platform's secrets "
+            '(docs/generation.md, "The key")',
+            ", ".join(shown),
+            shown[0],
+        )
 
 
 def get_or_create_session(
-    cfg: SparkConfig, refs: Iterable[Optional[str]] = (), worker_imports: Sequence[str] = (),
-    secret_names: Sequence[str] = (), run_defaults: Optional[Mapping[str, str]] = None,
+    cfg: SparkConfig,
+    refs: Iterable[str | None] = (),
+    worker_imports: Sequence[str] = (),
+    secret_names: Sequence[str] = (),
+    run_defaults: Mapping[str, str] | None = None,
 ) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
@@ -144,14 +152,18 @@ def get_or_create_session(
     if source == "connect":
         builder = SparkSession.builder.remote(cfg.remote) if cfg.remote else SparkSession.builder
         spark = builder.getOrCreate()  # no remote given: pyspark reads SPARK_REMOTE itself
-        log.info("using the Spark Connect session of %s (%s)", cfg.remote or os.environ["SPARK_REMOTE"], session_facts(spark))
+        log.info(
+            "using the Spark Connect session of %s (%s)", cfg.remote or os.environ["SPARK_REMOTE"], session_facts(spark)
+        )
         warn_if_shown(spark, secret_names)
         return spark, True
 
     # Python workers must start this interpreter, or pandas UDFs fail with ModuleNotFoundError.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     warehouse = Path(cfg.warehouse_dir).expanduser().resolve()
-    metastore = Path(cfg.metastore_dir).expanduser().resolve() if cfg.metastore_dir else warehouse.parent / "metastore_db"
+    metastore = (
+        Path(cfg.metastore_dir).expanduser().resolve() if cfg.metastore_dir else warehouse.parent / "metastore_db"
+    )
     metastore.parent.mkdir(parents=True, exist_ok=True)
 
     verbose = is_verbose()
@@ -167,7 +179,9 @@ def get_or_create_session(
     confs["spark.driver.extraJavaOptions"] = _join(java_options + [driver_log, user_java_options])
     executor_options = [executor_log] + fast.executor_java_options
     if any(executor_options):
-        confs["spark.executor.extraJavaOptions"] = _join(executor_options + [confs.get("spark.executor.extraJavaOptions", "")])
+        confs["spark.executor.extraJavaOptions"] = _join(
+            executor_options + [confs.get("spark.executor.extraJavaOptions", "")]
+        )
     settings = {
         "spark.master": cfg.master,
         "spark.app.name": cfg.app_name,
@@ -194,7 +208,7 @@ def get_or_create_session(
     return spark, True
 
 
-def jar_confs(cfg: SparkConfig, refs: Iterable[Optional[str]], confs: Mapping[str, str]) -> dict[str, str]:
+def jar_confs(cfg: SparkConfig, refs: Iterable[str | None], confs: Mapping[str, str]) -> dict[str, str]:
     """``confs`` with the Delta (and, per :func:`needs_s3a`, S3A) jars put first on ``spark.jars``,
     or on ``spark.jars.packages`` for a coordinate not fetched into ``cfg.jars_dir`` yet."""
     wanted = [("Delta", delta_coordinate(), "lakescore fetch-jars")]

@@ -4,7 +4,6 @@ filesystem's failures (unreadable input, storage refusals, write conflicts)."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from pyspark.errors import AnalysisException
 from pyspark.sql.types import StructType
@@ -54,11 +53,11 @@ def _text_causes(exc: BaseException) -> list[str]:
     lines = [line.strip() for line in f"{text}\n{stack or ''}".splitlines() if line.strip()]
     if not lines:
         return [type(exc).__name__]
-    caused = [line[len("Caused by:"):].strip() for line in lines[1:] if line.startswith("Caused by:")]
+    caused = [line[len("Caused by:") :].strip() for line in lines[1:] if line.startswith("Caused by:")]
     return [lines[0], *dict.fromkeys(caused)]  # a trace shown in the text and carried beside it: each cause once
 
 
-def unreadable_input(exc: BaseException) -> Optional[str]:
+def unreadable_input(exc: BaseException) -> str | None:
     """One line naming the input file Spark could not read (corrupt, truncated, not Parquet, no permission),
     with the reader's own reason (the root cause); ``None`` when ``exc`` is not such a failure."""
     chain = cause_chain(exc)
@@ -82,7 +81,7 @@ _WRITTEN_PATH = re.compile(r"(?:writing rows to|Cannot create|Mkdirs failed to c
 _URI = re.compile(r"\b[a-z][a-z0-9+.-]*:/[^\s'\"(),]+")
 
 
-def storage_refusal(text: str) -> Optional[str]:
+def storage_refusal(text: str) -> str | None:
     """The filesystem's refusal ``text`` reports, as :data:`_STORAGE_REFUSALS` names it; ``None`` for anything else.
 
     >>> storage_refusal("java.io.IOException: No space left on device")
@@ -91,7 +90,7 @@ def storage_refusal(text: str) -> Optional[str]:
     return next((name for pattern, name in _STORAGE_REFUSALS if pattern.search(text)), None)
 
 
-def failure_reason(exc: BaseException, step: Optional[str] = None) -> Optional[str]:
+def failure_reason(exc: BaseException, step: str | None = None) -> str | None:
     """One line saying what failed and its root cause, for an error Spark raised: an input file it cannot read
     (:func:`unreadable_input`); a write the filesystem refused (:func:`storage_refusal`), e.g. ``no space left on
     device writing file:/data/out`` (a Python ``OSError`` too; ``during <step>``, the run's ``step`` it stopped,
@@ -119,7 +118,7 @@ _JAVA_CLASS = re.compile(r"^(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*: ")
 """The class name a Java exception's ``toString()`` starts with (``org.apache.spark.SparkException: ``)."""
 
 
-def _written_path(exc: BaseException, chain: list[str]) -> Optional[str]:
+def _written_path(exc: BaseException, chain: list[str]) -> str | None:
     """The path a failed write names: Spark's, the first URI in the chain, or a Python ``OSError``'s file name."""
     text = "\n".join(chain)
     found = _WRITTEN_PATH.search(text) or _URI.search(text)
@@ -151,7 +150,9 @@ def is_commit_conflict(exc: BaseException) -> bool:
 
 def is_not_found(exc: AnalysisException) -> bool:
     condition = exc.getCondition() if hasattr(exc, "getCondition") else exc.getErrorClass()
-    return (condition or "").startswith(("TABLE_OR_VIEW_NOT_FOUND", "SCHEMA_NOT_FOUND")) or "not found" in str(exc).lower()
+    return (condition or "").startswith(("TABLE_OR_VIEW_NOT_FOUND", "SCHEMA_NOT_FOUND")) or "not found" in str(
+        exc
+    ).lower()
 
 
 def first_line(exc: BaseException) -> str:

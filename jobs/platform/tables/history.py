@@ -4,8 +4,9 @@ details and ids."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -17,13 +18,13 @@ class DeltaCommit:
     """The commit a write made: table version and the rows it wrote (Delta's own metric)."""
 
     version: int
-    rows: Optional[int]
+    rows: int | None
 
 
 _METADATA_KEY = "lakescore"
 
 
-def run_metadata(run_id: str, report: Optional[str], spec: Optional[Mapping[str, Any]] = None) -> str:
+def run_metadata(run_id: str, report: str | None, spec: Mapping[str, Any] | None = None) -> str:
     """The ``userMetadata`` lakescore tags its commits with: ``{"lakescore": {"run_id", "report"}}`` as JSON
     (``report``: the JSON report's absolute path, or ``None``), with ``"spec"`` when given (an incremental run's
     scoring spec, which the next run compares with).
@@ -37,7 +38,7 @@ def run_metadata(run_id: str, report: Optional[str], spec: Optional[Mapping[str,
     return json.dumps({_METADATA_KEY: tag}, sort_keys=False)
 
 
-def staging_metadata(output: str, tag: Optional[str] = None) -> str:
+def staging_metadata(output: str, tag: str | None = None) -> str:
     """The ``userMetadata`` of a staging table's commits: the run's ``tag`` (:func:`run_metadata`, if any) and the
     output the table stages for, by which a later run of that output tells its own stale staging in a shared
     ``write.staging`` location (:func:`last_commit_stamp`).
@@ -48,7 +49,7 @@ def staging_metadata(output: str, tag: Optional[str] = None) -> str:
     return json.dumps({_METADATA_KEY: {**_tag(tag), "staging_for": output}})
 
 
-def _tag(user_metadata: Optional[str]) -> dict[str, Any]:
+def _tag(user_metadata: str | None) -> dict[str, Any]:
     try:
         tag = json.loads(user_metadata or "{}").get(_METADATA_KEY)
     except (ValueError, AttributeError):  # someone else's metadata: not JSON, or not an object
@@ -64,19 +65,19 @@ class HistoryEntry:
     timestamp: str
     """When it was committed, in the session's time zone, to the second."""
     operation: str
-    rows: Optional[int]
+    rows: int | None
     """The rows it wrote (Delta's ``numOutputRows``), where the operation reports them."""
-    run_id: Optional[str]
-    report: Optional[str]
-    spec: Optional[dict] = None
+    run_id: str | None
+    report: str | None
+    spec: dict | None = None
     """The scoring spec's parts an incremental run recorded (:func:`run_metadata`)."""
-    staging_for: Optional[str] = None
+    staging_for: str | None = None
     """The output a staging table's commit stages for (:func:`staging_metadata`)."""
     committed_at: float = 0.0
     """When it was committed, in seconds since the epoch (whatever the session's time zone)."""
     metrics: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Delta's ``operationMetrics`` of the commit."""
-    user_metadata: Optional[str] = field(default=None, compare=False, repr=False)
+    user_metadata: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def commit(self) -> DeltaCommit:
@@ -84,7 +85,7 @@ class HistoryEntry:
         return DeltaCommit(self.version, self.rows)
 
 
-def _history(spark: SparkSession, ref: TableRef, limit: Optional[int] = None) -> DataFrame:
+def _history(spark: SparkSession, ref: TableRef, limit: int | None = None) -> DataFrame:
     """``DESCRIBE HISTORY`` of the Delta table ``ref``, newest first, at most ``limit`` commits, in the columns
     :func:`_entry` reads (Delta's API or SQL: :meth:`TableRef.delta_api`)."""
     from pyspark.sql import functions as F
@@ -94,8 +95,14 @@ def _history(spark: SparkSession, ref: TableRef, limit: Optional[int] = None) ->
         history = api.history(limit) if limit else api.history()
     else:
         history = spark.sql(f"DESCRIBE HISTORY {ref.sql}" + (f" LIMIT {int(limit)}" if limit else ""))
-    return history.select("version", "timestamp", F.unix_micros("timestamp").alias("micros"), "operation",
-                          "operationMetrics", "userMetadata")
+    return history.select(
+        "version",
+        "timestamp",
+        F.unix_micros("timestamp").alias("micros"),
+        "operation",
+        "operationMetrics",
+        "userMetadata",
+    )
 
 
 def _entry(row) -> HistoryEntry:
@@ -103,14 +110,21 @@ def _entry(row) -> HistoryEntry:
     tag, metrics = _tag(row["userMetadata"]), dict(row["operationMetrics"] or {})
     rows = metrics.get("numOutputRows")
     return HistoryEntry(
-        version=int(row["version"]), timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
-        operation=row["operation"], rows=int(rows) if rows is not None else None, run_id=tag.get("run_id"),
-        report=tag.get("report"), spec=tag.get("spec"), staging_for=tag.get("staging_for"),
-        committed_at=row["micros"] / 1e6, metrics=metrics, user_metadata=row["userMetadata"],
+        version=int(row["version"]),
+        timestamp=row["timestamp"].isoformat(sep=" ", timespec="seconds"),
+        operation=row["operation"],
+        rows=int(rows) if rows is not None else None,
+        run_id=tag.get("run_id"),
+        report=tag.get("report"),
+        spec=tag.get("spec"),
+        staging_for=tag.get("staging_for"),
+        committed_at=row["micros"] / 1e6,
+        metrics=metrics,
+        user_metadata=row["userMetadata"],
     )
 
 
-def delta_history(spark: SparkSession, ref: "str | TableRef", limit: Optional[int] = None) -> list[HistoryEntry]:
+def delta_history(spark: SparkSession, ref: str | TableRef, limit: int | None = None) -> list[HistoryEntry]:
     """The commits of the Delta table ``ref``, newest first (at most ``limit``); ``[]`` when it does not exist.
 
     ``run_id`` and ``report`` come from :func:`run_metadata` tags; other commits have ``None`` there.
@@ -121,12 +135,12 @@ def delta_history(spark: SparkSession, ref: "str | TableRef", limit: Optional[in
     return sorted(map(_entry, _history(spark, ref, limit).collect()), key=lambda e: -e.version)
 
 
-def last_commit(spark: SparkSession, ref: "str | TableRef") -> DeltaCommit:
+def last_commit(spark: SparkSession, ref: str | TableRef) -> DeltaCommit:
     """The latest commit of the Delta table ``ref``: version and rows written (Delta's own metric)."""
     return _entry(_history(spark, TableRef.parse(ref), 1).first()).commit
 
 
-def own_commit(spark: SparkSession, ref: "str | TableRef", user_metadata: Optional[str]) -> DeltaCommit:
+def own_commit(spark: SparkSession, ref: str | TableRef, user_metadata: str | None) -> DeltaCommit:
     """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
     commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
 
@@ -136,7 +150,7 @@ def own_commit(spark: SparkSession, ref: "str | TableRef", user_metadata: Option
     return own_entry(spark, TableRef.parse(ref), user_metadata).commit
 
 
-def own_entry(spark: SparkSession, ref: TableRef, user_metadata: Optional[str]) -> HistoryEntry:
+def own_entry(spark: SparkSession, ref: TableRef, user_metadata: str | None) -> HistoryEntry:
     """The newest commit tagged ``user_metadata`` (else the latest).
 
     The latest entry is read first: it is the run's own commit unless another writer committed since, so the
@@ -147,18 +161,23 @@ def own_entry(spark: SparkSession, ref: TableRef, user_metadata: Optional[str]) 
     latest = _entry(_history(spark, ref, 1).first())
     if user_metadata is None or latest.user_metadata == user_metadata:
         return latest
-    row = _history(spark, ref).where(F.col("userMetadata") == F.lit(user_metadata)).orderBy(F.col("version").desc()).first()
+    row = (
+        _history(spark, ref)
+        .where(F.col("userMetadata") == F.lit(user_metadata))
+        .orderBy(F.col("version").desc())
+        .first()
+    )
     return _entry(row) if row is not None else latest  # none tagged: an empty write the platform did not record
 
 
-def last_commit_stamp(spark: SparkSession, ref: "str | TableRef") -> tuple[float, Optional[str]]:
+def last_commit_stamp(spark: SparkSession, ref: str | TableRef) -> tuple[float, str | None]:
     """When the latest commit of the Delta table ``ref`` was made, in seconds since the epoch (whatever the session's
     time zone), and the output its lakescore tag says the table stages for (:func:`staging_metadata`; ``None``)."""
     latest = _entry(_history(spark, TableRef.parse(ref), 1).first())
     return latest.committed_at, latest.staging_for
 
 
-def delta_detail(spark: SparkSession, ref: "str | TableRef") -> DataFrame:
+def delta_detail(spark: SparkSession, ref: str | TableRef) -> DataFrame:
     """``DESCRIBE DETAIL`` of the Delta table ``ref``: its id, location, file count and size, properties, one row
     (Delta's API or SQL: :meth:`TableRef.delta_api`)."""
     ref = TableRef.parse(ref)
@@ -166,6 +185,6 @@ def delta_detail(spark: SparkSession, ref: "str | TableRef") -> DataFrame:
     return api.detail() if api is not None else spark.sql(f"DESCRIBE DETAIL {ref.sql}")
 
 
-def table_id(spark: SparkSession, ref: "str | TableRef") -> str:
+def table_id(spark: SparkSession, ref: str | TableRef) -> str:
     """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
     return str(delta_detail(spark, ref).select("id").first()[0])

@@ -5,21 +5,28 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Iterable, Optional
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from lakescore.jobs.platform.spark.background import in_background
 from lakescore.jobs.platform.spark import adapter as spark_adapter
+from lakescore.jobs.platform.spark.background import in_background
+from lakescore.jobs.platform.tables.failures import (
+    OutputColumnsError,
+    TableError,
+    cause_chain,
+    first_line,
+    is_not_found,
+    storage_refusal,
+)
+from lakescore.jobs.platform.tables.history import delta_detail, last_commit
+from lakescore.jobs.platform.tables.refs import TableRef, tried_as
 from lakescore.jobs.references import quote_identifier
 from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
 from lakescore.schemas.output import column_types
-from lakescore.jobs.platform.tables.failures import OutputColumnsError, TableError, cause_chain, first_line, is_not_found, storage_refusal
-from lakescore.jobs.platform.tables.history import delta_detail, last_commit
-from lakescore.jobs.platform.tables.refs import TableRef, tried_as
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +43,7 @@ def check_writable_path(spark: SparkSession, ref: str, what: str) -> None:
         raise TableError(f"cannot write {what} {ref!r}: {storage_refusal(root) or root[:300]}") from exc
 
 
-def read_input(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto", version: Optional[int] = None) -> DataFrame:
+def read_input(spark: SparkSession, ref: str | TableRef, fmt: str = "auto", version: int | None = None) -> DataFrame:
     """A DataFrame over ``ref``: a metastore table, or a Delta / Parquet path.
 
     ``fmt="auto"`` reads a path as Delta when it holds a Delta log, else as Parquet. ``version``
@@ -57,7 +64,7 @@ def read_input(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto", ve
         raise TableError(f"cannot read input {ref.text!r}: {first_line(exc)}") from exc
 
 
-def read_pinned(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto") -> tuple[DataFrame, Optional[int]]:
+def read_pinned(spark: SparkSession, ref: str | TableRef, fmt: str = "auto") -> tuple[DataFrame, int | None]:
     """``ref`` read at one snapshot, so every Spark job of a run sees the same rows: ``(DataFrame, Delta version)``.
 
     A Delta input (path or table) is read at its latest version, ``versionAsOf`` (returned); a Parquet path
@@ -79,7 +86,7 @@ def read_pinned(spark: SparkSession, ref: "str | TableRef", fmt: str = "auto") -
     return df, None
 
 
-def read_files(spark: SparkSession, ref: "str | TableRef", extensions: tuple[str, ...]) -> tuple[DataFrame, int]:
+def read_files(spark: SparkSession, ref: str | TableRef, extensions: tuple[str, ...]) -> tuple[DataFrame, int]:
     """Every file under the folder ``ref``, recursively, whose name ends in ``.<extension>`` (any case), through
     Spark's ``binaryFile`` source (``path``, ``modificationTime``, ``length``, ``content``), and how many other files
     the folder holds (ignored). Both come from the folder's listing, taken now (a DataFrame keeps its listing in a
@@ -90,6 +97,7 @@ def read_files(spark: SparkSession, ref: "str | TableRef", extensions: tuple[str
         raise TableError(f"input_format images reads a folder of files; input {ref.text!r} is a table name")
     # A glob of character classes, so that PNG, Png and png all match: Hadoop's glob filter is case-sensitive
     pattern = "*.{" + ",".join("".join(f"[{c.lower()}{c.upper()}]" for c in ext) for ext in extensions) + "}"
+
     def files(**options):
         return ref.load(spark.read.format("binaryFile").options(recursiveFileLookup="true", **options))
 
@@ -106,7 +114,9 @@ def read_files(spark: SparkSession, ref: "str | TableRef", extensions: tuple[str
     return df, every - matched
 
 
-def check_output_target(spark: SparkSession, ref: "str | TableRef", schema: StructType, version: bool = True) -> Optional[int]:
+def check_output_target(
+    spark: SparkSession, ref: str | TableRef, schema: StructType, version: bool = True
+) -> int | None:
     """Fail before any compute if ``ref`` cannot take an overwrite with ``schema``.
 
     Returns the current Delta version of the target (read from its history: one Spark job, skipped for
@@ -147,12 +157,13 @@ def check_output_target(spark: SparkSession, ref: "str | TableRef", schema: Stru
     if column_types(existing) != column_types(schema):
         raise OutputColumnsError(
             f"output {ref.text!r} has columns {existing.simpleString()} but this run writes {schema.simpleString()}; "
-            "write to a new output or drop the old one", existing
+            "write to a new output or drop the old one",
+            existing,
         )
     return last_commit(spark, ref).version if version else None
 
 
-def load_file_lists(spark: SparkSession, refs: Iterable["str | TableRef"]) -> "Future[None]":
+def load_file_lists(spark: SparkSession, refs: Iterable[str | TableRef]) -> Future[None]:
     """Start loading the current file list of each Delta table in ``refs``, in a background thread.
 
     A Delta write to a table first reconstructs the table's file list at its current version (its snapshot's
@@ -163,7 +174,7 @@ def load_file_lists(spark: SparkSession, refs: Iterable["str | TableRef"]) -> "F
     return in_background("file-lists", _load_file_lists, spark, list(refs))
 
 
-def _load_file_lists(spark: SparkSession, refs: list["str | TableRef"]) -> None:
+def _load_file_lists(spark: SparkSession, refs: list[str | TableRef]) -> None:
     for ref in refs:
         try:
             ref = TableRef.parse(ref)
@@ -173,7 +184,7 @@ def _load_file_lists(spark: SparkSession, refs: list["str | TableRef"]) -> None:
             log.debug("could not load the file list of %s ahead of its write", ref, exc_info=True)
 
 
-def is_delta(spark: SparkSession, ref: "str | TableRef") -> bool:
+def is_delta(spark: SparkSession, ref: str | TableRef) -> bool:
     """Whether ``ref`` (a path or a table) is a Delta table: a path has a Delta log with a commit
     (:func:`~lakescore.jobs.platform.spark.adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
     ref = TableRef.parse(ref)
@@ -205,4 +216,6 @@ def _is_uncommitted_delta_dir(spark: SparkSession, ref: str) -> bool:
     if names != ["_delta_log"]:
         return False
     commit = re.compile(r"\d{20}\.(json|checkpoint.*\.parquet)$")
-    return not any(commit.match(name) for name in spark_adapter.child_names(spark, f"{ref.rstrip('/')}/_delta_log") or ())
+    return not any(
+        commit.match(name) for name in spark_adapter.child_names(spark, f"{ref.rstrip('/')}/_delta_log") or ()
+    )

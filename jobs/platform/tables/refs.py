@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 from pyspark.sql import SparkSession
 
@@ -32,11 +31,11 @@ class TableRef:
 
     text: str
     """The reference as given, made unambiguous (:func:`local_ref`): what messages quote."""
-    name: Optional[TableName] = None
+    name: TableName | None = None
     """The parsed table name; ``None`` for a path."""
 
     @classmethod
-    def parse(cls, ref: "str | TableRef", what: str = "table") -> "TableRef":
+    def parse(cls, ref: str | TableRef, what: str = "table") -> TableRef:
         """``ref`` as a path (:func:`is_path`) or a table name (``what`` names it in a bad name's one-line error)."""
         if isinstance(ref, TableRef):
             return ref
@@ -58,7 +57,11 @@ class TableRef:
 
     def exists(self, spark: SparkSession) -> bool:
         """Whether the path holds a file or directory, or the catalog holds the table."""
-        return spark_adapter.path_exists(spark, self.text) if self.name is None else spark.catalog.tableExists(self.name.quoted)
+        return (
+            spark_adapter.path_exists(spark, self.text)
+            if self.name is None
+            else spark.catalog.tableExists(self.name.quoted)
+        )
 
     def delta_api(self, spark: SparkSession):
         """Delta's ``DeltaTable`` for a path in a classic session, else ``None`` (a table, or Spark Connect: run SQL).

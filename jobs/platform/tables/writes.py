@@ -4,17 +4,17 @@ concurrent writer's conflict in one line."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
 from lakescore.jobs.platform.spark import adapter as spark_adapter
-from lakescore.jobs.references import quote_identifier
 from lakescore.jobs.platform.tables.failures import WriteConflictError, first_line, is_commit_conflict
 from lakescore.jobs.platform.tables.history import own_entry
 from lakescore.jobs.platform.tables.refs import TableRef
+from lakescore.jobs.references import quote_identifier
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,15 @@ WRITE_MODES = ("overwrite", "append")
 
 def write_delta(
     df: DataFrame,
-    ref: "str | TableRef",
+    ref: str | TableRef,
     mode: str = "overwrite",
     *,
-    replace_where: Optional[str] = None,
-    partition_by: Optional[str] = None,
-    table_properties: Optional[Mapping[str, str]] = None,
+    replace_where: str | None = None,
+    partition_by: str | None = None,
+    table_properties: Mapping[str, str] | None = None,
     overwrite_schema: bool = False,
-    user_metadata: Optional[str] = None,
-    txn: Optional[tuple[str, int]] = None,
+    user_metadata: str | None = None,
+    txn: tuple[str, int] | None = None,
 ) -> None:
     """Write ``df`` to the Delta table ``ref`` in one commit: ``mode="overwrite"`` replaces its rows, ``"append"``
     adds ``df``'s. Readers see either the old or the new snapshot, never a mix; read the commit back with
@@ -68,8 +68,11 @@ def write_delta(
     ref = TableRef.parse(ref)
     spark = df.sparkSession
     writer = df.write.format("delta").mode(mode)
-    options = {"overwriteSchema": "true" if overwrite_schema else None, "replaceWhere": replace_where,
-               "userMetadata": user_metadata}
+    options = {
+        "overwriteSchema": "true" if overwrite_schema else None,
+        "replaceWhere": replace_where,
+        "userMetadata": user_metadata,
+    }
     if txn is not None:
         options.update(txnAppId=txn[0], txnVersion=str(int(txn[1])))
     if (partition_by is not None or table_properties) and not ref.exists(spark):
@@ -82,10 +85,15 @@ def write_delta(
     # A tagged overwrite is recorded even when it changes no file (Delta skips such commits by default), so a run
     # that wrote no rows still leaves the tag its commit is found by (:func:`own_commit`); an empty append changes
     # nothing and stays unrecorded.
-    then = ("the table holds the other run's complete result. Rerun to replace it." if mode == "overwrite"
-            else "rerun to add this run's rows.")
-    with _conflicts_refused(ref, "commit", then), \
-            _recording_empty_commits(spark, mode == "overwrite" and user_metadata is not None):
+    then = (
+        "the table holds the other run's complete result. Rerun to replace it."
+        if mode == "overwrite"
+        else "rerun to add this run's rows."
+    )
+    with (
+        _conflicts_refused(ref, "commit", then),
+        _recording_empty_commits(spark, mode == "overwrite" and user_metadata is not None),
+    ):
         ref.save(writer)
 
 
@@ -122,33 +130,47 @@ class _MergeClauses:
     """Target column -> source value, for UPDATE and INSERT alike."""
 
     @classmethod
-    def upsert_or_delete(cls, id_cols: Sequence[str], columns: list[str]) -> "_MergeClauses":
+    def upsert_or_delete(cls, id_cols: Sequence[str], columns: list[str]) -> _MergeClauses:
         keys = [quote_identifier(c) for c in id_cols]
         quoted = [quote_identifier(c) for c in columns]
-        return cls(" AND ".join(f"t.{key} = s.{key}" for key in keys), f"s.{MERGE_OP} = 'delete'", f"s.{MERGE_OP} = 'upsert'",
-                   {c: f"s.{c}" for c in quoted})
+        return cls(
+            " AND ".join(f"t.{key} = s.{key}" for key in keys),
+            f"s.{MERGE_OP} = 'delete'",
+            f"s.{MERGE_OP} = 'upsert'",
+            {c: f"s.{c}" for c in quoted},
+        )
 
     def run(self, target, source: DataFrame) -> None:
         """Run on Delta's ``DeltaTable`` ``target``."""
-        (target.alias("t").merge(source.alias("s"), self.on)
-         .whenMatchedDelete(condition=self.delete)
-         .whenMatchedUpdate(condition=self.upsert, set=self.assignments)
-         .whenNotMatchedInsert(condition=self.upsert, values=self.assignments)
-         .execute())
+        (
+            target.alias("t")
+            .merge(source.alias("s"), self.on)
+            .whenMatchedDelete(condition=self.delete)
+            .whenMatchedUpdate(condition=self.upsert, set=self.assignments)
+            .whenNotMatchedInsert(condition=self.upsert, values=self.assignments)
+            .execute()
+        )
 
     def sql(self, target: str, source: str) -> str:
         """The statement merging the view ``source`` into ``target`` (both as SQL names them)."""
         sets = ", ".join(f"t.{c} = {v}" for c, v in self.assignments.items())
-        return (f"MERGE INTO {target} AS t USING {source} AS s ON {self.on} "
-                f"WHEN MATCHED AND {self.delete} THEN DELETE "
-                f"WHEN MATCHED AND {self.upsert} THEN UPDATE SET {sets} "
-                f"WHEN NOT MATCHED AND {self.upsert} THEN INSERT ({', '.join(self.assignments)}) "
-                f"VALUES ({', '.join(self.assignments.values())})")
+        return (
+            f"MERGE INTO {target} AS t USING {source} AS s ON {self.on} "
+            f"WHEN MATCHED AND {self.delete} THEN DELETE "
+            f"WHEN MATCHED AND {self.upsert} THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED AND {self.upsert} THEN INSERT ({', '.join(self.assignments)}) "
+            f"VALUES ({', '.join(self.assignments.values())})"
+        )
 
 
 def merge_delta(
-    changes: DataFrame, ref: "str | TableRef", id_cols: Sequence[str], columns: list[str], view: str,
-    user_metadata: Optional[str] = None, txn: Optional[tuple[str, int]] = None,
+    changes: DataFrame,
+    ref: str | TableRef,
+    id_cols: Sequence[str],
+    columns: list[str],
+    view: str,
+    user_metadata: str | None = None,
+    txn: tuple[str, int] | None = None,
 ) -> MergeCommit:
     """Apply ``changes`` to the Delta table ``ref`` in one ``MERGE`` commit and return it.
 
@@ -173,10 +195,15 @@ def merge_delta(
     if target is None:
         changes.createOrReplaceTempView(view)
     try:
-        with _conflicts_refused(ref, "MERGE", "the table holds the other run's result. Rerun to apply this run's changes."), \
-                _session_conf(spark, _COMMIT_METADATA, user_metadata), _session_conf(spark, _TXN_APP_ID, app_id), \
-                _session_conf(spark, _TXN_VERSION, txn_version), \
-                _session_conf(spark, _MATERIALIZE_SOURCE, materialize, refused_ok=True):
+        with (
+            _conflicts_refused(
+                ref, "MERGE", "the table holds the other run's result. Rerun to apply this run's changes."
+            ),
+            _session_conf(spark, _COMMIT_METADATA, user_metadata),
+            _session_conf(spark, _TXN_APP_ID, app_id),
+            _session_conf(spark, _TXN_VERSION, txn_version),
+            _session_conf(spark, _MATERIALIZE_SOURCE, materialize, refused_ok=True),
+        ):
             if target is not None:
                 clauses.run(target, changes)
             else:
@@ -186,7 +213,9 @@ def merge_delta(
             spark.catalog.dropTempView(view)
     entry = own_entry(spark, ref, user_metadata)
     count = lambda name: int(entry.metrics.get(name) or 0)  # noqa: E731
-    return MergeCommit(entry.version, count("numTargetRowsInserted"), count("numTargetRowsUpdated"), count("numTargetRowsDeleted"))
+    return MergeCommit(
+        entry.version, count("numTargetRowsInserted"), count("numTargetRowsUpdated"), count("numTargetRowsDeleted")
+    )
 
 
 _COMMIT_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -202,7 +231,7 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 @contextmanager
-def _session_conf(spark: SparkSession, key: str, value: Optional[str], refused_ok: bool = False):
+def _session_conf(spark: SparkSession, key: str, value: str | None, refused_ok: bool = False):
     """While the block runs, the session setting ``key`` is ``value`` (``None``: left as it is); restored afterwards.
 
     ``refused_ok``: where the platform refuses the setting (serverless compute allows only some), the block
@@ -249,7 +278,7 @@ def delete_path(spark: SparkSession, ref: str) -> bool:
     return spark_adapter.delete_path(spark, ref)
 
 
-def drop_delta(spark: SparkSession, ref: "str | TableRef") -> None:
+def drop_delta(spark: SparkSession, ref: str | TableRef) -> None:
     """Remove the Delta table ``ref``: ``DROP TABLE`` for a (managed) table, deleting the directory for a path."""
     ref = TableRef.parse(ref)
     if ref.is_path:

@@ -25,8 +25,8 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from lakescore.jobs.platform.spark.jars import find_spark_home
 
@@ -44,7 +44,7 @@ _CLASSPATH_ENV = ("SPARK_HOME", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_
 """Environment variables spark-submit's launcher reads into the driver's classpath."""
 
 
-def java_home(environ: Mapping[str, str] = os.environ) -> Optional[Path]:
+def java_home(environ: Mapping[str, str] = os.environ) -> Path | None:
     """The JDK that spark-submit starts: ``$JAVA_HOME``, else the one ``java`` on ``PATH`` belongs to; ``None`` if neither."""
     if environ.get("JAVA_HOME"):
         return Path(environ["JAVA_HOME"]).resolve()
@@ -60,7 +60,7 @@ def _file_facts(path: Path) -> str:
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def classpath_digest(settings: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> Optional[str]:
+def classpath_digest(settings: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> str | None:
     """A digest of everything that makes up the classpath of a driver JVM started with ``settings`` (a
     session's ``spark.*`` settings); ``None`` when no JDK can be found (then no archive applies)."""
     jdk = java_home(environ)
@@ -74,7 +74,7 @@ def classpath_digest(settings: Mapping[str, str], environ: Mapping[str, str] = o
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def archive_path(jars_dir: str, settings: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> Optional[Path]:
+def archive_path(jars_dir: str, settings: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> Path | None:
     """Where the archive for a driver started with ``settings`` lives (whether or not it exists yet);
     ``None`` when no archive can apply (no JDK found, or jars resolved from Maven at start-up)."""
     if settings.get("spark.jars.packages"):

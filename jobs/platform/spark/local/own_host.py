@@ -28,16 +28,26 @@ import re
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Mapping, Sequence
+from typing import IO
 
 from lakescore.jobs.config import SparkConfig, spark_size_mib
 from lakescore.jobs.platform.spark.local import class_archive, python_daemon
 
 __all__ = [
-    "OwnHostTuning", "own_host_tuning", "own_host", "OWN_HOST_DEFAULTS", "LOCAL_MODE_JAVA_OPTIONS",
-    "local_java_options", "one_host_cluster_java_options", "worker_preload_confs", "launch_quiet_gateway", "JVM_NOISE",
-    "import_late_modules_meanwhile", "spare_the_exit_collection",
+    "OwnHostTuning",
+    "own_host_tuning",
+    "own_host",
+    "OWN_HOST_DEFAULTS",
+    "LOCAL_MODE_JAVA_OPTIONS",
+    "local_java_options",
+    "one_host_cluster_java_options",
+    "worker_preload_confs",
+    "launch_quiet_gateway",
+    "JVM_NOISE",
+    "import_late_modules_meanwhile",
+    "spare_the_exit_collection",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,7 +77,11 @@ def own_host_tuning(cfg: SparkConfig, confs: Mapping[str, str], worker_imports: 
         return OwnHostTuning()
     _built["own_host_session"] = True
     local = not cfg.master.startswith("local-cluster[")
-    driver = local_java_options(confs.get("spark.driver.memory", "1g"), confs.get("spark.driver.extraJavaOptions", "")) if local else []
+    driver = (
+        local_java_options(confs.get("spark.driver.memory", "1g"), confs.get("spark.driver.extraJavaOptions", ""))
+        if local
+        else []
+    )
     driver += one_host_cluster_java_options(cfg.master)
     if cfg.class_archive:
         driver += class_archive.start_options(cfg.jars_dir, confs)
@@ -132,13 +146,16 @@ def own_host(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
-
-
 def worker_preload_confs(cfg: SparkConfig, worker_imports: Sequence[str]) -> dict[str, str]:
     """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.spark.local.python_daemon`
     with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off,
     ``cfg.conf`` names its own daemon module or the master is not this host's own (:func:`own_host`)."""
-    if not worker_imports or not cfg.worker_preload or "spark.python.daemon.module" in cfg.conf or not own_host(cfg.master):
+    if (
+        not worker_imports
+        or not cfg.worker_preload
+        or "spark.python.daemon.module" in cfg.conf
+        or not own_host(cfg.master)
+    ):
         return {}
     return {
         "spark.python.daemon.module": python_daemon.__name__,

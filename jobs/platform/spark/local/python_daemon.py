@@ -24,9 +24,9 @@ import gc
 import importlib
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Sequence
 
 __all__ = ["IMPORTS_ENV", "preload", "freeze_for_fork", "runs_daemon", "installed_pyspark_first"]
 
@@ -55,7 +55,10 @@ def preload(modules: Iterable[str]) -> list[str]:
             try:
                 importlib.import_module(name)
             except Exception as error:  # the worker's own import reports it, with the task
-                print(f"lakescore python daemon: could not preload {name}: {type(error).__name__}: {error}", file=sys.stderr)
+                print(
+                    f"lakescore python daemon: could not preload {name}: {type(error).__name__}: {error}",
+                    file=sys.stderr,
+                )
             else:
                 imported.append(name)
     finally:
