@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +35,15 @@ from pyspark.sql.types import StructType
 
 from lakescore.schemas.output import WORKER_COLUMN
 from lakescore.schemas.traffic import Traffic
-from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, default_max_tokens, prefetch, score_texts
+from lakescore.udfs.batching import (
+    AdaptiveBudget,
+    BatchPolicy,
+    Scored,
+    TextHead,
+    default_max_tokens,
+    prefetch,
+    score_texts,
+)
 from lakescore.udfs.heads.protocol import (
     ChecksFidelity,
     ChunksDocuments,
@@ -149,7 +157,7 @@ class ScoredBatch:
     seconds: float = 0.0
     halvings: int = 0
     loads: int = 0
-    traffic: Traffic = Traffic()
+    traffic: Traffic = dataclasses.field(default_factory=Traffic)
 
     def record_batch(self, kept: list[pa.Array], schema: pa.Schema, with_metrics: bool = True) -> pa.RecordBatch:
         """``kept`` columns, predictions, ``model_sha256``, the error columns and ``_worker`` (this batch's
@@ -378,9 +386,10 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     float32 torch model, on the same device: its weights (twice the reduced-precision model's) are held beside
     the model while the check runs, then freed."""
     reference_spec = spec.float32_reference()
-    reference = get_task(spec.task).load(reference_spec, model.model_dir)
-    # a head over chunks is checked on its embedder: the chunks of a sample text are texts like any other
-    reference = reference.embedder if isinstance(reference, ChunksDocuments) else reference
+    loaded = get_task(spec.task).load(reference_spec, model.model_dir)
+    # a head over chunks is checked on its embedder: the chunks of a sample text are texts like any other; the check
+    # runs text heads only (the batching core's), as the caller's text input kind says
+    reference = cast(TextHead, loaded.embedder if isinstance(loaded, ChunksDocuments) else loaded)
     scorer = model.scorer.embedder if isinstance(model.scorer, ChunksDocuments) else model.scorer
     if not isinstance(scorer, ChecksFidelity):
         raise ValueError(f"the {spec.task} head has no reduced-precision check; run it at float32")
@@ -389,7 +398,7 @@ def fidelity_figures(spec: ModelSpec, model: LoadedModel, sample: Sequence[str])
     expected = score_texts(texts, reference, policy).outputs
     del reference
     _return_freed_memory()
-    return scorer.fidelity(expected, score_texts(texts, scorer, policy).outputs)
+    return scorer.fidelity(expected, score_texts(texts, cast(TextHead, scorer), policy).outputs)
 
 
 def _return_freed_memory() -> None:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from lakescore.jobs.config import ConfigError, JobConfig
 
@@ -75,7 +76,7 @@ def run_sweep(
     from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.jobs.platform.tables import read_input
     from lakescore.jobs.steps.read import model_spec
-    from lakescore.udfs.batching import BatchPolicy, is_out_of_memory, score_texts
+    from lakescore.udfs.batching import BatchPolicy, TextHead, is_out_of_memory, score_texts
     from lakescore.udfs.models.model_cache import get_model
 
     if getattr(
@@ -97,6 +98,7 @@ def run_sweep(
 
     spec = model_spec(cfg)
     model, _ = get_model(spec)
+    head = cast(TextHead, model.scorer)  # sweep runs text tasks in process: the batching core's head
     if spark is None:
         spark, _ = get_or_create_session(cfg.spark, (cfg.input,))
     texts = _sample_texts(read_input(spark, cfg.input, cfg.input_format), cfg.text_col, sample_rows)
@@ -108,14 +110,14 @@ def run_sweep(
     torch.set_num_threads(threads)
     log.info("sweeping %d budgets over %d sampled rows with %d torch thread(s)", len(budgets), len(texts), threads)
 
-    score_texts(texts[:32], model.scorer, BatchPolicy(budgets[0], cfg.scoring.max_batch_rows))  # warm-up
+    score_texts(texts[:32], head, BatchPolicy(budgets[0], cfg.scoring.max_batch_rows))  # warm-up
     points = []
     for budget in budgets:
         policy = BatchPolicy(budget, cfg.scoring.max_batch_rows)
         try:
             with PeakMemory(device) as memory:
                 started = time.perf_counter()
-                score_texts(texts, model.scorer, policy)
+                score_texts(texts, head, policy)
                 seconds = time.perf_counter() - started
         except Exception as exc:  # an OOM ends the sweep; anything else is a real failure
             if not is_out_of_memory(exc):

@@ -99,7 +99,7 @@ class ClientStats:
     """What one process's client sent (:class:`~lakescore.schemas.traffic.Traffic`), and the rows it failed for
     good; its threads add to it together."""
 
-    traffic: Traffic = Traffic()
+    traffic: Traffic = field(default_factory=Traffic)
     failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
