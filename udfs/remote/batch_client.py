@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 from lakescore.udfs.remote.answers import RETRY_STATUSES
-from lakescore.udfs.remote.client import backoff, retry_after, scrub
+from lakescore.udfs.remote.client import backoff, retry_after, scrub, server_message
 
 __all__ = ["BatchApiError", "BatchClient"]
 
@@ -70,7 +70,7 @@ class BatchClient:
                 wait = retry_after(response.headers)
                 self.sleep(backoff(attempt) if wait is None else wait)
                 continue
-            raise BatchApiError(response.status_code, self.scrub(_message(response)), call)
+            raise BatchApiError(response.status_code, self.scrub(server_message(response)), call)
         raise AssertionError("unreachable")
 
     def upload(self, name: str, content: bytes | BinaryIO) -> str:
@@ -119,20 +119,3 @@ class BatchClient:
     def content(self, file_id: str) -> str:
         """The text of the provider's file ``file_id`` (a batch's output or error file)."""
         return self._call("GET", f"/files/{file_id}/content", f"download file {file_id}").text
-
-
-def _message(response: Any) -> str:
-    try:
-        payload = response.json()
-    except ValueError:
-        payload = None
-    message: Any = None
-    if isinstance(payload, Mapping):
-        error = payload.get("error")
-        message = error.get("message") if isinstance(error, Mapping) else error
-        message = message or payload.get("detail") or payload.get("message")
-    if message is None:
-        message = response.text or response.reason_phrase
-    if not isinstance(message, str):
-        message = json.dumps(message)
-    return " ".join(message.split())[:500]

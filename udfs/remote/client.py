@@ -51,6 +51,7 @@ __all__ = [
     "retry_after",
     "backoff",
     "scrub",
+    "server_message",
     "ESTIMATED_CHARS_PER_TOKEN",
     "bearer_headers",
 ]
@@ -320,7 +321,7 @@ class EndpointClient:
                         self.limit.settle(estimated_tokens, estimated_tokens if tokens is None else tokens)
                         return result
                 else:
-                    message = _server_message(response)
+                    message = server_message(response)
                     wait = retry_after(response.headers)
             message = self.scrub(message)
             again = retryable(kind, status)
@@ -336,7 +337,7 @@ class EndpointClient:
         raise AssertionError("unreachable")
 
 
-def _server_message(response: Any) -> str:
+def server_message(response: Any) -> str:
     """The error a response carries: OpenAI's ``{"error": {"message": ..}}``, FastAPI's ``{"detail": ..}``, else its
     text, on one line of at most 500 characters."""
     try:
