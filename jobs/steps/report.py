@@ -124,11 +124,14 @@ def refusal_reason(
 def gate_text(accounting: Accounting) -> str:
     """What the error-rate gate measured, its numerator and denominator
     (:attr:`~lakescore.jobs.steps.account.Accounting.error_rate`), e.g. ``3 new failures of 1,203 rows in the output's
-    scope (0.2494%; 1,195 kept unchanged, 5 dead letters carried from earlier runs, not new)``."""
+    scope (0.2494%; 1,195 kept unchanged, 5 dead letters carried from earlier runs, not new)``, or ``1 of 30 rows
+    (3.3333%)`` when every row was scored this run."""
     new = accounting.new_error_rows
     aside = [f"{accounting.rows_kept:,} kept unchanged"] if accounting.rows_kept else []
     if accounting.rows_carried:
         aside.append(f"{accounting.rows_carried:,} dead letters carried from earlier runs, not new")
+    if not aside:  # every row was scored this run (an overwrite, a first incremental run): no scope to explain
+        return f"{new:,} of {accounting.input_rows:,} rows ({accounting.error_rate:.4%})"
     return (
         f"{new:,} new failure{'' if new == 1 else 's'} of {accounting.input_rows:,} rows in the output's scope "
         f"({accounting.error_rate:.4%}{'; ' + ', '.join(aside) if aside else ''})"
