@@ -141,7 +141,8 @@ def gate_text(accounting: Accounting) -> str:
 def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> float | None:
     """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
     ``None`` without a price."""
-    price = getattr(cfg.endpoint(), "price", None)
+    endpoint = cfg.endpoint()  # generate.endpoint and embed.endpoint both declare price
+    price = endpoint.price if endpoint is not None else None
     if price is None:
         return None
     cost = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
