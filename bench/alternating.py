@@ -67,8 +67,8 @@ class PeerRuns:
         peak = max(r.measured.peak_rss_bytes for r in good) / 2**20
         return (
             f"{workload} {peer}: whole process median {statistics.median(walls):.1f} s (min {min(walls):.1f}, max "
-            f"{max(walls):.1f}); {rate_what} median {statistics.median(rates):.{digits}f} (min {min(rates):.{digits}f}, "
-            f"max {max(rates):.{digits}f}) over {len(good)} run(s); peak RSS {peak:.0f} MiB"
+            f"{max(walls):.1f}); {rate_what} median {statistics.median(rates):.{digits}f} (min "
+            f"{min(rates):.{digits}f}, max {max(rates):.{digits}f}) over {len(good)} run(s); peak RSS {peak:.0f} MiB"
             + (f"; {len(runs) - len(good)} FAILED" if len(runs) > len(good) else "")
         )
 

@@ -1,6 +1,6 @@
-"""W4E: generation through an endpoint (issue 48): ``lakescore score --task generate`` with ``generate.endpoint`` against
-a plain loop of concurrent requests (:mod:`bench.peers.endpoint_loop`), both to one ``transformers serve`` running W4's
-seeded model on this machine's CPUs.
+"""W4E: generation through an endpoint (issue 48): ``lakescore score --task generate`` with ``generate.endpoint``
+against a plain loop of concurrent requests (:mod:`bench.peers.endpoint_loop`), both to one ``transformers serve``
+running W4's seeded model on this machine's CPUs.
 
 The server is started once for the workload (``transformers serve <model>`` on a free loopback port, offline) and
 serves both peers, alternately (``repeats`` rounds); each sends :data:`W4E_ROWS` of W4's prompts, greedy,
@@ -11,8 +11,8 @@ loop). Target (printed with met / NOT met, never enforced): generated tokens/s w
 the server; greedy texts equal on every row.
 
 An endpoint runs on hosts of its own. On a machine of two CPUs or more the server is pinned to the first half of them
-(:func:`split_cpus`) and both peers to the rest, so the Spark JVM and Python workers of lakescore (or the loop's threads)
-do not take the server's CPUs; with one CPU they share it.
+(:func:`split_cpus`) and both peers to the rest, so the Spark JVM and Python workers of lakescore (or the loop's
+threads) do not take the server's CPUs; with one CPU they share it.
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ def _cpus_text(cpus: tuple[set[int] | None, set[int] | None]) -> str:
     server, peers = cpus
     if server is None:
         return "server and peers share every CPU"
-    return f"server on CPU(s) {','.join(map(str, sorted(server)))}, each peer on CPU(s) {','.join(map(str, sorted(peers)))}"
+    return (
+        f"server on CPU(s) {','.join(map(str, sorted(server)))}, "
+        f"each peer on CPU(s) {','.join(map(str, sorted(peers)))}"
+    )
 
 
 def split_cpus(cpus: set[int] | None = None) -> tuple[set[int] | None, set[int] | None]:

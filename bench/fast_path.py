@@ -126,7 +126,8 @@ def cosine_lines(equivalence: dict, exact_target: float) -> list[str]:
         figure, target = ("p1_cosine", FAST_TARGETS["int8_p1_cosine"]) if lossy else ("min_cosine", exact_target)
         value = found.get(figure)
         lines.append(
-            f"cosine to float32 (W1, ({key}) {_BACKENDS[key]} vs (a), per review_id): min {_fmt(found.get('min_cosine'))}, "
+            f"cosine to float32 (W1, ({key}) {_BACKENDS[key]} vs (a), per review_id): min "
+            f"{_fmt(found.get('min_cosine'))}, "
             f"1st percentile {_fmt(found.get('p1_cosine'))} over {found.get('matched')} matched rows; missing "
             f"{found.get('missing_in_b')}, extra {found.get('missing_in_a')}   target {figure} >= {target}: "
             f"{verdict(None if value is None else value >= target)}"
@@ -144,14 +145,14 @@ def target_lines() -> list[str]:
 
     limits = Tolerance()
     return [
-        f"- W1: the fastest lakescore configuration within tolerance >= {FAST_TARGETS['fastest/a']:g}x (a) "
-        f"and >= {FAST_TARGETS['fastest/e']:g}x the plain loop on its backend and precision ((e) for int8, (f) for bfloat16)",
+        f"- W1: the fastest lakescore configuration within tolerance >= {FAST_TARGETS['fastest/a']:g}x (a) and >= "
+        f"{FAST_TARGETS['fastest/e']:g}x the plain loop on its backend and precision ((e) for int8, (f) for bfloat16)",
         f"- {LARGE_WORKLOAD}: the fastest CPU configuration within tolerance >= "
         f"{FAST_TARGETS['W1L fastest/e']:g}x its plain loop ((e) or (f)), when `W1L_PEERS` includes that pair",
         "- W2: each lakescore configuration >= 1x (c)",
         f"- {FIXED_WORKLOAD}: a run's time outside its scoring stage <= {FAST_TARGETS['fixed_seconds']:g} s",
         f"- W1: peak RSS of the whole process tree <= {FAST_TARGETS['peak_rss_mib']:.0f} MiB",
         f"- int8 and bfloat16: per-row cosine to float32 >= {FAST_TARGETS['int8_p1_cosine']} at the 1st percentile",
-        f"- int8 and bfloat16 classifiers (C1): label agreement >= {limits.min_agreement:g} and 99th-percentile probability "
-        f"difference <= {limits.max_prob_delta:g} against float32",
+        f"- int8 and bfloat16 classifiers (C1): label agreement >= {limits.min_agreement:g} and 99th-percentile "
+        f"probability difference <= {limits.max_prob_delta:g} against float32",
     ]

@@ -104,8 +104,8 @@ def _tokenizer():
 
 
 def make_w4_model(target: Path, shape: dict | None = None, dtype: str | None = None, device: str = "cpu") -> Path:
-    """Build W4's seeded Llama-shaped model (``shape``, default :data:`MODEL_SHAPE`) and its tokenizer from a config into
-    ``target`` (``save_pretrained``; safetensors; in ``dtype``, default float32), initialised on ``device``; return
+    """Build W4's seeded Llama-shaped model (``shape``, default :data:`MODEL_SHAPE`) and its tokenizer from a config
+    into ``target`` (``save_pretrained``; safetensors; in ``dtype``, default float32), initialised on ``device``; return
     ``target``. The same seed gives the same weights on every machine of one device kind."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -332,7 +332,8 @@ def oom_backoff(model_dir: Path, texts: list[str], rows: int) -> None:
 
 
 def seeded_model(directory: Path, tokenizer_dir: Path, **config: Any) -> Path:
-    """A BERT of the given shape with seeded random weights and ``tokenizer_dir``'s tokenizer, saved in ``directory``."""
+    """A BERT of the given shape with seeded random weights and ``tokenizer_dir``'s tokenizer, saved in
+    ``directory``."""
     import shutil
 
     import torch

@@ -21,7 +21,8 @@ first request to its last answer, after a warm-up of 64 other prompts (and, for 
 of 128 more). N is ``--prompts``, or fewer where the probe's rate says the loop would not end in ``--phase-seconds``;
 the in-process phase stops after the Arrow batch of 256 that passes them. Target (printed, never enforced): served
 >= 90% of the loop's tokens/s. Greedy texts are compared row by row (a continuous-batching server's bfloat16 numerics
-change with the batch, so equality is reported, not required). Usage (``bench/gpu_setup.sh`` carries what the GPU machine lacks)::
+change with the batch, so equality is reported, not required). Usage (``bench/gpu_setup.sh`` carries what the GPU
+machine lacks)::
 
     bench/gpu_setup.sh fetch                                                          # here
     source bench/gpu_setup.sh install && cd /tmp/site && python3 -m bench.gpu_generate --out /tmp/w4g.jsonl   # there
@@ -69,8 +70,8 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def build_model(target: Path, shape: dict, dtype: str, device: str) -> dict[str, Any]:
-    """:func:`~bench.generation.make_w4_model` of ``shape`` in ``dtype`` under ``target``: its parameters (from the saved
-    files' headers), vocabulary and seconds."""
+    """:func:`~bench.generation.make_w4_model` of ``shape`` in ``dtype`` under ``target``: its parameters (from the
+    saved files' headers), vocabulary and seconds."""
     from safetensors import safe_open
 
     began = time.perf_counter()

@@ -6,9 +6,10 @@ rows, as Spark hands them) with W10's model (:func:`bench.vlm_generation.make_w1
 ``--dtype``; the loop is :mod:`bench.peers.vlm_loop`'s processor + ``model.generate`` in batches of ``--batch`` on the
 same device. Reading Parquet, the worker's socket and writing Delta are not in these figures (W10 measures the whole
 job on CPU). Each side is timed from its first image's bytes to its last text (decode, processor, generate), after
-a warm-up of 32 other rows; the loop's seconds inside ``generate`` alone are printed too. Also printed: the forward batches lakescore plans at the device's token budget (rows and token cost each),
-greedy texts compared row by row (float32 equality is expected; bfloat16 numerics change with the batch, so there
-equality is reported, not required). Usage::
+a warm-up of 32 other rows; the loop's seconds inside ``generate`` alone are printed too. Also printed: the forward
+batches lakescore plans at the device's token budget (rows and token cost each), greedy texts compared row by row
+(float32 equality is expected; bfloat16 numerics change with the batch, so there equality is reported, not required).
+Usage::
 
     bench/gpu_setup.sh fetch                                                           # here
     source bench/gpu_setup.sh install && cd /tmp/site && python3 -m bench.gpu_vlm --out /tmp/w10g.jsonl   # there
@@ -91,7 +92,8 @@ def lakescore_worker(spec: Any, table: pa.Table, arrow_rows: int = 4096) -> dict
 
 
 def planned_batches(spec: Any, table: pa.Table) -> dict:
-    """The forward batches lakescore plans for ``table`` on the spec's device: rows and token cost of each, the budget."""
+    """The forward batches lakescore plans for ``table`` on the spec's device: rows and token cost of each, the
+    budget."""
     from lakescore.udfs.batching import plan_batches
     from lakescore.udfs.registry import get_task
     from lakescore.udfs.scoring_udf import batch_policy, model_for_this_worker

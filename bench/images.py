@@ -83,7 +83,8 @@ EXIF_ROTATED = 0.05
 
 
 def _picture(rng: np.random.Generator, width: int, height: int):
-    """A smooth RGB picture with fine noise: a few seeded colours blown up bicubically, so it compresses like a photo."""
+    """A smooth RGB picture with fine noise: a few seeded colours blown up bicubically, so it compresses like a
+    photo."""
     from PIL import Image
 
     coarse = Image.fromarray(rng.integers(0, 256, size=(4, 5, 3), dtype=np.uint8))
@@ -187,7 +188,8 @@ class W5Result(PeerRuns):
 
 
 def peer_commands(source: Path, shape: str, model: Path, run_dir: Path) -> dict[str, list[str]]:
-    """Each W5 peer's command line over ``source`` (``shape``: ``table`` or ``folder``); its files go under ``run_dir``."""
+    """Each W5 peer's command line over ``source`` (``shape``: ``table`` or ``folder``); its files go under
+    ``run_dir``."""
     columns = ["--id-col", "id", "--image-col", "image"] if shape == "table" else ["--input-format", "images"]
     return {
         "lakescore": [
@@ -289,8 +291,8 @@ def _describe(table: Path) -> str:
     sizes = pd.Series([len(d) for d in images])
     return (
         ", ".join(f"{name} {count}" for name, count in formats.items())
-        + f"; longest side median {sides.median():.0f} px (max {sides.max()}); encoded median {sizes.median() / 1e3:.0f} kB, "
-        f"{sizes.sum() / 1e6:.0f} MB in all"
+        + f"; longest side median {sides.median():.0f} px (max {sides.max()}); encoded median "
+        f"{sizes.median() / 1e3:.0f} kB, {sizes.sum() / 1e6:.0f} MB in all"
     )
 
 

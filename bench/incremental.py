@@ -247,7 +247,8 @@ def w3_lines(result: W3Result) -> list[str]:
         cosine = eq["min_cosine"]
         lines.append(
             f"W3 incremental output vs rescore: {eq['matched']:,} ids matched, {eq['missing_in_a']} missing, "
-            f"{eq['missing_in_b']} extra, model_sha256 {'one and the same' if len(eq['model_sha256']) == 1 else eq['model_sha256']}, "
+            f"{eq['missing_in_b']} extra, model_sha256 "
+            f"{'one and the same' if len(eq['model_sha256']) == 1 else eq['model_sha256']}, "
             f"min per-id cosine {cosine:.7f}   target >= {COSINE_TARGET} and nothing missing or extra: "
             f"{verdict(same and cosine is not None and cosine >= COSINE_TARGET)}"
         )
@@ -274,8 +275,8 @@ def w3_lines(result: W3Result) -> list[str]:
         gain = 1 - on / off
         lines.append(
             f"W3 dedup on vs off, end to end: {gain:.1%} less wall time; share of tokens in repeated texts "
-            f"{tokens:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it ({DEDUP_SHARE_OF_REPETITION * tokens:.1%}): "
-            f"{verdict(gain >= DEDUP_SHARE_OF_REPETITION * tokens)}"
+            f"{tokens:.1%}   target >= {DEDUP_SHARE_OF_REPETITION:.0%} of it "
+            f"({DEDUP_SHARE_OF_REPETITION * tokens:.1%}): {verdict(gain >= DEDUP_SHARE_OF_REPETITION * tokens)}"
         )
     scans = [r.get("input_scans") for _, r in result.runs.get("full", []) + result.runs.get("incremental", []) if r]
     if scans:

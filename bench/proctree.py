@@ -87,7 +87,8 @@ def _rss_bytes(pid: int) -> int:
 
 
 def tree_pids(root: int) -> list[int]:
-    """``root`` and every descendant alive right now with an address space of its own (see :func:`shares_parent_memory`)."""
+    """``root`` and every descendant alive right now with an address space of its own (see
+    :func:`shares_parent_memory`)."""
     children = _parent_map()
     found, stack = [], [(root, 0)]
     while stack:
@@ -139,7 +140,8 @@ def memory_sample(root: int) -> tuple[int, int, int]:
     """``(tree PSS, largest private bytes of one Python worker, that worker's shared bytes)`` right now.
 
     A worker is a process the Python daemon forked, not the daemon: lakescore's daemon holds the imported
-    runtime privately until it forks the workers that share it (:mod:`lakescore.jobs.platform.spark.local.python_daemon`)."""
+    runtime privately until it forks the workers that share it
+    (:mod:`lakescore.jobs.platform.spark.local.python_daemon`)."""
     pss, private, shared = 0, 0, 0
     for pid in tree_pids(root):
         rollup = smaps_rollup(pid)

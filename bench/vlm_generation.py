@@ -96,7 +96,8 @@ def make_w10_model(target: Path) -> Path:
 
 
 def make_w10_data(target: Path, rows: int) -> Path:
-    """``rows`` PNG pictures (``id``, ``image``, ``category``, and the rendered ``prompt`` for the loop), one Parquet file."""
+    """``rows`` PNG pictures (``id``, ``image``, ``category``, and the rendered ``prompt`` for the loop), one Parquet
+    file."""
     from tests.tiny_vision import encoded, picture
 
     target.mkdir(parents=True, exist_ok=True)
@@ -195,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timings = json.loads((run_dir / "timings.json").read_text())
                 rates[peer].append(timings["tokens_out"] / timings["generate_seconds"])
             print(
-                f"{W10} {peer} run {repeat + 1}: {walls[peer][-1]:.1f} s whole process, {rates[peer][-1]:.1f} generated "
-                "tokens/s while generating",
+                f"{W10} {peer} run {repeat + 1}: {walls[peer][-1]:.1f} s whole process, {rates[peer][-1]:.1f} "
+                "generated tokens/s while generating",
                 flush=True,
             )
     import pyarrow.parquet as pq

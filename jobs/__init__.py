@@ -1,1 +1,2 @@
-"""The lakescore job: CLI, configuration, SparkSession and the read -> check -> score -> write -> validate -> report steps."""
+"""The lakescore job: CLI, configuration, SparkSession and the read -> check -> score -> write -> validate -> report
+steps."""

@@ -72,9 +72,9 @@ def score(spark: SparkSession | None = None, **config: Any) -> RunReport:
 
     Raises what the CLI maps to exit code 2 before any compute (:class:`~lakescore.jobs.config.ConfigError`,
     :class:`~lakescore.schemas.contracts.InputContractError`, :class:`~lakescore.jobs.platform.tables.TableError`,
-    :class:`~lakescore.udfs.models.model_source.ModelSourceError`) and :class:`~lakescore.jobs.platform.tables.WriteConflictError`
-    when a concurrent run won. A failed validation, error-rate or drift check does not raise: the report's
-    ``status`` says so and nothing was published.
+    :class:`~lakescore.udfs.models.model_source.ModelSourceError`) and
+    :class:`~lakescore.jobs.platform.tables.WriteConflictError` when a concurrent run won. A failed validation,
+    error-rate or drift check does not raise: the report's ``status`` says so and nothing was published.
     """
     return run_and_record(config_from_mapping(config), spark)
 
@@ -98,10 +98,10 @@ def transform(
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks (``generate``: the
     prompt as the model reads it, or ``prompt_template=`` naming columns, each row's prompt rendered as the job renders
     it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images;
-    string: paths of image files) for image tasks, ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*``
-    setting by its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md
-    lists them), validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both
-    are refused here.
+    string: paths of image files) for image tasks, ``feature_cols`` (in the model's order) for feature tasks.
+    ``options``: any ``model.*`` or ``scoring.*`` setting by its name (``device``, ``dtype``, ``max_seq_length``,
+    ``max_batch_tokens``, ...; docs/configuration.md lists them), validated as the config is. Arrow batch sizes are the
+    session's own and ``dedup`` is the job's: both are refused here.
 
     Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
     :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
@@ -151,8 +151,8 @@ def _notebook_config(
     options: Mapping[str, Any],
     **columns: str | None,
 ) -> JobConfig:
-    """The typed config of a notebook call (``columns``: ``text_col``, ``image_col``, ``id_col``); :class:`ConfigError` for
-    unknown or bad settings, or a feature task without ``feature_cols``."""
+    """The typed config of a notebook call (``columns``: ``text_col``, ``image_col``, ``id_col``); :class:`ConfigError`
+    for unknown or bad settings, or a feature task without ``feature_cols``."""
     section = dict(model) if isinstance(model, Mapping) else {"source": str(model)}
     tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
     own = get_task(task).options_section if task in TASK_NAMES else None
@@ -169,8 +169,8 @@ def _notebook_config(
     cfg = config_from_mapping({**tree, **columns, "feature_cols": list(feature_cols or ())})
     if cfg.model.quantize != "none":  # the tolerance check is a preflight of the job (score), which these lack
         raise ConfigError(
-            f"quantize={cfg.model.quantize!r} is checked against float32 before a scoring job starts; use lakescore.score, "
-            "or backend='onnx' without quantize here"
+            f"quantize={cfg.model.quantize!r} is checked against float32 before a scoring job starts; use "
+            "lakescore.score, or backend='onnx' without quantize here"
         )
     if not cfg.column_setting and not feature_cols:
         raise ConfigError(f"task {task!r} reads numeric features: pass feature_cols")
@@ -196,11 +196,12 @@ def _resolved_spec(spark: SparkSession | None, cfg: JobConfig, feature_cols: tup
 
 def _check_model(spec: ModelSpec, model_dir: Path, transformers_dir: bool) -> None:
     """Raise :class:`ModelSourceError` here for what the workers' loaders would refuse in the first Spark job: a text
-        or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has no ``config.json`` (nor a
-        sentence-transformers ``modules.json``) or a config that is not JSON; no weight file; weights other than
-        ``expect_sha256``; an architecture of another kind than the task's, or settings the model cannot take
-    (:func:`~lakescore.udfs.models.model_fit.check_model_fits`). The job checks the same on its executors (preflight); these
-    calls have no preflight."""
+        or image model (``transformers_dir``) that is a file, holds only pickle weights (without ``allow_pickle``), has
+        no ``config.json`` (nor a sentence-transformers ``modules.json``) or a config that is not JSON; no weight file;
+        weights other than ``expect_sha256``; an architecture of another kind than the task's, or settings the model
+        cannot take
+    (:func:`~lakescore.udfs.models.model_fit.check_model_fits`). The job checks the same on its executors (preflight);
+    these calls have no preflight."""
     if transformers_dir:
         require_directory(model_dir, spec.task)
         refuse_pickle_weights(model_dir, spec.allow_pickle)

@@ -64,7 +64,8 @@ class TableNameError(ConfigError):
 
 
 def quote_identifier(part: str) -> str:
-    """``part`` as one backtick-quoted Spark SQL identifier (a backtick inside is doubled). The only quoting function."""
+    """``part`` as one backtick-quoted Spark SQL identifier (a backtick inside is doubled). The only quoting
+    function."""
     return "`" + part.replace("`", "``") + "`"
 
 
@@ -145,7 +146,8 @@ def has_path_separator(text: str) -> bool:
 
 
 def _scan(text: str) -> Iterator[tuple[int, str, bool, str | None]]:
-    """Each name part of ``text``: ``(start, unquoted text, was quoted, problem or None)``; lenient, so paths scan too."""
+    """Each name part of ``text``: ``(start, unquoted text, was quoted, problem or None)``; lenient, so paths scan
+    too."""
     i = 0
     while True:
         start = i
@@ -197,8 +199,8 @@ def require_catalog_accepts(spark, table: TableName, what: str) -> None:
     refused = [p for p in names if not _SESSION_CATALOG_NAME.fullmatch(p)]
     if refused:
         raise TableNameError(
-            f"{what} {str(table)!r} cannot be created in Spark's session catalog ({SESSION_CATALOG}, a Hive metastore): "
-            f"{refused[0]!r} has characters other than letters, digits and _ (Unity Catalog accepts it)"
+            f"{what} {str(table)!r} cannot be created in Spark's session catalog ({SESSION_CATALOG}, a Hive "
+            f"metastore): {refused[0]!r} has characters other than letters, digits and _ (Unity Catalog accepts it)"
         )
 
 

@@ -1,4 +1,5 @@
-"""The scoring job, as the data path: read -> check -> prepare -> score (and rank) -> account -> validate -> publish -> report.
+"""The scoring job, as the data path: read -> check -> prepare -> score (and rank) -> account -> validate -> publish ->
+report.
 
 Each step is a function in a module of :mod:`lakescore.jobs.steps` named for it; this module
 only names them in order. Before anything is written: the model resolves; the input exists
@@ -6,11 +7,11 @@ and has the columns and types the task needs; the output and errors targets can 
 run's schema; the executors' Python workers load the model, hash its weights (which must
 match ``--expect-sha256``) and score one sample, while the driver checks the rows for null and
 duplicated ids. Then the rows are scored chunk by chunk into a private staging table (a rerun
-resumes; with ``rank``, each chunk's keys ranked and only their kept rows staged), the staging table is pinned at its version then, and that one snapshot is accounted
-for (every input row in exactly one of output and errors), validated with Great Expectations, compared with
-the output's rows at a baseline version (the drift gate), and only then published in one Delta commit. A run
-that fails a check publishes nothing to the output: readers keep the previous version. Whoever runs the job
-writes its report and metrics row through :func:`run_and_record`.
+resumes; with ``rank``, each chunk's keys ranked and only their kept rows staged), the staging table is pinned at its
+version then, and that one snapshot is accounted for (every input row in exactly one of output and errors), validated
+with Great Expectations, compared with the output's rows at a baseline version (the drift gate), and only then published
+in one Delta commit. A run that fails a check publishes nothing to the output: readers keep the previous version.
+Whoever runs the job writes its report and metrics row through :func:`run_and_record`.
 """
 
 from __future__ import annotations

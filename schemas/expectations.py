@@ -45,7 +45,8 @@ class UserExpectations:
     value_ranges: dict[str, tuple[float, ...]] = field(default_factory=dict)
     max_null_fraction: dict[str, float] = field(default_factory=dict)
     max_value_share: dict[str, tuple[str, float]] = field(default_factory=dict)
-    """Column -> ``(value, fraction)``: at most this fraction of rows may hold the value (``finish_reason`` ``length``)."""
+    """Column -> ``(value, fraction)``: at most this fraction of rows may hold the value (``finish_reason``
+    ``length``)."""
 
 
 @dataclass(frozen=True)

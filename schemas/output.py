@@ -118,7 +118,8 @@ IDENTITY_COLUMNS = ("model_id", "model_revision", "model_sha256", "run_id")
 """Columns every output row carries so anyone can tell which model and run produced it."""
 
 DIGEST_COLUMN = "input_digest"
-"""Incremental mode: SHA-256 (hex) of exactly what the model saw for the row (:mod:`lakescore.jobs.steps.incremental`)."""
+"""Incremental mode: SHA-256 (hex) of exactly what the model saw for the row
+(:mod:`lakescore.jobs.steps.incremental`)."""
 
 INCREMENTAL_COLUMNS = (DIGEST_COLUMN, "spec_digest")
 """What an incremental output adds after :data:`IDENTITY_COLUMNS`: the input's digest and the digest of the scoring
@@ -246,9 +247,9 @@ def output_schema(
     chunked: bool = False,
 ) -> StructType:
     """The Delta table's schema: the ``row_fields`` (the id column(s), then a ranked run's other key columns) as they
-    were in the input, with ``chunked`` the :data:`CHUNK_COLUMNS`, predictions (with the ``asked`` optional ones), with ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with
-    ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and with both the :data:`KEY_DIGEST_COLUMN`; with ``incremental``
-    and ``file_status`` the :data:`FILE_COLUMNS`).
+    were in the input, with ``chunked`` the :data:`CHUNK_COLUMNS`, predictions (with the ``asked`` optional ones), with
+    ``ranked`` the :data:`RANK_COLUMN`, identity columns (and with ``incremental`` the :data:`INCREMENTAL_COLUMNS`, and
+    with both the :data:`KEY_DIGEST_COLUMN`; with ``incremental`` and ``file_status`` the :data:`FILE_COLUMNS`).
 
     Raises :class:`~lakescore.schemas.contracts.InputContractError` when an id or key column's name collides
     with an output column.

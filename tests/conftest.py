@@ -188,7 +188,8 @@ class TinyTabular:
 
 @pytest.fixture(scope="session")
 def tiny_tabular(tmp_path_factory):
-    """``(module, torchscript_path, export_path)``: one seeded MLP saved with ``torch.jit.save`` and ``torch.export.save``."""
+    """``(module, torchscript_path, export_path)``: one seeded MLP saved with ``torch.jit.save`` and
+    ``torch.export.save``."""
     import torch
 
     module = TinyTabular.module()

@@ -1,7 +1,8 @@
 """Tiny seeded vision-language models for tests, built offline: a LLaVA (CLIP vision tower, one image as a fixed run
 of image tokens) and an Idefics3 (SmolVLM's architecture: the image's patches shuffled into fewer tokens between its
 own marker tokens), each saved with its processor (image processor, tokenizer, chat template) so that
-``AutoProcessor`` and ``AutoModelForImageTextToText`` load them from the folder. The text models take ``head_dim`` 32."""
+``AutoProcessor`` and ``AutoModelForImageTextToText`` load them from the folder. The text models take ``head_dim``
+32."""
 
 import torch
 import transformers

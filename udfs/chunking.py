@@ -108,8 +108,8 @@ class Chunker:
             )
         if not 0 <= self.overlap_tokens < self.window:
             raise ValueError(
-                f"embed.chunk.overlap_tokens must be below the {self.window} text tokens a chunk holds "
-                f"(max_tokens {self.max_tokens} less {self.fixed_tokens} special and prompt tokens), got {self.overlap_tokens}"
+                f"embed.chunk.overlap_tokens must be below the {self.window} text tokens a chunk holds (max_tokens "
+                f"{self.max_tokens} less {self.fixed_tokens} special and prompt tokens), got {self.overlap_tokens}"
             )
 
     @property
@@ -228,7 +228,8 @@ class ChunkedEmbedder:
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The staged ``chunks`` column: per document the list of its chunks (``chunk_index``, ``chunk_start``,
-        ``chunk_end``, ``embedding``; with a document vector first its row, ``chunk_index`` -1), null where not ``ok``."""
+        ``chunk_end``, ``embedding``; with a document vector first its row, ``chunk_index`` -1), null where not
+        ``ok``."""
         documents = [outputs[i] for i in np.flatnonzero(ok)]
         index, start, end, vectors, counts = [], [], [], [], []
         for _i, document in zip(np.flatnonzero(ok), documents):
@@ -262,8 +263,8 @@ class ChunkedEmbedder:
         return self.embedder.fidelity(reference, outputs)
 
     def score(self, texts: list[str]) -> np.ndarray:
-        """Each text's :class:`DocumentChunks` (``None`` where it was not scored), for small lists such as the executors'
-        preflight: one row per text."""
+        """Each text's :class:`DocumentChunks` (``None`` where it was not scored), for small lists such as the
+        executors' preflight: one row per text."""
         from lakescore.udfs.batching import BatchPolicy
 
         scored = embed_documents(texts, self, BatchPolicy(1 << 30, 1 << 30))
@@ -344,7 +345,8 @@ def embed_documents(
             k = failed[0]
             reasons[i] = scored.reasons[rows[k]]
             errors[i] = (
-                f"chunk {k} of {len(rows)} ({prepared.spans[i][k][0]}-{prepared.spans[i][k][1]}): {scored.errors[rows[k]]}"
+                f"chunk {k} of {len(rows)} ({prepared.spans[i][k][0]}-{prepared.spans[i][k][1]}): "
+                f"{scored.errors[rows[k]]}"
             )
             continue
         mean = _normalised_mean(vectors[rows]) if head.document_vector else None

@@ -1,5 +1,6 @@
 """Image files named by a path column, read by Python on the executors where a Spark Connect server refuses
-lakescore's Hadoop file reader (:mod:`lakescore.jobs.platform.files.hadoop_files`, which reads every path everywhere else):
+lakescore's Hadoop file reader (:mod:`lakescore.jobs.platform.files.hadoop_files`, which reads every path everywhere
+else):
 the bytes of each row's file, ``None`` where it is missing, and without reading it, its length and modification time.
 
 A path is taken literally (no percent-decoding): a local path, a ``file:`` URI or ``dbfs:/...`` (through Databricks'

@@ -39,7 +39,8 @@ def make_pandas_udf(spec: ModelSpec, *, max_tokens: int | None, max_rows: int):
     """An iterator-style pandas UDF scoring ``spec``'s task; call it on the input column(s).
 
     ``spec.feature_cols`` names the features of a feature task (one UDF argument each,
-    in that order); text and image tasks take one column (strings, encoded image bytes). Raises ``ValueError`` for an unknown task.
+    in that order); text and image tasks take one column (strings, encoded image bytes). Raises ``ValueError`` for an
+    unknown task.
     """
     task = get_task(spec.task)
     options = task.options_of(spec)

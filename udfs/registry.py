@@ -77,7 +77,8 @@ class InputKind:
     row_keys: bool = False
     """The runner reads each row's id too (``key_col``), to seed what it draws for the row (generation's sampling)."""
     column_setting: str | None = None
-    """The config setting naming the one input column (``text_col``, ``image_col``); ``None``: numeric feature columns."""
+    """The config setting naming the one input column (``text_col``, ``image_col``); ``None``: numeric feature
+    columns."""
     runner_settings: tuple[str, ...] = ()
     """The ``scoring.*`` settings this kind's runner takes as keyword arguments (config validation refuses them for
     the other kinds)."""
@@ -222,8 +223,8 @@ class Task:
     (:meth:`output_profile`) that says so."""
     architectures: tuple[str, ...] = ()
     """Parts of a transformers class name that fit this task (``ForSequenceClassification``): a model whose
-    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.models.model_fit`). ``()``: any
-    architecture (a base model is read from any checkpoint)."""
+    ``config.json`` ``architectures`` hold none is refused on the driver (:mod:`lakescore.udfs.models.model_fit`).
+    ``()``: any architecture (a base model is read from any checkpoint)."""
     model_check: str | None = None
     """``"module:function"``, ``check(spec, model_dir, config)``: the driver's check of the task's settings against
     the model's ``config.json`` (a dict), raising :class:`~lakescore.udfs.models.model_source.UnfitModelError`."""
@@ -391,8 +392,8 @@ TASKS: dict[str, Task] = {
             "generate",
             PROMPT,
             "lakescore.udfs.heads.generate:load_generator",
-            "a language model over each prompt (with ``image_col``, a vision-language model over each image and prompt): "
-            "text, a choice, or JSON",
+            "a language model over each prompt (with ``image_col``, a vision-language model over each image and "
+            "prompt): text, a choice, or JSON",
             other_inputs=(IMAGE_PROMPT,),
             backends=("torch",),
             options_section="generate",

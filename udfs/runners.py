@@ -338,7 +338,8 @@ class ImageRunner:
     """Image heads: one binary column of encoded images, decoded and preprocessed per Arrow batch in chunks bounded
     by decoded pixels and rows (:func:`~lakescore.udfs.images.preprocess_chunks`), then scored in batches cut by the
     token budget, each image counting its patches (:func:`~lakescore.udfs.images.image_tokens`).
-    A second input column, when given, holds the path each image was read from (``lakescore.jobs.steps.read.read_image_files``):
+    A second input column, when given, holds the path each image was read from
+    (``lakescore.jobs.steps.read.read_image_files``):
     a null image with a path is ``missing_file``, and the errors table shows the path.
 
     ``max_image_pixels``: the pixels one image may have (default Pillow's limit); ``max_batch_pixels`` and

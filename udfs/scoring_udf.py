@@ -267,8 +267,8 @@ PREFLIGHT_SCHEMA = (
 """One row per preflight task: which worker loaded what (``loaded``: this task loaded it), or why it could not;
 ``fidelity``: the JSON figures of the quantization check (:func:`fidelity_figures`), from the one task that ran it;
 ``files``: the JSON :func:`~lakescore.udfs.models.model_source.model_file_digests` of the model files this worker loaded
-(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`); ``traffic``: what a
-head over an endpoint sent for the preflight (JSON of :class:`~lakescore.schemas.traffic.Traffic`), which the run's
+(a model served elsewhere: what its endpoint's ``/v1/models`` said of it, :attr:`LoadedModel.files`); ``traffic``: what
+a head over an endpoint sent for the preflight (JSON of :class:`~lakescore.schemas.traffic.Traffic`), which the run's
 figures and cost include; ``probed``: whether the task scored its sample (false: a head over an endpoint whose request
 waits for ``probe``, :func:`make_preflight_function`)."""
 
@@ -287,8 +287,8 @@ def make_preflight_function(
 
     Input rows are ignored (one small partition per task). Each task yields one
     row of :data:`PREFLIGHT_SCHEMA`: host, pid, the device it resolved, the
-    weights' sha256, the digests of its other model files and the revision, the seconds it took, whether it loaded the model (or found
-    it cached) and, when loading or the sample failed, the exception's type and text. Failures
+    weights' sha256, the digests of its other model files and the revision, the seconds it took, whether it loaded the
+    model (or found it cached) and, when loading or the sample failed, the exception's type and text. Failures
     are returned, not raised, so the driver fails the run once with the worker's own message
     instead of after ``spark.task.maxFailures`` retries of a model that cannot load.
 

@@ -89,6 +89,7 @@ def compare_texts(ours: Path, theirs: Path, id_col: str = "id", column: str = "g
 
 
 def compare_top(ours: Path, theirs: Path, key: Sequence[str] = ("user_id", "item_id", "rank")) -> dict:
-    """The peer's kept (user, item, rank) rows against lakescore's: the same work when both keep exactly the same rows."""
+    """The peer's kept (user, item, rank) rows against lakescore's: the same work when both keep exactly the same
+    rows."""
     counts = _coverage(read_delta(ours, list(key)), read_delta(theirs, list(key)), list(key))
     return _verdict(counts, [] if counts["matched"] else ["no rows in common"])

@@ -10,7 +10,8 @@ from bench.model import model_dir
 
 
 def score_frame(frame):
-    """``review_id`` and ``embedding`` of every row of ``frame`` (``transform`` spreads a small input over every core)."""
+    """``review_id`` and ``embedding`` of every row of ``frame`` (``transform`` spreads a small input over every
+    core)."""
     import lakescore
 
     scored = lakescore.transform(frame, task="embed", model=model_dir(), text_col="body", id_col="review_id")

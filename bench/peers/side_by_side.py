@@ -223,7 +223,8 @@ def _first_good(runs_dir: Path, name: str, runs: dict[str, list[PeerRun]], side:
 
 
 def run_walls(name: str, runs: dict[str, list[PeerRun]]) -> str:
-    """Every run's whole-process seconds per side, in run order (``FAILED`` for a failed run): the noise behind a median."""
+    """Every run's whole-process seconds per side, in run order (``FAILED`` for a failed run): the noise behind a
+    median."""
     walls = lambda rs: ", ".join(f"{r.measured.wall_seconds:.1f}" if r.ok else "FAILED" for r in rs)  # noqa: E731
     return f"{name} runs, wall seconds in run order: " + "; ".join(f"{side} {walls(rs)}" for side, rs in runs.items())
 
@@ -299,15 +300,16 @@ def markdown_section(facts: dict[str, str], described: list[str], table: str) ->
         [
             SECTION,
             "",
-            "Written by `make bench-peers` (`bench/peers/side_by_side.py`). lakescore's command is `make bench`'s; the peers "
-            "run in their own environment (`build/peers-env`, `bench/peers/constraints.txt`, torch / transformers / "
-            "sentence-transformers at constraints.txt's pins) as their documentation writes them, reading the same "
-            "Parquet and writing Delta: Ray Data (`bench/peers/ray_data.py`: `read_parquet`, `map_batches` over a class in "
-            "an actor pool of up to one actor per core, `write_delta`) and Daft (`bench/peers/daft_df.py`: `embed_text` / "
-            "`prompt` with the transformers provider, a class UDF for images, a UDF + `row_number()` window for top-K, "
-            "`write_deltalake`). Whole processes, alternating (lakescore, Ray, Daft, ...), medians; the ratio is the "
-            "peer's median wall over lakescore's (above 1: lakescore faster). A peer whose output differs from "
-            "lakescore's (embeddings: cosine < 0.9999; labels, greedy texts or top-K rows not equal) gets no verdict.",
+            "Written by `make bench-peers` (`bench/peers/side_by_side.py`). lakescore's command is `make bench`'s; the "
+            "peers run in their own environment (`build/peers-env`, `bench/peers/constraints.txt`, torch / "
+            "transformers / sentence-transformers at constraints.txt's pins) as their documentation writes them, "
+            "reading the same Parquet and writing Delta: Ray Data (`bench/peers/ray_data.py`: `read_parquet`, "
+            "`map_batches` over a class in an actor pool of up to one actor per core, `write_delta`) and Daft "
+            "(`bench/peers/daft_df.py`: `embed_text` / `prompt` with the transformers provider, a class UDF for "
+            "images, a UDF + `row_number()` window for top-K, `write_deltalake`). Whole processes, alternating "
+            "(lakescore, Ray, Daft, ...), medians; the ratio is the peer's median wall over lakescore's (above 1: "
+            "lakescore faster). A peer whose output differs from lakescore's (embeddings: cosine < 0.9999; labels, "
+            "greedy texts or top-K rows not equal) gets no verdict.",
             "",
             *[f"- {k}: {v}" for k, v in facts.items()],
             *[f"- {line}" for line in described],
@@ -323,10 +325,11 @@ NOTES = (
     "Ray Data's pool autoscales from one actor to one per core (`ActorPoolStrategy(min_size=1, max_size=cores)`): "
     "the guide's fixed pool of one per core takes both CPUs of a 2-core machine before Ray 2.60's Parquet read "
     '(its `ListFiles` task) gets one, and the job hangs (Ray warns "Cluster resources are not enough to run any '
-    "task\"). `--fixed-pool` runs the fixed pool. Ray's W4 and W5 batches and Daft's W5 batches are 32 rows (the bench's "
+    "task\"). `--fixed-pool` runs the fixed pool. Ray's W4 and W5 batches and Daft's W5 batches are 32 rows (the "
+    "bench's "
     "loops'); Daft's `prompt` calls the transformers pipeline one row at a time, as its provider is written.",
-    "Daft's `classify_image` with the transformers provider builds a zero-shot (CLIP-style) pipeline that cannot "
-    "load W5's fixed-label ViT classifier, so Daft's W5 is a `@daft.cls` class UDF as Daft documents for a custom model.",
+    "Daft's `classify_image` with the transformers provider builds a zero-shot (CLIP-style) pipeline that cannot load "
+    "W5's fixed-label ViT classifier, so Daft's W5 is a `@daft.cls` class UDF as Daft documents for a custom model.",
     "Daft 0.7.26's `transformers` extra caps transformers below 5.10 and sentence-transformers below 5.6: the peers' "
     "environment runs lakescore's pins (transformers 5.23, sentence-transformers 6.2) instead, so both sides run the "
     "same model code; its writer imports pyiceberg even for `write_deltalake`, so the `iceberg` extra is installed.",

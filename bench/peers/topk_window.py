@@ -85,8 +85,8 @@ def hand_job_parser(prog: str, input_help: str, model_help: str, top_k_help: str
 
 def run_hand_job(args: argparse.Namespace, load: Callable, model_input: Callable) -> int:
     """Score ``args.input`` with ``predict_batch_udf`` over ``load`` (its input: ``model_input()``, a column or a tuple
-    of columns built once the session exists), keep each user's best ``args.top_k`` rows by score then ``item_id`` (0: every row, no rank),
-    overwrite ``args.output`` in Delta and write ``args.timings``."""
+    of columns built once the session exists), keep each user's best ``args.top_k`` rows by score then ``item_id`` (0:
+    every row, no rank), overwrite ``args.output`` in Delta and write ``args.timings``."""
     import pyarrow.parquet as pq
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F

@@ -50,8 +50,8 @@ def _pyspark_home() -> Path:
 
 
 def _tooling():
-    """lakescore's config, jar cache and local-accelerator modules, from the source tree: the submit host's tooling, not the
-    job (the job never sees this path)."""
+    """lakescore's config, jar cache and local-accelerator modules, from the source tree: the submit host's tooling, not
+    the job (the job never sees this path)."""
     sys.path.insert(0, str(REPO))
     try:
         from lakescore.jobs import config
@@ -111,10 +111,12 @@ def build_command(
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(work / "warehouse"),
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={metastore};create=true",
-        # A one-host cluster's JVMs run C1-only, as lakescore's own local-cluster sessions (jobs/platform/spark/session.py).
+        # A one-host cluster's JVMs run C1-only, as lakescore's own local-cluster sessions
+        # (jobs/platform/spark/session.py).
         "spark.driver.extraJavaOptions": " ".join([f"-Dderby.system.home={work}", *java_options]),
         "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",  # as lakescore's own local sessions (jobs/platform/spark/session.py)
+        # as lakescore's own local sessions (jobs/platform/spark/session.py)
+        "spark.databricks.delta.snapshotPartitions": "2",
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": (work / "spark-events").as_uri(),
         "spark.eventLog.compress": "false",  # plain JSON lines: the test reads which executors ran tasks

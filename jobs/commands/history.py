@@ -126,7 +126,8 @@ def _when(row: dict[str, Any]) -> str:
 
 
 def find_run(records: list[RunRecord], run_id: str) -> RunRecord:
-    """The newest record of ``run_id``; :class:`~lakescore.jobs.platform.tables.TableError` listing recent ids when none."""
+    """The newest record of ``run_id``; :class:`~lakescore.jobs.platform.tables.TableError` listing recent ids when
+    none."""
     for record in records:
         if record.run_id == run_id:
             return record

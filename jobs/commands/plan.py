@@ -321,7 +321,8 @@ def _runner(run, cfg: JobConfig):
 
 
 def _from_history(run, cfg: JobConfig, sha256: str, shape: SampleShape, slots: int) -> UnitCost | None:
-    """The :class:`UnitCost` of the output's newest earlier run of this model and task that measured one, or ``None``."""
+    """The :class:`UnitCost` of the output's newest earlier run of this model and task that measured one, or
+    ``None``."""
     from lakescore.jobs.commands.history import run_history
     from lakescore.jobs.platform.tables import TableError
 

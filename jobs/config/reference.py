@@ -21,7 +21,8 @@ from lakescore.jobs.config.schema import JobConfig
 
 __all__ = ["START", "END", "reference", "updated", "main"]
 
-START = "<!-- generated: start (make docs; edit the schema in jobs/config/, not this block) -->"  # as the committed page has it
+# as the committed page has it
+START = "<!-- generated: start (make docs; edit the schema in jobs/config/, not this block) -->"
 END = "<!-- generated: end -->"
 
 

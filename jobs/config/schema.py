@@ -98,15 +98,16 @@ class JobConfig(Section):
     empty is ``null_input``."""
     image_col: Text | None = Field(None, json_schema_extra=cli("--image-col"))
     """The image column to score (image tasks: ``image_classify``, ``image_embed``; ``generate`` with
-    ``generate.prompt_template``: a vision-language model reads each image with its row's prompt): binary, each value a file's bytes
-    in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of such a file
-    (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``: local
-    in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a missing
-    file is ``missing_file``. Set by ``input_format`` ``images``."""
+    ``generate.prompt_template``: a vision-language model reads each image with its row's prompt): binary, each value a
+    file's bytes in any format Pillow reads (JPEG, PNG, WebP, GIF, BMP, TIFF, ...), or string, each value the path of
+    such a file (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``:
+    local in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a
+    missing file is ``missing_file``. Set by ``input_format`` ``images``."""
     feature_cols: Names = Field((), json_schema_extra=cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
     feature_prefix: Text | None = Field(None, json_schema_extra=cli("--feature-prefix"))
-    """``tabular``: use every input column starting with this prefix, in input order (when ``feature_cols`` is empty)."""
+    """``tabular``: use every input column starting with this prefix, in input order (when ``feature_cols`` is
+    empty)."""
     errors: Text | None = Field(None, json_schema_extra=cli("--errors"))
     """Dead-letter table or path for rows that cannot be scored; default: ``<output>_errors``."""
     max_error_rate: Fraction = 0.001
@@ -150,7 +151,8 @@ class JobConfig(Section):
         task = get_task(self.task)
         if self.model.backend not in task.backends:
             raise ConfigError(
-                f"model.backend {self.model.backend!r} cannot run task {self.task!r} (it runs on {', '.join(task.backends)})"
+                f"model.backend {self.model.backend!r} cannot run task {self.task!r} (it runs on "
+                f"{', '.join(task.backends)})"
             )
         for option in TASK_MODEL_OPTIONS:
             if getattr(self.model, option) is not None and option not in task.model_options:
@@ -351,7 +353,8 @@ class JobConfig(Section):
             )
 
     def endpoint(self) -> Any:
-        """The task's remote endpoint settings (``generate.endpoint``, ``embed.endpoint``), or ``None``: one place that knows where they are."""
+        """The task's remote endpoint settings (``generate.endpoint``, ``embed.endpoint``), or ``None``: one place that
+        knows where they are."""
         return getattr(self.task_options(), "endpoint", None)
 
     def secret_env_names(self) -> tuple[str, ...]:
@@ -430,7 +433,8 @@ SHORTHANDS = {"model": "source"}
 
 
 def shorthand(key: str, value: Any) -> Any:
-    """``value`` of section ``key`` as a mapping when it is a shorthand's single value (a string or path); else as it is."""
+    """``value`` of section ``key`` as a mapping when it is a shorthand's single value (a string or path); else as it
+    is."""
     if key in SHORTHANDS and isinstance(value, (str, os.PathLike)):
         return {SHORTHANDS[key]: os.fspath(value)}
     return value

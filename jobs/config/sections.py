@@ -253,7 +253,8 @@ class WriteConfig(Section):
     ``incremental``: only rows whose id is new, whose input changed (``input_digest``) or whose output came from
     other weights or another scoring spec are scored; the rest are kept; one ``MERGE`` applies the changes."""
     delete_missing: bool = Field(False, json_schema_extra=cli("--delete-missing"))
-    """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either way)."""
+    """``incremental`` only: delete output rows whose id is no longer in the input (counted in the report either
+    way)."""
     full_rescore: bool = Field(False, json_schema_extra=cli("--full-rescore"))
     """``incremental`` only: score every input row and replace the output with them in one overwrite commit, instead
     of comparing; also turns an output written by ``overwrite`` / ``replace_run`` into an incremental one."""
@@ -282,7 +283,8 @@ class WriteConfig(Section):
     (tables ``<prefix>_<run key>``); default: beside the output (a table ``<output>__lakescore_staging_<run key>``
     for a table output, ``<output dir>/_lakescore_staging/<name>/<run key>`` for a path)."""
     allow_output_in_input: bool = False
-    """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it up."""
+    """Allow an output (or errors) path inside the input's directory, where the next read of the input may pick it
+    up."""
 
     @model_validator(mode="after")
     def _incremental_only(self) -> WriteConfig:

@@ -3,11 +3,11 @@
 :func:`render_html` turns a report (the JSON report's dict: :class:`~lakescore.jobs.report.model.RunReport`
 fields, with its ``profile`` from :mod:`lakescore.jobs.steps.report_data`) into a page of
 inline CSS and inline SVG charts (:mod:`lakescore.jobs.report.charts`); it has no
-JavaScript and loads nothing. Sections: run identity, the run id's earlier attempts, row accounting, where the time went,
-throughput over time, input lengths, the predictions' distributions, every validation check,
-the drift figures with both runs' distributions side by side, and a sample of dead-lettered rows. Which prediction charts appear follows the profile's
-``kind`` of each column (a data type), never the task's name. The page of a run that did not
-finish (:data:`~lakescore.jobs.report.text.UNFINISHED`) has the run and its time only: nothing was
+JavaScript and loads nothing. Sections: run identity, the run id's earlier attempts, row accounting, where the time
+went, throughput over time, input lengths, the predictions' distributions, every validation check,
+the drift figures with both runs' distributions side by side, and a sample of dead-lettered rows. Which prediction
+charts appear follows the profile's ``kind`` of each column (a data type), never the task's name. The page of a run that
+did not finish (:data:`~lakescore.jobs.report.text.UNFINISHED`) has the run and its time only: nothing was
 determined about its rows.
 
 Every value that came from a user, a table or a model (ids, names, paths, labels, texts)
@@ -43,7 +43,8 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#
 main{max-width:1040px;margin:0 auto;padding:24px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:0 0 10px}h3{font-size:14px;margin:14px 0 6px}
 section{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:16px 20px;margin:16px 0}
-table{border-collapse:collapse;width:100%;font-size:13px}th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eaeef2;vertical-align:top}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eaeef2;vertical-align:top}
 th{background:#f6f8fa;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;word-break:break-all}
 .badge{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:600;font-size:13px}

@@ -28,8 +28,8 @@ __all__ = ["RunReport", "UNFINISHED", "html_path_for", "software_versions"]
 class RunReport:
     """Facts of one run. ``status`` is ``succeeded``, ``validation_failed``, ``error_rate_exceeded`` or
     ``drift_exceeded`` for a run that reached its publish decision, ``failed`` or ``interrupted``
-    (:data:`UNFINISHED`) for one that stopped before: then ``failed_step`` and ``error`` say where and why, ``started_at``, ``seconds`` and ``step_seconds``
-    how long it ran, and the counts are unknown (``None``).
+    (:data:`UNFINISHED`) for one that stopped before: then ``failed_step`` and ``error`` say where and why,
+    ``started_at``, ``seconds`` and ``step_seconds`` how long it ran, and the counts are unknown (``None``).
 
     ``input_rows == rows_kept + output_rows + error_rows + ranked_out`` for every finished run: each input row is kept
     (incremental mode), scored into the output, ranked out (``rank``) or, with its reason (``error_reasons`` counts
@@ -144,7 +144,8 @@ class RunReport:
     """Where :func:`write_report` put the HTML page."""
     log_file: str | None = None
     """The run's log file: the JVM's warnings and errors and a failure's full traceback, which the console leaves
-    out (``None``: nothing was logged there, or the console got everything: ``-v``, a session lakescore did not build)."""
+    out (``None``: nothing was logged there, or the console got everything: ``-v``, a session lakescore did not
+    build)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,7 +208,8 @@ class RunReport:
                 f", {self.workers['tokens_per_second']:.1f} tokens/s" if self.workers.get("tokens_per_second") else ""
             )
             lines.append(
-                f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt tokens{rate}"
+                f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt "
+                f"tokens{rate}"
             )
         elif self.workers.get("tokens_in"):  # an embedding server's usage: prompt tokens only
             lines.append(f"  sent {int(self.workers['tokens_in'])} prompt tokens")

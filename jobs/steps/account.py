@@ -7,7 +7,8 @@ sums the workers' per-batch metrics (:data:`~lakescore.schemas.output.WORKER_COL
 chunks this attempt scored, for the report: they travel in the rows, so classic and Spark
 Connect sessions report the same figures. A staging table holding more or fewer rows than
 the run's scorable rows means another run of the same input is writing it: nothing is published.
-Everything is read at the staging version pinned after the last chunk (:meth:`~lakescore.jobs.steps.staging.Staging.pin`).
+Everything is read at the staging version pinned after the last chunk
+(:meth:`~lakescore.jobs.steps.staging.Staging.pin`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 the run's staging so a rerun reads it before it sends anything.
 
 Three append-only Delta tables per output, beside its staging tables
-(:func:`~lakescore.jobs.steps.staging.staging_location` with the suffixes ``batch_lines``, ``batches``, ``batch_outcomes``), each row naming its run key:
+(:func:`~lakescore.jobs.steps.staging.staging_location` with the suffixes ``batch_lines``, ``batches``,
+``batch_outcomes``), each row naming its run key:
 
 * **lines**: one row per submitted line: its ``custom_id``, chunk, round (0: first sent), file (``part`` digest),
   batch and input file; appended by the stage that uploads the files and creates the batches, as that stage commits

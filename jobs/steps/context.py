@@ -61,7 +61,8 @@ class ScoringLayout:
 
 
 def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
-    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.spark.profiles` decides the profile, once)."""
+    """The scoring stage's layout for ``cfg`` on this session (:mod:`lakescore.jobs.platform.spark.profiles` decides the
+    profile, once)."""
     profile = scoring_profile(spark, cfg.resources.scoring) if cfg.resources.scoring.requested else None
     partitions = (cfg.resources.scoring.partitions if profile is not None else None) or cfg.scoring.partitions
     return ScoringLayout(profile, partitions)
@@ -70,9 +71,9 @@ def scoring_layout(spark: SparkSession, cfg: JobConfig) -> ScoringLayout:
 class PythonWorkerStart:
     """One executor Python worker starting in a background Spark job, under the scoring stage's profile.
 
-    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.spark.local.python_daemon`), while the
-    driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot: they
-    then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
+    Its executor's daemon imports the model runtime then (:mod:`lakescore.jobs.platform.spark.local.python_daemon`),
+    while the driver reads the input. The preflight waits for it (:meth:`wait`) before its own tasks take every slot:
+    they then load only the weights, instead of holding the slots the driver's id check needs while the daemon starts.
     One task: more would hold slots the read may need. A failure here is ignored; the preflight reports worker
     failures.
     """
@@ -110,7 +111,8 @@ class RunContext:
     spark: SparkSession
     source: DataFrame
     input_cols: tuple[str, ...]
-    """The model's input columns: the text column (or the rendered prompt), or the feature columns in the program's order."""
+    """The model's input columns: the text column (or the rendered prompt), or the feature columns in the program's
+    order."""
     spec: ModelSpec
     layout: ScoringLayout
     rows_counter: RowCounter | None
@@ -124,7 +126,8 @@ class RunContext:
     worker_start: PythonWorkerStart | None = None
     """The executor Python worker started while the input was read; the preflight waits for it."""
     started: float = dataclasses.field(default_factory=time.time)
-    """When the run started (seconds since the epoch): staging another run committed later is not this run's to remove."""
+    """When the run started (seconds since the epoch): staging another run committed later is not this run's to
+    remove."""
     ignored_files: int | None = None
     """``input_format`` ``images``: the files under the input folder that are not images (by extension), not read."""
     input_pinned: bool = False
@@ -191,13 +194,15 @@ class ModelIdentity:
     revision: str | None
     sha256: str
     preflight_loads: int = 0
-    """Python workers that loaded the model during the preflight (the run report's ``workers.model_loads`` adds the scoring stage's)."""
+    """Python workers that loaded the model during the preflight (the run report's ``workers.model_loads`` adds the
+    scoring stage's)."""
     precision_check: dict | None = None
     """A reduced-precision run's check against float32 (``path``, ``sample_rows`` and the head's figures, e.g.
     ``cosine_p1``), which it passed; ``None`` when nothing lossy ran or the task reads no text."""
     model_files: dict = field(default_factory=dict)
     """The digests of the model's files besides its weights as the executors loaded them
-    (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs compare."""
+    (:func:`~lakescore.udfs.models.model_source.model_file_digests`): part of the scoring spec incremental runs
+    compare."""
     gpus: int = 0
     """GPUs the preflight's workers loaded the model on (distinct host and CUDA device; 0: it runs on CPUs)."""
     traffic: dict = field(default_factory=dict)
@@ -223,9 +228,9 @@ class IdSplit:
 @dataclass(frozen=True)
 class ScoringSpec:
     """Everything besides the input and the weights that a prediction depends on, in three parts: ``settings`` (the
-    configured ones that change numbers, :meth:`~lakescore.udfs.models.model_source.ModelSpec.scoring_settings`), ``files``
-    (the digests of the model's other files, configs and tokenizer included, as the workers loaded them; for a model
-    served elsewhere, what the endpoint's ``/v1/models`` said of it) and
+    configured ones that change numbers, :meth:`~lakescore.udfs.models.model_source.ModelSpec.scoring_settings`),
+    ``files`` (the digests of the model's other files, configs and tokenizer included, as the workers loaded them; for a
+    model served elsewhere, what the endpoint's ``/v1/models`` said of it) and
     ``output_version`` (:data:`~lakescore.schemas.output.OUTPUT_VERSION`). What a worker resolves from these (its
     ``max_seq_length``, pooling, normalisation, prompt, label map) follows from them, so editing any file the model
     reads changes the digest."""
@@ -330,7 +335,8 @@ class Plan:
     done: frozenset[int]
     """Chunks an earlier attempt of the same run already committed to staging."""
     changes: Changes | None = None
-    """``write.mode: incremental``: the rows to score, kept and missing (``None`` in the other modes: score every row)."""
+    """``write.mode: incremental``: the rows to score, kept and missing (``None`` in the other modes: score every
+    row)."""
     dedup: Dedup = Dedup("off", False)
     """What ``scoring.dedup`` decided: whether identical inputs are scored once per chunk."""
     digested: DataFrame | None = None
@@ -356,7 +362,8 @@ class Plan:
     @property
     def input_scans(self) -> int:
         """Reads of the rows to score by the scoring step: one per chunk left for a one-chunk or :attr:`rescanned`
-        run, else one (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt wrote it."""
+        run, else one (writing :attr:`prepared`), or none when there is nothing left to score or an earlier attempt
+        wrote it."""
         left = self.chunks - len(self.done)
         if left == 0 or self.prepared_ready:
             return 0

@@ -54,8 +54,8 @@ BOUNDS = {
 
 def check_drift(run: RunContext, targets: Targets, accounting: Accounting, rows: DataFrame) -> dict[str, Any] | None:
     """The drift of ``rows`` (the output rows this run would publish, ``accounting.output_rows`` of them) against the
-    output at the configured baseline, as the report's ``drift`` dict (:attr:`~lakescore.jobs.report.model.RunReport.drift`);
-    ``None`` when the task writes no profiled output."""
+    output at the configured baseline, as the report's ``drift`` dict
+    (:attr:`~lakescore.jobs.report.model.RunReport.drift`); ``None`` when the task writes no profiled output."""
     cfg = run.cfg
     outputs = get_task(cfg.task).output_profile(cfg.task_options())
     if not outputs.columns:

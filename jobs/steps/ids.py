@@ -47,6 +47,7 @@ def id_hash(names: Sequence[str]) -> Column:
 
 
 def same_values(names: Sequence[str], other: Mapping[str, str], null_safe: bool = False) -> Column:
-    """A join condition: each column of ``names`` equals its counterpart ``other[name]`` (null-safe: null matches null)."""
+    """A join condition: each column of ``names`` equals its counterpart ``other[name]`` (null-safe: null matches
+    null)."""
     pairs = [(column(name), F.col(other[name])) for name in names]
     return reduce(lambda a, b: a & b, [a.eqNullSafe(b) if null_safe else a == b for a, b in pairs])

@@ -7,12 +7,13 @@ path, length and modification time, and a file with all three unchanged keeps it
 rsync's quick check, a file rewritten with the same length and its time set back counts as unchanged). The output as
 it was before this run (read at its pinned version) is joined on the id: a row is scored when its id is not in the
 output, its digest differs, or its output row carries other weights (``model_sha256``) or another scoring spec
-(``spec_digest``, :class:`~lakescore.jobs.steps.context.ScoringSpec`: every setting that changes the numbers, the digests of the model's files
-besides its weights as the executors loaded them, and :data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other
-row is kept as it is. Output ids no longer in the input are counted (and deleted at publish with
-``write.delete_missing``). A run on a missing output, or with ``write.full_rescore``, scores every row. With ``rank``
-the comparison is by key instead (:func:`~lakescore.jobs.steps.rank.key_digest`): every row of a key with a new, changed or deleted row is scored,
-the other keys' rows are kept.
+(``spec_digest``, :class:`~lakescore.jobs.steps.context.ScoringSpec`: every setting that changes the numbers, the
+digests of the model's files besides its weights as the executors loaded them, and
+:data:`~lakescore.schemas.output.OUTPUT_VERSION`). Every other row is kept as it is. Output ids no longer in the input
+are counted (and deleted at publish with ``write.delete_missing``). A run on a missing output, or with
+``write.full_rescore``, scores every row. With ``rank`` the comparison is by key instead
+(:func:`~lakescore.jobs.steps.rank.key_digest`): every row of a key with a new, changed or deleted row is scored, the
+other keys' rows are kept.
 
 A row the errors table holds from the last run with a reason of the row's own
 (:func:`~lakescore.schemas.output.carries`) under the same digest, weights and spec is carried instead of scored: its
@@ -133,8 +134,8 @@ def find_changes(
     column of paths, with a pre-check of each file's path, length and modification time that reads only the files
     it does not find unchanged: :func:`_changed_or_missing`): its new and changed rows, and the output ids no scorable
     row has (flagged :data:`_MISSING`), are written once to ``changed`` (a private table of this run's key, dropped
-    with staging after the publish), counted by that write. The dedup sample, the scoring and the publish's deletions read that small table, and a rerun of the same run finds it,
-    counts it and joins nothing.
+    with staging after the publish), counted by that write. The dedup sample, the scoring and the publish's deletions
+    read that small table, and a rerun of the same run finds it, counts it and joins nothing.
     An output id whose input row was refused for a null or duplicated id is not missing (it is in the input).
     """
     cfg = run.cfg
@@ -355,10 +356,10 @@ def _changed_keys_or_missing(
     in ``scorable`` (as :func:`_changed_or_missing` gives them, flagged :data:`_MISSING`): a gone key's, or a changed
     key's that no row to score has.
 
-    A key changed when its :func:`~lakescore.jobs.steps.rank.key_digest` differs from the one its output rows carry (a row new, changed or
-    gone, a row that failed to score last time, other rank settings), or they carry other weights or another spec,
-    or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no stored
-    score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""
+    A key changed when its :func:`~lakescore.jobs.steps.rank.key_digest` differs from the one its output rows carry (a
+    row new, changed or gone, a row that failed to score last time, other rank settings), or they carry other weights or
+    another spec, or it has no output row. Its rows are scored again, all of them: the rows ranked out last time have no
+    stored score to rank with (the output holds the top rows only), and every row of the key must be ranked together."""
     cfg = run.cfg
     digested = scorable.withColumn(
         DIGEST_COLUMN, input_digest(run.input_cols, cfg.column_setting is not None, cfg.text_pair_col is not None)

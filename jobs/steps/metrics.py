@@ -99,7 +99,8 @@ _ATTEMPT_FACTS = (
     "drift_exceeded",
     "error",
 )
-"""What a report keeps of each earlier attempt of its run id (:attr:`~lakescore.jobs.report.model.RunReport.attempts`)."""
+"""What a report keeps of each earlier attempt of its run id
+(:attr:`~lakescore.jobs.report.model.RunReport.attempts`)."""
 _PROFILE = ("label_shares", "score_deciles", "embedding_norm_deciles", "text_length_deciles")
 _FIGURES = ("label_js", "score_psi", "id_cosine_p5")
 

@@ -106,7 +106,8 @@ def preflight_model(
     if len({r.files for r in rows}) != 1:
         hosts = ", ".join(sorted({r.host for r in rows}))
         raise ModelIntegrityError(
-            f"executors found different model files (configs, tokenizer) for model {spec.source!r} on {hosts}; refusing to score"
+            f"executors found different model files (configs, tokenizer) for model {spec.source!r} on {hosts}; "
+            "refusing to score"
         )
     loads = sorted(r.seconds for r in rows)
     timed = [r.row_seconds for r in rows if r.row_seconds is not None]
@@ -177,8 +178,8 @@ class ExecutorPreflight:
 
     On entering, the driver checks its own copy of the model against the task first
     (:func:`~lakescore.udfs.models.model_fit.check_model_fits`: the architecture, and settings such as ``generate``'s
-    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.models.model_source.UnfitModelError` before any
-    executor job. The preflight first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input`
+    ``max_new_tokens`` against the model's context): :class:`~lakescore.udfs.models.model_source.UnfitModelError` before
+    any executor job. The preflight first waits for the Python worker :func:`~lakescore.jobs.steps.read.open_input`
     started (:class:`PythonWorkerStart`). If the block raises, the preflight (and that worker's job) is cancelled
     before the error propagates. :meth:`identity` waits for the preflight and returns (or raises) its outcome.
     ``probe`` false: a head over an endpoint sends no request (:func:`preflight_model`'s ``probe``).

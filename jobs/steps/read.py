@@ -412,7 +412,8 @@ def model_input(cfg: JobConfig, source: DataFrame, where: str | None = None) -> 
 
 
 def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, where: str) -> DataFrame:
-    """``source`` plus each row's prompt rendered from ``template`` (:data:`~lakescore.schemas.contracts.PROMPT_COLUMN`):
+    """``source`` plus each row's prompt rendered from ``template``
+    (:data:`~lakescore.schemas.contracts.PROMPT_COLUMN`):
     its literal text and named columns cast to strings, concatenated; null where a named column is null. Rendering
     in Spark makes the prompt the model's input everywhere: its digest, dedup, and the errors table's raw input."""
     PromptInputContract(id_cols, template_columns(template)).check(source.schema, where)
@@ -442,13 +443,13 @@ def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[Dat
 
 
 def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:
-    """``source`` plus the bytes of the file each row's ``path_col`` names (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`;
-    null for a null path or a missing file), read lazily on the executors through the Hadoop filesystem of the path's
-    scheme (:mod:`lakescore.jobs.platform.files.hadoop_files`), with the session's ``spark.hadoop.*`` settings, and the
-    path with the file's length and modification time (:data:`~lakescore.schemas.contracts.FILE_COLUMN`, got without
-    reading it). Only the Spark jobs that need the bytes read them (the digest, the scoring). Where a Spark Connect
-    server refuses that reader's jar, Python reads local, ``file:`` and ``dbfs:/`` paths
-    (:mod:`lakescore.udfs.image_files`), in slices of at most ``max_bytes``.
+    """``source`` plus the bytes of the file each row's ``path_col`` names
+    (:data:`~lakescore.schemas.contracts.IMAGE_COLUMN`; null for a null path or a missing file), read lazily on the
+    executors through the Hadoop filesystem of the path's scheme (:mod:`lakescore.jobs.platform.files.hadoop_files`),
+    with the session's ``spark.hadoop.*`` settings, and the path with the file's length and modification time
+    (:data:`~lakescore.schemas.contracts.FILE_COLUMN`, got without reading it). Only the Spark jobs that need the bytes
+    read them (the digest, the scoring). Where a Spark Connect server refuses that reader's jar, Python reads local,
+    ``file:`` and ``dbfs:/`` paths (:mod:`lakescore.udfs.image_files`), in slices of at most ``max_bytes``.
 
     Why not Spark's ``binaryFile`` source: that source takes its paths on the driver and fails the whole read when
     one is missing, where a missing file must be one row's ``missing_file``."""

@@ -185,7 +185,8 @@ def summarize_input(name: str, dtype: T.DataType, values: pa.ChunkedArray, token
 
 
 def histogram(values: np.ndarray, bins: int = 30) -> dict[str, list]:
-    """``{"edges": [...], "counts": [...]}`` of the finite ``values`` (``bins`` equal bins; integers: at most one per value)."""
+    """``{"edges": [...], "counts": [...]}`` of the finite ``values`` (``bins`` equal bins; integers: at most one per
+    value)."""
     finite = values[np.isfinite(values)]
     if finite.size == 0:
         return {"edges": [], "counts": []}

@@ -176,7 +176,8 @@ def _write_chunked_rows(run: RunContext, plan: Plan) -> None:
 
 def _score_chunk(run: RunContext, plan: Plan, chunk: int, layout: ScoringLayout) -> DataFrame:
     """The rows of ``chunk`` to stage (lazy): its rows scored, once per distinct input when deduplicating; with
-    ``rank`` only each key's kept rows, the rows that failed and any tally rows (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
+    ``rank`` only each key's kept rows, the rows that failed and any tally rows
+    (:func:`~lakescore.jobs.steps.rank.keep_top`)."""
     cfg = run.cfg
     part = _chunk_rows(run, plan, chunk)
     incremental = plan.changes is not None
@@ -220,8 +221,8 @@ def _layout_for_progress(run: RunContext, plan: Plan) -> ScoringLayout:
     (accumulators merge when a task ends), but never so many that task overhead dominates
     (:func:`~lakescore.jobs.platform.spark.progress.progress_partitions`). Over Spark Connect,
     where the planned partitions are unknown without a job, the layout stays as configured. A cheap model scores
-    the input's own partitions (:func:`~lakescore.jobs.platform.spark.progress.scoring_tasks`, at the speed the preflight
-    measured: :attr:`~lakescore.jobs.steps.context.ModelIdentity.row_seconds`)."""
+    the input's own partitions (:func:`~lakescore.jobs.platform.spark.progress.scoring_tasks`, at the speed the
+    preflight measured: :attr:`~lakescore.jobs.steps.context.ModelIdentity.row_seconds`)."""
     if run.layout.partitions is not None:
         return run.layout
     planned = partition_count(plan.scorable)

@@ -94,8 +94,8 @@ Delta's statistics would not skip by for a hash-cut chunk), and collecting minim
 the staged columns, row by row, was the largest part of staging a cheap model's rows (BENCHMARKS.md, issue 46)."""
 
 _STAGED_NAME = re.compile(r"[0-9a-f]{20}(?:_rows|_changes)?")
-"""What follows the staging location's prefix (:func:`staging_location`) in a run key's tables: the key (:func:`run_key`),
-alone or with the suffix of its rows to score or of its changed rows."""
+"""What follows the staging location's prefix (:func:`staging_location`) in a run key's tables: the key
+(:func:`run_key`), alone or with the suffix of its rows to score or of its changed rows."""
 
 
 def chunk_count(rows: int, chunk_rows: int) -> int:
@@ -109,10 +109,12 @@ task-seconds: the order of magnitude of W7's overhead (BENCHMARKS.md), so that a
 still gets chunks of bounded size."""
 
 UNTIMED_CHUNK_ROWS = 2_000_000
-"""Rows per chunk when neither ``write.chunk_rows`` nor a measured speed says (the preflight does not time generation)."""
+"""Rows per chunk when neither ``write.chunk_rows`` nor a measured speed says (the preflight does not time
+generation)."""
 
 NEARBY_CHUNK_COUNTS = 8
-"""How far (a factor) a rerun looks, from the chunk count it plans, for chunks an earlier attempt staged under another."""
+"""How far (a factor) a rerun looks, from the chunk count it plans, for chunks an earlier attempt staged under
+another."""
 
 
 def timed_chunks(rows: int, chunk_seconds: float, row_seconds: float | None, slots: int) -> int:
@@ -205,13 +207,15 @@ class Staging:
     key: str
     chunks: int
     default_root: bool = False
-    """Whether ``location`` is under lakescore's own ``_lakescore_staging/<name>`` folder (a path output, no ``write.staging``)."""
+    """Whether ``location`` is under lakescore's own ``_lakescore_staging/<name>`` folder (a path output, no
+    ``write.staging``)."""
     output: str = ""
     """The output this table stages for, named in every commit's ``userMetadata``."""
 
     @classmethod
     def for_output(cls, spark: SparkSession, output: str, configured: str | None, key: str, chunks: int) -> Staging:
-        """The staging table of ``key`` for ``output``: as ``write.staging`` (``configured``) says, else beside the output."""
+        """The staging table of ``key`` for ``output``: as ``write.staging`` (``configured``) says, else beside the
+        output."""
         return cls(
             spark,
             staging_location(output, configured, key),

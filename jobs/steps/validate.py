@@ -21,7 +21,8 @@ __all__ = ["validate_rows"]
 def validate_rows(
     run: RunContext, targets: Targets, plan: Plan, accounting: Accounting, rows: DataFrame
 ) -> dict[str, Any] | None:
-    """Run the suite on ``rows`` (the output rows with identity columns); its outcome as a dict, or ``None`` if skipped."""
+    """Run the suite on ``rows`` (the output rows with identity columns); its outcome as a dict, or ``None`` if
+    skipped."""
     cfg = run.cfg
     if not cfg.validation.enabled or accounting.error_rate > cfg.max_error_rate:
         return None

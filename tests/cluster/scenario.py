@@ -4,8 +4,8 @@ Usage: ``python tests/cluster/scenario.py MASTER WORKDIR``. Scores a small table
 with the bundled all-MiniLM-L6-v2 through the job's scoring stage
 (:func:`lakescore.jobs.steps.score.score_dataframe`, what ``run_scoring`` runs per chunk; the
 whole job with Delta staging and the GX suite took 7 minutes on a 1-core-per-
-executor local-cluster on the shared test machine) on ``MASTER`` with a GPU task profile, then runs a probe ``mapInArrow`` with the
-same profile that reports each task's ``TaskContext`` resources. Executors get
+executor local-cluster on the shared test machine) on ``MASTER`` with a GPU task profile, then runs a probe
+``mapInArrow`` with the same profile that reports each task's ``TaskContext`` resources. Executors get
 fake GPUs ``0`` and ``1`` from a discovery script (there is no real GPU; the
 model runs on CPU). Prints one JSON object on the last stdout line: the run
 report, the warnings :mod:`lakescore.jobs.platform.spark.profiles` logged, the probe's per-task

@@ -103,8 +103,8 @@ def test_an_endpoint_run_gives_vllms_own_offline_texts_and_its_token_logprobs(sp
     assert out["prompt_tokens"].tolist() == prompt_tokens  # vLLM's usage counts the tokenizer's tokens, BOS included
     same, same_but_cut = equal_texts(out["generated_text"].tolist(), expected)
     print(
-        f"vLLM endpoint vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
-        "a last character cut at max_new_tokens"
+        f"vLLM endpoint vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but "
+        "for a last character cut at max_new_tokens"
     )
     assert same_but_cut / len(expected) >= 0.75
     for logprobs, n in zip(out["token_logprobs"], out["completion_tokens"]):

@@ -31,7 +31,8 @@ PRICE = 20.0
 
 @pytest.fixture(autouse=True)
 def engine_env(monkeypatch):
-    """A served engine inherits the worker's environment: 1 GiB of KV cache, offline (the session's workers start after)."""
+    """A served engine inherits the worker's environment: 1 GiB of KV cache, offline (the session's workers start
+    after)."""
     for name, value in ENGINE_ENV.items():
         monkeypatch.setenv(name, value)
 
@@ -65,7 +66,8 @@ def _embed_run(spark, tmp_path, texts, **flags):
     started = time.monotonic()
     report = run_scoring(cfg, spark)
     print(
-        f"embed run ({', '.join(k for k in flags if k.endswith(('.url', '.engine')))}): {time.monotonic() - started:.1f} s"
+        f"embed run ({', '.join(k for k in flags if k.endswith(('.url', '.engine')))}): "
+        f"{time.monotonic() - started:.1f} s"
     )
     assert report.status == "succeeded", report.error
     return report, read_output(spark, str(output))
@@ -157,7 +159,8 @@ def test_embed_endpoint_scores_through_vllms_embeddings(pooling, spark, tmp_path
     )
     assert report.error_reasons == {"null_input": 1}
     _assert_sentence_transformers_vectors(out, texts, sentence_transformer)
-    # the present texts (33, or the distinct ones where dedup scored each once), at most 8 a request; and the preflight's
+    # the present texts (33, or the distinct ones where dedup scored each once), at most 8 a request; and the
+    # preflight's
     present = [t for t in texts if t is not None]
     assert report.workers["requests"] - 1 in (math.ceil(len(present) / 8), math.ceil(len(set(present)) / 8))
     assert report.workers["retries"] == 0

@@ -144,8 +144,8 @@ def test_a_served_vllm_killed_mid_run_is_restarted_and_leaves_no_process(spark, 
     expected, _ = _reference_texts(model, [TEMPLATE.format(body=b) for b in frame["body"]], NEW_TOKENS)
     same, same_but_cut = equal_texts(out["generated_text"].tolist(), expected)
     print(
-        f"served vLLM vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but for "
-        "a last character cut at max_new_tokens"
+        f"served vLLM vs transformers' in-process greedy: {same} of {len(expected)} texts equal, {same_but_cut} but "
+        "for a last character cut at max_new_tokens"
     )
     assert same_but_cut / len(expected) >= 0.75
     assert_sessions_end(sessions)

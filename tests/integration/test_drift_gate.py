@@ -248,7 +248,8 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
     by_attempt = {(cells[0], cells[-5] if cells[0] == "r3" else None): cells for cells in listed}
     marks = {figure: "!" if figure in drift["exceeded"] else "" for figure in drift["figures"]}
     assert by_attempt["r3", "1"][3] == "drift_exceeded" and " ".join(by_attempt["r3", "1"]).endswith(
-        f"- 1 label_js {drift['figures']['label_js']:.3f}!, score_psi {drift['figures']['score_psi']:.3f}{marks['score_psi']}"
+        f"- 1 label_js {drift['figures']['label_js']:.3f}!, score_psi "
+        f"{drift['figures']['score_psi']:.3f}{marks['score_psi']}"
     )
     assert by_attempt["r3", "2"][3] == "succeeded" and by_attempt["r3", "2"][-6:-4] == ["2", "2"]
     assert " ".join(by_attempt["r2", None]).endswith("1 1 label_js 0.000, score_psi 0.000")

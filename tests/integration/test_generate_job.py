@@ -1,7 +1,8 @@
 """``--task generate`` end to end on real Spark + Delta with a tiny seeded Llama-shaped model: prompts rendered from
-columns, greedy text equal to transformers' own ``generate`` (with its per-token log-probabilities), dead-letter per row,
-incremental and dedup, choices,
-the length-stop gate, a classifier's checkpoint refused before compute, and sampled text that survives a killed driver and a rerun with other batches and partitions."""
+columns, greedy text equal to transformers' own ``generate`` (with its per-token log-probabilities), dead-letter per
+row, incremental and dedup, choices,
+the length-stop gate, a classifier's checkpoint refused before compute, and sampled text that survives a killed driver
+and a rerun with other batches and partitions."""
 
 from __future__ import annotations
 

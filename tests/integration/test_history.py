@@ -1,4 +1,5 @@
-"""``lakescore history``: runs found from the Delta history's lakescore tags, the metrics table and the stored reports."""
+"""``lakescore history``: runs found from the Delta history's lakescore tags, the metrics table and the stored
+reports."""
 
 from __future__ import annotations
 

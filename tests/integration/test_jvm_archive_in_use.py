@@ -1,4 +1,5 @@
-"""The JVM class archive ``make setup`` built (``lakescore fetch-jars``) is the one a built session starts from, and the JVM maps it."""
+"""The JVM class archive ``make setup`` built (``lakescore fetch-jars``) is the one a built session starts from, and the
+JVM maps it."""
 
 from __future__ import annotations
 

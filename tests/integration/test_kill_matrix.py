@@ -13,7 +13,8 @@ The tiny seeded tabular model, 240 rows (a NaN feature and a null id among them)
 
 Each case starts a driver JVM of its own (~20-30 s on 2 cores), so ``make test`` runs the points marked
 ``in make test`` below (a kill inside a staging commit, and between the output's and the errors table's
-commits: the idempotent publish) and the incremental case; ``LAKESCORE_KILL_MATRIX=all`` runs every point (README's table).
+commits: the idempotent publish) and the incremental case; ``LAKESCORE_KILL_MATRIX=all`` runs every point (README's
+table).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Composite ids and top-K per key on real Spark + Delta with a tiny TorchScript program: null / duplicated composite ids
-are dead-lettered, incremental runs MERGE on every id column, and the ranked output equals a window-function
+"""Composite ids and top-K per key on real Spark + Delta with a tiny TorchScript program: null / duplicated composite
+ids are dead-lettered, incremental runs MERGE on every id column, and the ranked output equals a window-function
 reference (ties included) on every run, an incremental one re-ranking only the keys whose rows changed."""
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ FACTS = """(() => {
     sections: [...document.querySelectorAll('section')].map(s => s.id),
     svgs: document.querySelectorAll('section svg').length,
     runId: text('run-id'), status: text('status'),
-    identity: text('identity'), predictions: text('predictions'), deadLetters: text('dead-letters'), drift: text('drift'),
+    identity: text('identity'), predictions: text('predictions'),
+    deadLetters: text('dead-letters'), drift: text('drift'),
     validationRows: document.querySelectorAll('#validation tbody tr').length,
     failedChecks: document.querySelectorAll('#validation td.fail').length,
   };
@@ -127,7 +128,8 @@ def test_report_of_a_real_run_renders_in_chromium(tmp_path, hostile_classifier, 
 
 
 def test_the_browser_check_itself_catches_errors_and_requests(tmp_path):
-    """The harness must fail a page that logs an error, throws, or loads something: else the test above proves nothing."""
+    """The harness must fail a page that logs an error, throws, or loads something: else the test above proves
+    nothing."""
     page_file = tmp_path / "bad.html"
     page_file.write_text("<!DOCTYPE html><img src='missing.png'><script>console.error('boom'); null.x</script>")
     page = visit(page_file.as_uri(), "document.querySelectorAll('img').length")
@@ -158,7 +160,8 @@ def test_verbose_brings_the_jvm_lines_back_and_default_stays_quiet(tmp_path, min
     quiet = run_cli(tmp_path, *args)
     assert quiet.returncode == 2
     assert quiet.stderr.splitlines() == [
-        f"lakescore: error: cannot read input '{missing}': [PATH_NOT_FOUND] Path does not exist: file:{missing}. SQLSTATE: 42K03"
+        f"lakescore: error: cannot read input '{missing}': [PATH_NOT_FOUND] Path does not exist: file:{missing}. "
+        "SQLSTATE: 42K03"
     ]
     [log] = (tmp_path / "logs").glob("lakescore-*.log")  # the JVM's warning went to the run's log file instead
     assert "WARN FileStreamSink" in log.read_text() and "java.io.FileNotFoundException" in log.read_text()

@@ -65,7 +65,8 @@ def keys_under(client, prefix: str) -> list[str]:
 
 def run_cli(tmp_path: Path, endpoint: str, *args: str) -> subprocess.CompletedProcess:
     cli = Path(sys.executable).with_name("lakescore")
-    # Upload blocks buffered in memory, not under the host's /tmp: the test should not depend on the CI disk's free space.
+    # Upload blocks buffered in memory, not under the host's /tmp: the test should not depend on the CI disk's free
+    # space.
     s3a = {
         "endpoint": endpoint,
         "path.style.access": "true",

@@ -17,8 +17,8 @@ from lakescore.jobs.steps.read import open_input
 
 def test_workers_fork_from_a_daemon_that_imported_torch(spark):
     """The session the tests share is built as `lakescore score` builds one. Each worker's parent is the daemon
-    run as :mod:`lakescore.jobs.platform.spark.local.python_daemon`, with torch's library already mapped: imported there,
-    before the fork, not by the worker. pyspark comes from the installed package, not the zip Spark puts first on
+    run as :mod:`lakescore.jobs.platform.spark.local.python_daemon`, with torch's library already mapped: imported
+    there, before the fork, not by the worker. pyspark comes from the installed package, not the zip Spark puts first on
     the workers' path (the same files, uncompiled)."""
     PythonWorkerStart(spark, ScoringLayout(None, None)).wait()
 

@@ -99,7 +99,8 @@ def _tokenizer(family: Family):
 
 
 def _model(family: Family, task: str, vocab_size: int):
-    """A seeded model of ``family`` for ``task``; a token classifier's head is made opinionated, as ``tiny_ner_dir``'s."""
+    """A seeded model of ``family`` for ``task``; a token classifier's head is made opinionated, as
+    ``tiny_ner_dir``'s."""
     import transformers
 
     labels = {"classify": LABELS, "ner": NER_LABELS}.get(task, {})

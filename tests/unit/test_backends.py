@@ -107,11 +107,11 @@ def test_onnx_worker_imports_neither_torch_nor_sentence_transformers(plain_bert_
     """Once the graph exists on the host, a worker on the ONNX backend loads and scores without torch."""
     _head("embed", plain_bert_dir, onnx_cache_dir, backend="onnx")  # exported here (this process has torch)
     code = (
-        "import sys; from pathlib import Path; from lakescore.udfs.models.model_source import ModelSpec; "
-        "from lakescore.udfs.models.model_cache import get_model; "
-        f"m, _ = get_model(ModelSpec('embed', {str(plain_bert_dir)!r}, backend='onnx', cache_dir={str(onnx_cache_dir)!r})); "
-        "assert m.scorer.score(['a review']).shape == (1, 32); "
-        "print(sorted(k for k in ('torch', 'sentence_transformers', 'sklearn') if k in sys.modules))"
+        "import sys; from pathlib import Path; from lakescore.udfs.models.model_source import ModelSpec; from "
+        "lakescore.udfs.models.model_cache import get_model; m, _ = get_model(ModelSpec('embed', "
+        f"{str(plain_bert_dir)!r}, backend='onnx', cache_dir={str(onnx_cache_dir)!r})); assert m.scorer.score(['a "
+        "review']).shape == (1, 32); print(sorted(k for k in ('torch', 'sentence_transformers', 'sklearn') if k in "
+        "sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -187,13 +187,13 @@ def test_the_int8_check_in_a_fresh_worker_imports_no_torch(minilm_int8):
     on the int8 path imports no torch even while it checks the tolerance."""
     spec, _ = minilm_int8
     code = (
-        "import sys, json, pyarrow as pa; from lakescore.udfs.models.model_source import ModelSpec; "
-        "from lakescore.udfs.models.quantize import Tolerance; from lakescore.udfs.scoring_udf import make_preflight_function; "
-        f"spec = ModelSpec('embed', {spec.source!r}, backend='onnx', quantize='int8', cache_dir={spec.cache_dir!r}); "
-        "sample = json.load(sys.stdin); "
-        "(b,) = list(make_preflight_function(spec, sample, Tolerance())(iter([pa.record_batch({'id': pa.array([0])})]))); "
-        "row = b.to_pylist()[0]; assert row['error'] is None, row; "
-        "print(json.dumps([json.loads(row['fidelity'])['cosine_p1'], 'torch' in sys.modules]))"
+        "import sys, json, pyarrow as pa; from lakescore.udfs.models.model_source import ModelSpec; from "
+        "lakescore.udfs.models.quantize import Tolerance; from lakescore.udfs.scoring_udf import "
+        f"make_preflight_function; spec = ModelSpec('embed', {spec.source!r}, backend='onnx', quantize='int8', "
+        f"cache_dir={spec.cache_dir!r}); sample = json.load(sys.stdin); (b,) = list(make_preflight_function(spec, "
+        "sample, Tolerance())(iter([pa.record_batch({'id': pa.array([0])})]))); row = b.to_pylist()[0]; assert "
+        "row['error'] is None, row; print(json.dumps([json.loads(row['fidelity'])['cosine_p1'], 'torch' in "
+        "sys.modules]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], input=json.dumps(_review_sample(60)), capture_output=True, text=True, timeout=300

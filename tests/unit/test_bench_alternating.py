@@ -57,7 +57,8 @@ def test_peers_alternate_and_a_failed_run_is_kept_apart(tmp_path, capsys):
     )
     assert both.whole_line("WX", "loop", "loop's", 1.0).endswith("= 1.00x   target >= 1x: met")
     assert Runs({"lakescore": runs["fast"], "loop": runs["broken"]}).whole_line("WX", "loop", "loop's", 1.0) is None
-    # The outputs compared are the first good runs' of both peers; a peer with none, or a failing comparison, gives None.
+    # The outputs compared are the first good runs' of both peers; a peer with none, or a failing comparison, gives
+    # None.
     seen = compare_first_good(
         tmp_path,
         "WX",

@@ -151,8 +151,9 @@ def test_max_tokens_above_the_models_limit_is_refused_on_the_driver_from_its_fil
     with pytest.raises(UnfitModelError) as refused:
         check_model_fits(spec(embedder.max_seq_length + 1), minilm_dir)
     assert str(refused.value) == (
-        f"task embed: embed.chunk.max_tokens {embedder.max_seq_length + 1} is above the {embedder.max_seq_length} tokens "
-        f"the model reads, which would truncate every full chunk; set it at most {embedder.max_seq_length} ({minilm_dir})"
+        f"task embed: embed.chunk.max_tokens {embedder.max_seq_length + 1} is above the {embedder.max_seq_length} "
+        f"tokens the model reads, which would truncate every full chunk; set it at most {embedder.max_seq_length} "
+        f"({minilm_dir})"
     )
     with pytest.raises(UnfitModelError, match="above the 64 tokens"):  # model.max_seq_length lowers it, as on executors
         check_model_fits(spec(65, max_seq_length=64), minilm_dir)

@@ -24,7 +24,8 @@ def test_defaults_without_file():
 def test_file_then_set_then_flags(tmp_path):
     path = write(
         tmp_path,
-        "input: db.raw\nid_col: id\nscoring:\n  max_batch_rows: 8\nspark:\n  conf:\n    spark.sql.shuffle.partitions: 4\n",
+        "input: db.raw\nid_col: id\nscoring:\n  max_batch_rows: 8\nspark:\n  conf:\n    spark.sql.shuffle.partitions: "
+        "4\n",
     )
     cfg = load_config(path, ["scoring.max_batch_rows=16", "input=db.other"], {"input": "db.flag", "text_col": None})
     assert cfg.input == "db.flag"  # flag beats --set beats file
@@ -88,7 +89,8 @@ def test_unknown_top_level_key_from_set():
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
         (
             "task=summarize",
-            r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, got 'summarize'",
+            r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, "
+            r"got 'summarize'",
         ),
         ("model.device=tpu", r"model.device must be one of auto, cpu, cuda, got 'tpu'"),
         ("model.dtype=int8", r"model.dtype must be one of float32, bfloat16, float16"),

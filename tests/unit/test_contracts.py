@@ -140,7 +140,8 @@ def test_an_image_column_must_hold_bytes():
     one_column_contract("image", "review_id", "body").check(schema, "input 't'")  # paths of image files
     with pytest.raises(
         InputContractError,
-        match=r"^image column 'score' in input 't' has type double; expected binary \(encoded image bytes\) or string \(paths of image files\)$",
+        match=r"^image column 'score' in input 't' has type double; expected binary \(encoded image bytes\) or string "
+        r"\(paths of image files\)$",
     ):
         one_column_contract("image", "review_id", "score").check(schema, "input 't'")
     with pytest.raises(

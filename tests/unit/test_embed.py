@@ -129,7 +129,8 @@ def test_prompts_are_prepended_as_sentence_transformers_does(plain_bert_dir, tmp
 
 
 def test_modules_beyond_pooling_run_through_sentence_transformers_on_torch_only(plain_bert_dir, tmp_path):
-    """A ``Dense`` projection: sentence-transformers runs the module chain (prompt prepended by the head); onnx refuses."""
+    """A ``Dense`` projection: sentence-transformers runs the module chain (prompt prepended by the head); onnx
+    refuses."""
     peer = _prompted_model(plain_bert_dir, tmp_path, dense=True)
     for prompt_name in (None, "passage"):
         ours = load_embedder(ModelSpec("embed", str(tmp_path), prompt_name=prompt_name), tmp_path).score(TEXTS)

@@ -222,7 +222,8 @@ def test_generate_server_python_runs_each_engine_as_a_module_of_that_interpreter
 
 
 def test_an_engine_killed_outright_leaves_none_of_its_children_behind(tmp_path):
-    # vLLM's API server forks an engine core and workers: SIGKILL the server and they stay, unless the watchdog ends them
+    # vLLM's API server forks an engine core and workers: SIGKILL the server and they stay, unless the watchdog ends
+    # them
     pids = tmp_path / "pids"
     engine = (
         "import os, subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "

@@ -39,14 +39,16 @@ def test_any_other_spark_error_keeps_its_message_and_adds_its_root_cause():
 
 def test_an_unreadable_input_file_over_connect_names_the_file_and_the_readers_reason():
     exc = _connect_error(
-        "[FAILED_READ_FILE.NO_HINT] Encountered error while reading file s3a://bucket/in/part-1.parquet. SQLSTATE: KD001",
+        "[FAILED_READ_FILE.NO_HINT] Encountered error while reading file s3a://bucket/in/part-1.parquet. SQLSTATE: "
+        "KD001",
         "java.lang.RuntimeException: part-1.parquet is not a Parquet file",
     )
     assert (
         unreadable_input(exc)
         == one_line(exc)
         == (
-            "cannot read input file s3a://bucket/in/part-1.parquet: java.lang.RuntimeException: part-1.parquet is not a Parquet file"
+            "cannot read input file s3a://bucket/in/part-1.parquet: java.lang.RuntimeException: part-1.parquet is not "
+            "a Parquet file"
         )
     )
 

@@ -93,7 +93,10 @@ def test_the_onnx_backend_preloads_no_torch():
         if backend == "onnx"
         for n in task.worker_imports(backend)
     ]
-    code = f"import sys; from lakescore.jobs.platform.spark.local.python_daemon import preload; preload({names!r}); print('torch' in sys.modules)"
+    code = (
+        "import sys; from lakescore.jobs.platform.spark.local.python_daemon import preload; "
+        f"preload({names!r}); print('torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -138,8 +138,8 @@ def test_a_reduced_precision_run_shows_what_its_check_against_float32_found():
     check = {"path": "bfloat16", "sample_rows": 256, "cosine_p1": 0.99987, "cosine_min": 0.99985}
     page = render_html(report(precision_check=check))
     assert (
-        "<th>precision</th><td>bfloat16: within tolerance of float32 on 256 sampled rows (cosine_p1 0.9999, cosine_min 0.9999)</td>"
-        in page
+        "<th>precision</th><td>bfloat16: within tolerance of float32 on 256 sampled rows (cosine_p1 0.9999, cosine_min "
+        "0.9999)</td>" in page
     )
     assert "<th>precision</th>" not in render_html(report())  # a float32 run: no row
 

@@ -1,4 +1,5 @@
-"""Classic-only Spark calls live in one module, so the job runs over Spark Connect (checked on the code's syntax tree)."""
+"""Classic-only Spark calls live in one module, so the job runs over Spark Connect (checked on the code's syntax
+tree)."""
 
 from __future__ import annotations
 

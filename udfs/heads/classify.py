@@ -29,7 +29,8 @@ KIND = ModelKind("AutoModelForSequenceClassification", "logits")
 
 
 class SequenceClassifier:
-    """The classify head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)`` probabilities.
+    """The classify head (:class:`~lakescore.udfs.batching.TextHead`): texts -> float64 ``(n, num_labels)``
+    probabilities.
 
     Outputs per row: the label (string), its probability (double) and every label's
     probability (``array<double>`` in label-id order); a regression model's score in place of a probability.

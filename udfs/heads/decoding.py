@@ -216,7 +216,8 @@ def _matcher_call(method, *args):
 def grammar_tokenizer(tokenizer, n_vocab: int, eos: list[int] | None):
     """llguidance's tokenizer for the Hugging Face ``tokenizer``. A vocabulary llguidance cannot hold (tokens over
     :data:`GRAMMAR_TOKEN_BYTES`) is retried without those tokens, which constrained decoding then never picks.
-    :class:`~lakescore.udfs.models.model_source.UnfitModelError` naming the tokenizer and llguidance's message otherwise."""
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` naming the tokenizer and llguidance's message
+    otherwise."""
     import llguidance
     import llguidance.hf
 
@@ -244,7 +245,8 @@ def grammar_tokenizer(tokenizer, n_vocab: int, eos: list[int] | None):
     message = " ".join(str(failure).split()) or type(failure).__name__
     raise UnfitModelError(
         f"task generate: generate.json_schema: the grammar engine (llguidance) cannot use the tokenizer of "
-        f"{getattr(tokenizer, 'name_or_path', '') or '?'} ({type(tokenizer).__name__}, {len(tokenizer)} tokens): {message}"
+        f"{getattr(tokenizer, 'name_or_path', '') or '?'} ({type(tokenizer).__name__}, {len(tokenizer)} tokens): "
+        f"{message}"
     ) from None
 
 
@@ -354,7 +356,8 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _keeps_last_logits(model) -> dict[str, int]:
-    """``logits_to_keep=1`` where the model takes it, as ``generate`` passes it: the head runs on the last position only."""
+    """``logits_to_keep=1`` where the model takes it, as ``generate`` passes it: the head runs on the last position
+    only."""
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
@@ -514,7 +517,8 @@ def choice_logprobs(
 ) -> np.ndarray:
     """float64 (rows, choices): for each left-padded prompt and each choice's token ids, the sum of the choice
     tokens' log-probabilities, each given the prompt and the choice tokens before it. ``prefill``: more inputs of the
-    prompts, one entry per row along their first axis (a vision-language model's ``pixel_values``), repeated per choice."""
+    prompts, one entry per row along their first axis (a vision-language model's ``pixel_values``), repeated per
+    choice."""
     device = str(model.device)
     ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)

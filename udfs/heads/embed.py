@@ -181,7 +181,8 @@ class SentenceEmbedder:
         return (list_column(outputs.astype(np.float32, copy=False), ok, pa.float32()),)
 
     def score(self, texts: list[str]) -> np.ndarray:
-        """Convenience for small lists: one padded batch, no budget (the job uses :func:`~lakescore.udfs.batching.score_texts`)."""
+        """Convenience for small lists: one padded batch, no budget (the job uses
+        :func:`~lakescore.udfs.batching.score_texts`)."""
         return self.forward(self.tokenize(texts))
 
     @staticmethod
@@ -372,7 +373,8 @@ def prompt_text(spec: ModelSpec, model_dir: Path) -> str:
 
 
 def _pooling_includes_prompt(model_dir: Path) -> bool:
-    """Whether the ``Pooling`` module of ``model_dir``'s ``modules.json`` pools the prompt's tokens too (the default)."""
+    """Whether the ``Pooling`` module of ``model_dir``'s ``modules.json`` pools the prompt's tokens too (the
+    default)."""
     modules = (
         json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
         if (model_dir / "modules.json").is_file()

@@ -97,7 +97,8 @@ class Generator:
 
     ``tokenize`` renders the chat template and pads on the left; ``forward`` generates (or scores ``choices``) for
     one batch; ``columns`` gives ``generated_text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
-    ``choice_logprobs`` and, with ``logprobs``, ``token_logprobs``. Run it through :func:`score_prompts`, whose budget counts the new tokens too.
+    ``choice_logprobs`` and, with ``logprobs``, ``token_logprobs``. Run it through :func:`score_prompts`, whose budget
+    counts the new tokens too.
     """
 
     padding_side = "left"
@@ -325,9 +326,9 @@ def score_prompts(
 
     ``keys[i]`` seeds row *i*'s sampling (the runner passes the row id as text). Null prompts are ``null_input``;
     a prompt whose tokens plus ``max_new_tokens`` exceed the model's context is ``prompt_too_long`` (unless
-    ``truncate: left``), one with no token at all ``empty_prompt``; a batch that raises is retried row by row and a row that raises alone is
-    ``generation_error``, its neighbours unaffected. ``features`` may hold ``head.tokenize`` of the non-null
-    prompts (and their keys), done ahead.
+    ``truncate: left``), one with no token at all ``empty_prompt``; a batch that raises is retried row by row and a row
+    that raises alone is ``generation_error``, its neighbours unaffected. ``features`` may hold ``head.tokenize`` of the
+    non-null prompts (and their keys), done ahead.
     """
     n = len(prompts)
     valid = np.fromiter((isinstance(p, str) for p in prompts), dtype=bool, count=n)
@@ -410,7 +411,8 @@ def _refused_prompts(features: Mapping[str, Any], head: Generator) -> dict[int, 
         refused[int(j)] = (
             PROMPT_TOO_LONG,
             (
-                f"the prompt has {int(features[OVERFLOW][j])} tokens; with max_new_tokens {head.options.max_new_tokens} it "
+                f"the prompt has {int(features[OVERFLOW][j])} tokens; with max_new_tokens "
+                f"{head.options.max_new_tokens} it "
                 f"exceeds the model's context of {head.context} tokens (generate.truncate: left cuts it instead)"
             ),
         )
@@ -433,9 +435,9 @@ def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:
     ``spec.trust_remote_code``, files from ``model_dir`` only. The context is the smallest of ``spec.max_seq_length``,
     the model's positions and the tokenizer's ``model_max_length``, where set. Raises
     :class:`~lakescore.udfs.models.model_source.ModelSourceError` for refused weights, its
-    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a model that is no language model (weights of its head
-    missing), a ``max_new_tokens`` that leaves no room for a prompt or a tokenizer the grammar library cannot use, and
-    ``ValueError`` for a ``json_schema`` the grammar library refuses.
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a model that is no language model (weights of its
+    head missing), a ``max_new_tokens`` that leaves no room for a prompt or a tokenizer the grammar library cannot use,
+    and ``ValueError`` for a ``json_schema`` the grammar library refuses.
     """
     from transformers import AutoConfig
 

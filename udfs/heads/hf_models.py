@@ -1,4 +1,5 @@
-"""Loading a Hugging Face text model for a head: its tokenizer, its facts, its forward. The rules every text head shares.
+"""Loading a Hugging Face text model for a head: its tokenizer, its facts, its forward. The rules every text head
+shares.
 
 One place decides, for every head built on a Hugging Face directory, how the files are
 trusted and how long a row may be:
@@ -84,9 +85,9 @@ def load_labelled_model(spec: ModelSpec, model_dir: Path, kind: ModelKind, what:
     """Tokenizer, facts and ``spec.backend``'s forward of ``kind`` for the model in ``model_dir``.
 
     Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a file where a directory
-    is needed or refused pickle weights, and its :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a model
-    without labels (``id2label``; the message calls what was expected ``what``, e.g. "token classifier") or without
-    the weights of its head.
+    is needed or refused pickle weights, and its :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a
+    model without labels (``id2label``; the message calls what was expected ``what``, e.g. "token classifier") or
+    without the weights of its head.
     Loader and export errors of transformers / ONNX propagate.
     """
     require_directory(model_dir, spec.task)

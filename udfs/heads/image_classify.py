@@ -51,8 +51,8 @@ def load_image_classifier(spec: ModelSpec, model_dir: Path) -> ImageClassifier:
     """Load the image-classification model in ``model_dir`` as ``spec`` configures it (torch).
 
     Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for refused weights, its
-    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a checkpoint without the classifier's weights (a base
-    model's) or labels (``id2label``).
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a checkpoint without the classifier's weights (a
+    base model's) or labels (``id2label``).
     """
     require_directory(model_dir, spec.task)
     forward = load_vision_forward(spec, model_dir, KIND)  # first: a base model's load names the head weights it lacks

@@ -46,8 +46,8 @@ def load_image_embedder(spec: ModelSpec, model_dir: Path) -> ImageEmbedder:
     has ``get_image_features``, else its pooled output.
 
     Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for refused weights and its
-    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a checkpoint that lacks weights the embedding reads (e.g.
-    a classifier's, whose base model has no trained pooler).
+    :class:`~lakescore.udfs.models.model_source.UnfitModelError` for a checkpoint that lacks weights the embedding reads
+    (e.g. a classifier's, whose base model has no trained pooler).
     """
     return ImageEmbedder(
         load_vision_forward(spec, model_dir, KIND, TOWER_METHOD), load_image_processor(spec, model_dir)

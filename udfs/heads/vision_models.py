@@ -4,7 +4,8 @@ head shares.
 The same trust rules as the text heads (:mod:`lakescore.udfs.heads.hf_models`): safetensors only unless
 ``spec.allow_pickle``, the model's own code only with ``spec.trust_remote_code``, files from ``model_dir`` only.
 Preprocessing is the model's own ``AutoImageProcessor``, the one ``transformers.pipeline`` loads, so resizing,
-cropping and normalisation are the pipeline's. The forward runs on torch (:class:`~lakescore.udfs.models.backends.TorchForward`).
+cropping and normalisation are the pipeline's. The forward runs on torch
+(:class:`~lakescore.udfs.models.backends.TorchForward`).
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def load_vision_forward(spec: ModelSpec, model_dir: Path, kind: ModelKind, metho
     """The torch forward of ``kind`` for the model in ``model_dir``, calling the model's ``method`` when it has one
     (e.g. ``get_image_features``; else the model itself).
 
-    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a file where a directory is needed or refused
-    pickle weights, :class:`~lakescore.udfs.models.model_source.UnfitModelError` for weights the model lacks that ``kind``
-    reads; loader errors of transformers propagate.
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` for a file where a directory is needed or
+    refused pickle weights, :class:`~lakescore.udfs.models.model_source.UnfitModelError` for weights the model lacks
+    that ``kind`` reads; loader errors of transformers propagate.
     """
     require_directory(model_dir, spec.task)
     refuse_pickle_weights(model_dir, spec.allow_pickle)

@@ -9,9 +9,9 @@ of (n, L, d) and pools on the device. Two backends:
 
 * ``torch``: the Hugging Face model itself (safetensors are memory-mapped by ``safetensors``);
 * ``onnx``: ONNX Runtime on a graph exported once per host from the same weights
-  (:mod:`lakescore.udfs.models.onnx_export`; :func:`lakescore.udfs.models.forwards.load_forward` picks), optionally int8 (:mod:`lakescore.udfs.models.quantize`). The
-  session is created in the worker that scores (sessions neither pickle nor survive a fork),
-  with the task's CPUs as its threads. A worker on this backend never imports torch.
+  (:mod:`lakescore.udfs.models.onnx_export`; :func:`lakescore.udfs.models.forwards.load_forward` picks), optionally int8
+  (:mod:`lakescore.udfs.models.quantize`). The session is created in the worker that scores (sessions neither pickle nor
+  survive a fork), with the task's CPUs as its threads. A worker on this backend never imports torch.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ WORKER_IMPORTS: Mapping[str, tuple[str, ...]] = {
     "onnx": (),
 }
 """Backend -> the modules its forward imports in a worker (with the text tokenizers; torch's are the costly
-ones): what a Python daemon imports once before forking workers (:mod:`lakescore.jobs.platform.spark.local.python_daemon`).
-Not ``onnxruntime``: its import starts a native thread, which a fork would not carry, and it is cheap anyway."""
+ones): what a Python daemon imports once before forking workers
+(:mod:`lakescore.jobs.platform.spark.local.python_daemon`). Not ``onnxruntime``: its import starts a native thread,
+which a fork would not carry, and it is cheap anyway."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The forward a text head runs: ``spec.backend``'s (:mod:`lakescore.udfs.models.backends`), for ONNX the graph
-:mod:`lakescore.udfs.models.onnx_export` exports on first use. A module above both, as the exporter builds on the backends."""
+:mod:`lakescore.udfs.models.onnx_export` exports on first use. A module above both, as the exporter builds on the
+backends."""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ NO_TOKENIZER_LIMIT = 1_000_000
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``; ``None`` when it is absent or not a JSON object (the executors' load reports why)."""
+    """The JSON object in ``path``; ``None`` when it is absent or not a JSON object (the executors' load reports
+    why)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -54,7 +54,8 @@ class PinnedModel:
 
 
 def check_uri(source: str) -> re.Match:
-    """The parts of MLflow URI ``source`` (no MLflow call); :class:`ModelSourceError` for one that names no fixed model."""
+    """The parts of MLflow URI ``source`` (no MLflow call); :class:`ModelSourceError` for one that names no fixed
+    model."""
     match = _RUN.fullmatch(source) or _REGISTERED.fullmatch(source)
     if not match:
         raise ModelSourceError(
@@ -121,8 +122,9 @@ def model_directory(artifact: Path, target: Path) -> None:
         data = artifact / flavors["pytorch"].get("model_data", "data")
         if not (data / "model.pt2").is_file():
             raise ModelSourceError(
-                f"MLflow pytorch model at {artifact} is pickled ({', '.join(p.name for p in data.iterdir())}); lakescore "
-                "loads torch.export programs only: log it with mlflow.pytorch.log_model(..., serialization_format='pt2')"
+                f"MLflow pytorch model at {artifact} is pickled ({', '.join(p.name for p in data.iterdir())}); "
+                "lakescore loads torch.export programs only: log it with mlflow.pytorch.log_model(..., "
+                "serialization_format='pt2')"
             )
         shutil.move(str(data), str(target))
     else:

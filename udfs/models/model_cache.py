@@ -41,7 +41,8 @@ __all__ = ["LoadedModel", "get_model", "clear"]
 
 def _as_the_run_names_it(loaded: LoadedModel, expect_sha256: str | None) -> LoadedModel:
     """``loaded``, or, for a model served elsewhere whose ``/v1/models`` this worker could not read, the same head under
-    the identity the run pinned: a failed listing is no news (the driver kept the last one, ``ServedModel.identity``)."""
+    the identity the run pinned: a failed listing is no news (the driver kept the last one,
+    ``ServedModel.identity``)."""
     if (
         expect_sha256
         and loaded.model_dir is None

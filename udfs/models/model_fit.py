@@ -6,11 +6,11 @@ Two layers refuse a model that would publish what a random head says, each where
   (:attr:`~lakescore.udfs.registry.Task.architectures`: a sequence classifier given to ``generate``), and the task's
   own checks of its settings against the model (:attr:`~lakescore.udfs.registry.Task.model_check`: ``generate``'s
   ``max_new_tokens`` against the context). JSON only: the driver imports no model library;
-* on the executors, as they load the weights (:func:`lakescore.udfs.models.backends.load_torch_model`): weights the task's
-  output reads that the checkpoint lacks.
+* on the executors, as they load the weights (:func:`lakescore.udfs.models.backends.load_torch_model`): weights the
+  task's output reads that the checkpoint lacks.
 
-Either raises :class:`~lakescore.udfs.models.model_source.UnfitModelError`, one line naming the task, the architecture and
-what does not fit.
+Either raises :class:`~lakescore.udfs.models.model_source.UnfitModelError`, one line naming the task, the architecture
+and what does not fit.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def architectures(config: dict[str, Any]) -> tuple[str, ...]:
 
 
 def check_model_fits(spec: ModelSpec, model_dir: Path) -> None:
-    """Refuse, with :class:`~lakescore.udfs.models.model_source.UnfitModelError`, a model whose ``config.json`` names only
-    architectures of another kind than ``spec.task``'s, or that the task's own model check refuses. A directory
+    """Refuse, with :class:`~lakescore.udfs.models.model_source.UnfitModelError`, a model whose ``config.json`` names
+    only architectures of another kind than ``spec.task``'s, or that the task's own model check refuses. A directory
     without a readable ``config.json`` (a tabular program, a broken copy) is left to the executors' load."""
     config = read_json(Path(model_dir) / "config.json")
     if config is None:

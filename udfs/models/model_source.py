@@ -213,7 +213,8 @@ def resolve_model_dir(source: str, revision: str | None = None) -> Path:
         staged = staged_copy(source, revision)
         if staged is None:
             raise ModelSourceError(
-                f"model {source!r} is remote and was not staged to this host (see lakescore.jobs.platform.files.model_staging)"
+                f"model {source!r} is remote and was not staged to this host (see "
+                "lakescore.jobs.platform.files.model_staging)"
             )
         return staged
     path = Path(source).expanduser()

@@ -208,7 +208,8 @@ def _graph_outputs(graph: Path, probes: Sequence[Mapping[str, np.ndarray]]) -> l
 
 
 def _one_output_module(model, output: str, names: list[str]):
-    """``model`` called with named inputs, returning the one output a head reads (positional inputs for the exporter)."""
+    """``model`` called with named inputs, returning the one output a head reads (positional inputs for the
+    exporter)."""
     import torch
 
     class OneOutput(torch.nn.Module):

@@ -88,7 +88,8 @@ Strings = Annotated[tuple[Text, ...], BeforeValidator(_strings)]
 
 def cli(flag: str, metavar: str | None = None, sweep: bool = False, repeat: bool = False) -> dict[str, Any]:
     """``json_schema_extra`` of a field that has a command-line flag: ``lakescore score`` takes every such flag,
-    ``lakescore sweep`` those marked ``sweep``; a ``repeat`` flag (a list setting) adds one item each time it is given."""
+    ``lakescore sweep`` those marked ``sweep``; a ``repeat`` flag (a list setting) adds one item each time it is
+    given."""
     return {
         "flag": flag,
         "sweep": sweep,

@@ -82,7 +82,8 @@ class EmbedOptions(Section):
         if self.endpoint is not None and self.server is not None:
             raise ConfigError("embed.endpoint and embed.server exclude each other: a model is called, or served here")
         if self.remote and self.chunked:
-            # chunks are cut by the model's own tokenizer, which an endpoint does not lend: one rule for both remote heads
+            # chunks are cut by the model's own tokenizer, which an endpoint does not lend: one rule for both remote
+            # heads
             raise ConfigError(
                 "embed.chunk with embed.endpoint / embed.server: chunks are cut by the model's tokenizer "
                 "in-process; embed long documents in-process (drop the endpoint or server)"
@@ -151,8 +152,9 @@ def check_chunk_limit(spec: Any, model_dir: Path, config: dict) -> None:
 
 
 def _transformer_folder(model_dir: Path) -> str | None:
-    """The Transformer module's folder in ``model_dir`` (``""``: the model's own), or ``None`` for a sentence-transformers
-    model with modules beyond Transformer, Pooling and Normalize (its limit is sentence-transformers' to read)."""
+    """The Transformer module's folder in ``model_dir`` (``""``: the model's own), or ``None`` for a
+    sentence-transformers model with modules beyond Transformer, Pooling and Normalize (its limit is
+    sentence-transformers' to read)."""
     import json
 
     path = model_dir / "modules.json"

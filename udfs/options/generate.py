@@ -37,7 +37,8 @@ CHOICE_SCORES = ("sum", "mean")
 """How ``choices`` are compared: ``sum`` of a choice's token log-probabilities (its probability as a continuation), or
 their ``mean`` per token (which does not favour choices of fewer tokens)."""
 FINISH_REASONS = ("stop", "length", "choice")
-"""``stop``: EOS, a stop string or the end of the JSON schema; ``length``: ``max_new_tokens`` reached; ``choice``: scored."""
+"""``stop``: EOS, a stop string or the end of the JSON schema; ``length``: ``max_new_tokens`` reached; ``choice``:
+scored."""
 
 
 def _json_text(value: Any) -> Any:
@@ -215,7 +216,8 @@ def _check_json_schema(schema: dict) -> None:
 def model_context(positions: int | None, max_seq_length: int | None, tokenizer_limit: int | None) -> int | None:
     """The tokens a prompt plus its new tokens may hold: the smallest of the model's positions,
     ``model.max_seq_length`` and the tokenizer's ``model_max_length`` (one at or over
-    :data:`~lakescore.udfs.models.json_files.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none is."""
+    :data:`~lakescore.udfs.models.json_files.NO_TOKENIZER_LIMIT` records none), each where set; ``None`` when none
+    is."""
     if tokenizer_limit is not None and tokenizer_limit >= NO_TOKENIZER_LIMIT:
         tokenizer_limit = None
     limits = [v for v in (positions, max_seq_length, tokenizer_limit) if v]
@@ -223,8 +225,9 @@ def model_context(positions: int | None, max_seq_length: int | None, tokenizer_l
 
 
 def require_room(spec: Any, model_dir: Path, context: int | None) -> None:
-    """:class:`~lakescore.udfs.models.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no token of
-    ``context`` for a prompt: the rule the driver checks first (:func:`check_context`) and the executors on load."""
+    """:class:`~lakescore.udfs.models.model_source.UnfitModelError` when ``spec.generate.max_new_tokens`` leaves no
+    token of ``context`` for a prompt: the rule the driver checks first (:func:`check_context`) and the executors on
+    load."""
     from lakescore.udfs.models.errors import UnfitModelError
 
     most = (spec.generate or GenerateOptions()).max_new_tokens
@@ -273,8 +276,8 @@ def template_parts(template: str) -> list[tuple[str, str | None]]:
         if name is not None and (spec or conversion):
             shown = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
             raise ValueError(
-                f"generate.prompt_template placeholder {{{shown}}} has a format spec or conversion; values are inserted "
-                f"as Spark casts them to a string, so write {{{name}}} and format the column upstream"
+                f"generate.prompt_template placeholder {{{shown}}} has a format spec or conversion; values are "
+                f"inserted as Spark casts them to a string, so write {{{name}}} and format the column upstream"
             )
         parts.append((literal, name))
     return parts

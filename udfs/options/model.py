@@ -1,7 +1,7 @@
 """The ``model`` section of the config schema: where the model comes from and how its outputs are shaped.
 
-Declared here, on the executors' side, because the worker's :class:`~lakescore.udfs.models.model_source.ModelSpec` takes its
-fields from it (all but :data:`DRIVER_ONLY`); :mod:`lakescore.jobs.config` uses it as its ``model`` section.
+Declared here, on the executors' side, because the worker's :class:`~lakescore.udfs.models.model_source.ModelSpec` takes
+its fields from it (all but :data:`DRIVER_ONLY`); :mod:`lakescore.jobs.config` uses it as its ``model`` section.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("torch", "onnx")
 """What runs the transformer forward: torch, or ONNX Runtime on a graph exported from the same weights."""
 QUANTIZATIONS = ("none", "int8")
-"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.models.quantize`), lossy and guarded by a tolerance."""
+"""``int8``: dynamic int8 on the ONNX backend (:mod:`lakescore.udfs.models.quantize`), lossy and guarded by a
+tolerance."""
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-"""sentence-transformers' pooling modes, every one of which the embed head computes (:func:`lakescore.udfs.heads.embed.pool`)."""
+"""sentence-transformers' pooling modes, every one of which the embed head computes
+(:func:`lakescore.udfs.heads.embed.pool`)."""
 
 
 class ModelOptions(Section):
@@ -69,14 +71,17 @@ class ModelOptions(Section):
     """Embeddings: the model's prompt to prepend to every text, by its name in the model's sentence-transformers
     ``prompts`` (e.g. ``passage``); default: the model's ``default_prompt_name``, else none."""
     backend: Literal[BACKENDS] = Field("torch", json_schema_extra=cli("--backend"))
-    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; text tasks; exported once per host)."""
+    """What runs the forward: ``torch``, or ``onnx`` (ONNX Runtime, CPU, float32; text tasks; exported once per
+    host)."""
     quantize: Literal[QUANTIZATIONS] = Field("none", json_schema_extra=cli("--quantize"))
     """``int8`` on the ``onnx`` backend: faster, lossy; the run refuses to score when a sample of its input is outside
-    the ``quantize_*`` tolerance against float32 (which guards ``dtype`` ``bfloat16`` / ``float16`` runs the same way)."""
+    the ``quantize_*`` tolerance against float32 (which guards ``dtype`` ``bfloat16`` / ``float16`` runs the same
+    way)."""
     quantize_min_cosine: Fraction = Tolerance.min_cosine
     """Reduced-precision embeddings: the 1st percentile of per-row cosine to float32 on the sample must reach this."""
     quantize_min_agreement: Fraction = Tolerance.min_agreement
-    """Reduced-precision classifiers / token classifiers: the fraction of sampled rows with float32's label / entities."""
+    """Reduced-precision classifiers / token classifiers: the fraction of sampled rows with float32's label /
+    entities."""
     quantize_max_prob_delta: Fraction = Tolerance.max_prob_delta
     """Reduced-precision classifiers: the 99th percentile over sampled rows of the largest probability difference."""
 

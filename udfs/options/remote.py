@@ -185,8 +185,8 @@ class ServedEngine(_Client):
     """``vllm`` (``vllm serve``), ``sglang`` (``python -m sglang.launch_server``) or ``transformers`` (``transformers
     serve``, generate only). vLLM and SGLang are optional installs with their own CUDA requirements."""
     args: Args = ()
-    """The engine's own command-line flags, passed as they are (``[--max-model-len, "4096"]``); lakescore sets the model,
-    host and port."""
+    """The engine's own command-line flags, passed as they are (``[--max-model-len, "4096"]``); lakescore sets the
+    model, host and port."""
     startup_timeout_s: Number = Field(600.0, gt=0)
     """Seconds the engine may take to answer its health check (loading weights, compiling) before the task fails."""
     python: Text | None = None
@@ -232,7 +232,8 @@ class EmbedServerOptions(ServedEngine):
 
 
 def unsupported_settings(options: Any, api: str) -> list[str]:
-    """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses it."""
+    """The generate settings no OpenAI-compatible request through ``api`` can carry, each as the line that refuses
+    it."""
     refused = []
     if options.choices:
         # vLLM returns prompt log-probabilities (echo with logprobs), but over the completions API the prompt and the

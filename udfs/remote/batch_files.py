@@ -2,11 +2,11 @@
 each line of a result file means.
 
 A line is ``{"custom_id", "method": "POST", "url", "body"}``, its ``body`` exactly what the per-row path sends for the
-row (:func:`~lakescore.udfs.remote.completions.request_body`). Its ``custom_id`` is a digest of the row's key and of that
-body (:func:`custom_id`): a rerun over the same rows with the same settings makes the same ids, and a row whose request
-changed gets another. Files are cut in the order the lines come, within both the provider's limits (:func:`cut_files`);
-a file is named by the digest of its round and ids (:func:`part_digest`), which its batch carries in ``metadata`` so
-a rerun finds a batch created but not recorded.
+row (:func:`~lakescore.udfs.remote.completions.request_body`). Its ``custom_id`` is a digest of the row's key and of
+that body (:func:`custom_id`): a rerun over the same rows with the same settings makes the same ids, and a row whose
+request changed gets another. Files are cut in the order the lines come, within both the provider's limits
+(:func:`cut_files`); a file is named by the digest of its round and ids (:func:`part_digest`), which its batch carries
+in ``metadata`` so a rerun finds a batch created but not recorded.
 
 A result line is one of three things (:func:`classify`): a **result** (the provider answered the request, 200: the
 row is published from it, or dead-lettered for what it holds, and never sent again), a **retry** (the provider ended

@@ -273,9 +273,9 @@ class EndpointClient:
         path: str = "/completions",
     ) -> Answer:
         """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's
-        JSON (the :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed` answer, or one
-        that is not JSON, is such a failure: not retried, counted toward the bound), :class:`EndpointDown` past the
-        bound of failures in a row. The answer's ``tokens`` settle the token limit."""
+        JSON (the :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed`
+        answer, or one that is not JSON, is such a failure: not retried, counted toward the bound),
+        :class:`EndpointDown` past the bound of failures in a row. The answer's ``tokens`` settle the token limit."""
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
             self.breaker.check()

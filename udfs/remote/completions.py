@@ -109,8 +109,8 @@ def parse_completion(
     """One response's :class:`Completion`, only when it is a whole, well-formed answer to the request:
     :class:`Malformed` naming what it lacks (no text, no ``finish_reason``, ``usage`` that is not two whole numbers of
     at least 0, or more completion tokens than the request's ``max_tokens``), :class:`Unfinished` for a
-    ``finish_reason`` other than :data:`FINISHED`. The text is cut before the first ``stop`` string the server left in it
-    (some servers keep it). An answer without ``usage`` has unknown (``None``) tokens."""
+    ``finish_reason`` other than :data:`FINISHED`. The text is cut before the first ``stop`` string the server left in
+    it (some servers keep it). An answer without ``usage`` has unknown (``None``) tokens."""
     try:
         choice = body["choices"][0]
         text = choice["message"]["content"] if api == "chat" else choice["text"]
@@ -152,9 +152,9 @@ def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None]:
 
 
 def token_logprobs(choice: Mapping[str, Any], api: str) -> tuple[float, ...] | None:
-    """The generated tokens' log-probabilities in a response's ``choice``: the chat API's ``logprobs.content[].logprob``,
-    the completions API's ``logprobs.token_logprobs``; ``None`` when it holds none (a server that ignored the
-    request's ``logprobs``)."""
+    """The generated tokens' log-probabilities in a response's ``choice``: the chat API's
+    ``logprobs.content[].logprob``, the completions API's ``logprobs.token_logprobs``; ``None`` when it holds none (a
+    server that ignored the request's ``logprobs``)."""
     found = choice.get("logprobs")
     if not isinstance(found, Mapping):
         return None

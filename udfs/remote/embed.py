@@ -1,5 +1,5 @@
-"""The ``embed`` head over an OpenAI-compatible ``/v1/embeddings``: an endpoint (``embed.endpoint``) or the engine served
-on this host (``embed.server``: vLLM's pooling runner, :mod:`lakescore.udfs.remote.engine`).
+"""The ``embed`` head over an OpenAI-compatible ``/v1/embeddings``: an endpoint (``embed.endpoint``) or the engine
+served on this host (``embed.server``: vLLM's pooling runner, :mod:`lakescore.udfs.remote.engine`).
 
 It takes the place of :class:`~lakescore.udfs.heads.embed.SentenceEmbedder` behind the text runner: no weights here,
 the present texts of an Arrow batch cut into requests of many inputs (:func:`cut_requests`), ``concurrency`` requests
@@ -11,8 +11,9 @@ one line. The output is the in-process head's ``embedding`` column, L2-normalise
 A request that fails for good is settled by what failed: a status the server gives the request's content (a 4xx
 other than 408, 409 and 429: :func:`~lakescore.udfs.remote.answers.content_refused`) is split in halves and each
 sent again, down to the one text it refuses (dead-lettered ``endpoint_error`` alone); anything else (408, 409, 429,
-5xx, timeouts, lost connections, after their retries, or a malformed answer) dead-letters every row of the request, as the server, not a text, failed. ``usage.prompt_tokens`` is the run's
-tokens (and its cost with ``price.input``); :class:`~lakescore.udfs.remote.answers.EndpointDown` stops the run.
+5xx, timeouts, lost connections, after their retries, or a malformed answer) dead-letters every row of the request, as
+the server, not a text, failed. ``usage.prompt_tokens`` is the run's tokens (and its cost with ``price.input``);
+:class:`~lakescore.udfs.remote.answers.EndpointDown` stops the run.
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ class EndpointEmbedder(RemoteHead):
             if content_refused(exc):
                 raise EndpointRefused(
                     f"{where} refused the preflight's embeddings request: {exc}; lakescore's requests carry "
-                    f"truncate_prompt_tokens {self.truncate_to} (vLLM's and SGLang's extension), so that texts past the "
-                    "model's limit are truncated as in-process rather than refused: use a server that takes it"
+                    f"truncate_prompt_tokens {self.truncate_to} (vLLM's and SGLang's extension), so that texts past "
+                    "the model's limit are truncated as in-process rather than refused: use a server that takes it"
                 ) from None
             raise EndpointRefused(f"{where} {what_happened(exc, self.client.settings.max_retries)}") from None
 

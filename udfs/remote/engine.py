@@ -1,4 +1,5 @@
-"""A served engine per executor host (``generate.server``): vLLM, SGLang or ``transformers serve``, started by lakescore.
+"""A served engine per executor host (``generate.server``): vLLM, SGLang or ``transformers serve``, started by
+lakescore.
 
 This module owns an engine's whole life. The first Python worker of an executor that needs the engine starts it,
 under a file lock (``filelock``), on a free loopback port, and waits for its health check; the executor's other
@@ -510,7 +511,8 @@ def _end_group_but_this(grace: float = 15.0) -> None:
 
 
 def stop_engines_task(batches):
-    """A ``mapInArrow`` function: stop the engines of the host its task runs on (:func:`stop_engines`); one row, how many."""
+    """A ``mapInArrow`` function: stop the engines of the host its task runs on (:func:`stop_engines`); one row, how
+    many."""
     import pyarrow as pa
 
     for _ in batches:

@@ -6,8 +6,8 @@ weights here, each present prompt one request (:mod:`lakescore.udfs.remote.compl
 flight together (``concurrency`` of them). The output columns are the in-process head's
 (:func:`~lakescore.udfs.heads.generate.generation_columns`);
 ``prompt_tokens`` and ``completion_tokens`` are what the server's ``usage`` reports. A row the server fails is
-``endpoint_error``, a text that is not the ``json_schema``'s JSON ``json_incomplete`` or ``json_invalid``; the run stops on
-:class:`~lakescore.udfs.remote.answers.EndpointDown`.
+``endpoint_error``, a text that is not the ``json_schema``'s JSON ``json_incomplete`` or ``json_invalid``; the run stops
+on :class:`~lakescore.udfs.remote.answers.EndpointDown`.
 
 The executors' preflight (:meth:`EndpointGenerator.score`) sends one request with every setting of the run: a setting
 the server refuses, or ignores where the answer shows it (no log-probabilities, text that is not the schema's JSON),

@@ -2,8 +2,9 @@
 identity from ``/v1/models``, the thread pool that keeps ``concurrency`` requests in flight, the features only a
 remote head has (request counts, ``close``) as methods of the head protocol, and ``close``.
 
-A task's remote head (:mod:`~lakescore.udfs.remote.generate`; :mod:`~lakescore.udfs.remote.embed` over ``/v1/embeddings``)
-subclasses :class:`RemoteHead` and adds how one row becomes a request and an answer becomes its output.
+A task's remote head (:mod:`~lakescore.udfs.remote.generate`; :mod:`~lakescore.udfs.remote.embed` over
+``/v1/embeddings``) subclasses :class:`RemoteHead` and adds how one row becomes a request and an answer becomes its
+output.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class RemoteHead:
 
     def __init__(self, client: EndpointClient, revision: str | None = None, server: EngineServer | None = None) -> None:
         self.client, self.revision, self.server = client, revision, server
-        """``server``: the engine served on this host (:class:`~lakescore.udfs.remote.engine.EngineServer`), or ``None``."""
+        """``server``: the engine served on this host (:class:`~lakescore.udfs.remote.engine.EngineServer`), or
+        ``None``."""
         self.pool = ThreadPoolExecutor(max_workers=client.settings.concurrency, thread_name_prefix="lakescore-endpoint")
         self.listing = self._listing()
         """What ``/v1/models`` said of the model when this head was made (:func:`models_listing`)."""
@@ -169,9 +171,9 @@ class RemoteHead:
     def send(
         self, items: Sequence[Any], one: Callable[[Any], Any], present: Sequence[int], reasons: list[str | None]
     ) -> Scored:
-        """``one(items[i])`` for each ``i`` in ``present``, ``concurrency`` at a time: the outputs, with ``reasons`` (and
-        the scrubbed error) ``endpoint_error`` for a row the server failed; :class:`EndpointDown` (the run stops) when
-        the endpoint failed too many requests in a row."""
+        """``one(items[i])`` for each ``i`` in ``present``, ``concurrency`` at a time: the outputs, with ``reasons``
+        (and the scrubbed error) ``endpoint_error`` for a row the server failed; :class:`EndpointDown` (the run stops)
+        when the endpoint failed too many requests in a row."""
         n = len(items)
         errors: list[str | None] = [None] * n
         outputs = np.empty(n, dtype=object)

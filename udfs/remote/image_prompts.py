@@ -1,6 +1,7 @@
 """The ``generate`` head over images through an OpenAI-compatible server (``generate.endpoint`` or ``generate.server``):
 each row one chat request whose user message holds the image as an ``image_url`` content part (a ``data:`` URI), then
-the rendered prompt's text part, the order of the in-process head (:func:`~lakescore.udfs.heads.image_prompts.chat_messages`).
+the rendered prompt's text part, the order of the in-process head
+(:func:`~lakescore.udfs.heads.image_prompts.chat_messages`).
 
 The runner (:class:`~lakescore.udfs.runners.ImagePromptRunner`) checks and decodes every image here first, so a bad
 image, an empty file or one over the pixel limit is the row's dead letter with the in-process reasons, and no request
@@ -77,7 +78,8 @@ class EndpointImageGenerator(EndpointGenerator):
     prompt."""
 
     def process(self, image: Any, prompt: str, encoded: bytes | memoryview | None = None) -> ImagePayload:
-        """One row's payload: ``encoded`` (the file's bytes) as they are, or ``image`` re-encoded (:func:`image_payload`)."""
+        """One row's payload: ``encoded`` (the file's bytes) as they are, or ``image`` re-encoded
+        (:func:`image_payload`)."""
         return image_payload(encoded, image)
 
     def prepare(self, rows: Sequence[ImagePayload], keys: Sequence[str]) -> dict[str, Any]:

@@ -51,7 +51,8 @@ class HostRateLimit:
 
     def acquire(self, tokens: int) -> None:
         """Take one request and ``tokens`` tokens from the allowance, waiting until they are there. A request of more
-        tokens than a minute's allowance waits for a full bucket and then takes it all (it could never fit otherwise)."""
+        tokens than a minute's allowance waits for a full bucket and then takes it all (it could never fit
+        otherwise)."""
         if not self.limited:
             return
         while True:

@@ -8,8 +8,9 @@ so installing lakescore needs no JDK. :func:`file_functions` registers both in a
 session (:func:`~lakescore.jobs.platform.spark.adapter.add_jar`) unless the session has the class already. Added to
 the running session, not to ``spark.jars`` at start: that works in every session, those lakescore does not build too
 (a notebook, spark-submit, Databricks, Spark Connect), and leaves a built driver's classpath, and so its class
-archive (:mod:`~lakescore.jobs.platform.spark.local.class_archive`), as it was. :func:`file_bytes` and :func:`file_status`
-are the two as columns, read by Python on the executors where a Spark Connect server refuses the jar.
+archive (:mod:`~lakescore.jobs.platform.spark.local.class_archive`), as it was. :func:`file_bytes` and
+:func:`file_status` are the two as columns, read by Python on the executors where a Spark Connect server refuses the
+jar.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ FILE_STATUS = StructType([StructField("length", LongType()), StructField("modifi
 """What the status function returns: the file's length in bytes and its modification time in milliseconds since the
 epoch."""
 JAR = Path(__file__).with_name("java") / "lakescore-hadoop-files.jar"
-"""The compiled reader, package data; its manifest's ``Source-SHA256`` is the digest of the sources it was built from."""
+"""The compiled reader, package data; its manifest's ``Source-SHA256`` is the digest of the sources it was built
+from."""
 
 
 def file_functions(spark: SparkSession) -> bool:

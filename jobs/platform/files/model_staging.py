@@ -66,7 +66,8 @@ def stage_model(spark: SparkSession, spec: ModelSpec, cache_root: Path) -> Model
 def stage_remote_model(spark: SparkSession, source: str, cache_root: Path) -> Path:
     """Copy remote ``source`` to this host (once) and ship it to the executors; return the local copy.
 
-    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` when the source does not exist or cannot be read.
+    Raises :class:`~lakescore.udfs.models.model_source.ModelSourceError` when the source does not exist or cannot be
+    read.
     """
     files = remote_files(spark, source)
     try:

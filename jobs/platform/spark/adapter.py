@@ -377,8 +377,8 @@ def is_delta_path(spark: SparkSession, ref: str) -> bool | None:
 
 def delta_path_table(spark: SparkSession, ref: str):
     """Delta's ``DeltaTable`` for the path ``ref``: its ``history()``, ``detail()`` and ``merge()`` run what
-    ``DESCRIBE HISTORY`` / ``DETAIL`` / ``MERGE INTO`` do without the metastore lookup SQL makes (:func:`is_delta_path`);
-    ``None`` over Connect, where that API needs the server's Delta Connect plugin."""
+    ``DESCRIBE HISTORY`` / ``DETAIL`` / ``MERGE INTO`` do without the metastore lookup SQL makes
+    (:func:`is_delta_path`); ``None`` over Connect, where that API needs the server's Delta Connect plugin."""
     if is_connect(spark):
         return None
     from delta.tables import DeltaTable

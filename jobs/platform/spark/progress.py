@@ -43,7 +43,8 @@ def progress_partitions(rows: int, slots: int, tasks_per_slot: int = TASKS_PER_S
     under ``slots``, and no more than leaves each task about :data:`_MIN_TASK_ROWS` rows, rounded up to
     whole waves (a multiple of ``slots``).
 
-    >>> progress_partitions(12000, 2), progress_partitions(900, 2), progress_partitions(1500, 2), progress_partitions(10**7, 200)
+    >>> (progress_partitions(12000, 2), progress_partitions(900, 2), progress_partitions(1500, 2),
+    ...  progress_partitions(10**7, 200))
     (8, 2, 4, 800)
     """
     slots = max(1, slots)
@@ -73,7 +74,8 @@ def scoring_tasks(planned: int, slots: int, rows: int, row_seconds: float | None
 
     >>> scoring_tasks(1, 2, 12000, 0.01, 15), scoring_tasks(4, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, 1e-3, 15)
     (8, None, 8)
-    >>> scoring_tasks(3, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, None, 15), scoring_tasks(40, 2, 10**7, None, 15)
+    >>> (scoring_tasks(3, 2, 10**7, 2e-6, 15), scoring_tasks(4, 2, 10**7, None, 15),
+    ...  scoring_tasks(40, 2, 10**7, None, 15))
     (8, 8, None)
     >>> scoring_tasks(2, 2, 750, 0.5, 15), scoring_tasks(2, 2, 750, 1e-3, 15)  # slow images in two splits; a fast model
     (2, None)
@@ -145,7 +147,10 @@ class ProgressReporter:
         chunk = f"chunk {self._chunk + 1}/{self._chunks}"
         if self._rows is None:
             share = tasks_done / tasks_total if tasks_total else 0.0
-            return f"scoring: {self._total} rows, {chunk}, {tasks} ({100 * share:.0f}%), elapsed {elapsed:.0f} s, ETA {eta_text}"
+            return (
+                f"scoring: {self._total} rows, {chunk}, {tasks} ({100 * share:.0f}%), "
+                f"elapsed {elapsed:.0f} s, ETA {eta_text}"
+            )
         pct = 100.0 * rows / self._total if self._total else 100.0
         return (
             f"scoring: {rows}/{self._total} rows ({pct:.0f}%), {chunk}, {tasks}, "

@@ -7,8 +7,8 @@ is used as is: no jars added, no master or metastore set, nothing reconfigured,
 never stopped here (``jobs/launcher.py`` stops a spark-submit application's own
 at exit). With ``spark.remote`` (``--remote sc://host:port``) or ``SPARK_REMOTE`` set, the
 session is a Spark Connect client of that server, which owns jars, Delta and the metastore;
-either kind runs the same job (:mod:`lakescore.jobs.platform.spark.adapter`). Built locally, the session has the Delta extension and catalog, a Hive
-metastore in an embedded Derby database under ``spark.metastore_dir`` and
+either kind runs the same job (:mod:`lakescore.jobs.platform.spark.adapter`). Built locally, the session has the Delta
+extension and catalog, a Hive metastore in an embedded Derby database under ``spark.metastore_dir`` and
 managed tables under ``spark.warehouse_dir``, so ``db.table`` names are real
 metastore tables. For the CLI its driver JVM logs to ``logs/`` beside the metastore
 (:func:`lakescore.jobs.platform.spark.console.start_run_log`).
@@ -20,10 +20,11 @@ On this host's own masters (``local[…]``, ``local-cluster[…]``) the session 
 on top (:mod:`lakescore.jobs.platform.spark.local.own_host`: class archive, JVM flags, the worker daemon); on any
 other master it is built from ``spark:`` config alone.
 
-A session lakescore builds hides the environment variables that hold the run's secrets (``generate.endpoint.api_key_env``)
-wherever Spark shows its configuration: their names join ``spark.redaction.regex``, so ``spark.executorEnv.<NAME>`` is
-redacted in the UI's Environment tab, its REST API and the event log (:func:`redaction_regex`). A session it takes as
-it is gets one warning line when it would show them (:func:`warn_if_shown`).
+A session lakescore builds hides the environment variables that hold the run's secrets
+(``generate.endpoint.api_key_env``) wherever Spark shows its configuration: their names join ``spark.redaction.regex``,
+so ``spark.executorEnv.<NAME>`` is redacted in the UI's Environment tab, its REST API and the event log
+(:func:`redaction_regex`). A session it takes as it is gets one warning line when it would show them
+(:func:`warn_if_shown`).
 
 Note: embedded Derby admits one process at a time per metastore directory;
 concurrent local jobs need separate ``spark.metastore_dir`` values.
@@ -129,14 +130,15 @@ def get_or_create_session(
 ) -> tuple[SparkSession, bool]:
     """Return ``(spark, created)``; ``created`` tells the caller it owns (and may stop) the session.
 
-    ``cfg`` is used only when :func:`session_source` says ``"build"`` (and ``cfg.remote`` for ``"connect"``). ``refs`` are the
-    tables / paths the job reads and writes; a built session gets the S3A connector jars
+    ``cfg`` is used only when :func:`session_source` says ``"build"`` (and ``cfg.remote`` for ``"connect"``). ``refs``
+    are the tables / paths the job reads and writes; a built session gets the S3A connector jars
     when :func:`needs_s3a` says so. Jars come from ``spark.jars_dir`` when fetched, else
     Spark resolves them from Maven at start-up (with a warning). On this host's own masters a built session's Python
-    daemon imports ``worker_imports`` before forking workers (:func:`~lakescore.jobs.platform.spark.local.own_host.own_host_tuning`).
-    ``secret_names``: environment variables holding secrets, hidden in a built session (:func:`redaction_regex`), warned
-    of in a taken one (:func:`warn_if_shown`). ``run_defaults``: settings the run's input needs, in a built session
-    only, below the user's ``spark.conf``.
+    daemon imports ``worker_imports`` before forking workers
+    (:func:`~lakescore.jobs.platform.spark.local.own_host.own_host_tuning`). ``secret_names``: environment variables
+    holding secrets, hidden in a built session (:func:`redaction_regex`), warned of in a taken one
+    (:func:`warn_if_shown`). ``run_defaults``: settings the run's input needs, in a built session only, below the user's
+    ``spark.conf``.
     """
     active = SparkSession.getActiveSession()
     source = session_source(os.environ, active is not None, cfg.remote)

@@ -24,7 +24,8 @@ class OutputColumnsError(TableError):
 
 
 _UNREADABLE_FILE = re.compile(
-    r"\[(?:FAILED_READ_FILE[A-Z_.]*|CANNOT_READ_FILE_FOOTER)\][^\n]*?(?:reading file|footer for file:?)\s+(\S+?)\.?(?:\s|$)"
+    r"\[(?:FAILED_READ_FILE[A-Z_.]*|CANNOT_READ_FILE_FOOTER)\][^\n]*?"
+    r"(?:reading file|footer for file:?)\s+(\S+?)\.?(?:\s|$)"
 )
 
 

@@ -109,7 +109,8 @@ def read_files(spark: SparkSession, ref: str | TableRef, extensions: tuple[str, 
         raise TableError(f"cannot read input folder {ref.text!r}: {first_line(exc)}") from exc
     if not matched:
         raise TableError(
-            f"input folder {ref.text!r} holds no file named *.{{{','.join(extensions)}}} (of {every} file(s), in any case)"
+            f"input folder {ref.text!r} holds no file named *.{{{','.join(extensions)}}} (of {every} file(s), in any "
+            "case)"
         )
     return df, every - matched
 
@@ -123,8 +124,8 @@ def check_output_target(
     ``version=False``, which returns ``None``), or ``None`` if it does not exist yet.
     Raises :class:`TableError` if a column name of ``schema`` is one Delta refuses (a space, ``,;{}()=``, a tab or a
     newline: :mod:`~lakescore.schemas.column_names`), the table's database is missing, the target exists but
-    is not Delta, or (:class:`OutputColumnsError`) its columns differ from ``schema`` (names and types). A directory holding
-    only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
+    is not Delta, or (:class:`OutputColumnsError`) its columns differ from ``schema`` (names and types). A directory
+    holding only a ``_delta_log`` without a commit (what a first publish that failed mid-commit leaves)
     counts as not existing yet.
     """
     ref = TableRef.parse(ref, "output")
@@ -186,7 +187,8 @@ def _load_file_lists(spark: SparkSession, refs: list[str | TableRef]) -> None:
 
 def is_delta(spark: SparkSession, ref: str | TableRef) -> bool:
     """Whether ``ref`` (a path or a table) is a Delta table: a path has a Delta log with a commit
-    (:func:`~lakescore.jobs.platform.spark.adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for it."""
+    (:func:`~lakescore.jobs.platform.spark.adapter.is_delta_path`); otherwise Delta answers ``DESCRIBE HISTORY`` for
+    it."""
     ref = TableRef.parse(ref)
     known = spark_adapter.is_delta_path(spark, ref.text) if ref.is_path else None
     if known is not None:
@@ -199,8 +201,9 @@ def is_delta(spark: SparkSession, ref: str | TableRef) -> bool:
 
 
 def table_names(spark: SparkSession, namespace: str) -> list[str]:
-    """The names of the tables in ``namespace`` (its parts quoted, :attr:`~lakescore.jobs.references.TableName.quoted_namespace`;
-    empty: the session's current schema), temporary views left out. ``SHOW TABLES``, which Spark Connect runs too."""
+    """The names of the tables in ``namespace`` (its parts quoted,
+    :attr:`~lakescore.jobs.references.TableName.quoted_namespace`; empty: the session's current schema), temporary views
+    left out. ``SHOW TABLES``, which Spark Connect runs too."""
     rows = spark.sql("SHOW TABLES" + (f" IN {namespace}" if namespace else "")).collect()
     return [row["tableName"] for row in rows if not row["isTemporary"]]
 

@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def _conflicts_refused(ref: TableRef, what: str, then: str):
-    """A commit conflict (:func:`is_commit_conflict`) raised in the block becomes one :class:`WriteConflictError` line."""
+    """A commit conflict (:func:`is_commit_conflict`) raised in the block becomes one :class:`WriteConflictError`
+    line."""
     try:
         yield
     except Exception as exc:
@@ -98,10 +99,12 @@ def write_delta(
 
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
-"""The Delta table property that lets ``MERGE``, ``UPDATE`` and ``DELETE`` mark rows deleted instead of rewriting files."""
+"""The Delta table property that lets ``MERGE``, ``UPDATE`` and ``DELETE`` mark rows deleted instead of rewriting
+files."""
 
 STATS_COLUMNS = "delta.dataSkippingStatsColumns"
-"""The Delta table property naming the columns whose minimum, maximum and null count each file records (comma-separated)."""
+"""The Delta table property naming the columns whose minimum, maximum and null count each file records
+(comma-separated)."""
 
 
 MERGE_OP = "_lakescore_op"
@@ -174,8 +177,8 @@ def merge_delta(
 ) -> MergeCommit:
     """Apply ``changes`` to the Delta table ``ref`` in one ``MERGE`` commit and return it.
 
-    ``changes`` holds at most one row per id (the values of ``id_cols``) and a :data:`MERGE_OP` column: an ``upsert`` row
-    updates the output row of its id (every column of ``columns``) or inserts it; a ``delete`` row deletes the
+    ``changes`` holds at most one row per id (the values of ``id_cols``) and a :data:`MERGE_OP` column: an ``upsert``
+    row updates the output row of its id (every column of ``columns``) or inserts it; a ``delete`` row deletes the
     output row of its id, if any. Run through Delta's API for a path in a classic session
     (:meth:`TableRef.delta_api`), else as SQL with the source registered as the temporary view ``view`` for the
     statement's length. ``user_metadata`` is stored in the commit info, as :func:`write_delta` does, and the

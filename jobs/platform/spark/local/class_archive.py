@@ -8,8 +8,8 @@ classes. Java's AppCDS (JDK 13+, JEP 350) can dump the classes a run loaded into
 One archive per host and classpath: :func:`archive_path` names it by a digest of what makes up
 the driver's classpath (the Java runtime, Spark's ``jars/``, ``spark.jars``, the class-path
 settings and environment), so a changed jar or JDK gets a new archive and never a stale one.
-:func:`~lakescore.jobs.commands.fetch_jars.build_archive` (``lakescore fetch-jars``, so ``make setup``) trains it in a child
-process on a small workload touching what a scoring run touches (Parquet read, a Python
+:func:`~lakescore.jobs.commands.fetch_jars.build_archive` (``lakescore fetch-jars``, so ``make setup``) trains it in a
+child process on a small workload touching what a scoring run touches (Parquet read, a Python
 ``mapInArrow`` task, Delta writes, time travel, history, ``MERGE``, a metastore table), waits
 for that JVM to write it at exit and renames it into place: it only ever appears complete.
 :func:`start_options` is what a session lakescore builds adds to its driver's Java options:
@@ -45,7 +45,8 @@ _CLASSPATH_ENV = ("SPARK_HOME", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_
 
 
 def java_home(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """The JDK that spark-submit starts: ``$JAVA_HOME``, else the one ``java`` on ``PATH`` belongs to; ``None`` if neither."""
+    """The JDK that spark-submit starts: ``$JAVA_HOME``, else the one ``java`` on ``PATH`` belongs to; ``None`` if
+    neither."""
     if environ.get("JAVA_HOME"):
         return Path(environ["JAVA_HOME"]).resolve()
     java = shutil.which("java", path=environ.get("PATH"))
@@ -84,7 +85,8 @@ def archive_path(jars_dir: str, settings: Mapping[str, str], environ: Mapping[st
 
 
 def start_options(jars_dir: str, settings: Mapping[str, str]) -> list[str]:
-    """Java options for a driver started with ``settings``: the host's archive for its classpath when it exists, else ``[]``."""
+    """Java options for a driver started with ``settings``: the host's archive for its classpath when it exists, else
+    ``[]``."""
     path = archive_path(jars_dir, settings)
     if path is None or not path.is_file():
         log.debug("no JVM class archive for this classpath (%s); `lakescore fetch-jars` builds one", path)

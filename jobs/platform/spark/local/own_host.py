@@ -3,7 +3,8 @@
 ``local``, ``local[…]`` and ``local-cluster[…]`` (:func:`own_host`) run every JVM and Python process of the job on this
 host, started by lakescore for this one job, so lakescore tunes them for short runs:
 
-* the driver JVM starts from the host's class-data-sharing archive (:mod:`~lakescore.jobs.platform.spark.local.class_archive`),
+* the driver JVM starts from the host's class-data-sharing archive
+  (:mod:`~lakescore.jobs.platform.spark.local.class_archive`),
   with C1-only JIT and, on small heaps, the serial collector (:func:`local_java_options`); a ``local-cluster``'s
   executor JVMs run C1-only too;
 * Delta rebuilds table state with few tasks (:data:`OWN_HOST_DEFAULTS`);
@@ -123,8 +124,8 @@ def local_java_options(driver_memory: str, user_options: str) -> list[str]:
     heap is at most :data:`SERIAL_GC_MAX_HEAP_MIB` and ``user_options`` choose no collector
     (the JVM refuses two): the driver peaks lower resident than with G1, the JVM's default, at the
     same wall time (BENCHMARKS.md); its longer pauses cost less than G1's concurrent work on the
-    same cores. Larger local heaps keep G1, which is built to keep pauses short on large heaps. A ``driver_memory`` that is not a size keeps G1 too
-    (Spark names the mistake when it starts).
+    same cores. Larger local heaps keep G1, which is built to keep pauses short on large heaps. A ``driver_memory`` that
+    is not a size keeps G1 too (Spark names the mistake when it starts).
     """
     options = [LOCAL_MODE_JAVA_OPTIONS]
     heap_mib = spark_size_mib(driver_memory)
@@ -147,9 +148,10 @@ def own_host(master: str) -> bool:
 
 
 def worker_preload_confs(cfg: SparkConfig, worker_imports: Sequence[str]) -> dict[str, str]:
-    """The settings that make executors fork Python workers from :mod:`~lakescore.jobs.platform.spark.local.python_daemon`
-    with ``worker_imports`` imported; none when there is nothing to import, ``cfg.worker_preload`` is off,
-    ``cfg.conf`` names its own daemon module or the master is not this host's own (:func:`own_host`)."""
+    """The settings that make executors fork Python workers from
+    :mod:`~lakescore.jobs.platform.spark.local.python_daemon` with ``worker_imports`` imported; none when there is
+    nothing to import, ``cfg.worker_preload`` is off, ``cfg.conf`` names its own daemon module or the master is not this
+    host's own (:func:`own_host`)."""
     if (
         not worker_imports
         or not cfg.worker_preload
@@ -172,7 +174,8 @@ def launch_quiet_gateway(conf):
 
     Every other line the JVM (or a Python worker it forks) writes to stderr is copied, as
     it comes, to this process's current ``sys.stderr`` by a daemon thread, but a Python worker's warning
-    (:data:`~lakescore.jobs.platform.spark.console.PYTHON_WARNING`), which goes to the run's log file where there is one.
+    (:data:`~lakescore.jobs.platform.spark.console.PYTHON_WARNING`), which goes to the run's log file where there is
+    one.
     """
     from pyspark.java_gateway import launch_gateway
 
