@@ -215,12 +215,12 @@ def score_texts(
     valid = _valid_mask(texts)
     if not valid.any():
         return _unscored(len(texts), valid, NULL_INPUT)
-    if features is None:
-        features = tokenize_present(texts, head)
-    lengths = row_lengths(features["attention_mask"])
+    present = tokenize_present(texts, head) if features is None else features
+    assert present is not None  # some text is present (checked above), so there is a tokenization
+    lengths = row_lengths(present["attention_mask"])
 
     def take(rows: np.ndarray, width: int):
-        return take_rows(features, rows, width, head.padding_side)
+        return take_rows(present, rows, width, head.padding_side)
 
     return score_present(valid, lengths, take, head.forward, policy, invalid_reason=NULL_INPUT)
 
@@ -274,6 +274,7 @@ def score_present(
     def run(rows: np.ndarray) -> None:
         nonlocal outputs
         width = max(1, int(lengths[rows].max()))
+        error: str | None
         try:
             scored = np.asarray(forward(take(rows, width)))
         except Exception as exc:

@@ -301,15 +301,16 @@ def prepare_documents(texts: list[str | None], head: ChunkedEmbedder, refused: d
         if text is None or i in refused:
             continue
         try:
-            spans[i] = head.chunker.spans(text)
+            doc_spans = head.chunker.spans(text)
         except ChunkError as exc:
             refused[i] = RowFailure(exc.reason, str(exc), text)
             continue
         except Exception as exc:  # the tokenizer's own failure: this document only
             refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text)
             continue
-        chunk_texts.extend(text[start:end] for start, end in spans[i])
-        owner.extend([i] * len(spans[i]))
+        spans[i] = doc_spans
+        chunk_texts.extend(text[start:end] for start, end in doc_spans)
+        owner.extend([i] * len(doc_spans))
     features = head.embedder.tokenize(chunk_texts) if chunk_texts else None
     return PreparedDocuments(texts, spans, chunk_texts, np.asarray(owner, dtype=np.int64), features, refused)
 
@@ -343,11 +344,10 @@ def embed_documents(
         failed = [k for k, row in enumerate(rows) if scored.reasons[row] is not None]
         if failed:  # one chunk failed: the whole document is dead-lettered
             k = failed[0]
+            doc_spans = prepared.spans[i]
+            assert doc_spans is not None  # a document owns chunk rows only once it has spans
             reasons[i] = scored.reasons[rows[k]]
-            errors[i] = (
-                f"chunk {k} of {len(rows)} ({prepared.spans[i][k][0]}-{prepared.spans[i][k][1]}): "
-                f"{scored.errors[rows[k]]}"
-            )
+            errors[i] = f"chunk {k} of {len(rows)} ({doc_spans[k][0]}-{doc_spans[k][1]}): {scored.errors[rows[k]]}"
             continue
         mean = _normalised_mean(vectors[rows]) if head.document_vector else None
         outputs[i] = DocumentChunks(prepared.spans[i], vectors[rows], mean)

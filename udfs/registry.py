@@ -246,7 +246,10 @@ class Task:
     def input_kind_for(self, setting: Callable[[str], Any]) -> InputKind:
         """The input kind a run reads: the first of :attr:`other_inputs` whose column setting ``setting(name)`` gives,
         else :attr:`input_kind`."""
-        return next((kind for kind in self.other_inputs if setting(kind.column_setting)), self.input_kind)
+        return next(
+            (kind for kind in self.other_inputs if kind.column_setting and setting(kind.column_setting)),
+            self.input_kind,
+        )
 
     def input_kind_of(self, spec: ModelSpec) -> InputKind:
         """The input kind a worker's :class:`ModelSpec` reads (its ``input_kind`` names one of :attr:`other_inputs`)."""

@@ -99,6 +99,11 @@ class PreparedTexts:
     shown: list[str] | None = None
 
 
+def _present(texts: Sequence[str | None], rows: Sequence[int]) -> list[str]:
+    """The texts at ``rows``, rows the caller chose for holding a string (a null among them is left out)."""
+    return [text for text in (texts[i] for i in rows) if text is not None]
+
+
 def decode_texts(column: pa.Array) -> tuple[list[str | None], dict[int, RowFailure]]:
     """The strings of ``column``, decoded per row: invalid UTF-8 becomes ``None`` plus an ``invalid_text`` failure.
 
@@ -267,20 +272,19 @@ class PromptRunner:
 
     def prepare(self, batch: pa.RecordBatch) -> PreparedPrompts:
         prompts, refused = decode_texts(batch.column(self.prompt_col))
+        # Without a key column a row's prompt is its key; a null prompt's key is never read (the row is not generated).
         keys = (
-            ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()] if self.key_col else prompts
+            ["" if k is None else str(k) for k in batch.column(self.key_col).to_pylist()]
+            if self.key_col
+            else ["" if p is None else p for p in prompts]
         )
         present = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         try:
-            features = (
-                self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
-            )
+            features = self.head.tokenize(_present(prompts, present), [keys[i] for i in present]) if present else None
         except Exception:  # one prompt the tokenizer (or chat template) rejects: find it, keep its neighbours
-            refuse_untokenizable(prompts, refused, lambda i: self.head.tokenize([prompts[i]], [keys[i]]))
+            refuse_untokenizable(prompts, refused, lambda i: self.head.tokenize(_present(prompts, [i]), [keys[i]]))
             present = [i for i in present if prompts[i] is not None]
-            features = (
-                self.head.tokenize([prompts[i] for i in present], [keys[i] for i in present]) if present else None
-            )
+            features = self.head.tokenize(_present(prompts, present), [keys[i] for i in present]) if present else None
         return PreparedPrompts(prompts, keys, features, refused)
 
     def score(self, prepared: PreparedPrompts, budget: AdaptiveBudget) -> Scored:

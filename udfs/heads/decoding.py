@@ -334,7 +334,9 @@ def generate(
             if decoding.options.logprobs:  # the logits as the model gave them: pick reshapes a copy
                 chosen = torch.tensor(tokens, device=logits.device)[:, None]
                 for i, value in zip(active, torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()):
-                    states[i].logprobs.append(value)
+                    row_logprobs = states[i].logprobs
+                    assert row_logprobs is not None  # start() gives every row a list when logprobs is on
+                    row_logprobs.append(value)
             ended = [decoding.advance(states[i], t, last=made == most) for i, t in zip(active, tokens)]
             keep = [j for j, done in enumerate(ended) if not done]
             if not keep:
@@ -342,7 +344,11 @@ def generate(
             active = [active[j] for j in keep]
             selected = None if len(keep) == len(ended) else torch.tensor(keep, device=device)
             logits = step(torch.tensor([tokens[j] for j in keep], device=device), selected)
-    return [Decoded(s.ids, decoding.text_of(s), s.finish_reason, s.logprobs) for s in states]
+    decoded = []
+    for s in states:
+        assert s.finish_reason is not None  # the loop ends once every row has ended; the last step ends them all
+        decoded.append(Decoded(s.ids, decoding.text_of(s), s.finish_reason, s.logprobs))
+    return decoded
 
 
 Step = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]

@@ -73,12 +73,13 @@ __all__ = [
 class Generation(NamedTuple):
     """One row's outcome: the task's own output columns, in schema order, then the new token ids themselves
     (EOS included; with ``choices``, the chosen choice's), which no column holds, and with ``logprobs`` each new
-    token's log-probability (the ``token_logprobs`` column)."""
+    token's log-probability (the ``token_logprobs`` column). The token counts are ``None`` where a server's answer
+    reported no ``usage``."""
 
     text: str
     finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
     choice_logprobs: tuple[float, ...] | None = None
     token_ids: tuple[int, ...] = ()
     token_logprobs: tuple[float, ...] | None = None

@@ -58,7 +58,7 @@ class ChunkOptions(Section):
             raise ConfigError(
                 f"embed.chunk.{given[0]} needs embed.chunk.max_tokens (--chunk-tokens), which turns chunking on"
             )
-        if self.enabled and self.overlap_tokens >= self.max_tokens:
+        if self.max_tokens is not None and self.overlap_tokens >= self.max_tokens:
             raise ConfigError(
                 f"embed.chunk.overlap_tokens {self.overlap_tokens} must be below embed.chunk.max_tokens "
                 f"{self.max_tokens}"

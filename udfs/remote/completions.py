@@ -49,7 +49,9 @@ class Completion:
     @property
     def tokens(self) -> int | None:
         """Prompt and completion tokens together, as ``usage`` said; ``None`` when it said nothing."""
-        return None if self.prompt_tokens is None else self.prompt_tokens + self.completion_tokens
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return self.prompt_tokens + self.completion_tokens
 
 
 def request_body(

@@ -102,17 +102,16 @@ class EndpointEmbedder(RemoteHead):
         """Send every present text, in requests of at most ``budget``'s rows (:func:`cut_requests`): each row's vector,
         ``null_input`` for a null text, ``endpoint_error`` as the module says for a row the server failed."""
         texts = prepared.texts
-        reasons: list[str | None] = [
-            None if isinstance(t, str) and i not in prepared.refused else NULL_INPUT for i, t in enumerate(texts)
-        ]
-        present = [i for i, reason in enumerate(reasons) if reason is None]
+        strings = {i: t for i, t in enumerate(texts) if isinstance(t, str) and i not in prepared.refused}
+        reasons: list[str | None] = [None if i in strings else NULL_INPUT for i in range(len(texts))]
+        present = list(strings)
         requests = [
             [present[k] for k in rows]
-            for rows in cut_requests([len(texts[i]) for i in present], budget.policy.max_rows)
+            for rows in cut_requests([len(strings[i]) for i in present], budget.policy.max_rows)
         ]
         sent = self.send(
             requests,
-            lambda k: self._embed([texts[i] for i in requests[k]]),
+            lambda k: self._embed([strings[i] for i in requests[k]]),
             range(len(requests)),
             [None] * len(requests),
         )
@@ -207,6 +206,8 @@ def load_remote_embedder(spec: ModelSpec, model_dir: Path | None) -> EndpointEmb
     model settings a server cannot honour; :class:`EndpointRefused` for a key named but not set;
     :class:`~lakescore.udfs.remote.engine.EngineStartError` for an engine that does not come up."""
     options = spec.embed
+    if options is None:
+        raise ValueError(f"task {spec.task!r}: a remote embedder needs the spec's embed options")
     if spec.pooling is not None:
         raise ValueError(f"model.pooling {spec.pooling!r}: a served model pools as its own configuration says; drop it")
     if spec.reduced_precision:
@@ -230,6 +231,8 @@ def load_remote_embedder(spec: ModelSpec, model_dir: Path | None) -> EndpointEmb
     else:
         from lakescore.udfs.heads.embed import served_embedding
 
+        if options.server is None or model_dir is None:
+            raise ValueError("embed needs embed.endpoint, or embed.server and the model's files to serve")
         limit, normalize, prompt = served_embedding(spec, model_dir)
         if not normalize:
             raise ValueError(

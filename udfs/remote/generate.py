@@ -161,6 +161,8 @@ def load_remote_generator(spec: ModelSpec, model_dir: Path | None, head: type = 
     from lakescore.udfs.registry import get_task
 
     options = spec.generate
+    if options is None:
+        raise ValueError(f"task {spec.task!r}: a remote generator needs the spec's generate options")
     types = get_task(spec.task).output_arrow_types_for(options)
     client, engine = open_client(options.endpoint, options.server, model_dir)
     revision = options.endpoint.revision if options.endpoint is not None else spec.revision

@@ -219,6 +219,8 @@ def open_client(
         )
         key = EndpointClient.key_from_env(endpoint)
         return EndpointClient(endpoint, endpoint.url, endpoint.model, api_key=key, auth=auth), None
+    if server is None:
+        raise ValueError("open_client needs an endpoint or a server")
     engine = EngineServer(
         server.engine,
         str(model_dir),

@@ -96,14 +96,17 @@ def classify(line: Mapping[str, Any]) -> LineOutcome:
     >>> classify({"custom_id": "a", "result": {"type": "errored", "error": error}})
     LineOutcome(kind='dead', body=None, message='invalid_request_error: bad')
     """
-    result = line.get("result") if isinstance(line.get("result"), Mapping) else {}
+    raw_result = line.get("result")
+    result: Mapping[str, Any] = raw_result if isinstance(raw_result, Mapping) else {}
     kind = result.get("type")
     if kind == "succeeded" and isinstance(result.get("message"), Mapping):
         return LineOutcome(RESULT, json.dumps(result["message"], ensure_ascii=False))
     if kind in ("canceled", "expired"):
         return LineOutcome(RETRY, None, f"the line was {kind} before it ran")
-    error = result.get("error") if isinstance(result.get("error"), Mapping) else {}
-    inner = error.get("error") if isinstance(error.get("error"), Mapping) else {}
+    raw_error = result.get("error")
+    error: Mapping[str, Any] = raw_error if isinstance(raw_error, Mapping) else {}
+    raw_inner = error.get("error")
+    inner: Mapping[str, Any] = raw_inner if isinstance(raw_inner, Mapping) else {}
     error_type, message = inner.get("type"), inner.get("message")
     reason = (
         " ".join(f"{error_type + ': ' if error_type else ''}{message or ''}".split())[:500]

@@ -91,8 +91,9 @@ def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens:
     content = body.get("content") if isinstance(body, Mapping) else None
     if not isinstance(content, list):
         raise Malformed(f"the response holds no content: {json.dumps(body)[:300]}")
-    texts = [block.get("text") for block in content if isinstance(block, Mapping) and block.get("type") == "text"]
-    if not all(isinstance(text, str) for text in texts):
+    blocks = [block.get("text") for block in content if isinstance(block, Mapping) and block.get("type") == "text"]
+    texts = [text for text in blocks if isinstance(text, str)]
+    if len(texts) != len(blocks):
         raise Malformed(f"the response's text is not a string: {json.dumps(content)[:100]}")
     reason = body.get("stop_reason")
     if not isinstance(reason, str) or not reason:

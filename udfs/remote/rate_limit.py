@@ -64,10 +64,11 @@ class HostRateLimit:
 
     def settle(self, estimated: int, actual: int) -> None:
         """Debit (or give back) the difference between a request's ``estimated`` and ``actual`` tokens."""
-        if self.tpm and actual != estimated:
+        tpm = self.tpm
+        if tpm and actual != estimated:
 
             def debit(state: dict) -> float:
-                state["tokens"] = min(float(self.tpm), state["tokens"] - (actual - estimated))
+                state["tokens"] = min(float(tpm), state["tokens"] - (actual - estimated))
                 return 0.0
 
             self._update(debit)
