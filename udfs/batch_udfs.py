@@ -310,7 +310,8 @@ def make_result_function(
     :func:`~lakescore.schemas.output.scored_schema`): published from a result the answer's checks pass, else
     dead-lettered as the per-row path would (``endpoint_error`` / ``endpoint_unfinished``), a line past
     ``max_resubmits`` ``endpoint_error`` naming its last reason, a null prompt ``null_input``. Each Arrow batch's
-    first row carries its worker metrics: tokens from the answers' ``usage``, each line sent counted a request."""
+    first row carries its worker metrics: tokens from the answers' ``usage`` (cached prompt tokens apart), each line sent
+    counted a request."""
     from lakescore.schemas.reasons import ENDPOINT_ERROR, NULL_INPUT
     from lakescore.schemas.traffic import Traffic
     from lakescore.udfs.heads.generate import Generation, generation_columns, json_failure
@@ -328,7 +329,7 @@ def make_result_function(
             outputs = np.empty(n, dtype=object)
             reasons: list[str | None] = [None] * n
             errors: list[str | None] = [None] * n
-            tokens_in = tokens_out = unmetered = requests = 0
+            tokens_in = tokens_cached = tokens_out = unmetered = requests = 0
             for i in range(n):
                 if prompts[i] is None:
                     reasons[i] = NULL_INPUT
@@ -351,6 +352,7 @@ def make_result_function(
                         unmetered += 1
                     else:
                         tokens_in += outputs[i].prompt_tokens
+                        tokens_cached += outputs[i].cached_tokens
                         tokens_out += outputs[i].completion_tokens
                 elif kind == DEAD:
                     reasons[i], errors[i] = ENDPOINT_ERROR, f"the provider's batch refused the line: {messages[i]}"
@@ -375,7 +377,12 @@ def make_result_function(
                 errors,
                 raw,
                 traffic=Traffic(
-                    tokens_in=tokens_in, tokens_out=tokens_out, requests=requests, retries=resent, unmetered=unmetered
+                    tokens_in=tokens_in,
+                    tokens_in_cached=tokens_cached,
+                    tokens_out=tokens_out,
+                    requests=requests,
+                    retries=resent,
+                    unmetered=unmetered,
                 ),
             )
             yield scored.record_batch([batch.column(name) for name in keep_cols], out_schema)
@@ -399,4 +406,5 @@ def _generation(generation: type, body: Mapping[str, Any], options: Any, api: st
         completion.prompt_tokens,
         completion.completion_tokens,
         token_logprobs=completion.token_logprobs if options.logprobs else None,
+        cached_tokens=completion.cached_tokens,
     )

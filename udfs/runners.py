@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakescore.schemas.reasons import INVALID_TEXT, MISSING_FILE, NULL_INPUT, PREPARE_ERROR
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.batching import (
     AdaptiveBudget,
     BatchPolicy,
@@ -73,10 +74,10 @@ __all__ = [
 
 @runtime_checkable
 class CountsTokens(Protocol):
-    """A runner whose rows each are one generation or request: it counts a batch's prompt tokens read and tokens
-    generated from its scored rows (the others' tokens, where any, are what the server's ``usage`` reported)."""
+    """A runner whose rows each are one generation or request: it counts a batch's prompt tokens read (and among them
+    those read from a server's prompt cache) and tokens generated from its scored rows (the others' tokens, where any, are what the server's ``usage`` reported)."""
 
-    def token_counts(self, scored: Scored) -> tuple[int, int]: ...
+    def token_traffic(self, scored: Scored) -> Traffic: ...
 
 
 @dataclass(frozen=True)
@@ -307,11 +308,11 @@ class PromptRunner:
             raw[i] = failure.raw
         return raw
 
-    def token_counts(self, scored: Scored) -> tuple[int, int]:
-        """Prompt tokens read and tokens generated over the batch's scored rows."""
-        from lakescore.udfs.heads.generate import token_counts
+    def token_traffic(self, scored: Scored) -> Traffic:
+        """Prompt tokens read, those read from a prompt cache, and tokens generated over the batch's scored rows."""
+        from lakescore.udfs.heads.generate import token_traffic
 
-        return token_counts(scored.outputs, scored.ok)
+        return token_traffic(scored.outputs, scored.ok)
 
 
 @dataclass
@@ -499,11 +500,11 @@ class ImagePromptRunner:
     def raw_inputs(self, prepared: PreparedImagePrompts, scored: Scored) -> list[str | None]:
         return [None if reason is None else prepared.raw[i] for i, reason in enumerate(scored.reasons)]
 
-    def token_counts(self, scored: Scored) -> tuple[int, int]:
-        """Prompt tokens read (image tokens included) and tokens generated over the batch's scored rows."""
-        from lakescore.udfs.heads.generate import token_counts
+    def token_traffic(self, scored: Scored) -> Traffic:
+        """Prompt tokens read, those read from a prompt cache, (image tokens included) and tokens generated over the batch's scored rows."""
+        from lakescore.udfs.heads.generate import token_traffic
 
-        return token_counts(scored.outputs, scored.ok)
+        return token_traffic(scored.outputs, scored.ok)
 
 
 def _json_object(names: Sequence[str], values: Sequence[str | None]) -> str:

@@ -236,8 +236,13 @@ def score_batches(
         # the runner counts a row's tokens where a row is a request (generate); where a request carries many rows
         # (a remote embed head) the tokens are what the server's usage reported for the batch's requests
         if isinstance(runner, CountsTokens):
-            tokens_in, tokens_out = runner.token_counts(scored) if scored.ok.any() else (0, 0)
-            traffic = dataclasses.replace(traffic, tokens_in=tokens_in, tokens_out=tokens_out)
+            counted = runner.token_traffic(scored) if scored.ok.any() else Traffic()
+            traffic = dataclasses.replace(
+                traffic,
+                tokens_in=counted.tokens_in,
+                tokens_in_cached=counted.tokens_in_cached,
+                tokens_out=counted.tokens_out,
+            )
         yield (
             batch,
             ScoredBatch(

@@ -296,6 +296,7 @@ def _tokens(workers: Mapping[str, Any]) -> str:
     rate = workers.get("tokens_per_second")
     pairs = [
         ("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
+        ("of them cached (read from the server's prompt cache)", f"{int(workers.get('tokens_in_cached') or 0):,}"),
         ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
         ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None),
     ]

@@ -207,9 +207,10 @@ class RunReport:
             rate = (
                 f", {self.workers['tokens_per_second']:.1f} tokens/s" if self.workers.get("tokens_per_second") else ""
             )
+            cached = int(self.workers.get("tokens_in_cached") or 0)
             lines.append(
                 f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt "
-                f"tokens{rate}"
+                f"tokens{f' ({cached} read from a prompt cache)' if cached else ''}{rate}"
             )
         elif self.workers.get("tokens_in"):  # an embedding server's usage: prompt tokens only
             lines.append(f"  sent {int(self.workers['tokens_in'])} prompt tokens")

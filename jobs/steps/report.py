@@ -145,13 +145,19 @@ def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> float | None:
     price = endpoint.price if endpoint is not None else None
     if price is None:
         return None
-    cost = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
+    cost = _tokens_priced(price, workers)
     if not cfg.provider_batch:
         return cost
     # a provider batch's lines at its batch price; the preflight's one request per executor went per row
-    probe = workers.get("preflight") or {}
-    per_row = price.cost(int(probe.get("tokens_in") or 0), int(probe.get("tokens_out") or 0))
+    per_row = _tokens_priced(price, workers.get("preflight") or {})
     return per_row + (cost - per_row) * price.batch
+
+
+def _tokens_priced(price: Any, tokens: dict[str, Any]) -> float:
+    """What ``price`` charges for the tokens ``tokens`` counts (the report's ``workers``, or their ``preflight``)."""
+    return price.cost(
+        int(tokens.get("tokens_in") or 0), int(tokens.get("tokens_out") or 0), int(tokens.get("tokens_in_cached") or 0)
+    )
 
 
 def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> dict[str, Any] | None:
@@ -162,7 +168,7 @@ def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> dic
     summary = batch_summary(BatchLedger(run.spark, cfg.output, cfg.write.staging, plan.staging.key))
     price = cfg.endpoint().price
     if price is not None:
-        per_row = price.cost(int(workers.get("tokens_in") or 0), int(workers.get("tokens_out") or 0))
+        per_row = _tokens_priced(price, workers)
         summary.update(
             token_cost_per_row=round(per_row, 6), saving=round(per_row - (_token_cost(cfg, workers) or 0), 6)
         )

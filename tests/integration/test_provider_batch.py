@@ -6,7 +6,8 @@ model, started once for the module:
   the same run then collects them, submitting none again. Results shuffled, some lines answered 500 in the error file,
   some absent from both files, the first batch expired with half its lines done: every row published once with the
   text the per-row endpoint gives it (transformers' own greedy ``generate``), no line with a result executed twice, the
-  provider's line counts equal to the report's, the tokens at half price;
+  provider's line counts equal to the report's, the tokens at half price, the prompt tokens the provider reported
+  read from its cache counted apart and priced at ``price.cached_input``;
 * the run killed between a batch's create and its record (the submit task dies), then killed again while it polls,
   then run again: the provider holds each file's batch once, every line ran once, every row published;
 """
@@ -78,7 +79,7 @@ def _flags(source: Path, output: Path, url: str, model_dir: Path, **batch) -> di
         "generate.endpoint.url": url,
         "generate.endpoint.model": str(model_dir),
         "generate.endpoint.api_key_env": KEY_ENV,
-        "generate.endpoint.price": {"input": 2.0, "output": 10.0},
+        "generate.endpoint.price": {"input": 2.0, "output": 10.0, "cached_input": 0.5},
         "generate.endpoint.batch": {"max_requests_per_file": 4, "poll_interval_s": 0.2, **batch},
     }
 
@@ -95,7 +96,12 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
     _write(spark, frame, source)
     # custom_ids digest the request, whose model is this run's tmp path, so the picks differ from run to run: most
     # lines vanish once, so that some land in a completed batch (not only in the expiring one) on every run
-    faults = Faults(status={500: Pick(fraction=0.2, seed=1)}, vanish=Pick(fraction=0.8, seed=2), expire_batches=1)
+    faults = Faults(
+        status={500: Pick(fraction=0.2, seed=1)},
+        vanish=Pick(fraction=0.8, seed=2),
+        expire_batches=1,
+        cache_prefix_words=3,  # "Review: the food" begins every prompt: all but the first read it from cache
+    )
     with batch_provider(served.url, faults=faults, batch_slots=2) as provider:
         held = [provider.slots.acquire() for _ in range(2)]  # every batch stays in_progress until released
         pending = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, wait=False))
@@ -103,6 +109,7 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
             run_scoring(pending, spark)
         submitted = set(provider.batches)
         assert submitted and not (output / "_delta_log").exists()  # submitted, nothing published
+        paid_before = provider.cached_delivered  # the pending run's own preflight: the batches ran nothing yet
         for _ in held:
             provider.slots.release()
         # the same run, waiting: it polls what the first submitted and submits only the resubmissions
@@ -133,10 +140,16 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         assert any("absent" in reason for reason in batch["retry_reasons"])
         assert any("500" in reason for reason in batch["retry_reasons"])
         workers = report.workers
-        probe = workers.get("preflight") or {"tokens_in": 0, "tokens_out": 0}
+        probe = workers.get("preflight") or {"tokens_in": 0, "tokens_out": 0, "tokens_in_cached": 0}
         assert workers["tokens_out"] - probe["tokens_out"] == published["completion_tokens"].sum()
-        per_row = (workers["tokens_in"] * 2.0 + workers["tokens_out"] * 10.0) / 1e6
-        probe_cost = (probe["tokens_in"] * 2.0 + probe["tokens_out"] * 10.0) / 1e6
+        # every answer's cached prompt tokens, per row (the preflight) and in the batches' results, as the provider said
+        assert workers["tokens_in_cached"] == provider.cached_delivered - paid_before > 0
+
+        def priced(tokens):
+            uncached = tokens["tokens_in"] - tokens["tokens_in_cached"]
+            return (uncached * 2.0 + tokens["tokens_in_cached"] * 0.5 + tokens["tokens_out"] * 10.0) / 1e6
+
+        per_row, probe_cost = priced(workers), priced(probe)
         assert report.cost["token_cost"] == pytest.approx(probe_cost + (per_row - probe_cost) / 2, abs=1e-6)
         assert batch["saving"] == pytest.approx(per_row - report.cost["token_cost"], abs=1e-6)
         assert "provider batch:" in report.summary()

@@ -104,6 +104,13 @@ class Faults:
     """Anthropic: lines whose result is ``canceled``."""
     cached_prompt_tokens: int = 0
     """Prompt tokens every answer reports as read from a prompt cache (at most its prompt's)."""
+    cache_prefix_words: int = 0
+    """A prompt cache by prefix (0: none): a request run upstream whose prompt text (system and user parts, joined by a
+    blank) begins with the same first ``cache_prefix_words`` words as one run upstream before it, on any route, reports
+    that many of its prompt tokens (at most all of them) as read from the cache, one token a word; the first request
+    of a prefix reports none. Decided as each request reaches the upstream, under the provider's lock, so a prefix's
+    ``n`` requests report it ``n - 1`` times in whatever order they run. What the answers reported is
+    :attr:`BatchProvider.cached_delivered`."""
     refuse_every: int = 0
     """Every so many per-row requests (``/v1/messages``, chat, completions, embeddings) answered 429."""
     retry_after_s: int = 1
@@ -203,6 +210,12 @@ class CheapUpstream:
 def _vector(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round(byte / 255.0 - 0.5, 6) for byte in digest[:8]]
+
+
+def _cached_of(answer: dict) -> int:
+    """The prompt tokens an OpenAI-style answer reports read from a cache."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    return int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 def _with_cached(answer: dict, cached: int) -> dict:
@@ -369,6 +382,10 @@ class BatchProvider:
         self.executions: Counter[str] = Counter()
         self.executed_after_result: list[str] = []
         self.delivered: set[str] = set()
+        self.cached_delivered = 0
+        """Prompt tokens reported read from a prompt cache, over the answers delivered (a batch's results, per-row
+        answers): what a client's report of cached tokens must equal."""
+        self.prefixes_seen: set[tuple[str, ...]] = set()
         self.submissions: Counter[str] = Counter()
         self.row_requests = 0
         self.key_headers: Counter[str] = Counter()
@@ -725,9 +742,10 @@ class BatchProvider:
             for kind, pick in (("expired", faults.expired), ("canceled", faults.canceled)):
                 if pick.hits(custom_id, attempt):
                     return _Outcome(custom_id, kind)
+        cached = self.cache_read(request)
         status, body = self.upstream.call(path, request)
         if 200 <= status < 300:
-            body = _with_cached(body, faults.cached_prompt_tokens)
+            body = _with_cached(body, cached)
         vanished = 200 <= status < 300 and faults.vanish.hits(custom_id, attempt)
         with self.lock:
             if custom_id in self.delivered:
@@ -735,6 +753,7 @@ class BatchProvider:
             self.executions[custom_id] += 1
             if 200 <= status < 300 and not vanished:
                 self.delivered.add(custom_id)
+                self.cached_delivered += _cached_of(body)
                 usage = body.get("usage") or {}
                 batch.usage["input"] += int(usage.get("prompt_tokens") or 0)
                 batch.usage["output"] += int(usage.get("completion_tokens") or 0)
@@ -877,11 +896,33 @@ class BatchProvider:
         """One Anthropic Messages request run upstream as a chat completion."""
         if not all(key in params for key in ("model", "max_tokens", "messages")):
             raise HttpError(400, _anthropic_error(400, "model, max_tokens and messages are required"))
-        status, answer = self.upstream.call("/v1/chat/completions", messages_to_chat(params))
+        status, answer = self.row_call("/v1/chat/completions", messages_to_chat(params))
         if not 200 <= status < 300:
             message = (answer.get("error") or {}).get("message") if isinstance(answer.get("error"), dict) else None
             raise HttpError(status, _anthropic_error(status, message or json.dumps(answer)))
-        return chat_to_message(_with_cached(answer, self.faults.cached_prompt_tokens), str(params["model"]))
+        return chat_to_message(answer, str(params["model"]))
+
+    def row_call(self, path: str, body: dict) -> tuple[int, dict]:
+        """One per-row request run upstream, its answer's cached tokens as :class:`Faults` says."""
+        cached = self.cache_read(body)
+        status, answer = self.upstream.call(path, body)
+        if 200 <= status < 300:
+            answer = _with_cached(answer, cached)
+            with self.lock:
+                self.cached_delivered += _cached_of(answer)
+        return status, answer
+
+    def cache_read(self, body: dict) -> int:
+        """The prompt tokens the answer to ``body`` (an OpenAI-style request about to run upstream) reports read from
+        the cache: :attr:`Faults.cached_prompt_tokens`, or the prefix rule's (:attr:`Faults.cache_prefix_words`)."""
+        words = self.faults.cache_prefix_words
+        if not words:
+            return self.faults.cached_prompt_tokens
+        prefix = tuple(_prompt_text(body).split()[:words])
+        with self.lock:
+            seen = prefix in self.prefixes_seen
+            self.prefixes_seen.add(prefix)
+        return max(self.faults.cached_prompt_tokens, len(prefix) if seen else 0)
 
     def refuse_this_row(self) -> bool:
         """Whether this per-row request is one the ``refuse_every`` knob answers 429."""
@@ -1010,8 +1051,8 @@ def _handler(provider: BatchProvider) -> type[BaseHTTPRequestHandler]:
                     )
                 if parts == ["messages"]:
                     return 200, provider.message(json_body), None
-                status, answer = provider.upstream.call(path, json_body)
-                return status, _with_cached(answer, provider.faults.cached_prompt_tokens), None
+                status, answer = provider.row_call(path, json_body)
+                return status, answer, None
             if method == "GET" and parts == ["models"]:
                 listed = [{"id": CHEAP_MODEL, "object": "model", "owned_by": "test"}]
                 return 200, {"object": "list", "data": listed}, None

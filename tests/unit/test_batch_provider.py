@@ -180,6 +180,30 @@ def test_anthropic_messages_answer_per_row_with_stop_reasons_and_cached_tokens_a
             client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "x"}])
 
 
+def test_the_prefix_cache_reports_a_repeated_prefix_as_cached_on_every_route_and_counts_what_it_reported():
+    """The cache by prefix: the first request of a prefix reports nothing cached, every later one (per row or in a
+    batch, OpenAI's or Anthropic's wire) its prefix's words; the provider's tally is what the answers said."""
+    with batch_provider(cheap=True, faults=Faults(cache_prefix_words=3)) as provider:
+        chat = _client(provider).chat.completions
+
+        def ask(text: str):
+            return chat.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": text}]).usage
+
+        first, again, other = ask("the long document asks one"), ask("the long document asks two"), ask("another doc")
+        assert first.prompt_tokens_details is None and again.prompt_tokens_details.cached_tokens == 3
+        assert other.prompt_tokens_details is None
+        message = _anthropic(provider).messages.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "the long document asks three"}]
+        )
+        assert (message.usage.cache_read_input_tokens, message.usage.input_tokens) == (3, 3)  # 6 prompt tokens
+        batch = _wait(_client(provider), _submit(_client(provider), _lines(["a", "b"])).id)
+        # "a says hello ..." and "b says hello ...": two prefixes seen for the first time
+        assert batch.usage.input_tokens_details.cached_tokens == 0
+        again = _wait(_client(provider), _submit(_client(provider), _lines(["a"])).id)
+        assert again.usage.input_tokens_details.cached_tokens == 3
+        assert provider.cached_delivered == 3 + 3 + 3
+
+
 def test_anthropic_message_batches_end_with_succeeded_errored_expired_and_canceled_results():
     ids = [f"row-{i}" for i in range(8)]
     faults = Faults(

@@ -19,6 +19,8 @@ import pytest
         "lakescore.jobs.cost",
         "lakescore.jobs.references",
         "lakescore.udfs.remote.message_batches",
+        "lakescore.udfs.remote.completions",
+        "lakescore.udfs.options.remote",
     ],
 )
 def test_docstring_examples(module):

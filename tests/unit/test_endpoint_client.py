@@ -253,6 +253,34 @@ def test_a_response_is_read_as_the_row_with_its_stop_string_cut():
         parse_completion({"error": "x"}, "completions")
 
 
+def test_cached_prompt_tokens_are_read_apart_and_priced_at_the_cached_price():
+    """OpenAI's and vLLM's ``usage.prompt_tokens_details.cached_tokens`` are among ``prompt_tokens``: read apart, 0
+    where the server says nothing (no details, null), refused where they cannot be true; the run's figures carry
+    them (``tokens_in_cached``, 0 rather than absent) and ``price.cached_input`` prices them."""
+    from lakescore.jobs.steps.account import _worker_totals
+    from lakescore.schemas.output import WORKER_METRICS
+
+    def answer(**usage):
+        return {"choices": [{"text": "a", "finish_reason": "stop"}], "usage": {"prompt_tokens": 10, **usage}}
+
+    body = answer(completion_tokens=1, prompt_tokens_details={"cached_tokens": 6})
+    completion = parse_completion(body, "completions")
+    assert (completion.prompt_tokens, completion.cached_tokens) == (10, 6)
+    assert parse_completion(answer(completion_tokens=1), "completions").cached_tokens == 0
+    assert parse_completion(answer(completion_tokens=1, prompt_tokens_details=None), "completions").cached_tokens == 0
+    for impossible in (11, -1, "6"):
+        with pytest.raises(ValueError, match="cached_tokens"):
+            parse_completion(answer(completion_tokens=1, prompt_tokens_details={"cached_tokens": impossible}), "chat")
+    group = dict.fromkeys(WORKER_METRICS.fieldNames(), 0)
+    group.update(tokens_in=30, tokens_out=20, requests=10)
+    assert _worker_totals([group], 10, 0)["tokens_in_cached"] == 0  # a server that reports none: 0, not missing
+    group.update(tokens_in_cached=12)
+    assert _worker_totals([group], 10, 0)["tokens_in_cached"] == 12
+    price = Price(input=2.0, output=10.0, cached_input=0.5)
+    assert price.cost(30, 20, 12) == pytest.approx((18 * 2.0 + 12 * 0.5 + 20 * 10.0) / 1e6)
+    assert Price(input=2.0, output=10.0).cost(30, 20, 12) == pytest.approx(Price(input=2.0, output=10.0).cost(30, 20))
+
+
 def test_retry_after_reads_seconds_dates_and_milliseconds_and_caps_them():
     assert retry_after({"Retry-After": "3"}) == 3.0
     assert retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT"}, now=1445412480.0) == 5.0
@@ -729,6 +757,7 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
         "rate_limited": 0,
         "unmetered": 0,
         "tokens_in": 6,
+        "tokens_in_cached": 0,
         "tokens_out": 4,
     }
     key = object()

@@ -87,6 +87,8 @@ def test_stop_reasons_map_and_every_prompt_token_is_counted_cached_or_not():
         )
     )
     assert (cached.prompt_tokens, cached.completion_tokens) == (50, 2)
+    assert cached.cached_tokens == 40  # read from the cache; the 7 written to it are billed as input
+    assert parse_message(_message()).cached_tokens == 0  # no cache fields: 0 cached
     assert parse_message({**_message(), "usage": None}).tokens is None  # unknown, not 0
     assert parse_message(_message(text="a\n\nb"), stop=("\n\n",)).text == "a"
     with pytest.raises(Malformed, match="no content"):
@@ -207,3 +209,4 @@ def test_a_message_batch_goes_out_and_each_result_line_is_a_result_a_retry_or_de
     assert parse_message(json.loads(outcomes["ls-5"].body)).text == "ls-5 says"
     with pytest.raises(ValueError, match="line 1 has no custom_id"):
         mb.parse_results('{"result": {"type": "expired"}}\n')
+

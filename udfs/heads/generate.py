@@ -38,6 +38,7 @@ from lakescore.schemas.reasons import (
     NULL_INPUT,
     PROMPT_TOO_LONG,
 )
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.arrow_columns import python_column, scalar_column, string_column
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_present, take_rows
 from lakescore.udfs.heads.seeds import row_seed  # re-exported: callers took it from the head
@@ -62,6 +63,7 @@ __all__ = [
     "template_columns",
     "score_prompts",
     "token_counts",
+    "token_traffic",
     "load_generator",
     "generation_columns",
     "row_seed",
@@ -72,8 +74,9 @@ __all__ = [
 
 class Generation(NamedTuple):
     """One row's outcome: the task's own output columns, in schema order, then the new token ids themselves
-    (EOS included; with ``choices``, the chosen choice's), which no column holds, and with ``logprobs`` each new
-    token's log-probability (the ``token_logprobs`` column). The token counts are ``None`` where a server's answer
+    (EOS included; with ``choices``, the chosen choice's), which no column holds, with ``logprobs`` each new
+    token's log-probability (the ``token_logprobs`` column), and the prompt tokens a server read from its prompt cache
+    (no column: the run's ``tokens_in_cached``; 0 in-process). The token counts are ``None`` where a server's answer
     reported no ``usage``."""
 
     text: str
@@ -83,6 +86,7 @@ class Generation(NamedTuple):
     choice_logprobs: tuple[float, ...] | None = None
     token_ids: tuple[int, ...] = ()
     token_logprobs: tuple[float, ...] | None = None
+    cached_tokens: int = 0
 
 
 PROMPT_TOKENS = "prompt_tokens"
@@ -424,8 +428,19 @@ def _refused_prompts(features: Mapping[str, Any], head: Generator) -> dict[int, 
 
 def token_counts(outputs: np.ndarray, ok: np.ndarray) -> tuple[int, int]:
     """Prompt tokens in and completion tokens out over the scored rows of one batch: the run's token figures."""
+    counted = token_traffic(outputs, ok)
+    return counted.tokens_in, counted.tokens_out
+
+
+def token_traffic(outputs: np.ndarray, ok: np.ndarray) -> Traffic:
+    """The tokens of the scored rows of one batch (prompt tokens in, those read from a server's prompt cache, tokens
+    out): the run's token figures."""
     rows = [o for o, good in zip(outputs, np.asarray(ok, dtype=bool)) if good]
-    return sum(r.prompt_tokens or 0 for r in rows), sum(r.completion_tokens or 0 for r in rows)
+    return Traffic(
+        tokens_in=sum(r.prompt_tokens or 0 for r in rows),
+        tokens_in_cached=sum(r.cached_tokens for r in rows),
+        tokens_out=sum(r.completion_tokens or 0 for r in rows),
+    )
 
 
 def load_generator(spec: ModelSpec, model_dir: Path) -> Generator:

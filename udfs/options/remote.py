@@ -88,8 +88,9 @@ class InputPrice(Section):
     input: Number = Field(ge=0)
     """Per million prompt tokens."""
 
-    def cost(self, tokens_in: int, tokens_out: int = 0) -> float:
-        """The price of ``tokens_in`` prompt tokens (an embedding has no generated tokens)."""
+    def cost(self, tokens_in: int, tokens_out: int = 0, tokens_cached: int = 0) -> float:
+        """The price of ``tokens_in`` prompt tokens (an embedding has no generated tokens, and its cached tokens, where
+        any, cost what the others do)."""
         return tokens_in * self.input / 1e6
 
 
@@ -100,10 +101,21 @@ class Price(InputPrice):
     """Per million generated tokens."""
     batch: Number = Field(0.5, gt=0, le=1)
     """The share of these prices the provider charges for tokens sent through its Batch API (``endpoint.batch``)."""
+    cached_input: Number | None = Field(None, ge=0)
+    """Per million prompt tokens the provider read from its prompt cache (the report's ``tokens_in_cached``: OpenAI's
+    ``cached_tokens``, Anthropic's ``cache_read_input_tokens``); default: ``input``, as for any prompt token."""
 
-    def cost(self, tokens_in: int, tokens_out: int) -> float:
-        """The price of ``tokens_in`` prompt and ``tokens_out`` generated tokens."""
-        return (tokens_in * self.input + tokens_out * self.output) / 1e6
+    def cost(self, tokens_in: int, tokens_out: int, tokens_cached: int = 0) -> float:
+        """The price of ``tokens_in`` prompt tokens, ``tokens_cached`` of them read from a prompt cache, and
+        ``tokens_out`` generated tokens.
+
+        >>> Price(input=2, output=10, cached_input=0.5).cost(1_000_000, 0, 400_000)
+        1.4
+        """
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        return (
+            (tokens_in - tokens_cached) * self.input + tokens_cached * cached_price + tokens_out * self.output
+        ) / 1e6
 
 
 class _Client(Section):

@@ -23,10 +23,12 @@ __all__ = [
     "FINISHED",
     "request_body",
     "parse_completion",
+    "cached_prompt_tokens",
     "token_logprobs",
     "api_of",
     "completions_path",
     "complete",
+    "completion_traffic",
 ]
 
 FINISHED = ("stop", "length")
@@ -37,14 +39,16 @@ FINISHED = ("stop", "length")
 @dataclass(frozen=True)
 class Completion:
     """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
-    reports (``None`` for both when the answer has no ``usage``: unknown, not 0) and, where the response holds them,
-    each generated token's log-probability."""
+    reports (``None`` for both when the answer has no ``usage``: unknown, not 0), where the response holds them each
+    generated token's log-probability, and the prompt tokens the server read from its prompt cache (among
+    ``prompt_tokens``; 0 where it reports none)."""
 
     text: str
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int | None
     token_logprobs: tuple[float, ...] | None = None
+    cached_tokens: int = 0
 
     @property
     def tokens(self) -> int | None:
@@ -132,7 +136,35 @@ def parse_completion(
     if cut >= 0:
         text = text[:cut]
     prompt_tokens, completion_tokens = _usage(body.get("usage"), max_tokens)
-    return Completion(text, finish, prompt_tokens, completion_tokens, token_logprobs(choice, api))
+    cached = cached_prompt_tokens(body.get("usage"))
+    return Completion(text, finish, prompt_tokens, completion_tokens, token_logprobs(choice, api), cached)
+
+
+def cached_prompt_tokens(usage: Any) -> int:
+    """The prompt tokens ``usage`` says the server read from its prompt cache (``prompt_tokens_details.cached_tokens``:
+    OpenAI, vLLM with ``--enable-prompt-tokens-details``); 0 where it says nothing; :class:`Malformed` when the count
+    cannot be true (not a whole number, below 0, more than the prompt's tokens).
+
+    >>> cached_prompt_tokens({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}})
+    4
+    >>> cached_prompt_tokens({"prompt_tokens": 9, "prompt_tokens_details": None}), cached_prompt_tokens(None)
+    (0, 0)
+    """
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
+    value = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    if value is None:
+        return 0
+    prompt = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 0
+        or (isinstance(prompt, int) and value > prompt)
+    ):
+        raise Malformed(
+            f"the response's usage is impossible (cached_tokens {json.dumps(value)}): {json.dumps(usage)[:200]}"
+        )
+    return value
 
 
 def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None]:
@@ -203,5 +235,14 @@ def complete(
     if completion.prompt_tokens is None or completion.completion_tokens is None:
         client.stats.add(Traffic(unmetered=1))
     else:
-        client.stats.add(Traffic(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens))
+        client.stats.add(completion_traffic(completion))
     return completion
+
+
+def completion_traffic(completion: Completion) -> Traffic:
+    """The tokens a metered answer's ``usage`` reported, as the client counts them."""
+    return Traffic(
+        tokens_in=completion.prompt_tokens or 0,
+        tokens_in_cached=completion.cached_tokens,
+        tokens_out=completion.completion_tokens or 0,
+    )

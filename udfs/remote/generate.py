@@ -107,6 +107,7 @@ class EndpointGenerator(RemoteHead):
             completion.prompt_tokens,
             completion.completion_tokens,
             token_logprobs=completion.token_logprobs if self.options.logprobs else None,
+            cached_tokens=completion.cached_tokens,
         )
 
     def _check_json(self, row: Generation) -> None:

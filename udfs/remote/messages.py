@@ -8,7 +8,7 @@ Stop reasons map to the OpenAI ones the output columns hold: ``end_turn`` and ``
 ``max_tokens`` is ``length``; any other (``refusal``, ``tool_use``, ``pause_turn``, ...) is not the model's whole text
 (dead-lettered ``endpoint_unfinished``). The prompt tokens are all the prompt's: ``input_tokens`` plus those read from
 or written to the prompt cache (``cache_read_input_tokens``, ``cache_creation_input_tokens``), which Anthropic counts
-apart."""
+apart; those read from it are the answer's cached tokens (a cache write is billed as input, and more)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.remote.answers import Malformed, Unfinished
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
-from lakescore.udfs.remote.completions import Completion
+from lakescore.udfs.remote.completions import Completion, completion_traffic
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -104,15 +104,15 @@ def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens:
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     if cut >= 0:
         text = text[:cut]
-    prompt_tokens, output_tokens = _usage(body.get("usage"), max_tokens)
-    return Completion(text, STOP_REASONS[reason], prompt_tokens, output_tokens)
+    prompt_tokens, output_tokens, cached = _usage(body.get("usage"), max_tokens)
+    return Completion(text, STOP_REASONS[reason], prompt_tokens, output_tokens, cached_tokens=cached)
 
 
-def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None]:
-    """All the prompt's tokens (input, cache read, cache written) and the output tokens; ``(None, None)`` without
-    ``usage``; :class:`Malformed` when they cannot be true."""
+def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None, int]:
+    """All the prompt's tokens (input, cache read, cache written), the output tokens and the tokens read from the
+    cache; ``(None, None, 0)`` without ``usage``; :class:`Malformed` when they cannot be true."""
     if usage is None:
-        return None, None
+        return None, None, 0
     counts = {}
     for name in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
         value = usage.get(name) if isinstance(usage, Mapping) else None
@@ -128,7 +128,7 @@ def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None]:
             f"the response's usage is impossible ({counts['output_tokens']} output tokens, {max_tokens} allowed)"
         )
     prompt = counts["input_tokens"] + counts["cache_read_input_tokens"] + counts["cache_creation_input_tokens"]
-    return prompt, counts["output_tokens"]
+    return prompt, counts["output_tokens"], counts["cache_read_input_tokens"]
 
 
 def complete(
@@ -145,5 +145,5 @@ def complete(
     if completion.prompt_tokens is None or completion.completion_tokens is None:
         client.stats.add(Traffic(unmetered=1))
     else:
-        client.stats.add(Traffic(tokens_in=completion.prompt_tokens, tokens_out=completion.completion_tokens))
+        client.stats.add(completion_traffic(completion))
     return completion
