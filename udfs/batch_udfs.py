@@ -310,8 +310,8 @@ def make_result_function(
     :func:`~lakescore.schemas.output.scored_schema`): published from a result the answer's checks pass, else
     dead-lettered as the per-row path would (``endpoint_error`` / ``endpoint_unfinished``), a line past
     ``max_resubmits`` ``endpoint_error`` naming its last reason, a null prompt ``null_input``. Each Arrow batch's
-    first row carries its worker metrics: tokens from the answers' ``usage`` (cached prompt tokens apart), each line sent
-    counted a request."""
+    first row carries its worker metrics: tokens from the answers' ``usage`` (cached prompt tokens apart), each line
+    sent counted a request."""
     from lakescore.schemas.reasons import ENDPOINT_ERROR, NULL_INPUT
     from lakescore.schemas.traffic import Traffic
     from lakescore.udfs.heads.generate import Generation, generation_columns, json_failure

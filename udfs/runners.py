@@ -75,7 +75,8 @@ __all__ = [
 @runtime_checkable
 class CountsTokens(Protocol):
     """A runner whose rows each are one generation or request: it counts a batch's prompt tokens read (and among them
-    those read from a server's prompt cache) and tokens generated from its scored rows (the others' tokens, where any, are what the server's ``usage`` reported)."""
+    those read from a server's prompt cache) and tokens generated from its scored rows (the others' tokens, where
+    any, are what the server's ``usage`` reported)."""
 
     def token_traffic(self, scored: Scored) -> Traffic: ...
 
@@ -501,7 +502,8 @@ class ImagePromptRunner:
         return [None if reason is None else prepared.raw[i] for i, reason in enumerate(scored.reasons)]
 
     def token_traffic(self, scored: Scored) -> Traffic:
-        """Prompt tokens read, those read from a prompt cache, (image tokens included) and tokens generated over the batch's scored rows."""
+        """Prompt tokens read (image tokens included), those read from a prompt cache, and tokens generated over
+        the batch's scored rows."""
         from lakescore.udfs.heads.generate import token_traffic
 
         return token_traffic(scored.outputs, scored.ok)

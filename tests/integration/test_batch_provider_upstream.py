@@ -141,4 +141,3 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     assert workers["tokens_in_cached"] == provider.cached_delivered > 0  # Anthropic's cache_read_input_tokens
     assert report.cost["token_cost"] == pytest.approx((workers["tokens_in"] * 3 + workers["tokens_out"] * 15) / 1e6)
     assert KEY not in got.to_json()
-

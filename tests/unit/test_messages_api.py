@@ -209,4 +209,3 @@ def test_a_message_batch_goes_out_and_each_result_line_is_a_result_a_retry_or_de
     assert parse_message(json.loads(outcomes["ls-5"].body)).text == "ls-5 says"
     with pytest.raises(ValueError, match="line 1 has no custom_id"):
         mb.parse_results('{"result": {"type": "expired"}}\n')
-
