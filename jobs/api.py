@@ -157,7 +157,7 @@ def _notebook_config(
     tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
     own = get_task(task).options_section if task in TASK_NAMES else None
     for key, value in options.items():
-        option = _TASK_SUBSECTIONS.get((own, key)) or _OPTIONS.get(key)
+        option = (_TASK_SUBSECTIONS.get((own, key)) if own is not None else None) or _OPTIONS.get(key)
         if option is None:
             taken = [name for name, o in _OPTIONS.items() if not o.job_only]
             close = difflib.get_close_matches(key, taken, n=1)

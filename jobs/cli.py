@@ -115,6 +115,9 @@ def _add_config_flags(parser: argparse.ArgumentParser, options: list[Option]) ->
     """Add each option's flag to ``parser`` as the schema declares it: choices, help, a switch for a boolean.
     The parsed value lands under the option's dotted key (:func:`_config_flags`)."""
     for option in options:
+        flag = option.flag
+        if flag is None:
+            raise ValueError(f"setting {option.key} has no command-line flag")
         kwargs: dict = {"dest": option.key, "help": _help(option)}
         if option.type is bool:
             kwargs.update(action="store_true", default=None)  # None: not given, the config file decides
@@ -123,10 +126,10 @@ def _add_config_flags(parser: argparse.ArgumentParser, options: list[Option]) ->
         elif option.choices:
             kwargs["choices"] = option.choices
         else:
-            kwargs["metavar"] = option.metavar or option.flag.lstrip("-").upper().replace("-", "_")
+            kwargs["metavar"] = option.metavar or flag.lstrip("-").upper().replace("-", "_")
             if option.type in (int, float):
                 kwargs["type"] = option.type
-        parser.add_argument(option.flag, **kwargs)
+        parser.add_argument(flag, **kwargs)
     parser.set_defaults(config_keys=tuple(option.key for option in options))
 
 
@@ -211,7 +214,7 @@ def _history(args: argparse.Namespace) -> int:
     spark, _ = get_or_create_session(cfg.spark, (cfg.output,))
     records = run_history(
         spark,
-        cfg.output,
+        cfg.output_ref(),
         cfg.errors_ref(),
         None if args.run else args.limit,
         cfg.metrics_ref() if cfg.validation.metrics else None,

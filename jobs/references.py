@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import overload
 
 from lakescore.udfs.options.base import ConfigError
 
@@ -216,6 +217,12 @@ def is_path(ref: str) -> bool:
     return has_path_separator(ref) or os.path.exists(ref)
 
 
+@overload
+def local_ref(ref: str) -> str: ...
+@overload
+def local_ref(ref: None) -> None: ...
+@overload
+def local_ref(ref: str | None) -> str | None: ...
 def local_ref(ref: str | None) -> str | None:
     """``ref`` spelled unambiguously: the absolute path of a bare name that exists locally, else ``ref`` as given.
 

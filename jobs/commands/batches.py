@@ -36,7 +36,7 @@ def list_batches(spark: SparkSession, cfg: JobConfig, cancel: bool = False) -> l
     endpoint = cfg.endpoint()
     if not cfg.provider_batch:
         raise ConfigError("lakescore batches reads a run with generate.endpoint.batch; this config has none")
-    ledger = BatchLedger(spark, cfg.output, cfg.write.staging, "")
+    ledger = BatchLedger(spark, cfg.output_ref(), cfg.write.staging, "")
     lines = (
         ledger.lines(every_run=True)
         .groupBy("run_key", "batch_id")

@@ -122,6 +122,7 @@ def bundled_model_dir() -> Path:
 def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: str | None = None, clock=None):
     """Create ``lakescore_demo.reviews`` (``rows`` rows), score it, write the report; return the report. ``clock``:
     the run's step clock (:func:`~lakescore.jobs.score_job.run_and_record`'s)."""
+    from lakescore.jobs.platform.spark.adapter import one_row
     from lakescore.jobs.platform.spark.session import get_or_create_session
     from lakescore.jobs.report.files import report_location
     from lakescore.jobs.score_job import run_and_record
@@ -145,7 +146,7 @@ def run_demo(cfg: JobConfig, rows: int = DEMO_ROWS, report_path: str | None = No
         )
     )
     report = run_and_record(demo_cfg, spark, clock)
-    location = spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location").first()[0]
+    location = one_row(spark.sql(f"DESCRIBE DETAIL {demo_cfg.output}").select("location"))[0]
     print(report.summary())
     print(f"  Delta table: {demo_cfg.output} at {location}")
     print(report_location(report, demo_cfg.report))

@@ -175,6 +175,7 @@ def format_run(record: RunRecord) -> str:
         )
     fields = {k: v for k, v in record.report.items() if k in RunReport.__dataclass_fields__}
     lines = [RunReport(**fields).summary(), f"  JSON report: {record.report_path}"]
+    assert record.report_path is not None  # the report was read from it
     html = record.report.get("html_report") or str(html_path_for(record.report_path))
     lines.append(f"  HTML report: {html}" + ("" if Path(html).is_file() else " (missing)"))
     return "\n".join(lines)

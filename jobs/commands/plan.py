@@ -327,7 +327,7 @@ def _from_history(run, cfg: JobConfig, sha256: str, shape: SampleShape, slots: i
     from lakescore.jobs.platform.tables import TableError
 
     try:
-        records = run_history(run.spark, cfg.output, cfg.errors_ref(), 20)
+        records = run_history(run.spark, cfg.output_ref(), cfg.errors_ref(), 20)
     except TableError:  # no output yet
         return None
     for record in records:

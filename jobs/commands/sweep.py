@@ -46,11 +46,11 @@ class SweepPoint:
 
 def recommend(points: Sequence[SweepPoint], tie: float = 0.03) -> SweepPoint | None:
     """The fastest point that ran; the smallest budget within ``tie`` of the fastest."""
-    ran = [p for p in points if p.rows_per_second]
+    ran = [(p, rate) for p in points if (rate := p.rows_per_second)]
     if not ran:
         return None
-    best = max(p.rows_per_second for p in ran)
-    return min((p for p in ran if p.rows_per_second >= (1 - tie) * best), key=lambda p: p.max_batch_tokens)
+    best = max(rate for _, rate in ran)
+    return min((p for p, rate in ran if rate >= (1 - tie) * best), key=lambda p: p.max_batch_tokens)
 
 
 def format_sweep(points: Sequence[SweepPoint]) -> str:
@@ -101,7 +101,9 @@ def run_sweep(
     head = cast(TextHead, model.scorer)  # sweep runs text tasks in process: the batching core's head
     if spark is None:
         spark, _ = get_or_create_session(cfg.spark, (cfg.input,))
-    texts = _sample_texts(read_input(spark, cfg.input, cfg.input_format), cfg.text_col, sample_rows)
+    text_col = cfg.text_col
+    assert text_col is not None  # checked with the other missing settings above
+    texts = _sample_texts(read_input(spark, cfg.input_ref(), cfg.input_format), text_col, sample_rows)
     if not texts:
         raise ConfigError(f"input {cfg.input!r} has no non-null {cfg.text_col!r} values to sweep over")
     threads = int(spark.conf.get("spark.task.cpus", "1"))

@@ -271,12 +271,12 @@ class JobConfig(Section):
 
     def _check_writes_apart_from_input(self) -> None:
         """Refuse an output or errors target that is the input, or (unless allowed) a path inside its directory."""
-        source = _location(self.input)
-        for key, ref in (("output", self.output), ("errors", self.errors_ref())):
+        source = _location(self.input_ref())
+        for key, ref in (("output", self.output_ref()), ("errors", self.errors_ref())):
             target = _location(ref)
             if target == source:
                 raise ConfigError(f"{key} {ref!r} is the input: the run would overwrite what it reads")
-            inside = _is_path(self.input) and target.startswith(source.rstrip("/") + "/")
+            inside = _is_path(self.input_ref()) and target.startswith(source.rstrip("/") + "/")
             if inside and not self.write.allow_output_in_input:
                 raise ConfigError(
                     f"{key} {ref!r} is inside the input directory {self.input!r}, where the next read of the input "
@@ -385,6 +385,18 @@ class JobConfig(Section):
     def resolved_run_id(self) -> str | None:
         """The run id: given, else derived from ``run_date``, else ``None`` (the job makes one)."""
         return self.run_id or self.run_date
+
+    def input_ref(self) -> str:
+        """``input``, set in every run :meth:`require_for_scoring` passed; :class:`ConfigError` when it is not."""
+        if self.input is None:
+            raise ConfigError("missing required setting(s): input")
+        return self.input
+
+    def output_ref(self) -> str:
+        """``output``, set in every run :meth:`require_for_scoring` passed; :class:`ConfigError` when it is not."""
+        if self.output is None:
+            raise ConfigError("missing required setting(s): output")
+        return self.output
 
     def errors_ref(self) -> str:
         """The dead-letter table: configured, else ``<output>_errors`` beside the output (for a table, built

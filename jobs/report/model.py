@@ -39,9 +39,9 @@ class RunReport:
     run_id: str
     status: str
     task: str
-    input: str
-    output: str
-    model_id: str
+    input: str | None
+    output: str | None
+    model_id: str | None
     model_revision: str | None
     model_sha256: str | None
     model_listing: dict[str, Any] | None = None
@@ -130,7 +130,7 @@ class RunReport:
     """What the run used and cost: core-seconds and GPU-seconds of the scoring stage and the whole run, rows per
     core-second and, with ``resources.price_per_*_hour`` set, ``cost`` and ``cost_per_million_rows``
     (:func:`lakescore.jobs.cost.run_cost` defines each); ``None`` for a run that did not finish."""
-    spark: dict[str, str] = field(default_factory=dict)
+    spark: dict[str, str | None] = field(default_factory=dict)
     started_at: str | None = None
     finished_at: str | None = None
     error: str | None = None

@@ -117,7 +117,8 @@ worker's traceback): the endpoint that stopped the run, the engine that would no
 
 def _worker_line(exc: BaseException) -> str | None:
     """The message of the last such worker error in ``exc``'s text and causes, or ``None``."""
-    seen, found = exc, None
+    seen: BaseException | None = exc
+    found = None
     while seen is not None and found is None:
         matches = _WORKER_LINE.findall(str(seen))
         found = matches[-1].strip()[:500] if matches else None

@@ -140,6 +140,7 @@ def account_rows(plan: Plan, snapshot: StagedSnapshot) -> Accounting:
     by_reason = {r[0]: int(r["rows"]) for r in groups if r["rows"]}
     staged = table.where(counted).drop(CHUNK_COLUMN) if with_tallies else table.drop(CHUNK_COLUMN)
     staged_rows = sum(by_reason.values())
+    ranked_out: int | None
     if with_tallies:  # the scoring function counted every row it scored, kept or not
         scored_rows = sum(int(r["tallied"] or 0) for r in groups)
         ranked_out = scored_rows - staged_rows

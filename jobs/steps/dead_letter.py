@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from lakescore.jobs.platform.spark.adapter import partition_count
+from lakescore.jobs.platform.spark.adapter import one_row, partition_count
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import any_null, id_columns
 from lakescore.schemas.output import DIGEST_COLUMN, ERROR_COLUMNS
@@ -67,12 +67,14 @@ def check_ids(source: DataFrame, id_cols: Sequence[str]) -> IdCheck:
     per_id = (ids.repartition(2 * planned, *keys) if planned else ids.repartition(*keys)).groupBy(*keys).count()
     null = any_null(keys)
     refused = null | (F.col("count") > 1)
-    row = per_id.agg(
-        F.coalesce(F.sum("count"), F.lit(0)).alias("rows"),
-        F.coalesce(F.sum(F.when(refused, F.col("count"))), F.lit(0)).alias("refused_rows"),
-        F.count(F.when(refused, True)).alias("refused_ids"),
-        F.coalesce(F.sum(F.when(null, F.col("count"))), F.lit(0)).alias("null_id_rows"),
-    ).first()
+    row = one_row(
+        per_id.agg(
+            F.coalesce(F.sum("count"), F.lit(0)).alias("rows"),
+            F.coalesce(F.sum(F.when(refused, F.col("count"))), F.lit(0)).alias("refused_rows"),
+            F.count(F.when(refused, True)).alias("refused_ids"),
+            F.coalesce(F.sum(F.when(null, F.col("count"))), F.lit(0)).alias("null_id_rows"),
+        )
+    )
     return IdCheck(int(row["rows"]), int(row["refused_rows"]), int(row["refused_ids"]), int(row["null_id_rows"]))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from lakescore.jobs.platform.spark.adapter import one_row
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.ids import id_hash, row_key
 from lakescore.schemas.output import DIGEST_COLUMN, WORKER_COLUMN
@@ -92,10 +93,14 @@ def decide_dedup(
         return Dedup(mode, (rows - distinct) / rows >= MIN_REPEAT, rows, distinct)
     every = max(1, math.ceil(rows / SAMPLE_ROWS))
     sample = digested.where(F.pmod(id_hash(id_cols), F.lit(every)) == 0)
-    found = sample.agg(
-        F.count(F.lit(1)).alias("rows"),
-        (F.countDistinct(column(DIGEST_COLUMN)) + F.max(column(DIGEST_COLUMN).isNull().cast("int"))).alias("distinct"),
-    ).first()
+    found = one_row(
+        sample.agg(
+            F.count(F.lit(1)).alias("rows"),
+            (F.countDistinct(column(DIGEST_COLUMN)) + F.max(column(DIGEST_COLUMN).isNull().cast("int"))).alias(
+                "distinct"
+            ),
+        )
+    )
     sampled, distinct = int(found["rows"]), int(found["distinct"] or 0)
     return Dedup(mode, sampled > 0 and (sampled - distinct) / sampled >= MIN_REPEAT, sampled, distinct)
 

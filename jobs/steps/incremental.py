@@ -161,13 +161,13 @@ def find_changes(
         compare = _changed_keys_or_missing if cfg.rank.enabled else _changed_or_missing
         rows = compare(run, scorable, previous_version, model_sha256, spec.digest)
         carrying = errors is not None and not cfg.write.retry_failed and not cfg.rank.enabled
-        dead = _dead_letters(run, errors, model_sha256, spec.digest) if carrying else None
+        dead = _dead_letters(run, errors, model_sha256, spec.digest) if carrying and errors is not None else None
         counts = _write_counting(changed, _with_carried(cfg.id_cols, rows, dead))
     table = changed.table()
     to_score = table.where(_to_score()).drop(_MISSING, _KEPT, CARRIED)
     missing = table.where(F.col(_MISSING)).select(*id_columns(cfg.id_cols))
     if counts is None:  # a rerun found the table, or a Connect session, which counts in a job of its own
-        counts = table.agg(*_count_columns()).first().asDict()
+        counts = spark_adapter.one_row(table.agg(*_count_columns())).asDict()
     rows_to_score, rows_missing, rows_carried = int(counts["to_score"]), int(counts["missing"]), int(counts["carried"])
     carried_reasons = {}
     if rows_carried:  # a small job over the carried rows only, for the report's reasons
@@ -182,7 +182,9 @@ def find_changes(
         )
         rows_missing = missing.count()
     # A changed spec makes every output row one to score: with none to score, there is no change to explain.
-    spec_changes = spec.changes_since(recorded_spec(run.spark, cfg.output, previous_version)) if rows_to_score else None
+    spec_changes = (
+        spec.changes_since(recorded_spec(run.spark, cfg.output_ref(), previous_version)) if rows_to_score else None
+    )
     kept = scorable_rows - rows_to_score - rows_carried
     return Changes(
         to_score=to_score,
@@ -293,7 +295,7 @@ def _changed_or_missing(
     digest would be pushed below the read and read each changed file twice."""
     cfg = run.cfg
     theirs = _renamed(cfg.id_cols, "previous_id")
-    output = read_input(run.spark, cfg.output, "delta", version=previous_version)
+    output = read_input(run.spark, cfg.output_ref(), "delta", version=previous_version)
     if (
         CHUNK_INDEX in output.columns
     ):  # a chunked output: a document's rows share its digest; its first chunk stands for it
@@ -366,7 +368,7 @@ def _changed_keys_or_missing(
     )
     keys = list(cfg.rank.partition_by)
     theirs = _renamed(keys, "previous_key")
-    output = read_input(run.spark, cfg.output, "delta", version=previous_version)
+    output = read_input(run.spark, cfg.output_ref(), "delta", version=previous_version)
     before = output.groupBy(*[column(k).alias(theirs[k]) for k in keys]).agg(
         *[F.max(column(name)).alias(_PREVIOUS[name]) for name in (KEY_DIGEST_COLUMN, "model_sha256", SPEC_COLUMN)]
     )

@@ -186,17 +186,18 @@ def _minted(cfg: JobConfig, report: RunReport) -> bool:
     return not cfg.resolved_run_id() and (report.chunks or {}).get("skipped") == 0
 
 
-def _append_row(spark: SparkSession, report: RunReport, target: _MetricsTarget | None) -> None:
+def _append_row(spark: SparkSession | None, report: RunReport, target: _MetricsTarget | None) -> None:
     """Append ``report``'s row to ``target`` (adding the columns a table written by an earlier lakescore lacks: the
     attempt, tokens, cost); a failure is logged as a warning and never raised."""
-    if target is None:
+    row = metrics_row(report)
+    if target is None or spark is None or row is None:  # a target is found only with a session and a row
         return
     try:
         missing = [f for f in METRICS_SCHEMA.fields if target.table is not None and f.name not in target.table.columns]
         if missing:  # written by an earlier lakescore
             added = ", ".join(f"{f.name} {f.dataType.simpleString().upper()}" for f in missing)
             spark.sql(f"ALTER TABLE {TableRef.parse(target.ref).sql} ADD COLUMNS ({added})")
-        write_delta(_one_row_frame(spark, metrics_row(report)), target.ref, mode="append")
+        write_delta(_one_row_frame(spark, row), target.ref, mode="append")
     except Exception as exc:  # the run's outcome is decided; its metrics row must never change it
         log.warning(
             "could not write run %s's row to the metrics table %s: %s", report.run_id, target.ref, one_line(exc)

@@ -84,7 +84,7 @@ def _compare_with_output(
     ``model_sha256`` with ``scoring`` as current; its changes table is keyed by the run's facts."""
     cfg = run.cfg
     key = run_key({**_run_facts(run, targets, model_sha256, scoring), "changes": CHANGES_LAYOUT})
-    changed = changed_rows(run.spark, cfg.output, cfg.write.staging, key)
+    changed = changed_rows(run.spark, cfg.output_ref(), cfg.write.staging, key)
     refused = split.refused if split.ids.refused_rows else None
     scorable_rows = split.ids.rows - split.ids.refused_rows
     errors = targets.errors_ref if targets.errors_carried else None
@@ -138,7 +138,7 @@ def _staging(run: RunContext, rows: int, identity: ModelIdentity, facts: dict, d
 
     def staging_of(chunks: int) -> Staging:
         return Staging.for_output(
-            run.spark, cfg.output, cfg.write.staging, run_key({**layout, "chunks": chunks}), chunks
+            run.spark, cfg.output_ref(), cfg.write.staging, run_key({**layout, "chunks": chunks}), chunks
         )
 
     write = cfg.write
@@ -201,7 +201,9 @@ def plan_run(
         and not dedup.used
     )
     prepared = (
-        prepared_rows(run.spark, cfg.output, cfg.write.staging, key, chunks) if chunks > 1 and not rescanned else None
+        prepared_rows(run.spark, cfg.output_ref(), cfg.write.staging, key, chunks)
+        if chunks > 1 and not rescanned
+        else None
     )
     done = frozenset(staging.committed_chunks())
     # A rerun that resumes staged chunks goes on as the run that staged them: its publish may already be
@@ -263,7 +265,7 @@ def plan_run(
                 "incremental: the scoring spec differs from the output's (%s): its rows are scored again",
                 "; ".join(changes.spec_changes),
             )
-    if dedup.mode == "auto" and dedup.sample_rows is None:
+    if dedup.mode == "auto" and dedup.sample_rows is None and identity.row_seconds is not None:
         log.info(
             "dedup auto: off (the model scores a row in %.1f us, faster than deduplicating it)",
             identity.row_seconds * 1e6,

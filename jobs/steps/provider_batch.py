@@ -112,7 +112,7 @@ def stage_through_batches(
     cfg = run.cfg
     endpoint = cfg.endpoint()
     settings = endpoint.batch
-    ledger = BatchLedger(run.spark, cfg.output, cfg.write.staging, plan.staging.key)
+    ledger = BatchLedger(run.spark, cfg.output_ref(), cfg.write.staging, plan.staging.key)
     keep = plan.kept_columns(cfg.row_cols)
     rows = functools.reduce(DataFrame.unionByName, [chunk_rows(c).withColumn(_CHUNK, F.lit(c)) for c in todo])
     key_col = keep[0]

@@ -163,7 +163,9 @@ def resolve_model(
 def _pinned(cfg: JobConfig, input_version: int | None) -> bool:
     """Whether :func:`read_source` pinned the input to one snapshot: a Delta version, or a Parquet path's listing (a
     table of another format is read as it is)."""
-    return input_version is not None or (cfg.input_format != "images" and TableRef.parse(cfg.input, "input").is_path)
+    return input_version is not None or (
+        cfg.input_format != "images" and TableRef.parse(cfg.input_ref(), "input").is_path
+    )
 
 
 def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, int | None, int | None]:
@@ -171,8 +173,8 @@ def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, int | N
     version, None)``; for ``input_format`` ``images`` the folder's files of the task's extensions
     (:func:`~lakescore.jobs.platform.tables.read_files`): ``(DataFrame, None, other files ignored)``."""
     if cfg.input_format != "images":
-        return (*read_pinned(spark, cfg.input, cfg.input_format), None)
-    source, ignored = read_files(spark, cfg.input, cfg.input_kind.file_extensions)
+        return (*read_pinned(spark, cfg.input_ref(), cfg.input_format), None)
+    source, ignored = read_files(spark, cfg.input_ref(), cfg.input_kind.file_extensions)
     log.info(
         "input folder %s: %d other file(s) ignored (not %s)",
         cfg.input,
@@ -221,7 +223,7 @@ def check_writable(run: RunContext) -> None:
     for what, ref in _table_refs(cfg):
         if what != "input":
             require_catalog_accepts(run.spark, parse_table_name(ref, what), what)
-    staged_in_table = not is_path(cfg.write.staging) if cfg.write.staging else not is_path(cfg.output)
+    staged_in_table = not is_path(cfg.write.staging) if cfg.write.staging else not is_path(cfg.output_ref())
     if not staged_in_table and not can_delete_paths(run.spark):
         raise NotOnConnect(
             f"over Spark Connect the staging area must be a table (lakescore cannot delete a directory through Spark "
@@ -261,13 +263,13 @@ def check_targets(run: RunContext) -> Targets:
 
     planned = schema(incremental, files)
     try:
-        previous_version, replaces_layout = check_output_target(run.spark, cfg.output, planned), False
+        previous_version, replaces_layout = check_output_target(run.spark, cfg.output_ref(), planned), False
     except OutputColumnsError as mismatch:
         existing = column_types(mismatch.existing)
         if files and existing == column_types(schema(True, False)):
             # An incremental output written before outputs stored file status: a full rescore rewrites it with them;
             # an incremental run merges into it as it is, every file read for its digest.
-            previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, cfg.write.full_rescore
+            previous_version, replaces_layout = last_commit(run.spark, cfg.output_ref()).version, cfg.write.full_rescore
             if not replaces_layout:
                 planned, files = schema(True, False), False
             return _targets(run, planned, previous_version, replaces_layout, files)
@@ -277,7 +279,7 @@ def check_targets(run: RunContext) -> Targets:
         if existing not in [column_types(other) for other in others]:
             raise
         _refuse_layout_switch(cfg)
-        previous_version, replaces_layout = last_commit(run.spark, cfg.output).version, True
+        previous_version, replaces_layout = last_commit(run.spark, cfg.output_ref()).version, True
     return _targets(run, planned, previous_version, replaces_layout, files)
 
 
@@ -328,7 +330,7 @@ def check_drift_baseline(run: RunContext, latest: int | None) -> None:
     key = f"validation.drift.baseline is {version}"
     if version <= latest:
         try:
-            columns = read_input(run.spark, cfg.output, "delta", version=version).columns  # the log only, no rows
+            columns = read_input(run.spark, cfg.output_ref(), "delta", version=version).columns  # the log only, no rows
         except TableError:
             pass  # e.g. a version whose log was cleaned up: named below with the versions that remain
         else:
@@ -339,7 +341,7 @@ def check_drift_baseline(run: RunContext, latest: int | None) -> None:
                 f"{key}, but version {version} of output {cfg.output!r} has no column {missing[0]!r} "
                 "to compare with; name a version this task wrote, or previous"
             )
-    versions = sorted(entry.version for entry in delta_history(run.spark, cfg.output))
+    versions = sorted(entry.version for entry in delta_history(run.spark, cfg.output_ref()))
     held = f"versions {versions[0]} to {versions[-1]}" if len(versions) > 1 else f"only version {versions[0]}"
     raise ConfigError(
         f"{key}, but output {cfg.output!r} has no readable version {version} (it has {held}); "
@@ -370,7 +372,7 @@ def check_paths_writable(run: RunContext) -> None:
     so a read-only or forbidden location fails here (``TableError``), not after the model has scored. Tables are
     the catalog's to place; over Spark Connect nothing is probed."""
     cfg = run.cfg
-    staging = staging_location(cfg.output, cfg.write.staging, key="").rstrip("/")  # every run key's parent
+    staging = staging_location(cfg.output_ref(), cfg.write.staging, key="").rstrip("/")  # every run key's parent
     for what, ref in (("output", cfg.output), ("errors table", cfg.errors_ref()), ("staging", staging)):
         if is_path(ref):
             check_writable_path(run.spark, ref, what)

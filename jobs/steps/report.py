@@ -43,8 +43,8 @@ def assemble_report(
         run_id=plan.run_id,
         status=outcome.status,
         task=cfg.task,
-        input=cfg.input,
-        output=cfg.output,
+        input=cfg.input_ref(),
+        output=cfg.output_ref(),
         model_id=identity.model_id,
         model_revision=identity.revision,
         model_sha256=identity.sha256,
@@ -109,6 +109,7 @@ def refusal_reason(
     """Why a run with ``status`` (:func:`~lakescore.jobs.steps.publish.refusal`'s) was not published, in one line;
     ``None`` for a run that published."""
     if status == "error_rate_exceeded":
+        assert targets is not None  # the error-rate gate runs on a run whose targets were resolved
         return (
             f"{gate_text(accounting)}, above max_error_rate {cfg.max_error_rate:.4%}; their reasons are in the run's "
             f"report and its staging {accounting.snapshot.staging.location}, not in {targets.errors_ref}. The output "
@@ -117,6 +118,7 @@ def refusal_reason(
     if status == "validation_failed":
         return "the output failed validation and was not published"
     if status == "drift_exceeded":
+        assert drift is not None  # only the drift gate's figures set this status
         return f"drift past its bounds {drift_text(drift)}. The output was not published."
     return None
 
@@ -165,7 +167,7 @@ def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> dic
     cfg = run.cfg
     if not cfg.provider_batch:
         return None
-    summary = batch_summary(BatchLedger(run.spark, cfg.output, cfg.write.staging, plan.staging.key))
+    summary = batch_summary(BatchLedger(run.spark, cfg.output_ref(), cfg.write.staging, plan.staging.key))
     price = cfg.endpoint().price
     if price is not None:
         per_row = _tokens_priced(price, workers)

@@ -26,7 +26,7 @@ from lakescore.jobs.steps.dedup import score_deduplicated
 from lakescore.jobs.steps.ids import row_key
 from lakescore.jobs.steps.provider_batch import stage_through_batches
 from lakescore.jobs.steps.rank import chunk_columns, keep_top, ranks_with_tallies
-from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, chunk_column
+from lakescore.jobs.steps.staging import CHUNK_COLUMN, StagedSnapshot, Staging, chunk_column
 from lakescore.jobs.testing_hooks import at_point
 from lakescore.schemas.column_names import resolvable_name
 from lakescore.schemas.output import scored_schema
@@ -137,7 +137,7 @@ def score_into_staging(run: RunContext, plan: Plan, clock: StepClock) -> list[tu
     ):
         try:
             if plan.prepared is not None and todo and not plan.prepared_ready:
-                _write_chunked_rows(run, plan)
+                _write_chunked_rows(run, plan, plan.prepared)
             if cfg.provider_batch:  # the provider's Batch API: the rows go out as files
                 stage_through_batches(run, plan, todo, lambda chunk: _chunk_rows(run, plan, chunk))
                 staged += len(todo)
@@ -166,12 +166,12 @@ def pin_staging(run: RunContext, plan: Plan) -> StagedSnapshot:
     return plan.staging.nothing(staged.limit(0))
 
 
-def _write_chunked_rows(run: RunContext, plan: Plan) -> None:
+def _write_chunked_rows(run: RunContext, plan: Plan, prepared: Staging) -> None:
     """The one scan of the input for scoring: the rows to score (id, model input, digest) written once, partitioned
     by chunk (:func:`~lakescore.jobs.steps.rank.chunk_columns`), to ``plan.prepared``; each chunk then reads its own
     partition."""
     needed = dict.fromkeys([*plan.kept_columns(run.cfg.row_cols), *run.input_cols])
-    plan.prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), chunk_columns(run.cfg))
+    prepared.write_chunked(plan.scorable.select(*[column(c) for c in needed]), chunk_columns(run.cfg))
 
 
 def _score_chunk(run: RunContext, plan: Plan, chunk: int, layout: ScoringLayout) -> DataFrame:

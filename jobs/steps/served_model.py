@@ -67,7 +67,7 @@ class ServedModel:
             or targets.previous_version is None
         ):
             return identity
-        previous = (recorded_spec(run.spark, run.cfg.output, targets.previous_version) or {}).get("files") or {}
+        previous = (recorded_spec(run.spark, run.cfg.output_ref(), targets.previous_version) or {}).get("files") or {}
         kept = previous.get(MODELS_LISTING)
         if not isinstance(kept, str) or not json.loads(kept).get("answered"):
             return identity

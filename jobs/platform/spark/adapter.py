@@ -47,13 +47,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from lakescore.jobs.config import ConfigError
 
 __all__ = [
     "NotOnConnect",
+    "one_row",
     "is_connect",
     "session_facts",
     "start_quiet_classic_jvm",
@@ -144,6 +145,23 @@ def session_facts(spark: SparkSession) -> dict[str, str | None]:
 _parallelism: weakref.WeakKeyDictionary[SparkSession, int] = weakref.WeakKeyDictionary()
 
 
+def one_row(frame: DataFrame) -> Row:
+    """The row of a frame that holds exactly one (an aggregate without grouping, ``DESCRIBE DETAIL``); ``ValueError``
+    when it holds none."""
+    row = frame.first()
+    if row is None:
+        raise ValueError("expected one row, the frame holds none")
+    return row
+
+
+def _jvm(spark: SparkSession) -> Any:
+    """The classic session's JVM view; ``RuntimeError`` once its context has stopped."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the SparkContext has stopped: no JVM to call")
+    return jvm
+
+
 def default_parallelism(spark: SparkSession) -> int:
     """The cluster's default parallelism: how many tasks a stage gets when nobody says.
 
@@ -154,7 +172,7 @@ def default_parallelism(spark: SparkSession) -> int:
     if not is_connect(spark):
         return spark.sparkContext.defaultParallelism
     if spark not in _parallelism:
-        probe = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")).first()
+        probe = one_row(spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p")))
         _parallelism[spark] = int(probe[0]) + 1
     return _parallelism[spark]
 
@@ -182,7 +200,10 @@ def observed(df: DataFrame, *aggregates: Any) -> tuple[DataFrame, Callable[[], d
     def aggregated() -> dict[str, Any] | None:
         deadline = time.monotonic() + OBSERVED_WAIT_SECONDS
         try:
-            while not observation._jo.future().isCompleted():  # the JVM Observation's promise, kept by a listener
+            jo = observation._jo
+            if jo is None:
+                raise RuntimeError("the Observation ran in no action")
+            while not jo.future().isCompleted():  # the JVM Observation's promise, kept by a listener
                 if time.monotonic() > deadline:
                     log.warning(
                         "Spark delivered no observed aggregates %.0f s after the action; counting again",
@@ -221,6 +242,7 @@ def stop_classic_jvm(spark: SparkSession) -> None:
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway
+    assert gateway is not None  # a classic session runs on the gateway its context launched
     spark.stop()
     process = getattr(gateway, "proc", None)
     gateway.shutdown()
@@ -249,8 +271,7 @@ def stage_progress(spark: SparkSession) -> Iterator[Callable[[], tuple[int, int]
         tracker = spark.sparkContext.statusTracker()
 
         def classic() -> tuple[int, int]:
-            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            infos = [i for i in infos if i is not None]
+            infos = [i for i in (tracker.getStageInfo(s) for s in tracker.getActiveStageIds()) if i is not None]
             return sum(i.numCompletedTasks for i in infos), sum(i.numTasks for i in infos)
 
         yield classic
@@ -278,7 +299,7 @@ def set_log_level(spark: SparkSession, level: str, quiet_loggers: tuple[str, ...
         return
     spark.sparkContext.setLogLevel(level.upper())
     try:
-        jvm = spark.sparkContext._jvm
+        jvm = _jvm(spark)
         for name in quiet_loggers:
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
                 name, jvm.org.apache.logging.log4j.Level.ERROR
@@ -289,7 +310,7 @@ def set_log_level(spark: SparkSession, level: str, quiet_loggers: tuple[str, ...
 
 def _hadoop_path(spark: SparkSession, ref: str):
     """``(FileSystem, Path)`` for ``ref`` with the session's Hadoop configuration (classic only)."""
-    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(ref)
+    path = _jvm(spark).org.apache.hadoop.fs.Path(ref)
     return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
 
 
@@ -354,7 +375,7 @@ def probe_write(spark: SparkSession, ref: str) -> str | None:
         if parent is None or parent.equals(path):  # the root, or a relative path's "."
             break
         path = parent
-    probe = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path, f".lakescore-write-probe-{uuid.uuid4().hex[:12]}")
+    probe = _jvm(spark).org.apache.hadoop.fs.Path(path, f".lakescore-write-probe-{uuid.uuid4().hex[:12]}")
     fs.create(probe, False).close()
     fs.delete(probe, False)
     return str(path)
@@ -453,7 +474,7 @@ class RemoteFiles:
         """Copy the files to ``target`` (a directory's files below it; a single file as ``target`` itself)."""
         if not self._connect:
             fs, path = _hadoop_path(self._spark, self._uri)
-            fs.copyToLocalFile(False, path, self._spark.sparkContext._jvm.org.apache.hadoop.fs.Path(str(target)), True)
+            fs.copyToLocalFile(False, path, _jvm(self._spark).org.apache.hadoop.fs.Path(str(target)), True)
             return
         too_big = [(p, n) for p, n, _ in self.listing() if n > BINARY_FILE_LIMIT]
         if too_big:

@@ -143,6 +143,7 @@ def get_or_create_session(
     active = SparkSession.getActiveSession()
     source = session_source(os.environ, active is not None, cfg.remote)
     if source == "active":
+        assert active is not None  # session_source says "active" only when there is one
         log.info("using the existing SparkSession (%s)", session_facts(active))
         warn_if_shown(active, secret_names)
         return active, False

@@ -37,11 +37,12 @@ def cause_chain(exc: BaseException) -> list[str]:
     trace it carries (Spark Connect's ``getStackTrace()``, the server's). The last is the root cause."""
     chain: list[str] = []
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        java = [cause.strip().splitlines()[0] for cause in spark_adapter.java_causes(exc) if cause.strip()]
-        chain += java or _text_causes(exc)  # a Java message's first line: later ones hold plans or a task's trace
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        java = [cause.strip().splitlines()[0] for cause in spark_adapter.java_causes(link) if cause.strip()]
+        chain += java or _text_causes(link)  # a Java message's first line: later ones hold plans or a task's trace
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
     return chain
 
 

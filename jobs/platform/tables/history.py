@@ -10,6 +10,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from lakescore.jobs.platform.spark.adapter import one_row
 from lakescore.jobs.platform.tables.refs import TableRef
 
 
@@ -187,4 +188,4 @@ def delta_detail(spark: SparkSession, ref: str | TableRef) -> DataFrame:
 
 def table_id(spark: SparkSession, ref: str | TableRef) -> str:
     """The Delta table's unique id (``DESCRIBE DETAIL``): a new one for each table created, even at the same path."""
-    return str(delta_detail(spark, ref).select("id").first()[0])
+    return str(one_row(delta_detail(spark, ref).select("id"))[0])

@@ -144,7 +144,7 @@ def check_output_target(
             return None
         existing = spark.read.format("delta").load(ref.text).schema
     else:
-        table = ref.name
+        table = ref.table
         if table.namespace and not spark.catalog.databaseExists(table.quoted_namespace):
             raise TableError(
                 f"output database {'.'.join(table.namespace)!r} does not exist (output {ref.text!r}: {tried_as(ref)}; "

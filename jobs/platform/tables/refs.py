@@ -48,6 +48,13 @@ class TableRef:
         return self.name is None
 
     @property
+    def table(self) -> TableName:
+        """The parsed name of a metastore table; ``ValueError`` for a path, which has none."""
+        if self.name is None:
+            raise ValueError(f"{self.text!r} is a path, not a table name")
+        return self.name
+
+    @property
     def sql(self) -> str:
         """The reference as Delta SQL names it: ``delta.`<path>``` or the quoted table name."""
         return f"delta.{quote_identifier(self.text)}" if self.name is None else self.name.quoted
@@ -85,4 +92,4 @@ class TableRef:
 
 def tried_as(ref: TableRef) -> str:
     """What a bare name was looked up as, for not-found messages."""
-    return f"no table {ref.name.quoted}, and no file ./{ref.text}"
+    return f"no table {ref.table.quoted}, and no file ./{ref.text}"
