@@ -312,6 +312,13 @@ class RankConfig(Section):
     def enabled(self) -> bool:
         return self.top_k is not None
 
+    def ordering(self) -> tuple[str, int]:
+        """``(order_by, top_k)`` of an enabled ranking (the validator sets both or neither); ``ConfigError`` when
+        off."""
+        if self.order_by is None or self.top_k is None:
+            raise ConfigError("rank is off: set rank.partition_by, rank.order_by and rank.top_k")
+        return self.order_by, self.top_k
+
     @model_validator(mode="after")
     def _complete(self) -> RankConfig:
         given = sorted(self.model_fields_set)

@@ -369,6 +369,12 @@ class Plan:
             return 0
         return left if self.prepared is None else 1
 
+    def incremental_changes(self) -> Changes:
+        """:attr:`changes`, for the steps only an incremental run reaches; ``ValueError`` in the other modes."""
+        if self.changes is None:
+            raise ValueError(f"run {self.run_id}: only write.mode incremental has changes to apply")
+        return self.changes
+
     @property
     def changed(self) -> Staging | None:
         """Incremental mode on an existing output: the table the rows to score and the missing ids were written to

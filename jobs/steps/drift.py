@@ -192,7 +192,7 @@ def _profiles(sides: Mapping[str, DataFrame], outputs: OutputProfile) -> dict[st
         )
         .collect()
     )
-    profiles = {side: {"rows": 0, **dict.fromkeys(numbers)} for side in sides}
+    profiles: dict[str, dict[str, Any]] = {side: {"rows": 0, **dict.fromkeys(numbers)} for side in sides}
     for row in found:
         profiles[row[_SIDE]].update({k: v for k, v in row.asDict().items() if k != _SIDE})
     for profile in profiles.values():

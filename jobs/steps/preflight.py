@@ -205,6 +205,12 @@ class ExecutorPreflight:
         self._future = self._pool.submit(self._preflight)
         return self
 
+    def _started(self) -> tuple[ThreadPoolExecutor, Future]:
+        """The pool and the preflight's future that ``__enter__`` made; ``RuntimeError`` outside the ``with`` block."""
+        if self._pool is None or self._future is None:
+            raise RuntimeError("ExecutorPreflight is used outside its with block")
+        return self._pool, self._future
+
     def _preflight(self) -> ModelIdentity:
         run = self._run
         sample = precision_check_sample(run.source, run.spec, run.input_cols)
@@ -222,11 +228,11 @@ class ExecutorPreflight:
             if self._run.worker_start is not None:
                 self._run.worker_start.cancel()
             cancel_tagged(self._run.spark, self._tag)
-        self._pool.shutdown(wait=True)
+        self._started()[0].shutdown(wait=True)
 
     def identity(self) -> ModelIdentity:
         """The identity every executor agreed on; the preflight's error if it failed."""
-        return self._future.result()
+        return self._started()[1].result()
 
     @contextmanager
     def abandoned_if_it_fails(self) -> Iterator[None]:
@@ -234,16 +240,18 @@ class ExecutorPreflight:
         block's Spark jobs (this thread's) carry a tag the preflight cancels when it fails, and the preflight's
         error is raised in place of the cancellation's. A block entered after the preflight failed does not run."""
         spark = self._run.spark
+        future = self._started()[1]
         tag = f"lakescore-needs-model-{uuid.uuid4().hex[:12]}"
-        self._future.add_done_callback(lambda done: cancel_tagged(spark, tag) if done.exception() is not None else None)
+        future.add_done_callback(lambda done: cancel_tagged(spark, tag) if done.exception() is not None else None)
         try:
-            if self._future.done():
-                self._future.result()  # failed already: its error, before any job
+            if future.done():
+                future.result()  # failed already: its error, before any job
             with job_tag(spark, tag):
                 yield
         except Exception:
-            if self._future.done() and self._future.exception() is not None:
-                raise self._future.exception() from None
+            error = future.exception() if future.done() else None
+            if error is not None:
+                raise error from None
             raise
 
 

@@ -210,7 +210,7 @@ def apply_changes(
     so readers and downstream consumers of the output's versions see no change.
     Raises ``RuntimeError`` when Delta's own counts say the merge wrote another number of rows than were validated.
     """
-    cfg, changes = run.cfg, plan.changes
+    cfg, changes = run.cfg, plan.incremental_changes()
     deleting_missing = cfg.write.delete_missing and changes.rows_missing > 0
     if accounting.output_rows == 0 and accounting.new_error_rows == 0 and not deleting_missing:
         return None, 0, (0 if cfg.chunked else None)
@@ -241,7 +241,7 @@ def apply_changes(
     # Delta counts chunk rows; the guarantees count documents: those of the ids removed that the output held
     gone = 0
     if commit.deleted:
-        held = read_input(run.spark, cfg.output, "delta", version=changes.previous_version)
+        held = read_input(run.spark, cfg.output_ref(), "delta", version=changes.previous_version)
         held = held.select(*id_columns(cfg.id_cols))
         gone = documents.distinct().join(held, on=list(cfg.id_cols), how="left_semi").count()
     return commit.version, gone, commit.deleted
@@ -259,13 +259,14 @@ def _ids_to_remove(run: RunContext, plan: Plan, accounting: Accounting, rows: Da
         refused = plan.split.refused.where(all_present(ids)).select(*id_columns(ids)).distinct()
         removed = removed.unionByName(refused)
     if cfg.write.delete_missing:
-        removed = removed.unionByName(plan.changes.missing_ids)
+        removed = removed.unionByName(plan.incremental_changes().missing_ids)
     if not cfg.rank.enabled:
         return removed
     keys = list(cfg.rank.partition_by)
     theirs = {k: f"__lakescore_key_{i}" for i, k in enumerate(keys)}
-    reranked = plan.changes.to_score.select(*[column(k).alias(theirs[k]) for k in keys]).distinct()
-    output = read_input(run.spark, cfg.output, "delta", version=plan.changes.previous_version)
+    changes = plan.incremental_changes()
+    reranked = changes.to_score.select(*[column(k).alias(theirs[k]) for k in keys]).distinct()
+    output = read_input(run.spark, cfg.output_ref(), "delta", version=changes.previous_version)
     stale = output.join(reranked, same_values(keys, theirs, null_safe=True), "left_semi").select(*id_columns(ids))
     return removed.unionByName(stale).distinct().join(rows.select(*id_columns(ids)), on=ids, how="left_anti")
 
@@ -276,7 +277,7 @@ def _stale_chunks(run: RunContext, plan: Plan, removed: DataFrame, rows: DataFra
     e.g. the last chunks of a shortened document."""
     ids, keyed = list(run.cfg.id_cols), list(run.cfg.output_key_cols)
     documents = removed.unionByName(rows.select(*id_columns(ids))).distinct()
-    output = read_input(run.spark, run.cfg.output, "delta", version=plan.changes.previous_version)
+    output = read_input(run.spark, run.cfg.output_ref(), "delta", version=plan.incremental_changes().previous_version)
     return (
         output.select(*id_columns(keyed))
         .join(documents, on=ids, how="left_semi")
@@ -324,7 +325,7 @@ def errors_rows(run: RunContext, plan: Plan, accounting: Accounting) -> DataFram
             plan.split.refused, cfg.id_cols, _raw_input(run), plan.run_id, *([no_digest, *carry] if carry else [])
         ).unionByName(errors)
     carried = changes.carried() if changes is not None else None
-    if carried is not None:
+    if changes is not None and carried is not None:
         errors = errors.unionByName(
             carried_rows(carried, cfg.id_cols, plan.run_id, changes.model_sha256, changes.spec.digest)
         )

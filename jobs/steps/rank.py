@@ -91,7 +91,8 @@ def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representativ
     if ranks_with_tallies(incremental, representative is not None):
         return _keep_top_before_shuffle(cfg, scored)
     failed = F.col(ERROR_COLUMNS[0]).isNotNull()
-    by = column(cfg.rank.order_by)
+    order_by, top_k = cfg.rank.ordering()
+    by = column(order_by)
     order = [
         by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(),
         *[c.asc() for c in id_columns(cfg.id_cols)],
@@ -104,7 +105,7 @@ def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representativ
     first = ~failed & (rank == 1)
     added = {
         RANK_COLUMN: F.when(~failed, rank),
-        RANKED_OUT_COLUMN: F.when(first, F.greatest(F.count(F.lit(1)).over(whole) - cfg.rank.top_k, F.lit(0))),
+        RANKED_OUT_COLUMN: F.when(first, F.greatest(F.count(F.lit(1)).over(whole) - top_k, F.lit(0))),
         WORKER_COLUMN: F.when(failed, F.col(WORKER_COLUMN)).when(first, _key_metrics(whole)),
     }
     if representative is not None:
@@ -115,7 +116,7 @@ def keep_top(cfg: JobConfig, scored: DataFrame, incremental: bool, representativ
         *[column(c) for c in scored.columns if c not in added and c != representative],
         *[value.alias(name) for name, value in added.items()],
     )
-    return ranked.where(failed | (F.col(RANK_COLUMN) <= cfg.rank.top_k))
+    return ranked.where(failed | (F.col(RANK_COLUMN) <= top_k))
 
 
 def _keep_top_before_shuffle(cfg: JobConfig, scored: DataFrame) -> DataFrame:
@@ -123,7 +124,8 @@ def _keep_top_before_shuffle(cfg: JobConfig, scored: DataFrame) -> DataFrame:
     every input partition before the shuffle (a total over the key, or an ``OR`` in the filter, would stop it)."""
     unranked = F.col(ERROR_COLUMNS[0]).isNotNull() | F.col(WORKER_COLUMN).isNotNull()  # failed rows, tally rows
     ids = id_columns(cfg.id_cols)
-    by = column(cfg.rank.order_by)
+    order_by, top_k = cfg.rank.ordering()
+    by = column(order_by)
     # rank(), not row_number(): a failed row is a window of its own (ids are unique), and the tally rows share one
     # (every column of theirs is null), where they all tie at 1; scored rows never tie, their ids being unique. The
     # order columns go to the shuffle as they are (no expression over them).
@@ -131,7 +133,7 @@ def _keep_top_before_shuffle(cfg: JobConfig, scored: DataFrame) -> DataFrame:
         by.desc_nulls_last() if cfg.rank.descending else by.asc_nulls_last(), *[c.asc() for c in ids]
     )
     place = "__lakescore_place"
-    kept = scored.withColumn(place, F.rank().over(window)).where(F.col(place) <= cfg.rank.top_k)
+    kept = scored.withColumn(place, F.rank().over(window)).where(F.col(place) <= top_k)
     return kept.withColumn(RANK_COLUMN, F.when(~unranked, F.col(place))).drop(place)
 
 

@@ -373,7 +373,7 @@ def check_paths_writable(run: RunContext) -> None:
     the catalog's to place; over Spark Connect nothing is probed."""
     cfg = run.cfg
     staging = staging_location(cfg.output_ref(), cfg.write.staging, key="").rstrip("/")  # every run key's parent
-    for what, ref in (("output", cfg.output), ("errors table", cfg.errors_ref()), ("staging", staging)):
+    for what, ref in (("output", cfg.output_ref()), ("errors table", cfg.errors_ref()), ("staging", staging)):
         if is_path(ref):
             check_writable_path(run.spark, ref, what)
 
@@ -392,21 +392,21 @@ def model_input(cfg: JobConfig, source: DataFrame, where: str | None = None) -> 
                 f"rank.partition_by column {name!r} not found in {where}; available columns: "
                 f"{', '.join(source.columns)}"
             )
-    kind = cfg.input_kind
-    if cfg.prompt_template and not kind.prompted:
-        return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
-    if kind.prompted and not cfg.prompt_template:  # the job's config refuses these first (require_for_scoring)
+    kind, template, input_col = cfg.input_kind, cfg.prompt_template, cfg.input_col
+    if template and not kind.prompted:
+        return render_prompts(template, cfg.id_cols, source, where), (PROMPT_COLUMN,)
+    if kind.prompted and not template:  # the job's config refuses these first (require_for_scoring)
         raise ConfigError(
             f"task {cfg.task!r} with {kind.column_setting} reads each image with a prompt: pass prompt_template"
         )
-    if kind.one_column and not cfg.input_col:
+    if kind.one_column and not input_col:
         hint = " (or prompt_template)" if kind.row_keys else ""
         raise ConfigError(f"task {cfg.task!r} reads {kind.name}: pass {kind.column_setting}{hint}")
-    if cfg.column_setting:
-        one_column_contract(kind.name, cfg.id_cols, cfg.input_col, cfg.text_pair_col).check(source.schema, where)
+    if cfg.column_setting and input_col:
+        one_column_contract(kind.name, cfg.id_cols, input_col, cfg.text_pair_col).check(source.schema, where)
         source, input_cols = one_column_input(cfg, source, where)
-        if kind.prompted:  # the prompt each image is read with: the last input column
-            return render_prompts(cfg.prompt_template, cfg.id_cols, source, where), (*input_cols, PROMPT_COLUMN)
+        if kind.prompted and template:  # the prompt each image is read with: the last input column
+            return render_prompts(template, cfg.id_cols, source, where), (*input_cols, PROMPT_COLUMN)
         return source, input_cols
     features = resolve_feature_cols(source.schema, cfg.feature_cols, cfg.feature_prefix, where)
     FeatureInputContract(cfg.id_cols, features).check(source.schema, where)
@@ -434,14 +434,18 @@ def render_prompts(template: str, id_cols: tuple[str, ...], source: DataFrame, w
 def one_column_input(cfg: JobConfig, source: DataFrame, where: str) -> tuple[DataFrame, tuple[str, ...]]:
     """``source`` and the model's input columns for a task reading ``cfg.input_col`` (its contract checked): the
     column itself, or for a string column of a kind that reads files (images) the files' bytes read from the paths
-    (:func:`read_image_files`), then the paths; for text pairs, the text column then ``text_pair_col``."""
+    (:func:`read_image_files`), then the paths; for text pairs, the text column then ``text_pair_col``.
+    :class:`~lakescore.jobs.config.ConfigError` when the settings name no input column."""
+    input_col = cfg.input_col
+    if input_col is None:
+        raise ConfigError(f"task {cfg.task!r} reads {cfg.input_kind.name}: pass {cfg.input_kind.column_setting}")
     if cfg.text_pair_col is not None:
-        return source, (cfg.input_col, cfg.text_pair_col)
+        return source, (input_col, cfg.text_pair_col)
     reads_files = cfg.input_kind.file_extensions
-    if reads_files and isinstance(source.schema[cfg.input_col].dataType, StringType):
-        files = read_image_files(source, cfg.input_col, cfg.scoring.arrow_max_bytes_per_batch, where)
-        return files, (IMAGE_COLUMN, cfg.input_col)
-    return source, (cfg.input_col,)
+    if reads_files and isinstance(source.schema[input_col].dataType, StringType):
+        files = read_image_files(source, input_col, cfg.scoring.arrow_max_bytes_per_batch, where)
+        return files, (IMAGE_COLUMN, input_col)
+    return source, (input_col,)
 
 
 def read_image_files(source: DataFrame, path_col: str, max_bytes: int, where: str) -> DataFrame:

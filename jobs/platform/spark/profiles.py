@@ -120,7 +120,7 @@ def plan_profile(resources: ScoringResources, master: str, conf: Mapping[str, st
 
 def build_profile(plan: ProfilePlan) -> ResourceProfile | None:
     """The ``ResourceProfile`` for ``plan`` (``None`` when it does not apply). Works without a SparkContext."""
-    if not plan.applies:
+    if plan.task is None:  # the plan does not apply
         return None
     builder = ResourceProfileBuilder()
     task = TaskResourceRequests()
