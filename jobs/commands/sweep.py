@@ -79,9 +79,8 @@ def run_sweep(
     from lakescore.udfs.batching import BatchPolicy, TextHead, is_out_of_memory, score_texts
     from lakescore.udfs.models.model_cache import get_model
 
-    if getattr(
-        cfg.task_options(), "remote", False
-    ):  # before the missing settings: an endpoint run names no model files
+    options = cfg.task_options()
+    if options is not None and options.remote:  # before the missing settings: an endpoint run names no model files
         raise ConfigError(
             "sweep tunes the token budget of a model loaded here; with an endpoint or a served engine the "
             "server batches the requests itself, so there is nothing to sweep"

@@ -38,7 +38,9 @@ from lakescore.jobs.config.values import (
 )
 from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
+from lakescore.udfs.options.batch import BatchOptions
 from lakescore.udfs.options.remote import MESSAGES_API, EndpointOptions
+from lakescore.udfs.options.task import TaskEndpoint, TaskOptions
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS,
     TASK_OPTION_SECTIONS,
@@ -180,8 +182,9 @@ class JobConfig(Section):
         if self.input_format == "images" and not kind.file_extensions:
             readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
             raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
-        for name in ("endpoint", "server") if kind.prompted else ():
-            remote = getattr(self.task_options(), name, None)
+        options = self.task_options()
+        remotes = (("endpoint", options.endpoint), ("server", options.server)) if options is not None else ()
+        for name, remote in remotes if kind.prompted else ():
             if remote is not None and remote.api not in ("chat", MESSAGES_API):
                 raise ConfigError(
                     f"{kind.column_setting} with generate.{name}.api {remote.api}: an image is sent as a chat "
@@ -235,7 +238,7 @@ class JobConfig(Section):
             ("input", self.input),
             ("output", self.output),
             # an endpoint's model is the server's: no files to read here
-            ("model.source (--model)", self.model.source or getattr(self.task_options(), "endpoint", None)),
+            ("model.source (--model)", self.model.source or self.endpoint()),
             ("id_col (--id-col)", self.id_col),
         ]
         setting = self.column_setting
@@ -320,19 +323,28 @@ class JobConfig(Section):
     def deterministic(self) -> bool:
         """Whether a row's output depends only on its input (all tasks but sampled generation): what dedup needs."""
         options = self.task_options()
-        return getattr(options, "deterministic", True)
+        return options.deterministic if options is not None else True
 
-    def task_options(self) -> Any:
+    def task_options(self) -> TaskOptions | None:
         """The task's own settings section, which its head takes as it is (``generate``: :class:`GenerateOptions`),
         else ``None``."""
         section = get_task(self.task).options_section
-        return getattr(self, section) if section else None
+        options: TaskOptions | None = getattr(self, section) if section else None  # a field named by the registry
+        return options
 
     @property
     def provider_batch(self) -> bool:
         """Whether the rows go through the endpoint provider's Batch API (``generate.endpoint.batch``)."""
         endpoint = self.endpoint()
         return isinstance(endpoint, EndpointOptions) and endpoint.batch is not None
+
+    def batch_endpoint(self) -> tuple[EndpointOptions, BatchOptions]:
+        """The endpoint of a :attr:`provider_batch` run and its ``batch`` settings; :class:`ConfigError` for a run
+        that sends its rows one request at a time."""
+        endpoint = self.endpoint()
+        if not isinstance(endpoint, EndpointOptions) or endpoint.batch is None:
+            raise ConfigError("this run has no provider batch: set generate.endpoint.batch")
+        return endpoint, endpoint.batch
 
     def _check_provider_batch(self) -> None:
         """Refuse, in one line before compute, what a provider batch run cannot do."""
@@ -352,10 +364,11 @@ class JobConfig(Section):
                 "(its custom_id); set scoring.dedup off or auto"
             )
 
-    def endpoint(self) -> Any:
+    def endpoint(self) -> TaskEndpoint | None:
         """The task's remote endpoint settings (``generate.endpoint``, ``embed.endpoint``), or ``None``: one place that
         knows where they are."""
-        return getattr(self.task_options(), "endpoint", None)
+        options = self.task_options()
+        return options.endpoint if options is not None else None
 
     def secret_env_names(self) -> tuple[str, ...]:
         """The environment variables that hold the run's secrets (the endpoint's ``api_key_env``)."""

@@ -59,6 +59,7 @@ from lakescore.udfs.registry import get_task
 from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path
 
 if TYPE_CHECKING:
+    from lakescore.jobs.config import JobConfig
     from lakescore.jobs.steps.context import Plan, RunContext
     from lakescore.udfs.remote.batch_client import BatchClient
 
@@ -82,8 +83,8 @@ class BatchRefused(RuntimeError):
     """The provider ended a batch ``failed`` (its validation of the file): one line quoting the provider."""
 
 
-def _api(cfg: Any) -> str:
-    return cfg.endpoint().api
+def _api(cfg: JobConfig) -> str:
+    return cfg.batch_endpoint()[0].api
 
 
 def driver_client(endpoint: Any) -> BatchClient:
@@ -110,8 +111,7 @@ def stage_through_batches(
     if not todo:
         return
     cfg = run.cfg
-    endpoint = cfg.endpoint()
-    settings = endpoint.batch
+    endpoint, settings = cfg.batch_endpoint()
     ledger = BatchLedger(run.spark, cfg.output_ref(), cfg.write.staging, plan.staging.key)
     keep = plan.kept_columns(cfg.row_cols)
     rows = functools.reduce(DataFrame.unionByName, [chunk_rows(c).withColumn(_CHUNK, F.lit(c)) for c in todo])

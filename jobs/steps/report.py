@@ -168,7 +168,7 @@ def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> dic
     if not cfg.provider_batch:
         return None
     summary = batch_summary(BatchLedger(run.spark, cfg.output_ref(), cfg.write.staging, plan.staging.key))
-    price = cfg.endpoint().price
+    price = cfg.batch_endpoint()[0].price
     if price is not None:
         per_row = _tokens_priced(price, workers)
         summary.update(
@@ -201,7 +201,7 @@ def failure_report(
         task=cfg.task,
         input=cfg.input,
         output=cfg.output,
-        model_id=cfg.model.source or getattr(cfg.endpoint(), "model", None),
+        model_id=cfg.model.source or (endpoint.model if (endpoint := cfg.endpoint()) is not None else None),
         model_revision=cfg.model.revision,
         model_sha256=None,
         failed_step=stop.step if stop is not None else None,

@@ -72,6 +72,8 @@ class ServedModel:
         if not isinstance(kept, str) or not json.loads(kept).get("answered"):
             return identity
         endpoint = run.cfg.endpoint()
+        if endpoint is None:  # only a model served elsewhere has a listing to take
+            return identity
         log.warning(
             "the endpoint's %s did not answer; the model is taken as the output's last run listed it", MODELS_LISTING
         )

@@ -96,6 +96,11 @@ class EmbedOptions(Section):
         return self.chunk.enabled
 
     @property
+    def deterministic(self) -> bool:
+        """True: an embedding depends only on its text, so dedup may rely on it."""
+        return True
+
+    @property
     def remote(self) -> bool:
         """Whether an endpoint or a served engine embeds, rather than a model loaded in the worker."""
         return self.endpoint is not None or self.server is not None
