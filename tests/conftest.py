@@ -44,6 +44,13 @@ SLOWEST_FIRST = (
 processes in collection order, so a long file collected last would run alone at the end."""
 
 
+def pytest_configure(config):
+    # pytest-xdist's loadfile reorders the files by their number of tests unless told not to (its default is
+    # --loadscope-reorder), which undoes SLOWEST_FIRST: the long Spark files with few tests ran last, side by side.
+    if config.pluginmanager.hasplugin("xdist"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
     def rank(item) -> int:
         path = Path(str(item.fspath)).as_posix()
