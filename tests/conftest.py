@@ -40,7 +40,7 @@ SLOWEST_FIRST = (
     "integration/test_drift_gate.py",
     "unit/test_image_memory.py",
 )
-"""The test files that take longest (make test's durations), run first: ``make test`` hands files to its two
+"""The test files that take longest (``make test``'s slowest files), run first: ``make test`` hands files to its two
 processes in collection order, so a long file collected last would run alone at the end."""
 
 
@@ -57,6 +57,36 @@ def pytest_collection_modifyitems(items):
         return next((i for i, name in enumerate(SLOWEST_FIRST) if path.endswith("tests/" + name)), len(SLOWEST_FIRST))
 
     items.sort(key=rank)  # stable: each file keeps its own order
+
+
+_file_seconds: dict[str, float] = {}
+_worker_spans: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sums each file's seconds (setup, call and teardown) and each process's first start and last stop."""
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+    worker = report.__dict__.get("worker_id", "main")  # xdist adds worker_id to the reports its processes send
+    span = _worker_spans.setdefault(worker, [report.start, report.stop])
+    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Under xdist (``make test``): the 15 slowest files and when each process ran out of work, so that
+    SLOWEST_FIRST can follow the files' real cost and an idle end shows."""
+    if config.getoption("dist", "no") == "no" or not _file_seconds:
+        return
+    terminalreporter.write_sep("=", "slowest 15 files (setup + call + teardown)")
+    for path, seconds in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+    start = min(first for first, _ in _worker_spans.values())
+    end = max(last for _, last in _worker_spans.values())
+    ends = ", ".join(f"{name} {last - start:.0f} s" for name, (_, last) in sorted(_worker_spans.items()))
+    terminalreporter.write_line(
+        f"processes ran out of work at: {ends}; the last one ran alone for the final "
+        f"{end - min(last for _, last in _worker_spans.values()):.0f} s"
+    )
 
 
 @pytest.fixture(scope="module")
