@@ -31,7 +31,7 @@ export UV_CACHE_DIR
 setup: browser
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt uv
-	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx]'
+	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[spark,connect,mlflow,dev,onnx,audio]'
 	$(LAKESCORE) fetch-jars $(if $(filter 1,$(S3A)),--s3a)
 	@$(MAKE) --no-print-directory typecheck-tree
 

@@ -88,6 +88,7 @@ def transform(
     feature_cols: Sequence[str] | None = None,
     id_col: str | None = None,
     image_col: str | None = None,
+    audio_col: str | None = None,
     **options: Any,
 ) -> DataFrame:
     """``df`` scored lazily: no write, no validation, the job's batching core and model cache. ``model``: its source
@@ -98,10 +99,11 @@ def transform(
     and ``_reason`` / ``_error`` saying why a row was not scored. ``text_col`` for text tasks (``generate``: the
     prompt as the model reads it, or ``prompt_template=`` naming columns, each row's prompt rendered as the job renders
     it; ``id_col`` then seeds each row's sampling), ``image_col`` (binary: encoded images;
-    string: paths of image files) for image tasks, ``feature_cols`` (in the model's order) for feature tasks.
-    ``options``: any ``model.*`` or ``scoring.*`` setting by its name (``device``, ``dtype``, ``max_seq_length``,
-    ``max_batch_tokens``, ...; docs/configuration.md lists them), validated as the config is. Arrow batch sizes are the
-    session's own and ``dedup`` is the job's: both are refused here.
+    string: paths of image files) for image tasks, ``audio_col`` (the same, of audio files) for ``transcribe``,
+    ``feature_cols`` (in the model's order) for feature tasks. ``options``: any ``model.*`` or ``scoring.*`` setting by
+    its name (``device``, ``dtype``, ``max_seq_length``, ``max_batch_tokens``, ...; docs/configuration.md lists them),
+    validated as the config is. Arrow batch sizes are the session's own and ``dedup`` is the job's: both are refused
+    here.
 
     Raises :class:`~lakescore.jobs.config.ConfigError` for a bad setting,
     :class:`~lakescore.schemas.contracts.InputContractError` for missing, ill-typed or colliding
@@ -109,7 +111,9 @@ def transform(
     found or that the workers would refuse (no weights, refused pickle weights, an unreadable config,
     other weights than ``expect_sha256``), all before any Spark job runs.
     """
-    cfg = _notebook_config(task, model, feature_cols, options, text_col=text_col, image_col=image_col, id_col=id_col)
+    cfg = _notebook_config(
+        task, model, feature_cols, options, text_col=text_col, image_col=image_col, audio_col=audio_col, id_col=id_col
+    )
     if len(cfg.id_cols) > 1:
         raise ConfigError(f"transform keeps one id column, got {list(cfg.id_cols)}; omit id_col to keep every column")
     keep = [id_col] if id_col else list(df.columns)
@@ -151,8 +155,8 @@ def _notebook_config(
     options: Mapping[str, Any],
     **columns: str | None,
 ) -> JobConfig:
-    """The typed config of a notebook call (``columns``: ``text_col``, ``image_col``, ``id_col``); :class:`ConfigError`
-    for unknown or bad settings, or a feature task without ``feature_cols``."""
+    """The typed config of a notebook call (``columns``: ``text_col``, ``image_col``, ``audio_col``, ``id_col``);
+    :class:`ConfigError` for unknown or bad settings, or a feature task without ``feature_cols``."""
     section = dict(model) if isinstance(model, Mapping) else {"source": str(model)}
     tree: dict[str, Any] = {"task": task, "model": section, "scoring": {}}
     own = get_task(task).options_section if task in TASK_NAMES else None

@@ -32,6 +32,7 @@ __all__ = [
     "InputContractError",
     "TextInputContract",
     "ImageInputContract",
+    "AudioInputContract",
     "PromptInputContract",
     "FeatureInputContract",
     "one_column_contract",
@@ -112,14 +113,34 @@ class ImageInputContract(_IdContract):
         )
 
 
+@dataclass(frozen=True)
+class AudioInputContract(_IdContract):
+    """An audio task's input: id columns and an audio column: binary (encoded recordings) or string (paths or URIs
+    of audio files)."""
+
+    audio_col: str
+
+    def check(self, schema: StructType, source: str) -> None:
+        """Raise :class:`InputContractError` naming the first missing or ill-typed column."""
+        fields = _fields_present(schema, source, [*_id_roles(self.id_cols), ("audio column", self.audio_col)])
+        _require_ids(fields, self.id_cols, source)
+        _require(
+            fields[self.audio_col],
+            (BinaryType, StringType),
+            f"audio column {self.audio_col!r} in {source}",
+            "binary (encoded audio bytes) or string (paths of audio files)",
+        )
+
+
 def one_column_contract(
     kind: str, id_cols: tuple[str, ...], column: str, pair_col: str | None = None
-) -> TextInputContract | ImageInputContract:
-    """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes), and
-    for text pairs the second string column ``pair_col``."""
+) -> TextInputContract | ImageInputContract | AudioInputContract:
+    """The contract of a task that reads one column of input kind ``kind`` (``text``: strings, ``image``: bytes,
+    ``audio``: bytes), and for text pairs the second string column ``pair_col``."""
     if pair_col is not None:
         return TextInputContract(id_cols, column, pair_col)
-    return {"text": TextInputContract, "image": ImageInputContract}[kind](id_cols, column)
+    contracts = {"text": TextInputContract, "image": ImageInputContract, "audio": AudioInputContract}
+    return contracts[kind](id_cols, column)
 
 
 @dataclass(frozen=True)

@@ -89,12 +89,33 @@ PREDICTIONS: dict[str, list[StructField]] = {
         StructField("completion_tokens", IntegerType(), nullable=True),
         StructField("choice_logprobs", ArrayType(DoubleType(), containsNull=False), nullable=True),
     ],
+    "transcribe": [
+        StructField("text", StringType(), nullable=True),
+        StructField("duration_s", DoubleType(), nullable=True),
+        StructField("sample_rate", IntegerType(), nullable=True),
+    ],
 }
 """The model's output columns per task, in output order: what a head's ``columns`` returns, one array each."""
 
 ASKED_PREDICTIONS: dict[str, list[StructField]] = {
     "generate": [
         StructField("token_logprobs", ArrayType(FloatType(), containsNull=False), nullable=True),
+    ],
+    "transcribe": [
+        StructField(
+            "segments",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("start", DoubleType(), nullable=True),
+                        StructField("end", DoubleType(), nullable=True),
+                        StructField("text", StringType(), nullable=True),
+                    ]
+                ),
+                containsNull=False,
+            ),
+            nullable=True,
+        ),
     ],
 }
 """Output columns a task writes only when one of its settings asks for them (the task registry's

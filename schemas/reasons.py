@@ -20,6 +20,10 @@ __all__ = [
     "INVALID_IMAGE",
     "IMAGE_TOO_LARGE",
     "MISSING_FILE",
+    "INVALID_AUDIO",
+    "EMPTY_AUDIO",
+    "AUDIO_TOO_LONG",
+    "UNSUPPORTED_SAMPLE_RATE",
     "PROMPT_TOO_LONG",
     "EMPTY_PROMPT",
     "GENERATION_ERROR",
@@ -41,6 +45,10 @@ CHUNK_TOO_SMALL = "chunk_too_small"
 INVALID_IMAGE = "invalid_image"
 IMAGE_TOO_LARGE = "image_too_large"
 MISSING_FILE = "missing_file"
+INVALID_AUDIO = "invalid_audio"
+EMPTY_AUDIO = "empty_audio"
+AUDIO_TOO_LONG = "audio_too_long"
+UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
 PROMPT_TOO_LONG = "prompt_too_long"
 EMPTY_PROMPT = "empty_prompt"
 GENERATION_ERROR = "generation_error"
@@ -62,6 +70,10 @@ REASONS: tuple[str, ...] = (
     INVALID_IMAGE,
     IMAGE_TOO_LARGE,
     MISSING_FILE,
+    INVALID_AUDIO,
+    EMPTY_AUDIO,
+    AUDIO_TOO_LONG,
+    UNSUPPORTED_SAMPLE_RATE,
     PROMPT_TOO_LONG,
     EMPTY_PROMPT,
     GENERATION_ERROR,

@@ -6,7 +6,8 @@ task name:
 
 * config validation and the CLI's choices (:data:`TASK_NAMES`);
 * the input contract and the errors table's raw-input column (:attr:`Task.input_kind`:
-  ``text`` reads one string column, ``features`` numeric columns, ``image`` one binary column of encoded images);
+  ``text`` reads one string column, ``features`` numeric columns, ``image`` one binary column of encoded images,
+  ``audio`` one of encoded recordings);
 * the runner that turns Arrow batches into model input (:attr:`InputKind.runner`);
 * the preflight sample every executor scores before the run (:meth:`InputKind.preflight_sample`);
 * the modules a worker imports, for the Python daemon to import before it forks workers (:meth:`Task.worker_imports`);
@@ -49,6 +50,7 @@ __all__ = [
     "FEATURES",
     "IMAGE",
     "IMAGE_PROMPT",
+    "AUDIO",
     "TASKS",
     "TASK_NAMES",
     "get_task",
@@ -115,6 +117,10 @@ class InputKind:
             from lakescore.udfs.images import preflight_image
 
             return [preflight_image()] * rows
+        if self.name == "audio":
+            from lakescore.udfs.audio import preflight_audio
+
+            return [preflight_audio()] * rows
         return ["lakescore preflight"] * rows if self.is_text else np.zeros((rows, len(spec.feature_cols)))
 
 
@@ -156,6 +162,15 @@ IMAGE_PROMPT = InputKind(  # not timed: a row is a whole generation
     timed_rows=0,
 )
 """Images read as :data:`IMAGE` reads them, each with its row's prompt rendered from ``generate.prompt_template``."""
+AUDIO = InputKind(
+    "audio",
+    "lakescore.udfs.audio_runner:AudioRunner",
+    ("soundfile", "soxr", "transformers.models.auto.feature_extraction_auto"),
+    column_setting="audio_col",
+    file_extensions=("wav", "flac", "ogg", "oga", "opus", "mp3", "aiff", "aif"),
+    timed_rows=0,  # a recording is seconds to hours of windows: one row's time says little of the next
+)
+"""One binary column of encoded recordings (a folder of audio files is read as one: ``input_format`` ``audio``)."""
 
 
 @dataclass(frozen=True)
@@ -422,6 +437,17 @@ TASKS: dict[str, Task] = {
                 ("text", True): "lakescore.udfs.remote.generate:load_remote_generator",
                 ("image", True): "lakescore.udfs.remote.image_prompts:load_remote_image_generator",
             },
+        ),
+        Task(
+            "transcribe",
+            AUDIO,
+            "lakescore.udfs.heads.transcribe:load_transcriber",
+            "speech to text (Whisper or a CTC model such as wav2vec2): text, duration_s, sample_rate, segments",
+            backends=("torch",),
+            options_section="transcribe",
+            setting_outputs={"segments": "return_timestamps"},
+            profile=OutputProfile(text="text"),
+            architectures=("WhisperForConditionalGeneration", "ForCTC"),
         ),
     )
 }

@@ -21,11 +21,13 @@ from lakescore.jobs.config.sections import (
     ResourcesConfig,
     ScoringConfig,
     SparkConfig,
+    TranscribeConfig,
     ValidationConfig,
     WriteConfig,
 )
 from lakescore.jobs.config.values import (
     FILE_COLUMNS,
+    FOLDER_FORMATS,
     INPUT_FORMATS,
     RUN_ID,
     RUN_ID_MAX,
@@ -79,7 +81,9 @@ class JobConfig(Section):
     input_format: Literal[INPUT_FORMATS] = Field("auto", json_schema_extra=cli("--input-format", sweep=True))
     """How to read a path input: ``auto`` (Delta if the path holds a Delta log, else Parquet), ``delta``, ``parquet``,
     or ``images``: every image file under the folder, recursively (by extension, any case: jpg, jpeg, png, webp, gif,
-    bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column."""
+    bmp, tif, tiff; other files are ignored and counted), its path the id column and its bytes the image column;
+    ``audio``: every audio file under the folder the same way (wav, flac, ogg, oga, opus, mp3, aiff, aif), its bytes
+    the audio column."""
     task: TaskName = Field(
         "embed",
         json_schema_extra=cli("--task", sweep=True),
@@ -105,6 +109,10 @@ class JobConfig(Section):
     such a file (``s3a://``, ``dbfs:/``, ``file:``, any URI Hadoop reads; without a scheme, a path of ``fs.defaultFS``:
     local in local mode), read on the executors through Hadoop's filesystem with the ``spark.hadoop.*`` settings; a
     missing file is ``missing_file``. Set by ``input_format`` ``images``."""
+    audio_col: Text | None = Field(None, json_schema_extra=cli("--audio-col"))
+    """The recording column to transcribe (``transcribe``): binary, each value an audio file's bytes (WAV, FLAC, OGG,
+    MP3, ...), or string, each value the path of such a file, read as ``image_col``'s paths are; a missing file is
+    ``missing_file``. Set by ``input_format`` ``audio``."""
     feature_cols: Names = Field((), json_schema_extra=cli("--feature-cols"))
     """``tabular``: the numeric feature columns, in the order the program takes them (a flag takes ``a,b,c``)."""
     feature_prefix: Text | None = Field(None, json_schema_extra=cli("--feature-prefix"))
@@ -136,6 +144,7 @@ class JobConfig(Section):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    transcribe: TranscribeConfig = Field(default_factory=TranscribeConfig)
     rank: RankConfig = Field(default_factory=RankConfig)
 
     @model_validator(mode="before")
@@ -144,8 +153,10 @@ class JobConfig(Section):
         if not isinstance(data, Mapping):
             return data
         data = {key: lists_from_text(key, shorthand(key, value)) for key, value in data.items()}
-        if data.get("input_format") == "images":  # a folder's files: the id and image columns are Spark's
-            data.update({key: name for key, name in FILE_COLUMNS.items() if data.get(key) is None})
+        setting = FOLDER_FORMATS.get(data.get("input_format"))
+        if setting is not None:  # a folder's files: the id and the file's column are Spark's
+            columns = {"id_col": FILE_COLUMNS["id_col"], setting: FILE_COLUMNS["image_col"]}
+            data.update({key: name for key, name in columns.items() if data.get(key) is None})
         return data
 
     @model_validator(mode="after")
@@ -179,9 +190,10 @@ class JobConfig(Section):
         if self.text_pair_col is not None and not task.pairs:
             readers = ", ".join(name for name in TASKS if get_task(name).pairs)
             raise ConfigError(f"text_pair_col applies to task {readers}, not {self.task!r}")
-        if self.input_format == "images" and not kind.file_extensions:
-            readers = ", ".join(name for name in TASKS if get_task(name).input_kind.file_extensions)
-            raise ConfigError(f"input_format images is for task {readers}, not {self.task!r}")
+        folder = FOLDER_FORMATS.get(self.input_format)
+        if folder is not None and kind.column_setting != folder:
+            readers = ", ".join(name for name in TASKS if get_task(name).input_kind.column_setting == folder)
+            raise ConfigError(f"input_format {self.input_format} is for task {readers}, not {self.task!r}")
         options = self.task_options()
         remotes = (("endpoint", options.endpoint), ("server", options.server)) if options is not None else ()
         for name, remote in remotes if kind.prompted else ():
@@ -313,6 +325,11 @@ class JobConfig(Section):
     def input_col(self) -> str | None:
         """The task's one input column as configured (``text_col`` or ``image_col``); ``None`` for feature tasks."""
         return getattr(self, self.column_setting) if self.column_setting else None
+
+    @property
+    def reads_folder(self) -> bool:
+        """Whether the input is a folder of files (``input_format`` ``images`` or ``audio``), not a table."""
+        return self.input_format in FOLDER_FORMATS
 
     @property
     def prompt_template(self) -> str | None:

@@ -23,6 +23,7 @@ from lakescore.udfs.options.base import JOB_ONLY, ConfigError, Fraction, Number,
 from lakescore.udfs.options.embed import EmbedOptions
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.options.model import ModelOptions
+from lakescore.udfs.options.transcribe import TranscribeOptions
 
 ModelConfig = ModelOptions
 """The ``model`` section, declared on the executors' side (:mod:`lakescore.udfs.options.model`)."""
@@ -182,6 +183,9 @@ GenerateConfig = GenerateOptions
 
 EmbedConfig = EmbedOptions
 """The ``embed`` section, declared on the executors' side (:mod:`lakescore.udfs.options.embed`)."""
+
+TranscribeConfig = TranscribeOptions
+"""The ``transcribe`` section, declared on the executors' side (:mod:`lakescore.udfs.options.transcribe`)."""
 
 
 def _baseline(value: str) -> str | None:

@@ -18,10 +18,13 @@ WRITE_MODES = ("overwrite", "replace_run", "incremental")
 RUN_ID_MAX = 128
 RUN_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_ID_MAX - 1}}}")
 """What a run id may be: safe as a partition directory name, in a SQL string literal and on one log line."""
-INPUT_FORMATS = ("auto", "delta", "parquet", "images")
+INPUT_FORMATS = ("auto", "delta", "parquet", "images", "audio")
+FOLDER_FORMATS = {"images": "image_col", "audio": "audio_col"}
+"""The ``input_format`` values that read a folder of files, each with the column setting of the input kind it is
+for."""
 FILE_COLUMNS = {"id_col": "path", "image_col": "content"}
 """``input_format`` ``images``: the columns of Spark's ``binaryFile`` source the id and the image default to (each
-file's path and its bytes)."""
+file's path and its bytes); ``audio``: the same, ``audio_col`` for ``image_col``."""
 DEDUP_MODES = ("auto", "on", "off")
 LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 

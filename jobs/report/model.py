@@ -166,7 +166,7 @@ class RunReport:
         if self.ranked_out is not None:
             lines.append(f"  top-K per key: {self.ranked_out} scored rows ranked out, not published")
         if self.ignored_files:
-            lines.append(f"  {self.ignored_files} file(s) in the input folder ignored: not images")
+            lines.append(f"  {self.ignored_files} file(s) in the input folder ignored: not of the task's file types")
         if self.rows_missing is not None:
             chunk_rows = f" ({self.chunk_rows_deleted} chunk rows)" if self.chunk_rows_deleted is not None else ""
             carried = f", {self.rows_carried} dead letters carried (not scored again)" if self.rows_carried else ""

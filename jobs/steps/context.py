@@ -159,7 +159,7 @@ class RunContext:
     def input_files_digest(self) -> str:
         """A digest of the files the pinned input reads (:func:`~lakescore.jobs.steps.staging.input_fingerprint`),
         listed once per run: the early comparison's key and the plan's both name it."""
-        return input_fingerprint(self.source, file_stats=self.cfg.input_format == "images")
+        return input_fingerprint(self.source, file_stats=self.cfg.reads_folder)
 
 
 @dataclass(frozen=True)

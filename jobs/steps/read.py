@@ -163,16 +163,14 @@ def resolve_model(
 def _pinned(cfg: JobConfig, input_version: int | None) -> bool:
     """Whether :func:`read_source` pinned the input to one snapshot: a Delta version, or a Parquet path's listing (a
     table of another format is read as it is)."""
-    return input_version is not None or (
-        cfg.input_format != "images" and TableRef.parse(cfg.input_ref(), "input").is_path
-    )
+    return input_version is not None or (not cfg.reads_folder and TableRef.parse(cfg.input_ref(), "input").is_path)
 
 
 def read_source(cfg: JobConfig, spark: SparkSession) -> tuple[DataFrame, int | None, int | None]:
     """``cfg.input`` read at one snapshot (:func:`~lakescore.jobs.platform.tables.read_pinned`): ``(DataFrame, Delta
-    version, None)``; for ``input_format`` ``images`` the folder's files of the task's extensions
+    version, None)``; for ``input_format`` ``images`` or ``audio`` the folder's files of the task's extensions
     (:func:`~lakescore.jobs.platform.tables.read_files`): ``(DataFrame, None, other files ignored)``."""
-    if cfg.input_format != "images":
+    if not cfg.reads_folder:
         return (*read_pinned(spark, cfg.input_ref(), cfg.input_format), None)
     source, ignored = read_files(spark, cfg.input_ref(), cfg.input_kind.file_extensions)
     log.info(

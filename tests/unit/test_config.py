@@ -89,7 +89,7 @@ def test_unknown_top_level_key_from_set():
         ("validation.enabled=maybe", r"validation.enabled must be true or false"),
         (
             "task=summarize",
-            r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, "
+            r"task must be one of classify, embed, ner, image_classify, image_embed, tabular, generate, transcribe, "
             r"got 'summarize'",
         ),
         ("model.device=tpu", r"model.device must be one of auto, cpu, cuda, got 'tpu'"),

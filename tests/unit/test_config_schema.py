@@ -32,9 +32,9 @@ def test_every_model_spec_field_comes_from_the_model_config_by_name():
     from lakescore.jobs.steps.read import model_spec
     from lakescore.udfs.models.model_source import ModelSpec
 
-    # From the job, not the model section: `generate` and `embed` are the tasks' own sections; `input_kind` the job's,
-    # by its column settings.
-    derived = {"task", "feature_cols", "generate", "embed", "input_kind"}
+    # From the job, not the model section: `generate`, `embed` and `transcribe` are the tasks' own sections;
+    # `input_kind` the job's, by its column settings.
+    derived = {"task", "feature_cols", "generate", "embed", "transcribe", "input_kind"}
     spec_fields = {f.name for f in dataclasses.fields(ModelSpec)}
     assert spec_fields - derived <= set(ModelConfig.model_fields), "a ModelSpec field the config cannot set"
 
@@ -138,12 +138,13 @@ def test_sweep_flags_are_the_schema_fields_marked_for_it():
 
 def test_notebook_keywords_are_the_model_scoring_and_task_fields():
     from lakescore.jobs.api import _OPTIONS, _notebook_config
-    from lakescore.jobs.config import GenerateConfig
+    from lakescore.jobs.config import GenerateConfig, TranscribeConfig
 
     assert set(_OPTIONS) == (
         (set(ModelConfig.model_fields) - {"source"})
         | set(ScoringConfig.model_fields)
         | set(GenerateConfig.model_fields)
+        | set(TranscribeConfig.model_fields)
         | {"chunk"}
     )  # embed's one field: its chunk section
     cfg = _notebook_config("generate", "/m", None, {"max_new_tokens": 5, "choices": ["yes", "no"]}, text_col="prompt")

@@ -93,7 +93,7 @@ def test_the_spec_takes_the_model_sections_settings_in_order_with_their_defaults
     spec_fields = {f.name: f for f in fields(ModelSpec)}
     names = list(spec_fields)
     assert names[0] == "task" and names[1 : 1 + len(MODEL_SETTINGS)] == list(MODEL_SETTINGS)
-    assert names[1 + len(MODEL_SETTINGS) :] == ["feature_cols", "generate", "embed", "input_kind"]
+    assert names[1 + len(MODEL_SETTINGS) :] == ["feature_cols", "generate", "embed", "transcribe", "input_kind"]
     assert spec_fields["source"].default is MISSING
     for name in MODEL_SETTINGS[1:]:
         assert spec_fields[name].default == ModelOptions.model_fields[name].default, name

@@ -9,7 +9,7 @@ through these types:
 * the input kind's part, which its runner calls: :class:`~lakescore.udfs.batching.TextHead` (``tokenize`` and
   ``forward`` through the batching core), :class:`PromptHead` (a generation head: it plans and scores its own prompt
   batches; :class:`ImagePromptHead` over images), :class:`MatrixHead` (feature columns), :class:`ImageInputHead`
-  (encoded images);
+  (encoded images), :class:`AudioInputHead` (encoded recordings);
 * opt-in parts, which the core tells apart by ``isinstance`` (each is ``runtime_checkable``):
   :class:`PreparesBatches` (a text head that prepares and scores its rows itself: a document's chunks, or requests of
   many texts to a server), :class:`ChunksDocuments` (one input row many rows: the embedder its chunks go through),
@@ -43,6 +43,7 @@ __all__ = [
     "ImagePromptHead",
     "MatrixHead",
     "ImageInputHead",
+    "AudioInputHead",
     "PreparesBatches",
     "ChunksDocuments",
     "MetersTraffic",
@@ -107,6 +108,26 @@ class ImageInputHead(Head, Protocol):
     def preprocess(self, images: Sequence[Any]) -> Any: ...
 
     def forward(self, features: Any) -> np.ndarray: ...
+
+
+class AudioInputHead(Head, Protocol):
+    """A head over encoded recordings (the ``AudioRunner``'s): it decodes a row, cuts it in windows, and runs batches
+    of windows (any recordings' windows of one :meth:`batch_key`), then assembles a recording from its windows'
+    outputs."""
+
+    def decode(self, data: Any) -> Any: ...
+
+    def windows(self, samples: int) -> list[Any]: ...
+
+    def window_cost(self, window: Any) -> int: ...
+
+    def batch_key(self, window: Any) -> int: ...
+
+    def features(self, pieces: Sequence[Any]) -> Any: ...
+
+    def forward(self, features: Any) -> np.ndarray: ...
+
+    def assemble(self, outputs: Sequence[Any], windows: Sequence[Any]) -> tuple[str, list | None]: ...
 
 
 @runtime_checkable

@@ -45,6 +45,7 @@ from lakescore.udfs.options.model import (
 if TYPE_CHECKING:  # the sections' types only: they are built by the config, never here
     from lakescore.udfs.options.embed import EmbedOptions
     from lakescore.udfs.options.generate import GenerateOptions
+    from lakescore.udfs.options.transcribe import TranscribeOptions
 
 __all__ = [
     "ModelSourceError",
@@ -93,8 +94,9 @@ class ModelSpec:
     process-wide cache key. Its fields are the ``model`` section's (:class:`~lakescore.udfs.options.model.ModelOptions`,
     in its order and with its defaults; tests/unit/test_model_source.py keeps them in step) but
     :data:`~lakescore.udfs.options.model.DRIVER_ONLY`, plus the ``task``, a tabular model's ``feature_cols`` (in the
-    order the program takes them), the ``generate`` and ``embed`` tasks' settings
-    (:class:`~lakescore.udfs.options.generate.GenerateOptions`, :class:`~lakescore.udfs.options.embed.EmbedOptions`)
+    order the program takes them), the ``generate``, ``embed`` and ``transcribe`` tasks' settings
+    (:class:`~lakescore.udfs.options.generate.GenerateOptions`, :class:`~lakescore.udfs.options.embed.EmbedOptions`,
+    :class:`~lakescore.udfs.options.transcribe.TranscribeOptions`)
     and the name of another input kind the task reads than its own (``input_kind``).
     """
 
@@ -116,6 +118,7 @@ class ModelSpec:
     feature_cols: tuple[str, ...] = ()
     generate: GenerateOptions | None = None
     embed: EmbedOptions | None = None
+    transcribe: TranscribeOptions | None = None
     input_kind: str | None = None
 
     def identity(self) -> dict:
@@ -173,7 +176,7 @@ class ModelSpec:
 MODEL_SETTINGS = tuple(name for name in ModelOptions.model_fields if name not in DRIVER_ONLY)
 """The ``model`` section's settings a worker reads: the spec's fields after ``task``, up to ``feature_cols``."""
 
-_TASK_SECTIONS = ("generate", "embed")
+_TASK_SECTIONS = ("generate", "embed", "transcribe")
 """The spec's fields holding a task's own settings section, each counted in :meth:`~ModelSpec.identity` only when
 it says something (so a spec without one keeps the digests it had before the field existed)."""
 

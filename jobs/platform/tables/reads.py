@@ -94,7 +94,7 @@ def read_files(spark: SparkSession, ref: str | TableRef, extensions: tuple[str, 
     folder without such a file."""
     ref = TableRef.parse(ref, "input")
     if not ref.is_path:
-        raise TableError(f"input_format images reads a folder of files; input {ref.text!r} is a table name")
+        raise TableError(f"input_format images / audio reads a folder of files; input {ref.text!r} is a table name")
     # A glob of character classes, so that PNG, Png and png all match: Hadoop's glob filter is case-sensitive
     pattern = "*.{" + ",".join("".join(f"[{c.lower()}{c.upper()}]" for c in ext) for ext in extensions) + "}"
 

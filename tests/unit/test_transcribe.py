@@ -1,0 +1,182 @@
+"""The transcribe task without Spark: decoding and its per-row reasons, the windows, and the head through the audio
+runner against ``transformers.pipeline("automatic-speech-recognition")`` on the same decoded audio, for a tiny Whisper
+and a tiny wav2vec2 CTC model (random weights, built in the test), on recordings from a second to a few minutes,
+batched together."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from lakescore.schemas.reasons import (
+    AUDIO_TOO_LONG,
+    EMPTY_AUDIO,
+    INVALID_AUDIO,
+    MISSING_FILE,
+    NULL_INPUT,
+    UNSUPPORTED_SAMPLE_RATE,
+)
+from lakescore.udfs.audio import AudioFailure, decode_audio, windows
+from lakescore.udfs.audio_runner import AudioRunner
+from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy
+from lakescore.udfs.models.model_source import ModelSpec
+from lakescore.udfs.options.transcribe import TranscribeOptions
+from tests.tiny_audio import encoded, recording, save_wav2vec2, save_whisper
+
+RATE = 16_000
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory):
+    return save_whisper(tmp_path_factory.mktemp("whisper"))
+
+
+@pytest.fixture(scope="module")
+def ctc_dir(tmp_path_factory):
+    return save_wav2vec2(tmp_path_factory.mktemp("ctc"))
+
+
+def _pipeline(model_dir):
+    from transformers import pipeline
+
+    return pipeline("automatic-speech-recognition", model=str(model_dir))
+
+
+def _head(model_dir, **options):
+    from lakescore.udfs.heads.transcribe import load_transcriber
+
+    spec = ModelSpec("transcribe", str(model_dir), transcribe=TranscribeOptions(**options))
+    return load_transcriber(spec, model_dir)
+
+
+def _run(head, values, paths=None, max_tokens=4096, max_rows=8):
+    columns = {"audio": pa.array(values, pa.binary())}
+    if paths is not None:
+        columns["path"] = pa.array(paths, pa.string())
+    batch = pa.RecordBatch.from_pydict(columns)
+    runner = AudioRunner(head, list(columns))
+    prepared = runner.prepare(batch)
+    scored = runner.score(prepared, AdaptiveBudget(BatchPolicy(max_tokens, max_rows)))
+    return runner, prepared, scored
+
+
+def _recordings(window_s: float):
+    """Recordings of several shapes: short, mono at 16 kHz; stereo at 44.1 kHz; MP3 at 22.05 kHz; one of three
+    windows and one of ten (a few minutes for 30-second windows), in four formats."""
+    return [
+        encoded(recording(2.5, seed=1), RATE, "WAV"),
+        encoded(recording(4, rate=44_100, seed=2, channels=2), 44_100, "FLAC"),
+        encoded(recording(5, rate=22_050, seed=4), 22_050, "MP3"),
+        encoded(recording(window_s * 7 / 3, seed=3), RATE, "OGG"),
+        encoded(recording(window_s * 20 / 3, rate=8_000, seed=5), 8_000, "WAV"),
+    ]
+
+
+def test_decoding_is_libsndfile_then_soxr_and_each_bad_row_has_its_reason():
+    import soundfile
+    import soxr
+
+    stereo = recording(1.5, rate=44_100, seed=7, channels=2)
+    for fmt in ("WAV", "FLAC", "OGG", "MP3"):
+        data = encoded(stereo, 44_100, fmt)
+        decoded = decode_audio(data, RATE, None)
+        read, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        expected = soxr.resample(read.mean(axis=1, dtype=np.float32), rate, RATE)
+        assert decoded.sample_rate == 44_100 and decoded.duration_s == pytest.approx(len(read) / rate)
+        np.testing.assert_array_equal(decoded.samples, expected)
+        assert abs(len(decoded.samples) - 1.5 * RATE) < 0.01 * RATE  # mp3 pads a few frames
+
+    wav = encoded(recording(1.0), RATE, "WAV")
+    odd_rate = bytearray(wav)
+    odd_rate[24:28] = struct.pack("<I", 7)  # the fmt chunk's sample rate
+    cases = {
+        None: NULL_INPUT,
+        b"": NULL_INPUT,
+        b"not audio at all" * 8: INVALID_AUDIO,
+        encoded(recording(3.0), RATE, "FLAC")[:2000]: INVALID_AUDIO,
+        encoded(np.zeros(0, np.float32), RATE, "WAV"): EMPTY_AUDIO,
+        encoded(recording(12.0), RATE, "WAV"): AUDIO_TOO_LONG,
+        bytes(odd_rate): UNSUPPORTED_SAMPLE_RATE,
+    }
+    for data, reason in cases.items():
+        failure = decode_audio(data, RATE, 10.0)
+        assert isinstance(failure, AudioFailure) and failure.reason == reason, (reason, failure)
+        assert "\n" not in failure.error and "BytesIO" not in failure.error
+    assert "12.0 s long" in decode_audio(encoded(recording(12.0), RATE, "WAV"), RATE, 10.0).error
+
+
+def test_windows_are_the_pipelines_chunks():
+    from transformers.pipelines.automatic_speech_recognition import chunk_iter
+
+    class Identity:
+        sampling_rate = RATE
+
+        def __call__(self, chunk, **_):
+            return {}
+
+    for samples in (1, 479_999, 480_000, 480_001, 1_120_000, 1_600_321):
+        for chunk, stride in ((480_000, 80_000), (160_000, 16_000)):
+            theirs = [
+                item["stride"] for item in chunk_iter(np.zeros(samples, np.float32), Identity(), chunk, stride, stride)
+            ]
+            ours = [(w.length, w.left, w.right) for w in windows(samples, chunk, stride, stride)]
+            assert ours == theirs, (samples, chunk)
+
+
+@pytest.mark.parametrize("arch", ["ctc", "whisper"])
+def test_texts_equal_the_pipeline_on_every_row_batched_with_long_recordings(arch, ctc_dir, whisper_dir):
+    model_dir = ctc_dir if arch == "ctc" else whisper_dir
+    timestamps = True if arch == "whisper" else "word"
+    head = _head(model_dir, return_timestamps=True)
+    pipe = _pipeline(model_dir)
+    window_s = head.chunk_length_s
+    assert window_s == (30 if arch == "ctc" else 6)  # the model's own window: Whisper's feature extractor's
+    values = _recordings(window_s)
+    broken = [None, b"garbage" * 40, None]
+    paths = [None] * len(values) + [None, None, "/no/such/file.wav"]
+    # a budget of two Whisper windows (or about 40 s of CTC frames): windows of different rows share batches
+    budget = 2 * head.window_cost(head.windows(int(window_s * RATE))[0])
+    runner, prepared, scored = _run(head, values + broken, paths, max_tokens=budget)
+    assert len(prepared.windows) == 3 + 3 + 10
+    assert scored.reasons[len(values) :] == [NULL_INPUT, INVALID_AUDIO, MISSING_FILE]
+    assert runner.raw_inputs(prepared, scored)[-1] == "/no/such/file.wav"
+    text, duration, rate, segments = [a.to_pylist() for a in head.columns(scored.outputs, scored.ok)]
+    assert text[len(values) :] == [None] * 3
+    for i in range(len(values)):
+        audio = {"raw": prepared.decoded[i].samples, "sampling_rate": RATE}
+        expected = pipe(dict(audio), chunk_length_s=window_s, return_timestamps=timestamps)
+        assert text[i] == expected["text"], i
+        assert [(s["start"], s["end"], s["text"]) for s in segments[i]] == [
+            (*c["timestamp"], c["text"]) for c in expected["chunks"]
+        ]
+        assert rate[i] == prepared.decoded[i].sample_rate and duration[i] == prepared.decoded[i].duration_s
+        if prepared.decoded[i].duration_s < window_s:  # one window: the plain pipeline, unchunked
+            assert text[i] == pipe(dict(audio), return_timestamps=timestamps)["text"]
+    assert any(len(t) > 3 for t in text[: len(values)])  # the tiny models write text, so equality says something
+    alone = _run(head, values[3:4])[2]
+    assert head.columns(alone.outputs, alone.ok)[0].to_pylist() == text[3:4]  # a row's text is not its batch's
+
+
+def test_whisper_language_and_task_reach_generate_as_the_pipelines(whisper_dir):
+    head = _head(whisper_dir, language="de", whisper_task="translate")
+    pipe = _pipeline(whisper_dir)
+    values = [encoded(recording(6, seed=9), RATE, "WAV")]
+    _, prepared, scored = _run(head, values)
+    expected = pipe(
+        {"raw": prepared.decoded[0].samples, "sampling_rate": RATE},
+        chunk_length_s=6,
+        generate_kwargs={"language": "de", "task": "translate"},
+    )
+    assert head.columns(scored.outputs, scored.ok)[0].to_pylist() == [expected["text"]]
+    assert len(head.columns(scored.outputs, scored.ok)) == 3  # no segments unless asked
+
+
+def test_a_ctc_model_refuses_whispers_settings(ctc_dir, tmp_path):
+    from lakescore.udfs.models.model_source import UnfitModelError
+
+    with pytest.raises(UnfitModelError, match="Whisper's"):
+        _head(ctc_dir, language="en")
