@@ -59,6 +59,11 @@ class TranscribeOptions(Section):
         return chunk, chunk / 6 if self.stride_length_s is None else self.stride_length_s
 
     @property
+    def remote(self) -> bool:
+        """Whether a remote model transcribes (never yet: the model is loaded in the worker)."""
+        return False
+
+    @property
     def endpoint(self) -> None:
         """No endpoint yet: ``/v1/audio/transcriptions`` is not wired (docs/transcription.md)."""
         return None
