@@ -39,6 +39,7 @@ from lakescore.jobs.config.values import (
     shown,
 )
 from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
+from lakescore.udfs.models.cpu_paths import CpuFacts, CpuPath, read_cpu_facts
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 from lakescore.udfs.options.batch import BatchOptions
 from lakescore.udfs.options.remote import MESSAGES_API, EndpointOptions
@@ -162,7 +163,7 @@ class JobConfig(Section):
     @model_validator(mode="after")
     def _combinations(self) -> JobConfig:
         task = get_task(self.task)
-        if self.model.backend not in task.backends:
+        if self.model.backend not in (*task.backends, "auto"):
             raise ConfigError(
                 f"model.backend {self.model.backend!r} cannot run task {self.task!r} (it runs on "
                 f"{', '.join(task.backends)})"
@@ -213,7 +214,9 @@ class JobConfig(Section):
                 "draws each row's text on its own; use dedup auto or off, or temperature 0"
             )
         reduced = self.model.quantize if self.model.quantize != "none" else self.model.dtype
-        if reduced != "float32" and not kind.is_text:  # a lossy path runs only where its tolerance check does
+        if (
+            reduced not in ("float32", "auto") and not kind.is_text
+        ):  # a lossy path runs only where its tolerance check does
             raise ConfigError(
                 f"{reduced} is checked against float32 on a sample of the input before a run scores, which lakescore "
                 f"does for text tasks only; task {self.task!r} runs float32 (drop model.dtype / model.quantize)"
@@ -341,6 +344,14 @@ class JobConfig(Section):
         """Whether a row's output depends only on its input (all tasks but sampled generation): what dedup needs."""
         options = self.task_options()
         return options.deterministic if options is not None else True
+
+    def model_on_cpu(self, facts: CpuFacts | None = None) -> tuple[ModelConfig, CpuPath | None]:
+        """The ``model`` section with ``auto`` backend / dtype made concrete for a CPU with ``facts`` (default: this
+        host's, :func:`~lakescore.udfs.models.cpu_paths.read_cpu_facts`), and the path chosen (``None``: none was
+        ``auto``); a lossy path only for a task whose input is text (the ones with a tolerance check)."""
+        if "auto" not in (self.model.backend, self.model.dtype):
+            return self.model, None
+        return self.model.on_cpu(facts or read_cpu_facts(), self.input_kind.is_text)
 
     def task_options(self) -> TaskOptions | None:
         """The task's own settings section, which its head takes as it is (``generate``: :class:`GenerateOptions`),

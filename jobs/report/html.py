@@ -142,6 +142,7 @@ def _identity(report: Mapping[str, Any]) -> str:
         ("model revision", report.get("model_revision") or "unknown"),
         ("model sha256", report.get("model_sha256")),
         ("precision", precision_check_text(check) if (check := report.get("precision_check")) else None),
+        ("model auto", f"{c['backend']} {c['dtype']}: {c['reason']}" if (c := report.get("cpu_path")) else None),
         ("started", report.get("started_at")),
         ("finished", report.get("finished_at")),
         ("stopped in step", report.get("failed_step")),

@@ -102,6 +102,10 @@ class RunReport:
     """A reduced-precision run (``model.quantize`` int8, ``model.dtype`` bfloat16 / float16): what its preflight
     checked against float32 and passed: ``path``, ``sample_rows`` and the head's figures (``cosine_p1`` for
     embeddings, ``agreement`` and ``prob_delta_p99`` for classifiers); ``None`` for float32 runs."""
+    cpu_path: dict[str, str] | None = None
+    """``model.backend`` / ``model.dtype`` ``auto``: the CPU path it chose from this host's CPU flags: ``backend``,
+    ``dtype``, ``quantize`` and the ``reason`` (:func:`lakescore.udfs.models.cpu_paths.choose_cpu_path`); ``None``
+    when neither was ``auto``."""
     staging_removed: list[str] | None = None
     """Staging of the output's earlier runs that no run can resume any more (other run keys, last committed before
     this run started), removed after this run's publish: the tables or folders."""
@@ -179,6 +183,9 @@ class RunReport:
         if self.error_rows:
             reasons = ", ".join(f"{k} {v}" for k, v in (self.error_reasons or {}).items())
             lines.append(f"  {self.error_rows} rows {dead_letters_place(vars(self))} ({reasons})")
+        if self.cpu_path:
+            path = self.cpu_path
+            lines.append(f"  model auto: {path['backend']} {path['dtype']} ({path['reason']})")
         if self.precision_check:
             lines.append(f"  {precision_check_text(self.precision_check)}")
         if self.dedup and self.dedup.get("used"):

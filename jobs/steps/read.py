@@ -74,13 +74,18 @@ log = logging.getLogger(__name__)
 
 
 def model_spec(cfg: JobConfig, feature_cols: tuple[str, ...] = ()) -> ModelSpec:
-    """The worker-side model key for ``cfg``: its ``model`` section's settings, the task, the feature columns and the
+    """The worker-side model key for ``cfg``: its ``model`` section's settings (``auto`` backend / dtype made concrete
+    for this host's CPU, :meth:`~lakescore.jobs.config.JobConfig.model_on_cpu`), the task, the feature columns and the
     task's own settings section (``generate``)."""
     kind = cfg.input_kind
     other = kind.name if kind is not get_task(cfg.task).input_kind else None
     section = get_task(cfg.task).options_section
     return ModelSpec.of(
-        cfg.task, cfg.model, feature_cols, input_kind=other, **({section: cfg.task_options()} if section else {})
+        cfg.task,
+        cfg.model_on_cpu()[0],
+        feature_cols,
+        input_kind=other,
+        **({section: cfg.task_options()} if section else {}),
     )
 
 

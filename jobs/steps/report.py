@@ -68,6 +68,7 @@ def assemble_report(
         dedup=plan.dedup.as_report(accounting.forward_passes_saved),
         input_scans=plan.input_scans,
         precision_check=identity.precision_check,
+        cpu_path=path.as_report() if (path := cfg.model_on_cpu()[1]) is not None else None,
         staging_removed=list(outcome.staging_removed) or None,
         errors_table=targets.errors_ref,
         error_reasons=accounting.reasons,

@@ -257,7 +257,7 @@ def test_backend_and_quantization_are_part_of_the_cache_key_not_the_cache_dir(mi
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model.backend=tensorrt"], r"model.backend must be one of torch, onnx, got 'tensorrt'"),
+        (["model.backend=tensorrt"], r"model.backend must be one of torch, onnx, auto, got 'tensorrt'"),
         (["model.quantize=int4"], r"model.quantize must be one of none, int8, got 'int4'"),
         (["model.quantize=int8"], r"model.quantize int8 needs model.backend onnx"),
         (["model.backend=onnx", "model.device=cuda"], r"model.backend onnx runs on CPU"),
@@ -296,3 +296,97 @@ def test_notebook_entry_points_refuse_unchecked_int8(minilm_dir):
     with pytest.raises(ConfigError, match="quantize='int8' is checked against float32 before a scoring job starts"):
         _notebook_config("embed", minilm_dir, None, {"backend": "onnx", "quantize": "int8"})
     assert _notebook_config("embed", minilm_dir, None, {"backend": "onnx"}).model.backend == "onnx"
+
+
+AMX_XEON = frozenset("avx2 fma avx512f avx512bw avx512_vnni avx_vnni avx512_bf16 amx_tile amx_int8 amx_bf16".split())
+ZEN4_EPYC = frozenset("avx2 fma avx512f avx512dq avx512bw avx512vl avx512_vnni avx512_bf16".split())
+COOPER_LAKE = frozenset("avx2 fma avx512f avx512bw avx512_vnni avx512_bf16".split())
+
+
+@pytest.mark.parametrize(
+    "vendor, flags, expected, why",
+    [
+        ("GenuineIntel", AMX_XEON, ("torch", "bfloat16", "none"), "AMX bfloat16"),
+        ("AuthenticAMD", ZEN4_EPYC, ("torch", "bfloat16", "none"), "AVX-512 BF16 on AMD"),
+        ("GenuineIntel", COOPER_LAKE, ("torch", "float32", "none"), "without AMX"),
+        ("AuthenticAMD", frozenset({"avx2", "fma"}), ("torch", "float32", "none"), "no native bfloat16"),
+        ("", frozenset(), ("torch", "float32", "none"), "no native bfloat16"),
+    ],
+)
+def test_the_cpu_path_follows_the_flags(vendor, flags, expected, why):
+    from lakescore.udfs.models.cpu_paths import CpuFacts, choose_cpu_path
+
+    path = choose_cpu_path(CpuFacts(vendor, flags))
+    assert (path.backend, path.dtype, path.quantize) == expected
+    assert why in path.reason and (vendor or "unknown vendor") in path.reason
+
+
+def test_the_cpu_path_stays_float32_without_a_tolerance_check_or_on_a_fixed_backend():
+    from lakescore.udfs.models.cpu_paths import CpuFacts, choose_cpu_path
+
+    amx = CpuFacts("GenuineIntel", AMX_XEON)
+    assert (choose_cpu_path(amx, lossy_allowed=False).backend, choose_cpu_path(amx, lossy_allowed=False).dtype) == (
+        "torch",
+        "float32",
+    )
+    onnx = choose_cpu_path(amx, backend="onnx")
+    assert (onnx.backend, onnx.dtype, "on backend onnx" in onnx.reason) == ("onnx", "float32", True)
+    assert choose_cpu_path(amx, backend="torch").dtype == "bfloat16"
+
+
+def test_cpu_facts_read_from_cpuinfo(tmp_path):
+    from lakescore.udfs.models.cpu_paths import read_cpu_facts
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx512f avx512_bf16\n\n"
+        "processor\t: 1\nvendor_id\t: Other\nflags\t\t: fpu\n"
+    )
+    facts = read_cpu_facts(str(info))
+    assert (facts.vendor, facts.flags) == ("AuthenticAMD", frozenset({"fpu", "avx512f", "avx512_bf16"}))
+    assert read_cpu_facts(str(tmp_path / "missing")).flags == frozenset()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.dtype=auto", "model.device=cuda"], r"auto choose among CPU paths"),
+        (["model.backend=auto"], r"model.backend auto picks the precision too"),
+        (["model.backend=auto", "model.dtype=auto", "model.quantize=int8"], r"model.backend auto picks the precision"),
+    ],
+)
+def test_auto_settings_fail_with_the_key(overrides, message):
+    from lakescore.jobs.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
+
+
+def test_auto_reaches_the_spec_concrete_and_the_report_with_its_reason():
+    from lakescore.jobs.config import load_config
+    from lakescore.udfs.models.cpu_paths import CpuFacts
+
+    epyc = CpuFacts("AuthenticAMD", ZEN4_EPYC)
+    cfg = load_config(overrides=["model.backend=auto", "model.dtype=auto"])
+    model, path = cfg.model_on_cpu(epyc)
+    assert (model.backend, model.dtype, model.quantize) == ("torch", "bfloat16", "none")
+    assert path is not None and path.as_report()["reason"].startswith("AuthenticAMD")
+    onnx_int8 = load_config(overrides=["model.backend=onnx", "model.quantize=int8", "model.dtype=auto"])
+    assert onnx_int8.model_on_cpu(epyc)[0].model_dump(include={"backend", "dtype", "quantize"}) == {
+        "backend": "onnx",
+        "dtype": "float32",
+        "quantize": "int8",
+    }
+    tabular = load_config(overrides=["task=tabular", "model.dtype=auto"])  # no tolerance check: float32
+    assert tabular.model_on_cpu(epyc)[0].dtype == "float32"
+    assert load_config().model_on_cpu(epyc)[1] is None
+    with pytest.raises(ValueError, match="make them concrete first"):
+        ModelSpec.of("embed", cfg.model)
+
+
+def test_auto_on_this_host_gives_the_spec_a_concrete_path():
+    from lakescore.jobs.config import load_config
+    from lakescore.jobs.steps.read import model_spec
+
+    spec = model_spec(load_config(overrides=["model.backend=auto", "model.dtype=auto"]))
+    assert spec.backend in ("torch", "onnx") and spec.dtype in ("float32", "bfloat16")

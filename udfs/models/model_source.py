@@ -168,6 +168,8 @@ class ModelSpec:
         ``embed=``: :class:`~lakescore.udfs.options.embed.EmbedOptions`); ``input_kind``: the name of another input
         kind the task reads than its own (:attr:`lakescore.udfs.registry.Task.other_inputs`)."""
         settings = {name: getattr(model, name) for name in MODEL_SETTINGS}  # the section's fields, by their names
+        if "auto" in (settings["backend"], settings["dtype"]):
+            raise ValueError("model.backend / model.dtype auto: make them concrete first (ModelOptions.on_cpu)")
         pin = settings["expect_sha256"]
         settings["expect_sha256"] = pin.lower() if pin else None
         return cls(task=task, **settings, feature_cols=feature_cols, input_kind=input_kind, **task_options)
