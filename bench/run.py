@@ -10,7 +10,8 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--repeats`` [REPEATS], default 3: runs per peer on W1;
 * ``--w2-repeats`` [W2_REPEATS], default 1: runs per peer on W2;
 * ``--peers`` [PEERS], default ``abcdtpeqfk`` (``o``, lakescore on ONNX float32, on request; ``f`` and ``k``,
-  torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX);
+  torch bfloat16: the plain loop and lakescore, the fast CPU path where the CPU has AMX; ``u``, lakescore with
+  ``--backend auto --dtype auto``, on request);
   ``--workloads`` [WORKLOADS], default ``W1,W2,F200,W3,C1,W4,W4E,W5`` (F200: the first 200 W1 rows through
   (d), for the fixed cost of a run; W3: incremental scoring and dedup, :mod:`bench.incremental`;
   C1: int8 and bfloat16 on a trained classifier against float32, fidelity only, :mod:`bench.classifier`, ~2 minutes;
@@ -40,7 +41,7 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w1l-rows`` [W1L_ROWS], default 60,000; ``--w1l-repeats`` [W1L_REPEATS], default 2; ``--w1l-peers`` [W1L_PEERS],
   default ``ad``: workload W1L (not in the default ``--workloads``; ``make bench WORKLOADS=W1L``): W1's generator at
   that many rows, its peers alternating (a, d, a, d), target (d) >= 1.1x (a) whole process; with a fast pair
-  (``W1L_PEERS=adqe`` or ``adkf``), the fastest configuration against its plain loop too, target >= 1.0x;
+  (``W1L_PEERS=adqe``, ``adkf`` or ``adu``), the fastest configuration against its plain loop too, target >= 1.0x;
 * ``--w3t-rows`` [W3T_ROWS], default 1,000,000: workload W3T (not in the default ``--workloads``): an incremental run
   on a tabular table of that many rows against one of 10,000, 0.1% changed, ``--repeats`` rounds, target <= 1.3x
   (:mod:`bench.scale_flat`);
@@ -153,7 +154,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--w2-repeats", type=int, default=_env_int("W2_REPEATS", 1), help="runs per peer on W2 [W2_REPEATS; default 1]"
     )
     parser.add_argument(
-        "--peers", default=os.environ.get("PEERS") or "abcdtpeqfk", help="subset of abcdtpeoqfk [PEERS]"
+        "--peers", default=os.environ.get("PEERS") or "abcdtpeqfk", help="subset of abcdtpeoqfku [PEERS]"
     )
     parser.add_argument(
         "--workloads", default=os.environ.get("WORKLOADS") or "W1,W2,F200,W3,C1,W4,W4E,W5", help="[WORKLOADS]"
@@ -248,7 +249,7 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--w1l-peers",
         default=os.environ.get("W1L_PEERS") or W1L_PEERS,
-        help=f"W1L's peers, a subset of adeoqfk [W1L_PEERS; default {W1L_PEERS}]",
+        help=f"W1L's peers, a subset of adeoqfku [W1L_PEERS; default {W1L_PEERS}]",
     )
     parser.add_argument(
         "--w3t-rows",
@@ -273,8 +274,8 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.w2_rows is None:
         args.w2_rows = _env_int("W2_ROWS", max(1, args.rows // 8))
     args.naive_rows = min(args.naive_rows, args.rows)
-    if not args.w1l_peers or set(args.w1l_peers) - set("adeoqfk"):
-        parser.error(f"--w1l-peers {args.w1l_peers!r}: W1L's peers are a subset of adeoqfk")
+    if not args.w1l_peers or set(args.w1l_peers) - set("adeoqfku"):
+        parser.error(f"--w1l-peers {args.w1l_peers!r}: W1L's peers are a subset of adeoqfku")
     return args
 
 
@@ -333,7 +334,7 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                 continue
             if workload == "W1":
                 prefix = args.naive_rows < args.rows
-                if peer.key in "adtpeoqfk" or not prefix:
+                if peer.key in "adtpeoqfku" or not prefix:
                     jobs.append(Job("W1", peer, paths["W1"], args.rows, args.repeats))
                 if peer.key in "bcd" and prefix:
                     # (b) and (c) are too slow for every W1 row; (d) runs the same prefix for equal-row ratios.
@@ -413,7 +414,7 @@ def _equivalence(results: list[RunResult]) -> dict[str, dict]:
         return next((r.log.parent for r in results if r.ok and r.job.workload == "W1" and r.job.peer.key == key), None)
 
     plain, found = first("a"), {}
-    for key in ("d", "o", "q", "k", "e", "f"):
+    for key in ("d", "o", "q", "k", "u", "e", "f"):
         run_dir = first(key)
         if plain is None or run_dir is None:
             continue

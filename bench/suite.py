@@ -37,14 +37,17 @@ PEERS = (
     Peer("q", "lakescore score --backend onnx --quantize int8"),
     Peer("f", "plain loop on torch bfloat16 (pandas + ST encode, length-sorted, 1 process): (a) at k's precision"),
     Peer("k", "lakescore score --dtype bfloat16"),
+    Peer("u", "lakescore score --backend auto --dtype auto (the CPU path its flags pick)"),
 )
 LAKESCORE_RUNS = {
     "d": (),
     "o": ("--backend", "onnx"),
     "q": ("--backend", "onnx", "--quantize", "int8"),
     "k": ("--dtype", "bfloat16"),
+    "u": ("--backend", "auto", "--dtype", "auto"),
 }
-"""The ``lakescore score`` peers: the default (torch float32), the ONNX backends and torch bfloat16."""
+"""The ``lakescore score`` peers: the default (torch float32), the ONNX backends, torch bfloat16 and the automatic
+CPU path (:mod:`lakescore.udfs.models.cpu_paths`)."""
 
 
 def model_cache_dir(run_dir: Path) -> Path:
