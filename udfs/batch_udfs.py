@@ -49,6 +49,8 @@ __all__ = [
     "row_body",
     "TOO_LARGE",
     "held_parts",
+    "OUTCOME_FIELDS",
+    "outcome_column",
 ]
 
 ArrowFunction = Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]
@@ -84,6 +86,14 @@ OUTCOME_SCHEMA = pa.schema(
     ]
 )
 """One row per collected line (the ledger's outcomes)."""
+OUTCOME_FIELDS = ("kind", "status", "body", "message", "round")
+"""A line's final outcome as :func:`make_result_function` reads it beside the row, each under
+:func:`outcome_column`."""
+
+
+def outcome_column(field: str) -> str:
+    """The name outcome ``field`` goes by beside a row's own columns (an input's text column may well be ``body``)."""
+    return f"__lakescore_outcome_{field}"
 
 
 def row_body(options: Any, model: str, api: str, prompt: str, key: str) -> dict[str, Any]:
@@ -146,19 +156,17 @@ def make_submit_function(
 
     def submit(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
-        rows: list[tuple[str, int, bytes]] = []
-        for batch in batches:
-            rows.extend(
-                zip(
-                    batch.column("custom_id").to_pylist(),
-                    batch.column("chunk").to_pylist(),
-                    batch.column("line").to_pylist(),
-                )
-            )
-        chunks = {line_id: chunk for line_id, chunk, _ in rows}
+        chunks: dict[str, int] = {}
+
+        def lines() -> Iterator[tuple[str, bytes]]:  # streamed: a task holds one file's lines at a time
+            for batch in batches:
+                ids, their_chunks = batch.column("custom_id").to_pylist(), batch.column("chunk").to_pylist()
+                chunks.update(zip(ids, their_chunks))
+                yield from zip(ids, batch.column("line").to_pylist())
+
         held_now: Mapping[str, Mapping[str, str]] | None = None
         try:
-            for part in cut_files(((line_id, line) for line_id, _, line in rows), max_requests, max_bytes):
+            for part in cut_files(lines(), max_requests, max_bytes):
                 ids = [line_id for line_id, _ in part]
                 digest = part_digest(run_key, round_, ids)
                 if held_now is None and _retried_task():  # an earlier attempt of this task may have created some
@@ -187,7 +195,7 @@ def make_submit_function(
                 yield pa.RecordBatch.from_arrays(
                     [
                         pa.array(ids, pa.string()),
-                        pa.array([chunks[i] for i in ids], pa.int32()),
+                        pa.array([chunks.pop(i) for i in ids], pa.int32()),
                         pa.array([round_] * n, pa.int32()),
                         pa.array([digest] * n, pa.string()),
                         pa.array([batch_id] * n, pa.string()),
@@ -305,8 +313,8 @@ def make_result_function(
     max_bytes: int,
     max_resubmits: int,
 ) -> ArrowFunction:
-    """Each row (``keep_cols``, its prompt, and its final outcome: ``kind``, ``status``, ``body``, ``message``,
-    ``round``, null where it was never sent) as the task's output row (``out_schema``,
+    """Each row (``keep_cols``, its prompt, and its final outcome: :data:`OUTCOME_FIELDS` under
+    :func:`outcome_column`, null where it was never sent) as the task's output row (``out_schema``,
     :func:`~lakescore.schemas.output.scored_schema`): published from a result the answer's checks pass, else
     dead-lettered as the per-row path would (``endpoint_error`` / ``endpoint_unfinished``), a line past
     ``max_resubmits`` ``endpoint_error`` naming its last reason, a null prompt ``null_input``. Each Arrow batch's
@@ -324,8 +332,9 @@ def make_result_function(
             if n == 0:
                 continue
             prompts = batch.column(prompt_col).to_pylist()
-            kinds, bodies = batch.column("kind").to_pylist(), batch.column("body").to_pylist()
-            messages, rounds = batch.column("message").to_pylist(), batch.column("round").to_pylist()
+            kinds, bodies, messages, rounds = (
+                batch.column(outcome_column(f)).to_pylist() for f in ("kind", "body", "message", "round")
+            )
             outputs = np.empty(n, dtype=object)
             reasons: list[str | None] = [None] * n
             errors: list[str | None] = [None] * n

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import time
 from collections import Counter
@@ -47,6 +46,7 @@ from lakescore.schemas.output import scored_schema
 from lakescore.udfs.batch_udfs import (
     CUSTOM_ID,
     LINE,
+    OUTCOME_FIELDS,
     OUTCOME_SCHEMA,
     SUBMITTED_SCHEMA,
     held_parts,
@@ -54,9 +54,10 @@ from lakescore.udfs.batch_udfs import (
     make_render_function,
     make_result_function,
     make_submit_function,
+    outcome_column,
 )
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path
+from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path, task_count
 
 if TYPE_CHECKING:
     from lakescore.jobs.config import JobConfig
@@ -114,16 +115,23 @@ def stage_through_batches(
     endpoint, settings = cfg.batch_endpoint()
     ledger = BatchLedger(run.spark, cfg.output_ref(), cfg.write.staging, plan.staging.key)
     keep = plan.kept_columns(cfg.row_cols)
-    rows = functools.reduce(DataFrame.unionByName, [chunk_rows(c).withColumn(_CHUNK, F.lit(c)) for c in todo])
-    key_col = keep[0]
-    if len(cfg.id_cols) > 1:  # one value per row to seed its draws from, as the per-row path seeds them
-        rows, key_col = rows.withColumn(_KEY, row_key(cfg.id_cols)), _KEY
+    key_col = _KEY if len(cfg.id_cols) > 1 else keep[0]  # one value per row to seed its draws from, as per row
     read = list(dict.fromkeys([*keep, *run.input_cols, key_col, _CHUNK]))
     passed = {name: resolvable_name(name) for name in read}
-    rows = rows.select(*[column(c).alias(passed[c]) for c in read])
+
+    def rows_of(chunks: Sequence[int]) -> DataFrame:
+        rows = functools.reduce(DataFrame.unionByName, [chunk_rows(c).withColumn(_CHUNK, F.lit(c)) for c in chunks])
+        if key_col == _KEY:
+            rows = rows.withColumn(_KEY, row_key(cfg.id_cols))
+        return rows.select(*[column(c).alias(passed[c]) for c in read])
+
     prompt_col = passed[run.input_cols[0]]
     out = T.StructType(
-        [*rows.schema.fields, T.StructField(CUSTOM_ID, T.StringType()), T.StructField(LINE, T.BinaryType())]
+        [
+            *rows_of(todo[:1]).schema.fields,
+            T.StructField(CUSTOM_ID, T.StringType()),
+            T.StructField(LINE, T.BinaryType()),
+        ]
     )
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -137,7 +145,12 @@ def stage_through_batches(
         to_arrow_schema(out),
         settings.max_bytes_per_file,
     )
-    rendered = rows.mapInArrow(render, out)
+
+    def rendered_of(chunks: Sequence[int]) -> DataFrame:
+        """The rows of ``chunks`` with their lines, rendered where they live (lazy: each use renders them again)."""
+        return rows_of(chunks).mapInArrow(render, out)
+
+    rendered = rendered_of(todo)
     client = driver_client(endpoint)
     try:
         while True:
@@ -151,7 +164,7 @@ def stage_through_batches(
             _collect(run, ledger, states, collected, endpoint)
     finally:
         client.close()
-    _stage(run, plan, ledger, rendered, todo, keep, passed, prompt_col, settings)
+    _stage(run, plan, ledger, rendered_of, todo, keep, passed, prompt_col, settings)
 
 
 def _submit(
@@ -173,12 +186,13 @@ def _submit(
     )
     again = sendable.join(due, "custom_id")
     to_send = first.unionByName(again)
-    per_round = to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n")).collect()
-    counts = {int(r["round"]): int(r["n"]) for r in per_round}
-    for round_, n in sorted(counts.items()):
+    per_round = to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("line")).alias("size"))
+    sizes = {int(r["round"]): (int(r["n"]), int(r["size"])) for r in per_round.collect()}
+    counts = {round_: n for round_, (n, _) in sizes.items()}
+    for round_, (n, size) in sorted(sizes.items()):
         at_point("batch_submit")
         known = held_parts(client, ledger.run_key, round_)
-        parts = max(1, math.ceil(n / settings.max_requests_per_file))
+        parts = task_count(n, size, settings.max_requests_per_file, settings.max_bytes_per_file)
         submit = make_submit_function(
             endpoint.url,
             endpoint.api_key_env,
@@ -191,7 +205,8 @@ def _submit(
             known,
             on_created=_batch_created,
         )
-        # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts
+        # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts;
+        # the tasks upload at once as many files as the cluster runs tasks
         submitted = (
             to_send.where(F.col("round") == round_)
             .select("custom_id", "chunk", "line")
@@ -308,29 +323,32 @@ def _stage(
     run: RunContext,
     plan: Plan,
     ledger: BatchLedger,
-    rendered: DataFrame,
+    rendered_of: Callable[[Sequence[int]], DataFrame],
     todo: Sequence[int],
     keep: Sequence[str],
     passed: dict[str, str],
     prompt_col: str,
     settings: Any,
 ) -> None:
-    """Each chunk's rows joined to their lines' last outcomes and staged, one commit per chunk."""
+    """Each chunk's rows (``rendered_of([chunk])``: rendered again, that chunk's alone) joined to their lines' last
+    outcomes and staged, one commit per chunk."""
     cfg = run.cfg
     last = Window.partitionBy("custom_id").orderBy(F.col("round").desc())
     final = (
         ledger.outcomes()
         .withColumn("_n", F.row_number().over(last))
         .where(F.col("_n") == 1)
-        .select(F.col("custom_id").alias(CUSTOM_ID), "kind", "status", "body", "message", "round")
+        .select(F.col("custom_id").alias(CUSTOM_ID), *[F.col(f).alias(outcome_column(f)) for f in OUTCOME_FIELDS])
     )
-    pending = final.where((F.col("kind") == RETRY) & (F.col("round") < settings.max_resubmits)).limit(1).count()
+    kind, round_ = F.col(outcome_column("kind")), F.col(outcome_column("round"))
+    pending = final.where((kind == RETRY) & (round_ < settings.max_resubmits)).limit(1).count()
     if pending:
         raise RuntimeError("provider batch: a line due a resubmission was left unsent (a bug: nothing is staged)")
     spec = plan.spec
     task = get_task(spec.task)
     types = task.output_arrow_types_for(task.options_of(spec))
-    kept = [T.StructField(c, rendered.schema[passed[c]].dataType, rendered.schema[passed[c]].nullable) for c in keep]
+    fields = rendered_of(todo[:1]).schema
+    kept = [T.StructField(c, fields[passed[c]].dataType, fields[passed[c]].nullable) for c in keep]
     # the kept columns under their own names, as the per-row path stages them
     schema = scored_schema(cfg.task, *kept, asked=cfg.asked_outputs(), chunked=cfg.chunked)
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -349,10 +367,10 @@ def _stage(
     for chunk in todo:
         at_point(f"chunk_commit:{chunk}")
         rows = (
-            rendered.where(F.col(_CHUNK) == chunk)
+            rendered_of([chunk])
             .drop(LINE)
             .join(final, CUSTOM_ID, "left")
-            .select(*[passed[c] for c in keep], prompt_col, "kind", "status", "body", "message", "round")
+            .select(*[passed[c] for c in keep], prompt_col, *[outcome_column(f) for f in OUTCOME_FIELDS])
         )
         plan.staging.commit_chunk(rows.mapInArrow(result, schema), chunk, plan.tag)
         at_point(f"chunk_committed:{chunk}")

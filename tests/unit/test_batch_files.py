@@ -18,6 +18,7 @@ from lakescore.udfs.batch_udfs import (
     make_download_function,
     make_render_function,
     make_result_function,
+    outcome_column,
     row_body,
 )
 from lakescore.udfs.options.generate import GenerateOptions
@@ -250,7 +251,7 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
         ("message", pa.string()),
         ("round", pa.int32()),
     ):
-        columns[name] = pa.array([None if r is None else r[name] for r in rows], kind)
+        columns[outcome_column(name)] = pa.array([None if r is None else r[name] for r in rows], kind)
     staged = pa.Table.from_batches(list(result(iter([pa.record_batch(list(columns.values()), names=list(columns))]))))
     staged = staged.to_pylist()
     assert [r["generated_text"] for r in staged] == ["zero", None, None, None, "four", None]

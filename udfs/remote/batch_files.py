@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ __all__ = [
     "request_path",
     "cut_files",
     "part_digest",
+    "task_count",
+    "HEADROOM",
     "parse_jsonl",
     "classify",
     "absent",
@@ -129,6 +132,22 @@ def cut_files(
         size += len(line)
     if part:
         yield part
+
+
+HEADROOM = 1.05
+"""How far over its even share a task's lines may come (hash partitions are uneven by about the square root of their
+size: 0.5% at 50,000 lines) and still fit one file."""
+
+
+def task_count(lines: int, size: int, max_requests: int, max_bytes: int) -> int:
+    """How many tasks a round's ``lines`` lines (``size`` bytes in all) are submitted by: enough that each task's even
+    share, with :data:`HEADROOM`, fits one file, so a task holds about one file's lines at a time and the files are
+    uploaded as many at once as the cluster runs tasks.
+
+    >>> task_count(1_000_000, 290_000_000, 50_000, 200 * 1024**2), task_count(10, 10**9, 50_000, 200 * 1024**2)
+    (21, 6)
+    """
+    return max(1, math.ceil(lines * HEADROOM / max_requests), math.ceil(size * HEADROOM / max_bytes))
 
 
 def part_digest(run_key: str, round_: int, line_ids: Sequence[str]) -> str:
