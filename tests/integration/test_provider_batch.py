@@ -30,6 +30,7 @@ from lakescore.jobs.testing_hooks import ENABLE_ENV, KILL_ENV
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.providers import Faults, Pick, batch_provider
+from tests.providers.batch_provider import CHEAP_MODEL
 from tests.served_models import TransformersServe
 
 TEMPLATE = "Review: {body}\nSummary:"
@@ -153,6 +154,40 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         assert report.cost["token_cost"] == pytest.approx(probe_cost + (per_row - probe_cost) / 2, abs=1e-6)
         assert batch["saving"] == pytest.approx(per_row - report.cost["token_cost"], abs=1e-6)
         assert "provider batch:" in report.summary()
+
+
+def test_a_text_column_named_as_an_outcome_field_in_two_chunks_publishes_every_row_once(spark, tmp_path, provider_key):
+    """The rows' own text column is ``body`` (an outcome field's name too), no template, two chunks (each rendered and
+    staged alone): every row once with the cheap provider's echo, every file within ``max_requests_per_file``."""
+    source, output = tmp_path / "reviews", tmp_path / "echoes"
+    frame = _reviews(10)
+    _write(spark, frame, source)
+    with batch_provider(cheap=True) as provider:
+        flags = {
+            "input": str(source),
+            "output": str(output),
+            "task": "generate",
+            "id_col": "review_id",
+            "text_col": "body",
+            "generate.max_new_tokens": 3,
+            "max_error_rate": 0.5,
+            "spark.master": "local[2]",
+            "write.chunk_rows": 5,
+            "generate.endpoint.url": provider.url,
+            "generate.endpoint.model": CHEAP_MODEL,
+            "generate.endpoint.api_key_env": KEY_ENV,
+            "generate.endpoint.batch": {"max_requests_per_file": 3, "poll_interval_s": 0.2},
+        }
+        report = run_scoring(load_config(flags=flags), spark)
+        assert report.status == "succeeded", report.error
+        counts = provider.request_counts()
+    assert report.chunks["total"] == 2
+    out = read_output(spark, str(output)).sort_values("review_id")
+    present = frame[frame["body"].notna()].sort_values("review_id")
+    assert out["review_id"].tolist() == present["review_id"].tolist()  # every row once, the null one dead-lettered
+    assert report.error_reasons == {"null_input": 1}
+    assert out["generated_text"].tolist() == [" ".join(b.split()[:3]) for b in present["body"]]
+    assert sum(c["total"] for c in counts.values()) == 9 and max(c["total"] for c in counts.values()) <= 3
 
 
 def _score(flags: dict, env: dict) -> subprocess.CompletedProcess:
