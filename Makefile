@@ -218,8 +218,8 @@ submit-local: wheel env
 
 # Benchmark lakescore against a plain loop, a naive pandas UDF and predict_batch_udf; writes BENCHMARKS.md.
 # Knobs (env or make variables): ROWS NAIVE_ROWS W2_ROWS REPEATS W2_REPEATS PEERS WORKLOADS W3_ROWS W4_ROWS
-# W4_REPEATS W4_BATCH_TOKENS W5_ROWS W5_REPEATS W5_INPUT W6_USERS W6_CANDIDATES W6_TOP_K W6_REPEATS W6T_USERS W9_QUERIES BENCH_MD, e.g. a smoke run: make bench REPEATS=1 W2_REPEATS=1 ROWS=2000 NAIVE_ROWS=500 W2_ROWS=1000 BENCH_MD=-;
-# generation (W4) alone: make bench WORKLOADS=W4 BENCH_MD=-; through an endpoint (W4E, issue 48) alone: make bench WORKLOADS=W4E BENCH_MD=-; through vLLM (W4V, issue 58; make engine-vllm first; knobs W4V_ROWS W4V_REPEATS): make bench WORKLOADS=W4,W4V BENCH_MD=-; images (W5) alone: make bench WORKLOADS=W5 BENCH_MD=-; top-K (W6, on request only) alone: make bench WORKLOADS=W6 BENCH_MD=-; top-K over texts (W6T, on request only): make bench WORKLOADS=W6T BENCH_MD=-; pairs reranked (W9, on request only): make bench WORKLOADS=W9 BENCH_MD=-
+# W4_REPEATS W4_BATCH_TOKENS W5_ROWS W5_REPEATS W5_INPUT W6_USERS W6_CANDIDATES W6_TOP_K W6_REPEATS W6T_USERS W9_QUERIES W4B_ROWS BENCH_MD, e.g. a smoke run: make bench REPEATS=1 W2_REPEATS=1 ROWS=2000 NAIVE_ROWS=500 W2_ROWS=1000 BENCH_MD=-;
+# generation (W4) alone: make bench WORKLOADS=W4 BENCH_MD=-; through an endpoint (W4E, issue 48) alone: make bench WORKLOADS=W4E BENCH_MD=-; through vLLM (W4V, issue 58; make engine-vllm first; knobs W4V_ROWS W4V_REPEATS): make bench WORKLOADS=W4,W4V BENCH_MD=-; images (W5) alone: make bench WORKLOADS=W5 BENCH_MD=-; top-K (W6, on request only) alone: make bench WORKLOADS=W6 BENCH_MD=-; top-K over texts (W6T, on request only): make bench WORKLOADS=W6T BENCH_MD=-; pairs reranked (W9, on request only): make bench WORKLOADS=W9 BENCH_MD=-; a provider's Batch API at 1,000,000 rows (W4B, issue 67, on request only): make bench WORKLOADS=W4B BENCH_MD=-
 .PHONY: bench
 bench:
 	$(PY) -m bench

@@ -45,6 +45,11 @@ Knobs (flag, or the environment variable in brackets, which ``make bench VAR=...
 * ``--w3t-rows`` [W3T_ROWS], default 1,000,000: workload W3T (not in the default ``--workloads``): an incremental run
   on a tabular table of that many rows against one of 10,000, 0.1% changed, ``--repeats`` rounds, target <= 1.3x
   (:mod:`bench.scale_flat`);
+* ``--w4b-rows`` [W4B_ROWS], default 1,000,000: workload W4B (not in the default ``--workloads``): generation through a
+  provider's Batch API (the test suite's provider in cheap mode, a process of its own) over a table of that many rows
+  against one of 10,000, and the small one through the per-row path for the cost at equal outputs; the driver's peak
+  RSS flat (<= 1.2x), every row once, files within the limits, the batch cost half the per-row
+  (:mod:`bench.provider_batch_scale`);
 * ``--markdown`` [BENCH_MD], default ``BENCHMARKS.md`` (``-`` to skip).
 
 Every run also prints the figures at scale (:mod:`bench.scale`): per machine, F200's fixed cost, the scoring stage's
@@ -90,6 +95,7 @@ from bench.images import W5, W5_REPEATS, W5_ROWS, W5_SHAPES, W5Result, run_w5, w
 from bench.incremental import W3, W3_ROWS, W3Result, run_w3, w3_lines
 from bench.plan_check import plan_lines, run_plans
 from bench.proctree import run_measured
+from bench.provider_batch_scale import W4B, W4B_ROWS, W4BResult, run_w4b, w4b_lines
 from bench.report import (
     COSINE_TARGET,
     FIXED_WORKLOAD,
@@ -258,6 +264,12 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"W3T's large tabular table [W3T_ROWS; default {W3T_ROWS:,}]",
     )
     parser.add_argument(
+        "--w4b-rows",
+        type=int,
+        default=_env_int("W4B_ROWS", W4B_ROWS),
+        help=f"W4B's large table [W4B_ROWS; default {W4B_ROWS:,}]",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=REPO / ".lakescore" / "bench",
@@ -350,9 +362,9 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
                     )
             elif workload == "W2":
                 jobs.append(Job("W2", peer, paths["W2"], args.w2_rows, args.w2_repeats))
-            elif workload in (W3, C1, W4, W4E, W4V, W5, W6, W7, W6T, W9, W1L, W3T):
+            elif workload in (W3, C1, W4, W4E, W4V, W5, W6, W7, W6T, W9, W1L, W3T, W4B):
                 # not a peer on a table: run_w3, run_c1, run_w4, run_w4e, run_w4v, run_w5, run_w6, run_w7, run_w6t,
-                # run_w9, W1L, run_w3t
+                # run_w9, W1L, run_w3t, run_w4b
                 continue
             elif workload == FIXED_WORKLOAD:
                 if peer.key == "d":
@@ -360,7 +372,7 @@ def _jobs(args: argparse.Namespace, paths: dict[str, Path]) -> list[Job]:
             else:
                 raise SystemExit(
                     f"unknown workload {workload!r} (W1, W2, {FIXED_WORKLOAD}, {W3}, {C1}, {W4}, {W4E}, {W4V}, {W5}, "
-                    f"{W6}, {W7}, {W6T}, {W9}, {W1L}, {W3T})"
+                    f"{W6}, {W7}, {W6T}, {W9}, {W1L}, {W3T}, {W4B})"
                 )
     return jobs
 
@@ -623,6 +635,22 @@ RUN_SECTION = "## The last full `make bench` run"
 """Where a run's own part of the document starts."""
 
 
+def _w4b_section(w4b: W4BResult | None) -> list[str]:
+    if w4b is None:
+        return []
+    return [
+        "## W4B: generation through a provider's Batch API at scale (issue 67)",
+        "",
+        "`bench/provider_batch_scale.py`: `lakescore score --task generate` with `generate.endpoint.batch` over a "
+        "small and a large table, each against the test suite's Batch API provider in cheap mode in a process of its "
+        "own, and the small table through the per-row endpoint path; the driver's RSS is the `lakescore` process "
+        "alone.",
+        "",
+        *[f"- {line}" for line in w4b_lines(w4b)],
+        "",
+    ]
+
+
 def _section(text: str, heading: str) -> str:
     """``text`` from ``heading`` up to the next ``## `` heading (or the end); empty without ``heading``."""
     start = text.find(heading)
@@ -658,6 +686,7 @@ def _markdown(
     w4e: W4EResult | None = None,
     w6t: W6TResult | None = None,
     w9: W9Result | None = None,
+    w4b: W4BResult | None = None,
 ) -> str:
     targets = [f"- {w}: {name} >= {t:g}" for w, name, t in TARGETS]
     targets += [
@@ -738,6 +767,7 @@ def _markdown(
             *_w7_section(w7),
             *_w6t_section(w6t),
             *_w9_section(w9),
+            *_w4b_section(w4b),
             "## Targets (from the spec; reported, not enforced)",
             "",
             *targets,
@@ -794,6 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w6t = run_w6t(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w6t_users) if W6T in wanted else None
     w9 = run_w9(data_dir, runs_dir, env, REPO, args.w6_repeats, args.w9_queries) if W9 in wanted else None
     w3t = run_w3t(data_dir, runs_dir, env, REPO, args.repeats, args.w3t_rows) if W3T in wanted else None
+    w4b = run_w4b(data_dir, runs_dir, env, REPO, args.w4b_rows) if W4B in wanted else None
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     facts["bench wall time"] = f"{(time.perf_counter() - started) / 60:.1f} min (data, all runs, equivalence)"
 
@@ -825,8 +856,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(["", *w9_lines(w9)]), flush=True)
     if w3t is not None:
         print("\n".join(["", *w3t_lines(w3t)]), flush=True)
+    if w4b is not None:
+        print("\n".join(["", *w4b_lines(w4b)]), flush=True)
     body = render(summaries, equivalence, markdown=True) + "".join(f"\n- {line}" for line in [*planned, *scaled])
-    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7, w4e, w6t, w9)
+    document = _markdown(facts, args, described, body, w3, c1, w4, w5, w6, w3t, w7, w4e, w6t, w9, w4b)
     (args.out / "results.md").write_text(document)
     (args.out / "results.json").write_text(
         json.dumps(
@@ -857,6 +890,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = Path(args.markdown).read_text() if Path(args.markdown).exists() else ""
         Path(args.markdown).write_text(compose(document, previous))
         print(f"\nwritten: {args.markdown}", flush=True)
-    ran = results or w3 or c1 or w4 or w4e or w4v or w5 or w6 or w3t or w7 or w6t or w9
-    extra = (w3, c1, w4, w4e, w4v, w5, w6, w3t, w7, w6t, w9)
+    ran = results or w3 or c1 or w4 or w4e or w4v or w5 or w6 or w3t or w7 or w6t or w9 or w4b
+    extra = (w3, c1, w4, w4e, w4v, w5, w6, w3t, w7, w6t, w9, w4b)
     return 0 if ran and all(r.ok for r in results) and all(x is None or x.ok for x in extra) else 1
