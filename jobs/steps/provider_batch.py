@@ -383,16 +383,26 @@ def _spark_schema(schema: Any) -> T.StructType:
     return from_arrow_schema(schema)
 
 
+MAX_REASONS = 20
+"""The resubmission reasons a report names, most frequent first; the rest are counted under :data:`OTHER_REASONS` (a
+provider's message may name its line, so there may be one reason per line)."""
+OTHER_REASONS = "(other reasons)"
+
+
 def batch_summary(ledger: BatchLedger) -> dict[str, Any]:
     """What the report says of a batch run: its batches (id, round, lines, state), the lines submitted, and the lines
-    resubmitted by reason (the message of the outcome each resubmission followed)."""
+    resubmitted by reason (the message of the outcome each resubmission followed; the :data:`MAX_REASONS` most
+    frequent, the rest together)."""
     states = ledger.states()
-    resent = (
-        ledger.outcomes().where(F.col("kind") == RETRY).groupBy("message").agg(F.count(F.lit(1)).alias("n")).collect()
-    )
+    retried = ledger.outcomes().where(F.col("kind") == RETRY)
+    by_reason = retried.groupBy("message").agg(F.count(F.lit(1)).alias("n"))
+    top = by_reason.orderBy(F.col("n").desc(), F.col("message")).limit(MAX_REASONS + 1).collect()
+    reasons = {str(r["message"]): int(r["n"]) for r in top[:MAX_REASONS]}
+    if len(top) > MAX_REASONS:
+        reasons[OTHER_REASONS] = retried.count() - sum(reasons.values())
     return {
         "batches": [{"id": s.batch_id, "round": s.round, "lines": s.lines, "status": s.status} for s in states],
         "lines_submitted": sum(s.lines for s in states if s.status != "failed"),
         "lines_resubmitted": sum(s.lines for s in states if s.round > 0 and s.status != "failed"),
-        "retry_reasons": {str(r["message"]): int(r["n"]) for r in resent},
+        "retry_reasons": reasons,
     }
