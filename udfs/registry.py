@@ -90,6 +90,9 @@ class InputKind:
     prompted: bool = False
     """The kind reads a rendered prompt (``generate.prompt_template``, required) beside its column: the job adds the
     prompt as the last input column."""
+    prefix_cached: bool = False
+    """The kind's rows are prompts that an engine's prefix cache or a provider's prompt cache reuses when they share a
+    prefix: over an endpoint or a served engine the scoring stage orders them by prompt (``scoring.group_prefixes``)."""
     timed_rows: int = 64
     """Copies of the preflight sample the preflight scores as one batch, timed (the fastest of a few calls, so a first
     call's warm-up is not counted): the model's seconds per row, by which the scoring stage decides whether shuffling
@@ -136,6 +139,7 @@ PROMPT = InputKind(  # not timed: a batch of prompts is a whole generation each
     ("transformers.tokenization_utils_tokenizers",),
     row_keys=True,
     column_setting="text_col",
+    prefix_cached=True,
     timed_rows=0,
 )
 """One string column, as :data:`TEXT`, read as prompts (rendered by the job from ``generate.prompt_template``)."""

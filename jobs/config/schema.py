@@ -353,6 +353,15 @@ class JobConfig(Section):
             return self.model, None
         return self.model.on_cpu(facts or read_cpu_facts(), self.input_kind.is_text)
 
+    @property
+    def groups_prefixes(self) -> bool:
+        """Whether the scoring stage orders the rows by their rendered prompt (``scoring.group_prefixes``): for prompts
+        an engine or provider caches by prefix (:attr:`~lakescore.udfs.registry.InputKind.prefix_cached`), each sent
+        as a request of its own (an endpoint or a served engine), where the order changes no answer."""
+        options = self.task_options()
+        remote = options is not None and options.remote
+        return self.scoring.group_prefixes and self.input_kind.prefix_cached and remote
+
     def task_options(self) -> TaskOptions | None:
         """The task's own settings section, which its head takes as it is (``generate``: :class:`GenerateOptions`),
         else ``None``."""

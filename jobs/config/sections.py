@@ -92,6 +92,13 @@ class ScoringConfig(Section):
     """Score identical inputs (same ``input_digest``) once per chunk and fan the outputs out to every row having them:
     ``on``, ``off``, or ``auto``: on when a sample of the input repeats enough to pay for the shuffle (never for a model
     faster than 10 µs a row, which is not sampled)."""
+    group_prefixes: bool = True
+    """``generate`` over an endpoint or a served engine: the scoring stage partitions each chunk's rows by range of
+    their rendered prompt and sorts each task's rows by it, so rows whose prompts share a prefix reach one engine
+    together, in sequence, and its prefix cache (or the provider's prompt cache) computes the prefix once. Each row is
+    a request of its own, so no answer changes; ``false``: the rows keep the input's partitioning. In-process
+    generation is never grouped (nothing reuses a prefix there, and other neighbours in a padded batch could flip a
+    greedy tie)."""
 
     def max_tokens_for(self, device: str) -> int:
         """The token budget for ``device``: the configured one, else the device default."""

@@ -34,7 +34,7 @@ from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.scoring_udf import RowCounter, make_scoring_function
 
-__all__ = ["score_dataframe", "score_into_staging", "pin_staging"]
+__all__ = ["score_dataframe", "scoring_shuffle", "grouped_by_prompt", "score_into_staging", "pin_staging"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ def score_dataframe(
     The scoring stage runs on ``scoring.partitions`` tasks (default: the cluster's
     parallelism when the input has fewer partitions, or always over Spark Connect, where
     the input's partitions are unknown), so a one-file input still uses every core.
+    Prompts sent as requests (:attr:`~lakescore.jobs.config.JobConfig.groups_prefixes`) are spread by range of the
+    prompt instead and sorted within each task (:func:`grouped_by_prompt`), so rows sharing a prefix arrive together.
     ``rows_counter`` receives each batch's rows (live progress; classic sessions only). ``key_col``: the column
     identifying each row (kept, or read only for this), for a task whose runner seeds per-row draws from it
     (generation's sampling). ``tally_rows``: each Arrow batch's worker metrics on a row of their own
@@ -81,8 +83,10 @@ def score_dataframe(
     layout = layout or scoring_layout(df.sparkSession, cfg)
     profile, partitions = layout.profile, layout.partitions
     target = partitions or default_parallelism(df.sparkSession)
-    planned = partition_count(df)
-    if partitions or profile is not None or planned is None or planned < target:
+    shuffle = scoring_shuffle(partition_count(df), target, partitions is not None or profile is not None)
+    if cfg.groups_prefixes:
+        df = grouped_by_prompt(df, target, input_cols[-1])
+    elif shuffle:
         df = df.repartition(target)
     # the kept columns' own names
     schema = scored_schema(
@@ -108,6 +112,26 @@ def score_dataframe(
         tally_rows=tally_rows,
     )
     return df.select(*[column(c).alias(passed[c]) for c in read]).mapInArrow(scorer, schema, profile=profile)
+
+
+def scoring_shuffle(planned: int | None, target: int, configured: bool) -> bool:
+    """Whether the scoring stage spreads its input over ``target`` tasks: when the tasks (or a resource profile,
+    which covers a whole stage) are ``configured``, when the input's ``planned`` partitions are unknown (Spark
+    Connect) or fewer than ``target``.
+
+    >>> scoring_shuffle(1, 8, False), scoring_shuffle(16, 8, False), scoring_shuffle(16, 8, True)
+    (True, False, True)
+    """
+    return configured or planned is None or planned < target
+
+
+def grouped_by_prompt(df: DataFrame, tasks: int, prompt_col: str) -> DataFrame:
+    """``df`` over ``tasks`` tasks by range of ``prompt_col`` (the rendered prompt), each task's rows sorted by it:
+    rows whose prompts share a prefix are neighbours in one task, in sequence (a task boundary splits one group at
+    most), so an engine's prefix cache sees a prefix's rows together. Always a shuffle: the input's own order, even in
+    one partition, would scatter them."""
+    prompt = column(prompt_col)
+    return df.repartitionByRange(tasks, prompt).sortWithinPartitions(prompt)
 
 
 def score_into_staging(run: RunContext, plan: Plan, clock: StepClock) -> list[tuple[float, int]]:

@@ -12,7 +12,9 @@ tiny seeded Llama-shaped model on CPU, offline, started once for the module.
 * a served engine (``generate.server.engine: transformers``) started by the job, killed mid-run and restarted once,
   with no engine process left when the run ends;
 * two ``lakescore score`` processes with ``generate.server`` on this host at once: the one that ends first leaves the
-  other's engine serving, and both publish every row.
+  other's engine serving, and both publish every row;
+* an input in one partition, each document's questions scattered through it: the rows reach the scoring function by
+  range of their rendered prompt, sorted within each task (``scoring.group_prefixes``).
 """
 
 from __future__ import annotations
@@ -646,3 +648,39 @@ def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_
     errors = spark.read.format("delta").load(str(tmp_path / "captions_errors")).toPandas()
     reasons = dict(zip([p.rsplit("/", 1)[1] for p in errors["path"]], errors["reason"]))
     assert reasons == {"5.png": "invalid_image", "6.png": "null_input"}
+
+
+def test_prompts_that_share_a_document_reach_the_endpoint_together_in_prompt_order(spark, served, tiny_causal_lm_dir):
+    """Issue 68: an input stored in one partition, each document's questions scattered through it, reaches the
+    scoring stage's tasks by range of the rendered prompt and sorted within each (``scoring.group_prefixes``), so a
+    document's rows are sent together."""
+    from pyspark.sql import functions as F
+
+    from lakescore.jobs.steps.read import model_spec, render_prompts
+    from lakescore.jobs.steps.score import score_dataframe
+    from lakescore.schemas.contracts import PROMPT_COLUMN
+
+    template = "Document: {doc}\nQuestion: {question}\nAnswer:"
+    rows = [(d * 4 + q, f"doc {d} " + "word " * (3 + d), f"is it {q}?") for d in range(4) for q in range(4)]
+    stored = [rows[i] for i in (5, 12, 0, 9, 14, 3, 7, 10, 1, 15, 6, 13, 2, 8, 11, 4)]  # documents interleaved
+    source = spark.createDataFrame(stored, "id long, doc string, question string").coalesce(1)
+    prompts = {i: template.format(doc=d, question=q) for i, d, q in rows}
+
+    cfg = _config(
+        Path("unused"),
+        Path("unused-out"),
+        **{
+            "id_col": "id",
+            "generate.prompt_template": template,
+            "generate.max_new_tokens": 1,
+            "generate.endpoint.url": served.url,
+            "generate.endpoint.model": str(tiny_causal_lm_dir),
+            "scoring.partitions": 2,
+        },
+    )
+    rendered = render_prompts(template, ("id",), source, "the test's rows")
+    scored = score_dataframe(rendered, cfg, model_spec(cfg), ["id"], (PROMPT_COLUMN,), key_col="id")
+    # a narrow stage after the scoring function: each task's rows in the order the function read them
+    grouped = [(r["task"], r["id"]) for r in scored.select(F.spark_partition_id().alias("task"), "id").collect()]
+    assert [prompts[i] for _, i in grouped] == sorted(prompts.values())  # every task's rows in prompt order
+    assert {task for task, _ in grouped} == {0, 1}  # and both tasks scored: ranges of the prompt, not one task
