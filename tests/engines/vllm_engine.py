@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -81,8 +81,10 @@ class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` with ``args`` on a free loopback port, in a
     session of its own; :meth:`stop` ends every process of that session."""
 
-    def __init__(self, model_dir: Path, log: Path, name: str, args: Sequence[str] = SERVE_ARGS) -> None:
-        self.model_dir, self.log, self.name, self.args = model_dir, log, name, tuple(args)
+    def __init__(
+        self, model_dir: Path, log: Path, name: str, args: Sequence[str] = SERVE_ARGS, env: Mapping[str, str] = {}
+    ) -> None:
+        self.model_dir, self.log, self.name, self.args, self.env = model_dir, log, name, tuple(args), dict(env)
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
@@ -107,7 +109,7 @@ class VllmServer:
         ]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True
+                command, stdout=log, stderr=subprocess.STDOUT, env={**engine_env(), **self.env}, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while not healthy(self.port):

@@ -650,37 +650,42 @@ def test_images_with_a_prompt_through_an_endpoint_equal_in_process_greedy_and_a_
     assert reasons == {"5.png": "invalid_image", "6.png": "null_input"}
 
 
-def test_prompts_that_share_a_document_reach_the_endpoint_together_in_prompt_order(spark, served, tiny_causal_lm_dir):
+def test_prompts_that_share_a_document_reach_the_endpoint_together_in_prompt_order(spark, tiny_causal_lm_dir):
     """Issue 68: an input stored in one partition, each document's questions scattered through it, reaches the
-    scoring stage's tasks by range of the rendered prompt and sorted within each (``scoring.group_prefixes``), so a
-    document's rows are sent together."""
+    scoring function by range of the rendered prompt, sorted within each task (``scoring.group_prefixes``), so a
+    document's rows are sent together. The plan is read, not run (nothing is sent), and the partitioning it holds is
+    run alone, in the JVM: seconds, no Python worker."""
     from pyspark.sql import functions as F
 
     from lakescore.jobs.steps.read import model_spec, render_prompts
-    from lakescore.jobs.steps.score import score_dataframe
+    from lakescore.jobs.steps.score import grouped_by_prompt, score_dataframe
     from lakescore.schemas.contracts import PROMPT_COLUMN
 
     template = "Document: {doc}\nQuestion: {question}\nAnswer:"
     rows = [(d * 4 + q, f"doc {d} " + "word " * (3 + d), f"is it {q}?") for d in range(4) for q in range(4)]
     stored = [rows[i] for i in (5, 12, 0, 9, 14, 3, 7, 10, 1, 15, 6, 13, 2, 8, 11, 4)]  # documents interleaved
     source = spark.createDataFrame(stored, "id long, doc string, question string").coalesce(1)
+    rendered = render_prompts(template, ("id",), source, "the test's rows")
     prompts = {i: template.format(doc=d, question=q) for i, d, q in rows}
 
-    cfg = _config(
-        Path("unused"),
-        Path("unused-out"),
-        **{
+    def scoring_plan(group: bool) -> str:
+        flags = {
             "id_col": "id",
             "generate.prompt_template": template,
-            "generate.max_new_tokens": 1,
-            "generate.endpoint.url": served.url,
+            "generate.endpoint.url": "http://127.0.0.1:9/v1",  # never called: the plan is only built
             "generate.endpoint.model": str(tiny_causal_lm_dir),
             "scoring.partitions": 2,
-        },
-    )
-    rendered = render_prompts(template, ("id",), source, "the test's rows")
-    scored = score_dataframe(rendered, cfg, model_spec(cfg), ["id"], (PROMPT_COLUMN,), key_col="id")
-    # a narrow stage after the scoring function: each task's rows in the order the function read them
-    grouped = [(r["task"], r["id"]) for r in scored.select(F.spark_partition_id().alias("task"), "id").collect()]
-    assert [prompts[i] for _, i in grouped] == sorted(prompts.values())  # every task's rows in prompt order
-    assert {task for task, _ in grouped} == {0, 1}  # and both tasks scored: ranges of the prompt, not one task
+            "scoring.group_prefixes": group,
+        }
+        cfg = _config(Path("unused"), Path("unused-out"), **flags)
+        scored = score_dataframe(rendered, cfg, model_spec(cfg), ["id"], (PROMPT_COLUMN,), key_col="id")
+        return scored._jdf.queryExecution().executedPlan().toString()
+
+    grouped, ungrouped = scoring_plan(True), scoring_plan(False)
+    prompt = f"rangepartitioning({PROMPT_COLUMN}"
+    assert prompt in grouped and f"Sort [{PROMPT_COLUMN}" in grouped, grouped
+    assert prompt not in ungrouped and "roundrobinpartitioning(2)" in ungrouped.lower(), ungrouped
+    # the grouping itself: each task's rows in the order the scoring function reads them, tasks in order
+    tasks = grouped_by_prompt(rendered, 2, PROMPT_COLUMN).select(F.spark_partition_id().alias("task"), "id").collect()
+    assert [prompts[r["id"]] for r in tasks] == sorted(prompts.values())
+    assert {r["task"] for r in tasks} == {0, 1}  # ranges of the prompt over both tasks, not one
