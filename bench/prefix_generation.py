@@ -51,8 +51,8 @@ W11_NEW_TOKENS = 8
 W11_SEED = 20261129
 DOC_TOKENS = (300, 400)
 CONCURRENCY = 16
-BLOCK_SIZE = 16
-KV_BLOCKS = 256
+BLOCK_SIZE = 32
+KV_BLOCKS = 128
 """4,096 tokens of KV cache: about ten of W11's prompts, so a few documents at a time."""
 TEMPLATE = "Document: {doc}\n\nQuestion: {question}\nAnswer:"
 QUESTIONS = (
