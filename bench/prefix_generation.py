@@ -1,8 +1,8 @@
 """W11: prompts that share a prefix (issue 68), through one vLLM CPU server whose KV cache holds a few documents only.
 
-:data:`W11_DOCS` documents of 300-400 tokens (W1 review texts joined, W4's tokenizer counting), :data:`W11_QUESTIONS`
-questions each, one row per (document, question) with the prompt ``"Document: {doc}\\n\\nQuestion: {question}\\nAnswer:"``
-(the document first: the part the rows share), stored in a shuffled order. :data:`W11_NEW_TOKENS` new tokens each,
+:data:`W11_DOCS` documents of 300-400 tokens (W1 review texts joined, W4's tokenizer counting),
+:data:`W11_QUESTIONS` questions each, one row per (document, question) with the prompt :data:`TEMPLATE` (the document
+first: the part the rows share), stored in a shuffled order. :data:`W11_NEW_TOKENS` new tokens each,
 greedy, W4's model (:func:`bench.generation.make_w4_model`) served by vLLM's CPU build (``make engine-vllm``) with
 prefix caching on and its KV cache capped (``--num-gpu-blocks-override``) to :data:`KV_BLOCKS` blocks of
 :data:`BLOCK_SIZE` tokens, so the table's order cannot hit the cache by chance. Four peers, each a whole process run
@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if "grouped" in results and "ungrouped" in results:
         speed = results["ungrouped"]["seconds"] / results["grouped"]["seconds"]
         print(
-            f"W11 grouped vs ungrouped, whole process: {speed:.2f}x   target >= {SPEED_TARGET:g}x: {speed >= SPEED_TARGET}"
+            f"W11 grouped vs ungrouped, whole process: {speed:.2f}x   "
+            f"target >= {SPEED_TARGET:g}x: {speed >= SPEED_TARGET}"
         )
     if "grouped" in results and "sorted" in results and results["sorted"]["hit_rate"]:
         share = results["grouped"]["hit_rate"] / results["sorted"]["hit_rate"]
