@@ -20,7 +20,6 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from tests.engines.vllm_engine import SERVE_ARGS, VllmServer, needs_vllm
-from tests.integration.test_score_job import read_output
 
 pytestmark = needs_vllm
 
@@ -94,7 +93,8 @@ def _hit_rate(spark, tmp_path, url: str, grouped: bool) -> tuple[float, pd.DataF
     assert report.status == "succeeded", report.error
     after = _counters(url)
     queried = after["prefix_cache_queries"] - before["prefix_cache_queries"]
-    return (after["prefix_cache_hits"] - before["prefix_cache_hits"]) / queried, read_output(spark, str(output))
+    out = spark.read.format("delta").load(str(output)).toPandas().sort_values("id").reset_index(drop=True)
+    return (after["prefix_cache_hits"] - before["prefix_cache_hits"]) / queried, out
 
 
 def test_grouped_rows_hit_the_engines_prefix_cache_that_the_tables_order_misses(spark, tmp_path, vllm):
