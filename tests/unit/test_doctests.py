@@ -1,4 +1,5 @@
-"""The examples in the docstrings of the report, console, progress, table and column name modules run as written."""
+"""The examples in the docstrings of the report, console, progress, table, column name and scoring modules run as
+written."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
         "lakescore.udfs.remote.message_batches",
         "lakescore.udfs.remote.completions",
         "lakescore.udfs.options.remote",
+        "lakescore.jobs.steps.score",
     ],
 )
 def test_docstring_examples(module):
