@@ -1,11 +1,13 @@
 """Issue 68: rows whose prompts share a prefix, grouped by the scoring stage (``scoring.group_prefixes``), against a
-standalone vLLM server (CPU build) with prefix caching on and a KV cache capped to a few prompts
-(``--num-gpu-blocks-override``), serving the tier's seeded random Llama.
+standalone vLLM server (CPU build) with prefix caching on, cached tokens in its answers' usage
+(``--enable-prompt-tokens-details``) and a KV cache capped to a few prompts (``--num-gpu-blocks-override``), serving
+the tier's seeded random Llama.
 
 The input holds :data:`DOCS` documents with :data:`QUESTIONS` questions each, the document first in every prompt,
 stored in a shuffled order. Scored grouped, the server's prefix cache hits (its ``/metrics`` counters, read before and
 after the run, the cache reset between runs) cover most of each document's later questions; scored with grouping off,
-the shuffled order reaches a document again only after the capped cache has dropped it. Both runs write the same texts.
+the shuffled order reaches a document again only after the capped cache has dropped it. Both runs write the same texts,
+and each run's report counts the cached tokens the server's counters do.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ pytestmark = needs_vllm
 
 NAME = "tiny-llama"
 DOCS, QUESTIONS = 16, 4
-BLOCK_SIZE, BLOCKS = 32, 24
-"""768 tokens of KV cache: about four of the module's prompts (vLLM needs room for one of --max-model-len 512; its CPU
+BLOCK_SIZE, BLOCKS = 32, 32
+"""1,024 tokens of KV cache: about six of the module's prompts (vLLM needs room for one of --max-model-len 512; its CPU
 attention takes blocks of a multiple of 32 tokens)."""
 TEMPLATE = "Document: {doc}\n\nQuestion: {question}\nAnswer:"
 
@@ -66,7 +68,8 @@ def _counters(url: str) -> dict[str, float]:
 
 def _hit_rate(spark, tmp_path, url: str, grouped: bool) -> tuple[float, pd.DataFrame]:
     """Score the module's rows (grouped or not) after a reset of the server's prefix cache: the share of the prompt
-    tokens vLLM looked up that its cache held, and the output."""
+    tokens vLLM looked up that its cache held, and the output. The run's report counts the cached tokens the server's
+    counters do (``usage.prompt_tokens_details.cached_tokens``, summed over every request, the preflight's too)."""
     reset = urllib.request.Request(url.removesuffix("/v1") + "/reset_prefix_cache", method="POST", data=b"")
     urllib.request.urlopen(reset, timeout=60).read()
     source, output = tmp_path / f"docs-{grouped}", tmp_path / f"answers-{grouped}"
@@ -93,6 +96,7 @@ def _hit_rate(spark, tmp_path, url: str, grouped: bool) -> tuple[float, pd.DataF
     assert report.status == "succeeded", report.error
     after = _counters(url)
     queried = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+    assert report.workers["tokens_in_cached"] == after["prefix_cache_hits"] - before["prefix_cache_hits"] > 0
     out = spark.read.format("delta").load(str(output)).toPandas().sort_values("id").reset_index(drop=True)
     return (after["prefix_cache_hits"] - before["prefix_cache_hits"]) / queried, out
 
