@@ -1,5 +1,7 @@
 """The executors' side of a provider batch run: four ``mapInArrow`` functions, so that prompts are rendered and files
-written, uploaded and downloaded where the rows live, and the driver holds only batch ids and states.
+written, uploaded and downloaded where the rows live, and the driver holds only batch ids and states. What differs
+between providers (OpenAI's Files + Batches, Anthropic's Message Batches) is the provider kind each function is given
+(:class:`~lakescore.udfs.remote.batch_kinds.BatchKind`).
 
 * :func:`make_render_function`: each row's request line (:mod:`~lakescore.udfs.remote.batch_files`), its body exactly
   the per-row path's (:func:`~lakescore.udfs.remote.completions.request_body`, the row's seed from its key).
@@ -28,15 +30,12 @@ import pyarrow as pa
 from lakescore.udfs.remote.batch_files import (
     DEAD,
     RESULT,
-    absent,
-    batch_line,
     canonical,
-    classify,
     custom_id,
     cut_files,
-    parse_jsonl,
     part_digest,
 )
+from lakescore.udfs.remote.batch_kinds import BatchKind
 
 __all__ = [
     "RENDERED_FIELDS",
@@ -96,23 +95,25 @@ def outcome_column(field: str) -> str:
     return f"__lakescore_outcome_{field}"
 
 
-def row_body(options: Any, model: str, api: str, prompt: str, key: str) -> dict[str, Any]:
-    """The request the per-row path sends for a row keyed ``key`` (its seed, for sampled rows, from that key)."""
-    from lakescore.udfs.remote.completions import request_body
+def row_body(options: Any, model: str, api: str | BatchKind, prompt: str, key: str) -> dict[str, Any]:
+    """The request the per-row path sends for a row keyed ``key`` (its seed, for sampled rows, from that key), through
+    ``api`` (an OpenAI API's name) or a provider kind's wire."""
+    from lakescore.udfs.remote.batch_kinds import OpenAIBatches
 
     seed = None
     if not options.greedy:
         from lakescore.udfs.heads.seeds import row_seed
 
         seed = row_seed(options.seed, key)
-    return request_body(options, model, api, prompt, seed)
+    kind = OpenAIBatches(api, "") if isinstance(api, str) else api
+    return kind.request(options, model, prompt, seed)
 
 
 def make_render_function(
-    options: Any, model: str, api: str, path: str, prompt_col: str, key_col: str, out_schema: pa.Schema, max_bytes: int
+    options: Any, model: str, kind: BatchKind, prompt_col: str, key_col: str, out_schema: pa.Schema, max_bytes: int
 ) -> ArrowFunction:
     """Each batch's columns as they came, and each row's :data:`RENDERED_FIELDS` (``out_schema``: the input's fields
-    then those two)."""
+    then those two), its line in ``kind``'s wire format."""
 
     def render(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -125,9 +126,9 @@ def make_render_function(
                     ids.append(None)
                     lines.append(None)
                     continue
-                body = canonical(row_body(options, model, api, prompt, "" if key is None else str(key)))
-                line_id = custom_id("" if key is None else str(key), body)
-                line = batch_line(line_id, path, body)
+                params = row_body(options, model, kind, prompt, "" if key is None else str(key))
+                line_id = custom_id("" if key is None else str(key), canonical(params))
+                line = kind.line(line_id, params)
                 ids.append(line_id)
                 lines.append(line if len(line) <= max_bytes else None)
             arrays = [*batch.columns, pa.array(ids, pa.string()), pa.array(lines, pa.binary())]
@@ -139,18 +140,17 @@ def make_render_function(
 def make_submit_function(
     url: str,
     key_env: str | None,
-    endpoint_path: str,
-    completion_window: str,
+    kind: BatchKind,
     run_key: str,
     round_: int,
     max_requests: int,
     max_bytes: int,
-    known: Mapping[str, Mapping[str, str]],
+    known: Mapping[str, Mapping[str, Any]],
     client_factory: Callable[[], Any] | None = None,
     on_created: Callable[[], None] | None = None,
 ) -> ArrowFunction:
-    """Upload a partition's ``(custom_id, chunk, line)`` rows (sorted by ``custom_id``) as files of round ``round_``
-    and create their batches; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
+    """Submit a partition's ``(custom_id, chunk, line)`` rows (sorted by ``custom_id``) as files of round ``round_``,
+    one batch each through ``kind``; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
     "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``); a retried
     task asks the provider again. ``on_created``: called after each batch is created (the test hooks)."""
 
@@ -164,31 +164,31 @@ def make_submit_function(
                 chunks.update(zip(ids, their_chunks))
                 yield from zip(ids, batch.column("line").to_pylist())
 
-        held_now: Mapping[str, Mapping[str, str]] | None = None
+        held_now: Mapping[str, Mapping[str, Any]] | None = None
         try:
             for part in cut_files(lines(), max_requests, max_bytes):
                 ids = [line_id for line_id, _ in part]
                 digest = part_digest(run_key, round_, ids)
                 if held_now is None and _retried_task():  # an earlier attempt of this task may have created some
-                    client = client or (client_factory() if client_factory else _client(url, key_env))
-                    held_now = {**known, **held_parts(client, run_key, round_)}
+                    client = client or (client_factory() if client_factory else _client(url, key_env, kind))
+                    held_now = {**known, **held_parts(client, kind, run_key, round_)}
                 held = (held_now or known).get(digest)
+                file_id: str | None
                 if held is not None:
                     batch_id, file_id = held["batch_id"], held["input_file_id"]
                 else:
-                    client = client or (client_factory() if client_factory else _client(url, key_env))
+                    client = client or (client_factory() if client_factory else _client(url, key_env, kind))
                     with tempfile.TemporaryFile() as spooled:  # a file may be 200 MB: on disk, not in memory
                         for _, line in part:
                             spooled.write(line)
                         spooled.seek(0)
-                        file_id = client.upload(f"lakescore-{run_key}-{round_}-{digest}.jsonl", spooled)
-                    created = client.create(
-                        file_id,
-                        endpoint_path,
-                        completion_window,
-                        {"lakescore_run": run_key, "lakescore_part": digest, "lakescore_round": str(round_)},
-                    )
-                    batch_id = str(created["id"])
+                        batch_id, file_id = kind.submit(
+                            client,
+                            f"lakescore-{run_key}-{round_}-{digest}",
+                            [line for _, line in part],
+                            spooled,
+                            {"lakescore_run": run_key, "lakescore_part": digest, "lakescore_round": str(round_)},
+                        )
                     if on_created is not None:
                         on_created()
                 n = len(ids)
@@ -217,34 +217,26 @@ def _retried_task() -> bool:
     return context is not None and context.attemptNumber() > 0
 
 
-def held_parts(client: Any, run_key: str, round_: int) -> dict[str, dict[str, str]]:
-    """The provider's batches of ``run_key``'s round ``round_`` by file (their ``metadata``): part digest -> batch and
-    input file; a ``failed`` one left out (it ran nothing: its file is sent again)."""
-    held: dict[str, dict[str, str]] = {}
-    for batch in client.batches():
-        metadata = batch.get("metadata") or {}
-        if (
-            metadata.get("lakescore_run") == run_key
-            and metadata.get("lakescore_round") == str(round_)
-            and batch.get("status") != "failed"
-            and metadata.get("lakescore_part") not in held
-        ):
-            held[metadata["lakescore_part"]] = {
-                "batch_id": str(batch["id"]),
-                "input_file_id": str(batch["input_file_id"]),
-            }
+def held_parts(client: Any, kind: BatchKind, run_key: str, round_: int) -> dict[str, dict[str, Any]]:
+    """The provider's batches of ``run_key``'s round ``round_`` by file (their ``metadata``, where the provider keeps
+    it): part digest -> batch and input file; a ``failed`` one left out (it ran nothing: its file is sent again)."""
+    held: dict[str, dict[str, Any]] = {}
+    for metadata, batch_id, file_id in kind.held(client, {"lakescore_run": run_key, "lakescore_round": str(round_)}):
+        if metadata.get("lakescore_part") not in held:
+            held[metadata["lakescore_part"]] = {"batch_id": batch_id, "input_file_id": file_id}
     return held
 
 
 def make_download_function(
     url: str,
     key_env: str | None,
+    kind: BatchKind,
     ended: Mapping[str, Mapping[str, Any]],
     client_factory: Callable[[], Any] | None = None,
 ) -> ArrowFunction:
     """The :data:`OUTCOME_SCHEMA` row of each ``(custom_id, batch_id, round)`` line of an ended batch (``ended``:
-    batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's files, downloaded once per task
-    and batch. Rows of one batch must come together (the stage sorts by batch)."""
+    batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's results (``kind``'s), downloaded
+    once per task and batch. Rows of one batch must come together (the stage sorts by batch)."""
 
     def download(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
@@ -260,15 +252,11 @@ def make_download_function(
         try:
             for batch_id, group in groupby(sorted(rows, key=lambda r: r[1]), key=lambda r: r[1]):
                 state = ended[batch_id]
-                client = client or (client_factory() if client_factory else _client(url, key_env))
-                found: dict[str, dict] = {}
-                for file_key in ("error_file_id", "output_file_id"):  # an output line wins over an error line
-                    if state.get(file_key):
-                        found.update(parse_jsonl(client.content(state[file_key])))
+                client = client or (client_factory() if client_factory else _client(url, key_env, kind))
+                found = kind.outcomes(client, state.get("output_file_id"), state.get("error_file_id"))
                 out: list[tuple] = []
                 for line_id, _, round_ in group:
-                    line = found.get(line_id)
-                    outcome = classify(line) if line is not None else absent(state["status"])
+                    outcome = found.get(line_id) or kind.absent(state["status"])
                     out.append(
                         (
                             line_id,
@@ -290,21 +278,19 @@ def make_download_function(
     return download
 
 
-def _client(url: str, key_env: str | None) -> Any:
-    from lakescore.udfs.remote.batch_client import BatchClient
-
+def _client(url: str, key_env: str | None, kind: BatchKind) -> Any:
     key = os.environ.get(key_env) if key_env else None
     if key_env and not key:
         raise RuntimeError(
             f"the endpoint's api_key_env names {key_env}, which is not set on this host "
             f"(on a cluster set spark.executorEnv.{key_env})"
         )
-    return BatchClient(url, key)
+    return kind.client(url, key)
 
 
 def make_result_function(
     options: Any,
-    api: str,
+    kind: BatchKind,
     sha256: str,
     keep_cols: Sequence[str],
     prompt_col: str,
@@ -344,12 +330,12 @@ def make_result_function(
                     reasons[i] = NULL_INPUT
                     continue
                 requests += 0 if rounds[i] is None else rounds[i] + 1
-                kind = kinds[i]
-                if kind is None:  # never sent: its line cannot go in a file
+                ended_as = kinds[i]
+                if ended_as is None:  # never sent: its line cannot go in a file
                     reasons[i], errors[i] = ENDPOINT_ERROR, TOO_LARGE.format(limit=max_bytes)
-                elif kind == RESULT:
+                elif ended_as == RESULT:
                     try:
-                        outputs[i] = _generation(Generation, json.loads(bodies[i]), options, api)
+                        outputs[i] = _generation(Generation, json.loads(bodies[i]), options, kind)
                     except (EndpointError, ValueError) as exc:  # what the per-row path dead-letters, as it words it
                         reasons[i] = exc.reason if isinstance(exc, EndpointError) else ENDPOINT_ERROR
                         errors[i] = (f"a malformed answer: {exc}" if isinstance(exc, Malformed) else str(exc))[:2000]
@@ -363,7 +349,7 @@ def make_result_function(
                         tokens_in += outputs[i].prompt_tokens
                         tokens_cached += outputs[i].cached_tokens
                         tokens_out += outputs[i].completion_tokens
-                elif kind == DEAD:
+                elif ended_as == DEAD:
                     reasons[i], errors[i] = ENDPOINT_ERROR, f"the provider's batch refused the line: {messages[i]}"
                 else:
                     reasons[i] = ENDPOINT_ERROR
@@ -399,14 +385,13 @@ def make_result_function(
     return result
 
 
-def _generation(generation: type, body: Mapping[str, Any], options: Any, api: str) -> Any:
+def _generation(generation: type, body: Mapping[str, Any], options: Any, kind: BatchKind) -> Any:
     """A result body's :class:`~lakescore.udfs.heads.generate.Generation`, checked as the per-row path checks an
-    answer (:func:`~lakescore.udfs.remote.completions.parse_completion`, the log-probabilities); the caller checks its
-    JSON as every path does (:func:`~lakescore.udfs.heads.generate.json_failure`)."""
+    answer (``kind``'s reading of it, the log-probabilities); the caller checks its JSON as every path does
+    (:func:`~lakescore.udfs.heads.generate.json_failure`)."""
     from lakescore.udfs.remote.answers import Unhonoured
-    from lakescore.udfs.remote.completions import parse_completion
 
-    completion = parse_completion(body, api, options.stop, options.max_new_tokens)
+    completion = kind.parse(body, options)
     if options.logprobs and completion.token_logprobs is None:
         raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
     return generation(

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from lakescore.jobs.config import ConfigError, JobConfig
 from lakescore.jobs.steps.batch_ledger import BatchLedger
-from lakescore.jobs.steps.provider_batch import driver_client
+from lakescore.jobs.steps.provider_batch import driver_client, endpoint_kind
 
 __all__ = ["BatchRow", "list_batches", "format_batches"]
 
@@ -45,14 +45,16 @@ def list_batches(spark: SparkSession, cfg: JobConfig, cancel: bool = False) -> l
     ended = ledger.ended(every_run=True).dropDuplicates(["batch_id"]).select("batch_id", "status")
     rows = lines.join(ended, "batch_id", "left").orderBy("run_key", "round", "batch_id").collect()
     client = driver_client(endpoint) if any(r["status"] is None for r in rows) else None
+    kind = endpoint_kind(endpoint)
     found = []
     try:
         for r in rows:
             status, recorded, cancelled = r["status"], r["status"] is not None, False
             if client is not None and not recorded:
-                status = str(client.get(r["batch_id"]).get("status"))
-                if cancel and status in ("validating", "in_progress", "finalizing"):
-                    status, cancelled = str(client.cancel(r["batch_id"]).get("status")), True
+                polled = kind.poll(client, r["batch_id"])
+                status = polled.status
+                if cancel and not polled.terminal and status not in ("cancelling", "canceling"):
+                    status, cancelled = kind.cancel(client, r["batch_id"]), True
             found.append(
                 BatchRow(
                     r["run_key"],

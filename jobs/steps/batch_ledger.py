@@ -9,7 +9,8 @@ Three append-only Delta tables per output, beside its staging tables
   batch and input file; appended by the stage that uploads the files and creates the batches, as that stage commits
   (a kill before that commit is recovered from the provider's batch list by ``metadata``:
   :mod:`~lakescore.jobs.steps.provider_batch`);
-* **batches**: a batch's terminal state (``completed``, ``expired``, ``cancelled``, ``failed``), its files and counts,
+* **batches**: a batch's terminal state (``completed``, ``expired``, ``cancelled``, ``failed``; Anthropic's ``ended``),
+  its files (Anthropic's results URL as the output file) and counts,
   appended the moment a poll finds it;
 * **outcomes**: one row per collected line: a result (the response body), a retry or a dead line, with the provider's
   message (:func:`~lakescore.udfs.remote.batch_files.classify`).
@@ -28,6 +29,7 @@ from pyspark.sql import types as T
 
 from lakescore.jobs.platform.tables import is_delta, read_input, write_delta
 from lakescore.jobs.steps.staging import staging_location
+from lakescore.udfs.remote.batch_kinds import Polled
 
 __all__ = ["BatchLedger", "BatchState", "LINES_SCHEMA", "BATCHES_SCHEMA", "OUTCOMES_SCHEMA"]
 
@@ -132,26 +134,23 @@ class BatchLedger:
             OUTCOMES_SCHEMA,
         )
 
-    def record_ended(self, ended: list[tuple[dict, int]]) -> None:
-        """Append the terminal states of ``ended`` (the provider's batch objects, each with its round) in one commit, as
+    def record_ended(self, ended: list[tuple[Polled, int]]) -> None:
+        """Append the terminal states of ``ended`` (batches as a poll found them, each with its round) in one commit, as
         soon as a poll finds them."""
         rows = []
         for batch, round_ in ended:
-            counts = batch.get("request_counts") or {}
-            errors = (batch.get("errors") or {}).get("data") or []
-            said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))
             rows.append(
                 (
                     self.run_key,
-                    str(batch["id"]),
+                    batch.batch_id,
                     round_,
-                    str(batch["status"]),
-                    batch.get("output_file_id"),
-                    batch.get("error_file_id"),
-                    counts.get("total"),
-                    counts.get("completed"),
-                    counts.get("failed"),
-                    said[:2000] or None,
+                    batch.status,
+                    batch.output,
+                    batch.error,
+                    batch.total,
+                    batch.completed,
+                    batch.failed,
+                    batch.message,
                 )
             )
         if rows:

@@ -2,7 +2,9 @@
 comes back exactly once, and a killed driver resumes without paying twice.
 
 The driver holds batch ids and states only; the executors render, upload, create and download
-(:mod:`lakescore.udfs.batch_udfs`). One loop, each pass reading the ledger first
+(:mod:`lakescore.udfs.batch_udfs`). Every call to the provider goes through its kind
+(:class:`~lakescore.udfs.remote.batch_kinds.BatchKind`, chosen once from the endpoint's ``api``: OpenAI's Batches or
+Anthropic's Message Batches), so the loop is one for both. One loop, each pass reading the ledger first
 (:mod:`~lakescore.jobs.steps.batch_ledger`):
 
 1. **submit** what no batch holds yet: every row's line not in the ledger (round 0), and each line whose last round
@@ -57,10 +59,10 @@ from lakescore.udfs.batch_udfs import (
     outcome_column,
 )
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, TERMINAL_STATES, request_path, task_count
+from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, task_count
+from lakescore.udfs.remote.batch_kinds import BatchKind, Polled, batch_kind
 
 if TYPE_CHECKING:
-    from lakescore.jobs.config import JobConfig
     from lakescore.jobs.steps.context import Plan, RunContext
     from lakescore.udfs.remote.batch_client import BatchClient
 
@@ -84,14 +86,15 @@ class BatchRefused(RuntimeError):
     """The provider ended a batch ``failed`` (its validation of the file): one line quoting the provider."""
 
 
-def _api(cfg: JobConfig) -> str:
-    return cfg.batch_endpoint()[0].api
+def endpoint_kind(endpoint: Any) -> BatchKind:
+    """The provider kind of a ``generate.endpoint`` with ``batch`` (OpenAI's Batches, or Anthropic's Message Batches
+    for ``api: messages``)."""
+    return batch_kind(endpoint.url, endpoint.api, endpoint.batch.completion_window)
 
 
 def driver_client(endpoint: Any) -> BatchClient:
     """The driver's client (it polls, lists and cancels): the key from the driver's own environment."""
     from lakescore.udfs.remote.answers import EndpointRefused
-    from lakescore.udfs.remote.batch_client import BatchClient
 
     key = None
     if endpoint.api_key_env:
@@ -101,7 +104,9 @@ def driver_client(endpoint: Any) -> BatchClient:
                 f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} "
                 "(api_key_env) is not set in the driver's environment"
             )
-    return BatchClient(endpoint.url, key, timeout_s=endpoint.timeout_s, max_retries=endpoint.max_retries)
+    return endpoint_kind(endpoint).client(
+        endpoint.url, key, timeout_s=endpoint.timeout_s, max_retries=endpoint.max_retries
+    )
 
 
 def stage_through_batches(
@@ -135,11 +140,11 @@ def stage_through_batches(
     )
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    kind = endpoint_kind(endpoint)
     render = make_render_function(
         plan.spec.generate,
         endpoint.model,
-        endpoint.api,
-        request_path(endpoint.url, endpoint.api),
+        kind,
         prompt_col,
         passed[key_col],
         to_arrow_schema(out),
@@ -154,21 +159,27 @@ def stage_through_batches(
     client = driver_client(endpoint)
     try:
         while True:
-            sent = _submit(run, ledger, rendered, client, settings, endpoint)
+            sent = _submit(run, ledger, rendered, client, kind, settings, endpoint)
             states = ledger.states()
             collected = ledger.collected_batches()
             if not sent and all(s.batch_id in collected or s.status == "failed" for s in states):
                 _refuse_failed(states)
                 break
-            states = _poll(ledger, client, states, settings)
-            _collect(run, ledger, states, collected, endpoint)
+            states = _poll(ledger, client, kind, states, settings)
+            _collect(run, ledger, kind, states, collected, endpoint)
     finally:
         client.close()
-    _stage(run, plan, ledger, rendered_of, todo, keep, passed, prompt_col, settings)
+    _stage(run, plan, ledger, kind, rendered_of, todo, keep, passed, prompt_col, settings)
 
 
 def _submit(
-    run: RunContext, ledger: BatchLedger, rendered: DataFrame, client: BatchClient, settings: Any, endpoint: Any
+    run: RunContext,
+    ledger: BatchLedger,
+    rendered: DataFrame,
+    client: BatchClient,
+    kind: BatchKind,
+    settings: Any,
+    endpoint: Any,
 ) -> int:
     """Submit every line no live batch holds and every line due a resubmission; the lines submitted."""
     lines = ledger.lines()
@@ -191,13 +202,12 @@ def _submit(
     counts = {round_: n for round_, (n, _) in sizes.items()}
     for round_, (n, size) in sorted(sizes.items()):
         at_point("batch_submit")
-        known = held_parts(client, ledger.run_key, round_)
+        known = held_parts(client, kind, ledger.run_key, round_)
         parts = task_count(n, size, settings.max_requests_per_file, settings.max_bytes_per_file)
         submit = make_submit_function(
             endpoint.url,
             endpoint.api_key_env,
-            request_path(endpoint.url, endpoint.api),
-            settings.completion_window,
+            kind,
             ledger.run_key,
             round_,
             settings.max_requests_per_file,
@@ -231,7 +241,9 @@ def _batch_created() -> None:
     at_point("batch_created")
 
 
-def _poll(ledger: BatchLedger, client: BatchClient, states: list[BatchState], settings: Any) -> list[BatchState]:
+def _poll(
+    ledger: BatchLedger, client: BatchClient, kind: BatchKind, states: list[BatchState], settings: Any
+) -> list[BatchState]:
     """Poll every batch not known ended until each is (``wait: false``: :class:`BatchesPending` after one pass that
     finds one running), recording each terminal state the moment it is seen; the states then."""
     running = {s.batch_id: s for s in states if s.status is None}
@@ -241,31 +253,29 @@ def _poll(ledger: BatchLedger, client: BatchClient, states: list[BatchState], se
             at_point("batch_polling")
             seen: Counter = Counter()
             done = total = 0
-            found: list[tuple[dict, int]] = []
+            found: list[tuple[Polled, int]] = []
             for batch_id, state in list(running.items()):
-                batch = client.get(batch_id)
-                status = str(batch.get("status"))
-                counts = batch.get("request_counts") or {}
-                done += int(counts.get("completed") or 0) + int(counts.get("failed") or 0)
-                total += int(counts.get("total") or state.lines)
-                seen[status] += 1
-                if status in TERMINAL_STATES:
+                batch = kind.poll(client, batch_id)
+                done += batch.done
+                total += batch.total or state.lines
+                seen[batch.status] += 1
+                if batch.terminal:
                     found.append((batch, state.round))
                     ended[batch_id] = BatchState(
                         batch_id,
                         state.round,
                         state.lines,
-                        status,
-                        batch.get("output_file_id"),
-                        batch.get("error_file_id"),
-                        counts.get("completed"),
-                        counts.get("failed"),
+                        batch.status,
+                        batch.output,
+                        batch.error,
+                        batch.completed,
+                        batch.failed,
                     )
                     del running[batch_id]
             ledger.record_ended(found)  # the moment this pass saw them, before anything else can fail
             for batch, _ in found:
-                if batch.get("status") == "failed":
-                    _refuse_failed([ended[str(batch["id"])]], batch)
+                if batch.status == "failed":
+                    _refuse_failed([ended[batch.batch_id]], batch)
             for state in ended.values():
                 seen[state.status] += 0
             states_seen = ", ".join(f"{n} {status}" for status, n in sorted(seen.items()) if n)
@@ -289,19 +299,23 @@ def _poll(ledger: BatchLedger, client: BatchClient, states: list[BatchState], se
     return sorted(ended.values(), key=lambda s: (s.round, s.batch_id))
 
 
-def _refuse_failed(states: Sequence[BatchState], batch: dict | None = None) -> None:
+def _refuse_failed(states: Sequence[BatchState], batch: Polled | None = None) -> None:
     failed = [s for s in states if s.status == "failed"]
     if not failed:
         return
-    errors = ((batch or {}).get("errors") or {}).get("data") or []
-    said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict)) or "no reason given"
+    said = (batch.message if batch is not None else None) or "no reason given"
     raise BatchRefused(
         f"the provider failed batch {failed[0].batch_id} (its validation of the file, no line ran): {said[:500]}"
     )
 
 
 def _collect(
-    run: RunContext, ledger: BatchLedger, states: Sequence[BatchState], collected: set[str], endpoint: Any
+    run: RunContext,
+    ledger: BatchLedger,
+    kind: BatchKind,
+    states: Sequence[BatchState],
+    collected: set[str],
+    endpoint: Any,
 ) -> None:
     """Download every ended, uncollected batch's files and append its lines' outcomes to the ledger."""
     ended = {
@@ -312,7 +326,7 @@ def _collect(
     if not ended:
         return
     at_point("batch_collect")
-    download = make_download_function(endpoint.url, endpoint.api_key_env, ended)
+    download = make_download_function(endpoint.url, endpoint.api_key_env, kind, ended)
     lines = ledger.lines().where(F.col("batch_id").isin(list(ended))).select("custom_id", "batch_id", "round")
     outcomes = lines.repartition(len(ended), "batch_id").mapInArrow(download, _spark_schema(OUTCOME_SCHEMA))
     ledger.append_outcomes(outcomes)
@@ -323,6 +337,7 @@ def _stage(
     run: RunContext,
     plan: Plan,
     ledger: BatchLedger,
+    kind: BatchKind,
     rendered_of: Callable[[Sequence[int]], DataFrame],
     todo: Sequence[int],
     keep: Sequence[str],
@@ -340,8 +355,8 @@ def _stage(
         .where(F.col("_n") == 1)
         .select(F.col("custom_id").alias(CUSTOM_ID), *[F.col(f).alias(outcome_column(f)) for f in OUTCOME_FIELDS])
     )
-    kind, round_ = F.col(outcome_column("kind")), F.col(outcome_column("round"))
-    pending = final.where((kind == RETRY) & (round_ < settings.max_resubmits)).limit(1).count()
+    ended_as, round_ = F.col(outcome_column("kind")), F.col(outcome_column("round"))
+    pending = final.where((ended_as == RETRY) & (round_ < settings.max_resubmits)).limit(1).count()
     if pending:
         raise RuntimeError("provider batch: a line due a resubmission was left unsent (a bug: nothing is staged)")
     spec = plan.spec
@@ -355,7 +370,7 @@ def _stage(
 
     result = make_result_function(
         spec.generate,
-        _api(cfg),
+        kind,
         plan.identity.sha256,
         [passed[c] for c in keep],
         prompt_col,

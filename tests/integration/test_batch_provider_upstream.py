@@ -17,7 +17,7 @@ import pytest
 from lakescore.jobs.score_job import run_scoring
 from tests.integration.test_endpoint_job import KEY, KEY_ENV, TEMPLATE, _config, _reviews, _write
 from tests.integration.test_score_job import read_output
-from tests.providers import Faults, batch_provider
+from tests.providers import Faults, Pick, batch_provider
 from tests.served_models import transformers_serve
 from tests.tiny_generators import CHAT_TEMPLATE, reviews, save_causal, train_tokenizer
 
@@ -141,3 +141,65 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     assert workers["tokens_in_cached"] == provider.cached_delivered > 0  # Anthropic's cache_read_input_tokens
     assert report.cost["token_cost"] == pytest.approx((workers["tokens_in"] * 3 + workers["tokens_out"] * 15) / 1e6)
     assert KEY not in got.to_json()
+
+
+def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_gives_the_per_row_texts(
+    spark, tmp_path, served_chat, executor_key, monkeypatch
+):
+    """``generate.endpoint.api: messages`` with ``batch``: the rows go out as Anthropic Message Batches (the key as
+    ``x-api-key``); one line ``errored`` with ``overloaded_error`` (retryable) and one absent from the results are sent
+    again and answered: each row published once with the per-row path's text, no line with a result run again, the
+    provider's counts and cached prompt tokens equal to the report's."""
+    from lakescore.udfs.batch_udfs import row_body
+    from lakescore.udfs.remote.batch_files import canonical, custom_id
+    from lakescore.udfs.remote.batch_kinds import MessageBatches
+
+    server, model = served_chat
+    source, frame = tmp_path / "reviews", _reviews(4)
+    _write(spark, frame, source)
+    monkeypatch.setenv(KEY_ENV, KEY)  # the driver polls
+    with batch_provider(server.url, key=KEY, faults=Faults(cache_prefix_words=3)) as provider:
+        cfg = _config(
+            source,
+            tmp_path / "batched",
+            **{
+                "generate.endpoint.url": provider.url,
+                "generate.endpoint.model": model,
+                "generate.system_prompt": "Sum up.",
+                "generate.endpoint.api": "messages",
+                "generate.endpoint.api_key_env": KEY_ENV,
+                "generate.endpoint.price": {"input": 3.0, "output": 15.0, "cached_input": 0.3},
+                "generate.endpoint.batch": {"poll_interval_s": 0.2},
+            },
+        )
+
+        def line_id(review_id: int) -> str:  # the row's custom_id, as the run renders it
+            prompt = TEMPLATE.format(body=frame.set_index("review_id").loc[review_id, "body"])
+            params = row_body(cfg.generate, model, MessageBatches(), prompt, str(review_id))
+            return custom_id(str(review_id), canonical(params))
+
+        provider.faults.status = {529: Pick({line_id(1)})}  # each hits the line's first submission only
+        provider.faults.vanish = Pick({line_id(2)})
+        report = run_scoring(cfg, spark)
+        assert report.status == "succeeded", report.error
+        assert provider.key_headers["authorization"] == 0 and provider.key_headers["none"] == 0
+        assert provider.executed_after_result == [] and len(provider.delivered) == 3
+        assert provider.submissions == {line_id(1): 2, line_id(2): 2, line_id(4): 1}
+        counts = provider.request_counts()
+        cached = provider.cached_delivered
+    batch = report.provider_batch
+    assert {b["id"] for b in batch["batches"]} == set(counts) and all(b["status"] == "ended" for b in batch["batches"])
+    assert batch["lines_submitted"] == sum(sum(c.values()) for c in counts.values()) == 5
+    assert batch["lines_resubmitted"] == 2
+    assert any("overloaded_error" in reason for reason in batch["retry_reasons"])
+    assert any("absent" in reason for reason in batch["retry_reasons"])
+    got = read_output(spark, str(tmp_path / "batched")).dropna(subset=["generated_text"])
+    direct = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
+    expected = []
+    for body in frame["body"].dropna():
+        messages = [{"role": "system", "content": "Sum up."}, {"role": "user", "content": TEMPLATE.format(body=body)}]
+        answer = direct.chat.completions.create(model=model, max_tokens=6, temperature=0.0, messages=messages)
+        expected.append((answer.choices[0].message.content, answer.usage.prompt_tokens))
+    assert list(got[["generated_text", "prompt_tokens"]].itertuples(index=False, name=None)) == expected
+    assert report.error_reasons == {"null_input": 1}
+    assert report.workers["tokens_in_cached"] == cached > 0  # what Anthropic's cache_read_input_tokens said

@@ -38,6 +38,7 @@ from lakescore.udfs.remote.batch_files import (
     part_digest,
     request_path,
 )
+from lakescore.udfs.remote.batch_kinds import OpenAIBatches
 from lakescore.udfs.remote.completions import request_body
 
 ENDPOINT = {"url": "http://127.0.0.1:1/v1", "model": "m", "api": "chat", "batch": {"max_requests_per_file": 2}}
@@ -168,7 +169,9 @@ def test_batch_settings_are_bounded_and_refuse_what_cannot_work() -> None:
 def _rendered(options, prompts, keys, max_bytes=10_000) -> pa.RecordBatch:
     schema = pa.schema([("id", pa.string()), ("prompt", pa.string())])
     out = schema.append(pa.field(CUSTOM_ID, pa.string())).append(pa.field(LINE, pa.binary()))
-    render = make_render_function(options, "m", "chat", "/v1/chat/completions", "prompt", "id", out, max_bytes)
+    render = make_render_function(
+        options, "m", OpenAIBatches("chat", "/v1/chat/completions"), "prompt", "id", out, max_bytes
+    )
     return next(render(iter([pa.record_batch([pa.array(keys), pa.array(prompts)], schema=schema)])))
 
 
@@ -220,6 +223,7 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
     download = make_download_function(
         "http://x/v1",
         None,
+        OpenAIBatches("chat", "/v1/chat/completions"),
         {"b1": {"status": "completed", "output_file_id": "out", "error_file_id": "err"}},
         client_factory=Files,
     )
@@ -241,7 +245,9 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
     from lakescore.schemas.output import scored_schema
 
     out_schema = to_arrow_schema(scored_schema("generate", T.StructField("id", T.StringType())))
-    result = make_result_function(options, "chat", "sha", ["id"], "prompt", types, out_schema, 10_000, 3)
+    result = make_result_function(
+        options, OpenAIBatches("chat", "/v1/chat/completions"), "sha", ["id"], "prompt", types, out_schema, 10_000, 3
+    )
     columns = {"id": rendered.column("id"), "prompt": rendered.column("prompt")}
     rows = [final.get(i) if i is not None else None for i in ids]
     for name, kind in (

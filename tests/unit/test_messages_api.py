@@ -209,3 +209,39 @@ def test_a_message_batch_goes_out_and_each_result_line_is_a_result_a_retry_or_de
     assert parse_message(json.loads(outcomes["ls-5"].body)).text == "ls-5 says"
     with pytest.raises(ValueError, match="line 1 has no custom_id"):
         mb.parse_results('{"result": {"type": "expired"}}\n')
+
+
+def test_the_message_batches_kind_submits_polls_and_reads_results_as_the_per_row_path_reads_answers():
+    """The provider kind ``generate.endpoint.batch`` takes for ``api: messages``: lines posted as one Message Batch
+    with the key as ``x-api-key``, polled to ``ended``, each result line a result, a retry or dead, and a result's
+    Message read as the per-row path reads one (text, stop reason, cached prompt tokens apart)."""
+    import io
+    import time
+
+    from lakescore.udfs.remote.batch_kinds import MessageBatches, batch_kind
+    from tests.providers import Pick
+
+    kind = batch_kind("https://api.anthropic.com/v1", "messages")
+    assert isinstance(kind, MessageBatches)
+    options = GenerateOptions(max_new_tokens=2)
+    faults = Faults(status={400: Pick({"ls-b"})}, cache_prefix_words=2)
+    with batch_provider(cheap=True, faults=faults) as provider:
+        client = kind.client(provider.url, provider.key)
+        ids = ["ls-a", "ls-b", "ls-c"]
+        lines = [kind.line(i, request_body(options, "claude-x", f"same start {i}")) for i in ids]
+        batch_id, file_id = kind.submit(client, "part", lines, io.BytesIO(), {"lakescore_run": "r"})
+        assert file_id is None and kind.held(client, {"lakescore_run": "r"}) == []  # no metadata to find it by
+        deadline = time.monotonic() + 30
+        while not (polled := kind.poll(client, batch_id)).terminal:
+            assert polled.status == "in_progress" and time.monotonic() < deadline
+            time.sleep(0.05)
+        outcomes = kind.outcomes(client, polled.output, polled.error)
+        client.close()
+        assert provider.key_headers["authorization"] == 0 and provider.key_headers["x-api-key"] >= 3
+    assert (polled.status, polled.total, polled.completed, polled.failed) == ("ended", 3, 2, 1)
+    assert {i: o.kind for i, o in outcomes.items()} == {"ls-a": "result", "ls-b": "dead", "ls-c": "result"}
+    assert outcomes["ls-b"].message == "invalid_request_error: injected 400"
+    assert kind.absent("ended").kind == "retry"
+    first, again = (kind.parse(json.loads(outcomes[i].body), options) for i in ("ls-a", "ls-c"))
+    assert (again.text, again.finish_reason, again.prompt_tokens) == ("same start", "length", 4)
+    assert (first.cached_tokens, again.cached_tokens) == (0, 2)  # "same start" read from the cache the second time

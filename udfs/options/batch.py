@@ -1,5 +1,6 @@
 """Settings of a provider's Batch API (``generate.endpoint.batch``): the section whose presence sends a run's rows as
-files of requests (OpenAI's Files + Batches contract) instead of one request per row. Plain pydantic, importable
+files of requests (OpenAI's Files + Batches contract; Anthropic's Message Batches for ``api: messages``) instead of
+one request per row. Plain pydantic, importable
 without the HTTP client (:mod:`lakescore.udfs.remote.batch_client` is the client)."""
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ COMPLETION_WINDOWS = ("24h",)
 
 
 class BatchOptions(Section):
-    """Send the rows through the provider's Batch API (``POST /files``, ``POST /batches``) at its batch price: files cut
-    within the limits below, polled until they end, results joined back to rows by ``custom_id``; see
-    ``docs/generation.md`` "Provider batches"."""
+    """Send the rows through the provider's Batch API (``POST /files``, ``POST /batches``; with ``api: messages``
+    ``POST /messages/batches``) at its batch price: files cut within the limits below, polled until they end, results
+    joined back to rows by ``custom_id``; see ``docs/generation.md`` "Provider batches"."""
 
     max_requests_per_file: int = Field(50_000, ge=1, le=1_000_000)
-    """Request lines per uploaded file at most (OpenAI's limit: 50,000)."""
+    """Request lines per uploaded file at most (OpenAI's limit: 50,000; Anthropic's per Message Batch: 100,000)."""
     max_bytes_per_file: int = Field(200 * 1024 * 1024, ge=1024, le=2 * 1024**3)
-    """Bytes per uploaded file at most (OpenAI's limit: 200 MB); a row whose one line is larger is dead-lettered."""
+    """Bytes per uploaded file at most (OpenAI's limit: 200 MB; Anthropic's per Message Batch: 256 MB); a row whose
+    one line is larger is dead-lettered."""
     completion_window: Literal[COMPLETION_WINDOWS] = "24h"
     """How long the provider may take for a batch; what it has not done by then comes back expired and is sent
     again."""

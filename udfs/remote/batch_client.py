@@ -30,7 +30,9 @@ class BatchApiError(RuntimeError):
 
 class BatchClient:
     """Calls to one provider's Files and Batches API at ``url`` (the base URL, e.g. ``https://api.openai.com/v1``)
-    with ``api_key``, each retried ``max_retries`` times on a retryable status or a lost connection."""
+    with ``api_key`` (as a bearer token, or in the headers ``auth`` makes of it), each retried ``max_retries`` times on
+    a retryable status or a lost connection. :meth:`post_json`, :meth:`get_json` and :meth:`text` are the plain calls
+    another provider's batches take (:mod:`~lakescore.udfs.remote.batch_kinds`)."""
 
     def __init__(
         self,
@@ -40,11 +42,13 @@ class BatchClient:
         timeout_s: float = 120.0,
         max_retries: int = 6,
         sleep: Callable[[float], None] = time.sleep,
+        auth: Callable[[str | None], dict[str, str]] | None = None,
     ) -> None:
         import httpx2
 
         self.url, self._key, self.max_retries, self.sleep = url.rstrip("/"), api_key, max_retries, sleep
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # the key as a bearer token (OpenAI's), or in the headers ``auth`` makes of it (Anthropic's x-api-key)
+        headers = auth(api_key) if auth is not None else {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx2.Client(headers=headers, timeout=httpx2.Timeout(timeout_s, connect=min(10.0, timeout_s)))
         self._transport_errors = (httpx2.TransportError,)
 
@@ -56,9 +60,10 @@ class BatchClient:
 
     def _call(self, method: str, path: str, call: str, **kwargs: Any) -> Any:
         """One call, retried as the module says; the response (2xx), else :class:`BatchApiError`."""
+        url = path if path.startswith(("http://", "https://")) else self.url + path
         for attempt in range(self.max_retries + 1):
             try:
-                response = self.http.request(method, self.url + path, **kwargs)
+                response = self.http.request(method, url, **kwargs)
             except self._transport_errors as exc:
                 if attempt == self.max_retries:
                     raise BatchApiError(None, self.scrub(f"{type(exc).__name__}: {exc}"), call) from None
@@ -115,6 +120,18 @@ class BatchClient:
     def cancel(self, batch_id: str) -> dict:
         """Ask the provider to cancel ``batch_id`` (its lines done so far stay in its output file)."""
         return self._call("POST", f"/batches/{batch_id}/cancel", f"cancel batch {batch_id}").json()
+
+    def post_json(self, path: str, body: bytes, call: str) -> dict:
+        """``POST`` the JSON text ``body`` to ``path`` under the base URL; the JSON answer."""
+        return self._call("POST", path, call, content=body, headers={"Content-Type": "application/json"}).json()
+
+    def get_json(self, path: str, call: str) -> dict:
+        """``GET`` ``path`` under the base URL; the JSON answer."""
+        return self._call("GET", path, call).json()
+
+    def text(self, url: str, call: str) -> str:
+        """The text at ``url`` (a path under the base URL, or a whole URL the provider gave, such as a results URL)."""
+        return self._call("GET", url, call).text
 
     def content(self, file_id: str) -> str:
         """The text of the provider's file ``file_id`` (a batch's output or error file)."""

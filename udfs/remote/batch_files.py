@@ -57,8 +57,9 @@ RETRYABLE_LINE_CODES = frozenset(
 """Error codes of an error-file line without a status that mean the provider ended the line unanswered."""
 
 
-ENDED_STATES = frozenset({"completed", "expired", "cancelled"})
-"""Batch states whose output and error files are final: the lines they hold are collected."""
+ENDED_STATES = frozenset({"completed", "expired", "cancelled", "ended"})
+"""Batch states whose output and error files are final: the lines they hold are collected (``ended``: Anthropic's
+Message Batches' one final state)."""
 TERMINAL_STATES = ENDED_STATES | {"failed"}
 """Batch states the provider never leaves (``failed``: the file did not pass its validation; no line ran)."""
 
