@@ -20,7 +20,6 @@ from pyspark.sql import SparkSession
 
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.platform.spark.console import run_log
-from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.platform.spark.local.own_host import import_late_modules_meanwhile
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.report.model import RunReport
@@ -32,7 +31,7 @@ from lakescore.jobs.steps.metrics import record_run, record_stopped_run
 from lakescore.jobs.steps.prepare import check_input_ids, compare_early, plan_run
 from lakescore.jobs.steps.publish import load_targets, output_rows, publish
 from lakescore.jobs.steps.read import check_targets, open_input
-from lakescore.jobs.steps.report import assemble_report, failure_report
+from lakescore.jobs.steps.report import assemble_report, failure_report, stopped_status
 from lakescore.jobs.steps.report_data import finish_profile, start_run_profile
 from lakescore.jobs.steps.score import pin_staging, score_into_staging
 from lakescore.jobs.steps.served_model import ServedModel
@@ -96,14 +95,14 @@ def run_scoring(cfg: JobConfig, spark: SparkSession | None = None, clock: StepCl
 
 def run_and_record(cfg: JobConfig, spark: SparkSession | None = None, clock: StepClock | None = None) -> RunReport:
     """:func:`run_scoring`, then the run recorded as every entry point (CLI, API, demo) records it: its report (JSON and
-    HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed`` or
-    ``interrupted``, where and why: ``clock``, default a new one, says where it stopped), then the exception goes on."""
+    HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed``,
+    ``interrupted`` or ``pending``, where and why: ``clock``, default a new one, says where it stopped), then the exception goes on."""
     clock = clock if clock is not None else StepClock()
     try:
         report = run_scoring(cfg, spark, clock)
     except BaseException as exc:  # a scheduler still finds a report saying where and why
         if cfg.report:
-            failed = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed", clock)
+            failed = failure_report(cfg, exc, stopped_status(exc), clock)
             failed.log_file = kept_trace(exc) or _text(run_log())
             write_report(failed, cfg.report)
         record_stopped_run(spark, cfg, exc, clock)

@@ -27,7 +27,7 @@ __all__ = ["RunReport", "UNFINISHED", "html_path_for", "software_versions"]
 @dataclass
 class RunReport:
     """Facts of one run. ``status`` is ``succeeded``, ``validation_failed``, ``error_rate_exceeded`` or
-    ``drift_exceeded`` for a run that reached its publish decision, ``failed`` or ``interrupted``
+    ``drift_exceeded`` for a run that reached its publish decision, ``failed``, ``interrupted`` or ``pending``
     (:data:`UNFINISHED`) for one that stopped before: then ``failed_step`` and ``error`` say where and why,
     ``started_at``, ``seconds`` and ``step_seconds`` how long it ran, and the counts are unknown (``None``).
 
@@ -139,7 +139,7 @@ class RunReport:
     finished_at: str | None = None
     error: str | None = None
     failed_step: str | None = None
-    """For ``status`` ``failed`` / ``interrupted``: the step the run stopped in."""
+    """For ``status`` ``failed`` / ``interrupted`` / ``pending``: the step the run stopped in."""
     versions: dict[str, str | None] = field(default_factory=dict)
     """lakescore, Spark and Delta versions the run used (:func:`software_versions`)."""
     profile: dict[str, Any] | None = None

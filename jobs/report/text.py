@@ -20,8 +20,9 @@ __all__ = [
     "kept_trace",
 ]
 
-UNFINISHED = ("failed", "interrupted")
-"""Statuses of a run that stopped before its publish decision: its report knows no row counts."""
+UNFINISHED = ("failed", "interrupted", "pending")
+"""Statuses of a run that stopped before its publish decision: its report knows no row counts (``pending``: a
+``batch.wait: false`` run whose provider batches still run; the same command collects them)."""
 
 
 def nothing_scored_text(report: dict[str, Any]) -> str | None:

@@ -5,7 +5,8 @@ The row holds the run's id and attempt number, status, times and row counts, the
 :mod:`lakescore.jobs.steps.drift`), the drift figures and the baseline version. Whoever runs the job writes it beside
 the run's JSON and HTML report (:func:`record_run`; :func:`record_stopped_run` for a run that raised): the CLI and the
 Python API's ``score``. Every attempt that got as far as its plan (which names the run id) has one: succeeded, refused
-by a check (``validation_failed``, ``error_rate_exceeded``, ``drift_exceeded``), ``failed`` or ``interrupted``; a run
+by a check (``validation_failed``, ``error_rate_exceeded``, ``drift_exceeded``), ``failed``, ``interrupted`` or
+``pending`` (a ``batch.wait: false`` run whose provider batches still run); a run
 refused before compute (a bad setting, input or model) has none. The row is appended: a rerun of a run id (which
 resumes its staging) is its next ``attempt`` and leaves the earlier attempts' rows as they were, so a refused attempt
 stays on record. A table written before attempts were numbered gets the column on its first new row (its rows'
@@ -28,13 +29,12 @@ from pyspark.sql import types as T
 
 from lakescore.jobs.config import RUN_ID, JobConfig
 from lakescore.jobs.platform.spark.background import in_background
-from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import TableError, TableRef, read_input, write_delta
 from lakescore.jobs.report.files import write_report
 from lakescore.jobs.report.model import RunReport
 from lakescore.jobs.report.text import one_line
 from lakescore.jobs.steps.clock import StepClock
-from lakescore.jobs.steps.report import failure_report
+from lakescore.jobs.steps.report import failure_report, stopped_status
 
 __all__ = [
     "ATTEMPT",
@@ -239,12 +239,12 @@ def record_run(spark: SparkSession | None, cfg: JobConfig, report: RunReport) ->
 
 
 def record_stopped_run(spark: SparkSession | None, cfg: JobConfig, exc: BaseException, clock: StepClock) -> None:
-    """:func:`record_metrics` for a run that raised ``exc``, stopping ``clock``'s run: ``interrupted`` or ``failed``,
-    no row counts; nothing for a run stopped before its plan named it."""
+    """:func:`record_metrics` for a run that raised ``exc``, stopping ``clock``'s run: ``interrupted``, ``pending`` or
+    ``failed`` (:func:`~lakescore.jobs.steps.report.stopped_status`), no row counts; nothing for a run stopped before its plan named it."""
     stop = clock.stop_of(exc)
     if stop is None or not stop.facts.get("run_id"):
         return
-    report = failure_report(cfg, exc, "interrupted" if was_interrupted(exc) else "failed", clock)
+    report = failure_report(cfg, exc, stopped_status(exc), clock)
     record_metrics(spark or SparkSession.getActiveSession(), cfg, report)
 
 

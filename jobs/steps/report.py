@@ -10,17 +10,18 @@ from typing import Any
 from lakescore.jobs.config import JobConfig
 from lakescore.jobs.cost import run_cost, session_resources
 from lakescore.jobs.platform.spark.adapter import session_facts
+from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.report.model import RunReport, software_versions
 from lakescore.jobs.report.text import drift_text, one_line
 from lakescore.jobs.steps.account import Accounting
 from lakescore.jobs.steps.batch_ledger import BatchLedger
 from lakescore.jobs.steps.clock import RunStop, StepClock
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
-from lakescore.jobs.steps.provider_batch import batch_summary
+from lakescore.jobs.steps.provider_batch import BatchesPending, batch_summary
 from lakescore.jobs.steps.publish import Outcome
 from lakescore.udfs.options.remote import MODELS_LISTING
 
-__all__ = ["assemble_report", "failure_report", "refusal_reason", "gate_text"]
+__all__ = ["assemble_report", "failure_report", "stopped_status", "refusal_reason", "gate_text"]
 
 
 def assemble_report(
@@ -184,6 +185,14 @@ def _with_token_rate(workers: dict[str, Any], stage_seconds: float | None) -> di
     if not workers.get("tokens_out") or not stage_seconds:
         return workers
     return {**workers, "tokens_per_second": round(workers["tokens_out"] / stage_seconds, 1)}
+
+
+def stopped_status(exc: BaseException) -> str:
+    """The status of a run that raised ``exc``: ``pending`` (``batch.wait: false`` left batches running at the
+    provider: the same command collects them), ``interrupted``, else ``failed``."""
+    if isinstance(exc, BatchesPending):
+        return "pending"
+    return "interrupted" if was_interrupted(exc) else "failed"
 
 
 def failure_report(

@@ -2,8 +2,8 @@
 (:mod:`tests.providers`), which executes each line on ``transformers serve`` running the tiny seeded Llama-shaped
 model, started once for the module:
 
-* ``batch.wait: false`` while the provider holds the batches: the run submits and stops pending, publishing nothing;
-  the same run then collects them, submitting none again. Results shuffled, some lines answered 500 in the error file,
+* ``batch.wait: false`` while the provider holds the batches: the run submits and stops pending, publishing nothing,
+  recorded ``pending`` (not ``failed``); the same run then collects them, recorded ``succeeded``, submitting none again. Results shuffled, some lines answered 500 in the error file,
   some absent from both files, the first batch expired with half its lines done: every row published once with the
   text the per-row endpoint gives it (transformers' own greedy ``generate``), no line with a result executed twice, the
   provider's line counts equal to the report's, the tokens at half price, the prompt tokens the provider reported
@@ -24,7 +24,8 @@ import pytest
 
 from lakescore.jobs.commands.batches import format_batches, list_batches
 from lakescore.jobs.config import load_config
-from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.score_job import run_and_record, run_scoring
+from lakescore.jobs.steps.metrics import read_attempts
 from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
 from lakescore.jobs.testing_hooks import ENABLE_ENV, KILL_ENV
 from tests.integration.test_generate_job import _reference_texts
@@ -107,15 +108,18 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         held = [provider.slots.acquire() for _ in range(2)]  # every batch stays in_progress until released
         pending = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, wait=False))
         with pytest.raises(BatchesPending, match="still running; run the same command again"):
-            run_scoring(pending, spark)
+            run_and_record(pending, spark)
         submitted = set(provider.batches)
         assert submitted and not (output / "_delta_log").exists()  # submitted, nothing published
         paid_before = provider.cached_delivered  # the pending run's own preflight: the batches ran nothing yet
         for _ in held:
             provider.slots.release()
         # the same run, waiting: it polls what the first submitted and submits only the resubmissions
-        report = run_scoring(load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir)), spark)
+        report = run_and_record(load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir)), spark)
         assert report.status == "succeeded", report.error
+        attempts = read_attempts(spark.read.format("delta").load(pending.metrics_ref()))
+        assert [a["status"] for a in attempts] == ["pending", "succeeded"]
+        assert "still running" in attempts[0]["error"]
         round0 = {b["id"] for b in report.provider_batch["batches"] if b["round"] == 0}
         assert round0 == submitted
         out = read_output(spark, str(output))
@@ -236,5 +240,8 @@ def test_a_killed_run_resumes_without_submitting_a_batch_twice(
 
 def test_pending_exit_code() -> None:
     from lakescore.jobs.cli import _failure
+    from lakescore.jobs.steps.report import stopped_status
 
-    assert _failure(BatchesPending("2 provider batch(es) (7 lines) still running"))[0] == EXIT_PENDING == 75
+    pending = BatchesPending("2 provider batch(es) (7 lines) still running")
+    assert _failure(pending)[0] == EXIT_PENDING == 75
+    assert stopped_status(pending) == "pending" and stopped_status(RuntimeError("no")) == "failed"
