@@ -5,10 +5,10 @@ Exit codes: 0 success; 1 the run failed a check (validation, error rate, drift) 
 published nothing; 2 a configuration, input or model problem (found before any
 compute, or an input file Spark cannot read); 3 any other failure; 130 interrupted
 (SIGINT / SIGTERM: the chunks staged so far are kept, and rerunning the same
-command resumes); 75 a ``generate.endpoint.batch`` run with ``wait: false`` whose batches still run at the provider
-(the same command run later collects them). Failures print one line, ``lakescore: error: <reason>`` (or
-``lakescore: interrupted ...``), on stderr (``--verbose`` adds the traceback);
-with ``--report`` a failed run still writes its JSON report (``status: failed``).
+command resumes); 75 a provider batch run (``generate.endpoint.batch``, ``embed.endpoint.batch``) with
+``wait: false`` whose batches still run at the provider (the same command run later collects them). Failures print
+one line, ``lakescore: error: <reason>`` (or ``lakescore: interrupted ...``), on stderr (``--verbose`` adds the
+traceback); with ``--report`` a failed run still writes its JSON report (``status: failed``).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     batches = commands.add_parser(
         "batches",
         parents=[common],
-        help="list the provider batches of a generate.endpoint.batch output, or --cancel them",
+        help="list the provider batches of an endpoint.batch output (generate or embed), or --cancel them",
     )
     batches.add_argument("--cancel", action="store_true", help="cancel the batches still running (lines done are kept)")
 

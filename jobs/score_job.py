@@ -96,7 +96,8 @@ def run_scoring(cfg: JobConfig, spark: SparkSession | None = None, clock: StepCl
 def run_and_record(cfg: JobConfig, spark: SparkSession | None = None, clock: StepClock | None = None) -> RunReport:
     """:func:`run_scoring`, then the run recorded as every entry point (CLI, API, demo) records it: its report (JSON and
     HTML at ``cfg.report`` when set) and its row in the metrics table. A run that raises is recorded too (``failed``,
-    ``interrupted`` or ``pending``, where and why: ``clock``, default a new one, says where it stopped), then the exception goes on."""
+    ``interrupted`` or ``pending``, where and why: ``clock``, default a new one, says where it stopped), then the
+    exception goes on."""
     clock = clock if clock is not None else StepClock()
     try:
         report = run_scoring(cfg, spark, clock)

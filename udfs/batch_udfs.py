@@ -4,7 +4,7 @@ between providers (OpenAI's Files + Batches, Anthropic's Message Batches) is the
 (:class:`~lakescore.udfs.remote.batch_kinds.BatchKind`).
 
 * :func:`make_render_function`: each row's request line (:mod:`~lakescore.udfs.remote.batch_files`), its body exactly
-  the per-row path's (:func:`~lakescore.udfs.remote.completions.request_body`, the row's seed from its key).
+  the per-row path's, as the task's :class:`~lakescore.udfs.remote.batch_lines.BatchLines` makes it.
 * :func:`make_submit_function`: a partition's lines (sorted by ``custom_id``) cut into files, each uploaded and its
   batch created, ``metadata`` naming the run and the file (:func:`~lakescore.udfs.remote.batch_files.part_digest`);
   a file whose batch the provider already holds (``known``: a rerun after a kill between create and record) is not
@@ -12,7 +12,8 @@ between providers (OpenAI's Files + Batches, Anthropic's Message Batches) is the
 * :func:`make_download_function`: the lines of ended batches, one task per batch, matched by ``custom_id`` against
   the batch's output and error files: one outcome per line (:func:`~lakescore.udfs.remote.batch_files.classify`).
 * :func:`make_result_function`: each row and its final outcome made the task's output row, as the per-row path
-  makes it (:class:`~lakescore.udfs.scoring_udf.ScoredBatch`): published from its answer, or dead-lettered.
+  makes it (:class:`~lakescore.udfs.scoring_udf.ScoredBatch`): published from its answer (the task's
+  :class:`~lakescore.udfs.remote.batch_lines.BatchLines` reads it), or dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,9 @@ from lakescore.udfs.remote.batch_files import (
 )
 from lakescore.udfs.remote.batch_kinds import BatchKind
 
+if TYPE_CHECKING:
+    from lakescore.udfs.remote.batch_lines import BatchLines
+
 __all__ = [
     "RENDERED_FIELDS",
     "SUBMITTED_SCHEMA",
@@ -45,7 +49,6 @@ __all__ = [
     "make_submit_function",
     "make_download_function",
     "make_result_function",
-    "row_body",
     "TOO_LARGE",
     "held_parts",
     "OUTCOME_FIELDS",
@@ -59,7 +62,7 @@ RENDERED_FIELDS = ((CUSTOM_ID, pa.string()), (LINE, pa.binary()))
 """What :func:`make_render_function` adds to each row: its line id and its line (both null for a null prompt; the line
 null too where it is larger than a file may be, :data:`TOO_LARGE`)."""
 TOO_LARGE = (
-    "the row's request line is larger than a batch file may be (generate.endpoint.batch.max_bytes_per_file {limit})"
+    "the row's request line is larger than a batch file may be (the endpoint's batch.max_bytes_per_file {limit})"
 )
 
 SUBMITTED_SCHEMA = pa.schema(
@@ -95,25 +98,11 @@ def outcome_column(field: str) -> str:
     return f"__lakescore_outcome_{field}"
 
 
-def row_body(options: Any, model: str, api: str | BatchKind, prompt: str, key: str) -> dict[str, Any]:
-    """The request the per-row path sends for a row keyed ``key`` (its seed, for sampled rows, from that key), through
-    ``api`` (an OpenAI API's name) or a provider kind's wire."""
-    from lakescore.udfs.remote.batch_kinds import OpenAIBatches
-
-    seed = None
-    if not options.greedy:
-        from lakescore.udfs.heads.seeds import row_seed
-
-        seed = row_seed(options.seed, key)
-    kind = OpenAIBatches(api, "") if isinstance(api, str) else api
-    return kind.request(options, model, prompt, seed)
-
-
 def make_render_function(
-    options: Any, model: str, kind: BatchKind, prompt_col: str, key_col: str, out_schema: pa.Schema, max_bytes: int
+    task_lines: BatchLines, kind: BatchKind, prompt_col: str, key_col: str, out_schema: pa.Schema, max_bytes: int
 ) -> ArrowFunction:
     """Each batch's columns as they came, and each row's :data:`RENDERED_FIELDS` (``out_schema``: the input's fields
-    then those two), its line in ``kind``'s wire format."""
+    then those two): its line's body is the task's (:meth:`BatchLines.body`), in ``kind``'s wire format."""
 
     def render(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -126,9 +115,9 @@ def make_render_function(
                     ids.append(None)
                     lines.append(None)
                     continue
-                params = row_body(options, model, kind, prompt, "" if key is None else str(key))
-                line_id = custom_id("" if key is None else str(key), canonical(params))
-                line = kind.line(line_id, params)
+                body = task_lines.body(prompt, "" if key is None else str(key))
+                line_id = custom_id("" if key is None else str(key), canonical(body))
+                line = kind.line(line_id, body)
                 ids.append(line_id)
                 lines.append(line if len(line) <= max_bytes else None)
             arrays = [*batch.columns, pa.array(ids, pa.string()), pa.array(lines, pa.binary())]
@@ -289,8 +278,7 @@ def _client(url: str, key_env: str | None, kind: BatchKind) -> Any:
 
 
 def make_result_function(
-    options: Any,
-    kind: BatchKind,
+    task_lines: BatchLines,
     sha256: str,
     keep_cols: Sequence[str],
     prompt_col: str,
@@ -301,14 +289,14 @@ def make_result_function(
 ) -> ArrowFunction:
     """Each row (``keep_cols``, its prompt, and its final outcome: :data:`OUTCOME_FIELDS` under
     :func:`outcome_column`, null where it was never sent) as the task's output row (``out_schema``,
-    :func:`~lakescore.schemas.output.scored_schema`): published from a result the answer's checks pass, else
+    :func:`~lakescore.schemas.output.scored_schema`): published from a result the task's checks pass
+    (:meth:`BatchLines.answer`), else
     dead-lettered as the per-row path would (``endpoint_error`` / ``endpoint_unfinished``), a line past
     ``max_resubmits`` ``endpoint_error`` naming its last reason, a null prompt ``null_input``. Each Arrow batch's
     first row carries its worker metrics: tokens from the answers' ``usage`` (cached prompt tokens apart), each line
     sent counted a request."""
     from lakescore.schemas.reasons import ENDPOINT_ERROR, NULL_INPUT
     from lakescore.schemas.traffic import Traffic
-    from lakescore.udfs.heads.generate import Generation, generation_columns, json_failure
     from lakescore.udfs.remote.answers import EndpointError, Malformed
     from lakescore.udfs.scoring_udf import ScoredBatch
 
@@ -335,20 +323,20 @@ def make_result_function(
                     reasons[i], errors[i] = ENDPOINT_ERROR, TOO_LARGE.format(limit=max_bytes)
                 elif ended_as == RESULT:
                     try:
-                        outputs[i] = _generation(Generation, json.loads(bodies[i]), options, kind)
+                        answer = task_lines.answer(json.loads(bodies[i]))
                     except (EndpointError, ValueError) as exc:  # what the per-row path dead-letters, as it words it
                         reasons[i] = exc.reason if isinstance(exc, EndpointError) else ENDPOINT_ERROR
                         errors[i] = (f"a malformed answer: {exc}" if isinstance(exc, Malformed) else str(exc))[:2000]
                         continue
-                    failure = json_failure(outputs[i], options.json_schema) if options.json_schema else None
-                    if failure is not None:  # cut or invalid JSON: the per-row path's dead letter, its text kept
-                        reasons[i], errors[i] = failure
-                    if outputs[i].prompt_tokens is None:
+                    outputs[i] = answer.output
+                    if answer.failure is not None:
+                        reasons[i], errors[i] = answer.failure
+                    if answer.tokens_in is None:
                         unmetered += 1
                     else:
-                        tokens_in += outputs[i].prompt_tokens
-                        tokens_cached += outputs[i].cached_tokens
-                        tokens_out += outputs[i].completion_tokens
+                        tokens_in += answer.tokens_in
+                        tokens_cached += answer.tokens_cached
+                        tokens_out += answer.tokens_out
                 elif ended_as == DEAD:
                     reasons[i], errors[i] = ENDPOINT_ERROR, f"the provider's batch refused the line: {messages[i]}"
                 else:
@@ -358,11 +346,7 @@ def make_result_function(
                         f"last: {messages[i]}"
                     )
             ok = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
-            predictions = (
-                list(generation_columns(outputs, ok, output_types, options.logprobs))
-                if ok.any()
-                else [pa.nulls(n, t) for t in output_types]
-            )
+            predictions = list(task_lines.columns(outputs, ok)) if ok.any() else [pa.nulls(n, t) for t in output_types]
             raw = [None if reasons[i] is None else prompts[i] for i in range(n)]
             resent = sum(r or 0 for r, p in zip(rounds, prompts) if p is not None)
             scored = ScoredBatch(
@@ -383,22 +367,3 @@ def make_result_function(
             yield scored.record_batch([batch.column(name) for name in keep_cols], out_schema)
 
     return result
-
-
-def _generation(generation: type, body: Mapping[str, Any], options: Any, kind: BatchKind) -> Any:
-    """A result body's :class:`~lakescore.udfs.heads.generate.Generation`, checked as the per-row path checks an
-    answer (``kind``'s reading of it, the log-probabilities); the caller checks its JSON as every path does
-    (:func:`~lakescore.udfs.heads.generate.json_failure`)."""
-    from lakescore.udfs.remote.answers import Unhonoured
-
-    completion = kind.parse(body, options)
-    if options.logprobs and completion.token_logprobs is None:
-        raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
-    return generation(
-        completion.text,
-        completion.finish_reason,
-        completion.prompt_tokens,
-        completion.completion_tokens,
-        token_logprobs=completion.token_logprobs if options.logprobs else None,
-        cached_tokens=completion.cached_tokens,
-    )

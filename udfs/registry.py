@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the registry stays import-light: the CLI reads it before an
     from pyspark.sql.types import StructField
 
     from lakescore.udfs.heads.protocol import Head
+    from lakescore.udfs.remote.batch_lines import BatchLines
 
 __all__ = [
     "named",
@@ -257,6 +258,10 @@ class Task:
     other_loaders: Mapping[tuple[str, bool], str] = field(default_factory=dict)
     """The task's other heads' loaders (``"module:function"``), by the input kind they read and whether they score
     over the wire (the task's own settings say ``remote``: an endpoint or a served engine): :meth:`load` chooses."""
+    batch_lines: str | None = None
+    """``"module:function"``, ``lines(spec, output_types) -> BatchLines``: what the task's rows become as lines of a
+    provider's Batch API (``<section>.endpoint.batch``, :mod:`lakescore.udfs.remote.batch_lines`); ``None``: the task
+    does not go out as batch lines, and config validation refuses the section."""
     in_job: bool = True
     """Whether the scoring job and the Python API run this task (:data:`TASK_NAMES`). ``False``: its head runs and is
     tested here, but the job does not read its input yet, so config validation refuses it rather than run it
@@ -299,6 +304,12 @@ class Task:
         key = (self.input_kind_of(spec).name, bool(options is not None and options.remote))
         loader = self.other_loaders.get(key, self.loader)
         return (named(loader) if isinstance(loader, str) else loader)(spec, model_dir)
+
+    def lines_for(self, spec: ModelSpec) -> BatchLines:
+        """The run's :class:`~lakescore.udfs.remote.batch_lines.BatchLines` (:attr:`batch_lines`)."""
+        if self.batch_lines is None:
+            raise ValueError(f"task {self.name} has no provider batch lines")
+        return named(self.batch_lines)(spec, self.output_arrow_types_for(self.options_of(spec)))
 
     def options_of(self, holder: Any) -> Any:
         """The task's own settings section of ``holder`` (the job's config or a worker's :class:`ModelSpec`, which both
@@ -376,6 +387,7 @@ TASKS: dict[str, Task] = {
             expands="chunked",
             other_loaders={("text", True): "lakescore.udfs.remote.embed:load_remote_embedder"},
             model_check="lakescore.udfs.options.embed:check_chunk_limit",
+            batch_lines="lakescore.udfs.remote.embed:embed_lines",
         ),
         Task(
             "ner",
@@ -441,6 +453,7 @@ TASKS: dict[str, Task] = {
                 ("text", True): "lakescore.udfs.remote.generate:load_remote_generator",
                 ("image", True): "lakescore.udfs.remote.image_prompts:load_remote_image_generator",
             },
+            batch_lines="lakescore.udfs.remote.generate:generate_lines",
         ),
         Task(
             "transcribe",

@@ -35,7 +35,10 @@ def list_batches(spark: SparkSession, cfg: JobConfig, cancel: bool = False) -> l
     """Every batch ``cfg``'s output's ledger holds, its state, and with ``cancel`` each one still running cancelled."""
     endpoint = cfg.endpoint()
     if not cfg.provider_batch:
-        raise ConfigError("lakescore batches reads a run with generate.endpoint.batch; this config has none")
+        raise ConfigError(
+            "lakescore batches reads a run with an endpoint's batch (generate.endpoint.batch, embed.endpoint.batch); "
+            "this config has none"
+        )
     ledger = BatchLedger(spark, cfg.output_ref(), cfg.write.staging, "")
     lines = (
         ledger.lines(every_run=True)

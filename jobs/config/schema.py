@@ -42,7 +42,7 @@ from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
 from lakescore.udfs.models.cpu_paths import CpuFacts, CpuPath, read_cpu_facts
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 from lakescore.udfs.options.batch import BatchOptions
-from lakescore.udfs.options.remote import MESSAGES_API, EndpointOptions
+from lakescore.udfs.options.remote import MESSAGES_API, RemoteEndpoint
 from lakescore.udfs.options.task import TaskEndpoint, TaskOptions
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS,
@@ -371,33 +371,38 @@ class JobConfig(Section):
 
     @property
     def provider_batch(self) -> bool:
-        """Whether the rows go through the endpoint provider's Batch API (``generate.endpoint.batch``)."""
+        """Whether the rows go through the endpoint provider's Batch API (``generate.endpoint.batch``,
+        ``embed.endpoint.batch``)."""
         endpoint = self.endpoint()
-        return isinstance(endpoint, EndpointOptions) and endpoint.batch is not None
+        return isinstance(endpoint, RemoteEndpoint) and endpoint.batch is not None
 
-    def batch_endpoint(self) -> tuple[EndpointOptions, BatchOptions]:
+    def batch_endpoint(self) -> tuple[TaskEndpoint, BatchOptions]:
         """The endpoint of a :attr:`provider_batch` run and its ``batch`` settings; :class:`ConfigError` for a run
         that sends its rows one request at a time."""
         endpoint = self.endpoint()
-        if not isinstance(endpoint, EndpointOptions) or endpoint.batch is None:
-            raise ConfigError("this run has no provider batch: set generate.endpoint.batch")
+        if not isinstance(endpoint, RemoteEndpoint) or endpoint.batch is None:
+            raise ConfigError("this run has no provider batch: set generate.endpoint.batch or embed.endpoint.batch")
         return endpoint, endpoint.batch
 
     def _check_provider_batch(self) -> None:
         """Refuse, in one line before compute, what a provider batch run cannot do."""
+        task = get_task(self.task)
+        batch = f"{task.options_section}.endpoint.batch"
+        if task.batch_lines is None:
+            raise ConfigError(f"{batch}: task {self.task} does not go through a provider's Batch API; drop it")
         if self.rank.enabled:
             raise ConfigError(
                 "rank keeps the best rows of a key as the rows are scored; a provider batch "
-                "(generate.endpoint.batch) returns them in any order, hours later: drop rank or batch"
+                f"({batch}) returns them in any order, hours later: drop rank or batch"
             )
         if self.input_kind.prompted:
             raise ConfigError(
-                f"{self.input_kind.column_setting} with generate.endpoint.batch: images with prompts go "
-                "through the per-row endpoint only (drop generate.endpoint.batch)"
+                f"{self.input_kind.column_setting} with {batch}: images with prompts go "
+                f"through the per-row endpoint only (drop {batch})"
             )
         if self.scoring.dedup == "on":
             raise ConfigError(
-                "scoring.dedup on with generate.endpoint.batch: each row's line is sent as its own request "
+                f"scoring.dedup on with {batch}: each row's line is sent as its own request "
                 "(its custom_id); set scoring.dedup off or auto"
             )
 

@@ -125,9 +125,10 @@ class RunReport:
     ``baseline_version``, ``gated`` (whether a bound applied), ``note`` (why there was no comparison), and the
     ``profiles`` of both sides; ``None`` for a task without a profiled output."""
     provider_batch: dict[str, Any] | None = None
-    """A run through the provider's Batch API (``generate.endpoint.batch``): its ``batches`` (id, round, lines,
-    state), ``lines_submitted``, ``lines_resubmitted`` and ``retry_reasons`` (lines by the reason they were sent
-    again), and with a price ``token_cost_per_row`` (the same tokens at the per-row price) and ``saving``."""
+    """A run through the provider's Batch API (``generate.endpoint.batch``, ``embed.endpoint.batch``): its ``batches``
+    (id, round, lines, state), ``lines_submitted``, ``lines_resubmitted`` and ``retry_reasons`` (lines by the reason
+    they were sent again), and with a price ``token_cost_per_row`` (the same tokens at the per-row price) and
+    ``saving``."""
     step_seconds: dict[str, float] = field(default_factory=dict)
     workers: dict[str, float] = field(default_factory=dict)
     cost: dict[str, Any] | None = None

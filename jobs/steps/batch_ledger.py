@@ -76,7 +76,8 @@ OUTCOMES_SCHEMA = T.StructType(
 @dataclass(frozen=True)
 class BatchState:
     """A batch of the run as the ledger knows it: its round, the lines it holds, and its terminal state once polled
-    to one (``status`` ``None``: still running when last seen)."""
+    to one (``status`` ``None``: still running when last seen); ``message``: a ``failed`` batch's reasons
+    (:func:`~lakescore.udfs.remote.batch_files.batch_errors`)."""
 
     batch_id: str
     round: int
@@ -86,6 +87,7 @@ class BatchState:
     error_file_id: str | None = None
     completed: int | None = None
     failed: int | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class BatchLedger:
         ended = (
             self.ended()
             .dropDuplicates(["batch_id"])
-            .select("batch_id", "status", "output_file_id", "error_file_id", "completed", "failed")
+            .select("batch_id", "status", "output_file_id", "error_file_id", "completed", "failed", "message")
         )
         rows = batches.join(ended, "batch_id", "left").collect()
         return sorted(
@@ -181,6 +183,7 @@ class BatchLedger:
                     r["error_file_id"],
                     r["completed"],
                     r["failed"],
+                    r["message"],
                 )
                 for r in rows
             ),

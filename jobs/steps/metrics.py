@@ -240,7 +240,8 @@ def record_run(spark: SparkSession | None, cfg: JobConfig, report: RunReport) ->
 
 def record_stopped_run(spark: SparkSession | None, cfg: JobConfig, exc: BaseException, clock: StepClock) -> None:
     """:func:`record_metrics` for a run that raised ``exc``, stopping ``clock``'s run: ``interrupted``, ``pending`` or
-    ``failed`` (:func:`~lakescore.jobs.steps.report.stopped_status`), no row counts; nothing for a run stopped before its plan named it."""
+    ``failed`` (:func:`~lakescore.jobs.steps.report.stopped_status`), no row counts; nothing for a run stopped before
+    its plan named it."""
     stop = clock.stop_of(exc)
     if stop is None or not stop.facts.get("run_id"):
         return

@@ -1,5 +1,6 @@
-"""Step 4 through a provider's Batch API (``generate.endpoint.batch``): the rows' requests go out as files, every line
-comes back exactly once, and a killed driver resumes without paying twice.
+"""Step 4 through a provider's Batch API (``generate.endpoint.batch``, ``embed.endpoint.batch``): the rows' requests go
+out as files (each task's lines: :class:`~lakescore.udfs.remote.batch_lines.BatchLines`, named in the task registry),
+every line comes back exactly once, and a killed driver resumes without paying twice.
 
 The driver holds batch ids and states only; the executors render, upload, create and download
 (:mod:`lakescore.udfs.batch_udfs`). Every call to the provider goes through its kind
@@ -13,7 +14,9 @@ Anthropic's Message Batches), so the loop is one for both. One loop, each pass r
    does not (a kill between create and record) is not sent again. The submit stage's lines are appended to the
    ledger as it commits;
 2. **poll** every batch not known ended (``poll_interval_s``), each terminal state recorded the moment it is seen;
-   one line of progress per poll. A ``failed`` batch (the provider's validation) stops the run in one line quoting the
+   one line of progress per poll. A ``failed`` batch (the provider's validation, no line ran) whose reason names a
+   size or count limit is split: its lines go again in files of at most half its lines
+   (:func:`~lakescore.udfs.remote.batch_files.split_helps`); any other stops the run in one line quoting the
    provider; ``wait: false`` stops it with :class:`BatchesPending` once everything is submitted and one poll shows a
    batch still running; an interrupt leaves the submitted batches running, and says so;
 3. **collect** every ended batch not collected: its lines' outcomes appended to the ledger.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -59,12 +63,13 @@ from lakescore.udfs.batch_udfs import (
     outcome_column,
 )
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, task_count
+from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, split_helps, task_count
 from lakescore.udfs.remote.batch_kinds import BatchKind, Polled, batch_kind
 
 if TYPE_CHECKING:
     from lakescore.jobs.steps.context import Plan, RunContext
     from lakescore.udfs.remote.batch_client import BatchClient
+    from lakescore.udfs.remote.batch_lines import BatchLines
 
 __all__ = ["BatchesPending", "BatchRefused", "EXIT_PENDING", "stage_through_batches", "driver_client", "batch_summary"]
 
@@ -101,7 +106,7 @@ def driver_client(endpoint: Any) -> BatchClient:
         key = os.environ.get(endpoint.api_key_env)
         if not key:
             raise EndpointRefused(
-                f"generate.endpoint.batch polls from the driver: {endpoint.api_key_env} "
+                f"a provider batch (the endpoint's batch) polls from the driver: {endpoint.api_key_env} "
                 "(api_key_env) is not set in the driver's environment"
             )
     return endpoint_kind(endpoint).client(
@@ -141,9 +146,9 @@ def stage_through_batches(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     kind = endpoint_kind(endpoint)
+    lines = get_task(plan.spec.task).lines_for(plan.spec)
     render = make_render_function(
-        plan.spec.generate,
-        endpoint.model,
+        lines,
         kind,
         prompt_col,
         passed[key_col],
@@ -157,19 +162,20 @@ def stage_through_batches(
 
     rendered = rendered_of(todo)
     client = driver_client(endpoint)
+    states = ledger.states()
     try:
         while True:
-            sent = _submit(run, ledger, rendered, client, kind, settings, endpoint)
+            sent = _submit(run, ledger, rendered, client, kind, settings, endpoint, states)
             states = ledger.states()
             collected = ledger.collected_batches()
             if not sent and all(s.batch_id in collected or s.status == "failed" for s in states):
-                _refuse_failed(states)
+                _refuse_failed([s for s in states if not split_helps(s.message, s.lines)])
                 break
             states = _poll(ledger, client, kind, states, settings)
             _collect(run, ledger, kind, states, collected, endpoint)
     finally:
         client.close()
-    _stage(run, plan, ledger, kind, rendered_of, todo, keep, passed, prompt_col, settings)
+    _stage(run, plan, ledger, lines, rendered_of, todo, keep, passed, prompt_col, settings)
 
 
 def _submit(
@@ -180,8 +186,10 @@ def _submit(
     kind: BatchKind,
     settings: Any,
     endpoint: Any,
+    states: Sequence[BatchState],
 ) -> int:
-    """Submit every line no live batch holds and every line due a resubmission; the lines submitted."""
+    """Submit every line no live batch holds and every line due a resubmission (``states``: the batches the ledger
+    knew when the last pass ended: those a failed batch's split follows); the lines submitted."""
     lines = ledger.lines()
     failed = ledger.ended().where(F.col("status") == "failed").select("batch_id")
     live = lines.join(failed, "batch_id", "left_anti")  # a failed batch ran none of its lines: they are unsent
@@ -196,21 +204,28 @@ def _submit(
         .join(live.select("custom_id", "round"), ["custom_id", "round"], "left_anti")
     )
     again = sendable.join(due, "custom_id")
-    to_send = first.unionByName(again)
-    per_round = to_send.groupBy("round").agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("line")).alias("size"))
-    sizes = {int(r["round"]): (int(r["n"]), int(r["size"])) for r in per_round.collect()}
-    counts = {round_: n for round_, (n, _) in sizes.items()}
-    for round_, (n, size) in sorted(sizes.items()):
+    to_send = _with_file_limit(run, ledger, states, first.unionByName(again), settings.max_requests_per_file)
+    per_round = (
+        to_send.groupBy("round", "per_file")
+        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("line")).alias("size"))
+        .collect()
+    )
+    sizes = {(int(r["round"]), int(r["per_file"])): (int(r["n"]), int(r["size"])) for r in per_round}
+    counts = {part: n for part, (n, _) in sizes.items()}
+    for (round_, per_file), (n, size) in sorted(sizes.items()):
         at_point("batch_submit")
         known = held_parts(client, kind, ledger.run_key, round_)
-        parts = task_count(n, size, settings.max_requests_per_file, settings.max_bytes_per_file)
+        if per_file == settings.max_requests_per_file:
+            parts = task_count(n, size, settings.max_requests_per_file, settings.max_bytes_per_file)
+        else:  # a split failed batch's lines: two files a partition, so each half is one file
+            parts = max(1, math.ceil(n / (2 * per_file)))
         submit = make_submit_function(
             endpoint.url,
             endpoint.api_key_env,
             kind,
             ledger.run_key,
             round_,
-            settings.max_requests_per_file,
+            per_file,
             settings.max_bytes_per_file,
             known,
             on_created=_batch_created,
@@ -218,7 +233,7 @@ def _submit(
         # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts;
         # the tasks upload at once as many files as the cluster runs tasks
         submitted = (
-            to_send.where(F.col("round") == round_)
+            to_send.where((F.col("round") == round_) & (F.col("per_file") == per_file))
             .select("custom_id", "chunk", "line")
             .repartition(parts, "custom_id")
             .sortWithinPartitions("custom_id")
@@ -227,12 +242,30 @@ def _submit(
         ledger.append_lines(submitted)
         at_point("batches_recorded")
         log.info(
-            "provider batch: %d line(s) of round %d submitted%s",
+            "provider batch: %d line(s) of round %d submitted%s%s",
             n,
             round_,
+            f" in files of at most {per_file} (a failed batch split)"
+            if per_file < settings.max_requests_per_file
+            else "",
             f" ({len(known)} file(s) found already held by the provider)" if known else "",
         )
     return sum(counts.values())
+
+
+def _with_file_limit(
+    run: RunContext, ledger: BatchLedger, states: Sequence[BatchState], to_send: DataFrame, max_requests: int
+) -> DataFrame:
+    """``to_send`` with each line's ``per_file``: the lines a file holding it may hold, ``max_requests`` unless a batch
+    that held it failed for a limit (:func:`split_helps`), then half that batch's lines (the least such), so each
+    refusal halves the files until a batch passes or one line alone is refused."""
+    split = {s.batch_id: _half(s.lines) for s in states if s.status == "failed" and split_helps(s.message, s.lines)}
+    if not split:
+        return to_send.withColumn("per_file", F.lit(max_requests))
+    halves = run.spark.createDataFrame(list(split.items()), "batch_id string, half int")
+    limits = ledger.lines().join(F.broadcast(halves), "batch_id").groupBy("custom_id").agg(F.min("half").alias("half"))
+    per_file = F.least(F.coalesce(F.col("half"), F.lit(max_requests)), F.lit(max_requests)).alias("per_file")
+    return to_send.join(limits, "custom_id", "left").select(*to_send.columns, per_file)
 
 
 def _batch_created() -> None:
@@ -270,12 +303,11 @@ def _poll(
                         batch.error,
                         batch.completed,
                         batch.failed,
+                        batch.message,
                     )
                     del running[batch_id]
             ledger.record_ended(found)  # the moment this pass saw them, before anything else can fail
-            for batch, _ in found:
-                if batch.status == "failed":
-                    _refuse_failed([ended[batch.batch_id]], batch)
+            _refuse_failed([ended[batch.batch_id] for batch, _ in found])
             for state in ended.values():
                 seen[state.status] += 0
             states_seen = ", ".join(f"{n} {status}" for status, n in sorted(seen.items()) if n)
@@ -299,14 +331,28 @@ def _poll(
     return sorted(ended.values(), key=lambda s: (s.round, s.batch_id))
 
 
-def _refuse_failed(states: Sequence[BatchState], batch: Polled | None = None) -> None:
-    failed = [s for s in states if s.status == "failed"]
-    if not failed:
-        return
-    said = (batch.message if batch is not None else None) or "no reason given"
-    raise BatchRefused(
-        f"the provider failed batch {failed[0].batch_id} (its validation of the file, no line ran): {said[:500]}"
-    )
+def _refuse_failed(states: Sequence[BatchState]) -> None:
+    """:class:`BatchRefused` for the first ``failed`` batch of ``states`` that is not split (:func:`split_helps`); a
+    split one is logged: its lines go again in halves."""
+    for state in states:
+        if state.status != "failed":
+            continue
+        said = (state.message or "no reason given")[:500]
+        if not split_helps(state.message, state.lines):
+            raise BatchRefused(
+                f"the provider failed batch {state.batch_id} (its validation of the file, no line ran): {said}"
+            )
+        log.warning(
+            "provider batch: the provider failed batch %s of %d lines (%s); its lines go again in files of at most %d",
+            state.batch_id,
+            state.lines,
+            said,
+            _half(state.lines),
+        )
+
+
+def _half(lines: int) -> int:
+    return (lines + 1) // 2
 
 
 def _collect(
@@ -337,7 +383,7 @@ def _stage(
     run: RunContext,
     plan: Plan,
     ledger: BatchLedger,
-    kind: BatchKind,
+    lines: BatchLines,
     rendered_of: Callable[[Sequence[int]], DataFrame],
     todo: Sequence[int],
     keep: Sequence[str],
@@ -369,8 +415,7 @@ def _stage(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     result = make_result_function(
-        spec.generate,
-        kind,
+        lines,
         plan.identity.sha256,
         [passed[c] for c in keep],
         prompt_col,

@@ -150,9 +150,9 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
     ``x-api-key``); one line ``errored`` with ``overloaded_error`` (retryable) and one absent from the results are sent
     again and answered: each row published once with the per-row path's text, no line with a result run again, the
     provider's counts and cached prompt tokens equal to the report's."""
-    from lakescore.udfs.batch_udfs import row_body
     from lakescore.udfs.remote.batch_files import canonical, custom_id
     from lakescore.udfs.remote.batch_kinds import MessageBatches
+    from lakescore.udfs.remote.generate import row_body
 
     server, model = served_chat
     source, frame = tmp_path / "reviews", _reviews(4)

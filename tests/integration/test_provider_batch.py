@@ -3,11 +3,15 @@
 model, started once for the module:
 
 * ``batch.wait: false`` while the provider holds the batches: the run submits and stops pending, publishing nothing,
-  recorded ``pending`` (not ``failed``); the same run then collects them, recorded ``succeeded``, submitting none again. Results shuffled, some lines answered 500 in the error file,
-  some absent from both files, the first batch expired with half its lines done: every row published once with the
-  text the per-row endpoint gives it (transformers' own greedy ``generate``), no line with a result executed twice, the
-  provider's line counts equal to the report's, the tokens at half price, the prompt tokens the provider reported
+  recorded ``pending`` (not ``failed``); the same run then collects them, recorded ``succeeded``, submitting none
+  again. Results shuffled, some lines answered 500 in the error file, some absent from both files, the first batch
+  expired with half its lines done: every row published once with the text the per-row endpoint gives it
+  (transformers' own greedy ``generate``), no line with a result executed twice, the provider's line counts equal to
+  the report's, the tokens at half price, the prompt tokens the provider reported
   read from its cache counted apart and priced at ``price.cached_input``;
+* a batch the provider fails for too many requests: split, its halves sent, every line run once;
+* ``embed.endpoint.batch`` against a real sentence-transformers model behind the provider (``transformers serve`` has
+  no embeddings route), error lines and lost lines among them: every row once with the per-row endpoint's vector;
 * the run killed between a batch's create and its record (the submit task dies), then killed again while it polls,
   then run again: the provider holds each file's batch once, every line ran once, every row published;
 """
@@ -30,7 +34,7 @@ from lakescore.jobs.steps.provider_batch import EXIT_PENDING, BatchesPending
 from lakescore.jobs.testing_hooks import ENABLE_ENV, KILL_ENV
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
-from tests.providers import Faults, Pick, batch_provider
+from tests.providers import EmbeddingModel, Faults, Pick, batch_provider
 from tests.providers.batch_provider import CHEAP_MODEL
 from tests.served_models import TransformersServe
 
@@ -192,6 +196,83 @@ def test_a_text_column_named_as_an_outcome_field_in_two_chunks_publishes_every_r
     assert report.error_reasons == {"null_input": 1}
     assert out["generated_text"].tolist() == [" ".join(b.split()[:3]) for b in present["body"]]
     assert sum(c["total"] for c in counts.values()) == 9 and max(c["total"] for c in counts.values()) <= 3
+
+
+def test_a_batch_the_provider_fails_for_too_many_requests_is_split_in_halves_that_pass(
+    spark, tmp_path, served, tiny_causal_lm_dir, provider_key
+):
+    source, output = tmp_path / "reviews", tmp_path / "summaries"
+    _write(spark, _reviews(6), source)
+    # the run cuts files of 5 lines; the provider takes 3 (OpenAI's error shape: the batch fails, too_many_requests)
+    with batch_provider(served.url, faults=Faults(shuffle=False), max_requests_per_file=3) as provider:
+        cfg = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, max_requests_per_file=5))
+        report = run_scoring(cfg, spark)
+        assert report.status == "succeeded", report.error
+        batches = report.provider_batch["batches"]
+        assert [b["lines"] for b in batches if b["status"] == "failed"] == [5]
+        assert sorted(b["lines"] for b in batches if b["status"] == "completed") == [2, 3]  # its halves
+        assert sorted(provider.executions.values()) == [1] * 5  # every line ran once, none in a failed batch
+        assert report.provider_batch["lines_submitted"] == 5 and report.provider_batch["lines_resubmitted"] == 0
+        out = read_output(spark, str(output))
+        assert out["generated_text"].notna().sum() == 5 and report.error_reasons == {"null_input": 1}
+
+
+def test_an_embed_batch_run_gives_every_row_once_the_per_row_endpoints_vector_at_half_price(
+    spark, tmp_path, sentence_transformer, provider_key
+):
+    import json
+    import urllib.request
+
+    import numpy as np
+
+    from lakescore.udfs.remote.embeddings import SERVER_LIMIT, embeddings_body
+
+    source, output = tmp_path / "reviews", tmp_path / "embeddings"
+    frame = _reviews(8)
+    _write(spark, frame, source)
+    faults = Faults(status={500: Pick(fraction=0.3, seed=3)}, vanish=Pick(fraction=0.3, seed=4))
+    with batch_provider(EmbeddingModel(sentence_transformer), faults=faults) as provider:
+        flags = {
+            "input": str(source),
+            "output": str(output),
+            "task": "embed",
+            "id_col": "review_id",
+            "text_col": "body",
+            "max_error_rate": 0.5,
+            "spark.master": "local[2]",
+            "embed.endpoint.url": provider.url,
+            "embed.endpoint.model": "minilm",
+            "embed.endpoint.api_key_env": KEY_ENV,
+            "embed.endpoint.price": {"input": 2.0},
+            "embed.endpoint.batch": {"max_requests_per_file": 3, "poll_interval_s": 0.2},
+        }
+        report = run_scoring(load_config(flags=flags), spark)
+        assert report.status == "succeeded", report.error
+        present = frame[frame["body"].notna()]
+        # the per-row path's request (embed.endpoint without batch) for the same texts, to the same server
+        request = urllib.request.Request(
+            provider.url + "/embeddings",
+            data=json.dumps(embeddings_body("minilm", present["body"].tolist(), SERVER_LIMIT)).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {provider_key}"},
+        )
+        with urllib.request.urlopen(request) as answer:
+            per_row = np.array([row["embedding"] for row in json.loads(answer.read())["data"]])
+        assert provider.executed_after_result == [] and len(provider.delivered) == len(present)
+    out = read_output(spark, str(output)).sort_values("review_id")
+    published = out[out["embedding"].notna()]
+    assert published["review_id"].tolist() == present["review_id"].tolist()  # every row once
+    vectors = np.stack(published["embedding"].to_numpy())
+    np.testing.assert_allclose(vectors, per_row, atol=1e-5)
+    np.testing.assert_allclose(vectors, sentence_transformer.encode(present["body"].tolist()), atol=1e-5)
+    assert report.error_reasons == {"null_input": 1}
+    batch = report.provider_batch
+    assert batch["lines_resubmitted"] == batch["lines_submitted"] - len(present) > 0
+    assert any("500" in reason for reason in batch["retry_reasons"])
+    assert any("absent" in reason for reason in batch["retry_reasons"])
+    probe = report.workers.get("preflight") or {"tokens_in": 0}
+    tokens = report.workers["tokens_in"] - probe["tokens_in"]
+    assert tokens > 0 and report.workers["tokens_out"] == 0
+    assert report.cost["token_cost"] == pytest.approx((probe["tokens_in"] + tokens / 2) * 2.0 / 1e6, abs=1e-9)
 
 
 def _score(flags: dict, env: dict) -> subprocess.CompletedProcess:

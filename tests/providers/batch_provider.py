@@ -1,6 +1,7 @@
 """A Batch API provider for the test suite: OpenAI's Files + Batches and Anthropic's Messages and Message Batches as
 their published contracts (and the ``openai`` / ``anthropic`` clients' types) define them, each line executed on a
-real OpenAI-compatible upstream (``transformers serve`` over a tiny model) or, with ``cheap``, answered in-process
+real OpenAI-compatible upstream (``transformers serve`` over a tiny model; :class:`EmbeddingModel`, a real
+sentence-transformers model, for ``/v1/embeddings``) or, with ``cheap``, answered in-process
 (an echo of the prompt with plausible ``usage``) so a million lines are feasible. Batches move through their states on
 a background thread; :class:`Faults` injects what users of real providers report (results in any order, error lines,
 lines absent from every file, expired batches, refused files) deterministically by ``custom_id``; the provider keeps
@@ -160,6 +161,37 @@ def _prompt_text(body: dict) -> str:
         return " ".join(parts)
     prompt = body.get("prompt", "")
     return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+
+class EmbeddingModel:
+    """Answers ``/v1/embeddings`` with a real sentence-transformers ``model`` in this process (``transformers serve``
+    has no embeddings route): each input truncated at the request's ``truncate_prompt_tokens`` (absent or -1: the
+    model's own limit), pooled and normalised by the model's own modules, ``usage`` its tokens; one request at a
+    time."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.lock = model, threading.Lock()
+
+    def call(self, path: str, body: dict) -> tuple[int, dict]:
+        if path != "/v1/embeddings":
+            return 404, _openai_error(404, f"this server only embeds, not {path}")
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        limit = body.get("truncate_prompt_tokens")
+        with self.lock:
+            own = self.model.max_seq_length
+            self.model.max_seq_length = min(limit, own) if isinstance(limit, int) and limit > 0 else own
+            try:
+                vectors = self.model.encode(inputs, convert_to_numpy=True)
+                tokens = sum(
+                    len(self.model.tokenizer(text, truncation=True, max_length=self.model.max_seq_length)["input_ids"])
+                    for text in inputs
+                )
+            finally:
+                self.model.max_seq_length = own
+        data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return 200, {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
 
 
 class CheapUpstream:
@@ -361,7 +393,7 @@ class BatchProvider:
 
     def __init__(
         self,
-        upstream: str | None = None,
+        upstream: str | Upstream | None = None,
         *,
         cheap: bool = False,
         key: str = "sk-test-batch-key",
@@ -374,8 +406,14 @@ class BatchProvider:
         faults: Faults | None = None,
     ) -> None:
         if (upstream is None) == (not cheap):
-            raise ValueError("a BatchProvider needs an upstream URL or cheap=True, not both")
-        self.upstream: Upstream = CheapUpstream() if cheap else HttpUpstream(upstream or "")
+            raise ValueError("a BatchProvider needs an upstream (its URL or an Upstream) or cheap=True, not both")
+        self.upstream: Upstream = (
+            HttpUpstream(upstream)
+            if isinstance(upstream, str)
+            else upstream
+            if upstream is not None
+            else CheapUpstream()
+        )
         self.key, self.min_seconds, self.concurrency = key, min_seconds, concurrency
         self.max_requests_per_file, self.max_bytes_per_file = max_requests_per_file, max_bytes_per_file
         self.faults = faults or Faults()

@@ -19,7 +19,6 @@ from lakescore.udfs.batch_udfs import (
     make_render_function,
     make_result_function,
     outcome_column,
-    row_body,
 )
 from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.registry import get_task
@@ -28,6 +27,7 @@ from lakescore.udfs.remote.batch_files import (
     RESULT,
     RETRY,
     absent,
+    batch_errors,
     batch_line,
     canonical,
     classify,
@@ -37,9 +37,12 @@ from lakescore.udfs.remote.batch_files import (
     parse_jsonl,
     part_digest,
     request_path,
+    split_helps,
 )
 from lakescore.udfs.remote.batch_kinds import OpenAIBatches
 from lakescore.udfs.remote.completions import request_body
+from lakescore.udfs.remote.embed import EmbedLines
+from lakescore.udfs.remote.generate import GenerateLines, row_body
 
 ENDPOINT = {"url": "http://127.0.0.1:1/v1", "model": "m", "api": "chat", "batch": {"max_requests_per_file": 2}}
 
@@ -169,9 +172,14 @@ def test_batch_settings_are_bounded_and_refuse_what_cannot_work() -> None:
 def _rendered(options, prompts, keys, max_bytes=10_000) -> pa.RecordBatch:
     schema = pa.schema([("id", pa.string()), ("prompt", pa.string())])
     out = schema.append(pa.field(CUSTOM_ID, pa.string())).append(pa.field(LINE, pa.binary()))
-    render = make_render_function(
-        options, "m", OpenAIBatches("chat", "/v1/chat/completions"), "prompt", "id", out, max_bytes
+    lines = GenerateLines(
+        options,
+        "m",
+        "chat",
+        tuple(get_task("generate").output_arrow_types_for(options)),
+        OpenAIBatches("chat", "/v1/chat/completions"),
     )
+    render = make_render_function(lines, OpenAIBatches("chat", "/v1/chat/completions"), "prompt", "id", out, max_bytes)
     return next(render(iter([pa.record_batch([pa.array(keys), pa.array(prompts)], schema=schema)])))
 
 
@@ -245,9 +253,8 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
     from lakescore.schemas.output import scored_schema
 
     out_schema = to_arrow_schema(scored_schema("generate", T.StructField("id", T.StringType())))
-    result = make_result_function(
-        options, OpenAIBatches("chat", "/v1/chat/completions"), "sha", ["id"], "prompt", types, out_schema, 10_000, 3
-    )
+    lines = GenerateLines(options, "m", "chat", tuple(types), OpenAIBatches("chat", "/v1/chat/completions"))
+    result = make_result_function(lines, "sha", ["id"], "prompt", types, out_schema, 10_000, 3)
     columns = {"id": rendered.column("id"), "prompt": rendered.column("prompt")}
     rows = [final.get(i) if i is not None else None for i in ids]
     for name, kind in (
@@ -277,3 +284,83 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
 def test_a_line_larger_than_a_file_is_not_rendered() -> None:
     rendered = _rendered(_options(), ["x" * 500, "short"], ["0", "1"], max_bytes=300)
     assert rendered.column(LINE)[0].as_py() is None and rendered.column(LINE)[1].as_py() is not None
+
+
+def test_a_batch_failed_for_a_limit_is_split_until_one_line_and_any_other_failure_is_refused_quoting_the_provider():
+    from lakescore.jobs.steps.batch_ledger import BatchState
+    from lakescore.jobs.steps.provider_batch import BatchRefused, _refuse_failed
+
+    too_many = {
+        "id": "batch_1",
+        "status": "failed",
+        "errors": {
+            "object": "list",
+            "data": [
+                {
+                    "code": "too_many_requests",
+                    "line": None,
+                    "param": None,
+                    "message": "The input file holds 5 requests; at most 2 are allowed.",
+                }
+            ],
+        },
+    }
+    said = batch_errors(too_many)
+    assert said == "too_many_requests: The input file holds 5 requests; at most 2 are allowed."
+    assert split_helps(said, 5) and split_helps("token_limit_exceeded: Enqueued token limit reached", 2)
+    assert not split_helps(said, 1)  # one line cannot be halved
+    assert not split_helps("mismatched_model: Every request in a batch must use the same model.", 4)
+    assert batch_errors({"status": "failed", "errors": None}) is None and not split_helps(None, 9)
+    _refuse_failed([BatchState("batch_1", 0, 5, "failed", message=said), BatchState("batch_2", 0, 3, "completed")])
+    with pytest.raises(BatchRefused, match=r"failed batch batch_3 .*: file_too_large: The input file is 900 bytes"):
+        _refuse_failed([BatchState("batch_3", 0, 1, "failed", message="file_too_large: The input file is 900 bytes")])
+    with pytest.raises(BatchRefused, match="mismatched_model"):
+        _refuse_failed([BatchState("batch_4", 0, 4, "failed", message="mismatched_model: one model per batch")])
+
+
+def test_embed_lines_are_the_per_row_request_of_one_text_and_each_result_the_rows_normalised_vector() -> None:
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from lakescore.schemas.output import scored_schema
+    from lakescore.udfs.remote.embeddings import embeddings_body
+
+    lines = EmbedLines("minilm", 128)
+    assert lines.body("hello", "7") == embeddings_body("minilm", ["hello"], 128)  # what the per-row path sends
+    assert request_path("http://h/v1", lines.api) == "/v1/embeddings"
+    schema = pa.schema([("id", pa.string()), ("text", pa.string())])
+    out = schema.append(pa.field(CUSTOM_ID, pa.string())).append(pa.field(LINE, pa.binary()))
+    render = make_render_function(lines, OpenAIBatches("embeddings", "/v1/embeddings"), "text", "id", out, 10_000)
+    rendered = next(render(iter([pa.record_batch([pa.array(["0", "1", "2"]), pa.array(["a b", "c", None])], schema)])))
+    sent = [json.loads(line) for line in rendered.column(LINE).to_pylist() if line is not None]
+    assert [line["body"]["input"] for line in sent] == [["a b"], ["c"]] and sent[0]["url"] == "/v1/embeddings"
+    whole = {"object": "list", "data": [{"index": 0, "embedding": [3.0, 4.0]}], "usage": {"prompt_tokens": 4}}
+    two = {"object": "list", "data": [{"index": 0, "embedding": [1.0]}, {"index": 1, "embedding": [1.0]}]}
+    types = get_task("embed").output_arrow_types_for(None)
+    out_schema = to_arrow_schema(scored_schema("embed", T.StructField("id", T.StringType())))
+    result = make_result_function(lines, "sha", ["id"], "body", types, out_schema, 10_000, 3)
+    columns = {
+        "id": rendered.column("id"),
+        "body": rendered.column("text"),  # a row's own column may be named body
+        outcome_column("kind"): pa.array([RESULT, RESULT, None]),
+        outcome_column("status"): pa.array([200, 200, None], pa.int32()),
+        outcome_column("body"): pa.array([json.dumps(whole), json.dumps(two), None]),
+        outcome_column("message"): pa.array([None, None, None], pa.string()),
+        outcome_column("round"): pa.array([0, 0, None], pa.int32()),
+    }
+    batch = pa.record_batch(list(columns.values()), names=list(columns))
+    staged = pa.Table.from_batches(list(result(iter([batch])))).to_pylist()
+    assert staged[0]["embedding"] == pytest.approx([0.6, 0.8]) and staged[0]["_reason"] is None
+    assert staged[1]["embedding"] is None and "malformed" in staged[1]["_error"]  # two vectors for one text
+    assert staged[2]["_reason"] == "null_input"
+    worker = staged[0]["_worker"]
+    assert (worker["tokens_in"], worker["tokens_out"], worker["requests"]) == (4, 0, 2)
+
+
+def test_embed_endpoint_batch_is_a_provider_batch_run_priced_at_its_batch_share() -> None:
+    embed = {"url": "http://127.0.0.1:1/v1", "model": "m", "price": {"input": 2.0}, "batch": {"wait": False}}
+    base = ["task=embed", "input=in", "output=out", "id_col=id", "text_col=t", f"embed.endpoint={json.dumps(embed)}"]
+    cfg = load_config(None, base)
+    assert cfg.provider_batch and not cfg.endpoint().batch.wait and cfg.endpoint().price.batch == 0.5
+    with pytest.raises(ConfigError, match="embed.endpoint.batch"):
+        load_config(None, [*base, "scoring.dedup=on"])

@@ -1,7 +1,7 @@
-"""Settings of a provider's Batch API (``generate.endpoint.batch``): the section whose presence sends a run's rows as
-files of requests (OpenAI's Files + Batches contract; Anthropic's Message Batches for ``api: messages``) instead of
-one request per row. Plain pydantic, importable
-without the HTTP client (:mod:`lakescore.udfs.remote.batch_client` is the client)."""
+"""Settings of a provider's Batch API (``generate.endpoint.batch``, ``embed.endpoint.batch``): the section whose
+presence sends a run's rows as files of requests (OpenAI's Files + Batches contract; Anthropic's Message Batches for
+``api: messages``) instead of one request per row. Plain pydantic, importable without the HTTP client
+(:mod:`lakescore.udfs.remote.batch_client` is the client)."""
 
 from __future__ import annotations
 

@@ -87,6 +87,8 @@ class InputPrice(Section):
 
     input: Number = Field(ge=0)
     """Per million prompt tokens."""
+    batch: Number = Field(0.5, gt=0, le=1)
+    """The share of these prices the provider charges for tokens sent through its Batch API (``endpoint.batch``)."""
 
     def cost(self, tokens_in: int, tokens_out: int = 0, tokens_cached: int = 0) -> float:
         """The price of ``tokens_in`` prompt tokens (an embedding has no generated tokens, and its cached tokens, where
@@ -99,8 +101,6 @@ class Price(InputPrice):
 
     output: Number = Field(ge=0)
     """Per million generated tokens."""
-    batch: Number = Field(0.5, gt=0, le=1)
-    """The share of these prices the provider charges for tokens sent through its Batch API (``endpoint.batch``)."""
     cached_input: Number | None = Field(None, ge=0)
     """Per million prompt tokens the provider read from its prompt cache (the report's ``tokens_in_cached``: OpenAI's
     ``cached_tokens``, Anthropic's ``cache_read_input_tokens``); default: ``input``, as for any prompt token."""
@@ -155,6 +155,9 @@ class RemoteEndpoint(_Client):
     revision: Text | None = None
     """A version the user vouches for (a name alone cannot prove the weights behind it did not change): part of the
     model's identity, recorded as ``model_revision``."""
+    batch: BatchOptions | None = None
+    """Send the rows through the provider's Batch API (files of requests, at its batch price) instead of one request
+    per row; see ``docs/generation.md`` "Provider batches"."""
 
     def identity(self) -> dict:
         """What names the model that answers: its name and the user's revision. Where the endpoint is, how it is
@@ -172,9 +175,6 @@ class EndpointOptions(RemoteEndpoint):
     ``anthropic-version``; the prompt as the user message, the system prompt as ``system``)."""
     price: Price | None = None
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
-    batch: BatchOptions | None = None
-    """Send the rows through the provider's Batch API (files of requests, at its batch price) instead of one request
-    per row; see ``docs/generation.md`` "Provider batches"."""
 
     def identity(self) -> dict:
         """:meth:`RemoteEndpoint.identity` and the API, which decides the prompt's wrapping."""
@@ -187,6 +187,11 @@ class EmbedEndpointOptions(RemoteEndpoint):
 
     price: InputPrice | None = None
     """``{input: ..}`` per million prompt tokens: the run's cost in the report, summary, history and metrics."""
+
+    @property
+    def api(self) -> str:
+        """The one API an embedding endpoint speaks (``<url>/embeddings``): not a setting."""
+        return "embeddings"
 
 
 class ServedEngine(_Client):

@@ -13,6 +13,10 @@ row is published from it, or dead-lettered for what it holds, and never sent aga
 the line without an answer: an error line with a retryable status, 429 or 5xx; an expired or cancelled batch's
 unfinished line; a line absent from both files), or **dead** (the request's own fault, a 4xx: dead-lettered with the
 provider's message). :func:`next_step` decides a retry's fate: resent in a new round, or dead past ``max_resubmits``.
+
+A batch the provider ends ``failed`` (its validation of the file: no line ran) is split when its reason names a size
+or count limit (:func:`split_helps`): its lines go again in files of at most half its lines; any other reason is the
+run's to refuse, quoting the provider.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ __all__ = [
     "classify",
     "absent",
     "next_step",
+    "batch_errors",
+    "split_helps",
+    "LIMIT_CODES",
     "RETRYABLE_LINE_CODES",
     "TERMINAL_STATES",
     "ENDED_STATES",
@@ -55,6 +62,13 @@ RETRYABLE_LINE_CODES = frozenset(
     {"batch_expired", "batch_cancelled", "rate_limit_exceeded", "server_error", "timeout", "internal_error"}
 )
 """Error codes of an error-file line without a status that mean the provider ended the line unanswered."""
+
+
+LIMIT_CODES = frozenset(
+    {"file_too_large", "too_many_requests", "max_requests_exceeded", "token_limit_exceeded", "request_too_large"}
+)
+"""Error codes of a ``failed`` batch that name a limit of the file's size, its requests or its tokens."""
+_LIMIT_WORDS = ("too large", "too many", "too big", "exceed", "at most", "maximum", "limit")
 
 
 ENDED_STATES = frozenset({"completed", "expired", "cancelled", "ended"})
@@ -232,3 +246,26 @@ def next_step(outcome_kind: str, round_: int, max_resubmits: int) -> str:
     if outcome_kind != RETRY:
         return "done"
     return "resend" if round_ < max_resubmits else "dead"
+
+
+def batch_errors(batch: Mapping[str, Any]) -> str | None:
+    """A ``failed`` batch's reasons as one text (``code: message; ...``, the batch's ``errors.data``), ``None`` when it
+    gives none: what the ledger records and the refusal quotes."""
+    errors = (batch.get("errors") or {}).get("data") or []
+    said = [_message(e, None) for e in errors if isinstance(e, Mapping)]
+    return "; ".join(s for s in said if s)[:2000] or None
+
+
+def split_helps(reasons: str | None, lines: int) -> bool:
+    """Whether a batch of ``lines`` lines the provider failed for ``reasons`` (:func:`batch_errors`) is split and its
+    halves sent: more than one line, and a reason that names a limit of the file's size, requests or tokens.
+
+    >>> split_helps("too_many_requests: The input file holds 5 requests; at most 2 are allowed.", 5)
+    True
+    >>> split_helps("file_too_large: The input file is 300 bytes", 1), split_helps("mismatched_model: one model", 4)
+    (False, False)
+    """
+    if lines < 2 or not reasons:
+        return False
+    text = reasons.lower()
+    return any(code in text for code in LIMIT_CODES) or any(word in text for word in _LIMIT_WORDS)

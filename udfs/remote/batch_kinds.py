@@ -23,6 +23,7 @@ from lakescore.udfs.remote.batch_client import BatchClient
 from lakescore.udfs.remote.batch_files import (
     LineOutcome,
     absent,
+    batch_errors,
     batch_line,
     canonical,
     classify,
@@ -175,8 +176,6 @@ def openai_polled(batch: Mapping[str, Any]) -> Polled:
     status = str(batch.get("status"))
     counts = batch.get("request_counts") or {}
     completed, failed = counts.get("completed"), counts.get("failed")
-    errors = (batch.get("errors") or {}).get("data") or []
-    said = "; ".join(str(e.get("message") or e.get("code")) for e in errors if isinstance(e, dict))
     return Polled(
         str(batch["id"]),
         status,
@@ -187,7 +186,7 @@ def openai_polled(batch: Mapping[str, Any]) -> Polled:
         batch.get("error_file_id"),
         completed,
         failed,
-        said[:2000] or None,
+        batch_errors(batch),
     )
 
 

@@ -14,11 +14,14 @@ sent again, down to the one text it refuses (dead-lettered ``endpoint_error`` al
 5xx, timeouts, lost connections, after their retries, or a malformed answer) dead-letters every row of the request, as
 the server, not a text, failed. ``usage.prompt_tokens`` is the run's tokens (and its cost with ``price.input``);
 :class:`~lakescore.udfs.remote.answers.EndpointDown` stops the run.
+
+:class:`EmbedLines` are the same requests, one text each, as lines of a provider's Batch API (``embed.endpoint.batch``,
+:class:`~lakescore.udfs.remote.batch_lines.BatchLines`), each result's vector normalised as here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,14 +32,26 @@ from lakescore.schemas.reasons import NULL_INPUT
 from lakescore.udfs.batching import AdaptiveBudget, Scored
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, content_refused, what_happened
+from lakescore.udfs.remote.batch_lines import LineAnswer
 from lakescore.udfs.remote.client import EndpointClient
-from lakescore.udfs.remote.embeddings import SERVER_LIMIT, post_embeddings
+from lakescore.udfs.remote.embeddings import SERVER_LIMIT, embeddings_body, parse_embeddings, post_embeddings
 from lakescore.udfs.remote.head import RemoteHead, open_client
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from lakescore.udfs.remote.engine import EngineServer
 
-__all__ = ["EndpointEmbedder", "load_remote_embedder", "cut_requests", "REQUEST_CHARS", "served_args"]
+__all__ = [
+    "EndpointEmbedder",
+    "load_remote_embedder",
+    "cut_requests",
+    "embedding_column",
+    "EmbedLines",
+    "embed_lines",
+    "REQUEST_CHARS",
+    "served_args",
+]
 
 REQUEST_CHARS = 1 << 20
 """Characters one request carries at most (a text longer than this goes alone). Requests are cut by inputs
@@ -152,15 +167,7 @@ class EndpointEmbedder(RemoteHead):
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray):
         """The ``embedding`` column, as the in-process head writes it (rows not ``ok`` are null)."""
-        import pyarrow as pa
-
-        from lakescore.udfs.arrow_columns import list_column
-
-        rows = np.flatnonzero(ok)
-        matrix = np.zeros((len(outputs), len(outputs[rows[0]]) if len(rows) else 0), dtype=np.float32)
-        for i in rows:
-            matrix[i] = outputs[i]
-        return (list_column(matrix, ok, pa.float32()),)
+        return (embedding_column(outputs, ok),)
 
     def score(self, texts: list[str]) -> np.ndarray:
         """The executors' preflight: ``texts`` in one request with every setting of the run (``truncate_prompt_tokens``
@@ -187,6 +194,19 @@ class EndpointEmbedder(RemoteHead):
         from lakescore.udfs.heads.embed import SentenceEmbedder
 
         return SentenceEmbedder.fidelity(reference, outputs)
+
+
+def embedding_column(outputs: np.ndarray, ok: np.ndarray) -> Any:
+    """The ``embedding`` column of the vectors ``outputs``, as the in-process head writes it (rows not ``ok`` null)."""
+    import pyarrow as pa
+
+    from lakescore.udfs.arrow_columns import list_column
+
+    rows = np.flatnonzero(ok)
+    matrix = np.zeros((len(outputs), len(outputs[rows[0]]) if len(rows) else 0), dtype=np.float32)
+    for i in rows:
+        matrix[i] = outputs[i]
+    return list_column(matrix, ok, pa.float32())
 
 
 def served_args(engine: str, args: Sequence[str]) -> tuple[str, ...]:
@@ -247,3 +267,33 @@ def load_remote_embedder(spec: ModelSpec, model_dir: Path | None) -> EndpointEmb
     except BaseException:
         client.close()
         raise
+
+
+@dataclass(frozen=True)
+class EmbedLines:
+    """``embed.endpoint.batch``'s lines: ``model`` the endpoint's, each text truncated by the server at
+    ``truncate_to`` tokens, as the per-row path asks (:class:`~lakescore.udfs.remote.embed.EndpointEmbedder`)."""
+
+    model: str
+    truncate_to: int
+    api: str = "embeddings"
+
+    def body(self, text: str, key: str) -> dict[str, Any]:
+        return embeddings_body(self.model, [text], self.truncate_to)
+
+    def answer(self, body: Mapping[str, Any]) -> LineAnswer:
+        from lakescore.udfs.heads.embed import l2_normalize
+
+        answer = parse_embeddings(body, 1)
+        return LineAnswer(l2_normalize(answer.vectors).astype(np.float32, copy=False)[0], answer.prompt_tokens)
+
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> Sequence[pa.Array]:
+        return (embedding_column(outputs, ok),)
+
+
+def embed_lines(spec: ModelSpec, output_types: Sequence[pa.DataType]) -> EmbedLines:
+    """The run's :class:`EmbedLines` (``spec.embed.endpoint`` set): truncated at ``model.max_seq_length``, else the
+    server's own limit, as the per-row path (:func:`~lakescore.udfs.remote.embed.load_remote_embedder`)."""
+    options = spec.embed
+    assert options is not None and options.endpoint is not None
+    return EmbedLines(options.endpoint.model, spec.max_seq_length or SERVER_LIMIT)

@@ -17,7 +17,7 @@ from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.remote.answers import Malformed
 from lakescore.udfs.remote.client import ESTIMATED_CHARS_PER_TOKEN, EndpointClient
 
-__all__ = ["EMBEDDINGS", "SERVER_LIMIT", "Embeddings", "parse_embeddings", "post_embeddings"]
+__all__ = ["EMBEDDINGS", "SERVER_LIMIT", "Embeddings", "embeddings_body", "parse_embeddings", "post_embeddings"]
 
 EMBEDDINGS = "/embeddings"
 """The route under the server's ``/v1``."""
@@ -70,15 +70,16 @@ def parse_embeddings(body: Mapping[str, Any], inputs: int) -> Embeddings:
     return Embeddings(vectors.astype(np.float32), tokens)
 
 
+def embeddings_body(model: str, inputs: Sequence[str], truncate_to: int) -> dict[str, Any]:
+    """The request of ``inputs`` to ``model``, each truncated by the server at ``truncate_to`` tokens
+    (:data:`SERVER_LIMIT`: the model's own limit): what a per-row request and a provider batch's line send."""
+    return {"model": model, "input": list(inputs), "truncate_prompt_tokens": truncate_to, "encoding_format": "float"}
+
+
 def post_embeddings(client: EndpointClient, inputs: Sequence[str], truncate_to: int) -> Embeddings:
     """One request of ``inputs``, each truncated by the server at ``truncate_to`` tokens (:data:`SERVER_LIMIT`: the
     model's own limit): their :class:`Embeddings` as the server sent them (errors as the client's ``post``)."""
-    body = {
-        "model": client.model,
-        "input": list(inputs),
-        "truncate_prompt_tokens": truncate_to,
-        "encoding_format": "float",
-    }
+    body = embeddings_body(client.model, inputs, truncate_to)
     estimate = sum(len(text) // ESTIMATED_CHARS_PER_TOKEN + 1 for text in inputs)
     if truncate_to > 0:
         estimate = min(estimate, truncate_to * len(inputs))

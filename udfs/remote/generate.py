@@ -12,15 +12,20 @@ on :class:`~lakescore.udfs.remote.answers.EndpointDown`.
 The executors' preflight (:meth:`EndpointGenerator.score`) sends one request with every setting of the run: a setting
 the server refuses, or ignores where the answer shows it (no log-probabilities, text that is not the schema's JSON),
 is refused there, in one line, before any row is sent.
+
+:class:`GenerateLines` are the same requests as lines of a provider's Batch API (``generate.endpoint.batch``,
+:class:`~lakescore.udfs.remote.batch_lines.BatchLines`), each result read as an answer is read here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from lakescore.schemas.reasons import NULL_INPUT
 from lakescore.udfs.batching import Scored
@@ -30,14 +35,24 @@ from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.options.remote import MESSAGES_API
 from lakescore.udfs.remote import messages
 from lakescore.udfs.remote.answers import EndpointDown, EndpointError, EndpointRefused, Unhonoured, what_happened
+from lakescore.udfs.remote.batch_lines import LineAnswer
 from lakescore.udfs.remote.client import EndpointClient
 from lakescore.udfs.remote.completions import api_of, complete
 from lakescore.udfs.remote.head import RemoteHead, endpoint_identity, models_listing, open_client
 
 if TYPE_CHECKING:
+    from lakescore.udfs.remote.batch_kinds import BatchKind
     from lakescore.udfs.remote.engine import EngineServer
 
-__all__ = ["EndpointGenerator", "load_remote_generator", "endpoint_identity", "models_listing"]
+__all__ = [
+    "EndpointGenerator",
+    "load_remote_generator",
+    "endpoint_identity",
+    "models_listing",
+    "GenerateLines",
+    "generate_lines",
+    "row_body",
+]
 
 PROMPTS, KEYS = "prompts", "keys"
 """Feature keys: the present prompts and their row keys (what sampled rows' seeds derive from)."""
@@ -168,3 +183,66 @@ def load_remote_generator(spec: ModelSpec, model_dir: Path | None, head: type = 
     client, engine = open_client(options.endpoint, options.server, model_dir)
     revision = options.endpoint.revision if options.endpoint is not None else spec.revision
     return head(client, options, types, revision, server=engine)
+
+
+def row_body(options: Any, model: str, api: str | BatchKind, prompt: str, key: str) -> dict[str, Any]:
+    """The request the per-row path sends for a row keyed ``key`` (its seed, for sampled rows, from that key), through
+    ``api`` (an OpenAI API's name) or a provider kind's wire."""
+    from lakescore.udfs.remote.batch_kinds import OpenAIBatches
+
+    seed = None
+    if not options.greedy:
+        from lakescore.udfs.heads.seeds import row_seed
+
+        seed = row_seed(options.seed, key)
+    kind = OpenAIBatches(api, "") if isinstance(api, str) else api
+    return kind.request(options, model, prompt, seed)
+
+
+@dataclass(frozen=True)
+class GenerateLines:
+    """``generate.endpoint.batch``'s lines: ``options`` the run's ``generate`` section, ``model`` the endpoint's,
+    ``output_types`` the task's output columns' Arrow types, ``kind`` the provider's batch API, whose wire a row's
+    request is written and its answer read in (OpenAI's completions or chat, Anthropic's messages)."""
+
+    options: Any
+    model: str
+    api: str
+    output_types: tuple[pa.DataType, ...]
+    kind: BatchKind
+
+    def body(self, text: str, key: str) -> dict[str, Any]:
+        return row_body(self.options, self.model, self.kind, text, key)
+
+    def answer(self, body: Mapping[str, Any]) -> LineAnswer:
+        options = self.options
+        completion = self.kind.parse(body, options)
+        if options.logprobs and completion.token_logprobs is None:
+            raise Unhonoured("generate.logprobs", "the response holds no log-probabilities (the request's logprobs)")
+        generation = Generation(
+            completion.text,
+            completion.finish_reason,
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            token_logprobs=completion.token_logprobs if options.logprobs else None,
+            cached_tokens=completion.cached_tokens,
+        )
+        # cut or invalid JSON: the per-row path's dead letter, its text kept
+        failure = json_failure(generation, options.json_schema) if options.json_schema else None
+        return LineAnswer(
+            generation, generation.prompt_tokens, generation.completion_tokens or 0, failure, generation.cached_tokens
+        )
+
+    def columns(self, outputs: np.ndarray, ok: np.ndarray) -> Sequence[pa.Array]:
+        return generation_columns(outputs, ok, self.output_types, self.options.logprobs)
+
+
+def generate_lines(spec: ModelSpec, output_types: Sequence[pa.DataType]) -> GenerateLines:
+    """The run's :class:`GenerateLines` (``spec.generate.endpoint`` set; ``output_types``: its output columns')."""
+    from lakescore.udfs.remote.batch_kinds import batch_kind
+
+    options = spec.generate
+    assert options is not None and options.endpoint is not None
+    endpoint = options.endpoint
+    kind = batch_kind(endpoint.url, endpoint.api)
+    return GenerateLines(options, endpoint.model, endpoint.api, tuple(output_types), kind)
