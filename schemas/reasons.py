@@ -6,7 +6,10 @@ The errors table's ``reason`` column holds one of :data:`REASONS`; the code writ
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 __all__ = [
+    "RowFailure",
     "REASONS",
     "NULL_ID",
     "DUPLICATE_ID",
@@ -83,3 +86,19 @@ REASONS: tuple[str, ...] = (
     ENDPOINT_UNFINISHED,
 )
 """Every reason, in the order README's table lists them."""
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """Why one row was not scored, whatever its input (a text, an image, a recording): ``reason``, one of
+    :data:`REASONS`; ``error``, the text the errors table shows; ``raw``, the row's input as that table shows it
+    (``None`` until the runner that holds the row fills it in)."""
+
+    reason: str
+    error: str
+    raw: str | None = None
+
+    @classmethod
+    def of(cls, reason: str, exc: BaseException, raw: str | None = None) -> RowFailure:
+        """The failure an exception caused: its type and text, cut at 2,000 characters."""
+        return cls(reason, f"{type(exc).__name__}: {exc}"[:2000], raw)

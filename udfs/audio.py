@@ -23,15 +23,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lakescore.schemas.reasons import AUDIO_TOO_LONG, EMPTY_AUDIO, INVALID_AUDIO, NULL_INPUT, UNSUPPORTED_SAMPLE_RATE
+from lakescore.schemas.reasons import (
+    AUDIO_TOO_LONG,
+    EMPTY_AUDIO,
+    INVALID_AUDIO,
+    NULL_INPUT,
+    UNSUPPORTED_SAMPLE_RATE,
+    RowFailure,
+)
 
 __all__ = [
     "MIN_SAMPLE_RATE",
     "MAX_SAMPLE_RATE",
-    "AudioFailure",
+    "AudioHeader",
     "Decoded",
     "Window",
     "Transcript",
+    "read_audio_header",
     "decode_audio",
     "describe_audio",
     "windows",
@@ -48,11 +56,15 @@ MAX_SAMPLE_RATE = 768_000
 
 
 @dataclass(frozen=True)
-class AudioFailure:
-    """Why a row's recording cannot be transcribed: reason code and error text."""
+class AudioHeader:
+    """What a recording's header says, read without decoding its samples: its own sample rate and its frames."""
 
-    reason: str
-    error: str
+    sample_rate: int
+    frames: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.frames / self.sample_rate
 
 
 @dataclass(frozen=True)
@@ -91,30 +103,54 @@ class Transcript:
     sample_rate: int
 
 
-def decode_audio(data: bytes | memoryview | None, rate: int, max_duration_s: float | None) -> Decoded | AudioFailure:
+def read_audio_header(data: bytes | memoryview | None, max_duration_s: float | None) -> AudioHeader | RowFailure:
+    """The header of the recording ``data`` holds, or why it cannot be transcribed (``null_input``, ``invalid_audio``,
+    ``empty_audio``, ``unsupported_sample_rate``, ``audio_too_long``): only the header is read, no sample decoded."""
+    import soundfile
+
+    if data is None or not len(data):
+        return RowFailure(NULL_INPUT, "no audio bytes" if data is not None else "null audio")
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as sound:
+            header = AudioHeader(int(sound.samplerate), int(sound.frames))
+    except Exception as exc:  # libsndfile raises for unreadable bytes; the row is refused, not the batch
+        return RowFailure(INVALID_AUDIO, _plain(exc))
+    refused = _refused(header, max_duration_s)
+    if refused is None and not header.frames:
+        refused = RowFailure(EMPTY_AUDIO, "the file holds no samples")
+    return refused or header
+
+
+def _refused(header: AudioHeader, max_duration_s: float | None) -> RowFailure | None:
+    if not MIN_SAMPLE_RATE <= header.sample_rate <= MAX_SAMPLE_RATE:
+        return RowFailure(
+            UNSUPPORTED_SAMPLE_RATE,
+            f"sample rate {header.sample_rate} Hz, outside {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz",
+        )
+    if max_duration_s is not None and header.duration_s > max_duration_s:
+        return RowFailure(
+            AUDIO_TOO_LONG, f"{header.duration_s:.1f} s long, above transcribe.max_duration_s {max_duration_s:g} s"
+        )
+    return None
+
+
+def decode_audio(data: bytes | memoryview | None, rate: int, max_duration_s: float | None) -> Decoded | RowFailure:
     """The recording ``data`` holds, mono at ``rate`` Hz (see the module docstring), or why not."""
     import soundfile
 
     if data is None or not len(data):
-        return AudioFailure(NULL_INPUT, "no audio bytes" if data is not None else "null audio")
+        return RowFailure(NULL_INPUT, "no audio bytes" if data is not None else "null audio")
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as sound:
             source_rate, frames = int(sound.samplerate), int(sound.frames)
-            if not MIN_SAMPLE_RATE <= source_rate <= MAX_SAMPLE_RATE:
-                return AudioFailure(
-                    UNSUPPORTED_SAMPLE_RATE,
-                    f"sample rate {source_rate} Hz, outside {MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz",
-                )
-            duration = frames / source_rate
-            if max_duration_s is not None and duration > max_duration_s:
-                return AudioFailure(
-                    AUDIO_TOO_LONG, f"{duration:.1f} s long, above transcribe.max_duration_s {max_duration_s:g} s"
-                )
+            refused = _refused(AudioHeader(source_rate, frames), max_duration_s)
+            if refused is not None:
+                return refused
             samples = sound.read(dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile raises for unreadable bytes; the row is refused, not the batch
-        return AudioFailure(INVALID_AUDIO, _plain(exc))
+        return RowFailure(INVALID_AUDIO, _plain(exc))
     if not len(samples):
-        return AudioFailure(EMPTY_AUDIO, "the file holds no samples")
+        return RowFailure(EMPTY_AUDIO, "the file holds no samples")
     mono = samples[:, 0] if samples.shape[1] == 1 else samples.mean(axis=1, dtype=np.float32)
     if source_rate != rate:
         import soxr

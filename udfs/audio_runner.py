@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from lakescore.schemas.reasons import MISSING_FILE, NULL_INPUT, SCORING_ERROR
-from lakescore.udfs.audio import AudioFailure, Decoded, Transcript, Window, describe_audio
+from lakescore.schemas.reasons import MISSING_FILE, NULL_INPUT, SCORING_ERROR, RowFailure
+from lakescore.udfs.audio import Decoded, Transcript, Window, describe_audio
 from lakescore.udfs.batching import AdaptiveBudget, Scored, score_present
 from lakescore.udfs.heads.protocol import AudioInputHead
 from lakescore.udfs.runners import image_bytes
@@ -34,7 +34,7 @@ class PreparedAudio:
     values: list[memoryview | None]
     decoded: dict[int, Decoded]
     windows: list[tuple[int, Window]]
-    failures: dict[int, AudioFailure] = field(default_factory=dict)
+    failures: dict[int, RowFailure] = field(default_factory=dict)
     paths: list[str | None] | None = None
 
 
@@ -55,14 +55,14 @@ class AudioRunner:
         values = image_bytes(column, self.audio_col)
         paths = batch.column(self.path_col).to_pylist() if self.path_col else None
         decoded: dict[int, Decoded] = {}
-        failures: dict[int, AudioFailure] = {}
+        failures: dict[int, RowFailure] = {}
         cut: list[tuple[int, Window]] = []
         for i, value in enumerate(values):
             if value is None and paths is not None and paths[i] is not None:
-                failures[i] = AudioFailure(MISSING_FILE, f"no file at {paths[i]}")
+                failures[i] = RowFailure(MISSING_FILE, f"no file at {paths[i]}")
                 continue
             result = self.head.decode(value)
-            if isinstance(result, AudioFailure):
+            if isinstance(result, RowFailure):
                 failures[i] = result
                 continue
             decoded[i] = result

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from lakescore.schemas.reasons import CHUNK_TOO_SMALL, NULL_INPUT, PREPARE_ERROR, TOO_MANY_CHUNKS
+from lakescore.schemas.reasons import CHUNK_TOO_SMALL, NULL_INPUT, PREPARE_ERROR, TOO_MANY_CHUNKS, RowFailure
 from lakescore.udfs.arrow_columns import list_column
 from lakescore.udfs.batching import AdaptiveBudget, Scored, TextHead
 
@@ -291,8 +291,6 @@ def chunked_embedder(
 def prepare_documents(texts: list[str | None], head: ChunkedEmbedder, refused: dict | None = None) -> PreparedDocuments:
     """Chunk every present text of ``texts`` and tokenize the chunks; a text the chunker refuses (too many chunks,
     no window that fits) is refused whole, with its reason."""
-    from lakescore.udfs.runners import RowFailure
-
     refused = dict(refused or {})
     spans: list[list[Span] | None] = [None] * len(texts)
     chunk_texts: list[str] = []
@@ -306,7 +304,7 @@ def prepare_documents(texts: list[str | None], head: ChunkedEmbedder, refused: d
             refused[i] = RowFailure(exc.reason, str(exc), text)
             continue
         except Exception as exc:  # the tokenizer's own failure: this document only
-            refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text)
+            refused[i] = RowFailure.of(PREPARE_ERROR, exc, text)
             continue
         spans[i] = doc_spans
         chunk_texts.extend(text[start:end] for start, end in doc_spans)

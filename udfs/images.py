@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from lakescore.schemas.reasons import IMAGE_TOO_LARGE, INVALID_IMAGE, NULL_INPUT, PREPARE_ERROR
+from lakescore.schemas.reasons import IMAGE_TOO_LARGE, INVALID_IMAGE, NULL_INPUT, PREPARE_ERROR, RowFailure
 from lakescore.udfs.batching import BatchPolicy, plan_batches
 
 __all__ = [
     "DEFAULT_MAX_BATCH_PIXELS",
     "DEFAULT_MAX_BATCH_IMAGES",
-    "ImageFailure",
     "ImageHeader",
     "Chunk",
     "Preprocessed",
@@ -54,14 +53,6 @@ DEFAULT_MAX_BATCH_IMAGES = 64
 """Images one preprocessing chunk holds at most."""
 VALUES_PER_TOKEN = 16 * 16 * 3
 """What one token of an image's model input is, in values: a 16x16 RGB patch, a ViT-B/16 token."""
-
-
-@dataclass(frozen=True)
-class ImageFailure:
-    """Why a row's image cannot be scored: reason code and error text."""
-
-    reason: str
-    error: str
 
 
 @dataclass(frozen=True)
@@ -98,7 +89,7 @@ class Preprocessed:
 
     pixel_values: Any
     ok: np.ndarray
-    failures: dict[int, ImageFailure] = field(default_factory=dict)
+    failures: dict[int, RowFailure] = field(default_factory=dict)
     headers: dict[int, ImageHeader] = field(default_factory=dict)
     chunks: list[Chunk] = field(default_factory=list)
 
@@ -118,18 +109,18 @@ def pixel_limit(max_image_pixels: int | None) -> int:
     return max_image_pixels
 
 
-def read_header(data: bytes | None, limit: int) -> tuple[ImageHeader | None, ImageFailure | None]:
+def read_header(data: bytes | None, limit: int) -> tuple[ImageHeader | None, RowFailure | None]:
     """``data``'s header (``None`` where unreadable) and why the row cannot be scored (``None`` where it can): null or
     empty, not an image, or more than ``limit`` pixels. Only the header is read."""
     if not data:
-        return None, ImageFailure(NULL_INPUT, "no image bytes" if data is not None else "null image")
+        return None, RowFailure(NULL_INPUT, "no image bytes" if data is not None else "null image")
     try:
         with _open(data) as image:
             header = ImageHeader(str(image.format), image.mode, *image.size)
     except Exception as exc:  # Pillow raises many types for unreadable bytes; the row is refused, not the batch
         return None, _failure(exc)
     if header.pixels > limit:
-        return header, ImageFailure(
+        return header, RowFailure(
             IMAGE_TOO_LARGE, f"{header.width}x{header.height} = {header.pixels} pixels, above the limit of {limit}"
         )
     return header, None
@@ -137,8 +128,9 @@ def read_header(data: bytes | None, limit: int) -> tuple[ImageHeader | None, Ima
 
 def decode_image(data: bytes):
     """The upright RGB image ``data`` holds, as transformers' ``load_image`` makes it (EXIF orientation applied,
-    converted to RGB; a multi-frame file's first frame), or an :class:`ImageFailure` (``invalid_image``) for
-    bytes that do not decode (a truncated file). Check the header with :func:`read_header` first."""
+    converted to RGB; a multi-frame file's first frame), or a :class:`~lakescore.schemas.reasons.RowFailure`
+    (``invalid_image``) for bytes that do not decode (a truncated file). Check the header with :func:`read_header`
+    first."""
     from PIL import ImageOps
 
     try:
@@ -157,14 +149,14 @@ def _open(data: bytes):
     return Image.open(io.BytesIO(data))
 
 
-def _failure(exc: Exception) -> ImageFailure:
+def _failure(exc: Exception) -> RowFailure:
     from PIL import Image
 
     if isinstance(exc, Image.DecompressionBombError):
-        return ImageFailure(IMAGE_TOO_LARGE, str(exc))
+        return RowFailure(IMAGE_TOO_LARGE, str(exc))
     if isinstance(exc, Image.UnidentifiedImageError):  # its text names the BytesIO object: say it plainly
-        return ImageFailure(INVALID_IMAGE, "not an image format Pillow reads")
-    return ImageFailure(INVALID_IMAGE, f"{type(exc).__name__}: {exc}"[:2000])
+        return RowFailure(INVALID_IMAGE, "not an image format Pillow reads")
+    return RowFailure.of(INVALID_IMAGE, exc)
 
 
 def describe_image(data: bytes | None, header: ImageHeader | None = None) -> str | None:
@@ -193,7 +185,7 @@ def preprocess_chunks(
     ``failures``. Raises ``ValueError`` when the processor makes images of different shapes for one model.
     """
     n = len(values)
-    failures: dict[int, ImageFailure] = {}
+    failures: dict[int, RowFailure] = {}
     headers: dict[int, ImageHeader] = {}
     for i, data in enumerate(values):
         header, failure = read_header(data, limit)
@@ -220,13 +212,13 @@ def preprocess_chunks(
     return Preprocessed(pixel_values, ok, failures, headers, chunks)
 
 
-def _preprocess_chunk(values, rows: np.ndarray, preprocess: Callable[[list], Any], failures: dict[int, ImageFailure]):
+def _preprocess_chunk(values, rows: np.ndarray, preprocess: Callable[[list], Any], failures: dict[int, RowFailure]):
     """The ``rows`` that decoded and their preprocessing; the others added to ``failures``. Decoded images live only
     in this call. An image the processor rejects is refused alone (``prepare_error``), its neighbours kept."""
     decoded, images = [], []
     for row in rows:
         image = decode_image(values[row])
-        if isinstance(image, ImageFailure):
+        if isinstance(image, RowFailure):
             failures[int(row)] = image
         else:
             decoded.append(int(row))
@@ -243,7 +235,7 @@ def _preprocess_chunk(values, rows: np.ndarray, preprocess: Callable[[list], Any
             parts.append(preprocess([image]))
             kept.append(row)
         except Exception as exc:
-            failures[row] = ImageFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000])
+            failures[row] = RowFailure.of(PREPARE_ERROR, exc)
     return kept, (_concatenate(parts) if parts else None)
 
 

@@ -16,6 +16,7 @@ scored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakescore.schemas.reasons import INVALID_TEXT, MISSING_FILE, NULL_INPUT, PREPARE_ERROR
+from lakescore.schemas.reasons import INVALID_TEXT, MISSING_FILE, NULL_INPUT, PREPARE_ERROR, RowFailure
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.batching import (
     AdaptiveBudget,
@@ -48,7 +49,6 @@ from lakescore.udfs.heads.protocol import (
 from lakescore.udfs.images import (
     DEFAULT_MAX_BATCH_IMAGES,
     DEFAULT_MAX_BATCH_PIXELS,
-    ImageFailure,
     Preprocessed,
     describe_image,
     image_tokens,
@@ -79,15 +79,6 @@ class CountsTokens(Protocol):
     any, are what the server's ``usage`` reported)."""
 
     def token_traffic(self, scored: Scored) -> Traffic: ...
-
-
-@dataclass(frozen=True)
-class RowFailure:
-    """Why preparation could not handle a row: reason code, error text, and the raw input as text."""
-
-    reason: str
-    error: str
-    raw: str | None
 
 
 @dataclass
@@ -144,9 +135,7 @@ def refuse_untokenizable(
             tokenize_one(i)
         except Exception as exc:
             texts[i] = None
-            refused[i] = RowFailure(
-                PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], text if shown is None else shown[i]
-            )
+            refused[i] = RowFailure.of(PREPARE_ERROR, exc, text if shown is None else shown[i])
 
 
 def _refuse(scored: Scored, refused: Mapping[int, Any]) -> Scored:
@@ -171,7 +160,7 @@ def pair_texts(
             left_refused[i].raw if i in left_refused else left[i],
             right_refused[i].raw if i in right_refused else right[i],
         )
-        refused[i] = RowFailure(failure.reason, failure.error, _json_object(names, sides))
+        refused[i] = dataclasses.replace(failure, raw=_json_object(names, sides))
     texts = [(a, b) if a and b and i not in refused else None for i, (a, b) in enumerate(zip(left, right))]
     return texts, refused, shown
 
@@ -375,7 +364,7 @@ class ImageRunner:
         paths = batch.column(self.path_col).to_pylist()
         for i, (value, path) in enumerate(zip(values, paths)):
             if value is None and path is not None:
-                images.failures[i] = ImageFailure(MISSING_FILE, f"no file at {path}")
+                images.failures[i] = RowFailure(MISSING_FILE, f"no file at {path}")
         return PreparedImages(values, images, paths)
 
     def score(self, prepared: PreparedImages, budget: AdaptiveBudget) -> Scored:
@@ -464,17 +453,17 @@ class ImagePromptRunner:
             header, failure = read_header(value, self.limit)
             raw.append(path if path is not None else describe_image(value, header))
             if value is None and path is not None:
-                failure = ImageFailure(MISSING_FILE, f"no file at {path}")
+                failure = RowFailure(MISSING_FILE, f"no file at {path}")
             if i in refused or prompt is None:
                 continue
             image = decode_image(value) if failure is None else failure
-            if isinstance(image, ImageFailure):
-                refused[i] = RowFailure(image.reason, image.error, raw[i])
+            if isinstance(image, RowFailure):
+                refused[i] = dataclasses.replace(image, raw=raw[i])
                 continue
             try:
                 rows.append(self.head.process(image, prompt, value))  # a remote head sends the bytes as read
             except Exception as exc:  # the processor (or chat template) rejects this row: its neighbours run
-                refused[i] = RowFailure(PREPARE_ERROR, f"{type(exc).__name__}: {exc}"[:2000], raw[i])
+                refused[i] = RowFailure.of(PREPARE_ERROR, exc, raw[i])
                 continue
             finally:
                 del image

@@ -19,8 +19,9 @@ from lakescore.schemas.reasons import (
     MISSING_FILE,
     NULL_INPUT,
     UNSUPPORTED_SAMPLE_RATE,
+    RowFailure,
 )
-from lakescore.udfs.audio import AudioFailure, decode_audio, windows
+from lakescore.udfs.audio import decode_audio, windows
 from lakescore.udfs.audio_runner import AudioRunner
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy
 from lakescore.udfs.models.model_source import ModelSpec
@@ -104,7 +105,7 @@ def test_decoding_is_libsndfile_then_soxr_and_each_bad_row_has_its_reason():
     }
     for data, reason in cases.items():
         failure = decode_audio(data, RATE, 10.0)
-        assert isinstance(failure, AudioFailure) and failure.reason == reason, (reason, failure)
+        assert isinstance(failure, RowFailure) and failure.reason == reason, (reason, failure)
         assert "\n" not in failure.error and "BytesIO" not in failure.error
     assert "12.0 s long" in decode_audio(encoded(recording(12.0), RATE, "WAV"), RATE, 10.0).error
 

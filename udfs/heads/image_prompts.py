@@ -100,13 +100,14 @@ class ImagePromptGenerator(Generator):
     def score(self, values: Sequence[Any]) -> np.ndarray:
         """Convenience for a few rows (the executors' preflight): ``values`` of encoded image bytes, or
         ``(bytes, prompt)`` pairs, as one batch; ``ValueError`` for an image that cannot be decoded."""
-        from lakescore.udfs.images import ImageFailure, decode_image, pixel_limit, read_header
+        from lakescore.schemas.reasons import RowFailure
+        from lakescore.udfs.images import decode_image, pixel_limit, read_header
 
         rows = []
         for value in values:
             data, prompt = value if isinstance(value, tuple) else (value, "Describe the image.")
             image = read_header(data, pixel_limit(None))[1] or decode_image(data)
-            if isinstance(image, ImageFailure):
+            if isinstance(image, RowFailure):
                 raise ValueError(f"{image.reason}: {image.error}")
             rows.append(self.process(image, prompt))
         return self.forward(self.prepare(rows, [str(i) for i in range(len(rows))]))

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lakescore.schemas.reasons import RowFailure
 from lakescore.udfs.audio import (
-    AudioFailure,
     Decoded,
     Transcript,
     Window,
@@ -88,7 +88,7 @@ class Transcriber:
     def device(self) -> Any:
         return self.model.device
 
-    def decode(self, data: bytes | memoryview | None) -> Decoded | AudioFailure:
+    def decode(self, data: bytes | memoryview | None) -> Decoded | RowFailure:
         """A row's bytes as this model hears them (mono at its sampling rate), or why not."""
         return decode_audio(data, self.sampling_rate, self.options.max_duration_s)
 
@@ -125,7 +125,7 @@ class Transcriber:
         out = np.empty(len(values), dtype=object)
         for i, data in enumerate(values):
             decoded = self.decode(data)
-            if isinstance(decoded, AudioFailure):
+            if isinstance(decoded, RowFailure):
                 raise ValueError(f"{decoded.reason}: {decoded.error}")
             out[i] = self.transcribe(decoded)
         return out

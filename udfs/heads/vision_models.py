@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lakescore.udfs.images import ImageFailure, decode_image, pixel_limit, read_header
+from lakescore.schemas.reasons import RowFailure
+from lakescore.udfs.images import decode_image, pixel_limit, read_header
 from lakescore.udfs.models.backends import Forward, ModelKind, TorchForward, load_torch_model
 from lakescore.udfs.models.model_source import ModelSpec, refuse_pickle_weights, require_directory
 
@@ -47,7 +48,7 @@ class ImageHead:
         images = []
         for data in values:
             image = read_header(data, pixel_limit(None))[1] or decode_image(data)
-            if isinstance(image, ImageFailure):
+            if isinstance(image, RowFailure):
                 raise ValueError(f"{image.reason}: {image.error}")
             images.append(image)
         return self.forward({INPUT_NAMES[0]: self.preprocess(images)})

@@ -121,13 +121,14 @@ class EndpointImageGenerator(EndpointGenerator):
         """The executors' preflight: ``values`` of encoded image bytes, or ``(bytes, prompt)`` pairs, sent with every
         setting of the run; ``ValueError`` for an image that cannot be decoded, :class:`EndpointRefused` as
         :meth:`EndpointGenerator.score`."""
-        from lakescore.udfs.images import ImageFailure, decode_image, pixel_limit, read_header
+        from lakescore.schemas.reasons import RowFailure
+        from lakescore.udfs.images import decode_image, pixel_limit, read_header
 
         outputs = np.empty(len(values), dtype=object)
         for i, value in enumerate(values):
             data, prompt = value if isinstance(value, tuple) else (value, "Describe the image.")
             image = read_header(data, pixel_limit(None))[1] or decode_image(data)
-            if isinstance(image, ImageFailure):
+            if isinstance(image, RowFailure):
                 raise ValueError(f"{image.reason}: {image.error}")
             outputs[i] = self._preflight_one(prompt, self.process(image, prompt, data).content_part())
         return outputs
