@@ -72,13 +72,22 @@ STAGE_SECONDS_PER_CHUNK = {"local": 3.0, "cluster": 8.0}
 @dataclass(frozen=True)
 class SampleShape:
     """What the sample holds: ``rows`` read, ``costs`` of the rows to score (tokens as batching counts them),
-    ``batches`` and ``padded`` tokens of the forward batches they make, and ``prepare_seconds`` it took to prepare."""
+    ``batches`` and ``padded`` tokens of the forward batches they make, and ``prepare_seconds`` it took to prepare.
+    Recordings (``transcribe``) are scored as windows: ``costs`` are then the windows', ``recordings`` the rows to
+    score and ``audio_seconds`` their length, read from the files' headers."""
 
     rows: int
     costs: np.ndarray
     batches: int
     padded: int
     prepare_seconds: float
+    recordings: int | None = None
+    audio_seconds: float | None = None
+
+    @property
+    def scored_rows(self) -> int:
+        """The rows to score: the recordings, else one per cost."""
+        return len(self.costs) if self.recordings is None else self.recordings
 
 
 @dataclass(frozen=True)
@@ -92,14 +101,23 @@ class UnitCost:
     source: str
 
 
-def sample_shape(costs: Sequence[int] | np.ndarray, rows: int, policy, prepare_seconds: float = 0.0) -> SampleShape:
+def sample_shape(
+    costs: Sequence[int] | np.ndarray,
+    rows: int,
+    policy,
+    prepare_seconds: float = 0.0,
+    recordings: int | None = None,
+    audio_seconds: float | None = None,
+) -> SampleShape:
     """The :class:`SampleShape` of a sample of ``rows`` rows whose rows to score cost ``costs``, batched by ``policy``
-    (a :class:`~lakescore.udfs.batching.BatchPolicy`)."""
+    (a :class:`~lakescore.udfs.batching.BatchPolicy`); for recordings, ``costs`` are their windows'."""
     from lakescore.udfs.batching import padded_cost, plan_batches
 
     costs = np.asarray(costs, dtype=np.int64)
     batches = plan_batches(costs, policy)
-    return SampleShape(rows, costs, len(batches), padded_cost(costs, batches), prepare_seconds)
+    return SampleShape(
+        rows, costs, len(batches), padded_cost(costs, batches), prepare_seconds, recordings, audio_seconds
+    )
 
 
 def predict(
@@ -121,7 +139,7 @@ def predict(
     (1000, 10000, 20, {'score_stage': 7.5, 'fixed': 10.0, 'total': 17.5})
     """
     scale = input_rows / shape.rows if shape.rows else 0.0
-    scored_rows = round(len(shape.costs) * scale)
+    scored_rows = round(shape.scored_rows * scale)
     forward = shape.padded * scale * unit.seconds_per_token  # task-seconds of forward
     prepare = shape.prepare_seconds * scale
     stage = chunks * unit.stage_seconds_per_chunk + (forward + prepare) / resources.slots
@@ -139,6 +157,11 @@ def predict(
         "cost_from": unit.source,
         "predicted_seconds": seconds,
         "peak_memory_mib": None if peak_memory_mib is None else round(peak_memory_mib),
+        **(
+            {"audio_seconds": round(shape.audio_seconds * scale, 1), "windows": round(len(shape.costs) * scale)}
+            if shape.audio_seconds is not None
+            else {}
+        ),
     }
 
 
@@ -165,7 +188,7 @@ def history_cost(report: Mapping[str, Any], shape: SampleShape, slots: int) -> U
         or seconds is None
     ):
         return None
-    padded_per_row = shape.padded / max(1, len(shape.costs))
+    padded_per_row = shape.padded / max(1, shape.scored_rows)
     prepare = shape.prepare_seconds / max(1, shape.rows) * rows
     chunks = max(1, int((report.get("chunks") or {}).get("total") or 1))
     besides = max(0.0, stage - (forward + prepare) / max(1, slots)) / chunks
@@ -188,6 +211,7 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     from lakescore.jobs.platform.spark.adapter import session_facts
     from lakescore.jobs.steps.read import open_input
     from lakescore.jobs.steps.staging import planned_chunks
+    from lakescore.udfs.audio_runner import AudioRunner
 
     if sample_rows < 1:
         raise ConfigError(f"--sample-rows must be >= 1, got {sample_rows}")
@@ -203,8 +227,15 @@ def run_plan(cfg: JobConfig, sample_rows: int = SAMPLE_ROWS, spark=None) -> dict
     table = _sample(run, sample_rows)
     model, runner, policy, device = _runner(run, cfg)
     started = time.perf_counter()
-    prepared = runner.prepare(_one_batch(table))
-    shape = sample_shape(runner.row_costs(prepared), table.num_rows, policy, time.perf_counter() - started)
+    prepared = None
+    if isinstance(runner, AudioRunner):  # recordings are measured from their headers: none is decoded here
+        audio = runner.sample(_one_batch(table))
+        shape = sample_shape(
+            audio.window_costs, table.num_rows, policy, time.perf_counter() - started, audio.recordings, audio.seconds
+        )
+    else:
+        prepared = runner.prepare(_one_batch(table))
+        shape = sample_shape(runner.row_costs(prepared), table.num_rows, policy, time.perf_counter() - started)
     if not len(shape.costs):
         raise ConfigError(f"the first {table.num_rows} rows of {cfg.input!r} hold nothing to score (all null)")
     with _task_threads(resources.task_cpus), _peak_memory(device) as memory:  # the peak memory comes from it either way
@@ -265,6 +296,11 @@ def format_plan(plan: Mapping[str, Any]) -> str:
         + (
             [("chunks", f"{plan['chunks_to_embed']:,} to embed (embed.chunk)")]
             if plan.get("chunks_to_embed") is not None
+            else []
+        )
+        + (
+            [("audio", f"{plan['audio_seconds']:,.1f} s in {plan['windows']:,} windows")]
+            if plan.get("audio_seconds") is not None
             else []
         )
         + [

@@ -181,3 +181,32 @@ def test_a_ctc_model_refuses_whispers_settings(ctc_dir, tmp_path):
 
     with pytest.raises(UnfitModelError, match="Whisper's"):
         _head(ctc_dir, language="en")
+
+
+@pytest.mark.parametrize("arch", ["ctc", "whisper"])
+def test_plan_counts_audio_seconds_and_windows_from_the_headers_alone(arch, ctc_dir, whisper_dir):
+    from lakescore.jobs.commands.plan import UnitCost, predict, sample_shape
+    from lakescore.jobs.cost import SessionResources
+
+    window_s = 30 if arch == "ctc" else 6
+    head = _head(ctc_dir if arch == "ctc" else whisper_dir, max_duration_s=7 * window_s)
+    values = _recordings(window_s)
+    runner, prepared, _ = _run(head, values)
+    # a FLAC cut short: its header says 3 s, its frames do not decode; plan counts it from the header alone
+    cut_short = encoded(recording(3.0), RATE, "FLAC")[:2000]
+    unsendable = [None, b"garbage" * 40, encoded(recording(7 * window_s + 1, rate=8_000), 8_000, "WAV")]
+    batch = pa.RecordBatch.from_pydict({"audio": pa.array([*values, cut_short, *unsendable], pa.binary())})
+    sample = runner.sample(batch)
+    assert sample.recordings == len(values) + 1
+    assert sample.seconds == pytest.approx(sum(d.duration_s for d in prepared.decoded.values()) + 3.0)
+    cut_short_windows = head.windows(3 * RATE)
+    np.testing.assert_array_equal(
+        sample.window_costs, [*runner.row_costs(prepared), *(head.window_cost(w) for w in cut_short_windows)]
+    )
+    shape = sample_shape(
+        sample.window_costs, batch.num_rows, BatchPolicy(4096, 8), 0.0, sample.recordings, sample.seconds
+    )
+    plan = predict(shape, batch.num_rows * 100, UnitCost(0.001, 1.0, 1.0, "test"), SessionResources(2, 2, 1))
+    assert plan["rows_to_score"] == sample.recordings * 100
+    assert plan["windows"] == len(sample.window_costs) * 100 == (len(prepared.windows) + len(cut_short_windows)) * 100
+    assert plan["audio_seconds"] == pytest.approx(sample.seconds * 100, abs=0.1)

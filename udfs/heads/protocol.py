@@ -13,6 +13,7 @@ through these types:
 * opt-in parts, which the core tells apart by ``isinstance`` (each is ``runtime_checkable``):
   :class:`PreparesBatches` (a text head that prepares and scores its rows itself: a document's chunks, or requests of
   many texts to a server), :class:`ChunksDocuments` (one input row many rows: the embedder its chunks go through),
+  :class:`SendsRecordings` (an audio head whose recordings go out whole, one request each),
   :class:`MetersTraffic` (what a head over the wire sent, as :class:`~lakescore.schemas.traffic.Traffic`),
   :class:`ServedElsewhere` (a model answered by a server: whether it still names the same model),
   :class:`PlansOwnBudget` (its own default token budget), :class:`ChecksFidelity` (its reduced-precision figures
@@ -45,6 +46,7 @@ __all__ = [
     "ImageInputHead",
     "AudioInputHead",
     "PreparesBatches",
+    "SendsRecordings",
     "ChunksDocuments",
     "MetersTraffic",
     "ServedElsewhere",
@@ -113,7 +115,12 @@ class ImageInputHead(Head, Protocol):
 class AudioInputHead(Head, Protocol):
     """A head over encoded recordings (the ``AudioRunner``'s): it decodes a row, cuts it in windows, and runs batches
     of windows (any recordings' windows of one :meth:`batch_key`), then assembles a recording from its windows'
-    outputs."""
+    outputs. ``sampling_rate``: the rate it hears recordings at; :meth:`read_header`: a row's header alone (what
+    ``lakescore plan`` measures), or the row's failure."""
+
+    sampling_rate: int
+
+    def read_header(self, data: Any) -> Any: ...
 
     def decode(self, data: Any) -> Any: ...
 
@@ -139,6 +146,17 @@ class PreparesBatches(Protocol):
     def prepare(self, texts: list[str | None], refused: dict | None = None) -> Any: ...
 
     def score_prepared(self, prepared: Any, budget: AdaptiveBudget) -> Scored: ...
+
+
+@runtime_checkable
+class SendsRecordings(Protocol):
+    """An audio head whose recordings go out whole, one request each (a transcription endpoint), instead of windows
+    through the batching core: the audio runner reads each row's header only (:meth:`read_header`: a header, or the
+    row's :class:`~lakescore.schemas.reasons.RowFailure`) and hands the head the files it can send."""
+
+    def read_header(self, data: Any) -> Any: ...
+
+    def send_recordings(self, values: Sequence[Any], headers: Mapping[int, Any]) -> Scored: ...
 
 
 @runtime_checkable

@@ -24,11 +24,13 @@ import pyarrow as pa
 
 from lakescore.schemas.reasons import RowFailure
 from lakescore.udfs.audio import (
+    AudioHeader,
     Decoded,
     Transcript,
     Window,
     decode_audio,
     preflight_audio,
+    read_audio_header,
     windows,
 )
 from lakescore.udfs.models.backends import ModelKind, load_torch_model
@@ -87,6 +89,10 @@ class Transcriber:
     @property
     def device(self) -> Any:
         return self.model.device
+
+    def read_header(self, data: bytes | memoryview | None) -> AudioHeader | RowFailure:
+        """A row's header alone (no sample decoded), or why it cannot be transcribed."""
+        return read_audio_header(data, self.options.max_duration_s)
 
     def decode(self, data: bytes | memoryview | None) -> Decoded | RowFailure:
         """A row's bytes as this model hears them (mono at its sampling rate), or why not."""
