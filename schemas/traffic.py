@@ -17,8 +17,9 @@ class Traffic:
     """Requests to a server and what they carried: the tokens the server's ``usage`` reported (``tokens_in``: prompt
     tokens read, ``tokens_in_cached``: those of them the server read from its prompt cache, 0 where it reports none,
     ``tokens_out``: tokens generated), the requests it received, the retries among them, the answers that
-    were 429, and the answers published without ``usage`` (``unmetered``: their tokens are unknown, so a cost from
-    ``usage`` is incomplete). All 0 for a head that sends nothing."""
+    were 429, the answers published without ``usage`` (``unmetered``: their tokens are unknown, so a cost from
+    ``usage`` is incomplete), and the milliseconds of audio the answered requests carried (``audio_ms``: a
+    transcription endpoint's, what a price per audio minute charges). All 0 for a head that sends nothing."""
 
     tokens_in: int = 0
     tokens_in_cached: int = 0
@@ -27,6 +28,7 @@ class Traffic:
     retries: int = 0
     rate_limited: int = 0
     unmetered: int = 0
+    audio_ms: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

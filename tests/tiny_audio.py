@@ -55,9 +55,11 @@ def _byte_bpe(words: list[str], vocab_size: int):
     return backend
 
 
-def save_whisper(target: Path, seed: int = 0) -> Path:
+def save_whisper(target: Path, seed: int = 0, num_beams: int | None = None) -> Path:
     """A tiny random-weight Whisper in ``target`` (80 mel bins, windows of :data:`WHISPER_WINDOW_S`): model, tokenizer,
-    feature extractor and generation config, as ``pipeline("automatic-speech-recognition")`` loads them."""
+    feature extractor and generation config, as ``pipeline("automatic-speech-recognition")`` loads them. ``num_beams``
+    set in its generation config makes a server's plain ``generate`` (``transformers serve``) search as the pipeline
+    does (the pipeline adds its 5 beams only where the model's config sets none)."""
     import torch
     from transformers import (
         WhisperConfig,
@@ -134,6 +136,7 @@ def save_whisper(target: Path, seed: int = 0) -> Path:
         begin_suppress_tokens=[eot],
         suppress_tokens=[],
         prev_sot_token_id=ids["<|startofprev|>"],
+        **({"num_beams": num_beams} if num_beams is not None else {}),
     )
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)

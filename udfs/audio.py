@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from lakescore.schemas.reasons import (
     AUDIO_TOO_LONG,
@@ -39,6 +40,8 @@ __all__ = [
     "Decoded",
     "Window",
     "Transcript",
+    "SEGMENT_TYPE",
+    "transcript_columns",
     "read_audio_header",
     "decode_audio",
     "describe_audio",
@@ -57,10 +60,12 @@ MAX_SAMPLE_RATE = 768_000
 
 @dataclass(frozen=True)
 class AudioHeader:
-    """What a recording's header says, read without decoding its samples: its own sample rate and its frames."""
+    """What a recording's header says, read without decoding its samples: its own sample rate, its frames and its
+    container (libsndfile's name: ``WAV``, ``FLAC``, ``OGG``, ``MP3``, ...)."""
 
     sample_rate: int
     frames: int
+    format: str = ""
 
     @property
     def duration_s(self) -> float:
@@ -103,6 +108,28 @@ class Transcript:
     sample_rate: int
 
 
+SEGMENT_TYPE = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])
+
+
+def transcript_columns(outputs: np.ndarray, ok: np.ndarray, timestamps: bool) -> tuple[pa.Array, ...]:
+    """The ``transcribe`` task's columns of a batch's :class:`Transcript` outputs: ``text``, ``duration_s``,
+    ``sample_rate`` and, with ``timestamps``, ``segments``; null where not ``ok``. Every transcription head writes
+    them here."""
+    rows: list[Transcript | None] = [outputs[i] if ok[i] else None for i in range(len(ok))]
+    arrays = [
+        pa.array([r.text if r else None for r in rows], pa.string()),
+        pa.array([r.duration_s if r else None for r in rows], pa.float64()),
+        pa.array([r.sample_rate if r else None for r in rows], pa.int32()),
+    ]
+    if timestamps:
+        segments = [
+            [{"start": s, "end": e, "text": t} for s, e, t in r.segments] if r and r.segments is not None else None
+            for r in rows
+        ]
+        arrays.append(pa.array(segments, pa.list_(SEGMENT_TYPE)))
+    return tuple(arrays)
+
+
 def read_audio_header(data: bytes | memoryview | None, max_duration_s: float | None) -> AudioHeader | RowFailure:
     """The header of the recording ``data`` holds, or why it cannot be transcribed (``null_input``, ``invalid_audio``,
     ``empty_audio``, ``unsupported_sample_rate``, ``audio_too_long``): only the header is read, no sample decoded."""
@@ -112,7 +139,7 @@ def read_audio_header(data: bytes | memoryview | None, max_duration_s: float | N
         return RowFailure(NULL_INPUT, "no audio bytes" if data is not None else "null audio")
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as sound:
-            header = AudioHeader(int(sound.samplerate), int(sound.frames))
+            header = AudioHeader(int(sound.samplerate), int(sound.frames), str(sound.format))
     except Exception as exc:  # libsndfile raises for unreadable bytes; the row is refused, not the batch
         return RowFailure(INVALID_AUDIO, _plain(exc))
     refused = _refused(header, max_duration_s)

@@ -465,6 +465,7 @@ TASKS: dict[str, Task] = {
             setting_outputs={"segments": "return_timestamps"},
             profile=OutputProfile(text="text"),
             architectures=("WhisperForConditionalGeneration", "ForCTC"),
+            other_loaders={("audio", True): "lakescore.udfs.remote.transcribe:load_remote_transcriber"},
         ),
     )
 }

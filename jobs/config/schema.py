@@ -42,7 +42,7 @@ from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
 from lakescore.udfs.models.cpu_paths import CpuFacts, CpuPath, read_cpu_facts
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 from lakescore.udfs.options.batch import BatchOptions
-from lakescore.udfs.options.remote import MESSAGES_API, RemoteEndpoint
+from lakescore.udfs.options.remote import MESSAGES_API, BatchableEndpoint
 from lakescore.udfs.options.task import TaskEndpoint, TaskOptions
 from lakescore.udfs.registry import (
     TASK_MODEL_OPTIONS,
@@ -374,13 +374,13 @@ class JobConfig(Section):
         """Whether the rows go through the endpoint provider's Batch API (``generate.endpoint.batch``,
         ``embed.endpoint.batch``)."""
         endpoint = self.endpoint()
-        return isinstance(endpoint, RemoteEndpoint) and endpoint.batch is not None
+        return isinstance(endpoint, BatchableEndpoint) and endpoint.batch is not None
 
     def batch_endpoint(self) -> tuple[TaskEndpoint, BatchOptions]:
         """The endpoint of a :attr:`provider_batch` run and its ``batch`` settings; :class:`ConfigError` for a run
         that sends its rows one request at a time."""
         endpoint = self.endpoint()
-        if not isinstance(endpoint, RemoteEndpoint) or endpoint.batch is None:
+        if not isinstance(endpoint, BatchableEndpoint) or endpoint.batch is None:
             raise ConfigError("this run has no provider batch: set generate.endpoint.batch or embed.endpoint.batch")
         return endpoint, endpoint.batch
 

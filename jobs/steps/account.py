@@ -239,5 +239,6 @@ def _worker_totals(
             else {}
         ),
         **({"unmetered": traffic.unmetered} if traffic.unmetered else {}),
+        **({"audio_ms": traffic.audio_ms} if traffic.audio_ms else {}),
         **({"preflight": {name: int(count) for name, count in preflight.items()}} if preflight.get("requests") else {}),
     }

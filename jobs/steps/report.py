@@ -19,7 +19,8 @@ from lakescore.jobs.steps.clock import RunStop, StepClock
 from lakescore.jobs.steps.context import Plan, RunContext, Targets
 from lakescore.jobs.steps.provider_batch import BatchesPending, batch_summary
 from lakescore.jobs.steps.publish import Outcome
-from lakescore.udfs.options.remote import MODELS_LISTING
+from lakescore.schemas.traffic import Traffic
+from lakescore.udfs.options.remote import MODELS_LISTING, AudioPrice, InputPrice
 
 __all__ = ["assemble_report", "failure_report", "stopped_status", "refusal_reason", "gate_text"]
 
@@ -143,25 +144,24 @@ def gate_text(accounting: Accounting) -> str:
 
 
 def _token_cost(cfg: JobConfig, workers: dict[str, Any]) -> float | None:
-    """What an endpoint with ``generate.endpoint.price`` charged for the run's tokens (its responses' ``usage``);
-    ``None`` without a price."""
-    endpoint = cfg.endpoint()  # generate.endpoint and embed.endpoint both declare price
+    """What an endpoint with a price (``generate.endpoint.price``, ``embed.endpoint.price``,
+    ``transcribe.endpoint.price``) charged for the run's requests (its responses' ``usage``, or the audio they
+    carried); ``None`` without a price."""
+    endpoint = cfg.endpoint()  # every task's endpoint declares its price
     price = endpoint.price if endpoint is not None else None
     if price is None:
         return None
     cost = _tokens_priced(price, workers)
-    if not cfg.provider_batch:
+    if not cfg.provider_batch or not isinstance(price, InputPrice):
         return cost
     # a provider batch's lines at its batch price; the preflight's one request per executor went per row
     per_row = _tokens_priced(price, workers.get("preflight") or {})
     return per_row + (cost - per_row) * price.batch
 
 
-def _tokens_priced(price: Any, tokens: dict[str, Any]) -> float:
-    """What ``price`` charges for the tokens ``tokens`` counts (the report's ``workers``, or their ``preflight``)."""
-    return price.cost(
-        int(tokens.get("tokens_in") or 0), int(tokens.get("tokens_out") or 0), int(tokens.get("tokens_in_cached") or 0)
-    )
+def _tokens_priced(price: InputPrice | AudioPrice, counts: dict[str, Any]) -> float:
+    """What ``price`` charges for what ``counts`` counts (the report's ``workers``, or their ``preflight``)."""
+    return price.charge(Traffic.of(counts))
 
 
 def _provider_batch(run: RunContext, plan: Plan, workers: dict[str, Any]) -> dict[str, Any] | None:

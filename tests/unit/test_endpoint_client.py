@@ -759,6 +759,7 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
         "tokens_in": 6,
         "tokens_in_cached": 0,
         "tokens_out": 4,
+        "audio_ms": 0,
     }
     key = object()
     model_cache._cache[key] = LoadedModel(head, None, head.sha256, None, head.files)

@@ -21,6 +21,7 @@ def _heads():
     from lakescore.udfs.remote.embed import EndpointEmbedder
     from lakescore.udfs.remote.generate import EndpointGenerator
     from lakescore.udfs.remote.image_prompts import EndpointImageGenerator
+    from lakescore.udfs.remote.transcribe import EndpointTranscriber
 
     remote = {p.MetersTraffic, p.PlansOwnBudget, p.HoldsResources, p.ChecksFidelity}
     return {
@@ -36,10 +37,18 @@ def _heads():
         EndpointGenerator: remote,
         EndpointImageGenerator: remote,
         EndpointEmbedder: remote | {p.PreparesBatches},
+        EndpointTranscriber: {p.MetersTraffic, p.PlansOwnBudget, p.HoldsResources, p.SendsRecordings},
     }
 
 
-OPT_IN = (p.PreparesBatches, p.MetersTraffic, p.PlansOwnBudget, p.ChecksFidelity, p.HoldsResources)
+OPT_IN = (
+    p.PreparesBatches,
+    p.SendsRecordings,
+    p.MetersTraffic,
+    p.PlansOwnBudget,
+    p.ChecksFidelity,
+    p.HoldsResources,
+)
 """The parts made of methods only, which a class can be checked against; those with data (``ServedElsewhere``'s
 identity, ``ChunksDocuments``' embedder) are checked on made heads (test_endpoint_client.py, test_chunking.py)."""
 

@@ -210,3 +210,63 @@ def test_plan_counts_audio_seconds_and_windows_from_the_headers_alone(arch, ctc_
     assert plan["rows_to_score"] == sample.recordings * 100
     assert plan["windows"] == len(sample.window_costs) * 100 == (len(prepared.windows) + len(cut_short_windows)) * 100
     assert plan["audio_seconds"] == pytest.approx(sample.seconds * 100, abs=0.1)
+
+
+ENDPOINT = {
+    "task": "transcribe",
+    "input": "calls",
+    "output": "call_texts",
+    "id_col": "call_id",
+    "audio_col": "recording",
+    "transcribe.endpoint.url": "http://127.0.0.1:9/v1",
+    "transcribe.endpoint.model": "whisper-1",
+}
+
+
+def test_the_transcription_endpoint_is_configured_priced_and_refused_in_one_line_like_every_endpoint():
+    from lakescore.jobs.config import ConfigError, load_config
+    from lakescore.schemas.traffic import Traffic
+    from lakescore.udfs.remote.answers import Malformed
+    from lakescore.udfs.remote.transcriptions import parse_transcription, transcription_form
+
+    cfg = load_config(
+        flags={
+            **ENDPOINT,
+            "transcribe.endpoint.api_key_env": "SPEECH_KEY",
+            "transcribe.endpoint.price": {"per_audio_minute": 0.006},
+            "transcribe.language": "en",
+        }
+    )
+    cfg.require_for_scoring()  # no model.source: the endpoint's model answers
+    assert cfg.endpoint() is cfg.transcribe.endpoint and cfg.secret_env_names() == ("SPEECH_KEY",)
+    assert cfg.transcribe.endpoint.price.charge(Traffic(audio_ms=150_000)) == pytest.approx(0.015)
+    assert cfg.transcribe.identity()["endpoint"] == {"model": "whisper-1", "revision": None}
+    assert "endpoint" not in TranscribeOptions().identity()  # in-process: the digests it had before
+    for flags, refusal in (
+        ({"transcribe.chunk_length_s": 10}, "transcribe.chunk_length_s with transcribe.endpoint"),
+        ({"transcribe.whisper_task": "translate"}, "/v1/audio/transcriptions; translate in-process"),
+        ({"transcribe.endpoint.batch": {}}, "no provider's Batch API takes audio"),
+        ({"transcribe.endpoint.price": {"input": 1.0}}, "per_audio_minute"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            load_config(flags={**ENDPOINT, **flags})
+        assert refusal in str(refused.value) and "\n" not in str(refused.value).strip(), refused.value
+
+    assert transcription_form("whisper-1", None, False) == {"model": "whisper-1", "response_format": "json"}
+    assert transcription_form("w", "de", True) == {
+        "model": "w",
+        "response_format": "verbose_json",
+        "language": "de",
+        "timestamp_granularities[]": "segment",
+    }
+    answer = parse_transcription(
+        {
+            "text": " hi there",
+            "segments": [{"start": 0, "end": 1.5, "text": " hi there"}],
+            "usage": {"type": "duration"},
+        }
+    )
+    assert (answer.text, answer.segments, answer.tokens) == (" hi there", [(0.0, 1.5, " hi there")], None)
+    for body in ({"segments": []}, {"text": 3}, {"text": "", "segments": [{"start": "0", "end": 1, "text": ""}]}):
+        with pytest.raises(Malformed):
+            parse_transcription(body)

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from lakescore.schemas.reasons import RowFailure
 from lakescore.udfs.audio import (
+    SEGMENT_TYPE,
     AudioHeader,
     Decoded,
     Transcript,
@@ -31,6 +32,7 @@ from lakescore.udfs.audio import (
     decode_audio,
     preflight_audio,
     read_audio_header,
+    transcript_columns,
     windows,
 )
 from lakescore.udfs.models.backends import ModelKind, load_torch_model
@@ -54,7 +56,6 @@ __all__ = [
 
 SEQ2SEQ = ModelKind("AutoModelForSpeechSeq2Seq", "sequences")
 CTC = ModelKind("AutoModelForCTC", "logits")
-SEGMENT_TYPE = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])
 
 
 class Transcriber:
@@ -139,19 +140,7 @@ class Transcriber:
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """``text``, ``duration_s``, ``sample_rate`` and (with ``return_timestamps``) ``segments``; null where not
         ``ok``."""
-        rows: list[Transcript | None] = [outputs[i] if ok[i] else None for i in range(len(ok))]
-        arrays = [
-            pa.array([r.text if r else None for r in rows], pa.string()),
-            pa.array([r.duration_s if r else None for r in rows], pa.float64()),
-            pa.array([r.sample_rate if r else None for r in rows], pa.int32()),
-        ]
-        if self.options.return_timestamps:
-            segments = [
-                [{"start": s, "end": e, "text": t} for s, e, t in r.segments] if r and r.segments is not None else None
-                for r in rows
-            ]
-            arrays.append(pa.array(segments, pa.list_(SEGMENT_TYPE)))
-        return tuple(arrays)
+        return transcript_columns(outputs, ok, self.options.return_timestamps)
 
 
 class WhisperTranscriber(Transcriber):

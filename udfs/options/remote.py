@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.options.base import ConfigError, Number, Section, Text, checked
 from lakescore.udfs.options.batch import BatchOptions
 
@@ -21,11 +22,14 @@ __all__ = [
     "InputPrice",
     "Price",
     "RemoteEndpoint",
+    "BatchableEndpoint",
     "ServedEngine",
     "EndpointOptions",
     "ServerOptions",
     "EmbedEndpointOptions",
     "EmbedServerOptions",
+    "AudioPrice",
+    "TranscribeEndpointOptions",
     "DEFAULT_CONCURRENCY",
     "MODELS_LISTING",
     "unsupported_settings",
@@ -95,6 +99,10 @@ class InputPrice(Section):
         any, cost what the others do)."""
         return tokens_in * self.input / 1e6
 
+    def charge(self, traffic: Traffic) -> float:
+        """What the requests that carried ``traffic`` cost at these prices (every endpoint's price says so)."""
+        return self.cost(traffic.tokens_in)
+
 
 class Price(InputPrice):
     """What the endpoint charges, per million tokens: the run's cost is reported from each response's ``usage``."""
@@ -116,6 +124,25 @@ class Price(InputPrice):
         return (
             (tokens_in - tokens_cached) * self.input + tokens_cached * cached_price + tokens_out * self.output
         ) / 1e6
+
+    def charge(self, traffic: Traffic) -> float:
+        return self.cost(traffic.tokens_in, traffic.tokens_out, traffic.tokens_in_cached)
+
+
+class AudioPrice(Section):
+    """What a transcription endpoint charges per minute of audio (OpenAI's and most providers' unit): the run's cost
+    is reported from the seconds of audio its requests carried."""
+
+    per_audio_minute: Number = Field(ge=0)
+    """Per minute of audio sent (each recording's length as its header gives it)."""
+
+    def charge(self, traffic: Traffic) -> float:
+        """The price of the audio ``traffic`` carried.
+
+        >>> AudioPrice(per_audio_minute=0.006).charge(Traffic(audio_ms=90_000))
+        0.009
+        """
+        return round(traffic.audio_ms / 60_000 * self.per_audio_minute, 12)
 
 
 class _Client(Section):
@@ -155,9 +182,6 @@ class RemoteEndpoint(_Client):
     revision: Text | None = None
     """A version the user vouches for (a name alone cannot prove the weights behind it did not change): part of the
     model's identity, recorded as ``model_revision``."""
-    batch: BatchOptions | None = None
-    """Send the rows through the provider's Batch API (files of requests, at its batch price) instead of one request
-    per row; see ``docs/generation.md`` "Provider batches"."""
 
     def identity(self) -> dict:
         """What names the model that answers: its name and the user's revision. Where the endpoint is, how it is
@@ -165,7 +189,16 @@ class RemoteEndpoint(_Client):
         return {"model": self.model, "revision": self.revision}
 
 
-class EndpointOptions(RemoteEndpoint):
+class BatchableEndpoint(RemoteEndpoint):
+    """An endpoint whose provider may take the rows as a Batch API's files (``generate.endpoint``,
+    ``embed.endpoint``)."""
+
+    batch: BatchOptions | None = None
+    """Send the rows through the provider's Batch API (files of requests, at its batch price) instead of one request
+    per row; see ``docs/generation.md`` "Provider batches"."""
+
+
+class EndpointOptions(BatchableEndpoint):
     """An OpenAI-compatible endpoint that generates (``generate.endpoint``): a hosted API, a model serving endpoint, a
     team's vLLM cluster."""
 
@@ -181,7 +214,7 @@ class EndpointOptions(RemoteEndpoint):
         return {**super().identity(), "api": self.api}
 
 
-class EmbedEndpointOptions(RemoteEndpoint):
+class EmbedEndpointOptions(BatchableEndpoint):
     """An OpenAI-compatible ``/v1/embeddings`` endpoint (``embed.endpoint``): a hosted API, a team's vLLM pooling
     server."""
 
@@ -192,6 +225,29 @@ class EmbedEndpointOptions(RemoteEndpoint):
     def api(self) -> str:
         """The one API an embedding endpoint speaks (``<url>/embeddings``): not a setting."""
         return "embeddings"
+
+
+class TranscribeEndpointOptions(RemoteEndpoint):
+    """An OpenAI-compatible ``/v1/audio/transcriptions`` endpoint (``transcribe.endpoint``): a hosted speech API, vLLM
+    serving Whisper, ``transformers serve``."""
+
+    price: AudioPrice | None = None
+    """``{per_audio_minute: ..}``: the run's cost in the report, summary, history and metrics."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_batch(cls, values: Any) -> Any:
+        if isinstance(values, dict) and values.get("batch") is not None:
+            raise ConfigError(
+                "transcribe.endpoint.batch: no provider's Batch API takes audio (OpenAI's batches take chat, "
+                "completions and embeddings); drop it, each recording is sent as a request of its own"
+            )
+        return values
+
+    @property
+    def api(self) -> str:
+        """The one API a transcription endpoint speaks (``<url>/audio/transcriptions``): not a setting."""
+        return "transcriptions"
 
 
 class ServedEngine(_Client):

@@ -1,7 +1,9 @@
 """The ``transcribe`` task's settings (the config schema's ``transcribe`` section): how a recording is read (its
 longest duration, the windows a long one is cut in) and what a Whisper model is asked for (language, task,
-timestamps). Declared on the executors' side, as the ``generate`` and ``embed`` sections are: the transcription head
-(:mod:`lakescore.udfs.heads.transcribe`) takes :class:`TranscribeOptions` as it is."""
+timestamps), or the OpenAI-compatible ``/v1/audio/transcriptions`` endpoint that transcribes in place of a model loaded
+here. Declared on the executors' side, as the ``generate`` and ``embed`` sections are: the transcription heads
+(:mod:`lakescore.udfs.heads.transcribe`, :mod:`lakescore.udfs.remote.transcribe`) take :class:`TranscribeOptions` as
+it is."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from lakescore.udfs.options.base import ConfigError, Section, cli
+from lakescore.udfs.options.remote import TranscribeEndpointOptions
 
 __all__ = ["TranscribeOptions", "WHISPER_TASKS", "DEFAULT_MAX_DURATION_S"]
+
+_IN_PROCESS = ("chunk_length_s", "stride_length_s", "max_window_tokens")
+"""The settings of lakescore's own windows and generation, which an endpoint's request has no field for."""
 
 WHISPER_TASKS = ("transcribe", "translate")
 DEFAULT_MAX_DURATION_S = 4 * 3600.0
@@ -43,6 +49,10 @@ class TranscribeOptions(Section):
     max_window_tokens: int | None = Field(None, ge=1)
     """Whisper: tokens one window may generate at most (``generate``'s ``max_new_tokens``); default the pipeline's,
     under the model's generation config."""
+    endpoint: TranscribeEndpointOptions | None = None
+    """Transcribe through an OpenAI-compatible ``/v1/audio/transcriptions`` endpoint instead of a model loaded here
+    (``--model`` is not needed): each recording sent whole, one request each, and windowed by the server as it
+    windows; see ``docs/transcription.md``."""
 
     @model_validator(mode="after")
     def _windows(self) -> TranscribeOptions:
@@ -51,6 +61,19 @@ class TranscribeOptions(Section):
                 f"transcribe.stride_length_s {self.stride_length_s:g} must be below half of transcribe.chunk_length_s "
                 f"{self.chunk_length_s:g}: each window keeps its middle"
             )
+        if self.endpoint is not None:
+            # the server cuts, merges and decodes: these say how lakescore's own model does, which no request carries
+            local = [name for name in _IN_PROCESS if name in self.model_fields_set]
+            if local:
+                raise ConfigError(
+                    f"transcribe.{local[0]} with transcribe.endpoint: the server windows and generates as it does, "
+                    "one request per recording; drop it, or transcribe in-process (drop transcribe.endpoint)"
+                )
+            if self.whisper_task != "transcribe":
+                raise ConfigError(
+                    "transcribe.whisper_task translate with transcribe.endpoint: the endpoint's route is "
+                    "/v1/audio/transcriptions; translate in-process (drop transcribe.endpoint)"
+                )
         return self
 
     def window_s(self, model_window_s: float) -> tuple[float, float]:
@@ -60,17 +83,12 @@ class TranscribeOptions(Section):
 
     @property
     def remote(self) -> bool:
-        """Whether a remote model transcribes (never yet: the model is loaded in the worker)."""
-        return False
-
-    @property
-    def endpoint(self) -> None:
-        """No endpoint yet: ``/v1/audio/transcriptions`` is not wired (docs/transcription.md)."""
-        return None
+        """Whether an endpoint transcribes, rather than a model loaded in the worker."""
+        return self.endpoint is not None
 
     @property
     def server(self) -> None:
-        """No served engine yet."""
+        """No served engine: lakescore starts none for transcription (an endpoint may be a vLLM a team runs)."""
         return None
 
     @property
@@ -79,5 +97,10 @@ class TranscribeOptions(Section):
         return True
 
     def identity(self) -> dict[str, Any]:
-        """What a spec digest covers: every setting, since each changes the text."""
-        return self.model_dump()
+        """What a spec digest covers: every setting, since each changes the text, and an endpoint by what names the
+        model that answers (not where it is or what it costs); an in-process run's facts are what they were before
+        the endpoint existed."""
+        facts = self.model_dump(exclude={"endpoint"})
+        if self.endpoint is not None:
+            facts["endpoint"] = self.endpoint.identity()
+        return facts

@@ -205,7 +205,9 @@ class EndpointClient:
         self.stats = ClientStats()
         self.breaker = _CircuitBreaker(settings.max_consecutive_failures, f"{self.url} (model {model})")
         self.limit = HostRateLimit(f"{self.url}\x00{model}", settings.requests_per_minute, settings.tokens_per_minute)
-        headers = {"Content-Type": "application/json", **(auth or bearer_headers)(api_key)}
+        headers = dict(
+            (auth or bearer_headers)(api_key)
+        )  # the body's type is each request's: JSON, or a multipart form
         self.http = httpx2.Client(
             headers=headers,
             timeout=httpx2.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
@@ -257,12 +259,22 @@ class EndpointClient:
 
     @overload
     def post(
-        self, body: Mapping[str, Any], estimated_tokens: int, parse: Callable[[Mapping[str, Any]], A], path: str = ...
+        self,
+        body: Mapping[str, Any],
+        estimated_tokens: int,
+        parse: Callable[[Mapping[str, Any]], A],
+        path: str = ...,
+        files: Mapping[str, tuple[str, bytes, str]] | None = ...,
     ) -> A: ...
 
     @overload
     def post(
-        self, body: Mapping[str, Any], estimated_tokens: int = ..., parse: None = ..., path: str = ...
+        self,
+        body: Mapping[str, Any],
+        estimated_tokens: int = ...,
+        parse: None = ...,
+        path: str = ...,
+        files: Mapping[str, tuple[str, bytes, str]] | None = ...,
     ) -> Reply: ...
 
     def post(
@@ -271,11 +283,19 @@ class EndpointClient:
         estimated_tokens: int = 0,
         parse: Callable[[Mapping[str, Any]], Answer] | None = None,
         path: str = "/completions",
+        files: Mapping[str, tuple[str, bytes, str]] | None = None,
     ) -> Answer:
         """``POST`` ``body`` to the API's ``path``, retried as the settings say; what ``parse`` makes of the answer's
         JSON (the :class:`Reply` without one). :class:`EndpointError` once it failed for good (a :class:`Malformed`
         answer, or one that is not JSON, is such a failure: not retried, counted toward the bound),
-        :class:`EndpointDown` past the bound of failures in a row. The answer's ``tokens`` settle the token limit."""
+        :class:`EndpointDown` past the bound of failures in a row. The answer's ``tokens`` settle the token limit.
+        With ``files`` (``{field: (file name, bytes, media type)}``) the request is a multipart form of ``body``'s
+        fields and the files, as OpenAI's audio APIs take it; else ``body`` as JSON."""
+        sent: dict[str, Any] = (
+            {"data": dict(body), "files": dict(files)}
+            if files is not None
+            else {"content": json.dumps(body), "headers": {"Content-Type": "application/json"}}
+        )
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
             self.breaker.check()
@@ -284,7 +304,7 @@ class EndpointClient:
             wait: float | None = None
             kind: str | None = None
             try:
-                response = self.http.post(self.url + path, content=json.dumps(body))
+                response = self.http.post(self.url + path, **sent)
             except self._transport_errors as exc:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 kind = "timeout" if isinstance(exc, self._timeouts) else "connection"
