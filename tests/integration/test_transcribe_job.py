@@ -2,8 +2,11 @@
 recordings read with ``--input-format audio`` through a wav2vec2 CTC model (every format, a long recording in windows,
 a broken, an empty, a too-long file dead-lettered, another file ignored), and a Delta table of paths through a Whisper
 model with timestamps, incremental (a missing file dead-lettered; the rerun transcribes only the file whose length or
-modification time changed). Every published text equals ``transformers.pipeline("automatic-speech-recognition")`` on
-the same decoded audio."""
+modification time changed), and a folder through ``transcribe.endpoint``: a real ``transformers serve`` running the tiny
+Whisper, each recording one request (a file whose header reads but whose frames do not decode dead-lettered with the
+server's answer, a garbage file refused before any request, the price per audio minute from the audio sent, the key in
+no report or table). Every published text equals ``transformers.pipeline("automatic-speech-recognition")`` on the same
+decoded audio."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import pytest
 from lakescore.jobs.config import load_config
 from lakescore.jobs.score_job import run_scoring
 from lakescore.udfs.audio import decode_audio
+from tests.served_models import transformers_serve
 from tests.tiny_audio import WHISPER_WINDOW_S, encoded, recording, save_wav2vec2, save_whisper
 
 RATE = 16_000
@@ -125,3 +129,67 @@ def test_a_table_of_paths_through_whisper_with_timestamps_incrementally(spark, t
     assert now.loc[1, "run_id"] == again.run_id and now.loc[2, "run_id"] == report.run_id
     expected = _pipeline_text(model_dir, files["n1.wav"], WHISPER_WINDOW_S, return_timestamps=True)
     assert now.loc[1, "text"] == expected["text"] and now.loc[1, "duration_s"] == pytest.approx(5.0)
+
+
+def test_a_folder_through_a_transcription_endpoint_equals_the_pipeline_and_the_servers_failure_is_a_dead_letter(
+    spark, tmp_path, monkeypatch
+):
+    import json
+
+    key_env, key = "LAKESCORE_TEST_SPEECH_KEY", "sk-lakescore-speech-7a6b5c4d3e"
+    # beams in the model's generation config: the server's plain generate searches as the pipeline (which adds its 5
+    # beams only where the model sets none)
+    model_dir = save_whisper(tmp_path / "whisper", num_beams=5)
+    root = tmp_path / "calls"
+    root.mkdir()
+    files = {
+        "a.wav": encoded(recording(3, seed=1), RATE, "WAV"),
+        "b.flac": encoded(recording(WHISPER_WINDOW_S, seed=2), RATE, "FLAC"),
+        "c.ogg": encoded(recording(4.5, seed=3), RATE, "OGG"),
+    }
+    bad = {
+        "cut.flac": encoded(recording(3, seed=4), RATE, "FLAC")[:2000],  # its header reads, its frames do not
+        "junk.wav": b"RIFF but not a wave" * 8,
+    }
+    for name, data in {**files, **bad}.items():
+        (root / name).write_bytes(data)
+    monkeypatch.setenv(key_env, key)
+    spark.sparkContext.environment[key_env] = key  # the executors' Python workers read it
+    try:
+        with transformers_serve(model_dir, tmp_path / "serve.log") as server:
+            report = run_scoring(
+                _config(
+                    input=str(root),
+                    input_format="audio",
+                    output=str(tmp_path / "texts"),
+                    task="transcribe",
+                    **{
+                        "transcribe.endpoint.url": server.url,
+                        "transcribe.endpoint.model": str(model_dir),
+                        "transcribe.endpoint.api_key_env": key_env,
+                        "transcribe.endpoint.max_retries": 1,
+                        "transcribe.endpoint.price": {"per_audio_minute": 0.006},
+                    },
+                ),
+                spark,
+            )
+    finally:
+        spark.sparkContext.environment.pop(key_env, None)
+    assert report.status == "succeeded", report.error
+    assert (report.output_rows, report.error_reasons) == (3, {"endpoint_error": 1, "invalid_audio": 1})
+    out = spark.read.format("delta").load(str(tmp_path / "texts")).toPandas().set_index("path")
+    for name, data in files.items():
+        row = out.loc[f"file:{root / name}"]
+        assert row["text"] == _pipeline_text(model_dir, data, WHISPER_WINDOW_S)["text"], name
+        assert (row["duration_s"], row["sample_rate"]) == (decode_audio(data, RATE, None).duration_s, RATE)
+    assert any(len(t) > 3 for t in out["text"])  # the tiny model writes text, so equality says something
+    errors = spark.read.format("delta").load(str(tmp_path / "texts_errors")).toPandas().set_index("path")
+    assert errors.loc[f"file:{root / 'cut.flac'}", "reason"] == "endpoint_error"
+    assert errors.loc[f"file:{root / 'cut.flac'}", "error"].startswith("HTTP 500")  # the server's, after its retry
+    assert errors.loc[f"file:{root / 'junk.wav'}", "reason"] == "invalid_audio"  # never sent
+    workers = report.workers
+    sent_ms = sum(round(decode_audio(d, RATE, None).duration_s * 1000) for d in files.values())
+    assert workers["audio_ms"] == sent_ms + workers["preflight"]["audio_ms"]  # the failed file's audio is not priced
+    assert workers["requests"] - workers["preflight"]["requests"] == 3 + 2  # the cut file: sent, then once again
+    assert report.cost["token_cost"] == pytest.approx(workers["audio_ms"] / 60_000 * 0.006)
+    assert key not in json.dumps(report.as_dict()) and key not in errors.to_json()
