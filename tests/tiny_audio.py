@@ -55,11 +55,19 @@ def _byte_bpe(words: list[str], vocab_size: int):
     return backend
 
 
-def save_whisper(target: Path, seed: int = 0, num_beams: int | None = None) -> Path:
-    """A tiny random-weight Whisper in ``target`` (80 mel bins, windows of :data:`WHISPER_WINDOW_S`): model, tokenizer,
-    feature extractor and generation config, as ``pipeline("automatic-speech-recognition")`` loads them. ``num_beams``
-    set in its generation config makes a server's plain ``generate`` (``transformers serve``) search as the pipeline
-    does (the pipeline adds its 5 beams only where the model's config sets none)."""
+def save_whisper(
+    target: Path,
+    seed: int = 0,
+    num_beams: int | None = None,
+    window_s: int = WHISPER_WINDOW_S,
+    max_length: int = WHISPER_MAX_LENGTH,
+    **shape: int,
+) -> Path:
+    """A tiny random-weight Whisper in ``target`` (80 mel bins, windows of ``window_s``): model, tokenizer, feature
+    extractor and generation config, as ``pipeline("automatic-speech-recognition")`` loads them. ``num_beams`` set in
+    its generation config makes a server's plain ``generate`` (``transformers serve``) search as the pipeline does
+    (the pipeline adds its 5 beams only where the model's config sets none); ``shape``: ``WhisperConfig`` sizes in
+    place of the tiny ones (a benchmark's larger model)."""
     import torch
     from transformers import (
         WhisperConfig,
@@ -95,14 +103,17 @@ def save_whisper(target: Path, seed: int = 0, num_beams: int | None = None) -> P
     config = WhisperConfig(
         vocab_size=len(tokenizer),
         num_mel_bins=80,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        d_model=16,
-        max_source_positions=WHISPER_WINDOW_S * 50,
+        **{
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2,
+            "encoder_ffn_dim": 32,
+            "decoder_ffn_dim": 32,
+            "d_model": 16,
+            **shape,
+        },
+        max_source_positions=window_s * 50,
         max_target_positions=64,
         decoder_start_token_id=ids["<|startoftranscript|>"],
         eos_token_id=eot,
@@ -127,7 +138,7 @@ def save_whisper(target: Path, seed: int = 0, num_beams: int | None = None) -> P
         eos_token_id=eot,
         pad_token_id=eot,
         bos_token_id=eot,
-        max_length=WHISPER_MAX_LENGTH,
+        max_length=max_length,
         no_timestamps_token_id=ids["<|notimestamps|>"],
         is_multilingual=True,
         lang_to_id={f"<|{code}|>": ids[f"<|{code}|>"] for code in LANGUAGES},
@@ -140,7 +151,7 @@ def save_whisper(target: Path, seed: int = 0, num_beams: int | None = None) -> P
     )
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    WhisperFeatureExtractor(feature_size=80, chunk_length=WHISPER_WINDOW_S).save_pretrained(target)
+    WhisperFeatureExtractor(feature_size=80, chunk_length=window_s).save_pretrained(target)
     return target
 
 

@@ -191,7 +191,8 @@ def test_plan_counts_audio_seconds_and_windows_from_the_headers_alone(arch, ctc_
     window_s = 30 if arch == "ctc" else 6
     head = _head(ctc_dir if arch == "ctc" else whisper_dir, max_duration_s=7 * window_s)
     values = _recordings(window_s)
-    runner, prepared, _ = _run(head, values)
+    runner = AudioRunner(head, ["audio"])
+    prepared = runner.prepare(pa.RecordBatch.from_pydict({"audio": pa.array(values, pa.binary())}))  # decoded, not run
     # a FLAC cut short: its header says 3 s, its frames do not decode; plan counts it from the header alone
     cut_short = encoded(recording(3.0), RATE, "FLAC")[:2000]
     unsendable = [None, b"garbage" * 40, encoded(recording(7 * window_s + 1, rate=8_000), 8_000, "WAV")]
