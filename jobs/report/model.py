@@ -222,6 +222,8 @@ class RunReport:
             )
         elif self.workers.get("tokens_in"):  # an embedding server's usage: prompt tokens only
             lines.append(f"  sent {int(self.workers['tokens_in'])} prompt tokens")
+        if self.workers.get("audio_ms"):  # a transcription endpoint's: what a price per audio minute charges
+            lines.append(f"  sent {int(self.workers['audio_ms']) / 60_000:,.2f} minutes of audio")
         if self.workers.get("requests"):  # an endpoint or served engine: what the rows cost in requests
             lines.append(
                 f"  sent {int(self.workers['requests'])} requests, {int(self.workers.get('retries') or 0)} retried "
