@@ -172,7 +172,8 @@ class RemoteEndpoint(_Client):
 
     url: Annotated[Text, checked(_url_problem)]
     """The base URL, usually ending ``/v1`` (``https://api.example.com/v1``); requests go to ``<url>/completions``,
-    ``<url>/chat/completions`` (generate) or ``<url>/embeddings`` (embed)."""
+    ``<url>/chat/completions`` (generate), ``<url>/embeddings`` (embed) or ``<url>/audio/transcriptions``
+    (transcribe)."""
     model: Text
     """The served model's name, as requests name it."""
     api_key_env: Annotated[Text | None, checked(_key_env_problem)] = None
