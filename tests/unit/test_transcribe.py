@@ -254,12 +254,7 @@ def test_the_transcription_endpoint_is_configured_priced_and_refused_in_one_line
         assert refusal in str(refused.value) and "\n" not in str(refused.value).strip(), refused.value
 
     assert transcription_form("whisper-1", None, False) == {"model": "whisper-1", "response_format": "json"}
-    assert transcription_form("w", "de", True) == {
-        "model": "w",
-        "response_format": "verbose_json",
-        "language": "de",
-        "timestamp_granularities[]": "segment",
-    }
+    assert transcription_form("w", "de", True) == {"model": "w", "response_format": "verbose_json", "language": "de"}
     answer = parse_transcription(
         {
             "text": " hi there",

@@ -1,6 +1,6 @@
 """The audio transcriptions API's wire format (``/v1/audio/transcriptions``, OpenAI's): the multipart form one recording
 becomes (:func:`transcription_form`: the file as it was read, the model, the language where one is set, and for
-timestamps ``response_format`` ``verbose_json`` with segment granularity), what a whole answer is
+timestamps ``response_format`` ``verbose_json``, whose timestamps are per segment by default), what a whole answer is
 (:func:`parse_transcription`), and one recording's exchange through the client (:func:`post_transcription`). What an
 answer means beyond its shape is :mod:`~lakescore.udfs.remote.answers`'; the transport (retries, limits, the breaker)
 is the client's.
@@ -61,12 +61,11 @@ def file_part(data: bytes, header: AudioHeader) -> tuple[str, bytes, str]:
 
 def transcription_form(model: str, language: str | None, timestamps: bool) -> dict[str, str]:
     """The form's fields besides the file: ``model``, ``language`` where set, and ``response_format`` ``json``, or
-    ``verbose_json`` with ``timestamp_granularities[]`` ``segment`` where timestamps are asked."""
+    ``verbose_json`` where timestamps are asked (its segments; no ``timestamp_granularities[]``, whose default is the
+    segment, and which some servers refuse as a field they do not know)."""
     form = {"model": model, "response_format": "verbose_json" if timestamps else "json"}
     if language is not None:
         form["language"] = language
-    if timestamps:
-        form["timestamp_granularities[]"] = "segment"
     return form
 
 
