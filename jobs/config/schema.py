@@ -336,8 +336,9 @@ class JobConfig(Section):
 
     @property
     def prompt_template(self) -> str | None:
-        """The template each row's prompt is rendered from, for a task that reads prompts (else ``None``)."""
-        return self.generate.prompt_template if self.input_kind.row_keys else None
+        """The template each row's prompt is rendered from (``generate.prefix_template`` then ``prompt_template``), for
+        a task that reads prompts (else ``None``)."""
+        return self.generate.template if self.input_kind.row_keys else None
 
     @property
     def deterministic(self) -> bool:

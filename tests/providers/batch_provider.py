@@ -37,6 +37,10 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 HOST = "127.0.0.1"
+CACHE_BREAKPOINT = "_cache_breakpoint"
+"""Where :func:`messages_to_chat` notes an Anthropic request's ``cache_control`` breakpoint for the cache rule."""
+HINT_FIELDS = ("prompt_cache_key", CACHE_BREAKPOINT)
+"""What a request carries for the provider's cache and the upstream never sees."""
 OPENAI_BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 DAY_S = 24 * 3600
 CHEAP_MODEL = "cheap-echo"
@@ -111,7 +115,12 @@ class Faults:
     that many of its prompt tokens (at most all of them) as read from the cache, one token a word; the first request
     of a prefix reports none. Decided as each request reaches the upstream, under the provider's lock, so a prefix's
     ``n`` requests report it ``n - 1`` times in whatever order they run. What the answers reported is
-    :attr:`BatchProvider.cached_delivered`."""
+    :attr:`BatchProvider.cached_delivered`. The providers' hints change the rule as they change the real ones' caches:
+    OpenAI's ``prompt_cache_key`` routes a key's requests to one cache, so a prefix counts as seen under the same key
+    only; a request with Anthropic's ``cache_control`` is cached by its breakpoint instead (the system prompt and the
+    user's text up to the marked block, one token a word, whatever ``cache_prefix_words``): read where a request
+    marked the same text before, else written (``cache_creation_input_tokens``). Each request's hint is recorded in
+    :attr:`BatchProvider.cache_hints`."""
     refuse_every: int = 0
     """Every so many per-row requests (``/v1/messages``, chat, completions, embeddings) answered 429."""
     retry_after_s: int = 1
@@ -250,12 +259,28 @@ def _cached_of(answer: dict) -> int:
     return int(((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-def _with_cached(answer: dict, cached: int) -> dict:
-    """``answer`` with ``cached`` of its prompt tokens reported as read from cache (OpenAI's place for them)."""
+CACHE_WRITTEN = "_cache_written"
+"""Where an answer to a request with a ``cache_control`` breakpoint holds the tokens written to the cache, until
+:func:`chat_to_message` reports them as Anthropic does."""
+
+
+def _with_cached(answer: dict, cached: int, written: int = 0) -> dict:
+    """``answer`` with ``cached`` of its prompt tokens reported as read from cache (OpenAI's place for them) and
+    ``written`` of the rest as written to it (for :func:`chat_to_message`)."""
     usage = answer.get("usage")
-    if cached and isinstance(usage, dict) and "prompt_tokens" in usage:
-        usage["prompt_tokens_details"] = {"cached_tokens": min(cached, int(usage["prompt_tokens"]))}
+    if isinstance(usage, dict) and "prompt_tokens" in usage:
+        prompt = int(usage["prompt_tokens"])
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": min(cached, prompt)}
+        if written:
+            usage[CACHE_WRITTEN] = min(written, prompt - min(cached, prompt))
     return answer
+
+
+def _upstream_body(body: dict) -> dict:
+    """``body`` without what only the provider reads (:data:`HINT_FIELDS`), as OpenAI and Anthropic take their hints
+    and send the model the rest."""
+    return {key: value for key, value in body.items() if key not in HINT_FIELDS}
 
 
 def messages_to_chat(params: dict) -> dict:
@@ -265,6 +290,7 @@ def messages_to_chat(params: dict) -> dict:
     if system:
         text = system if isinstance(system, str) else "".join(b.get("text", "") for b in system)
         messages.append({"role": "system", "content": text})
+    marked: list[str] = []  # the user's text up to the cache_control block, where one is marked
     for message in params.get("messages") or []:
         content = message.get("content")
         if isinstance(content, list):
@@ -272,6 +298,8 @@ def messages_to_chat(params: dict) -> dict:
             for block in content:
                 if block.get("type") == "text":
                     parts.append({"type": "text", "text": block["text"]})
+                    if block.get("cache_control") is not None:
+                        marked.append("".join(part["text"] for part in parts if part["type"] == "text"))
                 elif block.get("type") == "image":
                     source = block.get("source") or {}
                     url = source.get("url") or f"data:{source.get('media_type')};base64,{source.get('data')}"
@@ -282,6 +310,8 @@ def messages_to_chat(params: dict) -> dict:
                 content = parts
         messages.append({"role": message.get("role"), "content": content})
     body: dict[str, Any] = {"model": params.get("model"), "messages": messages, "max_tokens": params.get("max_tokens")}
+    if marked:  # the provider's own note, taken off before the upstream sees the request (_upstream_body)
+        body[CACHE_BREAKPOINT] = {"system": messages[0]["content"] if system else "", "text": marked[-1]}
     for key in ("temperature", "top_p"):
         if key in params:
             body[key] = params[key]
@@ -298,12 +328,14 @@ def messages_to_chat(params: dict) -> dict:
 
 def chat_to_message(answer: dict, model: str) -> dict:
     """An OpenAI chat completion as the Anthropic Message it stands for. Anthropic's ``input_tokens`` leaves out the
-    tokens read from cache (``cache_read_input_tokens``); OpenAI's ``prompt_tokens`` holds them."""
+    tokens read from and written to the cache (``cache_read_input_tokens``, ``cache_creation_input_tokens``); OpenAI's
+    ``prompt_tokens`` holds them."""
     choice = (answer.get("choices") or [{}])[0]
     text = (choice.get("message") or {}).get("content") or ""
     usage = answer.get("usage") or {}
     prompt = int(usage.get("prompt_tokens") or 0)
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    written = int(usage.get(CACHE_WRITTEN) or 0)
     return {
         "id": "msg_" + uuid.uuid4().hex[:24],
         "type": "message",
@@ -313,10 +345,10 @@ def chat_to_message(answer: dict, model: str) -> dict:
         "stop_reason": "max_tokens" if choice.get("finish_reason") == "length" else "end_turn",
         "stop_sequence": None,
         "usage": {
-            "input_tokens": prompt - cached,
+            "input_tokens": prompt - cached - written,
             "output_tokens": int(usage.get("completion_tokens") or 0),
             "cache_read_input_tokens": cached,
-            "cache_creation_input_tokens": 0,
+            "cache_creation_input_tokens": written,
         },
     }
 
@@ -423,7 +455,12 @@ class BatchProvider:
         self.cached_delivered = 0
         """Prompt tokens reported read from a prompt cache, over the answers delivered (a batch's results, per-row
         answers): what a client's report of cached tokens must equal."""
-        self.prefixes_seen: set[tuple[str, ...]] = set()
+        self.prefixes_seen: set[tuple[str | None, ...]] = set()
+        self.breakpoints_seen: set[tuple[str, str]] = set()
+        self.cache_hints: list[tuple[str, str | None]] = []
+        """Each request run upstream (per row or a batch's line): its prompt text (system and user parts, joined by a
+        blank) and its cache hint: the ``prompt_cache_key``, or the text of the user's blocks up to the one marked
+        ``cache_control``, or ``None``."""
         self.submissions: Counter[str] = Counter()
         self.row_requests = 0
         self.key_headers: Counter[str] = Counter()
@@ -780,10 +817,10 @@ class BatchProvider:
             for kind, pick in (("expired", faults.expired), ("canceled", faults.canceled)):
                 if pick.hits(custom_id, attempt):
                     return _Outcome(custom_id, kind)
-        cached = self.cache_read(request)
-        status, body = self.upstream.call(path, request)
+        cached, written = self.cache_read(request)
+        status, body = self.upstream.call(path, _upstream_body(request))
         if 200 <= status < 300:
-            body = _with_cached(body, cached)
+            body = _with_cached(body, cached, written)
         vanished = 200 <= status < 300 and faults.vanish.hits(custom_id, attempt)
         with self.lock:
             if custom_id in self.delivered:
@@ -942,25 +979,36 @@ class BatchProvider:
 
     def row_call(self, path: str, body: dict) -> tuple[int, dict]:
         """One per-row request run upstream, its answer's cached tokens as :class:`Faults` says."""
-        cached = self.cache_read(body)
-        status, answer = self.upstream.call(path, body)
+        cached, written = self.cache_read(body)
+        status, answer = self.upstream.call(path, _upstream_body(body))
         if 200 <= status < 300:
-            answer = _with_cached(answer, cached)
+            answer = _with_cached(answer, cached, written)
             with self.lock:
                 self.cached_delivered += _cached_of(answer)
         return status, answer
 
-    def cache_read(self, body: dict) -> int:
+    def cache_read(self, body: dict) -> tuple[int, int]:
         """The prompt tokens the answer to ``body`` (an OpenAI-style request about to run upstream) reports read from
-        the cache: :attr:`Faults.cached_prompt_tokens`, or the prefix rule's (:attr:`Faults.cache_prefix_words`)."""
+        the cache and written to it: :attr:`Faults.cached_prompt_tokens`, or the prefix rule's
+        (:attr:`Faults.cache_prefix_words`), by the request's hint where it carries one; its hint recorded."""
+        key, breakpoint = body.get("prompt_cache_key"), body.get(CACHE_BREAKPOINT)
+        with self.lock:
+            self.cache_hints.append((_prompt_text(body), breakpoint["text"] if breakpoint else key))
+        if breakpoint:  # Anthropic caches by the marked block alone
+            marked = (breakpoint["system"], breakpoint["text"])
+            tokens = len(" ".join(marked).split())
+            with self.lock:
+                seen = marked in self.breakpoints_seen
+                self.breakpoints_seen.add(marked)
+            return max(self.faults.cached_prompt_tokens, tokens if seen else 0), 0 if seen else tokens
         words = self.faults.cache_prefix_words
         if not words:
-            return self.faults.cached_prompt_tokens
-        prefix = tuple(_prompt_text(body).split()[:words])
+            return self.faults.cached_prompt_tokens, 0
+        prefix = (key, *_prompt_text(body).split()[:words])  # OpenAI: a key's requests share one cache
         with self.lock:
             seen = prefix in self.prefixes_seen
             self.prefixes_seen.add(prefix)
-        return max(self.faults.cached_prompt_tokens, len(prefix) if seen else 0)
+        return max(self.faults.cached_prompt_tokens, len(prefix) - 1 if seen else 0), 0
 
     def refuse_this_row(self) -> bool:
         """Whether this per-row request is one the ``refuse_every`` knob answers 429."""

@@ -202,6 +202,34 @@ def test_the_prefix_cache_reports_a_repeated_prefix_as_cached_on_every_route_and
         again = _wait(_client(provider), _submit(_client(provider), _lines(["a"])).id)
         assert again.usage.input_tokens_details.cached_tokens == 3
         assert provider.cached_delivered == 3 + 3 + 3
+        # OpenAI's prompt_cache_key: a key's requests share one cache, a seen prefix under another key is not a hit
+        keyed = [
+            chat.create(
+                model=MODEL,
+                max_tokens=2,
+                messages=[{"role": "user", "content": "the long document asks " + n}],
+                prompt_cache_key=key,
+            ).usage.prompt_tokens_details
+            for n, key in (("four", "k1"), ("five", "k2"), ("six", "k1"))
+        ]
+        assert keyed[0] is None and keyed[1] is None and keyed[2].cached_tokens == 3
+        # Anthropic's cache_control: cached by the marked block, written the first time and read after
+        messages = _anthropic(provider).messages
+
+        def marked(question: str):
+            blocks = [
+                {"type": "text", "text": "One shared document. ", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": question},
+            ]
+            return messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": blocks}])
+
+        written, read = marked("Why?"), marked("How so?")
+        assert (written.usage.cache_creation_input_tokens, written.usage.cache_read_input_tokens) == (3, 0)
+        assert (read.usage.cache_creation_input_tokens, read.usage.cache_read_input_tokens) == (0, 3)
+        assert read.content[0].text == "One shared"  # the text as one: the blocks joined
+        hints = provider.cache_hints[-5:]
+        assert [hint for _, hint in hints] == ["k1", "k2", "k1", "One shared document. ", "One shared document. "]
+        assert hints[-1][0] == "One shared document. How so?"
 
 
 def test_anthropic_message_batches_end_with_succeeded_errored_expired_and_canceled_results():

@@ -22,6 +22,7 @@ import pytest
         "lakescore.udfs.remote.message_batches",
         "lakescore.udfs.remote.completions",
         "lakescore.udfs.options.remote",
+        "lakescore.udfs.options.generate",
         "lakescore.jobs.steps.score",
     ],
 )

@@ -26,6 +26,7 @@ __all__ = [
     "FINISH_REASONS",
     "template_parts",
     "template_columns",
+    "prefix_end",
     "model_context",
     "require_room",
     "check_context",
@@ -64,6 +65,13 @@ class GenerateOptions(Section):
     """Each row's prompt: ``str.format`` placeholders naming input columns, e.g. ``"Review: {body}\\nSummary:"``; a
     value is inserted as Spark casts it to a string, and a row with a null in a named column is ``null_input``.
     Default: the ``text_col`` as it is."""
+    prefix_template: Annotated[Text | None, checked(_template_problem)] = Field(
+        None, json_schema_extra=cli("--prefix-template", "TEMPLATE")
+    )
+    """The part of each row's prompt that rows share (a document, a few-shot block), as ``prompt_template``'s
+    placeholders: rendered before ``prompt_template``, the two one prompt as if written as one template. Over an
+    endpoint it is sent as the provider's cache hint: Anthropic's ``cache_control`` block, OpenAI's
+    ``prompt_cache_key``; see ``docs/generation.md`` "Cache hints"."""
     system_prompt: Text | None = Field(None, json_schema_extra=cli("--system-prompt", "TEXT"))
     """A system message before every prompt (in the chat template, else above the prompt, a blank line between)."""
     chat_template: Literal[CHAT_TEMPLATE_MODES] = Field("auto", json_schema_extra=cli("--chat-template"))
@@ -153,12 +161,30 @@ class GenerateOptions(Section):
             raise ConfigError(
                 "generate.endpoint and generate.server exclude each other: a model is called, or served here"
             )
+        if self.prefix_template is not None:
+            _check_prefix_template(self.prefix_template, self.prompt_template)
         remote = self.endpoint or self.server
         if remote is not None:
             refused = unsupported_settings(self, remote.api)
             if refused:
                 raise ConfigError(refused[0])
         return self
+
+    @property
+    def template(self) -> str | None:
+        """The template each row's prompt is rendered from: ``prefix_template`` then ``prompt_template``."""
+        if self.prompt_template is None:
+            return None
+        return (self.prefix_template or "") + self.prompt_template
+
+    def shared_prefix(self, prompt: str) -> str | None:
+        """The part of ``prompt`` (rendered from :attr:`template`) that ``prefix_template`` rendered, by
+        :func:`prefix_end`; ``None`` without a ``prefix_template``, when that part or the row's own is empty, or
+        when ``prompt`` is no text the templates render (the preflight's)."""
+        if self.prefix_template is None or self.prompt_template is None:
+            return None
+        end = prefix_end(prompt, self.prefix_template, self.prompt_template)
+        return prompt[:end] if end is not None and 0 < end < len(prompt) else None
 
     @property
     def greedy(self) -> bool:
@@ -185,6 +211,9 @@ class GenerateOptions(Section):
         for name in ("endpoint", "server"):
             if name in facts:
                 facts[name] = facts[name].identity()
+        if "prefix_template" in facts:  # the prompts are what counts: one template split in two renders the same
+            facts["prompt_template"] = self.template
+            del facts["prefix_template"]
         return facts
 
 
@@ -196,8 +225,71 @@ _ADDED_SETTINGS = {
     "logprobs": False,
     "endpoint": None,
     "server": None,
+    "prefix_template": None,
 }
-"""The generate settings issue 48 added, at their defaults: left out of :meth:`GenerateOptions.identity` there."""
+"""The generate settings added since issue 48, at their defaults: left out of :meth:`GenerateOptions.identity`
+there."""
+
+
+def _check_prefix_template(prefix: str, template: str | None) -> None:
+    """:class:`ConfigError` for a ``prefix_template`` without a ``prompt_template`` to follow it, or one whose end
+    :func:`prefix_end` could not find: a placeholder where the one template ends and the other begins."""
+    if template is None:
+        raise ConfigError(
+            "generate.prefix_template needs generate.prompt_template: the row's own part, rendered after it"
+        )
+    prefix_parts, row_parts = template_parts(prefix), template_parts(template)
+    ends_in_text = not prefix_parts or prefix_parts[-1][1] is None
+    begins_with_text = not row_parts or bool(row_parts[0][0])
+    if not (ends_in_text or begins_with_text or _literal(prefix_parts)):
+        raise ConfigError(
+            "generate.prefix_template ends with a placeholder and generate.prompt_template begins with one, so where "
+            "the shared part ends cannot be found in a prompt; put text between them (a blank line, a label)"
+        )
+
+
+def _literal(parts: list[tuple[str, str | None]]) -> bool:
+    return all(name is None for _, name in parts)
+
+
+def prefix_end(prompt: str, prefix_template: str, prompt_template: str) -> int | None:
+    r"""Where, in ``prompt`` rendered from ``prefix_template`` then ``prompt_template``, the row's own part begins;
+    ``None`` when ``prompt`` is not such a text. A prefix of text alone is exact. Otherwise ``prompt_template`` is
+    matched from the prompt's end: each of its texts found where it last occurs before what was matched after it (a
+    row's own values, a question, are the short part, so they are the ones assumed not to hold that text); a
+    ``prompt_template`` that begins with a placeholder begins after ``prefix_template``'s last text, found the same way.
+
+    >>> prefix_end("Document: a b\n\nQuestion: why?\nAnswer:", "Document: {doc}\n\n", "Question: {q}\nAnswer:")
+    15
+    >>> prefix_end("Examples: 1, 2\nhi", "Examples: 1, 2\n", "{q}"), prefix_end("other", "Doc: {d}\n", "{q}")
+    (15, None)
+    """
+    prefix_parts = template_parts(prefix_template)
+    if _literal(prefix_parts):
+        return len(prefix_template) if prompt.startswith(prefix_template) else None
+    end, open_value = len(prompt), False
+    for literal, name in reversed(template_parts(prompt_template)):
+        if name is not None:
+            open_value = True  # a value runs from the text before it to ``end``
+        if not literal:
+            continue
+        if open_value:
+            end = prompt.rfind(literal, 0, end)
+            if end < 0:
+                return None
+        elif prompt.endswith(literal, 0, end):
+            end -= len(literal)
+        else:
+            return None
+        open_value = False
+    if open_value:  # the row's part begins with a placeholder: after the prefix's last text
+        last = prefix_parts[-1][0] if prefix_parts[-1][1] is None else ""
+        found = prompt.rfind(last, 0, end) if last else -1
+        if found < 0:
+            return None
+        end = found + len(last)
+    first = prefix_parts[0][0]
+    return end if prompt.startswith(first) and end >= len(first) else None
 
 
 def _check_json_schema(schema: dict) -> None:

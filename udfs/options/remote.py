@@ -209,6 +209,33 @@ class EndpointOptions(BatchableEndpoint):
     ``anthropic-version``; the prompt as the user message, the system prompt as ``system``)."""
     price: Price | None = None
     """``{input: .., output: ..}`` per million tokens: the run's cost in the report, summary, history and metrics."""
+    prompt_cache_key: bool | None = None
+    """Send OpenAI's ``prompt_cache_key`` with each request (``api`` ``chat`` or ``completions``, per row and in batch
+    files): a digest of the prompt's shared part (``generate.prefix_template``'s text where set, else its first
+    ``prompt_cache_key_chars`` characters), the same for the rows that share it, so the provider routes them to one
+    cache. A hint: it changes no answer, but a server that refuses unknown fields refuses the run in the preflight.
+    Default: on for ``chat`` (OpenAI, vLLM and ``transformers serve`` take it), off for ``completions`` (OpenAI's
+    legacy completions API has no such field, ``transformers serve`` refuses it); Anthropic's hint is
+    ``prefix_template``'s ``cache_control``."""
+    prompt_cache_key_chars: int = Field(256, ge=1)
+    """Without ``generate.prefix_template``: how many of the prompt's first characters ``prompt_cache_key`` digests
+    (shorter: more rows share a key; longer than the shared part: each row a key of its own)."""
+
+    @model_validator(mode="after")
+    def _hints(self) -> EndpointOptions:
+        if self.prompt_cache_key and self.api == MESSAGES_API:
+            raise ConfigError(
+                "generate.endpoint.prompt_cache_key is OpenAI's; with api messages the hint is Anthropic's "
+                "cache_control, sent for generate.prefix_template"
+            )
+        return self
+
+    @property
+    def sends_prompt_cache_key(self) -> bool:
+        """Whether requests carry ``prompt_cache_key``: as set, else for ``chat``."""
+        if self.api == MESSAGES_API:
+            return False
+        return self.api == "chat" if self.prompt_cache_key is None else self.prompt_cache_key
 
     def identity(self) -> dict:
         """:meth:`RemoteEndpoint.identity` and the API, which decides the prompt's wrapping."""

@@ -7,6 +7,7 @@ client's (:mod:`~lakescore.udfs.remote.client`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ __all__ = [
     "Completion",
     "FINISHED",
     "request_body",
+    "prompt_cache_key",
     "parse_completion",
     "cached_prompt_tokens",
     "token_logprobs",
@@ -92,6 +94,9 @@ def request_body(
         body["stop"] = list(options.stop)
     if options.logprobs:  # the chosen tokens' log-probabilities: a flag in chat, a count in completions
         body["logprobs"] = True if api == "chat" else 1
+    key = prompt_cache_key(options, prompt) if image is None else None
+    if key is not None:
+        body["prompt_cache_key"] = key
     if options.json_schema is not None:
         body["response_format"] = {
             "type": "json_schema",
@@ -107,6 +112,22 @@ def request_body(
         if value is not None and value != neutral:
             body[name] = list(value) if isinstance(value, tuple) else value
     return body
+
+
+def prompt_cache_key(options: GenerateOptions, prompt: str) -> str | None:
+    """OpenAI's ``prompt_cache_key`` for ``prompt`` where the endpoint sends one
+    (:attr:`~lakescore.udfs.options.remote.EndpointOptions.sends_prompt_cache_key`): the first 32 hex digits of the
+    SHA-256 of its shared part, ``prefix_template``'s text where found
+    (:meth:`~lakescore.udfs.options.generate.GenerateOptions.shared_prefix`), else its first
+    ``prompt_cache_key_chars`` characters. The same for every row of a prefix, in every run: a batch line's
+    ``custom_id``, which digests its body, stays the same."""
+    endpoint = options.endpoint
+    if endpoint is None or not endpoint.sends_prompt_cache_key:
+        return None
+    shared = options.shared_prefix(prompt)
+    if shared is None:
+        shared = prompt[: endpoint.prompt_cache_key_chars]
+    return hashlib.sha256(shared.encode("utf-8")).hexdigest()[:32]
 
 
 def parse_completion(

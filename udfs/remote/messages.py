@@ -28,6 +28,7 @@ __all__ = [
     "auth_headers",
     "request_body",
     "image_block",
+    "user_content",
     "parse_message",
     "complete",
 ]
@@ -54,6 +55,20 @@ def image_block(part: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "base64", "media_type": head[5:-7], "data": data}}
 
 
+def user_content(options: Any, prompt: str) -> str | list[dict[str, Any]]:
+    """The user message's content for ``prompt``: the text as it is, or where ``generate.prefix_template`` rendered a
+    shared part of it (:meth:`~lakescore.udfs.options.generate.GenerateOptions.shared_prefix`) that part as a text
+    block marked ``cache_control`` (Anthropic caches the request up to it, and bills a later read at a tenth) and the
+    rest as a second: the same text in two blocks."""
+    shared = options.shared_prefix(prompt)
+    if shared is None:
+        return prompt
+    return [
+        {"type": "text", "text": shared, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": prompt[len(shared) :]},
+    ]
+
+
 def request_body(
     options: Any, endpoint_model: str, prompt: str, image: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -61,8 +76,12 @@ def request_body(
     (``image``, an ``image_url`` content part, as an image block before it), the system prompt as ``system``, the
     stop strings as ``stop_sequences``, ``json_schema`` as structured output (``output_config.format``). The settings
     this API has no field for are refused before any compute
-    (:func:`~lakescore.udfs.options.remote.unsupported_settings`); a row's seed has none either."""
-    user: Any = prompt if image is None else [image_block(image), {"type": "text", "text": prompt}]
+    (:func:`~lakescore.udfs.options.remote.unsupported_settings`); a row's seed has none either. A prompt whose
+    shared part ``prefix_template`` rendered is sent as two text blocks, that part first and marked
+    ``cache_control: {type: ephemeral}`` (:func:`user_content`)."""
+    user: Any = (
+        user_content(options, prompt) if image is None else [image_block(image), {"type": "text", "text": prompt}]
+    )
     body: dict[str, Any] = {
         "model": endpoint_model,
         "max_tokens": options.max_new_tokens,
