@@ -21,6 +21,9 @@ from tests.providers import Faults, Pick, batch_provider
 from tests.served_models import transformers_serve
 from tests.tiny_generators import CHAT_TEMPLATE, reviews, save_causal, train_tokenizer
 
+SPLIT_TEMPLATE = {"generate.prefix_template": "Review: ", "generate.prompt_template": "{body}\nSummary:"}
+"""``TEMPLATE`` with its shared part declared apart: the same prompts, sent with Anthropic's cache hint."""
+
 
 @pytest.fixture(scope="module")
 def served_chat(module_tmp_path):
@@ -48,6 +51,11 @@ def test_batch_answers_through_the_upstream_equal_its_per_row_chat_completions(s
         custom_id: direct.chat.completions.create(**body).choices[0].message.content
         for custom_id, body in bodies.items()
     }
+    # transformers serve takes OpenAI's prompt_cache_key on chat, the text unchanged, and refuses it on completions
+    hinted = direct.chat.completions.create(**bodies["row-0"], prompt_cache_key="group-1")
+    assert hinted.choices[0].message.content == per_row["row-0"]
+    with pytest.raises(openai.UnprocessableEntityError, match="prompt_cache_key"):
+        direct.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"prompt_cache_key": "group-1"})
     with batch_provider(server.url) as provider:
         client = openai.OpenAI(base_url=provider.url, api_key=provider.key, max_retries=0)
         lines = "".join(
@@ -96,7 +104,8 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     """``generate.endpoint.api: messages`` through the provider's ``/v1/messages`` (each request run on the upstream as
     a chat completion): texts, stop reasons and prompt tokens equal the upstream's own chat completions for the same
     rows' prompts; the key goes as ``x-api-key``, a 429 is retried, and the prompt tokens the provider reports read
-    from cache count among the prompt's."""
+    from cache count among the prompt's. The prompt's shared part, declared as ``prefix_template``, goes as a
+    ``cache_control`` block: each row's request marks it, the texts are the hint-less chat's."""
     server, model = served_chat
     source, frame = tmp_path / "reviews", _reviews(4)
     _write(spark, frame, source)
@@ -113,12 +122,16 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
                     "generate.endpoint.api": "messages",
                     "generate.endpoint.api_key_env": KEY_ENV,
                     "generate.endpoint.price": {"input": 3.0, "output": 15.0},
+                    **SPLIT_TEMPLATE,
                 },
             ),
             spark,
         )
         assert report.status == "succeeded", report.error
         assert provider.key_headers["x-api-key"] >= 4 and provider.key_headers["authorization"] == 0
+        hints = dict(provider.cache_hints)  # the preflight's prompt is no template's: sent whole
+        rows = [f"Sum up. {TEMPLATE.format(body=body)}" for body in frame["body"].dropna()]
+        assert [hints[row] for row in rows] == ["Review: "] * 3 and hints["Sum up. lakescore preflight"] is None
     got = read_output(spark, str(tmp_path / "messages")).dropna(subset=["generated_text"])
     direct = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
     expected = []
@@ -170,6 +183,7 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
                 "generate.endpoint.api_key_env": KEY_ENV,
                 "generate.endpoint.price": {"input": 3.0, "output": 15.0, "cached_input": 0.3},
                 "generate.endpoint.batch": {"poll_interval_s": 0.2},
+                **SPLIT_TEMPLATE,
             },
         )
 
@@ -187,6 +201,9 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
         assert provider.submissions == {line_id(1): 2, line_id(2): 2, line_id(4): 1}
         counts = provider.request_counts()
         cached = provider.cached_delivered
+        hints = list(provider.cache_hints)
+        run_upstream = sum(provider.executions.values())
+    assert sum(hint is not None for _, hint in hints) == run_upstream == 4  # every line run, resubmissions too
     batch = report.provider_batch
     assert {b["id"] for b in batch["batches"]} == set(counts) and all(b["status"] == "ended" for b in batch["batches"])
     assert batch["lines_submitted"] == sum(sum(c.values()) for c in counts.values()) == 5
@@ -203,3 +220,4 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
     assert list(got[["generated_text", "prompt_tokens"]].itertuples(index=False, name=None)) == expected
     assert report.error_reasons == {"null_input": 1}
     assert report.workers["tokens_in_cached"] == cached > 0  # what Anthropic's cache_read_input_tokens said
+    assert {hint for _, hint in hints if hint is not None} == {"Review: "}  # each line marks its shared part

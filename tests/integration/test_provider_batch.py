@@ -18,6 +18,7 @@ model, started once for the module:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -111,7 +112,10 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
     )
     with batch_provider(served.url, faults=faults, batch_slots=2) as provider:
         held = [provider.slots.acquire() for _ in range(2)]  # every batch stays in_progress until released
-        pending = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, wait=False))
+        # OpenAI's prompt_cache_key asked for over completions, by the prompts' first 16 characters: "Review: the food"
+        hinted = {"generate.endpoint.prompt_cache_key": True, "generate.endpoint.prompt_cache_key_chars": 16}
+        pending_flags = _flags(source, output, provider.url, tiny_causal_lm_dir, wait=False)
+        pending = load_config(flags={**pending_flags, **hinted})
         with pytest.raises(BatchesPending, match="still running; run the same command again"):
             run_and_record(pending, spark)
         submitted = set(provider.batches)
@@ -120,8 +124,15 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         for _ in held:
             provider.slots.release()
         # the same run, waiting: it polls what the first submitted and submits only the resubmissions
-        report = run_and_record(load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir)), spark)
+        flags = {**_flags(source, output, provider.url, tiny_causal_lm_dir), **hinted}
+        report = run_and_record(load_config(flags=flags), spark)
         assert report.status == "succeeded", report.error
+        # every line ran with the one key of its shared part (the cache rule reads from cache within a key only), and
+        # the rerun rendered the same bodies: it found the first run's lines by custom_id (no line with a result ran
+        # again, below)
+        shared_key = hashlib.sha256(b"Review: the food").hexdigest()[:32]
+        line_keys = [key for prompt, key in provider.cache_hints if prompt.startswith("Review: ")]
+        assert line_keys and set(line_keys) == {shared_key}
         attempts = read_attempts(spark.read.format("delta").load(pending.metrics_ref()))
         assert [a["status"] for a in attempts] == ["pending", "succeeded"]
         assert "still running" in attempts[0]["error"]
