@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -41,6 +41,8 @@ CACHE_BREAKPOINT = "_cache_breakpoint"
 """Where :func:`messages_to_chat` notes an Anthropic request's ``cache_control`` breakpoint for the cache rule."""
 HINT_FIELDS = ("prompt_cache_key", CACHE_BREAKPOINT)
 """What a request carries for the provider's cache and the upstream never sees."""
+HINTS_KEPT = 10_000
+"""The requests whose hints :attr:`BatchProvider.cache_hints` keeps: a million-line benchmark's would fill memory."""
 OPENAI_BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 DAY_S = 24 * 3600
 CHEAP_MODEL = "cheap-echo"
@@ -457,10 +459,10 @@ class BatchProvider:
         answers): what a client's report of cached tokens must equal."""
         self.prefixes_seen: set[tuple[str | None, ...]] = set()
         self.breakpoints_seen: set[tuple[str, str]] = set()
-        self.cache_hints: list[tuple[str, str | None]] = []
-        """Each request run upstream (per row or a batch's line): its prompt text (system and user parts, joined by a
-        blank) and its cache hint: the ``prompt_cache_key``, or the text of the user's blocks up to the one marked
-        ``cache_control``, or ``None``."""
+        self.cache_hints: deque[tuple[str, str | None]] = deque(maxlen=HINTS_KEPT)
+        """Each request run upstream (per row or a batch's line), the last :data:`HINTS_KEPT`: its prompt text (system
+        and user parts, joined by a blank) and its cache hint: the ``prompt_cache_key``, or the text of the user's
+        blocks up to the one marked ``cache_control``, or ``None``."""
         self.submissions: Counter[str] = Counter()
         self.row_requests = 0
         self.key_headers: Counter[str] = Counter()

@@ -227,7 +227,7 @@ def test_the_prefix_cache_reports_a_repeated_prefix_as_cached_on_every_route_and
         assert (written.usage.cache_creation_input_tokens, written.usage.cache_read_input_tokens) == (3, 0)
         assert (read.usage.cache_creation_input_tokens, read.usage.cache_read_input_tokens) == (0, 3)
         assert read.content[0].text == "One shared"  # the text as one: the blocks joined
-        hints = provider.cache_hints[-5:]
+        hints = list(provider.cache_hints)[-5:]
         assert [hint for _, hint in hints] == ["k1", "k2", "k1", "One shared document. ", "One shared document. "]
         assert hints[-1][0] == "One shared document. How so?"
 
