@@ -993,11 +993,11 @@ class BatchProvider:
         """The prompt tokens the answer to ``body`` (an OpenAI-style request about to run upstream) reports read from
         the cache and written to it: :attr:`Faults.cached_prompt_tokens`, or the prefix rule's
         (:attr:`Faults.cache_prefix_words`), by the request's hint where it carries one; its hint recorded."""
-        key, breakpoint = body.get("prompt_cache_key"), body.get(CACHE_BREAKPOINT)
+        key, mark = body.get("prompt_cache_key"), body.get(CACHE_BREAKPOINT)
         with self.lock:
-            self.cache_hints.append((_prompt_text(body), breakpoint["text"] if breakpoint else key))
-        if breakpoint:  # Anthropic caches by the marked block alone
-            marked = (breakpoint["system"], breakpoint["text"])
+            self.cache_hints.append((_prompt_text(body), mark["text"] if mark else key))
+        if mark:  # Anthropic caches by the marked block alone
+            marked = (mark["system"], mark["text"])
             tokens = len(" ".join(marked).split())
             with self.lock:
                 seen = marked in self.breakpoints_seen
