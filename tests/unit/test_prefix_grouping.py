@@ -92,11 +92,12 @@ def _generate(**settings):
 def test_openai_requests_carry_one_prompt_cache_key_per_shared_part():
     """``prompt_cache_key``: the same for the rows of a document, another for another document, whatever each row's
     question; without a ``prefix_template``, the digest of the prompt's first ``prompt_cache_key_chars`` characters.
-    On by default for chat only (OpenAI's legacy completions API and ``transformers serve`` refuse it), never to a
-    served engine or with an image, refused with Anthropic's API; the prompt is sent as it is."""
+    On by default for chat at OpenAI's own API only (elsewhere a server may refuse it: ``transformers serve`` on
+    completions), never to a served engine or with an image, refused with Anthropic's API; the prompt is sent as it
+    is."""
     from lakescore.udfs.remote.completions import request_body
 
-    chat = {"endpoint": {**ENDPOINT["endpoint"], "api": "chat"}}
+    chat = {"endpoint": {"url": "https://api.openai.com/v1", "model": "m", "api": "chat"}}
     options = _generate(**chat, **DOC_TEMPLATES)
 
     def key(options, prompt, api="chat", **more):
@@ -111,8 +112,10 @@ def test_openai_requests_carry_one_prompt_cache_key_per_shared_part():
     by_chars = _generate(endpoint={**chat["endpoint"], "prompt_cache_key_chars": 4})
     assert key(by_chars, "abcd-1") == key(by_chars, "abcd-2") != key(by_chars, "abce-1")
     assert key(_generate(**ENDPOINT), "abcd") is None  # completions: off unless asked
+    assert key(_generate(endpoint={**ENDPOINT["endpoint"], "api": "chat"}), "abcd") is None  # not OpenAI's: off
     on = _generate(endpoint={**ENDPOINT["endpoint"], "prompt_cache_key": True})
     assert key(on, "abcd", "completions") == key(_generate(**chat), "abcd")
+    assert key(_generate(endpoint={**chat["endpoint"], "prompt_cache_key": False}), "abcd") is None
     assert key(_generate(**chat), "abcd", image={"type": "image_url", "image_url": {"url": "data:,"}}) is None
     assert key(_generate(server={"engine": "vllm", "api": "chat"}), "abcd") is None
     with pytest.raises(ValueError, match="prompt_cache_key is OpenAI's"):

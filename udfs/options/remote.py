@@ -55,6 +55,9 @@ MODELS_LISTING = "/v1/models"
 ``files`` hold, under this name, what the endpoint's ``/v1/models`` says of it (canonical JSON,
 :func:`~lakescore.udfs.remote.generate.models_listing`)."""
 
+OPENAI_HOST = "api.openai.com"
+"""OpenAI's own API: where ``prompt_cache_key`` is sent by default (with ``api: chat``)."""
+
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 """An environment variable's name as keys are named (POSIX's convention: upper case, digits, ``_``). A lower-case value
 is more likely a key typed here by mistake (``sk_live_...``, ``hf_...``) than a variable's name."""
@@ -214,9 +217,9 @@ class EndpointOptions(BatchableEndpoint):
     files): a digest of the prompt's shared part (``generate.prefix_template``'s text where set, else its first
     ``prompt_cache_key_chars`` characters), the same for the rows that share it, so the provider routes them to one
     cache. A hint: it changes no answer, but a server that refuses unknown fields refuses the run in the preflight.
-    Default: on for ``chat`` (OpenAI, vLLM and ``transformers serve`` take it), off for ``completions`` (OpenAI's
-    legacy completions API has no such field, ``transformers serve`` refuses it); Anthropic's hint is
-    ``prefix_template``'s ``cache_control``."""
+    Default: on for ``chat`` at OpenAI's own API (``api.openai.com``), the one server known to route by it; off
+    elsewhere (vLLM ignores it, ``transformers serve`` refuses it on completions, as OpenAI's legacy completions API
+    has no such field). Anthropic's hint is ``prefix_template``'s ``cache_control``."""
     prompt_cache_key_chars: int = Field(256, ge=1)
     """Without ``generate.prefix_template``: how many of the prompt's first characters ``prompt_cache_key`` digests
     (shorter: more rows share a key; longer than the shared part: each row a key of its own)."""
@@ -232,10 +235,18 @@ class EndpointOptions(BatchableEndpoint):
 
     @property
     def sends_prompt_cache_key(self) -> bool:
-        """Whether requests carry ``prompt_cache_key``: as set, else for ``chat``."""
+        """Whether requests carry ``prompt_cache_key``: as set, else for ``chat`` at :data:`OPENAI_HOST`.
+
+        >>> EndpointOptions(url="https://api.openai.com/v1", model="m", api="chat").sends_prompt_cache_key
+        True
+        >>> EndpointOptions(url="http://vllm:8000/v1", model="m", api="chat").sends_prompt_cache_key
+        False
+        """
         if self.api == MESSAGES_API:
             return False
-        return self.api == "chat" if self.prompt_cache_key is None else self.prompt_cache_key
+        if self.prompt_cache_key is not None:
+            return self.prompt_cache_key
+        return self.api == "chat" and urlsplit(self.url).hostname == OPENAI_HOST
 
     def identity(self) -> dict:
         """:meth:`RemoteEndpoint.identity` and the API, which decides the prompt's wrapping."""
