@@ -39,6 +39,7 @@ __all__ = [
     "TextHead",
     "Scored",
     "plan_batches",
+    "plan_grouped_batches",
     "padded_cost",
     "row_lengths",
     "take_rows",
@@ -110,6 +111,45 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, policy: BatchPolicy) -> li
         batches.append(order[start : start + rows])
         start += rows
     return batches
+
+
+def plan_grouped_batches(
+    lengths: Sequence[int] | np.ndarray, group_of: np.ndarray, policy: BatchPolicy
+) -> list[np.ndarray]:
+    """:func:`plan_batches` for rows in groups (``group_of[i]``: row *i*'s group, -1 for none) that run best together
+    (prompts sharing a prefix): a group's rows are consecutive, longest first, groups ordered by their longest row,
+    and a group that fits a batch of its own is never split across two; the rows in no group follow, longest first,
+    never in a batch with grouped rows. The same budget bounds each batch (rows x its longest row, and rows).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    group_of = np.asarray(group_of, dtype=np.int64)
+    runs = []
+    for g in np.unique(group_of[group_of >= 0]):
+        rows = np.flatnonzero(group_of == g)
+        runs.append(rows[np.argsort(-lengths[rows], kind="stable")])
+    runs.sort(key=lambda rows: -int(lengths[rows[0]]))
+    batches: list[np.ndarray] = []
+    current: list[int] = []
+    longest = 0
+
+    def fits(rows: int, width: int) -> bool:
+        return rows <= policy.max_rows and rows * max(1, width) <= policy.max_tokens
+
+    for rows in runs:
+        whole = fits(len(rows), int(lengths[rows[0]]))
+        if current and whole and not fits(len(current) + len(rows), max(longest, int(lengths[rows[0]]))):
+            batches.append(np.asarray(current, dtype=np.int64))
+            current, longest = [], 0
+        for row in rows.tolist():
+            if current and not fits(len(current) + 1, max(longest, int(lengths[row]))):
+                batches.append(np.asarray(current, dtype=np.int64))
+                current, longest = [], 0
+            current.append(row)
+            longest = max(longest, int(lengths[row]))
+    if current:
+        batches.append(np.asarray(current, dtype=np.int64))
+    alone = np.flatnonzero(group_of < 0)
+    return batches + [alone[rows] for rows in plan_batches(lengths[alone], policy)]
 
 
 def padded_cost(lengths: Sequence[int] | np.ndarray, batches: Sequence[np.ndarray]) -> int:
@@ -253,6 +293,7 @@ def score_present(
     *,
     invalid_reason: str,
     error_reason: str = SCORING_ERROR,
+    plan: Callable[[np.ndarray, BatchPolicy], list[np.ndarray]] = plan_batches,
 ) -> Scored:
     """The core every head scores through: plan, run, retry, scatter back.
 
@@ -262,7 +303,8 @@ def score_present(
     pass runs out of CUDA memory is split in two and the budget halved for the
     rest of the task; a batch that raises anything else is retried row by row,
     so one poisoned row cannot take its neighbours with it (its reason is
-    ``error_reason``, with the exception text).
+    ``error_reason``, with the exception text). ``plan(lengths, policy)`` cuts the batches (default
+    :func:`plan_batches`).
     """
     budget = policy if isinstance(policy, AdaptiveBudget) else AdaptiveBudget(policy)
     n = len(valid)
@@ -303,7 +345,7 @@ def score_present(
             outputs = np.zeros((n,) + scored.shape[1:], dtype=scored.dtype)
         outputs[present[rows]] = scored
 
-    for rows in plan_batches(lengths, budget.policy):
+    for rows in plan(lengths, budget.policy):
         run(rows)
     if outputs is None:
         outputs = np.zeros((n, 0), dtype=np.float32)

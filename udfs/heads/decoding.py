@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lakescore.udfs.heads.prefixes import PrefixGroup
 from lakescore.udfs.heads.seeds import row_seed  # re-exported: the seed rule is every engine's
 from lakescore.udfs.models.devices import to_device
 
@@ -312,9 +313,12 @@ def generate(
     keys: Sequence[str],
     decoding: Decoding,
     prefill: dict[str, Any] | None = None,
+    shared: Sequence[PrefixGroup] = (),
 ) -> list[Decoded]:
     """Decode one batch of left-padded prompts: each row's new tokens, text and finish reason, in row order.
-    ``prefill``: more inputs the model reads with the prompts only (a vision-language model's ``pixel_values``)."""
+    ``prefill``: more inputs the model reads with the prompts only (a vision-language model's ``pixel_values``).
+    ``shared``: groups of rows whose first tokens are the same, computed once per group (a decoder's text prompts;
+    :func:`_shared_prefill`)."""
     device = str(model.device)
     ids = to_device(torch.as_tensor(input_ids, dtype=torch.long), device)
     mask = to_device(torch.as_tensor(attention_mask, dtype=torch.long), device)
@@ -326,8 +330,10 @@ def generate(
     states = decoding.start(keys, prompts)
     with torch.inference_mode():
         most = decoding.options.max_new_tokens
-        start = _seq2seq_steps if model.config.is_encoder_decoder else _causal_steps
-        logits, step = start(model, ids, mask, most, **_on_device(prefill, device))
+        if model.config.is_encoder_decoder:
+            logits, step = _seq2seq_steps(model, ids, mask, most)
+        else:
+            logits, step = _causal_steps(model, ids, mask, most, shared, **_on_device(prefill, device))
         active = list(range(len(states)))
         for made in range(1, most + 1):
             tokens = decoding.pick(logits, [states[i] for i in active])
@@ -368,21 +374,24 @@ def _keeps_last_logits(model) -> dict[str, int]:
 
 
 def _causal_steps(
-    model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **prefill
+    model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, shared: Sequence[PrefixGroup] = (), **prefill
 ) -> tuple[torch.Tensor, Step]:
-    """Prefill a decoder-only model's cache with the prompts (and ``prefill``'s inputs); the step that extends it one
-    token a row."""
-    cache = _preallocated_cache(_text_config(model.config), ids.shape[1] + new_tokens)
+    """Prefill a decoder-only model's cache with the prompts (and ``prefill``'s inputs), each ``shared`` group's
+    prefix once; the step that extends it one token a row."""
     last = _keeps_last_logits(model)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=_positions(mask),
-        past_key_values=cache,
-        use_cache=True,
-        **last,
-        **prefill,
-    )
+    if shared and not prefill and _plain_layers(model):
+        out, cache, mask = _shared_prefill(model, ids, mask, new_tokens, shared, last)
+    else:
+        cache = _preallocated_cache(_text_config(model.config), ids.shape[1] + new_tokens)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=_positions(mask),
+            past_key_values=cache,
+            use_cache=True,
+            **last,
+            **prefill,
+        )
     state = {"mask": mask}
 
     def step(tokens: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -403,6 +412,61 @@ def _causal_steps(
         return out.logits[:, -1].float()
 
     return out.logits[:, -1].float(), step
+
+
+def _plain_layers(model) -> bool:
+    """Whether every layer of the model's cache is a plain full-attention one (transformers' ``DynamicLayer``): what
+    a prefix's keys and values can be copied from row to row in (a sliding window's layer drops old tokens)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=_text_config(model.config)).layers)
+
+
+def _shared_prefill(
+    model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, shared: Sequence[PrefixGroup], last: dict[str, int]
+) -> tuple[Any, Any, torch.Tensor]:
+    """Prefill left-padded prompts whose ``shared`` groups' prefixes are computed once: one forward over the groups'
+    prefixes (left-padded, one row a group), their cache rows copied to every row of the group, then one forward
+    over each row's own tokens (all of a row in no group), left-padded after the prefixes, the mask and position ids
+    counting each row's real tokens. The model's output, the cache, and the attention mask over both parts."""
+    rows, width = ids.shape
+    lengths = mask.sum(-1).tolist()
+    group_of, own = [-1] * rows, list(lengths)
+    for g, group in enumerate(shared):
+        for r in group.rows:
+            group_of[r], own[r] = g, lengths[r] - group.length
+    prefix_width, own_width = max(g.length for g in shared), max(own)
+    prefix_ids = ids.new_zeros((len(shared), prefix_width))
+    prefix_mask = mask.new_zeros((len(shared), prefix_width))
+    for g, group in enumerate(shared):
+        first = width - lengths[group.rows[0]]
+        prefix_ids[g, prefix_width - group.length :] = ids[group.rows[0], first : first + group.length]
+        prefix_mask[g, prefix_width - group.length :] = 1
+    cache = _preallocated_cache(_text_config(model.config), prefix_width + own_width + new_tokens)
+    model(
+        input_ids=prefix_ids,
+        attention_mask=prefix_mask,
+        position_ids=_positions(prefix_mask),
+        past_key_values=cache,
+        use_cache=True,
+        **last,
+    )
+    index = torch.tensor([max(g, 0) for g in group_of], dtype=torch.long, device=ids.device)
+    cache.reorder_cache(index)  # each row gets its group's prefix; a row in none masks the slots it got
+    in_group = torch.tensor([g >= 0 for g in group_of], dtype=mask.dtype, device=mask.device)
+    full = torch.cat([prefix_mask[index] * in_group[:, None], mask[:, width - own_width :]], dim=1)
+    for r in range(rows):  # a row's own tokens are its last ``own[r]``; its prefix tokens there are masked
+        full[r, prefix_width : prefix_width + own_width - own[r]] = 0
+    out = model(
+        input_ids=ids[:, width - own_width :],
+        attention_mask=full,
+        position_ids=_positions(full)[:, prefix_width:],
+        past_key_values=cache,
+        use_cache=True,
+        **last,
+    )
+    return out, cache, full
 
 
 class _PreallocatedLayer:

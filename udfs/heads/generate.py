@@ -40,7 +40,16 @@ from lakescore.schemas.reasons import (
 )
 from lakescore.schemas.traffic import Traffic
 from lakescore.udfs.arrow_columns import python_column, scalar_column, string_column
-from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy, Scored, score_present, take_rows
+from lakescore.udfs.batching import (
+    AdaptiveBudget,
+    BatchPolicy,
+    Scored,
+    plan_batches,
+    plan_grouped_batches,
+    score_present,
+    take_rows,
+)
+from lakescore.udfs.heads.prefixes import PrefixGroup, group_of_rows, prefix_groups
 from lakescore.udfs.heads.seeds import row_seed  # re-exported: callers took it from the head
 from lakescore.udfs.models.model_source import ModelSpec
 from lakescore.udfs.options.generate import (  # re-exported: the head's settings, importable without numpy
@@ -76,7 +85,8 @@ class Generation(NamedTuple):
     """One row's outcome: the task's own output columns, in schema order, then the new token ids themselves
     (EOS included; with ``choices``, the chosen choice's), which no column holds, with ``logprobs`` each new
     token's log-probability (the ``token_logprobs`` column), and the prompt tokens a server read from its prompt cache
-    (no column: the run's ``tokens_in_cached``; 0 in-process). The token counts are ``None`` where a server's answer
+    (no column: the run's ``tokens_in_cached``; in-process, the prompt tokens a shared prefix spared it). The token
+    counts are ``None`` where a server's answer
     reported no ``usage``."""
 
     text: str
@@ -236,6 +246,7 @@ class Generator:
                     tuple(self.choice_ids[best]),
                 )
             return rows
+        shared = self.shared_prefixes(features) if prefill is None else []
         decoded = generate(
             self.model,
             features["input_ids"],
@@ -243,7 +254,11 @@ class Generator:
             list(features[ROW_KEY]),
             self.decoding,
             prefill,
+            shared,
         )
+        skipped = np.zeros(len(prompt_tokens), dtype=np.int64)
+        for group in shared:  # the first row computes the prefix, the others read it
+            skipped[list(group.rows[1:])] = group.length
         for i, row in enumerate(decoded):
             rows[i] = Generation(
                 row.text,
@@ -253,8 +268,28 @@ class Generator:
                 None,
                 tuple(row.ids),
                 None if row.logprobs is None else tuple(row.logprobs),
+                int(skipped[i]),
             )
         return rows
+
+    @property
+    def share_prefix_tokens(self) -> int:
+        """The fewest leading tokens rows must share to have them computed once (``generate.share_prefix_tokens``);
+        0 where sharing is off: sampled rows (a draw near a boundary could tell rounding apart), ``choices`` and
+        encoder-decoder models compute every prompt whole."""
+        options = self.options
+        if not options.greedy or self.choice_ids or self.encoder_decoder:
+            return 0
+        return options.share_prefix_tokens
+
+    def shared_prefixes(self, features: Mapping[str, Any]) -> list[PrefixGroup]:
+        """The groups of a batch's rows (``features``) whose prompts share :attr:`share_prefix_tokens` leading tokens
+        at least (none when sharing is off)."""
+        least = self.share_prefix_tokens
+        if not least:
+            return []
+        ids, mask = np.asarray(features["input_ids"]), np.asarray(features["attention_mask"]).astype(bool)
+        return prefix_groups([row[keep].tolist() for row, keep in zip(ids, mask)], least)
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> tuple[pa.Array, ...]:
         """The task's output columns for scored ``outputs`` (:func:`generation_columns`)."""
@@ -354,6 +389,12 @@ def score_prompts(
     def take(rows: np.ndarray, _cost: int) -> dict[str, Any]:  # the core's width is the cost; trim to the prompts
         return take_rows(fitting, rows, max(1, int(fitting[PROMPT_TOKENS][rows].max())), head.padding_side)
 
+    groups = head.shared_prefixes(fitting) if len(fitting[PROMPT_TOKENS]) > 1 else []
+    group_of = group_of_rows(len(fitting[PROMPT_TOKENS]), groups)
+
+    def plan(lengths: np.ndarray, budget: BatchPolicy) -> list[np.ndarray]:  # rows sharing a prefix batched together
+        return plan_grouped_batches(lengths, group_of, budget)
+
     scored = score_present(
         runs,
         head.row_cost(fitting),
@@ -362,6 +403,7 @@ def score_prompts(
         policy,
         invalid_reason=NULL_INPUT,
         error_reason=GENERATION_ERROR,
+        plan=plan if groups else plan_batches,
     )
     for j, (reason, error) in refused.items():
         scored.reasons[present[j]], scored.errors[present[j]] = reason, error

@@ -61,6 +61,11 @@ class ImagePromptGenerator(Generator):
                 "among the prompt's tokens; save one with the processor (chat_template.jinja)"
             )
 
+    @property
+    def share_prefix_tokens(self) -> int:
+        """0: rows whose token ids are the same may hold different images (their placeholder tokens are alike)."""
+        return 0
+
     def prompt_text(self, prompt: str) -> str:
         """The text the processor reads for ``prompt``: the chat of :func:`chat_messages` through its chat template."""
         return self.processor.apply_chat_template(

@@ -119,6 +119,11 @@ class GenerateOptions(Section):
     the value says how likely the model finds the text, whichever rule picked each token, and a token has the same
     value in a greedy and a sampled run. Over an endpoint it is the API's ``logprobs``: a server that returns none is
     refused in the preflight."""
+    share_prefix_tokens: int = Field(32, ge=0, json_schema_extra=cli("--share-prefix-tokens", "N"))
+    """In-process greedy generation: rows whose prompts begin with the same tokens, at least this many, are batched
+    together and those tokens' keys and values computed once per batch, each row computing only its own tokens (the
+    report's ``tokens_in_cached`` counts the tokens skipped); the texts are the unshared path's. 0: off. Sampled rows,
+    ``choices``, images and encoder-decoder models compute every prompt whole."""
     endpoint: EndpointOptions | None = None
     """Generate through an OpenAI-compatible endpoint instead of a model loaded here (``--model`` is not needed); see
     ``docs/generation.md``."""
@@ -205,6 +210,7 @@ class GenerateOptions(Section):
         that answers (not where it is, how it is called, or its price); a setting added since digests were first
         recorded counts only when set, so the digests of runs that do not set it stay as they were."""
         facts = {name: getattr(self, name) for name in type(self).model_fields}
+        del facts["share_prefix_tokens"]  # how much is computed once, never what is written
         for name, default in _ADDED_SETTINGS.items():
             if facts[name] == default:
                 del facts[name]
