@@ -42,6 +42,7 @@ from lakescore.schemas.id_columns import CHUNK_INDEX, id_names
 from lakescore.udfs.models.cpu_paths import CpuFacts, CpuPath, read_cpu_facts
 from lakescore.udfs.options.base import ConfigError, Fraction, Section, Text, checked, cli
 from lakescore.udfs.options.batch import BatchOptions
+from lakescore.udfs.options.generate import GenerateOptions
 from lakescore.udfs.options.remote import MESSAGES_API, BatchableEndpoint
 from lakescore.udfs.options.task import TaskEndpoint, TaskOptions
 from lakescore.udfs.registry import (
@@ -358,10 +359,14 @@ class JobConfig(Section):
     def groups_prefixes(self) -> bool:
         """Whether the scoring stage orders the rows by their rendered prompt (``scoring.group_prefixes``): for prompts
         an engine or provider caches by prefix (:attr:`~lakescore.udfs.registry.InputKind.prefix_cached`), each sent
-        as a request of its own (an endpoint or a served engine), where the order changes no answer."""
+        as a request of its own (an endpoint or a served engine), where the order changes no answer, or generated here
+        by a head that computes a shared prefix once (``generate.share_prefix_tokens``), which needs a prefix's rows in
+        one task."""
         options = self.task_options()
-        remote = options is not None and options.remote
-        return self.scoring.group_prefixes and self.input_kind.prefix_cached and remote
+        grouping = options is not None and (
+            options.remote or (isinstance(options, GenerateOptions) and options.shares_prefixes)
+        )
+        return self.scoring.group_prefixes and self.input_kind.prefix_cached and grouping
 
     def task_options(self) -> TaskOptions | None:
         """The task's own settings section, which its head takes as it is (``generate``: :class:`GenerateOptions`),

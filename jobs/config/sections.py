@@ -96,9 +96,9 @@ class ScoringConfig(Section):
     """``generate`` over an endpoint or a served engine: the scoring stage partitions each chunk's rows by range of
     their rendered prompt and sorts each task's rows by it, so rows whose prompts share a prefix reach one engine
     together, in sequence, and its prefix cache (or the provider's prompt cache) computes the prefix once. Each row is
-    a request of its own, so no answer changes; ``false``: the rows keep the input's partitioning. In-process
-    generation is never grouped (nothing reuses a prefix there, and other neighbours in a padded batch could flip a
-    greedy tie)."""
+    a request of its own, so no answer changes; ``false``: the rows keep the input's partitioning. In-process greedy
+    generation is grouped the same way while ``generate.share_prefix_tokens`` is on, so a prefix's rows meet in one
+    task, where the head computes it once per batch."""
 
     def max_tokens_for(self, device: str) -> int:
         """The token budget for ``device``: the configured one, else the device default."""

@@ -83,8 +83,15 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(
     _write(spark, frame, source)
 
     logprobs = {"generate.logprobs": True}  # the optional token_logprobs column, through staging and the MERGE
+    # the prompts share their first few tokens ("Review: stay"): computed once per batch, the texts unchanged
+    shared = {"generate.share_prefix_tokens": 2}
     report = run_scoring(
-        _config(source, output, tiny_causal_lm_dir, **{"write.mode": "incremental", "scoring.dedup": "on", **logprobs}),
+        _config(
+            source,
+            output,
+            tiny_causal_lm_dir,
+            **{"write.mode": "incremental", "scoring.dedup": "on", **logprobs, **shared},
+        ),
         spark,
     )
     assert report.status == "succeeded", report.error
@@ -109,6 +116,7 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(
     generated = out[out["review_id"] != 9]
     assert report.workers["tokens_out"] == generated["completion_tokens"].sum()
     assert report.workers["tokens_in"] == generated["prompt_tokens"].sum()
+    assert 0 < report.workers["tokens_in_cached"] < report.workers["tokens_in"] / 2  # the shared tokens, counted
     assert "generated" in report.summary() and report.workers["tokens_per_second"] > 0
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("review_id")
     assert errors.loc[7, "input"] == TEMPLATE.format(

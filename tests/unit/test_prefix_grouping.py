@@ -20,11 +20,13 @@ SERVER = {"server": {"engine": "vllm"}}
         ({"generate": ENDPOINT}, True),
         ({"generate": SERVER}, True),
         ({"generate": {**ENDPOINT, "temperature": 0.7}}, True),  # a sampled row's seed is its id's: order is free
-        ({"model": "/models/tiny"}, False),  # in process: neighbours in a padded batch could flip a greedy tie
+        ({"model": "/models/tiny"}, True),  # in process, greedy: the head computes a shared prefix once per batch
+        ({"model": "/models/tiny", "generate": {"share_prefix_tokens": 0}}, False),  # ... unless that is off
+        ({"model": "/models/tiny", "generate": {"temperature": 0.7}}, False),  # sampled rows compute prompts whole
         ({"generate": SERVER, "scoring": {"group_prefixes": False}}, False),
         ({"task": "embed", "embed": ENDPOINT}, False),  # a vector has no prefix cache to feed
     ],
-    ids=["endpoint", "server", "sampled", "in-process", "off", "embed"],
+    ids=["endpoint", "server", "sampled", "in-process", "in-process-unshared", "in-process-sampled", "off", "embed"],
 )
 def test_prompts_sent_as_requests_are_grouped_unless_turned_off(settings, grouped):
     cfg = config_from_mapping({**BASE, **settings})

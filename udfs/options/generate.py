@@ -201,6 +201,12 @@ class GenerateOptions(Section):
         return self.greedy or bool(self.choices)
 
     @property
+    def shares_prefixes(self) -> bool:
+        """Whether a model loaded here computes a prefix that rows share once (``share_prefix_tokens``; greedy text,
+        not ``choices``)."""
+        return not self.remote and self.greedy and not self.choices and self.share_prefix_tokens > 0
+
+    @property
     def remote(self) -> bool:
         """Whether an endpoint or a served engine generates, rather than a model loaded in the worker."""
         return self.endpoint is not None or self.server is not None
