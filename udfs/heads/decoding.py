@@ -23,6 +23,10 @@ step's cost there already scales with the rows left in it, and merging a new pro
 one adds copies and left padding; so batches are planned by the core (length-sorted, prompt plus new tokens
 within the budget) and only shrink.
 
+Rows of a batch that share a prefix (:class:`~lakescore.udfs.heads.prefixes.PrefixGroup`) have it computed once: one
+forward over the prefixes, their keys and values copied to each row of the group, one forward over the rows' own
+tokens (:func:`_shared_prefill`); the steps after are the same.
+
 Choices are scored in one forward over every (row, choice) sequence: the sum of the choice tokens'
 log-probabilities given the prompt and the choice tokens before them.
 """

@@ -15,7 +15,9 @@ by the model's ``config.is_encoder_decoder``. Rows are batched by the core of
 :mod:`lakescore.udfs.batching` (length-sorted, left-padded, the token budget counting prompt plus
 ``max_new_tokens``, out-of-memory back-off) through :func:`score_prompts`, which adds the two per-row
 failures of generation: ``prompt_too_long`` and ``generation_error``, and with ``json_schema`` a text that is not
-the schema's JSON (``json_incomplete``: cut at ``max_new_tokens``; ``json_invalid``), never published.
+the schema's JSON (``json_incomplete``: cut at ``max_new_tokens``; ``json_invalid``), never published. Greedy rows
+whose prompts share ``share_prefix_tokens`` leading tokens or more are batched together and the shared tokens
+computed once per batch (:mod:`lakescore.udfs.heads.prefixes` finds the groups).
 
 This module imports no model library at import time: :class:`GenerateOptions` hangs off the
 :class:`~lakescore.udfs.models.model_source.ModelSpec` the driver builds.
