@@ -3,7 +3,9 @@
 ``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer spark-internal`` (the
 class ships in pyspark's ``jars/spark-connect_2.13-*.jar``) on a free loopback port, with the Delta
 jars ``lakescore fetch-jars`` cached, Delta's extension and catalog, a Derby metastore and a warehouse
-of its own, and Python workers that run this interpreter (so they import lakescore).
+of its own, and Python workers that run this interpreter (so they import lakescore). Its JVM and Python workers start
+as a session lakescore builds on this host would (class archive, C1-only JIT, workers forked from a daemon that imported
+the scoring runtime once): the module's subject is the client, not how the server starts.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakescore.jobs.config import SparkConfig
-from lakescore.jobs.platform.spark.local.own_host import local_java_options
+from lakescore.jobs.platform.spark.local import class_archive
+from lakescore.jobs.platform.spark.local.own_host import local_java_options, worker_preload_confs
 from lakescore.jobs.platform.spark.session import jar_confs
+from lakescore.udfs.registry import get_task
 
 START_SECONDS = 240
 
@@ -48,8 +52,9 @@ def start_connect_server(root: Path, master: str = "local[2]") -> ConnectServer:
     """Start a server under ``root`` and wait until it accepts connections (``RuntimeError`` with its log otherwise)."""
     port = _free_port()
     warehouse, metastore, log = root / "warehouse", root / "metastore_db", root / "connect-server.log"
+    cfg = SparkConfig(master=master)
     confs = jar_confs(
-        SparkConfig(),
+        cfg,
         (),
         {
             "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -63,8 +68,12 @@ def start_connect_server(root: Path, master: str = "local[2]") -> ConnectServer:
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
             "spark.databricks.delta.snapshotPartitions": "2",
+            # each CLI run's scoring workers would otherwise import torch and transformers again
+            **worker_preload_confs(cfg, get_task("embed").worker_imports("torch")),
         },
     )
+    archive = class_archive.start_options(cfg.jars_dir, confs)
+    confs["spark.driver.extraJavaOptions"] = " ".join([confs["spark.driver.extraJavaOptions"], *archive])
     command = [
         str(Path(sys.executable).with_name("spark-submit")),
         "--master",
