@@ -5,12 +5,17 @@ between providers (OpenAI's Files + Batches, Anthropic's Message Batches) is the
 
 * :func:`make_render_function`: each row's request line (:mod:`~lakescore.udfs.remote.batch_files`), its body exactly
   the per-row path's, as the task's :class:`~lakescore.udfs.remote.batch_lines.BatchLines` makes it.
-* :func:`make_submit_function`: a partition's lines (sorted by ``custom_id``) cut into files, each uploaded and its
-  batch created, ``metadata`` naming the run and the file (:func:`~lakescore.udfs.remote.batch_files.part_digest`);
-  a file whose batch the provider already holds (``known``: a rerun after a kill between create and record) is not
-  sent again. One row out per line: which file and batch hold it.
+* :func:`make_plan_function`: the files a partition's lines will be cut into, without sending them: each file's part
+  digest, line count and first ids, for the intents the ledger records before a provider whose batches keep no
+  metadata creates them (:mod:`~lakescore.udfs.remote.batch_intents`).
+* :func:`make_submit_function`: a partition's lines (in the stage's order: by prompt where prefixes are grouped,
+  then ``custom_id``) cut into files, each uploaded and its batch created, ``metadata`` naming the run and the file
+  (:func:`~lakescore.udfs.remote.batch_files.part_digest`); a file whose batch the provider already holds (``known``:
+  a rerun after a kill between create and record) is not sent again. One row out per line: which file and batch hold
+  it.
 * :func:`make_download_function`: the lines of ended batches, one task per batch, matched by ``custom_id`` against
-  the batch's output and error files: one outcome per line (:func:`~lakescore.udfs.remote.batch_files.classify`).
+  the batch's output and error files as they stream in: one outcome per line
+  (:func:`~lakescore.udfs.remote.batch_files.classify`).
 * :func:`make_result_function`: each row and its final outcome made the task's output row, as the per-row path
   makes it (:class:`~lakescore.udfs.scoring_udf.ScoredBatch`): published from its answer (the task's
   :class:`~lakescore.udfs.remote.batch_lines.BatchLines` reads it), or dead-lettered.
@@ -31,11 +36,14 @@ import pyarrow as pa
 from lakescore.udfs.remote.batch_files import (
     DEAD,
     RESULT,
+    LineOutcome,
     canonical,
     custom_id,
     cut_files,
+    cut_sizes,
     part_digest,
 )
+from lakescore.udfs.remote.batch_intents import CLOCK_SKEW_S, SAMPLE_IDS, Found, Intent, match_intents
 from lakescore.udfs.remote.batch_kinds import BatchKind
 
 if TYPE_CHECKING:
@@ -46,7 +54,10 @@ __all__ = [
     "SUBMITTED_SCHEMA",
     "OUTCOME_SCHEMA",
     "make_render_function",
+    "make_plan_function",
+    "PLANNED_SCHEMA",
     "make_submit_function",
+    "find_again",
     "make_download_function",
     "make_result_function",
     "TOO_LARGE",
@@ -88,6 +99,10 @@ OUTCOME_SCHEMA = pa.schema(
     ]
 )
 """One row per collected line (the ledger's outcomes)."""
+PLANNED_SCHEMA = pa.schema([("part", pa.string()), ("lines", pa.int64()), ("first_ids", pa.list_(pa.string()))])
+"""One row per file a submit stage will cut (:func:`make_plan_function`)."""
+OUTCOME_ROWS = 4096
+"""Outcome rows a download task yields at a time (a result file is read as it streams in)."""
 OUTCOME_FIELDS = ("kind", "status", "body", "message", "round")
 """A line's final outcome as :func:`make_result_function` reads it beside the row, each under
 :func:`outcome_column`."""
@@ -126,6 +141,29 @@ def make_render_function(
     return render
 
 
+def make_plan_function(run_key: str, round_: int, max_requests: int, max_bytes: int) -> ArrowFunction:
+    """The :data:`PLANNED_SCHEMA` row of each file a partition's ``(custom_id, size)`` rows (each line's bytes, in the
+    submit stage's order) are cut into: the same files :func:`make_submit_function` cuts from the same partitions."""
+
+    def plan(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def sizes() -> Iterator[tuple[str, int]]:
+            for batch in batches:
+                yield from zip(batch.column("custom_id").to_pylist(), batch.column("size").to_pylist())
+
+        for part in cut_sizes(sizes(), max_requests, max_bytes):
+            ids = [line_id for line_id, _ in part]
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([part_digest(run_key, round_, ids)], pa.string()),
+                    pa.array([len(ids)], pa.int64()),
+                    pa.array([ids[:SAMPLE_IDS]], pa.list_(pa.string())),
+                ],
+                schema=PLANNED_SCHEMA,
+            )
+
+    return plan
+
+
 def make_submit_function(
     url: str,
     key_env: str | None,
@@ -137,11 +175,14 @@ def make_submit_function(
     known: Mapping[str, Mapping[str, Any]],
     client_factory: Callable[[], Any] | None = None,
     on_created: Callable[[], None] | None = None,
+    intents: Mapping[str, Intent] | None = None,
+    recorded: frozenset[str] = frozenset(),
 ) -> ArrowFunction:
-    """Submit a partition's ``(custom_id, chunk, line)`` rows (sorted by ``custom_id``) as files of round ``round_``,
+    """Submit a partition's ``(custom_id, chunk, line)`` rows (in the stage's order) as files of round ``round_``,
     one batch each through ``kind``; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
-    "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``); a retried
-    task asks the provider again. ``on_created``: called after each batch is created (the test hooks)."""
+    "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``, or adopted
+    for an intent); a retried task asks the provider again (:func:`held_parts`, with the round's ``intents`` and the
+    batches the ledger has ``recorded``). ``on_created``: called after each batch is created (the test hooks)."""
 
     def submit(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
@@ -160,7 +201,7 @@ def make_submit_function(
                 digest = part_digest(run_key, round_, ids)
                 if held_now is None and _retried_task():  # an earlier attempt of this task may have created some
                     client = client or (client_factory() if client_factory else _client(url, key_env, kind))
-                    held_now = {**known, **held_parts(client, kind, run_key, round_)}
+                    held_now = {**known, **held_parts(client, kind, run_key, round_, intents, recorded)}
                 held = (held_now or known).get(digest)
                 file_id: str | None
                 if held is not None:
@@ -206,14 +247,36 @@ def _retried_task() -> bool:
     return context is not None and context.attemptNumber() > 0
 
 
-def held_parts(client: Any, kind: BatchKind, run_key: str, round_: int) -> dict[str, dict[str, Any]]:
+def held_parts(
+    client: Any,
+    kind: BatchKind,
+    run_key: str,
+    round_: int,
+    intents: Mapping[str, Intent] | None = None,
+    recorded: frozenset[str] = frozenset(),
+) -> dict[str, dict[str, Any]]:
     """The provider's batches of ``run_key``'s round ``round_`` by file (their ``metadata``, where the provider keeps
-    it): part digest -> batch and input file; a ``failed`` one left out (it ran nothing: its file is sent again)."""
+    it): part digest -> batch and input file; a ``failed`` one left out (it ran nothing: its file is sent again). For a
+    provider that keeps no metadata, the batches :func:`find_again` adopts for ``intents`` (none left out:
+    ``recorded``)."""
+    if not kind.keeps_metadata:
+        found = find_again(client, kind, (intents or {}).values(), recorded)
+        return {part: {"batch_id": batch_id, "input_file_id": None} for part, batch_id in found.adopted.items()}
     held: dict[str, dict[str, Any]] = {}
     for metadata, batch_id, file_id in kind.held(client, {"lakescore_run": run_key, "lakescore_round": str(round_)}):
         if metadata.get("lakescore_part") not in held:
             held[metadata["lakescore_part"]] = {"batch_id": batch_id, "input_file_id": file_id}
     return held
+
+
+def find_again(client: Any, kind: BatchKind, intents: Iterable[Intent], recorded: frozenset[str]) -> Found:
+    """The provider's batches that are ``intents``' (:func:`~lakescore.udfs.remote.batch_intents.match_intents`),
+    listed back to the earliest intent; none recorded already (``recorded``)."""
+    intents = list(intents)
+    if not intents:
+        return Found()
+    listed = kind.listed(client, min(i.at for i in intents) - CLOCK_SKEW_S)
+    return match_intents(intents, listed, lambda b: kind.result_ids(client, b.results) if b.results else (), recorded)
 
 
 def make_download_function(
@@ -224,8 +287,9 @@ def make_download_function(
     client_factory: Callable[[], Any] | None = None,
 ) -> ArrowFunction:
     """The :data:`OUTCOME_SCHEMA` row of each ``(custom_id, batch_id, round)`` line of an ended batch (``ended``:
-    batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's results (``kind``'s), downloaded
-    once per task and batch. Rows of one batch must come together (the stage sorts by batch)."""
+    batch id -> ``{"status", "output_file_id", "error_file_id"}``), from its batch's results (``kind``'s), read once
+    per task and batch as they stream in: a task holds its lines' ids and :data:`OUTCOME_ROWS` outcomes, never a
+    result file. Every line of a batch must be in one task (the stage partitions by batch)."""
 
     def download(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
@@ -242,29 +306,39 @@ def make_download_function(
             for batch_id, group in groupby(sorted(rows, key=lambda r: r[1]), key=lambda r: r[1]):
                 state = ended[batch_id]
                 client = client or (client_factory() if client_factory else _client(url, key_env, kind))
-                found = kind.outcomes(client, state.get("output_file_id"), state.get("error_file_id"))
+                waiting = {line_id: round_ for line_id, _, round_ in group}
                 out: list[tuple] = []
-                for line_id, _, round_ in group:
-                    outcome = found.get(line_id) or kind.absent(state["status"])
-                    out.append(
-                        (
-                            line_id,
-                            batch_id,
-                            round_,
-                            outcome.kind,
-                            outcome.status,
-                            outcome.body,
-                            outcome.message if outcome.message is None else client.scrub(outcome.message),
-                        )
-                    )
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(list(c), f.type) for c, f in zip(zip(*out), OUTCOME_SCHEMA)], schema=OUTCOME_SCHEMA
+                found = kind.outcomes(client, state.get("output_file_id"), state.get("error_file_id"))
+                for line_id, outcome in found:
+                    round_ = waiting.pop(line_id, None)
+                    if round_ is None:  # read already (an output line wins over an error line), or not this run's
+                        continue
+                    out.append(_outcome_row(client, line_id, batch_id, round_, outcome))
+                    if len(out) >= OUTCOME_ROWS:
+                        yield _outcome_batch(out)
+                        out = []
+                absent = kind.absent(state["status"])
+                out.extend(
+                    _outcome_row(client, line_id, batch_id, round_, absent) for line_id, round_ in waiting.items()
                 )
+                if out:
+                    yield _outcome_batch(out)
         finally:
             if client is not None:
                 client.close()
 
     return download
+
+
+def _outcome_row(client: Any, line_id: str, batch_id: str, round_: int, outcome: LineOutcome) -> tuple:
+    message = outcome.message if outcome.message is None else client.scrub(outcome.message)
+    return (line_id, batch_id, round_, outcome.kind, outcome.status, outcome.body, message)
+
+
+def _outcome_batch(rows: list[tuple]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(list(c), f.type) for c, f in zip(zip(*rows), OUTCOME_SCHEMA)], schema=OUTCOME_SCHEMA
+    )
 
 
 def _client(url: str, key_env: str | None, kind: BatchKind) -> Any:

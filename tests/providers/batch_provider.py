@@ -160,7 +160,8 @@ class HttpUpstream:
             return 502, {"error": {"message": f"upstream unreachable: {error}", "type": "server_error"}}
 
 
-def _prompt_text(body: dict) -> str:
+def prompt_text(body: dict) -> str:
+    """The prompt of an OpenAI-style request: its messages' text parts joined by a blank, or its ``prompt``."""
     if "messages" in body:
         parts = []
         for message in body["messages"]:
@@ -223,7 +224,7 @@ class CheapUpstream:
                 "model": model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
-        words = _prompt_text(body).split()
+        words = prompt_text(body).split()
         limit = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         text, finish = " ".join(words[:limit]), "length" if len(words) > limit else "stop"
         usage = {"prompt_tokens": len(words) + 1, "completion_tokens": min(len(words), limit)}
@@ -995,7 +996,7 @@ class BatchProvider:
         (:attr:`Faults.cache_prefix_words`), by the request's hint where it carries one; its hint recorded."""
         key, mark = body.get("prompt_cache_key"), body.get(CACHE_BREAKPOINT)
         with self.lock:
-            self.cache_hints.append((_prompt_text(body), mark["text"] if mark else key))
+            self.cache_hints.append((prompt_text(body), mark["text"] if mark else key))
         if mark:  # Anthropic caches by the marked block alone
             marked = (mark["system"], mark["text"])
             tokens = len(" ".join(marked).split())
@@ -1006,7 +1007,7 @@ class BatchProvider:
         words = self.faults.cache_prefix_words
         if not words:
             return self.faults.cached_prompt_tokens, 0
-        prefix = (key, *_prompt_text(body).split()[:words])  # OpenAI: a key's requests share one cache
+        prefix = (key, *prompt_text(body).split()[:words])  # OpenAI: a key's requests share one cache
         with self.lock:
             seen = prefix in self.prefixes_seen
             self.prefixes_seen.add(prefix)

@@ -215,12 +215,16 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
             "response": {"status_code": status, "body": {"error": {"message": message}}},
         }
 
-    errors = [failed(lines[1], 500, "oops"), failed(lines[2], 400, "bad")]
-    files = {"out": "\n".join(map(json.dumps, output)), "err": "\n".join(map(json.dumps, errors))}
+    # the error file names an answered line too: the output's line wins, whichever file is read first
+    errors = [failed(lines[1], 500, "oops"), failed(lines[2], 400, "bad"), failed(lines[0], 500, "late")]
+    files = {"out": list(map(json.dumps, output)), "err": list(map(json.dumps, errors))}
+    read: list[str] = []
 
-    class Files:  # the provider's files as the download stage reads them
-        def content(self, file_id):
-            return files[file_id]
+    class Files:  # the provider's files as the download stage reads them: line by line, as they stream in
+        def content_lines(self, file_id):
+            for line in files[file_id]:
+                read.append(file_id)
+                yield line
 
         def scrub(self, text):
             return text
@@ -241,7 +245,9 @@ def test_render_download_result_map_every_line_back_whatever_the_order() -> None
     )
     outcomes = pa.Table.from_batches(list(download(iter([batch]))), schema=OUTCOME_SCHEMA).to_pylist()
     by_id = {o["custom_id"]: o for o in outcomes}
+    assert len(outcomes) == len(by_id) == 5  # one outcome per line
     assert [by_id[i]["kind"] for i in sent] == [RESULT, RETRY, DEAD, RESULT, RETRY]
+    assert read == ["out"] * 2 + ["err"] * 3  # each file read once, line by line
     assert "absent" in by_id[sent[4]]["message"]
 
     # the last round of each line, as the driver joins them: the 500 ended dead after its resubmissions

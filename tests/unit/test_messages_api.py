@@ -218,6 +218,8 @@ def test_the_message_batches_kind_submits_polls_and_reads_results_as_the_per_row
     import io
     import time
 
+    from lakescore.udfs.batch_udfs import find_again
+    from lakescore.udfs.remote.batch_intents import Found, Intent
     from lakescore.udfs.remote.batch_kinds import MessageBatches, batch_kind
     from tests.providers import Pick
 
@@ -235,7 +237,17 @@ def test_the_message_batches_kind_submits_polls_and_reads_results_as_the_per_row
         while not (polled := kind.poll(client, batch_id)).terminal:
             assert polled.status == "in_progress" and time.monotonic() < deadline
             time.sleep(0.05)
-        outcomes = kind.outcomes(client, polled.output, polled.error)
+        outcomes = dict(kind.outcomes(client, polled.output, polled.error))
+        # found again by the provider's list (GET /v1/messages/batches, newest first): an intent recorded before the
+        # create matches it by time, request count and, the batch having ended, its results' custom_ids
+        listed = kind.listed(client, time.time() - 60)
+        assert [(b.batch_id, b.lines, b.ended) for b in listed] == [(batch_id, 3, True)]
+        assert sorted(kind.result_ids(client, polled.output or "")) == ids
+        intent = Intent("part", 3, ("ls-a",), time.time() - 30)
+        assert find_again(client, kind, [intent], frozenset()).adopted == {"part": batch_id}
+        other = Intent("other", 3, ("ls-z",), time.time() - 30)  # the same size, but its lines are not in the results
+        assert find_again(client, kind, [other], frozenset()) == Found()
+        assert find_again(client, kind, [intent], frozenset({batch_id})) == Found()  # recorded already
         client.close()
         assert provider.key_headers["authorization"] == 0 and provider.key_headers["x-api-key"] >= 3
     assert (polled.status, polled.total, polled.completed, polled.failed) == ("ended", 3, 2, 1)

@@ -129,6 +129,32 @@ class BatchClient:
         """``GET`` ``path`` under the base URL; the JSON answer."""
         return self._call("GET", path, call).json()
 
+    def lines(self, url: str, call: str) -> Iterator[str]:
+        """The lines of the text at ``url`` (a path under the base URL, or a whole URL the provider gave), read as they
+        arrive: a result file of 50,000 long answers is never held whole. The call is retried as :meth:`_call`'s
+        until its answer begins; a connection lost mid-file is :class:`BatchApiError` (the caller's task is retried)."""
+        url = url if url.startswith(("http://", "https://")) else self.url + url
+        started = False
+        for attempt in range(self.max_retries + 1):
+            try:
+                with self.http.stream("GET", url) as response:
+                    if 200 <= response.status_code < 300:
+                        for line in response.iter_lines():
+                            started = True
+                            yield line
+                        return
+                    response.read()
+                    if response.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                        wait = retry_after(response.headers)
+                        self.sleep(backoff(attempt) if wait is None else wait)
+                        continue
+                    raise BatchApiError(response.status_code, self.scrub(server_message(response)), call)
+            except self._transport_errors as exc:
+                if started or attempt == self.max_retries:  # lines already read are not read twice
+                    raise BatchApiError(None, self.scrub(f"{type(exc).__name__}: {exc}"), call) from None
+                self.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
     def text(self, url: str, call: str) -> str:
         """The text at ``url`` (a path under the base URL, or a whole URL the provider gave, such as a results URL)."""
         return self._call("GET", url, call).text
@@ -136,3 +162,7 @@ class BatchClient:
     def content(self, file_id: str) -> str:
         """The text of the provider's file ``file_id`` (a batch's output or error file)."""
         return self._call("GET", f"/files/{file_id}/content", f"download file {file_id}").text
+
+    def content_lines(self, file_id: str) -> Iterator[str]:
+        """The lines of the provider's file ``file_id`` (a batch's output or error file), streamed (:meth:`lines`)."""
+        return self.lines(f"/files/{file_id}/content", f"download file {file_id}")

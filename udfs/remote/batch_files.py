@@ -24,9 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from lakescore.udfs.remote.answers import RETRY_STATUSES
@@ -40,10 +40,12 @@ __all__ = [
     "batch_line",
     "request_path",
     "cut_files",
+    "cut_sizes",
     "part_digest",
     "task_count",
     "HEADROOM",
     "parse_jsonl",
+    "iter_jsonl",
     "classify",
     "absent",
     "next_step",
@@ -54,6 +56,8 @@ __all__ = [
     "TERMINAL_STATES",
     "ENDED_STATES",
 ]
+
+T = TypeVar("T")
 
 RESULT, RETRY, DEAD = "result", "retry", "dead"
 """What a submitted line ended as (:class:`LineOutcome`)."""
@@ -135,16 +139,33 @@ def cut_files(
     >>> [len(f) for f in cut_files([(str(i), b"x" * 10) for i in range(7)], 3, 25)]
     [2, 2, 2, 1]
     """
-    part: list[tuple[str, bytes]] = []
-    size = 0
-    for line_id, line in lines:
-        if len(line) > max_bytes:
-            raise ValueError(f"line {line_id} is {len(line)} bytes, more than a file's {max_bytes}")
-        if part and (len(part) >= max_requests or size + len(line) > max_bytes):
+    return _cut(lines, max_requests, max_bytes, len)
+
+
+def cut_sizes(sizes: Iterable[tuple[str, int]], max_requests: int, max_bytes: int) -> Iterator[list[tuple[str, int]]]:
+    """``(custom_id, bytes)`` pairs cut as :func:`cut_files` cuts the lines of those sizes: the same files, planned
+    without the lines.
+
+    >>> [len(f) for f in cut_sizes([(str(i), 10) for i in range(7)], 3, 25)]
+    [2, 2, 2, 1]
+    """
+    return _cut(sizes, max_requests, max_bytes, int)
+
+
+def _cut(
+    items: Iterable[tuple[str, T]], max_requests: int, max_bytes: int, size: Callable[[T], int]
+) -> Iterator[list[tuple[str, T]]]:
+    part: list[tuple[str, T]] = []
+    total = 0
+    for line_id, item in items:
+        length = size(item)
+        if length > max_bytes:
+            raise ValueError(f"line {line_id} is {length} bytes, more than a file's {max_bytes}")
+        if part and (len(part) >= max_requests or total + length > max_bytes):
             yield part
-            part, size = [], 0
-        part.append((line_id, line))
-        size += len(line)
+            part, total = [], 0
+        part.append((line_id, item))
+        total += length
     if part:
         yield part
 
@@ -171,19 +192,26 @@ def part_digest(run_key: str, round_: int, line_ids: Sequence[str]) -> str:
     return _digest(f"{run_key}\x00{round_}\x00" + "\n".join(line_ids))[:32]
 
 
-def parse_jsonl(text: str) -> dict[str, dict]:
-    """The lines of a result (output or error) file by ``custom_id``; a blank line is skipped, a line that is not a
-    JSON object with a ``custom_id`` is :class:`ValueError` (a provider's file that cannot be read is not guessed
-    at)."""
-    lines: dict[str, dict] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
+def iter_jsonl(raw_lines: Iterable[str]) -> Iterator[dict]:
+    """The lines of a result (output or error) file as they come (``raw_lines``: the file's lines, streamed); a blank
+    line is skipped, a line that is not a JSON object with a ``custom_id`` is :class:`ValueError` (a provider's file
+    that cannot be read is not guessed at).
+
+    >>> [line["custom_id"] for line in iter_jsonl(['{"custom_id": "a"}', "", '{"custom_id": "b"}'])]
+    ['a', 'b']
+    """
+    for number, raw in enumerate(raw_lines, 1):
         if not raw.strip():
             continue
         line = json.loads(raw)
         if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
             raise ValueError(f"result line {number} has no custom_id: {raw[:200]}")
-        lines[line["custom_id"]] = line
-    return lines
+        yield line
+
+
+def parse_jsonl(text: str) -> dict[str, dict]:
+    """The lines of a whole result file's ``text`` by ``custom_id`` (:func:`iter_jsonl`)."""
+    return {line["custom_id"]: line for line in iter_jsonl(text.splitlines())}
 
 
 def _message(error: Any, body: Any) -> str | None:

@@ -13,8 +13,9 @@ a run-time dependency for a handful of plain calls; the tests speak to the suite
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, BinaryIO, Protocol
 
 from lakescore.udfs.options.remote import MESSAGES_API
@@ -27,9 +28,10 @@ from lakescore.udfs.remote.batch_files import (
     batch_line,
     canonical,
     classify,
-    parse_jsonl,
+    iter_jsonl,
     request_path,
 )
+from lakescore.udfs.remote.batch_intents import Listed
 from lakescore.udfs.remote.completions import Completion
 
 __all__ = ["BatchKind", "Polled", "OpenAIBatches", "MessageBatches", "batch_kind", "ENDED"]
@@ -60,6 +62,12 @@ class Polled:
 class BatchKind(Protocol):
     """What a provider's batch API is to the ledger (module docstring)."""
 
+    @property
+    def keeps_metadata(self) -> bool:
+        """Whether a batch carries the run's ``metadata`` (:meth:`held` finds it again); else the ledger records an
+        intent before each create and :meth:`listed` finds it (:mod:`~lakescore.udfs.remote.batch_intents`)."""
+        ...
+
     def client(self, url: str, key: str | None, *, timeout_s: float = 120.0, max_retries: int = 6) -> BatchClient:
         """A client for the provider at ``url`` whose key goes where this provider wants it."""
         ...
@@ -88,12 +96,22 @@ class BatchKind(Protocol):
         created but not recorded (a kill in between) found again. Empty for a provider that keeps no metadata."""
         ...
 
+    def listed(self, client: BatchClient, since: float) -> list[Listed]:
+        """The provider's batches created at or after ``since`` (seconds since the epoch), newest first. Empty for a
+        provider that keeps metadata (:meth:`held` finds its batches)."""
+        ...
+
+    def result_ids(self, client: BatchClient, results: str) -> Iterator[str]:
+        """The ``custom_id`` of each line at an ended batch's ``results`` (:attr:`Listed.results`), streamed."""
+        ...
+
     def cancel(self, client: BatchClient, batch_id: str) -> str:
         """Ask the provider to cancel ``batch_id``; its status then."""
         ...
 
-    def outcomes(self, client: BatchClient, output: str | None, error: str | None) -> dict[str, LineOutcome]:
-        """An ended batch's result lines by ``custom_id``, each a result, a retry or dead."""
+    def outcomes(self, client: BatchClient, output: str | None, error: str | None) -> Iterator[tuple[str, LineOutcome]]:
+        """An ended batch's result lines as they are read (the output's before the error file's; a ``custom_id`` may
+        come twice, the first wins), each a result, a retry or dead: streamed, never a whole file in memory."""
         ...
 
     def absent(self, status: str) -> LineOutcome:
@@ -119,6 +137,10 @@ class OpenAIBatches:
     api: str
     path: str
     completion_window: str = "24h"
+
+    @property
+    def keeps_metadata(self) -> bool:
+        return True
 
     def client(self, url: str, key: str | None, *, timeout_s: float = 120.0, max_retries: int = 6) -> BatchClient:
         return BatchClient(url, key, timeout_s=timeout_s, max_retries=max_retries)
@@ -147,17 +169,20 @@ class OpenAIBatches:
                 found.append((held, str(batch["id"]), str(batch.get("input_file_id"))))
         return found
 
+    def listed(self, client: BatchClient, since: float) -> list[Listed]:
+        return []
+
+    def result_ids(self, client: BatchClient, results: str) -> Iterator[str]:
+        return (line["custom_id"] for line in iter_jsonl(client.content_lines(results)))
+
     def cancel(self, client: BatchClient, batch_id: str) -> str:
         return str(client.cancel(batch_id).get("status"))
 
-    def outcomes(self, client: BatchClient, output: str | None, error: str | None) -> dict[str, LineOutcome]:
-        found: dict[str, LineOutcome] = {}
-        for file_id in (error, output):  # an output line wins over an error line
+    def outcomes(self, client: BatchClient, output: str | None, error: str | None) -> Iterator[tuple[str, LineOutcome]]:
+        for file_id in (output, error):  # an output line wins over an error line: it comes first
             if file_id:
-                found.update(
-                    (line_id, classify(line)) for line_id, line in parse_jsonl(client.content(file_id)).items()
-                )
-        return found
+                for line in iter_jsonl(client.content_lines(file_id)):
+                    yield line["custom_id"], classify(line)
 
     def absent(self, status: str) -> LineOutcome:
         return absent(status)
@@ -194,8 +219,13 @@ def openai_polled(batch: Mapping[str, Any]) -> Polled:
 class MessageBatches:
     """Anthropic's Message Batches (:mod:`~lakescore.udfs.remote.message_batches`): the lines posted as one body to
     ``<url>/messages/batches``, ``in_progress`` / ``canceling`` / ``ended``, results at ``results_url``. A batch
-    carries no metadata, so one created but not recorded (a kill in that instant) cannot be found again: its lines go
-    out once more (docs/generation.md says so)."""
+    carries no metadata: one created but not recorded (a kill in that instant) is found again in the provider's list
+    (``GET <url>/messages/batches``) by the intent the ledger recorded before it
+    (:mod:`~lakescore.udfs.remote.batch_intents`)."""
+
+    @property
+    def keeps_metadata(self) -> bool:
+        return False
 
     def client(self, url: str, key: str | None, *, timeout_s: float = 120.0, max_retries: int = 6) -> BatchClient:
         return BatchClient(url, key, timeout_s=timeout_s, max_retries=max_retries, auth=messages.auth_headers)
@@ -220,21 +250,46 @@ class MessageBatches:
     def held(self, client: BatchClient, metadata: Mapping[str, str]) -> list[tuple[Mapping[str, str], str, str | None]]:
         return []
 
+    def listed(self, client: BatchClient, since: float) -> list[Listed]:
+        found: list[Listed] = []
+        after: str | None = None
+        while True:  # newest first (Anthropic's order), a page at a time, until one created before ``since``
+            path = f"{message_batches.BATCHES_PATH}?limit=100" + (f"&after_id={after}" if after else "")
+            page = client.get_json(path, "list message batches")
+            data = page.get("data") or []
+            for batch in data:
+                created = _epoch(batch.get("created_at"))
+                if created < since:
+                    return found
+                counts = batch.get("request_counts") or {}
+                found.append(
+                    Listed(
+                        str(batch["id"]),
+                        created,
+                        sum(int(v or 0) for v in counts.values()),
+                        batch.get("processing_status") == ENDED,
+                        batch.get("results_url"),
+                    )
+                )
+            if not page.get("has_more") or not data:
+                return found
+            after = str(data[-1]["id"])
+
+    def result_ids(self, client: BatchClient, results: str) -> Iterator[str]:
+        lines = client.lines(results, "download a message batch's results")
+        return (line["custom_id"] for line in message_batches.iter_results(lines))
+
     def cancel(self, client: BatchClient, batch_id: str) -> str:
         path = f"{message_batches.BATCHES_PATH}/{batch_id}/cancel"
         return str(client.post_json(path, b"", f"cancel message batch {batch_id}").get("processing_status"))
 
-    def outcomes(self, client: BatchClient, output: str | None, error: str | None) -> dict[str, LineOutcome]:
+    def outcomes(self, client: BatchClient, output: str | None, error: str | None) -> Iterator[tuple[str, LineOutcome]]:
         if not output:
-            return {}
-        found = message_batches.parse_results(client.text(output, "download a message batch's results"))
-        outcomes = {}
-        for line_id, line in found.items():
+            return
+        for line in message_batches.iter_results(client.lines(output, "download a message batch's results")):
             said = message_batches.classify(line)
-            outcomes[line_id] = LineOutcome(
-                said.kind, 200 if said.kind == message_batches.RESULT else None, said.body, said.message
-            )
-        return outcomes
+            status = 200 if said.kind == message_batches.RESULT else None
+            yield line["custom_id"], LineOutcome(said.kind, status, said.body, said.message)
 
     def absent(self, status: str) -> LineOutcome:
         said = message_batches.absent()
@@ -261,6 +316,13 @@ def anthropic_polled(batch: Mapping[str, Any]) -> Polled:
         succeeded,
         failed,
     )
+
+
+def _epoch(stamp: Any) -> float:
+    """An RFC 3339 time (Anthropic's ``created_at``) as seconds since the epoch; none: 0 (older than any intent)."""
+    if not isinstance(stamp, str) or not stamp:
+        return 0.0
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def batch_kind(url: str, api: str, completion_window: str = "24h") -> BatchKind:

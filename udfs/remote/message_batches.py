@@ -14,7 +14,7 @@ the like: dead-lettered with the provider's message)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "batch_body",
     "ended",
     "parse_results",
+    "iter_results",
     "classify",
     "absent",
 ]
@@ -67,11 +68,11 @@ def ended(batch: Mapping[str, Any]) -> bool:
     return batch.get("processing_status") == "ended"
 
 
-def parse_results(text: str) -> dict[str, dict]:
-    """A results file's lines by ``custom_id``; a blank line is skipped, a line that is not a JSON object with a
-    ``custom_id`` and a ``result`` is :class:`ValueError` (a file that cannot be read is not guessed at)."""
-    lines: dict[str, dict] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
+def iter_results(raw_lines: Iterable[str]) -> Iterator[dict]:
+    """A results file's lines as they come (``raw_lines``: streamed); a blank line is skipped, a line that is not a
+    JSON object with a ``custom_id`` and a ``result`` is :class:`ValueError` (a file that cannot be read is not guessed
+    at)."""
+    for number, raw in enumerate(raw_lines, 1):
         if not raw.strip():
             continue
         line = json.loads(raw)
@@ -81,8 +82,12 @@ def parse_results(text: str) -> dict[str, dict]:
             or not isinstance(line.get("result"), dict)
         ):
             raise ValueError(f"result line {number} has no custom_id or result: {raw[:200]}")
-        lines[line["custom_id"]] = line
-    return lines
+        yield line
+
+
+def parse_results(text: str) -> dict[str, dict]:
+    """A whole results file's lines by ``custom_id`` (:func:`iter_results`)."""
+    return {line["custom_id"]: line for line in iter_results(text.splitlines())}
 
 
 def classify(line: Mapping[str, Any]) -> LineOutcome:
