@@ -1,9 +1,9 @@
 """The ledger of a provider batch run: what was submitted, what the provider said of it, what came back, durable beside
 the run's staging so a rerun reads it before it sends anything.
 
-Three append-only Delta tables per output, beside its staging tables
+Four append-only Delta tables per output, beside its staging tables
 (:func:`~lakescore.jobs.steps.staging.staging_location` with the suffixes ``batch_lines``, ``batches``,
-``batch_outcomes``), each row naming its run key:
+``batch_outcomes``, ``batch_intents``), each row naming its run key:
 
 * **lines**: one row per submitted line: its ``custom_id``, chunk, round (0: first sent), file (``part`` digest),
   batch and input file; appended by the stage that uploads the files and creates the batches, as that stage commits
@@ -13,7 +13,10 @@ Three append-only Delta tables per output, beside its staging tables
   its files (Anthropic's results URL as the output file) and counts,
   appended the moment a poll finds it;
 * **outcomes**: one row per collected line: a result (the response body), a retry or a dead line, with the provider's
-  message (:func:`~lakescore.udfs.remote.batch_files.classify`).
+  message (:func:`~lakescore.udfs.remote.batch_files.classify`);
+* **intents**: for a provider whose batches keep no ``metadata`` (Anthropic's), one row per file about to be
+  submitted, appended before its batch is created: its part digest, line count, first ids and the time, so a batch
+  created but not recorded is found again in the provider's list (:mod:`~lakescore.udfs.remote.batch_intents`).
 
 The tables are never rewritten and outlive the publish (staging is dropped, the ledger stays): they are the audit
 of what was paid for, line by line, which ``lakescore batches`` lists.
@@ -29,9 +32,10 @@ from pyspark.sql import types as T
 
 from lakescore.jobs.platform.tables import is_delta, read_input, write_delta
 from lakescore.jobs.steps.staging import staging_location
+from lakescore.udfs.remote.batch_intents import Intent
 from lakescore.udfs.remote.batch_kinds import Polled
 
-__all__ = ["BatchLedger", "BatchState", "LINES_SCHEMA", "BATCHES_SCHEMA", "OUTCOMES_SCHEMA"]
+__all__ = ["BatchLedger", "BatchState", "LINES_SCHEMA", "BATCHES_SCHEMA", "OUTCOMES_SCHEMA", "INTENTS_SCHEMA"]
 
 LINES_SCHEMA = T.StructType(
     [
@@ -69,6 +73,17 @@ OUTCOMES_SCHEMA = T.StructType(
         T.StructField("status", T.IntegerType()),
         T.StructField("body", T.StringType()),
         T.StructField("message", T.StringType()),
+    ]
+)
+
+INTENTS_SCHEMA = T.StructType(
+    [
+        T.StructField("run_key", T.StringType()),
+        T.StructField("round", T.IntegerType()),
+        T.StructField("part", T.StringType()),
+        T.StructField("lines", T.LongType()),
+        T.StructField("first_ids", T.ArrayType(T.StringType())),
+        T.StructField("intended_at_s", T.DoubleType()),
     ]
 )
 
@@ -158,6 +173,17 @@ class BatchLedger:
         if rows:
             df = self.spark.createDataFrame(rows, T.StructType(BATCHES_SCHEMA.fields[:-1]))
             self._append("batches", df.withColumn("recorded_at", F.current_timestamp()), BATCHES_SCHEMA)
+
+    def record_intents(self, round_: int, intents: list[Intent]) -> None:
+        """Append ``intents`` (files of round ``round_`` about to be submitted) in one commit, before any is created."""
+        if intents:
+            rows = [(self.run_key, round_, i.part, i.lines, list(i.first_ids), i.at) for i in intents]
+            self._append("batch_intents", self.spark.createDataFrame(rows, INTENTS_SCHEMA), INTENTS_SCHEMA)
+
+    def intents(self, round_: int) -> list[Intent]:
+        """The intents recorded for this run's round ``round_`` (a handful of rows per file)."""
+        rows = self._read("batch_intents", INTENTS_SCHEMA).where(F.col("round") == round_).collect()
+        return [Intent(r["part"], int(r["lines"]), tuple(r["first_ids"]), float(r["intended_at_s"])) for r in rows]
 
     def _append(self, table: str, df: DataFrame, schema: T.StructType) -> None:
         write_delta(df.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields]), self.location(table), "append")

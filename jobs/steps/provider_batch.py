@@ -11,8 +11,11 @@ Anthropic's Message Batches), so the loop is one for both. One loop, each pass r
 1. **submit** what no batch holds yet: every row's line not in the ledger (round 0), and each line whose last round
    ended without an answer and has resubmissions left (the next round). Before a round is submitted the provider's
    batch list is read for batches of this run (``metadata``): a file whose batch the provider holds but the ledger
-   does not (a kill between create and record) is not sent again. The submit stage's lines are appended to the
-   ledger as it commits;
+   does not (a kill between create and record) is not sent again. A provider whose batches keep no metadata
+   (Anthropic's) is found again by intents: the round's files are planned first and each recorded in the ledger
+   before its batch is created, and the provider's batches created since an earlier attempt's intents are matched
+   to them (:mod:`~lakescore.udfs.remote.batch_intents`). The submit stage's lines are appended to the ledger as it
+   commits;
 2. **poll** every batch not known ended (``poll_interval_s``), each terminal state recorded the moment it is seen;
    one line of progress per poll. A ``failed`` batch (the provider's validation, no line ran) whose reason names a
    size or count limit is split: its lines go again in files of at most half its lines
@@ -21,9 +24,13 @@ Anthropic's Message Batches), so the loop is one for both. One loop, each pass r
    batch still running; an interrupt leaves the submitted batches running, and says so;
 3. **collect** every ended batch not collected: its lines' outcomes appended to the ledger.
 
-When no line is left to send and every batch is collected, each chunk's rows are joined to their lines' last
-outcomes by ``custom_id`` and staged (:meth:`~lakescore.jobs.steps.staging.Staging.commit_chunk`) as the per-row path
-stages them: accounting, validation, publish and report run unchanged.
+The lines are rendered once, where the rows live, and kept there for the run
+(:func:`~lakescore.jobs.platform.spark.adapter.reused`): the round's count, each submit stage and the staging read
+them, never render them again. Where prefixes are grouped (``scoring.group_prefixes``), each file's lines are in the
+order of their prompts, so rows sharing a prefix sit together in it. When no line is left to send and every batch is
+collected, each chunk's rows are joined to their lines' last outcomes by ``custom_id`` and staged
+(:meth:`~lakescore.jobs.steps.staging.Staging.commit_chunk`) as the per-row path stages them: accounting, validation,
+publish and report run unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
+from lakescore.jobs.platform.spark.adapter import reused
 from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.batch_ledger import BatchLedger, BatchState
@@ -54,9 +62,12 @@ from lakescore.udfs.batch_udfs import (
     LINE,
     OUTCOME_FIELDS,
     OUTCOME_SCHEMA,
+    PLANNED_SCHEMA,
     SUBMITTED_SCHEMA,
+    find_again,
     held_parts,
     make_download_function,
+    make_plan_function,
     make_render_function,
     make_result_function,
     make_submit_function,
@@ -64,6 +75,7 @@ from lakescore.udfs.batch_udfs import (
 )
 from lakescore.udfs.registry import get_task
 from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, split_helps, task_count
+from lakescore.udfs.remote.batch_intents import Intent, intents_by_part
 from lakescore.udfs.remote.batch_kinds import BatchKind, Polled, batch_kind
 
 if TYPE_CHECKING:
@@ -156,32 +168,31 @@ def stage_through_batches(
         settings.max_bytes_per_file,
     )
 
-    def rendered_of(chunks: Sequence[int]) -> DataFrame:
-        """The rows of ``chunks`` with their lines, rendered where they live (lazy: each use renders them again)."""
-        return rows_of(chunks).mapInArrow(render, out)
-
-    rendered = rendered_of(todo)
+    order = [prompt_col, CUSTOM_ID] if cfg.groups_prefixes else [CUSTOM_ID]  # a file's lines, in the same order always
     client = driver_client(endpoint)
-    states = ledger.states()
-    try:
-        while True:
-            sent = _submit(run, ledger, rendered, client, kind, settings, endpoint, states)
-            states = ledger.states()
-            collected = ledger.collected_batches()
-            if not sent and all(s.batch_id in collected or s.status == "failed" for s in states):
-                _refuse_failed([s for s in states if not split_helps(s.message, s.lines)])
-                break
-            states = _poll(ledger, client, kind, states, settings)
-            _collect(run, ledger, kind, states, collected, endpoint)
-    finally:
-        client.close()
-    _stage(run, plan, ledger, lines, rendered_of, todo, keep, passed, prompt_col, settings)
+    # rendered once where the rows live, kept there: the count, every round's submit and the staging read them
+    with reused(rows_of(todo).mapInArrow(render, out)) as rendered:
+        states = ledger.states()
+        try:
+            while True:
+                sent = _submit(run, ledger, rendered, order, client, kind, settings, endpoint, states)
+                states = ledger.states()
+                collected = ledger.collected_batches()
+                if not sent and all(s.batch_id in collected or s.status == "failed" for s in states):
+                    _refuse_failed([s for s in states if not split_helps(s.message, s.lines)])
+                    break
+                states = _poll(ledger, client, kind, states, settings)
+                _collect(run, ledger, kind, states, collected, endpoint)
+        finally:
+            client.close()
+        _stage(run, plan, ledger, lines, rendered, todo, keep, passed, prompt_col, settings)
 
 
 def _submit(
     run: RunContext,
     ledger: BatchLedger,
     rendered: DataFrame,
+    order: Sequence[str],
     client: BatchClient,
     kind: BatchKind,
     settings: Any,
@@ -189,13 +200,18 @@ def _submit(
     states: Sequence[BatchState],
 ) -> int:
     """Submit every line no live batch holds and every line due a resubmission (``states``: the batches the ledger
-    knew when the last pass ended: those a failed batch's split follows); the lines submitted."""
+    knew when the last pass ended: those a failed batch's split follows), each file's lines in ``order``; the lines
+    submitted."""
     lines = ledger.lines()
     failed = ledger.ended().where(F.col("status") == "failed").select("batch_id")
     live = lines.join(failed, "batch_id", "left_anti")  # a failed batch ran none of its lines: they are unsent
     sendable = rendered.where(F.col(LINE).isNotNull()).select(
-        F.col(CUSTOM_ID).alias("custom_id"), F.col(_CHUNK).cast("int").alias("chunk"), F.col(LINE).alias("line")
+        F.col(CUSTOM_ID).alias("custom_id"),
+        F.col(_CHUNK).cast("int").alias("chunk"),
+        F.col(LINE).alias("line"),
+        *[F.col(c).alias(f"_order{i}") for i, c in enumerate(order)],
     )
+    by = [f"_order{i}" for i in range(len(order))]
     first = sendable.join(live.select("custom_id").distinct(), "custom_id", "left_anti").withColumn("round", F.lit(0))
     due = (
         ledger.outcomes()
@@ -214,11 +230,23 @@ def _submit(
     counts = {part: n for part, (n, _) in sizes.items()}
     for (round_, per_file), (n, size) in sorted(sizes.items()):
         at_point("batch_submit")
-        known = held_parts(client, kind, ledger.run_key, round_)
         if per_file == settings.max_requests_per_file:
             parts = task_count(n, size, settings.max_requests_per_file, settings.max_bytes_per_file)
         else:  # a split failed batch's lines: two files a partition, so each half is one file
             parts = max(1, math.ceil(n / (2 * per_file)))
+        # files cut the same way in every attempt (hash partitions, each in the same order), so a rerun finds the same
+        # parts; the tasks upload at once as many files as the cluster runs tasks
+        cut = (
+            to_send.where((F.col("round") == round_) & (F.col("per_file") == per_file))
+            .repartition(parts, "custom_id")
+            .sortWithinPartitions(*by)
+        )
+        intents: dict[str, Intent] = {}
+        recorded = frozenset(s.batch_id for s in states)
+        if kind.keeps_metadata:
+            known = held_parts(client, kind, ledger.run_key, round_)
+        else:
+            known, intents = _intend(ledger, client, kind, cut, round_, per_file, settings, recorded)
         submit = make_submit_function(
             endpoint.url,
             endpoint.api_key_env,
@@ -229,16 +257,10 @@ def _submit(
             settings.max_bytes_per_file,
             known,
             on_created=_batch_created,
+            intents=intents,
+            recorded=recorded,
         )
-        # files cut the same way in every attempt (hash partitions, sorted by id), so a rerun finds the same parts;
-        # the tasks upload at once as many files as the cluster runs tasks
-        submitted = (
-            to_send.where((F.col("round") == round_) & (F.col("per_file") == per_file))
-            .select("custom_id", "chunk", "line")
-            .repartition(parts, "custom_id")
-            .sortWithinPartitions("custom_id")
-            .mapInArrow(submit, _spark_schema(SUBMITTED_SCHEMA))
-        )
+        submitted = cut.select("custom_id", "chunk", "line").mapInArrow(submit, _spark_schema(SUBMITTED_SCHEMA))
         ledger.append_lines(submitted)
         at_point("batches_recorded")
         log.info(
@@ -251,6 +273,44 @@ def _submit(
             f" ({len(known)} file(s) found already held by the provider)" if known else "",
         )
     return sum(counts.values())
+
+
+def _intend(
+    ledger: BatchLedger,
+    client: BatchClient,
+    kind: BatchKind,
+    cut: DataFrame,
+    round_: int,
+    per_file: int,
+    settings: Any,
+    recorded: frozenset[str],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Intent]]:
+    """For a provider whose batches keep no metadata: the round's files planned (``cut``: its lines as the submit stage
+    gets them), the provider's batches an earlier attempt created for them found again by its intents, and an intent
+    recorded for each file still to send, before any is created. The files adopted (part -> batch), and the intents."""
+    plan = make_plan_function(ledger.run_key, round_, per_file, settings.max_bytes_per_file)
+    planned = cut.select("custom_id", F.length("line").cast("long").alias("size")).mapInArrow(
+        plan, _spark_schema(PLANNED_SCHEMA)
+    )
+    files = [(r["part"], int(r["lines"]), tuple(r["first_ids"])) for r in planned.collect()]  # one row per file
+    earlier = intents_by_part(ledger.intents(round_))
+    found = find_again(client, kind, [earlier[part] for part, _, _ in files if part in earlier], recorded)
+    for part, batches in sorted(found.ambiguous.items()):
+        log.warning(
+            "provider batch: file %s of round %d was submitted before but not recorded, and the provider's batches "
+            "created since that match its size (%s) cannot be told apart (its batches keep no metadata and none has "
+            "ended): the file is sent again",
+            part,
+            round_,
+            ", ".join(batches),
+        )
+    if found.adopted:
+        log.info("provider batch: %d file(s) found already held by the provider (by intent)", len(found.adopted))
+    now = time.time()
+    intents = {part: Intent(part, lines, first, now) for part, lines, first in files if part not in found.adopted}
+    ledger.record_intents(round_, list(intents.values()))
+    known = {part: {"batch_id": batch_id, "input_file_id": None} for part, batch_id in found.adopted.items()}
+    return known, intents
 
 
 def _with_file_limit(
@@ -384,14 +444,14 @@ def _stage(
     plan: Plan,
     ledger: BatchLedger,
     lines: BatchLines,
-    rendered_of: Callable[[Sequence[int]], DataFrame],
+    rendered: DataFrame,
     todo: Sequence[int],
     keep: Sequence[str],
     passed: dict[str, str],
     prompt_col: str,
     settings: Any,
 ) -> None:
-    """Each chunk's rows (``rendered_of([chunk])``: rendered again, that chunk's alone) joined to their lines' last
+    """Each chunk's rows (of ``rendered``, the lines kept where they were rendered) joined to their lines' last
     outcomes and staged, one commit per chunk."""
     cfg = run.cfg
     last = Window.partitionBy("custom_id").orderBy(F.col("round").desc())
@@ -408,7 +468,7 @@ def _stage(
     spec = plan.spec
     task = get_task(spec.task)
     types = task.output_arrow_types_for(task.options_of(spec))
-    fields = rendered_of(todo[:1]).schema
+    fields = rendered.schema
     kept = [T.StructField(c, fields[passed[c]].dataType, fields[passed[c]].nullable) for c in keep]
     # the kept columns under their own names, as the per-row path stages them
     schema = scored_schema(cfg.task, *kept, asked=cfg.asked_outputs(), chunked=cfg.chunked)
@@ -427,7 +487,7 @@ def _stage(
     for chunk in todo:
         at_point(f"chunk_commit:{chunk}")
         rows = (
-            rendered_of([chunk])
+            rendered.where(F.col(_CHUNK) == chunk)
             .drop(LINE)
             .join(final, CUSTOM_ID, "left")
             .select(*[passed[c] for c in keep], prompt_col, *[outcome_column(f) for f in OUTCOME_FIELDS])

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from lakescore.jobs.score_job import run_scoring
+from lakescore.jobs.testing_hooks import KILL_ENV
 from tests.integration.test_endpoint_job import KEY, KEY_ENV, TEMPLATE, _config, _reviews, _write
 from tests.integration.test_score_job import read_output
 from tests.providers import Faults, Pick, batch_provider
@@ -161,9 +162,11 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
     spark, tmp_path, served_chat, executor_key, monkeypatch
 ):
     """``generate.endpoint.api: messages`` with ``batch``: the rows go out as Anthropic Message Batches (the key as
-    ``x-api-key``); one line ``errored`` with ``overloaded_error`` (retryable) and one absent from the results are sent
-    again and answered: each row published once with the per-row path's text, no line with a result run again, the
-    provider's counts and cached prompt tokens equal to the report's."""
+    ``x-api-key``); the first run dies right after its batch is created, before the ledger records it (a Message Batch
+    keeps no metadata: the rerun finds it again by the intent recorded before the create, in the provider's list);
+    one line ``errored`` with ``overloaded_error`` (retryable) and one absent from the results are sent again and
+    answered: one batch per file, each row published once with the per-row path's text, no line with a result run
+    again, the provider's counts and cached prompt tokens equal to the report's."""
     from lakescore.udfs.remote.batch_files import canonical, custom_id
     from lakescore.udfs.remote.batch_kinds import MessageBatches
     from lakescore.udfs.remote.generate import row_body
@@ -195,8 +198,17 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
 
         provider.faults.status = {529: Pick({line_id(1)})}  # each hits the line's first submission only
         provider.faults.vanish = Pick({line_id(2)})
+        environment = spark.sparkContext.environment
+        environment[KILL_ENV] = "batch_created"  # the submit task dies right after the create, nothing recorded
+        try:
+            with pytest.raises(Exception):  # noqa: B017 (a dead task arrives as whatever Spark wraps it in)
+                run_scoring(cfg, spark)
+        finally:
+            environment.pop(KILL_ENV, None)
+        assert len(provider.batches) == 1
         report = run_scoring(cfg, spark)
         assert report.status == "succeeded", report.error
+        assert len(provider.batches) == 2  # the first found again, not created twice; the resubmission's
         assert provider.key_headers["authorization"] == 0 and provider.key_headers["none"] == 0
         assert provider.executed_after_result == [] and len(provider.delivered) == 3
         assert provider.submissions == {line_id(1): 2, line_id(2): 2, line_id(4): 1}

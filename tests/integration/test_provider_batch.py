@@ -19,6 +19,7 @@ model, started once for the module:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from lakescore.jobs.testing_hooks import ENABLE_ENV, KILL_ENV
 from tests.integration.test_generate_job import _reference_texts
 from tests.integration.test_score_job import read_output
 from tests.providers import EmbeddingModel, Faults, Pick, batch_provider
-from tests.providers.batch_provider import CHEAP_MODEL
+from tests.providers.batch_provider import CHEAP_MODEL, prompt_text
 from tests.served_models import TransformersServe
 
 TEMPLATE = "Review: {body}\nSummary:"
@@ -177,8 +178,9 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
 
 
 def test_a_text_column_named_as_an_outcome_field_in_two_chunks_publishes_every_row_once(spark, tmp_path, provider_key):
-    """The rows' own text column is ``body`` (an outcome field's name too), no template, two chunks (each rendered and
-    staged alone): every row once with the cheap provider's echo, every file within ``max_requests_per_file``."""
+    """The rows' own text column is ``body`` (an outcome field's name too), no template, two chunks (each staged
+    alone): every row once with the cheap provider's echo, every file within ``max_requests_per_file``, and each
+    file's lines in the order of their prompts (``scoring.group_prefixes``: rows sharing a prefix sit together)."""
     source, output = tmp_path / "reviews", tmp_path / "echoes"
     frame = _reviews(10)
     _write(spark, frame, source)
@@ -201,6 +203,12 @@ def test_a_text_column_named_as_an_outcome_field_in_two_chunks_publishes_every_r
         report = run_scoring(load_config(flags=flags), spark)
         assert report.status == "succeeded", report.error
         counts = provider.request_counts()
+        uploaded = [
+            [prompt_text(json.loads(line)["body"]) for line in (provider.folder / f["id"]).read_text().splitlines()]
+            for f in provider.files.values()
+            if f["purpose"] == "batch"
+        ]
+    assert len(uploaded) == len(counts) > 1 and all(prompts == sorted(prompts) for prompts in uploaded)
     assert report.chunks["total"] == 2
     out = read_output(spark, str(output)).sort_values("review_id")
     present = frame[frame["body"].notna()].sort_values("review_id")

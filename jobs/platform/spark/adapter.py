@@ -524,3 +524,22 @@ def add_jar(spark: SparkSession, jar: Path) -> None:
     else:  # addArtifacts in a classic session leaves the driver's class loader, which registers functions, without it
         quoted = str(jar).replace("\\", "\\\\").replace("'", "\\'")
         spark.sql(f"ADD JAR '{quoted}'")
+
+
+@contextmanager
+def reused(df: DataFrame) -> Iterator[DataFrame]:
+    """``df`` kept where its partitions are computed (executor memory, spilling to local disk) for the ``with`` block,
+    so a frame read several times (a provider batch's rendered lines) is computed once; where the platform keeps
+    nothing (Databricks serverless refuses ``persist``), ``df`` itself, computed again at each use."""
+    from pyspark import StorageLevel
+
+    try:
+        kept = df.persist(StorageLevel.MEMORY_AND_DISK)
+    except Exception:  # noqa: BLE001 (a platform without a cache: the frame as it is, lazily recomputed)
+        log.info("the platform keeps no cached frame: a frame read several times is computed at each read")
+        yield df
+        return
+    try:
+        yield kept
+    finally:
+        kept.unpersist()
