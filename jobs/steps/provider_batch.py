@@ -452,7 +452,7 @@ def _stage(
     settings: Any,
 ) -> None:
     """Each chunk's rows (of ``rendered``, the lines kept where they were rendered) joined to their lines' last
-    outcomes and staged, one commit per chunk."""
+    outcomes (computed once, kept for every chunk) and staged, one commit per chunk."""
     cfg = run.cfg
     last = Window.partitionBy("custom_id").orderBy(F.col("round").desc())
     final = (
@@ -461,10 +461,6 @@ def _stage(
         .where(F.col("_n") == 1)
         .select(F.col("custom_id").alias(CUSTOM_ID), *[F.col(f).alias(outcome_column(f)) for f in OUTCOME_FIELDS])
     )
-    ended_as, round_ = F.col(outcome_column("kind")), F.col(outcome_column("round"))
-    pending = final.where((ended_as == RETRY) & (round_ < settings.max_resubmits)).limit(1).count()
-    if pending:
-        raise RuntimeError("provider batch: a line due a resubmission was left unsent (a bug: nothing is staged)")
     spec = plan.spec
     task = get_task(spec.task)
     types = task.output_arrow_types_for(task.options_of(spec))
@@ -484,17 +480,23 @@ def _stage(
         settings.max_bytes_per_file,
         settings.max_resubmits,
     )
-    for chunk in todo:
-        at_point(f"chunk_commit:{chunk}")
-        rows = (
-            rendered.where(F.col(_CHUNK) == chunk)
-            .drop(LINE)
-            .join(final, CUSTOM_ID, "left")
-            .select(*[passed[c] for c in keep], prompt_col, *[outcome_column(f) for f in OUTCOME_FIELDS])
-        )
-        plan.staging.commit_chunk(rows.mapInArrow(result, schema), chunk, plan.tag)
-        at_point(f"chunk_committed:{chunk}")
-        log.info("chunk %d/%d staged from the provider's batches", chunk + 1, plan.chunks)
+    # each line's last outcome, computed once (a shuffle of every outcome) for the check and every chunk's join
+    with reused(final) as last_outcomes:
+        ended_as, round_ = F.col(outcome_column("kind")), F.col(outcome_column("round"))
+        pending = last_outcomes.where((ended_as == RETRY) & (round_ < settings.max_resubmits)).limit(1).count()
+        if pending:
+            raise RuntimeError("provider batch: a line due a resubmission was left unsent (a bug: nothing is staged)")
+        for chunk in todo:
+            at_point(f"chunk_commit:{chunk}")
+            rows = (
+                rendered.where(F.col(_CHUNK) == chunk)
+                .drop(LINE)
+                .join(last_outcomes, CUSTOM_ID, "left")
+                .select(*[passed[c] for c in keep], prompt_col, *[outcome_column(f) for f in OUTCOME_FIELDS])
+            )
+            plan.staging.commit_chunk(rows.mapInArrow(result, schema), chunk, plan.tag)
+            at_point(f"chunk_committed:{chunk}")
+            log.info("chunk %d/%d staged from the provider's batches", chunk + 1, plan.chunks)
 
 
 def _spark_schema(schema: Any) -> T.StructType:
