@@ -39,7 +39,7 @@ from lakescore.udfs.remote.batch_files import (
     LineOutcome,
     canonical,
     custom_id,
-    cut_files,
+    cut_grouped,
     cut_sizes,
     part_digest,
 )
@@ -142,13 +142,15 @@ def make_render_function(
 
 
 def make_plan_function(run_key: str, round_: int, max_requests: int, max_bytes: int) -> ArrowFunction:
-    """The :data:`PLANNED_SCHEMA` row of each file a partition's ``(custom_id, size)`` rows (each line's bytes, in the
-    submit stage's order) are cut into: the same files :func:`make_submit_function` cuts from the same partitions."""
+    """The :data:`PLANNED_SCHEMA` row of each file a partition's ``(group, custom_id, size)`` rows (each line's bytes,
+    in the submit stage's order) are cut into: the same files :func:`make_submit_function` cuts from the same
+    partitions."""
 
     def plan(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        def sizes() -> Iterator[tuple[str, int]]:
+        def sizes() -> Iterator[tuple[int, str, int]]:
             for batch in batches:
-                yield from zip(batch.column("custom_id").to_pylist(), batch.column("size").to_pylist())
+                columns = (batch.column(name).to_pylist() for name in ("group", "custom_id", "size"))
+                yield from zip(*columns)
 
         for part in cut_sizes(sizes(), max_requests, max_bytes):
             ids = [line_id for line_id, _ in part]
@@ -178,25 +180,26 @@ def make_submit_function(
     intents: Mapping[str, Intent] | None = None,
     recorded: frozenset[str] = frozenset(),
 ) -> ArrowFunction:
-    """Submit a partition's ``(custom_id, chunk, line)`` rows (in the stage's order) as files of round ``round_``,
-    one batch each through ``kind``; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id",
-    "input_file_id"}`` of batches the provider already holds for this run (found by their ``metadata``, or adopted
-    for an intent); a retried task asks the provider again (:func:`held_parts`, with the round's ``intents`` and the
-    batches the ledger has ``recorded``). ``on_created``: called after each batch is created (the test hooks)."""
+    """Submit a partition's ``(group, custom_id, chunk, line)`` rows (in the stage's order, a group's together) as
+    files of round ``round_`` (:func:`~lakescore.udfs.remote.batch_files.cut_grouped`), one batch each through
+    ``kind``; yield :data:`SUBMITTED_SCHEMA` rows. ``known``: part digest -> ``{"batch_id", "input_file_id"}`` of
+    batches the provider already holds for this run (found by their ``metadata``, or adopted for an intent); a retried
+    task asks the provider again (:func:`held_parts`, with the round's ``intents`` and the batches the ledger has
+    ``recorded``). ``on_created``: called after each batch is created (the test hooks)."""
 
     def submit(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         client = None
         chunks: dict[str, int] = {}
 
-        def lines() -> Iterator[tuple[str, bytes]]:  # streamed: a task holds one file's lines at a time
+        def lines() -> Iterator[tuple[int, str, bytes]]:  # streamed: a task holds one file's lines at a time
             for batch in batches:
                 ids, their_chunks = batch.column("custom_id").to_pylist(), batch.column("chunk").to_pylist()
                 chunks.update(zip(ids, their_chunks))
-                yield from zip(ids, batch.column("line").to_pylist())
+                yield from zip(batch.column("group").to_pylist(), ids, batch.column("line").to_pylist())
 
         held_now: Mapping[str, Mapping[str, Any]] | None = None
         try:
-            for part in cut_files(lines(), max_requests, max_bytes):
+            for part in cut_grouped(lines(), max_requests, max_bytes):
                 ids = [line_id for line_id, _ in part]
                 digest = part_digest(run_key, round_, ids)
                 if held_now is None and _retried_task():  # an earlier attempt of this task may have created some

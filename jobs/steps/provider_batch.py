@@ -26,11 +26,11 @@ Anthropic's Message Batches), so the loop is one for both. One loop, each pass r
 
 The lines are rendered once, where the rows live, and kept there for the run
 (:func:`~lakescore.jobs.platform.spark.adapter.reused`): the round's count, each submit stage and the staging read
-them, never render them again. Where prefixes are grouped (``scoring.group_prefixes``), each file's lines are in the
-order of their prompts, so rows sharing a prefix sit together in it. When no line is left to send and every batch is
-collected, each chunk's rows are joined to their lines' last outcomes by ``custom_id`` and staged
-(:meth:`~lakescore.jobs.steps.staging.Staging.commit_chunk`) as the per-row path stages them: accounting, validation,
-publish and report run unchanged.
+them, never render them again. Where prefixes are grouped (``scoring.group_prefixes``), a round's files are ranges
+of the prompts in order (:func:`_by_prefix`), so rows sharing a prefix sit together in one file. When no line is
+left to send and every batch is collected, each chunk's rows are joined to their lines' last outcomes by ``custom_id``
+and staged (:meth:`~lakescore.jobs.steps.staging.Staging.commit_chunk`) as the per-row path stages them: accounting,
+validation, publish and report run unchanged.
 """
 
 from __future__ import annotations
@@ -74,7 +74,16 @@ from lakescore.udfs.batch_udfs import (
     outcome_column,
 )
 from lakescore.udfs.registry import get_task
-from lakescore.udfs.remote.batch_files import ENDED_STATES, RETRY, split_helps, task_count
+from lakescore.udfs.remote.batch_files import (
+    ENDED_STATES,
+    PREFIX_KEY_CHARS,
+    RETRY,
+    SAMPLES_PER_GROUP,
+    group_bounds,
+    group_count,
+    split_helps,
+    task_count,
+)
 from lakescore.udfs.remote.batch_intents import Intent, intents_by_part
 from lakescore.udfs.remote.batch_kinds import BatchKind, Polled, batch_kind
 
@@ -234,13 +243,13 @@ def _submit(
             parts = task_count(n, size, settings.max_requests_per_file, settings.max_bytes_per_file)
         else:  # a split failed batch's lines: two files a partition, so each half is one file
             parts = max(1, math.ceil(n / (2 * per_file)))
-        # files cut the same way in every attempt (hash partitions, each in the same order), so a rerun finds the same
+        # files cut the same way in every attempt (the same groups, each in the same order), so a rerun finds the same
         # parts; the tasks upload at once as many files as the cluster runs tasks
-        cut = (
-            to_send.where((F.col("round") == round_) & (F.col("per_file") == per_file))
-            .repartition(parts, "custom_id")
-            .sortWithinPartitions(*by)
-        )
+        chosen = to_send.where((F.col("round") == round_) & (F.col("per_file") == per_file))
+        if len(by) > 1 and per_file == settings.max_requests_per_file:
+            cut = _by_prefix(chosen, by, n, size, settings)
+        else:
+            cut = chosen.withColumn("group", F.lit(0)).repartition(parts, "custom_id").sortWithinPartitions(*by)
         intents: dict[str, Intent] = {}
         recorded = frozenset(s.batch_id for s in states)
         if kind.keeps_metadata:
@@ -260,7 +269,9 @@ def _submit(
             intents=intents,
             recorded=recorded,
         )
-        submitted = cut.select("custom_id", "chunk", "line").mapInArrow(submit, _spark_schema(SUBMITTED_SCHEMA))
+        submitted = cut.select("group", "custom_id", "chunk", "line").mapInArrow(
+            submit, _spark_schema(SUBMITTED_SCHEMA)
+        )
         ledger.append_lines(submitted)
         at_point("batches_recorded")
         log.info(
@@ -273,6 +284,25 @@ def _submit(
             f" ({len(known)} file(s) found already held by the provider)" if known else "",
         )
     return sum(counts.values())
+
+
+def _by_prefix(chosen: DataFrame, by: Sequence[str], lines: int, size: int, settings: Any) -> DataFrame:
+    """``chosen`` (a round's lines, ``by``: their prompt then ``custom_id``) in prefix groups of about one file each, a
+    group's lines together in one task in the order of their prompts: rows sharing a prefix sit together across the
+    round, not only within a file. The groups' bounds are quantiles of a sample the lines' ids choose (a hash of each
+    ``custom_id``), so the same lines make the same groups and files in every attempt."""
+    groups = group_count(lines, size, settings.max_requests_per_file, settings.max_bytes_per_file)
+    key, line_id = F.substring(F.col(by[0]), 1, PREFIX_KEY_CHARS), F.col("custom_id")
+    every = max(1, lines // (groups * SAMPLES_PER_GROUP))
+    sample = chosen.where(F.pmod(F.xxhash64("custom_id"), F.lit(every)) == 0).select(key.alias("k"), line_id)
+    bounds = group_bounds(((r["k"], r["custom_id"]) for r in sample.collect()), groups)
+    if not bounds:
+        return chosen.withColumn("group", F.lit(0)).repartition(1).sortWithinPartitions(*by)
+    listed = F.array(*[F.struct(F.lit(k).alias("k"), F.lit(i).alias("i")) for k, i in bounds])
+    above = F.filter(listed, lambda b: (key > b["k"]) | ((key == b["k"]) & (line_id > b["i"])))  # group_of, in Spark
+    # range partitions of whole groups: which groups share a task may change between attempts, their files do not
+    grouped = chosen.withColumn("group", F.size(above)).repartitionByRange(len(bounds) + 1, "group")
+    return grouped.sortWithinPartitions("group", *by)
 
 
 def _intend(
@@ -289,7 +319,7 @@ def _intend(
     gets them), the provider's batches an earlier attempt created for them found again by its intents, and an intent
     recorded for each file still to send, before any is created. The files adopted (part -> batch), and the intents."""
     plan = make_plan_function(ledger.run_key, round_, per_file, settings.max_bytes_per_file)
-    planned = cut.select("custom_id", F.length("line").cast("long").alias("size")).mapInArrow(
+    planned = cut.select("group", "custom_id", F.length("line").cast("long").alias("size")).mapInArrow(
         plan, _spark_schema(PLANNED_SCHEMA)
     )
     files = [(r["part"], int(r["lines"]), tuple(r["first_ids"])) for r in planned.collect()]  # one row per file

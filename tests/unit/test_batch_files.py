@@ -370,3 +370,36 @@ def test_embed_endpoint_batch_is_a_provider_batch_run_priced_at_its_batch_share(
     assert cfg.provider_batch and not cfg.endpoint().batch.wait and cfg.endpoint().price.batch == 0.5
     with pytest.raises(ConfigError, match="embed.endpoint.batch"):
         load_config(None, [*base, "scoring.dedup=on"])
+
+
+def test_prefix_groups_are_ranges_of_the_sorted_prompts_of_about_a_file_each_and_files_never_mix_them() -> None:
+    """A round's lines in prefix groups (issue 68's grouping, on the provider batch path): each group a contiguous range
+    of the lines sorted by prompt (so a prefix's rows sit together across the round), within the file limit whatever
+    the sample's error, and a file never holds two groups."""
+    import random
+
+    from lakescore.udfs.remote.batch_files import SAMPLES_PER_GROUP, cut_grouped, group_bounds, group_count, group_of
+
+    rng = random.Random(7)
+    # 2,000 documents asked 10 questions each: the rows of a document share a long prefix; in no order
+    lines = [
+        (f"Document {d:04d}: {'x' * 40}\nQuestion {q}", f"ls-{rng.getrandbits(64):016x}")
+        for d in range(2000)
+        for q in range(10)
+    ]
+    rng.shuffle(lines)
+    groups = group_count(len(lines), 0, 1000, 10**9)
+    every = max(1, len(lines) // (groups * SAMPLES_PER_GROUP))
+    assert every > 1  # a sample, not every line
+    sample = [(p, i) for p, i in lines if int(i[3:], 16) % every == 0]  # the ids choose it, as the stage's hash does
+    bounds = group_bounds(sample, groups)
+    assert len(bounds) == groups - 1
+    placed = sorted((group_of(p, i, bounds), p, i) for p, i in lines)  # the stage: by group, then prompt, then id
+    assert [(p, i) for _, p, i in placed] == sorted(lines)  # groups are ranges of the prompt order
+    sizes = [sum(1 for g, _, _ in placed if g == k) for k in range(groups)]
+    assert max(sizes) <= 1000 and min(sizes) > 0  # the sample's error within the headroom
+    files = list(cut_grouped([(g, i, p.encode()) for g, p, i in placed], 1000, 10**9))
+    assert len(files) == groups  # one file a group
+    split = {p.split(":")[0] for f in files for p in (f[0][1].decode(), f[-1][1].decode())}
+    documents = [{p.decode().split(":")[0] for _, p in f} for f in files]
+    assert sum(len(d) for d in documents) <= 2000 + len(split)  # a document in one file, or in two across a bound

@@ -51,19 +51,20 @@ def test_the_plan_names_the_files_the_submit_stage_cuts_from_the_same_lines() ->
     import pyarrow as pa
 
     from lakescore.udfs.batch_udfs import make_plan_function
-    from lakescore.udfs.remote.batch_files import cut_files, part_digest
+    from lakescore.udfs.remote.batch_files import cut_grouped, part_digest
     from lakescore.udfs.remote.batch_intents import SAMPLE_IDS
 
-    lines = [(f"id{i:02d}", b"x" * (10 + i % 7)) for i in range(23)]
+    lines = [(i // 15, f"id{i:02d}", b"x" * (10 + i % 7)) for i in range(23)]  # two prefix groups
     halves = [lines[:11], lines[11:]]  # one partition, two Arrow batches
     batches = [
         pa.record_batch(
-            [pa.array([i for i, _ in h]), pa.array([len(x) for _, x in h], pa.int64())], ["custom_id", "size"]
+            [pa.array([g for g, _, _ in h]), pa.array([i for _, i, _ in h]), pa.array([len(x) for *_, x in h])],
+            ["group", "custom_id", "size"],
         )
         for h in halves
     ]
     planned = pa.Table.from_batches(list(make_plan_function("run", 1, 5, 60)(iter(batches)))).to_pylist()
-    cut = [[line_id for line_id, _ in part] for part in cut_files(lines, 5, 60)]
-    assert len(cut) > 4  # the byte limit cuts some files short of five lines
+    cut = [[line_id for line_id, _ in part] for part in cut_grouped(lines, 5, 60)]
+    assert len(cut) > 5 and not any("id14" in ids and "id15" in ids for ids in cut)  # byte limits; groups apart
     expected = [{"part": part_digest("run", 1, ids), "lines": len(ids), "first_ids": ids[:SAMPLE_IDS]} for ids in cut]
     assert planned == expected

@@ -40,7 +40,14 @@ __all__ = [
     "batch_line",
     "request_path",
     "cut_files",
+    "cut_grouped",
     "cut_sizes",
+    "group_count",
+    "group_bounds",
+    "group_of",
+    "GROUP_HEADROOM",
+    "SAMPLES_PER_GROUP",
+    "PREFIX_KEY_CHARS",
     "part_digest",
     "task_count",
     "HEADROOM",
@@ -139,31 +146,47 @@ def cut_files(
     >>> [len(f) for f in cut_files([(str(i), b"x" * 10) for i in range(7)], 3, 25)]
     [2, 2, 2, 1]
     """
+    return _cut(((0, line_id, line) for line_id, line in lines), max_requests, max_bytes, len)
+
+
+def cut_grouped(
+    lines: Iterable[tuple[int, str, bytes]], max_requests: int, max_bytes: int
+) -> Iterator[list[tuple[str, bytes]]]:
+    """``(group, custom_id, line)`` triples cut as :func:`cut_files` cuts, a file never holding two groups' lines (a
+    group's lines come together): the files of a group are the same whatever other groups share its task.
+
+    >>> [len(f) for f in cut_grouped([(g, str(i), b"x") for i, g in enumerate([0, 0, 0, 1, 1, 1, 1])], 3, 99)]
+    [3, 3, 1]
+    """
     return _cut(lines, max_requests, max_bytes, len)
 
 
-def cut_sizes(sizes: Iterable[tuple[str, int]], max_requests: int, max_bytes: int) -> Iterator[list[tuple[str, int]]]:
-    """``(custom_id, bytes)`` pairs cut as :func:`cut_files` cuts the lines of those sizes: the same files, planned
-    without the lines.
+def cut_sizes(
+    sizes: Iterable[tuple[int, str, int]], max_requests: int, max_bytes: int
+) -> Iterator[list[tuple[str, int]]]:
+    """``(group, custom_id, bytes)`` triples cut as :func:`cut_grouped` cuts the lines of those sizes: the same files,
+    planned without the lines.
 
-    >>> [len(f) for f in cut_sizes([(str(i), 10) for i in range(7)], 3, 25)]
+    >>> [len(f) for f in cut_sizes([(0, str(i), 10) for i in range(7)], 3, 25)]
     [2, 2, 2, 1]
     """
     return _cut(sizes, max_requests, max_bytes, int)
 
 
 def _cut(
-    items: Iterable[tuple[str, T]], max_requests: int, max_bytes: int, size: Callable[[T], int]
+    items: Iterable[tuple[int, str, T]], max_requests: int, max_bytes: int, size: Callable[[T], int]
 ) -> Iterator[list[tuple[str, T]]]:
     part: list[tuple[str, T]] = []
     total = 0
-    for line_id, item in items:
+    current: int | None = None
+    for group, line_id, item in items:
         length = size(item)
         if length > max_bytes:
             raise ValueError(f"line {line_id} is {length} bytes, more than a file's {max_bytes}")
-        if part and (len(part) >= max_requests or total + length > max_bytes):
+        if part and (group != current or len(part) >= max_requests or total + length > max_bytes):
             yield part
             part, total = [], 0
+        current = group
         part.append((line_id, item))
         total += length
     if part:
@@ -184,6 +207,51 @@ def task_count(lines: int, size: int, max_requests: int, max_bytes: int) -> int:
     (21, 6)
     """
     return max(1, math.ceil(lines * HEADROOM / max_requests), math.ceil(size * HEADROOM / max_bytes))
+
+
+GROUP_HEADROOM = 1.2
+"""How far over its even share a prefix group's lines may come and still fit one file: its bounds are quantiles of a
+sample of a few hundred lines per group (:data:`SAMPLES_PER_GROUP`), a few percent off."""
+SAMPLES_PER_GROUP = 400
+"""Lines sampled per prefix group to place its bounds (their prompts' first :data:`PREFIX_KEY_CHARS` characters reach
+the driver)."""
+PREFIX_KEY_CHARS = 256
+"""The characters of a prompt that place its line in a prefix group (rows sharing more stay in order within it)."""
+
+
+def group_count(lines: int, size: int, max_requests: int, max_bytes: int) -> int:
+    """How many prefix groups a round's ``lines`` lines (``size`` bytes) are cut into: enough that each group's even
+    share, with :data:`GROUP_HEADROOM`, fits one file.
+
+    >>> group_count(1_000_000, 290_000_000, 50_000, 200 * 1024**2), group_count(9, 900, 3, 10**6)
+    (24, 4)
+    """
+    return max(1, math.ceil(lines * GROUP_HEADROOM / max_requests), math.ceil(size * GROUP_HEADROOM / max_bytes))
+
+
+def group_bounds(sample: Iterable[tuple[str, str]], groups: int) -> list[tuple[str, str]]:
+    """The ``groups - 1`` bounds, ``(prompt key, custom_id)`` in their order, that cut a sample of the lines (each its
+    prompt's key and its id) into ``groups`` groups of about equal size; fewer where the sample repeats itself. A line
+    goes in the group of the bounds it is above (:func:`group_of`).
+
+    >>> group_bounds([("b", "1"), ("a", "2"), ("c", "3"), ("a", "1")], 2)
+    [('b', '1')]
+    >>> group_bounds([("a", "1")], 3)
+    [('a', '1')]
+    """
+    ordered = sorted(sample)
+    bounds = sorted({ordered[len(ordered) * i // groups] for i in range(1, groups)} if ordered else set())
+    return bounds
+
+
+def group_of(key: str, line_id: str, bounds: Sequence[tuple[str, str]]) -> int:
+    """The group of the line ``(key, line_id)``: how many ``bounds`` it is above (what the submit stage computes in
+    Spark for each line).
+
+    >>> [group_of(k, "1", [("b", "1")]) for k in ("a", "b", "c")]
+    [0, 0, 1]
+    """
+    return sum(1 for b in bounds if (key, line_id) > b)
 
 
 def part_digest(run_key: str, round_: int, line_ids: Sequence[str]) -> str:
