@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.window import Window
 
-from lakescore.jobs.platform.spark.adapter import reused
+from lakescore.jobs.platform.spark.adapter import default_parallelism, reused
 from lakescore.jobs.platform.spark.interrupts import was_interrupted
 from lakescore.jobs.platform.tables import column
 from lakescore.jobs.steps.batch_ledger import BatchLedger, BatchState
@@ -510,8 +510,11 @@ def _stage(
         settings.max_bytes_per_file,
         settings.max_resubmits,
     )
-    # each line's last outcome, computed once (a shuffle of every outcome) for the check and every chunk's join
-    with reused(final) as last_outcomes:
+    # each line's last outcome, computed once (a shuffle of every outcome) for the check and every chunk's join, over
+    # the cluster's task slots by line id: a kept frame keeps its partitions, and the window's shuffle partitions
+    # (200 by default, not coalesced once kept) would make the staging as many small Python tasks
+    spread = final.repartition(default_parallelism(run.spark), CUSTOM_ID)
+    with reused(spread) as last_outcomes:
         ended_as, round_ = F.col(outcome_column("kind")), F.col(outcome_column("round"))
         pending = last_outcomes.where((ended_as == RETRY) & (round_ < settings.max_resubmits)).limit(1).count()
         if pending:

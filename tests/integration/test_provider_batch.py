@@ -225,9 +225,10 @@ def test_a_batch_the_provider_fails_for_too_many_requests_is_split_in_halves_tha
 ):
     source, output = tmp_path / "reviews", tmp_path / "summaries"
     _write(spark, _reviews(6), source)
-    # the run cuts files of 5 lines; the provider takes 3 (OpenAI's error shape: the batch fails, too_many_requests)
+    # the run cuts one file of the 5 lines (6 a file, a prefix group's 20% to spare); the provider takes 3 (OpenAI's
+    # error shape: the batch fails, too_many_requests)
     with batch_provider(served.url, faults=Faults(shuffle=False), max_requests_per_file=3) as provider:
-        cfg = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, max_requests_per_file=5))
+        cfg = load_config(flags=_flags(source, output, provider.url, tiny_causal_lm_dir, max_requests_per_file=6))
         report = run_scoring(cfg, spark)
         assert report.status == "succeeded", report.error
         batches = report.provider_batch["batches"]
