@@ -297,7 +297,10 @@ def _tokens(workers: Mapping[str, Any]) -> str:
     rate = workers.get("tokens_per_second")
     pairs = [
         ("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
-        ("of them cached (read from the server's prompt cache)", f"{int(workers.get('tokens_in_cached') or 0):,}"),
+        (
+            "of them cached (a server's prompt cache, or a shared prefix computed once in-process)",
+            f"{int(workers.get('tokens_in_cached') or 0):,}",
+        ),
         ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
         ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None),
     ]

@@ -218,7 +218,7 @@ class RunReport:
             cached = int(self.workers.get("tokens_in_cached") or 0)
             lines.append(
                 f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt "
-                f"tokens{f' ({cached} read from a prompt cache)' if cached else ''}{rate}"
+                f"tokens{f' ({cached} cached: a prompt cache or a shared prefix)' if cached else ''}{rate}"
             )
         elif self.workers.get("tokens_in"):  # an embedding server's usage: prompt tokens only
             lines.append(f"  sent {int(self.workers['tokens_in'])} prompt tokens")
