@@ -211,10 +211,10 @@ WORKER_METRICS = StructType(
 """What :data:`WORKER_COLUMN` holds: the run report's ``workers`` figures, summed over the staged rows (``batch_rows``:
 the rows the batch scored, with dedup its distinct inputs; ``tokens_in`` /
 ``tokens_out``: prompt and generated tokens of generation heads (an embedding server's: its ``usage``'s prompt
-tokens), 0 for the others, ``tokens_in_cached`` those prompt tokens a server read from its prompt cache (the
-counters of :class:`~lakescore.schemas.traffic.Traffic`); ``requests``, ``retries`` and ``rate_limited``: what a
-head over an endpoint sent, retried and was answered 429, 0 for the others; ``unmetered``: its answers published
-without ``usage``, whose tokens are unknown). They travel
+tokens), 0 for the others, ``tokens_in_cached`` those prompt tokens a server read from its prompt cache,
+``tokens_in_cache_write`` those it wrote to it (the counters of :class:`~lakescore.schemas.traffic.Traffic`);
+``requests``, ``retries`` and ``rate_limited``: what a head over an endpoint sent, retried and was answered 429, 0 for
+the others; ``unmetered``: its answers published without ``usage``, whose tokens are unknown). They travel
 in the data, not in accumulators, so a Spark Connect session reports them too, and a retried task counts once."""
 
 

@@ -15,14 +15,16 @@ __all__ = ["Traffic"]
 @dataclass(frozen=True)
 class Traffic:
     """Requests to a server and what they carried: the tokens the server's ``usage`` reported (``tokens_in``: prompt
-    tokens read, ``tokens_in_cached``: those of them the server read from its prompt cache, 0 where it reports none,
-    ``tokens_out``: tokens generated), the requests it received, the retries among them, the answers that
+    tokens read, ``tokens_in_cached``: those of them the server read from its prompt cache, ``tokens_in_cache_write``:
+    those of them it wrote to its prompt cache (Anthropic's ``cache_creation_input_tokens``), each 0 where it reports
+    none, ``tokens_out``: tokens generated), the requests it received, the retries among them, the answers that
     were 429, the answers published without ``usage`` (``unmetered``: their tokens are unknown, so a cost from
     ``usage`` is incomplete), and the milliseconds of audio the answered requests carried (``audio_ms``: a
     transcription endpoint's, what a price per audio minute charges). All 0 for a head that sends nothing."""
 
     tokens_in: int = 0
     tokens_in_cached: int = 0
+    tokens_in_cache_write: int = 0
     tokens_out: int = 0
     requests: int = 0
     retries: int = 0

@@ -389,7 +389,7 @@ def make_result_function(
             outputs = np.empty(n, dtype=object)
             reasons: list[str | None] = [None] * n
             errors: list[str | None] = [None] * n
-            tokens_in = tokens_cached = tokens_out = unmetered = requests = 0
+            tokens_in = tokens_cached = tokens_cache_write = tokens_out = unmetered = requests = 0
             for i in range(n):
                 if prompts[i] is None:
                     reasons[i] = NULL_INPUT
@@ -413,6 +413,7 @@ def make_result_function(
                     else:
                         tokens_in += answer.tokens_in
                         tokens_cached += answer.tokens_cached
+                        tokens_cache_write += answer.tokens_cache_write
                         tokens_out += answer.tokens_out
                 elif ended_as == DEAD:
                     reasons[i], errors[i] = ENDPOINT_ERROR, f"the provider's batch refused the line: {messages[i]}"
@@ -435,6 +436,7 @@ def make_result_function(
                 traffic=Traffic(
                     tokens_in=tokens_in,
                     tokens_in_cached=tokens_cached,
+                    tokens_in_cache_write=tokens_cache_write,
                     tokens_out=tokens_out,
                     requests=requests,
                     retries=resent,

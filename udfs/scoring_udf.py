@@ -241,6 +241,7 @@ def score_batches(
                 traffic,
                 tokens_in=counted.tokens_in,
                 tokens_in_cached=counted.tokens_in_cached,
+                tokens_in_cache_write=counted.tokens_in_cache_write,
                 tokens_out=counted.tokens_out,
             )
         yield (

@@ -290,17 +290,20 @@ def _cost(cost: Mapping[str, Any] | None) -> str:
 
 
 def _tokens(workers: Mapping[str, Any]) -> str:
-    """A run that generated text: the prompt tokens read, the tokens generated and the rate the report's ``workers``
-    give (generated tokens over the scoring stage's wall seconds); nothing for a run that generated no token."""
+    """A run that generated text: the prompt tokens read (those read from a cache; those written to one, where a
+    provider reported any), the tokens generated and the rate the report's ``workers`` give (generated tokens over the
+    scoring stage's wall seconds); nothing for a run that generated no token."""
     if not workers.get("tokens_out"):
         return ""
     rate = workers.get("tokens_per_second")
+    written = int(workers.get("tokens_in_cache_write") or 0)
     pairs = [
         ("tokens in (prompts read)", f"{int(workers.get('tokens_in') or 0):,}"),
         (
             "of them cached (a server's prompt cache, or a shared prefix computed once in-process)",
             f"{int(workers.get('tokens_in_cached') or 0):,}",
         ),
+        ("of them written to the provider's prompt cache (priced apart)", f"{written:,}" if written else None),
         ("tokens out (generated)", f"{int(workers['tokens_out']):,}"),
         ("tokens/s (generated, over the scoring stage's wall time)", f"{rate:,.1f}" if rate else None),
     ]

@@ -216,9 +216,13 @@ class RunReport:
                 f", {self.workers['tokens_per_second']:.1f} tokens/s" if self.workers.get("tokens_per_second") else ""
             )
             cached = int(self.workers.get("tokens_in_cached") or 0)
+            written = int(self.workers.get("tokens_in_cache_write") or 0)
+            apart = [f"{cached} cached: a prompt cache or a shared prefix"] if cached else []
+            apart += [f"{written} written to the provider's prompt cache"] if written else []
+            shown = f" ({'; '.join(apart)})" if apart else ""
             lines.append(
                 f"  generated {int(self.workers['tokens_out'])} tokens from {int(self.workers['tokens_in'])} prompt "
-                f"tokens{f' ({cached} cached: a prompt cache or a shared prefix)' if cached else ''}{rate}"
+                f"tokens{shown}{rate}"
             )
         elif self.workers.get("tokens_in"):  # an embedding server's usage: prompt tokens only
             lines.append(f"  sent {int(self.workers['tokens_in'])} prompt tokens")

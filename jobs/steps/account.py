@@ -223,11 +223,12 @@ def _worker_totals(
         "rows_scored": rows_scored,
         "model_seconds": round(float(total["model_seconds"]), 3),
         "budget_halvings": int(total["budget_halvings"]),
-        # cached among tokens_in, 0 (not absent) where the server reports none
+        # cached (read) and cache-written among tokens_in, 0 (not absent) where the server reports none
         **(
             {
                 "tokens_in": traffic.tokens_in,
                 "tokens_in_cached": traffic.tokens_in_cached,
+                "tokens_in_cache_write": traffic.tokens_in_cache_write,
                 "tokens_out": traffic.tokens_out,
             }
             if traffic.tokens_in or traffic.tokens_out

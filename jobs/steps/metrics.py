@@ -83,6 +83,7 @@ METRICS_SCHEMA = T.StructType(
         T.StructField("tokens_out", T.LongType()),
         T.StructField("cost", T.DoubleType()),
         T.StructField("tokens_in_cached", T.LongType()),
+        T.StructField("tokens_in_cache_write", T.LongType()),
     ]
 )
 """The metrics table's columns: the same for every task (a profile the task does not have is null)."""
@@ -139,6 +140,7 @@ def metrics_row(report: RunReport) -> dict[str, Any] | None:
         "tokens_out": (report.workers or {}).get("tokens_out"),
         "cost": (report.cost or {}).get("cost"),
         "tokens_in_cached": (report.workers or {}).get("tokens_in_cached"),
+        "tokens_in_cache_write": (report.workers or {}).get("tokens_in_cache_write"),
     }
 
 

@@ -267,6 +267,12 @@ CACHE_WRITTEN = "_cache_written"
 :func:`chat_to_message` reports them as Anthropic does."""
 
 
+def _written_of(answer: dict) -> int:
+    """The prompt tokens an answer (OpenAI-style, before :func:`chat_to_message`) reports written to a cache."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    return int((usage or {}).get(CACHE_WRITTEN) or 0)
+
+
 def _with_cached(answer: dict, cached: int, written: int = 0) -> dict:
     """``answer`` with ``cached`` of its prompt tokens reported as read from cache (OpenAI's place for them) and
     ``written`` of the rest as written to it (for :func:`chat_to_message`)."""
@@ -458,6 +464,9 @@ class BatchProvider:
         self.cached_delivered = 0
         """Prompt tokens reported read from a prompt cache, over the answers delivered (a batch's results, per-row
         answers): what a client's report of cached tokens must equal."""
+        self.written_delivered = 0
+        """Prompt tokens reported written to the prompt cache (Anthropic's ``cache_creation_input_tokens``), over the
+        answers delivered: what a client's report of cache writes must equal."""
         self.prefixes_seen: set[tuple[str | None, ...]] = set()
         self.breakpoints_seen: set[tuple[str, str]] = set()
         self.cache_hints: deque[tuple[str, str | None]] = deque(maxlen=HINTS_KEPT)
@@ -832,6 +841,7 @@ class BatchProvider:
             if 200 <= status < 300 and not vanished:
                 self.delivered.add(custom_id)
                 self.cached_delivered += _cached_of(body)
+                self.written_delivered += _written_of(body)
                 usage = body.get("usage") or {}
                 batch.usage["input"] += int(usage.get("prompt_tokens") or 0)
                 batch.usage["output"] += int(usage.get("completion_tokens") or 0)
@@ -988,6 +998,7 @@ class BatchProvider:
             answer = _with_cached(answer, cached, written)
             with self.lock:
                 self.cached_delivered += _cached_of(answer)
+                self.written_delivered += _written_of(answer)
         return status, answer
 
     def cache_read(self, body: dict) -> tuple[int, int]:

@@ -226,6 +226,7 @@ def test_the_prefix_cache_reports_a_repeated_prefix_as_cached_on_every_route_and
         written, read = marked("Why?"), marked("How so?")
         assert (written.usage.cache_creation_input_tokens, written.usage.cache_read_input_tokens) == (3, 0)
         assert (read.usage.cache_creation_input_tokens, read.usage.cache_read_input_tokens) == (0, 3)
+        assert provider.written_delivered == 3  # what the answers reported written
         assert read.content[0].text == "One shared"  # the text as one: the blocks joined
         hints = list(provider.cache_hints)[-5:]
         assert [hint for _, hint in hints] == ["k1", "k2", "k1", "One shared document. ", "One shared document. "]

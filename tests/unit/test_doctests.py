@@ -21,6 +21,7 @@ import pytest
         "lakescore.jobs.references",
         "lakescore.udfs.remote.message_batches",
         "lakescore.udfs.remote.completions",
+        "lakescore.udfs.remote.messages",
         "lakescore.udfs.options.remote",
         "lakescore.udfs.options.generate",
         "lakescore.jobs.steps.score",

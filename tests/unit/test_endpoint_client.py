@@ -758,6 +758,7 @@ def test_a_head_the_model_cache_drops_is_closed_and_its_threads_and_connections_
         "unmetered": 0,
         "tokens_in": 6,
         "tokens_in_cached": 0,
+        "tokens_in_cache_write": 0,
         "tokens_out": 4,
         "audio_ms": 0,
     }

@@ -87,8 +87,8 @@ def test_stop_reasons_map_and_every_prompt_token_is_counted_cached_or_not():
         )
     )
     assert (cached.prompt_tokens, cached.completion_tokens) == (50, 2)
-    assert cached.cached_tokens == 40  # read from the cache; the 7 written to it are billed as input
-    assert parse_message(_message()).cached_tokens == 0  # no cache fields: 0 cached
+    assert (cached.cached_tokens, cached.cache_write_tokens) == (40, 7)  # read from the cache, written to it
+    assert (parse_message(_message()).cached_tokens, parse_message(_message()).cache_write_tokens) == (0, 0)
     assert parse_message({**_message(), "usage": None}).tokens is None  # unknown, not 0
     assert parse_message(_message(text="a\n\nb"), stop=("\n\n",)).text == "a"
     with pytest.raises(Malformed, match="no content"):

@@ -86,10 +86,10 @@ __all__ = [
 class Generation(NamedTuple):
     """One row's outcome: the task's own output columns, in schema order, then the new token ids themselves
     (EOS included; with ``choices``, the chosen choice's), which no column holds, with ``logprobs`` each new
-    token's log-probability (the ``token_logprobs`` column), and the prompt tokens a server read from its prompt cache
-    (no column: the run's ``tokens_in_cached``; in-process, the prompt tokens a shared prefix spared it). The token
-    counts are ``None`` where a server's answer
-    reported no ``usage``."""
+    token's log-probability (the ``token_logprobs`` column), the prompt tokens a server read from its prompt cache
+    (no column: the run's ``tokens_in_cached``; in-process, the prompt tokens a shared prefix spared it) and those it
+    wrote to it (the run's ``tokens_in_cache_write``; 0 but from Anthropic). The token counts are ``None`` where a
+    server's answer reported no ``usage``."""
 
     text: str
     finish_reason: str
@@ -99,6 +99,7 @@ class Generation(NamedTuple):
     token_ids: tuple[int, ...] = ()
     token_logprobs: tuple[float, ...] | None = None
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 PROMPT_TOKENS = "prompt_tokens"
@@ -477,12 +478,13 @@ def token_counts(outputs: np.ndarray, ok: np.ndarray) -> tuple[int, int]:
 
 
 def token_traffic(outputs: np.ndarray, ok: np.ndarray) -> Traffic:
-    """The tokens of the scored rows of one batch (prompt tokens in, those read from a server's prompt cache, tokens
-    out): the run's token figures."""
+    """The tokens of the scored rows of one batch (prompt tokens in, those read from a server's prompt cache and those
+    written to it, tokens out): the run's token figures."""
     rows = [o for o, good in zip(outputs, np.asarray(ok, dtype=bool)) if good]
     return Traffic(
         tokens_in=sum(r.prompt_tokens or 0 for r in rows),
         tokens_in_cached=sum(r.cached_tokens for r in rows),
+        tokens_in_cache_write=sum(r.cache_write_tokens for r in rows),
         tokens_out=sum(r.completion_tokens or 0 for r in rows),
     )
 

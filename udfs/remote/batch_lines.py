@@ -31,14 +31,16 @@ __all__ = ["BatchLines", "LineAnswer"]
 class LineAnswer:
     """What one result body gave a row: its ``output`` (what :meth:`BatchLines.columns` takes), the prompt tokens and
     generated tokens its ``usage`` reports (``tokens_in`` ``None``: no ``usage``), the prompt tokens read from the
-    provider's prompt cache (``tokens_cached``, counted apart), and ``failure``, ``(reason, error)`` for an answer the
-    row is dead-lettered for though it came back whole (generate's JSON that does not validate)."""
+    provider's prompt cache and those written to it (``tokens_cached``, ``tokens_cache_write``, each among
+    ``tokens_in``, counted apart), and ``failure``, ``(reason, error)`` for an answer the row is dead-lettered for
+    though it came back whole (generate's JSON that does not validate)."""
 
     output: Any
     tokens_in: int | None
     tokens_out: int = 0
     failure: tuple[str, str] | None = None
     tokens_cached: int = 0
+    tokens_cache_write: int = 0
 
 
 class BatchLines(Protocol):

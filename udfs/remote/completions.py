@@ -42,8 +42,8 @@ FINISHED = ("stop", "length")
 class Completion:
     """One row's answer: the text (cut before the first stop string), ``stop`` or ``length``, the tokens ``usage``
     reports (``None`` for both when the answer has no ``usage``: unknown, not 0), where the response holds them each
-    generated token's log-probability, and the prompt tokens the server read from its prompt cache (among
-    ``prompt_tokens``; 0 where it reports none)."""
+    generated token's log-probability, the prompt tokens the server read from its prompt cache and those it wrote to
+    it (both among ``prompt_tokens``; 0 where it reports none: only Anthropic reports writes)."""
 
     text: str
     finish_reason: str
@@ -51,6 +51,7 @@ class Completion:
     completion_tokens: int | None
     token_logprobs: tuple[float, ...] | None = None
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def tokens(self) -> int | None:
@@ -265,5 +266,6 @@ def completion_traffic(completion: Completion) -> Traffic:
     return Traffic(
         tokens_in=completion.prompt_tokens or 0,
         tokens_in_cached=completion.cached_tokens,
+        tokens_in_cache_write=completion.cache_write_tokens,
         tokens_out=completion.completion_tokens or 0,
     )

@@ -123,6 +123,7 @@ class EndpointGenerator(RemoteHead):
             completion.completion_tokens,
             token_logprobs=completion.token_logprobs if self.options.logprobs else None,
             cached_tokens=completion.cached_tokens,
+            cache_write_tokens=completion.cache_write_tokens,
         )
 
     def _check_json(self, row: Generation) -> None:
@@ -226,11 +227,17 @@ class GenerateLines:
             completion.completion_tokens,
             token_logprobs=completion.token_logprobs if options.logprobs else None,
             cached_tokens=completion.cached_tokens,
+            cache_write_tokens=completion.cache_write_tokens,
         )
         # cut or invalid JSON: the per-row path's dead letter, its text kept
         failure = json_failure(generation, options.json_schema) if options.json_schema else None
         return LineAnswer(
-            generation, generation.prompt_tokens, generation.completion_tokens or 0, failure, generation.cached_tokens
+            generation,
+            generation.prompt_tokens,
+            generation.completion_tokens or 0,
+            failure,
+            generation.cached_tokens,
+            generation.cache_write_tokens,
         )
 
     def columns(self, outputs: np.ndarray, ok: np.ndarray) -> Sequence[pa.Array]:

@@ -8,7 +8,8 @@ Stop reasons map to the OpenAI ones the output columns hold: ``end_turn`` and ``
 ``max_tokens`` is ``length``; any other (``refusal``, ``tool_use``, ``pause_turn``, ...) is not the model's whole text
 (dead-lettered ``endpoint_unfinished``). The prompt tokens are all the prompt's: ``input_tokens`` plus those read from
 or written to the prompt cache (``cache_read_input_tokens``, ``cache_creation_input_tokens``), which Anthropic counts
-apart; those read from it are the answer's cached tokens (a cache write is billed as input, and more)."""
+apart: those read from it are the answer's cached tokens, those written to it its cache-write tokens (each billed
+at a price of its own)."""
 
 from __future__ import annotations
 
@@ -123,15 +124,24 @@ def parse_message(body: Mapping[str, Any], stop: Sequence[str] = (), max_tokens:
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     if cut >= 0:
         text = text[:cut]
-    prompt_tokens, output_tokens, cached = _usage(body.get("usage"), max_tokens)
-    return Completion(text, STOP_REASONS[reason], prompt_tokens, output_tokens, cached_tokens=cached)
+    prompt_tokens, output_tokens, cached, written = _usage(body.get("usage"), max_tokens)
+    return Completion(
+        text, STOP_REASONS[reason], prompt_tokens, output_tokens, cached_tokens=cached, cache_write_tokens=written
+    )
 
 
-def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None, int]:
-    """All the prompt's tokens (input, cache read, cache written), the output tokens and the tokens read from the
-    cache; ``(None, None, 0)`` without ``usage``; :class:`Malformed` when they cannot be true."""
+def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None, int, int]:
+    """All the prompt's tokens (input, cache read, cache written), the output tokens, the tokens read from the cache
+    and those written to it; ``(None, None, 0, 0)`` without ``usage``; :class:`Malformed` when they cannot be true.
+
+    >>> _usage({"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 40,
+    ...         "cache_creation_input_tokens": 7}, None)
+    (50, 2, 40, 7)
+    >>> _usage({"input_tokens": 3, "output_tokens": 2}, None), _usage(None, None)
+    ((3, 2, 0, 0), (None, None, 0, 0))
+    """
     if usage is None:
-        return None, None, 0
+        return None, None, 0, 0
     counts = {}
     for name in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
         value = usage.get(name) if isinstance(usage, Mapping) else None
@@ -147,7 +157,7 @@ def _usage(usage: Any, max_tokens: int | None) -> tuple[int | None, int | None, 
             f"the response's usage is impossible ({counts['output_tokens']} output tokens, {max_tokens} allowed)"
         )
     prompt = counts["input_tokens"] + counts["cache_read_input_tokens"] + counts["cache_creation_input_tokens"]
-    return prompt, counts["output_tokens"], counts["cache_read_input_tokens"]
+    return prompt, counts["output_tokens"], counts["cache_read_input_tokens"], counts["cache_creation_input_tokens"]
 
 
 def complete(
