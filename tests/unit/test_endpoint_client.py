@@ -281,6 +281,59 @@ def test_cached_prompt_tokens_are_read_apart_and_priced_at_the_cached_price():
     assert Price(input=2.0, output=10.0).cost(30, 20, 12) == pytest.approx(Price(input=2.0, output=10.0).cost(30, 20))
 
 
+def test_cache_writes_are_counted_apart_and_priced_at_their_own_price():
+    """Anthropic's ``cache_creation_input_tokens`` are among the prompt tokens, as its cache reads are: the run's
+    figures carry them (``tokens_in_cache_write``, 0 rather than absent), and ``Price`` prices each prompt token once
+    at its kind's price (plain, read from the cache, written to it: 1.25 x ``input`` unless
+    ``price.cache_write_input`` says otherwise); the summary, the HTML report and the metrics row show them."""
+    from lakescore.jobs.report.html import render_html
+    from lakescore.jobs.report.model import RunReport
+    from lakescore.jobs.steps.account import _worker_totals
+    from lakescore.jobs.steps.metrics import metrics_row
+    from lakescore.schemas.output import WORKER_METRICS
+    from lakescore.udfs.remote.completions import completion_traffic
+    from lakescore.udfs.remote.messages import parse_message
+
+    usage = {"input_tokens": 3, "output_tokens": 2, "cache_read_input_tokens": 40, "cache_creation_input_tokens": 7}
+    message = {"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "usage": usage}
+    traffic = completion_traffic(parse_message(message))
+    assert (traffic.tokens_in, traffic.tokens_in_cached, traffic.tokens_in_cache_write) == (50, 40, 7)
+    usage = {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}}
+    answer = {"choices": [{"text": "a", "finish_reason": "stop"}], "usage": usage}
+    openai_like = completion_traffic(parse_completion(answer, "completions"))
+    assert (openai_like.tokens_in_cached, openai_like.tokens_in_cache_write) == (4, 0)  # only Anthropic reports writes
+    group = dict.fromkeys(WORKER_METRICS.fieldNames(), 0)
+    group.update(tokens_in=30, tokens_out=20, requests=10)
+    assert _worker_totals([group], 10, 0)["tokens_in_cache_write"] == 0
+    group.update(tokens_in_cached=12, tokens_in_cache_write=6)
+    workers = _worker_totals([group], 10, 0)
+    assert (workers["tokens_in"], workers["tokens_in_cached"], workers["tokens_in_cache_write"]) == (30, 12, 6)
+    price = Price(input=2.0, output=10.0, cached_input=0.5)  # writes at 1.25 x 2.0 by default
+    assert price.cost(30, 20, 12, 6) == pytest.approx((12 * 2.0 + 12 * 0.5 + 6 * 2.5 + 20 * 10.0) / 1e6)
+    assert Price(input=2.0, output=10.0, cache_write_input=4.0).cost(30, 20, 0, 6) == pytest.approx(
+        (24 * 2.0 + 6 * 4.0 + 20 * 10.0) / 1e6
+    )
+    assert price.charge(traffic) == pytest.approx((3 * 2.0 + 40 * 0.5 + 7 * 2.5 + 2 * 10.0) / 1e6)
+    report = RunReport(
+        run_id="r1",
+        status="succeeded",
+        task="generate",
+        input="in",
+        output="out",
+        model_id="m",
+        model_revision=None,
+        model_sha256=None,
+        workers=workers,
+    )
+    assert "from 30 prompt tokens (12 cached: a prompt cache or a shared prefix; 6 written to the provider" in (
+        report.summary()
+    )
+    assert "<th>of them written to the provider&#x27;s prompt cache (priced apart)</th><td>6</td>" in render_html(
+        report.as_dict()
+    )
+    assert metrics_row(report)["tokens_in_cache_write"] == 6
+
+
 def test_retry_after_reads_seconds_dates_and_milliseconds_and_caps_them():
     assert retry_after({"Retry-After": "3"}) == 3.0
     assert retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:05 GMT"}, now=1445412480.0) == 5.0

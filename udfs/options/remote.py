@@ -19,6 +19,7 @@ from lakescore.udfs.options.batch import BatchOptions
 __all__ = [
     "ENDPOINT_APIS",
     "ENGINES",
+    "CACHE_WRITE_MULTIPLIER",
     "InputPrice",
     "Price",
     "RemoteEndpoint",
@@ -97,7 +98,7 @@ class InputPrice(Section):
     batch: Number = Field(0.5, gt=0, le=1)
     """The share of these prices the provider charges for tokens sent through its Batch API (``endpoint.batch``)."""
 
-    def cost(self, tokens_in: int, tokens_out: int = 0, tokens_cached: int = 0) -> float:
+    def cost(self, tokens_in: int, tokens_out: int = 0, tokens_cached: int = 0, tokens_cache_write: int = 0) -> float:
         """The price of ``tokens_in`` prompt tokens (an embedding has no generated tokens, and its cached tokens, where
         any, cost what the others do)."""
         return tokens_in * self.input / 1e6
@@ -105,6 +106,10 @@ class InputPrice(Section):
     def charge(self, traffic: Traffic) -> float:
         """What the requests that carried ``traffic`` cost at these prices (every endpoint's price says so)."""
         return self.cost(traffic.tokens_in)
+
+
+CACHE_WRITE_MULTIPLIER = 1.25
+"""What Anthropic bills a token written to its default (5-minute) prompt cache, as a multiple of its input price."""
 
 
 class Price(InputPrice):
@@ -115,21 +120,35 @@ class Price(InputPrice):
     cached_input: Number | None = Field(None, ge=0)
     """Per million prompt tokens the provider read from its prompt cache (the report's ``tokens_in_cached``: OpenAI's
     ``cached_tokens``, Anthropic's ``cache_read_input_tokens``); default: ``input``, as for any prompt token."""
+    cache_write_input: Number | None = Field(None, ge=0)
+    """Per million prompt tokens the provider wrote to its prompt cache (the report's ``tokens_in_cache_write``:
+    Anthropic's ``cache_creation_input_tokens``; no other API reports them); default: 1.25 x ``input``, Anthropic's
+    price of its default 5-minute cache. Set it for the 1-hour cache (2 x ``input``) or another provider's terms."""
 
-    def cost(self, tokens_in: int, tokens_out: int, tokens_cached: int = 0) -> float:
-        """The price of ``tokens_in`` prompt tokens, ``tokens_cached`` of them read from a prompt cache, and
+    def cost(self, tokens_in: int, tokens_out: int, tokens_cached: int = 0, tokens_cache_write: int = 0) -> float:
+        """The price of ``tokens_in`` prompt tokens, ``tokens_cached`` of them read from a prompt cache and
+        ``tokens_cache_write`` of them written to it (each token one of the three kinds, priced once), and
         ``tokens_out`` generated tokens.
 
         >>> Price(input=2, output=10, cached_input=0.5).cost(1_000_000, 0, 400_000)
         1.4
+        >>> Price(input=2, output=10, cached_input=0.2).cost(1_000_000, 100_000, 800_000, 100_000)  # 0.2+0.16+0.25+1
+        1.61
+        >>> Price(input=2, output=10).cost(1_000_000, 0, 0, 500_000)  # half written, at 1.25 x 2 by default
+        2.25
         """
         cached_price = self.input if self.cached_input is None else self.cached_input
+        write_price = self.input * CACHE_WRITE_MULTIPLIER if self.cache_write_input is None else self.cache_write_input
+        plain = tokens_in - tokens_cached - tokens_cache_write
         return (
-            (tokens_in - tokens_cached) * self.input + tokens_cached * cached_price + tokens_out * self.output
+            plain * self.input
+            + tokens_cached * cached_price
+            + tokens_cache_write * write_price
+            + tokens_out * self.output
         ) / 1e6
 
     def charge(self, traffic: Traffic) -> float:
-        return self.cost(traffic.tokens_in, traffic.tokens_out, traffic.tokens_in_cached)
+        return self.cost(traffic.tokens_in, traffic.tokens_out, traffic.tokens_in_cached, traffic.tokens_in_cache_write)
 
 
 class AudioPrice(Section):
