@@ -14,6 +14,7 @@ import anthropic
 import openai
 import pytest
 
+from lakescore.jobs.report.html import render_html
 from lakescore.jobs.score_job import run_scoring
 from lakescore.jobs.testing_hooks import KILL_ENV
 from tests.integration.test_endpoint_job import KEY, KEY_ENV, TEMPLATE, _config, _reviews, _write
@@ -154,7 +155,16 @@ def test_a_messages_endpoint_run_gives_the_chat_endpoints_texts_and_tokens(spark
     assert workers["rate_limited"] >= 1
     assert workers["tokens_in"] == got["prompt_tokens"].sum() + workers["preflight"]["tokens_in"]
     assert workers["tokens_in_cached"] == provider.cached_delivered > 0  # Anthropic's cache_read_input_tokens
-    assert report.cost["token_cost"] == pytest.approx((workers["tokens_in"] * 3 + workers["tokens_out"] * 15) / 1e6)
+    # Anthropic's cache_creation_input_tokens: the first row's marked part, written once
+    written = workers["tokens_in_cache_write"]
+    assert written == provider.written_delivered > 0
+    plain = workers["tokens_in"] - workers["tokens_in_cached"] - written  # each prompt token priced once
+    expected_cost = (plain * 3 + workers["tokens_in_cached"] * 3 + written * 3.75 + workers["tokens_out"] * 15) / 1e6
+    # a write at 1.25 x input by default (the report rounds to 6 decimals; the write's extra is 3 x 0.75 of that)
+    assert report.cost["token_cost"] == pytest.approx(expected_cost, abs=6e-7)
+    assert f"; {written} written to the provider's prompt cache)" in report.summary()
+    html_row = f"<th>of them written to the provider&#x27;s prompt cache (priced apart)</th><td>{written:,}</td>"
+    assert html_row in render_html(report.as_dict())
     assert KEY not in got.to_json()
 
 
@@ -217,7 +227,7 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
         assert provider.executed_after_result == [] and len(provider.delivered) == 3
         assert provider.submissions == {line_id(1): 2, line_id(2): 2, line_id(4): 1}
         counts = provider.request_counts()
-        cached = provider.cached_delivered
+        cached, written = provider.cached_delivered, provider.written_delivered
         hints = list(provider.cache_hints)
         run_upstream = sum(provider.executions.values())
     assert sum(hint is not None for _, hint in hints) == run_upstream == 4  # every line run, resubmissions too
@@ -238,4 +248,17 @@ def test_a_messages_batch_run_resubmits_what_anthropic_ended_unanswered_and_give
     assert report.error_reasons == {"null_input": 1}
     # what Anthropic's cache_read_input_tokens said
     assert report.workers["tokens_in_cached"] == cached - unreported > 0
+    # and its cache_creation_input_tokens: each delivered line read its marked part or wrote it (which line wrote first
+    # is the provider's race; a line that vanished may have been the one), never both
+    workers, marked = report.workers, len("Sum up. Review: ".split())
+    probe = workers.get("preflight") or {}
+    assert workers["tokens_in_cache_write"] == written
+    assert workers["tokens_in_cached"] - probe.get("tokens_in_cached", 0) + written == 3 * marked
+
+    def priced(tokens):  # each prompt token once, at its kind's price: plain, read, written (1.25 x input)
+        read, write, out = (tokens.get(k, 0) for k in ("tokens_in_cached", "tokens_in_cache_write", "tokens_out"))
+        return ((tokens.get("tokens_in", 0) - read - write) * 3.0 + read * 0.3 + write * 3.75 + out * 15.0) / 1e6
+
+    per_row, probe_cost = priced(workers), priced(probe)  # the batch's half price stacks on the write's
+    assert report.cost["token_cost"] == pytest.approx(probe_cost + (per_row - probe_cost) / 2, abs=6e-7)
     assert {hint for _, hint in hints if hint is not None} == {"Review: "}  # each line marks its shared part

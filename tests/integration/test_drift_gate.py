@@ -6,7 +6,7 @@ version that gives every review another label is refused with exit 1, the figure
 table unchanged. Its rerun against a baseline version the output does not have is refused before compute (exit 2); its
 rerun without a bound publishes, and both attempts of that run id keep their rows. An embedding model swap is caught by
 ``min_id_cosine_p5``. Every attempt, interrupted, published or refused, leaves one row in ``<output>_metrics``, a table
-that an earlier lakescore wrote without the attempt column.
+that an earlier lakescore wrote without the attempt and cache-write columns.
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ def _metrics(spark, output) -> dict:
 
 
 def _old_metrics_table(spark, output) -> None:
-    """``<output>_metrics`` as lakescore wrote it before attempts were numbered: no ``attempt`` column, one row."""
+    """``<output>_metrics`` as lakescore wrote it before attempts were numbered and cache writes counted: no
+    ``attempt`` or ``tokens_in_cache_write`` column, one row."""
     from datetime import datetime
 
     from pyspark.sql import types as T
 
     from lakescore.jobs.steps.metrics import ATTEMPT, METRICS_SCHEMA
 
-    schema = T.StructType([f for f in METRICS_SCHEMA.fields if f.name != ATTEMPT])
+    schema = T.StructType([f for f in METRICS_SCHEMA.fields if f.name not in (ATTEMPT, "tokens_in_cache_write")])
     row = {f.name: None for f in schema.fields} | {
         "run_id": "r-old",
         "status": "succeeded",
@@ -228,6 +229,7 @@ def test_a_classifier_whose_label_mix_moves_is_refused_and_the_same_model_passes
         ("r3", 2): "succeeded",
     }
     assert rows["r0", 1]["input_rows"] is None and rows["r0", 1]["label_shares"] is None
+    assert all(row["tokens_in_cache_write"] is None for row in rows.values())  # the column added; a classifier: null
     assert rows["r1", 1]["baseline_version"] is None and rows["r1", 1]["drift_note"].startswith("no baseline")
     assert rows["r2", 1]["label_shares"] == pytest.approx(shares) and rows["r2", 1]["delta_version"] == 1
     assert len(rows["r2", 1]["score_deciles"]) == 9 and rows["r2", 1]["score_deciles"] == sorted(

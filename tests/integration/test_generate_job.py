@@ -117,6 +117,7 @@ def test_greedy_generation_into_delta_incremental_choices_and_gates(
     assert report.workers["tokens_out"] == generated["completion_tokens"].sum()
     assert report.workers["tokens_in"] == generated["prompt_tokens"].sum()
     assert 0 < report.workers["tokens_in_cached"] < report.workers["tokens_in"] / 2  # the shared tokens, counted
+    assert report.workers["tokens_in_cache_write"] == 0  # in-process: no provider's cache to write to
     assert "generated" in report.summary() and report.workers["tokens_per_second"] > 0
     errors = spark.read.format("delta").load(f"{output}_errors").toPandas().set_index("review_id")
     assert errors.loc[7, "input"] == TEMPLATE.format(

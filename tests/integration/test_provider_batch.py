@@ -166,6 +166,7 @@ def test_a_pending_then_collected_batch_run_publishes_every_row_once_with_the_pe
         assert workers["tokens_out"] - probe["tokens_out"] == published["completion_tokens"].sum()
         # every answer's cached prompt tokens, per row (the preflight) and in the batches' results, as the provider said
         assert workers["tokens_in_cached"] == provider.cached_delivered - paid_before > 0
+        assert workers["tokens_in_cache_write"] == 0  # OpenAI reports no cache writes
 
         def priced(tokens):
             uncached = tokens["tokens_in"] - tokens["tokens_in_cached"]
