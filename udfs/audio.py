@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,11 +99,11 @@ class Window:
 
 @dataclass(frozen=True)
 class Transcript:
-    """One recording's outputs: its text, its segments (``(start s, end s or None, text)``; ``None`` unless timestamps
-    were asked), its duration and its file's own sample rate."""
+    """One recording's outputs: its text, its segments (``(start s or None, end s or None, text)``; ``None`` unless
+    timestamps were asked), its duration and its file's own sample rate."""
 
     text: str
-    segments: list[tuple[float, float | None, str]] | None
+    segments: Sequence[tuple[float | None, float | None, str]] | None
     duration_s: float
     sample_rate: int
 

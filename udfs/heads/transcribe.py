@@ -242,11 +242,13 @@ def pipeline_generate_kwargs(model: Any, tokenizer: Any, options: TranscribeOpti
     return {**asked, **added}
 
 
-def _segments(chunks: list[dict] | None) -> list[tuple[float, float | None, str]]:
+def _segments(chunks: list[dict] | None) -> list[tuple[float | None, float | None, str]]:
+    # the pipeline leaves both times None on trailing text it placed after no timestamp (Whisper's generate restarts a
+    # window's timestamps at 0 after a segment it seeks past, and the merge skips those)
     out = []
     for chunk in chunks or ():
         start, end = chunk["timestamp"]
-        out.append((float(start), None if end is None else float(end), chunk["text"]))
+        out.append((None if start is None else float(start), None if end is None else float(end), chunk["text"]))
     return out
 
 
