@@ -1,7 +1,7 @@
 """The transcribe task without Spark: decoding and its per-row reasons, the windows, and the head through the audio
 runner against ``transformers.pipeline("automatic-speech-recognition")`` on the same decoded audio, for a tiny Whisper
-and a tiny wav2vec2 CTC model (random weights, built in the test), on recordings from a second to a few minutes,
-batched together."""
+(weights set by hand so that its text follows the audio) and a tiny random-weight wav2vec2 CTC model, both built in the
+test, on recordings from a second to a few minutes, batched together."""
 
 from __future__ import annotations
 
@@ -174,6 +174,18 @@ def test_whisper_language_and_task_reach_generate_as_the_pipelines(whisper_dir):
     )
     assert head.columns(scored.outputs, scored.ok)[0].to_pylist() == [expected["text"]]
     assert len(head.columns(scored.outputs, scored.ok)) == 3  # no segments unless asked
+
+
+def test_the_tiny_whisper_writes_what_it_hears(whisper_dir):
+    # the equality tests say something only if the text follows the audio: each recording has its own text, and
+    # each window of a long one its own (a window dropped, swapped or given another row's audio would show)
+    pipe = _pipeline(whisper_dir)
+    texts = [pipe({"raw": recording(2 + i / 2, seed=10 + i), "sampling_rate": RATE})["text"] for i in range(8)]
+    assert len(set(texts)) >= 7 and all(texts), texts
+    samples = recording(10, seed=18)
+    cut = list(windows(len(samples), 6 * RATE, RATE, RATE))
+    pieces = [pipe({"raw": samples[w.start : w.end], "sampling_rate": RATE})["text"] for w in cut]
+    assert len(cut) == 2 and pieces[0] != pieces[1] and all(pieces), pieces
 
 
 def test_a_ctc_model_refuses_whispers_settings(ctc_dir, tmp_path):
