@@ -1,12 +1,12 @@
-"""``transcribe`` end to end on real Spark + Delta with tiny random-weight speech models built in the test: a folder of
-recordings read with ``--input-format audio`` through a wav2vec2 CTC model (every format, a long recording in windows,
-a broken, an empty, a too-long file dead-lettered, another file ignored), and a Delta table of paths through a Whisper
-model with timestamps, incremental (a missing file dead-lettered; the rerun transcribes only the file whose length or
-modification time changed), and a folder through ``transcribe.endpoint``: a real ``transformers serve`` running the tiny
-Whisper, each recording one request (a file whose header reads but whose frames do not decode dead-lettered with the
-server's answer, a garbage file refused before any request, the price per audio minute from the audio sent, the key in
-no report or table). Every published text equals ``transformers.pipeline("automatic-speech-recognition")`` on the same
-decoded audio."""
+"""``transcribe`` end to end on real Spark + Delta with tiny speech models built in the test (a random-weight wav2vec2,
+a Whisper whose text follows the audio): a folder of recordings read with ``--input-format audio`` through the CTC
+model (every format, a long recording in windows, a broken, an empty, a too-long file dead-lettered, another file
+ignored), and a Delta table of paths through the Whisper with timestamps, incremental (a missing file dead-lettered;
+the rerun transcribes only the file whose length or modification time changed), and a folder through
+``transcribe.endpoint``: a real ``transformers serve`` running the tiny Whisper, each recording one request (a file
+whose header reads but whose frames do not decode dead-lettered with the server's answer, a garbage file refused before
+any request, the price per audio minute from the audio sent, the key in no report or table). Every published text
+equals ``transformers.pipeline("automatic-speech-recognition")`` on the same decoded audio."""
 
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ def test_a_table_of_paths_through_whisper_with_timestamps_incrementally(spark, t
             (*c["timestamp"], c["text"]) for c in expected["chunks"]
         ]
     assert out.loc[2, "sample_rate"] == 48_000 and out.loc[2, "input_path"] == paths[2]
+    assert out.loc[1, "text"] != out.loc[2, "text"]  # the tiny Whisper writes what it hears
 
     # The rerun: n1 touched with other bytes (a new length and time) is transcribed again; n2, untouched, is kept.
     files["n1.wav"] = encoded(recording(5, seed=8), RATE, "WAV")
@@ -129,6 +130,7 @@ def test_a_table_of_paths_through_whisper_with_timestamps_incrementally(spark, t
     assert now.loc[1, "run_id"] == again.run_id and now.loc[2, "run_id"] == report.run_id
     expected = _pipeline_text(model_dir, files["n1.wav"], WHISPER_WINDOW_S, return_timestamps=True)
     assert now.loc[1, "text"] == expected["text"] and now.loc[1, "duration_s"] == pytest.approx(5.0)
+    assert now.loc[1, "text"] != out.loc[1, "text"]  # the new recording's, not the old row's
 
 
 def test_a_folder_through_a_transcription_endpoint_equals_the_pipeline_and_the_servers_failure_is_a_dead_letter(
@@ -185,7 +187,7 @@ def test_a_folder_through_a_transcription_endpoint_equals_the_pipeline_and_the_s
         row = out.loc[f"file:{root / name}"]
         assert row["text"] == pipe({"raw": decode_audio(data, RATE, None).samples, "sampling_rate": RATE})["text"], name
         assert (row["duration_s"], row["sample_rate"]) == (decode_audio(data, RATE, None).duration_s, RATE)
-    assert any(len(t) > 3 for t in out["text"])  # the tiny model writes text, so equality says something
+    assert any(len(t) > 3 for t in out["text"]) and out["text"].nunique() == len(files)  # each file's own text
     errors = spark.read.format("delta").load(str(tmp_path / "texts_errors")).toPandas().set_index("path")
     assert errors.loc[f"file:{root / 'cut.flac'}", "reason"] == "endpoint_error"
     assert errors.loc[f"file:{root / 'cut.flac'}", "error"].startswith("HTTP 500")  # the server's, after its retry

@@ -157,7 +157,8 @@ def test_texts_equal_the_pipeline_on_every_row_batched_with_long_recordings(arch
         assert rate[i] == prepared.decoded[i].sample_rate and duration[i] == prepared.decoded[i].duration_s
         if prepared.decoded[i].duration_s < window_s:  # one window: the plain pipeline, unchunked
             assert text[i] == pipe(dict(audio), return_timestamps=timestamps)["text"]
-    assert any(len(t) > 3 for t in text[: len(values)])  # the tiny models write text, so equality says something
+    # the tiny models write what they hear, so equality says something of each row
+    assert any(len(t) > 3 for t in text[: len(values)]) and len(set(text[: len(values)])) == len(values)
     alone = _run(head, values[3:4])[2]
     assert head.columns(alone.outputs, alone.ok)[0].to_pylist() == text[3:4]  # a row's text is not its batch's
 
