@@ -16,8 +16,9 @@ WHISPER_WINDOW_S = 6
 """The tiny Whisper's window (its feature extractor's ``chunk_length``; every real Whisper's is 30 s): a fifth of the
 encoder's work per window, the same merging of windows."""
 WHISPER_MAX_LENGTH = 12
-"""Tokens a tiny Whisper window generates at most (its generation config's ``max_length``, the prompt's included): a
-window the recording fills ends there, one it leaves padded ends where the padding starts."""
+"""Tokens a tiny Whisper window generates at most (its generation config's ``max_length``; Whisper's ``generate``
+counts them after the prompt): a window the recording fills ends there, one it leaves padded where the padding
+starts."""
 
 
 def recording(seconds: float, rate: int = 16_000, seed: int = 0, channels: int = 1) -> np.ndarray:
@@ -285,15 +286,18 @@ def _listen(model, feature_extractor, printable, timestamp_ids, ids, eot, window
     padding = encoder(half["input_features"]).last_hidden_state[0, -frames // 4 :, _SILENCE].mean()
 
     # Decoder positions: the stretch of the window each step reads, on the timestamps' grid, and the gate. The step at
-    # position t writes token t + 1; a window's text starts at token 4, after <|startoftranscript|>, the language, the
-    # task and <|notimestamps|> or the first timestamp (which the step before the first stretch writes: 0.00).
-    steps = max_length - 4
+    # position t writes token t + 1. generate writes max_length tokens after its prompt: <|startoftranscript|> and the
+    # language it detects, then <|notimestamps|> or the timestamp it forces (which the step before the first stretch
+    # writes: 0.00); so with timestamps the text is tokens 3 to max_length, and token max_length + 1, the step past the
+    # last stretch, closes the segment at the window's end. (A language or task asked adds a token to the prompt: the
+    # text starts a stretch later and the closing timestamp comes one token before the last.)
+    steps = max_length - 2
     grid = round(window_s / _GRID)
     half_stretch = max(1, round(grid / (2 * steps)))
-    stretch = (torch.arange(positions) - 3).clamp(0, steps - 1)
+    stretch = (torch.arange(positions) - 2).clamp(0, steps)
     start = torch.round(stretch * grid / steps)
     token = torch.arange(positions) + 1
-    gate = torch.where(token == max_length - 1, 0.5, -1.0)
+    gate = torch.where(token == max_length + 1, 0.5, -1.0)
     decoder.embed_positions.weight.zero_()
     decoder.embed_positions.weight[:, _TIME] = _DECODER_TIME * _phases(np.pi * (start + half_stretch) / grid)
     decoder.embed_positions.weight[:, _GATE] = torch.stack([gate, -gate], 1)

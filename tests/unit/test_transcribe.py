@@ -21,7 +21,7 @@ from lakescore.schemas.reasons import (
     UNSUPPORTED_SAMPLE_RATE,
     RowFailure,
 )
-from lakescore.udfs.audio import decode_audio, windows
+from lakescore.udfs.audio import Transcript, decode_audio, windows
 from lakescore.udfs.audio_runner import AudioRunner
 from lakescore.udfs.batching import AdaptiveBudget, BatchPolicy
 from lakescore.udfs.models.model_source import ModelSpec
@@ -187,6 +187,19 @@ def test_the_tiny_whisper_writes_what_it_hears(whisper_dir):
     cut = list(windows(len(samples), 6 * RATE, RATE, RATE))
     pieces = [pipe({"raw": samples[w.start : w.end], "sampling_rate": RATE})["text"] for w in cut]
     assert len(cut) == 2 and pieces[0] != pieces[1] and all(pieces), pieces
+
+
+def test_text_the_pipeline_gives_no_time_keeps_a_null_start(whisper_dir):
+    # text after a window's closing timestamp (a Whisper that goes on writing) has no time in the pipeline's chunks
+    head = _head(whisper_dir, return_timestamps=True)
+    tokens = head.tokenizer.convert_tokens_to_ids(["<|0.00|>", "B", "<|2.00|>", "er"])
+    text, segments = head.assemble([np.array(tokens)], head.windows(3 * RATE))
+    assert (text, segments) == ("Ber", [(0.0, 2.0, "B"), (None, None, "er")])
+    outputs = np.empty(1, dtype=object)
+    outputs[0] = Transcript(text, segments, 3.0, RATE)
+    assert head.columns(outputs, np.array([True]))[3].to_pylist() == [
+        [{"start": 0.0, "end": 2.0, "text": "B"}, {"start": None, "end": None, "text": "er"}]
+    ]
 
 
 def test_a_ctc_model_refuses_whispers_settings(ctc_dir, tmp_path):
