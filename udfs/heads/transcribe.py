@@ -243,8 +243,7 @@ def pipeline_generate_kwargs(model: Any, tokenizer: Any, options: TranscribeOpti
 
 
 def _segments(chunks: list[dict] | None) -> list[tuple[float | None, float | None, str]]:
-    # the pipeline leaves both times None on trailing text it placed after no timestamp (Whisper's generate restarts a
-    # window's timestamps at 0 after a segment it seeks past, and the merge skips those)
+    # the pipeline gives no times, (None, None), to text that follows a segment's closing timestamp with no opening one
     out = []
     for chunk in chunks or ():
         start, end = chunk["timestamp"]
