@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from lakescore.jobs.platform.spark.local.own_host import (
+    C1_ONLY_JAVA_OPTIONS,
     LOCAL_MODE_JAVA_OPTIONS,
     local_java_options,
     one_host_cluster_java_options,
@@ -37,10 +38,14 @@ def test_serial_collector_only_for_small_heaps_the_user_left_alone(driver_memory
 @pytest.mark.skipif(shutil.which("java") is None, reason="no java on PATH")
 @pytest.mark.parametrize("user_options", ["", "-XX:+UseG1GC"])
 def test_the_jvm_starts_with_the_options_and_the_users_collector(user_options):
-    command = ["java", *local_java_options("1g", user_options), *user_options.split(), "-Xlog:gc:stdout", "-version"]
+    options = [*local_java_options("1g", user_options), *user_options.split()]
+    command = ["java", *options, "-Xlog:gc:stdout", "-XX:+PrintFlagsFinal", "-version"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert ("Using G1" if user_options else "Using Serial") in result.stdout
+    flags = {line.split()[1]: line.split()[3] for line in result.stdout.splitlines() if line.count("=") == 1}
+    # C1-only, with the tiered JVM's code cache rather than a client VM's 48 MiB, which a long session fills
+    assert (flags["TieredStopAtLevel"], flags["ReservedCodeCacheSize"]) == ("1", str(240 * 2**20))
 
 
 @pytest.mark.parametrize(
@@ -54,7 +59,7 @@ def test_the_jvm_starts_with_the_options_and_the_users_collector(user_options):
     ],
 )
 def test_only_a_one_host_cluster_runs_every_jvm_c1_only(master, c1_only):
-    assert one_host_cluster_java_options(master) == ([LOCAL_MODE_JAVA_OPTIONS] if c1_only else [])
+    assert one_host_cluster_java_options(master) == (list(C1_ONLY_JAVA_OPTIONS) if c1_only else [])
 
 
 @pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "yarn", "k8s://https://10.0.0.1:443", "mesos://h:5050"])
@@ -77,4 +82,4 @@ def test_this_hosts_own_masters_get_the_jvm_flags_and_the_daemon(master, local):
     assert LOCAL_MODE_JAVA_OPTIONS in fast.driver_java_options and fast.quiet_gateway
     assert "spark.python.daemon.module" in fast.confs
     assert fast.defaults == OWN_HOST_DEFAULTS
-    assert fast.executor_java_options == ([] if local else [LOCAL_MODE_JAVA_OPTIONS])
+    assert fast.executor_java_options == ([] if local else list(C1_ONLY_JAVA_OPTIONS))

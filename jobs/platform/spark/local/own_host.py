@@ -42,6 +42,8 @@ __all__ = [
     "own_host",
     "OWN_HOST_DEFAULTS",
     "LOCAL_MODE_JAVA_OPTIONS",
+    "C1_CODE_CACHE_OPTION",
+    "C1_ONLY_JAVA_OPTIONS",
     "local_java_options",
     "one_host_cluster_java_options",
     "worker_preload_confs",
@@ -109,6 +111,14 @@ happens in Python workers. ``local-cluster[...]`` (Spark's
 one-host test cluster: its driver and executor JVMs share this host's cores) gets it too, in every JVM.
 Clusters keep full JIT."""
 
+C1_CODE_CACHE_OPTION = "-XX:ReservedCodeCacheSize=240m"
+"""A C1-only JVM reserves a client VM's 48 MiB of code cache, which a session that lives for many runs (a notebook's, a
+test process's) fills with its queries' compiled code: the JVM then turns its JIT off and runs every later query
+interpreted. The tiered JVM's own default is reserved instead (committed only as it fills)."""
+
+C1_ONLY_JAVA_OPTIONS = (LOCAL_MODE_JAVA_OPTIONS, C1_CODE_CACHE_OPTION)
+"""What every C1-only JVM lakescore starts gets: the JIT and its code cache."""
+
 SERIAL_GC_MAX_HEAP_MIB = 4096
 """Local drivers with at most this heap collect with the serial collector (see :func:`local_java_options`)."""
 
@@ -120,14 +130,14 @@ def local_java_options(driver_memory: str, user_options: str) -> list[str]:
     (``spark.driver.memory``, e.g. ``1g``; a bare number is MiB, as Spark reads it) and whose
     ``spark.driver.extraJavaOptions`` are ``user_options``.
 
-    Always C1-only JIT (:data:`LOCAL_MODE_JAVA_OPTIONS`). The serial collector too when the
+    Always C1-only JIT with its code cache (:data:`C1_ONLY_JAVA_OPTIONS`). The serial collector too when the
     heap is at most :data:`SERIAL_GC_MAX_HEAP_MIB` and ``user_options`` choose no collector
     (the JVM refuses two): the driver peaks lower resident than with G1, the JVM's default, at the
     same wall time (BENCHMARKS.md); its longer pauses cost less than G1's concurrent work on the
     same cores. Larger local heaps keep G1, which is built to keep pauses short on large heaps. A ``driver_memory`` that
     is not a size keeps G1 too (Spark names the mistake when it starts).
     """
-    options = [LOCAL_MODE_JAVA_OPTIONS]
+    options = list(C1_ONLY_JAVA_OPTIONS)
     heap_mib = spark_size_mib(driver_memory)
     if heap_mib is not None and heap_mib <= SERIAL_GC_MAX_HEAP_MIB and not _COLLECTOR_OPTION.search(user_options):
         options.append("-XX:+UseSerialGC")
@@ -136,9 +146,9 @@ def local_java_options(driver_memory: str, user_options: str) -> list[str]:
 
 def one_host_cluster_java_options(master: str) -> list[str]:
     """Java options for every JVM of a ``local-cluster[...]`` master, driver and executors: C1-only JIT
-    (:data:`LOCAL_MODE_JAVA_OPTIONS`); none for any other master (``local[...]`` drivers get
+    (:data:`C1_ONLY_JAVA_OPTIONS`); none for any other master (``local[...]`` drivers get
     :func:`local_java_options`)."""
-    return [LOCAL_MODE_JAVA_OPTIONS] if master.startswith("local-cluster[") else []
+    return list(C1_ONLY_JAVA_OPTIONS) if master.startswith("local-cluster[") else []
 
 
 def own_host(master: str) -> bool:
