@@ -55,11 +55,10 @@ from lakescore.jobs.platform.tables import (
     drop_delta,
     is_delta,
     is_path,
-    last_commit,
     last_commit_stamp,
+    latest_version_and_id,
     read_input,
     staging_metadata,
-    table_id,
     table_names,
     write_delta,
 )
@@ -255,7 +254,7 @@ class Staging:
 
     def pin(self) -> StagedSnapshot:
         """This table at its version now (taken once, after every chunk is staged), with the table's Delta id."""
-        return StagedSnapshot(self, last_commit(self.spark, self.location).version, table_id(self.spark, self.location))
+        return StagedSnapshot(self, *latest_version_and_id(self.spark, self.location))
 
     def nothing(self, empty: DataFrame) -> StagedSnapshot:
         """What a run with nothing to score counts, validates and publishes instead of a pinned version: ``empty``

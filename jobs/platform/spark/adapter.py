@@ -72,6 +72,7 @@ __all__ = [
     "can_delete_paths",
     "is_delta_path",
     "delta_path_table",
+    "delta_path_snapshot",
     "RemoteFiles",
     "remote_files",
     "job_tag",
@@ -405,6 +406,19 @@ def delta_path_table(spark: SparkSession, ref: str):
     from delta.tables import DeltaTable
 
     return DeltaTable.forPath(spark, ref)
+
+
+def delta_path_snapshot(spark: SparkSession, ref: str) -> tuple[int, str] | None:
+    """The latest version of the Delta table at the path ``ref`` and its table id (Delta's ``metaData.id``), from the
+    log's latest snapshot on the driver: a listing of its log, no Spark job. ``None`` over Connect, where only
+    ``DESCRIBE HISTORY`` and ``DESCRIBE DETAIL`` (each a Spark job) tell them."""
+    table = delta_path_table(spark, ref)
+    if table is None:
+        return None
+    log = table._jdt.deltaLog()
+    # Scala's update(stalenessAcceptable, checkIfUpdatedSinceTs, catalogTableOpt), at its own defaults
+    snapshot = log.update(*(getattr(log, f"update$default${i}")() for i in (1, 2, 3)))
+    return int(snapshot.version()), str(snapshot.metadata().id())
 
 
 def can_delete_paths(spark: SparkSession) -> bool:

@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
+from lakescore.jobs.platform.spark import adapter as spark_adapter
 from lakescore.jobs.platform.spark.adapter import one_row
 from lakescore.jobs.platform.tables.refs import TableRef
 
@@ -141,6 +143,27 @@ def last_commit(spark: SparkSession, ref: str | TableRef) -> DeltaCommit:
     return _entry(_history(spark, TableRef.parse(ref), 1).first()).commit
 
 
+def latest_commit(spark: SparkSession, ref: str | TableRef) -> DeltaCommit | None:
+    """The latest commit of ``ref`` (:func:`last_commit`), or ``None`` when ``ref`` is not a Delta table with a commit
+    (:func:`~lakescore.jobs.platform.tables.is_delta`'s answer).
+
+    A path is asked of its ``_delta_log`` first (:func:`~lakescore.jobs.platform.spark.adapter.is_delta_path`); a
+    table's one ``DESCRIBE HISTORY`` answers both questions, where asking whether it is Delta and then for its latest
+    commit read its history twice.
+    """
+    ref = TableRef.parse(ref)
+    known = spark_adapter.is_delta_path(spark, ref.text) if ref.is_path else None
+    if known is False:
+        return None
+    try:
+        row = _history(spark, ref, 1).first()
+    except AnalysisException:
+        if known:
+            raise
+        return None
+    return _entry(row).commit if row is not None else None
+
+
 def own_commit(spark: SparkSession, ref: str | TableRef, user_metadata: str | None) -> DeltaCommit:
     """The newest commit of ``ref`` tagged exactly ``user_metadata`` (:func:`run_metadata`): this run's own
     commit, whatever other writers committed after it. Without a tag: the latest commit (:func:`last_commit`).
@@ -176,6 +199,16 @@ def last_commit_stamp(spark: SparkSession, ref: str | TableRef) -> tuple[float, 
     time zone), and the output its lakescore tag says the table stages for (:func:`staging_metadata`; ``None``)."""
     latest = _entry(_history(spark, TableRef.parse(ref), 1).first())
     return latest.committed_at, latest.staging_for
+
+
+def latest_version_and_id(spark: SparkSession, ref: str | TableRef) -> tuple[int, str]:
+    """The latest commit's version of the Delta table ``ref`` and the table's unique id (:func:`last_commit`,
+    :func:`table_id`): for a path in a classic session both from the log's latest snapshot on the driver
+    (:func:`~lakescore.jobs.platform.spark.adapter.delta_path_snapshot`), elsewhere from ``DESCRIBE HISTORY`` and
+    ``DESCRIBE DETAIL``."""
+    ref = TableRef.parse(ref)
+    known = spark_adapter.delta_path_snapshot(spark, ref.text) if ref.is_path else None
+    return known if known is not None else (last_commit(spark, ref).version, table_id(spark, ref))
 
 
 def delta_detail(spark: SparkSession, ref: str | TableRef) -> DataFrame:
