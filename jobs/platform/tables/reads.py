@@ -22,7 +22,7 @@ from lakescore.jobs.platform.tables.failures import (
     is_not_found,
     storage_refusal,
 )
-from lakescore.jobs.platform.tables.history import delta_detail, last_commit
+from lakescore.jobs.platform.tables.history import delta_detail, last_commit, latest_commit
 from lakescore.jobs.platform.tables.refs import TableRef, tried_as
 from lakescore.jobs.references import quote_identifier
 from lakescore.schemas.column_names import DELTA_REFUSED_CHARACTERS, refused_by_delta
@@ -75,9 +75,9 @@ def read_pinned(spark: SparkSession, ref: str | TableRef, fmt: str = "auto") -> 
     """
     ref = TableRef.parse(ref, "input")
     df = read_input(spark, ref, fmt)
-    if fmt != "parquet" and is_delta(spark, ref):
-        version = last_commit(spark, ref).version
-        return read_input(spark, ref, "delta", version=version), version
+    latest = latest_commit(spark, ref) if fmt != "parquet" else None
+    if latest is not None:
+        return read_input(spark, ref, "delta", version=latest.version), latest.version
     if ref.is_path:
         files = df.inputFiles()
         single_file = len(files) == 1 and files[0].endswith("/" + ref.text.rstrip("/").rsplit("/", 1)[-1])
@@ -142,7 +142,7 @@ def check_output_target(
             if ref.exists(spark) and not _is_uncommitted_delta_dir(spark, ref.text):
                 raise TableError(f"output path {ref.text!r} exists and is not a Delta table; refusing to overwrite it")
             return None
-        existing = spark.read.format("delta").load(ref.text).schema
+        existing, latest = spark.read.format("delta").load(ref.text).schema, None
     else:
         table = ref.table
         if table.namespace and not spark.catalog.databaseExists(table.quoted_namespace):
@@ -152,7 +152,8 @@ def check_output_target(
             )
         if not ref.exists(spark):
             return None
-        if not is_delta(spark, ref):
+        latest = latest_commit(spark, ref)  # whether it is Delta, and its version, from one DESCRIBE HISTORY
+        if latest is None:
             raise TableError(f"output table {ref.text!r} exists and is not a Delta table")
         existing = spark.table(table.quoted).schema
     if column_types(existing) != column_types(schema):
@@ -161,7 +162,9 @@ def check_output_target(
             "write to a new output or drop the old one",
             existing,
         )
-    return last_commit(spark, ref).version if version else None
+    if not version:
+        return None
+    return (latest or last_commit(spark, ref)).version
 
 
 def load_file_lists(spark: SparkSession, refs: Iterable[str | TableRef]) -> Future[None]:
@@ -178,9 +181,8 @@ def load_file_lists(spark: SparkSession, refs: Iterable[str | TableRef]) -> Futu
 def _load_file_lists(spark: SparkSession, refs: list[str | TableRef]) -> None:
     for ref in refs:
         try:
-            ref = TableRef.parse(ref)
-            if is_delta(spark, ref):
-                delta_detail(spark, ref).select("numFiles").first()  # the file count needs the whole file list
+            # the file count needs the whole file list; asking first whether it is Delta would read its log once more
+            delta_detail(spark, ref).select("numFiles").first()
         except Exception:  # noqa: BLE001 (best effort: the write reads the table again and reports what fails)
             log.debug("could not load the file list of %s ahead of its write", ref, exc_info=True)
 
