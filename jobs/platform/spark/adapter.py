@@ -411,14 +411,23 @@ def delta_path_table(spark: SparkSession, ref: str):
 def delta_path_snapshot(spark: SparkSession, ref: str) -> tuple[int, str] | None:
     """The latest version of the Delta table at the path ``ref`` and its table id (Delta's ``metaData.id``), from the
     log's latest snapshot on the driver: a listing of its log, no Spark job. ``None`` over Connect, where only
-    ``DESCRIBE HISTORY`` and ``DESCRIBE DETAIL`` (each a Spark job) tell them."""
+    ``DESCRIBE HISTORY`` and ``DESCRIBE DETAIL`` (each a Spark job) tell them, and where this Delta build's log API
+    does not answer."""
     table = delta_path_table(spark, ref)
     if table is None:
         return None
-    log = table._jdt.deltaLog()
-    # Scala's update(stalenessAcceptable, checkIfUpdatedSinceTs, catalogTableOpt), at its own defaults
-    snapshot = log.update(*(getattr(log, f"update$default${i}")() for i in (1, 2, 3)))
-    return int(snapshot.version()), str(snapshot.metadata().id())
+    # DeltaLog is Delta's internal Scala API, whose signature differs between Delta builds (a vendor runtime's
+    # included): where this build's does not answer, the caller asks with SQL, as over Connect.
+    from py4j.protocol import Py4JError  # a classic session's bridge: imported where one is in use
+
+    try:
+        delta_log = table._jdt.deltaLog()
+        # Scala's update(stalenessAcceptable, checkIfUpdatedSinceTs, catalogTableOpt), at its own defaults
+        snapshot = delta_log.update(*(getattr(delta_log, f"update$default${i}")() for i in (1, 2, 3)))
+        return int(snapshot.version()), str(snapshot.metadata().id())
+    except Py4JError:
+        log.debug("Delta's log API did not answer for %s; reading its history instead", ref, exc_info=True)
+        return None
 
 
 def can_delete_paths(spark: SparkSession) -> bool:
