@@ -292,3 +292,38 @@ def test_the_transcription_endpoint_is_configured_priced_and_refused_in_one_line
     for body in ({"segments": []}, {"text": 3}, {"text": "", "segments": [{"start": "0", "end": 1, "text": ""}]}):
         with pytest.raises(Malformed):
             parse_transcription(body)
+
+
+def test_whisper_runs_its_encoder_once_a_window_and_leaves_its_beams_shared_keys_in_place(whisper_dir):
+    """Without ``transcribe.language`` Whisper's ``generate`` detects each window's language with an encoder pass of
+    its own before the one it transcribes with: the head hands it the encoder's outputs, one pass a batch. Its beam
+    search's cache leaves the cross-attention keys and values, equal for every beam of a window, where they are instead
+    of copying them at every step. The text is still the pipeline's."""
+    import torch
+
+    from lakescore.udfs.heads.whisper_cache import SharedCrossAttention, beam_search_cache
+
+    head, pipe = _head(whisper_dir), _pipeline(whisper_dir)
+    assert head.encode_once and head.shares_cross_attention
+    passes = {"head": 0, "pipeline": 0}
+    for name, model in (("head", head.model), ("pipeline", pipe.model)):
+        model.get_encoder().register_forward_hook(lambda *_, name=name: passes.__setitem__(name, passes[name] + 1))
+    values = [encoded(recording(4, seed=11), RATE, "WAV"), encoded(recording(5, seed=12), RATE, "WAV")]
+    _, prepared, scored = _run(head, values, max_tokens=2 * head.window_cost(head.windows(6 * RATE)[0]))
+    expected = [pipe({"raw": prepared.decoded[i].samples, "sampling_rate": RATE})["text"] for i in range(2)]
+    assert head.columns(scored.outputs, scored.ok)[0].to_pylist() == expected
+    assert passes["head"] == 1  # two windows, one batch, one encoder pass
+    assert passes["pipeline"] == 4, "transformers' language detection no longer runs the encoder: drop encode_once"
+
+    features = head.features([prepared.decoded[i].samples for i in range(2)])
+    cache = beam_search_cache(head.model.config, 2)
+    with torch.inference_mode():
+        shared = head.model.generate(**features, past_key_values=cache, **head.generate_kwargs)
+        copied = head.model.generate(**features, **head.generate_kwargs)
+    assert cache.cross_attention_cache.shared is True and torch.equal(shared, copied)
+    # beams that differ are reordered as transformers reorders them
+    unequal = SharedCrossAttention(head.model.config, 1)
+    rows = torch.arange(3.0).view(3, 1, 1, 1)
+    unequal.update(rows, rows.clone(), 0)
+    unequal.reorder_cache(torch.tensor([2, 2, 0]))
+    assert unequal.shared is False and unequal.layers[0].keys.flatten().tolist() == [2.0, 2.0, 0.0]

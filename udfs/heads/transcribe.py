@@ -150,6 +150,18 @@ class WhisperTranscriber(Transcriber):
         super().__init__(model, tokenizer, feature_extractor, options)
         self.timestamps = options.return_timestamps or bool(getattr(model.generation_config, "return_timestamps", 0))
         self.generate_kwargs = pipeline_generate_kwargs(model, tokenizer, options, self.timestamps)
+        # Whisper's generate with no language set runs the encoder twice over each window: once to detect the
+        # language, once to transcribe. Handed the encoder's outputs, it runs it for neither: the same numbers, once.
+        # A no-speech threshold's check reruns the model on the features themselves: such a model gets those.
+        self.encode_once = getattr(model.generation_config, "no_speech_threshold", None) is None
+        # beam search's own cache, but for the cross-attention that every beam of a window shares
+        # (lakescore.udfs.heads.whisper_cache): where generate makes one cache per call and runs once per window (no
+        # timestamps: with them a window may be decoded again from its last timestamp, into the same cache)
+        config = model.generation_config
+        beams = self.generate_kwargs.get("num_beams", config.num_beams) or 1
+        self.shares_cross_attention = (
+            beams > 1 and not self.timestamps and config.cache_implementation is None and config.use_cache is not False
+        )
 
     @property
     def model_window_s(self) -> float:
@@ -174,10 +186,18 @@ class WhisperTranscriber(Transcriber):
         import torch
 
         with torch.inference_mode():
+            windows = features["input_features"].to(self.device, self.model.dtype)
+            inputs = (
+                {"encoder_outputs": self.model.get_encoder()(windows)}
+                if self.encode_once
+                else {"input_features": windows}
+            )
+            if self.shares_cross_attention:
+                from lakescore.udfs.heads.whisper_cache import beam_search_cache
+
+                inputs["past_key_values"] = beam_search_cache(self.model.config, len(windows))
             tokens = self.model.generate(
-                input_features=features["input_features"].to(self.device, self.model.dtype),
-                attention_mask=features["attention_mask"].to(self.device),
-                **self.generate_kwargs,
+                **inputs, attention_mask=features["attention_mask"].to(self.device), **self.generate_kwargs
             )
         if isinstance(tokens, dict) and "sequences" in tokens:
             tokens = tokens["sequences"]
