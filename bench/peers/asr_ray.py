@@ -20,7 +20,6 @@ gets the rows written and the seconds from ``ray.init`` to the written Parquet.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
@@ -31,25 +30,14 @@ import numpy as np
 from bench.peers.asr_parts import arguments, decode, write_timings
 
 
-@functools.cache
-def _processor(model: str):
-    """The model's processor, loaded once per worker process."""
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(model)
-
-
-def resample(item: dict, model: str) -> dict:
+def resample(item: dict, rate: int) -> dict:
     """One recording's bytes decoded to mono samples at the model's rate."""
-    rate = _processor(model).feature_extractor.sampling_rate
-    return {"path": item["path"], "arr": decode(item["bytes"], rate), "sampling_rate": rate}
+    return {"path": item["path"], "arr": decode(item["bytes"], rate)}
 
 
-def whisper_preprocess(batch, model: str):
+def whisper_preprocess(batch, processor, rate: int):
     """Whisper's log-mel features of a batch of recordings (each padded to its 30-second window)."""
-    features = _processor(model)(
-        batch["arr"].tolist(), sampling_rate=int(batch["sampling_rate"].iloc[0]), return_tensors="np"
-    ).input_features
+    features = processor(batch["arr"].tolist(), sampling_rate=rate, return_tensors="np").input_features
     return {"path": batch["path"], "input_features": list(features)}
 
 
@@ -69,28 +57,32 @@ class Transcriber:
         return {"path": batch["path"], "token_ids": token_ids.numpy()}
 
 
-def decoder(batch, model: str):
+def decoder(batch, processor):
     """Each row's text: its token ids decoded, special tokens skipped."""
-    texts = _processor(model).batch_decode(list(batch["token_ids"]), skip_special_tokens=True)
+    texts = processor.batch_decode([ids.tolist() for ids in batch["token_ids"]], skip_special_tokens=True)
     return {"path": batch["path"], "text": texts}
 
 
 def build(args):
     """The Ray Data pipeline over ``args.input`` (lazy; written by the caller)."""
     import ray
+    from transformers import AutoProcessor
 
+    # Loaded once here and shipped with the stages that use it, as the published runs' module-level processor is.
+    processor = AutoProcessor.from_pretrained(args.model)
+    rate = processor.feature_extractor.sampling_rate
     pool = (
         ray.data.ActorPoolStrategy(min_size=1, max_size=os.cpu_count())
         if args.autoscale
         else ray.data.ActorPoolStrategy(size=os.cpu_count())
     )
     ds = ray.data.read_binary_files(args.input, include_paths=True)
-    ds = ds.map(resample, fn_kwargs={"model": args.model})
-    ds = ds.map_batches(whisper_preprocess, batch_format="pandas", fn_kwargs={"model": args.model})
+    ds = ds.map(resample, fn_kwargs={"rate": rate})
+    ds = ds.map_batches(whisper_preprocess, batch_format="pandas", fn_kwargs={"processor": processor, "rate": rate})
     ds = ds.map_batches(
         Transcriber, fn_constructor_args=(args.model,), batch_format="numpy", batch_size=args.batch, compute=pool
     )
-    return ds.map_batches(decoder, batch_format="pandas", fn_kwargs={"model": args.model})
+    return ds.map_batches(decoder, batch_format="pandas", fn_kwargs={"processor": processor})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
