@@ -32,9 +32,11 @@ def whisper_dir(module_tmp_path):
         module_tmp_path / "whisper",
         seed=5,
         window_s=30,
-        # 58 steps a window, so a second of audio (the executors' preflight sends one) fills a step: vLLM 0.32 answers
-        # verbose_json with a 500 ("tuple index out of range") when the model writes nothing but <|endoftext|>
-        max_length=60,
+        # 60 steps a window, so a second of audio (the executors' preflight sends one) fills a step: vLLM 0.32 answers
+        # verbose_json with a 500 ("tuple index out of range") when the model writes nothing but <|endoftext|>; and a
+        # full window's closing timestamp is then the last token vLLM generates (64 positions), which its verbose_json
+        # reads as the end of a segment (a timestamp followed by more text closes none)
+        max_length=62,
         d_model=256,
         encoder_attention_heads=4,
         decoder_attention_heads=4,
